@@ -1,0 +1,86 @@
+#include <gtest/gtest.h>
+
+#include "common/clock.h"
+#include "common/files.h"
+#include "common/hash.h"
+#include "common/status.h"
+#include "common/strings.h"
+
+namespace tau {
+namespace {
+
+Result<int> Half(int x) {
+  if (x % 2) return InvalidArgument("odd");
+  return x / 2;
+}
+
+Result<int> Quarter(int x) {
+  TAU_ASSIGN_OR_RETURN(int h, Half(x));
+  TAU_ASSIGN_OR_RETURN(int q, Half(h));
+  return q;
+}
+
+TEST(StatusTest, PropagatesErrors) {
+  EXPECT_EQ(*Quarter(8), 2);
+  auto r = Quarter(6);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().ToString(), "InvalidArgument: odd");
+  EXPECT_EQ(r.status().WithContext("x").message(), "x: odd");
+}
+
+TEST(HashTest, KnownVectors) {
+  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
+TEST(ClockTest, Rfc3339RoundTrip) {
+  auto t = ParseRfc3339("2026-01-02T15:04:05Z");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(*t, int64_t{1767366245} * 1000);
+  EXPECT_EQ(FormatRfc3339(*t), "2026-01-02T15:04:05.000Z");
+  EXPECT_EQ(*ParseRfc3339("2026-01-02T16:04:05.5+01:00"), *t + 500);
+  EXPECT_FALSE(ParseRfc3339("2026-13-02T15:04:05Z").ok());
+  EXPECT_FALSE(ParseRfc3339("yesterday").ok());
+}
+
+TEST(ClockTest, Durations) {
+  EXPECT_EQ(*ParseDurationMillis("30s"), 30000);
+  EXPECT_EQ(*ParseDurationMillis("5m"), 300000);
+  EXPECT_EQ(*ParseDurationMillis("1h30m"), 5400000);
+  EXPECT_EQ(*ParseDurationMillis("250ms"), 250);
+  EXPECT_EQ(*ParseDurationMillis("1.5s"), 1500);
+  EXPECT_FALSE(ParseDurationMillis("5 minutes").ok());
+  EXPECT_FALSE(ParseDurationMillis("").ok());
+  EXPECT_EQ(FormatDuration(850), "850ms");
+  EXPECT_EQ(FormatDuration(3723000), "1h2m3s");
+}
+
+TEST(StringsTest, Names) {
+  EXPECT_TRUE(IsDns1123Label("my-run-1"));
+  EXPECT_FALSE(IsDns1123Label("My-run"));
+  EXPECT_FALSE(IsDns1123Label("-run"));
+  EXPECT_FALSE(IsDns1123Label(std::string(64, 'a')));
+  EXPECT_TRUE(IsEnvVarName("_A1"));
+  EXPECT_FALSE(IsEnvVarName("1A"));
+  EXPECT_FALSE(IsEnvVarName("A-B"));
+  EXPECT_EQ(ClosestMatch("worker", {"workers", "gpus", "cpus"}), "workers");
+  EXPECT_EQ(ClosestMatch("zzzzzz", {"workers", "gpus"}), "");
+  EXPECT_EQ(ShellQuote("a b"), "'a b'");
+  EXPECT_EQ(RandomHex(4).size(), 4u);
+}
+
+TEST(FilesTest, AtomicWriteAndRead) {
+  std::string dir = ::testing::TempDir() + "/tau_files_test";
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  ASSERT_TRUE(WriteFileAtomic(dir + "/f", "hello").ok());
+  EXPECT_EQ(*ReadFile(dir + "/f"), "hello");
+  ASSERT_TRUE(WriteFileAtomic(dir + "/f", "again").ok());
+  EXPECT_EQ(*ReadFile(dir + "/f"), "again");
+  EXPECT_EQ(ReadFile(dir + "/missing").status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(RemoveTree(dir).ok());
+  EXPECT_FALSE(PathExists(dir));
+}
+
+}  // namespace
+}  // namespace tau

@@ -1,0 +1,104 @@
+#include "common/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace tau {
+
+Result<std::string> ReadFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFound("no such file: " + path);
+    return IoError("cannot open " + path, errno);
+  }
+  std::string out;
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return IoError("cannot read " + path, err);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+static Status FsyncDir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return IoError("cannot open directory " + dir, errno);
+  ::fsync(fd);
+  ::close(fd);
+  return Status::Ok();
+}
+
+Status WriteFileAtomic(const std::string& path, std::string_view content, int mode) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) return IoError("cannot create " + tmp, errno);
+  size_t off = 0;
+  while (off < content.size()) {
+    ssize_t n = ::write(fd, content.data() + off, content.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return IoError("cannot write " + tmp, err);
+    }
+    off += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return IoError("cannot fsync " + tmp, err);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return IoError("cannot rename " + tmp + " to " + path, err);
+  }
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return FsyncDir(dir.empty() ? "." : dir);
+}
+
+Status MakeDirs(const std::string& path, int mode) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) return Status(StatusCode::kIo, "cannot create directory " + path + ": " + ec.message());
+  ::chmod(path.c_str(), static_cast<mode_t>(mode));
+  return Status::Ok();
+}
+
+Status RemoveTree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) return Status(StatusCode::kIo, "cannot remove " + path + ": " + ec.message());
+  return Status::Ok();
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string TauHome() {
+  if (const char* home = std::getenv("TAU_HOME"); home && *home) return home;
+  const char* user_home = std::getenv("HOME");
+  return std::string(user_home && *user_home ? user_home : "/tmp") + "/.tau";
+}
+
+}  // namespace tau

@@ -1,0 +1,27 @@
+// String helpers shared by the parsers and the CLI.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tau {
+
+// Edit distance, for "did you mean" hints.
+size_t EditDistance(std::string_view a, std::string_view b);
+// The closest candidate within a small distance, or "" when nothing is close.
+std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates);
+// RFC 1123 label (DNS-1123): lowercase alphanumerics and '-', starts and ends alphanumeric.
+bool IsDns1123Label(std::string_view s, size_t max_len = 63);
+// POSIX-portable environment variable name: [A-Za-z_][A-Za-z0-9_]*
+bool IsEnvVarName(std::string_view s);
+std::vector<std::string> Split(std::string_view s, char sep);
+std::string Join(const std::vector<std::string>& parts, std::string_view sep);
+bool StartsWith(std::string_view s, std::string_view prefix);
+bool EndsWith(std::string_view s, std::string_view suffix);
+// Quotes a word for a POSIX shell, for display only (tau never runs a shell on user strings).
+std::string ShellQuote(std::string_view s);
+// A short random lowercase hex string (from /dev/urandom).
+std::string RandomHex(size_t chars);
+
+}  // namespace tau

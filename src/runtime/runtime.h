@@ -1,0 +1,150 @@
+// Local execution of one attempt of a run: a supervisor process (the "shim", `tau __shim DIR`) that owns the
+// attempt's worker processes, so that attempts survive a restart of the server and can be re-adopted.
+//
+//   server ──StartAttempt──▶ shim (own session) ──fork/exec──▶ worker 0..N-1 (one process group per attempt)
+//      ▲                       │ writes DIR/state.json (pids) and DIR/result.json (outcome), atomically
+//      └──ProcessWatcher───────┘ (pidfd: readable when the shim exits)
+//
+// Files in an attempt directory:
+//   config.json   AttemptConfig, written by StartAttempt before the shim starts
+//   state.json    {"phase": "setup"|"running", "pgid", "workers": [{"rank","pid","start_time"}]}
+//   result.json   AttemptOutcome, written once when the attempt is over
+//   logs/rank-R.log  stdout and stderr of worker R (rank 0 also gets setup output such as pip's)
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "spec/spec.h"
+
+namespace tau::runtime {
+
+using EnvList = std::vector<std::pair<std::string, std::string>>;
+
+struct WorkerLaunch {
+  std::vector<std::string> argv;  // argv[0] is resolved on PATH (after the venv's bin) when it has no '/'
+  EnvList env;                    // the worker's whole environment
+};
+
+// What the server knows when it places an attempt; input of PlanLaunch.
+struct LaunchContext {
+  std::string run_name;
+  int attempt = 1;
+  std::string work_dir;        // the run's copy of the code snapshot; workers' cwd
+  std::string checkpoint_dir;  // stable across attempts
+  std::string output_dir;
+  std::string metrics_file;
+  std::vector<int> gpus;       // GPU indices handed to this attempt (workers * gpus-per-worker of them)
+  int master_port = 0;         // for gangs and torchrun
+  EnvList base_env;            // the server's pass-through environment (PATH, HOME, LANG, ...)
+  EnvList extra_env;           // TAU_* variables added by recovery (TAU_FAILURE_REASON, TAU_RESUME_FROM)
+};
+
+// Chooses the launcher (see docs/architecture.md and the spec reference):
+//   job, 1 worker, <=1 GPU     python3 ENTRY ARGS
+//   job, 1 worker, N>1 GPUs    torchrun --standalone --nproc_per_node=N ENTRY ARGS
+//   job, W>1 workers           a gang of W processes (python3, or torchrun --nnodes=W when N>1) with
+//                              MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK
+//   rayjob                     python3 ENTRY ARGS once, as the Ray driver, with every GPU of the run visible
+//   entrypoint not *.py        executed directly, ARGS appended
+// Each worker's env: base_env, then the spec's env, then TAU_RUN_NAME, TAU_ATTEMPT, TAU_CHECKPOINT_DIR,
+// TAU_OUTPUT_DIR, TAU_METRICS_FILE, CUDA_VISIBLE_DEVICES, PYTHONUNBUFFERED=1 and extra_env.
+Result<std::vector<WorkerLaunch>> PlanLaunch(const spec::RunSpec& spec, const LaunchContext& ctx);
+
+struct AttemptConfig {
+  std::string run_name;
+  int attempt = 1;
+  std::string attempt_dir;  // created by StartAttempt when missing
+  std::string work_dir;
+  std::vector<WorkerLaunch> workers;
+  std::vector<std::string> pip;   // requirements; empty means no virtualenv
+  std::string venv_cache_dir;     // where cached virtualenvs live, keyed by the requirement set
+  std::optional<int64_t> memory_limit_bytes;  // whole attempt; enforced with cgroup v2 when possible
+  std::optional<int64_t> cpu_limit_milli;
+  std::optional<int64_t> max_runtime_ms;      // the attempt is stopped and reported TimedOut past this
+  int64_t stop_grace_ms = 10'000;             // SIGTERM, then SIGKILL after this
+
+  nlohmann::json ToJson() const;
+  static Result<AttemptConfig> FromJson(const nlohmann::json& j);
+};
+
+// Identifies a live shim across server restarts: a pid alone can be reused, pid + start time cannot.
+struct ProcessId {
+  int pid = 0;
+  uint64_t start_time = 0;  // /proc/PID/stat field 22 (clock ticks since boot)
+};
+
+// Reads /proc/PID/stat; nullopt when the process does not exist (or is a zombie).
+std::optional<uint64_t> ProcessStartTime(int pid);
+// True when `id` still names the same, running process.
+bool IsAlive(const ProcessId& id);
+
+// Writes DIR/config.json and starts the shim (`tau_binary __shim DIR`) in its own session. Returns once the
+// shim is running; workers are started by the shim.
+Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& tau_binary);
+
+// Asks the shim to stop the attempt (SIGTERM to the shim; it stops workers with the grace period). When the
+// shim is gone, kills whatever worker processes state.json lists that are still alive.
+Status StopAttempt(const ProcessId& shim, const std::string& attempt_dir);
+
+enum class OutcomeKind {
+  kSucceeded,    // every worker exited 0
+  kFailed,       // a worker exited non-zero or was killed by a signal
+  kSetupFailed,  // venv/pip failed, or a worker could not be started (exec failed, torchrun missing)
+  kStopped,      // stopped by StopAttempt
+  kTimedOut,     // max_runtime_ms passed
+};
+const char* OutcomeKindName(OutcomeKind kind);
+
+struct WorkerOutcome {
+  int rank = 0;
+  int pid = 0;
+  int exit_code = -1;  // -1 when killed by a signal
+  int signal = 0;
+};
+
+struct AttemptOutcome {
+  OutcomeKind kind = OutcomeKind::kFailed;
+  int exit_code = 0;      // the run's exit code: first failed worker's, 128+signal for signals
+  int signal = 0;         // the first failed worker's signal, if any
+  int failed_rank = -1;
+  bool oom_killed = false;  // the cgroup saw an OOM kill
+  std::string message;      // human-readable: "worker 1 exited with code 3; gang torn down"
+  int64_t started_ms = 0, ended_ms = 0;
+  std::vector<WorkerOutcome> workers;
+
+  nlohmann::json ToJson() const;
+  static Result<AttemptOutcome> FromJson(const nlohmann::json& j);
+};
+
+// DIR/result.json; NotFound while the attempt has not finished.
+Result<AttemptOutcome> ReadOutcome(const std::string& attempt_dir);
+
+// Calls `on_exit(key)` from its own thread when a watched process exits. Works for processes that are not
+// our children (re-adopted shims) through pidfd_open; reaps them when they are.
+class ProcessWatcher {
+ public:
+  using Callback = std::function<void(const std::string& key)>;
+  static Result<std::unique_ptr<ProcessWatcher>> Create(Callback on_exit);
+  virtual ~ProcessWatcher() = default;
+  // Watching a process that has already exited calls the callback promptly.
+  virtual Status Watch(const std::string& key, const ProcessId& process) = 0;
+  virtual void Stop() = 0;
+};
+
+// Entry point of `tau __shim DIR`. Returns the shim's exit code.
+int ShimMain(const std::string& attempt_dir);
+
+// Where the running tau binary is (/proc/self/exe).
+std::string SelfExecutable();
+
+}  // namespace tau::runtime

@@ -1,0 +1,2 @@
+#include <gtest/gtest.h>
+TEST(RuntimeTest, Placeholder) { EXPECT_TRUE(true); }

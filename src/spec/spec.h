@@ -1,0 +1,150 @@
+// The run spec: both tau.yaml shapes (manifest `schema_version: 1` and direct `engine:`), parsed strictly into
+// one RunSpec. Pure code: no I/O beyond the text it is given.
+//
+// Errors read like a compiler's, one per line, all of them at once:
+//   tau.yaml:7:3: error: unknown field 'worker' in 'compute' (did you mean 'workers'?)
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/quantity.h"
+#include "common/status.h"
+
+namespace tau::spec {
+
+enum class Shape { kManifest, kDirect };
+enum class WorkloadKind { kJob, kRayJob };
+
+const char* ShapeName(Shape shape);          // "manifest" | "direct"
+const char* WorkloadKindName(WorkloadKind k);  // "job" | "rayjob"
+
+struct Diagnostic {
+  std::string file;
+  int line = 0;    // 1-based; 0 when unknown
+  int column = 0;  // 1-based; 0 when unknown
+  std::string message;
+  // "file:line:col: error: message"
+  std::string ToString() const;
+};
+
+struct Compute {
+  int gpus = 0;      // GPUs per worker
+  int workers = 1;
+  std::optional<Quantity> cpus;    // per worker (manifest `cpus`, direct `cpu_request`)
+  std::optional<Quantity> memory;  // per worker (manifest `memory`, direct `memory_request`)
+  // Ray head sizing and per-worker overrides (both shapes; optional).
+  std::optional<Quantity> worker_cpus, worker_memory, worker_cpu_limit, worker_memory_limit;
+  std::optional<Quantity> head_cpus, head_memory, head_cpu_limit, head_memory_limit;
+  std::string gpu_resource_mode;  // "" | "full" | "mig" ...
+};
+
+struct EnvVar {
+  std::string name;
+  std::string value;        // literal value, or the reference when secret_ref is set
+  bool secret_ref = false;  // value was "SECRET:KEY"; `value` then holds KEY
+};
+
+struct Runtime {
+  std::string image;                 // recorded; not used by the local backend
+  std::vector<std::string> pip;      // pip requirement specifiers
+  std::vector<EnvVar> env;           // in file order
+  std::string working_dir;
+  std::string security_mode;         // "" | "restricted"
+};
+
+struct Policy {
+  std::string workspace, namespace_name, queue, profile, lane, team, preset;
+  std::string gpu_class;       // "any", "a100-80gb", ...
+  std::string topology;        // "unconstrained", "same-host", ...
+  std::string priority_tier;   // "default" | "priority"
+  std::string priority;        // a named priority class (tau extension)
+  bool disable_default_priorities = false;
+  std::map<std::string, std::string> node_selector;
+};
+
+struct ImageAsset {
+  std::string name, image, source_path, mount_path;
+};
+
+struct Storage {
+  std::string data_pvc, output, checkpoint, publish;
+  std::vector<ImageAsset> image_assets;
+};
+
+struct Resilience {
+  int max_retries = 0;
+  std::vector<std::string> retry_on;  // failure classes; defaults applied by recovery when empty
+  bool retry_on_set = false;          // whether the file said retry_on at all
+  int64_t backoff_initial_ms = 30'000;
+  int64_t backoff_max_ms = 300'000;
+  std::optional<int64_t> max_retry_duration_ms;
+  std::string checkpoint_path;
+};
+
+struct Experiment {
+  std::string project, name, group;
+};
+
+struct Metrics {
+  std::vector<std::string> history;  // JSONL globs relative to storage.output
+  bool offload_enabled = false;
+  std::string offload_out;
+};
+
+struct RunSpec {
+  Shape shape = Shape::kManifest;
+  std::string name;  // DNS-1123 label
+  WorkloadKind kind = WorkloadKind::kRayJob;
+  std::string entrypoint;          // path relative to the code directory, or a command
+  std::vector<std::string> args;   // appended to the entrypoint
+  std::optional<int64_t> ttl_seconds_after_finished;
+  std::optional<int64_t> max_runtime_ms;  // run.max_runtime (tau extension)
+  std::string resource_prefix;            // resource_naming.prefix
+  Compute compute;
+  Runtime runtime;
+  Policy policy;
+  Storage storage;
+  Resilience resilience;
+  Experiment experiment;
+  Metrics metrics;
+  // Fields tau accepts and records but does not act on yet (profiler, workflow, eval, ...), as JSON.
+  nlohmann::json recorded_only = nlohmann::json::object();
+};
+
+struct ParseOutcome {
+  std::optional<RunSpec> spec;           // set when there are no errors
+  std::vector<Diagnostic> diagnostics;   // every error found, in file order
+  bool ok() const { return spec.has_value(); }
+  // All diagnostics, one per line.
+  std::string ErrorText() const;
+};
+
+// Limits enforced by the parser (the server applies its own request limits on top).
+inline constexpr size_t kMaxSpecBytes = 1 << 20;            // 1 MiB of YAML
+inline constexpr size_t kMaxEnvValueBytes = 64 * 1024;      // one literal env value
+inline constexpr size_t kMaxEnvTotalBytes = 128 * 1024;     // all literal env values
+inline constexpr size_t kMaxEnvVars = 1024;
+inline constexpr int kMaxWorkers = 4096;
+inline constexpr int kMaxGpusPerWorker = 64;
+
+// Parses and validates one spec. `filename` is used only in diagnostics.
+ParseOutcome ParseSpec(std::string_view text, std::string_view filename);
+
+// The spec as canonical JSON (sorted keys, defaults filled in, shape-independent), used for the config hash
+// and for display. Both shapes of the same run give the same JSON except for "shape".
+nlohmann::json ToJson(const RunSpec& spec);
+// sha256 of the canonical JSON without the "shape" key.
+std::string ConfigHash(const RunSpec& spec);
+
+// A JSON Schema (draft 2020-12) describing both shapes (`oneOf`), for editors and `tau schema -o json`.
+nlohmann::json JsonSchema();
+
+}  // namespace tau::spec

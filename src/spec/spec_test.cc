@@ -1,0 +1,3 @@
+#include <gtest/gtest.h>
+#include "spec/spec.h"
+TEST(SpecTest, Placeholder) { EXPECT_TRUE(true); }
