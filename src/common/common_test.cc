@@ -6,6 +6,8 @@
 #include "common/status.h"
 #include "common/strings.h"
 
+#include <vector>
+
 namespace tau {
 namespace {
 
@@ -82,5 +84,20 @@ TEST(FilesTest, AtomicWriteAndRead) {
   EXPECT_FALSE(PathExists(dir));
 }
 
+}  // namespace
+}  // namespace tau
+
+namespace tau {
+namespace {
+TEST(Base64Test, RoundTrip) {
+  for (const std::string& s : std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\x10", 3)}) {
+    auto d = Base64Decode(Base64Encode(s));
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(*d, s);
+  }
+  EXPECT_EQ(Base64Encode("abc"), "YWJj");
+  EXPECT_FALSE(Base64Decode("abc").ok());
+  EXPECT_FALSE(Base64Decode("a*==").ok());
+}
 }  // namespace
 }  // namespace tau

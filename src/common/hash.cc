@@ -58,3 +58,31 @@ Result<std::string> Sha256File(const std::string& path) {
 }
 
 }  // namespace tau
+
+namespace tau {
+
+std::string Base64Encode(std::string_view data) {
+  std::string out(4 * ((data.size() + 2) / 3), '\0');
+  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(data.data()),
+                          static_cast<int>(data.size()));
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+Result<std::string> Base64Decode(std::string_view text) {
+  if (text.size() % 4 != 0) return InvalidArgument("invalid base64: length is not a multiple of 4");
+  std::string out(3 * (text.size() / 4), '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(text.data()),
+                          static_cast<int>(text.size()));
+  if (n < 0) return InvalidArgument("invalid base64");
+  // EVP_DecodeBlock counts padding as zero bytes; drop them.
+  size_t pad = 0;
+  if (!text.empty() && text.back() == '=') ++pad;
+  if (text.size() > 1 && text[text.size() - 2] == '=') ++pad;
+  out.resize(static_cast<size_t>(n) - pad);
+  return out;
+}
+
+}  // namespace tau

@@ -27,3 +27,9 @@ class Sha256 {
 Result<std::string> Sha256File(const std::string& path);
 
 }  // namespace tau
+
+namespace tau {
+// Standard base64 (RFC 4648, with padding), for file contents inside JSON bodies.
+std::string Base64Encode(std::string_view data);
+Result<std::string> Base64Decode(std::string_view text);
+}  // namespace tau

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what tau needs to build and test, from Debian 12 packages. Run as root (or with sudo).
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libsqlite3-dev libcli11-dev libfmt-dev
+  libssl-dev libgtest-dev python3
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,228 @@
+#include "cli/commands.h"
+
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "cli/cli.h"
+#include "cli/connect.h"
+#include "common/files.h"
+#include "server/server.h"
+#include "spec/spec.h"
+
+namespace tau::cli {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "tau: error: %s\n", message.c_str());
+  return kExitTauError;
+}
+
+int CmdVersion(const Global& g, bool with_server) {
+  std::printf("tau %s\n", server::Version());
+  if (!with_server) return 0;
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  auto v = CallJson(**conn, "GET", "/api/v1/version");
+  if (!v.ok()) return Fail(v.status().message());
+  std::printf("server %s (api %s, backend %s)\n", v->value("version", "?").c_str(),
+              v->value("api", "?").c_str(), v->value("backend", "?").c_str());
+  return 0;
+}
+
+int CmdValidate(const std::vector<std::string>& files, bool quiet) {
+  int rc = 0;
+  for (const std::string& file : files) {
+    auto text = ReadFile(file);
+    if (!text.ok()) {
+      std::fprintf(stderr, "%s: error: %s\n", file.c_str(), text.status().message().c_str());
+      rc = kExitInvalid;
+      continue;
+    }
+    spec::ParseOutcome parsed = spec::ParseSpec(*text, file);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
+      rc = kExitInvalid;
+    } else if (!quiet) {
+      std::printf("%s: ok (%s shape, %s '%s')\n", file.c_str(), spec::ShapeName(parsed.spec->shape),
+                  spec::WorkloadKindName(parsed.spec->kind), parsed.spec->name.c_str());
+    }
+  }
+  return rc;
+}
+
+int CmdSchema(Format format) {
+  if (format == Format::kYaml) PrintYaml(spec::JsonSchema());
+  else PrintJson(spec::JsonSchema());
+  return 0;
+}
+
+static void PrintRuns(const nlohmann::json& runs) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& r : runs) {
+    std::string state = r.value("state", "");
+    if (state == "Failed" || state == "Cancelled") {
+      std::string reason = r.value("reason", "");
+      if (!reason.empty() && reason != state) state += " (" + reason + ")";
+    }
+    rows.push_back({r.value("name", ""), state, Cell(r["exit_code"]),
+                    std::to_string(r.value("attempts", 0)), r.value("queue", ""),
+                    std::to_string(r["resources"].value("gpus", 0)), Age(r["created"])});
+  }
+  PrintTable({"NAME", "STATE", "EXIT", "ATTEMPTS", "QUEUE", "GPUS", "CREATED"}, rows);
+}
+
+int CmdList(const Global& g, const std::string& state, bool all, int limit, Format format) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  std::string path = fmt::format("/api/v1/runs?limit={}", limit);
+  if (!state.empty()) path += "&state=" + state;
+  else if (!all) path += "&active=1";
+  auto list = CallJson(**conn, "GET", path);
+  if (!list.ok()) return Fail(list.status().message());
+  if (format == Format::kJson) PrintJson(*list);
+  else if (format == Format::kYaml) PrintYaml(*list);
+  else {
+    PrintRuns((*list)["runs"]);
+    int64_t total = list->value("total", 0);
+    int64_t shown = static_cast<int64_t>((*list)["runs"].size());
+    if (total > shown)
+      std::fprintf(stderr, "(%lld of %lld shown; use --limit)\n", static_cast<long long>(shown),
+                   static_cast<long long>(total));
+    if (total == 0 && !all && state.empty())
+      std::fprintf(stderr, "no active runs (tau list --all shows finished ones)\n");
+  }
+  return 0;
+}
+
+int CmdStatus(const Global& g, const std::string& name, Format format) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  auto got = CallJson(**conn, "GET", "/api/v1/runs/" + name);
+  if (!got.ok()) return Fail(got.status().message());
+  nlohmann::json run = (*got)["run"];
+  run.erase("spec");
+  if (format == Format::kJson) PrintJson(run);
+  else if (format == Format::kYaml) PrintYaml(run);
+  else {
+    PrintRuns(nlohmann::json::array({run}));
+    if (run.contains("pending") && run["pending"].is_object()) {
+      const auto& p = run["pending"];
+      std::printf("\npending: %s%s\n",
+                  p.contains("position") && p["position"].is_number()
+                      ? fmt::format("position {} in queue {}; ", p["position"].get<int>(),
+                                    run.value("queue", ""))
+                            .c_str()
+                      : "",
+                  p.value("reason", "").c_str());
+    } else if (!run.value("message", "").empty()) {
+      std::printf("\n%s\n", run.value("message", "").c_str());
+    }
+  }
+  return 0;
+}
+
+int CmdDescribe(const Global& g, const std::string& name, Format format) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  auto got = CallJson(**conn, "GET", "/api/v1/runs/" + name);
+  if (!got.ok()) return Fail(got.status().message());
+  if (format == Format::kJson) {
+    PrintJson(*got);
+    return 0;
+  }
+  if (format == Format::kYaml) {
+    PrintYaml(*got);
+    return 0;
+  }
+  const auto& run = (*got)["run"];
+  std::printf("Name:        %s\n", run.value("name", "").c_str());
+  std::printf("State:       %s\n", run.value("state", "").c_str());
+  if (!run.value("reason", "").empty()) std::printf("Reason:      %s\n", run.value("reason", "").c_str());
+  if (!run.value("message", "").empty())
+    std::printf("Message:     %s\n", run.value("message", "").c_str());
+  if (run["exit_code"].is_number()) std::printf("Exit code:   %d\n", run["exit_code"].get<int>());
+  if (run["signal"].is_number()) std::printf("Signal:      %d\n", run["signal"].get<int>());
+  std::printf("Spec:        %s (%s)\n", run.value("spec_file", "").c_str(), run.value("spec_name", "").c_str());
+  std::printf("Kind:        %s\n", run["spec"].value("kind", "").c_str());
+  std::printf("Queue:       %s (workspace %s)\n", run.value("queue", "").c_str(),
+              run.value("workspace", "").c_str());
+  std::printf("Resources:   %s\n", run["resources"].dump().c_str());
+  std::printf("Config hash: %s\n", run.value("config_hash", "").c_str());
+  std::printf("Code:        sha256 %s\n", run.value("snapshot_digest", "").c_str());
+  const auto& spec = run["spec"];
+  if (spec.contains("runtime") && spec["runtime"].value("image", "") != "")
+    std::printf("Image:       %s (recorded; not used by the local backend)\n",
+                spec["runtime"].value("image", "").c_str());
+  if (run.contains("pending") && run["pending"].is_object())
+    std::printf("Pending:     %s\n", run["pending"].value("reason", "").c_str());
+  std::printf("\nLifecycle:\n");
+  for (const auto& e : (*got)["events"])
+    std::printf("  %-24s  %-16s %s\n", e.value("time", "").c_str(), e.value("type", "").c_str(),
+                e.value("message", "").c_str());
+  if (!(*got)["attempts"].empty()) {
+    std::printf("\nAttempts:\n");
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& a : (*got)["attempts"])
+      rows.push_back({"  " + std::to_string(a.value("number", 0)), a.value("state", ""),
+                      Cell(a["reason"]), Cell(a["exit_code"]), Cell(a["signal"]), Cell(a["gpus"]),
+                      a.value("started", ""), Cell(a["message"])});
+    PrintTable({"  #", "STATE", "CLASS", "EXIT", "SIGNAL", "GPUS", "STARTED", "MESSAGE"}, rows);
+  }
+  return 0;
+}
+
+int CmdLogs(const Global& g, const std::string& name, bool follow, int attempt, int rank) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  // Check the run first so a typo gets a clear answer rather than an empty stream.
+  auto got = CallJson(**conn, "GET", "/api/v1/runs/" + name);
+  if (!got.ok()) return Fail(got.status().message());
+  std::string path = fmt::format("/api/v1/runs/{}/logs?rank={}", name, rank);
+  if (attempt > 0) path += fmt::format("&attempt={}", attempt);
+  if (follow) path += "&follow=1";
+  std::string error_body;
+  auto status = (*conn)->Stream("GET", path, [&](std::string_view data) {
+    std::fwrite(data.data(), 1, data.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  });
+  if (!status.ok()) return Fail(status.status().message());
+  if (*status != 200) return Fail(fmt::format("the server refused the log request (HTTP {})", *status));
+  return 0;
+}
+
+int CmdCancel(const Global& g, const std::vector<std::string>& runs) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  int rc = 0;
+  for (const std::string& name : runs) {
+    auto r = CallJson(**conn, "POST", "/api/v1/runs/" + name + "/cancel");
+    if (!r.ok()) {
+      std::fprintf(stderr, "tau: error: %s\n", r.status().message().c_str());
+      rc = kExitInvalid;
+    } else {
+      std::printf("cancelling %s\n", name.c_str());
+    }
+  }
+  return rc;
+}
+
+int CmdGpus(const Global& g, Format format) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  auto inv = CallJson(**conn, "GET", "/api/v1/gpus");
+  if (!inv.ok()) return Fail(inv.status().message());
+  if (format == Format::kJson) PrintJson(*inv);
+  else if (format == Format::kYaml) PrintYaml(*inv);
+  else if ((*inv)["devices"].empty()) std::printf("no GPUs: %s\n", inv->value("note", "").c_str());
+  else {
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& d : (*inv)["devices"])
+      rows.push_back({std::to_string(d.value("index", 0)), d.value("name", ""), d.value("uuid", ""),
+                      fmt::format("{} GiB", d.value("memory_total_bytes", uint64_t{0}) >> 30)});
+    PrintTable({"INDEX", "NAME", "UUID", "MEMORY"}, rows);
+  }
+  return 0;
+}
+
+}  // namespace tau::cli

@@ -1,0 +1,29 @@
+// The commands behind `tau ...`, one function each; main.cc parses flags and calls them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cli/output.h"
+
+namespace tau::cli {
+
+struct Global {
+  std::string server;  // --server
+};
+
+int CmdVersion(const Global& g, bool with_server);
+int CmdValidate(const std::vector<std::string>& files, bool quiet);
+int CmdSchema(Format format);
+int CmdRun(const Global& g, const std::string& file, bool detach);
+int CmdList(const Global& g, const std::string& state, bool all, int limit, Format format);
+int CmdStatus(const Global& g, const std::string& run, Format format);
+int CmdDescribe(const Global& g, const std::string& run, Format format);
+int CmdLogs(const Global& g, const std::string& run, bool follow, int attempt, int rank);
+int CmdCancel(const Global& g, const std::vector<std::string>& runs);
+int CmdGpus(const Global& g, Format format);
+
+// Prints "tau: error: <message>" to stderr and returns kExitTauError.
+int Fail(const std::string& message);
+
+}  // namespace tau::cli

@@ -1,0 +1,93 @@
+#include "cli/output.h"
+
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "common/clock.h"
+
+namespace tau::cli {
+
+bool ParseFormat(const std::string& text, Format* out) {
+  if (text == "table" || text == "wide") *out = Format::kTable;
+  else if (text == "json") *out = Format::kJson;
+  else if (text == "yaml") *out = Format::kYaml;
+  else return false;
+  return true;
+}
+
+void PrintTable(const std::vector<std::string>& header,
+                const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(header.size());
+  for (size_t i = 0; i < header.size(); ++i) width[i] = header[i].size();
+  for (const auto& row : rows)
+    for (size_t i = 0; i < row.size() && i < width.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  auto print_row = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (size_t i = 0; i < header.size(); ++i) {
+      const std::string& cell = i < row.size() ? row[i] : "";
+      line += i + 1 == header.size() ? cell : fmt::format("{:<{}}   ", cell, width[i]);
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    std::puts(line.c_str());
+  };
+  print_row(header);
+  for (const auto& row : rows) print_row(row);
+}
+
+void PrintJson(const nlohmann::json& value) { std::puts(value.dump(2).c_str()); }
+
+static void EmitYaml(YAML::Emitter& out, const nlohmann::json& v) {
+  if (v.is_object()) {
+    out << YAML::BeginMap;
+    for (auto& [k, item] : v.items()) {
+      out << YAML::Key << k << YAML::Value;
+      EmitYaml(out, item);
+    }
+    out << YAML::EndMap;
+  } else if (v.is_array()) {
+    out << YAML::BeginSeq;
+    for (const auto& item : v) EmitYaml(out, item);
+    out << YAML::EndSeq;
+  } else if (v.is_string()) {
+    out << YAML::DoubleQuoted << v.get<std::string>();
+  } else if (v.is_null()) {
+    out << YAML::Null;
+  } else {
+    out << v.dump();
+  }
+}
+
+void PrintYaml(const nlohmann::json& value) {
+  YAML::Emitter out;
+  EmitYaml(out, value);
+  std::puts(out.c_str());
+}
+
+bool StdoutIsTerminal() { return ::isatty(STDOUT_FILENO) == 1; }
+bool StderrIsTerminal() { return ::isatty(STDERR_FILENO) == 1; }
+
+std::string Age(const nlohmann::json& t) {
+  if (!t.is_string()) return "";
+  auto ms = ParseRfc3339(t.get<std::string>());
+  if (!ms.ok()) return "";
+  int64_t s = (NowMillis() - *ms) / 1000;
+  if (s < 0) s = 0;
+  if (s < 60) return fmt::format("{}s ago", s);
+  if (s < 3600) return fmt::format("{}m ago", s / 60);
+  if (s < 86400) return fmt::format("{}h ago", s / 3600);
+  return fmt::format("{}d ago", s / 86400);
+}
+
+std::string Cell(const nlohmann::json& v) {
+  if (v.is_null()) return "-";
+  if (v.is_string()) return v.get<std::string>().empty() ? "-" : v.get<std::string>();
+  return v.dump();
+}
+
+}  // namespace tau::cli

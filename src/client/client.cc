@@ -1,0 +1,287 @@
+#include "client/client.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "common/strings.h"
+
+namespace tau::client {
+
+std::string Endpoint::ToString() const {
+  return unix_socket ? "unix://" + path : fmt::format("http://{}:{}", host, port);
+}
+
+Result<Endpoint> ParseEndpoint(std::string_view text) {
+  Endpoint e;
+  if (StartsWith(text, "unix://")) {
+    e.path = std::string(text.substr(7));
+  } else if (StartsWith(text, "unix:")) {
+    e.path = std::string(text.substr(5));
+  } else if (StartsWith(text, "/")) {
+    e.path = std::string(text);
+  } else if (StartsWith(text, "http://")) {
+    e.unix_socket = false;
+    std::string_view rest = text.substr(7);
+    if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+    size_t colon = rest.rfind(':');
+    if (colon == std::string_view::npos)
+      return InvalidArgument(fmt::format("server address '{}' has no port (http://host:port)", text));
+    e.host = std::string(rest.substr(0, colon));
+    try {
+      e.port = std::stoi(std::string(rest.substr(colon + 1)));
+    } catch (...) {
+      return InvalidArgument(fmt::format("server address '{}' has a bad port", text));
+    }
+  } else {
+    return InvalidArgument(fmt::format(
+        "server address '{}' not understood: use unix:///path/to/tau.sock or http://host:port", text));
+  }
+  if (e.unix_socket && e.path.empty()) return InvalidArgument("unix socket path is empty");
+  return e;
+}
+
+static Result<int> Dial(const Endpoint& e) {
+  if (e.unix_socket) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return IoError("socket", errno);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (e.path.size() >= sizeof(addr.sun_path)) {
+      ::close(fd);
+      return InvalidArgument("socket path too long: " + e.path);
+    }
+    std::memcpy(addr.sun_path, e.path.c_str(), e.path.size() + 1);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      int err = errno;
+      ::close(fd);
+      return Status(StatusCode::kUnavailable,
+                    fmt::format("cannot connect to {}: {}", e.ToString(), std::strerror(err)));
+    }
+    return fd;
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (int rc = ::getaddrinfo(e.host.c_str(), std::to_string(e.port).c_str(), &hints, &res); rc != 0)
+    return Unavailable(fmt::format("cannot resolve {}: {}", e.host, gai_strerror(rc)));
+  int last_err = 0;
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      ::freeaddrinfo(res);
+      return fd;
+    }
+    last_err = errno;
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return Unavailable(fmt::format("cannot connect to {}: {}", e.ToString(), std::strerror(last_err)));
+}
+
+Result<std::unique_ptr<Connection>> Connection::Open(const Endpoint& endpoint, int timeout_ms) {
+  TAU_ASSIGN_OR_RETURN(int fd, Dial(endpoint));
+  return std::unique_ptr<Connection>(new Connection(endpoint, fd, timeout_ms));
+}
+
+Connection::Connection(Endpoint endpoint, int fd, int timeout_ms)
+    : endpoint_(std::move(endpoint)), fd_(fd), timeout_ms_(timeout_ms) {}
+
+Connection::~Connection() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status Connection::Reconnect() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  buf_.clear();
+  TAU_ASSIGN_OR_RETURN(fd_, Dial(endpoint_));
+  return Status::Ok();
+}
+
+Status Connection::SendRequest(std::string_view method, std::string_view path,
+                               std::string_view body, std::string_view content_type) {
+  std::string head = fmt::format(
+      "{} {} HTTP/1.1\r\nHost: tau\r\nUser-Agent: tau-cli\r\nAccept: application/json\r\n", method,
+      path);
+  if (!body.empty() || method == "POST" || method == "PUT")
+    head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", content_type, body.size());
+  head += "\r\n";
+  for (std::string_view part : {std::string_view(head), body}) {
+    size_t off = 0;
+    while (off < part.size()) {
+      ssize_t n = ::send(fd_, part.data() + off, part.size() - off, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return IoError("sending request to " + endpoint_.ToString(), errno);
+      }
+      off += static_cast<size_t>(n);
+    }
+  }
+  return Status::Ok();
+}
+
+Result<size_t> Connection::Fill() {
+  char tmp[65536];
+  while (true) {
+    if (timeout_ms_ > 0) {
+      pollfd p{fd_, POLLIN, 0};
+      int rc = ::poll(&p, 1, timeout_ms_);
+      if (rc == 0)
+        return Unavailable(fmt::format("no answer from {} within {} ms", endpoint_.ToString(),
+                                       timeout_ms_));
+      if (rc < 0 && errno == EINTR) continue;
+    }
+    ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return IoError("reading from " + endpoint_.ToString(), errno);
+    }
+    buf_.append(tmp, static_cast<size_t>(n));
+    return static_cast<size_t>(n);
+  }
+}
+
+Result<Response> Connection::ReadResponse(const std::function<bool(std::string_view)>* on_data) {
+  Response resp;
+  size_t header_end;
+  while ((header_end = buf_.find("\r\n\r\n")) == std::string::npos) {
+    TAU_ASSIGN_OR_RETURN(size_t n, Fill());
+    if (n == 0) return Unavailable("the server closed the connection");
+    if (buf_.size() > (1 << 20)) return Internal("response headers too large");
+  }
+  std::vector<std::string> lines = Split(std::string_view(buf_).substr(0, header_end), '\n');
+  for (std::string& l : lines)
+    if (!l.empty() && l.back() == '\r') l.pop_back();
+  if (lines.empty() || !StartsWith(lines[0], "HTTP/1.") || lines[0].size() < 12)
+    return Internal("malformed response from server: " + lines[0]);
+  resp.status = std::atoi(lines[0].c_str() + 9);
+  for (size_t i = 1; i < lines.size(); ++i) {
+    size_t colon = lines[i].find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = lines[i].substr(0, colon);
+    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    size_t v = colon + 1;
+    while (v < lines[i].size() && lines[i][v] == ' ') ++v;
+    resp.headers[name] = lines[i].substr(v);
+  }
+  buf_.erase(0, header_end + 4);
+  auto deliver = [&](std::string_view data) {
+    if (on_data) return (*on_data)(data);
+    resp.body.append(data);
+    return true;
+  };
+  bool keep_alive = resp.headers["connection"] != "close";
+  if (resp.headers["transfer-encoding"] == "chunked") {
+    while (true) {
+      size_t eol;
+      while ((eol = buf_.find("\r\n")) == std::string::npos) {
+        TAU_ASSIGN_OR_RETURN(size_t n, Fill());
+        if (n == 0) return Unavailable("the server closed the connection mid-stream");
+      }
+      size_t size = std::strtoul(buf_.substr(0, eol).c_str(), nullptr, 16);
+      buf_.erase(0, eol + 2);
+      while (buf_.size() < size + 2) {
+        TAU_ASSIGN_OR_RETURN(size_t n, Fill());
+        if (n == 0) return Unavailable("the server closed the connection mid-stream");
+      }
+      if (size == 0) {
+        buf_.erase(0, 2);
+        break;
+      }
+      bool more = deliver(std::string_view(buf_).substr(0, size));
+      buf_.erase(0, size + 2);
+      if (!more) {
+        keep_alive = false;
+        break;
+      }
+    }
+  } else if (resp.headers.count("content-length")) {
+    size_t length = std::strtoull(resp.headers["content-length"].c_str(), nullptr, 10);
+    while (buf_.size() < length) {
+      TAU_ASSIGN_OR_RETURN(size_t n, Fill());
+      if (n == 0) return Unavailable("the server closed the connection mid-body");
+    }
+    deliver(std::string_view(buf_).substr(0, length));
+    buf_.erase(0, length);
+  } else {
+    while (true) {
+      TAU_ASSIGN_OR_RETURN(size_t n, Fill());
+      if (n == 0) break;
+    }
+    deliver(buf_);
+    buf_.clear();
+    keep_alive = false;
+  }
+  if (!keep_alive) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  return resp;
+}
+
+Result<Response> Connection::Call(std::string_view method, std::string_view path,
+                                  std::string_view body, std::string_view content_type) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (fd_ < 0) TAU_RETURN_IF_ERROR(Reconnect());
+    Status sent = SendRequest(method, path, body, content_type);
+    if (sent.ok()) {
+      auto resp = ReadResponse(nullptr);
+      if (resp.ok() || attempt == 1) return resp;
+    } else if (attempt == 1) {
+      return sent;
+    }
+    // The kept-alive connection went away under us: try once on a fresh one.
+    TAU_RETURN_IF_ERROR(Reconnect());
+  }
+  return Internal("unreachable");
+}
+
+Result<int> Connection::Stream(std::string_view method, std::string_view path,
+                               const std::function<bool(std::string_view)>& on_data) {
+  if (fd_ < 0) TAU_RETURN_IF_ERROR(Reconnect());
+  int saved_timeout = timeout_ms_;
+  TAU_RETURN_IF_ERROR(SendRequest(method, path, {}, "application/json"));
+  timeout_ms_ = 0;  // a followed stream can be quiet for a long time
+  auto resp = ReadResponse(&on_data);
+  timeout_ms_ = saved_timeout;
+  if (!resp.ok()) return resp.status();
+  return resp->status;
+}
+
+Status ErrorFromResponse(const Response& response) {
+  auto j = nlohmann::json::parse(response.body, nullptr, false);
+  std::string message = response.body;
+  StatusCode code = StatusCode::kInternal;
+  switch (response.status) {
+    case 400: code = StatusCode::kInvalidArgument; break;
+    case 401: code = StatusCode::kUnauthenticated; break;
+    case 403: code = StatusCode::kPermissionDenied; break;
+    case 404: code = StatusCode::kNotFound; break;
+    case 409: code = StatusCode::kAlreadyExists; break;
+    case 412: code = StatusCode::kFailedPrecondition; break;
+    case 413: code = StatusCode::kResourceExhausted; break;
+    case 429: code = StatusCode::kResourceExhausted; break;
+    case 503: code = StatusCode::kUnavailable; break;
+    default: break;
+  }
+  if (!j.is_discarded() && j.is_object() && j.contains("error") && j["error"].is_object()) {
+    message = j["error"].value("message", message);
+  }
+  return Status(code, message);
+}
+
+}  // namespace tau::client

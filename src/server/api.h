@@ -1,0 +1,13 @@
+// The REST API (v1) over the controller and the store. Every answer is JSON; errors are
+// {"error": {"code": "...", "message": "..."}} with a matching HTTP status.
+#pragma once
+
+#include "server/controller.h"
+#include "server/http_listener.h"
+#include "store/store.h"
+
+namespace tau::server {
+
+void RegisterApi(HttpListener* http, Controller* controller, store::Store* store);
+
+}  // namespace tau::server

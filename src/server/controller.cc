@@ -1,0 +1,616 @@
+#include "server/controller.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "common/clock.h"
+#include "common/files.h"
+#include "common/strings.h"
+
+extern char** environ;
+
+namespace tau::server {
+
+using store::AttemptRecord;
+using store::AttemptState;
+using store::Batch;
+using store::Event;
+using store::RunRecord;
+using store::RunState;
+
+namespace {
+
+int64_t DetectMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemTotal:") return kb * 1024;
+    in.ignore(256, '\n');
+  }
+  return 0;
+}
+
+// A free TCP port for a gang's rendezvous (MASTER_PORT). The kernel picks it; the window in which another
+// program could take it before the gang binds it is small and only costs that attempt.
+int PickFreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 29500;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 29500;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string Plural(int64_t n, const char* one, const char* many) {
+  return fmt::format("{} {}", n, n == 1 ? one : many);
+}
+
+// The failure class of a finished attempt (see docs/architecture.md, "Failure classes").
+std::string FailureClass(const runtime::AttemptOutcome& o, bool cancel_requested) {
+  switch (o.kind) {
+    case runtime::OutcomeKind::kSucceeded: return "Succeeded";
+    case runtime::OutcomeKind::kSetupFailed: return "SetupError";
+    case runtime::OutcomeKind::kTimedOut: return "Timeout";
+    case runtime::OutcomeKind::kStopped: return cancel_requested ? "Cancelled" : "Evicted";
+    case runtime::OutcomeKind::kFailed: return o.oom_killed ? "OOMKilled" : "UserError";
+  }
+  return "Unknown";
+}
+
+}  // namespace
+
+Controller::Controller(ControllerOptions options, store::Store* store, health::GpuInventory gpus)
+    : options_(std::move(options)), store_(store), gpus_(std::move(gpus)) {
+  cpu_capacity_milli_ = options_.cpu_capacity_milli > 0
+                            ? options_.cpu_capacity_milli
+                            : static_cast<int64_t>(::sysconf(_SC_NPROCESSORS_ONLN)) * 1000;
+  memory_capacity_bytes_ =
+      options_.memory_capacity_bytes > 0 ? options_.memory_capacity_bytes : DetectMemoryBytes();
+  free_cpu_milli_ = cpu_capacity_milli_;
+  free_memory_bytes_ = memory_capacity_bytes_;
+  for (const auto& d : gpus_.devices) free_gpus_.insert(d.index);
+}
+
+Controller::~Controller() { Stop(); }
+
+std::string Controller::AttemptDir(const std::string& name, int attempt) const {
+  return fmt::format("{}/attempts/{}", RunDir(name), attempt);
+}
+
+Status Controller::Start() {
+  auto watcher = runtime::ProcessWatcher::Create([this](const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_exited_.push_back(key);
+    cv_.notify_one();
+  });
+  if (!watcher.ok()) return watcher.status();
+  watcher_ = std::move(*watcher);
+  Batch batch;
+  Recover(&batch);
+  CommitOrDie(std::move(batch));
+  RefreshPending();
+  thread_ = std::thread(&Controller::Loop, this);
+  return Status::Ok();
+}
+
+void Controller::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  if (watcher_) watcher_->Stop();
+}
+
+Controller::Resources Controller::Needs(const spec::RunSpec& spec) const {
+  Resources r;
+  int workers = spec.compute.workers;
+  r.gpus = spec.compute.gpus * workers;
+  if (spec.compute.cpus) r.cpu_milli = spec.compute.cpus->milli() * workers;
+  if (spec.compute.memory) r.memory_bytes = spec.compute.memory->CeilUnits() * workers;
+  return r;
+}
+
+// Why a run can never fit on this machine, or "" when it can.
+std::string Controller::Refusal(const Resources& need) const {
+  int total_gpus = static_cast<int>(gpus_.devices.size());
+  if (need.gpus > 0 && total_gpus == 0)
+    return fmt::format(
+        "this run asks for {} but this machine has none ({}). tau never runs a GPU job on the CPU "
+        "silently: run it on a machine with NVIDIA GPUs, or set compute.gpus: 0 to run on the CPU",
+        Plural(need.gpus, "GPU", "GPUs"), gpus_.note.empty() ? "no GPUs found" : gpus_.note);
+  if (need.gpus > total_gpus)
+    return fmt::format("this run asks for {} in all but this machine has only {}",
+                       Plural(need.gpus, "GPU", "GPUs"), total_gpus);
+  if (need.cpu_milli > cpu_capacity_milli_)
+    return fmt::format("this run asks for {} CPUs but this machine has {}",
+                       Quantity::FromMilli(need.cpu_milli).ToString(),
+                       cpu_capacity_milli_ / 1000);
+  if (need.memory_bytes > memory_capacity_bytes_)
+    return fmt::format("this run asks for {} of memory but this machine has {}",
+                       Quantity::FromUnits(need.memory_bytes).ToString(),
+                       Quantity::FromUnits(memory_capacity_bytes_).ToString());
+  return "";
+}
+
+Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) {
+  spec::ParseOutcome parsed = spec::ParseSpec(request.spec_yaml, request.spec_file);
+  if (!parsed.ok()) {
+    error->diagnostics = parsed.diagnostics;
+    error->status = InvalidArgument(parsed.ErrorText());
+    return error->status;
+  }
+  const spec::RunSpec& spec = *parsed.spec;
+  Resources need = Needs(spec);
+  if (std::string why = Refusal(need); !why.empty()) {
+    error->status = FailedPrecondition(why);
+    return error->status;
+  }
+  auto snapshot = StoreSnapshot(options_.home + "/snapshots", std::move(request.code));
+  if (!snapshot.ok()) {
+    error->status = snapshot.status();
+    return error->status;
+  }
+  RunRecord r;
+  r.spec_name = spec.name;
+  r.spec_file = request.spec_file;
+  r.spec_yaml = request.spec_yaml;
+  r.spec_json = spec::ToJson(spec);
+  r.config_hash = spec::ConfigHash(spec);
+  r.snapshot_digest = snapshot->digest;
+  r.snapshot_dir = snapshot->dir;
+  r.workspace = spec.policy.workspace.empty() ? "default" : spec.policy.workspace;
+  r.queue = spec.policy.queue.empty() ? "default" : spec.policy.queue;
+  r.resources = {{"gpus", need.gpus},
+                 {"cpu_milli", need.cpu_milli},
+                 {"memory_bytes", need.memory_bytes},
+                 {"workers", spec.compute.workers}};
+  r.created_ms = r.updated_ms = NowMillis();
+  nlohmann::json submitted = {{"config_hash", r.config_hash},
+                              {"snapshot_digest", r.snapshot_digest},
+                              {"files", snapshot->files.size()}};
+  Status inserted;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    // Four hex digits read well; widen them when the name space gets crowded.
+    r.name = fmt::format("{}-{}", spec.name, RandomHex(attempt < 4 ? 4 : 8));
+    std::vector<Event> events = {
+        {0, r.name, r.created_ms, "Submitted", "submitted from " + r.spec_file, submitted, "", ""},
+        {0, r.name, r.created_ms, "Queued", "queued in " + r.queue, {}, "", ""}};
+    inserted = store_->InsertRun(&r, std::move(events));
+    if (inserted.code() != StatusCode::kAlreadyExists) break;
+  }
+  if (!inserted.ok()) {
+    error->status = inserted;
+    return inserted;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  inbox_new_.push_back(r.name);
+  pending_info_[r.name] = {{"position", nullptr}, {"reason", "waiting for the scheduler"}};
+  cv_.notify_one();
+  return r;
+}
+
+Status Controller::Cancel(const std::string& name) {
+  TAU_ASSIGN_OR_RETURN(RunRecord r, store_->GetRun(name));
+  if (store::IsTerminal(r.state))
+    return FailedPrecondition(
+        fmt::format("run '{}' has already finished ({})", name, store::RunStateName(r.state)));
+  std::lock_guard<std::mutex> lock(mu_);
+  inbox_cancel_.push_back(name);
+  cv_.notify_one();
+  return Status::Ok();
+}
+
+nlohmann::json Controller::PendingInfo(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pending_info_.find(name);
+  return it == pending_info_.end() ? nlohmann::json() : it->second;
+}
+
+nlohmann::json Controller::Capacity() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return capacity_info_;
+}
+
+void Controller::CommitOrDie(Batch batch) {
+  Status s = store_->Commit(std::move(batch));
+  if (!s.ok()) {
+    // Acting on a state change that is not durable could lose or duplicate a run: stop instead. A restart
+    // recovers from the last committed state.
+    std::fprintf(stderr, "tau server: fatal: cannot commit to the store: %s\n", s.ToString().c_str());
+    std::_Exit(70);
+  }
+}
+
+void Controller::Transition(ActiveRun& run, RunState state, const std::string& event_type,
+                            const std::string& message, Batch* batch, nlohmann::json data) {
+  int64_t now = NowMillis();
+  run.record.state = state;
+  run.record.updated_ms = now;
+  batch->events.push_back({0, run.record.name, now, event_type, message, std::move(data), "", ""});
+}
+
+void Controller::Finish(ActiveRun& run, RunState state, const std::string& reason,
+                        const std::string& message, Batch* batch) {
+  RunRecord& r = run.record;
+  r.reason = reason;
+  r.message = message;
+  r.finished_ms = NowMillis();
+  nlohmann::json data = {{"reason", reason}};
+  if (r.exit_code) data["exit_code"] = *r.exit_code;
+  if (r.signal) data["signal"] = *r.signal;
+  Transition(run, state, store::RunStateName(state), message, batch, data);
+  for (int g : r.gpus) free_gpus_.insert(g);
+  if (r.admitted_ms) {
+    free_cpu_milli_ += run.need.cpu_milli;
+    free_memory_bytes_ += run.need.memory_bytes;
+  }
+  r.gpus.clear();
+  batch->runs.push_back(r);
+}
+
+Result<Controller::ActiveRun> Controller::Load(const RunRecord& record) {
+  spec::ParseOutcome parsed = spec::ParseSpec(record.spec_yaml, record.spec_file);
+  if (!parsed.ok())
+    return InvalidArgument("the recorded spec no longer parses: " + parsed.ErrorText());
+  ActiveRun run;
+  run.record = record;
+  run.spec = std::move(*parsed.spec);
+  run.need = Needs(run.spec);
+  return run;
+}
+
+void Controller::Recover(Batch* batch) {
+  store::RunFilter filter;
+  filter.active_only = true;
+  filter.newest_first = false;
+  auto runs = store_->ListRuns(filter);
+  if (!runs.ok()) {
+    std::fprintf(stderr, "tau server: cannot list runs: %s\n", runs.status().ToString().c_str());
+    std::_Exit(70);
+  }
+  for (const RunRecord& record : *runs) {
+    auto loaded = Load(record);
+    if (!loaded.ok()) {
+      ActiveRun broken;
+      broken.record = record;
+      Finish(broken, RunState::kFailed, "Unknown", loaded.status().message(), batch);
+      continue;
+    }
+    ActiveRun& run = active_[record.name] = std::move(*loaded);
+    if (record.state == RunState::kQueued) continue;
+    // Admitted or running: it holds resources.
+    for (int g : record.gpus) free_gpus_.erase(g);
+    free_cpu_milli_ -= run.need.cpu_milli;
+    free_memory_bytes_ -= run.need.memory_bytes;
+    auto attempts = store_->ListAttempts(record.name);
+    if (!attempts.ok() || attempts->empty()) {
+      // Admitted, but the server stopped before the attempt was recorded: start it now.
+      run.record.attempts = 0;
+      continue;
+    }
+    const AttemptRecord& last = attempts->back();
+    runtime::ProcessId shim{last.shim_pid, last.shim_start_time};
+    if (last.state != AttemptState::kFinished && last.shim_pid > 0 && runtime::IsAlive(shim)) {
+      run.shim = shim;  // re-adopted: the attempt kept running while the server was away
+      Status s = watcher_->Watch(record.name, shim);
+      if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
+      continue;
+    }
+    if (runtime::ReadOutcome(last.dir).ok()) {
+      // It finished while the server was away; handle it like any exit.
+      std::lock_guard<std::mutex> lock(mu_);
+      inbox_exited_.push_back(record.name);
+      continue;
+    }
+    // Its supervisor is gone and left no result: the attempt's processes vanished.
+    (void)runtime::StopAttempt(shim, last.dir);
+    AttemptRecord a = last;
+    a.state = AttemptState::kFinished;
+    a.ended_ms = NowMillis();
+    a.outcome = "Lost";
+    a.reason = "NodeLost";
+    a.message = "the attempt's processes vanished while the server was down";
+    batch->attempts.push_back(a);
+    Finish(run, RunState::kFailed, "NodeLost", a.message, batch);
+    active_.erase(record.name);
+  }
+}
+
+void Controller::Loop() {
+  while (true) {
+    std::deque<std::string> news, cancels, exits;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::seconds(1), [&] {
+        return stopping_ || !inbox_new_.empty() || !inbox_cancel_.empty() || !inbox_exited_.empty();
+      });
+      if (stopping_) return;
+      news.swap(inbox_new_);
+      cancels.swap(inbox_cancel_);
+      exits.swap(inbox_exited_);
+    }
+    Batch batch;
+    for (const std::string& name : news) {
+      if (active_.count(name)) continue;
+      auto record = store_->GetRun(name);
+      if (!record.ok()) continue;
+      auto loaded = Load(*record);
+      if (loaded.ok()) active_[name] = std::move(*loaded);
+    }
+    for (const std::string& name : exits) HandleExit(name, &batch);
+    for (const std::string& name : cancels) HandleCancel(name, &batch);
+    std::vector<std::string> to_start;
+    AdmitQueued(&batch, &to_start);
+    // Durable first: admissions, exits and cancels are committed before any process is started.
+    CommitOrDie(std::move(batch));
+    Batch started;
+    for (const std::string& name : to_start) StartAttempt(name, &started);
+    CommitOrDie(std::move(started));
+    for (const std::string& name : to_start) {
+      auto it = active_.find(name);
+      if (it != active_.end() && it->second.shim) {
+        Status s = watcher_->Watch(name, *it->second.shim);
+        if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
+      }
+    }
+    // Terminal runs leave the active set once their final state is committed.
+    for (auto it = active_.begin(); it != active_.end();) {
+      it = store::IsTerminal(it->second.record.state) ? active_.erase(it) : std::next(it);
+    }
+    RefreshPending();
+  }
+}
+
+void Controller::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
+  std::vector<ActiveRun*> queued;
+  for (auto& [name, run] : active_) {
+    if (run.record.state == RunState::kAdmitted && run.record.attempts == 0 && !run.shim)
+      to_start->push_back(name);  // recovered: admitted before the restart, never started
+    if (run.record.state == RunState::kQueued) queued.push_back(&run);
+  }
+  std::sort(queued.begin(), queued.end(),
+            [](const ActiveRun* a, const ActiveRun* b) { return a->record.seq < b->record.seq; });
+  // Best-effort FIFO: in submission order, admit every run whose resources are free now; a run that does
+  // not fit does not block smaller ones behind it.
+  for (ActiveRun* run : queued) {
+    const Resources& need = run->need;
+    if (need.gpus > static_cast<int>(free_gpus_.size()) || need.cpu_milli > free_cpu_milli_ ||
+        need.memory_bytes > free_memory_bytes_)
+      continue;
+    RunRecord& r = run->record;
+    r.gpus.assign(free_gpus_.begin(), std::next(free_gpus_.begin(), need.gpus));
+    for (int g : r.gpus) free_gpus_.erase(g);
+    free_cpu_milli_ -= need.cpu_milli;
+    free_memory_bytes_ -= need.memory_bytes;
+    r.admitted_ms = NowMillis();
+    std::string where = r.gpus.empty() ? "no GPUs"
+                                       : "GPUs " + Join([&] {
+                                           std::vector<std::string> s;
+                                           for (int g : r.gpus) s.push_back(std::to_string(g));
+                                           return s;
+                                         }(), ",");
+    Transition(*run, RunState::kAdmitted, "Admitted", "admitted on this machine with " + where,
+               batch, {{"gpus", r.gpus}});
+    batch->runs.push_back(r);
+    to_start->push_back(r.name);
+  }
+}
+
+runtime::EnvList Controller::BaseEnv() const {
+  // What a run inherits from the server: enough to find programs and behave, not the server's secrets.
+  static const char* kPassThrough[] = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TZ",
+                                       "TMPDIR", "LD_LIBRARY_PATH", "CUDA_HOME", "http_proxy",
+                                       "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY",
+                                       "NO_PROXY"};
+  runtime::EnvList env;
+  for (const char* name : kPassThrough)
+    if (const char* v = std::getenv(name)) env.emplace_back(name, v);
+  for (char** e = environ; *e; ++e) {
+    std::string_view kv(*e);
+    if (StartsWith(kv, "LC_") || StartsWith(kv, "PIP_") || StartsWith(kv, "NVIDIA_")) {
+      size_t eq = kv.find('=');
+      if (eq != std::string_view::npos)
+        env.emplace_back(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+    }
+  }
+  return env;
+}
+
+void Controller::StartAttempt(const std::string& name, Batch* batch) {
+  ActiveRun& run = active_.at(name);
+  RunRecord& r = run.record;
+  int number = r.attempts + 1;
+  std::string run_dir = RunDir(name);
+  AttemptRecord a;
+  a.run = name;
+  a.number = number;
+  a.dir = AttemptDir(name, number);
+  a.gpus = r.gpus;
+  a.started_ms = NowMillis();
+  auto fail = [&](const std::string& reason, const std::string& message) {
+    a.state = AttemptState::kFinished;
+    a.ended_ms = NowMillis();
+    a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
+    a.reason = reason;
+    a.message = message;
+    batch->attempts.push_back(a);
+    r.attempts = number;
+    r.exit_code = std::nullopt;
+    Finish(run, RunState::kFailed, reason, message, batch);
+  };
+  runtime::LaunchContext ctx;
+  ctx.run_name = name;
+  ctx.attempt = number;
+  ctx.work_dir = run_dir + "/work";
+  ctx.checkpoint_dir = run_dir + "/checkpoints";
+  ctx.output_dir = run_dir + "/output";
+  ctx.metrics_file = run_dir + "/metrics.jsonl";
+  ctx.gpus = r.gpus;
+  ctx.master_port = PickFreePort();
+  ctx.base_env = BaseEnv();
+  for (const std::string& dir : {ctx.checkpoint_dir, ctx.output_dir, a.dir}) {
+    if (Status s = MakeDirs(dir); !s.ok()) return fail("SetupError", s.message());
+  }
+  if (!PathExists(ctx.work_dir)) {
+    if (Status s = CopySnapshot(r.snapshot_dir, ctx.work_dir); !s.ok())
+      return fail("SetupError", s.message());
+  }
+  auto workers = runtime::PlanLaunch(run.spec, ctx);
+  if (!workers.ok()) return fail("SetupError", workers.status().message());
+  runtime::AttemptConfig config;
+  config.run_name = name;
+  config.attempt = number;
+  config.attempt_dir = a.dir;
+  config.work_dir = ctx.work_dir;
+  config.workers = std::move(*workers);
+  config.pip = run.spec.runtime.pip;
+  config.venv_cache_dir = options_.home + "/venvs";
+  if (run.need.memory_bytes > 0) config.memory_limit_bytes = run.need.memory_bytes;
+  if (run.need.cpu_milli > 0) config.cpu_limit_milli = run.need.cpu_milli;
+  config.max_runtime_ms = run.spec.max_runtime_ms;
+  config.stop_grace_ms = options_.stop_grace_ms;
+  auto shim = runtime::StartAttempt(config, options_.tau_binary);
+  if (!shim.ok()) return fail("SetupError", shim.status().message());
+  run.shim = *shim;
+  a.state = AttemptState::kRunning;
+  a.shim_pid = shim->pid;
+  a.shim_start_time = shim->start_time;
+  batch->attempts.push_back(a);
+  r.attempts = number;
+  r.started_ms = a.started_ms;
+  Transition(run, RunState::kRunning, "Running",
+             fmt::format("attempt {} started ({})", number,
+                         Plural(static_cast<int64_t>(config.workers.size()), "process", "processes")),
+             batch, {{"attempt", number}, {"shim_pid", shim->pid}});
+  batch->runs.push_back(r);
+}
+
+void Controller::HandleExit(const std::string& name, Batch* batch) {
+  auto it = active_.find(name);
+  if (it == active_.end()) return;
+  ActiveRun& run = it->second;
+  RunRecord& r = run.record;
+  if (store::IsTerminal(r.state)) return;
+  auto attempts = store_->ListAttempts(name);
+  if (!attempts.ok() || attempts->empty()) return;
+  AttemptRecord a = attempts->back();
+  run.shim.reset();
+  auto outcome = runtime::ReadOutcome(a.dir);
+  a.state = AttemptState::kFinished;
+  a.ended_ms = NowMillis();
+  if (!outcome.ok()) {
+    // The supervisor died without a result (killed from outside): make sure nothing of it survives.
+    (void)runtime::StopAttempt({a.shim_pid, a.shim_start_time}, a.dir);
+    a.outcome = "Lost";
+    a.reason = r.cancel_requested ? "Cancelled" : "NodeLost";
+    a.message = "the attempt's supervisor exited without recording a result";
+    batch->attempts.push_back(a);
+    Finish(run, r.cancel_requested ? RunState::kCancelled : RunState::kFailed, a.reason, a.message,
+           batch);
+    return;
+  }
+  const runtime::AttemptOutcome& o = *outcome;
+  a.outcome = runtime::OutcomeKindName(o.kind);
+  a.reason = FailureClass(o, r.cancel_requested);
+  a.message = o.message;
+  if (o.kind != runtime::OutcomeKind::kStopped || !r.cancel_requested) a.exit_code = o.exit_code;
+  if (o.signal) a.signal = o.signal;
+  a.ended_ms = o.ended_ms ? o.ended_ms : NowMillis();
+  batch->attempts.push_back(a);
+  r.exit_code = a.exit_code;
+  r.signal = a.signal;
+  if (o.kind == runtime::OutcomeKind::kSucceeded) {
+    Finish(run, RunState::kSucceeded, "Succeeded", "all processes exited with code 0", batch);
+  } else if (a.reason == "Cancelled") {
+    Finish(run, RunState::kCancelled, "Cancelled", "cancelled by request", batch);
+  } else {
+    Finish(run, RunState::kFailed, a.reason, o.message, batch);
+  }
+}
+
+void Controller::HandleCancel(const std::string& name, Batch* batch) {
+  auto it = active_.find(name);
+  if (it == active_.end()) return;
+  ActiveRun& run = it->second;
+  RunRecord& r = run.record;
+  if (store::IsTerminal(r.state) || r.cancel_requested) return;
+  r.cancel_requested = true;
+  if (r.state == RunState::kQueued || (r.state == RunState::kAdmitted && !run.shim)) {
+    Finish(run, RunState::kCancelled, "Cancelled", "cancelled before it started", batch);
+    return;
+  }
+  batch->runs.push_back(r);
+  batch->events.push_back(
+      {0, name, NowMillis(), "CancelRequested", "stopping the attempt's processes", {}, "", ""});
+  if (run.shim) {
+    auto attempts = store_->ListAttempts(name);
+    std::string dir = attempts.ok() && !attempts->empty() ? attempts->back().dir : "";
+    Status s = runtime::StopAttempt(*run.shim, dir);
+    if (!s.ok()) std::fprintf(stderr, "tau server: cancel %s: %s\n", name.c_str(), s.ToString().c_str());
+  }
+}
+
+void Controller::RefreshPending() {
+  std::vector<const ActiveRun*> queued;
+  for (const auto& [name, run] : active_)
+    if (run.record.state == RunState::kQueued) queued.push_back(&run);
+  std::sort(queued.begin(), queued.end(), [](const ActiveRun* a, const ActiveRun* b) {
+    return a->record.seq < b->record.seq;
+  });
+  std::map<std::string, nlohmann::json> info;
+  int position = 0;
+  for (const ActiveRun* run : queued) {
+    ++position;
+    const Resources& need = run->need;
+    std::vector<std::string> short_of;
+    if (need.gpus > static_cast<int>(free_gpus_.size()))
+      short_of.push_back(fmt::format("{} ({} of {} free)", Plural(need.gpus, "GPU", "GPUs"),
+                                     free_gpus_.size(), gpus_.devices.size()));
+    if (need.cpu_milli > free_cpu_milli_)
+      short_of.push_back(fmt::format("{} CPUs ({} free)", Quantity::FromMilli(need.cpu_milli).ToString(),
+                                     Quantity::FromMilli(std::max<int64_t>(0, free_cpu_milli_)).ToString()));
+    if (need.memory_bytes > free_memory_bytes_)
+      short_of.push_back(fmt::format("{} memory ({} free)",
+                                     Quantity::FromUnits(need.memory_bytes).ToString(),
+                                     Quantity::FromUnits(std::max<int64_t>(0, free_memory_bytes_)).ToString()));
+    std::string reason = short_of.empty()
+                             ? "waiting for the scheduler"
+                             : fmt::format("needs {}; {} ahead in queue {}", Join(short_of, ", "),
+                                           Plural(position - 1, "run", "runs"), run->record.queue);
+    info[run->record.name] = {{"position", position}, {"reason", reason}};
+  }
+  nlohmann::json capacity = {
+      {"gpus_total", gpus_.devices.size()},
+      {"gpus_free", free_gpus_.size()},
+      {"cpu_milli_total", cpu_capacity_milli_},
+      {"cpu_milli_free", free_cpu_milli_},
+      {"memory_bytes_total", memory_capacity_bytes_},
+      {"memory_bytes_free", free_memory_bytes_},
+      {"queued", queued.size()},
+      {"active", active_.size()}};
+  std::lock_guard<std::mutex> lock(mu_);
+  // Keep placeholders for runs submitted after this pass started; they are not in active_ yet.
+  for (const std::string& name : inbox_new_)
+    info.emplace(name, pending_info_.count(name) ? pending_info_[name] : nlohmann::json());
+  pending_info_ = std::move(info);
+  capacity_info_ = std::move(capacity);
+}
+
+}  // namespace tau::server

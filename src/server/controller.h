@@ -1,0 +1,121 @@
+// The controller: owns the life of every run on the local backend. One thread makes every decision
+// (admission, starting attempts, handling exits, cancels), so decisions never race; API threads hand it work
+// through an inbox. Each decision is committed to the store before it is acted on.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "health/health.h"
+#include "runtime/runtime.h"
+#include "server/snapshot.h"
+#include "spec/spec.h"
+#include "store/store.h"
+
+namespace tau::server {
+
+struct ControllerOptions {
+  std::string home;        // TAU_HOME
+  std::string tau_binary;  // started as `tau __shim DIR` for each attempt
+  int64_t stop_grace_ms = 10'000;
+  int64_t cpu_capacity_milli = 0;    // 0: detect
+  int64_t memory_capacity_bytes = 0; // 0: detect
+};
+
+struct SubmitRequest {
+  std::string spec_file;  // for messages
+  std::string spec_yaml;
+  std::vector<CodeFile> code;
+};
+
+// A submission that was refused: the diagnostics (spec errors) or a single message.
+struct SubmitError {
+  Status status;
+  std::vector<spec::Diagnostic> diagnostics;
+};
+
+class Controller {
+ public:
+  Controller(ControllerOptions options, store::Store* store, health::GpuInventory gpus);
+  ~Controller();
+
+  // Recovers the state left by a previous server (re-adopting live attempts), then starts the loop.
+  Status Start();
+  void Stop();
+
+  // Validates, snapshots and records a new run; it is queued when this returns.
+  Result<store::RunRecord> Submit(SubmitRequest request, SubmitError* error);
+  Status Cancel(const std::string& name);
+
+  // For queued runs: {"position": n (1 = next), "reason": "..."}; null when the run is not pending.
+  nlohmann::json PendingInfo(const std::string& name);
+  nlohmann::json Capacity();
+  const health::GpuInventory& gpus() const { return gpus_; }
+  std::string RunDir(const std::string& name) const { return options_.home + "/runs/" + name; }
+  std::string AttemptDir(const std::string& name, int attempt) const;
+
+ private:
+  struct Resources {
+    int gpus = 0;
+    int64_t cpu_milli = 0;
+    int64_t memory_bytes = 0;
+  };
+  struct ActiveRun {
+    store::RunRecord record;
+    spec::RunSpec spec;
+    Resources need;
+    std::optional<runtime::ProcessId> shim;
+  };
+
+  void Loop();
+  void Recover(store::Batch* batch);
+  void AdmitQueued(store::Batch* batch, std::vector<std::string>* to_start);
+  void StartAttempt(const std::string& name, store::Batch* batch);
+  void HandleExit(const std::string& name, store::Batch* batch);
+  void HandleCancel(const std::string& name, store::Batch* batch);
+  void Finish(ActiveRun& run, store::RunState state, const std::string& reason,
+              const std::string& message, store::Batch* batch);
+  void Transition(ActiveRun& run, store::RunState state, const std::string& event_type,
+                  const std::string& message, store::Batch* batch,
+                  nlohmann::json data = nlohmann::json::object());
+  void RefreshPending();
+  Result<ActiveRun> Load(const store::RunRecord& record);
+  void CommitOrDie(store::Batch batch);
+  Resources Needs(const spec::RunSpec& spec) const;
+  std::string Refusal(const Resources& need) const;
+  runtime::EnvList BaseEnv() const;
+
+  const ControllerOptions options_;
+  store::Store* const store_;
+  const health::GpuInventory gpus_;
+  std::unique_ptr<runtime::ProcessWatcher> watcher_;
+  std::thread thread_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;                       // GUARDED_BY(mu_)
+  std::deque<std::string> inbox_new_;           // GUARDED_BY(mu_)
+  std::deque<std::string> inbox_cancel_;        // GUARDED_BY(mu_)
+  std::deque<std::string> inbox_exited_;        // GUARDED_BY(mu_)
+  std::map<std::string, nlohmann::json> pending_info_;  // GUARDED_BY(mu_)
+  nlohmann::json capacity_info_;                // GUARDED_BY(mu_)
+
+  // Owned by the loop thread.
+  std::map<std::string, ActiveRun> active_;
+  std::set<int> free_gpus_;
+  int64_t free_cpu_milli_ = 0;
+  int64_t free_memory_bytes_ = 0;
+  int64_t cpu_capacity_milli_ = 0;
+  int64_t memory_capacity_bytes_ = 0;
+};
+
+}  // namespace tau::server

@@ -1,0 +1,129 @@
+#include "server/server.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "common/files.h"
+#include "health/health.h"
+#include "server/api.h"
+#include "server/controller.h"
+#include "server/http_listener.h"
+#include "store/store.h"
+
+#ifndef TAU_VERSION
+#define TAU_VERSION "0.0.0-dev"
+#endif
+
+namespace tau::server {
+
+const char* Version() { return TAU_VERSION; }
+
+namespace {
+
+// One server per TAU_HOME: an exclusive lock held for the server's life. The kernel drops it when the
+// process dies, however it dies, so a stale lock never blocks a restart.
+Result<int> TakeServerLock(const std::string& home) {
+  std::string path = home + "/server.lock";
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return IoError("cannot open " + path, errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char buf[32] = {0};
+    (void)!::pread(fd, buf, sizeof buf - 1, 0);
+    ::close(fd);
+    return FailedPrecondition(fmt::format(
+        "another tau server (pid {}) is already running for {}", std::strtol(buf, nullptr, 10), home));
+  }
+  std::string pid = std::to_string(::getpid()) + "\n";
+  (void)!::ftruncate(fd, 0);
+  (void)!::pwrite(fd, pid.data(), pid.size(), 0);
+  return fd;
+}
+
+}  // namespace
+
+int RunServer(const ServerOptions& options) {
+  auto log = [&](const std::string& line) {
+    if (!options.quiet) std::fprintf(stderr, "tau server: %s\n", line.c_str());
+  };
+  // Signals are taken by one thread with sigwait; every other thread is created with them blocked.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  if (Status s = MakeDirs(options.home, 0700); !s.ok()) {
+    log(s.ToString());
+    return 1;
+  }
+  auto lock = TakeServerLock(options.home);
+  if (!lock.ok()) {
+    log(lock.status().message());
+    return lock.status().code() == StatusCode::kFailedPrecondition ? 3 : 1;
+  }
+  for (const char* sub : {"/runs", "/snapshots", "/venvs"}) (void)MakeDirs(options.home + sub, 0700);
+  auto store = store::Store::Open(options.home + "/tau.db");
+  if (!store.ok()) {
+    log(store.status().ToString());
+    return 1;
+  }
+  health::GpuInventory gpus = health::DiscoverGpus();
+  log(gpus.devices.empty() ? "no GPUs: " + gpus.note
+                           : fmt::format("{} GPU(s), driver {}", gpus.devices.size(),
+                                         gpus.driver_version));
+  ControllerOptions copts;
+  copts.home = options.home;
+  copts.tau_binary = options.tau_binary;
+  copts.stop_grace_ms = options.stop_grace_ms;
+  Controller controller(copts, store->get(), gpus);
+  if (Status s = controller.Start(); !s.ok()) {
+    log(s.ToString());
+    return 1;
+  }
+  HttpListener http;
+  RegisterApi(&http, &controller, store->get());
+  std::string socket_path = options.socket_path.empty() ? options.home + "/tau.sock" : options.socket_path;
+  if (Status s = http.ListenUnix(socket_path); !s.ok()) {
+    log(s.ToString());
+    return 1;
+  }
+  if (!options.listen.empty()) {
+    size_t colon = options.listen.rfind(':');
+    std::string host = colon == std::string::npos ? "127.0.0.1" : options.listen.substr(0, colon);
+    int port = std::atoi(options.listen.substr(colon == std::string::npos ? 0 : colon + 1).c_str());
+    if (Status s = http.ListenTcp(host, port); !s.ok()) {
+      log(s.ToString());
+      return 1;
+    }
+    log(fmt::format("listening on http://{}:{}", host, http.tcp_port()));
+  }
+  log(fmt::format("tau {} serving on unix://{} (pid {})", Version(), socket_path, ::getpid()));
+  (void)WriteFileAtomic(options.home + "/server.pid", std::to_string(::getpid()) + "\n");
+
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    log(fmt::format("received {}, shutting down (running attempts keep running)", strsignal(sig)));
+    http.Shutdown(2000);
+  });
+  http.Serve();
+  signal_thread.join();
+  controller.Stop();
+  ::unlink((options.home + "/server.pid").c_str());
+  log("stopped");
+  // Streams that outlived the grace period still hold threads; end the process without unwinding them.
+  std::fflush(stderr);
+  std::_Exit(0);
+}
+
+}  // namespace tau::server

@@ -1,0 +1,27 @@
+// The tau server: the control plane of the local backend. `tau server` runs it in the foreground; other
+// commands are clients of its REST API (/api/v1/...), on a Unix socket under $TAU_HOME by default.
+#pragma once
+
+#include <string>
+
+#include "common/status.h"
+
+namespace tau::server {
+
+struct ServerOptions {
+  std::string home;         // TAU_HOME: store, snapshots, runs, venvs, the socket
+  std::string socket_path;  // default: HOME/tau.sock
+  std::string listen;       // optional "host:port" TCP listener
+  std::string tau_binary;   // this program, started as the attempts' supervisor
+  int64_t stop_grace_ms = 10'000;
+  bool quiet = false;
+};
+
+// Runs until SIGTERM or SIGINT. Attempts that are running keep running and are re-adopted by the next
+// server. Returns the process exit code.
+int RunServer(const ServerOptions& options);
+
+// The version string of this build.
+const char* Version();
+
+}  // namespace tau::server

@@ -1,0 +1,33 @@
+// Code snapshots: the files of a run's code directory as they were at submission, stored once per content
+// digest under $TAU_HOME/snapshots/<sha256>. Later edits of the user's files never change a queued run.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/limits.h"
+#include "common/status.h"
+
+namespace tau::server {
+
+struct CodeFile {
+  std::string path;  // relative, '/'-separated, no '..', no leading '/'
+  int mode = 0644;
+  std::string data;
+};
+
+struct Snapshot {
+  std::string digest;  // sha256 over the sorted (path, mode, sha256 of content) list
+  std::string dir;
+  nlohmann::json files;  // [{"path","size","sha256","mode"}]
+};
+
+// Checks every path (no escape from the snapshot directory) and the size limits, then stores the files.
+Result<Snapshot> StoreSnapshot(const std::string& snapshots_root, std::vector<CodeFile> files);
+
+// Copies a snapshot into a run's private work directory.
+Status CopySnapshot(const std::string& snapshot_dir, const std::string& work_dir);
+
+}  // namespace tau::server

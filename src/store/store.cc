@@ -1,0 +1,512 @@
+#include "store/store.h"
+
+#include <sqlite3.h>
+
+#include <fmt/format.h>
+
+#include "common/hash.h"
+
+namespace tau::store {
+namespace {
+
+constexpr const char* kRunStateNames[] = {"Queued",    "Admitted", "Running",
+                                          "Succeeded", "Failed",   "Cancelled"};
+
+// Schema version 1. Later versions add ALTER statements to kMigrations, never edit old ones.
+constexpr const char* kMigrations[] = {
+    R"sql(
+CREATE TABLE runs (
+  name TEXT PRIMARY KEY,
+  seq INTEGER NOT NULL UNIQUE,
+  spec_name TEXT NOT NULL,
+  spec_file TEXT NOT NULL,
+  spec_yaml TEXT NOT NULL,
+  spec_json TEXT NOT NULL,
+  config_hash TEXT NOT NULL,
+  snapshot_digest TEXT NOT NULL,
+  snapshot_dir TEXT NOT NULL,
+  workspace TEXT NOT NULL,
+  queue TEXT NOT NULL,
+  priority INTEGER NOT NULL,
+  resources TEXT NOT NULL,
+  state TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  message TEXT NOT NULL,
+  exit_code INTEGER,
+  signal INTEGER,
+  attempts INTEGER NOT NULL,
+  gpus TEXT NOT NULL,
+  cancel_requested INTEGER NOT NULL,
+  created_ms INTEGER NOT NULL,
+  updated_ms INTEGER NOT NULL,
+  admitted_ms INTEGER,
+  started_ms INTEGER,
+  finished_ms INTEGER
+);
+CREATE INDEX runs_state ON runs(state, seq);
+CREATE TABLE attempts (
+  run TEXT NOT NULL,
+  number INTEGER NOT NULL,
+  state TEXT NOT NULL,
+  dir TEXT NOT NULL,
+  shim_pid INTEGER NOT NULL,
+  shim_start_time INTEGER NOT NULL,
+  gpus TEXT NOT NULL,
+  started_ms INTEGER NOT NULL,
+  ended_ms INTEGER,
+  exit_code INTEGER,
+  signal INTEGER,
+  outcome TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  message TEXT NOT NULL,
+  PRIMARY KEY (run, number)
+);
+CREATE TABLE events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  run TEXT NOT NULL,
+  ts_ms INTEGER NOT NULL,
+  type TEXT NOT NULL,
+  message TEXT NOT NULL,
+  data TEXT NOT NULL,
+  prev_hash TEXT NOT NULL,
+  hash TEXT NOT NULL
+);
+CREATE INDEX events_run ON events(run, id);
+)sql",
+};
+
+// A prepared statement with RAII finalisation.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) { rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr); }
+  ~Stmt() { sqlite3_finalize(stmt_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+  bool ok() const { return rc_ == SQLITE_OK; }
+  sqlite3_stmt* get() { return stmt_; }
+  void Bind(int i, const std::string& v) {
+    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+  }
+  void Bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
+  void Bind(int i, const std::optional<int64_t>& v) {
+    if (v) sqlite3_bind_int64(stmt_, i, *v);
+    else sqlite3_bind_null(stmt_, i);
+  }
+  void Bind(int i, const std::optional<int>& v) {
+    if (v) sqlite3_bind_int64(stmt_, i, *v);
+    else sqlite3_bind_null(stmt_, i);
+  }
+  int Step() { return sqlite3_step(stmt_); }
+  std::string Text(int col) {
+    const unsigned char* t = sqlite3_column_text(stmt_, col);
+    return t ? std::string(reinterpret_cast<const char*>(t),
+                           static_cast<size_t>(sqlite3_column_bytes(stmt_, col)))
+             : std::string();
+  }
+  int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+  std::optional<int64_t> OptInt(int col) {
+    if (sqlite3_column_type(stmt_, col) == SQLITE_NULL) return std::nullopt;
+    return sqlite3_column_int64(stmt_, col);
+  }
+  std::optional<int> OptInt32(int col) {
+    auto v = OptInt(col);
+    if (!v) return std::nullopt;
+    return static_cast<int>(*v);
+  }
+
+ private:
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_;
+};
+
+nlohmann::json ParseJsonColumn(const std::string& text, nlohmann::json fallback) {
+  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return j.is_discarded() ? fallback : j;
+}
+
+std::vector<int> ParseIntList(const std::string& text) {
+  std::vector<int> out;
+  auto j = ParseJsonColumn(text, nlohmann::json::array());
+  if (!j.is_array()) return out;
+  for (const auto& v : j)
+    if (v.is_number_integer()) out.push_back(v.get<int>());
+  return out;
+}
+
+std::string IntListJson(const std::vector<int>& v) { return nlohmann::json(v).dump(); }
+
+constexpr const char* kRunColumns =
+    "name, seq, spec_name, spec_file, spec_yaml, spec_json, config_hash, snapshot_digest, "
+    "snapshot_dir, workspace, queue, priority, resources, state, reason, message, exit_code, "
+    "signal, attempts, gpus, cancel_requested, created_ms, updated_ms, admitted_ms, started_ms, "
+    "finished_ms";
+
+RunRecord ReadRun(Stmt& s) {
+  RunRecord r;
+  r.name = s.Text(0);
+  r.seq = s.Int(1);
+  r.spec_name = s.Text(2);
+  r.spec_file = s.Text(3);
+  r.spec_yaml = s.Text(4);
+  r.spec_json = ParseJsonColumn(s.Text(5), nlohmann::json::object());
+  r.config_hash = s.Text(6);
+  r.snapshot_digest = s.Text(7);
+  r.snapshot_dir = s.Text(8);
+  r.workspace = s.Text(9);
+  r.queue = s.Text(10);
+  r.priority = static_cast<int>(s.Int(11));
+  r.resources = ParseJsonColumn(s.Text(12), nlohmann::json::object());
+  r.state = ParseRunState(s.Text(13)).ok() ? *ParseRunState(s.Text(13)) : RunState::kFailed;
+  r.reason = s.Text(14);
+  r.message = s.Text(15);
+  r.exit_code = s.OptInt32(16);
+  r.signal = s.OptInt32(17);
+  r.attempts = static_cast<int>(s.Int(18));
+  r.gpus = ParseIntList(s.Text(19));
+  r.cancel_requested = s.Int(20) != 0;
+  r.created_ms = s.Int(21);
+  r.updated_ms = s.Int(22);
+  r.admitted_ms = s.OptInt(23);
+  r.started_ms = s.OptInt(24);
+  r.finished_ms = s.OptInt(25);
+  return r;
+}
+
+void BindRun(Stmt& s, const RunRecord& r) {
+  s.Bind(1, r.name);
+  s.Bind(2, r.seq);
+  s.Bind(3, r.spec_name);
+  s.Bind(4, r.spec_file);
+  s.Bind(5, r.spec_yaml);
+  s.Bind(6, r.spec_json.dump());
+  s.Bind(7, r.config_hash);
+  s.Bind(8, r.snapshot_digest);
+  s.Bind(9, r.snapshot_dir);
+  s.Bind(10, r.workspace);
+  s.Bind(11, r.queue);
+  s.Bind(12, static_cast<int64_t>(r.priority));
+  s.Bind(13, r.resources.dump());
+  s.Bind(14, std::string(RunStateName(r.state)));
+  s.Bind(15, r.reason);
+  s.Bind(16, r.message);
+  s.Bind(17, r.exit_code);
+  s.Bind(18, r.signal);
+  s.Bind(19, static_cast<int64_t>(r.attempts));
+  s.Bind(20, IntListJson(r.gpus));
+  s.Bind(21, static_cast<int64_t>(r.cancel_requested));
+  s.Bind(22, r.created_ms);
+  s.Bind(23, r.updated_ms);
+  s.Bind(24, r.admitted_ms);
+  s.Bind(25, r.started_ms);
+  s.Bind(26, r.finished_ms);
+}
+
+}  // namespace
+
+const char* RunStateName(RunState state) { return kRunStateNames[static_cast<int>(state)]; }
+
+Result<RunState> ParseRunState(std::string_view name) {
+  for (int i = 0; i < 6; ++i) {
+    if (name == kRunStateNames[i]) return static_cast<RunState>(i);
+  }
+  // Accept lowercase too, for CLI filters.
+  for (int i = 0; i < 6; ++i) {
+    std::string lower = kRunStateNames[i];
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (name == lower) return static_cast<RunState>(i);
+  }
+  return InvalidArgument(fmt::format(
+      "unknown run state '{}' (one of Queued, Admitted, Running, Succeeded, Failed, Cancelled)", name));
+}
+
+bool IsTerminal(RunState s) {
+  return s == RunState::kSucceeded || s == RunState::kFailed || s == RunState::kCancelled;
+}
+
+const char* AttemptStateName(AttemptState state) {
+  switch (state) {
+    case AttemptState::kStarting: return "Starting";
+    case AttemptState::kRunning: return "Running";
+    case AttemptState::kFinished: return "Finished";
+  }
+  return "Unknown";
+}
+
+static AttemptState ParseAttemptState(const std::string& s) {
+  if (s == "Running") return AttemptState::kRunning;
+  if (s == "Finished") return AttemptState::kFinished;
+  return AttemptState::kStarting;
+}
+
+struct Store::Impl {
+  std::mutex mu;
+  sqlite3* db = nullptr;  // GUARDED_BY(mu)
+
+  Status Exec(const char* sql) {
+    char* err = nullptr;
+    if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+      std::string msg = err ? err : "unknown error";
+      sqlite3_free(err);
+      return Internal(fmt::format("sqlite: {} (in: {:.60})", msg, sql));
+    }
+    return Status::Ok();
+  }
+  Status Error(const char* what) {
+    return Internal(fmt::format("sqlite: {}: {}", what, sqlite3_errmsg(db)));
+  }
+
+  Status Migrate() {
+    Stmt v(db, "PRAGMA user_version");
+    if (!v.ok() || v.Step() != SQLITE_ROW) return Error("reading schema version");
+    int64_t version = v.Int(0);
+    constexpr int64_t kLatest = sizeof(kMigrations) / sizeof(kMigrations[0]);
+    if (version > kLatest)
+      return FailedPrecondition(fmt::format(
+          "the store's schema version {} is newer than this tau ({}); upgrade tau", version,
+          kLatest));
+    for (int64_t i = version; i < kLatest; ++i) {
+      TAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+      Status s = Exec(kMigrations[i]);
+      if (s.ok()) s = Exec(fmt::format("PRAGMA user_version = {}", i + 1).c_str());
+      if (!s.ok()) {
+        (void)Exec("ROLLBACK");
+        return s;
+      }
+      TAU_RETURN_IF_ERROR(Exec("COMMIT"));
+    }
+    return Status::Ok();
+  }
+
+  Status UpsertRun(const RunRecord& r) {
+    static const std::string sql =
+        fmt::format("INSERT OR REPLACE INTO runs ({}) VALUES "
+                    "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    kRunColumns);
+    Stmt s(db, sql.c_str());
+    if (!s.ok()) return Error("preparing run upsert");
+    BindRun(s, r);
+    if (s.Step() != SQLITE_DONE) return Error("writing run");
+    return Status::Ok();
+  }
+
+  Status UpsertAttempt(const AttemptRecord& a) {
+    Stmt s(db,
+           "INSERT OR REPLACE INTO attempts (run, number, state, dir, shim_pid, shim_start_time, "
+           "gpus, started_ms, ended_ms, exit_code, signal, outcome, reason, message) VALUES "
+           "(?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+    if (!s.ok()) return Error("preparing attempt upsert");
+    s.Bind(1, a.run);
+    s.Bind(2, static_cast<int64_t>(a.number));
+    s.Bind(3, std::string(AttemptStateName(a.state)));
+    s.Bind(4, a.dir);
+    s.Bind(5, static_cast<int64_t>(a.shim_pid));
+    s.Bind(6, static_cast<int64_t>(a.shim_start_time));
+    s.Bind(7, IntListJson(a.gpus));
+    s.Bind(8, a.started_ms);
+    s.Bind(9, a.ended_ms);
+    s.Bind(10, a.exit_code);
+    s.Bind(11, a.signal);
+    s.Bind(12, a.outcome);
+    s.Bind(13, a.reason);
+    s.Bind(14, a.message);
+    if (s.Step() != SQLITE_DONE) return Error("writing attempt");
+    return Status::Ok();
+  }
+
+  Status AppendEvent(Event* e) {
+    Stmt last(db, "SELECT hash FROM events WHERE run = ? ORDER BY id DESC LIMIT 1");
+    if (!last.ok()) return Error("preparing event chain lookup");
+    last.Bind(1, e->run);
+    e->prev_hash = last.Step() == SQLITE_ROW ? last.Text(0) : std::string();
+    nlohmann::json body = {{"run", e->run},         {"ts_ms", e->ts_ms}, {"type", e->type},
+                           {"message", e->message}, {"data", e->data}};
+    e->hash = Sha256Hex(e->prev_hash + "\n" + body.dump());
+    Stmt s(db,
+           "INSERT INTO events (run, ts_ms, type, message, data, prev_hash, hash) VALUES "
+           "(?,?,?,?,?,?,?)");
+    if (!s.ok()) return Error("preparing event insert");
+    s.Bind(1, e->run);
+    s.Bind(2, e->ts_ms);
+    s.Bind(3, e->type);
+    s.Bind(4, e->message);
+    s.Bind(5, e->data.dump());
+    s.Bind(6, e->prev_hash);
+    s.Bind(7, e->hash);
+    if (s.Step() != SQLITE_DONE) return Error("writing event");
+    e->id = sqlite3_last_insert_rowid(db);
+    return Status::Ok();
+  }
+
+  // Runs `body` inside BEGIN IMMEDIATE ... COMMIT, rolling back on error.
+  template <typename F>
+  Status InTransaction(F body) {
+    TAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+    Status s = body();
+    if (!s.ok()) {
+      (void)Exec("ROLLBACK");
+      return s;
+    }
+    return Exec("COMMIT");
+  }
+};
+
+Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Store::~Store() {
+  if (impl_ && impl_->db) sqlite3_close_v2(impl_->db);
+}
+
+Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
+  auto impl = std::make_unique<Impl>();
+  int rc = sqlite3_open_v2(path.c_str(), &impl->db,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                           nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = impl->db ? sqlite3_errmsg(impl->db) : "out of memory";
+    if (impl->db) sqlite3_close_v2(impl->db);
+    impl->db = nullptr;
+    return Status(StatusCode::kIo, fmt::format("cannot open store {}: {}", path, msg));
+  }
+  sqlite3_busy_timeout(impl->db, 5000);
+  // WAL lets readers run beside the writer; synchronous=FULL fsyncs every commit, so a committed state
+  // change survives a crash of the server or of the machine.
+  TAU_RETURN_IF_ERROR(impl->Exec("PRAGMA journal_mode=WAL"));
+  TAU_RETURN_IF_ERROR(impl->Exec("PRAGMA synchronous=FULL"));
+  TAU_RETURN_IF_ERROR(impl->Exec("PRAGMA foreign_keys=ON"));
+  TAU_RETURN_IF_ERROR(impl->Migrate());
+  return std::unique_ptr<Store>(new Store(std::move(impl)));
+}
+
+Status Store::InsertRun(RunRecord* run, std::vector<Event> events) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->InTransaction([&]() -> Status {
+    Stmt exists(impl_->db, "SELECT 1 FROM runs WHERE name = ?");
+    exists.Bind(1, run->name);
+    if (exists.Step() == SQLITE_ROW) return AlreadyExists("run '" + run->name + "' already exists");
+    Stmt seq(impl_->db, "SELECT COALESCE(MAX(seq), 0) + 1 FROM runs");
+    if (!seq.ok() || seq.Step() != SQLITE_ROW) return impl_->Error("assigning run sequence");
+    run->seq = seq.Int(0);
+    TAU_RETURN_IF_ERROR(impl_->UpsertRun(*run));
+    for (Event& e : events) TAU_RETURN_IF_ERROR(impl_->AppendEvent(&e));
+    return Status::Ok();
+  });
+}
+
+Status Store::Commit(Batch batch) {
+  if (batch.empty()) return Status::Ok();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->InTransaction([&]() -> Status {
+    for (const RunRecord& r : batch.runs) TAU_RETURN_IF_ERROR(impl_->UpsertRun(r));
+    for (const AttemptRecord& a : batch.attempts) TAU_RETURN_IF_ERROR(impl_->UpsertAttempt(a));
+    for (Event& e : batch.events) TAU_RETURN_IF_ERROR(impl_->AppendEvent(&e));
+    return Status::Ok();
+  });
+}
+
+Result<RunRecord> Store::GetRun(const std::string& name) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db, fmt::format("SELECT {} FROM runs WHERE name = ?", kRunColumns).c_str());
+  if (!s.ok()) return impl_->Error("preparing run lookup");
+  s.Bind(1, name);
+  int rc = s.Step();
+  if (rc == SQLITE_ROW) return ReadRun(s);
+  if (rc == SQLITE_DONE) return NotFound(fmt::format("no run named '{}'", name));
+  return impl_->Error("reading run");
+}
+
+static std::string WhereClause(const RunFilter& f) {
+  std::vector<std::string> conds;
+  if (f.state) conds.push_back("state = ?1");
+  if (f.active_only) conds.push_back("state IN ('Queued','Admitted','Running')");
+  if (!f.workspace.empty()) conds.push_back("workspace = ?2");
+  std::string out;
+  for (size_t i = 0; i < conds.size(); ++i) out += (i ? " AND " : " WHERE ") + conds[i];
+  return out;
+}
+
+static void BindFilter(Stmt& s, const RunFilter& f) {
+  if (f.state) s.Bind(1, std::string(RunStateName(*f.state)));
+  if (!f.workspace.empty()) s.Bind(2, f.workspace);
+}
+
+Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::string sql = fmt::format("SELECT {} FROM runs{} ORDER BY seq {} LIMIT {} OFFSET {}",
+                                kRunColumns, WhereClause(filter),
+                                filter.newest_first ? "DESC" : "ASC",
+                                filter.limit > 0 ? filter.limit : -1, filter.offset);
+  Stmt s(impl_->db, sql.c_str());
+  if (!s.ok()) return impl_->Error("preparing run list");
+  BindFilter(s, filter);
+  std::vector<RunRecord> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) out.push_back(ReadRun(s));
+  if (rc != SQLITE_DONE) return impl_->Error("listing runs");
+  return out;
+}
+
+Result<int64_t> Store::CountRuns(const RunFilter& filter) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db, fmt::format("SELECT COUNT(*) FROM runs{}", WhereClause(filter)).c_str());
+  if (!s.ok()) return impl_->Error("preparing run count");
+  BindFilter(s, filter);
+  if (s.Step() != SQLITE_ROW) return impl_->Error("counting runs");
+  return s.Int(0);
+}
+
+Result<std::vector<AttemptRecord>> Store::ListAttempts(const std::string& run) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db,
+         "SELECT run, number, state, dir, shim_pid, shim_start_time, gpus, started_ms, ended_ms, "
+         "exit_code, signal, outcome, reason, message FROM attempts WHERE run = ? ORDER BY number");
+  if (!s.ok()) return impl_->Error("preparing attempt list");
+  s.Bind(1, run);
+  std::vector<AttemptRecord> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    AttemptRecord a;
+    a.run = s.Text(0);
+    a.number = static_cast<int>(s.Int(1));
+    a.state = ParseAttemptState(s.Text(2));
+    a.dir = s.Text(3);
+    a.shim_pid = static_cast<int>(s.Int(4));
+    a.shim_start_time = static_cast<uint64_t>(s.Int(5));
+    a.gpus = ParseIntList(s.Text(6));
+    a.started_ms = s.Int(7);
+    a.ended_ms = s.OptInt(8);
+    a.exit_code = s.OptInt32(9);
+    a.signal = s.OptInt32(10);
+    a.outcome = s.Text(11);
+    a.reason = s.Text(12);
+    a.message = s.Text(13);
+    out.push_back(std::move(a));
+  }
+  if (rc != SQLITE_DONE) return impl_->Error("listing attempts");
+  return out;
+}
+
+Result<std::vector<Event>> Store::ListEvents(const std::string& run) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db,
+         "SELECT id, run, ts_ms, type, message, data, prev_hash, hash FROM events WHERE run = ? "
+         "ORDER BY id");
+  if (!s.ok()) return impl_->Error("preparing event list");
+  s.Bind(1, run);
+  std::vector<Event> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    Event e;
+    e.id = s.Int(0);
+    e.run = s.Text(1);
+    e.ts_ms = s.Int(2);
+    e.type = s.Text(3);
+    e.message = s.Text(4);
+    e.data = ParseJsonColumn(s.Text(5), nlohmann::json::object());
+    e.prev_hash = s.Text(6);
+    e.hash = s.Text(7);
+    out.push_back(std::move(e));
+  }
+  if (rc != SQLITE_DONE) return impl_->Error("listing events");
+  return out;
+}
+
+}  // namespace tau::store

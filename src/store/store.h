@@ -1,0 +1,124 @@
+// The store: tau's durable state in SQLite (WAL, synchronous=FULL), the only code that touches the database.
+// Every state change is committed here before the server acts on it; a batch of changes commits as one
+// transaction, so a crash leaves either all of it or none.
+//
+// Tables: runs (one row per run), attempts (one per attempt of a run), events (the per-run lifecycle log,
+// append-only and hash-chained: each event's hash covers the previous event's hash).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace tau::store {
+
+// Lifecycle states of a run. Terminal: Succeeded, Failed, Cancelled.
+enum class RunState { kQueued, kAdmitted, kRunning, kSucceeded, kFailed, kCancelled };
+const char* RunStateName(RunState state);
+Result<RunState> ParseRunState(std::string_view name);
+bool IsTerminal(RunState state);
+
+struct RunRecord {
+  std::string name;      // unique: spec name + "-" + suffix
+  int64_t seq = 0;       // submission order, assigned by InsertRun
+  std::string spec_name;
+  std::string spec_file;   // the file name as the user gave it (for messages)
+  std::string spec_yaml;   // the spec as written
+  nlohmann::json spec_json;  // canonical spec (spec::ToJson)
+  std::string config_hash;
+  std::string snapshot_digest;
+  std::string snapshot_dir;
+  std::string workspace, queue;
+  int priority = 0;
+  nlohmann::json resources;  // {"gpus": n, "cpus_milli": n, "memory_bytes": n, "workers": n}
+  RunState state = RunState::kQueued;
+  std::string reason;    // failure class or short reason ("UserError", "Cancelled", ...)
+  std::string message;   // human-readable detail
+  std::optional<int> exit_code;
+  std::optional<int> signal;
+  int attempts = 0;
+  std::vector<int> gpus;  // GPUs held while admitted/running
+  bool cancel_requested = false;
+  int64_t created_ms = 0, updated_ms = 0;
+  std::optional<int64_t> admitted_ms, started_ms, finished_ms;
+};
+
+enum class AttemptState { kStarting, kRunning, kFinished };
+const char* AttemptStateName(AttemptState state);
+
+struct AttemptRecord {
+  std::string run;
+  int number = 1;
+  AttemptState state = AttemptState::kStarting;
+  std::string dir;
+  int shim_pid = 0;
+  uint64_t shim_start_time = 0;
+  std::vector<int> gpus;
+  int64_t started_ms = 0;
+  std::optional<int64_t> ended_ms;
+  std::optional<int> exit_code;
+  std::optional<int> signal;
+  std::string outcome;   // runtime::OutcomeKind name when finished
+  std::string reason;    // failure class
+  std::string message;
+};
+
+struct Event {
+  int64_t id = 0;  // assigned by the store
+  std::string run;
+  int64_t ts_ms = 0;
+  std::string type;     // Submitted, Queued, Admitted, Running, Succeeded, Failed, Cancelled, ...
+  std::string message;
+  nlohmann::json data = nlohmann::json::object();
+  std::string prev_hash, hash;  // assigned by the store
+};
+
+// Changes committed together in one transaction.
+struct Batch {
+  std::vector<RunRecord> runs;         // upserted
+  std::vector<AttemptRecord> attempts; // upserted
+  std::vector<Event> events;           // appended, in order
+  bool empty() const { return runs.empty() && attempts.empty() && events.empty(); }
+};
+
+struct RunFilter {
+  std::optional<RunState> state;
+  bool active_only = false;  // non-terminal runs
+  std::string workspace;
+  int64_t limit = 0;  // 0 = no limit
+  int64_t offset = 0;
+  bool newest_first = true;
+};
+
+class Store {
+ public:
+  // Opens (creating when missing) the database at `path` and migrates its schema.
+  static Result<std::unique_ptr<Store>> Open(const std::string& path);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  // Inserts a new run (assigning seq) with its first events; AlreadyExists when the name is taken.
+  Status InsertRun(RunRecord* run, std::vector<Event> events);
+  Status Commit(Batch batch);
+
+  Result<RunRecord> GetRun(const std::string& name);
+  Result<std::vector<RunRecord>> ListRuns(const RunFilter& filter);
+  Result<int64_t> CountRuns(const RunFilter& filter);
+  Result<std::vector<AttemptRecord>> ListAttempts(const std::string& run);
+  Result<std::vector<Event>> ListEvents(const std::string& run);
+
+ private:
+  struct Impl;
+  explicit Store(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tau::store

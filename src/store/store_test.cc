@@ -1,0 +1,125 @@
+#include "store/store.h"
+
+#include <gtest/gtest.h>
+
+#include "common/files.h"
+#include "common/hash.h"
+
+namespace tau::store {
+namespace {
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/tau_store_test_" + std::to_string(::getpid());
+    ASSERT_TRUE(RemoveTree(dir_).ok());
+    ASSERT_TRUE(MakeDirs(dir_).ok());
+    auto s = Store::Open(dir_ + "/tau.db");
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    store_ = std::move(*s);
+  }
+  void TearDown() override {
+    store_.reset();
+    (void)RemoveTree(dir_);
+  }
+  RunRecord MakeRun(const std::string& name) {
+    RunRecord r;
+    r.name = name;
+    r.spec_name = "demo";
+    r.spec_file = "tau.yaml";
+    r.spec_yaml = "name: demo\n";
+    r.spec_json = {{"name", "demo"}};
+    r.config_hash = "abc";
+    r.queue = "default";
+    r.workspace = "default";
+    r.created_ms = 1;
+    r.updated_ms = 1;
+    return r;
+  }
+  std::string dir_;
+  std::unique_ptr<Store> store_;
+};
+
+TEST_F(StoreTest, InsertGetAndDuplicate) {
+  RunRecord r = MakeRun("demo-1");
+  ASSERT_TRUE(store_->InsertRun(&r, {Event{0, "demo-1", 1, "Submitted", "", {}, "", ""}}).ok());
+  EXPECT_EQ(r.seq, 1);
+  RunRecord r2 = MakeRun("demo-2");
+  ASSERT_TRUE(store_->InsertRun(&r2, {}).ok());
+  EXPECT_EQ(r2.seq, 2);
+  RunRecord dup = MakeRun("demo-1");
+  EXPECT_EQ(store_->InsertRun(&dup, {}).code(), StatusCode::kAlreadyExists);
+  auto got = store_->GetRun("demo-1");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->spec_json["name"], "demo");
+  EXPECT_EQ(got->state, RunState::kQueued);
+  EXPECT_EQ(store_->GetRun("nope").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, BatchCommitAndFilters) {
+  for (int i = 0; i < 5; ++i) {
+    RunRecord r = MakeRun("r" + std::to_string(i));
+    ASSERT_TRUE(store_->InsertRun(&r, {}).ok());
+  }
+  RunRecord r = *store_->GetRun("r2");
+  r.state = RunState::kSucceeded;
+  r.exit_code = 0;
+  r.gpus = {1, 3};
+  AttemptRecord a;
+  a.run = "r2";
+  a.number = 1;
+  a.state = AttemptState::kFinished;
+  a.shim_pid = 42;
+  a.exit_code = 0;
+  Batch b;
+  b.runs.push_back(r);
+  b.attempts.push_back(a);
+  b.events.push_back(Event{0, "r2", 5, "Succeeded", "done", {{"exit_code", 0}}, "", ""});
+  ASSERT_TRUE(store_->Commit(b).ok());
+  auto got = *store_->GetRun("r2");
+  EXPECT_EQ(got.state, RunState::kSucceeded);
+  EXPECT_EQ(got.gpus, (std::vector<int>{1, 3}));
+  EXPECT_EQ(*got.exit_code, 0);
+  EXPECT_EQ(store_->ListAttempts("r2")->at(0).shim_pid, 42);
+  RunFilter active;
+  active.active_only = true;
+  EXPECT_EQ(*store_->CountRuns(active), 4);
+  RunFilter page;
+  page.limit = 2;
+  page.offset = 1;
+  auto runs = *store_->ListRuns(page);
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(runs[0].name, "r3");  // newest first
+  RunFilter done;
+  done.state = RunState::kSucceeded;
+  EXPECT_EQ(store_->ListRuns(done)->size(), 1u);
+}
+
+TEST_F(StoreTest, EventsAreHashChained) {
+  RunRecord r = MakeRun("c");
+  ASSERT_TRUE(store_->InsertRun(&r, {Event{0, "c", 1, "Submitted", "", {}, "", ""},
+                                     Event{0, "c", 2, "Queued", "", {}, "", ""}})
+                  .ok());
+  Batch b;
+  b.events.push_back(Event{0, "c", 3, "Admitted", "", {{"gpus", 0}}, "", ""});
+  ASSERT_TRUE(store_->Commit(b).ok());
+  auto events = *store_->ListEvents("c");
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].prev_hash, "");
+  for (size_t i = 1; i < events.size(); ++i) EXPECT_EQ(events[i].prev_hash, events[i - 1].hash);
+  nlohmann::json body = {{"run", "c"},       {"ts_ms", 3}, {"type", "Admitted"},
+                         {"message", ""},    {"data", {{"gpus", 0}}}};
+  EXPECT_EQ(events[2].hash, Sha256Hex(events[1].hash + "\n" + body.dump()));
+}
+
+TEST_F(StoreTest, SurvivesReopen) {
+  RunRecord r = MakeRun("persist");
+  ASSERT_TRUE(store_->InsertRun(&r, {}).ok());
+  store_.reset();
+  auto s = Store::Open(dir_ + "/tau.db");
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE((*s)->GetRun("persist").ok());
+}
+
+}  // namespace
+}  // namespace tau::store

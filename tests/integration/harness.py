@@ -1,0 +1,151 @@
+"""Test harness: a real `tau server` in a temporary TAU_HOME, driven through the real `tau` CLI."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+BINARY_DIR = os.environ.get("TAU_BINARY_DIR") or os.path.join(
+    os.path.dirname(__file__), "..", "..", "build")
+TAU = os.path.abspath(os.path.join(BINARY_DIR, "bin", "tau"))
+FAKE_NVML = os.path.abspath(os.path.join(BINARY_DIR, "tests", "libnvidia-ml-fake.so"))
+
+
+def wait_for(predicate, timeout=20.0, interval=0.05, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class TauServer:
+    """A tau server in its own TAU_HOME (short path: Unix socket paths are limited to 107 bytes)."""
+
+    def __init__(self, gpus=None, extra_env=None, stop_grace_ms=1000):
+        self.home = tempfile.mkdtemp(prefix="tau-it-", dir="/tmp")
+        self.env = dict(os.environ)
+        self.env["TAU_HOME"] = self.home
+        self.env.pop("TAU_SERVER", None)
+        self.env["PIP_NO_INDEX"] = "1"
+        self.env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+        if gpus is None:
+            self.env["TAU_NVML_LIBRARY"] = "/nonexistent/libnvidia-ml.so.1"
+        else:
+            self.env["TAU_NVML_LIBRARY"] = FAKE_NVML
+            self.env["TAU_FAKE_NVML_GPUS"] = str(gpus)
+        self.env.update(extra_env or {})
+        self.stop_grace_ms = stop_grace_ms
+        self.proc = None
+
+    def start(self):
+        with open(os.path.join(self.home, "server-test.log"), "ab") as log:
+            self.proc = subprocess.Popen(
+                [TAU, "server", "--home", self.home, "--stop-grace", str(self.stop_grace_ms)],
+                env=self.env, stdout=log, stderr=log, start_new_session=True)
+        sock = os.path.join(self.home, "tau.sock")
+        wait_for(lambda: self._connectable(sock), what="the server socket")
+        return self
+
+    @staticmethod
+    def _connectable(path):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=20)
+
+    def stop(self):
+        self.kill(signal.SIGTERM)
+        # Stop anything left running by a test (a server started by the CLI, attempts).
+        pid_file = os.path.join(self.home, "server.pid")
+        if os.path.exists(pid_file):
+            try:
+                os.kill(int(open(pid_file).read().strip()), signal.SIGKILL)
+            except (ValueError, ProcessLookupError):
+                pass
+        subprocess.run(["pkill", "-9", "-f", self.home], check=False)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def tau(self, *args, check=None, timeout=60, input=None):
+        p = subprocess.run([TAU, *args], env=self.env, capture_output=True, text=True,
+                           timeout=timeout, input=input)
+        if check is not None and p.returncode != check:
+            raise AssertionError(
+                f"tau {' '.join(args)} exited {p.returncode}, expected {check}\n"
+                f"stdout: {p.stdout}\nstderr: {p.stderr}")
+        return p
+
+    def run_json(self, name):
+        return json.loads(self.tau("describe", name, "-o", "json", check=0).stdout)
+
+    def wait_state(self, name, states, timeout=30):
+        if isinstance(states, str):
+            states = [states]
+        def done():
+            d = self.run_json(name)
+            return d if d["run"]["state"] in states else None
+        return wait_for(done, timeout=timeout, what=f"run {name} to reach {states}")
+
+    def server_log(self):
+        try:
+            return open(os.path.join(self.home, "server-test.log")).read()
+        except FileNotFoundError:
+            return ""
+
+
+class ServerTestCase(unittest.TestCase):
+    gpus = None
+    extra_env = None
+
+    def setUp(self):
+        self.server = TauServer(gpus=self.gpus, extra_env=self.extra_env).start()
+        self.work = tempfile.mkdtemp(prefix="tau-it-code-")
+
+    def tearDown(self):
+        self.server.stop()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def project(self, spec, files):
+        """Writes a code directory with a tau.yaml; returns the spec path."""
+        d = tempfile.mkdtemp(dir=self.work)
+        for name, content in files.items():
+            path = os.path.join(d, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(content)
+            if content.startswith("#!"):
+                os.chmod(path, 0o755)
+        with open(os.path.join(d, "tau.yaml"), "w") as f:
+            f.write(spec)
+        return os.path.join(d, "tau.yaml")
+
+    def submit(self, spec, files):
+        p = self.server.tau("run", "--detach", self.project(spec, files), check=0)
+        return p.stdout.strip()

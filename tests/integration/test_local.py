@@ -1,0 +1,384 @@
+"""End-to-end tests of the local backend: a real server, the real CLI, real processes."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import unittest
+
+from harness import TAU, ServerTestCase, TauServer, pid_alive, wait_for
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def job_spec(name, entry="main.py", gpus=0, workers=1, extra=""):
+    return (f"schema_version: 1\nname: {name}\nrun:\n  entrypoint: {entry}\n  workload_kind: job\n"
+            f"compute:\n  gpus: {gpus}\n  workers: {workers}\n{extra}")
+
+
+class ValidateTest(unittest.TestCase):
+    def test_valid_and_invalid_files(self):
+        ok = subprocess.run([TAU, "validate", os.path.join(REPO, "examples/quickstart/tau.yaml")],
+                            capture_output=True, text=True)
+        self.assertEqual(ok.returncode, 0, ok.stderr)
+        self.assertIn("ok", ok.stdout)
+        bad_path = "/tmp/tau-it-bad.yaml"
+        with open(bad_path, "w") as f:
+            f.write("schema_version: 1\nname: x\nrun:\n  entrypoint: a.py\ncompute:\n  worker: 2\n")
+        bad = subprocess.run([TAU, "validate", bad_path], capture_output=True, text=True)
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn(f"{bad_path}:6:3: error: unknown field 'worker'", bad.stderr)
+        self.assertIn("did you mean 'workers'", bad.stderr)
+        os.unlink(bad_path)
+
+    def test_schema_is_json(self):
+        p = subprocess.run([TAU, "schema", "-o", "json"], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0)
+        self.assertIn("oneOf", json.loads(p.stdout))
+
+    def test_version(self):
+        p = subprocess.run([TAU, "version"], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0)
+        self.assertRegex(p.stdout, r"^tau \d+\.\d+\.\d+")
+
+
+class RunTest(ServerTestCase):
+    def test_quickstart_runs_end_to_end(self):
+        p = self.server.tau("run", os.path.join(REPO, "examples/quickstart/tau.yaml"), check=0,
+                            timeout=120)
+        self.assertIn("done: w=2.9", p.stdout)
+        self.assertIn("succeeded", p.stderr)
+        runs = json.loads(self.server.tau("list", "--all", "-o", "json", check=0).stdout)["runs"]
+        self.assertEqual(len(runs), 1)
+        run = runs[0]
+        self.assertEqual(run["state"], "Succeeded")
+        self.assertTrue(run["name"].startswith("quickstart-"))
+        d = self.server.run_json(run["name"])
+        self.assertEqual([e["type"] for e in d["events"]],
+                         ["Submitted", "Queued", "Admitted", "Running", "Succeeded"])
+        self.assertEqual(d["attempts"][0]["exit_code"], 0)
+        self.assertEqual(len(d["run"]["snapshot_digest"]), 64)
+        run_dir = os.path.join(self.server.home, "runs", run["name"])
+        self.assertTrue(os.path.exists(os.path.join(run_dir, "output", "model.json")))
+        ckpts = os.listdir(os.path.join(run_dir, "checkpoints"))
+        self.assertIn("ckpt-000030.json", ckpts)
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            metrics = f.read().splitlines()
+        self.assertEqual(len(metrics), 30)
+        self.assertEqual(json.loads(metrics[0])["name"], "loss")
+
+    def test_exit_code_passes_through_and_failure_is_recorded(self):
+        spec = self.project(job_spec("fails"), {"main.py": "import sys\nprint('bye')\nsys.exit(3)\n"})
+        p = self.server.tau("run", spec)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("bye", p.stdout)
+        name = json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"][0]["name"]
+        d = self.server.run_json(name)
+        self.assertEqual(d["run"]["state"], "Failed")
+        self.assertEqual(d["run"]["reason"], "UserError")
+        self.assertEqual(d["run"]["exit_code"], 3)
+        text = self.server.tau("describe", name, check=0).stdout
+        self.assertIn("Failed", text)
+        self.assertIn("Exit code:   3", text)
+
+    def test_signal_death_is_128_plus_signal(self):
+        spec = self.project(job_spec("sig"), {"main.py": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"})
+        p = self.server.tau("run", spec)
+        self.assertEqual(p.returncode, 137, p.stderr)
+
+    def test_environment_of_an_attempt(self):
+        code = ("import os, json\nkeys=['TAU_RUN_NAME','TAU_ATTEMPT','TAU_CHECKPOINT_DIR','TAU_OUTPUT_DIR',"
+                "'CUDA_VISIBLE_DEVICES','MY_VAR']\nprint(json.dumps({k: os.environ.get(k) for k in keys}))\n"
+                "print('CWD', os.getcwd())\n")
+        spec = self.project(job_spec("envcheck", extra="runtime:\n  env:\n    MY_VAR: hello\n"),
+                            {"main.py": code})
+        p = self.server.tau("run", spec, check=0)
+        env = json.loads(p.stdout.splitlines()[0])
+        self.assertTrue(env["TAU_RUN_NAME"].startswith("envcheck-"))
+        self.assertEqual(env["TAU_ATTEMPT"], "1")
+        self.assertEqual(env["MY_VAR"], "hello")
+        self.assertEqual(env["CUDA_VISIBLE_DEVICES"], "")
+        self.assertTrue(env["TAU_CHECKPOINT_DIR"].startswith(self.server.home))
+        self.assertTrue(os.path.isdir(env["TAU_OUTPUT_DIR"]))
+
+    def test_executable_entrypoint_with_args(self):
+        spec = self.project(
+            job_spec("script", entry="run.sh", extra="") .replace("workload_kind: job\n",
+                                                                   "workload_kind: job\n  args: [a, 'b c']\n"),
+            {"run.sh": "#!/bin/sh\necho \"args:$1|$2\"\n"})
+        p = self.server.tau("run", spec, check=0)
+        self.assertIn("args:a|b c", p.stdout)
+
+    def test_detach_status_and_logs(self):
+        name = self.submit(job_spec("detached"), {"main.py": "import time\nfor i in range(3):\n    print('line', i, flush=True)\n    time.sleep(0.1)\n"})
+        self.assertRegex(name, r"^detached-[0-9a-f]{4}$")
+        self.server.wait_state(name, "Succeeded")
+        logs = self.server.tau("logs", name, check=0).stdout
+        self.assertEqual(logs.splitlines(), ["line 0", "line 1", "line 2"])
+        st = json.loads(self.server.tau("status", name, "-o", "json", check=0).stdout)
+        self.assertEqual(st["state"], "Succeeded")
+        self.assertIn("state:", self.server.tau("status", name, "-o", "yaml", check=0).stdout)
+
+    def test_logs_follow_streams_live(self):
+        name = self.submit(job_spec("follow"), {"main.py": "import time\nfor i in range(5):\n    print('tick', i, flush=True)\n    time.sleep(0.2)\n"})
+        p = subprocess.Popen([TAU, "logs", "-f", name], env=self.server.env, stdout=subprocess.PIPE, text=True)
+        first = p.stdout.readline()
+        self.assertEqual(first.strip(), "tick 0")
+        rest = p.stdout.read()
+        p.wait(timeout=20)
+        self.assertEqual(p.returncode, 0)
+        self.assertIn("tick 4", rest)
+
+    def test_same_file_submitted_many_times_gets_unique_names(self):
+        spec = self.project(job_spec("many"), {"main.py": "print('x')\n"})
+        names = {self.server.tau("run", "-d", spec, check=0).stdout.strip() for _ in range(5)}
+        self.assertEqual(len(names), 5)
+        for n in names:
+            self.server.wait_state(n, "Succeeded")
+
+    def test_unknown_run_is_a_clear_error(self):
+        p = self.server.tau("status", "no-such-run")
+        self.assertEqual(p.returncode, 125)
+        self.assertIn("no run named 'no-such-run'", p.stderr)
+
+    def test_invalid_spec_is_refused_with_position(self):
+        spec = self.project("schema_version: 1\nname: Bad_Name\nrun:\n  entrypoint: x.py\n", {})
+        p = self.server.tau("run", spec)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("tau.yaml:2:7: error:", p.stderr)
+
+    def test_gpu_run_refused_without_gpus(self):
+        p = self.server.tau("run", os.path.join(REPO, "examples/gpu-quickstart/tau.yaml"))
+        self.assertEqual(p.returncode, 125)
+        self.assertIn("this machine has none", p.stderr)
+        self.assertIn("compute.gpus: 0", p.stderr)
+        self.assertEqual(json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["total"], 0)
+
+
+class GangTest(ServerTestCase):
+    def test_gang_gets_ranks_and_rendezvous(self):
+        code = ("import os, json\nout=os.environ['TAU_OUTPUT_DIR']\nr=os.environ['RANK']\n"
+                "json.dump({k: os.environ[k] for k in ['RANK','LOCAL_RANK','WORLD_SIZE','MASTER_ADDR','MASTER_PORT']},"
+                " open(os.path.join(out, 'rank-'+r+'.json'),'w'))\n")
+        name = self.submit(job_spec("gang", workers=3), {"main.py": code})
+        self.server.wait_state(name, "Succeeded")
+        out = os.path.join(self.server.home, "runs", name, "output")
+        ranks = [json.load(open(os.path.join(out, f"rank-{r}.json"))) for r in range(3)]
+        self.assertEqual([x["RANK"] for x in ranks], ["0", "1", "2"])
+        self.assertEqual({x["WORLD_SIZE"] for x in ranks}, {"3"})
+        self.assertEqual(len({x["MASTER_PORT"] for x in ranks}), 1)
+        self.assertEqual(ranks[0]["MASTER_ADDR"], "127.0.0.1")
+
+    def test_one_worker_dies_and_the_gang_is_torn_down(self):
+        code = ("import os, sys, time\nr=int(os.environ['RANK'])\n"
+                "open(os.path.join(os.environ['TAU_OUTPUT_DIR'], 'pid-%d' % r), 'w').write(str(os.getpid()))\n"
+                "if r == 1:\n    time.sleep(0.5)\n    sys.exit(4)\ntime.sleep(60)\n")
+        name = self.submit(job_spec("gangfail", workers=3), {"main.py": code})
+        d = self.server.wait_state(name, "Failed", timeout=30)
+        self.assertEqual(d["run"]["exit_code"], 4)
+        self.assertIn("worker 1", d["run"]["message"])
+        out = os.path.join(self.server.home, "runs", name, "output")
+        for r in range(3):
+            pid = int(open(os.path.join(out, f"pid-{r}")).read())
+            self.assertFalse(pid_alive(pid), f"rank {r} (pid {pid}) survived the teardown")
+
+
+class CancelTest(ServerTestCase):
+    def test_cancel_running_run_leaves_no_process(self):
+        code = ("import os, subprocess, time\nout=os.environ['TAU_OUTPUT_DIR']\n"
+                "child = subprocess.Popen(['sleep', '1000'])\n"
+                "open(os.path.join(out, 'pids'), 'w').write('%d %d' % (os.getpid(), child.pid))\n"
+                "time.sleep(1000)\n")
+        name = self.submit(job_spec("cancelme"), {"main.py": code})
+        pids_file = os.path.join(self.server.home, "runs", name, "output", "pids")
+        wait_for(lambda: os.path.exists(pids_file) and open(pids_file).read(), what="the pid file")
+        pids = [int(x) for x in open(pids_file).read().split()]
+        self.server.tau("cancel", name, check=0)
+        d = self.server.wait_state(name, "Cancelled", timeout=15)
+        self.assertEqual(d["run"]["reason"], "Cancelled")
+        for pid in pids:
+            wait_for(lambda: not pid_alive(pid), timeout=5, what=f"pid {pid} to exit")
+        self.assertIn("CancelRequested", [e["type"] for e in d["events"]])
+        # Cancelling again is a clear error, not a crash.
+        again = self.server.tau("cancel", name)
+        self.assertNotEqual(again.returncode, 0)
+        self.assertIn("already finished", again.stderr)
+
+    def test_killed_client_does_not_stop_or_orphan_the_run(self):
+        spec = self.project(job_spec("survivor"), {"main.py": "import time\nprint('start', flush=True)\ntime.sleep(1.5)\nprint('end')\n"})
+        client = subprocess.Popen([TAU, "run", spec], env=self.server.env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: json.loads(self.server.tau("list", "-o", "json").stdout)["runs"], what="the run")
+        name = json.loads(self.server.tau("list", "-o", "json").stdout)["runs"][0]["name"]
+        self.server.wait_state(name, "Running")
+        client.kill()
+        client.wait()
+        d = self.server.wait_state(name, "Succeeded", timeout=20)
+        self.assertIn("end", self.server.tau("logs", name, check=0).stdout)
+        self.assertEqual(d["attempts"][0]["state"], "Finished")
+
+
+class GpuPlacementTest(ServerTestCase):
+    gpus = 2
+
+    def test_runs_get_distinct_gpus_and_the_third_waits_with_a_reason(self):
+        code = ("import os, time\nprint('CVD=' + os.environ['CUDA_VISIBLE_DEVICES'], flush=True)\n"
+                "while not os.path.exists(os.path.join(os.environ['TAU_OUTPUT_DIR'], '..', '..', '..', 'release')):\n"
+                "    time.sleep(0.05)\n")
+        spec = self.project(job_spec("gpujob", gpus=1), {"main.py": code})
+        a = self.server.tau("run", "-d", spec, check=0).stdout.strip()
+        b = self.server.tau("run", "-d", spec, check=0).stdout.strip()
+        self.server.wait_state(a, "Running")
+        self.server.wait_state(b, "Running")
+        c = self.server.tau("run", "-d", spec, check=0).stdout.strip()
+        st = json.loads(self.server.tau("status", c, "-o", "json", check=0).stdout)
+        self.assertEqual(st["state"], "Queued")
+        wait_for(lambda: json.loads(self.server.tau("status", c, "-o", "json").stdout)["pending"].get("position") == 1,
+                 what="a queue position")
+        st = json.loads(self.server.tau("status", c, "-o", "json", check=0).stdout)
+        self.assertIn("needs 1 GPU (0 of 2 free)", st["pending"]["reason"])
+        table = self.server.tau("status", c, check=0).stdout
+        self.assertIn("position 1", table)
+        wait_for(lambda: "CVD=" in self.server.tau("logs", a).stdout, what="run a's output")
+        wait_for(lambda: "CVD=" in self.server.tau("logs", b).stdout, what="run b's output")
+        cvd = {self.server.tau("logs", n).stdout.strip() for n in (a, b)}
+        self.assertEqual(cvd, {"CVD=0", "CVD=1"})
+        open(os.path.join(self.server.home, "release"), "w").close()
+        for n in (a, b, c):
+            self.server.wait_state(n, "Succeeded")
+
+    def test_snapshot_is_taken_at_submit_time(self):
+        blocker = self.project(job_spec("blocker", gpus=2), {"main.py": "import time\ntime.sleep(1.0)\n"})
+        first = self.server.tau("run", "-d", blocker, check=0).stdout.strip()
+        self.server.wait_state(first, "Running")
+        spec = self.project(job_spec("snap", gpus=1), {"main.py": "print('version 1')\n"})
+        queued = self.server.tau("run", "-d", spec, check=0).stdout.strip()
+        with open(os.path.join(os.path.dirname(spec), "main.py"), "w") as f:
+            f.write("print('version 2')\n")
+        self.server.wait_state(queued, "Succeeded", timeout=20)
+        self.assertEqual(self.server.tau("logs", queued).stdout.strip(), "version 1")
+
+    def test_multi_gpu_single_worker_needs_torchrun(self):
+        if subprocess.run(["which", "torchrun"], capture_output=True).returncode == 0:
+            self.skipTest("torchrun is installed here")
+        spec = self.project(job_spec("torchless", gpus=2), {"main.py": "print('hi')\n"})
+        # Without torchrun: a clear SetupError, never a silent CPU run.
+        p = self.server.tau("run", spec)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        name = json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"][0]["name"]
+        d = self.server.run_json(name)
+        self.assertEqual(d["run"]["reason"], "SetupError")
+        self.assertIn("torchrun", d["run"]["message"])
+
+    def test_gpus_command(self):
+        inv = json.loads(self.server.tau("gpus", "-o", "json", check=0).stdout)
+        self.assertEqual(len(inv["devices"]), 2)
+        self.assertIn("Fake H200", self.server.tau("gpus", check=0).stdout)
+
+
+class RobustnessTest(ServerTestCase):
+    def raw(self, data):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(os.path.join(self.server.home, "tau.sock"))
+        s.sendall(data)
+        reply = b""
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+                head, sep, body = reply.partition(b"\r\n\r\n")
+                length = [int(l.split(b":")[1]) for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")]
+                if sep and length and len(body) >= length[0]:
+                    break
+        except (socket.timeout, ConnectionResetError):
+            pass
+        s.close()
+        return reply
+
+    def test_malformed_requests_never_take_the_server_down(self):
+        bad = [
+            b"garbage\r\n\r\n",
+            b"\x00\xff\xfe" * 1000,
+            b"POST /api/v1/runs HTTP/1.1\r\nContent-Length: 5\r\n\r\n{bad}",
+            b"POST /api/v1/runs HTTP/1.1\r\nContent-Length: 2\r\n\r\n[]",
+            b'POST /api/v1/runs HTTP/1.1\r\nContent-Length: 24\r\n\r\n{"spec": {"yaml": 1234}}',
+            b'POST /api/v1/runs HTTP/1.1\r\nContent-Length: 64\r\n\r\n{"spec":{"yaml":"name: x"},"code":{"files":[{"path":"../x"}]}}',
+            b"POST /api/v1/runs HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n{",
+            b"GET /api/v1/runs?limit=-5 HTTP/1.1\r\n\r\n",
+            b"GET /api/v1/runs/..%2f..%2fetc HTTP/1.1\r\n\r\n",
+            b"GET /api/v1/nothing HTTP/1.1\r\n\r\n",
+            b"GET /api/v1/runs/x/logs?attempt=abc HTTP/1.1\r\n\r\n",
+        ]
+        for data in bad:
+            self.raw(data)
+        reply = self.raw(b"GET /api/v1/runs?limit=-5 HTTP/1.1\r\n\r\n")
+        self.assertIn(b"400", reply.split(b"\r\n")[0])
+        self.assertIn(b"limit", reply)
+        reply = self.raw(b"GET /api/v1/nothing HTTP/1.1\r\n\r\n")
+        self.assertIn(b"404", reply.split(b"\r\n")[0])
+        path_escape = json.dumps({"spec": {"yaml": job_spec("esc")},
+                                  "code": {"files": [{"path": "../evil", "data": ""}]}}).encode()
+        reply = self.raw(b"POST /api/v1/runs HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(path_escape) + path_escape)
+        self.assertIn(b"400", reply.split(b"\r\n")[0])
+        self.assertIn(b"not a plain relative path", reply)
+        # Still serving.
+        self.assertEqual(self.server.tau("list", "-o", "json", check=0).returncode, 0)
+        self.assertIsNone(self.server.proc.poll())
+
+    def test_peer_uid_header_cannot_be_forged(self):
+        # The header is set by the server from SO_PEERCRED; a client-sent value is dropped, so this request
+        # is served like any other.
+        reply = self.raw(b"GET /api/v1/healthz HTTP/1.1\r\nX-Tau-Peer-Uid: 0\r\n\r\n")
+        self.assertIn(b"200", reply.split(b"\r\n")[0])
+
+    def test_server_restart_readopts_running_attempts(self):
+        name = self.submit(job_spec("readopt"), {"main.py": "import time\nprint('before', flush=True)\ntime.sleep(2)\nprint('after', flush=True)\n"})
+        self.server.wait_state(name, "Running")
+        self.server.kill(signal.SIGKILL)
+        self.server.start()
+        d = self.server.wait_state(name, "Succeeded", timeout=20)
+        self.assertEqual(len(d["attempts"]), 1)
+        self.assertEqual(self.server.tau("logs", name).stdout.split(), ["before", "after"])
+
+    def test_attempt_lost_while_server_down_is_node_lost(self):
+        code = ("import os, time\nopen(os.path.join(os.environ['TAU_OUTPUT_DIR'], 'pid'), 'w').write(str(os.getpid()))\n"
+                "time.sleep(60)\n")
+        name = self.submit(job_spec("lost"), {"main.py": code})
+        self.server.wait_state(name, "Running")
+        pid_file = os.path.join(self.server.home, "runs", name, "output", "pid")
+        wait_for(lambda: os.path.exists(pid_file) and open(pid_file).read(), what="the pid file")
+        attempt = self.server.run_json(name)["attempts"][0]
+        self.server.kill(signal.SIGKILL)
+        os.kill(attempt["supervisor_pid"], signal.SIGKILL)  # the machine "lost" the attempt
+        wait_for(lambda: not pid_alive(int(open(pid_file).read())), what="the worker to die with its supervisor")
+        self.server.start()
+        d = self.server.wait_state(name, "Failed", timeout=20)
+        self.assertEqual(d["run"]["reason"], "NodeLost")
+
+
+class AutostartTest(unittest.TestCase):
+    def test_first_command_starts_a_local_server(self):
+        server = TauServer()  # not started: the CLI must start one
+        try:
+            spec_dir = os.path.join(server.home, "proj")
+            os.makedirs(spec_dir)
+            with open(os.path.join(spec_dir, "tau.yaml"), "w") as f:
+                f.write(job_spec("auto"))
+            with open(os.path.join(spec_dir, "main.py"), "w") as f:
+                f.write("print('auto ok')\n")
+            p = server.tau("run", os.path.join(spec_dir, "tau.yaml"), check=0, timeout=60)
+            self.assertIn("auto ok", p.stdout)
+            self.assertTrue(os.path.exists(os.path.join(server.home, "tau.sock")))
+            self.assertTrue(os.path.exists(os.path.join(server.home, "server.pid")))
+            sock_mode = os.stat(os.path.join(server.home, "tau.sock")).st_mode & 0o777
+            self.assertEqual(sock_mode, 0o600)
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()
