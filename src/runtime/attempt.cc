@@ -1,1 +1,276 @@
+// The server's side of an attempt: the JSON files in the attempt directory, starting the shim,
+// stopping it, and identifying processes across restarts.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "common/files.h"
+#include "runtime/proc.h"
 #include "runtime/runtime.h"
+
+extern char** environ;
+
+namespace tau::runtime {
+namespace {
+
+using internal::UniqueFd;
+using json = nlohmann::json;
+
+json EnvToJson(const EnvList& env) {
+  json out = json::array();
+  for (const auto& [name, value] : env) out.push_back(json::array({name, value}));
+  return out;
+}
+
+EnvList EnvFromJson(const json& j) {
+  EnvList env;
+  for (const json& pair : j) env.push_back(pair.get<std::pair<std::string, std::string>>());
+  return env;
+}
+
+json OptionalToJson(const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); }
+
+std::optional<int64_t> OptionalFromJson(const json& j, const char* key) {
+  if (!j.contains(key) || j.at(key).is_null()) return std::nullopt;
+  return j.at(key).get<int64_t>();
+}
+
+template <typename T>
+T ValueOr(const json& j, const char* key, T fallback) {
+  return j.contains(key) ? j.at(key).get<T>() : fallback;
+}
+
+std::optional<OutcomeKind> OutcomeKindFromName(const std::string& name) {
+  for (OutcomeKind k : {OutcomeKind::kSucceeded, OutcomeKind::kFailed, OutcomeKind::kSetupFailed,
+                        OutcomeKind::kStopped, OutcomeKind::kTimedOut}) {
+    if (name == OutcomeKindName(k)) return k;
+  }
+  return std::nullopt;
+}
+
+// The shim is gone, so nobody supervises the workers any more: kill what is provably still ours.
+Status KillOrphanedWorkers(const ProcessId& shim, const std::string& attempt_dir) {
+  auto text = ReadFile(attempt_dir + "/state.json");
+  if (!text.ok()) {
+    // No state.json: the shim died before it started any worker.
+    return text.status().code() == StatusCode::kNotFound ? Status::Ok() : text.status();
+  }
+  json state = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!state.is_object()) return Internal("corrupt " + attempt_dir + "/state.json");
+  int pgid = 0;
+  try {
+    pgid = ValueOr<int>(state, "pgid", 0);
+    if (state.contains("workers")) {
+      for (const json& w : state.at("workers")) {
+        ProcessId id{w.at("pid").get<int>(), w.at("start_time").get<uint64_t>()};
+        internal::SignalIfSame(id, SIGKILL);
+      }
+    }
+  } catch (const json::exception& e) {
+    return Internal("corrupt " + attempt_dir + "/state.json: " + e.what());
+  }
+  // Grandchildren outlive the workers' PDEATHSIG. A process in the attempt's process group *and* in
+  // the shim's session is ours: both ids stay reserved while any member lives, so neither can have
+  // been reused.
+  if (pgid > 0 && shim.pid > 0) {
+    for (int pid : internal::ListPids()) {
+      std::optional<internal::ProcStat> st = internal::ReadProcStat(pid);
+      if (st && st->pgrp == pgid && st->session == shim.pid) ::kill(pid, SIGKILL);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* OutcomeKindName(OutcomeKind kind) {
+  switch (kind) {
+    case OutcomeKind::kSucceeded:
+      return "Succeeded";
+    case OutcomeKind::kFailed:
+      return "Failed";
+    case OutcomeKind::kSetupFailed:
+      return "SetupFailed";
+    case OutcomeKind::kStopped:
+      return "Stopped";
+    case OutcomeKind::kTimedOut:
+      return "TimedOut";
+  }
+  return "Unknown";
+}
+
+json AttemptConfig::ToJson() const {
+  json workers_json = json::array();
+  for (const WorkerLaunch& w : workers) {
+    workers_json.push_back({{"argv", w.argv}, {"env", EnvToJson(w.env)}});
+  }
+  return {{"run_name", run_name},
+          {"attempt", attempt},
+          {"attempt_dir", attempt_dir},
+          {"work_dir", work_dir},
+          {"workers", workers_json},
+          {"pip", pip},
+          {"venv_cache_dir", venv_cache_dir},
+          {"memory_limit_bytes", OptionalToJson(memory_limit_bytes)},
+          {"cpu_limit_milli", OptionalToJson(cpu_limit_milli)},
+          {"max_runtime_ms", OptionalToJson(max_runtime_ms)},
+          {"stop_grace_ms", stop_grace_ms}};
+}
+
+Result<AttemptConfig> AttemptConfig::FromJson(const json& j) {
+  if (!j.is_object()) return InvalidArgument("attempt config must be a JSON object");
+  try {
+    AttemptConfig c;
+    c.run_name = j.at("run_name").get<std::string>();
+    c.attempt = j.at("attempt").get<int>();
+    c.attempt_dir = j.at("attempt_dir").get<std::string>();
+    c.work_dir = ValueOr<std::string>(j, "work_dir", "");
+    for (const json& w : j.at("workers")) {
+      WorkerLaunch launch;
+      launch.argv = w.at("argv").get<std::vector<std::string>>();
+      launch.env = EnvFromJson(w.at("env"));
+      c.workers.push_back(std::move(launch));
+    }
+    c.pip = ValueOr<std::vector<std::string>>(j, "pip", {});
+    c.venv_cache_dir = ValueOr<std::string>(j, "venv_cache_dir", "");
+    c.memory_limit_bytes = OptionalFromJson(j, "memory_limit_bytes");
+    c.cpu_limit_milli = OptionalFromJson(j, "cpu_limit_milli");
+    c.max_runtime_ms = OptionalFromJson(j, "max_runtime_ms");
+    c.stop_grace_ms = ValueOr<int64_t>(j, "stop_grace_ms", c.stop_grace_ms);
+    return c;
+  } catch (const json::exception& e) {
+    return InvalidArgument(std::string("invalid attempt config: ") + e.what());
+  }
+}
+
+json AttemptOutcome::ToJson() const {
+  json workers_json = json::array();
+  for (const WorkerOutcome& w : workers) {
+    workers_json.push_back(
+        {{"rank", w.rank}, {"pid", w.pid}, {"exit_code", w.exit_code}, {"signal", w.signal}});
+  }
+  return {{"kind", OutcomeKindName(kind)}, {"exit_code", exit_code},   {"signal", signal},
+          {"failed_rank", failed_rank},    {"oom_killed", oom_killed}, {"message", message},
+          {"started_ms", started_ms},      {"ended_ms", ended_ms},     {"workers", workers_json}};
+}
+
+Result<AttemptOutcome> AttemptOutcome::FromJson(const json& j) {
+  if (!j.is_object()) return InvalidArgument("attempt outcome must be a JSON object");
+  try {
+    AttemptOutcome o;
+    std::string kind = j.at("kind").get<std::string>();
+    std::optional<OutcomeKind> parsed = OutcomeKindFromName(kind);
+    if (!parsed) return InvalidArgument("unknown outcome kind '" + kind + "'");
+    o.kind = *parsed;
+    o.exit_code = ValueOr<int>(j, "exit_code", 0);
+    o.signal = ValueOr<int>(j, "signal", 0);
+    o.failed_rank = ValueOr<int>(j, "failed_rank", -1);
+    o.oom_killed = ValueOr<bool>(j, "oom_killed", false);
+    o.message = ValueOr<std::string>(j, "message", "");
+    o.started_ms = ValueOr<int64_t>(j, "started_ms", 0);
+    o.ended_ms = ValueOr<int64_t>(j, "ended_ms", 0);
+    if (j.contains("workers")) {
+      for (const json& w : j.at("workers")) {
+        o.workers.push_back({w.at("rank").get<int>(), w.at("pid").get<int>(),
+                             w.at("exit_code").get<int>(), w.at("signal").get<int>()});
+      }
+    }
+    return o;
+  } catch (const json::exception& e) {
+    return InvalidArgument(std::string("invalid attempt outcome: ") + e.what());
+  }
+}
+
+Result<AttemptOutcome> ReadOutcome(const std::string& attempt_dir) {
+  const std::string path = attempt_dir + "/result.json";
+  TAU_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Internal(path + " is not valid JSON");
+  auto outcome = AttemptOutcome::FromJson(j);
+  if (!outcome.ok()) return outcome.status().WithContext(path);
+  return outcome;
+}
+
+std::optional<uint64_t> ProcessStartTime(int pid) {
+  std::optional<internal::ProcStat> st = internal::ReadProcStat(pid);
+  if (!st || st->state == 'Z' || st->state == 'X') return std::nullopt;
+  return st->start_time;
+}
+
+bool IsAlive(const ProcessId& id) {
+  if (id.pid <= 0) return false;
+  std::optional<uint64_t> start = ProcessStartTime(id.pid);
+  return start.has_value() && *start == id.start_time;
+}
+
+std::string SelfExecutable() {
+  char buf[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return "";
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& tau_binary) {
+  if (config.attempt_dir.empty()) return InvalidArgument("attempt_dir is empty");
+  if (config.workers.empty()) return InvalidArgument("an attempt needs at least one worker");
+  TAU_RETURN_IF_ERROR(MakeDirs(config.attempt_dir + "/logs"));
+  TAU_RETURN_IF_ERROR(
+      WriteFileAtomic(config.attempt_dir + "/config.json", internal::DumpJson(config.ToJson())));
+
+  // Everything the child needs is prepared here: posix_spawn runs no code of ours after the fork,
+  // which is what a multi-threaded server needs (only async-signal-safe calls are allowed there).
+  const std::string log_path = config.attempt_dir + "/shim.log";
+  UniqueFd log(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  if (!log.valid()) return IoError("cannot open " + log_path, errno);
+  UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!devnull.valid()) return IoError("cannot open /dev/null", errno);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_adddup2(&actions, devnull.get(), 0);
+  posix_spawn_file_actions_adddup2(&actions, log.get(), 1);
+  posix_spawn_file_actions_adddup2(&actions, log.get(), 2);
+  // The server's sockets, databases and pidfds must not leak into a process that outlives it.
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+  // Own session: a terminal hangup or a signal to the server's process group does not reach the
+  // attempt. Default dispositions: the server may ignore signals the shim relies on.
+  // SIGTERM/SIGINT/SIGCHLD start blocked: the shim reads them from a signalfd, and a stop request
+  // that arrives before it has set that up stays pending instead of killing it before it writes
+  // result.json.
+  sigset_t all, shim_mask;
+  sigfillset(&all);
+  sigemptyset(&shim_mask);
+  for (int sig : {SIGTERM, SIGINT, SIGCHLD}) sigaddset(&shim_mask, sig);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setsigmask(&attr, &shim_mask);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+
+  std::string arg0 = tau_binary, arg1 = "__shim", arg2 = config.attempt_dir;
+  char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
+  pid_t pid = 0;
+  int rc = ::posix_spawn(&pid, tau_binary.c_str(), &actions, &attr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return IoError("cannot start the shim " + tau_binary, rc);
+
+  // A shim that already exited is a zombie until the watcher reaps it; its start time is still
+  // readable.
+  std::optional<internal::ProcStat> st = internal::ReadProcStat(pid);
+  if (!st) return Internal("the shim (pid " + std::to_string(pid) + ") vanished right after start");
+  return ProcessId{pid, st->start_time};
+}
+
+Status StopAttempt(const ProcessId& shim, const std::string& attempt_dir) {
+  if (internal::SignalIfSame(shim, SIGTERM)) return Status::Ok();
+  return KillOrphanedWorkers(shim, attempt_dir);
+}
+
+}  // namespace tau::runtime

@@ -1,1 +1,160 @@
+// PlanLaunch: from a run spec and a placement to the exact argv and environment of every worker.
+// Pure apart from one stat() (whether a non-Python entrypoint names a file in the code directory).
+#include <sys/stat.h>
+
+#include <string>
+#include <vector>
+
+#include "common/strings.h"
 #include "runtime/runtime.h"
+
+namespace tau::runtime {
+namespace {
+
+// Sets `name` in `env`, replacing an earlier entry of the same name so the last writer wins.
+void SetEnv(EnvList& env, const std::string& name, const std::string& value) {
+  for (auto& [key, old] : env) {
+    if (key == name) {
+      old = value;
+      return;
+    }
+  }
+  env.emplace_back(name, value);
+}
+
+bool IsRegularFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string GpuList(const std::vector<int>& gpus, size_t begin, size_t count) {
+  std::vector<std::string> parts;
+  for (size_t i = begin; i < begin + count && i < gpus.size(); ++i) {
+    parts.push_back(std::to_string(gpus[i]));
+  }
+  return Join(parts, ",");
+}
+
+// The command that runs the entrypoint once, without a launcher in front.
+std::vector<std::string> EntryCommand(const spec::RunSpec& spec, const LaunchContext& ctx) {
+  const std::string& entry = spec.entrypoint;
+  if (EndsWith(entry, ".py")) return {"python3", entry};
+  // A file shipped with the code runs from the code directory; anything else is a command on PATH.
+  // The path is absolute so that resolving argv[0] never depends on PATH or on the cwd of whoever
+  // execs it.
+  if (!ctx.work_dir.empty() && entry[0] != '/' && IsRegularFile(ctx.work_dir + "/" + entry)) {
+    return {ctx.work_dir + "/" + entry};
+  }
+  return {entry};
+}
+
+void AppendArgs(std::vector<std::string>& argv, const std::vector<std::string>& args) {
+  argv.insert(argv.end(), args.begin(), args.end());
+}
+
+// base_env, then the spec's literal env, then tau's variables; `launcher_env` (gang or Ray
+// variables) goes just before CUDA_VISIBLE_DEVICES, and extra_env (recovery's) comes last so it can
+// override anything.
+Result<EnvList> WorkerEnv(const spec::RunSpec& spec, const LaunchContext& ctx,
+                          const EnvList& launcher_env, const std::string& visible_gpus) {
+  EnvList env;
+  for (const auto& [name, value] : ctx.base_env) SetEnv(env, name, value);
+  for (const spec::EnvVar& var : spec.runtime.env) {
+    if (var.secret_ref) {
+      return InvalidArgument("env " + var.name + " (SECRET:" + var.value +
+                             "): secret references are not supported by the local backend yet");
+    }
+    SetEnv(env, var.name, var.value);
+  }
+  SetEnv(env, "TAU_RUN_NAME", ctx.run_name);
+  SetEnv(env, "TAU_ATTEMPT", std::to_string(ctx.attempt));
+  SetEnv(env, "TAU_CHECKPOINT_DIR", ctx.checkpoint_dir);
+  SetEnv(env, "TAU_OUTPUT_DIR", ctx.output_dir);
+  SetEnv(env, "TAU_METRICS_FILE", ctx.metrics_file);
+  for (const auto& [name, value] : launcher_env) SetEnv(env, name, value);
+  // Always set, even to "": an unset variable would let a CPU run see every GPU of a shared
+  // machine.
+  SetEnv(env, "CUDA_VISIBLE_DEVICES", visible_gpus);
+  SetEnv(env, "PYTHONUNBUFFERED", "1");
+  for (const auto& [name, value] : ctx.extra_env) SetEnv(env, name, value);
+  return env;
+}
+
+Result<std::vector<WorkerLaunch>> PlanRayJob(const spec::RunSpec& spec, const LaunchContext& ctx) {
+  // The driver runs once and drives Ray across the workers; locally it sees the whole GPU set.
+  WorkerLaunch driver;
+  driver.argv = EntryCommand(spec, ctx);
+  AppendArgs(driver.argv, spec.args);
+  EnvList ray_env = {{"TAU_RAY_WORKERS", std::to_string(spec.compute.workers)}};
+  TAU_ASSIGN_OR_RETURN(driver.env,
+                       WorkerEnv(spec, ctx, ray_env, GpuList(ctx.gpus, 0, ctx.gpus.size())));
+  return std::vector<WorkerLaunch>{std::move(driver)};
+}
+
+Result<std::vector<WorkerLaunch>> PlanJob(const spec::RunSpec& spec, const LaunchContext& ctx) {
+  const int workers = spec.compute.workers;
+  const int gpus = spec.compute.gpus;
+  // torchrun only launches Python; a non-Python entrypoint is executed as is (it may be its own
+  // launcher).
+  const bool torchrun = gpus > 1 && EndsWith(spec.entrypoint, ".py");
+  std::vector<WorkerLaunch> out;
+  for (int rank = 0; rank < workers; ++rank) {
+    WorkerLaunch w;
+    EnvList gang_env;
+    if (workers == 1) {
+      w.argv = torchrun ? std::vector<std::string>{"torchrun", "--standalone",
+                                                   "--nproc_per_node=" + std::to_string(gpus),
+                                                   spec.entrypoint}
+                        : EntryCommand(spec, ctx);
+    } else {
+      const std::string port = std::to_string(ctx.master_port);
+      if (torchrun) {
+        w.argv = {"torchrun",
+                  "--nnodes=" + std::to_string(workers),
+                  "--node_rank=" + std::to_string(rank),
+                  "--nproc_per_node=" + std::to_string(gpus),
+                  "--master_addr=127.0.0.1",
+                  "--master_port=" + port,
+                  spec.entrypoint};
+      } else {
+        w.argv = EntryCommand(spec, ctx);
+      }
+      // Every worker of a local gang is on this machine, so the local rank is the rank.
+      gang_env = {{"MASTER_ADDR", "127.0.0.1"},
+                  {"MASTER_PORT", port},
+                  {"WORLD_SIZE", std::to_string(workers)},
+                  {"RANK", std::to_string(rank)},
+                  {"LOCAL_RANK", std::to_string(rank)}};
+    }
+    AppendArgs(w.argv, spec.args);
+    const size_t per = static_cast<size_t>(gpus);
+    TAU_ASSIGN_OR_RETURN(w.env, WorkerEnv(spec, ctx, gang_env,
+                                          GpuList(ctx.gpus, static_cast<size_t>(rank) * per, per)));
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<WorkerLaunch>> PlanLaunch(const spec::RunSpec& spec, const LaunchContext& ctx) {
+  const int workers = spec.compute.workers;
+  const int gpus = spec.compute.gpus;
+  if (spec.entrypoint.empty()) return InvalidArgument("the run has no entrypoint");
+  if (workers < 1) return InvalidArgument("compute.workers must be at least 1");
+  if (gpus < 0) return InvalidArgument("compute.gpus must not be negative");
+  const size_t want = static_cast<size_t>(workers) * static_cast<size_t>(gpus);
+  if (ctx.gpus.size() != want) {
+    return InvalidArgument("placement gives " + std::to_string(ctx.gpus.size()) +
+                           " GPUs but the run needs " + std::to_string(want) + " (" +
+                           std::to_string(workers) + " workers x " + std::to_string(gpus) + ")");
+  }
+  if (spec.kind == spec::WorkloadKind::kRayJob) return PlanRayJob(spec, ctx);
+  if (workers > 1 && (ctx.master_port <= 0 || ctx.master_port > 65535)) {
+    return InvalidArgument("a gang of " + std::to_string(workers) +
+                           " workers needs a master port; got " + std::to_string(ctx.master_port));
+  }
+  return PlanJob(spec, ctx);
+}
+
+}  // namespace tau::runtime

@@ -1,0 +1,106 @@
+#include "runtime/proc.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+
+#include "common/files.h"
+
+namespace tau::runtime::internal {
+
+void UniqueFd::Reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+namespace {
+
+template <typename T>
+bool ParseNumber(std::string_view s, T* out) {
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && ptr == s.data() + s.size();
+}
+
+}  // namespace
+
+std::optional<ProcStat> ParseProcStat(std::string_view text) {
+  size_t close = text.rfind(')');
+  if (close == std::string_view::npos) return std::nullopt;
+  // Fields after the command name, space separated: [0] state (field 3), [1] ppid, [2] pgrp, [3]
+  // session,
+  // ..., [19] starttime (field 22).
+  std::vector<std::string_view> fields;
+  std::string_view rest = text.substr(close + 1);
+  size_t pos = 0;
+  while (pos < rest.size() && fields.size() < 20) {
+    while (pos < rest.size() && (rest[pos] == ' ' || rest[pos] == '\n')) ++pos;
+    size_t end = pos;
+    while (end < rest.size() && rest[end] != ' ' && rest[end] != '\n') ++end;
+    if (end > pos) fields.push_back(rest.substr(pos, end - pos));
+    pos = end;
+  }
+  if (fields.size() < 20 || fields[0].size() != 1) return std::nullopt;
+  ProcStat st;
+  st.state = fields[0][0];
+  if (!ParseNumber(fields[1], &st.ppid) || !ParseNumber(fields[2], &st.pgrp) ||
+      !ParseNumber(fields[3], &st.session) || !ParseNumber(fields[19], &st.start_time)) {
+    return std::nullopt;
+  }
+  return st;
+}
+
+std::optional<ProcStat> ReadProcStat(int pid) {
+  if (pid <= 0) return std::nullopt;
+  auto text = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  if (!text.ok()) return std::nullopt;
+  return ParseProcStat(*text);
+}
+
+std::vector<int> ListPids() {
+  std::vector<int> pids;
+  DIR* dir = ::opendir("/proc");
+  if (dir == nullptr) return pids;
+  while (struct dirent* entry = ::readdir(dir)) {
+    int pid = 0;
+    std::string_view name(entry->d_name);
+    if (ParseNumber(name, &pid) && pid > 0) pids.push_back(pid);
+  }
+  ::closedir(dir);
+  return pids;
+}
+
+int PidfdOpen(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+int PidfdSendSignal(int pidfd, int sig) {
+  return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
+}
+
+bool SignalIfSame(const ProcessId& id, int sig) {
+  if (id.pid <= 0) return false;
+  UniqueFd pidfd(PidfdOpen(id.pid));
+  if (!pidfd.valid()) return false;
+  std::optional<ProcStat> st = ReadProcStat(id.pid);
+  if (!st || st->state == 'Z' || st->start_time != id.start_time) return false;
+  return PidfdSendSignal(pidfd.get(), sig) == 0;
+}
+
+std::string DumpJson(const nlohmann::json& j) {
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+void WriteAll(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+}  // namespace tau::runtime::internal
