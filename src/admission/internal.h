@@ -1,0 +1,195 @@
+// Internal state of the admission engine, shared by its implementation files. Not installed.
+//
+// Layout: every (flavor, resource) pair the configuration mentions is interned as an FR index;
+// every ClusterQueue and Cohort is a Node of one quota tree with dense per-FR vectors; pending
+// workloads live in per-queue ordered sets split by scheduling-equivalence class so that a head,
+// a bulk "inadmissible" move and a requeue are all O(log n).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "admission/admission.h"
+
+namespace tau::admission {
+
+inline constexpr int64_t kNoLimit = -1;
+inline constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max() / 4;
+
+// A quantity per FR, as (fr, milli-units); short, so a vector beats a map.
+using FrAmounts = std::vector<std::pair<int, int64_t>>;
+
+struct Node {
+  std::string name;
+  int parent = -1;
+  int root = -1;
+  int cq = -1;  // index into Impl::cqs when this node is a ClusterQueue
+  std::vector<int> children;
+  double weight = 1.0;
+  // Per FR (dense). `subtree` and `local` are derived from the configuration, `usage` from the
+  // admitted workloads (for a cohort: what its children take beyond their local quota).
+  std::vector<int64_t> nominal, borrowing_limit, lending_limit, subtree, local, usage;
+  std::vector<char> has_fr;  // the node or its subtree lists the FR
+};
+
+// Quota arithmetic over the cohort tree (quota_tree.cc), following Kueue's resource nodes.
+struct QuotaTree {
+  std::vector<Node> nodes;
+  int num_frs = 0;
+
+  // Fills subtree and local quota bottom-up; call once after the structure is built.
+  void Finalize();
+  int64_t Available(int node, int fr) const;           // may be negative after overadmission
+  int64_t PotentialAvailable(int node, int fr) const;  // reachable quota at zero usage
+  int64_t LocalAvailable(int node, int fr) const;
+  // Adds (or, negative, removes) usage at a node and propagates what exceeds local quota.
+  void AddUsage(int node, int fr, int64_t delta);
+  void AddUsage(int node, const FrAmounts& amounts, int sign);
+  // 0 when `val` more fits in the node's own quota; otherwise the height of the lowest ancestor
+  // subtree where it fits (the root when none does).
+  int BorrowLevel(int node, int fr, int64_t val) const;
+  // A proper subtree (not the whole tree) above the node has at least `val` of quota.
+  bool MayReclaimInHierarchy(int node, int fr, int64_t val) const;
+  bool Borrowing(int node, int fr) const { return nodes[node].usage[fr] > nodes[node].subtree[fr]; }
+  // Dominant resource share with the current usage (0 for a root or a non-borrower).
+  double DominantShare(int node, const std::vector<int>& fr_resource) const;
+};
+
+struct Wl;
+
+// A queue's pending workloads of one scheduling-equivalence class (same requests, selectors and
+// priority), ordered by queue order.
+struct WlLess {
+  const std::vector<Wl>* wls = nullptr;
+  bool operator()(int a, int b) const;
+};
+using WlSet = std::set<int, WlLess>;
+
+struct EqClass {
+  explicit EqClass(WlLess less) : members(less) {}
+  WlSet members;
+  bool blocked = false;  // NoFit head: the whole class is inadmissible until quota is released
+  std::string reason, message;
+};
+
+struct Cq {
+  ClusterQueue spec;
+  int node = -1;
+  struct Group {
+    std::vector<int> resources;  // resource ids
+    std::vector<int> flavors;    // flavor ids, in order
+  };
+  std::vector<Group> groups;
+  std::unordered_map<int, int> group_of_resource;
+  // Pending workloads.
+  std::unordered_map<uint64_t, EqClass> classes;
+  WlSet heads;  // first member of every unblocked class
+  // Individually inadmissible workloads as (id, park sequence); an entry is stale once the
+  // workload left the parked state (a vector with lazy deletion beats a tree here).
+  std::vector<std::pair<int, uint64_t>> parked;
+  std::vector<uint64_t> blocked;  // classes to unblock on the next release
+  uint64_t seen_epoch = 0;
+  int pending_count = 0;
+  // Admitted workloads (victims included until evicted), for preemption candidates.
+  std::vector<int> admitted;
+};
+
+struct Wl {
+  Workload spec;
+  bool alive = true;
+  int cq = -1;
+  WorkloadState state = WorkloadState::kPending;
+  uint64_t eq_hash = 0;
+  bool parked = false;
+  uint64_t park_seq = 0;
+  bool considered = false;
+  std::string reason, message;
+  // Holding quota.
+  FlavorAssignment assignment;
+  FrAmounts usage;
+  int admitted_index = -1;  // position in Cq::admitted
+  // Requests per pod set, resource id -> total (count x per pod), zero requests dropped.
+  std::vector<std::vector<std::pair<int, int64_t>>> podset_requests;
+};
+
+inline bool WlLess::operator()(int a, int b) const {
+  const Workload& x = (*wls)[a].spec;
+  const Workload& y = (*wls)[b].spec;
+  if (x.priority != y.priority) return x.priority > y.priority;
+  if (x.created_ms != y.created_ms) return x.created_ms < y.created_ms;
+  if (x.name != y.name) return x.name < y.name;
+  return a < b;
+}
+
+// A preemption victim and the reason it is preempted for (a kPreemptIn... constant).
+struct Target {
+  int wl;
+  const char* reason;
+};
+
+// Flavor assignment modes, worst to best (Kueue's internal order).
+enum class FrMode { kNoFit = 0, kNoCandidates = 1, kPreempt = 2, kReclaim = 3, kFit = 4 };
+enum class WlMode { kNoFit, kPreempt, kFit };
+
+struct WlAssignment {
+  WlMode mode = WlMode::kFit;
+  int borrow_level = 0;
+  std::vector<std::vector<std::pair<int, int>>> podset_flavors;  // per pod set: (resource, flavor)
+  FrAmounts usage;                                               // total over pod sets
+  std::vector<int> preempt_frs;                                  // FRs that need preemption
+  std::string reason, message;  // for NoFit / Preempt without targets
+  // Targets found by the per-FR preemption oracle; reusable when the workload uses one FR.
+  std::vector<Target> oracle_targets;
+  bool oracle_valid = false;
+};
+
+struct Engine::Impl {
+  Config config;
+  QuotaTree tree;
+  std::vector<Cq> cqs;
+  std::unordered_map<std::string, int> cq_by_name, cohort_node_by_name, flavor_by_name,
+      resource_by_name;
+  std::vector<std::string> flavor_names, resource_names;
+  std::vector<std::vector<int>> fr_of;  // [flavor][resource] -> fr or -1
+  std::vector<int> fr_flavor, fr_resource;
+  std::vector<uint64_t> epoch;  // per root node: bumps when quota is released in the tree
+  std::vector<Wl> wls;
+  std::unordered_map<std::string, int> wl_by_name;
+  // Per root node: ClusterQueues of the tree (for candidate search).
+  std::vector<std::vector<int>> tree_cqs;
+
+  // Queue operations (scheduler.cc).
+  void QueuePush(int id);
+  void QueueErase(int id);
+  int QueueHead(Cq& cq) const { return cq.heads.empty() ? -1 : *cq.heads.begin(); }
+  void QueuePark(int id);
+  void QueueBlockClass(int id);
+  void QueueUnparkAll(Cq& cq);
+  bool Inadmissible(const Wl& w) const;
+
+  // Quota of admitted workloads.
+  void Charge(int id, int sign);
+  void Release(int id);  // removes usage and wakes the tree's inadmissible workloads
+
+  // Flavor assignment (flavor_assigner.cc).
+  WlAssignment Assign(int id);
+  // Preemption (preemption.cc). `request` is what the preemptor needs in total; `need` the FRs
+  // that lack room. Returns victims (empty: no preemption possible).
+  std::vector<Target> GetTargets(int id, const FrAmounts& request, const std::vector<int>& need);
+  std::vector<Target> ClassicTargets(int id, const FrAmounts& request,
+                                     const std::vector<int>& need);
+  std::vector<Target> FairTargets(int id, const FrAmounts& request, const std::vector<int>& need);
+  // The request fits in the preemptor's queue now (optionally without borrowing).
+  bool Fits(int cq, const FrAmounts& request, bool allow_borrowing) const;
+  double Drs(int node) const { return tree.DominantShare(node, fr_resource); }
+};
+
+uint64_t EquivalenceHash(const Wl& w);
+
+}  // namespace tau::admission

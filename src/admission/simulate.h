@@ -1,0 +1,65 @@
+// The admission simulator: a YAML description of flavors, cohorts, cluster queues and workloads
+// is loaded into an Engine and run for N scheduling cycles. Pure: it takes the text, not a path.
+//
+//   flavors:   [{name, node_labels: {k: v}}]
+//   cohorts:   [{name, parent, resource_groups, fair_sharing: {weight}}]
+//   queues:    [{name, cohort, queueing_strategy: StrictFIFO|BestEffortFIFO,
+//                resource_groups: [{covered_resources: [..],
+//                                   flavors: [{name, resources: [{name, nominal,
+//                                              borrowing_limit, lending_limit}]}]}],
+//                preemption: {within_cluster_queue, reclaim_within_cohort,
+//                             borrow_within_cohort: {policy, max_priority_threshold}},
+//                flavor_fungibility: {when_can_borrow: Borrow|TryNextFlavor,
+//                                     when_can_preempt: TryNextFlavor|Preempt},
+//                fair_sharing: {weight}}]
+//   fair_sharing: true | {enabled: true, preemption_strategies: [..]}
+//   workloads: [{name, queue, priority, created: RFC 3339,
+//                requests: {res: qty} | pod_sets: [{name, count, requests, node_selector}],
+//                node_selector: {k: v},
+//                admitted: {flavors: {res: flavor} | {podset: {res: flavor}}, at: RFC 3339}}]
+//
+// Every cohort a queue or cohort names must be listed under `cohorts`. A workload without
+// `created` is ordered by its place in the file. Errors are collected, one per problem:
+//   sim.yaml:12:7: error: unknown key 'nominl' in resource (did you mean 'nominal'?)
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "admission/admission.h"
+#include "common/status.h"
+
+namespace tau::admission {
+
+struct Diagnostic {
+  std::string file;
+  int line = 0;    // 1-based
+  int column = 0;  // 1-based
+  std::string message;
+  std::string ToString() const;  // "file:line:col: error: message"
+};
+
+struct SimulationInput {
+  Config config;
+  std::vector<Workload> workloads;  // in file order
+};
+
+// Parses the YAML; on failure returns InvalidArgument whose message is every diagnostic, one per
+// line, and (when `diagnostics` is given) the diagnostics themselves.
+Result<SimulationInput> ParseSimulation(std::string_view yaml, std::string_view filename,
+                                        std::vector<Diagnostic>* diagnostics = nullptr);
+
+// Runs `cycles` scheduling cycles (at least 1). Between cycles the victims of the previous cycle
+// are evicted (quota released, requeued), so their preemptor can be admitted later. Returns
+//   {"admitted": [{"name","queue","flavors": {podset: {res: flavor}}}],
+//    "preempted": [{"name","reason","preemptor"}],
+//    "pending": [{"name","reason","message","inadmissible","position"}]}
+// where `admitted` lists admissions made in those cycles and `pending` every workload still
+// waiting (by queue, in queue order).
+Result<nlohmann::json> Simulate(std::string_view yaml, std::string_view filename, int cycles = 1,
+                                std::vector<Diagnostic>* diagnostics = nullptr);
+
+}  // namespace tau::admission
