@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "admission/simulate.h"
 #include "cli/cli.h"
 #include "cli/connect.h"
 #include "common/files.h"
@@ -222,6 +223,21 @@ int CmdGpus(const Global& g, Format format) {
                       fmt::format("{} GiB", d.value("memory_total_bytes", uint64_t{0}) >> 30)});
     PrintTable({"INDEX", "NAME", "UUID", "MEMORY"}, rows);
   }
+  return 0;
+}
+
+int CmdAdmissionSimulate(const std::string& file, int cycles, Format format) {
+  auto text = ReadFile(file);
+  if (!text.ok()) return Fail(text.status().message());
+  std::vector<admission::Diagnostic> diagnostics;
+  auto result = admission::Simulate(*text, file, cycles, &diagnostics);
+  if (!result.ok()) {
+    if (diagnostics.empty()) return Fail(result.status().message());
+    for (const auto& d : diagnostics) std::fprintf(stderr, "%s\n", d.ToString().c_str());
+    return kExitInvalid;
+  }
+  if (format == Format::kYaml) PrintYaml(*result);
+  else PrintJson(*result);
   return 0;
 }
 

@@ -123,6 +123,20 @@ int Main(int argc, char** argv) {
     if (auto f = format()) rc = CmdGpus(g, *f);
   });
 
+  auto* admission = app.add_subcommand("admission", "Kueue-model admission tools");
+  admission->require_subcommand(1);
+  auto* simulate = admission->add_subcommand(
+      "simulate", "Run scheduling cycles over queues and workloads described in YAML; print JSON");
+  std::string sim_file;
+  int cycles = 1;
+  simulate->add_option("file", sim_file, "Simulation input (flavors, cohorts, queues, workloads)")
+      ->required();
+  simulate->add_option("--cycles", cycles, "Scheduling cycles to run")->check(CLI::Range(1, 1000000));
+  add_output(simulate);
+  simulate->callback([&] {
+    if (auto f = format()) rc = CmdAdmissionSimulate(sim_file, cycles, *f);
+  });
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
