@@ -232,23 +232,34 @@ class Loader {
     return out;
   }
 
+  // "unknown flavor 'h10' (did you mean 'h100'?)" at the reference.
+  void Unknown(const YAML::Node& at, std::string_view kind, const std::string& name,
+               const std::map<std::string, YAML::Node>& known) {
+    std::vector<std::string> names;
+    for (const auto& [k, v] : known) names.push_back(k);
+    std::string hint = ClosestMatch(name, names);
+    Error(at, fmt::format("unknown {} '{}'{}", kind, name,
+                          hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
+  }
+
  private:
   std::string file_;
   std::vector<Diagnostic> diags_;
 };
 
-Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
-  SimulationInput in;
-  if (root.IsNull()) {
-    L.Error(root, "empty simulation file");
-    return InvalidArgument("empty");
-  }
-  if (!L.Map(root, "the simulation",
-             {"flavors", "cohorts", "queues", "fair_sharing", "workloads"})) {
-    return InvalidArgument("not a mapping");
-  }
+// Names of the configuration objects, by where they are defined, for checking references.
+struct Defined {
+  std::map<std::string, YAML::Node> flavors, cohorts, queues;
+};
+
+// The configuration sections (flavors, cohorts, queues, fair_sharing) of `root`, a mapping; other
+// top-level keys are not looked at. Shared by the simulator and ParseAdmissionConfig.
+Config ParseConfigSections(const YAML::Node& root, Loader& L, Defined* defined) {
+  Config config;
   std::vector<YAML::Node> flavor_refs;
-  std::map<std::string, YAML::Node> flavor_nodes, cohort_nodes, queue_nodes;
+  std::map<std::string, YAML::Node>& flavor_nodes = defined->flavors;
+  std::map<std::string, YAML::Node>& cohort_nodes = defined->cohorts;
+  std::map<std::string, YAML::Node>& queue_nodes = defined->queues;
   // flavors
   if (root["flavors"] && L.Seq(root["flavors"], "flavors")) {
     for (const YAML::Node& f : root["flavors"]) {
@@ -264,7 +275,7 @@ Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
       }
       flavor_nodes[flavor.name] = f["name"];
       if (f["node_labels"]) flavor.node_labels = L.StringMap(f["node_labels"], "node_labels");
-      in.config.flavors.push_back(std::move(flavor));
+      config.flavors.push_back(std::move(flavor));
     }
   }
   // cohorts
@@ -308,7 +319,7 @@ Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
           cohort.fair_sharing_weight = *w;
         }
       }
-      in.config.cohorts.push_back(std::move(cohort));
+      config.cohorts.push_back(std::move(cohort));
     }
   }
   // queues
@@ -426,57 +437,46 @@ Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
           q["fair_sharing"]["weight"]) {
         if (auto w = L.Double(q["fair_sharing"]["weight"], "weight")) cq.fair_sharing_weight = *w;
       }
-      in.config.queues.push_back(std::move(cq));
+      config.queues.push_back(std::move(cq));
     }
   }
   // fair sharing switch
   if (const YAML::Node& fs = root["fair_sharing"]) {
     if (fs.IsScalar()) {
-      if (auto b = L.Bool(fs, "fair_sharing")) in.config.fair_sharing = *b;
+      if (auto b = L.Bool(fs, "fair_sharing")) config.fair_sharing = *b;
     } else if (L.Map(fs, "fair_sharing", {"enabled", "preemption_strategies"})) {
-      in.config.fair_sharing = true;
+      config.fair_sharing = true;
       if (fs["enabled"]) {
-        if (auto b = L.Bool(fs["enabled"], "enabled")) in.config.fair_sharing = *b;
+        if (auto b = L.Bool(fs["enabled"], "enabled")) config.fair_sharing = *b;
       }
       if (fs["preemption_strategies"] &&
           L.Seq(fs["preemption_strategies"], "preemption_strategies")) {
-        in.config.fair_sharing_strategies.clear();
+        config.fair_sharing_strategies.clear();
         for (const YAML::Node& s : fs["preemption_strategies"]) {
           if (auto v = L.Enum<FairSharingStrategy>(
                   s, "preemption strategy",
                   {{"LessThanOrEqualToFinalShare",
                     FairSharingStrategy::kLessThanOrEqualToFinalShare},
                    {"LessThanInitialShare", FairSharingStrategy::kLessThanInitialShare}})) {
-            in.config.fair_sharing_strategies.push_back(*v);
+            config.fair_sharing_strategies.push_back(*v);
           }
         }
       }
     }
   }
   // References.
-  auto names_of = [](const std::map<std::string, YAML::Node>& m) {
-    std::vector<std::string> out;
-    for (const auto& [k, v] : m) out.push_back(k);
-    return out;
-  };
-  auto unknown = [&](const YAML::Node& at, std::string_view kind, const std::string& name,
-                     const std::map<std::string, YAML::Node>& known) {
-    std::string hint = ClosestMatch(name, names_of(known));
-    L.Error(at, fmt::format("unknown {} '{}'{}", kind, name,
-                            hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
-  };
   for (const YAML::Node& f : flavor_refs) {
     if (f.IsScalar() && !flavor_nodes.count(f.Scalar())) {
-      unknown(f, "flavor", f.Scalar(), flavor_nodes);
+      L.Unknown(f, "flavor", f.Scalar(), flavor_nodes);
     }
   }
   for (const auto& [node, name] : cohort_refs) {
-    if (!name.empty() && !cohort_nodes.count(name)) unknown(node, "cohort", name, cohort_nodes);
+    if (!name.empty() && !cohort_nodes.count(name)) L.Unknown(node, "cohort", name, cohort_nodes);
   }
   // Cohort cycles.
   std::map<std::string, std::string> parent_of;
-  for (const Cohort& c : in.config.cohorts) parent_of[c.name] = c.parent;
-  for (const Cohort& c : in.config.cohorts) {
+  for (const Cohort& c : config.cohorts) parent_of[c.name] = c.parent;
+  for (const Cohort& c : config.cohorts) {
     std::string at = c.parent;
     for (size_t steps = 0; !at.empty() && steps <= parent_of.size(); ++steps) {
       if (at == c.name) {
@@ -488,6 +488,27 @@ Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
       at = it == parent_of.end() ? "" : it->second;
     }
   }
+  return config;
+}
+
+Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
+  SimulationInput in;
+  if (root.IsNull()) {
+    L.Error(root, "empty simulation file");
+    return InvalidArgument("empty");
+  }
+  if (!L.Map(root, "the simulation",
+             {"flavors", "cohorts", "queues", "fair_sharing", "workloads"})) {
+    return InvalidArgument("not a mapping");
+  }
+  Defined defined;
+  in.config = ParseConfigSections(root, L, &defined);
+  const std::map<std::string, YAML::Node>& flavor_nodes = defined.flavors;
+  const std::map<std::string, YAML::Node>& queue_nodes = defined.queues;
+  auto unknown = [&](const YAML::Node& at, std::string_view kind, const std::string& name,
+                     const std::map<std::string, YAML::Node>& known) {
+    L.Unknown(at, kind, name, known);
+  };
   // workloads
   if (root["workloads"] && L.Seq(root["workloads"], "workloads")) {
     std::set<std::string> seen;
@@ -632,6 +653,26 @@ Result<SimulationInput> ParseSimulation(std::string_view yaml, std::string_view 
   if (!loader.diagnostics().empty()) return DiagnosticsStatus(loader.diagnostics());
   if (!parsed || !parsed->ok()) return InvalidArgument("invalid simulation");
   return std::move(*parsed).value();
+}
+
+Result<Config> ParseAdmissionConfig(std::string_view yaml, std::string_view filename,
+                                    std::vector<Diagnostic>* diagnostics) {
+  Loader loader(filename);
+  Config config;
+  try {
+    YAML::Node root = YAML::Load(std::string(yaml));
+    if (root.IsMap()) {
+      Defined defined;
+      config = ParseConfigSections(root, loader, &defined);
+    }
+  } catch (const YAML::Exception& e) {
+    loader.Error(e.mark, e.msg);
+  } catch (const std::exception& e) {
+    loader.Error(YAML::Mark(), e.what());
+  }
+  if (diagnostics) *diagnostics = loader.diagnostics();
+  if (!loader.diagnostics().empty()) return DiagnosticsStatus(loader.diagnostics());
+  return config;
 }
 
 Result<nlohmann::json> Simulate(std::string_view yaml, std::string_view filename, int cycles,

@@ -52,6 +52,13 @@ struct SimulationInput {
 Result<SimulationInput> ParseSimulation(std::string_view yaml, std::string_view filename,
                                         std::vector<Diagnostic>* diagnostics = nullptr);
 
+// Reads only the configuration sections (flavors, cohorts, queues, fair_sharing) of a YAML
+// document, with the rules and messages of ParseSimulation; other top-level keys are the caller's
+// and are not looked at, and a document that is not a mapping gives an empty Config (the caller
+// reports that). For files that embed an admission configuration, such as platform.yaml.
+Result<Config> ParseAdmissionConfig(std::string_view yaml, std::string_view filename,
+                                    std::vector<Diagnostic>* diagnostics = nullptr);
+
 // Runs `cycles` scheduling cycles (at least 1). Between cycles the victims of the previous cycle
 // are evicted (quota released, requeued), so their preemptor can be admitted later. Returns
 //   {"admitted": [{"name","queue","flavors": {podset: {res: flavor}}}],

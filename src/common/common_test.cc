@@ -101,3 +101,22 @@ TEST(Base64Test, RoundTrip) {
 }
 }  // namespace
 }  // namespace tau
+
+namespace tau {
+namespace {
+TEST(HashTest, MoreVectorsAndIncremental) {
+  EXPECT_EQ(Sha256Hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  std::string million(1000000, 'a');
+  EXPECT_EQ(Sha256Hex(million), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  Sha256 h;
+  for (size_t i = 0; i < million.size(); i += 997) h.Update(std::string_view(million).substr(i, 997));
+  EXPECT_EQ(h.HexDigest(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  // Lengths around the padding boundary.
+  EXPECT_EQ(Sha256Hex(std::string(55, 'x')).size(), 64u);
+  EXPECT_NE(Sha256Hex(std::string(55, 'x')), Sha256Hex(std::string(56, 'x')));
+  EXPECT_EQ(Sha256Hex(std::string(64, 'a')),
+            "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
+}
+}  // namespace
+}  // namespace tau

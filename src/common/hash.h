@@ -1,6 +1,7 @@
-// SHA-256 digests (OpenSSL), as lowercase hex.
+// SHA-256 digests as lowercase hex, and base64.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -14,14 +15,15 @@ std::string Sha256Hex(std::string_view data);
 class Sha256 {
  public:
   Sha256();
-  ~Sha256();
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
   void Update(std::string_view data);
   std::string HexDigest();  // finalises; call once
 
  private:
-  void* ctx_;
+  void Block(const unsigned char* p);
+  uint32_t state_[8];
+  unsigned char buffer_[64];
+  size_t buffered_ = 0;
+  uint64_t length_ = 0;
 };
 
 Result<std::string> Sha256File(const std::string& path);
@@ -29,6 +31,7 @@ Result<std::string> Sha256File(const std::string& path);
 }  // namespace tau
 
 namespace tau {
+
 // Standard base64 (RFC 4648, with padding), for file contents inside JSON bodies.
 std::string Base64Encode(std::string_view data);
 Result<std::string> Base64Decode(std::string_view text);

@@ -1,111 +1,140 @@
-// NVML through dlopen. Function names, versions and struct layouts come from NVIDIA's documented ABI
-// (see docs/architecture.md); a symbol that is missing means "not supported by this driver".
+// The dlopen binding: resolve NVML's versioned entry points, treat missing ones as "not supported".
+#include "health/nvml.h"
+
 #include <dlfcn.h>
 
 #include <cstdlib>
 
 #include <fmt/format.h>
 
-#include "health/health.h"
-
 namespace tau::health {
 namespace {
-
-using NvmlReturn = int;  // nvmlReturn_t: 0 is NVML_SUCCESS
-using NvmlDevice = void*;
-struct NvmlMemory {
-  unsigned long long total, free, used;
-};
-
-struct NvmlApi {
-  void* handle = nullptr;
-  NvmlReturn (*init)() = nullptr;
-  NvmlReturn (*shutdown)() = nullptr;
-  NvmlReturn (*get_count)(unsigned*) = nullptr;
-  NvmlReturn (*get_handle)(unsigned, NvmlDevice*) = nullptr;
-  NvmlReturn (*get_uuid)(NvmlDevice, char*, unsigned) = nullptr;
-  NvmlReturn (*get_name)(NvmlDevice, char*, unsigned) = nullptr;
-  NvmlReturn (*get_memory)(NvmlDevice, NvmlMemory*) = nullptr;
-  NvmlReturn (*driver_version)(char*, unsigned) = nullptr;
-};
 
 template <typename F>
 void Resolve(void* handle, const char* name, F* out) {
   *out = reinterpret_cast<F>(dlsym(handle, name));
 }
 
-}  // namespace
-
-GpuInventory DiscoverGpus() {
-  GpuInventory inv;
-  const char* override_path = std::getenv("TAU_NVML_LIBRARY");
-  std::string path = override_path && *override_path ? override_path : "libnvidia-ml.so.1";
-  NvmlApi api;
-  api.handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!api.handle) {
-    inv.note = fmt::format("no NVIDIA driver found ({} could not be loaded); this machine has no GPUs "
-                           "that tau can use",
-                           path);
-    return inv;
-  }
-  inv.library = path;
-  Resolve(api.handle, "nvmlInit_v2", &api.init);
-  Resolve(api.handle, "nvmlShutdown", &api.shutdown);
-  Resolve(api.handle, "nvmlDeviceGetCount_v2", &api.get_count);
-  Resolve(api.handle, "nvmlDeviceGetHandleByIndex_v2", &api.get_handle);
-  Resolve(api.handle, "nvmlDeviceGetUUID", &api.get_uuid);
-  Resolve(api.handle, "nvmlDeviceGetName", &api.get_name);
-  Resolve(api.handle, "nvmlDeviceGetMemoryInfo", &api.get_memory);
-  Resolve(api.handle, "nvmlSystemGetDriverVersion", &api.driver_version);
-  if (!api.init || !api.get_count || !api.get_handle) {
-    inv.note = fmt::format("{} lacks the NVML entry points tau needs (nvmlInit_v2, "
-                           "nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex_v2)",
-                           path);
-    dlclose(api.handle);
-    return inv;
-  }
-  if (NvmlReturn rc = api.init(); rc != 0) {
-    inv.note = fmt::format("NVML failed to initialise (error {}): is the NVIDIA driver loaded?", rc);
-    dlclose(api.handle);
-    return inv;
-  }
-  inv.driver_loaded = true;
-  char buf[128] = {0};
-  if (api.driver_version && api.driver_version(buf, sizeof buf) == 0) inv.driver_version = buf;
-  unsigned count = 0;
-  if (api.get_count(&count) != 0) count = 0;
-  for (unsigned i = 0; i < count; ++i) {
-    NvmlDevice dev = nullptr;
-    if (api.get_handle(i, &dev) != 0) continue;
-    GpuDevice d;
-    d.index = static_cast<int>(i);
-    char text[128] = {0};
-    if (api.get_uuid && api.get_uuid(dev, text, sizeof text) == 0) d.uuid = text;
-    text[0] = 0;
-    if (api.get_name && api.get_name(dev, text, sizeof text) == 0) d.name = text;
-    NvmlMemory mem{};
-    if (api.get_memory && api.get_memory(dev, &mem) == 0) d.memory_total_bytes = mem.total;
-    inv.devices.push_back(std::move(d));
-  }
-  if (inv.devices.empty()) inv.note = "the NVIDIA driver reports no GPUs";
-  if (api.shutdown) api.shutdown();
-  dlclose(api.handle);
-  return inv;
+// A newer versioned name first, then the older one with the same signature (older drivers export
+// only that one).
+template <typename F>
+void ResolveEither(void* handle, const char* newer, const char* older, F* out) {
+  Resolve(handle, newer, out);
+  if (!*out) Resolve(handle, older, out);
 }
 
-nlohmann::json ToJson(const GpuInventory& inv) {
-  nlohmann::json devices = nlohmann::json::array();
-  for (const GpuDevice& d : inv.devices) {
-    devices.push_back({{"index", d.index},
-                       {"uuid", d.uuid},
-                       {"name", d.name},
-                       {"memory_total_bytes", d.memory_total_bytes}});
+void ResolveAll(void* h, nvml::Functions* f) {
+  Resolve(h, "nvmlInit_v2", &f->init_v2);
+  Resolve(h, "nvmlInitWithFlags", &f->init_with_flags);
+  Resolve(h, "nvmlShutdown", &f->shutdown);
+  Resolve(h, "nvmlErrorString", &f->error_string);
+  Resolve(h, "nvmlSystemGetDriverVersion", &f->system_driver_version);
+  Resolve(h, "nvmlSystemGetNVMLVersion", &f->system_nvml_version);
+  ResolveEither(h, "nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion",
+                &f->system_cuda_driver_version);
+  Resolve(h, "nvmlDeviceGetCount_v2", &f->device_count);
+  Resolve(h, "nvmlDeviceGetHandleByIndex_v2", &f->handle_by_index);
+  Resolve(h, "nvmlDeviceGetUUID", &f->uuid);
+  Resolve(h, "nvmlDeviceGetName", &f->name);
+  Resolve(h, "nvmlDeviceGetPciInfo_v3", &f->pci_info);
+  Resolve(h, "nvmlDeviceGetMinorNumber", &f->minor_number);
+  Resolve(h, "nvmlDeviceGetMemoryInfo", &f->memory_info);
+  Resolve(h, "nvmlDeviceGetUtilizationRates", &f->utilization);
+  Resolve(h, "nvmlDeviceGetTemperature", &f->temperature);
+  Resolve(h, "nvmlDeviceGetTemperatureV", &f->temperature_v);
+  Resolve(h, "nvmlDeviceGetTemperatureThreshold", &f->temperature_threshold);
+  Resolve(h, "nvmlDeviceGetPowerUsage", &f->power_usage);
+  Resolve(h, "nvmlDeviceGetEnforcedPowerLimit", &f->enforced_power_limit);
+  Resolve(h, "nvmlDeviceGetPowerManagementDefaultLimit", &f->power_default_limit);
+  // Renamed in r530; the old name stays exported (deprecated) for a while.
+  ResolveEither(h, "nvmlDeviceGetCurrentClocksEventReasons",
+                "nvmlDeviceGetCurrentClocksThrottleReasons", &f->clocks_event_reasons);
+  Resolve(h, "nvmlDeviceGetClockInfo", &f->clock_info);
+  Resolve(h, "nvmlDeviceGetPerformanceState", &f->performance_state);
+  Resolve(h, "nvmlDeviceGetEccMode", &f->ecc_mode);
+  Resolve(h, "nvmlDeviceGetTotalEccErrors", &f->total_ecc_errors);
+  Resolve(h, "nvmlDeviceGetRetiredPages", &f->retired_pages);
+  Resolve(h, "nvmlDeviceGetRetiredPagesPendingStatus", &f->retired_pages_pending);
+  Resolve(h, "nvmlDeviceGetRemappedRows", &f->remapped_rows);
+  Resolve(h, "nvmlDeviceGetCurrPcieLinkGeneration", &f->pcie_gen);
+  Resolve(h, "nvmlDeviceGetCurrPcieLinkWidth", &f->pcie_width);
+  Resolve(h, "nvmlDeviceGetMaxPcieLinkGeneration", &f->pcie_gen_max);
+  Resolve(h, "nvmlDeviceGetMaxPcieLinkWidth", &f->pcie_width_max);
+  Resolve(h, "nvmlDeviceGetPcieReplayCounter", &f->pcie_replay_counter);
+  Resolve(h, "nvmlDeviceGetNvLinkState", &f->nvlink_state);
+  Resolve(h, "nvmlDeviceGetNvLinkErrorCounter", &f->nvlink_error_counter);
+  Resolve(h, "nvmlDeviceGetMigMode", &f->mig_mode);
+  Resolve(h, "nvmlDeviceGetMaxMigDeviceCount", &f->max_mig_device_count);
+  Resolve(h, "nvmlDeviceGetMigDeviceHandleByIndex", &f->mig_device_by_index);
+  Resolve(h, "nvmlDeviceGetFieldValues", &f->field_values);
+  Resolve(h, "nvmlDeviceValidateInforom", &f->validate_inforom);
+  Resolve(h, "nvmlEventSetCreate", &f->event_set_create);
+  Resolve(h, "nvmlDeviceGetSupportedEventTypes", &f->supported_event_types);
+  Resolve(h, "nvmlDeviceRegisterEvents", &f->register_events);
+  // v1's event data lacks the trailing MIG instance ids; tau's buffer has room for both.
+  ResolveEither(h, "nvmlEventSetWait_v2", "nvmlEventSetWait", &f->event_set_wait);
+  Resolve(h, "nvmlEventSetFree", &f->event_set_free);
+}
+
+std::string InitAdvice(nvml::Return rc) {
+  switch (rc) {
+    case nvml::kErrorDriverNotLoaded:
+      return "the NVIDIA kernel driver is not loaded";
+    case nvml::kErrorLibRmVersionMismatch:
+      return "the NVML library and the kernel driver differ in version (driver upgraded without a "
+             "reboot?)";
+    case nvml::kErrorNoPermission:
+      return "no permission to open the GPU devices";
+    default:
+      return "is the NVIDIA driver loaded?";
   }
-  return {{"devices", devices},
-          {"driver_loaded", inv.driver_loaded},
-          {"driver_version", inv.driver_version},
-          {"library", inv.library},
-          {"note", inv.note}};
+}
+
+}  // namespace
+
+std::string NvmlLibraryPath() {
+  const char* override_path = std::getenv("TAU_NVML_LIBRARY");
+  return override_path && *override_path ? override_path : "libnvidia-ml.so.1";
+}
+
+Result<std::unique_ptr<Nvml>> Nvml::Load(const std::string& path) {
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) {
+    return NotFound(
+        fmt::format("no NVIDIA driver found ({} could not be loaded); this machine has no "
+                    "GPUs that tau can use",
+                    path));
+  }
+  std::unique_ptr<Nvml> nvml(new Nvml());
+  nvml->handle_ = handle;
+  nvml->path_ = path;
+  ResolveAll(handle, &nvml->fn_);
+  const nvml::Functions& f = nvml->fn_;
+  if (!f.init_v2 || !f.device_count || !f.handle_by_index) {
+    nvml->fn_.shutdown = nullptr;  // never initialised: the destructor only unloads
+    return FailedPrecondition(
+        fmt::format("{} lacks the NVML entry points tau needs (nvmlInit_v2, "
+                    "nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex_v2)",
+                    path));
+  }
+  if (nvml::Return rc = f.init_v2(); rc != nvml::kSuccess) {
+    std::string text = nvml->ErrorString(rc);
+    nvml->fn_.shutdown = nullptr;
+    return FailedPrecondition(
+        fmt::format("NVML failed to initialise ({}): {}", text, InitAdvice(rc)));
+  }
+  return nvml;
+}
+
+Nvml::~Nvml() {
+  if (fn_.shutdown) fn_.shutdown();
+  if (handle_) dlclose(handle_);
+}
+
+std::string Nvml::ErrorString(nvml::Return rc) const {
+  const char* text = fn_.error_string ? fn_.error_string(rc) : nullptr;
+  if (text && *text) return fmt::format("{} ({})", text, rc);
+  return fmt::format("error {}", rc);
 }
 
 }  // namespace tau::health

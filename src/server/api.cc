@@ -36,12 +36,12 @@ int HttpStatus(StatusCode code) {
   }
 }
 
-void Reply(httplib::Response& res, int status, const json& body) {
+void Reply(HttpResponse& res, int status, const json& body) {
   res.status = status;
   res.set_content(body.dump() + "\n", "application/json");
 }
 
-void ReplyError(httplib::Response& res, const Status& status, json extra = json::object()) {
+void ReplyError(HttpResponse& res, const Status& status, json extra = json::object()) {
   json err = {{"code", StatusCodeName(status.code())}, {"message", status.message()}};
   for (auto& [k, v] : extra.items()) err[k] = v;
   Reply(res, HttpStatus(status.code()), {{"error", err}});
@@ -97,7 +97,7 @@ json EventJson(const store::Event& e) {
           {"data", e.data},                 {"hash", e.hash}};
 }
 
-Result<int64_t> IntParam(const httplib::Request& req, const char* name, int64_t fallback,
+Result<int64_t> IntParam(const HttpRequest& req, const char* name, int64_t fallback,
                          int64_t min, int64_t max) {
   if (!req.has_param(name)) return fallback;
   std::string v = req.get_param_value(name);
@@ -109,7 +109,7 @@ Result<int64_t> IntParam(const httplib::Request& req, const char* name, int64_t 
   return static_cast<int64_t>(n);
 }
 
-bool BoolParam(const httplib::Request& req, const char* name) {
+bool BoolParam(const HttpRequest& req, const char* name) {
   if (!req.has_param(name)) return false;
   std::string v = req.get_param_value(name);
   return v == "1" || v == "true" || v == "yes";
@@ -146,7 +146,7 @@ Result<SubmitRequest> ParseSubmit(const std::string& body) {
 class LogStreamer {
  public:
   LogStreamer(store::Store* store, Controller* controller, std::string run, int attempt, int rank,
-              bool follow, const HttpListener* http)
+              bool follow, const HttpServer* http)
       : store_(store), controller_(controller), run_(std::move(run)), pinned_(attempt > 0),
         attempt_(attempt), rank_(rank), follow_(follow), http_(http) {}
   ~LogStreamer() {
@@ -154,7 +154,7 @@ class LogStreamer {
   }
 
   // One step of the stream; false ends it.
-  bool Step(httplib::DataSink& sink) {
+  bool Step(ChunkSink& sink) {
     if (http_->shutting_down()) return Done(sink);
     if (fd_ < 0 && !OpenCurrent()) {
       if (!follow_ || RunFinished()) return Done(sink);
@@ -162,30 +162,27 @@ class LogStreamer {
     }
     char buf[65536];
     ssize_t n = ::read(fd_, buf, sizeof buf);
-    if (n > 0) return sink.write(buf, static_cast<size_t>(n));
+    if (n > 0) return sink.Write(std::string_view(buf, static_cast<size_t>(n)));
     if (!follow_) return Done(sink);
     // At the end of the file: the attempt may still be writing.
     if (!AttemptFinished()) return Idle(sink);
     // Finished: one more read catches output written between the read above and the check.
     n = ::read(fd_, buf, sizeof buf);
-    if (n > 0) return sink.write(buf, static_cast<size_t>(n));
+    if (n > 0) return sink.Write(std::string_view(buf, static_cast<size_t>(n)));
     if (!pinned_ && NextAttemptStarted()) {
       ::close(fd_);
       fd_ = -1;
       ++attempt_;
       std::string banner = fmt::format("[tau] --- attempt {} ---\n", attempt_);
-      return sink.write(banner.data(), banner.size());
+      return sink.Write(banner);
     }
     return RunFinished() ? Done(sink) : Idle(sink);
   }
 
  private:
-  bool Done(httplib::DataSink& sink) {
-    sink.done();
-    return true;
-  }
-  bool Idle(httplib::DataSink& sink) {
-    if (sink.is_writable && !sink.is_writable()) return false;  // the client went away
+  bool Done(ChunkSink&) { return false; }
+  bool Idle(ChunkSink& sink) {
+    if (sink.ClientGone()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(kLogPollMs));
     return true;
   }
@@ -222,48 +219,28 @@ class LogStreamer {
   int attempt_;
   int rank_;
   bool follow_;
-  const HttpListener* http_;
+  const HttpServer* http_;
   int fd_ = -1;
 };
 
 }  // namespace
 
-void RegisterApi(HttpListener* http, Controller* controller, store::Store* store) {
-  http->set_payload_max_length(kMaxRequestBytes);
-  http->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    std::string msg = res.status == 404
-                          ? fmt::format("no such endpoint: {} {}", req.method, req.path)
-                          : fmt::format("request failed with HTTP {}", res.status);
-    res.set_content(json{{"error", {{"code", res.status == 404 ? "NotFound" : "Error"},
-                                    {"message", msg}}}}.dump() + "\n",
-                    "application/json");
-  });
-  http->set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown error";
-        try {
-          if (ep) std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        ReplyError(res, Internal("the server failed to handle this request: " + what));
-      });
+void RegisterApi(HttpServer* http, Controller* controller, store::Store* store) {
+  http->set_max_body_bytes(kMaxRequestBytes);
 
-  http->Get("/api/v1/version", [](const httplib::Request&, httplib::Response& res) {
+  http->Route("GET", "/api/v1/version", [](const HttpRequest&, HttpResponse& res) {
     Reply(res, 200, {{"version", Version()}, {"api", "v1"}, {"backend", "local"}});
   });
-  http->Get("/api/v1/healthz", [](const httplib::Request&, httplib::Response& res) {
+  http->Route("GET", "/api/v1/healthz", [](const HttpRequest&, HttpResponse& res) {
     Reply(res, 200, {{"ok", true}});
   });
-  http->Get("/api/v1/gpus", [controller](const httplib::Request&, httplib::Response& res) {
+  http->Route("GET", "/api/v1/gpus", [controller](const HttpRequest&, HttpResponse& res) {
     Reply(res, 200, health::ToJson(controller->gpus()));
   });
-  http->Get("/api/v1/capacity", [controller](const httplib::Request&, httplib::Response& res) {
+  http->Route("GET", "/api/v1/capacity", [controller](const HttpRequest&, HttpResponse& res) {
     Reply(res, 200, controller->Capacity());
   });
-  http->Post("/api/v1/validate", [](const httplib::Request& req, httplib::Response& res) {
+  http->Route("POST", "/api/v1/validate", [](const HttpRequest& req, HttpResponse& res) {
     json j = json::parse(req.body, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("yaml") || !j["yaml"].is_string())
       return ReplyError(res, InvalidArgument("request needs 'yaml' (the spec text) as a string"));
@@ -275,7 +252,7 @@ void RegisterApi(HttpListener* http, Controller* controller, store::Store* store
     Reply(res, 200, {{"valid", parsed.ok()}, {"diagnostics", diags}});
   });
 
-  http->Post("/api/v1/runs", [controller](const httplib::Request& req, httplib::Response& res) {
+  http->Route("POST", "/api/v1/runs", [controller](const HttpRequest& req, HttpResponse& res) {
     auto submit = ParseSubmit(req.body);
     if (!submit.ok()) return ReplyError(res, submit.status());
     SubmitError error;
@@ -288,7 +265,7 @@ void RegisterApi(HttpListener* http, Controller* controller, store::Store* store
     Reply(res, 201, {{"run", RunJson(*run, controller)}});
   });
 
-  http->Get("/api/v1/runs", [controller, store](const httplib::Request& req, httplib::Response& res) {
+  http->Route("GET", "/api/v1/runs", [controller, store](const HttpRequest& req, HttpResponse& res) {
     store::RunFilter filter;
     if (req.has_param("state")) {
       auto state = store::ParseRunState(req.get_param_value("state"));
@@ -312,8 +289,8 @@ void RegisterApi(HttpListener* http, Controller* controller, store::Store* store
     Reply(res, 200, {{"runs", list}, {"total", *total}, {"limit", *limit}, {"offset", *offset}});
   });
 
-  http->Get(R"(/api/v1/runs/([a-z0-9-]+))",
-            [controller, store](const httplib::Request& req, httplib::Response& res) {
+  http->Route("GET", R"(/api/v1/runs/([a-z0-9-]+))",
+            [controller, store](const HttpRequest& req, HttpResponse& res) {
               std::string name = req.matches[1];
               auto run = store->GetRun(name);
               if (!run.ok()) return ReplyError(res, run.status());
@@ -331,15 +308,15 @@ void RegisterApi(HttpListener* http, Controller* controller, store::Store* store
               Reply(res, 200, body);
             });
 
-  http->Post(R"(/api/v1/runs/([a-z0-9-]+)/cancel)",
-             [controller](const httplib::Request& req, httplib::Response& res) {
+  http->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/cancel)",
+             [controller](const HttpRequest& req, HttpResponse& res) {
                Status s = controller->Cancel(req.matches[1]);
                if (!s.ok()) return ReplyError(res, s);
                Reply(res, 202, {{"cancelling", std::string(req.matches[1])}});
              });
 
-  http->Get(R"(/api/v1/runs/([a-z0-9-]+)/logs)",
-            [controller, store, http](const httplib::Request& req, httplib::Response& res) {
+  http->Route("GET", R"(/api/v1/runs/([a-z0-9-]+)/logs)",
+            [controller, store, http](const HttpRequest& req, HttpResponse& res) {
               std::string name = req.matches[1];
               auto run = store->GetRun(name);
               if (!run.ok()) return ReplyError(res, run.status());
@@ -353,10 +330,8 @@ void RegisterApi(HttpListener* http, Controller* controller, store::Store* store
               auto streamer = std::make_shared<LogStreamer>(
                   store, controller, name, static_cast<int>(*attempt), static_cast<int>(*rank),
                   BoolParam(req, "follow"), http);
-              res.set_chunked_content_provider(
-                  "text/plain", [streamer](size_t, httplib::DataSink& sink) {
-                    return streamer->Step(sink);
-                  });
+              res.content_type = "text/plain; charset=utf-8";
+              res.stream = [streamer](ChunkSink& sink) { return streamer->Step(sink); };
             });
 }
 

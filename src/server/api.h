@@ -3,11 +3,11 @@
 #pragma once
 
 #include "server/controller.h"
-#include "server/http_listener.h"
+#include "server/http.h"
 #include "store/store.h"
 
 namespace tau::server {
 
-void RegisterApi(HttpListener* http, Controller* controller, store::Store* store);
+void RegisterApi(HttpServer* http, Controller* controller, store::Store* store);
 
 }  // namespace tau::server

@@ -15,7 +15,7 @@
 #include "health/health.h"
 #include "server/api.h"
 #include "server/controller.h"
-#include "server/http_listener.h"
+#include "server/http.h"
 #include "store/store.h"
 
 #ifndef TAU_VERSION
@@ -90,7 +90,7 @@ int RunServer(const ServerOptions& options) {
     log(s.ToString());
     return 1;
   }
-  HttpListener http;
+  HttpServer http;
   RegisterApi(&http, &controller, store->get());
   std::string socket_path = options.socket_path.empty() ? options.home + "/tau.sock" : options.socket_path;
   if (Status s = http.ListenUnix(socket_path); !s.ok()) {

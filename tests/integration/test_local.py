@@ -249,13 +249,17 @@ class GpuPlacementTest(ServerTestCase):
             self.server.wait_state(n, "Succeeded")
 
     def test_snapshot_is_taken_at_submit_time(self):
-        blocker = self.project(job_spec("blocker", gpus=2), {"main.py": "import time\ntime.sleep(1.0)\n"})
+        release = os.path.join(self.server.home, "release")
+        blocker = self.project(job_spec("blocker", gpus=1, workers=2), {"main.py": (
+            "import os, time\nwhile not os.path.exists(%r):\n    time.sleep(0.02)\n" % release)})
         first = self.server.tau("run", "-d", blocker, check=0).stdout.strip()
         self.server.wait_state(first, "Running")
         spec = self.project(job_spec("snap", gpus=1), {"main.py": "print('version 1')\n"})
         queued = self.server.tau("run", "-d", spec, check=0).stdout.strip()
         with open(os.path.join(os.path.dirname(spec), "main.py"), "w") as f:
             f.write("print('version 2')\n")
+        self.assertEqual(self.server.run_json(queued)["run"]["state"], "Queued")
+        open(release, "w").close()
         self.server.wait_state(queued, "Succeeded", timeout=20)
         self.assertEqual(self.server.tau("logs", queued).stdout.strip(), "version 1")
 

@@ -1,0 +1,199 @@
+// The pure checks: thresholds at their edges, not-supported handling, the XID table.
+#include <gtest/gtest.h>
+
+#include "health/health.h"
+
+namespace tau::health {
+namespace {
+
+const CheckResult& Find(const std::vector<CheckResult>& results, const std::string& check) {
+  for (const CheckResult& r : results) {
+    if (r.check == check) return r;
+  }
+  static CheckResult none;
+  ADD_FAILURE() << "no result for " << check;
+  return none;
+}
+
+GpuSample Healthy() {
+  GpuSample s;
+  s.at_ms = 1'000'000;
+  s.memory_total_bytes = 80ull << 30;
+  s.memory_used_bytes = 0;
+  s.temperature_c = 40;
+  s.temperature_slowdown_c = 89;
+  s.temperature_shutdown_c = 92;
+  s.power_mw = 100'000;
+  s.power_limit_mw = 700'000;
+  s.power_default_limit_mw = 700'000;
+  s.pstate = 0;
+  s.clocks_event_reasons = 0;
+  s.ecc_enabled = s.ecc_pending = true;
+  s.ecc_dbe_volatile = s.ecc_sbe_volatile = s.ecc_dbe_aggregate = s.ecc_sbe_aggregate = 0;
+  s.retired_pages_sbe = s.retired_pages_dbe = 0;
+  s.retired_pages_pending = false;
+  s.remap = RemapSample{};
+  s.pcie_gen = s.pcie_gen_max = 5;
+  s.pcie_width = s.pcie_width_max = 16;
+  s.pcie_replay_counter = 0;
+  for (unsigned l = 0; l < 4; ++l) s.nvlinks.push_back({l, true, 0, 0, 0, 0});
+  s.recovery_action = 0;
+  s.inforom_valid = true;
+  s.mig_enabled = s.mig_pending = false;
+  return s;
+}
+
+TEST(ChecksTest, HealthySampleIsAllPassAndEveryCheckNamesThresholdAndSource) {
+  GpuSample s = Healthy();
+  GpuSample prev = s;
+  prev.at_ms -= 10'000;
+  std::vector<CheckResult> results = RunPassiveChecks(s, &prev, Thresholds{});
+  EXPECT_GE(results.size(), 20u);
+  for (const CheckResult& r : results) {
+    EXPECT_EQ(r.status, CheckStatus::kPass) << r.check << ": " << r.message;
+    EXPECT_FALSE(r.threshold.empty()) << r.check;
+    EXPECT_FALSE(r.source.empty()) << r.check;
+  }
+}
+
+TEST(ChecksTest, EmptySampleIsNotSupportedRatherThanFailed) {
+  GpuSample s;  // an old driver that answers nothing
+  for (const CheckResult& r : RunPassiveChecks(s, nullptr, Thresholds{})) {
+    if (r.check == "gpu_lost" || r.check == "nvml_read") {
+      EXPECT_EQ(r.status, CheckStatus::kPass) << r.check;
+    } else {
+      EXPECT_EQ(r.status, CheckStatus::kNotSupported) << r.check;
+    }
+  }
+}
+
+TEST(ChecksTest, LostGpuReportsOnlyLossAndXids) {
+  GpuSample s;
+  s.lost = true;
+  s.xids = {{79, 1}};
+  std::vector<CheckResult> results = RunPassiveChecks(s, nullptr, Thresholds{});
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].check, "gpu_lost");
+  EXPECT_EQ(results[0].status, CheckStatus::kFail);
+  EXPECT_EQ(results[1].check, "xid_79");
+}
+
+TEST(ChecksTest, TemperatureMargins) {
+  GpuSample s = Healthy();
+  s.temperature_c = 86;  // slowdown 89 − 2 = 87
+  EXPECT_EQ(Find(RunPassiveChecks(s, nullptr, {}), "temperature").status, CheckStatus::kPass);
+  s.temperature_shutdown_c = 100;
+  s.temperature_c = 87;
+  EXPECT_EQ(Find(RunPassiveChecks(s, nullptr, {}), "temperature").status, CheckStatus::kWarn);
+  s.temperature_c = 95;  // shutdown 100 − 5
+  const CheckResult r = Find(RunPassiveChecks(s, nullptr, {}), "temperature");
+  EXPECT_EQ(r.status, CheckStatus::kFail);
+  EXPECT_NE(r.message.find("95"), std::string::npos);
+}
+
+TEST(ChecksTest, OnlyHardwareThrottleReasonsCount) {
+  GpuSample s = Healthy();
+  for (uint64_t benign : {0x1ull, 0x2ull, 0x4ull, 0x10ull, 0x100ull}) {
+    s.clocks_event_reasons = benign;
+    auto results = RunPassiveChecks(s, nullptr, {});
+    EXPECT_EQ(Find(results, "thermal_slowdown").status, CheckStatus::kPass) << benign;
+    EXPECT_EQ(Find(results, "power_brake").status, CheckStatus::kPass) << benign;
+  }
+  s.clocks_event_reasons = 0xC8;
+  auto results = RunPassiveChecks(s, nullptr, {});
+  EXPECT_EQ(Find(results, "thermal_slowdown").status, CheckStatus::kWarn);
+  EXPECT_EQ(Find(results, "thermal_slowdown").debounce, 3);
+  EXPECT_EQ(Find(results, "power_brake").status, CheckStatus::kWarn);
+}
+
+TEST(ChecksTest, PcieReplayRateFollowsGenerationAndWidth) {
+  GpuSample prev = Healthy();
+  GpuSample now = Healthy();
+  now.at_ms = prev.at_ms + 60'000;
+  now.pcie_replay_counter = 31;  // Gen5 x16: ceil(1.92 × 16) = 31 per minute is allowed
+  EXPECT_EQ(Find(RunPassiveChecks(now, &prev, {}), "pcie_replay").status, CheckStatus::kPass);
+  now.pcie_replay_counter = 32;
+  EXPECT_EQ(Find(RunPassiveChecks(now, &prev, {}), "pcie_replay").status, CheckStatus::kWarn);
+  now.pcie_gen = 4;  // Gen4 x16: 16 per minute
+  now.pcie_replay_counter = 17;
+  EXPECT_EQ(Find(RunPassiveChecks(now, &prev, {}), "pcie_replay").status, CheckStatus::kWarn);
+  EXPECT_EQ(Find(RunPassiveChecks(now, nullptr, {}), "pcie_replay").status,
+            CheckStatus::kNotSupported)
+      << "a rate needs a previous sample";
+}
+
+TEST(ChecksTest, NvLinkCrcStormFailsAndSmallRisesWarn) {
+  GpuSample prev = Healthy();
+  GpuSample now = Healthy();
+  now.at_ms = prev.at_ms + 10'000;
+  now.nvlinks[1].crc_flit = 999;  // < 100/s over 10 s
+  const CheckResult warn = Find(RunPassiveChecks(now, &prev, {}), "nvlink_errors");
+  EXPECT_EQ(warn.status, CheckStatus::kWarn);
+  now.nvlinks[1].crc_flit = 1000;
+  const CheckResult fail = Find(RunPassiveChecks(now, &prev, {}), "nvlink_errors");
+  EXPECT_EQ(fail.status, CheckStatus::kFail);
+  EXPECT_EQ(fail.action, Action::kHardware);
+  EXPECT_EQ(fail.debounce, 0) << "a rate must hold for the policy's debounce";
+  now.nvlinks[2].active = false;
+  const CheckResult down = Find(RunPassiveChecks(now, &prev, {}), "nvlink_inactive");
+  EXPECT_EQ(down.status, CheckStatus::kFail);
+  EXPECT_NE(down.message.find("links 2"), std::string::npos) << down.message;
+}
+
+TEST(ChecksTest, AggregateEccAndRetiredPageLimits) {
+  GpuSample s = Healthy();
+  s.ecc_sbe_aggregate = 20'000'000;
+  s.retired_pages_sbe = 62;
+  auto results = RunPassiveChecks(s, nullptr, {});
+  EXPECT_EQ(Find(results, "ecc_aggregate").status, CheckStatus::kPass);
+  EXPECT_EQ(Find(results, "retired_pages").status, CheckStatus::kPass);
+  s.ecc_sbe_aggregate = 20'000'001;
+  s.retired_pages_dbe = 1;
+  results = RunPassiveChecks(s, nullptr, {});
+  EXPECT_EQ(Find(results, "ecc_aggregate").status, CheckStatus::kFail);
+  EXPECT_EQ(Find(results, "retired_pages").status, CheckStatus::kFail);
+}
+
+TEST(ChecksTest, ThresholdsAreConfigurable) {
+  GpuSample s = Healthy();
+  s.ecc_dbe_volatile = 2;
+  Thresholds lenient;
+  lenient.ecc_dbe_volatile_max = 2;
+  EXPECT_EQ(Find(RunPassiveChecks(s, nullptr, lenient), "ecc_dbe_volatile").status,
+            CheckStatus::kPass);
+  EXPECT_EQ(Find(RunPassiveChecks(s, nullptr, {}), "ecc_dbe_volatile").status, CheckStatus::kFail);
+}
+
+TEST(ChecksTest, PcieGenerationOnlyMattersUnderLoad) {
+  GpuSample s = Healthy();
+  s.pcie_gen = 1;
+  s.pstate = 8;
+  EXPECT_EQ(Find(RunPassiveChecks(s, nullptr, {}), "pcie_gen").status, CheckStatus::kPass);
+  s.pstate.reset();
+  s.gpu_util_pct = 90;  // no P-state: utilisation decides
+  EXPECT_EQ(Find(RunPassiveChecks(s, nullptr, {}), "pcie_gen").status, CheckStatus::kWarn);
+}
+
+TEST(ChecksTest, XidTable) {
+  EXPECT_EQ(ClassifyXid(13).status, CheckStatus::kInfo);
+  EXPECT_EQ(ClassifyXid(45).action, Action::kRestartApp);
+  EXPECT_EQ(ClassifyXid(48).action, Action::kHardware);
+  EXPECT_EQ(ClassifyXid(48).clear, ClearRule::kOnReboot);
+  EXPECT_EQ(ClassifyXid(62).action, Action::kResetGpu);
+  EXPECT_EQ(ClassifyXid(79).action, Action::kRebootNode);
+  EXPECT_EQ(ClassifyXid(79).mnemonic, "GPU_HAS_FALLEN_OFF_THE_BUS");
+  EXPECT_EQ(ClassifyXid(95).clear, ClearRule::kOnGpuReset);
+  EXPECT_EQ(ClassifyXid(100).status, CheckStatus::kInfo);  // engine exception range 96-105
+  EXPECT_EQ(ClassifyXid(140).action, Action::kHardware);
+  EXPECT_EQ(ClassifyXid(147).action, Action::kHardware);  // NVLink5 range
+  EXPECT_EQ(ClassifyXid(151).action, Action::kRebootNode);
+  EXPECT_EQ(ClassifyXid(160).action, Action::kRebootNode);
+  EXPECT_EQ(ClassifyXid(57).action, Action::kHardware);  // legacy: drain if seen
+  EXPECT_EQ(ClassifyXid(57).clear, ClearRule::kOnGpuReset);
+  EXPECT_EQ(ClassifyXid(121).status, CheckStatus::kWarn);
+  EXPECT_EQ(ClassifyXid(5000).status, CheckStatus::kWarn);
+  for (uint64_t xid = 0; xid < 200; ++xid) EXPECT_FALSE(ClassifyXid(xid).source.empty()) << xid;
+}
+
+}  // namespace
+}  // namespace tau::health

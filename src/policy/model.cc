@@ -1,0 +1,232 @@
+// The Platform model's lookups, the built-in default platform, and its conversions (admission
+// configuration, JSON for `tau platform show`).
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/clock.h"
+#include "common/strings.h"
+#include "policy/policy.h"
+#include "policy/reader.h"
+
+namespace tau::policy {
+namespace {
+
+template <typename T>
+const T* FindByName(const std::vector<T>& items, std::string_view name) {
+  auto it = std::find_if(items.begin(), items.end(), [&](const T& t) { return t.name == name; });
+  return it == items.end() ? nullptr : &*it;
+}
+
+nlohmann::json OptQty(const std::optional<Quantity>& q) {
+  return q ? nlohmann::json(q->ToString()) : nlohmann::json(nullptr);
+}
+
+nlohmann::json GroupsJson(const std::vector<admission::ResourceGroup>& groups) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const admission::ResourceGroup& g : groups) {
+    nlohmann::json flavors = nlohmann::json::array();
+    for (const admission::FlavorQuotas& fq : g.flavors) {
+      nlohmann::json resources = nlohmann::json::array();
+      for (const admission::ResourceQuota& rq : fq.resources) {
+        nlohmann::json r = {{"name", rq.name}, {"nominal", rq.nominal.ToString()}};
+        if (rq.borrowing_limit) r["borrowing_limit"] = rq.borrowing_limit->ToString();
+        if (rq.lending_limit) r["lending_limit"] = rq.lending_limit->ToString();
+        resources.push_back(std::move(r));
+      }
+      flavors.push_back({{"name", fq.flavor}, {"resources", std::move(resources)}});
+    }
+    out.push_back({{"covered_resources", g.covered_resources}, {"flavors", std::move(flavors)}});
+  }
+  return out;
+}
+
+const char* WithinName(admission::WithinClusterQueue v) {
+  switch (v) {
+    case admission::WithinClusterQueue::kNever:
+      return "Never";
+    case admission::WithinClusterQueue::kLowerPriority:
+      return "LowerPriority";
+    case admission::WithinClusterQueue::kLowerOrNewerEqualPriority:
+      return "LowerOrNewerEqualPriority";
+  }
+  return "";
+}
+
+const char* ReclaimName(admission::ReclaimWithinCohort v) {
+  switch (v) {
+    case admission::ReclaimWithinCohort::kNever:
+      return "Never";
+    case admission::ReclaimWithinCohort::kLowerPriority:
+      return "LowerPriority";
+    case admission::ReclaimWithinCohort::kAny:
+      return "Any";
+  }
+  return "";
+}
+
+nlohmann::json QueueJson(const admission::ClusterQueue& q) {
+  nlohmann::json borrow = {
+      {"policy", q.preemption.borrow_within_cohort == admission::BorrowWithinCohortPolicy::kNever
+                     ? "Never"
+                     : "LowerPriority"}};
+  if (q.preemption.max_priority_threshold) {
+    borrow["max_priority_threshold"] = *q.preemption.max_priority_threshold;
+  }
+  return {
+      {"name", q.name},
+      {"cohort", q.cohort},
+      {"queueing_strategy", q.queueing_strategy == admission::QueueingStrategy::kStrictFifo
+                                ? "StrictFIFO"
+                                : "BestEffortFIFO"},
+      {"resource_groups", GroupsJson(q.resource_groups)},
+      {"preemption",
+       {{"within_cluster_queue", WithinName(q.preemption.within_cluster_queue)},
+        {"reclaim_within_cohort", ReclaimName(q.preemption.reclaim_within_cohort)},
+        {"borrow_within_cohort", std::move(borrow)}}},
+      {"flavor_fungibility",
+       {{"when_can_borrow",
+         q.flavor_fungibility.when_can_borrow == admission::WhenCanBorrow::kBorrow
+             ? "Borrow"
+             : "TryNextFlavor"},
+        {"when_can_preempt",
+         q.flavor_fungibility.when_can_preempt == admission::WhenCanPreempt::kPreempt
+             ? "Preempt"
+             : "TryNextFlavor"}}},
+      {"fair_sharing", {{"weight", q.fair_sharing_weight}}},
+  };
+}
+
+}  // namespace
+
+const Workspace* Platform::FindWorkspace(std::string_view name) const {
+  return FindByName(workspaces, name);
+}
+const PriorityClass* Platform::FindPriority(std::string_view name) const {
+  return FindByName(priorities, name);
+}
+const ComputeProfile* Platform::FindProfile(std::string_view name) const {
+  return FindByName(compute_profiles, name);
+}
+const StorageVolume* Platform::FindStorage(std::string_view name) const {
+  return FindByName(storage, name);
+}
+const admission::ClusterQueue* Platform::FindQueue(std::string_view name) const {
+  return FindByName(admission.queues, name);
+}
+const admission::ResourceFlavor* Platform::FindFlavor(std::string_view name) const {
+  return FindByName(admission.flavors, name);
+}
+
+std::string PlatformOutcome::ErrorText() const {
+  std::vector<std::string> lines;
+  for (const Diagnostic& d : diagnostics) lines.push_back(d.ToString());
+  return Join(lines, "\n");
+}
+
+Platform DefaultPlatform(int gpus, int64_t cpu_milli, int64_t memory_bytes) {
+  Platform p;
+  p.admission.flavors.push_back({"default", {}});
+  admission::ResourceGroup group;
+  group.covered_resources = {kCpuResource, kMemoryResource, kGpuResource};
+  group.flavors.push_back(
+      {"default",
+       {{kCpuResource, Quantity::FromMilli(std::max<int64_t>(0, cpu_milli)), {}, {}},
+        {kMemoryResource, Quantity::FromUnits(std::max<int64_t>(0, memory_bytes)), {}, {}},
+        {kGpuResource, Quantity::FromUnits(std::max(0, gpus)), {}, {}}}});
+  admission::ClusterQueue queue;
+  queue.name = "default";
+  queue.resource_groups.push_back(std::move(group));
+  // One machine, one queue: a higher-priority run may take GPUs from a lower one in the queue.
+  queue.preemption.within_cluster_queue = admission::WithinClusterQueue::kLowerPriority;
+  p.admission.queues.push_back(std::move(queue));
+  p.priorities.push_back({"default", 0, "the priority of runs that name none"});
+  Workspace w;
+  w.name = "default";
+  w.description = "everyone, on this machine";
+  w.members = {kEveryone};
+  w.default_queue = "default";
+  w.default_priority = "default";
+  p.workspaces.push_back(std::move(w));
+  p.defaults.workspace = "default";
+  p.defaults.queue = "default";
+  p.defaults.priority = "default";
+  return p;
+}
+
+admission::Config ToAdmissionConfig(const Platform& platform) { return platform.admission; }
+
+nlohmann::json ToJson(const Platform& p) {
+  nlohmann::json flavors = nlohmann::json::array();
+  for (const auto& f : p.admission.flavors) {
+    flavors.push_back({{"name", f.name}, {"node_labels", f.node_labels}});
+  }
+  nlohmann::json cohorts = nlohmann::json::array();
+  for (const auto& c : p.admission.cohorts) {
+    cohorts.push_back({{"name", c.name},
+                       {"parent", c.parent},
+                       {"resource_groups", GroupsJson(c.resource_groups)},
+                       {"fair_sharing", {{"weight", c.fair_sharing_weight}}}});
+  }
+  nlohmann::json queues = nlohmann::json::array();
+  for (const auto& q : p.admission.queues) queues.push_back(QueueJson(q));
+  nlohmann::json priorities = nlohmann::json::array();
+  for (const auto& pc : p.priorities) {
+    priorities.push_back({{"name", pc.name}, {"value", pc.value}, {"description", pc.description}});
+  }
+  nlohmann::json workspaces = nlohmann::json::array();
+  for (const auto& w : p.workspaces) {
+    nlohmann::json limits = {
+        {"max_gpus_per_run",
+         w.limits.max_gpus_per_run ? nlohmann::json(*w.limits.max_gpus_per_run) : nullptr},
+        {"max_workers", w.limits.max_workers ? nlohmann::json(*w.limits.max_workers) : nullptr},
+        {"max_runtime", w.limits.max_runtime_ms
+                            ? nlohmann::json(internal::ShortDuration(*w.limits.max_runtime_ms))
+                            : nullptr}};
+    workspaces.push_back({{"name", w.name},
+                          {"description", w.description},
+                          {"members", w.members},
+                          {"default_queue", w.default_queue},
+                          {"default_priority", w.default_priority},
+                          {"default_profile", w.default_profile},
+                          {"default_output", w.default_output},
+                          {"default_checkpoint", w.default_checkpoint},
+                          {"allowed_images", w.allowed_images},
+                          {"limits", std::move(limits)},
+                          {"storage", w.storage}});
+  }
+  nlohmann::json profiles = nlohmann::json::array();
+  for (const auto& cp : p.compute_profiles) {
+    profiles.push_back({{"name", cp.name},
+                        {"description", cp.description},
+                        {"gpus", cp.gpus ? nlohmann::json(*cp.gpus) : nullptr},
+                        {"cpus", OptQty(cp.cpus)},
+                        {"memory", OptQty(cp.memory)},
+                        {"flavor", cp.flavor},
+                        {"gpu_class", cp.gpu_class}});
+  }
+  nlohmann::json storage = nlohmann::json::array();
+  for (const auto& v : p.storage) {
+    storage.push_back({{"name", v.name},
+                       {"host_path", v.host_path},
+                       {"pvc", v.pvc},
+                       {"mount_path", v.mount_path},
+                       {"read_only", v.read_only}});
+  }
+  return {{"flavors", std::move(flavors)},
+          {"cohorts", std::move(cohorts)},
+          {"queues", std::move(queues)},
+          {"fair_sharing", p.admission.fair_sharing},
+          {"priorities", std::move(priorities)},
+          {"workspaces", std::move(workspaces)},
+          {"compute_profiles", std::move(profiles)},
+          {"storage", std::move(storage)},
+          {"defaults",
+           {{"workspace", p.defaults.workspace},
+            {"queue", p.defaults.queue},
+            {"priority", p.defaults.priority},
+            {"cpus", OptQty(p.defaults.cpus)},
+            {"memory", OptQty(p.defaults.memory)}}}};
+}
+
+}  // namespace tau::policy

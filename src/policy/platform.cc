@@ -1,0 +1,482 @@
+// ParsePlatform. The admission sections (flavors, cohorts, queues, fair_sharing) are read by the
+// admission module's own loader, so that platform.yaml and `tau admission simulate` files can
+// never disagree about them; this file reads the rest with the strict Reader, adds the checks the
+// simulator does not make (name syntax, resource names), and checks every cross-reference.
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <exception>
+#include <set>
+#include <tuple>
+
+#include "admission/simulate.h"
+#include "common/strings.h"
+#include "policy/policy.h"
+#include "policy/reader.h"
+
+namespace tau::policy {
+
+using internal::Entry;
+using internal::Fields;
+using internal::Pos;
+
+namespace {
+
+// A name used elsewhere in the file, checked once every section has been read.
+struct Ref {
+  Pos pos;
+  std::string path;
+  std::string kind;  // "queue", "priority class", ...
+  std::string name;
+};
+
+bool IsCleanAbsolutePath(std::string_view p) {
+  if (p.empty() || p[0] != '/') return false;
+  for (const std::string& part : Split(p.substr(1), '/')) {
+    if (part == "..") return false;
+  }
+  return true;
+}
+
+bool IsDnsSubdomain(std::string_view s) {
+  if (s.empty() || s.size() > 253) return false;
+  for (const std::string& label : Split(s, '.')) {
+    if (!IsDns1123Label(label)) return false;
+  }
+  return true;
+}
+
+class PlatformParser {
+ public:
+  PlatformParser(std::string_view text, std::string_view file)
+      : text_(text), r_(std::string(file)) {}
+
+  PlatformOutcome Run() {
+    PlatformOutcome out;
+    Parse();
+    out.diagnostics = std::move(r_.diagnostics());
+    std::stable_sort(out.diagnostics.begin(), out.diagnostics.end(),
+                     [](const Diagnostic& a, const Diagnostic& b) {
+                       return std::tie(a.line, a.column) < std::tie(b.line, b.column);
+                     });
+    if (out.diagnostics.empty()) out.platform = std::move(p_);
+    return out;
+  }
+
+ private:
+  void Parse() {
+    if (text_.size() > kMaxPlatformBytes) {
+      r_.Error({1, 1}, fmt::format("the platform file is larger than {} bytes", kMaxPlatformBytes));
+      return;
+    }
+    YAML::Node root;
+    try {
+      root = YAML::Load(std::string(text_));
+    } catch (const YAML::Exception& e) {
+      r_.Error({e.mark.line + 1, e.mark.column + 1}, e.msg);
+      return;
+    } catch (const std::exception& e) {
+      r_.Error({1, 1}, e.what());
+      return;
+    }
+    if (!root.IsDefined() || root.IsNull()) {
+      r_.Error({1, 1}, "the platform file is empty");
+      return;
+    }
+    Fields top;
+    if (!r_.Map(root, "", {1, 1},
+                {"schema_version", "flavors", "cohorts", "queues", "fair_sharing", "priorities",
+                 "defaults", "workspaces", "compute_profiles", "storage"},
+                {"queues", "workspaces"}, &top)) {
+      return;
+    }
+    try {
+      Admission(root, top);
+      if (auto it = top.find("schema_version"); it != top.end()) {
+        (void)r_.Int(it->second, 1, 1);  // only version 1 exists; the value needs no keeping
+      }
+      if (auto it = top.find("priorities"); it != top.end()) Priorities(it->second);
+      if (auto it = top.find("storage"); it != top.end()) StorageSection(it->second);
+      if (auto it = top.find("compute_profiles"); it != top.end()) Profiles(it->second);
+      if (auto it = top.find("workspaces"); it != top.end()) Workspaces(it->second);
+      if (auto it = top.find("defaults"); it != top.end()) DefaultsSection(it->second);
+      CheckRefs();
+    } catch (const std::exception& e) {
+      // yaml-cpp throws on odd documents (an alias of a key, say); never let that escape.
+      r_.Error({1, 1}, fmt::format("reading the platform file: {}", e.what()));
+    }
+  }
+
+  // ---- admission sections -------------------------------------------------------------------
+
+  void Admission(const YAML::Node& root, const Fields& top) {
+    // Only const access below: a non-const operator[] would add the keys it looks up.
+    std::vector<admission::Diagnostic> diags;
+    Result<admission::Config> config = admission::ParseAdmissionConfig(text_, "", &diags);
+    for (const admission::Diagnostic& d : diags) r_.Error({d.line, d.column}, d.message);
+    if (config.ok()) p_.admission = std::move(*config);
+    NameChecks(root["flavors"], "flavors");
+    NameChecks(root["cohorts"], "cohorts");
+    NameChecks(root["queues"], "queues");
+    if (!diags.empty() || r_.diagnostics().size() != 0) return;
+    // What the loader cannot see: the engine's own checks (every flavor covering its group's
+    // resources, limits only where Kueue allows them, ...).
+    Result<admission::Engine> engine = admission::Engine::Create(p_.admission);
+    if (!engine.ok()) {
+      auto q = top.find("queues");
+      r_.Error(q == top.end() ? Pos{1, 1} : q->second.key_pos,
+               fmt::format("queues: {}", engine.status().message()));
+    }
+  }
+
+  // Kubernetes object names and resource names inside an admission section. Shapes the loader
+  // already refused are skipped here.
+  void NameChecks(const YAML::Node& list, const std::string& section) {
+    if (!list.IsDefined() || !list.IsSequence()) return;
+    size_t i = 0;
+    for (const auto& element : list) {
+      YAML::Node item = element;
+      std::string path = fmt::format("{}[{}]", section, i++);
+      if (!item.IsMap()) continue;
+      YAML::Node name = item["name"];
+      if (name.IsDefined() && name.IsScalar() && !IsDns1123Label(name.Scalar())) {
+        r_.Error(internal::PosOf(name),
+                 fmt::format("{}.name: '{}' is not a valid name (lowercase letters, digits and "
+                             "'-', at most 63 characters)",
+                             path, name.Scalar()));
+      }
+      YAML::Node groups = item["resource_groups"];
+      if (!groups.IsDefined() || !groups.IsSequence()) continue;
+      for (const auto& g : groups) {
+        YAML::Node group = g;
+        if (!group.IsMap()) continue;
+        YAML::Node covered = group["covered_resources"];
+        if (!covered.IsDefined() || !covered.IsSequence()) continue;
+        for (const auto& res : covered) {
+          YAML::Node resource = res;
+          if (resource.IsScalar() && !internal::IsResourceName(resource.Scalar())) {
+            r_.Error(internal::PosOf(resource),
+                     fmt::format("{}: '{}' is not a Kubernetes resource name (such as cpu, "
+                                 "memory, nvidia.com/gpu)",
+                                 path, resource.Scalar()));
+          }
+        }
+      }
+    }
+  }
+
+  // ---- common helpers -----------------------------------------------------------------------
+
+  // Reads `name` of a list item: a DNS-1123 label, unique within `seen`.
+  std::optional<std::string> Name(const Fields& f, std::map<std::string, int>* seen,
+                                  const std::string& what) {
+    auto it = f.find("name");
+    if (it == f.end()) return std::nullopt;
+    std::optional<std::string> name = r_.Str(it->second);
+    if (!name) return std::nullopt;
+    if (!IsDns1123Label(*name)) {
+      r_.Error(it->second.pos, fmt::format("{}: '{}' is not a valid name (lowercase letters, "
+                                           "digits and '-', at most 63 characters)",
+                                           it->second.path, *name));
+      return std::nullopt;
+    }
+    if (auto dup = seen->find(*name); dup != seen->end()) {
+      r_.Error(it->second.pos, fmt::format("{} '{}' is defined twice (first on line {})", what,
+                                           *name, dup->second));
+      return std::nullopt;
+    }
+    (*seen)[*name] = it->second.pos.line;
+    return name;
+  }
+
+  std::string OptStr(const Fields& f, const std::string& key) {
+    auto it = f.find(key);
+    if (it == f.end()) return "";
+    return r_.Str(it->second).value_or("");
+  }
+
+  // A reference to a named object, checked in CheckRefs.
+  std::string RefField(const Fields& f, const std::string& key, const std::string& kind) {
+    auto it = f.find(key);
+    if (it == f.end()) return "";
+    std::optional<std::string> s = r_.Str(it->second);
+    if (!s) return "";
+    refs_.push_back(Ref{it->second.pos, it->second.path, kind, *s});
+    return *s;
+  }
+
+  template <typename Fn>
+  void EachItem(const Entry& e, const std::vector<std::string>& allowed,
+                const std::vector<std::string>& required, Fn fn) {
+    std::optional<std::vector<Entry>> items = r_.Items(e);
+    if (!items) return;
+    for (const Entry& item : *items) {
+      Fields f;
+      if (r_.Map(item.value, item.path, item.pos, allowed, required, &f)) fn(item, f);
+    }
+  }
+
+  // ---- policy sections ----------------------------------------------------------------------
+
+  void Priorities(const Entry& e) {
+    EachItem(
+        e, {"name", "value", "description"}, {"name", "value"}, [&](const Entry&, const Fields& f) {
+          PriorityClass pc;
+          std::optional<std::string> name = Name(f, &priority_names_, "priority class");
+          if (auto it = f.find("value"); it != f.end()) {
+            pc.value = static_cast<int32_t>(r_.Int(it->second, INT32_MIN, INT32_MAX).value_or(0));
+          }
+          pc.description = OptStr(f, "description");
+          if (!name) return;
+          pc.name = *name;
+          p_.priorities.push_back(std::move(pc));
+        });
+  }
+
+  void StorageSection(const Entry& e) {
+    EachItem(
+        e, {"name", "host_path", "pvc", "mount_path", "read_only"}, {"name", "mount_path"},
+        [&](const Entry& item, const Fields& f) {
+          StorageVolume v;
+          std::optional<std::string> name = Name(f, &storage_names_, "storage volume");
+          auto path_field = [&](const char* key, std::string* out) {
+            auto it = f.find(key);
+            if (it == f.end()) return;
+            std::optional<std::string> s = r_.Str(it->second);
+            if (s && !IsCleanAbsolutePath(*s)) {
+              r_.Error(it->second.pos, fmt::format("{}: '{}' must be an absolute path without '..'",
+                                                   it->second.path, *s));
+            } else if (s) {
+              *out = *s;
+            }
+          };
+          path_field("host_path", &v.host_path);
+          path_field("mount_path", &v.mount_path);
+          if (auto it = f.find("pvc"); it != f.end()) {
+            std::optional<std::string> s = r_.Str(it->second);
+            if (s && !IsDnsSubdomain(*s)) {
+              r_.Error(it->second.pos, fmt::format("{}: '{}' is not a valid PersistentVolumeClaim "
+                                                   "name",
+                                                   it->second.path, *s));
+            } else if (s) {
+              v.pvc = *s;
+            }
+          }
+          if (!f.count("host_path") && !f.count("pvc")) {
+            r_.Error(item.pos, fmt::format("{}: give host_path (local backend), pvc (Kubernetes) "
+                                           "or both",
+                                           item.path));
+          }
+          if (auto it = f.find("read_only"); it != f.end()) {
+            v.read_only = r_.Bool(it->second).value_or(false);
+          }
+          if (!name) return;
+          v.name = *name;
+          p_.storage.push_back(std::move(v));
+        });
+  }
+
+  void Profiles(const Entry& e) {
+    EachItem(e, {"name", "description", "gpus", "cpus", "memory", "flavor", "gpu_class"}, {"name"},
+             [&](const Entry&, const Fields& f) {
+               ComputeProfile cp;
+               std::optional<std::string> name = Name(f, &profile_names_, "compute profile");
+               cp.description = OptStr(f, "description");
+               if (auto it = f.find("gpus"); it != f.end()) {
+                 if (auto n = r_.Int(it->second, 0, spec::kMaxGpusPerWorker)) {
+                   cp.gpus = static_cast<int>(*n);
+                 }
+               }
+               if (auto it = f.find("cpus"); it != f.end()) cp.cpus = r_.Qty(it->second, false);
+               if (auto it = f.find("memory"); it != f.end()) cp.memory = r_.Qty(it->second, true);
+               cp.flavor = RefField(f, "flavor", "flavor");
+               if (auto it = f.find("gpu_class"); it != f.end()) {
+                 if (auto s = r_.Str(it->second)) {
+                   cp.gpu_class = *s;
+                   gpu_class_refs_.push_back({it->second.pos, it->second.path, cp.flavor, *s});
+                 }
+               }
+               if (!name) return;
+               cp.name = *name;
+               p_.compute_profiles.push_back(std::move(cp));
+             });
+  }
+
+  void Workspaces(const Entry& e) {
+    EachItem(
+        e,
+        {"name", "description", "members", "default_queue", "default_priority", "default_profile",
+         "default_output", "default_checkpoint", "allowed_images", "limits", "storage"},
+        {"name", "members"}, [&](const Entry& item, const Fields& f) {
+          Workspace w;
+          std::optional<std::string> name = Name(f, &workspace_names_, "workspace");
+          w.description = OptStr(f, "description");
+          if (auto it = f.find("members"); it != f.end()) Members(it->second, &w);
+          w.default_queue = RefField(f, "default_queue", "queue");
+          w.default_priority = RefField(f, "default_priority", "priority class");
+          w.default_profile = RefField(f, "default_profile", "compute profile");
+          if (auto it = f.find("allowed_images"); it != f.end()) {
+            if (auto list = r_.StrList(it->second)) {
+              for (const Entry& i : *list) w.allowed_images.push_back(i.value.Scalar());
+            }
+          }
+          if (auto it = f.find("limits"); it != f.end()) Limits(it->second, &w.limits);
+          std::vector<std::pair<Entry, std::string>> storage_refs;
+          if (auto it = f.find("storage"); it != f.end()) {
+            if (auto list = r_.StrList(it->second)) {
+              std::set<std::string> seen;
+              for (const Entry& i : *list) {
+                const std::string& s = i.value.Scalar();
+                if (!seen.insert(s).second) {
+                  r_.Error(i.pos, fmt::format("{}: '{}' is listed twice", i.path, s));
+                }
+                refs_.push_back(Ref{i.pos, i.path, "storage volume", s});
+                w.storage.push_back(s);
+              }
+            }
+          }
+          for (const char* key : {"default_output", "default_checkpoint"}) {
+            std::string s = RefField(f, key, "storage volume");
+            if (s.empty()) continue;
+            const Entry& at = f.at(key);
+            if (std::find(w.storage.begin(), w.storage.end(), s) == w.storage.end()) {
+              r_.Error(at.pos, fmt::format("{}: storage volume '{}' is not in the workspace's "
+                                           "storage list",
+                                           at.path, s));
+            }
+            writable_refs_.push_back(Ref{at.pos, at.path, "storage volume", s});
+            (std::string_view(key) == "default_output" ? w.default_output : w.default_checkpoint) =
+                s;
+          }
+          if (!name) return;
+          w.name = *name;
+          p_.workspaces.push_back(std::move(w));
+        });
+  }
+
+  void Members(const Entry& e, Workspace* w) {
+    std::optional<std::vector<Entry>> list = r_.StrList(e);
+    if (!list) return;
+    if (list->empty()) {
+      r_.Error(e.pos, fmt::format("{}: must not be empty (use \"*\" for everyone)", e.path));
+    }
+    for (const Entry& i : *list) {
+      const std::string& m = i.value.Scalar();
+      bool ok = m == kEveryone;
+      if (!ok && StartsWith(m, "group:")) {
+        ok = m.size() > 6 && m.find_first_of(" \t:", 6) == std::string::npos;
+      } else if (!ok) {
+        ok = m.find_first_of(" \t:*") == std::string::npos;
+      }
+      if (!ok) {
+        r_.Error(i.pos, fmt::format("{}: '{}' is not a member (a user name, \"group:NAME\" or "
+                                    "\"*\")",
+                                    i.path, m));
+        continue;
+      }
+      w->members.push_back(m);
+    }
+  }
+
+  void Limits(const Entry& e, WorkspaceLimits* limits) {
+    Fields f;
+    if (!r_.Map(e.value, e.path, e.pos, {"max_gpus_per_run", "max_runtime", "max_workers"}, {},
+                &f)) {
+      return;
+    }
+    if (auto it = f.find("max_gpus_per_run"); it != f.end()) {
+      if (auto n = r_.Int(it->second, 0, 1'000'000))
+        limits->max_gpus_per_run = static_cast<int>(*n);
+    }
+    if (auto it = f.find("max_workers"); it != f.end()) {
+      if (auto n = r_.Int(it->second, 1, spec::kMaxWorkers))
+        limits->max_workers = static_cast<int>(*n);
+    }
+    if (auto it = f.find("max_runtime"); it != f.end()) {
+      limits->max_runtime_ms = r_.DurationMs(it->second);
+    }
+  }
+
+  void DefaultsSection(const Entry& e) {
+    Fields f;
+    if (!r_.Map(e.value, e.path, e.pos, {"workspace", "queue", "priority", "cpus", "memory"}, {},
+                &f)) {
+      return;
+    }
+    p_.defaults.workspace = RefField(f, "workspace", "workspace");
+    p_.defaults.queue = RefField(f, "queue", "queue");
+    p_.defaults.priority = RefField(f, "priority", "priority class");
+    if (auto it = f.find("cpus"); it != f.end()) p_.defaults.cpus = r_.Qty(it->second, false);
+    if (auto it = f.find("memory"); it != f.end()) p_.defaults.memory = r_.Qty(it->second, true);
+  }
+
+  // ---- cross-references ---------------------------------------------------------------------
+
+  void CheckRefs() {
+    std::map<std::string, std::vector<std::string>> known;
+    for (const auto& q : p_.admission.queues) known["queue"].push_back(q.name);
+    for (const auto& fl : p_.admission.flavors) known["flavor"].push_back(fl.name);
+    for (const auto& [n, line] : priority_names_) known["priority class"].push_back(n);
+    for (const auto& [n, line] : profile_names_) known["compute profile"].push_back(n);
+    for (const auto& [n, line] : storage_names_) known["storage volume"].push_back(n);
+    for (const auto& [n, line] : workspace_names_) known["workspace"].push_back(n);
+    for (const Ref& ref : refs_) {
+      const std::vector<std::string>& names = known[ref.kind];
+      if (std::find(names.begin(), names.end(), ref.name) == names.end()) {
+        r_.Unknown(ref.pos, ref.path, ref.kind, ref.name, names);
+      }
+    }
+    for (const Ref& ref : writable_refs_) {
+      const StorageVolume* v = p_.FindStorage(ref.name);
+      if (v != nullptr && v->read_only) {
+        r_.Error(ref.pos, fmt::format("{}: storage volume '{}' is read-only; outputs and "
+                                      "checkpoints need a writable volume",
+                                      ref.path, ref.name));
+      }
+    }
+    // gpu_class refs carry the profile's flavor in `kind`.
+    for (const Ref& ref : gpu_class_refs_) {
+      if (!ref.kind.empty()) {
+        // A pinned flavor: its own label must agree (an unknown flavor is reported above).
+        const admission::ResourceFlavor* f = p_.FindFlavor(ref.kind);
+        if (f == nullptr) continue;
+        auto label = f->node_labels.find(kGpuClassLabel);
+        if (label == f->node_labels.end()) {
+          r_.Error(ref.pos, fmt::format("{}: flavor '{}' has no {} label, so it has no GPU class "
+                                        "'{}'",
+                                        ref.path, ref.kind, kGpuClassLabel, ref.name));
+        } else if (label->second != ref.name) {
+          r_.Error(ref.pos, fmt::format("{}: flavor '{}' has {}={}, not '{}'", ref.path, ref.kind,
+                                        kGpuClassLabel, label->second, ref.name));
+        }
+        continue;
+      }
+      std::vector<std::string> classes;
+      for (const auto& fl : p_.admission.flavors) {
+        auto label = fl.node_labels.find(kGpuClassLabel);
+        if (label != fl.node_labels.end()) classes.push_back(label->second);
+      }
+      if (std::find(classes.begin(), classes.end(), ref.name) == classes.end()) {
+        r_.Error(ref.pos, fmt::format("{}: no flavor has the node label {}={}{}", ref.path,
+                                      kGpuClassLabel, ref.name, internal::Hint(ref.name, classes)));
+      }
+    }
+  }
+
+  std::string_view text_;
+  internal::Reader r_;
+  Platform p_;
+  std::vector<Ref> refs_;
+  std::vector<Ref> writable_refs_;
+  std::vector<Ref> gpu_class_refs_;
+  std::map<std::string, int> priority_names_, profile_names_, storage_names_, workspace_names_;
+};
+
+}  // namespace
+
+PlatformOutcome ParsePlatform(std::string_view text, std::string_view filename) {
+  return PlatformParser(text, filename).Run();
+}
+
+}  // namespace tau::policy

@@ -1,0 +1,214 @@
+// Platform policy: platform.yaml, owned by the platform team, and the resolution of a run's
+// effective settings against it. Pure code: no I/O beyond the text it is given.
+//
+// What it offers:
+//   * Platform, the model of platform.yaml: the admission configuration (flavors, cohorts,
+//     queues, fair sharing, the same keys as `tau admission simulate`), priority classes,
+//     workspaces, compute profiles, storage volumes and platform-wide defaults;
+//   * ParsePlatform: strict parsing with every error at once, as file:line:col diagnostics with
+//     "did you mean" hints, cross-references checked;
+//   * DefaultPlatform: the single-queue platform a server uses when it has no platform file;
+//   * ToAdmissionConfig (for admission::Engine) and ToJson (for `tau platform show`);
+//   * Resolve: a RunSpec plus the caller's identity -> ResolvedRun, every value with where it came
+//     from (spec > compute profile > workspace default > platform default, capped by workspace
+//     limits), and ExplainText to print that for `tau explain`.
+// docs/platform.md is the reference of the file format and of the resolution rules.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "admission/admission.h"
+#include "common/quantity.h"
+#include "common/status.h"
+#include "spec/spec.h"
+
+namespace tau::policy {
+
+// Same shape and rendering as the spec's: "platform.yaml:7:3: error: message".
+using Diagnostic = spec::Diagnostic;
+
+// Kubernetes resource names tau requests for a run.
+inline constexpr const char* kCpuResource = "cpu";
+inline constexpr const char* kMemoryResource = "memory";
+inline constexpr const char* kGpuResource = "nvidia.com/gpu";
+// The flavor node label that names a flavor's GPU class (the spec's policy.gpu_class values).
+inline constexpr const char* kGpuClassLabel = "tau.dev/gpu-class";
+// A member entry that admits every user.
+inline constexpr const char* kEveryone = "*";
+
+// Limits parsed files are held to.
+inline constexpr size_t kMaxPlatformBytes = 1 << 20;
+
+// A named priority, like Kueue's WorkloadPriorityClass.
+struct PriorityClass {
+  std::string name;
+  int32_t value = 0;
+  std::string description;
+};
+
+struct WorkspaceLimits {
+  std::optional<int> max_gpus_per_run;    // GPUs per worker x workers
+  std::optional<int64_t> max_runtime_ms;  // caps run.max_runtime
+  std::optional<int> max_workers;
+};
+
+struct Workspace {
+  std::string name;
+  std::string description;
+  // User names, "group:NAME" for every member of a group, or "*" for everyone.
+  std::vector<std::string> members;
+  // Defaults for runs that do not say; "" when not set.
+  std::string default_queue;
+  std::string default_priority;
+  std::string default_profile;
+  std::string default_output;               // storage volume for storage.output
+  std::string default_checkpoint;           // storage volume for storage.checkpoint
+  std::vector<std::string> allowed_images;  // glob patterns ('*', '?'); empty: any image
+  WorkspaceLimits limits;
+  std::vector<std::string> storage;  // the storage volumes its runs may use
+};
+
+// A named run shape. Unset fields leave the run's own (or the platform's default) value.
+struct ComputeProfile {
+  std::string name;
+  std::string description;
+  std::optional<int> gpus;  // per worker
+  std::optional<Quantity> cpus;
+  std::optional<Quantity> memory;
+  std::string flavor;     // pins the run to this flavor; "" any
+  std::string gpu_class;  // a flavor label value (kGpuClassLabel); "" any
+};
+
+// A durable volume: a host directory on the local backend, a PVC on Kubernetes (a platform file
+// used with both backends gives both).
+struct StorageVolume {
+  std::string name;
+  std::string host_path;   // absolute; "" when the volume exists only on Kubernetes
+  std::string pvc;         // PersistentVolumeClaim name; "" when only local
+  std::string mount_path;  // absolute path inside the run
+  bool read_only = false;
+};
+
+// Platform-wide defaults, the last step of resolution; each may be unset.
+struct Defaults {
+  std::string workspace;
+  std::string queue;
+  std::string priority;
+  std::optional<Quantity> cpus;    // per worker
+  std::optional<Quantity> memory;  // per worker
+};
+
+struct Platform {
+  admission::Config admission;  // flavors, cohorts, queues, fair_sharing
+  std::vector<PriorityClass> priorities;
+  std::vector<Workspace> workspaces;
+  std::vector<ComputeProfile> compute_profiles;
+  std::vector<StorageVolume> storage;
+  Defaults defaults;
+
+  // Lookups by name; nullptr when absent.
+  const Workspace* FindWorkspace(std::string_view name) const;
+  const PriorityClass* FindPriority(std::string_view name) const;
+  const ComputeProfile* FindProfile(std::string_view name) const;
+  const StorageVolume* FindStorage(std::string_view name) const;
+  const admission::ClusterQueue* FindQueue(std::string_view name) const;
+  const admission::ResourceFlavor* FindFlavor(std::string_view name) const;
+};
+
+struct PlatformOutcome {
+  std::optional<Platform> platform;     // set when there are no errors
+  std::vector<Diagnostic> diagnostics;  // every error found, in file order
+  bool ok() const { return platform.has_value(); }
+  std::string ErrorText() const;  // all diagnostics, one per line
+};
+
+// Parses and validates a platform file. `filename` is used only in diagnostics.
+PlatformOutcome ParsePlatform(std::string_view text, std::string_view filename);
+
+// The platform of a server without a platform file: flavor "default"; queue "default" whose
+// nominal quota is the machine (cpu, memory, nvidia.com/gpu); priority class "default" (0);
+// workspace "default" open to everyone, using that queue and priority.
+Platform DefaultPlatform(int gpus, int64_t cpu_milli, int64_t memory_bytes);
+
+// The admission engine's configuration (Engine::Create accepts it for every parsed platform).
+admission::Config ToAdmissionConfig(const Platform& platform);
+
+// The whole platform as JSON, defaults filled in, for `tau platform show`.
+nlohmann::json ToJson(const Platform& platform);
+
+// ---------------------------------------------------------------------------------------------
+// Resolution.
+
+// Where a resolved value came from. `source` is one of "spec", "compute profile NAME",
+// "workspace NAME default", "platform default", "platform limit (workspace NAME)".
+struct Provenance {
+  std::string field;  // the spec's dotted name: "compute.gpus", "policy.queue", ...
+  std::string value;
+  std::string source;
+};
+
+// A storage volume a run uses.
+struct Mount {
+  std::string role;       // "data" (storage.data_pvc), "output", "checkpoint"
+  std::string volume;     // the platform's volume name
+  std::string sub_path;   // within the volume ("" for all of it)
+  std::string host_path;  // volume host_path joined with sub_path; "" when Kubernetes-only
+  std::string pvc;
+  std::string mount_path;  // inside the run (the volume's mount_path joined with sub_path)
+  bool read_only = false;
+};
+
+struct ResolvedRun {
+  std::string workspace;
+  std::string queue;
+  std::string priority_class;  // "" when no class applies (value 0)
+  int32_t priority = 0;
+  std::string compute_profile;  // "" when none applied
+  int workers = 1;
+  int gpus_per_worker = 0;
+  std::optional<Quantity> cpus_per_worker;    // unset: no request
+  std::optional<Quantity> memory_per_worker;  // unset: no request
+  // Totals over all workers by Kubernetes resource name (cpu, memory, nvidia.com/gpu); a resource
+  // the run does not request is absent.
+  std::map<std::string, Quantity> total_requests;
+  // Flavors the run may be admitted on (from the profile's flavor or the GPU class); empty: any
+  // flavor of the queue.
+  std::vector<std::string> flavors;
+  std::map<std::string, std::string> node_selector;  // the spec's plus the GPU class label
+  std::optional<int64_t> max_runtime_ms;
+  std::string image;
+  std::vector<Mount> mounts;
+  std::vector<Provenance> provenance;  // one entry per resolved value, in a stable order
+
+  // The provenance entry of `field`, or nullptr.
+  const Provenance* Find(std::string_view field) const;
+};
+
+// Who submits the run.
+struct Caller {
+  std::string user;
+  std::vector<std::string> groups;  // matched against "group:NAME" members
+};
+
+// Resolves the run's effective settings. On failure the status (PermissionDenied when the caller
+// is not a member of the workspace, else InvalidArgument) lists every violation, one per line,
+// each naming the field and the rule.
+Result<ResolvedRun> Resolve(const spec::RunSpec& spec, const Platform& platform,
+                            const Caller& caller);
+Result<ResolvedRun> Resolve(const spec::RunSpec& spec, const Platform& platform,
+                            const std::string& user);
+
+// The provenance as an aligned FIELD / VALUE / SOURCE table followed by the total requests.
+std::string ExplainText(const ResolvedRun& run);
+
+// A glob match where '*' matches any run of characters ('/' included) and '?' one character.
+bool GlobMatch(std::string_view pattern, std::string_view text);
+
+}  // namespace tau::policy

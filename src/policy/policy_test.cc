@@ -1,0 +1,270 @@
+// Platform parsing: the corpus under tests/data/policy (valid files parse; each invalid file's
+// first line says which error, with its position, it must produce), the example platform, the
+// default platform and the conversions.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "admission/admission.h"
+#include "admission/simulate.h"
+#include "policy/policy.h"
+#include "policy/policy_test_util.h"
+
+namespace tau::policy {
+namespace {
+
+using testing::Errors;
+using testing::MustParse;
+using testing::ReadAll;
+using testing::SourceDir;
+
+std::vector<std::filesystem::path> Corpus(const std::string& kind) {
+  std::vector<std::filesystem::path> files;
+  for (const auto& e :
+       std::filesystem::directory_iterator(SourceDir() / "tests/data/policy" / kind)) {
+    if (e.path().extension() == ".yaml") files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+TEST(PlatformCorpusTest, ValidFilesParse) {
+  std::vector<std::filesystem::path> files = Corpus("valid");
+  EXPECT_GE(files.size(), 3u);
+  for (const auto& path : files) {
+    SCOPED_TRACE(path.filename().string());
+    PlatformOutcome out = ParsePlatform(ReadAll(path), path.filename().string());
+    EXPECT_TRUE(out.ok()) << out.ErrorText();
+    if (out.ok()) {
+      EXPECT_TRUE(admission::Engine::Create(ToAdmissionConfig(*out.platform)).ok());
+    }
+  }
+}
+
+TEST(PlatformCorpusTest, InvalidFilesFailWithTheExpectedError) {
+  std::vector<std::filesystem::path> files = Corpus("invalid");
+  EXPECT_GE(files.size(), 30u);
+  for (const auto& path : files) {
+    SCOPED_TRACE(path.filename().string());
+    std::string text = ReadAll(path);
+    const std::string marker = "# expect: ";
+    ASSERT_EQ(text.rfind(marker, 0), 0u) << "the first line must be '# expect: ...'";
+    std::string expect = text.substr(marker.size(), text.find('\n') - marker.size());
+    PlatformOutcome out = ParsePlatform(text, path.filename().string());
+    ASSERT_FALSE(out.ok());
+    EXPECT_NE(out.ErrorText().find(expect), std::string::npos) << "want: " << expect << "\ngot:\n"
+                                                               << out.ErrorText();
+    for (const Diagnostic& d : out.diagnostics) EXPECT_GT(d.line, 0) << d.ToString();
+  }
+}
+
+TEST(PlatformTest, ExamplePlatform) {
+  Platform p = MustParse(ReadAll(SourceDir() / "examples/platform/platform.yaml"));
+  ASSERT_EQ(p.admission.queues.size(), 2u);
+  EXPECT_EQ(p.admission.queues[0].cohort, "lab");
+  EXPECT_EQ(p.admission.queues[1].queueing_strategy, admission::QueueingStrategy::kStrictFifo);
+  ASSERT_EQ(p.admission.cohorts.size(), 1u);
+  ASSERT_EQ(p.priorities.size(), 3u);
+  EXPECT_EQ(p.FindPriority("priority")->value, 1000);
+  ASSERT_EQ(p.workspaces.size(), 2u);
+  const Workspace* research = p.FindWorkspace("research");
+  ASSERT_NE(research, nullptr);
+  EXPECT_EQ(research->members, (std::vector<std::string>{"alice", "bob", "group:ml-research"}));
+  EXPECT_EQ(research->limits.max_gpus_per_run, 8);
+  EXPECT_EQ(research->limits.max_runtime_ms, 72 * 3600 * 1000LL);
+  EXPECT_EQ(research->default_profile, "one-gpu");
+  EXPECT_EQ(p.FindProfile("full-node")->flavor, "h100");
+  EXPECT_EQ(p.FindProfile("one-gpu")->memory, Quantity::FromUnits(96LL << 30));
+  EXPECT_TRUE(p.FindStorage("datasets")->read_only);
+  EXPECT_EQ(p.defaults.cpus, Quantity::FromUnits(2));
+  // The two queues' GPU quotas add up to the machine's 8.
+  int64_t gpus = 0;
+  for (const auto& q : p.admission.queues) {
+    for (const auto& r : q.resource_groups[0].flavors[0].resources) {
+      if (r.name == kGpuResource) gpus += r.nominal.CeilUnits();
+    }
+  }
+  EXPECT_EQ(gpus, 8);
+  EXPECT_TRUE(admission::Engine::Create(ToAdmissionConfig(p)).ok());
+}
+
+TEST(PlatformTest, ExampleSharesGpusThroughTheCohort) {
+  Platform p = MustParse(ReadAll(SourceDir() / "examples/platform/platform.yaml"));
+  Result<admission::Engine> engine = admission::Engine::Create(ToAdmissionConfig(p));
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  admission::Workload w;
+  w.name = "big";
+  w.queue = "research";
+  w.pod_sets.push_back({"main", 1, {{kGpuResource, Quantity::FromUnits(8)}}, {}});
+  ASSERT_TRUE(engine->AddWorkload(w).ok());
+  admission::CycleResult r = engine->RunCycle({});
+  ASSERT_EQ(r.admitted.size(), 1u) << "research borrows product's idle GPUs";
+}
+
+TEST(PlatformTest, ToJsonShowsEverySection) {
+  Platform p = MustParse(ReadAll(SourceDir() / "examples/platform/platform.yaml"));
+  nlohmann::json j = ToJson(p);
+  for (const char* key : {"flavors", "cohorts", "queues", "fair_sharing", "priorities",
+                          "workspaces", "compute_profiles", "storage", "defaults"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["queues"][0]["queueing_strategy"], "BestEffortFIFO");
+  EXPECT_EQ(j["queues"][0]["resource_groups"][0]["flavors"][0]["resources"][2]["borrowing_limit"],
+            "2");
+  EXPECT_EQ(j["queues"][0]["preemption"]["borrow_within_cohort"]["max_priority_threshold"], 100);
+  EXPECT_EQ(j["workspaces"][0]["limits"]["max_runtime"], "72h");
+  EXPECT_EQ(j["workspaces"][1]["limits"]["max_workers"], 1);
+  EXPECT_EQ(j["compute_profiles"][0]["memory"], "16Gi");
+  EXPECT_EQ(j["storage"][0]["read_only"], true);
+  EXPECT_EQ(j["defaults"]["memory"], "8Gi");
+}
+
+TEST(PlatformTest, AllErrorsAtOnceInFileOrder) {
+  PlatformOutcome out = ParsePlatform(
+      "queues: []\n"
+      "workspaces:\n"
+      "  - name: a\n"
+      "    members: [x]\n"
+      "    default_queue: nope\n"
+      "  - name: a\n"
+      "    memberz: [y]\n"
+      "prioritys: []\n",
+      "p.yaml");
+  ASSERT_FALSE(out.ok());
+  std::string text = out.ErrorText();
+  EXPECT_NE(text.find("p.yaml:5:20: error: workspaces[0].default_queue: unknown queue 'nope'"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("p.yaml:6:11: error: workspace 'a' is defined twice"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("p.yaml:7:5: error: unknown field 'memberz' in 'workspaces[1]' (did you "
+                      "mean 'members'?)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("p.yaml:8:1: error: unknown field 'prioritys' (did you mean "
+                      "'priorities'?)"),
+            std::string::npos)
+      << text;
+  for (size_t i = 1; i < out.diagnostics.size(); ++i) {
+    EXPECT_LE(out.diagnostics[i - 1].line, out.diagnostics[i].line);
+  }
+}
+
+TEST(PlatformTest, EmptyAndNonMappingFiles) {
+  EXPECT_NE(Errors("").find("p.yaml:1:1: error: the platform file is empty"), std::string::npos);
+  EXPECT_NE(Errors("- a\n").find("expected a mapping, got a list"), std::string::npos);
+  EXPECT_NE(Errors("a: [\n").find("p.yaml:"), std::string::npos);
+}
+
+TEST(PlatformTest, TooLarge) {
+  std::string text(kMaxPlatformBytes + 1, '#');
+  EXPECT_NE(Errors(text).find("larger than"), std::string::npos);
+}
+
+TEST(PlatformTest, QuotedNumbersAreStrings) {
+  std::string text = Errors(
+      "queues: []\n"
+      "priorities: [{name: p, value: \"5\"}]\n"
+      "workspaces: [{name: w, members: [\"*\"]}]\n");
+  EXPECT_NE(text.find("priorities[0].value: expected an integer, got a string ('5')"),
+            std::string::npos)
+      << text;
+}
+
+TEST(PlatformTest, SimulatorFilesAndPlatformFilesShareTheAdmissionSections) {
+  // The simulator's own error text and position come through unchanged.
+  std::string text = Errors(
+      "flavors: [{name: f}]\n"
+      "queues:\n"
+      "  - name: q\n"
+      "    resource_groups:\n"
+      "      - covered_resources: [cpu]\n"
+      "        flavors: [{name: f, resources: [{name: cpu, nominl: 1}]}]\n"
+      "workspaces: [{name: w, members: [\"*\"]}]\n");
+  EXPECT_NE(text.find("p.yaml:6:53: error: unknown key 'nominl' in resource (did you mean "
+                      "'nominal'?)"),
+            std::string::npos)
+      << text;
+}
+
+TEST(PlatformTest, AdmissionConfigParserIgnoresOtherSections) {
+  std::vector<admission::Diagnostic> diags;
+  Result<admission::Config> c = admission::ParseAdmissionConfig(
+      "flavors: [{name: f}]\nworkspaces: whatever\nqueues: [{name: q, cohort: nope}]\n", "p.yaml",
+      &diags);
+  ASSERT_FALSE(c.ok());
+  ASSERT_EQ(diags.size(), 1u);
+  EXPECT_EQ(diags[0].ToString(), "p.yaml:3:28: error: unknown cohort 'nope'");
+  c = admission::ParseAdmissionConfig("flavors: [{name: f}]\nanything: 1\n", "p.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->flavors.size(), 1u);
+  EXPECT_TRUE(admission::ParseAdmissionConfig("- a list\n", "p.yaml").ok());
+}
+
+TEST(DefaultPlatformTest, OneQueueSizedToTheMachine) {
+  Platform p = DefaultPlatform(4, 32000, 256LL << 30);
+  ASSERT_EQ(p.admission.flavors.size(), 1u);
+  EXPECT_EQ(p.admission.flavors[0].name, "default");
+  ASSERT_EQ(p.admission.queues.size(), 1u);
+  const admission::ClusterQueue& q = p.admission.queues[0];
+  EXPECT_EQ(q.name, "default");
+  ASSERT_EQ(q.resource_groups.size(), 1u);
+  EXPECT_EQ(q.resource_groups[0].covered_resources,
+            (std::vector<std::string>{"cpu", "memory", "nvidia.com/gpu"}));
+  const auto& res = q.resource_groups[0].flavors[0].resources;
+  ASSERT_EQ(res.size(), 3u);
+  EXPECT_EQ(res[0].nominal, Quantity::FromMilli(32000));
+  EXPECT_EQ(res[1].nominal, Quantity::FromUnits(256LL << 30));
+  EXPECT_EQ(res[2].nominal, Quantity::FromUnits(4));
+  ASSERT_EQ(p.priorities.size(), 1u);
+  EXPECT_EQ(p.priorities[0].name, "default");
+  EXPECT_EQ(p.priorities[0].value, 0);
+  ASSERT_EQ(p.workspaces.size(), 1u);
+  EXPECT_EQ(p.workspaces[0].name, "default");
+  EXPECT_EQ(p.workspaces[0].default_queue, "default");
+  EXPECT_EQ(p.workspaces[0].default_priority, "default");
+  EXPECT_EQ(p.workspaces[0].members, (std::vector<std::string>{"*"}));
+  EXPECT_TRUE(admission::Engine::Create(ToAdmissionConfig(p)).ok());
+}
+
+TEST(DefaultPlatformTest, MachineWithoutGpus) {
+  Platform p = DefaultPlatform(0, 2000, 1LL << 30);
+  EXPECT_EQ(p.admission.queues[0].resource_groups[0].flavors[0].resources[2].nominal,
+            Quantity::FromUnits(0));
+  EXPECT_TRUE(admission::Engine::Create(ToAdmissionConfig(p)).ok());
+  // What `tau platform show` prints for it round-trips through the parser.
+  nlohmann::json j = ToJson(p);
+  EXPECT_EQ(j["workspaces"][0]["members"][0], "*");
+}
+
+TEST(DefaultPlatformTest, EveryUserResolvesToTheDefaults) {
+  Platform p = DefaultPlatform(8, 64000, 512LL << 30);
+  spec::RunSpec s;
+  s.compute.gpus = 2;
+  Result<ResolvedRun> r = Resolve(s, p, "anyone");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->workspace, "default");
+  EXPECT_EQ(r->queue, "default");
+  EXPECT_EQ(r->priority_class, "default");
+  EXPECT_EQ(r->priority, 0);
+  EXPECT_EQ(r->total_requests.at(kGpuResource), Quantity::FromUnits(2));
+}
+
+TEST(GlobTest, Patterns) {
+  EXPECT_TRUE(GlobMatch("*", "anything/at:all"));
+  EXPECT_TRUE(GlobMatch("nvcr.io/nvidia/pytorch:*", "nvcr.io/nvidia/pytorch:24.05-py3"));
+  EXPECT_FALSE(GlobMatch("nvcr.io/nvidia/pytorch:*", "nvcr.io/nvidia/tensorflow:24.05"));
+  EXPECT_TRUE(GlobMatch("ghcr.io/example/*", "ghcr.io/example/team/img:1"));
+  EXPECT_TRUE(GlobMatch("img:?.?", "img:1.2"));
+  EXPECT_FALSE(GlobMatch("img:?.?", "img:1.23"));
+  EXPECT_TRUE(GlobMatch("a*b*c", "aXXbYYbc"));
+  EXPECT_FALSE(GlobMatch("a*b*c", "aXXbYYbd"));
+  EXPECT_TRUE(GlobMatch("exact", "exact"));
+  EXPECT_FALSE(GlobMatch("exact", "exact2"));
+  EXPECT_TRUE(GlobMatch("", ""));
+  EXPECT_FALSE(GlobMatch("", "x"));
+}
+
+}  // namespace
+}  // namespace tau::policy

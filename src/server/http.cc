@@ -1,0 +1,451 @@
+#include "server/http.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "common/strings.h"
+
+namespace tau::server {
+namespace {
+
+constexpr int kMaxConnections = 512;
+constexpr size_t kMaxHeaderBytes = 64 * 1024;
+constexpr int kIdleTimeoutMs = 30000;  // a kept-alive connection with no request
+constexpr int kIoTimeoutMs = 30000;    // a request or response that makes no progress
+
+const char* Reason(int status) {
+  switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 411: return "Length Required";
+    case 412: return "Precondition Failed";
+    case 413: return "Payload Too Large";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    default: return "Status";
+  }
+}
+
+std::string ErrorBody(const char* code, const std::string& message) {
+  // Kept free of a JSON library on purpose: the message is produced here, never from user input raw.
+  std::string escaped;
+  for (char c : message) {
+    if (c == '"' || c == '\\') escaped += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    escaped += c;
+  }
+  return fmt::format("{{\"error\": {{\"code\": \"{}\", \"message\": \"{}\"}}}}\n", code, escaped);
+}
+
+// One connection: buffered reads with timeouts, full writes.
+class Conn : public ChunkSink {
+ public:
+  Conn(int fd, const std::atomic<bool>* stopping) : fd_(fd), stopping_(stopping) {}
+
+  // Waits for readable data; false on timeout, close, error or shutdown.
+  bool WaitReadable(int timeout_ms) {
+    for (int waited = 0; waited < timeout_ms; waited += 100) {
+      if (stopping_->load()) return false;
+      pollfd p{fd_, POLLIN, 0};
+      int rc = ::poll(&p, 1, 100);
+      if (rc > 0) return !(p.revents & (POLLERR | POLLNVAL)) || (p.revents & POLLIN);
+      if (rc < 0 && errno != EINTR) return false;
+    }
+    return false;
+  }
+  // Reads more into buf_; false on EOF/error/timeout.
+  bool Fill(int timeout_ms) {
+    if (!WaitReadable(timeout_ms)) return false;
+    char tmp[65536];
+    ssize_t n;
+    do {
+      n = ::recv(fd_, tmp, sizeof tmp, 0);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) return false;
+    buf_.append(tmp, static_cast<size_t>(n));
+    return true;
+  }
+  bool Send(std::string_view data) {
+    size_t off = 0;
+    while (off < data.size()) {
+      ssize_t n = ::send(fd_, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN) {
+          pollfd p{fd_, POLLOUT, 0};
+          if (::poll(&p, 1, kIoTimeoutMs) <= 0) return false;
+          continue;
+        }
+        return false;
+      }
+      off += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  bool Write(std::string_view data) override {
+    if (data.empty()) return true;
+    return Send(fmt::format("{:x}\r\n", data.size())) && Send(data) && Send("\r\n");
+  }
+  bool ClientGone() override {
+    pollfd p{fd_, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+  }
+  std::string& buf() { return buf_; }
+
+ private:
+  int fd_;
+  const std::atomic<bool>* stopping_;
+  std::string buf_;
+};
+
+void ParseQuery(std::string_view q, std::map<std::string, std::string>* out) {
+  for (const std::string& pair : Split(q, '&')) {
+    if (pair.empty()) continue;
+    size_t eq = pair.find('=');
+    std::string key = PercentDecode(pair.substr(0, eq), true);
+    std::string value = eq == std::string::npos ? "" : PercentDecode(pair.substr(eq + 1), true);
+    out->emplace(std::move(key), std::move(value));
+  }
+}
+
+}  // namespace
+
+std::string HttpRequest::get_param_value(const std::string& name) const {
+  auto it = params.find(name);
+  return it == params.end() ? "" : it->second;
+}
+
+std::string PercentDecode(std::string_view s, bool plus_is_space) {
+  std::string out;
+  out.reserve(s.size());
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+      i += 2;
+    } else if (s[i] == '+' && plus_is_space) {
+      out += ' ';
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+HttpServer::HttpServer() {
+  if (::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) wake_pipe_[0] = wake_pipe_[1] = -1;
+}
+
+HttpServer::~HttpServer() {
+  Shutdown(0);
+  for (int fd : listen_fds_) ::close(fd);
+  for (int fd : wake_pipe_)
+    if (fd >= 0) ::close(fd);
+}
+
+void HttpServer::Route(const std::string& method, const std::string& pattern, HttpHandler handler) {
+  routes_.push_back({method, std::regex(pattern), std::move(handler)});
+}
+
+Status HttpServer::ListenUnix(const std::string& path, int mode) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path))
+    return InvalidArgument(fmt::format(
+        "socket path '{}' is longer than {} bytes; choose a shorter TAU_HOME", path,
+        sizeof(addr.sun_path) - 1));
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return IoError("socket", errno);
+  ::unlink(path.c_str());  // a stale socket of a dead server; the server lock guarantees no live one
+  // No permissions for anyone else from the first instant, then the final mode.
+  mode_t old = ::umask(0177);
+  int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::umask(old);
+  if (rc != 0 || ::chmod(path.c_str(), static_cast<mode_t>(mode)) != 0 || ::listen(fd, 512) != 0) {
+    int err = errno;
+    ::close(fd);
+    return IoError("cannot listen on " + path, err);
+  }
+  unix_path_ = path;
+  listen_fds_.push_back(fd);
+  listen_is_unix_.push_back(true);
+  return Status::Ok();
+}
+
+Status HttpServer::ListenTcp(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  if (int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(),
+                             &hints, &res);
+      rc != 0)
+    return InvalidArgument(
+        fmt::format("cannot resolve listen address '{}': {}", host, gai_strerror(rc)));
+  int fd = ::socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+  if (fd < 0) {
+    ::freeaddrinfo(res);
+    return IoError("socket", errno);
+  }
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd, res->ai_addr, res->ai_addrlen) != 0 || ::listen(fd, 512) != 0) {
+    int err = errno;
+    ::close(fd);
+    ::freeaddrinfo(res);
+    return IoError(fmt::format("cannot listen on {}:{}", host, port), err);
+  }
+  ::freeaddrinfo(res);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  tcp_port_ = bound.ss_family == AF_INET6
+                  ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                  : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  listen_fds_.push_back(fd);
+  listen_is_unix_.push_back(false);
+  return Status::Ok();
+}
+
+void HttpServer::Serve() {
+  std::vector<pollfd> fds;
+  for (int fd : listen_fds_) fds.push_back({fd, POLLIN, 0});
+  fds.push_back({wake_pipe_[0], POLLIN, 0});
+  while (!stopping_.load()) {
+    if (::poll(fds.data(), fds.size(), 1000) <= 0) continue;
+    for (size_t i = 0; i < listen_fds_.size(); ++i) {
+      if (!(fds[i].revents & POLLIN)) continue;
+      int conn = ::accept4(listen_fds_[i], nullptr, nullptr, SOCK_CLOEXEC);
+      if (conn < 0) continue;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (active_connections_ >= kMaxConnections) {
+          // Too many clients: refuse this one rather than let the server fall over.
+          std::string busy = ErrorBody("Unavailable", "the server is at its connection limit");
+          std::string msg = fmt::format(
+              "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+              "Content-Length: {}\r\nConnection: close\r\n\r\n{}",
+              busy.size(), busy);
+          (void)!::send(conn, msg.data(), msg.size(), MSG_NOSIGNAL);
+          ::close(conn);
+          continue;
+        }
+        ++active_connections_;
+      }
+      if (!listen_is_unix_[i]) {
+        int one = 1;
+        ::setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      }
+      std::thread(&HttpServer::ServeConnection, this, conn, bool(listen_is_unix_[i])).detach();
+    }
+  }
+  for (int fd : listen_fds_) ::close(fd);
+  listen_fds_.clear();
+  if (!unix_path_.empty()) ::unlink(unix_path_.c_str());
+}
+
+void HttpServer::Dispatch(HttpRequest& req, HttpResponse& res) {
+  bool path_known = false;
+  for (const Route_& route : routes_) {
+    std::smatch m;
+    if (!std::regex_match(req.path, m, route.pattern)) continue;
+    path_known = true;
+    if (route.method != req.method) continue;
+    req.matches.clear();
+    for (const auto& group : m) req.matches.push_back(group.str());
+    route.handler(req, res);
+    return;
+  }
+  if (path_known) {
+    res.status = 405;
+    res.set_content(ErrorBody("MethodNotAllowed",
+                              fmt::format("{} is not allowed on {}", req.method, req.path)),
+                    "application/json");
+  } else {
+    res.status = 404;
+    res.set_content(
+        ErrorBody("NotFound", fmt::format("no such endpoint: {} {}", req.method, req.path)),
+        "application/json");
+  }
+}
+
+void HttpServer::ServeConnection(int fd, bool is_unix) {
+  Conn conn(fd, &stopping_);
+  std::string peer_uid;
+  if (is_unix) {
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) peer_uid = std::to_string(cred.uid);
+  }
+  auto reply_error = [&](int status, const char* code, const std::string& message) {
+    std::string body = ErrorBody(code, message);
+    conn.Send(fmt::format("HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: "
+                          "{}\r\nConnection: close\r\n\r\n{}",
+                          status, Reason(status), body.size(), body));
+  };
+  std::string& buf = conn.buf();
+  bool keep_alive = true;
+  while (keep_alive && !stopping_.load()) {
+    // Headers.
+    size_t end;
+    bool first = true;
+    while ((end = buf.find("\r\n\r\n")) == std::string::npos) {
+      if (buf.size() > kMaxHeaderBytes) {
+        reply_error(431, "RequestTooLarge", "request headers exceed 64 KiB");
+        keep_alive = false;
+        break;
+      }
+      if (!conn.Fill(first && buf.empty() ? kIdleTimeoutMs : kIoTimeoutMs)) {
+        keep_alive = false;
+        break;
+      }
+      first = false;
+    }
+    if (!keep_alive) break;
+    HttpRequest req;
+    req.peer_uid = peer_uid;
+    std::vector<std::string> lines = Split(std::string_view(buf).substr(0, end), '\n');
+    buf.erase(0, end + 4);
+    for (std::string& l : lines)
+      if (!l.empty() && l.back() == '\r') l.pop_back();
+    std::vector<std::string> parts = Split(lines[0], ' ');
+    if (parts.size() != 3 || !StartsWith(parts[2], "HTTP/1.") || parts[1].empty() ||
+        parts[1][0] != '/') {
+      reply_error(400, "BadRequest", "malformed request line");
+      break;
+    }
+    req.method = parts[0];
+    bool http10 = parts[2] == "HTTP/1.0";
+    size_t q = parts[1].find('?');
+    req.path = PercentDecode(std::string_view(parts[1]).substr(0, q), false);
+    if (q != std::string::npos) ParseQuery(std::string_view(parts[1]).substr(q + 1), &req.params);
+    bool bad_header = false;
+    for (size_t i = 1; i < lines.size(); ++i) {
+      size_t colon = lines[i].find(':');
+      if (colon == std::string::npos || colon == 0) {
+        bad_header = true;
+        break;
+      }
+      std::string name = lines[i].substr(0, colon);
+      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      size_t v = colon + 1;
+      while (v < lines[i].size() && (lines[i][v] == ' ' || lines[i][v] == '\t')) ++v;
+      req.headers[name] = lines[i].substr(v);
+    }
+    if (bad_header) {
+      reply_error(400, "BadRequest", "malformed header line");
+      break;
+    }
+    std::string connection = req.headers["connection"];
+    for (char& c : connection) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    keep_alive = http10 ? connection == "keep-alive" : connection != "close";
+    // Body.
+    if (req.headers.count("transfer-encoding")) {
+      reply_error(501, "NotImplemented", "chunked request bodies are not supported; send Content-Length");
+      break;
+    }
+    size_t length = 0;
+    if (auto it = req.headers.find("content-length"); it != req.headers.end()) {
+      char* endp = nullptr;
+      unsigned long long n = std::strtoull(it->second.c_str(), &endp, 10);
+      if (it->second.empty() || *endp != '\0') {
+        reply_error(400, "BadRequest", "invalid Content-Length");
+        break;
+      }
+      if (n > max_body_bytes_) {
+        reply_error(413, "ResourceExhausted",
+                    fmt::format("request body of {} bytes exceeds the limit of {} bytes", n,
+                                max_body_bytes_));
+        break;
+      }
+      length = static_cast<size_t>(n);
+    }
+    if (length > 0 && req.headers["expect"] == "100-continue" && buf.empty())
+      conn.Send("HTTP/1.1 100 Continue\r\n\r\n");
+    bool complete = true;
+    while (buf.size() < length) {
+      if (!conn.Fill(kIoTimeoutMs)) {
+        complete = false;
+        break;
+      }
+    }
+    if (!complete) break;
+    req.body = buf.substr(0, length);
+    buf.erase(0, length);
+
+    HttpResponse res;
+    try {
+      Dispatch(req, res);
+    } catch (const std::exception& e) {
+      // Handlers report errors as responses; this only catches a library throwing where nobody expected.
+      res = HttpResponse();
+      res.status = 500;
+      res.set_content(ErrorBody("Internal", std::string("the server failed on this request: ") + e.what()),
+                      "application/json");
+    }
+    std::string head = fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\n", res.status,
+                                   Reason(res.status), res.content_type);
+    head += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
+    if (!res.stream) {
+      head += fmt::format("Content-Length: {}\r\n\r\n", res.body.size());
+      if (!conn.Send(head) || !conn.Send(res.body)) break;
+      continue;
+    }
+    head += "Transfer-Encoding: chunked\r\n\r\n";
+    if (!conn.Send(head)) break;
+    bool ok = true;
+    while (ok && !stopping_.load()) {
+      if (!res.stream(conn)) break;
+      ok = !conn.ClientGone();
+    }
+    if (!ok || !conn.Send("0\r\n\r\n")) break;
+  }
+  ::shutdown(fd, SHUT_RDWR);
+  ::close(fd);
+  std::lock_guard<std::mutex> lock(mu_);
+  --active_connections_;
+  idle_cv_.notify_all();
+}
+
+void HttpServer::Shutdown(int grace_ms) {
+  if (stopping_.exchange(true)) return;
+  if (wake_pipe_[1] >= 0) (void)!::write(wake_pipe_[1], "x", 1);
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait_for(lock, std::chrono::milliseconds(grace_ms),
+                    [&] { return active_connections_ == 0; });
+}
+
+}  // namespace tau::server

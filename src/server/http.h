@@ -1,0 +1,106 @@
+// A small HTTP/1.1 server for tau's API, on Unix sockets and TCP.
+//
+// Why not a library: Debian 12's cpp-httplib cannot listen on Unix sockets, and loading it (with the OpenSSL
+// and brotli libraries it pulls in) costs every `tau` process about 8 ms of relocations and page faults at
+// start, which the CLI and every attempt's supervisor would pay. This server does what tau needs and no
+// more: keep-alive, Content-Length bodies with a size limit, `Expect: 100-continue`, chunked streaming
+// responses, regex routes, percent-decoded query parameters, and the Unix peer's uid (SO_PEERCRED).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace tau::server {
+
+struct HttpRequest {
+  std::string method;
+  std::string path;  // percent-decoded
+  std::map<std::string, std::string> headers;  // lowercase names
+  std::map<std::string, std::string> params;   // query parameters, percent-decoded
+  std::string body;
+  std::vector<std::string> matches;  // regex groups of the route; [0] is the whole path
+  std::string peer_uid;  // the connecting process's uid on a Unix socket (SO_PEERCRED), else ""
+
+  bool has_param(const std::string& name) const { return params.count(name) > 0; }
+  std::string get_param_value(const std::string& name) const;
+};
+
+// Where a streaming response writes its body; each Write becomes one chunk.
+class ChunkSink {
+ public:
+  virtual ~ChunkSink() = default;
+  virtual bool Write(std::string_view data) = 0;  // false: the client is gone
+  virtual bool ClientGone() = 0;                  // cheap check while idle
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  // When set, the body is streamed (chunked): called until it returns false or a write fails.
+  std::function<bool(ChunkSink&)> stream;
+
+  void set_content(std::string content, std::string type) {
+    body = std::move(content);
+    content_type = std::move(type);
+  }
+};
+
+using HttpHandler = std::function<void(const HttpRequest&, HttpResponse&)>;
+
+class HttpServer {
+ public:
+  HttpServer();
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Routes are tried in the order added; `pattern` must match the whole path.
+  void Route(const std::string& method, const std::string& pattern, HttpHandler handler);
+  void set_max_body_bytes(size_t n) { max_body_bytes_ = n; }
+
+  Status ListenUnix(const std::string& path, int mode = 0600);
+  Status ListenTcp(const std::string& host, int port);  // port 0: any free port
+  int tcp_port() const { return tcp_port_; }
+
+  // Accepts connections until Shutdown(); each connection is served on its own thread.
+  void Serve();
+  // Stops accepting and waits up to `grace_ms` for open connections to finish.
+  void Shutdown(int grace_ms = 2000);
+  bool shutting_down() const { return stopping_.load(); }
+
+ private:
+  struct Route_ {
+    std::string method;
+    std::regex pattern;
+    HttpHandler handler;
+  };
+  void ServeConnection(int fd, bool is_unix);
+  void Dispatch(HttpRequest& req, HttpResponse& res);
+
+  std::vector<Route_> routes_;
+  size_t max_body_bytes_ = 1 << 20;
+  std::vector<int> listen_fds_;
+  std::vector<bool> listen_is_unix_;
+  std::string unix_path_;
+  int tcp_port_ = 0;
+  int wake_pipe_[2] = {-1, -1};
+  std::atomic<bool> stopping_{false};
+  std::mutex mu_;
+  std::condition_variable idle_cv_;
+  int active_connections_ = 0;  // GUARDED_BY(mu_)
+};
+
+// Percent-decoding ('+' is a space only in query strings).
+std::string PercentDecode(std::string_view s, bool plus_is_space);
+
+}  // namespace tau::server

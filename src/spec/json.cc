@@ -1,0 +1,242 @@
+// The spec's JSON forms: the canonical run config (and its hash) and the JSON Schema of both file
+// shapes.
+#include "common/hash.h"
+#include "spec/spec.h"
+#include "spec/walk.h"
+
+namespace tau::spec {
+
+namespace {
+
+using nlohmann::json;
+
+json OptQuantity(const std::optional<Quantity>& q) {
+  return q ? json(q->ToString()) : json(nullptr);
+}
+
+template <typename T>
+json Opt(const std::optional<T>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+
+json ComputeJson(const Compute& c) {
+  return {
+      {"gpus", c.gpus},
+      {"workers", c.workers},
+      {"cpus", OptQuantity(c.cpus)},
+      {"memory", OptQuantity(c.memory)},
+      {"worker_cpus", OptQuantity(c.worker_cpus)},
+      {"worker_memory", OptQuantity(c.worker_memory)},
+      {"worker_cpu_limit", OptQuantity(c.worker_cpu_limit)},
+      {"worker_memory_limit", OptQuantity(c.worker_memory_limit)},
+      {"head_cpus", OptQuantity(c.head_cpus)},
+      {"head_memory", OptQuantity(c.head_memory)},
+      {"head_cpu_limit", OptQuantity(c.head_cpu_limit)},
+      {"head_memory_limit", OptQuantity(c.head_memory_limit)},
+      {"gpu_resource_mode", c.gpu_resource_mode},
+  };
+}
+
+json RuntimeJson(const Runtime& r) {
+  // Env as an object keyed by name: the order of variables in the file does not change the run.
+  json env = json::object();
+  for (const EnvVar& var : r.env) {
+    env[var.name] = var.secret_ref ? json{{"secret_ref", var.value}} : json(var.value);
+  }
+  return {{"image", r.image},
+          {"pip", r.pip},
+          {"env", env},
+          {"working_dir", r.working_dir},
+          {"security_mode", r.security_mode}};
+}
+
+json PolicyJson(const Policy& p) {
+  return {{"workspace", p.workspace},
+          {"namespace", p.namespace_name},
+          {"queue", p.queue},
+          {"profile", p.profile},
+          {"lane", p.lane},
+          {"team", p.team},
+          {"preset", p.preset},
+          {"gpu_class", p.gpu_class},
+          {"topology", p.topology},
+          {"priority_tier", p.priority_tier},
+          {"priority", p.priority},
+          {"disable_default_priorities", p.disable_default_priorities},
+          {"node_selector", p.node_selector}};
+}
+
+json StorageJson(const Storage& s) {
+  json assets = json::array();
+  for (const ImageAsset& a : s.image_assets) {
+    assets.push_back({{"name", a.name},
+                      {"image", a.image},
+                      {"source_path", a.source_path},
+                      {"mount_path", a.mount_path}});
+  }
+  return {{"data_pvc", s.data_pvc},
+          {"output", s.output},
+          {"checkpoint", s.checkpoint},
+          {"publish", s.publish},
+          {"image_assets", assets}};
+}
+
+json ResilienceJson(const Resilience& r) {
+  // The default retry set is filled in so that saying it explicitly and leaving it out hash the
+  // same.
+  std::vector<std::string> retry_on =
+      r.retry_on_set ? r.retry_on : std::vector<std::string>{"Preempted", "Evicted"};
+  return {{"max_retries", r.max_retries},
+          {"retry_on", retry_on},
+          {"backoff_initial_ms", r.backoff_initial_ms},
+          {"backoff_max_ms", r.backoff_max_ms},
+          {"max_retry_duration_ms", Opt(r.max_retry_duration_ms)},
+          {"checkpoint_path", r.checkpoint_path}};
+}
+
+// ---- JSON Schema
+// ----------------------------------------------------------------------------------
+
+constexpr const char* kQuantityPattern =
+    "^[+]?([0-9]+(\\.[0-9]*)?|\\.[0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i|[mkMGTPE])?$";
+constexpr const char* kDurationPattern = "^([0-9]+(\\.[0-9]+)?(ms|s|m|h|d))+$";
+
+json ScalarText(const internal::FieldDef& f) {
+  return f.scalar_text ? json::array({"string", "number", "boolean"}) : json("string");
+}
+
+json SchemaFor(const internal::FieldDef& f);
+
+json ObjectSchema(const std::vector<internal::FieldDef>& fields,
+                  const std::vector<std::string>& required) {
+  json properties = json::object();
+  for (const internal::FieldDef& f : fields) properties[f.name] = SchemaFor(f);
+  json schema = {{"type", "object"}, {"properties", properties}, {"additionalProperties", false}};
+  if (!required.empty()) schema["required"] = required;
+  return schema;
+}
+
+json SchemaFor(const internal::FieldDef& f) {
+  using internal::Kind;
+  json s;
+  switch (f.kind) {
+    case Kind::kString:
+      s = {{"type", ScalarText(f)}};
+      if (!f.allow_empty) s["minLength"] = 1;
+      if (f.max) s["maxLength"] = *f.max;
+      if (!f.pattern.empty()) s["pattern"] = f.pattern;
+      break;
+    case Kind::kInt:
+      s = {{"type", "integer"}};
+      if (f.min) s["minimum"] = *f.min;
+      if (f.max) s["maximum"] = *f.max;
+      if (f.name == "schema_version") s["const"] = 1;
+      break;
+    case Kind::kBool:
+      s = {{"type", "boolean"}};
+      break;
+    case Kind::kQuantity:
+      s = {{"type", json::array({"string", "number"})},
+           {"pattern", kQuantityPattern},
+           {"exclusiveMinimum", 0}};
+      break;
+    case Kind::kDuration:
+      s = {{"type", "string"}, {"pattern", kDurationPattern}};
+      break;
+    case Kind::kEnum:
+      s = {{"type", "string"}, {"enum", f.enum_values}};
+      break;
+    case Kind::kStringList:
+      s = {{"type", "array"}, {"items", {{"type", ScalarText(f)}, {"minLength", 1}}}};
+      break;
+    case Kind::kEnumList:
+      s = {{"type", "array"},
+           {"uniqueItems", true},
+           {"items", {{"type", "string"}, {"enum", f.enum_values}}}};
+      break;
+    case Kind::kStringMap:
+    case Kind::kEnv:
+      s = {{"type", "object"}, {"additionalProperties", {{"type", ScalarText(f)}}}};
+      if (!f.pattern.empty()) s["propertyNames"] = {{"pattern", f.pattern}};
+      if (f.max) s["maxProperties"] = *f.max;
+      break;
+    case Kind::kObject:
+      s = ObjectSchema(f.children, f.required);
+      break;
+    case Kind::kObjectList:
+      s = {{"type", "array"}, {"items", ObjectSchema(f.children, f.required)}};
+      break;
+    case Kind::kAny:
+      s = json::object();
+      if (f.must_be_mapping) s["type"] = "object";
+      break;
+  }
+  s["description"] = f.doc;
+  return s;
+}
+
+}  // namespace
+
+namespace internal {
+
+nlohmann::json SchemaForFields(const std::vector<FieldDef>& fields,
+                               const std::vector<std::string>& required) {
+  return ObjectSchema(fields, required);
+}
+
+}  // namespace internal
+
+json ToJson(const RunSpec& spec) {
+  return {
+      {"shape", ShapeName(spec.shape)},
+      {"name", spec.name},
+      {"kind", WorkloadKindName(spec.kind)},
+      {"entrypoint", spec.entrypoint},
+      {"args", spec.args},
+      {"ttl_seconds_after_finished", Opt(spec.ttl_seconds_after_finished)},
+      {"max_runtime_ms", Opt(spec.max_runtime_ms)},
+      {"resource_prefix", spec.resource_prefix},
+      {"compute", ComputeJson(spec.compute)},
+      {"runtime", RuntimeJson(spec.runtime)},
+      {"policy", PolicyJson(spec.policy)},
+      {"storage", StorageJson(spec.storage)},
+      {"resilience", ResilienceJson(spec.resilience)},
+      {"experiment",
+       {{"project", spec.experiment.project},
+        {"name", spec.experiment.name},
+        {"group", spec.experiment.group}}},
+      {"metrics",
+       {{"history", spec.metrics.history},
+        {"offload_enabled", spec.metrics.offload_enabled},
+        {"offload_out", spec.metrics.offload_out}}},
+      {"recorded_only", spec.recorded_only},
+  };
+}
+
+std::string ConfigHash(const RunSpec& spec) {
+  json j = ToJson(spec);
+  j.erase("shape");
+  // Replace rather than throw on invalid UTF-8: a RunSpec built in code need not have come from the
+  // parser.
+  return Sha256Hex(j.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+json JsonSchema() {
+  json manifest =
+      internal::SchemaForFields(internal::ManifestFields(), internal::ManifestRequired());
+  manifest["title"] = "manifest shape (schema_version: 1)";
+  json direct = internal::SchemaForFields(internal::DirectFields(), internal::DirectRequired());
+  direct["title"] = "direct shape (engine: job|rayjob)";
+  // `script` is an alias of `entrypoint`: exactly one of them.
+  direct["oneOf"] = json::array({json{{"required", json::array({"entrypoint"})}},
+                                 json{{"required", json::array({"script"})}}});
+  return {
+      {"$schema", "https://json-schema.org/draft/2020-12/schema"},
+      {"$id", "https://tau.dev/schemas/tau.yaml.json"},
+      {"title", "tau.yaml"},
+      {"description", "A tau run spec, in the manifest shape or the direct shape"},
+      {"oneOf", json::array({manifest, direct})},
+  };
+}
+
+}  // namespace tau::spec
