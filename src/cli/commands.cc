@@ -52,8 +52,10 @@ int CmdValidate(const std::vector<std::string>& files, bool quiet) {
 }
 
 int CmdSchema(Format format) {
-  if (format == Format::kYaml) PrintYaml(spec::JsonSchema());
-  else PrintJson(spec::JsonSchema());
+  if (format == Format::kYaml)
+    PrintYaml(spec::JsonSchema());
+  else
+    PrintJson(spec::JsonSchema());
   return 0;
 }
 
@@ -76,12 +78,16 @@ int CmdList(const Global& g, const std::string& state, bool all, int limit, Form
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   std::string path = fmt::format("/api/v1/runs?limit={}", limit);
-  if (!state.empty()) path += "&state=" + state;
-  else if (!all) path += "&active=1";
+  if (!state.empty())
+    path += "&state=" + state;
+  else if (!all)
+    path += "&active=1";
   auto list = CallJson(**conn, "GET", path);
   if (!list.ok()) return Fail(list.status().message());
-  if (format == Format::kJson) PrintJson(*list);
-  else if (format == Format::kYaml) PrintYaml(*list);
+  if (format == Format::kJson)
+    PrintJson(*list);
+  else if (format == Format::kYaml)
+    PrintYaml(*list);
   else {
     PrintRuns((*list)["runs"]);
     int64_t total = list->value("total", 0);
@@ -102,8 +108,10 @@ int CmdStatus(const Global& g, const std::string& name, Format format) {
   if (!got.ok()) return Fail(got.status().message());
   nlohmann::json run = (*got)["run"];
   run.erase("spec");
-  if (format == Format::kJson) PrintJson(run);
-  else if (format == Format::kYaml) PrintYaml(run);
+  if (format == Format::kJson)
+    PrintJson(run);
+  else if (format == Format::kYaml)
+    PrintYaml(run);
   else {
     PrintRuns(nlohmann::json::array({run}));
     if (run.contains("pending") && run["pending"].is_object()) {
@@ -138,12 +146,14 @@ int CmdDescribe(const Global& g, const std::string& name, Format format) {
   const auto& run = (*got)["run"];
   std::printf("Name:        %s\n", run.value("name", "").c_str());
   std::printf("State:       %s\n", run.value("state", "").c_str());
-  if (!run.value("reason", "").empty()) std::printf("Reason:      %s\n", run.value("reason", "").c_str());
+  if (!run.value("reason", "").empty())
+    std::printf("Reason:      %s\n", run.value("reason", "").c_str());
   if (!run.value("message", "").empty())
     std::printf("Message:     %s\n", run.value("message", "").c_str());
   if (run["exit_code"].is_number()) std::printf("Exit code:   %d\n", run["exit_code"].get<int>());
   if (run["signal"].is_number()) std::printf("Signal:      %d\n", run["signal"].get<int>());
-  std::printf("Spec:        %s (%s)\n", run.value("spec_file", "").c_str(), run.value("spec_name", "").c_str());
+  std::printf("Spec:        %s (%s)\n", run.value("spec_file", "").c_str(),
+              run.value("spec_name", "").c_str());
   std::printf("Kind:        %s\n", run["spec"].value("kind", "").c_str());
   std::printf("Queue:       %s (workspace %s)\n", run.value("queue", "").c_str(),
               run.value("workspace", "").c_str());
@@ -188,7 +198,8 @@ int CmdLogs(const Global& g, const std::string& name, bool follow, int attempt, 
     return true;
   });
   if (!status.ok()) return Fail(status.status().message());
-  if (*status != 200) return Fail(fmt::format("the server refused the log request (HTTP {})", *status));
+  if (*status != 200)
+    return Fail(fmt::format("the server refused the log request (HTTP {})", *status));
   return 0;
 }
 
@@ -213,9 +224,12 @@ int CmdGpus(const Global& g, Format format) {
   if (!conn.ok()) return Fail(conn.status().message());
   auto inv = CallJson(**conn, "GET", "/api/v1/gpus");
   if (!inv.ok()) return Fail(inv.status().message());
-  if (format == Format::kJson) PrintJson(*inv);
-  else if (format == Format::kYaml) PrintYaml(*inv);
-  else if ((*inv)["devices"].empty()) std::printf("no GPUs: %s\n", inv->value("note", "").c_str());
+  if (format == Format::kJson)
+    PrintJson(*inv);
+  else if (format == Format::kYaml)
+    PrintYaml(*inv);
+  else if ((*inv)["devices"].empty())
+    std::printf("no GPUs: %s\n", inv->value("note", "").c_str());
   else {
     std::vector<std::vector<std::string>> rows;
     for (const auto& d : (*inv)["devices"])
@@ -236,8 +250,10 @@ int CmdAdmissionSimulate(const std::string& file, int cycles, Format format) {
     for (const auto& d : diagnostics) std::fprintf(stderr, "%s\n", d.ToString().c_str());
     return kExitInvalid;
   }
-  if (format == Format::kYaml) PrintYaml(*result);
-  else PrintJson(*result);
+  if (format == Format::kYaml)
+    PrintYaml(*result);
+  else
+    PrintJson(*result);
   return 0;
 }
 

@@ -23,7 +23,8 @@ namespace {
 
 constexpr int kStartTimeoutMs = 15000;
 
-// Starts `tau server` detached from this terminal (own session), its output in $TAU_HOME/server.log.
+// Starts `tau server` detached from this terminal (own session), its output in
+// $TAU_HOME/server.log.
 Status SpawnLocalServer(const std::string& home) {
   TAU_RETURN_IF_ERROR(MakeDirs(home, 0700));
   std::string exe = runtime::SelfExecutable();
@@ -61,8 +62,9 @@ Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& s
     TAU_ASSIGN_OR_RETURN(client::Endpoint endpoint, client::ParseEndpoint(address));
     auto conn = client::Connection::Open(endpoint);
     if (!conn.ok())
-      return Status(conn.status().code(),
-                    conn.status().message() + " (is the server running? check --server/TAU_SERVER)");
+      return Status(
+          conn.status().code(),
+          conn.status().message() + " (is the server running? check --server/TAU_SERVER)");
     return conn;
   }
   std::string home = TauHome();

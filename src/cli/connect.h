@@ -1,5 +1,5 @@
-// Finding the server: --server, else $TAU_SERVER, else the local Unix socket under $TAU_HOME, starting a
-// local server in the background when none answers there.
+// Finding the server: --server, else $TAU_SERVER, else the local Unix socket under $TAU_HOME,
+// starting a local server in the background when none answers there.
 #pragma once
 
 #include <memory>

@@ -20,9 +20,10 @@ int Main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", server::Version());
   Global g;
-  app.add_option("--server", g.server,
-                 "Server address (unix:///path/tau.sock or http://host:port); default: $TAU_SERVER, "
-                 "else the local server under $TAU_HOME");
+  app.add_option(
+      "--server", g.server,
+      "Server address (unix:///path/tau.sock or http://host:port); default: $TAU_SERVER, "
+      "else the local server under $TAU_HOME");
   std::string output = "table";
   auto add_output = [&](CLI::App* cmd) {
     cmd->add_option("-o,--output", output, "Output format: table, json or yaml");
@@ -42,7 +43,8 @@ int Main(int argc, char** argv) {
   version->add_flag("--server-version", with_server, "Also ask the server for its version");
   version->callback([&] { rc = CmdVersion(g, with_server); });
 
-  auto* validate = app.add_subcommand("validate", "Check tau.yaml files; exit 0 when all are valid");
+  auto* validate =
+      app.add_subcommand("validate", "Check tau.yaml files; exit 0 when all are valid");
   std::vector<std::string> files;
   bool quiet = false;
   validate->add_option("files", files, "Spec files")->required();
@@ -89,7 +91,8 @@ int Main(int argc, char** argv) {
   });
 
   std::string run_name;
-  auto* status = app.add_subcommand("status", "Show a run's state (and why it waits, when it does)");
+  auto* status =
+      app.add_subcommand("status", "Show a run's state (and why it waits, when it does)");
   status->add_option("run", run_name, "Run name")->required();
   add_output(status);
   status->callback([&] {
@@ -112,7 +115,8 @@ int Main(int argc, char** argv) {
   logs->add_option("--rank", rank, "Worker rank of a gang (default 0)");
   logs->callback([&] { rc = CmdLogs(g, run_name, follow, attempt, rank); });
 
-  auto* cancel = app.add_subcommand("cancel", "Cancel runs (SIGTERM, then SIGKILL after a grace period)");
+  auto* cancel =
+      app.add_subcommand("cancel", "Cancel runs (SIGTERM, then SIGKILL after a grace period)");
   std::vector<std::string> names;
   cancel->add_option("runs", names, "Run names")->required();
   cancel->callback([&] { rc = CmdCancel(g, names); });
@@ -131,7 +135,8 @@ int Main(int argc, char** argv) {
   int cycles = 1;
   simulate->add_option("file", sim_file, "Simulation input (flavors, cohorts, queues, workloads)")
       ->required();
-  simulate->add_option("--cycles", cycles, "Scheduling cycles to run")->check(CLI::Range(1, 1000000));
+  simulate->add_option("--cycles", cycles, "Scheduling cycles to run")
+      ->check(CLI::Range(1, 1000000));
   add_output(simulate);
   simulate->callback([&] {
     if (auto f = format()) rc = CmdAdmissionSimulate(sim_file, cycles, *f);

@@ -14,10 +14,14 @@
 namespace tau::cli {
 
 bool ParseFormat(const std::string& text, Format* out) {
-  if (text == "table" || text == "wide") *out = Format::kTable;
-  else if (text == "json") *out = Format::kJson;
-  else if (text == "yaml") *out = Format::kYaml;
-  else return false;
+  if (text == "table" || text == "wide")
+    *out = Format::kTable;
+  else if (text == "json")
+    *out = Format::kJson;
+  else if (text == "yaml")
+    *out = Format::kYaml;
+  else
+    return false;
   return true;
 }
 
@@ -26,7 +30,8 @@ void PrintTable(const std::vector<std::string>& header,
   std::vector<size_t> width(header.size());
   for (size_t i = 0; i < header.size(); ++i) width[i] = header[i].size();
   for (const auto& row : rows)
-    for (size_t i = 0; i < row.size() && i < width.size(); ++i) width[i] = std::max(width[i], row[i].size());
+    for (size_t i = 0; i < row.size() && i < width.size(); ++i)
+      width[i] = std::max(width[i], row[i].size());
   auto print_row = [&](const std::vector<std::string>& row) {
     std::string line;
     for (size_t i = 0; i < header.size(); ++i) {

@@ -13,7 +13,8 @@ enum class Format { kTable, kJson, kYaml };
 // Parses -o values: table|json|yaml. Returns false for anything else.
 bool ParseFormat(const std::string& text, Format* out);
 
-void PrintTable(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
+void PrintTable(const std::vector<std::string>& header,
+                const std::vector<std::vector<std::string>>& rows);
 void PrintJson(const nlohmann::json& value);
 void PrintYaml(const nlohmann::json& value);
 

@@ -19,8 +19,8 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/hash.h"
-#include "common/strings.h"
 #include "common/limits.h"
+#include "common/strings.h"
 #include "spec/spec.h"
 
 namespace tau::cli {
@@ -29,9 +29,10 @@ namespace {
 namespace fs = std::filesystem;
 
 // Never part of a code snapshot: version control, caches and virtualenvs.
-const char* kAlwaysSkipped[] = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv",
-                                "node_modules", ".tau", ".ipynb_checkpoints", ".mypy_cache",
-                                ".pytest_cache"};
+const char* kAlwaysSkipped[] = {".git",         ".hg",          ".svn",
+                                "__pycache__",  ".venv",        "venv",
+                                "node_modules", ".tau",         ".ipynb_checkpoints",
+                                ".mypy_cache",  ".pytest_cache"};
 
 struct CodeWalk {
   std::string root;
@@ -48,7 +49,8 @@ bool Ignored(const CodeWalk& w, const std::string& rel, const std::string& base)
   for (const std::string& p : w.ignore) {
     std::string pat = p;
     if (!pat.empty() && pat.back() == '/') pat.pop_back();
-    if (fnmatch(pat.c_str(), rel.c_str(), FNM_PATHNAME) == 0 || fnmatch(pat.c_str(), base.c_str(), 0) == 0)
+    if (fnmatch(pat.c_str(), rel.c_str(), FNM_PATHNAME) == 0 ||
+        fnmatch(pat.c_str(), base.c_str(), 0) == 0)
       return true;
   }
   return false;
@@ -58,7 +60,8 @@ Status Walk(CodeWalk& w, const std::string& rel_dir) {
   std::string dir = rel_dir.empty() ? w.root : w.root + "/" + rel_dir;
   std::vector<std::string> names;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) names.push_back(entry.path().filename());
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    names.push_back(entry.path().filename());
   if (ec) return Status(StatusCode::kIo, "cannot read " + dir + ": " + ec.message());
   std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
@@ -74,7 +77,8 @@ Status Walk(CodeWalk& w, const std::string& rel_dir) {
       fs::path root = fs::weakly_canonical(w.root, ec);
       std::string t = target.string(), r = root.string() + "/";
       if (ec || !StartsWith(t, r) || ::stat(path.c_str(), &st) != 0) {
-        w.warnings.push_back(fmt::format("skipped '{}': a link that leaves the code directory", rel));
+        w.warnings.push_back(
+            fmt::format("skipped '{}': a link that leaves the code directory", rel));
         continue;
       }
     }
@@ -94,13 +98,15 @@ Status Walk(CodeWalk& w, const std::string& rel_dir) {
           w.root, kMaxSnapshotFiles));
     w.bytes += static_cast<size_t>(st.st_size);
     if (w.bytes > kMaxSnapshotBytes)
-      return ResourceExhausted(fmt::format(
-          "the code directory {} holds more than {} MiB; keep data sets and checkpoints out of it or "
-          "list them in .tauignore (gitignore-style patterns)",
-          w.root, kMaxSnapshotBytes >> 20));
+      return ResourceExhausted(
+          fmt::format("the code directory {} holds more than {} MiB; keep data sets and "
+                      "checkpoints out of it or "
+                      "list them in .tauignore (gitignore-style patterns)",
+                      w.root, kMaxSnapshotBytes >> 20));
     TAU_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
-    w.files.push_back(
-        {{"path", rel}, {"mode", static_cast<int>(st.st_mode & 0777)}, {"data", Base64Encode(data)}});
+    w.files.push_back({{"path", rel},
+                       {"mode", static_cast<int>(st.st_mode & 0777)},
+                       {"data", Base64Encode(data)}});
   }
   return Status::Ok();
 }
@@ -199,12 +205,12 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
     std::this_thread::sleep_for(std::chrono::milliseconds(waited < 1000 ? 20 : 250));
   }
   if (tty && !last_line.empty()) std::fprintf(stderr, "\r\033[K");
-  auto streamed = (*conn)->Stream("GET", "/api/v1/runs/" + name + "/logs?follow=1",
-                                  [](std::string_view data) {
-                                    std::fwrite(data.data(), 1, data.size(), stdout);
-                                    std::fflush(stdout);
-                                    return true;
-                                  });
+  auto streamed =
+      (*conn)->Stream("GET", "/api/v1/runs/" + name + "/logs?follow=1", [](std::string_view data) {
+        std::fwrite(data.data(), 1, data.size(), stdout);
+        std::fflush(stdout);
+        return true;
+      });
   if (!streamed.ok()) return Fail("lost the log stream: " + streamed.status().message());
   // The stream ends when the run does; the final state may take a moment to be recorded.
   for (int i = 0; i < 600; ++i) {

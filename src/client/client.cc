@@ -35,7 +35,8 @@ Result<Endpoint> ParseEndpoint(std::string_view text) {
     if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
     size_t colon = rest.rfind(':');
     if (colon == std::string_view::npos)
-      return InvalidArgument(fmt::format("server address '{}' has no port (http://host:port)", text));
+      return InvalidArgument(
+          fmt::format("server address '{}' has no port (http://host:port)", text));
     e.host = std::string(rest.substr(0, colon));
     try {
       e.port = std::stoi(std::string(rest.substr(colon + 1)));
@@ -44,7 +45,8 @@ Result<Endpoint> ParseEndpoint(std::string_view text) {
     }
   } else {
     return InvalidArgument(fmt::format(
-        "server address '{}' not understood: use unix:///path/to/tau.sock or http://host:port", text));
+        "server address '{}' not understood: use unix:///path/to/tau.sock or http://host:port",
+        text));
   }
   if (e.unix_socket && e.path.empty()) return InvalidArgument("unix socket path is empty");
   return e;
@@ -89,7 +91,8 @@ static Result<int> Dial(const Endpoint& e) {
     ::close(fd);
   }
   ::freeaddrinfo(res);
-  return Unavailable(fmt::format("cannot connect to {}: {}", e.ToString(), std::strerror(last_err)));
+  return Unavailable(
+      fmt::format("cannot connect to {}: {}", e.ToString(), std::strerror(last_err)));
 }
 
 Result<std::unique_ptr<Connection>> Connection::Open(const Endpoint& endpoint, int timeout_ms) {
@@ -141,8 +144,8 @@ Result<size_t> Connection::Fill() {
       pollfd p{fd_, POLLIN, 0};
       int rc = ::poll(&p, 1, timeout_ms_);
       if (rc == 0)
-        return Unavailable(fmt::format("no answer from {} within {} ms", endpoint_.ToString(),
-                                       timeout_ms_));
+        return Unavailable(
+            fmt::format("no answer from {} within {} ms", endpoint_.ToString(), timeout_ms_));
       if (rc < 0 && errno == EINTR) continue;
     }
     ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
@@ -267,16 +270,35 @@ Status ErrorFromResponse(const Response& response) {
   std::string message = response.body;
   StatusCode code = StatusCode::kInternal;
   switch (response.status) {
-    case 400: code = StatusCode::kInvalidArgument; break;
-    case 401: code = StatusCode::kUnauthenticated; break;
-    case 403: code = StatusCode::kPermissionDenied; break;
-    case 404: code = StatusCode::kNotFound; break;
-    case 409: code = StatusCode::kAlreadyExists; break;
-    case 412: code = StatusCode::kFailedPrecondition; break;
-    case 413: code = StatusCode::kResourceExhausted; break;
-    case 429: code = StatusCode::kResourceExhausted; break;
-    case 503: code = StatusCode::kUnavailable; break;
-    default: break;
+    case 400:
+      code = StatusCode::kInvalidArgument;
+      break;
+    case 401:
+      code = StatusCode::kUnauthenticated;
+      break;
+    case 403:
+      code = StatusCode::kPermissionDenied;
+      break;
+    case 404:
+      code = StatusCode::kNotFound;
+      break;
+    case 409:
+      code = StatusCode::kAlreadyExists;
+      break;
+    case 412:
+      code = StatusCode::kFailedPrecondition;
+      break;
+    case 413:
+      code = StatusCode::kResourceExhausted;
+      break;
+    case 429:
+      code = StatusCode::kResourceExhausted;
+      break;
+    case 503:
+      code = StatusCode::kUnavailable;
+      break;
+    default:
+      break;
   }
   if (!j.is_discarded() && j.is_object() && j.contains("error") && j["error"].is_object()) {
     message = j["error"].value("message", message);

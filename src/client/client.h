@@ -1,5 +1,6 @@
-// The API client: a small HTTP/1.1 client for tau's own REST API, over a Unix socket (the local default) or
-// TCP. Thin on purpose: `tau` commands start in a few milliseconds, so the CLI does not load libcurl.
+// The API client: a small HTTP/1.1 client for tau's own REST API, over a Unix socket (the local
+// default) or TCP. Thin on purpose: `tau` commands start in a few milliseconds, so the CLI does not
+// load libcurl.
 #pragma once
 
 #include <functional>
@@ -38,8 +39,8 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  // Sends one request and reads the whole response. Reconnects once if a kept-alive connection was closed
-  // by the server before answering.
+  // Sends one request and reads the whole response. Reconnects once if a kept-alive connection was
+  // closed by the server before answering.
   Result<Response> Call(std::string_view method, std::string_view path, std::string_view body = {},
                         std::string_view content_type = "application/json");
   // Sends one request and hands the body to `on_data` as it arrives (chunked streams such as logs).

@@ -29,8 +29,8 @@ std::string FormatRfc3339(int64_t epoch_ms) {
 Result<int64_t> ParseRfc3339(std::string_view text) {
   // YYYY-MM-DDTHH:MM:SS[.fff][Z|+HH:MM|-HH:MM]
   auto bad = [&] {
-    return InvalidArgument(fmt::format(
-        "invalid timestamp '{}': expected RFC 3339, e.g. 2026-01-02T15:04:05Z", text));
+    return InvalidArgument(
+        fmt::format("invalid timestamp '{}': expected RFC 3339, e.g. 2026-01-02T15:04:05Z", text));
   };
   auto num = [&](size_t pos, size_t len, int* out) {
     if (pos + len > text.size()) return false;
@@ -45,9 +45,9 @@ Result<int64_t> ParseRfc3339(std::string_view text) {
   struct tm tm = {};
   int year, mon, day, hour, min, sec;
   if (!num(0, 4, &year) || text.size() < 19 || text[4] != '-' || !num(5, 2, &mon) ||
-      text[7] != '-' || !num(8, 2, &day) || (text[10] != 'T' && text[10] != 't' && text[10] != ' ') ||
-      !num(11, 2, &hour) || text[13] != ':' || !num(14, 2, &min) || text[16] != ':' ||
-      !num(17, 2, &sec))
+      text[7] != '-' || !num(8, 2, &day) ||
+      (text[10] != 'T' && text[10] != 't' && text[10] != ' ') || !num(11, 2, &hour) ||
+      text[13] != ':' || !num(14, 2, &min) || text[16] != ':' || !num(17, 2, &sec))
     return bad();
   if (mon < 1 || mon > 12 || day < 1 || day > 31 || hour > 23 || min > 59 || sec > 60) return bad();
   size_t pos = 19;
@@ -99,7 +99,8 @@ Result<int64_t> ParseDurationMillis(std::string_view text) {
     size_t start = i;
     double value = 0;
     double scale = 0;
-    while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) {
+    while (i < text.size() &&
+           (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) {
       if (text[i] == '.') {
         if (scale != 0) return bad();
         scale = 0.1;
@@ -116,12 +117,18 @@ Result<int64_t> ParseDurationMillis(std::string_view text) {
     while (i < text.size() && std::isalpha(static_cast<unsigned char>(text[i]))) ++i;
     std::string_view unit = text.substr(unit_start, i - unit_start);
     double ms;
-    if (unit == "ms") ms = value;
-    else if (unit == "s") ms = value * 1000;
-    else if (unit == "m") ms = value * 60000;
-    else if (unit == "h") ms = value * 3600000;
-    else if (unit == "d") ms = value * 86400000;
-    else return bad();
+    if (unit == "ms")
+      ms = value;
+    else if (unit == "s")
+      ms = value * 1000;
+    else if (unit == "m")
+      ms = value * 60000;
+    else if (unit == "h")
+      ms = value * 3600000;
+    else if (unit == "d")
+      ms = value * 86400000;
+    else
+      return bad();
     if (ms > 1e15) return bad();
     total += static_cast<int64_t>(ms + 0.5);
   }

@@ -90,7 +90,8 @@ TEST(FilesTest, AtomicWriteAndRead) {
 namespace tau {
 namespace {
 TEST(Base64Test, RoundTrip) {
-  for (const std::string& s : std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\x10", 3)}) {
+  for (const std::string& s :
+       std::vector<std::string>{"", "a", "ab", "abc", "abcd", std::string("\0\xff\x10", 3)}) {
     auto d = Base64Decode(Base64Encode(s));
     ASSERT_TRUE(d.ok());
     EXPECT_EQ(*d, s);
@@ -110,7 +111,8 @@ TEST(HashTest, MoreVectorsAndIncremental) {
   std::string million(1000000, 'a');
   EXPECT_EQ(Sha256Hex(million), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
   Sha256 h;
-  for (size_t i = 0; i < million.size(); i += 997) h.Update(std::string_view(million).substr(i, 997));
+  for (size_t i = 0; i < million.size(); i += 997)
+    h.Update(std::string_view(million).substr(i, 997));
   EXPECT_EQ(h.HexDigest(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
   // Lengths around the padding boundary.
   EXPECT_EQ(Sha256Hex(std::string(55, 'x')).size(), 64u);

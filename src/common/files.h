@@ -9,8 +9,9 @@
 namespace tau {
 
 Result<std::string> ReadFile(const std::string& path);
-// Writes to a temporary file beside `path`, fsyncs it, renames it over `path`, fsyncs the directory.
-// Readers see the old content or the new one, never a half-written file, even after a crash.
+// Writes to a temporary file beside `path`, fsyncs it, renames it over `path`, fsyncs the
+// directory. Readers see the old content or the new one, never a half-written file, even after a
+// crash.
 Status WriteFileAtomic(const std::string& path, std::string_view content, int mode = 0644);
 // mkdir -p with the given mode for the directories it creates.
 Status MakeDirs(const std::string& path, int mode = 0755);

@@ -1,5 +1,5 @@
-// Limits that both sides of the API enforce: the CLI refuses early with advice, the server refuses again
-// because it cannot trust a client.
+// Limits that both sides of the API enforce: the CLI refuses early with advice, the server refuses
+// again because it cannot trust a client.
 #pragma once
 
 #include <cstddef>

@@ -23,13 +23,20 @@ __int128 Pow(__int128 base, int exp) {
 
 bool LookupSuffix(std::string_view s, __int128* num, __int128* den) {
   static const Suffix kSuffixes[] = {
-      {"Ki", Pow(1024, 1) * 1000, 1}, {"Mi", Pow(1024, 2) * 1000, 1},
-      {"Gi", Pow(1024, 3) * 1000, 1}, {"Ti", Pow(1024, 4) * 1000, 1},
-      {"Pi", Pow(1024, 5) * 1000, 1}, {"Ei", Pow(1024, 6) * 1000, 1},
-      {"m", 1, 1},                    {"", 1000, 1},
-      {"k", Pow(10, 6), 1},           {"M", Pow(10, 9), 1},
-      {"G", Pow(10, 12), 1},          {"T", Pow(10, 15), 1},
-      {"P", Pow(10, 18), 1},          {"E", Pow(10, 21), 1},
+      {"Ki", Pow(1024, 1) * 1000, 1},
+      {"Mi", Pow(1024, 2) * 1000, 1},
+      {"Gi", Pow(1024, 3) * 1000, 1},
+      {"Ti", Pow(1024, 4) * 1000, 1},
+      {"Pi", Pow(1024, 5) * 1000, 1},
+      {"Ei", Pow(1024, 6) * 1000, 1},
+      {"m", 1, 1},
+      {"", 1000, 1},
+      {"k", Pow(10, 6), 1},
+      {"M", Pow(10, 9), 1},
+      {"G", Pow(10, 12), 1},
+      {"T", Pow(10, 15), 1},
+      {"P", Pow(10, 18), 1},
+      {"E", Pow(10, 21), 1},
   };
   for (const Suffix& suffix : kSuffixes) {
     if (suffix.text == s) {
@@ -45,8 +52,8 @@ bool LookupSuffix(std::string_view s, __int128* num, __int128* den) {
 
 Result<Quantity> Quantity::Parse(std::string_view text) {
   auto bad = [&](std::string_view why) {
-    return InvalidArgument(fmt::format("invalid quantity '{}': {} (examples: 500m, 2, 1.5, 64Gi)",
-                                       text, why));
+    return InvalidArgument(
+        fmt::format("invalid quantity '{}': {} (examples: 500m, 2, 1.5, 64Gi)", text, why));
   };
   if (text.empty()) return bad("empty");
   size_t i = 0;

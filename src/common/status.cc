@@ -6,17 +6,28 @@ namespace tau {
 
 const char* StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kAlreadyExists: return "AlreadyExists";
-    case StatusCode::kFailedPrecondition: return "FailedPrecondition";
-    case StatusCode::kPermissionDenied: return "PermissionDenied";
-    case StatusCode::kUnauthenticated: return "Unauthenticated";
-    case StatusCode::kResourceExhausted: return "ResourceExhausted";
-    case StatusCode::kUnavailable: return "Unavailable";
-    case StatusCode::kInternal: return "Internal";
-    case StatusCode::kIo: return "IoError";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kAlreadyExists:
+      return "AlreadyExists";
+    case StatusCode::kFailedPrecondition:
+      return "FailedPrecondition";
+    case StatusCode::kPermissionDenied:
+      return "PermissionDenied";
+    case StatusCode::kUnauthenticated:
+      return "Unauthenticated";
+    case StatusCode::kResourceExhausted:
+      return "ResourceExhausted";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
+    case StatusCode::kInternal:
+      return "Internal";
+    case StatusCode::kIo:
+      return "IoError";
   }
   return "Unknown";
 }

@@ -1,6 +1,7 @@
-// Status and Result<T>: tau's error handling. No exceptions cross a module boundary; a function that can fail
-// returns Status (no value) or Result<T> (a value or the error). Library exceptions are caught at the edge
-// (yaml-cpp, nlohmann::json, std::filesystem) and turned into a Status there.
+// Status and Result<T>: tau's error handling. No exceptions cross a module boundary; a function
+// that can fail returns Status (no value) or Result<T> (a value or the error). Library exceptions
+// are caught at the edge (yaml-cpp, nlohmann::json, std::filesystem) and turned into a Status
+// there.
 #pragma once
 
 #include <cassert>
@@ -13,9 +14,9 @@ namespace tau {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,   // the caller's input is wrong (bad spec, bad request)
-  kNotFound,          // a named thing does not exist
-  kAlreadyExists,     // a name is taken
+  kInvalidArgument,     // the caller's input is wrong (bad spec, bad request)
+  kNotFound,            // a named thing does not exist
+  kAlreadyExists,       // a name is taken
   kFailedPrecondition,  // the system is not in a state where this can be done
   kPermissionDenied,
   kUnauthenticated,

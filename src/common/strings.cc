@@ -79,14 +79,16 @@ bool EndsWith(std::string_view s, std::string_view p) {
 
 std::string ShellQuote(std::string_view s) {
   bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || std::string_view("-_./=:,+@%").find(c) !=
-                                                               std::string_view::npos;
+    return std::isalnum(static_cast<unsigned char>(c)) ||
+           std::string_view("-_./=:,+@%").find(c) != std::string_view::npos;
   });
   if (plain) return std::string(s);
   std::string out = "'";
   for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
   }
   return out + "'";
 }

@@ -23,16 +23,26 @@ constexpr int kLogPollMs = 100;
 
 int HttpStatus(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return 200;
-    case StatusCode::kInvalidArgument: return 400;
-    case StatusCode::kUnauthenticated: return 401;
-    case StatusCode::kPermissionDenied: return 403;
-    case StatusCode::kNotFound: return 404;
-    case StatusCode::kAlreadyExists: return 409;
-    case StatusCode::kFailedPrecondition: return 412;
-    case StatusCode::kResourceExhausted: return 413;
-    case StatusCode::kUnavailable: return 503;
-    default: return 500;
+    case StatusCode::kOk:
+      return 200;
+    case StatusCode::kInvalidArgument:
+      return 400;
+    case StatusCode::kUnauthenticated:
+      return 401;
+    case StatusCode::kPermissionDenied:
+      return 403;
+    case StatusCode::kNotFound:
+      return 404;
+    case StatusCode::kAlreadyExists:
+      return 409;
+    case StatusCode::kFailedPrecondition:
+      return 412;
+    case StatusCode::kResourceExhausted:
+      return 413;
+    case StatusCode::kUnavailable:
+      return 503;
+    default:
+      return 500;
   }
 }
 
@@ -93,19 +103,22 @@ json AttemptJson(const store::AttemptRecord& a) {
 }
 
 json EventJson(const store::Event& e) {
-  return {{"time", FormatRfc3339(e.ts_ms)}, {"type", e.type}, {"message", e.message},
-          {"data", e.data},                 {"hash", e.hash}};
+  return {{"time", FormatRfc3339(e.ts_ms)},
+          {"type", e.type},
+          {"message", e.message},
+          {"data", e.data},
+          {"hash", e.hash}};
 }
 
-Result<int64_t> IntParam(const HttpRequest& req, const char* name, int64_t fallback,
-                         int64_t min, int64_t max) {
+Result<int64_t> IntParam(const HttpRequest& req, const char* name, int64_t fallback, int64_t min,
+                         int64_t max) {
   if (!req.has_param(name)) return fallback;
   std::string v = req.get_param_value(name);
   char* end = nullptr;
   long long n = std::strtoll(v.c_str(), &end, 10);
   if (v.empty() || *end != '\0' || n < min || n > max)
-    return InvalidArgument(fmt::format("query parameter '{}' must be an integer in {}..{}, got '{}'",
-                                       name, min, max, v));
+    return InvalidArgument(fmt::format(
+        "query parameter '{}' must be an integer in {}..{}, got '{}'", name, min, max, v));
   return static_cast<int64_t>(n);
 }
 
@@ -117,7 +130,8 @@ bool BoolParam(const HttpRequest& req, const char* name) {
 
 Result<SubmitRequest> ParseSubmit(const std::string& body) {
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgument("request body is not a JSON object");
+  if (j.is_discarded() || !j.is_object())
+    return InvalidArgument("request body is not a JSON object");
   if (!j.contains("spec") || !j["spec"].is_object() || !j["spec"].contains("yaml") ||
       !j["spec"]["yaml"].is_string())
     return InvalidArgument("request needs spec.yaml (the tau.yaml text) as a string");
@@ -147,8 +161,14 @@ class LogStreamer {
  public:
   LogStreamer(store::Store* store, Controller* controller, std::string run, int attempt, int rank,
               bool follow, const HttpServer* http)
-      : store_(store), controller_(controller), run_(std::move(run)), pinned_(attempt > 0),
-        attempt_(attempt), rank_(rank), follow_(follow), http_(http) {}
+      : store_(store),
+        controller_(controller),
+        run_(std::move(run)),
+        pinned_(attempt > 0),
+        attempt_(attempt),
+        rank_(rank),
+        follow_(follow),
+        http_(http) {}
   ~LogStreamer() {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -192,7 +212,8 @@ class LogStreamer {
       if (!attempts.ok() || attempts->empty()) return false;
       attempt_ = follow_ ? attempts->front().number : attempts->back().number;
     }
-    std::string path = fmt::format("{}/logs/rank-{}.log", controller_->AttemptDir(run_, attempt_), rank_);
+    std::string path =
+        fmt::format("{}/logs/rank-{}.log", controller_->AttemptDir(run_, attempt_), rank_);
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     return fd_ >= 0;
   }
@@ -244,11 +265,12 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store) 
     json j = json::parse(req.body, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("yaml") || !j["yaml"].is_string())
       return ReplyError(res, InvalidArgument("request needs 'yaml' (the spec text) as a string"));
-    auto parsed = spec::ParseSpec(j["yaml"].get<std::string>(), j.value("file", std::string("tau.yaml")));
+    auto parsed =
+        spec::ParseSpec(j["yaml"].get<std::string>(), j.value("file", std::string("tau.yaml")));
     json diags = json::array();
     for (const auto& d : parsed.diagnostics)
-      diags.push_back({{"line", d.line}, {"column", d.column}, {"message", d.message},
-                       {"text", d.ToString()}});
+      diags.push_back(
+          {{"line", d.line}, {"column", d.column}, {"message", d.message}, {"text", d.ToString()}});
     Reply(res, 200, {{"valid", parsed.ok()}, {"diagnostics", diags}});
   });
 
@@ -265,74 +287,76 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store) 
     Reply(res, 201, {{"run", RunJson(*run, controller)}});
   });
 
-  http->Route("GET", "/api/v1/runs", [controller, store](const HttpRequest& req, HttpResponse& res) {
-    store::RunFilter filter;
-    if (req.has_param("state")) {
-      auto state = store::ParseRunState(req.get_param_value("state"));
-      if (!state.ok()) return ReplyError(res, state.status());
-      filter.state = *state;
-    }
-    filter.active_only = BoolParam(req, "active");
-    if (req.has_param("workspace")) filter.workspace = req.get_param_value("workspace");
-    auto limit = IntParam(req, "limit", 100, 1, 1000);
-    if (!limit.ok()) return ReplyError(res, limit.status());
-    auto offset = IntParam(req, "offset", 0, 0, INT64_MAX);
-    if (!offset.ok()) return ReplyError(res, offset.status());
-    filter.limit = *limit;
-    filter.offset = *offset;
-    auto runs = store->ListRuns(filter);
-    if (!runs.ok()) return ReplyError(res, runs.status());
-    auto total = store->CountRuns(filter);
-    if (!total.ok()) return ReplyError(res, total.status());
-    json list = json::array();
-    for (const RunRecord& r : *runs) list.push_back(RunJson(r, controller));
-    Reply(res, 200, {{"runs", list}, {"total", *total}, {"limit", *limit}, {"offset", *offset}});
-  });
+  http->Route("GET", "/api/v1/runs",
+              [controller, store](const HttpRequest& req, HttpResponse& res) {
+                store::RunFilter filter;
+                if (req.has_param("state")) {
+                  auto state = store::ParseRunState(req.get_param_value("state"));
+                  if (!state.ok()) return ReplyError(res, state.status());
+                  filter.state = *state;
+                }
+                filter.active_only = BoolParam(req, "active");
+                if (req.has_param("workspace")) filter.workspace = req.get_param_value("workspace");
+                auto limit = IntParam(req, "limit", 100, 1, 1000);
+                if (!limit.ok()) return ReplyError(res, limit.status());
+                auto offset = IntParam(req, "offset", 0, 0, INT64_MAX);
+                if (!offset.ok()) return ReplyError(res, offset.status());
+                filter.limit = *limit;
+                filter.offset = *offset;
+                auto runs = store->ListRuns(filter);
+                if (!runs.ok()) return ReplyError(res, runs.status());
+                auto total = store->CountRuns(filter);
+                if (!total.ok()) return ReplyError(res, total.status());
+                json list = json::array();
+                for (const RunRecord& r : *runs) list.push_back(RunJson(r, controller));
+                Reply(res, 200,
+                      {{"runs", list}, {"total", *total}, {"limit", *limit}, {"offset", *offset}});
+              });
 
   http->Route("GET", R"(/api/v1/runs/([a-z0-9-]+))",
-            [controller, store](const HttpRequest& req, HttpResponse& res) {
-              std::string name = req.matches[1];
-              auto run = store->GetRun(name);
-              if (!run.ok()) return ReplyError(res, run.status());
-              auto attempts = store->ListAttempts(name);
-              auto events = store->ListEvents(name);
-              if (!attempts.ok()) return ReplyError(res, attempts.status());
-              if (!events.ok()) return ReplyError(res, events.status());
-              json body = {{"run", RunJson(*run, controller)}};
-              body["run"]["spec"] = run->spec_json;
-              json a = json::array(), e = json::array();
-              for (const auto& x : *attempts) a.push_back(AttemptJson(x));
-              for (const auto& x : *events) e.push_back(EventJson(x));
-              body["attempts"] = a;
-              body["events"] = e;
-              Reply(res, 200, body);
-            });
+              [controller, store](const HttpRequest& req, HttpResponse& res) {
+                std::string name = req.matches[1];
+                auto run = store->GetRun(name);
+                if (!run.ok()) return ReplyError(res, run.status());
+                auto attempts = store->ListAttempts(name);
+                auto events = store->ListEvents(name);
+                if (!attempts.ok()) return ReplyError(res, attempts.status());
+                if (!events.ok()) return ReplyError(res, events.status());
+                json body = {{"run", RunJson(*run, controller)}};
+                body["run"]["spec"] = run->spec_json;
+                json a = json::array(), e = json::array();
+                for (const auto& x : *attempts) a.push_back(AttemptJson(x));
+                for (const auto& x : *events) e.push_back(EventJson(x));
+                body["attempts"] = a;
+                body["events"] = e;
+                Reply(res, 200, body);
+              });
 
   http->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/cancel)",
-             [controller](const HttpRequest& req, HttpResponse& res) {
-               Status s = controller->Cancel(req.matches[1]);
-               if (!s.ok()) return ReplyError(res, s);
-               Reply(res, 202, {{"cancelling", std::string(req.matches[1])}});
-             });
+              [controller](const HttpRequest& req, HttpResponse& res) {
+                Status s = controller->Cancel(req.matches[1]);
+                if (!s.ok()) return ReplyError(res, s);
+                Reply(res, 202, {{"cancelling", std::string(req.matches[1])}});
+              });
 
   http->Route("GET", R"(/api/v1/runs/([a-z0-9-]+)/logs)",
-            [controller, store, http](const HttpRequest& req, HttpResponse& res) {
-              std::string name = req.matches[1];
-              auto run = store->GetRun(name);
-              if (!run.ok()) return ReplyError(res, run.status());
-              auto attempt = IntParam(req, "attempt", 0, 1, 1000000);
-              if (!attempt.ok()) return ReplyError(res, attempt.status());
-              auto rank = IntParam(req, "rank", 0, 0, 100000);
-              if (!rank.ok()) return ReplyError(res, rank.status());
-              if (*attempt > run->attempts && !BoolParam(req, "follow"))
-                return ReplyError(res, NotFound(fmt::format("run '{}' has {} attempt(s), not {}",
-                                                            name, run->attempts, *attempt)));
-              auto streamer = std::make_shared<LogStreamer>(
-                  store, controller, name, static_cast<int>(*attempt), static_cast<int>(*rank),
-                  BoolParam(req, "follow"), http);
-              res.content_type = "text/plain; charset=utf-8";
-              res.stream = [streamer](ChunkSink& sink) { return streamer->Step(sink); };
-            });
+              [controller, store, http](const HttpRequest& req, HttpResponse& res) {
+                std::string name = req.matches[1];
+                auto run = store->GetRun(name);
+                if (!run.ok()) return ReplyError(res, run.status());
+                auto attempt = IntParam(req, "attempt", 0, 1, 1000000);
+                if (!attempt.ok()) return ReplyError(res, attempt.status());
+                auto rank = IntParam(req, "rank", 0, 0, 100000);
+                if (!rank.ok()) return ReplyError(res, rank.status());
+                if (*attempt > run->attempts && !BoolParam(req, "follow"))
+                  return ReplyError(res, NotFound(fmt::format("run '{}' has {} attempt(s), not {}",
+                                                              name, run->attempts, *attempt)));
+                auto streamer = std::make_shared<LogStreamer>(
+                    store, controller, name, static_cast<int>(*attempt), static_cast<int>(*rank),
+                    BoolParam(req, "follow"), http);
+                res.content_type = "text/plain; charset=utf-8";
+                res.stream = [streamer](ChunkSink& sink) { return streamer->Step(sink); };
+              });
 }
 
 }  // namespace tau::server

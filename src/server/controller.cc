@@ -13,6 +13,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/strings.h"
+#include "recovery/recovery.h"
 
 extern char** environ;
 
@@ -38,8 +39,8 @@ int64_t DetectMemoryBytes() {
   return 0;
 }
 
-// A free TCP port for a gang's rendezvous (MASTER_PORT). The kernel picks it; the window in which another
-// program could take it before the gang binds it is small and only costs that attempt.
+// A free TCP port for a gang's rendezvous (MASTER_PORT). The kernel picks it; the window in which
+// another program could take it before the gang binds it is small and only costs that attempt.
 int PickFreePort() {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return 29500;
@@ -62,11 +63,16 @@ std::string Plural(int64_t n, const char* one, const char* many) {
 // The failure class of a finished attempt (see docs/architecture.md, "Failure classes").
 std::string FailureClass(const runtime::AttemptOutcome& o, bool cancel_requested) {
   switch (o.kind) {
-    case runtime::OutcomeKind::kSucceeded: return "Succeeded";
-    case runtime::OutcomeKind::kSetupFailed: return "SetupError";
-    case runtime::OutcomeKind::kTimedOut: return "Timeout";
-    case runtime::OutcomeKind::kStopped: return cancel_requested ? "Cancelled" : "Evicted";
-    case runtime::OutcomeKind::kFailed: return o.oom_killed ? "OOMKilled" : "UserError";
+    case runtime::OutcomeKind::kSucceeded:
+      return "Succeeded";
+    case runtime::OutcomeKind::kSetupFailed:
+      return "SetupError";
+    case runtime::OutcomeKind::kTimedOut:
+      return "Timeout";
+    case runtime::OutcomeKind::kStopped:
+      return cancel_requested ? "Cancelled" : "Evicted";
+    case runtime::OutcomeKind::kFailed:
+      return o.oom_killed ? "OOMKilled" : "UserError";
   }
   return "Unknown";
 }
@@ -140,8 +146,7 @@ std::string Controller::Refusal(const Resources& need) const {
                        Plural(need.gpus, "GPU", "GPUs"), total_gpus);
   if (need.cpu_milli > cpu_capacity_milli_)
     return fmt::format("this run asks for {} CPUs but this machine has {}",
-                       Quantity::FromMilli(need.cpu_milli).ToString(),
-                       cpu_capacity_milli_ / 1000);
+                       Quantity::FromMilli(need.cpu_milli).ToString(), cpu_capacity_milli_ / 1000);
   if (need.memory_bytes > memory_capacity_bytes_)
     return fmt::format("this run asks for {} of memory but this machine has {}",
                        Quantity::FromUnits(need.memory_bytes).ToString(),
@@ -231,9 +236,10 @@ nlohmann::json Controller::Capacity() {
 void Controller::CommitOrDie(Batch batch) {
   Status s = store_->Commit(std::move(batch));
   if (!s.ok()) {
-    // Acting on a state change that is not durable could lose or duplicate a run: stop instead. A restart
-    // recovers from the last committed state.
-    std::fprintf(stderr, "tau server: fatal: cannot commit to the store: %s\n", s.ToString().c_str());
+    // Acting on a state change that is not durable could lose or duplicate a run: stop instead. A
+    // restart recovers from the last committed state.
+    std::fprintf(stderr, "tau server: fatal: cannot commit to the store: %s\n",
+                 s.ToString().c_str());
     std::_Exit(70);
   }
 }
@@ -256,12 +262,61 @@ void Controller::Finish(ActiveRun& run, RunState state, const std::string& reaso
   if (r.exit_code) data["exit_code"] = *r.exit_code;
   if (r.signal) data["signal"] = *r.signal;
   Transition(run, state, store::RunStateName(state), message, batch, data);
+  ReleaseResources(run);
+  batch->runs.push_back(r);
+}
+
+void Controller::ReleaseResources(ActiveRun& run) {
+  RunRecord& r = run.record;
   for (int g : r.gpus) free_gpus_.insert(g);
   if (r.admitted_ms) {
     free_cpu_milli_ += run.need.cpu_milli;
     free_memory_bytes_ += run.need.memory_bytes;
   }
   r.gpus.clear();
+  r.admitted_ms.reset();
+}
+
+void Controller::FailAttempt(ActiveRun& run, const std::string& failure_class,
+                             const std::string& message, Batch* batch) {
+  RunRecord& r = run.record;
+  const spec::Resilience& policy = run.spec.resilience;
+  const std::vector<std::string>& retry_on =
+      policy.retry_on_set ? policy.retry_on : spec::DefaultRetryOn();
+  int retries_used = std::max(0, r.attempts - 1);
+  std::string stop;  // why the policy says stop; "" means retry
+  if (failure_class == "Unknown") {
+    stop = "Unknown failures are never retried";
+  } else if (std::find(retry_on.begin(), retry_on.end(), failure_class) == retry_on.end()) {
+    stop =
+        fmt::format("{} is not in resilience.retry_on [{}]", failure_class, Join(retry_on, ", "));
+  } else if (retries_used >= policy.max_retries) {
+    stop = fmt::format("resilience.max_retries ({}) is used up", policy.max_retries);
+  } else if (policy.max_retry_duration_ms && r.started_ms &&
+             NowMillis() - *r.started_ms > *policy.max_retry_duration_ms) {
+    stop = fmt::format("resilience.max_retry_duration ({}) has passed",
+                       FormatDuration(*policy.max_retry_duration_ms));
+  }
+  if (!stop.empty()) {
+    std::string full = policy.max_retries > 0 || policy.retry_on_set
+                           ? fmt::format("{} (not retried: {})", message, stop)
+                           : message;
+    Finish(run, RunState::kFailed, failure_class, full, batch);
+    return;
+  }
+  // Exponential backoff: initial, 2x, 4x, ... capped at backoff_max.
+  int64_t backoff = policy.backoff_initial_ms;
+  for (int i = 0; i < retries_used && backoff < policy.backoff_max_ms; ++i) backoff *= 2;
+  backoff = std::min(backoff, policy.backoff_max_ms);
+  ReleaseResources(run);
+  r.reason = failure_class;
+  r.message = message;
+  r.not_before_ms = NowMillis() + backoff;
+  Transition(
+      run, RunState::kQueued, "Retrying",
+      fmt::format("attempt {} failed ({}); retry {} of {} after {} backoff", r.attempts,
+                  failure_class, retries_used + 1, policy.max_retries, FormatDuration(backoff)),
+      batch, {{"failure_class", failure_class}, {"backoff_ms", backoff}});
   batch->runs.push_back(r);
 }
 
@@ -328,8 +383,9 @@ void Controller::Recover(Batch* batch) {
     a.reason = "NodeLost";
     a.message = "the attempt's processes vanished while the server was down";
     batch->attempts.push_back(a);
-    Finish(run, RunState::kFailed, "NodeLost", a.message, batch);
-    active_.erase(record.name);
+    run.shim.reset();
+    FailAttempt(run, "NodeLost", a.message, batch);
+    if (store::IsTerminal(run.record.state)) active_.erase(record.name);
   }
 }
 
@@ -338,7 +394,7 @@ void Controller::Loop() {
     std::deque<std::string> news, cancels, exits;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::seconds(1), [&] {
+      cv_.wait_for(lock, std::chrono::milliseconds(NextWakeMillis()), [&] {
         return stopping_ || !inbox_new_.empty() || !inbox_cancel_.empty() || !inbox_exited_.empty();
       });
       if (stopping_) return;
@@ -378,6 +434,17 @@ void Controller::Loop() {
   }
 }
 
+// How long the loop may sleep: until the earliest retry's backoff ends, at most a second.
+int64_t Controller::NextWakeMillis() const {
+  int64_t now = NowMillis();
+  int64_t wake = 1000;
+  for (const auto& [name, run] : active_) {
+    if (run.record.state == RunState::kQueued && run.record.not_before_ms)
+      wake = std::min(wake, std::max<int64_t>(0, *run.record.not_before_ms - now));
+  }
+  return wake;
+}
+
 void Controller::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
   std::vector<ActiveRun*> queued;
   for (auto& [name, run] : active_) {
@@ -387,10 +454,12 @@ void Controller::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
   }
   std::sort(queued.begin(), queued.end(),
             [](const ActiveRun* a, const ActiveRun* b) { return a->record.seq < b->record.seq; });
-  // Best-effort FIFO: in submission order, admit every run whose resources are free now; a run that does
-  // not fit does not block smaller ones behind it.
+  // Best-effort FIFO: in submission order, admit every run whose resources are free now; a run that
+  // does not fit does not block smaller ones behind it.
+  int64_t now = NowMillis();
   for (ActiveRun* run : queued) {
     const Resources& need = run->need;
+    if (run->record.not_before_ms && *run->record.not_before_ms > now) continue;  // backing off
     if (need.gpus > static_cast<int>(free_gpus_.size()) || need.cpu_milli > free_cpu_milli_ ||
         need.memory_bytes > free_memory_bytes_)
       continue;
@@ -401,11 +470,14 @@ void Controller::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
     free_memory_bytes_ -= need.memory_bytes;
     r.admitted_ms = NowMillis();
     std::string where = r.gpus.empty() ? "no GPUs"
-                                       : "GPUs " + Join([&] {
-                                           std::vector<std::string> s;
-                                           for (int g : r.gpus) s.push_back(std::to_string(g));
-                                           return s;
-                                         }(), ",");
+                                       : "GPUs " + Join(
+                                                       [&] {
+                                                         std::vector<std::string> s;
+                                                         for (int g : r.gpus)
+                                                           s.push_back(std::to_string(g));
+                                                         return s;
+                                                       }(),
+                                                       ",");
     Transition(*run, RunState::kAdmitted, "Admitted", "admitted on this machine with " + where,
                batch, {{"gpus", r.gpus}});
     batch->runs.push_back(r);
@@ -414,11 +486,13 @@ void Controller::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
 }
 
 runtime::EnvList Controller::BaseEnv() const {
-  // What a run inherits from the server: enough to find programs and behave, not the server's secrets.
-  static const char* kPassThrough[] = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TZ",
-                                       "TMPDIR", "LD_LIBRARY_PATH", "CUDA_HOME", "http_proxy",
-                                       "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY",
-                                       "NO_PROXY"};
+  // What a run inherits from the server: enough to find programs and behave, not the server's
+  // secrets.
+  static const char* kPassThrough[] = {
+      "PATH",       "HOME",        "USER",     "LOGNAME",         "SHELL",
+      "LANG",       "TZ",          "TMPDIR",   "LD_LIBRARY_PATH", "CUDA_HOME",
+      "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY",      "HTTPS_PROXY",
+      "NO_PROXY"};
   runtime::EnvList env;
   for (const char* name : kPassThrough)
     if (const char* v = std::getenv(name)) env.emplace_back(name, v);
@@ -453,7 +527,7 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
     batch->attempts.push_back(a);
     r.attempts = number;
     r.exit_code = std::nullopt;
-    Finish(run, RunState::kFailed, reason, message, batch);
+    FailAttempt(run, reason, message, batch);
   };
   runtime::LaunchContext ctx;
   ctx.run_name = name;
@@ -465,6 +539,12 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
   ctx.gpus = r.gpus;
   ctx.master_port = PickFreePort();
   ctx.base_env = BaseEnv();
+  if (number > 1) {
+    // What the next attempt needs to recover: why the last one failed, and where to resume from.
+    ctx.extra_env.emplace_back("TAU_FAILURE_REASON", r.reason);
+    std::string resume = recovery::NewestCompleteCheckpoint(ctx.checkpoint_dir);
+    if (!resume.empty()) ctx.extra_env.emplace_back("TAU_RESUME_FROM", resume);
+  }
   for (const std::string& dir : {ctx.checkpoint_dir, ctx.output_dir, a.dir}) {
     if (Status s = MakeDirs(dir); !s.ok()) return fail("SetupError", s.message());
   }
@@ -494,11 +574,13 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
   a.shim_start_time = shim->start_time;
   batch->attempts.push_back(a);
   r.attempts = number;
-  r.started_ms = a.started_ms;
-  Transition(run, RunState::kRunning, "Running",
-             fmt::format("attempt {} started ({})", number,
-                         Plural(static_cast<int64_t>(config.workers.size()), "process", "processes")),
-             batch, {{"attempt", number}, {"shim_pid", shim->pid}});
+  if (!r.started_ms) r.started_ms = a.started_ms;  // the run's start: its first attempt's
+  r.not_before_ms.reset();
+  Transition(
+      run, RunState::kRunning, "Running",
+      fmt::format("attempt {} started ({})", number,
+                  Plural(static_cast<int64_t>(config.workers.size()), "process", "processes")),
+      batch, {{"attempt", number}, {"shim_pid", shim->pid}});
   batch->runs.push_back(r);
 }
 
@@ -522,8 +604,10 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
     a.reason = r.cancel_requested ? "Cancelled" : "NodeLost";
     a.message = "the attempt's supervisor exited without recording a result";
     batch->attempts.push_back(a);
-    Finish(run, r.cancel_requested ? RunState::kCancelled : RunState::kFailed, a.reason, a.message,
-           batch);
+    if (r.cancel_requested)
+      Finish(run, RunState::kCancelled, a.reason, a.message, batch);
+    else
+      FailAttempt(run, a.reason, a.message, batch);
     return;
   }
   const runtime::AttemptOutcome& o = *outcome;
@@ -541,7 +625,7 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   } else if (a.reason == "Cancelled") {
     Finish(run, RunState::kCancelled, "Cancelled", "cancelled by request", batch);
   } else {
-    Finish(run, RunState::kFailed, a.reason, o.message, batch);
+    FailAttempt(run, a.reason, o.message, batch);
   }
 }
 
@@ -563,7 +647,8 @@ void Controller::HandleCancel(const std::string& name, Batch* batch) {
     auto attempts = store_->ListAttempts(name);
     std::string dir = attempts.ok() && !attempts->empty() ? attempts->back().dir : "";
     Status s = runtime::StopAttempt(*run.shim, dir);
-    if (!s.ok()) std::fprintf(stderr, "tau server: cancel %s: %s\n", name.c_str(), s.ToString().c_str());
+    if (!s.ok())
+      std::fprintf(stderr, "tau server: cancel %s: %s\n", name.c_str(), s.ToString().c_str());
   }
 }
 
@@ -571,9 +656,8 @@ void Controller::RefreshPending() {
   std::vector<const ActiveRun*> queued;
   for (const auto& [name, run] : active_)
     if (run.record.state == RunState::kQueued) queued.push_back(&run);
-  std::sort(queued.begin(), queued.end(), [](const ActiveRun* a, const ActiveRun* b) {
-    return a->record.seq < b->record.seq;
-  });
+  std::sort(queued.begin(), queued.end(),
+            [](const ActiveRun* a, const ActiveRun* b) { return a->record.seq < b->record.seq; });
   std::map<std::string, nlohmann::json> info;
   int position = 0;
   for (const ActiveRun* run : queued) {
@@ -584,27 +668,27 @@ void Controller::RefreshPending() {
       short_of.push_back(fmt::format("{} ({} of {} free)", Plural(need.gpus, "GPU", "GPUs"),
                                      free_gpus_.size(), gpus_.devices.size()));
     if (need.cpu_milli > free_cpu_milli_)
-      short_of.push_back(fmt::format("{} CPUs ({} free)", Quantity::FromMilli(need.cpu_milli).ToString(),
-                                     Quantity::FromMilli(std::max<int64_t>(0, free_cpu_milli_)).ToString()));
+      short_of.push_back(
+          fmt::format("{} CPUs ({} free)", Quantity::FromMilli(need.cpu_milli).ToString(),
+                      Quantity::FromMilli(std::max<int64_t>(0, free_cpu_milli_)).ToString()));
     if (need.memory_bytes > free_memory_bytes_)
-      short_of.push_back(fmt::format("{} memory ({} free)",
-                                     Quantity::FromUnits(need.memory_bytes).ToString(),
-                                     Quantity::FromUnits(std::max<int64_t>(0, free_memory_bytes_)).ToString()));
+      short_of.push_back(
+          fmt::format("{} memory ({} free)", Quantity::FromUnits(need.memory_bytes).ToString(),
+                      Quantity::FromUnits(std::max<int64_t>(0, free_memory_bytes_)).ToString()));
     std::string reason = short_of.empty()
                              ? "waiting for the scheduler"
                              : fmt::format("needs {}; {} ahead in queue {}", Join(short_of, ", "),
                                            Plural(position - 1, "run", "runs"), run->record.queue);
     info[run->record.name] = {{"position", position}, {"reason", reason}};
   }
-  nlohmann::json capacity = {
-      {"gpus_total", gpus_.devices.size()},
-      {"gpus_free", free_gpus_.size()},
-      {"cpu_milli_total", cpu_capacity_milli_},
-      {"cpu_milli_free", free_cpu_milli_},
-      {"memory_bytes_total", memory_capacity_bytes_},
-      {"memory_bytes_free", free_memory_bytes_},
-      {"queued", queued.size()},
-      {"active", active_.size()}};
+  nlohmann::json capacity = {{"gpus_total", gpus_.devices.size()},
+                             {"gpus_free", free_gpus_.size()},
+                             {"cpu_milli_total", cpu_capacity_milli_},
+                             {"cpu_milli_free", free_cpu_milli_},
+                             {"memory_bytes_total", memory_capacity_bytes_},
+                             {"memory_bytes_free", free_memory_bytes_},
+                             {"queued", queued.size()},
+                             {"active", active_.size()}};
   std::lock_guard<std::mutex> lock(mu_);
   // Keep placeholders for runs submitted after this pass started; they are not in active_ yet.
   for (const std::string& name : inbox_new_)

@@ -1,6 +1,6 @@
 // The controller: owns the life of every run on the local backend. One thread makes every decision
-// (admission, starting attempts, handling exits, cancels), so decisions never race; API threads hand it work
-// through an inbox. Each decision is committed to the store before it is acted on.
+// (admission, starting attempts, handling exits, cancels), so decisions never race; API threads
+// hand it work through an inbox. Each decision is committed to the store before it is acted on.
 #pragma once
 
 #include <condition_variable>
@@ -27,8 +27,8 @@ struct ControllerOptions {
   std::string home;        // TAU_HOME
   std::string tau_binary;  // started as `tau __shim DIR` for each attempt
   int64_t stop_grace_ms = 10'000;
-  int64_t cpu_capacity_milli = 0;    // 0: detect
-  int64_t memory_capacity_bytes = 0; // 0: detect
+  int64_t cpu_capacity_milli = 0;     // 0: detect
+  int64_t memory_capacity_bytes = 0;  // 0: detect
 };
 
 struct SubmitRequest {
@@ -84,6 +84,11 @@ class Controller {
   void HandleCancel(const std::string& name, store::Batch* batch);
   void Finish(ActiveRun& run, store::RunState state, const std::string& reason,
               const std::string& message, store::Batch* batch);
+  // A failed attempt: retried when the spec's resilience policy allows it, else the run fails.
+  void FailAttempt(ActiveRun& run, const std::string& failure_class, const std::string& message,
+                   store::Batch* batch);
+  void ReleaseResources(ActiveRun& run);
+  int64_t NextWakeMillis() const;
   void Transition(ActiveRun& run, store::RunState state, const std::string& event_type,
                   const std::string& message, store::Batch* batch,
                   nlohmann::json data = nlohmann::json::object());
@@ -102,12 +107,12 @@ class Controller {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stopping_ = false;                       // GUARDED_BY(mu_)
-  std::deque<std::string> inbox_new_;           // GUARDED_BY(mu_)
-  std::deque<std::string> inbox_cancel_;        // GUARDED_BY(mu_)
-  std::deque<std::string> inbox_exited_;        // GUARDED_BY(mu_)
+  bool stopping_ = false;                               // GUARDED_BY(mu_)
+  std::deque<std::string> inbox_new_;                   // GUARDED_BY(mu_)
+  std::deque<std::string> inbox_cancel_;                // GUARDED_BY(mu_)
+  std::deque<std::string> inbox_exited_;                // GUARDED_BY(mu_)
   std::map<std::string, nlohmann::json> pending_info_;  // GUARDED_BY(mu_)
-  nlohmann::json capacity_info_;                // GUARDED_BY(mu_)
+  nlohmann::json capacity_info_;                        // GUARDED_BY(mu_)
 
   // Owned by the loop thread.
   std::map<std::string, ActiveRun> active_;

@@ -29,31 +29,52 @@ constexpr int kIoTimeoutMs = 30000;    // a request or response that makes no pr
 
 const char* Reason(int status) {
   switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 409: return "Conflict";
-    case 411: return "Length Required";
-    case 412: return "Precondition Failed";
-    case 413: return "Payload Too Large";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    default: return "Status";
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 201:
+      return "Created";
+    case 202:
+      return "Accepted";
+    case 204:
+      return "No Content";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 409:
+      return "Conflict";
+    case 411:
+      return "Length Required";
+    case 412:
+      return "Precondition Failed";
+    case 413:
+      return "Payload Too Large";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Status";
   }
 }
 
 std::string ErrorBody(const char* code, const std::string& message) {
-  // Kept free of a JSON library on purpose: the message is produced here, never from user input raw.
+  // Kept free of a JSON library on purpose: the message is produced here, never from user input
+  // raw.
   std::string escaped;
   for (char c : message) {
     if (c == '"' || c == '\\') escaped += '\\';
@@ -182,13 +203,14 @@ Status HttpServer::ListenUnix(const std::string& path, int mode) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path))
-    return InvalidArgument(fmt::format(
-        "socket path '{}' is longer than {} bytes; choose a shorter TAU_HOME", path,
-        sizeof(addr.sun_path) - 1));
+    return InvalidArgument(
+        fmt::format("socket path '{}' is longer than {} bytes; choose a shorter TAU_HOME", path,
+                    sizeof(addr.sun_path) - 1));
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return IoError("socket", errno);
-  ::unlink(path.c_str());  // a stale socket of a dead server; the server lock guarantees no live one
+  ::unlink(
+      path.c_str());  // a stale socket of a dead server; the server lock guarantees no live one
   // No permissions for anyone else from the first instant, then the final mode.
   mode_t old = ::umask(0177);
   int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
@@ -291,9 +313,9 @@ void HttpServer::Dispatch(HttpRequest& req, HttpResponse& res) {
   }
   if (path_known) {
     res.status = 405;
-    res.set_content(ErrorBody("MethodNotAllowed",
-                              fmt::format("{} is not allowed on {}", req.method, req.path)),
-                    "application/json");
+    res.set_content(
+        ErrorBody("MethodNotAllowed", fmt::format("{} is not allowed on {}", req.method, req.path)),
+        "application/json");
   } else {
     res.status = 404;
     res.set_content(
@@ -308,13 +330,15 @@ void HttpServer::ServeConnection(int fd, bool is_unix) {
   if (is_unix) {
     ucred cred{};
     socklen_t len = sizeof cred;
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) peer_uid = std::to_string(cred.uid);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+      peer_uid = std::to_string(cred.uid);
   }
   auto reply_error = [&](int status, const char* code, const std::string& message) {
     std::string body = ErrorBody(code, message);
-    conn.Send(fmt::format("HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: "
-                          "{}\r\nConnection: close\r\n\r\n{}",
-                          status, Reason(status), body.size(), body));
+    conn.Send(
+        fmt::format("HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: "
+                    "{}\r\nConnection: close\r\n\r\n{}",
+                    status, Reason(status), body.size(), body));
   };
   std::string& buf = conn.buf();
   bool keep_alive = true;
@@ -374,7 +398,8 @@ void HttpServer::ServeConnection(int fd, bool is_unix) {
     keep_alive = http10 ? connection == "keep-alive" : connection != "close";
     // Body.
     if (req.headers.count("transfer-encoding")) {
-      reply_error(501, "NotImplemented", "chunked request bodies are not supported; send Content-Length");
+      reply_error(501, "NotImplemented",
+                  "chunked request bodies are not supported; send Content-Length");
       break;
     }
     size_t length = 0;
@@ -410,11 +435,13 @@ void HttpServer::ServeConnection(int fd, bool is_unix) {
     try {
       Dispatch(req, res);
     } catch (const std::exception& e) {
-      // Handlers report errors as responses; this only catches a library throwing where nobody expected.
+      // Handlers report errors as responses; this only catches a library throwing where nobody
+      // expected.
       res = HttpResponse();
       res.status = 500;
-      res.set_content(ErrorBody("Internal", std::string("the server failed on this request: ") + e.what()),
-                      "application/json");
+      res.set_content(
+          ErrorBody("Internal", std::string("the server failed on this request: ") + e.what()),
+          "application/json");
     }
     std::string head = fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\n", res.status,
                                    Reason(res.status), res.content_type);

@@ -1,10 +1,11 @@
 // A small HTTP/1.1 server for tau's API, on Unix sockets and TCP.
 //
-// Why not a library: Debian 12's cpp-httplib cannot listen on Unix sockets, and loading it (with the OpenSSL
-// and brotli libraries it pulls in) costs every `tau` process about 8 ms of relocations and page faults at
-// start, which the CLI and every attempt's supervisor would pay. This server does what tau needs and no
-// more: keep-alive, Content-Length bodies with a size limit, `Expect: 100-continue`, chunked streaming
-// responses, regex routes, percent-decoded query parameters, and the Unix peer's uid (SO_PEERCRED).
+// Why not a library: Debian 12's cpp-httplib cannot listen on Unix sockets, and loading it (with
+// the OpenSSL and brotli libraries it pulls in) costs every `tau` process about 8 ms of relocations
+// and page faults at start, which the CLI and every attempt's supervisor would pay. This server
+// does what tau needs and no more: keep-alive, Content-Length bodies with a size limit, `Expect:
+// 100-continue`, chunked streaming responses, regex routes, percent-decoded query parameters, and
+// the Unix peer's uid (SO_PEERCRED).
 #pragma once
 
 #include <atomic>
@@ -23,7 +24,7 @@ namespace tau::server {
 
 struct HttpRequest {
   std::string method;
-  std::string path;  // percent-decoded
+  std::string path;                            // percent-decoded
   std::map<std::string, std::string> headers;  // lowercase names
   std::map<std::string, std::string> params;   // query parameters, percent-decoded
   std::string body;

@@ -28,8 +28,8 @@ const char* Version() { return TAU_VERSION; }
 
 namespace {
 
-// One server per TAU_HOME: an exclusive lock held for the server's life. The kernel drops it when the
-// process dies, however it dies, so a stale lock never blocks a restart.
+// One server per TAU_HOME: an exclusive lock held for the server's life. The kernel drops it when
+// the process dies, however it dies, so a stale lock never blocks a restart.
 Result<int> TakeServerLock(const std::string& home) {
   std::string path = home + "/server.lock";
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -38,8 +38,8 @@ Result<int> TakeServerLock(const std::string& home) {
     char buf[32] = {0};
     (void)!::pread(fd, buf, sizeof buf - 1, 0);
     ::close(fd);
-    return FailedPrecondition(fmt::format(
-        "another tau server (pid {}) is already running for {}", std::strtol(buf, nullptr, 10), home));
+    return FailedPrecondition(fmt::format("another tau server (pid {}) is already running for {}",
+                                          std::strtol(buf, nullptr, 10), home));
   }
   std::string pid = std::to_string(::getpid()) + "\n";
   (void)!::ftruncate(fd, 0);
@@ -71,16 +71,17 @@ int RunServer(const ServerOptions& options) {
     log(lock.status().message());
     return lock.status().code() == StatusCode::kFailedPrecondition ? 3 : 1;
   }
-  for (const char* sub : {"/runs", "/snapshots", "/venvs"}) (void)MakeDirs(options.home + sub, 0700);
+  for (const char* sub : {"/runs", "/snapshots", "/venvs"})
+    (void)MakeDirs(options.home + sub, 0700);
   auto store = store::Store::Open(options.home + "/tau.db");
   if (!store.ok()) {
     log(store.status().ToString());
     return 1;
   }
   health::GpuInventory gpus = health::DiscoverGpus();
-  log(gpus.devices.empty() ? "no GPUs: " + gpus.note
-                           : fmt::format("{} GPU(s), driver {}", gpus.devices.size(),
-                                         gpus.driver_version));
+  log(gpus.devices.empty()
+          ? "no GPUs: " + gpus.note
+          : fmt::format("{} GPU(s), driver {}", gpus.devices.size(), gpus.driver_version));
   ControllerOptions copts;
   copts.home = options.home;
   copts.tau_binary = options.tau_binary;
@@ -92,7 +93,8 @@ int RunServer(const ServerOptions& options) {
   }
   HttpServer http;
   RegisterApi(&http, &controller, store->get());
-  std::string socket_path = options.socket_path.empty() ? options.home + "/tau.sock" : options.socket_path;
+  std::string socket_path =
+      options.socket_path.empty() ? options.home + "/tau.sock" : options.socket_path;
   if (Status s = http.ListenUnix(socket_path); !s.ok()) {
     log(s.ToString());
     return 1;
@@ -121,7 +123,8 @@ int RunServer(const ServerOptions& options) {
   controller.Stop();
   ::unlink((options.home + "/server.pid").c_str());
   log("stopped");
-  // Streams that outlived the grace period still hold threads; end the process without unwinding them.
+  // Streams that outlived the grace period still hold threads; end the process without unwinding
+  // them.
   std::fflush(stderr);
   std::_Exit(0);
 }

@@ -1,5 +1,6 @@
-// The tau server: the control plane of the local backend. `tau server` runs it in the foreground; other
-// commands are clients of its REST API (/api/v1/...), on a Unix socket under $TAU_HOME by default.
+// The tau server: the control plane of the local backend. `tau server` runs it in the foreground;
+// other commands are clients of its REST API (/api/v1/...), on a Unix socket under $TAU_HOME by
+// default.
 #pragma once
 
 #include <string>
@@ -17,8 +18,8 @@ struct ServerOptions {
   bool quiet = false;
 };
 
-// Runs until SIGTERM or SIGINT. Attempts that are running keep running and are re-adopted by the next
-// server. Returns the process exit code.
+// Runs until SIGTERM or SIGINT. Attempts that are running keep running and are re-adopted by the
+// next server. Returns the process exit code.
 int RunServer(const ServerOptions& options);
 
 // The version string of this build.

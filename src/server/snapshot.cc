@@ -14,13 +14,15 @@
 namespace tau::server {
 
 static Status CheckPath(const std::string& path) {
-  if (path.empty() || path.size() > 4096) return InvalidArgument("code file with an empty or overlong path");
+  if (path.empty() || path.size() > 4096)
+    return InvalidArgument("code file with an empty or overlong path");
   if (path.find('\0') != std::string::npos) return InvalidArgument("code file path contains NUL");
-  if (path.front() == '/') return InvalidArgument(fmt::format("code file path '{}' is absolute", path));
+  if (path.front() == '/')
+    return InvalidArgument(fmt::format("code file path '{}' is absolute", path));
   for (const std::string& part : Split(path, '/')) {
     if (part.empty() || part == "." || part == "..")
-      return InvalidArgument(
-          fmt::format("code file path '{}' is not a plain relative path (no '.', '..' or '//')", path));
+      return InvalidArgument(fmt::format(
+          "code file path '{}' is not a plain relative path (no '.', '..' or '//')", path));
   }
   return Status::Ok();
 }
@@ -35,10 +37,11 @@ Result<Snapshot> StoreSnapshot(const std::string& root, std::vector<CodeFile> fi
     total += f.data.size();
   }
   if (total > kMaxSnapshotBytes)
-    return ResourceExhausted(fmt::format(
-        "the code directory holds {} MiB; the limit is {} MiB (keep data out of the code directory, "
-        "or list it in .tauignore)",
-        total >> 20, kMaxSnapshotBytes >> 20));
+    return ResourceExhausted(
+        fmt::format("the code directory holds {} MiB; the limit is {} MiB (keep data out of the "
+                    "code directory, "
+                    "or list it in .tauignore)",
+                    total >> 20, kMaxSnapshotBytes >> 20));
   std::sort(files.begin(), files.end(),
             [](const CodeFile& a, const CodeFile& b) { return a.path < b.path; });
   for (size_t i = 1; i < files.size(); ++i)
@@ -77,10 +80,10 @@ Status CopySnapshot(const std::string& snapshot_dir, const std::string& work_dir
   std::error_code ec;
   std::filesystem::create_directories(work_dir, ec);
   if (ec) return Status(StatusCode::kIo, "cannot create " + work_dir + ": " + ec.message());
-  std::filesystem::copy(snapshot_dir, work_dir,
-                        std::filesystem::copy_options::recursive |
-                            std::filesystem::copy_options::overwrite_existing,
-                        ec);
+  std::filesystem::copy(
+      snapshot_dir, work_dir,
+      std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing,
+      ec);
   if (ec) return Status(StatusCode::kIo, "cannot copy the code snapshot: " + ec.message());
   return Status::Ok();
 }

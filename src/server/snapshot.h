@@ -1,5 +1,6 @@
-// Code snapshots: the files of a run's code directory as they were at submission, stored once per content
-// digest under $TAU_HOME/snapshots/<sha256>. Later edits of the user's files never change a queued run.
+// Code snapshots: the files of a run's code directory as they were at submission, stored once per
+// content digest under $TAU_HOME/snapshots/<sha256>. Later edits of the user's files never change a
+// queued run.
 #pragma once
 
 #include <string>
@@ -24,7 +25,8 @@ struct Snapshot {
   nlohmann::json files;  // [{"path","size","sha256","mode"}]
 };
 
-// Checks every path (no escape from the snapshot directory) and the size limits, then stores the files.
+// Checks every path (no escape from the snapshot directory) and the size limits, then stores the
+// files.
 Result<Snapshot> StoreSnapshot(const std::string& snapshots_root, std::vector<CodeFile> files);
 
 // Copies a snapshot into a run's private work directory.

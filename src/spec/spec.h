@@ -79,9 +79,15 @@ struct Storage {
   std::vector<ImageAsset> image_assets;
 };
 
+// Failure classes retried when a spec does not say `retry_on`: the ones that are not the job's own fault.
+inline const std::vector<std::string>& DefaultRetryOn() {
+  static const std::vector<std::string> kDefault = {"Preempted", "Evicted", "GPUError", "NodeLost"};
+  return kDefault;
+}
+
 struct Resilience {
   int max_retries = 0;
-  std::vector<std::string> retry_on;  // failure classes; defaults applied by recovery when empty
+  std::vector<std::string> retry_on;  // failure classes; DefaultRetryOn() unless retry_on_set
   bool retry_on_set = false;          // whether the file said retry_on at all
   int64_t backoff_initial_ms = 30'000;
   int64_t backoff_max_ms = 300'000;

@@ -103,7 +103,7 @@ TEST(SpecJson, CanonicalFormWithDefaults) {
   EXPECT_EQ(j["resilience"]["backoff_initial_ms"], 30000);
   EXPECT_EQ(j["resilience"]["backoff_max_ms"], 300000);
   EXPECT_EQ(j["resilience"]["max_retries"], 0);
-  EXPECT_EQ(j["resilience"]["retry_on"], json::array({"Preempted", "Evicted"}));
+  EXPECT_EQ(j["resilience"]["retry_on"], json::array({"Preempted", "Evicted", "GPUError", "NodeLost"}));
   EXPECT_TRUE(j["max_runtime_ms"].is_null());
   EXPECT_TRUE(j["recorded_only"].is_object());
   // Keys come out sorted.
@@ -155,7 +155,7 @@ TEST(SpecHash, ChangesWithTheConfig) {
   EXPECT_EQ(
       hash,
       ConfigHash(MustParse(base + "compute:\n  workers: 1\n  gpus: 0\nresilience:\n  "
-                                  "retry_on: [Preempted, Evicted]\n  backoff_initial: 30s\n")));
+                                  "retry_on: [Preempted, Evicted, GPUError, NodeLost]\n  backoff_initial: 30s\n")));
   EXPECT_NE(hash, ConfigHash(MustParse(base + "resilience:\n  retry_on: []\n")));
 }
 

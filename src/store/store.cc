@@ -73,6 +73,8 @@ CREATE TABLE events (
 );
 CREATE INDEX events_run ON events(run, id);
 )sql",
+    // 2: retries wait for their backoff.
+    "ALTER TABLE runs ADD COLUMN not_before_ms INTEGER;",
 };
 
 // A prepared statement with RAII finalisation.
@@ -89,12 +91,16 @@ class Stmt {
   }
   void Bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
   void Bind(int i, const std::optional<int64_t>& v) {
-    if (v) sqlite3_bind_int64(stmt_, i, *v);
-    else sqlite3_bind_null(stmt_, i);
+    if (v)
+      sqlite3_bind_int64(stmt_, i, *v);
+    else
+      sqlite3_bind_null(stmt_, i);
   }
   void Bind(int i, const std::optional<int>& v) {
-    if (v) sqlite3_bind_int64(stmt_, i, *v);
-    else sqlite3_bind_null(stmt_, i);
+    if (v)
+      sqlite3_bind_int64(stmt_, i, *v);
+    else
+      sqlite3_bind_null(stmt_, i);
   }
   int Step() { return sqlite3_step(stmt_); }
   std::string Text(int col) {
@@ -139,7 +145,7 @@ constexpr const char* kRunColumns =
     "name, seq, spec_name, spec_file, spec_yaml, spec_json, config_hash, snapshot_digest, "
     "snapshot_dir, workspace, queue, priority, resources, state, reason, message, exit_code, "
     "signal, attempts, gpus, cancel_requested, created_ms, updated_ms, admitted_ms, started_ms, "
-    "finished_ms";
+    "finished_ms, not_before_ms";
 
 RunRecord ReadRun(Stmt& s) {
   RunRecord r;
@@ -169,6 +175,7 @@ RunRecord ReadRun(Stmt& s) {
   r.admitted_ms = s.OptInt(23);
   r.started_ms = s.OptInt(24);
   r.finished_ms = s.OptInt(25);
+  r.not_before_ms = s.OptInt(26);
   return r;
 }
 
@@ -199,6 +206,7 @@ void BindRun(Stmt& s, const RunRecord& r) {
   s.Bind(24, r.admitted_ms);
   s.Bind(25, r.started_ms);
   s.Bind(26, r.finished_ms);
+  s.Bind(27, r.not_before_ms);
 }
 
 }  // namespace
@@ -216,7 +224,8 @@ Result<RunState> ParseRunState(std::string_view name) {
     if (name == lower) return static_cast<RunState>(i);
   }
   return InvalidArgument(fmt::format(
-      "unknown run state '{}' (one of Queued, Admitted, Running, Succeeded, Failed, Cancelled)", name));
+      "unknown run state '{}' (one of Queued, Admitted, Running, Succeeded, Failed, Cancelled)",
+      name));
 }
 
 bool IsTerminal(RunState s) {
@@ -225,9 +234,12 @@ bool IsTerminal(RunState s) {
 
 const char* AttemptStateName(AttemptState state) {
   switch (state) {
-    case AttemptState::kStarting: return "Starting";
-    case AttemptState::kRunning: return "Running";
-    case AttemptState::kFinished: return "Finished";
+    case AttemptState::kStarting:
+      return "Starting";
+    case AttemptState::kRunning:
+      return "Running";
+    case AttemptState::kFinished:
+      return "Finished";
   }
   return "Unknown";
 }
@@ -261,9 +273,9 @@ struct Store::Impl {
     int64_t version = v.Int(0);
     constexpr int64_t kLatest = sizeof(kMigrations) / sizeof(kMigrations[0]);
     if (version > kLatest)
-      return FailedPrecondition(fmt::format(
-          "the store's schema version {} is newer than this tau ({}); upgrade tau", version,
-          kLatest));
+      return FailedPrecondition(
+          fmt::format("the store's schema version {} is newer than this tau ({}); upgrade tau",
+                      version, kLatest));
     for (int64_t i = version; i < kLatest; ++i) {
       TAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
       Status s = Exec(kMigrations[i]);
@@ -278,10 +290,10 @@ struct Store::Impl {
   }
 
   Status UpsertRun(const RunRecord& r) {
-    static const std::string sql =
-        fmt::format("INSERT OR REPLACE INTO runs ({}) VALUES "
-                    "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    kRunColumns);
+    static const std::string sql = fmt::format(
+        "INSERT OR REPLACE INTO runs ({}) VALUES "
+        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        kRunColumns);
     Stmt s(db, sql.c_str());
     if (!s.ok()) return Error("preparing run upsert");
     BindRun(s, r);
@@ -318,8 +330,11 @@ struct Store::Impl {
     if (!last.ok()) return Error("preparing event chain lookup");
     last.Bind(1, e->run);
     e->prev_hash = last.Step() == SQLITE_ROW ? last.Text(0) : std::string();
-    nlohmann::json body = {{"run", e->run},         {"ts_ms", e->ts_ms}, {"type", e->type},
-                           {"message", e->message}, {"data", e->data}};
+    nlohmann::json body = {{"run", e->run},
+                           {"ts_ms", e->ts_ms},
+                           {"type", e->type},
+                           {"message", e->message},
+                           {"data", e->data}};
     e->hash = Sha256Hex(e->prev_hash + "\n" + body.dump());
     Stmt s(db,
            "INSERT INTO events (run, ts_ms, type, message, data, prev_hash, hash) VALUES "
@@ -357,9 +372,9 @@ Store::~Store() {
 
 Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   auto impl = std::make_unique<Impl>();
-  int rc = sqlite3_open_v2(path.c_str(), &impl->db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
-                           nullptr);
+  int rc =
+      sqlite3_open_v2(path.c_str(), &impl->db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     std::string msg = impl->db ? sqlite3_errmsg(impl->db) : "out of memory";
     if (impl->db) sqlite3_close_v2(impl->db);
@@ -367,8 +382,8 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
     return Status(StatusCode::kIo, fmt::format("cannot open store {}: {}", path, msg));
   }
   sqlite3_busy_timeout(impl->db, 5000);
-  // WAL lets readers run beside the writer; synchronous=FULL fsyncs every commit, so a committed state
-  // change survives a crash of the server or of the machine.
+  // WAL lets readers run beside the writer; synchronous=FULL fsyncs every commit, so a committed
+  // state change survives a crash of the server or of the machine.
   TAU_RETURN_IF_ERROR(impl->Exec("PRAGMA journal_mode=WAL"));
   TAU_RETURN_IF_ERROR(impl->Exec("PRAGMA synchronous=FULL"));
   TAU_RETURN_IF_ERROR(impl->Exec("PRAGMA foreign_keys=ON"));
@@ -430,10 +445,9 @@ static void BindFilter(Stmt& s, const RunFilter& f) {
 
 Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  std::string sql = fmt::format("SELECT {} FROM runs{} ORDER BY seq {} LIMIT {} OFFSET {}",
-                                kRunColumns, WhereClause(filter),
-                                filter.newest_first ? "DESC" : "ASC",
-                                filter.limit > 0 ? filter.limit : -1, filter.offset);
+  std::string sql = fmt::format(
+      "SELECT {} FROM runs{} ORDER BY seq {} LIMIT {} OFFSET {}", kRunColumns, WhereClause(filter),
+      filter.newest_first ? "DESC" : "ASC", filter.limit > 0 ? filter.limit : -1, filter.offset);
   Stmt s(impl_->db, sql.c_str());
   if (!s.ok()) return impl_->Error("preparing run list");
   BindFilter(s, filter);

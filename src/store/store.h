@@ -1,9 +1,9 @@
-// The store: tau's durable state in SQLite (WAL, synchronous=FULL), the only code that touches the database.
-// Every state change is committed here before the server acts on it; a batch of changes commits as one
-// transaction, so a crash leaves either all of it or none.
+// The store: tau's durable state in SQLite (WAL, synchronous=FULL), the only code that touches the
+// database. Every state change is committed here before the server acts on it; a batch of changes
+// commits as one transaction, so a crash leaves either all of it or none.
 //
-// Tables: runs (one row per run), attempts (one per attempt of a run), events (the per-run lifecycle log,
-// append-only and hash-chained: each event's hash covers the previous event's hash).
+// Tables: runs (one row per run), attempts (one per attempt of a run), events (the per-run
+// lifecycle log, append-only and hash-chained: each event's hash covers the previous event's hash).
 #pragma once
 
 #include <cstdint>
@@ -26,11 +26,11 @@ Result<RunState> ParseRunState(std::string_view name);
 bool IsTerminal(RunState state);
 
 struct RunRecord {
-  std::string name;      // unique: spec name + "-" + suffix
-  int64_t seq = 0;       // submission order, assigned by InsertRun
+  std::string name;  // unique: spec name + "-" + suffix
+  int64_t seq = 0;   // submission order, assigned by InsertRun
   std::string spec_name;
-  std::string spec_file;   // the file name as the user gave it (for messages)
-  std::string spec_yaml;   // the spec as written
+  std::string spec_file;     // the file name as the user gave it (for messages)
+  std::string spec_yaml;     // the spec as written
   nlohmann::json spec_json;  // canonical spec (spec::ToJson)
   std::string config_hash;
   std::string snapshot_digest;
@@ -39,8 +39,8 @@ struct RunRecord {
   int priority = 0;
   nlohmann::json resources;  // {"gpus": n, "cpus_milli": n, "memory_bytes": n, "workers": n}
   RunState state = RunState::kQueued;
-  std::string reason;    // failure class or short reason ("UserError", "Cancelled", ...)
-  std::string message;   // human-readable detail
+  std::string reason;   // failure class or short reason ("UserError", "Cancelled", ...)
+  std::string message;  // human-readable detail
   std::optional<int> exit_code;
   std::optional<int> signal;
   int attempts = 0;
@@ -48,6 +48,7 @@ struct RunRecord {
   bool cancel_requested = false;
   int64_t created_ms = 0, updated_ms = 0;
   std::optional<int64_t> admitted_ms, started_ms, finished_ms;
+  std::optional<int64_t> not_before_ms;  // a retry waits in the queue until then (its backoff)
 };
 
 enum class AttemptState { kStarting, kRunning, kFinished };
@@ -65,8 +66,8 @@ struct AttemptRecord {
   std::optional<int64_t> ended_ms;
   std::optional<int> exit_code;
   std::optional<int> signal;
-  std::string outcome;   // runtime::OutcomeKind name when finished
-  std::string reason;    // failure class
+  std::string outcome;  // runtime::OutcomeKind name when finished
+  std::string reason;   // failure class
   std::string message;
 };
 
@@ -74,7 +75,7 @@ struct Event {
   int64_t id = 0;  // assigned by the store
   std::string run;
   int64_t ts_ms = 0;
-  std::string type;     // Submitted, Queued, Admitted, Running, Succeeded, Failed, Cancelled, ...
+  std::string type;  // Submitted, Queued, Admitted, Running, Succeeded, Failed, Cancelled, ...
   std::string message;
   nlohmann::json data = nlohmann::json::object();
   std::string prev_hash, hash;  // assigned by the store
@@ -82,9 +83,9 @@ struct Event {
 
 // Changes committed together in one transaction.
 struct Batch {
-  std::vector<RunRecord> runs;         // upserted
-  std::vector<AttemptRecord> attempts; // upserted
-  std::vector<Event> events;           // appended, in order
+  std::vector<RunRecord> runs;          // upserted
+  std::vector<AttemptRecord> attempts;  // upserted
+  std::vector<Event> events;            // appended, in order
   bool empty() const { return runs.empty() && attempts.empty() && events.empty(); }
 };
 

@@ -97,8 +97,9 @@ TEST_F(StoreTest, BatchCommitAndFilters) {
 
 TEST_F(StoreTest, EventsAreHashChained) {
   RunRecord r = MakeRun("c");
-  ASSERT_TRUE(store_->InsertRun(&r, {Event{0, "c", 1, "Submitted", "", {}, "", ""},
-                                     Event{0, "c", 2, "Queued", "", {}, "", ""}})
+  ASSERT_TRUE(store_
+                  ->InsertRun(&r, {Event{0, "c", 1, "Submitted", "", {}, "", ""},
+                                   Event{0, "c", 2, "Queued", "", {}, "", ""}})
                   .ok());
   Batch b;
   b.events.push_back(Event{0, "c", 3, "Admitted", "", {{"gpus", 0}}, "", ""});
@@ -107,8 +108,8 @@ TEST_F(StoreTest, EventsAreHashChained) {
   ASSERT_EQ(events.size(), 3u);
   EXPECT_EQ(events[0].prev_hash, "");
   for (size_t i = 1; i < events.size(); ++i) EXPECT_EQ(events[i].prev_hash, events[i - 1].hash);
-  nlohmann::json body = {{"run", "c"},       {"ts_ms", 3}, {"type", "Admitted"},
-                         {"message", ""},    {"data", {{"gpus", 0}}}};
+  nlohmann::json body = {
+      {"run", "c"}, {"ts_ms", 3}, {"type", "Admitted"}, {"message", ""}, {"data", {{"gpus", 0}}}};
   EXPECT_EQ(events[2].hash, Sha256Hex(events[1].hash + "\n" + body.dump()));
 }
 

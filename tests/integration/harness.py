@@ -8,6 +8,10 @@ import subprocess
 import tempfile
 import time
 import unittest
+import warnings
+
+# Tests read small files with open().read(); the warnings about it only hide real failures.
+warnings.simplefilter("ignore", ResourceWarning)
 
 BINARY_DIR = os.environ.get("TAU_BINARY_DIR") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build")

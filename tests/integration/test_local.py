@@ -386,3 +386,76 @@ class AutostartTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RetryTest(ServerTestCase):
+    RESILIENT = ("resilience:\n  max_retries: 2\n  retry_on: [UserError]\n  backoff_initial: 100ms\n"
+                 "  backoff_max: 1s\n")
+
+    def test_retry_resumes_from_the_newest_complete_checkpoint(self):
+        code = (
+            "import os, sys\n"
+            "ck = os.environ['TAU_CHECKPOINT_DIR']\n"
+            "attempt = int(os.environ['TAU_ATTEMPT'])\n"
+            "print('attempt', attempt, 'reason', os.environ.get('TAU_FAILURE_REASON'),"
+            " 'resume', os.path.basename(os.environ.get('TAU_RESUME_FROM', '')), flush=True)\n"
+            "if attempt == 1:\n"
+            "    open(os.path.join(ck, 'ckpt-1.json.tmp'), 'w').write('{}')\n"
+            "    os.rename(os.path.join(ck, 'ckpt-1.json.tmp'), os.path.join(ck, 'ckpt-1.json'))\n"
+            "    open(os.path.join(ck, 'ckpt-2.json.tmp'), 'w').write('{half')\n"
+            "    sys.exit(7)\n"
+            "print('resumed ok')\n")
+        spec = self.project(job_spec("resume", extra=self.RESILIENT), {"main.py": code})
+        p = self.server.tau("run", spec, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("attempt 1 reason None resume ", p.stdout)
+        self.assertIn("[tau] --- attempt 2 ---", p.stdout)
+        self.assertIn("attempt 2 reason UserError resume ckpt-1.json", p.stdout)
+        name = json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"][0]["name"]
+        d = self.server.run_json(name)
+        self.assertEqual(d["run"]["state"], "Succeeded")
+        self.assertEqual([a["reason"] for a in d["attempts"]], ["UserError", "Succeeded"])
+        self.assertEqual([a["exit_code"] for a in d["attempts"]], [7, 0])
+        types = [e["type"] for e in d["events"]]
+        self.assertEqual(types.count("Running"), 2)
+        self.assertIn("Retrying", types)
+        # Never two attempts at once: the second started after the first ended.
+        self.assertLessEqual(d["attempts"][0]["ended"], d["attempts"][1]["started"])
+
+    def test_retries_stop_at_max_retries(self):
+        spec = self.project(job_spec("always-fails", extra=self.RESILIENT),
+                            {"main.py": "import sys\nsys.exit(3)\n"})
+        p = self.server.tau("run", spec, timeout=60)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        name = json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"][0]["name"]
+        d = self.server.run_json(name)
+        self.assertEqual(len(d["attempts"]), 3)
+        self.assertEqual(d["run"]["reason"], "UserError")
+        self.assertIn("max_retries (2) is used up", d["run"]["message"])
+
+    def test_a_class_not_in_retry_on_is_not_retried(self):
+        extra = "resilience:\n  max_retries: 3\n  backoff_initial: 100ms\n"
+        spec = self.project(job_spec("user-bug", extra=extra), {"main.py": "import sys\nsys.exit(5)\n"})
+        p = self.server.tau("run", spec, timeout=60)
+        self.assertEqual(p.returncode, 5)
+        name = json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"][0]["name"]
+        d = self.server.run_json(name)
+        self.assertEqual(len(d["attempts"]), 1)
+        self.assertIn("UserError is not in resilience.retry_on", d["run"]["message"])
+
+    def test_node_lost_attempt_is_retried_after_a_server_restart(self):
+        extra = "resilience:\n  max_retries: 1\n  backoff_initial: 100ms\n"
+        code = ("import os, time\nif os.environ['TAU_ATTEMPT'] == '1':\n"
+                "    open(os.path.join(os.environ['TAU_OUTPUT_DIR'], 'pid'), 'w').write(str(os.getpid()))\n"
+                "    time.sleep(60)\nprint('second attempt', os.environ['TAU_FAILURE_REASON'])\n")
+        name = self.submit(job_spec("lost-retry", extra=extra), {"main.py": code})
+        pid_file = os.path.join(self.server.home, "runs", name, "output", "pid")
+        wait_for(lambda: os.path.exists(pid_file) and open(pid_file).read(), what="the pid file")
+        attempt = self.server.run_json(name)["attempts"][0]
+        self.server.kill(signal.SIGKILL)
+        os.kill(attempt["supervisor_pid"], signal.SIGKILL)
+        wait_for(lambda: not pid_alive(int(open(pid_file).read())), what="the worker to die")
+        self.server.start()
+        d = self.server.wait_state(name, "Succeeded", timeout=30)
+        self.assertEqual([a["reason"] for a in d["attempts"]], ["NodeLost", "Succeeded"])
+        self.assertIn("second attempt NodeLost", self.server.tau("logs", name).stdout)
