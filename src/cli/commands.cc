@@ -178,6 +178,16 @@ int CmdDescribe(const Global& g, const std::string& name, Format format) {
                       Cell(a["reason"]), Cell(a["exit_code"]), Cell(a["signal"]), Cell(a["gpus"]),
                       a.value("started", ""), Cell(a["message"])});
     PrintTable({"  #", "STATE", "CLASS", "EXIT", "SIGNAL", "GPUS", "STARTED", "MESSAGE"}, rows);
+    for (const auto& a : (*got)["attempts"]) {
+      const auto& d = a["diagnosis"];
+      if (!d.is_object() || d.empty()) continue;
+      std::printf("\nDiagnosis of attempt %d: %s\n", a.value("number", 0),
+                  d.value("phase", "").c_str());
+      if (!d.value("summary", "").empty()) std::printf("  %s\n", d.value("summary", "").c_str());
+      for (const auto& e : d["evidence"])
+        std::printf("  rank %d  %-16s %s\n", e.value("rank", 0), e.value("signature", "").c_str(),
+                    e.value("line", "").c_str());
+    }
   }
   return 0;
 }

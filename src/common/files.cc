@@ -12,13 +12,12 @@
 
 namespace tau {
 
-Result<std::string> ReadFile(const std::string& path) {
+Status ReadFileChunks(const std::string& path, const std::function<void(std::string_view)>& chunk) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return NotFound("no such file: " + path);
     return IoError("cannot open " + path, errno);
   }
-  std::string out;
   char buf[65536];
   while (true) {
     ssize_t n = ::read(fd, buf, sizeof buf);
@@ -29,9 +28,15 @@ Result<std::string> ReadFile(const std::string& path) {
       return IoError("cannot read " + path, err);
     }
     if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
+    chunk(std::string_view(buf, static_cast<size_t>(n)));
   }
   ::close(fd);
+  return Status::Ok();
+}
+
+Result<std::string> ReadFile(const std::string& path) {
+  std::string out;
+  TAU_RETURN_IF_ERROR(ReadFileChunks(path, [&](std::string_view c) { out.append(c); }));
   return out;
 }
 
@@ -43,7 +48,8 @@ static Status FsyncDir(const std::string& dir) {
   return Status::Ok();
 }
 
-Status WriteFileAtomic(const std::string& path, std::string_view content, int mode) {
+Status WriteFileAtomic(const std::string& path, std::string_view content, int mode,
+                       Durability durability) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0) return IoError("cannot create " + tmp, errno);
@@ -59,7 +65,7 @@ Status WriteFileAtomic(const std::string& path, std::string_view content, int mo
     }
     off += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0) {
+  if (durability == Durability::kSynced && ::fsync(fd) != 0) {
     int err = errno;
     ::close(fd);
     ::unlink(tmp.c_str());
@@ -71,6 +77,7 @@ Status WriteFileAtomic(const std::string& path, std::string_view content, int mo
     ::unlink(tmp.c_str());
     return IoError("cannot rename " + tmp + " to " + path, err);
   }
+  if (durability != Durability::kSynced) return Status::Ok();
   std::string dir = std::filesystem::path(path).parent_path().string();
   return FsyncDir(dir.empty() ? "." : dir);
 }

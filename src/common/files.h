@@ -1,6 +1,7 @@
 // Small, durable file helpers: every write that records state goes through WriteFileAtomic.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -9,10 +10,18 @@
 namespace tau {
 
 Result<std::string> ReadFile(const std::string& path);
-// Writes to a temporary file beside `path`, fsyncs it, renames it over `path`, fsyncs the
-// directory. Readers see the old content or the new one, never a half-written file, even after a
-// crash.
-Status WriteFileAtomic(const std::string& path, std::string_view content, int mode = 0644);
+// Reads a file in chunks, handing each to `chunk` (for hashing or copying without holding it all).
+Status ReadFileChunks(const std::string& path, const std::function<void(std::string_view)>& chunk);
+enum class Durability {
+  kSynced,        // fsync the file and its directory: survives a crash of the machine
+  kProcessCrash,  // no fsync: survives a crash of any process (the page cache outlives it), not of
+                  // the machine
+};
+// Writes to a temporary file beside `path`, renames it over `path`. Readers see the old content or
+// the new one, never a half-written file. kSynced (the default) also fsyncs the file before and the
+// directory after.
+Status WriteFileAtomic(const std::string& path, std::string_view content, int mode = 0644,
+                       Durability durability = Durability::kSynced);
 // mkdir -p with the given mode for the directories it creates.
 Status MakeDirs(const std::string& path, int mode = 0755);
 // Removes a tree; a missing path is not an error.

@@ -3,6 +3,8 @@
 // machines), and tau needs only these two functions from it. Tested against the standard vectors.
 #include "common/hash.h"
 
+#include "common/files.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -106,22 +108,8 @@ std::string Sha256Hex(std::string_view data) {
 }
 
 Result<std::string> Sha256File(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return IoError("cannot open " + path, errno);
   Sha256 h;
-  char buf[1 << 16];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      return IoError("cannot read " + path, err);
-    }
-    if (n == 0) break;
-    h.Update(std::string_view(buf, static_cast<size_t>(n)));
-  }
-  ::close(fd);
+  TAU_RETURN_IF_ERROR(ReadFileChunks(path, [&](std::string_view c) { h.Update(c); }));
   return h.HexDigest();
 }
 

@@ -10,8 +10,30 @@
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace tau::recovery {
+
+// One line of a failed attempt's log that matches a known failure signature.
+struct Evidence {
+  std::string
+      signature;     // "cuda-oom", "nccl", "xid", "killed", "segfault", "python-exception", ...
+  std::string line;  // the log line, trimmed
+  int rank = 0;
+};
+
+// What a failed attempt's logs say, in a few lines: the evidence that matches known signatures
+// (CUDA out of memory, NCCL errors and timeouts, Xid lines, "Killed", segmentation faults, the
+// exception line that ends a Python traceback), at most a few lines per signature, in log order.
+struct Diagnosis {
+  std::vector<Evidence> evidence;
+  std::string
+      summary;  // one line for people: "CUDA out of memory (rank 0)", or "" when nothing matched
+};
+
+// Scans the tail of each rank's log (`logs[r]` is rank r's text).
+Diagnosis Diagnose(const std::vector<std::string>& logs);
 
 // The newest complete checkpoint in `dir` (absolute path), or "" when there is none.
 std::string NewestCompleteCheckpoint(const std::string& dir);

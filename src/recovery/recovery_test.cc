@@ -46,3 +46,49 @@ TEST(CheckpointTest, NewestCompleteWins) {
 
 }  // namespace
 }  // namespace tau::recovery
+
+namespace tau::recovery {
+namespace {
+
+TEST(DiagnoseTest, FindsKnownSignatures) {
+  std::string rank0 =
+      "step 1\n"
+      "Traceback (most recent call last):\n"
+      "  File \"train.py\", line 3, in <module>\n"
+      "    x = torch.zeros(10**12, device='cuda')\n"
+      "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.64 TiB\n";
+  std::string rank1 =
+      "[rank1]:[E ProcessGroupNCCL.cpp:563] Watchdog caught collective operation timeout: "
+      "WorkNCCL(SeqNum=1)\n"
+      "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n";
+  Diagnosis d = Diagnose({rank0, rank1});
+  std::vector<std::string> sigs;
+  for (const auto& e : d.evidence) sigs.push_back(e.signature + "@" + std::to_string(e.rank));
+  EXPECT_EQ(sigs, (std::vector<std::string>{"cuda-oom@0", "python-exception@0", "nccl-timeout@1",
+                                            "xid@1"}));
+  EXPECT_EQ(d.evidence[1].line,
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.64 TiB");
+  EXPECT_EQ(
+      d.summary,
+      "CUDA out of memory (rank 0); NCCL collective timed out (rank 1); GPU Xid error (rank 1)");
+}
+
+TEST(DiagnoseTest, PythonExceptionAloneBecomesTheSummary) {
+  Diagnosis d =
+      Diagnose({"Traceback (most recent call last):\n  File \"a.py\", line 1\n"
+                "ValueError: bad learning rate\n"});
+  ASSERT_EQ(d.evidence.size(), 1u);
+  EXPECT_EQ(d.summary, "ValueError: bad learning rate (rank 0)");
+}
+
+TEST(DiagnoseTest, QuietLogsGiveNothingAndRepeatsAreCapped) {
+  EXPECT_TRUE(Diagnose({"all good\n", ""}).evidence.empty());
+  std::string spam;
+  for (int i = 0; i < 50; ++i) spam += "Segmentation fault (core dumped)\n";
+  Diagnosis d = Diagnose({spam});
+  EXPECT_EQ(d.evidence.size(), 3u);
+  EXPECT_EQ(d.summary, "segmentation fault (rank 0)");
+}
+
+}  // namespace
+}  // namespace tau::recovery

@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 
 #include "common/files.h"
@@ -219,8 +221,9 @@ Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& t
   if (config.attempt_dir.empty()) return InvalidArgument("attempt_dir is empty");
   if (config.workers.empty()) return InvalidArgument("an attempt needs at least one worker");
   TAU_RETURN_IF_ERROR(MakeDirs(config.attempt_dir + "/logs"));
-  TAU_RETURN_IF_ERROR(
-      WriteFileAtomic(config.attempt_dir + "/config.json", internal::DumpJson(config.ToJson())));
+  TAU_RETURN_IF_ERROR(WriteFileAtomic(config.attempt_dir + "/config.json",
+                                      internal::DumpJson(config.ToJson()), 0644,
+                                      Durability::kProcessCrash));
 
   // Everything the child needs is prepared here: posix_spawn runs no code of ours after the fork,
   // which is what a multi-threaded server needs (only async-signal-safe calls are allowed there).
@@ -271,6 +274,24 @@ Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& t
 Status StopAttempt(const ProcessId& shim, const std::string& attempt_dir) {
   if (internal::SignalIfSame(shim, SIGTERM)) return Status::Ok();
   return KillOrphanedWorkers(shim, attempt_dir);
+}
+
+SupervisorState ProbeSupervisor(const std::string& attempt_dir, ProcessId* live) {
+  std::string path = attempt_dir + "/" + kSupervisorLockFile;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return SupervisorState::kNeverStarted;
+  SupervisorState state = SupervisorState::kGone;
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0) {
+    state = SupervisorState::kAlive;
+    char buf[64] = {0};
+    if (::pread(fd, buf, sizeof buf - 1, 0) > 0 && live != nullptr) {
+      unsigned long long start = 0;
+      int pid = 0;
+      if (std::sscanf(buf, "%d %llu", &pid, &start) == 2) *live = ProcessId{pid, start};
+    }
+  }
+  ::close(fd);
+  return state;
 }
 
 }  // namespace tau::runtime

@@ -1,9 +1,11 @@
-// Local execution of one attempt of a run: a supervisor process (the "shim", `tau __shim DIR`) that owns the
-// attempt's worker processes, so that attempts survive a restart of the server and can be re-adopted.
+// Local execution of one attempt of a run: a supervisor process (the "shim", `tau __shim DIR`) that
+// owns the attempt's worker processes, so that attempts survive a restart of the server and can be
+// re-adopted.
 //
-//   server ──StartAttempt──▶ shim (own session) ──fork/exec──▶ worker 0..N-1 (one process group per attempt)
-//      ▲                       │ writes DIR/state.json (pids) and DIR/result.json (outcome), atomically
-//      └──ProcessWatcher───────┘ (pidfd: readable when the shim exits)
+//   server ──StartAttempt──▶ shim (own session) ──fork/exec──▶ worker 0..N-1 (one process group per
+//   attempt)
+//      ▲                       │ writes DIR/state.json (pids) and DIR/result.json (outcome),
+//      atomically └──ProcessWatcher───────┘ (pidfd: readable when the shim exits)
 //
 // Files in an attempt directory:
 //   config.json   AttemptConfig, written by StartAttempt before the shim starts
@@ -31,8 +33,9 @@ namespace tau::runtime {
 using EnvList = std::vector<std::pair<std::string, std::string>>;
 
 struct WorkerLaunch {
-  std::vector<std::string> argv;  // argv[0] is resolved on PATH (after the venv's bin) when it has no '/'
-  EnvList env;                    // the worker's whole environment
+  std::vector<std::string>
+      argv;     // argv[0] is resolved on PATH (after the venv's bin) when it has no '/'
+  EnvList env;  // the worker's whole environment
 };
 
 // What the server knows when it places an attempt; input of PlanLaunch.
@@ -43,21 +46,23 @@ struct LaunchContext {
   std::string checkpoint_dir;  // stable across attempts
   std::string output_dir;
   std::string metrics_file;
-  std::vector<int> gpus;       // GPU indices handed to this attempt (workers * gpus-per-worker of them)
-  int master_port = 0;         // for gangs and torchrun
-  EnvList base_env;            // the server's pass-through environment (PATH, HOME, LANG, ...)
-  EnvList extra_env;           // TAU_* variables added by recovery (TAU_FAILURE_REASON, TAU_RESUME_FROM)
+  std::vector<int> gpus;  // GPU indices handed to this attempt (workers * gpus-per-worker of them)
+  int master_port = 0;    // for gangs and torchrun
+  EnvList base_env;       // the server's pass-through environment (PATH, HOME, LANG, ...)
+  EnvList extra_env;      // TAU_* variables added by recovery (TAU_FAILURE_REASON, TAU_RESUME_FROM)
 };
 
 // Chooses the launcher (see docs/architecture.md and the spec reference):
 //   job, 1 worker, <=1 GPU     python3 ENTRY ARGS
 //   job, 1 worker, N>1 GPUs    torchrun --standalone --nproc_per_node=N ENTRY ARGS
-//   job, W>1 workers           a gang of W processes (python3, or torchrun --nnodes=W when N>1) with
+//   job, W>1 workers           a gang of W processes (python3, or torchrun --nnodes=W when N>1)
+//   with
 //                              MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK
-//   rayjob                     python3 ENTRY ARGS once, as the Ray driver, with every GPU of the run visible
-//   entrypoint not *.py        executed directly, ARGS appended
-// Each worker's env: base_env, then the spec's env, then TAU_RUN_NAME, TAU_ATTEMPT, TAU_CHECKPOINT_DIR,
-// TAU_OUTPUT_DIR, TAU_METRICS_FILE, CUDA_VISIBLE_DEVICES, PYTHONUNBUFFERED=1 and extra_env.
+//   rayjob                     python3 ENTRY ARGS once, as the Ray driver, with every GPU of the
+//   run visible entrypoint not *.py        executed directly, ARGS appended
+// Each worker's env: base_env, then the spec's env, then TAU_RUN_NAME, TAU_ATTEMPT,
+// TAU_CHECKPOINT_DIR, TAU_OUTPUT_DIR, TAU_METRICS_FILE, CUDA_VISIBLE_DEVICES, PYTHONUNBUFFERED=1
+// and extra_env.
 Result<std::vector<WorkerLaunch>> PlanLaunch(const spec::RunSpec& spec, const LaunchContext& ctx);
 
 struct AttemptConfig {
@@ -66,40 +71,57 @@ struct AttemptConfig {
   std::string attempt_dir;  // created by StartAttempt when missing
   std::string work_dir;
   std::vector<WorkerLaunch> workers;
-  std::vector<std::string> pip;   // requirements; empty means no virtualenv
-  std::string venv_cache_dir;     // where cached virtualenvs live, keyed by the requirement set
-  std::optional<int64_t> memory_limit_bytes;  // whole attempt; enforced with cgroup v2 when possible
+  std::vector<std::string> pip;  // requirements; empty means no virtualenv
+  std::string venv_cache_dir;    // where cached virtualenvs live, keyed by the requirement set
+  std::optional<int64_t>
+      memory_limit_bytes;  // whole attempt; enforced with cgroup v2 when possible
   std::optional<int64_t> cpu_limit_milli;
-  std::optional<int64_t> max_runtime_ms;      // the attempt is stopped and reported TimedOut past this
-  int64_t stop_grace_ms = 10'000;             // SIGTERM, then SIGKILL after this
+  std::optional<int64_t> max_runtime_ms;  // the attempt is stopped and reported TimedOut past this
+  int64_t stop_grace_ms = 10'000;         // SIGTERM, then SIGKILL after this
 
   nlohmann::json ToJson() const;
   static Result<AttemptConfig> FromJson(const nlohmann::json& j);
 };
 
-// Identifies a live shim across server restarts: a pid alone can be reused, pid + start time cannot.
+// Identifies a live shim across server restarts: a pid alone can be reused, pid + start time
+// cannot.
 struct ProcessId {
   int pid = 0;
   uint64_t start_time = 0;  // /proc/PID/stat field 22 (clock ticks since boot)
 };
+
+// The supervisor lock in an attempt directory: the shim holds an exclusive flock on it for its
+// whole life and writes "PID START_TIME" into it.
+inline constexpr const char* kSupervisorLockFile = "supervisor.lock";
+
+enum class SupervisorState {
+  kNeverStarted,  // no supervisor ever ran in this directory
+  kAlive,         // one holds the lock now
+  kGone,          // one ran and is gone
+};
+// Tells, without signalling anything, whether the attempt in `attempt_dir` has a live supervisor;
+// fills `live` with its identity when it does. The server uses it after a restart for attempts
+// whose supervisor pid it never recorded.
+SupervisorState ProbeSupervisor(const std::string& attempt_dir, struct ProcessId* live);
 
 // Reads /proc/PID/stat; nullopt when the process does not exist (or is a zombie).
 std::optional<uint64_t> ProcessStartTime(int pid);
 // True when `id` still names the same, running process.
 bool IsAlive(const ProcessId& id);
 
-// Writes DIR/config.json and starts the shim (`tau_binary __shim DIR`) in its own session. Returns once the
-// shim is running; workers are started by the shim.
+// Writes DIR/config.json and starts the shim (`tau_binary __shim DIR`) in its own session. Returns
+// once the shim is running; workers are started by the shim.
 Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& tau_binary);
 
-// Asks the shim to stop the attempt (SIGTERM to the shim; it stops workers with the grace period). When the
-// shim is gone, kills whatever worker processes state.json lists that are still alive.
+// Asks the shim to stop the attempt (SIGTERM to the shim; it stops workers with the grace period).
+// When the shim is gone, kills whatever worker processes state.json lists that are still alive.
 Status StopAttempt(const ProcessId& shim, const std::string& attempt_dir);
 
 enum class OutcomeKind {
   kSucceeded,    // every worker exited 0
   kFailed,       // a worker exited non-zero or was killed by a signal
-  kSetupFailed,  // venv/pip failed, or a worker could not be started (exec failed, torchrun missing)
+  kSetupFailed,  // venv/pip failed, or a worker could not be started (exec failed, torchrun
+                 // missing)
   kStopped,      // stopped by StopAttempt
   kTimedOut,     // max_runtime_ms passed
 };
@@ -114,8 +136,8 @@ struct WorkerOutcome {
 
 struct AttemptOutcome {
   OutcomeKind kind = OutcomeKind::kFailed;
-  int exit_code = 0;      // the run's exit code: first failed worker's, 128+signal for signals
-  int signal = 0;         // the first failed worker's signal, if any
+  int exit_code = 0;  // the run's exit code: first failed worker's, 128+signal for signals
+  int signal = 0;     // the first failed worker's signal, if any
   int failed_rank = -1;
   bool oom_killed = false;  // the cgroup saw an OOM kill
   std::string message;      // human-readable: "worker 1 exited with code 3; gang torn down"
@@ -129,8 +151,8 @@ struct AttemptOutcome {
 // DIR/result.json; NotFound while the attempt has not finished.
 Result<AttemptOutcome> ReadOutcome(const std::string& attempt_dir);
 
-// Calls `on_exit(key)` from its own thread when a watched process exits. Works for processes that are not
-// our children (re-adopted shims) through pidfd_open; reaps them when they are.
+// Calls `on_exit(key)` from its own thread when a watched process exits. Works for processes that
+// are not our children (re-adopted shims) through pidfd_open; reaps them when they are.
 class ProcessWatcher {
  public:
   using Callback = std::function<void(const std::string& key)>;

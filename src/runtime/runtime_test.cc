@@ -753,3 +753,26 @@ TEST_F(RuntimeTest, WatcherSeesTheShimExit) {
 
 }  // namespace
 }  // namespace tau::runtime
+
+namespace tau::runtime {
+namespace {
+
+TEST_F(RuntimeTest, SupervisorLockTellsLiveFromGone) {
+  AttemptConfig c = Config({Python("import time; print('started', flush=True); time.sleep(60)")});
+  ProcessId none;
+  EXPECT_EQ(ProbeSupervisor(c.attempt_dir, &none), SupervisorState::kNeverStarted);
+  ProcessId shim = Start(c);
+  ASSERT_TRUE(WaitForLog(c.attempt_dir, 0, "started"));
+  ProcessId seen;
+  EXPECT_EQ(ProbeSupervisor(c.attempt_dir, &seen), SupervisorState::kAlive);
+  EXPECT_EQ(seen.pid, shim.pid);
+  EXPECT_EQ(seen.start_time, shim.start_time);
+  // A second supervisor for the same attempt refuses to run.
+  EXPECT_NE(ShimMain(c.attempt_dir), 0);
+  ASSERT_TRUE(StopAttempt(shim, c.attempt_dir).ok());
+  Wait(shim, c.attempt_dir);
+  EXPECT_EQ(ProbeSupervisor(c.attempt_dir, &seen), SupervisorState::kGone);
+}
+
+}  // namespace
+}  // namespace tau::runtime

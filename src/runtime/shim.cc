@@ -299,6 +299,11 @@ class Shim {
 
   int Run() {
     outcome_.started_ms = NowMillis();
+    if (Status locked = TakeSupervisorLock(); !locked.ok()) {
+      // Another supervisor owns this attempt: leave its files alone.
+      Log("not starting: " + locked.ToString());
+      return 1;
+    }
     Status init = Init();
     if (!init.ok()) {
       Log("cannot start: " + init.ToString());
@@ -319,6 +324,27 @@ class Shim {
 
  private:
   // ---- init ----
+
+  Status TakeSupervisorLock() {
+    // The supervisor lock: held for the shim's whole life (the kernel drops it when the shim dies),
+    // so the server can tell a live supervisor of this attempt from a dead one even when it never
+    // learnt its pid.
+    lock_ = UniqueFd(
+        ::open((dir_ + "/" + kSupervisorLockFile).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    if (!lock_.valid()) return IoError("cannot open the supervisor lock", errno);
+    // A server probing the lock holds it shared for an instant; only a lock that stays taken means
+    // another supervisor.
+    int tries = 0;
+    while (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (++tries == 20) return FailedPrecondition("another supervisor already runs this attempt");
+      ::usleep(5'000);
+    }
+    std::string me = std::to_string(::getpid()) + " " +
+                     std::to_string(ProcessStartTime(::getpid()).value_or(0)) + "\n";
+    if (::pwrite(lock_.get(), me.data(), me.size(), 0) != static_cast<ssize_t>(me.size()))
+      return IoError("cannot write the supervisor lock", errno);
+    return Status::Ok();
+  }
 
   Status Init() {
     // Blocked signals are delivered through the signalfd, so a stop request is an ordinary event in
@@ -842,6 +868,23 @@ class Shim {
 
   // Nothing of the attempt may outlive it: kill the process group and the cgroup, then every
   // descendant, which (subreaper) ends up as our child once its parent is gone.
+  // Our live children, orphaned descendants included (we are their subreaper). The kernel lists
+  // them in /proc/self/task/TID/children; without that file, every process's parent is checked.
+  static std::vector<int> Children(int self) {
+    std::vector<int> out;
+    auto listed = ReadFile("/proc/self/task/" + std::to_string(self) + "/children");
+    if (listed.ok()) {
+      for (const std::string& word : Split(*listed, ' '))
+        if (!word.empty() && word != "\n") out.push_back(std::atoi(word.c_str()));
+      return out;
+    }
+    for (int pid : internal::ListPids()) {
+      std::optional<internal::ProcStat> st = internal::ReadProcStat(pid);
+      if (st && st->ppid == self && st->state != 'Z') out.push_back(pid);
+    }
+    return out;
+  }
+
   void Cleanup() {
     if (pgid_ > 0) ::kill(-pgid_, SIGKILL);
     if (cgroup_) {
@@ -851,14 +894,13 @@ class Shim {
     const int64_t give_up = MonotonicMillis() + 10'000;
     const int self = ::getpid();
     while (MonotonicMillis() < give_up) {
-      for (int pid : internal::ListPids()) {
-        std::optional<internal::ProcStat> st = internal::ReadProcStat(pid);
-        if (st && st->ppid == self && st->state != 'Z') ::kill(pid, SIGKILL);
-      }
+      // Reap first: in the common case the workers are gone and so is everything they started, and
+      // the loop ends without looking further.
       pid_t r;
       while ((r = ::waitpid(-1, nullptr, WNOHANG)) > 0) {
       }
       if (r < 0 && errno == ECHILD) break;
+      for (int pid : Children(self)) ::kill(pid, SIGKILL);
       WaitForEvent(20);
     }
     if (cgroup_) cgroup_->Remove();
@@ -867,7 +909,10 @@ class Shim {
   // ---- files ----
 
   Status WriteState(const json& state) {
-    return WriteFileAtomic(dir_ + "/state.json", internal::DumpJson(state));
+    // An attempt does not outlive a crash of its machine, so its files need only survive process
+    // crashes.
+    return WriteFileAtomic(dir_ + "/state.json", internal::DumpJson(state), 0644,
+                           Durability::kProcessCrash);
   }
 
   int Finish(OutcomeKind kind, const std::string& message) {
@@ -879,7 +924,8 @@ class Shim {
       WriteAll(logs_[0].get(), "[tau] setup failed: " + message + "\n");
     }
     Log(std::string("attempt ") + OutcomeKindName(kind) + ": " + message);
-    Status s = WriteFileAtomic(dir_ + "/result.json", internal::DumpJson(outcome_.ToJson()));
+    Status s = WriteFileAtomic(dir_ + "/result.json", internal::DumpJson(outcome_.ToJson()), 0644,
+                               Durability::kProcessCrash);
     if (!s.ok()) {
       Log("cannot write result.json: " + s.ToString());
       return 1;
@@ -894,6 +940,7 @@ class Shim {
   const std::string dir_;
   AttemptConfig config_;
   AttemptOutcome outcome_;
+  UniqueFd lock_;  // the supervisor lock, held until the shim exits
   UniqueFd sigfd_, devnull_;
   std::vector<UniqueFd> logs_;         // logs/rank-R.log, one per worker
   std::vector<std::string> resolved_;  // each worker's argv[0], resolved on its PATH

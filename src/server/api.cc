@@ -99,7 +99,8 @@ json AttemptJson(const store::AttemptRecord& a) {
           {"outcome", a.outcome},
           {"reason", a.reason},
           {"message", a.message},
-          {"supervisor_pid", a.shim_pid}};
+          {"supervisor_pid", a.shim_pid},
+          {"diagnosis", a.diagnosis}};
 }
 
 json EventJson(const store::Event& e) {

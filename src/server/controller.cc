@@ -355,14 +355,33 @@ void Controller::Recover(Batch* batch) {
     free_cpu_milli_ -= run.need.cpu_milli;
     free_memory_bytes_ -= run.need.memory_bytes;
     auto attempts = store_->ListAttempts(record.name);
-    if (!attempts.ok() || attempts->empty()) {
-      // Admitted, but the server stopped before the attempt was recorded: start it now.
-      run.record.attempts = 0;
+    // Admitted, but no attempt was ever recorded, or only finished ones: the next one never
+    // started.
+    if (!attempts.ok() || attempts->empty() || attempts->back().state == AttemptState::kFinished)
       continue;
-    }
-    const AttemptRecord& last = attempts->back();
+    AttemptRecord last = attempts->back();
     runtime::ProcessId shim{last.shim_pid, last.shim_start_time};
-    if (last.state != AttemptState::kFinished && last.shim_pid > 0 && runtime::IsAlive(shim)) {
+    bool alive = last.shim_pid > 0 && runtime::IsAlive(shim);
+    if (last.shim_pid == 0) {
+      // Recorded as starting, but the server stopped before it learnt the supervisor's pid: the
+      // supervisor lock in the attempt directory says whether one runs.
+      runtime::SupervisorState probe = runtime::ProbeSupervisor(last.dir, &shim);
+      if (probe == runtime::SupervisorState::kNeverStarted) continue;  // start it now
+      run.record.attempts = last.number;
+      alive = probe == runtime::SupervisorState::kAlive && runtime::IsAlive(shim);
+      if (alive) {
+        last.state = AttemptState::kRunning;
+        last.shim_pid = shim.pid;
+        last.shim_start_time = shim.start_time;
+        batch->attempts.push_back(last);
+        if (!run.record.started_ms) run.record.started_ms = last.started_ms;
+        Transition(run, RunState::kRunning, "Running",
+                   fmt::format("attempt {} re-adopted after a server restart", last.number), batch,
+                   {{"attempt", last.number}, {"shim_pid", shim.pid}});
+        batch->runs.push_back(run.record);
+      }
+    }
+    if (alive) {
       run.shim = shim;  // re-adopted: the attempt kept running while the server was away
       Status s = watcher_->Watch(record.name, shim);
       if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
@@ -448,7 +467,7 @@ int64_t Controller::NextWakeMillis() const {
 void Controller::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
   std::vector<ActiveRun*> queued;
   for (auto& [name, run] : active_) {
-    if (run.record.state == RunState::kAdmitted && run.record.attempts == 0 && !run.shim)
+    if (run.record.state == RunState::kAdmitted && !run.shim)
       to_start->push_back(name);  // recovered: admitted before the restart, never started
     if (run.record.state == RunState::kQueued) queued.push_back(&run);
   }
@@ -481,6 +500,14 @@ void Controller::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
     Transition(*run, RunState::kAdmitted, "Admitted", "admitted on this machine with " + where,
                batch, {{"gpus", r.gpus}});
     batch->runs.push_back(r);
+    // The attempt is recorded before its supervisor starts, so a restart in between can find it.
+    AttemptRecord starting;
+    starting.run = r.name;
+    starting.number = r.attempts + 1;
+    starting.dir = AttemptDir(r.name, starting.number);
+    starting.gpus = r.gpus;
+    starting.started_ms = NowMillis();
+    batch->attempts.push_back(starting);
     to_start->push_back(r.name);
   }
 }
@@ -584,6 +611,32 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
   batch->runs.push_back(r);
 }
 
+namespace {
+
+// The last bytes of each rank's log of an attempt, for diagnosis.
+std::vector<std::string> LogTails(const std::string& attempt_dir, size_t ranks) {
+  constexpr size_t kTailBytes = 64 * 1024;
+  std::vector<std::string> tails;
+  for (size_t r = 0; r < std::max<size_t>(ranks, 1); ++r) {
+    auto text = ReadFile(fmt::format("{}/logs/rank-{}.log", attempt_dir, r));
+    std::string t = text.ok() ? std::move(*text) : "";
+    if (t.size() > kTailBytes) t = t.substr(t.size() - kTailBytes);
+    tails.push_back(std::move(t));
+  }
+  return tails;
+}
+
+nlohmann::json DiagnosisJson(const std::string& attempt_dir, size_t ranks,
+                             const std::string& phase) {
+  recovery::Diagnosis d = recovery::Diagnose(LogTails(attempt_dir, ranks));
+  nlohmann::json evidence = nlohmann::json::array();
+  for (const auto& e : d.evidence)
+    evidence.push_back({{"signature", e.signature}, {"rank", e.rank}, {"line", e.line}});
+  return {{"summary", d.summary}, {"phase", phase}, {"evidence", evidence}};
+}
+
+}  // namespace
+
 void Controller::HandleExit(const std::string& name, Batch* batch) {
   auto it = active_.find(name);
   if (it == active_.end()) return;
@@ -617,6 +670,13 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   if (o.kind != runtime::OutcomeKind::kStopped || !r.cancel_requested) a.exit_code = o.exit_code;
   if (o.signal) a.signal = o.signal;
   a.ended_ms = o.ended_ms ? o.ended_ms : NowMillis();
+  if (o.kind != runtime::OutcomeKind::kSucceeded && a.reason != "Cancelled") {
+    // The first failed transition and what the logs say about it.
+    const char* phase = o.kind == runtime::OutcomeKind::kSetupFailed
+                            ? "Running: setup failed before the job started"
+                            : "Running: the job failed while running";
+    a.diagnosis = DiagnosisJson(a.dir, o.workers.size(), phase);
+  }
   batch->attempts.push_back(a);
   r.exit_code = a.exit_code;
   r.signal = a.signal;

@@ -75,6 +75,8 @@ CREATE INDEX events_run ON events(run, id);
 )sql",
     // 2: retries wait for their backoff.
     "ALTER TABLE runs ADD COLUMN not_before_ms INTEGER;",
+    // 3: what a failed attempt's logs say.
+    "ALTER TABLE attempts ADD COLUMN diagnosis TEXT NOT NULL DEFAULT '{}';",
 };
 
 // A prepared statement with RAII finalisation.
@@ -304,8 +306,8 @@ struct Store::Impl {
   Status UpsertAttempt(const AttemptRecord& a) {
     Stmt s(db,
            "INSERT OR REPLACE INTO attempts (run, number, state, dir, shim_pid, shim_start_time, "
-           "gpus, started_ms, ended_ms, exit_code, signal, outcome, reason, message) VALUES "
-           "(?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+           "gpus, started_ms, ended_ms, exit_code, signal, outcome, reason, message, diagnosis) "
+           "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
     if (!s.ok()) return Error("preparing attempt upsert");
     s.Bind(1, a.run);
     s.Bind(2, static_cast<int64_t>(a.number));
@@ -321,6 +323,7 @@ struct Store::Impl {
     s.Bind(12, a.outcome);
     s.Bind(13, a.reason);
     s.Bind(14, a.message);
+    s.Bind(15, a.diagnosis.dump());
     if (s.Step() != SQLITE_DONE) return Error("writing attempt");
     return Status::Ok();
   }
@@ -471,7 +474,8 @@ Result<std::vector<AttemptRecord>> Store::ListAttempts(const std::string& run) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   Stmt s(impl_->db,
          "SELECT run, number, state, dir, shim_pid, shim_start_time, gpus, started_ms, ended_ms, "
-         "exit_code, signal, outcome, reason, message FROM attempts WHERE run = ? ORDER BY number");
+         "exit_code, signal, outcome, reason, message, diagnosis FROM attempts WHERE run = ? "
+         "ORDER BY number");
   if (!s.ok()) return impl_->Error("preparing attempt list");
   s.Bind(1, run);
   std::vector<AttemptRecord> out;
@@ -492,6 +496,7 @@ Result<std::vector<AttemptRecord>> Store::ListAttempts(const std::string& run) {
     a.outcome = s.Text(11);
     a.reason = s.Text(12);
     a.message = s.Text(13);
+    a.diagnosis = ParseJsonColumn(s.Text(14), nlohmann::json::object());
     out.push_back(std::move(a));
   }
   if (rc != SQLITE_DONE) return impl_->Error("listing attempts");

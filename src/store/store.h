@@ -69,6 +69,7 @@ struct AttemptRecord {
   std::string outcome;  // runtime::OutcomeKind name when finished
   std::string reason;   // failure class
   std::string message;
+  nlohmann::json diagnosis = nlohmann::json::object();  // {"summary", "phase", "evidence": [...]}
 };
 
 struct Event {

@@ -82,6 +82,22 @@ class RunTest(ServerTestCase):
         self.assertIn("Failed", text)
         self.assertIn("Exit code:   3", text)
 
+    def test_failed_attempt_is_diagnosed_from_its_logs(self):
+        code = ("import sys\nprint('loading', flush=True)\n"
+                "print('RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB', file=sys.stderr)\n"
+                "raise ValueError('learning rate must be positive')\n")
+        spec = self.project(job_spec("diag"), {"main.py": code})
+        p = self.server.tau("run", spec)
+        self.assertEqual(p.returncode, 1)
+        name = json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"][0]["name"]
+        diag = self.server.run_json(name)["attempts"][0]["diagnosis"]
+        self.assertEqual([e["signature"] for e in diag["evidence"]], ["cuda-oom", "python-exception"])
+        self.assertEqual(diag["evidence"][1]["line"], "ValueError: learning rate must be positive")
+        self.assertIn("failed while running", diag["phase"])
+        text = self.server.tau("describe", name, check=0).stdout
+        self.assertIn("Diagnosis of attempt 1", text)
+        self.assertIn("CUDA out of memory (rank 0)", text)
+
     def test_signal_death_is_128_plus_signal(self):
         spec = self.project(job_spec("sig"), {"main.py": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"})
         p = self.server.tau("run", spec)
