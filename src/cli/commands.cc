@@ -242,10 +242,17 @@ int CmdGpus(const Global& g, Format format) {
     std::printf("no GPUs: %s\n", inv->value("note", "").c_str());
   else {
     std::vector<std::vector<std::string>> rows;
-    for (const auto& d : (*inv)["devices"])
+    for (const auto& d : (*inv)["devices"]) {
+      std::string health = "-", why;
+      if (d.contains("health") && d["health"].is_object()) {
+        health = d["health"].value("verdict", "-");
+        if (!d["health"]["reasons"].empty()) why = d["health"]["reasons"][0].value("message", "");
+      }
       rows.push_back({std::to_string(d.value("index", 0)), d.value("name", ""), d.value("uuid", ""),
-                      fmt::format("{} GiB", d.value("memory_total_bytes", uint64_t{0}) >> 30)});
-    PrintTable({"INDEX", "NAME", "UUID", "MEMORY"}, rows);
+                      fmt::format("{} GiB", d.value("memory_total_bytes", uint64_t{0}) >> 30),
+                      health, why});
+    }
+    PrintTable({"INDEX", "NAME", "UUID", "MEMORY", "HEALTH", "WHY"}, rows);
   }
   return 0;
 }

@@ -64,6 +64,8 @@ int Main(int argc, char** argv) {
   server->add_option("--listen", sopts.listen, "Also listen on TCP host:port");
   server->add_option("--stop-grace", sopts.stop_grace_ms,
                      "Milliseconds between SIGTERM and SIGKILL when stopping a run");
+  server->add_option("--gpu-poll", sopts.gpu_poll_ms,
+                     "Milliseconds between GPU health polls (XID events are watched in between)");
   server->add_flag("--quiet", sopts.quiet, "Log nothing");
   server->callback([&] {
     if (sopts.home.empty()) sopts.home = TauHome();

@@ -247,7 +247,8 @@ class LogStreamer {
 
 }  // namespace
 
-void RegisterApi(HttpServer* http, Controller* controller, store::Store* store) {
+void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
+                 const health::GpuMonitor* monitor) {
   http->set_max_body_bytes(kMaxRequestBytes);
 
   http->Route("GET", "/api/v1/version", [](const HttpRequest&, HttpResponse& res) {
@@ -256,8 +257,14 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store) 
   http->Route("GET", "/api/v1/healthz", [](const HttpRequest&, HttpResponse& res) {
     Reply(res, 200, {{"ok", true}});
   });
-  http->Route("GET", "/api/v1/gpus", [controller](const HttpRequest&, HttpResponse& res) {
-    Reply(res, 200, health::ToJson(controller->gpus()));
+  http->Route("GET", "/api/v1/gpus", [monitor](const HttpRequest&, HttpResponse& res) {
+    // The inventory, each device with its health verdict, and the monitor's full snapshot.
+    health::HealthSnapshot snap = monitor->Snapshot();
+    json body = health::ToJson(snap.inventory);
+    for (size_t i = 0; i < body["devices"].size() && i < snap.verdicts.size(); ++i)
+      body["devices"][i]["health"] = health::ToJson(snap.verdicts[i]);
+    body["snapshot"] = health::ToJson(snap);
+    Reply(res, 200, body);
   });
   http->Route("GET", "/api/v1/capacity", [controller](const HttpRequest&, HttpResponse& res) {
     Reply(res, 200, controller->Capacity());

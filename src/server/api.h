@@ -2,12 +2,14 @@
 // {"error": {"code": "...", "message": "..."}} with a matching HTTP status.
 #pragma once
 
+#include "health/health.h"
 #include "server/controller.h"
 #include "server/http.h"
 #include "store/store.h"
 
 namespace tau::server {
 
-void RegisterApi(HttpServer* http, Controller* controller, store::Store* store);
+void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
+                 const health::GpuMonitor* monitor);
 
 }  // namespace tau::server

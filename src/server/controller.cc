@@ -222,6 +222,44 @@ Status Controller::Cancel(const std::string& name) {
   return Status::Ok();
 }
 
+void Controller::OnGpuVerdict(int gpu, bool placeable, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  inbox_gpu_.push_back({gpu, placeable, why});
+  cv_.notify_one();
+}
+
+void Controller::HandleGpuNews(const GpuNews& news, Batch* batch) {
+  if (news.placeable) {
+    if (!unplaceable_gpus_.erase(news.gpu)) return;
+    bool held = false;
+    for (const auto& [name, run] : active_)
+      for (int g : run.record.gpus) held = held || g == news.gpu;
+    if (!held) free_gpus_.insert(news.gpu);
+    return;
+  }
+  unplaceable_gpus_[news.gpu] = news.why;
+  free_gpus_.erase(news.gpu);
+  for (auto& [name, run] : active_) {
+    if (!run.shim || !run.gpu_error.empty() || store::IsTerminal(run.record.state)) continue;
+    const std::vector<int>& held = run.record.gpus;
+    if (std::find(held.begin(), held.end(), news.gpu) == held.end()) continue;
+    run.gpu_error = fmt::format("GPU {} turned unhealthy: {}", news.gpu, news.why);
+    batch->events.push_back({0,
+                             name,
+                             NowMillis(),
+                             "GPUError",
+                             run.gpu_error + "; stopping the attempt",
+                             {{"gpu", news.gpu}},
+                             "",
+                             ""});
+    auto attempts = store_->ListAttempts(name);
+    std::string dir = attempts.ok() && !attempts->empty() ? attempts->back().dir : "";
+    Status s = runtime::StopAttempt(*run.shim, dir);
+    if (!s.ok())
+      std::fprintf(stderr, "tau server: stop %s: %s\n", name.c_str(), s.ToString().c_str());
+  }
+}
+
 nlohmann::json Controller::PendingInfo(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = pending_info_.find(name);
@@ -268,7 +306,8 @@ void Controller::Finish(ActiveRun& run, RunState state, const std::string& reaso
 
 void Controller::ReleaseResources(ActiveRun& run) {
   RunRecord& r = run.record;
-  for (int g : r.gpus) free_gpus_.insert(g);
+  for (int g : r.gpus)
+    if (!unplaceable_gpus_.count(g)) free_gpus_.insert(g);
   if (r.admitted_ms) {
     free_cpu_milli_ += run.need.cpu_milli;
     free_memory_bytes_ += run.need.memory_bytes;
@@ -411,15 +450,18 @@ void Controller::Recover(Batch* batch) {
 void Controller::Loop() {
   while (true) {
     std::deque<std::string> news, cancels, exits;
+    std::deque<GpuNews> gpu_news;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(NextWakeMillis()), [&] {
-        return stopping_ || !inbox_new_.empty() || !inbox_cancel_.empty() || !inbox_exited_.empty();
+        return stopping_ || !inbox_new_.empty() || !inbox_cancel_.empty() ||
+               !inbox_exited_.empty() || !inbox_gpu_.empty();
       });
       if (stopping_) return;
       news.swap(inbox_new_);
       cancels.swap(inbox_cancel_);
       exits.swap(inbox_exited_);
+      gpu_news.swap(inbox_gpu_);
     }
     Batch batch;
     for (const std::string& name : news) {
@@ -429,6 +471,7 @@ void Controller::Loop() {
       auto loaded = Load(*record);
       if (loaded.ok()) active_[name] = std::move(*loaded);
     }
+    for (const GpuNews& g : gpu_news) HandleGpuNews(g, &batch);
     for (const std::string& name : exits) HandleExit(name, &batch);
     for (const std::string& name : cancels) HandleCancel(name, &batch);
     std::vector<std::string> to_start;
@@ -667,6 +710,12 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   a.outcome = runtime::OutcomeKindName(o.kind);
   a.reason = FailureClass(o, r.cancel_requested);
   a.message = o.message;
+  if (!run.gpu_error.empty() && o.kind != runtime::OutcomeKind::kSucceeded && !r.cancel_requested) {
+    // Stopped (or crashed) because its GPU failed: not the job's fault.
+    a.reason = "GPUError";
+    a.message = run.gpu_error;
+  }
+  run.gpu_error.clear();
   if (o.kind != runtime::OutcomeKind::kStopped || !r.cancel_requested) a.exit_code = o.exit_code;
   if (o.signal) a.signal = o.signal;
   a.ended_ms = o.ended_ms ? o.ended_ms : NowMillis();
@@ -685,7 +734,7 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   } else if (a.reason == "Cancelled") {
     Finish(run, RunState::kCancelled, "Cancelled", "cancelled by request", batch);
   } else {
-    FailAttempt(run, a.reason, o.message, batch);
+    FailAttempt(run, a.reason, a.message, batch);
   }
 }
 
@@ -725,8 +774,12 @@ void Controller::RefreshPending() {
     const Resources& need = run->need;
     std::vector<std::string> short_of;
     if (need.gpus > static_cast<int>(free_gpus_.size()))
-      short_of.push_back(fmt::format("{} ({} of {} free)", Plural(need.gpus, "GPU", "GPUs"),
-                                     free_gpus_.size(), gpus_.devices.size()));
+      short_of.push_back(fmt::format(
+          "{} ({} of {} free{})", Plural(need.gpus, "GPU", "GPUs"), free_gpus_.size(),
+          gpus_.devices.size(),
+          unplaceable_gpus_.empty()
+              ? ""
+              : fmt::format(", {} kept out by health checks", unplaceable_gpus_.size())));
     if (need.cpu_milli > free_cpu_milli_)
       short_of.push_back(
           fmt::format("{} CPUs ({} free)", Quantity::FromMilli(need.cpu_milli).ToString(),
@@ -743,6 +796,7 @@ void Controller::RefreshPending() {
   }
   nlohmann::json capacity = {{"gpus_total", gpus_.devices.size()},
                              {"gpus_free", free_gpus_.size()},
+                             {"gpus_unplaceable", unplaceable_gpus_.size()},
                              {"cpu_milli_total", cpu_capacity_milli_},
                              {"cpu_milli_free", free_cpu_milli_},
                              {"memory_bytes_total", memory_capacity_bytes_},

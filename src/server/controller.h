@@ -55,6 +55,9 @@ class Controller {
   // Validates, snapshots and records a new run; it is queued when this returns.
   Result<store::RunRecord> Submit(SubmitRequest request, SubmitError* error);
   Status Cancel(const std::string& name);
+  // A GPU's health verdict changed (called from the GPU monitor's threads; only queues the news). A
+  // GPU that is not placeable is given to no run, and attempts using it are stopped as GPUError.
+  void OnGpuVerdict(int gpu, bool placeable, const std::string& why);
 
   // For queued runs: {"position": n (1 = next), "reason": "..."}; null when the run is not pending.
   nlohmann::json PendingInfo(const std::string& name);
@@ -74,7 +77,15 @@ class Controller {
     spec::RunSpec spec;
     Resources need;
     std::optional<runtime::ProcessId> shim;
+    std::string
+        gpu_error;  // set when its attempt is stopped because a GPU it uses turned unhealthy
   };
+  struct GpuNews {
+    int gpu;
+    bool placeable;
+    std::string why;
+  };
+  void HandleGpuNews(const GpuNews& news, store::Batch* batch);
 
   void Loop();
   void Recover(store::Batch* batch);
@@ -111,12 +122,14 @@ class Controller {
   std::deque<std::string> inbox_new_;                   // GUARDED_BY(mu_)
   std::deque<std::string> inbox_cancel_;                // GUARDED_BY(mu_)
   std::deque<std::string> inbox_exited_;                // GUARDED_BY(mu_)
+  std::deque<GpuNews> inbox_gpu_;                       // GUARDED_BY(mu_)
   std::map<std::string, nlohmann::json> pending_info_;  // GUARDED_BY(mu_)
   nlohmann::json capacity_info_;                        // GUARDED_BY(mu_)
 
   // Owned by the loop thread.
   std::map<std::string, ActiveRun> active_;
   std::set<int> free_gpus_;
+  std::map<int, std::string> unplaceable_gpus_;  // GPU index -> why (Unhealthy or Unknown verdict)
   int64_t free_cpu_milli_ = 0;
   int64_t free_memory_bytes_ = 0;
   int64_t cpu_capacity_milli_ = 0;

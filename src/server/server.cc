@@ -5,6 +5,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -78,7 +79,21 @@ int RunServer(const ServerOptions& options) {
     log(store.status().ToString());
     return 1;
   }
-  health::GpuInventory gpus = health::DiscoverGpus();
+  // The GPU monitor starts first (its first pass tells which GPUs may be used) and reports verdict
+  // changes to the controller, which it may only do once the controller exists.
+  std::atomic<Controller*> verdict_sink{nullptr};
+  health::MonitorOptions mopts;
+  mopts.poll_interval_ms = options.gpu_poll_ms;
+  mopts.on_verdict_change = [&verdict_sink](int gpu, health::Verdict, health::Verdict now,
+                                            const std::vector<health::Reason>& reasons) {
+    std::string why = health::VerdictName(now);
+    if (!reasons.empty()) why += ": " + reasons.front().message;
+    if (Controller* c = verdict_sink.load()) c->OnGpuVerdict(gpu, health::Placeable(now), why);
+  };
+  health::GpuMonitor monitor(mopts);
+  if (Status s = monitor.Start(); !s.ok()) log("GPU monitor: " + s.ToString());
+  health::HealthSnapshot first = monitor.Snapshot();
+  const health::GpuInventory& gpus = first.inventory;
   log(gpus.devices.empty()
           ? "no GPUs: " + gpus.note
           : fmt::format("{} GPU(s), driver {}", gpus.devices.size(), gpus.driver_version));
@@ -87,12 +102,20 @@ int RunServer(const ServerOptions& options) {
   copts.tau_binary = options.tau_binary;
   copts.stop_grace_ms = options.stop_grace_ms;
   Controller controller(copts, store->get(), gpus);
+  verdict_sink = &controller;
+  // Verdicts from the first pass (and any change since) decide which GPUs placement may use.
+  for (const health::GpuVerdict& v : monitor.Snapshot().verdicts) {
+    if (!health::Placeable(v.verdict))
+      controller.OnGpuVerdict(v.gpu_index, false,
+                              std::string(health::VerdictName(v.verdict)) +
+                                  (v.reasons.empty() ? "" : ": " + v.reasons.front().message));
+  }
   if (Status s = controller.Start(); !s.ok()) {
     log(s.ToString());
     return 1;
   }
   HttpServer http;
-  RegisterApi(&http, &controller, store->get());
+  RegisterApi(&http, &controller, store->get(), &monitor);
   std::string socket_path =
       options.socket_path.empty() ? options.home + "/tau.sock" : options.socket_path;
   if (Status s = http.ListenUnix(socket_path); !s.ok()) {
@@ -120,6 +143,8 @@ int RunServer(const ServerOptions& options) {
   });
   http.Serve();
   signal_thread.join();
+  verdict_sink = nullptr;
+  monitor.Stop();
   controller.Stop();
   ::unlink((options.home + "/server.pid").c_str());
   log("stopped");

@@ -15,6 +15,7 @@ struct ServerOptions {
   std::string listen;       // optional "host:port" TCP listener
   std::string tau_binary;   // this program, started as the attempts' supervisor
   int64_t stop_grace_ms = 10'000;
+  int64_t gpu_poll_ms = 10'000;  // GPU health polling interval (XID events arrive in between)
   bool quiet = false;
 };
 

@@ -44,7 +44,7 @@ def pid_alive(pid):
 class TauServer:
     """A tau server in its own TAU_HOME (short path: Unix socket paths are limited to 107 bytes)."""
 
-    def __init__(self, gpus=None, extra_env=None, stop_grace_ms=1000):
+    def __init__(self, gpus=None, extra_env=None, stop_grace_ms=1000, gpu_poll_ms=200):
         self.home = tempfile.mkdtemp(prefix="tau-it-", dir="/tmp")
         self.env = dict(os.environ)
         self.env["TAU_HOME"] = self.home
@@ -58,12 +58,14 @@ class TauServer:
             self.env["TAU_FAKE_NVML_GPUS"] = str(gpus)
         self.env.update(extra_env or {})
         self.stop_grace_ms = stop_grace_ms
+        self.gpu_poll_ms = gpu_poll_ms
         self.proc = None
 
     def start(self):
         with open(os.path.join(self.home, "server-test.log"), "ab") as log:
             self.proc = subprocess.Popen(
-                [TAU, "server", "--home", self.home, "--stop-grace", str(self.stop_grace_ms)],
+                [TAU, "server", "--home", self.home, "--stop-grace", str(self.stop_grace_ms),
+                 "--gpu-poll", str(self.gpu_poll_ms)],
                 env=self.env, stdout=log, stderr=log, start_new_session=True)
         sock = os.path.join(self.home, "tau.sock")
         wait_for(lambda: self._connectable(sock), what="the server socket")

@@ -1,0 +1,60 @@
+"""GPU health on the local backend, against the test NVML playing a scenario (see docs/fake-nvml.md)."""
+import json
+import os
+import tempfile
+import time
+import unittest
+
+from harness import ServerTestCase, wait_for
+from test_local import job_spec
+
+SCENARIO = """gpus 2
+at 3s gpu 0 xid 79
+"""
+
+
+class GpuHealthTest(ServerTestCase):
+    gpus = 2
+
+    def setUp(self):
+        fd, self.scenario = tempfile.mkstemp(prefix="tau-it-scn-", suffix=".scn")
+        os.write(fd, SCENARIO.encode())
+        os.close(fd)
+        self.extra_env = {"TAU_FAKE_NVML_SCENARIO": self.scenario}
+        super().setUp()
+
+    def tearDown(self):
+        super().tearDown()
+        os.unlink(self.scenario)
+
+    def test_xid_79_stops_the_attempt_and_the_retry_runs_on_another_gpu(self):
+        code = ("import os, time\nprint('attempt', os.environ['TAU_ATTEMPT'], 'gpu',"
+                " os.environ['CUDA_VISIBLE_DEVICES'], os.environ.get('TAU_FAILURE_REASON'), flush=True)\n"
+                "if os.environ['TAU_ATTEMPT'] == '1':\n    time.sleep(60)\n")
+        extra = "resilience:\n  max_retries: 1\n  backoff_initial: 100ms\n"
+        name = self.submit(job_spec("xid", gpus=1, extra=extra), {"main.py": code})
+        self.server.wait_state(name, "Running")
+        d = self.server.wait_state(name, "Succeeded", timeout=30)
+        self.assertEqual([a["reason"] for a in d["attempts"]], ["GPUError", "Succeeded"])
+        self.assertEqual([a["gpus"] for a in d["attempts"]], [[0], [1]])
+        self.assertIn("GPU 0 turned unhealthy", d["attempts"][0]["message"])
+        self.assertIn("GPUError", [e["type"] for e in d["events"]])
+        logs = self.server.tau("logs", name, "--attempt", "2").stdout
+        self.assertIn("attempt 2 gpu 1 GPUError", logs)
+        # XID event to the attempt's end: well under a second.
+        gpu_error = next(e for e in d["events"] if e["type"] == "GPUError")
+        self.assertLess(d["attempts"][0]["ended"], d["attempts"][1]["started"])
+        self.assertTrue(gpu_error["time"] <= d["attempts"][0]["ended"])
+        # The GPU stays out: `tau gpus` says why, and a 2-GPU run waits with the reason.
+        inv = json.loads(self.server.tau("gpus", "-o", "json", check=0).stdout)
+        self.assertEqual(inv["devices"][0]["health"]["verdict"], "Unhealthy")
+        self.assertEqual(inv["devices"][1]["health"]["verdict"], "Healthy")
+        self.assertIn("Unhealthy", self.server.tau("gpus", check=0).stdout)
+        wide = self.submit(job_spec("wide", gpus=1, workers=2), {"main.py": "print('never')\n"})
+        wait_for(lambda: "kept out by health checks" in json.dumps(
+            json.loads(self.server.tau("status", wide, "-o", "json").stdout).get("pending")),
+            what="the pending reason")
+
+
+if __name__ == "__main__":
+    unittest.main()
