@@ -257,6 +257,45 @@ int CmdGpus(const Global& g, Format format) {
   return 0;
 }
 
+int CmdHealthCheck(const Global& g, bool active, Format format) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  auto got =
+      CallJson(**conn, "POST", std::string("/api/v1/health/check") + (active ? "?active=1" : ""));
+  if (!got.ok()) return Fail(got.status().message());
+  bool healthy = true;
+  for (const auto& v : (*got)["gpus"]) healthy = healthy && v.value("placeable", false);
+  if (active && (*got)["active"].value("ran", false))
+    for (const auto& p : (*got)["active"]["gpus"]) healthy = healthy && p.value("passed", false);
+  if (format == Format::kJson) {
+    PrintJson(*got);
+  } else if (format == Format::kYaml) {
+    PrintYaml(*got);
+  } else {
+    if ((*got)["gpus"].empty())
+      std::printf("no GPUs: %s\n", (*got)["inventory"].value("note", "").c_str());
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& v : (*got)["gpus"]) {
+      std::string why;
+      for (const auto& r : v["reasons"]) why += (why.empty() ? "" : "; ") + r.value("message", "");
+      rows.push_back({std::to_string(v.value("gpu", 0)), v.value("verdict", ""),
+                      v.value("since", ""), why.empty() ? "-" : why});
+    }
+    if (!rows.empty()) PrintTable({"GPU", "VERDICT", "SINCE", "REASONS"}, rows);
+    if (active) {
+      const auto& a = (*got)["active"];
+      if (!a.value("ran", false))
+        std::printf("%s\n", a.value("note", "active probe did not run").c_str());
+      for (const auto& p : a["gpus"])
+        std::printf("active probe, CUDA device %d (%s): %s in %.0f ms\n",
+                    p.value("cuda_ordinal", 0), p.value("name", "").c_str(),
+                    p.value("passed", false) ? "passed" : p.value("error", "failed").c_str(),
+                    p.value("ms", 0.0));
+    }
+  }
+  return healthy ? 0 : kExitInvalid;
+}
+
 int CmdAdmissionSimulate(const std::string& file, int cycles, Format format) {
   auto text = ReadFile(file);
   if (!text.ok()) return Fail(text.status().message());

@@ -22,6 +22,7 @@ int CmdDescribe(const Global& g, const std::string& run, Format format);
 int CmdLogs(const Global& g, const std::string& run, bool follow, int attempt, int rank);
 int CmdCancel(const Global& g, const std::vector<std::string>& runs);
 int CmdGpus(const Global& g, Format format);
+int CmdHealthCheck(const Global& g, bool active, Format format);
 int CmdAdmissionSimulate(const std::string& file, int cycles, Format format);
 
 // Prints "tau: error: <message>" to stderr and returns kExitTauError.

@@ -5,6 +5,7 @@
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "common/files.h"
+#include "health/health.h"
 #include "runtime/runtime.h"
 #include "server/server.h"
 
@@ -13,6 +14,10 @@ namespace tau::cli {
 int Main(int argc, char** argv) {
   // The attempt supervisor is this same binary; it must start without parsing any flags.
   if (argc == 3 && std::strcmp(argv[1], "__shim") == 0) return runtime::ShimMain(argv[2]);
+  if (argc == 2 && std::strcmp(argv[1], "__gpu-probe") == 0) {
+    std::puts(health::RunActiveProbe().dump().c_str());
+    return 0;
+  }
   // `tau version` is the cold-start benchmark: answer before building the whole command tree.
   if (argc == 2 && std::strcmp(argv[1], "version") == 0) return CmdVersion({}, false);
 
@@ -127,6 +132,18 @@ int Main(int argc, char** argv) {
   add_output(gpus);
   gpus->callback([&] {
     if (auto f = format()) rc = CmdGpus(g, *f);
+  });
+
+  auto* health = app.add_subcommand("health", "GPU health");
+  health->require_subcommand(1);
+  auto* check = health->add_subcommand(
+      "check", "Run the GPU health checks now; exit 1 when a GPU may not be used");
+  bool active = false;
+  check->add_flag("--active", active,
+                  "Also run a short workload on each GPU (needs the CUDA driver)");
+  add_output(check);
+  check->callback([&] {
+    if (auto f = format()) rc = CmdHealthCheck(g, active, *f);
   });
 
   auto* admission = app.add_subcommand("admission", "Kueue-model admission tools");

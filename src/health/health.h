@@ -358,6 +358,13 @@ nlohmann::json ToJson(const HealthSnapshot& snapshot);
 // 37, plus tau_gpu_health{…} (0 Healthy, 1 Degraded, 2 Unhealthy, 3 Unknown).
 std::string RenderMetrics(const HealthSnapshot& snapshot, const std::string& hostname = "");
 
+// The active probe (`tau health check --active`): creates a context on every GPU through the CUDA
+// driver API (libcuda.so.1, loaded with dlopen), allocates 64 MiB, writes a pattern and reads it
+// back. Call it in a short-lived process: it initialises CUDA. Without a CUDA driver it says so and
+// runs nothing.
+//   {"ran": bool, "note": "...", "gpus": [{"cuda_ordinal", "name", "passed", "error", "ms"}]}
+nlohmann::json RunActiveProbe();
+
 using VerdictCallback = std::function<void(int gpu_index, Verdict old_verdict, Verdict new_verdict,
                                            const std::vector<Reason>& reasons)>;
 

@@ -1,6 +1,8 @@
 #include "server/api.h"
 
 #include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -10,7 +12,10 @@
 
 #include "common/clock.h"
 #include "common/hash.h"
+#include "runtime/runtime.h"
 #include "server/server.h"
+
+extern char** environ;
 
 namespace tau::server {
 namespace {
@@ -245,10 +250,43 @@ class LogStreamer {
   int fd_ = -1;
 };
 
+// Runs `tau __gpu-probe` and returns what it printed: CUDA initialises in that child, never in the
+// server.
+json RunProbeProcess() {
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return {{"ran", false}, {"note", "cannot create a pipe"}};
+  std::string exe = runtime::SelfExecutable();
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  char* argv[] = {const_cast<char*>(exe.c_str()), const_cast<char*>("__gpu-probe"), nullptr};
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(out[1]);
+  if (rc != 0) {
+    ::close(out[0]);
+    return {{"ran", false}, {"note", "cannot start the probe process"}};
+  }
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(out[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  ::close(out[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded())
+    return {{"ran", false},
+            {"note", fmt::format("the probe process failed (status {}); is a GPU hung?", status)}};
+  return j;
+}
+
 }  // namespace
 
 void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
-                 const health::GpuMonitor* monitor) {
+                 health::GpuMonitor* monitor) {
   http->set_max_body_bytes(kMaxRequestBytes);
 
   http->Route("GET", "/api/v1/version", [](const HttpRequest&, HttpResponse& res) {
@@ -265,6 +303,22 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
       body["devices"][i]["health"] = health::ToJson(snap.verdicts[i]);
     body["snapshot"] = health::ToJson(snap);
     Reply(res, 200, body);
+  });
+  http->Route("POST", "/api/v1/health/check", [monitor](const HttpRequest& req, HttpResponse& res) {
+    // Runs the passive checks now; with active=1 also the active probe, in a child process.
+    monitor->PollOnce();
+    health::HealthSnapshot snap = monitor->Snapshot();
+    json gpus = json::array();
+    for (const auto& v : snap.verdicts) gpus.push_back(health::ToJson(v));
+    json body = {{"gpus", gpus}, {"inventory", health::ToJson(snap.inventory)}};
+    if (BoolParam(req, "active")) body["active"] = RunProbeProcess();
+    Reply(res, 200, body);
+  });
+  http->Route("GET", "/metrics", [monitor](const HttpRequest&, HttpResponse& res) {
+    char host[256] = {0};
+    ::gethostname(host, sizeof host - 1);
+    res.set_content(health::RenderMetrics(monitor->Snapshot(), host),
+                    "text/plain; version=0.0.4; charset=utf-8");
   });
   http->Route("GET", "/api/v1/capacity", [controller](const HttpRequest&, HttpResponse& res) {
     Reply(res, 200, controller->Capacity());

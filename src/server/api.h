@@ -10,6 +10,6 @@
 namespace tau::server {
 
 void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
-                 const health::GpuMonitor* monitor);
+                 health::GpuMonitor* monitor);
 
 }  // namespace tau::server

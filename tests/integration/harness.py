@@ -108,6 +108,19 @@ class TauServer:
                 f"stdout: {p.stdout}\nstderr: {p.stderr}")
         return p
 
+    def tau_http(self, path):
+        """GET a path of the server over its Unix socket; returns the body as text."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(os.path.join(self.home, "tau.sock"))
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: tau\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        s.close()
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert b" 200 " in head.split(b"\r\n")[0], head
+        return body.decode()
+
     def run_json(self, name):
         return json.loads(self.tau("describe", name, "-o", "json", check=0).stdout)
 

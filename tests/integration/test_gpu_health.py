@@ -45,11 +45,27 @@ class GpuHealthTest(ServerTestCase):
         gpu_error = next(e for e in d["events"] if e["type"] == "GPUError")
         self.assertLess(d["attempts"][0]["ended"], d["attempts"][1]["started"])
         self.assertTrue(gpu_error["time"] <= d["attempts"][0]["ended"])
+        to_ms = lambda t: time.mktime(time.strptime(t[:19], "%Y-%m-%dT%H:%M:%S")) * 1000 + int(t[20:23])
+        stop_ms = to_ms(d["attempts"][0]["ended"]) - to_ms(gpu_error["time"])
+        print(f"\nGPU health: unhealthy verdict to attempt stopped in {stop_ms:.0f} ms")
+        self.assertLess(stop_ms, 1000)
         # The GPU stays out: `tau gpus` says why, and a 2-GPU run waits with the reason.
         inv = json.loads(self.server.tau("gpus", "-o", "json", check=0).stdout)
         self.assertEqual(inv["devices"][0]["health"]["verdict"], "Unhealthy")
         self.assertEqual(inv["devices"][1]["health"]["verdict"], "Healthy")
         self.assertIn("Unhealthy", self.server.tau("gpus", check=0).stdout)
+        # `tau health check` runs the checks now and fails when a GPU may not be used.
+        check = self.server.tau("health", "check")
+        self.assertEqual(check.returncode, 1, check.stderr)
+        self.assertRegex(check.stdout, r"0\s+Unhealthy")
+        active = json.loads(self.server.tau("health", "check", "--active", "-o", "json").stdout)
+        self.assertIn("active", active)
+        if not active["active"]["ran"]:
+            self.assertIn("libcuda.so.1", active["active"]["note"])
+        # GPU samples and verdicts as dcgm-exporter metrics.
+        metrics = self.server.tau_http("/metrics")
+        self.assertIn('DCGM_FI_DEV_XID_ERRORS{gpu="0"', metrics)
+        self.assertRegex(metrics, r'tau_gpu_health\{gpu="0"[^}]*\} 2')
         wide = self.submit(job_spec("wide", gpus=1, workers=2), {"main.py": "print('never')\n"})
         wait_for(lambda: "kept out by health checks" in json.dumps(
             json.loads(self.server.tau("status", wide, "-o", "json").stdout).get("pending")),

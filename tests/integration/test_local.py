@@ -294,7 +294,10 @@ class GpuPlacementTest(ServerTestCase):
     def test_gpus_command(self):
         inv = json.loads(self.server.tau("gpus", "-o", "json", check=0).stdout)
         self.assertEqual(len(inv["devices"]), 2)
+        self.assertEqual([d["health"]["verdict"] for d in inv["devices"]], ["Healthy", "Healthy"])
         self.assertIn("Fake H200", self.server.tau("gpus", check=0).stdout)
+        check = self.server.tau("health", "check", check=0)
+        self.assertEqual(len([l for l in check.stdout.splitlines() if "Healthy" in l]), 2)
 
 
 class RobustnessTest(ServerTestCase):
