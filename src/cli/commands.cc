@@ -229,6 +229,28 @@ int CmdCancel(const Global& g, const std::vector<std::string>& runs) {
   return rc;
 }
 
+int CmdRerun(const Global& g, const std::string& name) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  auto r = CallJson(**conn, "POST", "/api/v1/runs/" + name + "/rerun");
+  if (!r.ok()) return Fail(r.status().message());
+  if (r->contains("warning"))
+    std::fprintf(stderr, "tau: warning: %s\n", (*r)["warning"].get<std::string>().c_str());
+  std::puts((*r)["run"].value("name", "").c_str());
+  return 0;
+}
+
+int CmdResume(const Global& g, const std::string& name, const std::string& from, bool force) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  nlohmann::json body = {{"force", force}};
+  if (!from.empty()) body["from"] = from;
+  auto r = CallJson(**conn, "POST", "/api/v1/runs/" + name + "/resume", body.dump());
+  if (!r.ok()) return Fail(r.status().message());
+  std::printf("resuming %s\n", name.c_str());
+  return 0;
+}
+
 int CmdGpus(const Global& g, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());

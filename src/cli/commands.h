@@ -21,6 +21,8 @@ int CmdStatus(const Global& g, const std::string& run, Format format);
 int CmdDescribe(const Global& g, const std::string& run, Format format);
 int CmdLogs(const Global& g, const std::string& run, bool follow, int attempt, int rank);
 int CmdCancel(const Global& g, const std::vector<std::string>& runs);
+int CmdRerun(const Global& g, const std::string& run);
+int CmdResume(const Global& g, const std::string& run, const std::string& from, bool force);
 int CmdGpus(const Global& g, Format format);
 int CmdHealthCheck(const Global& g, bool active, Format format);
 int CmdAdmissionSimulate(const std::string& file, int cycles, Format format);

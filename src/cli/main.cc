@@ -128,6 +128,22 @@ int Main(int argc, char** argv) {
   cancel->add_option("runs", names, "Run names")->required();
   cancel->callback([&] { rc = CmdCancel(g, names); });
 
+  auto* rerun = app.add_subcommand(
+      "rerun", "Start a new run from a run's recorded spec and code snapshot; print its name");
+  rerun->add_option("run", run_name, "Run name")->required();
+  rerun->callback([&] { rc = CmdRerun(g, run_name); });
+
+  auto* resume = app.add_subcommand(
+      "resume", "Give a failed or cancelled run another attempt, resuming from a checkpoint");
+  std::string resume_from;
+  bool force = false;
+  resume->add_option("run", run_name, "Run name")->required();
+  resume->add_option("--from", resume_from,
+                     "Checkpoint to resume from (in the run's checkpoint directory; default: the "
+                     "newest complete one)");
+  resume->add_flag("--force", force, "Resume even after OOMKilled");
+  resume->callback([&] { rc = CmdResume(g, run_name, resume_from, force); });
+
   auto* gpus = app.add_subcommand("gpus", "List this machine's GPUs");
   add_output(gpus);
   gpus->callback([&] {

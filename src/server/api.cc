@@ -394,6 +394,28 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
                 Reply(res, 200, body);
               });
 
+  http->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/rerun)",
+              [controller](const HttpRequest& req, HttpResponse& res) {
+                std::string warning;
+                auto run = controller->Rerun(req.matches[1], &warning);
+                if (!run.ok()) return ReplyError(res, run.status());
+                json body = {{"run", RunJson(*run, controller)}};
+                if (!warning.empty()) body["warning"] = warning;
+                Reply(res, 201, body);
+              });
+  http->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/resume)",
+              [controller](const HttpRequest& req, HttpResponse& res) {
+                json j = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);
+                if (j.is_discarded() || !j.is_object())
+                  return ReplyError(res, InvalidArgument("request body is not a JSON object"));
+                std::string from =
+                    j.contains("from") && j["from"].is_string() ? j["from"].get<std::string>() : "";
+                bool force =
+                    j.contains("force") && j["force"].is_boolean() && j["force"].get<bool>();
+                Status s = controller->Resume(req.matches[1], from, force);
+                if (!s.ok()) return ReplyError(res, s);
+                Reply(res, 202, {{"resuming", std::string(req.matches[1])}});
+              });
   http->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/cancel)",
               [controller](const HttpRequest& req, HttpResponse& res) {
                 Status s = controller->Cancel(req.matches[1]);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -220,6 +221,114 @@ Status Controller::Cancel(const std::string& name) {
   inbox_cancel_.push_back(name);
   cv_.notify_one();
   return Status::Ok();
+}
+
+Result<RunRecord> Controller::Rerun(const std::string& name, std::string* warning) {
+  TAU_ASSIGN_OR_RETURN(RunRecord from, store_->GetRun(name));
+  spec::ParseOutcome parsed = spec::ParseSpec(from.spec_yaml, from.spec_file);
+  if (!parsed.ok())
+    return FailedPrecondition("the recorded spec of '" + name + "' no longer validates:\n" +
+                              parsed.ErrorText());
+  if (!PathExists(from.snapshot_dir))
+    return FailedPrecondition("the code snapshot of '" + name + "' is gone from " +
+                              from.snapshot_dir);
+  const spec::RunSpec& spec = *parsed.spec;
+  RunRecord r;
+  r.spec_name = spec.name;
+  r.spec_file = from.spec_file;
+  r.spec_yaml = from.spec_yaml;
+  r.spec_json = spec::ToJson(spec);
+  r.config_hash = spec::ConfigHash(spec);
+  if (r.config_hash != from.config_hash)
+    *warning = fmt::format(
+        "the recorded spec now gives config hash {} where '{}' recorded {}: this tau reads it "
+        "differently",
+        r.config_hash.substr(0, 12), name, from.config_hash.substr(0, 12));
+  r.snapshot_digest = from.snapshot_digest;
+  r.snapshot_dir = from.snapshot_dir;
+  r.workspace = from.workspace;
+  r.queue = from.queue;
+  r.priority = from.priority;
+  r.resources = from.resources;
+  r.created_ms = r.updated_ms = NowMillis();
+  Status inserted;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    r.name = fmt::format("{}-{}", spec.name, RandomHex(attempt < 4 ? 4 : 8));
+    std::vector<Event> events = {
+        {0,
+         r.name,
+         r.created_ms,
+         "Submitted",
+         "rerun of " + name,
+         {{"rerun_of", name},
+          {"config_hash", r.config_hash},
+          {"snapshot_digest", r.snapshot_digest}},
+         "",
+         ""},
+        {0, r.name, r.created_ms, "Queued", "queued in " + r.queue, {}, "", ""}};
+    inserted = store_->InsertRun(&r, std::move(events));
+    if (inserted.code() != StatusCode::kAlreadyExists) break;
+  }
+  TAU_RETURN_IF_ERROR(inserted);
+  std::lock_guard<std::mutex> lock(mu_);
+  inbox_new_.push_back(r.name);
+  cv_.notify_one();
+  return r;
+}
+
+Status Controller::Resume(const std::string& name, const std::string& from, bool force) {
+  TAU_ASSIGN_OR_RETURN(RunRecord r, store_->GetRun(name));
+  if (!store::IsTerminal(r.state))
+    return FailedPrecondition(
+        fmt::format("run '{}' is still {}", name, store::RunStateName(r.state)));
+  if (r.state == RunState::kSucceeded)
+    return FailedPrecondition(
+        fmt::format("run '{}' succeeded; `tau rerun {}` starts it again as a new run", name, name));
+  if (r.reason == "OOMKilled" && !force)
+    return FailedPrecondition(
+        fmt::format("run '{}' was OOMKilled: another attempt with the same memory will likely die "
+                    "the same way. "
+                    "Give it more memory and `tau rerun`, or resume anyway with --force",
+                    name));
+  std::string checkpoint;
+  if (!from.empty()) {
+    // Only the run's own checkpoints: a resume must not read other runs' or the server's files.
+    std::string dir = RunDir(name) + "/checkpoints";
+    std::string candidate = from.front() == '/' ? from : dir + "/" + from;
+    std::error_code ec;
+    std::string real = std::filesystem::weakly_canonical(candidate, ec).string();
+    std::string root = std::filesystem::weakly_canonical(dir, ec).string() + "/";
+    if (ec || !StartsWith(real, root) || !PathExists(real))
+      return InvalidArgument(fmt::format(
+          "checkpoint '{}' is not in run '{}''s checkpoint directory {}", from, name, dir));
+    checkpoint = real;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  inbox_resume_.push_back({name, checkpoint});
+  cv_.notify_one();
+  return Status::Ok();
+}
+
+void Controller::HandleResume(const ResumeRequest& request, Batch* batch) {
+  if (active_.count(request.name)) return;  // resumed twice: the first one won
+  auto record = store_->GetRun(request.name);
+  if (!record.ok() || !store::IsTerminal(record->state) || record->state == RunState::kSucceeded)
+    return;
+  auto loaded = Load(*record);
+  if (!loaded.ok()) return;
+  ActiveRun& run = active_[request.name] = std::move(*loaded);
+  RunRecord& r = run.record;
+  r.cancel_requested = false;
+  r.finished_ms.reset();
+  r.not_before_ms.reset();
+  r.exit_code.reset();
+  r.signal.reset();
+  run.resume_from = request.from;
+  Transition(
+      run, RunState::kQueued, "Resumed",
+      request.from.empty() ? "resumed by request" : "resumed by request from " + request.from,
+      batch, {{"from", request.from}});
+  batch->runs.push_back(r);
 }
 
 void Controller::OnGpuVerdict(int gpu, bool placeable, const std::string& why) {
@@ -451,17 +560,19 @@ void Controller::Loop() {
   while (true) {
     std::deque<std::string> news, cancels, exits;
     std::deque<GpuNews> gpu_news;
+    std::deque<ResumeRequest> resumes;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(NextWakeMillis()), [&] {
         return stopping_ || !inbox_new_.empty() || !inbox_cancel_.empty() ||
-               !inbox_exited_.empty() || !inbox_gpu_.empty();
+               !inbox_exited_.empty() || !inbox_gpu_.empty() || !inbox_resume_.empty();
       });
       if (stopping_) return;
       news.swap(inbox_new_);
       cancels.swap(inbox_cancel_);
       exits.swap(inbox_exited_);
       gpu_news.swap(inbox_gpu_);
+      resumes.swap(inbox_resume_);
     }
     Batch batch;
     for (const std::string& name : news) {
@@ -472,6 +583,7 @@ void Controller::Loop() {
       if (loaded.ok()) active_[name] = std::move(*loaded);
     }
     for (const GpuNews& g : gpu_news) HandleGpuNews(g, &batch);
+    for (const ResumeRequest& r : resumes) HandleResume(r, &batch);
     for (const std::string& name : exits) HandleExit(name, &batch);
     for (const std::string& name : cancels) HandleCancel(name, &batch);
     std::vector<std::string> to_start;
@@ -612,7 +724,10 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
   if (number > 1) {
     // What the next attempt needs to recover: why the last one failed, and where to resume from.
     ctx.extra_env.emplace_back("TAU_FAILURE_REASON", r.reason);
-    std::string resume = recovery::NewestCompleteCheckpoint(ctx.checkpoint_dir);
+    std::string resume = run.resume_from.empty()
+                             ? recovery::NewestCompleteCheckpoint(ctx.checkpoint_dir)
+                             : run.resume_from;
+    run.resume_from.clear();
     if (!resume.empty()) ctx.extra_env.emplace_back("TAU_RESUME_FROM", resume);
   }
   for (const std::string& dir : {ctx.checkpoint_dir, ctx.output_dir, a.dir}) {

@@ -55,6 +55,13 @@ class Controller {
   // Validates, snapshots and records a new run; it is queued when this returns.
   Result<store::RunRecord> Submit(SubmitRequest request, SubmitError* error);
   Status Cancel(const std::string& name);
+  // A new run from a finished run's recorded spec and code snapshot. `warning` is set when the
+  // recorded spec no longer gives the recorded config hash (tau changed how it reads it).
+  Result<store::RunRecord> Rerun(const std::string& name, std::string* warning);
+  // Another attempt of a failed or cancelled run, resuming from `from` (a checkpoint inside the
+  // run's checkpoint directory; empty: the newest complete one). Refused after OOMKilled unless
+  // `force`.
+  Status Resume(const std::string& name, const std::string& from, bool force);
   // A GPU's health verdict changed (called from the GPU monitor's threads; only queues the news). A
   // GPU that is not placeable is given to no run, and attempts using it are stopped as GPUError.
   void OnGpuVerdict(int gpu, bool placeable, const std::string& why);
@@ -79,7 +86,12 @@ class Controller {
     std::optional<runtime::ProcessId> shim;
     std::string
         gpu_error;  // set when its attempt is stopped because a GPU it uses turned unhealthy
+    std::string resume_from;  // a checkpoint chosen with `tau resume --from`, for the next attempt
   };
+  struct ResumeRequest {
+    std::string name, from;
+  };
+  void HandleResume(const ResumeRequest& request, store::Batch* batch);
   struct GpuNews {
     int gpu;
     bool placeable;
@@ -123,6 +135,7 @@ class Controller {
   std::deque<std::string> inbox_cancel_;                // GUARDED_BY(mu_)
   std::deque<std::string> inbox_exited_;                // GUARDED_BY(mu_)
   std::deque<GpuNews> inbox_gpu_;                       // GUARDED_BY(mu_)
+  std::deque<ResumeRequest> inbox_resume_;              // GUARDED_BY(mu_)
   std::map<std::string, nlohmann::json> pending_info_;  // GUARDED_BY(mu_)
   nlohmann::json capacity_info_;                        // GUARDED_BY(mu_)
 

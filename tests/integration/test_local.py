@@ -478,3 +478,45 @@ class RetryTest(ServerTestCase):
         d = self.server.wait_state(name, "Succeeded", timeout=30)
         self.assertEqual([a["reason"] for a in d["attempts"]], ["NodeLost", "Succeeded"])
         self.assertIn("second attempt NodeLost", self.server.tau("logs", name).stdout)
+
+
+class ManualControlTest(ServerTestCase):
+    def test_rerun_reproduces_config_and_code(self):
+        spec = self.project(job_spec("again"), {"main.py": "print('code v1')\n"})
+        first = self.server.tau("run", "-d", spec, check=0).stdout.strip()
+        self.server.wait_state(first, "Succeeded")
+        with open(os.path.join(os.path.dirname(spec), "main.py"), "w") as f:
+            f.write("print('code v2')\n")
+        second = self.server.tau("rerun", first, check=0).stdout.strip()
+        self.assertNotEqual(second, first)
+        self.assertTrue(second.startswith("again-"))
+        d = self.server.wait_state(second, "Succeeded")
+        one = self.server.run_json(first)["run"]
+        self.assertEqual(d["run"]["config_hash"], one["config_hash"])
+        self.assertEqual(d["run"]["snapshot_digest"], one["snapshot_digest"])
+        self.assertEqual(d["events"][0]["message"], "rerun of " + first)
+        self.assertEqual(self.server.tau("logs", second).stdout.strip(), "code v1")
+        self.assertIn("no run named", self.server.tau("rerun", "nope-0000").stderr)
+
+    def test_resume_from_a_chosen_checkpoint(self):
+        code = ("import os, sys\nck = os.environ['TAU_CHECKPOINT_DIR']\n"
+                "if os.environ['TAU_ATTEMPT'] == '1':\n"
+                "    for n in ('ckpt-a.json', 'ckpt-b.json'):\n"
+                "        open(os.path.join(ck, n), 'w').write('{}')\n"
+                "    sys.exit(3)\n"
+                "print('resumed from', os.path.basename(os.environ['TAU_RESUME_FROM']),"
+                " 'after', os.environ['TAU_FAILURE_REASON'])\n")
+        name = self.submit(job_spec("manual"), {"main.py": code})
+        self.server.wait_state(name, "Failed")
+        escape = self.server.tau("resume", name, "--from", "../../../etc/passwd")
+        self.assertEqual(escape.returncode, 125)
+        self.assertIn("not in run", escape.stderr)
+        self.server.tau("resume", name, "--from", "ckpt-a.json", check=0)
+        d = self.server.wait_state(name, "Succeeded")
+        self.assertEqual(len(d["attempts"]), 2)
+        self.assertIn("Resumed", [e["type"] for e in d["events"]])
+        self.assertIn("resumed from ckpt-a.json after UserError",
+                      self.server.tau("logs", name, "--attempt", "2").stdout)
+        again = self.server.tau("resume", name)
+        self.assertEqual(again.returncode, 125)
+        self.assertIn("tau rerun", again.stderr)
