@@ -155,6 +155,19 @@ std::string Controller::Refusal(const Resources& need) const {
   return "";
 }
 
+Status Controller::InsertWithUniqueName(
+    RunRecord* r, const std::string& base,
+    const std::function<std::vector<Event>(const std::string& name)>& events) {
+  Status inserted;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    // Four hex digits read well; widen them when the name space gets crowded.
+    r->name = fmt::format("{}-{}", base, RandomHex(attempt < 4 ? 4 : 8));
+    inserted = store_->InsertRun(r, events(r->name));
+    if (inserted.code() != StatusCode::kAlreadyExists) break;
+  }
+  return inserted;
+}
+
 Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) {
   spec::ParseOutcome parsed = spec::ParseSpec(request.spec_yaml, request.spec_file);
   if (!parsed.ok()) {
@@ -191,16 +204,11 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
   nlohmann::json submitted = {{"config_hash", r.config_hash},
                               {"snapshot_digest", r.snapshot_digest},
                               {"files", snapshot->files.size()}};
-  Status inserted;
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    // Four hex digits read well; widen them when the name space gets crowded.
-    r.name = fmt::format("{}-{}", spec.name, RandomHex(attempt < 4 ? 4 : 8));
-    std::vector<Event> events = {
-        {0, r.name, r.created_ms, "Submitted", "submitted from " + r.spec_file, submitted, "", ""},
-        {0, r.name, r.created_ms, "Queued", "queued in " + r.queue, {}, "", ""}};
-    inserted = store_->InsertRun(&r, std::move(events));
-    if (inserted.code() != StatusCode::kAlreadyExists) break;
-  }
+  Status inserted = InsertWithUniqueName(&r, spec.name, [&](const std::string& name) {
+    return std::vector<Event>{
+        {0, name, r.created_ms, "Submitted", "submitted from " + r.spec_file, submitted, "", ""},
+        {0, name, r.created_ms, "Queued", "queued in " + r.queue, {}, "", ""}};
+  });
   if (!inserted.ok()) {
     error->status = inserted;
     return inserted;
@@ -251,24 +259,19 @@ Result<RunRecord> Controller::Rerun(const std::string& name, std::string* warnin
   r.priority = from.priority;
   r.resources = from.resources;
   r.created_ms = r.updated_ms = NowMillis();
-  Status inserted;
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    r.name = fmt::format("{}-{}", spec.name, RandomHex(attempt < 4 ? 4 : 8));
-    std::vector<Event> events = {
-        {0,
-         r.name,
-         r.created_ms,
-         "Submitted",
-         "rerun of " + name,
-         {{"rerun_of", name},
-          {"config_hash", r.config_hash},
-          {"snapshot_digest", r.snapshot_digest}},
-         "",
-         ""},
-        {0, r.name, r.created_ms, "Queued", "queued in " + r.queue, {}, "", ""}};
-    inserted = store_->InsertRun(&r, std::move(events));
-    if (inserted.code() != StatusCode::kAlreadyExists) break;
-  }
+  Status inserted = InsertWithUniqueName(&r, spec.name, [&](const std::string& run) {
+    return std::vector<Event>{{0,
+                               run,
+                               r.created_ms,
+                               "Submitted",
+                               "rerun of " + name,
+                               {{"rerun_of", name},
+                                {"config_hash", r.config_hash},
+                                {"snapshot_digest", r.snapshot_digest}},
+                               "",
+                               ""},
+                              {0, run, r.created_ms, "Queued", "queued in " + r.queue, {}, "", ""}};
+  });
   TAU_RETURN_IF_ERROR(inserted);
   std::lock_guard<std::mutex> lock(mu_);
   inbox_new_.push_back(r.name);

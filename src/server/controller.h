@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -100,6 +101,10 @@ class Controller {
   void HandleGpuNews(const GpuNews& news, store::Batch* batch);
 
   void Loop();
+  // Inserts `r` as "<base>-<random hex>", drawing again while the name is taken.
+  Status InsertWithUniqueName(
+      store::RunRecord* r, const std::string& base,
+      const std::function<std::vector<store::Event>(const std::string&)>& events);
   void Recover(store::Batch* batch);
   void AdmitQueued(store::Batch* batch, std::vector<std::string>* to_start);
   void StartAttempt(const std::string& name, store::Batch* batch);
