@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-TAU_BUILD_TESTS=OFF scripts/build.sh
+TAU_BUILD_TESTS=OFF TAU_BUILD_BENCH=OFF scripts/build.sh
 build/bin/tau run examples/quickstart/tau.yaml
 build/bin/tau describe "$(build/bin/tau list --all -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["runs"][0]["name"])')"
