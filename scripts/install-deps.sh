@@ -3,7 +3,8 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
-  libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev libcli11-dev libfmt-dev libgtest-dev python3
+  libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev libcli11-dev libfmt-dev libgtest-dev
+  python3 python3-venv procps
 )
 missing=()
 for p in "${packages[@]}"; do

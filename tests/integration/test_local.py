@@ -1,5 +1,6 @@
 """End-to-end tests of the local backend: a real server, the real CLI, real processes."""
 import json
+import shutil
 import os
 import signal
 import socket
@@ -280,7 +281,7 @@ class GpuPlacementTest(ServerTestCase):
         self.assertEqual(self.server.tau("logs", queued).stdout.strip(), "version 1")
 
     def test_multi_gpu_single_worker_needs_torchrun(self):
-        if subprocess.run(["which", "torchrun"], capture_output=True).returncode == 0:
+        if shutil.which("torchrun"):
             self.skipTest("torchrun is installed here")
         spec = self.project(job_spec("torchless", gpus=2), {"main.py": "print('hi')\n"})
         # Without torchrun: a clear SetupError, never a silent CPU run.
