@@ -1,5 +1,8 @@
 #include "cli/commands.h"
 
+#include <pwd.h>
+#include <unistd.h>
+
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -8,6 +11,8 @@
 #include "cli/cli.h"
 #include "cli/connect.h"
 #include "common/files.h"
+#include "health/health.h"
+#include "policy/policy.h"
 #include "server/server.h"
 #include "spec/spec.h"
 
@@ -332,6 +337,78 @@ int CmdAdmissionSimulate(const std::string& file, int cycles, Format format) {
     PrintYaml(*result);
   else
     PrintJson(*result);
+  return 0;
+}
+
+int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet) {
+  int rc = 0;
+  for (const std::string& file : files) {
+    auto text = ReadFile(file);
+    if (!text.ok()) {
+      std::fprintf(stderr, "%s: error: %s\n", file.c_str(), text.status().message().c_str());
+      rc = kExitInvalid;
+      continue;
+    }
+    policy::PlatformOutcome parsed = policy::ParsePlatform(*text, file);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
+      rc = kExitInvalid;
+    } else if (!quiet) {
+      std::printf("%s: ok (%zu queue(s), %zu workspace(s), %zu priority class(es))\n", file.c_str(),
+                  parsed.platform->admission.queues.size(), parsed.platform->workspaces.size(),
+                  parsed.platform->priorities.size());
+    }
+  }
+  return rc;
+}
+
+int CmdExplain(const std::string& spec_file, const std::string& platform_file,
+               const std::string& user, Format format) {
+  auto text = ReadFile(spec_file);
+  if (!text.ok()) return Fail(text.status().message());
+  spec::ParseOutcome spec = spec::ParseSpec(*text, spec_file);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "%s\n", spec.ErrorText().c_str());
+    return kExitInvalid;
+  }
+  policy::Platform platform;
+  if (platform_file.empty()) {
+    // Without a platform file: the default a local server uses, sized to this machine.
+    health::GpuInventory gpus = health::DiscoverGpus();
+    int64_t memory = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
+    platform = policy::DefaultPlatform(static_cast<int>(gpus.devices.size()),
+                                       ::sysconf(_SC_NPROCESSORS_ONLN) * 1000, memory);
+  } else {
+    auto ptext = ReadFile(platform_file);
+    if (!ptext.ok()) return Fail(ptext.status().message());
+    policy::PlatformOutcome parsed = policy::ParsePlatform(*ptext, platform_file);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
+      return kExitInvalid;
+    }
+    platform = std::move(*parsed.platform);
+  }
+  std::string who = user;
+  if (who.empty()) {
+    if (const struct passwd* pw = ::getpwuid(::getuid())) who = pw->pw_name;
+  }
+  auto resolved = policy::Resolve(*spec.spec, platform, who);
+  if (!resolved.ok()) {
+    std::fprintf(stderr, "%s: error: %s\n", spec_file.c_str(), resolved.status().message().c_str());
+    return kExitInvalid;
+  }
+  if (format == Format::kTable) {
+    std::fputs(policy::ExplainText(*resolved).c_str(), stdout);
+    return 0;
+  }
+  nlohmann::json prov = nlohmann::json::array();
+  for (const auto& p : resolved->provenance)
+    prov.push_back({{"field", p.field}, {"value", p.value}, {"source", p.source}});
+  nlohmann::json out = {{"provenance", prov}};
+  if (format == Format::kYaml)
+    PrintYaml(out);
+  else
+    PrintJson(out);
   return 0;
 }
 

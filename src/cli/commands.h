@@ -26,6 +26,9 @@ int CmdResume(const Global& g, const std::string& run, const std::string& from, 
 int CmdGpus(const Global& g, Format format);
 int CmdHealthCheck(const Global& g, bool active, Format format);
 int CmdAdmissionSimulate(const std::string& file, int cycles, Format format);
+int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet);
+int CmdExplain(const std::string& spec_file, const std::string& platform_file,
+               const std::string& user, Format format);
 
 // Prints "tau: error: <message>" to stderr and returns kExitTauError.
 int Fail(const std::string& message);

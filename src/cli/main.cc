@@ -150,6 +150,27 @@ int Main(int argc, char** argv) {
     if (auto f = format()) rc = CmdGpus(g, *f);
   });
 
+  auto* platform = app.add_subcommand("platform", "Platform policy (platform.yaml)");
+  platform->require_subcommand(1);
+  auto* pvalidate = platform->add_subcommand("validate", "Check platform files; exit 0 when valid");
+  std::vector<std::string> platform_files;
+  pvalidate->add_option("files", platform_files, "platform.yaml files")->required();
+  pvalidate->add_flag("-q,--quiet", quiet, "Print errors only");
+  pvalidate->callback([&] { rc = CmdPlatformValidate(platform_files, quiet); });
+
+  auto* explain =
+      app.add_subcommand("explain", "Print each resolved setting of a run and where it came from");
+  std::string explain_file = "tau.yaml", explain_platform, explain_user;
+  explain->add_option("file", explain_file, "The spec (default ./tau.yaml)");
+  explain->add_option(
+      "--platform", explain_platform,
+      "platform.yaml to resolve against (default: this machine's default platform)");
+  explain->add_option("--user", explain_user, "Resolve as this user (default: the current user)");
+  add_output(explain);
+  explain->callback([&] {
+    if (auto f = format()) rc = CmdExplain(explain_file, explain_platform, explain_user, *f);
+  });
+
   auto* health = app.add_subcommand("health", "GPU health");
   health->require_subcommand(1);
   auto* check = health->add_subcommand(

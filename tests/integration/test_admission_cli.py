@@ -17,7 +17,8 @@ class AdmissionSimulateCliTest(unittest.TestCase):
         self.assertGreater(len(files), 5)
         for path in files:
             with self.subTest(path=os.path.basename(path)):
-                first = open(path).readline()
+                with open(path) as f:
+                    first = f.readline()
                 cycles = first.split(":")[1].strip() if first.startswith("# cycles:") else "1"
                 p = subprocess.run([TAU, "admission", "simulate", path, "--cycles", cycles],
                                    capture_output=True, text=True)
@@ -40,3 +41,42 @@ class AdmissionSimulateCliTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PlatformCliTest(unittest.TestCase):
+    REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+    def test_platform_validate(self):
+        ok = subprocess.run([TAU, "platform", "validate",
+                             os.path.join(self.REPO, "examples/platform/platform.yaml")],
+                            capture_output=True, text=True)
+        self.assertEqual(ok.returncode, 0, ok.stderr)
+        self.assertIn("2 workspace(s)", ok.stdout)
+        invalid = sorted(glob.glob(os.path.join(self.REPO, "tests/data/policy/invalid/*.yaml")))
+        self.assertGreater(len(invalid), 10)
+        for path in invalid:
+            with self.subTest(path=os.path.basename(path)):
+                with open(path) as f:
+                    expect = f.readline().split("# expect:", 1)[1].strip()
+                p = subprocess.run([TAU, "platform", "validate", path], capture_output=True, text=True)
+                self.assertEqual(p.returncode, 1)
+                self.assertIn(expect, p.stderr)
+
+    def test_explain_names_each_source(self):
+        spec = os.path.join(self.REPO, "examples/quickstart/tau.yaml")
+        platform = os.path.join(self.REPO, "examples/platform/platform.yaml")
+        p = subprocess.run([TAU, "explain", spec, "--platform", platform, "--user", "alice"],
+                           capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertRegex(p.stdout, r"policy\.queue\s+research\s+workspace research default")
+        self.assertRegex(p.stdout, r"compute\.cpus\s+1\s+spec")
+        j = json.loads(subprocess.run([TAU, "explain", spec, "--platform", platform, "--user", "alice",
+                                       "-o", "json"], capture_output=True, text=True).stdout)
+        self.assertIn({"field": "compute.memory", "value": "512Mi", "source": "spec"}, j["provenance"])
+        denied = subprocess.run([TAU, "explain", spec, "--platform", platform, "--user", "mallory"],
+                                capture_output=True, text=True)
+        self.assertEqual(denied.returncode, 1)
+        self.assertIn("not a member of workspace 'research'", denied.stderr)
+        default = subprocess.run([TAU, "explain", spec], capture_output=True, text=True)
+        self.assertEqual(default.returncode, 0, default.stderr)
+        self.assertIn("platform default", default.stdout)
