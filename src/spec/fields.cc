@@ -213,7 +213,8 @@ FieldDef StorageObject() {
 FieldDef ResilienceObject() {
   FieldDef retry_on =
       Leaf("retry_on", Kind::kEnumList,
-           "Failure classes that are retried (default Preempted, Evicted, GPUError, NodeLost)", SetRetryOn);
+           "Failure classes that are retried (default Preempted, Evicted, GPUError, NodeLost)",
+           SetRetryOn);
   retry_on.enum_values = RetryableFailureClasses();
   return Obj(
       "resilience", "Automatic retries",

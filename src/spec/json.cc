@@ -84,8 +84,7 @@ json StorageJson(const Storage& s) {
 json ResilienceJson(const Resilience& r) {
   // The default retry set is filled in so that saying it explicitly and leaving it out hash the
   // same.
-  std::vector<std::string> retry_on =
-      r.retry_on_set ? r.retry_on : DefaultRetryOn();
+  std::vector<std::string> retry_on = r.retry_on_set ? r.retry_on : DefaultRetryOn();
   return {{"max_retries", r.max_retries},
           {"retry_on", retry_on},
           {"backoff_initial_ms", r.backoff_initial_ms},

@@ -1,5 +1,5 @@
-// The run spec: both tau.yaml shapes (manifest `schema_version: 1` and direct `engine:`), parsed strictly into
-// one RunSpec. Pure code: no I/O beyond the text it is given.
+// The run spec: both tau.yaml shapes (manifest `schema_version: 1` and direct `engine:`), parsed
+// strictly into one RunSpec. Pure code: no I/O beyond the text it is given.
 //
 // Errors read like a compiler's, one per line, all of them at once:
 //   tau.yaml:7:3: error: unknown field 'worker' in 'compute' (did you mean 'workers'?)
@@ -23,7 +23,7 @@ namespace tau::spec {
 enum class Shape { kManifest, kDirect };
 enum class WorkloadKind { kJob, kRayJob };
 
-const char* ShapeName(Shape shape);          // "manifest" | "direct"
+const char* ShapeName(Shape shape);            // "manifest" | "direct"
 const char* WorkloadKindName(WorkloadKind k);  // "job" | "rayjob"
 
 struct Diagnostic {
@@ -36,7 +36,7 @@ struct Diagnostic {
 };
 
 struct Compute {
-  int gpus = 0;      // GPUs per worker
+  int gpus = 0;  // GPUs per worker
   int workers = 1;
   std::optional<Quantity> cpus;    // per worker (manifest `cpus`, direct `cpu_request`)
   std::optional<Quantity> memory;  // per worker (manifest `memory`, direct `memory_request`)
@@ -53,19 +53,19 @@ struct EnvVar {
 };
 
 struct Runtime {
-  std::string image;                 // recorded; not used by the local backend
-  std::vector<std::string> pip;      // pip requirement specifiers
-  std::vector<EnvVar> env;           // in file order
+  std::string image;             // recorded; not used by the local backend
+  std::vector<std::string> pip;  // pip requirement specifiers
+  std::vector<EnvVar> env;       // in file order
   std::string working_dir;
-  std::string security_mode;         // "" | "restricted"
+  std::string security_mode;  // "" | "restricted"
 };
 
 struct Policy {
   std::string workspace, namespace_name, queue, profile, lane, team, preset;
-  std::string gpu_class;       // "any", "a100-80gb", ...
-  std::string topology;        // "unconstrained", "same-host", ...
-  std::string priority_tier;   // "default" | "priority"
-  std::string priority;        // a named priority class (tau extension)
+  std::string gpu_class;      // "any", "a100-80gb", ...
+  std::string topology;       // "unconstrained", "same-host", ...
+  std::string priority_tier;  // "default" | "priority"
+  std::string priority;       // a named priority class (tau extension)
   bool disable_default_priorities = false;
   std::map<std::string, std::string> node_selector;
 };
@@ -79,7 +79,8 @@ struct Storage {
   std::vector<ImageAsset> image_assets;
 };
 
-// Failure classes retried when a spec does not say `retry_on`: the ones that are not the job's own fault.
+// Failure classes retried when a spec does not say `retry_on`: the ones that are not the job's own
+// fault.
 inline const std::vector<std::string>& DefaultRetryOn() {
   static const std::vector<std::string> kDefault = {"Preempted", "Evicted", "GPUError", "NodeLost"};
   return kDefault;
@@ -109,8 +110,8 @@ struct RunSpec {
   Shape shape = Shape::kManifest;
   std::string name;  // DNS-1123 label
   WorkloadKind kind = WorkloadKind::kRayJob;
-  std::string entrypoint;          // path relative to the code directory, or a command
-  std::vector<std::string> args;   // appended to the entrypoint
+  std::string entrypoint;         // path relative to the code directory, or a command
+  std::vector<std::string> args;  // appended to the entrypoint
   std::optional<int64_t> ttl_seconds_after_finished;
   std::optional<int64_t> max_runtime_ms;  // run.max_runtime (tau extension)
   std::string resource_prefix;            // resource_naming.prefix
@@ -121,22 +122,23 @@ struct RunSpec {
   Resilience resilience;
   Experiment experiment;
   Metrics metrics;
-  // Fields tau accepts and records but does not act on yet (profiler, workflow, eval, ...), as JSON.
+  // Fields tau accepts and records but does not act on yet (profiler, workflow, eval, ...), as
+  // JSON.
   nlohmann::json recorded_only = nlohmann::json::object();
 };
 
 struct ParseOutcome {
-  std::optional<RunSpec> spec;           // set when there are no errors
-  std::vector<Diagnostic> diagnostics;   // every error found, in file order
+  std::optional<RunSpec> spec;          // set when there are no errors
+  std::vector<Diagnostic> diagnostics;  // every error found, in file order
   bool ok() const { return spec.has_value(); }
   // All diagnostics, one per line.
   std::string ErrorText() const;
 };
 
 // Limits enforced by the parser (the server applies its own request limits on top).
-inline constexpr size_t kMaxSpecBytes = 1 << 20;            // 1 MiB of YAML
-inline constexpr size_t kMaxEnvValueBytes = 64 * 1024;      // one literal env value
-inline constexpr size_t kMaxEnvTotalBytes = 128 * 1024;     // all literal env values
+inline constexpr size_t kMaxSpecBytes = 1 << 20;         // 1 MiB of YAML
+inline constexpr size_t kMaxEnvValueBytes = 64 * 1024;   // one literal env value
+inline constexpr size_t kMaxEnvTotalBytes = 128 * 1024;  // all literal env values
 inline constexpr size_t kMaxEnvVars = 1024;
 inline constexpr int kMaxWorkers = 4096;
 inline constexpr int kMaxGpusPerWorker = 64;
@@ -144,13 +146,14 @@ inline constexpr int kMaxGpusPerWorker = 64;
 // Parses and validates one spec. `filename` is used only in diagnostics.
 ParseOutcome ParseSpec(std::string_view text, std::string_view filename);
 
-// The spec as canonical JSON (sorted keys, defaults filled in, shape-independent), used for the config hash
-// and for display. Both shapes of the same run give the same JSON except for "shape".
+// The spec as canonical JSON (sorted keys, defaults filled in, shape-independent), used for the
+// config hash and for display. Both shapes of the same run give the same JSON except for "shape".
 nlohmann::json ToJson(const RunSpec& spec);
 // sha256 of the canonical JSON without the "shape" key.
 std::string ConfigHash(const RunSpec& spec);
 
-// A JSON Schema (draft 2020-12) describing both shapes (`oneOf`), for editors and `tau schema -o json`.
+// A JSON Schema (draft 2020-12) describing both shapes (`oneOf`), for editors and `tau schema -o
+// json`.
 nlohmann::json JsonSchema();
 
 }  // namespace tau::spec

@@ -103,7 +103,8 @@ TEST(SpecJson, CanonicalFormWithDefaults) {
   EXPECT_EQ(j["resilience"]["backoff_initial_ms"], 30000);
   EXPECT_EQ(j["resilience"]["backoff_max_ms"], 300000);
   EXPECT_EQ(j["resilience"]["max_retries"], 0);
-  EXPECT_EQ(j["resilience"]["retry_on"], json::array({"Preempted", "Evicted", "GPUError", "NodeLost"}));
+  EXPECT_EQ(j["resilience"]["retry_on"],
+            json::array({"Preempted", "Evicted", "GPUError", "NodeLost"}));
   EXPECT_TRUE(j["max_runtime_ms"].is_null());
   EXPECT_TRUE(j["recorded_only"].is_object());
   // Keys come out sorted.
@@ -154,8 +155,9 @@ TEST(SpecHash, ChangesWithTheConfig) {
   // Saying the defaults explicitly changes nothing; an explicit empty retry set does.
   EXPECT_EQ(
       hash,
-      ConfigHash(MustParse(base + "compute:\n  workers: 1\n  gpus: 0\nresilience:\n  "
-                                  "retry_on: [Preempted, Evicted, GPUError, NodeLost]\n  backoff_initial: 30s\n")));
+      ConfigHash(MustParse(
+          base + "compute:\n  workers: 1\n  gpus: 0\nresilience:\n  "
+                 "retry_on: [Preempted, Evicted, GPUError, NodeLost]\n  backoff_initial: 30s\n")));
   EXPECT_NE(hash, ConfigHash(MustParse(base + "resilience:\n  retry_on: []\n")));
 }
 
