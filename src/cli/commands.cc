@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -35,25 +36,36 @@ int CmdVersion(const Global& g, bool with_server) {
   return 0;
 }
 
-int CmdValidate(const std::vector<std::string>& files, bool quiet) {
+// Checks each file with `check`, which returns the errors (one per line) or "" and fills `summary`.
+static int ValidateFiles(
+    const std::vector<std::string>& files, bool quiet,
+    const std::function<std::string(const std::string& text, const std::string& file,
+                                    std::string* summary)>& check) {
   int rc = 0;
   for (const std::string& file : files) {
     auto text = ReadFile(file);
-    if (!text.ok()) {
-      std::fprintf(stderr, "%s: error: %s\n", file.c_str(), text.status().message().c_str());
-      rc = kExitInvalid;
-      continue;
-    }
-    spec::ParseOutcome parsed = spec::ParseSpec(*text, file);
-    if (!parsed.ok()) {
-      std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
+    std::string summary;
+    std::string errors =
+        text.ok() ? check(*text, file, &summary) : file + ": error: " + text.status().message();
+    if (!errors.empty()) {
+      std::fprintf(stderr, "%s\n", errors.c_str());
       rc = kExitInvalid;
     } else if (!quiet) {
-      std::printf("%s: ok (%s shape, %s '%s')\n", file.c_str(), spec::ShapeName(parsed.spec->shape),
-                  spec::WorkloadKindName(parsed.spec->kind), parsed.spec->name.c_str());
+      std::printf("%s: ok (%s)\n", file.c_str(), summary.c_str());
     }
   }
   return rc;
+}
+
+int CmdValidate(const std::vector<std::string>& files, bool quiet) {
+  return ValidateFiles(
+      files, quiet, [](const std::string& text, const std::string& file, std::string* summary) {
+        spec::ParseOutcome parsed = spec::ParseSpec(text, file);
+        if (!parsed.ok()) return parsed.ErrorText();
+        *summary = fmt::format("{} shape, {} '{}'", spec::ShapeName(parsed.spec->shape),
+                               spec::WorkloadKindName(parsed.spec->kind), parsed.spec->name);
+        return std::string();
+      });
 }
 
 int CmdSchema(Format format) {
@@ -341,25 +353,16 @@ int CmdAdmissionSimulate(const std::string& file, int cycles, Format format) {
 }
 
 int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet) {
-  int rc = 0;
-  for (const std::string& file : files) {
-    auto text = ReadFile(file);
-    if (!text.ok()) {
-      std::fprintf(stderr, "%s: error: %s\n", file.c_str(), text.status().message().c_str());
-      rc = kExitInvalid;
-      continue;
-    }
-    policy::PlatformOutcome parsed = policy::ParsePlatform(*text, file);
-    if (!parsed.ok()) {
-      std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
-      rc = kExitInvalid;
-    } else if (!quiet) {
-      std::printf("%s: ok (%zu queue(s), %zu workspace(s), %zu priority class(es))\n", file.c_str(),
-                  parsed.platform->admission.queues.size(), parsed.platform->workspaces.size(),
-                  parsed.platform->priorities.size());
-    }
-  }
-  return rc;
+  return ValidateFiles(
+      files, quiet, [](const std::string& text, const std::string& file, std::string* summary) {
+        policy::PlatformOutcome parsed = policy::ParsePlatform(text, file);
+        if (!parsed.ok()) return parsed.ErrorText();
+        *summary =
+            fmt::format("{} queue(s), {} workspace(s), {} priority class(es)",
+                        parsed.platform->admission.queues.size(),
+                        parsed.platform->workspaces.size(), parsed.platform->priorities.size());
+        return std::string();
+      });
 }
 
 int CmdExplain(const std::string& spec_file, const std::string& platform_file,
