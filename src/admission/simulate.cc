@@ -87,6 +87,31 @@ class Loader {
     return std::nullopt;
   }
 
+  // Reads a list entry's `name`: a missing one is reported and the entry skipped (nullopt), a
+  // repeated one is reported; `defined` remembers where each name was first given.
+  std::optional<std::string> Name(const YAML::Node& entry, std::string_view kind,
+                                  std::map<std::string, YAML::Node>* defined) {
+    if (!entry["name"]) {
+      Error(entry, fmt::format("{} needs a name", kind));
+      return std::nullopt;
+    }
+    std::string name;
+    if (auto s = Str(entry["name"], fmt::format("{} name", kind))) name = *s;
+    if (defined->count(name)) {
+      Error(entry["name"], fmt::format("{} '{}' is defined twice", kind, name));
+    }
+    (*defined)[name] = entry["name"];
+    return name;
+  }
+
+  // `fair_sharing: {weight: W}` of a cohort or a queue.
+  void FairSharingWeight(const YAML::Node& entry, double* weight) {
+    const YAML::Node fs = entry["fair_sharing"];
+    if (fs && Map(fs, "fair_sharing", {"weight"}) && fs["weight"]) {
+      if (auto w = Double(fs["weight"], "weight")) *weight = *w;
+    }
+  }
+
   std::optional<double> Double(const YAML::Node& node, std::string_view what) {
     if (node.IsScalar()) {
       try {
@@ -265,15 +290,9 @@ Config ParseConfigSections(const YAML::Node& root, Loader& L, Defined* defined) 
     for (const YAML::Node& f : root["flavors"]) {
       if (!L.Map(f, "flavor", {"name", "node_labels"})) continue;
       ResourceFlavor flavor;
-      if (!f["name"]) {
-        L.Error(f, "flavor needs a name");
-        continue;
-      }
-      if (auto s = L.Str(f["name"], "flavor name")) flavor.name = *s;
-      if (flavor_nodes.count(flavor.name)) {
-        L.Error(f["name"], fmt::format("flavor '{}' is defined twice", flavor.name));
-      }
-      flavor_nodes[flavor.name] = f["name"];
+      auto name = L.Name(f, "flavor", &flavor_nodes);
+      if (!name) continue;
+      flavor.name = *name;
       if (f["node_labels"]) flavor.node_labels = L.StringMap(f["node_labels"], "node_labels");
       config.flavors.push_back(std::move(flavor));
     }
@@ -284,15 +303,9 @@ Config ParseConfigSections(const YAML::Node& root, Loader& L, Defined* defined) 
     for (const YAML::Node& c : root["cohorts"]) {
       if (!L.Map(c, "cohort", {"name", "parent", "resource_groups", "fair_sharing"})) continue;
       Cohort cohort;
-      if (!c["name"]) {
-        L.Error(c, "cohort needs a name");
-        continue;
-      }
-      if (auto s = L.Str(c["name"], "cohort name")) cohort.name = *s;
-      if (cohort_nodes.count(cohort.name)) {
-        L.Error(c["name"], fmt::format("cohort '{}' is defined twice", cohort.name));
-      }
-      cohort_nodes[cohort.name] = c["name"];
+      auto name = L.Name(c, "cohort", &cohort_nodes);
+      if (!name) continue;
+      cohort.name = *name;
       if (c["parent"]) {
         if (auto s = L.Str(c["parent"], "parent")) cohort.parent = *s;
         cohort_refs.emplace_back(c["parent"], cohort.parent);
@@ -313,12 +326,7 @@ Config ParseConfigSections(const YAML::Node& root, Loader& L, Defined* defined) 
           }
         }
       }
-      if (c["fair_sharing"] && L.Map(c["fair_sharing"], "fair_sharing", {"weight"}) &&
-          c["fair_sharing"]["weight"]) {
-        if (auto w = L.Double(c["fair_sharing"]["weight"], "weight")) {
-          cohort.fair_sharing_weight = *w;
-        }
-      }
+      L.FairSharingWeight(c, &cohort.fair_sharing_weight);
       config.cohorts.push_back(std::move(cohort));
     }
   }
@@ -331,15 +339,9 @@ Config ParseConfigSections(const YAML::Node& root, Loader& L, Defined* defined) 
         continue;
       }
       ClusterQueue cq;
-      if (!q["name"]) {
-        L.Error(q, "queue needs a name");
-        continue;
-      }
-      if (auto s = L.Str(q["name"], "queue name")) cq.name = *s;
-      if (queue_nodes.count(cq.name)) {
-        L.Error(q["name"], fmt::format("queue '{}' is defined twice", cq.name));
-      }
-      queue_nodes[cq.name] = q["name"];
+      auto name = L.Name(q, "queue", &queue_nodes);
+      if (!name) continue;
+      cq.name = *name;
       if (q["cohort"]) {
         if (auto s = L.Str(q["cohort"], "cohort")) cq.cohort = *s;
         cohort_refs.emplace_back(q["cohort"], cq.cohort);
@@ -433,10 +435,7 @@ Config ParseConfigSections(const YAML::Node& root, Loader& L, Defined* defined) 
           }
         }
       }
-      if (q["fair_sharing"] && L.Map(q["fair_sharing"], "fair_sharing", {"weight"}) &&
-          q["fair_sharing"]["weight"]) {
-        if (auto w = L.Double(q["fair_sharing"]["weight"], "weight")) cq.fair_sharing_weight = *w;
-      }
+      L.FairSharingWeight(q, &cq.fair_sharing_weight);
       config.queues.push_back(std::move(cq));
     }
   }
@@ -511,7 +510,7 @@ Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
   };
   // workloads
   if (root["workloads"] && L.Seq(root["workloads"], "workloads")) {
-    std::set<std::string> seen;
+    std::map<std::string, YAML::Node> seen;
     int64_t index = 0;
     for (const YAML::Node& w : root["workloads"]) {
       ++index;
@@ -522,14 +521,9 @@ Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
       }
       Workload wl;
       wl.created_ms = index;
-      if (!w["name"]) {
-        L.Error(w, "workload needs a name");
-        continue;
-      }
-      if (auto s = L.Str(w["name"], "workload name")) wl.name = *s;
-      if (!seen.insert(wl.name).second) {
-        L.Error(w["name"], fmt::format("workload '{}' is defined twice", wl.name));
-      }
+      auto name = L.Name(w, "workload", &seen);
+      if (!name) continue;
+      wl.name = *name;
       if (!w["queue"]) {
         L.Error(w, fmt::format("workload '{}' needs a queue", wl.name));
       } else if (auto s = L.Str(w["queue"], "queue")) {
