@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Installs dependencies, builds everything and runs the whole test suite.
+# Installs dependencies, builds everything and runs the whole test suite, then a short fuzzing pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 900
+# A short fuzzing pass over every parser (docs/fuzzing.md); TAU_FUZZ_SECONDS=0 skips it.
+if [ "${TAU_FUZZ_SECONDS:-20}" -gt 0 ]; then
+  scripts/fuzz.sh "${TAU_FUZZ_SECONDS:-20}"
+fi

@@ -170,7 +170,9 @@ class Loader {
         if (n == node.Scalar()) return v;
       }
     }
-    Error(node, fmt::format("{} must be one of {}", what, Join(names, ", ")));
+    Error(node, node.IsScalar() ? fmt::format("{} must be one of {}, not '{}'", what,
+                                              Join(names, ", "), node.Scalar())
+                                : fmt::format("{} must be one of {}", what, Join(names, ", ")));
     return std::nullopt;
   }
 
@@ -623,6 +625,20 @@ Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
   return in;
 }
 
+// yaml-cpp passes bytes through unchecked, and names that are not UTF-8 cannot be printed as JSON
+// (the simulation's result: nlohmann throws). Found by fuzz/simulate_fuzz.cc.
+bool CheckUtf8(std::string_view yaml, Loader& loader) {
+  size_t bad = FindInvalidUtf8(yaml);
+  if (bad == std::string_view::npos) return true;
+  auto [line, column] = LineColumnAt(yaml, bad);
+  YAML::Mark mark;
+  mark.line = line - 1;
+  mark.column = column - 1;
+  loader.Error(mark, fmt::format("invalid UTF-8 byte 0x{:02x}: the file must be UTF-8 text",
+                                 static_cast<unsigned char>(yaml[bad])));
+  return false;
+}
+
 Status DiagnosticsStatus(const std::vector<Diagnostic>& diags) {
   std::vector<std::string> lines;
   for (const Diagnostic& d : diags) lines.push_back(d.ToString());
@@ -634,6 +650,10 @@ Status DiagnosticsStatus(const std::vector<Diagnostic>& diags) {
 Result<SimulationInput> ParseSimulation(std::string_view yaml, std::string_view filename,
                                         std::vector<Diagnostic>* diagnostics) {
   Loader loader(filename);
+  if (!CheckUtf8(yaml, loader)) {
+    if (diagnostics) *diagnostics = loader.diagnostics();
+    return DiagnosticsStatus(loader.diagnostics());
+  }
   std::optional<Result<SimulationInput>> parsed;
   try {
     YAML::Node root = YAML::Load(std::string(yaml));
@@ -652,6 +672,10 @@ Result<SimulationInput> ParseSimulation(std::string_view yaml, std::string_view 
 Result<Config> ParseAdmissionConfig(std::string_view yaml, std::string_view filename,
                                     std::vector<Diagnostic>* diagnostics) {
   Loader loader(filename);
+  if (!CheckUtf8(yaml, loader)) {
+    if (diagnostics) *diagnostics = loader.diagnostics();
+    return DiagnosticsStatus(loader.diagnostics());
+  }
   Config config;
   try {
     YAML::Node root = YAML::Load(std::string(yaml));

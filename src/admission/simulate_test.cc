@@ -119,6 +119,10 @@ TEST(SimulateTest, MalformedInputIsReportedWithPositions) {
        "flavors: [{name: default}]\nqueues:\n  - {name: q, queueing_strategy: Fifo}\n",
        {"x.yaml:3:34: error: queueing_strategy must be one of StrictFIFO, BestEffortFIFO"}},
       {"not a mapping", "- a\n- b\n", {"x.yaml:1:1: error: the simulation must be a mapping"}},
+      // Found by fuzz/simulate_fuzz.cc: the name reached the JSON result, whose dump() threw.
+      {"not UTF-8",
+       "flavors: [{name: default}]\nqueues:\n  - name: q\xff\n",
+       {"x.yaml:3:12: error: invalid UTF-8 byte 0xff: the file must be UTF-8 text"}},
       {"admitted with unknown flavor",
        "flavors: [{name: default}]\n" + queue +
            "workloads:\n  - {name: w, queue: q, requests: {cpu: 1}, admitted: {flavors: {cpu: "

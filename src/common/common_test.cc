@@ -72,6 +72,15 @@ TEST(StringsTest, Names) {
   EXPECT_EQ(RandomHex(4).size(), 4u);
 }
 
+TEST(StringsTest, Utf8AndPositions) {
+  EXPECT_EQ(FindInvalidUtf8("plain \xc3\xa9 \xf0\x9f\x98\x80"), std::string_view::npos);
+  EXPECT_EQ(FindInvalidUtf8("ab\xff"), 2u);
+  EXPECT_EQ(FindInvalidUtf8("\xed\xa0\x80"), 0u);  // a surrogate
+  EXPECT_EQ(FindInvalidUtf8("a\xc3"), 1u);         // truncated
+  EXPECT_EQ(LineColumnAt("ab\ncd", 4), std::make_pair(2, 2));
+  EXPECT_EQ(LineColumnAt("ab", 0), std::make_pair(1, 1));
+}
+
 TEST(FilesTest, AtomicWriteAndRead) {
   std::string dir = ::testing::TempDir() + "/tau_files_test";
   ASSERT_TRUE(MakeDirs(dir).ok());

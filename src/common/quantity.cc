@@ -8,6 +8,7 @@ namespace tau {
 namespace {
 
 constexpr __int128 kMaxMilli = static_cast<__int128>(INT64_MAX);
+constexpr __int128 kMaxInt128 = static_cast<__int128>(~static_cast<unsigned __int128>(0) >> 1);
 
 struct Suffix {
   std::string_view text;
@@ -82,6 +83,7 @@ Result<Quantity> Quantity::Parse(std::string_view text) {
   if (!any_digit) return bad("expected a number");
   std::string_view rest = text.substr(i);
   __int128 num = 0, den = 1;
+  int scale = fraction_digits;  // the value is mantissa * num / 10^scale milli-units
   if (!rest.empty() && (rest[0] == 'e' || rest[0] == 'E') && rest.size() > 1 &&
       (std::isdigit(static_cast<unsigned char>(rest[1])) || rest[1] == '-' || rest[1] == '+')) {
     size_t j = 1;
@@ -96,18 +98,24 @@ Result<Quantity> Quantity::Parse(std::string_view text) {
     }
     if (negative) {
       num = 1000;
-      den = Pow(10, exp);
+      scale += exp;
     } else {
       num = 1000 * Pow(10, exp);
     }
   } else if (!LookupSuffix(rest, &num, &den)) {
     return bad(fmt::format("unknown suffix '{}'", rest));
   }
-  den *= Pow(10, fraction_digits);
-  // milli = ceil(mantissa * num / den), computed without overflow for the accepted range.
-  if (mantissa != 0 && num > (kMaxMilli * den) / mantissa + 1) return bad("too large");
+  // milli = ceil(mantissa * num / 10^scale), without overflowing __int128 (mantissa < 10^21,
+  // num <= 10^33). 10^scale reaches 10^48 for a negative exponent with a long fraction; num is then
+  // 1000, so past 10^24 the value is a positive fraction of a milli-unit, which rounds up to one.
+  if (mantissa == 0) return Quantity(0);
+  if (scale > 24) return Quantity(1);
+  // An overflowing product is too large: num > 1000 means scale <= 18, so the value would exceed
+  // 10^20 milli-units.
+  if (num > kMaxInt128 / mantissa) return bad("too large");
   __int128 product = mantissa * num;
-  __int128 milli = (product + den - 1) / den;
+  den *= Pow(10, scale);
+  __int128 milli = product / den + (product % den != 0 ? 1 : 0);
   if (milli > kMaxMilli) return bad("too large");
   return Quantity(static_cast<int64_t>(milli));
 }

@@ -114,4 +114,38 @@ std::string RandomHex(size_t chars) {
   return out;
 }
 
+size_t Utf8SequenceLength(std::string_view s, size_t i) {
+  auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  unsigned char b = byte(i);
+  if (b < 0x80) return 1;
+  size_t n = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC2 ? 2 : 0;
+  if (n == 0 || b > 0xF4 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+  }
+  unsigned char b1 = byte(i + 1);
+  if (b == 0xE0 && b1 < 0xA0) return 0;   // overlong
+  if (b == 0xED && b1 >= 0xA0) return 0;  // surrogate
+  if (b == 0xF0 && b1 < 0x90) return 0;   // overlong
+  if (b == 0xF4 && b1 >= 0x90) return 0;  // beyond U+10FFFF
+  return n;
+}
+
+size_t FindInvalidUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    size_t n = Utf8SequenceLength(s, i);
+    if (n == 0) return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
+std::pair<int, int> LineColumnAt(std::string_view text, size_t offset) {
+  std::string_view before = text.substr(0, offset);
+  int line = 1 + static_cast<int>(std::count(before.begin(), before.end(), '\n'));
+  size_t newline = before.rfind('\n');
+  size_t column = newline == std::string_view::npos ? offset : offset - newline - 1;
+  return {line, 1 + static_cast<int>(column)};
+}
+
 }  // namespace tau

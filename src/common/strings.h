@@ -3,6 +3,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace tau {
@@ -21,6 +22,13 @@ bool StartsWith(std::string_view s, std::string_view prefix);
 bool EndsWith(std::string_view s, std::string_view suffix);
 // Quotes a word for a POSIX shell, for display only (tau never runs a shell on user strings).
 std::string ShellQuote(std::string_view s);
+// Length of the UTF-8 sequence starting at s[i], or 0 when it is not valid (overlong, surrogate,
+// too big, truncated).
+size_t Utf8SequenceLength(std::string_view s, size_t i);
+// The offset of the first byte of `s` that is not valid UTF-8, or npos when all of it is.
+size_t FindInvalidUtf8(std::string_view s);
+// The 1-based line and column (counted in bytes) of `offset` in `text`, for diagnostics.
+std::pair<int, int> LineColumnAt(std::string_view text, size_t offset);
 // A short random lowercase hex string (from /dev/urandom).
 std::string RandomHex(size_t chars);
 

@@ -43,32 +43,13 @@ std::string ParseOutcome::ErrorText() const {
 
 namespace {
 
-// Length of the UTF-8 sequence starting at s[i], or 0 when it is not valid (overlong, surrogate,
-// too big).
-size_t Utf8Length(std::string_view s, size_t i) {
-  auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  unsigned char b = byte(i);
-  if (b < 0x80) return 1;
-  size_t n = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC2 ? 2 : 0;
-  if (n == 0 || b > 0xF4 || i + n > s.size()) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    if ((byte(i + k) & 0xC0) != 0x80) return 0;
-  }
-  unsigned char b1 = byte(i + 1);
-  if (b == 0xE0 && b1 < 0xA0) return 0;   // overlong
-  if (b == 0xED && b1 >= 0xA0) return 0;  // surrogate
-  if (b == 0xF0 && b1 < 0x90) return 0;   // overlong
-  if (b == 0xF4 && b1 >= 0x90) return 0;  // beyond U+10FFFF
-  return n;
-}
-
 // Binary junk and stray control characters are reported here, with a position, before yaml-cpp sees
 // them.
 bool CheckBytes(Ctx& ctx, std::string_view text) {
   int line = 1, column = 1;
   for (size_t i = 0; i < text.size();) {
     unsigned char c = static_cast<unsigned char>(text[i]);
-    size_t n = Utf8Length(text, i);
+    size_t n = Utf8SequenceLength(text, i);
     if (n == 0) {
       ctx.Error({line, column},
                 fmt::format("invalid UTF-8 byte 0x{:02x}: tau.yaml must be UTF-8 text", c));

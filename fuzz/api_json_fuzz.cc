@@ -1,0 +1,61 @@
+// The API's JSON request bodies on arbitrary bytes: POST /api/v1/runs (ParseSubmitBody, with the
+// base64 code files), POST /api/v1/validate (ParseValidateBody) and POST /api/v1/runs/NAME/resume
+// (ParseResumeBody). Every input goes to all three; they must refuse, never throw.
+//
+// For an accepted submission it also checks the round trip: encoding the decoded request again (as
+// the CLI does) and decoding that gives the same request.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "common/hash.h"
+#include "fuzz_check.h"
+#include "server/api.h"
+
+namespace {
+
+using nlohmann::json;
+using tau::server::SubmitRequest;
+
+json Encode(const SubmitRequest& req) {
+  json files = json::array();
+  for (const tau::server::CodeFile& f : req.code)
+    files.push_back({{"path", f.path}, {"mode", f.mode}, {"data", tau::Base64Encode(f.data)}});
+  return {{"spec", {{"yaml", req.spec_yaml}, {"file", req.spec_file}}},
+          {"code", {{"files", files}}}};
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::string_view body(reinterpret_cast<const char*>(data), size);
+
+  auto submit = tau::server::ParseSubmitBody(body);
+  if (submit.ok()) {
+    for (const tau::server::CodeFile& f : submit->code) {
+      auto decoded = tau::Base64Decode(tau::Base64Encode(f.data));
+      TAU_FUZZ_CHECK(decoded.ok() && *decoded == f.data);
+    }
+    auto again = tau::server::ParseSubmitBody(Encode(*submit).dump());
+    TAU_FUZZ_CHECK(again.ok());
+    TAU_FUZZ_CHECK(again->spec_yaml == submit->spec_yaml && again->spec_file == submit->spec_file);
+    TAU_FUZZ_CHECK(again->code.size() == submit->code.size());
+    for (size_t i = 0; i < again->code.size(); ++i) {
+      TAU_FUZZ_CHECK(again->code[i].path == submit->code[i].path);
+      TAU_FUZZ_CHECK(again->code[i].mode == submit->code[i].mode);
+      TAU_FUZZ_CHECK(again->code[i].data == submit->code[i].data);
+    }
+  } else {
+    TAU_FUZZ_CHECK(!submit.status().message().empty());
+  }
+
+  auto validate = tau::server::ParseValidateBody(body);
+  if (!validate.ok()) TAU_FUZZ_CHECK(!validate.status().message().empty());
+
+  auto resume = tau::server::ParseResumeBody(body);
+  if (!resume.ok()) TAU_FUZZ_CHECK(!resume.status().message().empty());
+  return 0;
+}

@@ -1,0 +1,82 @@
+// Decoding of the API's JSON request bodies (declared in api.h). Kept out of api.cc so that the
+// fuzz harness (fuzz/api_json_fuzz.cc) compiles this file alone, without the store, runtime and
+// health code the routes need.
+#include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/hash.h"
+#include "server/api.h"
+
+namespace tau::server {
+namespace {
+
+using nlohmann::json;
+
+json ParseObject(std::string_view body) {
+  return json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+}
+
+// An optional string member: the fallback when absent. json::value() would throw on a member of
+// another type, which the HTTP layer reports as a 500; the client's mistake deserves a 400.
+Result<std::string> OptionalString(const json& object, const char* key, const char* where,
+                                   std::string fallback) {
+  auto it = object.find(key);
+  if (it == object.end()) return fallback;
+  if (!it->is_string()) return InvalidArgument(fmt::format("{}{} must be a string", where, key));
+  return it->get<std::string>();
+}
+
+}  // namespace
+
+Result<SubmitRequest> ParseSubmitBody(std::string_view body) {
+  json j = ParseObject(body);
+  if (j.is_discarded() || !j.is_object())
+    return InvalidArgument("request body is not a JSON object");
+  if (!j.contains("spec") || !j["spec"].is_object() || !j["spec"].contains("yaml") ||
+      !j["spec"]["yaml"].is_string())
+    return InvalidArgument("request needs spec.yaml (the tau.yaml text) as a string");
+  SubmitRequest req;
+  req.spec_yaml = j["spec"]["yaml"].get<std::string>();
+  TAU_ASSIGN_OR_RETURN(req.spec_file, OptionalString(j["spec"], "file", "spec.", "tau.yaml"));
+  if (j.contains("code")) {
+    const json& code = j["code"];
+    if (!code.is_object() || !code.contains("files") || !code["files"].is_array())
+      return InvalidArgument("code must be an object with a 'files' array");
+    for (const json& f : code["files"]) {
+      if (!f.is_object() || !f.contains("path") || !f["path"].is_string() || !f.contains("data") ||
+          !f["data"].is_string())
+        return InvalidArgument("each code file needs 'path' and 'data' (base64) strings");
+      CodeFile cf;
+      cf.path = f["path"].get<std::string>();
+      cf.mode = f.contains("mode") && f["mode"].is_number_integer() ? f["mode"].get<int>() : 0644;
+      TAU_ASSIGN_OR_RETURN(cf.data, Base64Decode(f["data"].get<std::string>()));
+      req.code.push_back(std::move(cf));
+    }
+  }
+  return req;
+}
+
+Result<ValidateBody> ParseValidateBody(std::string_view body) {
+  json j = ParseObject(body);
+  if (j.is_discarded() || !j.is_object() || !j.contains("yaml") || !j["yaml"].is_string())
+    return InvalidArgument("request needs 'yaml' (the spec text) as a string");
+  ValidateBody out;
+  out.yaml = j["yaml"].get<std::string>();
+  TAU_ASSIGN_OR_RETURN(out.file, OptionalString(j, "file", "", "tau.yaml"));
+  return out;
+}
+
+Result<ResumeBody> ParseResumeBody(std::string_view body) {
+  json j = body.empty() ? json::object() : ParseObject(body);
+  if (j.is_discarded() || !j.is_object())
+    return InvalidArgument("request body is not a JSON object");
+  ResumeBody out;
+  // Members of another type are ignored, as they always were.
+  if (j.contains("from") && j["from"].is_string()) out.from = j["from"].get<std::string>();
+  out.force = j.contains("force") && j["force"].is_boolean() && j["force"].get<bool>();
+  return out;
+}
+
+}  // namespace tau::server
