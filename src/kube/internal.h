@@ -1,0 +1,87 @@
+// Shared by the renderers of src/kube/: what every pod of a run has in common (names, labels, env,
+// volumes, the setup init container), computed once per render.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/quantity.h"
+#include "kube/kube.h"
+
+namespace tau::kube::internal {
+
+using nlohmann::json;
+
+// One volume mount of the run's pods (a platform storage volume or one of tau's own).
+struct MountUse {
+  std::string volume;  // pod volume name
+  std::string mount_path;
+  std::string sub_path;
+  bool read_only = false;
+};
+
+struct RunContext {
+  const spec::RunSpec* spec = nullptr;
+  const policy::ResolvedRun* run = nullptr;
+  const RenderOptions* options = nullptr;
+
+  std::string run_name;  // tau's run name (labels, env)
+  std::string name;      // the object's name: [prefix-]run-attempt
+  std::string namespace_name;
+  std::string image;
+  std::vector<std::string> code_chunks;  // the base64 code archive in pieces; empty: no code
+  std::map<std::string, std::string> node_selector;
+  bool gpus = false;  // whether the run's workers use GPUs
+  std::string checkpoint_dir, output_dir, data_dir;
+  std::vector<json> storage_volumes;  // pod volumes of platform storage
+  std::vector<MountUse> storage_mounts;
+  bool uses_scratch = false;  // checkpoints or outputs without a storage volume
+};
+
+// Checks what rendering needs beyond resolution and gathers the common parts.
+Result<RunContext> MakeContext(const spec::RunSpec& spec, const policy::ResolvedRun& run,
+                               const policy::Platform& platform, const RenderOptions& options);
+
+// Metadata of the top-level object: Kueue's queue and priority labels, tau's labels and the config
+// hash. `kueue` false for helper objects (the gang's Service).
+json ObjectMeta(const RunContext& ctx, bool kueue);
+// Labels of the run's pods.
+json PodLabels(const RunContext& ctx);
+
+// The pod fields shared by every pod of the run: volumes, node selector, tolerations, security
+// context. `pip` adds the volume pip installs into (Jobs; Ray installs pip itself).
+json PodSpecBase(const RunContext& ctx, bool pip, bool gpu_pod);
+// The volume mounts of a workload container.
+json VolumeMounts(const RunContext& ctx, bool pip);
+// The init container that unpacks the code, makes the checkpoint and output directories and (for
+// Jobs) installs pip requirements; null when there is nothing to do.
+json SetupContainer(const RunContext& ctx, bool pip, const json& resources);
+
+// Container env: the spec's env (secret references become secretKeyRef), then tau's variables,
+// then `extra` (launcher variables). `literal_env` false leaves the spec's literal values out (Ray
+// gets them through its runtime env).
+json ContainerEnv(const RunContext& ctx, bool literal_env, bool gpu_container,
+                  const std::vector<json>& extra);
+
+// requests/limits; GPUs go into both, as Kubernetes requires of extended resources.
+json Resources(const std::optional<Quantity>& cpu, const std::optional<Quantity>& memory,
+               const std::optional<Quantity>& cpu_limit,
+               const std::optional<Quantity>& memory_limit, int gpus);
+
+// The entrypoint as argv for a Job container (no launcher in front).
+std::vector<std::string> EntryArgv(const RunContext& ctx);
+// The working directory of workload containers; "" for the image's own.
+std::string WorkingDir(const RunContext& ctx);
+
+// A tar archive (ustar, mtime 0, sorted paths) of the files, base64-encoded and cut in pieces short
+// enough to be single exec arguments.
+Result<std::vector<std::string>> CodeArchive(const std::vector<CodeFile>& files);
+
+std::vector<json> RenderJob(const RunContext& ctx);  // [Service,] Job
+json RenderRayJob(const RunContext& ctx);            // RayJob
+
+}  // namespace tau::kube::internal

@@ -1,0 +1,131 @@
+// Kubernetes rendering: a resolved run becomes a batch/v1 Job or a ray.io/v1 RayJob labelled for
+// Kueue, and a platform becomes its Kueue objects (ResourceFlavors, Cohorts, ClusterQueues,
+// LocalQueues, WorkloadPriorityClasses) plus a namespace and RBAC per workspace. Pure code: no I/O,
+// no clock; the same input always gives the same objects, so the tests compare them with golden
+// files. docs/kubernetes.md says what each field is for.
+//
+// What it offers:
+//   * RenderRun, RenderPlatform: the objects, as JSON, in the order they should be applied;
+//   * ToYaml: multi-document YAML with a stable key order (apiVersion, kind, metadata first);
+//   * ParseYaml: YAML text -> JSON (for CRDs and golden files);
+//   * SchemaSet: a validator for the OpenAPI v3 structural schemas of CRDs (and of our own
+//     description of the built-in kinds), strict about unknown fields as the API server is.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "policy/policy.h"
+#include "spec/spec.h"
+
+namespace tau::kube {
+
+// Code travels inside the run's object (an init container unpacks it), so no object store is
+// needed. The archive is base64 in the object, once per pod template; 256 KiB of archive keeps the
+// largest object (a RayJob: head and workers) well under etcd's 1.5 MiB limit.
+inline constexpr size_t kMaxInlineCodeBytes = 256 * 1024;
+// KubeRay derives the RayCluster name (+6 characters) and its services (+10) from a RayJob's name
+// and refuses names over 47 characters; Jobs are held to the same limit so both kinds behave alike.
+inline constexpr size_t kMaxObjectNameLength = 47;
+
+// Where tau puts things inside a run's pods.
+inline constexpr const char* kCodeDir = "/tau/code";
+inline constexpr const char* kPipDir = "/tau/pip";
+inline constexpr const char* kScratchDir = "/tau/scratch";
+// Secret references in the spec's env ("SECRET:KEY") read key KEY of this Secret in the run's
+// namespace.
+inline constexpr const char* kRunSecretName = "tau-secrets";
+
+// Labels and annotations tau puts on what it renders.
+inline constexpr const char* kLabelRun = "tau.dev/run";
+inline constexpr const char* kLabelAttempt = "tau.dev/attempt";
+inline constexpr const char* kLabelWorkspace = "tau.dev/workspace";
+inline constexpr const char* kLabelManagedBy = "app.kubernetes.io/managed-by";
+inline constexpr const char* kAnnotationConfigHash = "tau.dev/config-hash";
+inline constexpr const char* kKueueQueueLabel = "kueue.x-k8s.io/queue-name";
+inline constexpr const char* kKueuePriorityLabel = "kueue.x-k8s.io/priority-class";
+
+// One file of the run's code directory.
+struct CodeFile {
+  std::string path;  // relative, '/'-separated, no '..'
+  int mode = 0644;
+  std::string data;
+};
+
+struct RenderOptions {
+  std::string run_name;        // "" : the spec's name
+  int attempt = 1;             // 1-based
+  std::string namespace_name;  // "" : the workspace's namespace (WorkspaceNamespace)
+  // The image of runs whose spec gives none (the local backend needs none, Kubernetes does). It is
+  // held to the workspace's allowed_images like a spec's own image.
+  std::string default_image;
+  std::vector<CodeFile> code;  // shipped inline; empty: the image holds the code
+  // Set by recovery on later attempts (TAU_RESUME_FROM, TAU_FAILURE_REASON).
+  std::string resume_from;
+  std::string failure_reason;
+};
+
+// The namespace of a workspace's runs and LocalQueues: the workspace's name.
+std::string WorkspaceNamespace(const policy::Workspace& workspace);
+
+// The objects of one attempt of a run, in apply order: for a multi-worker Job a headless Service
+// (the workers' rendezvous names) first, then the Job or RayJob itself, created suspended for
+// Kueue to admit. `resolved` must come from policy::Resolve(spec, platform, ...). InvalidArgument
+// names the field and what to do when the run cannot be rendered (no image, an image the
+// workspace does not allow, code over the inline limit, a storage volume without a PVC, ...).
+Result<std::vector<nlohmann::json>> RenderRun(const spec::RunSpec& spec,
+                                              const policy::ResolvedRun& resolved,
+                                              const policy::Platform& platform,
+                                              const RenderOptions& options);
+
+// The platform's cluster objects, in apply order: per workspace a Namespace, a Role and a
+// RoleBinding for its members; then ResourceFlavors, Cohorts, ClusterQueues,
+// WorkloadPriorityClasses, and in each workspace namespace a LocalQueue per ClusterQueue.
+Result<std::vector<nlohmann::json>> RenderPlatform(const policy::Platform& platform);
+
+// Multi-document YAML ("---" between objects). Keys are ordered apiVersion, kind, metadata, then
+// alphabetically; strings that YAML 1.1 readers could take for something else are quoted.
+std::string ToYaml(const std::vector<nlohmann::json>& objects);
+std::string ToYaml(const nlohmann::json& object);
+
+// Every document of a YAML text as JSON. Plain scalars become numbers, booleans or null where
+// they read as such; quoted scalars stay strings.
+Result<std::vector<nlohmann::json>> ParseYaml(std::string_view text);
+
+// Validates objects against OpenAPI v3 structural schemas, the subset CRDs use: type,
+// properties, required, items, additionalProperties, enum, format (int32, int64, date-time),
+// nullable, x-kubernetes-int-or-string, x-kubernetes-preserve-unknown-fields, min/maxLength,
+// pattern, min/maxItems, maxProperties, minimum/maximum, anyOf, and "$ref" to "#/definitions/X".
+// A field the schema does not define is an error, as the API server rejects (or prunes) it.
+// CEL rules (x-kubernetes-validations) are not evaluated.
+class SchemaSet {
+ public:
+  SchemaSet();
+  ~SchemaSet();
+  SchemaSet(SchemaSet&&) noexcept;
+  SchemaSet& operator=(SchemaSet&&) noexcept;
+
+  // Adds every served version of a CustomResourceDefinition.
+  Status AddCrd(const nlohmann::json& crd);
+  // Adds built-in kinds: {"kinds": {"batch/v1/Job": SCHEMA, ...}, "definitions": {...}}.
+  Status AddSchemas(const nlohmann::json& doc);
+  // True when a schema for the object's apiVersion and kind is known.
+  bool Knows(const nlohmann::json& object) const;
+  // Ok, or InvalidArgument listing every violation, one per line:
+  //   Job/quickstart-1: spec.template.spec.containers[0].resurces: unknown field (did you mean
+  //   'resources'?)
+  Status Validate(const nlohmann::json& object) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tau::kube

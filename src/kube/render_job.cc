@@ -1,0 +1,129 @@
+// A `job` run as a batch/v1 Job, the local launcher's rules carried over:
+//   1 worker, 0 or 1 GPU   python3 ENTRY ARGS
+//   1 worker, N > 1 GPUs   torchrun --standalone --nproc_per_node=N ENTRY ARGS
+//   W > 1 workers          an Indexed Job of W pods (one per worker) behind a headless Service,
+//                          each running python3 (or torchrun --nnodes=W when N > 1) with
+//                          MASTER_ADDR = pod 0, RANK = the pod's completion index
+// torchrun is started as `python3 -m torch.distributed.run` (the same program): when torch comes
+// from runtime.pip it is installed under /tau/pip, where no `torchrun` script is on PATH.
+#include <fmt/format.h>
+
+#include "common/strings.h"
+#include "kube/internal.h"
+
+namespace tau::kube::internal {
+namespace {
+
+constexpr int kRendezvousPort = 29500;
+
+json EnvEntry(const std::string& name, const std::string& value) {
+  return {{"name", name}, {"value", value}};
+}
+
+}  // namespace
+
+std::vector<json> RenderJob(const RunContext& ctx) {
+  const spec::RunSpec& s = *ctx.spec;
+  const policy::ResolvedRun& run = *ctx.run;
+  const int workers = run.workers;
+  const int gpus = run.gpus_per_worker;
+  const bool torchrun = gpus > 1 && EndsWith(s.entrypoint, ".py");
+  const bool pip = !s.runtime.pip.empty();
+  std::vector<json> out;
+
+  std::vector<json> extra;
+  std::vector<std::string> argv;
+  if (torchrun) {
+    argv = {"python3", "-m", "torch.distributed.run"};
+    if (workers == 1) {
+      argv.push_back("--standalone");
+    } else {
+      argv.push_back(fmt::format("--nnodes={}", workers));
+      argv.push_back("--node_rank=$(RANK)");  // the kubelet expands $(VAR) from the env below
+      argv.push_back("--master_addr=$(MASTER_ADDR)");
+      argv.push_back("--master_port=$(MASTER_PORT)");
+    }
+    argv.push_back(fmt::format("--nproc_per_node={}", gpus));
+    std::vector<std::string> entry = EntryArgv(ctx);
+    argv.push_back(entry.back());
+  } else {
+    argv = EntryArgv(ctx);
+  }
+  argv.insert(argv.end(), s.args.begin(), s.args.end());
+
+  if (workers > 1) {
+    // Pod I of an Indexed Job is named NAME-I; with subdomain NAME and a headless Service NAME it
+    // resolves as NAME-I.NAME, so every worker finds rank 0 before any of them is ready.
+    json service = {
+        {"apiVersion", "v1"},
+        {"kind", "Service"},
+        {"metadata", ObjectMeta(ctx, false)},
+        {"spec",
+         {{"clusterIP", "None"},
+          {"publishNotReadyAddresses", true},
+          {"selector", PodLabels(ctx)},
+          {"ports", {{{"name", "rendezvous"}, {"port", kRendezvousPort}, {"protocol", "TCP"}}}}}}};
+    out.push_back(service);
+    extra.push_back(EnvEntry("MASTER_ADDR", fmt::format("{}-0.{}", ctx.name, ctx.name)));
+    extra.push_back(EnvEntry("MASTER_PORT", std::to_string(kRendezvousPort)));
+    extra.push_back(EnvEntry("WORLD_SIZE", std::to_string(workers)));
+    extra.push_back({{"name", "RANK"},
+                     {"valueFrom",
+                      {{"fieldRef",
+                        {{"fieldPath",
+                          "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}}}});
+    extra.push_back(EnvEntry("LOCAL_RANK", "0"));
+  }
+  if (pip) {
+    // Requirements are installed by the setup container into /tau/pip; the spec's own PYTHONPATH,
+    // if any, stays after it.
+    std::string path = kPipDir;
+    for (const spec::EnvVar& var : s.runtime.env) {
+      if (var.name == "PYTHONPATH" && !var.secret_ref) path += ":" + var.value;
+    }
+    extra.push_back(EnvEntry("PYTHONPATH", path));
+  }
+
+  const spec::Compute& c = s.compute;
+  json resources = Resources(c.worker_cpus ? c.worker_cpus : run.cpus_per_worker,
+                             c.worker_memory ? c.worker_memory : run.memory_per_worker,
+                             c.worker_cpu_limit, c.worker_memory_limit, gpus);
+  json container = {{"name", "worker"},
+                    {"image", ctx.image},
+                    {"command", argv},
+                    {"env", ContainerEnv(ctx, true, gpus > 0, extra)},
+                    {"volumeMounts", VolumeMounts(ctx, pip)}};
+  if (!resources.empty()) container["resources"] = resources;
+  if (std::string dir = WorkingDir(ctx); !dir.empty()) container["workingDir"] = dir;
+  if (s.runtime.security_mode == "restricted") {
+    container["securityContext"] = {{"allowPrivilegeEscalation", false},
+                                    {"capabilities", {{"drop", {"ALL"}}}}};
+  }
+
+  json pod = PodSpecBase(ctx, pip, gpus > 0);
+  pod["restartPolicy"] = "Never";
+  pod["initContainers"] = json::array({SetupContainer(ctx, true, resources)});
+  pod["containers"] = json::array({container});
+  if (workers > 1) pod["subdomain"] = ctx.name;
+
+  json spec = {
+      // Kueue admits the Job by clearing suspend; created running, it would start before
+      // admission.
+      {"suspend", true},
+      {"parallelism", workers},
+      {"completions", workers},
+      // tau's retry policy decides about another attempt; a Kubernetes retry would bypass it.
+      {"backoffLimit", 0},
+      {"ttlSecondsAfterFinished", s.ttl_seconds_after_finished.value_or(28800)},
+      {"template", {{"metadata", {{"labels", PodLabels(ctx)}}}, {"spec", pod}}}};
+  if (workers > 1) spec["completionMode"] = "Indexed";
+  if (run.max_runtime_ms) spec["activeDeadlineSeconds"] = (*run.max_runtime_ms + 999) / 1000;
+
+  out.push_back({{"apiVersion", "batch/v1"},
+                 {"kind", "Job"},
+                 {"metadata", ObjectMeta(ctx, true)},
+                 {"spec", spec}});
+  return out;
+}
+
+}  // namespace tau::kube::internal

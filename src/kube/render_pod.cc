@@ -1,0 +1,401 @@
+// What every pod of a run has in common: the checks rendering needs beyond resolution, names and
+// labels, env, volumes and the setup init container.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "common/strings.h"
+#include "kube/internal.h"
+
+namespace tau::kube::internal {
+namespace {
+
+// Names of tau's own pod volumes; a platform storage volume may not take one.
+constexpr const char* kCodeVolume = "tau-code";
+constexpr const char* kPipVolume = "tau-pip";
+constexpr const char* kScratchVolume = "tau-scratch";
+constexpr const char* kShmVolume = "tau-shm";
+
+// The setup script of the init container. Its inputs come as arguments (the code archive, in
+// pieces) and env (directories, requirements), never spliced into the script, so no quoting of
+// user text is involved.
+constexpr const char* kSetupScript = R"(set -eu
+if [ "$#" -gt 0 ]; then
+  printf '%s' "$@" | base64 -d | tar -x -o -f - -C /tau/code
+fi
+printf '%s\n' "${TAU_MAKE_DIRS:-}" | while IFS= read -r dir; do
+  if [ -n "$dir" ]; then mkdir -p "$dir"; fi
+done
+if [ -n "${TAU_PIP_REQUIREMENTS:-}" ]; then
+  printf '%s\n' "$TAU_PIP_REQUIREMENTS" > /tau/pip/requirements.txt
+  python3 -m pip install --no-cache-dir --target /tau/pip -r /tau/pip/requirements.txt
+fi
+)";
+
+bool IsDns1035Label(std::string_view s) {
+  return IsDns1123Label(s) && s.front() >= 'a' && s.front() <= 'z';
+}
+
+// Secret keys are [-._a-zA-Z0-9]+.
+bool IsSecretKey(std::string_view s) {
+  return !s.empty() && s.size() <= 253 && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+  });
+}
+
+json EnvEntry(const std::string& name, const std::string& value) {
+  return {{"name", name}, {"value", value}};
+}
+
+// Later settings replace earlier ones of the same name in place, so tau's variables win over the
+// spec's and no name appears twice.
+void SetEnv(std::vector<json>& env, json entry) {
+  for (json& e : env) {
+    if (e["name"] == entry["name"]) {
+      e = std::move(entry);
+      return;
+    }
+  }
+  env.push_back(std::move(entry));
+}
+
+std::string JoinDir(const std::string& base, const std::string& sub) {
+  return base.back() == '/' ? base + sub : base + "/" + sub;
+}
+
+}  // namespace
+
+Result<RunContext> MakeContext(const spec::RunSpec& spec, const policy::ResolvedRun& run,
+                               const policy::Platform& platform, const RenderOptions& options) {
+  RunContext ctx;
+  ctx.spec = &spec;
+  ctx.run = &run;
+  ctx.options = &options;
+  std::vector<std::string> errors;
+
+  const policy::Workspace* workspace = platform.FindWorkspace(run.workspace);
+  if (workspace == nullptr) {
+    return InvalidArgument(fmt::format(
+        "workspace '{}' is not in this platform; resolve the run against the platform it is "
+        "rendered for",
+        run.workspace));
+  }
+  if (options.attempt < 1) return InvalidArgument("attempt numbers start at 1");
+
+  ctx.run_name = options.run_name.empty() ? spec.name : options.run_name;
+  std::string base =
+      spec.resource_prefix.empty() ? ctx.run_name : spec.resource_prefix + "-" + ctx.run_name;
+  ctx.name = fmt::format("{}-{}", base, options.attempt);
+  if (!IsDns1035Label(ctx.name) || ctx.name.size() > kMaxObjectNameLength) {
+    errors.push_back(fmt::format(
+        "name: the run's Kubernetes object would be named '{}' ({} characters); it must start "
+        "with a lowercase letter, hold only lowercase letters, digits and '-', and have at most "
+        "{} characters (KubeRay derives longer names from it): choose a shorter name{}",
+        ctx.name, ctx.name.size(), kMaxObjectNameLength,
+        spec.resource_prefix.empty() ? "" : " or resource_naming.prefix"));
+  }
+
+  // The workspace's namespace holds its LocalQueues and its members' RBAC; a run elsewhere would
+  // wait forever for a queue that does not exist there.
+  ctx.namespace_name =
+      options.namespace_name.empty() ? WorkspaceNamespace(*workspace) : options.namespace_name;
+  if (!spec.policy.namespace_name.empty() && spec.policy.namespace_name != ctx.namespace_name) {
+    errors.push_back(fmt::format(
+        "policy.namespace: '{}' is not the namespace of workspace '{}' ('{}'), where its queues "
+        "are; drop policy.namespace, or name the workspace that owns that namespace",
+        spec.policy.namespace_name, workspace->name, ctx.namespace_name));
+  }
+
+  ctx.image = !spec.runtime.image.empty() ? spec.runtime.image : options.default_image;
+  if (ctx.image.empty()) {
+    errors.push_back(
+        "runtime.image: a run on Kubernetes needs a container image; give runtime.image (the "
+        "local backend runs on the host and needs none)");
+  } else if (spec.runtime.image.empty() && !workspace->allowed_images.empty() &&
+             std::none_of(workspace->allowed_images.begin(), workspace->allowed_images.end(),
+                          [&](const std::string& p) { return policy::GlobMatch(p, ctx.image); })) {
+    errors.push_back(
+        fmt::format("runtime.image: the default image '{}' is not allowed in workspace '{}' "
+                    "(allowed_images: {}); give runtime.image",
+                    ctx.image, workspace->name, Join(workspace->allowed_images, ", ")));
+  }
+
+  if (!spec.compute.gpu_resource_mode.empty() && spec.compute.gpu_resource_mode != "full") {
+    errors.push_back(fmt::format(
+        "compute.gpu_resource_mode: '{}' is not supported on Kubernetes yet (whole GPUs only, "
+        "as nvidia.com/gpu); remove it or use 'full'",
+        spec.compute.gpu_resource_mode));
+  }
+  if (!spec.storage.image_assets.empty()) {
+    errors.push_back(
+        "storage.image_assets: not supported on Kubernetes yet; build the assets into "
+        "runtime.image or read them from a storage volume");
+  }
+  for (const spec::EnvVar& var : spec.runtime.env) {
+    if (var.secret_ref && !IsSecretKey(var.value)) {
+      errors.push_back(fmt::format(
+          "runtime.env.{}: 'SECRET:{}' is not a valid Secret key (letters, digits, '-', '_', "
+          "'.')",
+          var.name, var.value));
+    }
+  }
+
+  ctx.gpus = run.gpus_per_worker > 0;
+  ctx.node_selector = run.node_selector;
+  // A run that can land on one flavor only is pinned to its nodes now; Kueue would add the same
+  // labels on admission, and a pod that says so up front reads the same before and after.
+  if (run.flavors.size() == 1) {
+    if (const admission::ResourceFlavor* f = platform.FindFlavor(run.flavors.front())) {
+      for (const auto& [k, v] : f->node_labels) {
+        auto [it, inserted] = ctx.node_selector.emplace(k, v);
+        if (!inserted && it->second != v) {
+          errors.push_back(
+              fmt::format("policy.node_selector: {}={} conflicts with flavor '{}' ({}={})", k,
+                          it->second, f->name, k, v));
+        }
+      }
+    }
+  }
+
+  // Storage: one pod volume per platform volume, one mount per distinct path.
+  std::set<std::string> reserved = {kCodeVolume, kPipVolume, kScratchVolume, kShmVolume};
+  std::set<std::string> added_volumes;
+  for (const policy::Mount& m : run.mounts) {
+    if (m.pvc.empty()) {
+      errors.push_back(fmt::format(
+          "storage.{}: storage volume '{}' has no pvc, so Kubernetes cannot mount it; give it "
+          "`pvc:` in platform.yaml",
+          m.role == "data" ? "data_pvc" : m.role, m.volume));
+      continue;
+    }
+    if (reserved.count(m.volume)) {
+      errors.push_back(fmt::format(
+          "storage volume '{}': the name is reserved for tau's own pod volumes; rename it in "
+          "platform.yaml",
+          m.volume));
+      continue;
+    }
+    if (added_volumes.insert(m.volume).second) {
+      ctx.storage_volumes.push_back(
+          {{"name", m.volume}, {"persistentVolumeClaim", {{"claimName", m.pvc}}}});
+    }
+    auto same = std::find_if(ctx.storage_mounts.begin(), ctx.storage_mounts.end(),
+                             [&](const MountUse& u) { return u.mount_path == m.mount_path; });
+    if (same == ctx.storage_mounts.end()) {
+      ctx.storage_mounts.push_back({m.volume, m.mount_path, m.sub_path, m.read_only});
+    } else if (same->volume != m.volume || same->sub_path != m.sub_path) {
+      errors.push_back(fmt::format(
+          "storage.{}: mounts '{}' at {}, where another of the run's volumes is mounted; give "
+          "it another path",
+          m.role == "data" ? "data_pvc" : m.role, m.volume, m.mount_path));
+    } else {
+      same->read_only = same->read_only && m.read_only;
+    }
+    // Checkpoints and outputs go into a directory of the run's own, the same on every attempt.
+    if (m.role == "checkpoint")
+      ctx.checkpoint_dir = JoinDir(m.mount_path, ctx.run_name + "/checkpoints");
+    if (m.role == "output") ctx.output_dir = JoinDir(m.mount_path, ctx.run_name + "/output");
+    if (m.role == "data") ctx.data_dir = m.mount_path;
+  }
+  if (ctx.checkpoint_dir.empty()) {
+    ctx.checkpoint_dir = std::string(kScratchDir) + "/checkpoints";
+    ctx.uses_scratch = true;
+  }
+  if (ctx.output_dir.empty()) {
+    ctx.output_dir = std::string(kScratchDir) + "/output";
+    ctx.uses_scratch = true;
+  }
+
+  if (!options.code.empty()) {
+    auto chunks = CodeArchive(options.code);
+    if (!chunks.ok()) {
+      errors.push_back(chunks.status().message());
+    } else {
+      ctx.code_chunks = std::move(*chunks);
+    }
+  }
+  if (!errors.empty()) return InvalidArgument(Join(errors, "\n"));
+  return ctx;
+}
+
+json ObjectMeta(const RunContext& ctx, bool kueue) {
+  json labels = {{kLabelManagedBy, "tau"},
+                 {kLabelRun, ctx.run_name},
+                 {kLabelAttempt, std::to_string(ctx.options->attempt)},
+                 {kLabelWorkspace, ctx.run->workspace}};
+  json annotations = {{kAnnotationConfigHash, spec::ConfigHash(*ctx.spec)}};
+  if (kueue) {
+    labels[kKueueQueueLabel] = ctx.run->queue;
+    if (!ctx.run->priority_class.empty()) labels[kKueuePriorityLabel] = ctx.run->priority_class;
+    const spec::RunSpec& s = *ctx.spec;
+    // Accepted and recorded: Kueue's topology-aware scheduling needs the platform's topology
+    // labels, which platform.yaml does not describe yet.
+    if (!s.policy.topology.empty() && s.policy.topology != "unconstrained") {
+      annotations["tau.dev/topology"] = s.policy.topology;
+    }
+    if (!s.experiment.project.empty())
+      annotations["tau.dev/experiment-project"] = s.experiment.project;
+    if (!s.experiment.name.empty()) annotations["tau.dev/experiment-name"] = s.experiment.name;
+    if (!s.experiment.group.empty()) annotations["tau.dev/experiment-group"] = s.experiment.group;
+  }
+  return {{"name", ctx.name},
+          {"namespace", ctx.namespace_name},
+          {"labels", labels},
+          {"annotations", annotations}};
+}
+
+json PodLabels(const RunContext& ctx) {
+  return {{kLabelRun, ctx.run_name},
+          {kLabelAttempt, std::to_string(ctx.options->attempt)},
+          {kLabelWorkspace, ctx.run->workspace}};
+}
+
+json PodSpecBase(const RunContext& ctx, bool pip, bool gpu_pod) {
+  json spec = json::object();
+  json volumes = json::array();
+  if (!ctx.code_chunks.empty())
+    volumes.push_back({{"name", kCodeVolume}, {"emptyDir", json::object()}});
+  if (pip) volumes.push_back({{"name", kPipVolume}, {"emptyDir", json::object()}});
+  if (ctx.uses_scratch) volumes.push_back({{"name", kScratchVolume}, {"emptyDir", json::object()}});
+  // PyTorch's data loader workers and NCCL share memory through /dev/shm; a container runtime's
+  // default is 64 MiB.
+  volumes.push_back({{"name", kShmVolume}, {"emptyDir", {{"medium", "Memory"}}}});
+  for (const json& v : ctx.storage_volumes) volumes.push_back(v);
+  spec["volumes"] = volumes;
+  if (!ctx.node_selector.empty()) spec["nodeSelector"] = ctx.node_selector;
+  // Every pod of a GPU run may land on GPU nodes (the flavor's node labels pin them there), and GPU
+  // nodes are usually tainted nvidia.com/gpu.
+  if (gpu_pod || ctx.gpus) {
+    spec["tolerations"] = json::array(
+        {{{"key", policy::kGpuResource}, {"operator", "Exists"}, {"effect", "NoSchedule"}}});
+  }
+  if (ctx.spec->runtime.security_mode == "restricted") {
+    spec["securityContext"] = {{"runAsNonRoot", true},
+                               {"runAsUser", 65532},
+                               {"runAsGroup", 65532},
+                               {"fsGroup", 65532},
+                               {"seccompProfile", {{"type", "RuntimeDefault"}}}};
+  }
+  return spec;
+}
+
+json VolumeMounts(const RunContext& ctx, bool pip) {
+  json mounts = json::array();
+  if (!ctx.code_chunks.empty()) mounts.push_back({{"name", kCodeVolume}, {"mountPath", kCodeDir}});
+  if (pip) mounts.push_back({{"name", kPipVolume}, {"mountPath", kPipDir}});
+  if (ctx.uses_scratch) mounts.push_back({{"name", kScratchVolume}, {"mountPath", kScratchDir}});
+  mounts.push_back({{"name", kShmVolume}, {"mountPath", "/dev/shm"}});
+  for (const MountUse& m : ctx.storage_mounts) {
+    json mount = {{"name", m.volume}, {"mountPath", m.mount_path}};
+    if (!m.sub_path.empty()) mount["subPath"] = m.sub_path;
+    if (m.read_only) mount["readOnly"] = true;
+    mounts.push_back(mount);
+  }
+  return mounts;
+}
+
+namespace {
+json ContainerSecurity(const RunContext& ctx) {
+  return {{"allowPrivilegeEscalation", false}, {"capabilities", {{"drop", {"ALL"}}}}};
+}
+}  // namespace
+
+json SetupContainer(const RunContext& ctx, bool pip, const json& resources) {
+  const bool has_pip = pip && !ctx.spec->runtime.pip.empty();
+  std::vector<std::string> dirs = {ctx.checkpoint_dir, ctx.output_dir};
+  json args = json::array({"-c", kSetupScript, "tau-setup"});
+  for (const std::string& chunk : ctx.code_chunks) args.push_back(chunk);
+  json env = json::array({EnvEntry("TAU_MAKE_DIRS", Join(dirs, "\n"))});
+  if (has_pip) env.push_back(EnvEntry("TAU_PIP_REQUIREMENTS", Join(ctx.spec->runtime.pip, "\n")));
+  json c = {{"name", "tau-setup"}, {"image", ctx.image},
+            {"command", {"sh"}},   {"args", args},
+            {"env", env},          {"volumeMounts", VolumeMounts(ctx, has_pip)}};
+  // The same CPU and memory as the workload: Kueue and the scheduler charge a pod the larger of
+  // its init and regular containers, so this adds nothing to the run's quota.
+  json setup_resources = resources;
+  for (const char* part : {"requests", "limits"}) {
+    if (setup_resources.contains(part)) setup_resources[part].erase(policy::kGpuResource);
+    if (setup_resources.contains(part) && setup_resources[part].empty())
+      setup_resources.erase(part);
+  }
+  if (!setup_resources.empty()) c["resources"] = setup_resources;
+  if (ctx.spec->runtime.security_mode == "restricted")
+    c["securityContext"] = ContainerSecurity(ctx);
+  return c;
+}
+
+json ContainerEnv(const RunContext& ctx, bool literal_env, bool gpu_container,
+                  const std::vector<json>& extra) {
+  std::vector<json> env;
+  for (const spec::EnvVar& var : ctx.spec->runtime.env) {
+    if (var.secret_ref) {
+      SetEnv(env,
+             {{"name", var.name},
+              {"valueFrom", {{"secretKeyRef", {{"name", kRunSecretName}, {"key", var.value}}}}}});
+    } else if (literal_env) {
+      SetEnv(env, EnvEntry(var.name, var.value));
+    }
+  }
+  SetEnv(env, EnvEntry("TAU_RUN_NAME", ctx.run_name));
+  SetEnv(env, EnvEntry("TAU_ATTEMPT", std::to_string(ctx.options->attempt)));
+  SetEnv(env, EnvEntry("TAU_CHECKPOINT_DIR", ctx.checkpoint_dir));
+  SetEnv(env, EnvEntry("TAU_OUTPUT_DIR", ctx.output_dir));
+  SetEnv(env, EnvEntry("TAU_METRICS_FILE", ctx.output_dir + "/metrics.jsonl"));
+  if (!ctx.data_dir.empty()) SetEnv(env, EnvEntry("TAU_DATA_DIR", ctx.data_dir));
+  for (const json& e : extra) SetEnv(env, e);
+  // Images built on NVIDIA's base images expose every GPU of the node unless told otherwise; a
+  // container without GPUs must not see (and use) other pods' GPUs.
+  if (!gpu_container) SetEnv(env, EnvEntry("NVIDIA_VISIBLE_DEVICES", "void"));
+  SetEnv(env, EnvEntry("PYTHONUNBUFFERED", "1"));
+  if (!ctx.options->resume_from.empty()) {
+    SetEnv(env, EnvEntry("TAU_RESUME_FROM", ctx.options->resume_from));
+  }
+  if (!ctx.options->failure_reason.empty()) {
+    SetEnv(env, EnvEntry("TAU_FAILURE_REASON", ctx.options->failure_reason));
+  }
+  return env;
+}
+
+json Resources(const std::optional<Quantity>& cpu, const std::optional<Quantity>& memory,
+               const std::optional<Quantity>& cpu_limit,
+               const std::optional<Quantity>& memory_limit, int gpus) {
+  json requests = json::object(), limits = json::object();
+  if (cpu) requests[policy::kCpuResource] = cpu->ToString();
+  if (memory) requests[policy::kMemoryResource] = memory->ToString();
+  if (cpu_limit) limits[policy::kCpuResource] = cpu_limit->ToString();
+  // Memory is limited to what is requested unless the spec says otherwise: a run that outgrows
+  // its request is OOM-killed (a clear failure class) instead of pressuring its node's neighbours.
+  if (memory_limit) {
+    limits[policy::kMemoryResource] = memory_limit->ToString();
+  } else if (memory) {
+    limits[policy::kMemoryResource] = memory->ToString();
+  }
+  if (gpus > 0) {
+    requests[policy::kGpuResource] = std::to_string(gpus);
+    limits[policy::kGpuResource] = std::to_string(gpus);
+  }
+  json out = json::object();
+  if (!requests.empty()) out["requests"] = requests;
+  if (!limits.empty()) out["limits"] = limits;
+  return out;
+}
+
+std::string WorkingDir(const RunContext& ctx) {
+  if (!ctx.spec->runtime.working_dir.empty()) return ctx.spec->runtime.working_dir;
+  return ctx.code_chunks.empty() ? "" : kCodeDir;
+}
+
+std::vector<std::string> EntryArgv(const RunContext& ctx) {
+  const std::string& entry = ctx.spec->entrypoint;
+  const bool shipped = std::any_of(ctx.options->code.begin(), ctx.options->code.end(),
+                                   [&](const CodeFile& f) { return f.path == entry; });
+  // A shipped file is named by its absolute path when the container starts elsewhere.
+  std::string path = shipped && WorkingDir(ctx) != kCodeDir ? JoinDir(kCodeDir, entry) : entry;
+  if (EndsWith(entry, ".py")) return {"python3", path};
+  // Like the local backend: a shipped file runs from the code directory, anything else is a
+  // command on PATH.
+  return {shipped ? JoinDir(kCodeDir, entry) : entry};
+}
+
+}  // namespace tau::kube::internal
