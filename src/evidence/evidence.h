@@ -1,0 +1,499 @@
+// Evidence: what tau keeps about a run so that someone else can check what ran and what it produced
+// (issue #5). This module is the library half: pure functions and file formats, no server state.
+// The server fills the plain structs below from its store and its run directory; docs/evidence.md
+// describes the formats and docs/evidence-record.schema.json the record.
+//
+// A run's evidence directory (suggested: $TAU_HOME/runs/NAME/evidence) holds:
+//   record.json        the record (BuildRecord), rewritten atomically as the run moves
+//   metrics.jsonl      the run's deduplicated metric points (MetricsCollector)
+//   metrics-state.json where the collector stands in the job's metrics file(s)
+//   gpu-samples.jsonl  GPU samples taken while the run held GPUs (AppendGpuSamples)
+//
+// The pieces (the server calls them in src/server/controller_evidence.cc and api_evidence.cc, the
+// CLI in src/cli/evidence_commands.cc):
+//   metrics    ParseMetricLine / ReadMetrics / MetricHistory / MetricsCollector
+//   record     BuildRecord from RecordInput (ParseRecord back); ScanArtifacts, ScanSnapshot,
+//              IndexAttemptLogs, GPU samples
+//   chain      VerifyEventChain: recomputes the store's event hash chain
+//   bundle     ExportBundle (.tar.gz with a manifest) and VerifyBundle
+//   rendering  Sparkline, FormatMetricTable, FormatSummaryTable for `tau metrics`
+//   retention  PlanRetention: which runs' logs and samples to prune; the record and hashes stay
+//
+// Nothing here throws: nlohmann::json exceptions are caught inside and returned as Status.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace tau::evidence {
+
+// "format" of record.json and manifest.json; bump on incompatible changes.
+inline constexpr int kRecordFormat = 1;
+inline constexpr int kBundleFormat = 1;
+
+// =============================================================================================
+// Metrics
+//
+// The job appends JSON lines to $TAU_METRICS_FILE, one point per line:
+//   {"name": "loss", "step": 100, "value": 0.25, "split": "train", "unit": "nats",
+//    "tags": {"lr": "3e-4"}}
+// name (string, 1..256 bytes) and step (integer >= 0) and value are required. value is a JSON
+// number, or NaN/Infinity/-Infinity: as the strings "NaN", "Infinity", "-Infinity" (also "inf",
+// "-inf", "nan", any case) or as the bare tokens Python's json.dumps writes for float('nan').
+// split (<= 64 bytes), unit (<= 32 bytes) are optional strings; tags an optional object of at most
+// 32 entries whose values are strings, numbers or booleans (kept as text). Unknown fields are
+// ignored, so a job may add a timestamp. A bad line is counted with its line number and skipped.
+
+struct MetricPoint {
+  std::string name;
+  std::string split;  // "" = none
+  int64_t step = 0;
+  double value = 0;  // NaN and +-Inf allowed
+  std::string unit;  // "" = none
+  std::map<std::string, std::string> tags;
+  int attempt = 0;  // which attempt wrote it (set by the caller of the readers)
+};
+
+struct MetricLimits {
+  size_t max_line_bytes = 64 * 1024;  // a longer line is malformed (and skipped to its end)
+  size_t max_read_bytes = 64u << 20;  // read per ReadMetrics call; the rest waits for the next
+  size_t max_points = 10'000'000;     // distinct points per run; more are dropped and counted
+  size_t max_series = 10'000;         // distinct (name, split) per run
+};
+
+// One line (without its '\n'); the error says what is wrong. `attempt` is read from an "attempt"
+// field (tau's own lines have one), else 0; the collector sets it for the job's lines.
+Result<MetricPoint> ParseMetricLine(std::string_view line, const MetricLimits& limits = {});
+
+// tau's own form of a point: one JSON object, no newline, with "attempt"; the value is a number or
+// one of the strings "NaN", "Infinity", "-Infinity". ParseMetricLine reads it back.
+std::string MetricPointJson(const MetricPoint& point);
+
+struct MalformedLine {
+  int64_t line = 0;  // 1-based line number in the source file
+  std::string error;
+};
+
+// Where reading a metrics file stands; keep it between calls (MetricsCollector persists it).
+struct MetricsCursor {
+  int64_t offset = 0;         // bytes consumed: complete lines only
+  int64_t line = 0;           // lines consumed
+  bool discarding = false;    // inside an over-long line: skip to its end
+  uint64_t dev = 0, ino = 0;  // the file read so far; another file (replaced) restarts at 0
+};
+
+struct MetricsChunk {
+  std::vector<MetricPoint> points;       // in file order; attempt as the line says (else 0)
+  std::vector<MalformedLine> malformed;  // the first 100 of this chunk
+  int64_t malformed_count = 0;
+  int64_t point_count = 0;  // valid points parsed (MetricsCollector::Poll leaves `points` empty)
+  int64_t lines = 0;        // complete lines consumed (blank lines included)
+  bool restarted = false;   // the file shrank or was replaced, so it was read from its start
+};
+
+// Pure: parses the complete lines of `data`, the bytes of a file from cursor->offset on, and
+// advances the cursor past them. A last line without '\n' is left for the next call.
+MetricsChunk ParseMetricsChunk(std::string_view data, MetricsCursor* cursor,
+                               const MetricLimits& limits = {});
+// Reads what was appended to the file at `path` since `cursor` (at most limits.max_read_bytes). A
+// missing file is not an error: nothing new.
+Result<MetricsChunk> ReadMetrics(const std::string& path, MetricsCursor* cursor,
+                                 const MetricLimits& limits = {});
+
+// Summary of one series (name, split), over its deduplicated points.
+struct MetricSummary {
+  std::string name, split, unit;  // unit: the latest non-empty one
+  int64_t count = 0;              // distinct steps, NaN/Inf included
+  int64_t first_step = 0, last_step = 0;
+  std::optional<double> min, max;  // over finite values; none when there is no finite value
+  double latest = 0;               // the value at last_step (may be NaN or +-Inf)
+  int latest_attempt = 0;
+  int64_t nan_count = 0, inf_count = 0;
+};
+
+// A run's metric history. Points are keyed by (name, split, step): a point replaces the one with
+// the same key unless that one came from a later attempt, so an attempt that resumes from a
+// checkpoint and emits the steps since then again does not double them (and within one attempt the
+// last write of a step wins).
+class MetricHistory {
+ public:
+  explicit MetricHistory(MetricLimits limits = {});
+  // false when the point was dropped (a limit was reached, or an older attempt's point).
+  bool Add(const MetricPoint& point);
+  size_t size() const { return points_; }
+  int64_t replaced() const { return replaced_; }  // points that replaced an existing key
+  int64_t dropped() const { return dropped_; }
+  std::vector<std::pair<std::string, std::string>> SeriesKeys() const;  // sorted (name, split)
+  // The points of one series in step order; empty when unknown.
+  std::vector<MetricPoint> Series(const std::string& name, const std::string& split) const;
+  std::vector<MetricSummary> Summaries() const;  // sorted by (name, split)
+  // The history as MetricPointJson lines sorted by (name, split, step), each ending in '\n'.
+  std::string ToJsonl() const;
+  // Adds the lines of a ToJsonl()/MetricsCollector file (attempt from each line). Bad lines are
+  // counted in *malformed (when given), not fatal.
+  void AddJsonl(std::string_view text, int64_t* malformed = nullptr);
+
+ private:
+  struct Entry {
+    double value;
+    int attempt;
+    std::map<std::string, std::string> tags;
+  };
+  struct SeriesData {
+    std::string unit;
+    std::map<int64_t, Entry> points;
+  };
+  MetricLimits limits_;
+  std::map<std::pair<std::string, std::string>, SeriesData> series_;
+  size_t points_ = 0;
+  int64_t replaced_ = 0, dropped_ = 0;
+};
+
+// Totals of a run's metric ingestion (kept in metrics-state.json, shown in the record).
+struct MetricsStats {
+  int64_t lines = 0;      // lines read from the job's files
+  int64_t points = 0;     // valid points read (before deduplication)
+  int64_t malformed = 0;  // bad lines
+  int64_t restarts = 0;   // times a source file shrank or was replaced
+  std::vector<std::pair<std::string, MalformedLine>> first_malformed;  // (source, line), <= 20
+};
+
+// Ingests a run's metrics into its evidence directory: appends each new point to
+// DIR/metrics.jsonl (tau's form, with its attempt) and keeps the cursors in
+// DIR/metrics-state.json, so a restarted server goes on where it stopped (points read twice after a
+// crash are deduplicated on load). One per run; not thread-safe.
+class MetricsCollector {
+ public:
+  static Result<std::unique_ptr<MetricsCollector>> Open(const std::string& evidence_dir,
+                                                        MetricLimits limits = {});
+  // Reads the new complete lines of `source` (the attempt's $TAU_METRICS_FILE) as points of
+  // `attempt`. Call it every few seconds while the attempt runs and once more after it ended,
+  // before the next attempt starts (so a shared file's lines are attributed right). Cheap when
+  // nothing changed: one stat. The result counts what was read; its `points` stay empty (they go
+  // to history() and the evidence file). A failed append leaves the cursor where it was.
+  Result<MetricsChunk> Poll(const std::string& source, int attempt);
+  // Rewrites metrics.jsonl deduplicated (atomically). Call it when the run ends.
+  Status Compact();
+  const MetricHistory& history() const { return history_; }
+  const MetricsStats& stats() const { return stats_; }
+
+ private:
+  MetricsCollector(std::string dir, MetricLimits limits);
+  Status SaveState();
+  std::string dir_;
+  MetricLimits limits_;
+  MetricHistory history_;
+  MetricsStats stats_;
+  std::map<std::string, MetricsCursor> cursors_;  // by source path
+};
+
+// Loads DIR/metrics.jsonl (or any file of MetricPointJson lines) into a history; a missing file
+// gives an empty history.
+Result<MetricHistory> LoadMetricHistory(const std::string& path, int64_t* malformed = nullptr);
+
+// =============================================================================================
+// GPU samples
+
+struct GpuSample {
+  int64_t at_ms = 0;
+  int gpu = 0;  // index on the machine
+  std::string uuid;
+  int attempt = 0;
+  std::optional<double> util_pct, memory_util_pct;
+  std::optional<int64_t> memory_used_bytes, memory_total_bytes;
+  std::optional<double> temperature_c, power_w;
+};
+
+std::string GpuSampleJson(const GpuSample& sample);  // one line, no newline
+Result<GpuSample> ParseGpuSample(std::string_view line);
+// Appends samples to DIR/gpu-samples.jsonl (no fsync: samples are not worth a disk flush each).
+Status AppendGpuSamples(const std::string& evidence_dir, const std::vector<GpuSample>& samples);
+// Reads a gpu-samples.jsonl file; a missing file gives none; bad lines are skipped and counted.
+Result<std::vector<GpuSample>> LoadGpuSamples(const std::string& path,
+                                              int64_t* malformed = nullptr);
+
+struct GpuSampleSummary {
+  int gpu = 0;
+  std::string uuid;
+  int64_t count = 0;
+  int64_t first_ms = 0, last_ms = 0;
+  std::optional<double> mean_util_pct, max_util_pct, max_temperature_c, max_power_w;
+  std::optional<int64_t> max_memory_used_bytes;
+};
+std::vector<GpuSampleSummary> SummarizeGpuSamples(const std::vector<GpuSample>& samples);
+
+// =============================================================================================
+// The record
+
+struct RunInfo {
+  std::string name, spec_name;
+  std::string state;  // store::RunStateName
+  std::string reason, message;
+  std::optional<int> exit_code, signal;
+  std::string workspace, queue;
+  int priority = 0;
+  nlohmann::json resources = nlohmann::json::object();
+  int64_t created_ms = 0;
+  std::optional<int64_t> admitted_ms, started_ms, finished_ms;
+};
+
+struct ProvenanceEntry {
+  std::string field, value, source;
+};
+
+struct ConfigInfo {
+  std::string spec_file;                                // as the user named it
+  std::string spec_yaml;                                // the spec as written
+  nlohmann::json spec_json = nlohmann::json::object();  // canonical (spec::ToJson)
+  std::string config_hash;                              // spec::ConfigHash
+  nlohmann::json resolved = nlohmann::json::object();   // the effective settings
+  std::vector<ProvenanceEntry> provenance;              // where each resolved value came from
+};
+
+struct SnapshotFile {
+  std::string path;
+  int64_t size = 0;
+  std::string sha256;
+  int mode = 0644;
+};
+struct SnapshotInfo {
+  std::string digest;  // as the server's StoreSnapshot computes it (SnapshotDigest)
+  std::vector<SnapshotFile> files;
+};
+// The digest of a file list: sha256 over "path\0mode-in-octal\0sha256\n" for each file sorted by
+// path, the same as the server's code snapshots.
+std::string SnapshotDigest(std::vector<SnapshotFile> files);
+// Lists and hashes a stored snapshot directory (regular files only; symlinks are refused).
+Result<SnapshotInfo> ScanSnapshot(const std::string& dir);
+
+struct GpuDevice {
+  int index = 0;
+  std::string uuid, name;
+};
+struct RuntimeInfo {
+  std::string image, image_digest;    // "" on the local backend
+  std::vector<std::string> pip;       // requirements as the spec gave them
+  std::vector<std::string> packages;  // resolved ("name==version"), e.g. from `pip freeze`
+  std::string python_version, host, os, kernel, driver_version, cuda_version;
+  std::vector<GpuDevice> gpus;  // the GPUs the run used
+  std::string tau_version;
+};
+
+// One row of the store's events table.
+struct EventInfo {
+  int64_t id = 0;
+  int64_t ts_ms = 0;
+  std::string type, message;
+  nlohmann::json data = nlohmann::json::object();
+  std::string prev_hash, hash;
+};
+
+// The store's chain hash of an event: sha256(prev_hash + "\n" + {run, ts_ms, type, message,
+// data}.dump()). Throws nothing; invalid UTF-8 gives an error.
+Result<std::string> EventHash(const std::string& run, const EventInfo& event,
+                              const std::string& prev_hash);
+// Recomputes the chain; the error names the first event (1-based position, id, type) whose
+// prev_hash or hash does not match. OK for an empty list.
+Status VerifyEventChain(const std::string& run, const std::vector<EventInfo>& events);
+
+enum class LogState { kKept, kPruned, kLost };  // kLost: gone without a retention decision
+struct LogInfo {
+  int rank = 0;
+  int64_t size = 0;
+  std::string sha256;
+  LogState state = LogState::kKept;
+};
+// Hashes one log file (streaming).
+Result<LogInfo> IndexLog(const std::string& path, int rank);
+// The logs of an attempt directory: DIR/logs/rank-R.log for each R found.
+Result<std::vector<LogInfo>> IndexAttemptLogs(const std::string& attempt_dir);
+
+struct AttemptInfo {
+  int number = 1;
+  std::string state;  // store::AttemptStateName
+  std::vector<int> gpus;
+  int64_t started_ms = 0;
+  std::optional<int64_t> ended_ms;
+  std::optional<int> exit_code, signal;
+  std::string outcome;        // runtime outcome
+  std::string failure_class;  // Succeeded, UserError, OOMKilled, ...
+  std::string message;
+  nlohmann::json diagnosis = nlohmann::json::object();
+  std::vector<LogInfo> logs;  // indexed when the attempt ended (IndexAttemptLogs)
+};
+
+// A file found among a run's checkpoints or outputs.
+struct Artifact {
+  std::string kind;  // "checkpoint" or "output"
+  std::string path;  // relative to its root
+  int64_t size = 0;
+  std::string sha256;
+  int attempt = 0;  // the attempt running when it was written (by modification time); 0: unknown
+  int64_t mtime_ms = 0;
+};
+// Lists and hashes the regular files under `root` (recursively; symlinks are skipped, not
+// followed; files being written by the checkpoint protocol's temporary names are skipped). The
+// attempt of each file is the last attempt that started at or before its modification time
+// (`attempt_starts[i]` = start of attempt i+1, in ms). A file found in `previous` with the same
+// path, size and mtime keeps its sha256 there without being read again (checkpoints are large).
+Result<std::vector<Artifact>> ScanArtifacts(const std::string& root, const std::string& kind,
+                                            const std::vector<int64_t>& attempt_starts,
+                                            const std::vector<Artifact>* previous = nullptr);
+
+struct MetricsInfo {
+  MetricsStats stats;
+  int64_t distinct_points = 0;  // after deduplication
+  int64_t replaced = 0;         // points replaced by a later one with the same key
+  int64_t dropped = 0;
+  std::vector<MetricSummary> series;
+};
+// From a collector or a loaded history.
+MetricsInfo MetricsInfoFrom(const MetricHistory& history, const MetricsStats& stats);
+
+struct RetentionState {
+  std::optional<int64_t> logs_pruned_ms, samples_pruned_ms;
+};
+
+struct RecordInput {
+  RunInfo run;
+  ConfigInfo config;
+  SnapshotInfo snapshot;
+  RuntimeInfo runtime;
+  std::vector<EventInfo> events;  // in id order
+  std::vector<AttemptInfo> attempts;
+  MetricsInfo metrics;
+  std::vector<GpuSampleSummary> gpu_samples;
+  std::vector<Artifact> artifacts;
+  RetentionState retention;
+  int64_t updated_ms = 0;  // when this record was assembled
+};
+
+// The record as JSON (docs/evidence-record.schema.json). Deterministic for the same input.
+nlohmann::json BuildRecord(const RecordInput& in);
+// Writes DIR/record.json atomically (the server keeps it after the run's processes are gone).
+Status SaveRecord(const std::string& evidence_dir, const nlohmann::json& record);
+Result<nlohmann::json> LoadRecord(const std::string& path);
+// The inverse of BuildRecord: a saved record back into its input, so that the server can carry
+// forward what it computed once (snapshot files, runtime, each attempt's log hashes, artifacts,
+// retention) and replace only what changed before building and saving it again.
+// ParseRecord(BuildRecord(x)) builds the same JSON as x.
+Result<RecordInput> ParseRecord(const nlohmann::json& record);
+// The events of a record JSON (for VerifyEventChain); errors name the bad field.
+Result<std::vector<EventInfo>> RecordEvents(const nlohmann::json& record);
+// A readable summary of a record for `tau evidence RUN`.
+std::string FormatRecordSummary(const nlohmann::json& record);
+
+// =============================================================================================
+// Bundles: a .tar.gz with
+//   logs/attempt-N/rank-R.log   each kept log
+//   metrics.jsonl               the deduplicated metric history
+//   gpu-samples.jsonl           GPU samples (absent when there are none)
+//   checkpoints.json            the artifact index (checkpoints and outputs)
+//   record.json                 the record, its log entries filled from the logs in the bundle
+//   manifest.json               last: sha256 and size of every other file, the chain head, and
+//                               its own digest
+
+struct LogSource {
+  int attempt = 1;
+  int rank = 0;
+  std::string path;  // on disk
+};
+
+struct BundleSources {
+  std::vector<LogSource> logs;
+  std::string metrics_path;      // DIR/metrics.jsonl ("" or missing: no points)
+  std::string gpu_samples_path;  // DIR/gpu-samples.jsonl ("" or missing: none)
+};
+
+struct ExportReport {
+  std::string chain_head;
+  int64_t files = 0;
+  int64_t bytes_in = 0;   // uncompressed
+  int64_t bytes_out = 0;  // the .tar.gz
+};
+
+// Writes the bundle to `out_path` (through a temporary file, renamed when complete). Logs are
+// streamed, never held whole. A log whose recorded sha256 (from IndexAttemptLogs) differs from the
+// file now is refused: it changed after it was recorded. A kept log without a source becomes kLost
+// in the bundled record. Metric summaries in the bundled record are recomputed from the history.
+Result<ExportReport> ExportBundle(RecordInput record, const BundleSources& sources,
+                                  const std::string& out_path, int64_t now_ms);
+
+struct VerifyOptions {
+  // The chain head the server holds for the run (its last event's hash). A bundle rewritten
+  // consistently (files, record, chain and manifest all recomputed) passes every check inside the
+  // bundle; only this comparison catches it.
+  std::string expected_chain_head;
+};
+struct VerifyReport {
+  std::string run, chain_head, tau_version;
+  int64_t files = 0, events = 0;
+};
+// OK when the bundle is intact. Otherwise an error (code kInvalidArgument, or kIo / kNotFound for a
+// file that cannot be read) whose message names the first problem found, in this order:
+// the archive (corrupt gzip or tar, unsafe or duplicate or non-regular entries), manifest.json
+// (missing, unreadable, altered), each file in manifest order (missing, altered), files the
+// manifest does not list (unexpected), the event chain (broken at event K), chain heads (record vs
+// manifest vs expected), the snapshot digest and config hash, and the record's own cross-references
+// (log hashes, checkpoint index, metric summaries).
+Status VerifyBundle(const std::string& path, const VerifyOptions& options = {},
+                    VerifyReport* report = nullptr);
+// The content of one file of a bundle (for `tau evidence` on a bundle; tests). Limited to
+// `max_bytes`.
+Result<std::string> ReadBundleFile(const std::string& bundle, const std::string& name,
+                                   size_t max_bytes = 256u << 20);
+
+// =============================================================================================
+// Rendering for `tau metrics`
+
+// One character per column: ▁▂▃▄▅▆▇█ scaled between the finite min and max; at most `width`
+// columns (values are averaged into buckets when there are more); NaN/Inf-only buckets are ' '.
+std::string Sparkline(const std::vector<double>& values, size_t width = 60);
+// "STEP  VALUE  ATTEMPT" rows of one series, aligned.
+std::string FormatMetricTable(const std::vector<MetricPoint>& points);
+// One row per series: NAME SPLIT COUNT STEPS MIN MAX LATEST NAN INF, and a sparkline column when
+// `history` is given (width `spark_width`).
+std::string FormatSummaryTable(const std::vector<MetricSummary>& summaries,
+                               const MetricHistory* history = nullptr, size_t spark_width = 30);
+// A value as people read it: up to 6 significant digits, "NaN", "Inf", "-Inf".
+std::string FormatValue(double value);
+
+// =============================================================================================
+// Retention
+
+struct RetentionPolicy {
+  // How long after a run ends its logs and GPU samples are kept; 0 keeps them forever. The record
+  // (with each log's size and sha256), metric history, checkpoint index and event chain stay.
+  int64_t keep_logs_ms = 0;
+  int64_t keep_samples_ms = 0;
+};
+// "logs=30d,samples=7d" (durations as in common/clock.h; "forever" or "0" keeps).
+Result<RetentionPolicy> ParseRetentionPolicy(std::string_view text);
+
+struct RunRetentionInput {
+  std::string name;
+  bool terminal = false;
+  std::optional<int64_t> finished_ms;
+  RetentionState state;  // what was pruned already
+};
+enum class PruneWhat { kLogs, kGpuSamples };
+struct PruneAction {
+  std::string run;
+  PruneWhat what;
+};
+// What to prune now. Never a run that has not ended. The caller deletes the files (attempt logs,
+// gpu-samples.jsonl), marks the record's logs kPruned and sets RetentionState.
+std::vector<PruneAction> PlanRetention(const std::vector<RunRetentionInput>& runs,
+                                       const RetentionPolicy& policy, int64_t now_ms);
+
+}  // namespace tau::evidence
