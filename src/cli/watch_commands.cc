@@ -1,0 +1,214 @@
+#include "cli/watch_commands.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cli/connect.h"
+
+namespace tau::cli {
+namespace {
+
+using nlohmann::json;
+
+bool IsTerminalState(const std::string& s) {
+  return s == "Succeeded" || s == "Failed" || s == "Cancelled";
+}
+
+// Splits a text/event-stream into (event, data) pairs; fed the stream's chunks as they come.
+class SseParser {
+ public:
+  template <typename F>
+  bool Feed(std::string_view chunk, F&& on_event) {
+    buf_.append(chunk);
+    size_t end;
+    while ((end = buf_.find("\n\n")) != std::string::npos) {
+      std::string block = buf_.substr(0, end);
+      buf_.erase(0, end + 2);
+      std::string type = "message", data;
+      size_t pos = 0;
+      while (pos <= block.size()) {
+        size_t nl = block.find('\n', pos);
+        std::string line =
+            block.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+        pos = nl == std::string::npos ? block.size() + 1 : nl + 1;
+        if (line.rfind("event: ", 0) == 0) type = line.substr(7);
+        if (line.rfind("data: ", 0) == 0) data += line.substr(6);
+      }
+      if (!data.empty() && !on_event(type, data)) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::string buf_;
+};
+
+std::string Fetch(const Global& g, const std::string& path, json* out) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return conn.status().message();
+  auto got = CallJson(**conn, "GET", path);
+  if (!got.ok()) return got.status().message();
+  *out = std::move(*got);
+  return "";
+}
+
+std::atomic<bool> g_quit{false};
+void OnSignal(int) { g_quit = true; }
+
+}  // namespace
+
+int CmdStatusWatch(const Global& g, const std::string& run, Format format) {
+  int rc = CmdStatus(g, run, format);
+  if (rc != 0) return rc;
+  json last;
+  if (std::string err = Fetch(g, "/api/v1/runs/" + run, &last); !err.empty()) return Fail(err);
+  std::string state = last["run"].value("state", "");
+  // A stream can end (server restart); reconnect until the run is done.
+  while (!IsTerminalState(state)) {
+    auto conn = ConnectToServer(g.server);
+    if (!conn.ok()) return Fail(conn.status().message());
+    SseParser parser;
+    auto status = (*conn)->Stream("GET", "/api/v1/events?run=" + run, [&](std::string_view d) {
+      return parser.Feed(d, [&](const std::string& type, const std::string& data) {
+        if (type != "run") return true;
+        json ev = json::parse(data, nullptr, false);
+        if (ev.is_discarded()) return true;
+        std::printf("\n");
+        std::fflush(stdout);
+        CmdStatus(g, run, format);
+        state = ev.value("state", "");
+        return !IsTerminalState(state);
+      });
+    });
+    if (!status.ok() && !IsTerminalState(state)) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      json now;
+      if (std::string err = Fetch(g, "/api/v1/runs/" + run, &now); !err.empty()) return Fail(err);
+      state = now["run"].value("state", "");
+    }
+  }
+  return 0;
+}
+
+namespace {
+
+std::string Frame(const Global& g) {
+  json queues, active, recent, gpus;
+  std::string err = Fetch(g, "/api/v1/queues", &queues);
+  if (err.empty()) err = Fetch(g, "/api/v1/runs?active=1&limit=15", &active);
+  if (err.empty()) err = Fetch(g, "/api/v1/runs?limit=8", &recent);
+  if (err.empty()) err = Fetch(g, "/api/v1/gpus", &gpus);
+  if (!err.empty()) return fmt::format("tau top: {}\n", err);
+  auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  char when[32];
+  std::strftime(when, sizeof when, "%H:%M:%S", std::localtime(&now));
+  std::string out = fmt::format("tau top — {}   (q to quit)\n\nQUEUES\n", when);
+  out += fmt::format("  {:<20} {:>8} {:>8}  {}\n", "NAME", "ADMITTED", "PENDING", "USAGE/QUOTA");
+  for (const json& q : queues.value("queues", json::array())) {
+    std::string usage;
+    for (const json& u : q.value("usage", json::array()))
+      usage += fmt::format("{}={}/{} ", u.value("resource", ""), u.value("usage", ""),
+                           u.value("nominal", ""));
+    out += fmt::format("  {:<20} {:>8} {:>8}  {}\n", q.value("name", ""), q.value("admitted", 0),
+                       q.value("pending", 0), usage);
+    for (const json& p : q.value("pending_runs", json::array()))
+      out += fmt::format("    #{:<3} {:<28} {}\n",
+                         p["position"].is_number() ? std::to_string(p["position"].get<int>()) : "-",
+                         p.value("name", ""), p.value("reason", "").substr(0, 90));
+  }
+  auto runs = [&](const char* title, const json& list) {
+    out += fmt::format("\n{} ({} in all)\n", title, list.value("total", 0));
+    out += fmt::format("  {:<30} {:<10} {:<12} {:>3}  {}\n", "NAME", "STATE", "QUEUE", "ATT",
+                       "REASON");
+    for (const json& r : list.value("runs", json::array()))
+      out += fmt::format("  {:<30} {:<10} {:<12} {:>3}  {}\n", r.value("name", ""),
+                         r.value("state", ""), r.value("queue", ""), r.value("attempts", 0),
+                         r.value("reason", "").substr(0, 50));
+  };
+  runs("ACTIVE RUNS", active);
+  runs("RECENT RUNS", recent);
+  out += "\nGPUS\n";
+  const json devices = gpus.value("devices", json::array());
+  if (devices.empty()) out += "  none\n";
+  for (const json& d : devices) {
+    json h = d.value("health", json::object());
+    out += fmt::format("  {:<3} {:<32} {}\n", d.value("index", 0), d.value("name", ""),
+                       h.value("verdict", h.value("state", "")));
+  }
+  return out;
+}
+
+}  // namespace
+
+int CmdTop(const Global& g, bool once) {
+  if (once || !::isatty(STDOUT_FILENO)) {
+    std::fputs(Frame(g).c_str(), stdout);
+    return 0;
+  }
+  // Redraw on each event from the stream, and at least every 2 s (GPU samples are not in it).
+  std::atomic<bool> dirty{true};
+  std::thread events([&] {
+    while (!g_quit) {
+      auto conn = ConnectToServer(g.server);
+      if (conn.ok()) {
+        SseParser parser;
+        (void)(*conn)->Stream("GET", "/api/v1/events", [&](std::string_view d) {
+          return parser.Feed(d, [&](const std::string&, const std::string&) {
+            dirty = true;
+            return !g_quit.load();
+          });
+        });
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  });
+  events.detach();  // it may sit in a read; the process ends with _exit below
+
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;  // no SA_RESTART: poll() below returns at once
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  termios saved{};
+  bool raw = ::isatty(STDIN_FILENO) && ::tcgetattr(STDIN_FILENO, &saved) == 0;
+  if (raw) {
+    termios t = saved;
+    t.c_lflag &= ~static_cast<tcflag_t>(ICANON | ECHO);
+    t.c_cc[VMIN] = 0;
+    t.c_cc[VTIME] = 0;
+    ::tcsetattr(STDIN_FILENO, TCSANOW, &t);
+  }
+  std::fputs("\x1b[?1049h\x1b[?25l", stdout);  // alternate screen, hide the cursor
+  auto last = std::chrono::steady_clock::now() - std::chrono::seconds(10);
+  while (!g_quit) {
+    auto now = std::chrono::steady_clock::now();
+    if (dirty.exchange(false) || now - last >= std::chrono::seconds(2)) {
+      last = now;
+      std::string frame = Frame(g);
+      std::fputs("\x1b[H\x1b[2J", stdout);
+      std::fputs(frame.c_str(), stdout);
+      std::fflush(stdout);
+    }
+    pollfd p{STDIN_FILENO, POLLIN, 0};
+    if (::poll(&p, 1, 250) > 0) {
+      char c = 0;
+      if (::read(STDIN_FILENO, &c, 1) == 1 && (c == 'q' || c == 'Q' || c == 3)) g_quit = true;
+    }
+  }
+  std::fputs("\x1b[?25h\x1b[?1049l", stdout);
+  std::fflush(stdout);
+  if (raw) ::tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+  // The event thread may be blocked reading the stream; ending the process is the clean way out.
+  std::_Exit(0);
+}
+
+}  // namespace tau::cli

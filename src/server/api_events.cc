@@ -1,0 +1,142 @@
+// GET /api/v1/events: a server-sent events stream (text/event-stream) of run and queue changes.
+//
+// Why polling the store: every state change is committed to the store before it is acted on, so
+// the store is the one place where every change shows; a poll every 250 ms costs two indexed
+// queries and keeps the controller free of subscriber bookkeeping. Each connection has its own
+// thread (http.h), so a slow reader delays only itself.
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "common/clock.h"
+#include "server/web.h"
+
+namespace tau::server {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kPollMs = 250;
+constexpr int kHeartbeatMs = 15000;
+constexpr int64_t kRecentRuns = 200;  // terminal runs this recent are watched too
+constexpr int64_t kActiveRuns = 5000;
+
+std::string SseEvent(std::string_view type, const json& data) {
+  // json::dump escapes newlines, so the data is always one `data:` line.
+  return fmt::format("event: {}\ndata: {}\n\n", type, data.dump());
+}
+
+json RunEventJson(const store::RunRecord& r) {
+  return {{"name", r.name},         {"state", store::RunStateName(r.state)},
+          {"reason", r.reason},     {"message", r.message},
+          {"queue", r.queue},       {"workspace", r.workspace},
+          {"attempts", r.attempts}, {"updated", FormatRfc3339(r.updated_ms)}};
+}
+
+// What makes a run "changed": not only updated_ms, because not every writer bumps it.
+std::string Fingerprint(const store::RunRecord& r) {
+  return fmt::format("{}|{}|{}|{}|{}", static_cast<int>(r.state), r.reason, r.attempts,
+                     r.updated_ms, r.cancel_requested);
+}
+
+class EventStreamer {
+ public:
+  EventStreamer(Controller* controller, store::Store* store, const HttpServer* http,
+                std::string only_run)
+      : controller_(controller), store_(store), http_(http), only_run_(std::move(only_run)) {}
+
+  bool Step(ChunkSink& sink) {
+    if (http_->shutting_down()) return false;
+    if (first_) {
+      first_ = false;
+      last_write_ = Now();
+      // The first poll is the baseline: a client fetches the current lists itself, then applies
+      // changes. `hello` tells it the stream is live; `queues` is sent at once so a queue view
+      // needs no separate fetch.
+      std::string out = "retry: 2000\n\n";
+      out += SseEvent("hello", {{"time", FormatRfc3339(NowMillis())}});
+      Poll(&out, /*baseline=*/true);
+      return sink.Write(out);
+    }
+    for (int waited = 0; waited < kPollMs; waited += 50) {
+      if (http_->shutting_down() || sink.ClientGone()) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    std::string out;
+    Poll(&out, /*baseline=*/false);
+    if (out.empty() && Now() - last_write_ >= std::chrono::milliseconds(kHeartbeatMs))
+      out = ": heartbeat\n\n";  // keeps proxies from closing an idle stream, and finds dead peers
+    if (out.empty()) return true;
+    last_write_ = Now();
+    return sink.Write(out);
+  }
+
+ private:
+  static std::chrono::steady_clock::time_point Now() { return std::chrono::steady_clock::now(); }
+
+  void Poll(std::string* out, bool baseline) {
+    std::map<std::string, std::string> seen;
+    auto note = [&](const store::RunRecord& r) {
+      std::string fp = Fingerprint(r);
+      auto it = known_.find(r.name);
+      if (!baseline && (it == known_.end() || it->second != fp))
+        *out += SseEvent("run", RunEventJson(r));
+      seen[r.name] = std::move(fp);
+    };
+    if (!only_run_.empty()) {
+      if (auto r = store_->GetRun(only_run_); r.ok()) note(*r);
+    } else {
+      store::RunFilter active;
+      active.active_only = true;
+      active.limit = kActiveRuns;
+      store::RunFilter recent;
+      recent.limit = kRecentRuns;
+      for (const store::RunFilter& f : {active, recent})
+        if (auto runs = store_->ListRuns(f); runs.ok())
+          for (const auto& r : *runs)
+            if (!seen.count(r.name)) note(r);
+      // A run that was watched and fell out of both lists finished (or was pushed out by newer
+      // runs): report its final state once.
+      for (const auto& [name, fp] : known_)
+        if (!seen.count(name))
+          if (auto r = store_->GetRun(name); r.ok() && Fingerprint(*r) != fp)
+            *out += SseEvent("run", RunEventJson(*r));
+      json queues = controller_->Queues();
+      std::string text = queues.dump();
+      if (text != last_queues_) {
+        last_queues_ = std::move(text);
+        *out += SseEvent("queues", queues);
+      }
+    }
+    known_ = std::move(seen);
+  }
+
+  Controller* controller_;
+  store::Store* store_;
+  const HttpServer* http_;
+  std::string only_run_;
+  bool first_ = true;
+  std::map<std::string, std::string> known_;  // run name -> fingerprint at the last poll
+  std::string last_queues_;
+  std::chrono::steady_clock::time_point last_write_;
+};
+
+}  // namespace
+
+void RegisterEventsApi(HttpServer* http, Controller* controller, store::Store* store) {
+  http->Route("GET", "/api/v1/events",
+              [controller, store, http](const HttpRequest& req, HttpResponse& res) {
+                auto streamer = std::make_shared<EventStreamer>(
+                    controller, store, http,
+                    req.has_param("run") ? req.get_param_value("run") : "");
+                res.content_type = "text/event-stream; charset=utf-8";
+                res.stream = [streamer](ChunkSink& sink) { return streamer->Step(sink); };
+              });
+}
+
+}  // namespace tau::server

@@ -1,0 +1,26 @@
+// The dashboard (web/, embedded at build time) and the live-update stream it and the CLI use.
+#pragma once
+
+#include <cstddef>
+
+#include "server/controller.h"
+#include "server/http.h"
+#include "store/store.h"
+
+namespace tau::server {
+
+struct WebAsset {
+  const char* path;  // relative to web/, e.g. "app.js"; nullptr ends the table
+  const unsigned char* data;
+  size_t size;
+  const char* etag;  // quoted, from the file's SHA-256
+};
+extern const WebAsset kWebAssets[];  // generated: build/.../web_assets.cc
+
+// GET / (the single-page dashboard) and GET /ui/FILE (its scripts, styles and vendored uPlot).
+void RegisterWeb(HttpServer* http);
+
+// GET /api/v1/events: server-sent events of run and queue changes (see docs/dashboard.md).
+void RegisterEventsApi(HttpServer* http, Controller* controller, store::Store* store);
+
+}  // namespace tau::server

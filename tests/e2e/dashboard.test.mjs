@@ -1,0 +1,107 @@
+// Drives tau's dashboard in headless Chromium (the system browser, through playwright-core).
+//   node dashboard.test.mjs --url http://127.0.0.1:PORT --train RUN --pending RUN [--screenshots DIR]
+// `train` is a run that writes loss points and succeeds; `pending` is a run that waits for quota.
+// Exits non-zero on the first failed check; prints one line per check.
+import { chromium } from "playwright-core";
+import fs from "node:fs";
+import path from "node:path";
+
+const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) => {
+  if (a.startsWith("--")) acc.push([a.slice(2), all[i + 1]]);
+  return acc;
+}, []));
+const url = args.url, train = args.train, pending = args.pending;
+const shots = args.screenshots || "";
+const browserPath = process.env.CHROMIUM || "/usr/bin/chromium";
+if (!url || !train || !pending) {
+  console.error("usage: dashboard.test.mjs --url URL --train RUN --pending RUN [--screenshots DIR]");
+  process.exit(2);
+}
+if (shots) fs.mkdirSync(shots, { recursive: true });
+
+const ok = (msg) => console.log(`ok   ${msg}`);
+async function shot(page, name) {
+  if (!shots) return;
+  await page.screenshot({ path: path.join(shots, name), fullPage: false });
+  ok(`screenshot ${name}`);
+}
+
+const browser = await chromium.launch({ executablePath: browserPath, headless: true, args: ["--no-sandbox"] });
+let failed = false;
+try {
+  const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(String(e)));
+
+  // The runs list shows both runs, and the live badge says the event stream is connected.
+  await page.goto(`${url}/#/runs`);
+  await page.waitForSelector(`#runs tr[data-run="${train}"]`, { timeout: 15000 });
+  await page.waitForSelector(`#runs tr[data-run="${pending}"]`, { timeout: 15000 });
+  await page.waitForSelector("#live.on", { timeout: 10000 });
+  ok("runs list shows the submitted runs; live stream connected");
+
+  // The run page: opened while the run is still going, it must reach Succeeded without a reload
+  // (the event stream drives the refresh).
+  await page.goto(`${url}/#/runs/${train}`);
+  await page.waitForSelector('#run-state [data-state]', { timeout: 15000 });
+  const first = await page.textContent("#run-state");
+  ok(`run page open, state ${first.trim()}`);
+  await page.waitForSelector('#run-state [data-state="Succeeded"]', { timeout: 60000 });
+  ok("run reached Succeeded on the page");
+  await page.waitForSelector("#attempts tbody tr", { timeout: 10000 });
+  await page.waitForSelector("#timeline li", { timeout: 10000 });
+  await page.waitForFunction(() => document.getElementById("log").textContent.includes("step"), null, { timeout: 15000 });
+  ok("timeline, attempts and log tail shown");
+
+  // The loss chart, from GET /api/v1/runs/NAME/metrics when the server has it.
+  const metrics = await page.evaluate(async (n) => (await fetch(`/api/v1/runs/${n}/metrics`)).status, train);
+  if (metrics === 200) {
+    const chart = await page.waitForSelector('#metrics .chart[data-metric^="loss"] canvas', { timeout: 20000 });
+    await chart.scrollIntoViewIfNeeded();
+    ok("loss chart drawn");
+  } else {
+    await page.waitForSelector("#no-metrics", { timeout: 10000 });
+    console.log(`skip loss chart: GET /api/v1/runs/NAME/metrics answered ${metrics}`);
+  }
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await shot(page, "dashboard-run.png");
+  if (metrics === 200) {
+    await page.locator("#metrics").scrollIntoViewIfNeeded();
+    await shot(page, "dashboard-loss.png");
+  }
+
+  // The pending run explains itself on the queue page and on its own page.
+  await page.goto(`${url}/#/queues`);
+  const row = await page.waitForSelector(`table.pending tr[data-run="${pending}"] td.reason`, { timeout: 15000 });
+  const reason = (await row.textContent()).trim();
+  if (!reason) throw new Error("the pending run shows no reason");
+  ok(`queue page: ${pending} pending: ${reason}`);
+  await shot(page, "dashboard-queues.png");
+  await page.goto(`${url}/#/runs/${pending}`);
+  await page.waitForSelector("#pending-reason", { timeout: 15000 });
+  ok("run page shows the pending reason");
+
+  // Filters: state=Succeeded lists the finished run and not the pending one.
+  await page.goto(`${url}/#/runs?state=Succeeded`);
+  await page.waitForSelector(`#runs tr[data-run="${train}"]`, { timeout: 15000 });
+  if (await page.$(`#runs tr[data-run="${pending}"]`)) throw new Error("state filter ignored");
+  ok("state filter");
+  await page.goto(`${url}/#/runs`);
+  await page.waitForSelector(`#runs tr[data-run="${pending}"]`, { timeout: 15000 });
+  await shot(page, "dashboard-runs.png");
+
+  await page.goto(`${url}/#/gpus`);
+  await page.waitForSelector("#gpus table, #gpus p:not(.muted:first-child)", { timeout: 15000 });
+  await page.waitForFunction(() => !document.getElementById("gpus").textContent.includes("Loading"), null, { timeout: 15000 });
+  ok("GPU page");
+  await shot(page, "dashboard-gpus.png");
+
+  if (errors.length) throw new Error("page errors: " + errors.join("; "));
+  ok("no page errors");
+} catch (e) {
+  failed = true;
+  console.error(`FAIL ${e.message}`);
+} finally {
+  await browser.close();
+}
+process.exit(failed ? 1 : 0);

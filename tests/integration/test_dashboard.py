@@ -1,0 +1,167 @@
+"""The web dashboard end to end: a server with a TCP listener, runs submitted with the CLI, and the
+dashboard driven in headless Chromium by tests/e2e/dashboard.test.mjs (playwright-core with the
+system browser). Also the live event stream (GET /api/v1/events), `tau status --watch` and
+`tau top --once`, which need no browser.
+
+Skipped when Chromium or Node.js is missing; installs tests/e2e/node_modules with `npm ci` when
+it is missing. TAU_SCREENSHOT_DIR=docs/img keeps the screenshots (the docs show them)."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+import urllib.request
+
+from harness import TauServer, wait_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+E2E = os.path.normpath(os.path.join(HERE, "..", "e2e"))
+CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium")
+
+# Writes a falling loss curve to TAU_METRICS_FILE over a few seconds (so that a page opened early
+# sees the run change state live), then succeeds.
+TRAIN = """import json, os, sys, time
+with open(os.environ['TAU_METRICS_FILE'], 'a') as f:
+    for step in range(40):
+        print('step', step, flush=True)
+        f.write(json.dumps({'name': 'loss', 'step': step, 'value': 2.0 / (1 + step), 'split': 'train'}) + '\\n')
+        f.flush()
+        time.sleep(0.1)
+time.sleep(3)
+"""
+HOLD = """import os, sys, time
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.1)
+"""
+
+
+def spec(name, gpus, args=()):
+    arglist = "\n  args:" + "".join(f"\n    - {a}" for a in args) if args else ""
+    return (f"schema_version: 1\nname: {name}\nrun:\n  entrypoint: run.sh\n  workload_kind: job\n"
+            f"{arglist}\ncompute:\n  gpus: {gpus}\n  cpus: 1\n  memory: 256Mi\n")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def sse_events(url, timeout=20):
+    """Yields the events (type, data) of a text/event-stream as they come."""
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream"), r.headers["Content-Type"]
+        kind, data = None, ""
+        for raw in r:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                data += line[6:]
+            elif line == "" and data:
+                yield kind, json.loads(data)
+                kind, data = None, ""
+
+
+class DashboardTest(unittest.TestCase):
+    def setUp(self):
+        self.port = free_port()
+        # One fake GPU: a run holding it makes a second GPU run wait, with a reason.
+        self.server = TauServer(gpus=1, extra_args=["--listen", f"127.0.0.1:{self.port}"]).start()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.work = tempfile.mkdtemp(prefix="tau-it-dash-")
+        self.release = os.path.join(self.work, "release")
+
+    def tearDown(self):
+        open(self.release, "w").close()
+        self.server.stop()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def submit(self, spec_text, main):
+        d = tempfile.mkdtemp(dir=self.work)
+        for name, content in {"main.py": main,
+                              "run.sh": '#!/bin/sh\nexec python3 main.py "$@"\n',
+                              "tau.yaml": spec_text}.items():
+            with open(os.path.join(d, name), "w") as f:
+                f.write(content)
+        os.chmod(os.path.join(d, "run.sh"), 0o755)
+        return self.server.tau("run", "--detach", os.path.join(d, "tau.yaml"), check=0).stdout.strip()
+
+    def get(self, path):
+        with urllib.request.urlopen(self.url + path, timeout=10) as r:
+            return r.status, r.headers["Content-Type"], r.read()
+
+    def test_assets_are_served_from_the_binary(self):
+        status, ctype, body = self.get("/")
+        self.assertEqual(status, 200)
+        self.assertTrue(ctype.startswith("text/html"), ctype)
+        self.assertIn(b"/ui/app.js", body)
+        for path, kind in [("/ui/app.js", "text/javascript"), ("/ui/app.css", "text/css"),
+                           ("/ui/vendor/uPlot.iife.min.js", "text/javascript")]:
+            status, ctype, body = self.get(path)
+            self.assertEqual(status, 200, path)
+            self.assertTrue(ctype.startswith(kind), (path, ctype))
+            self.assertGreater(len(body), 100, path)
+        with self.assertRaises(urllib.error.HTTPError) as e:
+            self.get("/ui/nope.js")
+        self.assertEqual(e.exception.code, 404)
+
+    def test_event_stream_and_cli_watch(self):
+        # The stream opens with hello and the queue view, then reports changes as they happen.
+        stream = sse_events(self.url + "/api/v1/events")
+        first = [next(stream), next(stream)]
+        self.assertEqual([k for k, _ in first], ["hello", "queues"])
+        self.assertIn("queues", first[1][1])
+        hold = self.submit(spec("holder", 1, [self.release]), HOLD)
+        seen = set()
+        for kind, data in stream:
+            if kind == "run" and data["name"] == hold:
+                seen.add(data["state"])
+                if data["state"] == "Running":
+                    open(self.release, "w").close()
+                if data["state"] == "Succeeded":
+                    break
+        self.assertIn("Running", seen)
+        stream.close()
+        # `tau status --watch` prints on each change until the run ends.
+        name = self.submit(spec("watched", 0), "import time; time.sleep(1)\n")
+        p = self.server.tau("status", name, "--watch", timeout=60, check=0)
+        self.assertRegex(p.stdout, rf"{name}\s+Succeeded")  # it ran until the run ended
+        self.assertGreaterEqual(p.stdout.count(name), 2, p.stdout)  # printed again on a change
+        top = self.server.tau("top", "--once", check=0).stdout
+        for text in ("QUEUES", "default", "RECENT RUNS", name, "GPUS"):
+            self.assertIn(text, top)
+
+    def test_dashboard_in_chromium(self):
+        if not CHROMIUM or not shutil.which("node"):
+            self.skipTest("needs chromium and node (scripts/install-deps.sh)")
+        if not os.path.isdir(os.path.join(E2E, "node_modules", "playwright-core")):
+            p = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--prefix", E2E],
+                               capture_output=True, text=True, timeout=300)
+            if p.returncode != 0:
+                self.skipTest(f"npm ci --prefix tests/e2e failed: {p.stderr[-500:]}")
+        train = self.submit(spec("train", 0), TRAIN)
+        self.submit(spec("hog", 1, [self.release]), HOLD)
+        self.server.wait_state(train, ["Running", "Succeeded"])
+        waiter = self.submit(spec("waiter", 1, [self.release]), HOLD)
+        wait_for(lambda: (self.server.run_json(waiter)["run"].get("pending") or {}).get("reason"),
+                 what="the waiting run's reason")
+        shots = os.environ.get("TAU_SCREENSHOT_DIR") or os.path.join(self.work, "shots")
+        p = subprocess.run(["node", os.path.join(E2E, "dashboard.test.mjs"), "--url", self.url,
+                            "--train", train, "--pending", waiter, "--screenshots", shots],
+                           capture_output=True, text=True, timeout=180,
+                           env=dict(os.environ, CHROMIUM=CHROMIUM))
+        print(p.stdout, p.stderr)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr + self.server.server_log()[-2000:])
+        self.assertIn("run reached Succeeded on the page", p.stdout)
+        for name in ("dashboard-run.png", "dashboard-queues.png", "dashboard-runs.png"):
+            self.assertTrue(os.path.getsize(os.path.join(shots, name)) > 1000, name)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,372 @@
+// tau's dashboard: a hash-routed single page over the public REST API (/api/v1) and its live event
+// stream (/api/v1/events). No framework: each view is a function that renders into #view and may
+// return a cleanup (to stop a log stream or a chart) for when the route changes.
+"use strict";
+
+const STATES = ["Queued", "Admitted", "Running", "Succeeded", "Failed", "Cancelled"];
+const TERMINAL = new Set(["Succeeded", "Failed", "Cancelled"]);
+const PAGE = 50;
+
+const $view = document.getElementById("view");
+let cleanup = null;       // the current view's cleanup
+let onLive = null;        // the current view's handler of live events: (type, data) => void
+
+// ---- helpers ----------------------------------------------------------------------------------
+
+function esc(v) {
+  return String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+function html(strings, ...values) {
+  // Tagged template: values are escaped unless wrapped with raw().
+  return strings.reduce((out, s, i) => {
+    const v = values[i - 1];
+    return out + (v && v.__raw !== undefined ? v.__raw : Array.isArray(v) ? v.map((x) => (x && x.__raw !== undefined ? x.__raw : esc(x))).join("") : esc(v)) + s;
+  });
+}
+function raw(s) { return { __raw: s }; }
+async function api(path) {
+  const res = await fetch(path, { headers: { Accept: "application/json" } });
+  let body = null;
+  try { body = await res.json(); } catch (_) { /* not JSON */ }
+  if (!res.ok) {
+    const err = new Error((body && body.error && body.error.message) || `${res.status} ${res.statusText}`);
+    err.status = res.status;
+    throw err;
+  }
+  return body;
+}
+function time(t) { return t ? new Date(t).toLocaleString() : ""; }
+function state(s) { return raw(`<span class="state ${esc(s)}" data-state="${esc(s)}">${esc(s)}</span>`); }
+function query() {
+  const q = location.hash.split("?")[1] || "";
+  return new URLSearchParams(q);
+}
+function debounce(fn, ms) {
+  let t = null;
+  return (...a) => { clearTimeout(t); t = setTimeout(() => fn(...a), ms); };
+}
+function pendingText(p) {
+  if (!p) return "";
+  const pos = p.position ? `#${p.position} ` : "";
+  return `${pos}${p.code ? p.code + ": " : ""}${p.reason || ""}`;
+}
+function quantity(text) {
+  // Kubernetes quantities as numbers (enough for usage bars): 500m, 2, 4Gi, 1G.
+  const m = /^([0-9.]+)([a-zA-Z]*)$/.exec(String(text || "0"));
+  if (!m) return 0;
+  const mult = { "": 1, m: 1e-3, k: 1e3, K: 1e3, M: 1e6, G: 1e9, T: 1e12, Ki: 1024, Mi: 1024 ** 2, Gi: 1024 ** 3, Ti: 1024 ** 4 }[m[2]];
+  return parseFloat(m[1]) * (mult ?? 1);
+}
+
+// ---- live updates ------------------------------------------------------------------------------
+
+function connectLive() {
+  const badge = document.getElementById("live");
+  const es = new EventSource("/api/v1/events");
+  es.addEventListener("hello", () => { badge.textContent = "live"; badge.className = "live on"; });
+  es.onerror = () => { badge.textContent = "reconnecting"; badge.className = "live off"; };
+  for (const type of ["run", "queues"]) {
+    es.addEventListener(type, (e) => {
+      let data = null;
+      try { data = JSON.parse(e.data); } catch (_) { return; }
+      if (onLive) onLive(type, data);
+    });
+  }
+}
+
+// ---- runs --------------------------------------------------------------------------------------
+
+async function viewRuns() {
+  const q = query();
+  const f = { state: q.get("state") || "", workspace: q.get("workspace") || "", queue: q.get("queue") || "", page: parseInt(q.get("page") || "0", 10) };
+  $view.innerHTML = html`<h1>Runs</h1>
+    <form class="filters" id="filters">
+      <label>State<select name="state"><option value="">any</option>${STATES.map((s) => raw(`<option ${s === f.state ? "selected" : ""}>${s}</option>`))}</select></label>
+      <label>Workspace<input name="workspace" value="${f.workspace}" placeholder="any"></label>
+      <label>Queue<input name="queue" value="${f.queue}" placeholder="any"></label>
+      <button type="submit">Filter</button>
+    </form>
+    <div id="runs-table"><p class="muted">Loading…</p></div>`;
+  document.getElementById("filters").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const d = new FormData(e.target);
+    const p = new URLSearchParams();
+    for (const k of ["state", "workspace", "queue"]) if (d.get(k)) p.set(k, d.get(k));
+    location.hash = "#/runs" + (p.toString() ? "?" + p : "");
+  });
+  const load = async () => {
+    const p = new URLSearchParams({ limit: PAGE, offset: f.page * PAGE });
+    if (f.state) p.set("state", f.state);
+    if (f.workspace) p.set("workspace", f.workspace);
+    if (f.queue) p.set("queue", f.queue);
+    let body;
+    try { body = await api("/api/v1/runs?" + p); } catch (e) {
+      document.getElementById("runs-table").innerHTML = html`<p class="error">${e.message}</p>`;
+      return;
+    }
+    const runs = body.runs;  // the API filters by state, workspace and queue
+    const pages = Math.max(1, Math.ceil(body.total / PAGE));
+    const link = (page) => { const x = query(); x.set("page", page); return "#/runs?" + x; };
+    document.getElementById("runs-table").innerHTML = html`<table id="runs">
+      <thead><tr><th>Name</th><th>State</th><th>Queue</th><th>Workspace</th><th>Attempts</th><th>Created</th><th>Reason</th></tr></thead>
+      <tbody>${runs.map((r) => raw(html`<tr data-run="${r.name}">
+        <td><a href="#/runs/${r.name}">${r.name}</a></td><td>${state(r.state)}</td><td>${r.queue}</td><td>${r.workspace}</td>
+        <td>${r.attempts}</td><td>${time(r.created)}</td>
+        <td class="${r.pending ? "reason" : ""}">${r.pending ? pendingText(r.pending) : r.reason}</td></tr>`))}</tbody></table>
+      ${runs.length === 0 ? raw('<p class="muted">No runs.</p>') : ""}
+      <div class="pager">
+        ${f.page > 0 ? raw(html`<a href="${link(f.page - 1)}">← newer</a>`) : ""}
+        <span class="muted">page ${f.page + 1} of ${pages} · ${body.total} runs</span>
+        ${f.page + 1 < pages ? raw(html`<a href="${link(f.page + 1)}">older →</a>`) : ""}
+      </div>`;
+  };
+  await load();
+  // Live: reload the page of runs (one paged request) at most twice a second.
+  const reload = debounce(load, 300);
+  onLive = (type) => { if (type === "run") reload(); };
+}
+
+// ---- one run -----------------------------------------------------------------------------------
+
+async function viewRun(name) {
+  $view.innerHTML = html`<h1>Run ${name}</h1><div id="run-body"><p class="muted">Loading…</p></div>
+    <h2>Metrics</h2><div id="metrics" class="charts"><p class="muted">Loading…</p></div>
+    <h2>GPU samples</h2><div id="gpu-samples"><p class="muted">Loading…</p></div>
+    <h2>Evidence</h2><div id="evidence"><p class="muted">Loading…</p></div>
+    <h2>Log <span class="muted">(rank 0, live tail)</span></h2><pre class="log" id="log"></pre>`;
+  const stops = [];
+  let lastState = null;
+  const renderDetail = async () => {
+    let d;
+    try { d = await api(`/api/v1/runs/${encodeURIComponent(name)}`); } catch (e) {
+      document.getElementById("run-body").innerHTML = html`<p class="error">${e.message}</p>`;
+      return null;
+    }
+    const r = d.run;
+    // The event log is the lifecycle; the timestamps stand in for it only when it is empty.
+    const milestones = [["created", r.created], ["admitted", r.admitted], ["started", r.started], ["finished", r.finished]].filter((x) => x[1]);
+    document.getElementById("run-body").innerHTML = html`
+      <div class="cards">
+        <div class="card"><div class="k">State</div><div id="run-state">${state(r.state)}</div></div>
+        <div class="card"><div class="k">Queue</div>${r.queue}</div>
+        <div class="card"><div class="k">Workspace</div>${r.workspace}</div>
+        <div class="card"><div class="k">Priority</div>${r.priority}</div>
+        <div class="card"><div class="k">Attempts</div>${r.attempts}</div>
+        <div class="card"><div class="k">Exit</div>${r.exit_code ?? (r.signal ? "signal " + r.signal : "—")}</div>
+      </div>
+      ${r.pending ? raw(html`<p class="reason" id="pending-reason">Waiting: ${pendingText(r.pending)}</p>`) : ""}
+      ${r.reason || r.message ? raw(html`<p>${r.reason}${r.message ? " — " + r.message : ""}</p>`) : ""}
+      <h2>Lifecycle</h2>
+      <ul class="timeline" id="timeline">
+        ${d.events.length ? "" : milestones.map(([k, t]) => raw(html`<li><time>${time(t)}</time><b>${k}</b></li>`))}
+        ${d.events.map((e) => raw(html`<li><time>${time(e.time)}</time>${e.type}${e.message ? ": " + e.message : ""}</li>`))}
+      </ul>
+      <h2>Attempts</h2>
+      ${d.attempts.length === 0 ? raw('<p class="muted">No attempts yet.</p>') : raw(html`<table id="attempts">
+        <thead><tr><th>#</th><th>State</th><th>Outcome</th><th>Failure class</th><th>Exit</th><th>Started</th><th>Ended</th><th>Diagnosis</th></tr></thead>
+        <tbody>${d.attempts.map((a) => raw(html`<tr><td>${a.number}</td><td>${a.state}</td><td>${a.outcome}</td><td>${a.reason}</td>
+          <td>${a.exit_code ?? (a.signal ? "signal " + a.signal : "")}</td><td>${time(a.started)}</td><td>${time(a.ended)}</td>
+          <td>${a.message}${typeof a.diagnosis === "object" && a.diagnosis && Object.keys(a.diagnosis).length ? raw(html`<pre>${JSON.stringify(a.diagnosis, null, 1)}</pre>`) : a.diagnosis && typeof a.diagnosis !== "object" ? " " + a.diagnosis : ""}</td></tr>`))}</tbody></table>`)}`;
+    return r;
+  };
+  const r = await renderDetail();
+  if (!r) return;
+  lastState = r.state;
+  const refresh = debounce(async () => {
+    const now = await renderDetail();
+    if (now && now.state !== lastState) {
+      lastState = now.state;
+      if (TERMINAL.has(now.state)) { loadMetrics(name, stops); loadEvidence(name); }
+    }
+  }, 200);
+  onLive = (type, data) => { if (type === "run" && data.name === name) refresh(); };
+  stops.push(tailLog(name));
+  loadMetrics(name, stops);
+  loadEvidence(name);
+  return () => stops.forEach((s) => s && s());
+}
+
+function tailLog(name) {
+  // The log endpoint streams (chunked) until the run ends; keep the last lines only.
+  const ctrl = new AbortController();
+  const pre = document.getElementById("log");
+  let text = "";
+  (async () => {
+    try {
+      const res = await fetch(`/api/v1/runs/${encodeURIComponent(name)}/logs?follow=1`, { signal: ctrl.signal });
+      if (!res.ok) { pre.textContent = "(no log yet)"; return; }
+      const reader = res.body.getReader();
+      const dec = new TextDecoder();
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        text += dec.decode(value, { stream: true });
+        const lines = text.split("\n");
+        if (lines.length > 400) text = lines.slice(-400).join("\n");
+        const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+        pre.textContent = text;
+        if (atBottom) pre.scrollTop = pre.scrollHeight;
+      }
+    } catch (_) { /* aborted or the server went away */ }
+    if (!text) pre.textContent = "(empty log)";
+  })();
+  return () => ctrl.abort();
+}
+
+// Points in any of the shapes the metrics API may answer with: a flat list of MetricPoint JSON
+// ({name, step, value, split?}) under "points" or "history", or "series" each with "points".
+function metricSeries(body) {
+  const groups = new Map();
+  const add = (p, name, split) => {
+    const n = p.name ?? name, s = p.split ?? split ?? "";
+    const v = typeof p.value === "number" ? p.value : parseFloat(p.value);
+    if (n === undefined || p.step === undefined) return;
+    const key = s ? `${n} (${s})` : n;
+    if (!groups.has(key)) groups.set(key, []);
+    groups.get(key).push([Number(p.step), Number.isFinite(v) ? v : null]);
+  };
+  for (const p of body.points || body.history || []) add(p);
+  for (const s of body.series || []) for (const p of s.points || []) add(p, s.name, s.split);
+  for (const pts of groups.values()) pts.sort((a, b) => a[0] - b[0]);
+  return groups;
+}
+
+async function loadMetrics(name, stops) {
+  // GET .../metrics lists one summary per series (name, split); ?name=N adds that metric's points.
+  const box = document.getElementById("metrics");
+  if (!box) return;
+  const base = `/api/v1/runs/${encodeURIComponent(name)}/metrics`;
+  let body;
+  try { body = await api(base); } catch (e) {
+    box.innerHTML = e.status === 404 ? '<p class="muted" id="no-metrics">No metrics recorded.</p>' : html`<p class="error">${e.message}</p>`;
+    return;
+  }
+  const groups = metricSeries(body);
+  // Loss first: it is the curve people look for. At most 8 metrics, to keep the page light.
+  const names = [...new Set((body.summaries || []).map((x) => x.name))]
+    .sort((a, b) => (b.startsWith("loss") - a.startsWith("loss")) || a.localeCompare(b)).slice(0, 8);
+  for (const n of names) {
+    try { for (const [k, v] of metricSeries(await api(`${base}?name=${encodeURIComponent(n)}`))) groups.set(k, v); } catch (_) { /* shown as missing */ }
+  }
+  if (groups.size === 0) { box.innerHTML = '<p class="muted" id="no-metrics">No metrics recorded.</p>'; return; }
+  box.innerHTML = "";
+  const keys = [...groups.keys()].sort((a, b) => (b.startsWith("loss") - a.startsWith("loss")) || a.localeCompare(b));
+  for (const key of keys) {
+    const pts = groups.get(key);
+    const div = document.createElement("div");
+    div.className = "chart";
+    div.dataset.metric = key;
+    div.innerHTML = html`<h3>${key} <span class="muted">${pts.length} points, last ${pts[pts.length - 1][1]}</span></h3>`;
+    box.appendChild(div);
+    const plot = new uPlot({ width: 420, height: 220, scales: { x: { time: false } },
+      series: [{ label: "step" }, { label: key, stroke: "#2563eb", width: 2 }],
+      axes: [{ label: "step" }, {}] }, [pts.map((p) => p[0]), pts.map((p) => p[1])], div);
+    stops.push(() => plot.destroy());
+  }
+}
+
+async function loadEvidence(name) {
+  // The run's evidence record (docs/evidence.md): a summary here, the bundle for export.
+  const box = document.getElementById("evidence"), gpus = document.getElementById("gpu-samples");
+  if (!box) return;
+  let rec;
+  try { rec = await api(`/api/v1/runs/${encodeURIComponent(name)}/evidence`); } catch (e) {
+    box.innerHTML = e.status === 404 ? '<p class="muted">No evidence record (yet).</p>' : html`<p class="error">${e.message}</p>`;
+    gpus.innerHTML = '<p class="muted">No GPU samples.</p>';
+    return;
+  }
+  const m = rec.metrics || {};
+  const summary = [
+    ["record format", rec.format], ["updated", rec.updated_ms ? new Date(rec.updated_ms).toLocaleString() : ""],
+    ["events", (rec.events || []).length], ["chain head", (rec.chain_head || "").slice(0, 16)],
+    ["attempts", (rec.attempts || []).length], ["metric series", (m.series || []).length],
+    ["malformed metric lines", m.malformed ?? 0], ["artifacts", (rec.artifacts || []).length],
+    ["config hash", ((rec.config || {}).config_hash || (rec.run || {}).config_hash || "").slice(0, 16)],
+  ];
+  box.innerHTML = html`<div class="cards">${summary.map(([k, v]) => raw(html`<div class="card"><div class="k">${k}</div>${v}</div>`))}</div>
+    <p><a id="evidence-export" href="/api/v1/runs/${name}/evidence/bundle" download="${name}-evidence.tar.gz">Export evidence bundle (tar.gz)</a> ·
+    <a href="/api/v1/runs/${name}/evidence" target="_blank">record JSON</a></p>`;
+  const samples = rec.gpu_samples || [];
+  gpus.innerHTML = samples.length
+    ? html`<table id="gpu-samples-table"><thead><tr><th>GPU</th><th>Samples</th><th>Mean util %</th><th>Max util %</th><th>Max temp °C</th><th>Max power W</th><th>Max memory</th></tr></thead>
+      <tbody>${samples.map((s) => raw(html`<tr><td>${s.gpu} <span class="muted">${s.uuid || ""}</span></td><td>${s.count}</td><td>${s.mean_util_pct != null ? s.mean_util_pct.toFixed(1) : ""}</td><td>${s.max_util_pct ?? ""}</td><td>${s.max_temperature_c ?? ""}</td><td>${s.max_power_w ?? ""}</td><td>${s.max_memory_used_bytes ? (s.max_memory_used_bytes / 2 ** 20).toFixed(0) + " MiB" : ""}</td></tr>`))}</tbody></table>`
+    : '<p class="muted">No GPU samples.</p>';
+}
+
+// ---- queues ------------------------------------------------------------------------------------
+
+function renderQueues(body) {
+  const queues = body.queues || [];
+  return html`${queues.map((q) => raw(html`<section class="queue" data-queue="${q.name}">
+    <h2>${q.name} <span class="muted">${q.cohort ? "cohort " + q.cohort + " · " : ""}${q.queueing_strategy} · ${q.admitted} admitted · ${q.pending} pending</span></h2>
+    <table><thead><tr><th>Flavor</th><th>Resource</th><th>Usage / quota</th><th>Borrowed</th></tr></thead><tbody>
+    ${(q.usage || []).map((u) => {
+      const used = quantity(u.usage), nominal = quantity(u.nominal);
+      const pct = nominal > 0 ? Math.min(100, (100 * used) / nominal) : used > 0 ? 100 : 0;
+      return raw(html`<tr><td>${u.flavor}</td><td>${u.resource}</td>
+        <td><div class="bar"><span class="${used > nominal ? "over" : ""}" style="width:${pct.toFixed(1)}%"></span><em>${u.usage} / ${u.nominal}</em></div></td>
+        <td>${u.borrowed}</td></tr>`);
+    })}</tbody></table>
+    <h3>Pending</h3>
+    ${(q.pending_runs || []).length === 0 ? raw('<p class="muted">None.</p>') : raw(html`<table class="pending"><thead><tr><th>Position</th><th>Run</th><th>Priority</th><th>Reason</th></tr></thead><tbody>
+      ${q.pending_runs.map((p) => raw(html`<tr data-run="${p.name}"><td>${p.position ?? "—"}</td><td><a href="#/runs/${p.name}">${p.name}</a></td><td>${p.priority}</td>
+        <td class="reason">${p.code ? p.code + ": " : ""}${p.reason}${p.detail ? " (" + p.detail + ")" : ""}</td></tr>`))}</tbody></table>`)}
+    <h3>Admitted</h3>
+    ${(q.admitted_runs || []).length === 0 ? raw('<p class="muted">None.</p>') : raw(html`<table><thead><tr><th>Run</th><th>State</th><th>Priority</th></tr></thead><tbody>
+      ${q.admitted_runs.map((a) => raw(html`<tr><td><a href="#/runs/${a.name}">${a.name}</a></td><td>${state(a.state)}</td><td>${a.priority}</td></tr>`))}</tbody></table>`)}
+  </section>`))}`;
+}
+
+async function viewQueues() {
+  $view.innerHTML = '<h1>Queues</h1><div id="queues"><p class="muted">Loading…</p></div>';
+  const box = document.getElementById("queues");
+  try { box.innerHTML = renderQueues(await api("/api/v1/queues")); } catch (e) { box.innerHTML = html`<p class="error">${e.message}</p>`; }
+  // The stream sends the whole queue view whenever it changes.
+  onLive = (type, data) => { if (type === "queues") box.innerHTML = renderQueues(data); };
+}
+
+// ---- GPUs --------------------------------------------------------------------------------------
+
+async function viewGpus() {
+  $view.innerHTML = '<h1>GPUs</h1><div id="gpus"><p class="muted">Loading…</p></div>';
+  const box = document.getElementById("gpus");
+  const load = async () => {
+    let body;
+    try { body = await api("/api/v1/gpus"); } catch (e) { box.innerHTML = html`<p class="error">${e.message}</p>`; return; }
+    const devices = body.devices || [];
+    const samples = (body.snapshot && body.snapshot.samples) || [];
+    box.innerHTML = devices.length === 0
+      ? html`<p class="muted">No GPUs on this machine${body.note ? ": " + body.note : body.error ? ": " + body.error : ""}.</p>`
+      : html`<table id="gpu-table"><thead><tr><th>#</th><th>Name</th><th>UUID</th><th>Memory</th><th>Health</th><th>Reasons</th><th>Latest sample</th></tr></thead><tbody>
+        ${devices.map((d, i) => {
+          const h = d.health || {};
+          const s = samples[i] || {};
+          const sample = Object.entries(s).filter(([, v]) => typeof v === "number").slice(0, 6).map(([k, v]) => `${k}=${v}`).join(" ");
+          return raw(html`<tr><td>${d.index ?? i}</td><td>${d.name}</td><td class="muted">${d.uuid}</td><td>${d.memory_total_bytes ? (d.memory_total_bytes / 2 ** 30).toFixed(0) + " GiB" : ""}</td>
+            <td>${state(h.verdict || h.state || "unknown")}</td><td>${(h.reasons || []).map((r) => (typeof r === "string" ? r : r.message || JSON.stringify(r))).join("; ")}</td><td class="muted">${sample}</td></tr>`);
+        })}</tbody></table>`;
+  };
+  await load();
+  const t = setInterval(load, 5000);  // samples are not in the event stream; poll slowly
+  return () => clearInterval(t);
+}
+
+// ---- router ------------------------------------------------------------------------------------
+
+async function route() {
+  if (cleanup) { try { cleanup(); } catch (_) { /* ignore */ } }
+  cleanup = null;
+  onLive = null;
+  const path = (location.hash.replace(/^#/, "").split("?")[0]) || "/runs";
+  const m = /^\/runs\/([a-z0-9-]+)$/.exec(path);
+  const section = m ? "runs" : path.split("/")[1];
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === section);
+  if (m) cleanup = await viewRun(m[1]);
+  else if (path === "/queues") cleanup = await viewQueues();
+  else if (path === "/gpus") cleanup = await viewGpus();
+  else cleanup = await viewRuns();
+}
+
+window.addEventListener("hashchange", route);
+connectLive();
+route();
