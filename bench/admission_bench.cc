@@ -155,7 +155,7 @@ nlohmann::json Run(const BenchConfig& bc) {
           spec.priority = bc.classes[w.cls].priority;
           spec.created_ms = static_cast<int64_t>(w.created);
           spec.pod_sets.push_back(
-              {"main", 1, {{"cpu", Quantity::FromUnits(bc.classes[w.cls].cpu)}}, {}});
+              {"main", 1, {{"cpu", Quantity::FromUnits(bc.classes[w.cls].cpu)}}, {}, {}});
           (void)engine.AddWorkload(spec);
           break;
         }

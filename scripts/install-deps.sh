@@ -3,8 +3,11 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
-  libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev libcli11-dev libfmt-dev libgtest-dev
+  libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev libcli11-dev libfmt-dev libgtest-dev zlib1g-dev
   python3 python3-venv procps
+  prometheus  # the observability tests scrape a real tau server with it
+  chromium nodejs  # the dashboard's end-to-end test (tests/e2e: playwright-core, installed with npm)
+  clang-14 libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -111,6 +111,10 @@ struct PodSet {
   int32_t count = 1;
   std::map<std::string, Quantity> requests;  // per pod
   std::map<std::string, std::string> node_selector;
+  // The only flavors this pod set may use (a compute profile that pins a flavor); empty: any. Kueue
+  // reaches the same through node affinity; tau states it directly so that flavors without
+  // labels can be pinned too.
+  std::vector<std::string> allowed_flavors;
 };
 
 // podset name -> resource -> flavor
@@ -240,5 +244,8 @@ class Engine {
 };
 
 const char* QueueingStrategyName(QueueingStrategy s);
+// Kueue's spelling of the preemption policies ("Never", "LowerPriority", ...).
+const char* WithinClusterQueueName(WithinClusterQueue w);
+const char* ReclaimWithinCohortName(ReclaimWithinCohort r);
 
 }  // namespace tau::admission

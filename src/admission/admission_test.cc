@@ -549,7 +549,7 @@ Workload MakeWorkload(const std::string& name, const std::string& queue, int cpu
   w.queue = queue;
   w.priority = priority;
   w.created_ms = created;
-  w.pod_sets.push_back({"main", 1, {{"cpu", Quantity::FromUnits(cpu)}}, {}});
+  w.pod_sets.push_back({"main", 1, {{"cpu", Quantity::FromUnits(cpu)}}, {}, {}});
   return w;
 }
 
@@ -831,6 +831,46 @@ TEST(AdmissionEngineTest, RandomizedInvariants) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace tau::admission
+
+namespace tau::admission {
+namespace {
+
+TEST(AdmissionEngineTest, AllowedFlavorsPinAPodSet) {
+  // Flavor "small" comes first and has room, but a pod set pinned to "large" (a compute profile
+  // with a flavor) must not land there; one pinned to "small" cannot use "large" either.
+  Config config;
+  config.flavors = {{"small", {}}, {"large", {}}};
+  ResourceGroup group{{"cpu"},
+                      {{"small", {{"cpu", Quantity::FromUnits(2), std::nullopt, std::nullopt}}},
+                       {"large", {{"cpu", Quantity::FromUnits(8), std::nullopt, std::nullopt}}}}};
+  config.queues = {MakeQueue("q", "", group)};
+  Result<Engine> engine = Engine::Create(config);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Workload pinned_large = MakeWorkload("pinned-large", "q", 1, 0, 1);
+  pinned_large.pod_sets[0].allowed_flavors = {"large"};
+  Workload pinned_small = MakeWorkload("pinned-small", "q", 4, 0, 2);
+  pinned_small.pod_sets[0].allowed_flavors = {"small"};
+  Workload free = MakeWorkload("free", "q", 1, 0, 3);
+  ASSERT_TRUE(engine->AddWorkload(pinned_large).ok());
+  ASSERT_TRUE(engine->AddWorkload(pinned_small).ok());
+  ASSERT_TRUE(engine->AddWorkload(free).ok());
+  std::map<std::string, std::string> admitted;
+  std::vector<PendingInfo> pending;
+  for (int c = 0; c < 4; ++c) {
+    CycleResult r = engine->RunCycle({c, true});
+    for (const AdmittedInfo& a : r.admitted) admitted[a.name] = a.flavors.at("main").at("cpu");
+    pending = r.pending;
+  }
+  EXPECT_EQ(admitted["pinned-large"], "large");
+  EXPECT_EQ(admitted["free"], "small");
+  EXPECT_EQ(admitted.count("pinned-small"), 0u);
+  ASSERT_EQ(pending.size(), 1u);
+  EXPECT_EQ(pending[0].name, "pinned-small");
+  EXPECT_EQ(pending[0].reason, kReasonExceedsMaxQuota);
 }
 
 }  // namespace

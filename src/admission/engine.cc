@@ -80,6 +80,7 @@ uint64_t EquivalenceHash(const Wl& w) {
     key += '|';
     for (const auto& [r, v] : w.podset_requests[i]) key += fmt::format("{}={},", r, v);
     for (const auto& [k, v] : w.spec.pod_sets[i].node_selector) key += k + ":" + v + ",";
+    for (const auto& f : w.spec.pod_sets[i].allowed_flavors) key += "@" + f + ",";
   }
   return std::hash<std::string>()(key);
 }
@@ -91,6 +92,30 @@ Engine::~Engine() = default;
 
 const char* QueueingStrategyName(QueueingStrategy s) {
   return s == QueueingStrategy::kStrictFifo ? "StrictFIFO" : "BestEffortFIFO";
+}
+
+const char* WithinClusterQueueName(WithinClusterQueue w) {
+  switch (w) {
+    case WithinClusterQueue::kNever:
+      return "Never";
+    case WithinClusterQueue::kLowerPriority:
+      return "LowerPriority";
+    case WithinClusterQueue::kLowerOrNewerEqualPriority:
+      return "LowerOrNewerEqualPriority";
+  }
+  return "Never";
+}
+
+const char* ReclaimWithinCohortName(ReclaimWithinCohort r) {
+  switch (r) {
+    case ReclaimWithinCohort::kNever:
+      return "Never";
+    case ReclaimWithinCohort::kLowerPriority:
+      return "LowerPriority";
+    case ReclaimWithinCohort::kAny:
+      return "Any";
+  }
+  return "Never";
 }
 
 Result<Engine> Engine::Create(const Config& config) {

@@ -99,6 +99,12 @@ WlAssignment Engine::Impl::Assign(int id) {
           auto label = config.flavors[f].node_labels.find(k);
           if (label != config.flavors[f].node_labels.end() && label->second != v) matches = false;
         }
+        if (!ps.allowed_flavors.empty() &&
+            std::find(ps.allowed_flavors.begin(), ps.allowed_flavors.end(), flavor_names[f]) ==
+                ps.allowed_flavors.end()) {
+          reasons.push_back(fmt::format("flavor {} is not one this run may use", flavor_names[f]));
+          continue;
+        }
         if (!matches) {
           reasons.push_back(fmt::format("flavor {} doesn't match node affinity", flavor_names[f]));
           continue;

@@ -365,7 +365,7 @@ int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet) {
       });
 }
 
-int CmdExplain(const std::string& spec_file, const std::string& platform_file,
+int CmdExplain(const std::string& spec_file, std::string platform_file,
                const std::string& user, Format format) {
   auto text = ReadFile(spec_file);
   if (!text.ok()) return Fail(text.status().message());
@@ -375,6 +375,11 @@ int CmdExplain(const std::string& spec_file, const std::string& platform_file,
     return kExitInvalid;
   }
   policy::Platform platform;
+  std::string applied = TauHome() + "/platform.yaml";
+  if (platform_file.empty() && PathExists(applied)) {
+    // The platform the local server uses (`tau platform apply` wrote it there).
+    platform_file = applied;
+  }
   if (platform_file.empty()) {
     // Without a platform file: the default a local server uses, sized to this machine.
     health::GpuInventory gpus = health::DiscoverGpus();

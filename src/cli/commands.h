@@ -27,8 +27,22 @@ int CmdGpus(const Global& g, Format format);
 int CmdHealthCheck(const Global& g, bool active, Format format);
 int CmdAdmissionSimulate(const std::string& file, int cycles, Format format);
 int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet);
-int CmdExplain(const std::string& spec_file, const std::string& platform_file,
+int CmdExplain(const std::string& spec_file, std::string platform_file,
                const std::string& user, Format format);
+
+// queue_commands.cc
+int CmdPlatformApply(const Global& g, const std::string& file);
+int CmdPlatformShow(const Global& g, Format format);
+int CmdQueues(const Global& g, Format format);
+int CmdQueueShow(const Global& g, const std::string& queue, Format format);
+
+// evidence_commands.cc
+int CmdEvidence(const Global& g, const std::string& run, Format format);
+int CmdEvidenceExport(const Global& g, const std::string& run, const std::string& file);
+int CmdEvidenceVerify(const Global& g, const std::string& file, bool run_check);
+// `output`: table (sparkline and table), json, jsonl; "" = table on a terminal, else jsonl.
+int CmdMetrics(const Global& g, const std::string& run, const std::string& name,
+               const std::string& split, bool has_split, const std::string& output);
 
 // Prints "tau: error: <message>" to stderr and returns kExitTauError.
 int Fail(const std::string& message);

@@ -4,6 +4,9 @@
 
 #include "cli/cli.h"
 #include "cli/commands.h"
+#include "cli/kube_commands.h"
+#include "cli/watch_commands.h"
+#include "common/clock.h"
 #include "common/files.h"
 #include "health/health.h"
 #include "runtime/runtime.h"
@@ -72,7 +75,23 @@ int Main(int argc, char** argv) {
   server->add_option("--gpu-poll", sopts.gpu_poll_ms,
                      "Milliseconds between GPU health polls (XID events are watched in between)");
   server->add_flag("--quiet", sopts.quiet, "Log nothing");
+  std::string retain_logs, retain_samples;
+  server->add_option("--retain-logs", retain_logs,
+                     "Delete ended runs' logs after this long (e.g. 30d; default: keep); the "
+                     "evidence record keeps their hashes");
+  server->add_option("--retain-samples", retain_samples,
+                     "Delete ended runs' GPU samples after this long (default: keep)");
   server->callback([&] {
+    for (auto [text, ms] : {std::pair{&retain_logs, &sopts.retain_logs_ms},
+                            std::pair{&retain_samples, &sopts.retain_samples_ms}}) {
+      if (text->empty() || *text == "forever") continue;
+      auto d = ParseDurationMillis(*text);
+      if (!d.ok()) {
+        rc = Fail("bad retention duration '" + *text + "': " + d.status().message());
+        return;
+      }
+      *ms = *d;
+    }
     if (sopts.home.empty()) sopts.home = TauHome();
     sopts.tau_binary = runtime::SelfExecutable();
     rc = server::RunServer(sopts);
@@ -102,9 +121,17 @@ int Main(int argc, char** argv) {
       app.add_subcommand("status", "Show a run's state (and why it waits, when it does)");
   status->add_option("run", run_name, "Run name")->required();
   add_output(status);
+  bool watch = false;
+  status->add_flag("-w,--watch", watch, "Print again on each change until the run ends");
   status->callback([&] {
-    if (auto f = format()) rc = CmdStatus(g, run_name, *f);
+    if (auto f = format())
+      rc = watch ? CmdStatusWatch(g, run_name, *f) : CmdStatus(g, run_name, *f);
   });
+
+  auto* top = app.add_subcommand("top", "A live view of queues, runs and GPUs (q quits)");
+  bool top_once = false;
+  top->add_flag("--once", top_once, "Print one frame and exit");
+  top->callback([&] { rc = CmdTop(g, top_once); });
 
   auto* describe = app.add_subcommand("describe", "Show a run's lifecycle, attempts and config");
   describe->add_option("run", run_name, "Run name")->required();
@@ -144,6 +171,43 @@ int Main(int argc, char** argv) {
   resume->add_flag("--force", force, "Resume even after OOMKilled");
   resume->callback([&] { rc = CmdResume(g, run_name, resume_from, force); });
 
+  // Evidence (evidence_commands.cc).
+  auto* evidence = app.add_subcommand(
+      "evidence", "A run's evidence record; export it as a bundle, or verify a bundle");
+  evidence->add_option("run", run_name, "Run name");
+  add_output(evidence);
+  auto* eexport = evidence->add_subcommand("export", "Write a run's evidence bundle (.tar.gz)");
+  std::string bundle_file;
+  eexport->add_option("run", run_name, "Run name")->required();
+  eexport->add_option("-o,--output", bundle_file, "The bundle file to write")->required();
+  eexport->callback([&] { rc = CmdEvidenceExport(g, run_name, bundle_file); });
+  auto* everify = evidence->add_subcommand(
+      "verify", "Check a bundle; exit 0 when intact, 1 naming the first altered or missing item");
+  bool run_check = false;
+  everify->add_option("file", bundle_file, "The bundle (.tar.gz)")->required();
+  everify->add_flag("--run-check", run_check,
+                    "Also compare its chain head with the one the server holds for the run");
+  everify->callback([&] { rc = CmdEvidenceVerify(g, bundle_file, run_check); });
+  evidence->callback([&] {
+    if (!evidence->get_subcommands().empty()) return;
+    if (run_name.empty()) {
+      rc = Fail("tau evidence: name a run, or use `export` or `verify`");
+      return;
+    }
+    if (auto f = format()) rc = CmdEvidence(g, run_name, *f);
+  });
+
+  auto* metrics = app.add_subcommand("metrics", "A run's metric history (sparkline and table)");
+  std::string metric_name, metric_split, metric_output;
+  metrics->add_option("run", run_name, "Run name")->required();
+  metrics->add_option("name", metric_name, "Metric name (default: a summary of every metric)");
+  auto* split_opt = metrics->add_option("--split", metric_split, "Only this split");
+  metrics->add_option("-o,--output", metric_output,
+                      "table, json or jsonl (default: table on a terminal, else jsonl)");
+  metrics->callback([&] {
+    rc = CmdMetrics(g, run_name, metric_name, metric_split, split_opt->count() > 0, metric_output);
+  });
+
   auto* gpus = app.add_subcommand("gpus", "List this machine's GPUs");
   add_output(gpus);
   gpus->callback([&] {
@@ -157,6 +221,31 @@ int Main(int argc, char** argv) {
   pvalidate->add_option("files", platform_files, "platform.yaml files")->required();
   pvalidate->add_flag("-q,--quiet", quiet, "Print errors only");
   pvalidate->callback([&] { rc = CmdPlatformValidate(platform_files, quiet); });
+  auto* papply = platform->add_subcommand(
+      "apply", "Make a platform file the server's policy (validated first; no restart)");
+  std::string apply_file;
+  papply->add_option("file", apply_file, "platform.yaml")->required();
+  papply->callback([&] { rc = CmdPlatformApply(g, apply_file); });
+  auto* pshow = platform->add_subcommand("show", "Print the platform the server uses");
+  add_output(pshow);
+  pshow->callback([&] {
+    if (auto f = format()) rc = CmdPlatformShow(g, *f);
+  });
+
+  auto* queues = app.add_subcommand("queues", "Queues: usage against quota, admitted and pending");
+  add_output(queues);
+  queues->callback([&] {
+    if (auto f = format()) rc = CmdQueues(g, *f);
+  });
+  auto* queue = app.add_subcommand("queue", "One queue");
+  queue->require_subcommand(1);
+  auto* qshow = queue->add_subcommand("show", "A queue's usage, admitted runs and pending line");
+  std::string queue_name;
+  qshow->add_option("name", queue_name, "Queue name")->required();
+  add_output(qshow);
+  qshow->callback([&] {
+    if (auto f = format()) rc = CmdQueueShow(g, queue_name, *f);
+  });
 
   auto* explain =
       app.add_subcommand("explain", "Print each resolved setting of a run and where it came from");
@@ -164,12 +253,34 @@ int Main(int argc, char** argv) {
   explain->add_option("file", explain_file, "The spec (default ./tau.yaml)");
   explain->add_option(
       "--platform", explain_platform,
-      "platform.yaml to resolve against (default: this machine's default platform)");
+      "platform.yaml to resolve against (default: the one applied to this machine's server, "
+      "else the machine's default platform)");
   explain->add_option("--user", explain_user, "Resolve as this user (default: the current user)");
   add_output(explain);
   explain->callback([&] {
     if (auto f = format()) rc = CmdExplain(explain_file, explain_platform, explain_user, *f);
   });
+
+  // `tau plan` and `tau platform render` (kube_commands.h): local commands, nothing is submitted.
+  auto* plan = app.add_subcommand(
+      "plan", "Print what a run would become: its launch plan, or its Kubernetes objects");
+  PlanOptions plan_options;
+  plan->add_option("file", plan_options.file, "The spec (default ./tau.yaml)");
+  plan->add_option("--backend", plan_options.backend, "local (default) or kubernetes")
+      ->check(CLI::IsMember({"local", "kubernetes"}));
+  plan->add_option("--platform", plan_options.platform,
+                   "platform.yaml to resolve against (default: this machine's default platform)");
+  plan->add_option("--user", plan_options.user, "Resolve as this user (default: the current user)");
+  plan->add_option("--namespace", plan_options.namespace_name,
+                   "kubernetes: namespace (default: the run's workspace namespace)");
+  plan->add_option("--image", plan_options.image,
+                   "kubernetes: image for a spec without runtime.image");
+  plan->callback([&] { rc = CmdPlan(plan_options); });
+  auto* prender = platform->add_subcommand(
+      "render", "Print a platform's Kubernetes objects (Kueue queues, namespaces, RBAC) as YAML");
+  std::string render_file;
+  prender->add_option("file", render_file, "platform.yaml")->required();
+  prender->callback([&] { rc = CmdPlatformRender(render_file); });
 
   auto* health = app.add_subcommand("health", "GPU health");
   health->require_subcommand(1);

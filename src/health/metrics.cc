@@ -1,6 +1,8 @@
 // dcgm-exporter style Prometheus text, so that dashboards built for dcgm-exporter work with tau.
-// Metric names and units follow dcgm-exporter's default-counters.csv; labels follow its gpu / UUID
-// / device / modelName / Hostname / pci_bus_id convention.
+// Metric names and units follow dcgm-exporter's default-counters.csv. Its label names (UUID,
+// modelName, Hostname) are written in snake_case here (uuid, model_name, hostname), and its
+// device-reported totals are gauges, so the output passes `promtool check metrics`; a dashboard
+// built for dcgm-exporter needs only those label names changed.
 #include <fmt/format.h>
 
 #include <functional>
@@ -49,7 +51,8 @@ const std::vector<Metric>& Metrics() {
          if (!s.power_mw) return std::nullopt;
          return double(*s.power_mw) / 1000.0;
        }},
-      {"DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.",
+      // dcgm-exporter's DCGM_FI_DEV_PCIE_REPLAY_COUNTER: a name with a type in it fails promtool.
+      {"tau_gpu_pcie_replays_total", "counter", "Total number of PCIe retries.",
        [](const GpuSample& s, const GpuVerdict*) { return D(s.pcie_replay_counter); }},
       {"DCGM_FI_DEV_PCIE_LINK_GEN", "gauge", "PCIe link generation.",
        [](const GpuSample& s, const GpuVerdict*) { return D(s.pcie_gen); }},
@@ -74,26 +77,26 @@ const std::vector<Metric>& Metrics() {
       {"DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "gauge",
        "Current clock event (throttle) reasons bit mask.",
        [](const GpuSample& s, const GpuVerdict*) { return D(s.clocks_event_reasons); }},
-      {"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total single-bit volatile ECC errors.",
+      {"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "gauge", "Total single-bit volatile ECC errors.",
        [](const GpuSample& s, const GpuVerdict*) { return D(s.ecc_sbe_volatile); }},
-      {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total double-bit volatile ECC errors.",
+      {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "gauge", "Total double-bit volatile ECC errors.",
        [](const GpuSample& s, const GpuVerdict*) { return D(s.ecc_dbe_volatile); }},
-      {"DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter", "Total single-bit persistent ECC errors.",
+      {"DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "gauge", "Total single-bit persistent ECC errors.",
        [](const GpuSample& s, const GpuVerdict*) { return D(s.ecc_sbe_aggregate); }},
-      {"DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter", "Total double-bit persistent ECC errors.",
+      {"DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "gauge", "Total double-bit persistent ECC errors.",
        [](const GpuSample& s, const GpuVerdict*) { return D(s.ecc_dbe_aggregate); }},
-      {"DCGM_FI_DEV_RETIRED_SBE", "counter", "Total pages retired for single-bit errors.",
+      {"DCGM_FI_DEV_RETIRED_SBE", "gauge", "Total pages retired for single-bit errors.",
        [](const GpuSample& s, const GpuVerdict*) { return D(s.retired_pages_sbe); }},
-      {"DCGM_FI_DEV_RETIRED_DBE", "counter", "Total pages retired for double-bit errors.",
+      {"DCGM_FI_DEV_RETIRED_DBE", "gauge", "Total pages retired for double-bit errors.",
        [](const GpuSample& s, const GpuVerdict*) { return D(s.retired_pages_dbe); }},
       {"DCGM_FI_DEV_RETIRED_PENDING", "gauge", "Page retirement pending (1) or not (0).",
        [](const GpuSample& s, const GpuVerdict*) { return D(s.retired_pages_pending); }},
-      {"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
+      {"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "gauge",
        "Number of remapped rows for uncorrectable errors.",
        [](const GpuSample& s, const GpuVerdict*) -> std::optional<double> {
          return s.remap ? std::optional<double>(s.remap->uncorrected_rows) : std::nullopt;
        }},
-      {"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
+      {"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "gauge",
        "Number of remapped rows for correctable errors.",
        [](const GpuSample& s, const GpuVerdict*) -> std::optional<double> {
          return s.remap ? std::optional<double>(s.remap->corrected_rows) : std::nullopt;
@@ -125,10 +128,10 @@ std::string RenderMetrics(const HealthSnapshot& snap, const std::string& hostnam
   for (size_t i = 0; i < snap.inventory.devices.size(); ++i) {
     const GpuDevice& d = snap.inventory.devices[i];
     std::string l =
-        fmt::format(R"(gpu="{}",UUID="{}",pci_bus_id="{}",device="nvidia{}",modelName="{}")",
+        fmt::format(R"(gpu="{}",uuid="{}",pci_bus_id="{}",device="nvidia{}",model_name="{}")",
                     d.index, Escape(d.uuid), Escape(d.pci_bus_id),
                     d.minor_number >= 0 ? d.minor_number : d.index, Escape(d.name));
-    if (!hostname.empty()) l += fmt::format(R"(,Hostname="{}")", Escape(hostname));
+    if (!hostname.empty()) l += fmt::format(R"(,hostname="{}")", Escape(hostname));
     labels.push_back(std::move(l));
   }
   std::string out;

@@ -50,8 +50,8 @@ TEST(OutputTest, MetricsLookLikeDcgmExporter) {
   ASSERT_EQ(handled, 1);
   std::string text = RenderMetrics(monitor->Snapshot(), "node-a");
   const std::string labels0 =
-      R"({gpu="0",UUID="GPU-fake-0000",pci_bus_id="00000000:18:00.0",device="nvidia0",)"
-      R"(modelName="Fake H200",Hostname="node-a"})";
+      R"({gpu="0",uuid="GPU-fake-0000",pci_bus_id="00000000:18:00.0",device="nvidia0",)"
+      R"(model_name="Fake H200",hostname="node-a"})";
   EXPECT_NE(text.find("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"), std::string::npos) << text;
   EXPECT_NE(text.find("DCGM_FI_DEV_GPU_UTIL" + labels0 + " 37\n"), std::string::npos) << text;
   EXPECT_NE(text.find("DCGM_FI_DEV_MEM_COPY_UTIL" + labels0 + " 12\n"), std::string::npos);
@@ -60,10 +60,10 @@ TEST(OutputTest, MetricsLookLikeDcgmExporter) {
   EXPECT_NE(text.find("DCGM_FI_DEV_GPU_TEMP" + labels0 + " 61\n"), std::string::npos);
   EXPECT_NE(text.find("DCGM_FI_DEV_POWER_USAGE" + labels0 + " 312\n"), std::string::npos);
   EXPECT_NE(text.find("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" + labels0 + " 0\n"), std::string::npos);
-  EXPECT_NE(text.find(R"(DCGM_FI_DEV_XID_ERRORS{gpu="1",UUID="GPU-fake-0001")"), std::string::npos);
-  EXPECT_NE(text.find(R"(Hostname="node-a"} 48)"), std::string::npos) << "last XID on GPU 1";
+  EXPECT_NE(text.find(R"(DCGM_FI_DEV_XID_ERRORS{gpu="1",uuid="GPU-fake-0001")"), std::string::npos);
+  EXPECT_NE(text.find(R"(hostname="node-a"} 48)"), std::string::npos) << "last XID on GPU 1";
   EXPECT_NE(text.find(R"(tau_gpu_health{gpu="1")"), std::string::npos);
-  EXPECT_NE(text.find(R"(modelName="Fake H200",Hostname="node-a"} 2)"), std::string::npos)
+  EXPECT_NE(text.find(R"(model_name="Fake H200",hostname="node-a"} 2)"), std::string::npos)
       << "GPU 1 is Unhealthy (2)";
   // Every sample line is NAME{labels} VALUE.
   size_t lines = 0;
@@ -83,7 +83,7 @@ TEST(OutputTest, MetricLabelValuesAreEscaped) {
   testing::UseScenario("gpus 1\ngpu 0 name A\"B\n");
   auto monitor = testing::StartManual();
   std::string text = RenderMetrics(monitor->Snapshot());
-  EXPECT_NE(text.find(R"(modelName="A\"B")"), std::string::npos) << text;
+  EXPECT_NE(text.find(R"(model_name="A\"B")"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -41,30 +41,6 @@ nlohmann::json GroupsJson(const std::vector<admission::ResourceGroup>& groups) {
   return out;
 }
 
-const char* WithinName(admission::WithinClusterQueue v) {
-  switch (v) {
-    case admission::WithinClusterQueue::kNever:
-      return "Never";
-    case admission::WithinClusterQueue::kLowerPriority:
-      return "LowerPriority";
-    case admission::WithinClusterQueue::kLowerOrNewerEqualPriority:
-      return "LowerOrNewerEqualPriority";
-  }
-  return "";
-}
-
-const char* ReclaimName(admission::ReclaimWithinCohort v) {
-  switch (v) {
-    case admission::ReclaimWithinCohort::kNever:
-      return "Never";
-    case admission::ReclaimWithinCohort::kLowerPriority:
-      return "LowerPriority";
-    case admission::ReclaimWithinCohort::kAny:
-      return "Any";
-  }
-  return "";
-}
-
 nlohmann::json QueueJson(const admission::ClusterQueue& q) {
   nlohmann::json borrow = {
       {"policy", q.preemption.borrow_within_cohort == admission::BorrowWithinCohortPolicy::kNever
@@ -81,8 +57,10 @@ nlohmann::json QueueJson(const admission::ClusterQueue& q) {
                                 : "BestEffortFIFO"},
       {"resource_groups", GroupsJson(q.resource_groups)},
       {"preemption",
-       {{"within_cluster_queue", WithinName(q.preemption.within_cluster_queue)},
-        {"reclaim_within_cohort", ReclaimName(q.preemption.reclaim_within_cohort)},
+       {{"within_cluster_queue",
+         admission::WithinClusterQueueName(q.preemption.within_cluster_queue)},
+        {"reclaim_within_cohort",
+         admission::ReclaimWithinCohortName(q.preemption.reclaim_within_cohort)},
         {"borrow_within_cohort", std::move(borrow)}}},
       {"flavor_fungibility",
        {{"when_can_borrow",

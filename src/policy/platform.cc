@@ -70,6 +70,15 @@ class PlatformParser {
       r_.Error({1, 1}, fmt::format("the platform file is larger than {} bytes", kMaxPlatformBytes));
       return;
     }
+    // yaml-cpp passes bytes through unchecked, and names that are not UTF-8 cannot be printed as
+    // JSON (`tau platform show -o json`: nlohmann throws). Found by fuzz/platform_fuzz.cc.
+    if (size_t bad = FindInvalidUtf8(text_); bad != std::string_view::npos) {
+      auto [line, column] = LineColumnAt(text_, bad);
+      r_.Error({line, column},
+               fmt::format("invalid UTF-8 byte 0x{:02x}: the platform file must be UTF-8 text",
+                           static_cast<unsigned char>(text_[bad])));
+      return;
+    }
     YAML::Node root;
     try {
       root = YAML::Load(std::string(text_));
@@ -115,7 +124,23 @@ class PlatformParser {
     std::vector<admission::Diagnostic> diags;
     Result<admission::Config> config = admission::ParseAdmissionConfig(text_, "", &diags);
     for (const admission::Diagnostic& d : diags) r_.Error({d.line, d.column}, d.message);
-    if (config.ok()) p_.admission = std::move(*config);
+    if (config.ok()) {
+      p_.admission = std::move(*config);
+    } else {
+      // The section has errors of its own; the names it declares still count for references, so
+      // one mistake in a queue gives one error, not one more per workspace that names the queue.
+      for (const char* section : {"queues", "flavors"}) {
+        const YAML::Node list = root[section];
+        if (!list.IsDefined() || !list.IsSequence()) continue;
+        for (const auto& item : list) {
+          if (!item.IsMap()) continue;
+          const YAML::Node name = item["name"];
+          if (name.IsDefined() && name.IsScalar())
+            declared_[section == std::string("queues") ? "queue" : "flavor"].push_back(
+                name.Scalar());
+        }
+      }
+    }
     NameChecks(root["flavors"], "flavors");
     NameChecks(root["cohorts"], "cohorts");
     NameChecks(root["queues"], "queues");
@@ -414,7 +439,7 @@ class PlatformParser {
   // ---- cross-references ---------------------------------------------------------------------
 
   void CheckRefs() {
-    std::map<std::string, std::vector<std::string>> known;
+    std::map<std::string, std::vector<std::string>> known = declared_;
     for (const auto& q : p_.admission.queues) known["queue"].push_back(q.name);
     for (const auto& fl : p_.admission.flavors) known["flavor"].push_back(fl.name);
     for (const auto& [n, line] : priority_names_) known["priority class"].push_back(n);
@@ -468,6 +493,8 @@ class PlatformParser {
   internal::Reader r_;
   Platform p_;
   std::vector<Ref> refs_;
+  // Names declared by an admission section that failed to load (see Admission).
+  std::map<std::string, std::vector<std::string>> declared_;
   std::vector<Ref> writable_refs_;
   std::vector<Ref> gpu_class_refs_;
   std::map<std::string, int> priority_names_, profile_names_, storage_names_, workspace_names_;

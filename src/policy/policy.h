@@ -205,6 +205,11 @@ Result<ResolvedRun> Resolve(const spec::RunSpec& spec, const Platform& platform,
 Result<ResolvedRun> Resolve(const spec::RunSpec& spec, const Platform& platform,
                             const std::string& user);
 
+// A resolution as JSON (quantities as Kubernetes strings) and back; the server records it with the
+// run at submission.
+nlohmann::json ToJson(const ResolvedRun& run);
+Result<ResolvedRun> ResolvedRunFromJson(const nlohmann::json& json);
+
 // The provenance as an aligned FIELD / VALUE / SOURCE table followed by the total requests.
 std::string ExplainText(const ResolvedRun& run);
 

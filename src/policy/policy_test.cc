@@ -96,7 +96,7 @@ TEST(PlatformTest, ExampleSharesGpusThroughTheCohort) {
   admission::Workload w;
   w.name = "big";
   w.queue = "research";
-  w.pod_sets.push_back({"main", 1, {{kGpuResource, Quantity::FromUnits(8)}}, {}});
+  w.pod_sets.push_back({"main", 1, {{kGpuResource, Quantity::FromUnits(8)}}, {}, {}});
   ASSERT_TRUE(engine->AddWorkload(w).ok());
   admission::CycleResult r = engine->RunCycle({});
   ASSERT_EQ(r.admitted.size(), 1u) << "research borrows product's idle GPUs";

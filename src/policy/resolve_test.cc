@@ -459,3 +459,26 @@ TEST_F(ResolveTest, ExplainTextIsAnAlignedTable) {
 
 }  // namespace
 }  // namespace tau::policy
+
+namespace tau::policy {
+namespace {
+
+TEST_F(ResolveTest, ResolutionRoundTripsThroughJson) {
+  // The server records a run's resolution as JSON and reads it back after a restart: nothing may
+  // be lost on the way.
+  ResolvedRun r = MustResolve();
+  Result<ResolvedRun> back = ResolvedRunFromJson(ToJson(r));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(ToJson(*back), ToJson(r));
+  EXPECT_EQ(back->total_requests, r.total_requests);
+  EXPECT_EQ(back->cpus_per_worker, r.cpus_per_worker);
+  EXPECT_EQ(back->mounts.size(), r.mounts.size());
+  EXPECT_EQ(back->provenance.size(), r.provenance.size());
+  EXPECT_FALSE(ResolvedRunFromJson(nlohmann::json::array()).ok());
+  EXPECT_FALSE(ResolvedRunFromJson({{"workspace", "w"}}).ok());  // no queue
+  EXPECT_FALSE(
+      ResolvedRunFromJson({{"workspace", "w"}, {"queue", "q"}, {"cpus_per_worker", "lots"}}).ok());
+}
+
+}  // namespace
+}  // namespace tau::policy

@@ -1,6 +1,8 @@
 #include "server/api.h"
 
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,8 +14,10 @@
 
 #include "common/clock.h"
 #include "common/hash.h"
+#include "common/quantity.h"
 #include "runtime/runtime.h"
 #include "server/server.h"
+#include "server/web.h"
 
 extern char** environ;
 
@@ -132,34 +136,6 @@ bool BoolParam(const HttpRequest& req, const char* name) {
   if (!req.has_param(name)) return false;
   std::string v = req.get_param_value(name);
   return v == "1" || v == "true" || v == "yes";
-}
-
-Result<SubmitRequest> ParseSubmit(const std::string& body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    return InvalidArgument("request body is not a JSON object");
-  if (!j.contains("spec") || !j["spec"].is_object() || !j["spec"].contains("yaml") ||
-      !j["spec"]["yaml"].is_string())
-    return InvalidArgument("request needs spec.yaml (the tau.yaml text) as a string");
-  SubmitRequest req;
-  req.spec_yaml = j["spec"]["yaml"].get<std::string>();
-  req.spec_file = j["spec"].value("file", std::string("tau.yaml"));
-  if (j.contains("code")) {
-    const json& code = j["code"];
-    if (!code.is_object() || !code.contains("files") || !code["files"].is_array())
-      return InvalidArgument("code must be an object with a 'files' array");
-    for (const json& f : code["files"]) {
-      if (!f.is_object() || !f.contains("path") || !f["path"].is_string() || !f.contains("data") ||
-          !f["data"].is_string())
-        return InvalidArgument("each code file needs 'path' and 'data' (base64) strings");
-      CodeFile cf;
-      cf.path = f["path"].get<std::string>();
-      cf.mode = f.contains("mode") && f["mode"].is_number_integer() ? f["mode"].get<int>() : 0644;
-      TAU_ASSIGN_OR_RETURN(cf.data, Base64Decode(f["data"].get<std::string>()));
-      req.code.push_back(std::move(cf));
-    }
-  }
-  return req;
 }
 
 // Streams one rank's log of a run, optionally following it across attempts until the run ends.
@@ -283,11 +259,100 @@ json RunProbeProcess() {
   return j;
 }
 
+// Who is calling: on the Unix socket the kernel says (SO_PEERCRED), with the user's groups for
+// "group:NAME" workspace members. Over TCP there is no identity yet: the caller is anonymous and
+// may use only workspaces open to everyone ("*").
+policy::Caller CallerOf(const HttpRequest& req) {
+  policy::Caller caller;
+  if (req.peer_uid.empty()) return caller;
+  uid_t uid = static_cast<uid_t>(std::strtoul(req.peer_uid.c_str(), nullptr, 10));
+  std::vector<char> buf(16384);
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+    caller.user = req.peer_uid;  // a uid without a name still identifies someone
+    return caller;
+  }
+  caller.user = pw.pw_name;
+  int n = 64;
+  std::vector<gid_t> gids(static_cast<size_t>(n));
+  if (::getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n) < 0) {
+    gids.resize(static_cast<size_t>(n));
+    (void)::getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n);
+  }
+  gids.resize(static_cast<size_t>(std::max(n, 0)));
+  for (gid_t gid : gids) {
+    struct group gr {};
+    struct group* g = nullptr;
+    std::vector<char> gbuf(16384);
+    if (::getgrgid_r(gid, &gr, gbuf.data(), gbuf.size(), &g) == 0 && g != nullptr)
+      caller.groups.push_back(gr.gr_name);
+  }
+  return caller;
+}
+
+// Changing platform policy is for the server's own user (or root) until tau has roles.
+bool MayAdminister(const HttpRequest& req) {
+  if (req.peer_uid.empty()) return false;
+  uid_t uid = static_cast<uid_t>(std::strtoul(req.peer_uid.c_str(), nullptr, 10));
+  return uid == 0 || uid == ::getuid();
+}
+
+// Quantities in metrics are plain numbers: units for GPUs and CPUs, bytes for memory.
+double QuantityValue(const std::string& text) {
+  auto q = Quantity::Parse(text);
+  return q.ok() ? static_cast<double>(q->milli()) / 1000.0 : 0;
+}
+
 }  // namespace
 
+std::string RenderAllMetrics(Controller* controller, store::Store* store,
+                             health::GpuMonitor* monitor, Metrics* metrics) {
+  std::string out = metrics->Render();
+  std::vector<std::pair<Labels, double>> runs;
+  if (auto counts = store->CountRunsByStateAndWorkspace(); counts.ok())
+    for (const store::RunCount& c : *counts)
+      runs.push_back(
+          {{{"state", c.state}, {"workspace", c.workspace}}, static_cast<double>(c.runs)});
+  out += RenderGauge("tau_runs", "Runs in the store by state and workspace.", runs);
+  json queues = controller->Queues();
+  std::vector<std::pair<Labels, double>> pending, admitted, usage, nominal, borrowed;
+  for (const json& q : queues.value("queues", json::array())) {
+    std::string name = q.value("name", "");
+    pending.push_back({{{"cluster_queue", name}}, q.value("pending", 0.0)});
+    admitted.push_back({{{"cluster_queue", name}}, q.value("admitted", 0.0)});
+    for (const json& u : q.value("usage", json::array())) {
+      Labels l = {{"cluster_queue", name},
+                  {"flavor", u.value("flavor", "")},
+                  {"resource", u.value("resource", "")}};
+      usage.push_back({l, QuantityValue(u.value("usage", "0"))});
+      nominal.push_back({l, QuantityValue(u.value("nominal", "0"))});
+      borrowed.push_back({l, QuantityValue(u.value("borrowed", "0"))});
+    }
+  }
+  out += RenderGauge("tau_cluster_queue_pending_workloads",
+                     "Runs waiting in a queue (not holding quota).", pending);
+  out += RenderGauge(
+      "tau_cluster_queue_admitted_workloads",
+      "Runs holding quota in a queue (admitted, running, or waiting for the machine).", admitted);
+  out += RenderGauge("tau_cluster_queue_resource_usage",
+                     "Quota in use per queue, flavor and resource (GPUs and CPUs in units, memory "
+                     "in bytes).",
+                     usage);
+  out += RenderGauge("tau_cluster_queue_nominal_quota",
+                     "Nominal quota per queue, flavor and resource.", nominal);
+  out += RenderGauge("tau_cluster_queue_borrowed_resources",
+                     "Quota borrowed from the cohort per queue, flavor and resource.", borrowed);
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  out += health::RenderMetrics(monitor->Snapshot(), host);
+  return out;
+}
+
 void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
-                 health::GpuMonitor* monitor) {
+                 health::GpuMonitor* monitor, Metrics* metrics) {
   http->set_max_body_bytes(kMaxRequestBytes);
+  RegisterEvidenceApi(http, controller, store);
 
   http->Route("GET", "/api/v1/version", [](const HttpRequest&, HttpResponse& res) {
     Reply(res, 200, {{"version", Version()}, {"api", "v1"}, {"backend", "local"}});
@@ -314,21 +379,18 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
     if (BoolParam(req, "active")) body["active"] = RunProbeProcess();
     Reply(res, 200, body);
   });
-  http->Route("GET", "/metrics", [monitor](const HttpRequest&, HttpResponse& res) {
-    char host[256] = {0};
-    ::gethostname(host, sizeof host - 1);
-    res.set_content(health::RenderMetrics(monitor->Snapshot(), host),
-                    "text/plain; version=0.0.4; charset=utf-8");
-  });
+  http->Route("GET", "/metrics",
+              [controller, store, monitor, metrics](const HttpRequest&, HttpResponse& res) {
+                res.set_content(RenderAllMetrics(controller, store, monitor, metrics),
+                                "text/plain; version=0.0.4; charset=utf-8");
+              });
   http->Route("GET", "/api/v1/capacity", [controller](const HttpRequest&, HttpResponse& res) {
     Reply(res, 200, controller->Capacity());
   });
   http->Route("POST", "/api/v1/validate", [](const HttpRequest& req, HttpResponse& res) {
-    json j = json::parse(req.body, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("yaml") || !j["yaml"].is_string())
-      return ReplyError(res, InvalidArgument("request needs 'yaml' (the spec text) as a string"));
-    auto parsed =
-        spec::ParseSpec(j["yaml"].get<std::string>(), j.value("file", std::string("tau.yaml")));
+    auto body = ParseValidateBody(req.body);
+    if (!body.ok()) return ReplyError(res, body.status());
+    auto parsed = spec::ParseSpec(body->yaml, body->file);
     json diags = json::array();
     for (const auto& d : parsed.diagnostics)
       diags.push_back(
@@ -336,9 +398,44 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
     Reply(res, 200, {{"valid", parsed.ok()}, {"diagnostics", diags}});
   });
 
+  http->Route("GET", "/api/v1/platform", [controller](const HttpRequest&, HttpResponse& res) {
+    Controller::PlatformView view = controller->CurrentPlatform();
+    Reply(res, 200,
+          {{"source", view.source},
+           {"applied", FormatRfc3339(view.applied_ms)},
+           {"platform", policy::ToJson(*view.platform)}});
+  });
+  http->Route("PUT", "/api/v1/platform", [controller](const HttpRequest& req, HttpResponse& res) {
+    if (!MayAdminister(req))
+      return ReplyError(res,
+                        PermissionDenied("only the server's own user may change the platform"));
+    auto body = ParseValidateBody(req.body);
+    if (!body.ok()) return ReplyError(res, body.status());
+    std::vector<spec::Diagnostic> diagnostics;
+    Status s = controller->ApplyPlatform(body->yaml, body->file, &diagnostics);
+    if (!s.ok()) {
+      json diags = json::array();
+      for (const auto& d : diagnostics) diags.push_back(d.ToString());
+      return ReplyError(res, s, {{"diagnostics", diags}});
+    }
+    Reply(res, 200, {{"applied", body->file}});
+  });
+  http->Route("GET", "/api/v1/queues", [controller](const HttpRequest&, HttpResponse& res) {
+    Reply(res, 200, controller->Queues());
+  });
+  http->Route("GET", R"(/api/v1/queues/([A-Za-z0-9._-]+))",
+              [controller](const HttpRequest& req, HttpResponse& res) {
+                json all = controller->Queues();
+                for (const json& q : all.value("queues", json::array()))
+                  if (q.value("name", "") == req.matches[1]) return Reply(res, 200, {{"queue", q}});
+                ReplyError(res,
+                           NotFound(fmt::format("no queue '{}'", std::string(req.matches[1]))));
+              });
+
   http->Route("POST", "/api/v1/runs", [controller](const HttpRequest& req, HttpResponse& res) {
-    auto submit = ParseSubmit(req.body);
+    auto submit = ParseSubmitBody(req.body);
     if (!submit.ok()) return ReplyError(res, submit.status());
+    submit->caller = CallerOf(req);
     SubmitError error;
     auto run = controller->Submit(std::move(*submit), &error);
     if (!run.ok()) {
@@ -359,6 +456,7 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
                 }
                 filter.active_only = BoolParam(req, "active");
                 if (req.has_param("workspace")) filter.workspace = req.get_param_value("workspace");
+                if (req.has_param("queue")) filter.queue = req.get_param_value("queue");
                 auto limit = IntParam(req, "limit", 100, 1, 1000);
                 if (!limit.ok()) return ReplyError(res, limit.status());
                 auto offset = IntParam(req, "offset", 0, 0, INT64_MAX);
@@ -405,14 +503,9 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
               });
   http->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/resume)",
               [controller](const HttpRequest& req, HttpResponse& res) {
-                json j = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);
-                if (j.is_discarded() || !j.is_object())
-                  return ReplyError(res, InvalidArgument("request body is not a JSON object"));
-                std::string from =
-                    j.contains("from") && j["from"].is_string() ? j["from"].get<std::string>() : "";
-                bool force =
-                    j.contains("force") && j["force"].is_boolean() && j["force"].get<bool>();
-                Status s = controller->Resume(req.matches[1], from, force);
+                auto body = ParseResumeBody(req.body);
+                if (!body.ok()) return ReplyError(res, body.status());
+                Status s = controller->Resume(req.matches[1], body->from, body->force);
                 if (!s.ok()) return ReplyError(res, s);
                 Reply(res, 202, {{"resuming", std::string(req.matches[1])}});
               });
@@ -441,6 +534,8 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
                 res.content_type = "text/plain; charset=utf-8";
                 res.stream = [streamer](ChunkSink& sink) { return streamer->Step(sink); };
               });
+  RegisterEventsApi(http, controller, store);
+  RegisterWeb(http);
 }
 
 }  // namespace tau::server

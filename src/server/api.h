@@ -2,6 +2,10 @@
 // {"error": {"code": "...", "message": "..."}} with a matching HTTP status.
 #pragma once
 
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
 #include "health/health.h"
 #include "server/controller.h"
 #include "server/http.h"
@@ -10,6 +14,35 @@
 namespace tau::server {
 
 void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
-                 health::GpuMonitor* monitor);
+                 health::GpuMonitor* monitor, Metrics* metrics);
+// The evidence routes (api_evidence.cc): a run's record, its bundle, its metrics.
+void RegisterEvidenceApi(HttpServer* http, Controller* controller, store::Store* store);
+
+// GET /metrics: the server's counters and histograms, runs by state and workspace, queue usage
+// against quota (names modelled on Kueue's), and the GPU lines (dcgm-exporter names).
+std::string RenderAllMetrics(Controller* controller, store::Store* store,
+                             health::GpuMonitor* monitor, Metrics* metrics);
+
+// The JSON request bodies, decoded apart from the routes (api_body.cc) so that tests and the fuzz
+// harness reach them without a server. A body of the wrong shape is InvalidArgument; they never
+// throw.
+
+// POST /api/v1/runs: {"spec": {"yaml", "file"?}, "code"?: {"files": [{"path", "data" (base64),
+// "mode"?}]}}. The spec and the paths are checked later, by the controller.
+Result<SubmitRequest> ParseSubmitBody(std::string_view body);
+
+// POST /api/v1/validate: {"yaml", "file"?}.
+struct ValidateBody {
+  std::string yaml;
+  std::string file = "tau.yaml";
+};
+Result<ValidateBody> ParseValidateBody(std::string_view body);
+
+// POST /api/v1/runs/NAME/resume: {"from"?, "force"?}; an empty body is {}.
+struct ResumeBody {
+  std::string from;
+  bool force = false;
+};
+Result<ResumeBody> ParseResumeBody(std::string_view body);
 
 }  // namespace tau::server

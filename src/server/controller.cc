@@ -78,6 +78,14 @@ std::string FailureClass(const runtime::AttemptOutcome& o, bool cancel_requested
   return "Unknown";
 }
 
+// A preempted run goes back to its queue, as in Kueue, without using up resilience.max_retries:
+// preemption is the platform's decision, not the run's failure. Only a spec whose retry_on leaves
+// Preempted out asks to fail instead.
+bool PreemptionRequeues(const spec::Resilience& policy) {
+  return !policy.retry_on_set || std::find(policy.retry_on.begin(), policy.retry_on.end(),
+                                           "Preempted") != policy.retry_on.end();
+}
+
 }  // namespace
 
 Controller::Controller(ControllerOptions options, store::Store* store, health::GpuInventory gpus)
@@ -94,6 +102,17 @@ Controller::Controller(ControllerOptions options, store::Store* store, health::G
 
 Controller::~Controller() { Stop(); }
 
+std::string Controller::StorageDir(const RunRecord& r, const std::string& role) const {
+  // A platform storage volume with a host directory holds the run's checkpoints or outputs in a
+  // directory of the run's name (durable, shared by its attempts, apart from other runs');
+  // otherwise they live in the run's own directory under TAU_HOME.
+  if (auto mounts = r.resolved.find("mounts"); mounts != r.resolved.end() && mounts->is_array())
+    for (const auto& m : *mounts)
+      if (m.value("role", "") == role && !m.value("host_path", "").empty())
+        return m.value("host_path", "") + "/" + r.name;
+  return RunDir(r.name) + (role == "checkpoint" ? "/checkpoints" : "/" + role);
+}
+
 std::string Controller::AttemptDir(const std::string& name, int attempt) const {
   return fmt::format("{}/attempts/{}", RunDir(name), attempt);
 }
@@ -106,10 +125,13 @@ Status Controller::Start() {
   });
   if (!watcher.ok()) return watcher.status();
   watcher_ = std::move(*watcher);
+  TAU_RETURN_IF_ERROR(LoadPlatformFile());
+  RebuildEngine();
   Batch batch;
   Recover(&batch);
   CommitOrDie(std::move(batch));
   RefreshPending();
+  evidence_thread_ = std::thread(&Controller::EvidenceWorker, this);
   thread_ = std::thread(&Controller::Loop, this);
   return Status::Ok();
 }
@@ -120,17 +142,28 @@ void Controller::Stop() {
     if (stopping_) return;
     stopping_ = true;
     cv_.notify_all();
+    platform_cv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
+  {
+    // The worker finishes the records already queued (ended runs) before it stops.
+    std::lock_guard<std::mutex> lock(evidence_mu_);
+    evidence_stopping_ = true;
+    evidence_cv_.notify_all();
+  }
+  if (evidence_thread_.joinable()) evidence_thread_.join();
   if (watcher_) watcher_->Stop();
 }
 
-Controller::Resources Controller::Needs(const spec::RunSpec& spec) const {
+Controller::Resources Controller::Needs(const policy::ResolvedRun& resolved) {
   Resources r;
-  int workers = spec.compute.workers;
-  r.gpus = spec.compute.gpus * workers;
-  if (spec.compute.cpus) r.cpu_milli = spec.compute.cpus->milli() * workers;
-  if (spec.compute.memory) r.memory_bytes = spec.compute.memory->CeilUnits() * workers;
+  r.gpus = resolved.gpus_per_worker * resolved.workers;
+  auto total = [&](const char* name) -> const Quantity* {
+    auto it = resolved.total_requests.find(name);
+    return it == resolved.total_requests.end() ? nullptr : &it->second;
+  };
+  if (const Quantity* q = total(policy::kCpuResource)) r.cpu_milli = q->milli();
+  if (const Quantity* q = total(policy::kMemoryResource)) r.memory_bytes = q->CeilUnits();
   return r;
 }
 
@@ -176,7 +209,13 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
     return error->status;
   }
   const spec::RunSpec& spec = *parsed.spec;
-  Resources need = Needs(spec);
+  std::shared_ptr<const policy::Platform> platform = CurrentPlatform().platform;
+  auto resolved = policy::Resolve(spec, *platform, request.caller);
+  if (!resolved.ok()) {
+    error->status = resolved.status();
+    return error->status;
+  }
+  Resources need = Needs(*resolved);
   if (std::string why = Refusal(need); !why.empty()) {
     error->status = FailedPrecondition(why);
     return error->status;
@@ -194,8 +233,11 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
   r.config_hash = spec::ConfigHash(spec);
   r.snapshot_digest = snapshot->digest;
   r.snapshot_dir = snapshot->dir;
-  r.workspace = spec.policy.workspace.empty() ? "default" : spec.policy.workspace;
-  r.queue = spec.policy.queue.empty() ? "default" : spec.policy.queue;
+  r.workspace = resolved->workspace;
+  r.queue = resolved->queue;
+  r.priority = resolved->priority;
+  r.owner = request.caller.user;
+  r.resolved = policy::ToJson(*resolved);
   r.resources = {{"gpus", need.gpus},
                  {"cpu_milli", need.cpu_milli},
                  {"memory_bytes", need.memory_bytes},
@@ -207,12 +249,14 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
   Status inserted = InsertWithUniqueName(&r, spec.name, [&](const std::string& name) {
     return std::vector<Event>{
         {0, name, r.created_ms, "Submitted", "submitted from " + r.spec_file, submitted, "", ""},
-        {0, name, r.created_ms, "Queued", "queued in " + r.queue, {}, "", ""}};
+        {0, name, r.created_ms, "Queued", "queued in " + r.queue, nlohmann::json::object(), "",
+         ""}};
   });
   if (!inserted.ok()) {
     error->status = inserted;
     return inserted;
   }
+  Count("tau_runs_submitted_total", {{"workspace", r.workspace}, {"queue", r.queue}});
   std::lock_guard<std::mutex> lock(mu_);
   inbox_new_.push_back(r.name);
   pending_info_[r.name] = {{"position", nullptr}, {"reason", "waiting for the scheduler"}};
@@ -258,19 +302,22 @@ Result<RunRecord> Controller::Rerun(const std::string& name, std::string* warnin
   r.queue = from.queue;
   r.priority = from.priority;
   r.resources = from.resources;
+  r.owner = from.owner;
+  r.resolved = from.resolved;  // the same queue, priority and shape as the run it reproduces
   r.created_ms = r.updated_ms = NowMillis();
   Status inserted = InsertWithUniqueName(&r, spec.name, [&](const std::string& run) {
-    return std::vector<Event>{{0,
-                               run,
-                               r.created_ms,
-                               "Submitted",
-                               "rerun of " + name,
-                               {{"rerun_of", name},
-                                {"config_hash", r.config_hash},
-                                {"snapshot_digest", r.snapshot_digest}},
-                               "",
-                               ""},
-                              {0, run, r.created_ms, "Queued", "queued in " + r.queue, {}, "", ""}};
+    return std::vector<Event>{
+        {0,
+         run,
+         r.created_ms,
+         "Submitted",
+         "rerun of " + name,
+         {{"rerun_of", name},
+          {"config_hash", r.config_hash},
+          {"snapshot_digest", r.snapshot_digest}},
+         "",
+         ""},
+        {0, run, r.created_ms, "Queued", "queued in " + r.queue, nlohmann::json::object(), "", ""}};
   });
   TAU_RETURN_IF_ERROR(inserted);
   std::lock_guard<std::mutex> lock(mu_);
@@ -296,7 +343,7 @@ Status Controller::Resume(const std::string& name, const std::string& from, bool
   std::string checkpoint;
   if (!from.empty()) {
     // Only the run's own checkpoints: a resume must not read other runs' or the server's files.
-    std::string dir = RunDir(name) + "/checkpoints";
+    std::string dir = StorageDir(r, "checkpoint");
     std::string candidate = from.front() == '/' ? from : dir + "/" + from;
     std::error_code ec;
     std::string real = std::filesystem::weakly_canonical(candidate, ec).string();
@@ -327,6 +374,7 @@ void Controller::HandleResume(const ResumeRequest& request, Batch* batch) {
   r.exit_code.reset();
   r.signal.reset();
   run.resume_from = request.from;
+  run.queued_since_ms = NowMillis();
   Transition(
       run, RunState::kQueued, "Resumed",
       request.from.empty() ? "resumed by request" : "resumed by request from " + request.from,
@@ -383,8 +431,22 @@ nlohmann::json Controller::Capacity() {
   return capacity_info_;
 }
 
+void Controller::Count(const std::string& name, const Labels& labels) {
+  if (options_.metrics) options_.metrics->Count(name, labels);
+}
+
+void Controller::CountAttempt(const AttemptRecord& a) {
+  Count("tau_attempts_total", {{"failure_class", a.reason.empty() ? "Unknown" : a.reason}});
+}
+
 void Controller::CommitOrDie(Batch batch) {
+  if (batch.empty()) return;
+  auto start = std::chrono::steady_clock::now();
   Status s = store_->Commit(std::move(batch));
+  if (options_.metrics) {
+    std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    options_.metrics->Observe("tau_store_commit_duration_seconds", {}, took.count());
+  }
   if (!s.ok()) {
     // Acting on a state change that is not durable could lose or duplicate a run: stop instead. A
     // restart recovers from the last committed state.
@@ -412,6 +474,9 @@ void Controller::Finish(ActiveRun& run, RunState state, const std::string& reaso
   if (r.exit_code) data["exit_code"] = *r.exit_code;
   if (r.signal) data["signal"] = *r.signal;
   Transition(run, state, store::RunStateName(state), message, batch, data);
+  if (options_.metrics && r.started_ms)
+    options_.metrics->Observe("tau_run_duration_seconds", {{"state", store::RunStateName(state)}},
+                              static_cast<double>(*r.finished_ms - *r.started_ms) / 1000.0);
   ReleaseResources(run);
   batch->runs.push_back(r);
 }
@@ -426,6 +491,9 @@ void Controller::ReleaseResources(ActiveRun& run) {
   }
   r.gpus.clear();
   r.admitted_ms.reset();
+  r.flavors = nlohmann::json::object();
+  if (in_engine_.erase(r.name)) (void)engine_->RemoveWorkload(r.name);
+  outside_engine_.erase(r.name);
 }
 
 void Controller::FailAttempt(ActiveRun& run, const std::string& failure_class,
@@ -463,6 +531,7 @@ void Controller::FailAttempt(ActiveRun& run, const std::string& failure_class,
   r.reason = failure_class;
   r.message = message;
   r.not_before_ms = NowMillis() + backoff;
+  run.queued_since_ms = *r.not_before_ms;
   Transition(
       run, RunState::kQueued, "Retrying",
       fmt::format("attempt {} failed ({}); retry {} of {} after {} backoff", r.attempts,
@@ -478,7 +547,56 @@ Result<Controller::ActiveRun> Controller::Load(const RunRecord& record) {
   ActiveRun run;
   run.record = record;
   run.spec = std::move(*parsed.spec);
-  run.need = Needs(run.spec);
+  if (record.resolved.empty()) {
+    // Recorded before platform policy existed: its queue and shape are the spec's own.
+    run.resolved.workspace = record.workspace;
+    run.resolved.queue = record.queue;
+    run.resolved.priority = record.priority;
+    run.resolved.workers = run.spec.compute.workers;
+    run.resolved.gpus_per_worker = run.spec.compute.gpus;
+    run.resolved.cpus_per_worker = run.spec.compute.cpus;
+    run.resolved.memory_per_worker = run.spec.compute.memory;
+    run.resolved.max_runtime_ms = run.spec.max_runtime_ms;
+    int w = run.resolved.workers;
+    if (run.spec.compute.cpus)
+      run.resolved.total_requests[policy::kCpuResource] =
+          Quantity::FromMilli(run.spec.compute.cpus->milli() * w);
+    if (run.spec.compute.memory)
+      run.resolved.total_requests[policy::kMemoryResource] =
+          Quantity::FromMilli(run.spec.compute.memory->milli() * w);
+    if (run.spec.compute.gpus > 0)
+      run.resolved.total_requests[policy::kGpuResource] =
+          Quantity::FromUnits(int64_t{run.spec.compute.gpus} * w);
+  } else {
+    TAU_ASSIGN_OR_RETURN(run.resolved, policy::ResolvedRunFromJson(record.resolved));
+  }
+  // The run executes with its resolved shape (a compute profile may set GPUs, CPUs and memory; a
+  // workspace limit may cap the runtime).
+  run.spec.compute.workers = run.resolved.workers;
+  run.spec.compute.gpus = run.resolved.gpus_per_worker;
+  run.spec.compute.cpus = run.resolved.cpus_per_worker;
+  run.spec.compute.memory = run.resolved.memory_per_worker;
+  run.spec.max_runtime_ms = run.resolved.max_runtime_ms;
+  run.need = Needs(run.resolved);
+  run.queued_since_ms = record.not_before_ms.value_or(record.updated_ms);
+  // The engine's view: one pod set of `workers` pods. Its queue-order timestamp is the submission
+  // sequence, so runs submitted within the same millisecond keep their order.
+  admission::Workload& wl = run.workload;
+  wl.name = record.name;
+  wl.queue = run.resolved.queue;
+  wl.priority = run.resolved.priority;
+  wl.created_ms = record.seq;
+  admission::PodSet ps;
+  ps.count = std::max(1, run.resolved.workers);
+  if (run.resolved.cpus_per_worker)
+    ps.requests[policy::kCpuResource] = *run.resolved.cpus_per_worker;
+  if (run.resolved.memory_per_worker)
+    ps.requests[policy::kMemoryResource] = *run.resolved.memory_per_worker;
+  if (run.resolved.gpus_per_worker > 0)
+    ps.requests[policy::kGpuResource] = Quantity::FromUnits(run.resolved.gpus_per_worker);
+  ps.node_selector = run.resolved.node_selector;
+  ps.allowed_flavors = run.resolved.flavors;
+  wl.pod_sets = {std::move(ps)};
   return run;
 }
 
@@ -546,6 +664,7 @@ void Controller::Recover(Batch* batch) {
     }
     // Its supervisor is gone and left no result: the attempt's processes vanished.
     (void)runtime::StopAttempt(shim, last.dir);
+    PollMetrics(record.name, last.number);  // what it wrote is its, not the next attempt's
     AttemptRecord a = last;
     a.state = AttemptState::kFinished;
     a.ended_ms = NowMillis();
@@ -553,6 +672,7 @@ void Controller::Recover(Batch* batch) {
     a.reason = "NodeLost";
     a.message = "the attempt's processes vanished while the server was down";
     batch->attempts.push_back(a);
+    CountAttempt(a);
     run.shim.reset();
     FailAttempt(run, "NodeLost", a.message, batch);
     if (store::IsTerminal(run.record.state)) active_.erase(record.name);
@@ -564,19 +684,30 @@ void Controller::Loop() {
     std::deque<std::string> news, cancels, exits;
     std::deque<GpuNews> gpu_news;
     std::deque<ResumeRequest> resumes;
+    std::deque<std::vector<evidence::GpuSample>> samples;
+    bool rebuild = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(NextWakeMillis()), [&] {
         return stopping_ || !inbox_new_.empty() || !inbox_cancel_.empty() ||
-               !inbox_exited_.empty() || !inbox_gpu_.empty() || !inbox_resume_.empty();
+               !inbox_exited_.empty() || !inbox_gpu_.empty() || !inbox_resume_.empty() ||
+               !inbox_samples_.empty();
       });
       if (stopping_) return;
+      if (platform_changed_) {
+        platform_changed_ = false;
+        loop_platform_ = platform_.platform;
+        loop_generation_ = platform_generation_;
+        rebuild = true;
+      }
       news.swap(inbox_new_);
       cancels.swap(inbox_cancel_);
       exits.swap(inbox_exited_);
       gpu_news.swap(inbox_gpu_);
       resumes.swap(inbox_resume_);
+      samples.swap(inbox_samples_);
     }
+    if (rebuild) RebuildEngine();
     Batch batch;
     for (const std::string& name : news) {
       if (active_.count(name)) continue;
@@ -603,6 +734,8 @@ void Controller::Loop() {
         if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
       }
     }
+    // After the commit: the store has assigned the events' hashes that ended runs' records hold.
+    EvidenceTick({samples.begin(), samples.end()});
     // Terminal runs leave the active set once their final state is committed.
     for (auto it = active_.begin(); it != active_.end();) {
       it = store::IsTerminal(it->second.record.state) ? active_.erase(it) : std::next(it);
@@ -620,54 +753,6 @@ int64_t Controller::NextWakeMillis() const {
       wake = std::min(wake, std::max<int64_t>(0, *run.record.not_before_ms - now));
   }
   return wake;
-}
-
-void Controller::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
-  std::vector<ActiveRun*> queued;
-  for (auto& [name, run] : active_) {
-    if (run.record.state == RunState::kAdmitted && !run.shim)
-      to_start->push_back(name);  // recovered: admitted before the restart, never started
-    if (run.record.state == RunState::kQueued) queued.push_back(&run);
-  }
-  std::sort(queued.begin(), queued.end(),
-            [](const ActiveRun* a, const ActiveRun* b) { return a->record.seq < b->record.seq; });
-  // Best-effort FIFO: in submission order, admit every run whose resources are free now; a run that
-  // does not fit does not block smaller ones behind it.
-  int64_t now = NowMillis();
-  for (ActiveRun* run : queued) {
-    const Resources& need = run->need;
-    if (run->record.not_before_ms && *run->record.not_before_ms > now) continue;  // backing off
-    if (need.gpus > static_cast<int>(free_gpus_.size()) || need.cpu_milli > free_cpu_milli_ ||
-        need.memory_bytes > free_memory_bytes_)
-      continue;
-    RunRecord& r = run->record;
-    r.gpus.assign(free_gpus_.begin(), std::next(free_gpus_.begin(), need.gpus));
-    for (int g : r.gpus) free_gpus_.erase(g);
-    free_cpu_milli_ -= need.cpu_milli;
-    free_memory_bytes_ -= need.memory_bytes;
-    r.admitted_ms = NowMillis();
-    std::string where = r.gpus.empty() ? "no GPUs"
-                                       : "GPUs " + Join(
-                                                       [&] {
-                                                         std::vector<std::string> s;
-                                                         for (int g : r.gpus)
-                                                           s.push_back(std::to_string(g));
-                                                         return s;
-                                                       }(),
-                                                       ",");
-    Transition(*run, RunState::kAdmitted, "Admitted", "admitted on this machine with " + where,
-               batch, {{"gpus", r.gpus}});
-    batch->runs.push_back(r);
-    // The attempt is recorded before its supervisor starts, so a restart in between can find it.
-    AttemptRecord starting;
-    starting.run = r.name;
-    starting.number = r.attempts + 1;
-    starting.dir = AttemptDir(r.name, starting.number);
-    starting.gpus = r.gpus;
-    starting.started_ms = NowMillis();
-    batch->attempts.push_back(starting);
-    to_start->push_back(r.name);
-  }
 }
 
 runtime::EnvList Controller::BaseEnv() const {
@@ -710,6 +795,7 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
     a.reason = reason;
     a.message = message;
     batch->attempts.push_back(a);
+    CountAttempt(a);
     r.attempts = number;
     r.exit_code = std::nullopt;
     FailAttempt(run, reason, message, batch);
@@ -718,8 +804,11 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
   ctx.run_name = name;
   ctx.attempt = number;
   ctx.work_dir = run_dir + "/work";
-  ctx.checkpoint_dir = run_dir + "/checkpoints";
-  ctx.output_dir = run_dir + "/output";
+  ctx.checkpoint_dir = StorageDir(r, "checkpoint");
+  ctx.output_dir = StorageDir(r, "output");
+  for (const policy::Mount& m : run.resolved.mounts)
+    if (m.role == "data" && !m.host_path.empty())
+      ctx.extra_env.emplace_back("TAU_DATA_DIR", m.host_path);
   ctx.metrics_file = run_dir + "/metrics.jsonl";
   ctx.gpus = r.gpus;
   ctx.master_port = PickFreePort();
@@ -807,6 +896,8 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   auto attempts = store_->ListAttempts(name);
   if (!attempts.ok() || attempts->empty()) return;
   AttemptRecord a = attempts->back();
+  // The attempt's last metric points, before another attempt may append to the same file.
+  PollMetrics(name, a.number);
   run.shim.reset();
   auto outcome = runtime::ReadOutcome(a.dir);
   a.state = AttemptState::kFinished;
@@ -818,6 +909,7 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
     a.reason = r.cancel_requested ? "Cancelled" : "NodeLost";
     a.message = "the attempt's supervisor exited without recording a result";
     batch->attempts.push_back(a);
+    CountAttempt(a);
     if (r.cancel_requested)
       Finish(run, RunState::kCancelled, a.reason, a.message, batch);
     else
@@ -834,10 +926,19 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
     a.message = run.gpu_error;
   }
   run.gpu_error.clear();
+  if (!run.preempted_by.empty() && o.kind != runtime::OutcomeKind::kSucceeded &&
+      !r.cancel_requested) {
+    // Stopped to make room for a run the admission engine chose over it.
+    a.reason = "Preempted";
+    a.message = fmt::format("preempted by {} ({})", run.preempted_by, run.preemption_reason);
+  }
+  run.preempted_by.clear();
+  run.preemption_reason.clear();
   if (o.kind != runtime::OutcomeKind::kStopped || !r.cancel_requested) a.exit_code = o.exit_code;
   if (o.signal) a.signal = o.signal;
   a.ended_ms = o.ended_ms ? o.ended_ms : NowMillis();
-  if (o.kind != runtime::OutcomeKind::kSucceeded && a.reason != "Cancelled") {
+  if (o.kind != runtime::OutcomeKind::kSucceeded && a.reason != "Cancelled" &&
+      a.reason != "Preempted") {
     // The first failed transition and what the logs say about it.
     const char* phase = o.kind == runtime::OutcomeKind::kSetupFailed
                             ? "Running: setup failed before the job started"
@@ -845,12 +946,15 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
     a.diagnosis = DiagnosisJson(a.dir, o.workers.size(), phase);
   }
   batch->attempts.push_back(a);
+  CountAttempt(a);
   r.exit_code = a.exit_code;
   r.signal = a.signal;
   if (o.kind == runtime::OutcomeKind::kSucceeded) {
     Finish(run, RunState::kSucceeded, "Succeeded", "all processes exited with code 0", batch);
   } else if (a.reason == "Cancelled") {
     Finish(run, RunState::kCancelled, "Cancelled", "cancelled by request", batch);
+  } else if (a.reason == "Preempted" && PreemptionRequeues(run.spec.resilience)) {
+    Requeue(run, a.message, batch);
   } else {
     FailAttempt(run, a.reason, a.message, batch);
   }
@@ -868,8 +972,8 @@ void Controller::HandleCancel(const std::string& name, Batch* batch) {
     return;
   }
   batch->runs.push_back(r);
-  batch->events.push_back(
-      {0, name, NowMillis(), "CancelRequested", "stopping the attempt's processes", {}, "", ""});
+  batch->events.push_back({0, name, NowMillis(), "CancelRequested",
+                           "stopping the attempt's processes", nlohmann::json::object(), "", ""});
   if (run.shim) {
     auto attempts = store_->ListAttempts(name);
     std::string dir = attempts.ok() && !attempts->empty() ? attempts->back().dir : "";
@@ -877,56 +981,6 @@ void Controller::HandleCancel(const std::string& name, Batch* batch) {
     if (!s.ok())
       std::fprintf(stderr, "tau server: cancel %s: %s\n", name.c_str(), s.ToString().c_str());
   }
-}
-
-void Controller::RefreshPending() {
-  std::vector<const ActiveRun*> queued;
-  for (const auto& [name, run] : active_)
-    if (run.record.state == RunState::kQueued) queued.push_back(&run);
-  std::sort(queued.begin(), queued.end(),
-            [](const ActiveRun* a, const ActiveRun* b) { return a->record.seq < b->record.seq; });
-  std::map<std::string, nlohmann::json> info;
-  int position = 0;
-  for (const ActiveRun* run : queued) {
-    ++position;
-    const Resources& need = run->need;
-    std::vector<std::string> short_of;
-    if (need.gpus > static_cast<int>(free_gpus_.size()))
-      short_of.push_back(fmt::format(
-          "{} ({} of {} free{})", Plural(need.gpus, "GPU", "GPUs"), free_gpus_.size(),
-          gpus_.devices.size(),
-          unplaceable_gpus_.empty()
-              ? ""
-              : fmt::format(", {} kept out by health checks", unplaceable_gpus_.size())));
-    if (need.cpu_milli > free_cpu_milli_)
-      short_of.push_back(
-          fmt::format("{} CPUs ({} free)", Quantity::FromMilli(need.cpu_milli).ToString(),
-                      Quantity::FromMilli(std::max<int64_t>(0, free_cpu_milli_)).ToString()));
-    if (need.memory_bytes > free_memory_bytes_)
-      short_of.push_back(
-          fmt::format("{} memory ({} free)", Quantity::FromUnits(need.memory_bytes).ToString(),
-                      Quantity::FromUnits(std::max<int64_t>(0, free_memory_bytes_)).ToString()));
-    std::string reason = short_of.empty()
-                             ? "waiting for the scheduler"
-                             : fmt::format("needs {}; {} ahead in queue {}", Join(short_of, ", "),
-                                           Plural(position - 1, "run", "runs"), run->record.queue);
-    info[run->record.name] = {{"position", position}, {"reason", reason}};
-  }
-  nlohmann::json capacity = {{"gpus_total", gpus_.devices.size()},
-                             {"gpus_free", free_gpus_.size()},
-                             {"gpus_unplaceable", unplaceable_gpus_.size()},
-                             {"cpu_milli_total", cpu_capacity_milli_},
-                             {"cpu_milli_free", free_cpu_milli_},
-                             {"memory_bytes_total", memory_capacity_bytes_},
-                             {"memory_bytes_free", free_memory_bytes_},
-                             {"queued", queued.size()},
-                             {"active", active_.size()}};
-  std::lock_guard<std::mutex> lock(mu_);
-  // Keep placeholders for runs submitted after this pass started; they are not in active_ yet.
-  for (const std::string& name : inbox_new_)
-    info.emplace(name, pending_info_.count(name) ? pending_info_[name] : nlohmann::json());
-  pending_info_ = std::move(info);
-  capacity_info_ = std::move(capacity);
 }
 
 }  // namespace tau::server

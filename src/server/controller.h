@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -16,8 +17,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "admission/admission.h"
+#include "evidence/evidence.h"
 #include "health/health.h"
+#include "policy/policy.h"
 #include "runtime/runtime.h"
+#include "server/metrics.h"
 #include "server/snapshot.h"
 #include "spec/spec.h"
 #include "store/store.h"
@@ -30,12 +35,17 @@ struct ControllerOptions {
   int64_t stop_grace_ms = 10'000;
   int64_t cpu_capacity_milli = 0;     // 0: detect
   int64_t memory_capacity_bytes = 0;  // 0: detect
+  // The platform file `tau platform apply` writes and a restarted server reads; when it does not
+  // exist the server uses policy::DefaultPlatform sized to this machine.
+  std::string platform_file;
+  Metrics* metrics = nullptr;  // counters and histograms to feed; may be null
 };
 
 struct SubmitRequest {
   std::string spec_file;  // for messages
   std::string spec_yaml;
   std::vector<CodeFile> code;
+  policy::Caller caller;  // who submits: resolution checks workspace membership
 };
 
 // A submission that was refused: the diagnostics (spec errors) or a single message.
@@ -70,9 +80,41 @@ class Controller {
   // For queued runs: {"position": n (1 = next), "reason": "..."}; null when the run is not pending.
   nlohmann::json PendingInfo(const std::string& name);
   nlohmann::json Capacity();
+  // Queues: usage against quota per flavor and resource, admitted and pending runs with their
+  // positions and reasons, as of the last scheduling pass.
+  nlohmann::json Queues();
+
+  // The platform in force and where it came from.
+  struct PlatformView {
+    std::shared_ptr<const policy::Platform> platform;
+    std::string source;  // the applied file's name, or "default"
+    int64_t applied_ms = 0;
+  };
+  PlatformView CurrentPlatform();
+  // Validates `yaml` as a platform, writes it durably to the platform file, then makes it the one
+  // every later decision uses (no restart). Accepted runs keep the resolution they were given.
+  Status ApplyPlatform(const std::string& yaml, const std::string& filename,
+                       std::vector<spec::Diagnostic>* diagnostics);
   const health::GpuInventory& gpus() const { return gpus_; }
   std::string RunDir(const std::string& name) const { return options_.home + "/runs/" + name; }
   std::string AttemptDir(const std::string& name, int attempt) const;
+  // Where a run's checkpoints ("checkpoint") or outputs ("output") go.
+  std::string StorageDir(const store::RunRecord& run, const std::string& role) const;
+
+  // Evidence (controller_evidence.cc, docs/evidence.md). Callable from any thread: these read the
+  // store and the run's files, never the loop's state.
+  std::string EvidenceDir(const std::string& name) const { return RunDir(name) + "/evidence"; }
+  // The record: assembled now for a run that has not ended, else the one saved when it ended.
+  Result<nlohmann::json> EvidenceRecord(const std::string& name);
+  // What ExportBundle needs: the record's input and where the logs and metrics are.
+  Status EvidenceSources(const std::string& name, evidence::RecordInput* input,
+                         evidence::BundleSources* sources);
+  // The latest GPU samples of the monitor (called by the server's sampling thread; only queues
+  // them): appended to the evidence of the runs holding those GPUs.
+  void OnGpuSamples(std::vector<evidence::GpuSample> samples);
+  // Prunes the logs and GPU samples of runs that ended longer ago than the policy keeps them; the
+  // record keeps their hashes. Called periodically by the server (not from the loop).
+  Status ApplyRetention(const evidence::RetentionPolicy& policy, int64_t now_ms);
 
  private:
   struct Resources {
@@ -88,6 +130,11 @@ class Controller {
     std::string
         gpu_error;  // set when its attempt is stopped because a GPU it uses turned unhealthy
     std::string resume_from;  // a checkpoint chosen with `tau resume --from`, for the next attempt
+    policy::ResolvedRun resolved;
+    admission::Workload workload;  // what the admission engine sees (pending form)
+    // Set while its attempt is being stopped because the admission engine preempted it.
+    std::string preempted_by, preemption_reason;
+    int64_t queued_since_ms = 0;  // when it last entered the queue (after any backoff)
   };
   struct ResumeRequest {
     std::string name, from;
@@ -99,6 +146,17 @@ class Controller {
     std::string why;
   };
   void HandleGpuNews(const GpuNews& news, store::Batch* batch);
+  // Evidence, from the loop: metric polls, GPU samples, and handing ended runs to the worker that
+  // saves their final record (so hashing logs never holds up decisions).
+  void PollMetrics(const std::string& name, int attempt);
+  void EvidenceTick(const std::vector<std::vector<evidence::GpuSample>>& samples);
+  void EvidenceWorker();
+  Result<evidence::RecordInput> AssembleRecord(const store::RunRecord& r,
+                                               const evidence::MetricHistory& history,
+                                               const evidence::MetricsStats& stats,
+                                               bool final_save);
+  Result<nlohmann::json> SaveFinalRecord(const std::string& name,
+                                         const evidence::MetricsCollector* collector);
 
   void Loop();
   // Inserts `r` as "<base>-<random hex>", drawing again while the name is taken.
@@ -123,7 +181,18 @@ class Controller {
   void RefreshPending();
   Result<ActiveRun> Load(const store::RunRecord& record);
   void CommitOrDie(store::Batch batch);
-  Resources Needs(const spec::RunSpec& spec) const;
+  void Count(const std::string& name, const Labels& labels);
+  void CountAttempt(const store::AttemptRecord& attempt);
+  static Resources Needs(const policy::ResolvedRun& resolved);
+  // The admission engine side of a loop iteration (admit.cc).
+  void RebuildEngine();
+  void SyncEngine();
+  void HandlePreemption(const admission::PreemptedInfo& p, store::Batch* batch);
+  void Requeue(ActiveRun& run, const std::string& message, store::Batch* batch);
+  bool Place(ActiveRun& run, store::Batch* batch);
+  nlohmann::json PendingJson(const ActiveRun& run, int64_t now);
+  nlohmann::json QueuesJson(int64_t now);
+  Status LoadPlatformFile();
   std::string Refusal(const Resources& need) const;
   runtime::EnvList BaseEnv() const;
 
@@ -135,17 +204,48 @@ class Controller {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stopping_ = false;                               // GUARDED_BY(mu_)
-  std::deque<std::string> inbox_new_;                   // GUARDED_BY(mu_)
-  std::deque<std::string> inbox_cancel_;                // GUARDED_BY(mu_)
-  std::deque<std::string> inbox_exited_;                // GUARDED_BY(mu_)
-  std::deque<GpuNews> inbox_gpu_;                       // GUARDED_BY(mu_)
-  std::deque<ResumeRequest> inbox_resume_;              // GUARDED_BY(mu_)
+  bool stopping_ = false;                   // GUARDED_BY(mu_)
+  std::deque<std::string> inbox_new_;       // GUARDED_BY(mu_)
+  std::deque<std::string> inbox_cancel_;    // GUARDED_BY(mu_)
+  std::deque<std::string> inbox_exited_;    // GUARDED_BY(mu_)
+  std::deque<GpuNews> inbox_gpu_;           // GUARDED_BY(mu_)
+  std::deque<ResumeRequest> inbox_resume_;  // GUARDED_BY(mu_)
+  // GPU samples for the runs' evidence. GUARDED_BY(mu_)
+  std::deque<std::vector<evidence::GpuSample>> inbox_samples_;
   std::map<std::string, nlohmann::json> pending_info_;  // GUARDED_BY(mu_)
   nlohmann::json capacity_info_;                        // GUARDED_BY(mu_)
+  nlohmann::json queues_info_;                          // GUARDED_BY(mu_)
+  PlatformView platform_;                               // GUARDED_BY(mu_)
+  bool platform_changed_ = false;                       // GUARDED_BY(mu_)
+  // ApplyPlatform returns once the loop decides with the new platform (and its queue view is
+  // fresh).
+  int64_t platform_generation_ = 0;  // GUARDED_BY(mu_)
+  int64_t platform_in_use_ = 0;      // GUARDED_BY(mu_)
+  std::condition_variable platform_cv_;
+
+  // The evidence worker: final records of ended runs, saved off the loop thread.
+  struct FinalRecord {
+    std::string name;
+    std::unique_ptr<evidence::MetricsCollector> metrics;  // may be null
+  };
+  std::thread evidence_thread_;
+  std::mutex evidence_mu_;
+  std::condition_variable evidence_cv_;
+  bool evidence_stopping_ = false;                               // GUARDED_BY(evidence_mu_)
+  std::deque<FinalRecord> evidence_queue_;                       // GUARDED_BY(evidence_mu_)
+  std::map<std::string, evidence::MetricsStats> metrics_stats_;  // GUARDED_BY(evidence_mu_)
+  std::mutex record_save_mu_;  // one writer of a record.json at a time (worker, API, retention)
 
   // Owned by the loop thread.
+  std::map<std::string, std::unique_ptr<evidence::MetricsCollector>> collectors_;
+  int64_t last_metrics_poll_ms_ = 0;
   std::map<std::string, ActiveRun> active_;
+  std::shared_ptr<const policy::Platform> loop_platform_;
+  int64_t loop_generation_ = 0;
+  std::optional<admission::Engine> engine_;
+  std::map<std::string, bool> in_engine_;  // run -> holds quota (else pending in the engine)
+  std::map<std::string, std::string> outside_engine_;  // run -> why the engine cannot take it
+  std::map<std::string, admission::PendingInfo> engine_pending_;  // as of the last cycle
   std::set<int> free_gpus_;
   std::map<int, std::string> unplaceable_gpus_;  // GPU index -> why (Unhealthy or Unknown verdict)
   int64_t free_cpu_milli_ = 0;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -196,7 +197,7 @@ HttpServer::~HttpServer() {
 }
 
 void HttpServer::Route(const std::string& method, const std::string& pattern, HttpHandler handler) {
-  routes_.push_back({method, std::regex(pattern), std::move(handler)});
+  routes_.push_back({method, std::regex(pattern), pattern, std::move(handler)});
 }
 
 Status HttpServer::ListenUnix(const std::string& path, int mode) {
@@ -300,6 +301,16 @@ void HttpServer::Serve() {
 }
 
 void HttpServer::Dispatch(HttpRequest& req, HttpResponse& res) {
+  auto start = std::chrono::steady_clock::now();
+  std::string route_name = "unmatched";
+  DispatchRoute(req, res, &route_name);
+  if (observer_) {
+    std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    observer_(req.method, route_name, res.status, took.count());
+  }
+}
+
+void HttpServer::DispatchRoute(HttpRequest& req, HttpResponse& res, std::string* route_name) {
   bool path_known = false;
   for (const Route_& route : routes_) {
     std::smatch m;
@@ -308,6 +319,7 @@ void HttpServer::Dispatch(HttpRequest& req, HttpResponse& res) {
     if (route.method != req.method) continue;
     req.matches.clear();
     for (const auto& group : m) req.matches.push_back(group.str());
+    *route_name = route.pattern_text;
     route.handler(req, res);
     return;
   }

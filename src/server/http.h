@@ -68,6 +68,11 @@ class HttpServer {
   // Routes are tried in the order added; `pattern` must match the whole path.
   void Route(const std::string& method, const std::string& pattern, HttpHandler handler);
   void set_max_body_bytes(size_t n) { max_body_bytes_ = n; }
+  // Called after each handler with the route's pattern ("unmatched" for 404/405), the status and
+  // the handling time in seconds. Set before Serve().
+  using Observer = std::function<void(const std::string& method, const std::string& route,
+                                      int status, double seconds)>;
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
 
   Status ListenUnix(const std::string& path, int mode = 0600);
   Status ListenTcp(const std::string& host, int port);  // port 0: any free port
@@ -83,12 +88,15 @@ class HttpServer {
   struct Route_ {
     std::string method;
     std::regex pattern;
+    std::string pattern_text;
     HttpHandler handler;
   };
   void ServeConnection(int fd, bool is_unix);
   void Dispatch(HttpRequest& req, HttpResponse& res);
+  void DispatchRoute(HttpRequest& req, HttpResponse& res, std::string* route_name);
 
   std::vector<Route_> routes_;
+  Observer observer_;
   size_t max_body_bytes_ = 1 << 20;
   std::vector<int> listen_fds_;
   std::vector<bool> listen_is_unix_;

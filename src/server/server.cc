@@ -5,14 +5,19 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
 
+#include "common/clock.h"
 #include "common/files.h"
+#include "evidence/evidence.h"
 #include "health/health.h"
 #include "server/api.h"
 #include "server/controller.h"
@@ -28,6 +33,32 @@ namespace tau::server {
 const char* Version() { return TAU_VERSION; }
 
 namespace {
+
+// The monitor's latest readings as evidence samples (one per GPU that could be read).
+std::vector<evidence::GpuSample> EvidenceSamples(const health::HealthSnapshot& snap) {
+  std::vector<evidence::GpuSample> out;
+  for (const health::GpuSample& s : snap.samples) {
+    if (s.lost || s.unreadable || s.at_ms == 0) continue;
+    // Built from whole optionals, not field by field: GCC 12 mistakes the latter for reads of
+    // uninitialised members (-Wmaybe-uninitialized).
+    auto real = [](const auto& o) { return o ? std::optional<double>(*o) : std::nullopt; };
+    auto bytes = [](const auto& o) {
+      return o ? std::optional<int64_t>(static_cast<int64_t>(*o)) : std::nullopt;
+    };
+    evidence::GpuSample e{};
+    e.at_ms = s.at_ms;
+    e.gpu = s.index;
+    e.uuid = s.uuid;
+    e.util_pct = real(s.gpu_util_pct);
+    e.memory_util_pct = real(s.memory_util_pct);
+    e.memory_used_bytes = bytes(s.memory_used_bytes);
+    e.memory_total_bytes = bytes(s.memory_total_bytes);
+    e.temperature_c = real(s.temperature_c);
+    e.power_w = s.power_mw ? std::optional<double>(*s.power_mw / 1000.0) : std::nullopt;
+    out.push_back(std::move(e));
+  }
+  return out;
+}
 
 // One server per TAU_HOME: an exclusive lock held for the server's life. The kernel drops it when
 // the process dies, however it dies, so a stale lock never blocks a restart.
@@ -97,10 +128,13 @@ int RunServer(const ServerOptions& options) {
   log(gpus.devices.empty()
           ? "no GPUs: " + gpus.note
           : fmt::format("{} GPU(s), driver {}", gpus.devices.size(), gpus.driver_version));
+  Metrics metrics;
   ControllerOptions copts;
   copts.home = options.home;
   copts.tau_binary = options.tau_binary;
   copts.stop_grace_ms = options.stop_grace_ms;
+  copts.platform_file = options.home + "/platform.yaml";
+  copts.metrics = &metrics;
   Controller controller(copts, store->get(), gpus);
   verdict_sink = &controller;
   // Verdicts from the first pass (and any change since) decide which GPUs placement may use.
@@ -115,7 +149,12 @@ int RunServer(const ServerOptions& options) {
     return 1;
   }
   HttpServer http;
-  RegisterApi(&http, &controller, store->get(), &monitor);
+  http.set_observer(
+      [&metrics](const std::string& method, const std::string& route, int status, double seconds) {
+        metrics.Observe("tau_http_request_duration_seconds", {{"method", method}, {"route", route}},
+                        seconds);
+      });
+  RegisterApi(&http, &controller, store->get(), &monitor, &metrics);
   std::string socket_path =
       options.socket_path.empty() ? options.home + "/tau.sock" : options.socket_path;
   if (Status s = http.ListenUnix(socket_path); !s.ok()) {
@@ -133,6 +172,44 @@ int RunServer(const ServerOptions& options) {
     log(fmt::format("listening on http://{}:{}", host, http.tcp_port()));
   }
   log(fmt::format("tau {} serving on unix://{} (pid {})", Version(), socket_path, ::getpid()));
+
+  // Evidence housekeeping, off the controller's loop: the GPU monitor's readings go to the runs
+  // holding those GPUs (once per poll interval, only new passes), and retention prunes old runs'
+  // logs and samples.
+  std::mutex housekeeping_mu;
+  std::condition_variable housekeeping_cv;
+  bool housekeeping_stop = false;
+  std::thread housekeeping([&] {
+    evidence::RetentionPolicy retention{options.retain_logs_ms, options.retain_samples_ms};
+    int64_t shortest = 0;
+    for (int64_t keep : {retention.keep_logs_ms, retention.keep_samples_ms})
+      if (keep > 0) shortest = shortest == 0 ? keep : std::min(shortest, keep);
+    // Often enough that a short retention is kept to within about half of it; not more than once a
+    // second nor less than once a minute.
+    int64_t retention_every = std::clamp<int64_t>(shortest / 2, 1000, 60'000);
+    int64_t sample_every = std::max<int64_t>(options.gpu_poll_ms, 200);
+    int64_t last_pass = -1, next_retention = 0;
+    std::unique_lock<std::mutex> lock(housekeeping_mu);
+    while (!housekeeping_stop) {
+      lock.unlock();
+      if (!gpus.devices.empty()) {
+        health::HealthSnapshot snap = monitor.Snapshot();
+        if (snap.passes != last_pass) {
+          last_pass = snap.passes;
+          controller.OnGpuSamples(EvidenceSamples(snap));
+        }
+      }
+      if (shortest > 0 && NowMillis() >= next_retention) {
+        if (Status s = controller.ApplyRetention(retention, NowMillis()); !s.ok())
+          log("retention: " + s.ToString());
+        next_retention = NowMillis() + retention_every;
+      }
+      lock.lock();
+      housekeeping_cv.wait_for(lock,
+                               std::chrono::milliseconds(std::min(sample_every, retention_every)),
+                               [&] { return housekeeping_stop; });
+    }
+  });
   (void)WriteFileAtomic(options.home + "/server.pid", std::to_string(::getpid()) + "\n");
 
   std::thread signal_thread([&] {
@@ -143,6 +220,12 @@ int RunServer(const ServerOptions& options) {
   });
   http.Serve();
   signal_thread.join();
+  {
+    std::lock_guard<std::mutex> lock(housekeeping_mu);
+    housekeeping_stop = true;
+    housekeeping_cv.notify_all();
+  }
+  housekeeping.join();
   verdict_sink = nullptr;
   monitor.Stop();
   controller.Stop();

@@ -16,6 +16,9 @@ struct ServerOptions {
   std::string tau_binary;   // this program, started as the attempts' supervisor
   int64_t stop_grace_ms = 10'000;
   int64_t gpu_poll_ms = 10'000;  // GPU health polling interval (XID events arrive in between)
+  // Retention of ended runs' logs and GPU samples (0: forever); the evidence record stays.
+  int64_t retain_logs_ms = 0;
+  int64_t retain_samples_ms = 0;
   bool quiet = false;
 };
 

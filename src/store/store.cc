@@ -77,6 +77,12 @@ CREATE INDEX events_run ON events(run, id);
     "ALTER TABLE runs ADD COLUMN not_before_ms INTEGER;",
     // 3: what a failed attempt's logs say.
     "ALTER TABLE attempts ADD COLUMN diagnosis TEXT NOT NULL DEFAULT '{}';",
+    // 4: platform policy: who submitted, the resolved settings with provenance, and the flavors
+    // the admission engine assigned (restored after a restart so quota stays accounted).
+    "ALTER TABLE runs ADD COLUMN owner TEXT NOT NULL DEFAULT '';"
+    "ALTER TABLE runs ADD COLUMN resolved TEXT NOT NULL DEFAULT '{}';"
+    "ALTER TABLE runs ADD COLUMN flavors TEXT NOT NULL DEFAULT '{}';"
+    "ALTER TABLE runs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0;",
 };
 
 // A prepared statement with RAII finalisation.
@@ -147,7 +153,7 @@ constexpr const char* kRunColumns =
     "name, seq, spec_name, spec_file, spec_yaml, spec_json, config_hash, snapshot_digest, "
     "snapshot_dir, workspace, queue, priority, resources, state, reason, message, exit_code, "
     "signal, attempts, gpus, cancel_requested, created_ms, updated_ms, admitted_ms, started_ms, "
-    "finished_ms, not_before_ms";
+    "finished_ms, not_before_ms, owner, resolved, flavors, preemptions";
 
 RunRecord ReadRun(Stmt& s) {
   RunRecord r;
@@ -178,6 +184,10 @@ RunRecord ReadRun(Stmt& s) {
   r.started_ms = s.OptInt(24);
   r.finished_ms = s.OptInt(25);
   r.not_before_ms = s.OptInt(26);
+  r.owner = s.Text(27);
+  r.resolved = ParseJsonColumn(s.Text(28), nlohmann::json::object());
+  r.flavors = ParseJsonColumn(s.Text(29), nlohmann::json::object());
+  r.preemptions = static_cast<int>(s.Int(30));
   return r;
 }
 
@@ -209,6 +219,10 @@ void BindRun(Stmt& s, const RunRecord& r) {
   s.Bind(25, r.started_ms);
   s.Bind(26, r.finished_ms);
   s.Bind(27, r.not_before_ms);
+  s.Bind(28, r.owner);
+  s.Bind(29, r.resolved.dump());
+  s.Bind(30, r.flavors.dump());
+  s.Bind(31, static_cast<int64_t>(r.preemptions));
 }
 
 }  // namespace
@@ -294,7 +308,7 @@ struct Store::Impl {
   Status UpsertRun(const RunRecord& r) {
     static const std::string sql = fmt::format(
         "INSERT OR REPLACE INTO runs ({}) VALUES "
-        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         kRunColumns);
     Stmt s(db, sql.c_str());
     if (!s.ok()) return Error("preparing run upsert");
@@ -436,6 +450,7 @@ static std::string WhereClause(const RunFilter& f) {
   if (f.state) conds.push_back("state = ?1");
   if (f.active_only) conds.push_back("state IN ('Queued','Admitted','Running')");
   if (!f.workspace.empty()) conds.push_back("workspace = ?2");
+  if (!f.queue.empty()) conds.push_back("queue = ?3");
   std::string out;
   for (size_t i = 0; i < conds.size(); ++i) out += (i ? " AND " : " WHERE ") + conds[i];
   return out;
@@ -444,6 +459,7 @@ static std::string WhereClause(const RunFilter& f) {
 static void BindFilter(Stmt& s, const RunFilter& f) {
   if (f.state) s.Bind(1, std::string(RunStateName(*f.state)));
   if (!f.workspace.empty()) s.Bind(2, f.workspace);
+  if (!f.queue.empty()) s.Bind(3, f.queue);
 }
 
 Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {
@@ -468,6 +484,17 @@ Result<int64_t> Store::CountRuns(const RunFilter& filter) {
   BindFilter(s, filter);
   if (s.Step() != SQLITE_ROW) return impl_->Error("counting runs");
   return s.Int(0);
+}
+
+Result<std::vector<RunCount>> Store::CountRunsByStateAndWorkspace() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db, "SELECT state, workspace, COUNT(*) FROM runs GROUP BY state, workspace");
+  if (!s.ok()) return impl_->Error("preparing run counts");
+  std::vector<RunCount> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) out.push_back({s.Text(0), s.Text(1), s.Int(2)});
+  if (rc != SQLITE_DONE) return impl_->Error("counting runs");
+  return out;
 }
 
 Result<std::vector<AttemptRecord>> Store::ListAttempts(const std::string& run) {

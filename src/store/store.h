@@ -49,6 +49,12 @@ struct RunRecord {
   int64_t created_ms = 0, updated_ms = 0;
   std::optional<int64_t> admitted_ms, started_ms, finished_ms;
   std::optional<int64_t> not_before_ms;  // a retry waits in the queue until then (its backoff)
+  std::string owner;                     // the user who submitted it
+  // The resolved settings with provenance (policy::ResolvedRun as JSON), fixed at submission.
+  nlohmann::json resolved = nlohmann::json::object();
+  // While it holds quota: the flavors the admission engine assigned, {podset: {resource: flavor}}.
+  nlohmann::json flavors = nlohmann::json::object();
+  int preemptions = 0;  // times it was preempted (these do not use up resilience.max_retries)
 };
 
 enum class AttemptState { kStarting, kRunning, kFinished };
@@ -94,9 +100,15 @@ struct RunFilter {
   std::optional<RunState> state;
   bool active_only = false;  // non-terminal runs
   std::string workspace;
+  std::string queue;
   int64_t limit = 0;  // 0 = no limit
   int64_t offset = 0;
   bool newest_first = true;
+};
+
+struct RunCount {
+  std::string state, workspace;
+  int64_t runs = 0;
 };
 
 class Store {
@@ -114,6 +126,8 @@ class Store {
   Result<RunRecord> GetRun(const std::string& name);
   Result<std::vector<RunRecord>> ListRuns(const RunFilter& filter);
   Result<int64_t> CountRuns(const RunFilter& filter);
+  // Runs per (state, workspace), for metrics.
+  Result<std::vector<RunCount>> CountRunsByStateAndWorkspace();
   Result<std::vector<AttemptRecord>> ListAttempts(const std::string& run);
   Result<std::vector<Event>> ListEvents(const std::string& run);
 

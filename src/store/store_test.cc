@@ -65,6 +65,10 @@ TEST_F(StoreTest, BatchCommitAndFilters) {
   r.state = RunState::kSucceeded;
   r.exit_code = 0;
   r.gpus = {1, 3};
+  r.owner = "alice";
+  r.resolved = {{"queue", "research"}, {"workspace", "vision"}};
+  r.flavors = {{"main", {{"nvidia.com/gpu", "h100"}}}};
+  r.preemptions = 2;
   AttemptRecord a;
   a.run = "r2";
   a.number = 1;
@@ -80,6 +84,10 @@ TEST_F(StoreTest, BatchCommitAndFilters) {
   EXPECT_EQ(got.state, RunState::kSucceeded);
   EXPECT_EQ(got.gpus, (std::vector<int>{1, 3}));
   EXPECT_EQ(*got.exit_code, 0);
+  EXPECT_EQ(got.owner, "alice");
+  EXPECT_EQ(got.resolved["queue"], "research");
+  EXPECT_EQ(got.flavors["main"]["nvidia.com/gpu"], "h100");
+  EXPECT_EQ(got.preemptions, 2);
   EXPECT_EQ(store_->ListAttempts("r2")->at(0).shim_pid, 42);
   RunFilter active;
   active.active_only = true;
@@ -93,6 +101,11 @@ TEST_F(StoreTest, BatchCommitAndFilters) {
   RunFilter done;
   done.state = RunState::kSucceeded;
   EXPECT_EQ(store_->ListRuns(done)->size(), 1u);
+  RunFilter in_queue;
+  in_queue.queue = r.queue;
+  EXPECT_EQ(*store_->CountRuns(in_queue), 5);
+  in_queue.queue = "elsewhere";
+  EXPECT_EQ(*store_->CountRuns(in_queue), 0);
 }
 
 TEST_F(StoreTest, EventsAreHashChained) {

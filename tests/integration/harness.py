@@ -44,7 +44,8 @@ def pid_alive(pid):
 class TauServer:
     """A tau server in its own TAU_HOME (short path: Unix socket paths are limited to 107 bytes)."""
 
-    def __init__(self, gpus=None, extra_env=None, stop_grace_ms=1000, gpu_poll_ms=200):
+    def __init__(self, gpus=None, extra_env=None, stop_grace_ms=1000, gpu_poll_ms=200,
+                 extra_args=()):
         self.home = tempfile.mkdtemp(prefix="tau-it-", dir="/tmp")
         self.env = dict(os.environ)
         self.env["TAU_HOME"] = self.home
@@ -60,12 +61,13 @@ class TauServer:
         self.stop_grace_ms = stop_grace_ms
         self.gpu_poll_ms = gpu_poll_ms
         self.proc = None
+        self.extra_args = list(extra_args)
 
     def start(self):
         with open(os.path.join(self.home, "server-test.log"), "ab") as log:
             self.proc = subprocess.Popen(
                 [TAU, "server", "--home", self.home, "--stop-grace", str(self.stop_grace_ms),
-                 "--gpu-poll", str(self.gpu_poll_ms)],
+                 "--gpu-poll", str(self.gpu_poll_ms), *self.extra_args],
                 env=self.env, stdout=log, stderr=log, start_new_session=True)
         sock = os.path.join(self.home, "tau.sock")
         wait_for(lambda: self._connectable(sock), what="the server socket")

@@ -254,7 +254,7 @@ class GpuPlacementTest(ServerTestCase):
         wait_for(lambda: json.loads(self.server.tau("status", c, "-o", "json").stdout)["pending"].get("position") == 1,
                  what="a queue position")
         st = json.loads(self.server.tau("status", c, "-o", "json", check=0).stdout)
-        self.assertIn("needs 1 GPU (0 of 2 free)", st["pending"]["reason"])
+        self.assertIn("needs 1 nvidia.com/gpu; queue default has 0 of 2 free", st["pending"]["reason"])
         table = self.server.tau("status", c, check=0).stdout
         self.assertIn("position 1", table)
         wait_for(lambda: "CVD=" in self.server.tau("logs", a).stdout, what="run a's output")
@@ -479,6 +479,37 @@ class RetryTest(ServerTestCase):
         d = self.server.wait_state(name, "Succeeded", timeout=30)
         self.assertEqual([a["reason"] for a in d["attempts"]], ["NodeLost", "Succeeded"])
         self.assertIn("second attempt NodeLost", self.server.tau("logs", name).stdout)
+
+
+def cgroup_v2_memory_delegated():
+    """True where the shim can put an attempt in its own cgroup v2 with a memory limit."""
+    try:
+        if "memory" not in open("/sys/fs/cgroup/cgroup.controllers").read().split():
+            return False
+        rel = open("/proc/self/cgroup").read().strip().split("::", 1)[1]
+        parent = os.path.join("/sys/fs/cgroup", rel.lstrip("/"))
+        return ("memory" in open(os.path.join(parent, "cgroup.subtree_control")).read().split()
+                and os.access(parent, os.W_OK))
+    except (OSError, IndexError):
+        return False
+
+
+@unittest.skipUnless(cgroup_v2_memory_delegated(),
+                     "needs cgroup v2 with the memory controller delegated (not on this machine)")
+class OomTest(ServerTestCase):
+    def test_memory_hog_is_oomkilled_and_not_retried_unless_listed(self):
+        hog = "b = []\nwhile True:\n    b.append(bytearray(16 << 20))\n"
+        extra = "resilience:\n  max_retries: 2\n  backoff_initial: 100ms\n"
+        spec = job_spec("hog", extra=extra).replace("  workers: 1\n", "  workers: 1\n  memory: 128Mi\n")
+        name = self.submit(spec, {"main.py": hog})
+        d = self.server.wait_state(name, "Failed", timeout=60)
+        self.assertEqual(d["run"]["reason"], "OOMKilled")
+        self.assertEqual(len(d["attempts"]), 1)  # OOMKilled is not in the default retry_on
+        self.assertIn("OOMKilled is not in resilience.retry_on", d["run"]["message"])
+        p = self.server.tau("resume", name)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--force", p.stderr)
+        self.server.tau("resume", name, "--force", check=0)
 
 
 class ManualControlTest(ServerTestCase):

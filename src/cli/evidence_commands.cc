@@ -1,0 +1,167 @@
+// `tau evidence ...` and `tau metrics ...` (docs/evidence.md).
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "cli/connect.h"
+#include "common/strings.h"
+#include "evidence/evidence.h"
+
+namespace tau::cli {
+
+int CmdEvidence(const Global& g, const std::string& run, Format format) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  auto record = CallJson(**conn, "GET", "/api/v1/runs/" + run + "/evidence");
+  if (!record.ok()) return Fail(record.status().message());
+  if (format == Format::kJson) {
+    PrintJson(*record);
+  } else if (format == Format::kYaml) {
+    PrintYaml(*record);
+  } else {
+    std::fputs(evidence::FormatRecordSummary(*record).c_str(), stdout);
+  }
+  return 0;
+}
+
+int CmdEvidenceExport(const Global& g, const std::string& run, const std::string& file) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  // Written beside the target and renamed when complete: a failed export leaves no partial file
+  // under the name asked for.
+  std::string tmp = file + ".part-" + RandomHex(6);
+  FILE* out = std::fopen(tmp.c_str(), "wb");
+  if (!out) return Fail(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+  std::string error_body;
+  bool write_failed = false;
+  int64_t bytes = 0;
+  auto status = (*conn)->Stream("GET", "/api/v1/runs/" + run + "/evidence/bundle",
+                                [&](std::string_view data) {
+                                  if (error_body.size() < 65536) error_body.append(data);
+                                  if (std::fwrite(data.data(), 1, data.size(), out) != data.size())
+                                    write_failed = true;
+                                  bytes += static_cast<int64_t>(data.size());
+                                  return !write_failed;
+                                });
+  bool closed = std::fclose(out) == 0;
+  auto cleanup = [&](const std::string& message) {
+    std::remove(tmp.c_str());
+    return Fail(message);
+  };
+  if (!status.ok()) return cleanup(status.status().message());
+  if (*status != 200) {
+    auto j = nlohmann::json::parse(error_body, nullptr, false);
+    std::string message = j.is_object() && j.contains("error")
+                              ? j["error"].value("message", error_body)
+                              : fmt::format("the server refused the export (HTTP {})", *status);
+    return cleanup(message);
+  }
+  if (write_failed || !closed) return cleanup("cannot write " + tmp);
+  if (std::rename(tmp.c_str(), file.c_str()) != 0)
+    return cleanup(fmt::format("cannot rename {} to {}: {}", tmp, file, std::strerror(errno)));
+  evidence::VerifyReport report;
+  Status ok = evidence::VerifyBundle(file, {}, &report);
+  if (!ok.ok()) return Fail("the exported bundle does not verify: " + ok.message());
+  std::printf("wrote %s (%lld bytes, %lld files, chain head %s)\n", file.c_str(),
+              static_cast<long long>(bytes), static_cast<long long>(report.files),
+              report.chain_head.substr(0, 16).c_str());
+  return 0;
+}
+
+int CmdEvidenceVerify(const Global& g, const std::string& file, bool run_check) {
+  evidence::VerifyReport report;
+  Status s = evidence::VerifyBundle(file, {}, &report);
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: NOT intact: %s\n", file.c_str(), s.message().c_str());
+    return kExitInvalid;
+  }
+  if (run_check) {
+    // A bundle rewritten consistently passes every check inside it; only the chain head the server
+    // holds for the run tells it apart.
+    auto conn = ConnectToServer(g.server);
+    if (!conn.ok()) return Fail(conn.status().message());
+    auto got = CallJson(**conn, "GET", "/api/v1/runs/" + report.run);
+    if (!got.ok()) return Fail("cannot check against the server: " + got.status().message());
+    const auto& events = (*got)["events"];
+    std::string head = events.is_array() && !events.empty() ? events.back().value("hash", "") : "";
+    if (head != report.chain_head) {
+      evidence::VerifyOptions options;
+      options.expected_chain_head = head;
+      Status again = evidence::VerifyBundle(file, options, nullptr);
+      std::fprintf(
+          stderr, "%s: NOT intact: %s\n", file.c_str(),
+          again.ok() ? "its chain head differs from the server's" : again.message().c_str());
+      return kExitInvalid;
+    }
+  }
+  std::printf("%s: intact (run %s, %lld files, %lld events, chain head %s%s)\n", file.c_str(),
+              report.run.c_str(), static_cast<long long>(report.files),
+              static_cast<long long>(report.events), report.chain_head.substr(0, 16).c_str(),
+              run_check ? ", matches the server" : "");
+  return 0;
+}
+
+int CmdMetrics(const Global& g, const std::string& run, const std::string& name,
+               const std::string& split, bool has_split, const std::string& output) {
+  std::string mode = output;
+  if (mode.empty()) mode = StdoutIsTerminal() ? "table" : "jsonl";
+  if (mode != "table" && mode != "json" && mode != "jsonl")
+    return Fail("unknown output format '" + output + "' (table, json or jsonl)");
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  std::string query = "format=jsonl";
+  if (!name.empty()) query += "&name=" + name;
+  if (has_split) query += "&split=" + split;
+  auto res = (*conn)->Call("GET", "/api/v1/runs/" + run + "/metrics?" + query);
+  if (!res.ok()) return Fail(res.status().message());
+  if (res->status != 200) return Fail(client::ErrorFromResponse(*res).message());
+  if (mode == "jsonl") {
+    std::fputs(res->body.c_str(), stdout);
+    return 0;
+  }
+  evidence::MetricHistory history;
+  history.AddJsonl(res->body);
+  if (mode == "json") {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& [n, s] : history.SeriesKeys()) {
+      nlohmann::json points = nlohmann::json::array();
+      for (const auto& p : history.Series(n, s)) {
+        nlohmann::json v = std::isfinite(p.value) ? nlohmann::json(p.value)
+                                                  : nlohmann::json(evidence::FormatValue(p.value));
+        points.push_back({{"step", p.step}, {"value", v}, {"attempt", p.attempt}});
+      }
+      out.push_back({{"name", n}, {"split", s}, {"points", points}});
+    }
+    PrintJson(out);
+    return 0;
+  }
+  if (history.size() == 0) {
+    std::printf("run %s has no metric points%s\n", run.c_str(),
+                name.empty() ? "" : (" named " + name).c_str());
+    return name.empty() ? 0 : kExitInvalid;
+  }
+  if (name.empty()) {
+    std::fputs(evidence::FormatSummaryTable(history.Summaries(), &history).c_str(), stdout);
+    return 0;
+  }
+  for (const auto& [n, s] : history.SeriesKeys()) {
+    std::vector<evidence::MetricPoint> points = history.Series(n, s);
+    std::vector<double> values;
+    for (const auto& p : points) values.push_back(p.value);
+    std::printf("%s%s  %s  (%zu points, steps %lld..%lld)\n", n.c_str(),
+                s.empty() ? "" : ("/" + s).c_str(), evidence::Sparkline(values).c_str(),
+                points.size(), static_cast<long long>(points.front().step),
+                static_cast<long long>(points.back().step));
+    std::fputs(evidence::FormatMetricTable(points).c_str(), stdout);
+  }
+  return 0;
+}
+
+}  // namespace tau::cli

@@ -1,0 +1,536 @@
+// The controller's admission step: platform policy in force, the Kueue-model admission engine
+// (quota, priorities, preemption, fair sharing) and placement on this machine's GPUs, CPUs and
+// memory. Quota is policy; the machine is capacity: a run starts only when it holds quota *and*
+// fits on the machine.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "common/clock.h"
+#include "common/files.h"
+#include "common/strings.h"
+#include "server/controller.h"
+
+namespace tau::server {
+
+using store::AttemptRecord;
+using store::Batch;
+using store::RunRecord;
+using store::RunState;
+
+namespace {
+
+// Scheduling cycles per loop iteration at most: each cycle admits at most one run per queue head,
+// as Kueue's scheduler does; the loop runs again right away when work is left.
+constexpr int kMaxCyclesPerPass = 256;
+
+nlohmann::json AssignmentJson(const admission::FlavorAssignment& a) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [podset, resources] : a) out[podset] = resources;
+  return out;
+}
+
+admission::FlavorAssignment AssignmentFromJson(const nlohmann::json& j) {
+  admission::FlavorAssignment out;
+  if (!j.is_object()) return out;
+  for (const auto& [podset, resources] : j.items()) {
+    if (!resources.is_object()) continue;
+    for (const auto& [resource, flavor] : resources.items())
+      if (flavor.is_string()) out[podset][resource] = flavor.get<std::string>();
+  }
+  return out;
+}
+
+std::string FlavorsText(const admission::FlavorAssignment& a) {
+  std::vector<std::string> parts;
+  for (const auto& [podset, resources] : a)
+    for (const auto& [resource, flavor] : resources)
+      parts.push_back(fmt::format("{} on {}", resource, flavor));
+  return parts.empty() ? "no quota needed" : Join(parts, ", ");
+}
+
+std::string RunsAhead(int position) {
+  if (position <= 0) return "first in line";
+  return fmt::format("{} {} ahead", position, position == 1 ? "run" : "runs");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Platform.
+
+Status Controller::LoadPlatformFile() {
+  std::shared_ptr<const policy::Platform> platform;
+  std::string source = "default";
+  int64_t applied_ms = NowMillis();
+  if (!options_.platform_file.empty() && PathExists(options_.platform_file)) {
+    TAU_ASSIGN_OR_RETURN(std::string text, ReadFile(options_.platform_file));
+    policy::PlatformOutcome parsed = policy::ParsePlatform(text, options_.platform_file);
+    if (!parsed.ok())
+      return InvalidArgument(fmt::format(
+          "the platform file is not valid (fix it, or remove it to use the default):\n{}",
+          parsed.ErrorText()));
+    platform = std::make_shared<const policy::Platform>(std::move(*parsed.platform));
+    source = options_.platform_file;
+    // Which file it was applied from, and when (written by ApplyPlatform).
+    if (auto meta = ReadFile(options_.platform_file + ".applied"); meta.ok()) {
+      nlohmann::json j = nlohmann::json::parse(*meta, nullptr, false);
+      if (j.is_object()) {
+        source = j.value("source", source);
+        applied_ms = j.value("applied_ms", applied_ms);
+      }
+    }
+  } else {
+    platform = std::make_shared<const policy::Platform>(policy::DefaultPlatform(
+        static_cast<int>(gpus_.devices.size()), cpu_capacity_milli_, memory_capacity_bytes_));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  platform_ = {platform, source, applied_ms};
+  loop_platform_ = platform;
+  return Status::Ok();
+}
+
+Controller::PlatformView Controller::CurrentPlatform() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return platform_;
+}
+
+Status Controller::ApplyPlatform(const std::string& yaml, const std::string& filename,
+                                 std::vector<spec::Diagnostic>* diagnostics) {
+  policy::PlatformOutcome parsed = policy::ParsePlatform(yaml, filename);
+  if (!parsed.ok()) {
+    *diagnostics = parsed.diagnostics;
+    return InvalidArgument(parsed.ErrorText());
+  }
+  auto engine = admission::Engine::Create(policy::ToAdmissionConfig(*parsed.platform));
+  if (!engine.ok()) return InvalidArgument(filename + ": " + engine.status().message());
+  if (options_.platform_file.empty())
+    return FailedPrecondition("this server has no platform file configured");
+  // Durable before it is used: a restarted server must decide with the same policy.
+  int64_t now = NowMillis();
+  TAU_RETURN_IF_ERROR(WriteFileAtomic(options_.platform_file, yaml, 0600));
+  nlohmann::json meta = {{"source", filename}, {"applied_ms", now}};
+  TAU_RETURN_IF_ERROR(
+      WriteFileAtomic(options_.platform_file + ".applied", meta.dump() + "\n", 0600));
+  auto platform = std::make_shared<const policy::Platform>(std::move(*parsed.platform));
+  std::unique_lock<std::mutex> lock(mu_);
+  platform_ = {platform, filename, now};
+  platform_changed_ = true;
+  int64_t generation = ++platform_generation_;
+  cv_.notify_one();
+  // The file is durable, so the policy holds from here on; waiting only makes `tau queues` right
+  // after `tau platform apply` show the new queues.
+  platform_cv_.wait_for(lock, std::chrono::seconds(10),
+                        [&] { return stopping_ || platform_in_use_ >= generation; });
+  return Status::Ok();
+}
+
+nlohmann::json Controller::Queues() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queues_info_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine.
+
+void Controller::RebuildEngine() {
+  auto engine = admission::Engine::Create(policy::ToAdmissionConfig(*loop_platform_));
+  if (!engine.ok()) {
+    // ApplyPlatform and LoadPlatformFile checked this; an engine that cannot be built would admit
+    // nothing, so say so loudly rather than run without quota.
+    std::fprintf(stderr, "tau server: fatal: the platform's queues are invalid: %s\n",
+                 engine.status().ToString().c_str());
+    std::_Exit(70);
+  }
+  engine_ = std::move(*engine);
+  in_engine_.clear();
+  outside_engine_.clear();
+  engine_pending_.clear();
+  SyncEngine();
+}
+
+// Makes the engine's workloads match the runs: runs holding quota (admitted, running, or reserved
+// and waiting for the machine) are added with their recorded flavors first, so the quota they hold
+// is accounted before anything new is admitted; queued runs past their backoff are added pending.
+void Controller::SyncEngine() {
+  int64_t now = NowMillis();
+  for (int pass = 0; pass < 2; ++pass) {
+    const bool holders = pass == 0;
+    for (auto& [name, run] : active_) {
+      const RunRecord& r = run.record;
+      if (store::IsTerminal(r.state)) continue;
+      const bool holds = r.flavors.is_object() && !r.flavors.empty();
+      const bool waits = r.state == RunState::kQueued && !holds && !r.cancel_requested &&
+                         !(r.not_before_ms && *r.not_before_ms > now);
+      auto it = in_engine_.find(name);
+      if (it != in_engine_.end()) {
+        if (!holds && !waits && holders) {
+          (void)engine_->RemoveWorkload(name);
+          in_engine_.erase(it);
+        }
+        continue;
+      }
+      if (holds != holders || (!holds && !waits) || outside_engine_.count(name)) continue;
+      admission::Workload w = run.workload;
+      if (holds) {
+        w.admission = AssignmentFromJson(r.flavors);
+        w.admitted_ms = r.admitted_ms.value_or(r.updated_ms);
+      }
+      Status s = engine_->AddWorkload(w);
+      if (s.ok()) {
+        in_engine_[name] = holds;
+      } else {
+        outside_engine_[name] = s.message();
+      }
+    }
+  }
+}
+
+void Controller::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
+  for (auto& [name, run] : active_) {
+    if (run.record.state == RunState::kAdmitted && !run.shim)
+      to_start->push_back(name);  // recovered: admitted before the restart, never started
+  }
+  SyncEngine();
+  std::set<std::string> reserved_now;
+  for (int cycle = 0; cycle < kMaxCyclesPerPass; ++cycle) {
+    admission::CycleResult result = engine_->RunCycle({NowMillis(), /*report_pending=*/false});
+    for (const admission::PreemptedInfo& p : result.preempted) HandlePreemption(p, batch);
+    for (const admission::AdmittedInfo& a : result.admitted) {
+      auto it = active_.find(a.name);
+      if (it == active_.end()) {
+        (void)engine_->RemoveWorkload(a.name);
+        continue;
+      }
+      it->second.record.flavors = AssignmentJson(a.flavors);
+      in_engine_[a.name] = true;
+      reserved_now.insert(a.name);
+    }
+    if (result.admitted.empty() && result.preempted.empty()) break;
+  }
+  engine_pending_.clear();
+  for (admission::PendingInfo& p : engine_->Pending()) engine_pending_[p.name] = std::move(p);
+
+  // Placement, in submission order: every run that holds quota and is not yet on the machine.
+  std::vector<ActiveRun*> holding;
+  for (auto& [name, run] : active_) {
+    auto it = in_engine_.find(name);
+    if (run.record.state == RunState::kQueued && it != in_engine_.end() && it->second)
+      holding.push_back(&run);
+  }
+  std::sort(holding.begin(), holding.end(),
+            [](const ActiveRun* a, const ActiveRun* b) { return a->record.seq < b->record.seq; });
+  for (ActiveRun* run : holding) {
+    if (Place(*run, batch)) {
+      to_start->push_back(run->record.name);
+    } else if (reserved_now.count(run->record.name)) {
+      // Holds quota but waits for this machine (GPUs kept out by health checks, or a platform
+      // whose quota is larger than the machine). Recorded, so a restart keeps the reservation.
+      RunRecord& r = run->record;
+      r.updated_ms = NowMillis();
+      batch->events.push_back({0,
+                               r.name,
+                               r.updated_ms,
+                               "QuotaReserved",
+                               fmt::format("admitted by queue {} ({}); waiting for this machine",
+                                           r.queue, FlavorsText(AssignmentFromJson(r.flavors))),
+                               {{"flavors", r.flavors}},
+                               "",
+                               ""});
+      batch->runs.push_back(r);
+    }
+  }
+}
+
+// Puts a run that holds quota on this machine when its GPUs, CPUs and memory are free.
+bool Controller::Place(ActiveRun& run, Batch* batch) {
+  const Resources& need = run.need;
+  if (need.gpus > static_cast<int>(free_gpus_.size()) || need.cpu_milli > free_cpu_milli_ ||
+      need.memory_bytes > free_memory_bytes_)
+    return false;
+  RunRecord& r = run.record;
+  r.gpus.assign(free_gpus_.begin(), std::next(free_gpus_.begin(), need.gpus));
+  for (int g : r.gpus) free_gpus_.erase(g);
+  free_cpu_milli_ -= need.cpu_milli;
+  free_memory_bytes_ -= need.memory_bytes;
+  r.admitted_ms = NowMillis();
+  if (options_.metrics)
+    options_.metrics->Observe(
+        "tau_admission_wait_seconds", {{"cluster_queue", r.queue}},
+        static_cast<double>(std::max<int64_t>(0, *r.admitted_ms - run.queued_since_ms)) / 1000.0);
+  std::vector<std::string> gpu_names;
+  for (int g : r.gpus) gpu_names.push_back(std::to_string(g));
+  std::string where = r.gpus.empty() ? "no GPUs" : "GPUs " + Join(gpu_names, ",");
+  Transition(run, RunState::kAdmitted, "Admitted",
+             fmt::format("admitted by queue {} ({}); placed on this machine with {}", r.queue,
+                         FlavorsText(AssignmentFromJson(r.flavors)), where),
+             batch, {{"gpus", r.gpus}, {"queue", r.queue}, {"flavors", r.flavors}});
+  batch->runs.push_back(r);
+  // The attempt is recorded before its supervisor starts, so a restart in between can find it.
+  AttemptRecord starting;
+  starting.run = r.name;
+  starting.number = r.attempts + 1;
+  starting.dir = AttemptDir(r.name, starting.number);
+  starting.gpus = r.gpus;
+  starting.started_ms = NowMillis();
+  batch->attempts.push_back(starting);
+  return true;
+}
+
+void Controller::HandlePreemption(const admission::PreemptedInfo& p, Batch* batch) {
+  auto it = active_.find(p.name);
+  if (it == active_.end()) {
+    (void)engine_->RemoveWorkload(p.name);
+    in_engine_.erase(p.name);
+    return;
+  }
+  ActiveRun& run = it->second;
+  RunRecord& r = run.record;
+  Count("tau_preemptions_total", {{"cluster_queue", p.queue}, {"reason", p.reason}});
+  std::string message =
+      fmt::format("preempted by {} ({}) in queue {}", p.preemptor, p.reason, p.queue);
+  batch->events.push_back({0,
+                           r.name,
+                           NowMillis(),
+                           "Preempted",
+                           run.shim ? message + "; stopping the attempt" : message,
+                           {{"preemptor", p.preemptor}, {"reason", p.reason}},
+                           "",
+                           ""});
+  if (run.shim) {
+    // Its quota stays taken until its processes are gone (the preemptor waits meanwhile,
+    // WaitingForPreemptedWorkloads): never two runs on the same GPUs.
+    run.preempted_by = p.preemptor;
+    run.preemption_reason = p.reason;
+    auto attempts = store_->ListAttempts(r.name);
+    std::string dir = attempts.ok() && !attempts->empty() ? attempts->back().dir : "";
+    Status s = runtime::StopAttempt(*run.shim, dir);
+    if (!s.ok())
+      std::fprintf(stderr, "tau server: preempt %s: %s\n", r.name.c_str(), s.ToString().c_str());
+    return;
+  }
+  // Held quota without processes (reserved, or admitted and not started): give it back now.
+  Requeue(run, message, batch);
+}
+
+void Controller::Requeue(ActiveRun& run, const std::string& message, Batch* batch) {
+  RunRecord& r = run.record;
+  bool had_attempt = r.state == RunState::kRunning;
+  r.preemptions += 1;
+  ReleaseResources(run);
+  r.reason = "Preempted";
+  r.message = message;
+  r.not_before_ms.reset();
+  run.queued_since_ms = NowMillis();
+  Transition(run, RunState::kQueued, "Requeued",
+             had_attempt ? message +
+                               "; back in the queue, the next attempt resumes from the "
+                               "newest complete checkpoint"
+                         : message + "; back in the queue",
+             batch, {{"preemptions", r.preemptions}});
+  batch->runs.push_back(r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Why runs wait, and the queues.
+
+nlohmann::json Controller::PendingJson(const ActiveRun& run, int64_t now) {
+  const RunRecord& r = run.record;
+  auto out = [&](int position, const std::string& code, const std::string& reason,
+                 const std::string& detail) {
+    nlohmann::json j = {{"position", position > 0 ? nlohmann::json(position) : nullptr},
+                        {"queue", r.queue},
+                        {"code", code},
+                        {"reason", reason}};
+    if (!detail.empty()) j["detail"] = detail;
+    return j;
+  };
+  if (auto o = outside_engine_.find(r.name); o != outside_engine_.end())
+    return out(0, "QueueUnavailable",
+               fmt::format("queue {} cannot take this run: {}. Cancel it, or apply a platform "
+                           "whose queue {} can",
+                           r.queue, o->second, r.queue),
+               "");
+  if (r.not_before_ms && *r.not_before_ms > now)
+    return out(0, "BackingOff",
+               fmt::format("retrying after {} (attempt {}): waits {} more before it queues again",
+                           r.reason, r.attempts, FormatDuration(*r.not_before_ms - now)),
+               "");
+  if (auto h = in_engine_.find(r.name); h != in_engine_.end() && h->second) {
+    const Resources& need = run.need;
+    std::vector<std::string> short_of;
+    if (need.gpus > static_cast<int>(free_gpus_.size()))
+      short_of.push_back(fmt::format(
+          "{} GPU(s) ({} of {} free{})", need.gpus, free_gpus_.size(), gpus_.devices.size(),
+          unplaceable_gpus_.empty()
+              ? ""
+              : fmt::format(", {} kept out by health checks", unplaceable_gpus_.size())));
+    if (need.cpu_milli > free_cpu_milli_)
+      short_of.push_back(
+          fmt::format("{} CPUs ({} free)", Quantity::FromMilli(need.cpu_milli).ToString(),
+                      Quantity::FromMilli(std::max<int64_t>(0, free_cpu_milli_)).ToString()));
+    if (need.memory_bytes > free_memory_bytes_)
+      short_of.push_back(
+          fmt::format("{} memory ({} free)", Quantity::FromUnits(need.memory_bytes).ToString(),
+                      Quantity::FromUnits(std::max<int64_t>(0, free_memory_bytes_)).ToString()));
+    return out(0, "WaitingForMachine",
+               fmt::format("admitted by queue {}; waiting for this machine: needs {}", r.queue,
+                           short_of.empty() ? "a scheduling pass" : Join(short_of, ", ")),
+               "");
+  }
+  auto p = engine_pending_.find(r.name);
+  if (p == engine_pending_.end()) return out(0, "Pending", "waiting for the scheduler", "");
+  const admission::PendingInfo& info = p->second;
+  int position = info.position + 1;
+  std::string reason;
+  if (info.reason == admission::kReasonWaitingForQuota) {
+    // Which requested resources the queue's flavors cannot give now.
+    std::vector<std::string> short_of;
+    auto usage = engine_->Usage(r.queue);
+    const admission::PodSet& ps = run.workload.pod_sets.front();
+    for (const auto& [resource, per_pod] : ps.requests) {
+      Quantity total = Quantity::FromMilli(per_pod.milli() * ps.count);
+      if (total.IsZero() || !usage.ok()) continue;
+      std::vector<std::string> offers;
+      bool fits_somewhere = false;
+      for (const admission::ResourceUsage& u : *usage) {
+        if (u.resource != resource) continue;
+        if (!ps.allowed_flavors.empty() &&
+            std::find(ps.allowed_flavors.begin(), ps.allowed_flavors.end(), u.flavor) ==
+                ps.allowed_flavors.end())
+          continue;
+        Quantity free = u.usage < u.nominal ? u.nominal - u.usage : Quantity();
+        fits_somewhere = fits_somewhere || total <= free;
+        offers.push_back(fmt::format("{} of {} free on flavor {}", free.ToString(),
+                                     u.nominal.ToString(), u.flavor));
+      }
+      if (!fits_somewhere && !offers.empty())
+        short_of.push_back(fmt::format("needs {} {}; queue {} has {}", total.ToString(), resource,
+                                       r.queue, Join(offers, ", ")));
+    }
+    reason = short_of.empty()
+                 ? fmt::format("waiting for quota in queue {} ({})", r.queue, info.message)
+                 : Join(short_of, "; ");
+    reason += "; " + RunsAhead(info.position);
+  } else if (info.reason == admission::kReasonWaitingForPreemptedWorkloads) {
+    reason = fmt::format("waiting for the runs it preempted to stop; {}", RunsAhead(info.position));
+  } else if (info.reason == admission::kReasonExceedsMaxQuota) {
+    reason = fmt::format(
+        "queue {} can never admit it as the platform stands: {}. Ask for a smaller shape, or ask "
+        "the platform team for more quota",
+        r.queue, info.message);
+  } else if (info.reason == admission::kReasonNoMatchingFlavor) {
+    reason = fmt::format("no flavor of queue {} matches it: {}", r.queue, info.message);
+  } else {
+    reason = fmt::format("waiting for its turn in queue {}; {}", r.queue, RunsAhead(info.position));
+  }
+  return out(position, info.reason, reason, info.message);
+}
+
+nlohmann::json Controller::QueuesJson(int64_t now) {
+  nlohmann::json queues = nlohmann::json::array();
+  std::map<std::string, std::vector<const ActiveRun*>> pending, admitted;
+  for (const auto& [name, run] : active_) {
+    if (store::IsTerminal(run.record.state)) continue;
+    auto h = in_engine_.find(name);
+    if (h != in_engine_.end() && h->second)
+      admitted[run.record.queue].push_back(&run);
+    else
+      pending[run.record.queue].push_back(&run);
+  }
+  for (const admission::ClusterQueue& q : loop_platform_->admission.queues) {
+    nlohmann::json usage = nlohmann::json::array();
+    if (auto u = engine_->Usage(q.name); u.ok()) {
+      for (const admission::ResourceUsage& x : *u)
+        usage.push_back({{"flavor", x.flavor},
+                         {"resource", x.resource},
+                         {"nominal", x.nominal.ToString()},
+                         {"usage", x.usage.ToString()},
+                         {"borrowed", x.borrowed.ToString()}});
+    }
+    nlohmann::json waiting = nlohmann::json::array();
+    auto& mine = pending[q.name];
+    std::sort(mine.begin(), mine.end(), [&](const ActiveRun* a, const ActiveRun* b) {
+      auto pa = engine_pending_.find(a->record.name), pb = engine_pending_.find(b->record.name);
+      int xa = pa == engine_pending_.end() ? 1 << 30 : pa->second.position;
+      int xb = pb == engine_pending_.end() ? 1 << 30 : pb->second.position;
+      return xa != xb ? xa < xb : a->record.seq < b->record.seq;
+    });
+    for (const ActiveRun* run : mine) {
+      nlohmann::json j = PendingJson(*run, now);
+      j["name"] = run->record.name;
+      j["priority"] = run->record.priority;
+      waiting.push_back(std::move(j));
+    }
+    nlohmann::json holding = nlohmann::json::array();
+    for (const ActiveRun* run : admitted[q.name])
+      holding.push_back({{"name", run->record.name},
+                         {"state", store::RunStateName(run->record.state)},
+                         {"priority", run->record.priority},
+                         {"flavors", run->record.flavors}});
+    queues.push_back({{"name", q.name},
+                      {"cohort", q.cohort},
+                      {"queueing_strategy", admission::QueueingStrategyName(q.queueing_strategy)},
+                      {"usage", std::move(usage)},
+                      {"admitted", holding.size()},
+                      {"pending", waiting.size()},
+                      {"admitted_runs", std::move(holding)},
+                      {"pending_runs", std::move(waiting)}});
+  }
+  nlohmann::json cohorts = nlohmann::json::array();
+  std::set<std::string> cohort_names;
+  for (const auto& c : loop_platform_->admission.cohorts) cohort_names.insert(c.name);
+  for (const auto& q : loop_platform_->admission.queues)
+    if (!q.cohort.empty()) cohort_names.insert(q.cohort);
+  for (const std::string& name : cohort_names) {
+    nlohmann::json usage = nlohmann::json::array();
+    if (auto u = engine_->CohortUsage(name); u.ok()) {
+      for (const admission::ResourceUsage& x : *u)
+        usage.push_back({{"flavor", x.flavor},
+                         {"resource", x.resource},
+                         {"nominal", x.nominal.ToString()},
+                         {"usage", x.usage.ToString()}});
+    }
+    cohorts.push_back({{"name", name}, {"usage", std::move(usage)}});
+  }
+  // Runs whose queue is not in the platform (it was removed by a later apply).
+  nlohmann::json orphans = nlohmann::json::array();
+  for (const auto& [name, why] : outside_engine_) orphans.push_back({{"name", name}, {"why", why}});
+  return {{"queues", std::move(queues)},
+          {"cohorts", std::move(cohorts)},
+          {"unqueued_runs", std::move(orphans)}};
+}
+
+void Controller::RefreshPending() {
+  int64_t now = NowMillis();
+  std::map<std::string, nlohmann::json> info;
+  size_t queued = 0;
+  for (const auto& [name, run] : active_) {
+    if (run.record.state != RunState::kQueued) continue;
+    ++queued;
+    info[name] = PendingJson(run, now);
+  }
+  nlohmann::json capacity = {{"gpus_total", gpus_.devices.size()},
+                             {"gpus_free", free_gpus_.size()},
+                             {"gpus_unplaceable", unplaceable_gpus_.size()},
+                             {"cpu_milli_total", cpu_capacity_milli_},
+                             {"cpu_milli_free", free_cpu_milli_},
+                             {"memory_bytes_total", memory_capacity_bytes_},
+                             {"memory_bytes_free", free_memory_bytes_},
+                             {"queued", queued},
+                             {"active", active_.size()}};
+  nlohmann::json queues = QueuesJson(now);
+  std::lock_guard<std::mutex> lock(mu_);
+  // Keep placeholders for runs submitted after this pass started; they are not in active_ yet.
+  for (const std::string& name : inbox_new_)
+    info.emplace(name, pending_info_.count(name) ? pending_info_[name] : nlohmann::json());
+  pending_info_ = std::move(info);
+  capacity_info_ = std::move(capacity);
+  queues_info_ = std::move(queues);
+  if (platform_in_use_ != loop_generation_) {
+    platform_in_use_ = loop_generation_;
+    platform_cv_.notify_all();
+  }
+}
+
+}  // namespace tau::server

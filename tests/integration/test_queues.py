@@ -1,0 +1,244 @@
+"""Platform policy and Kueue-model admission on the local backend: two workspaces share a machine,
+quotas hold, a high-priority run preempts a low one that later resumes, pending runs explain
+themselves, and `tau platform apply` changes policy without a restart."""
+import getpass
+import json
+import os
+import tempfile
+import unittest
+
+from harness import ServerTestCase, wait_for
+
+USER = getpass.getuser()
+
+PLATFORM = f"""schema_version: 1
+flavors:
+  - name: gpu
+cohorts:
+  - name: lab
+queues:
+  - name: vision
+    cohort: lab
+    resource_groups:
+      - covered_resources: [cpu, memory, nvidia.com/gpu]
+        flavors:
+          - name: gpu
+            resources:
+              - {{name: cpu, nominal: 64}}
+              - {{name: memory, nominal: 256Gi}}
+              - {{name: nvidia.com/gpu, nominal: 2, lending_limit: 0}}
+    preemption:
+      within_cluster_queue: LowerPriority
+  - name: speech
+    cohort: lab
+    resource_groups:
+      - covered_resources: [cpu, memory, nvidia.com/gpu]
+        flavors:
+          - name: gpu
+            resources:
+              - {{name: cpu, nominal: 64}}
+              - {{name: memory, nominal: 256Gi}}
+              - {{name: nvidia.com/gpu, nominal: 2, lending_limit: 0}}
+priorities:
+  - {{name: low, value: 0}}
+  - {{name: high, value: 1000}}
+workspaces:
+  - name: vision
+    members: ["{USER}"]
+    default_queue: vision
+    default_priority: low
+  - name: speech
+    members: ["{USER}"]
+    default_queue: speech
+    default_priority: low
+  - name: closed
+    members: [somebody-else]
+    default_queue: speech
+defaults:
+  workspace: vision
+"""
+
+# Waits until its release file exists; writes a complete checkpoint first when asked to.
+WAITER = """import os, sys, time
+release = sys.argv[1]
+print('attempt', os.environ['TAU_ATTEMPT'], 'reason', os.environ.get('TAU_FAILURE_REASON'),
+      'resume', os.environ.get('TAU_RESUME_FROM'), flush=True)
+if os.environ['TAU_ATTEMPT'] == '1' and len(sys.argv) > 2:
+    step = os.path.join(os.environ['TAU_CHECKPOINT_DIR'], 'step-1')
+    os.makedirs(step, exist_ok=True)
+    open(os.path.join(step, 'COMPLETE'), 'w').close()
+    print('checkpointed', flush=True)
+while not os.path.exists(release):
+    time.sleep(0.05)
+"""
+
+
+def spec(name, workspace, gpus=1, priority=None, args=()):
+    policy = f"policy:\n  workspace: {workspace}\n"
+    if priority:
+        policy += f"  priority: {priority}\n"
+    arglist = "\n  args:" + "".join(f"\n    - {a}" for a in args) if args else ""
+    # A shell entrypoint: tau would put a multi-GPU Python entrypoint under torchrun (PyTorch).
+    return (f"schema_version: 1\nname: {name}\nrun:\n  entrypoint: run.sh\n  workload_kind: job\n"
+            f"{arglist}\ncompute:\n  gpus: {gpus}\n{policy}")
+
+
+class QueueTest(ServerTestCase):
+    gpus = 4
+
+    def setUp(self):
+        super().setUp()
+        self.releases = tempfile.mkdtemp(prefix="tau-it-rel-")
+        fd, self.platform_file = tempfile.mkstemp(prefix="tau-it-platform-", suffix=".yaml")
+        os.write(fd, PLATFORM.encode())
+        os.close(fd)
+
+    def tearDown(self):
+        super().tearDown()
+        os.unlink(self.platform_file)
+
+    def release(self, tag):
+        open(os.path.join(self.releases, tag), "w").close()
+
+    def waiter(self, name, workspace, tag, gpus=1, priority=None, checkpoint=False):
+        args = [os.path.join(self.releases, tag)] + (["checkpoint"] if checkpoint else [])
+        return self.submit(spec(name, workspace, gpus, priority, args),
+                           {"main.py": WAITER, "run.sh": '#!/bin/sh\nexec python3 main.py "$@"\n'})
+
+    def apply(self):
+        self.server.tau("platform", "apply", self.platform_file, check=0)
+
+    def pending(self, name):
+        return json.loads(self.server.tau("status", name, "-o", "json", check=0).stdout).get("pending")
+
+    def queue(self, name):
+        return json.loads(self.server.tau("queue", "show", name, "-o", "json", check=0).stdout)
+
+    def test_platform_apply_and_show(self):
+        shown = json.loads(self.server.tau("platform", "show", "-o", "json", check=0).stdout)
+        self.assertEqual(shown["source"], "default")
+        self.assertEqual([q["name"] for q in shown["platform"]["queues"]], ["default"])
+        # A mistake is refused with file:line:col and changes nothing.
+        bad = self.platform_file + ".bad.yaml"
+        with open(bad, "w") as f:
+            f.write(PLATFORM.replace("within_cluster_queue: LowerPriority",
+                                     "within_cluster_queue: Sometimes"))
+        p = self.server.tau("platform", "apply", bad)
+        os.unlink(bad)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertRegex(p.stderr, r"\.bad\.yaml:18:29: error: .*Sometimes")
+        # One mistake, one error: the queue with the bad field still counts for references.
+        self.assertNotIn("unknown queue", p.stderr)
+        self.apply()
+        shown = json.loads(self.server.tau("platform", "show", "-o", "json", check=0).stdout)
+        self.assertEqual(shown["source"], self.platform_file)
+        self.assertEqual([q["name"] for q in shown["platform"]["queues"]], ["vision", "speech"])
+        table = self.server.tau("queues", check=0).stdout
+        self.assertRegex(table, r"vision\s+lab\s+0\s+0")
+        # Membership is checked at submission, naming the workspace.
+        p = self.server.tau("run", "--detach",
+                            self.project(spec("nope", "closed", gpus=0), {"main.py": "print(1)\n"}))
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("closed", p.stderr)
+        # The policy survives a server restart.
+        self.server.kill()
+        self.server.start()
+        shown = json.loads(self.server.tau("platform", "show", "-o", "json", check=0).stdout)
+        self.assertEqual(shown["source"], self.platform_file)
+
+    def test_two_workspaces_share_the_machine_and_quotas_hold(self):
+        self.apply()
+        v1 = self.waiter("v1", "vision", "v1")
+        v2 = self.waiter("v2", "vision", "v2")
+        v3 = self.waiter("v3", "vision", "v3")
+        s1 = self.waiter("s1", "speech", "s1")
+        for name in (v1, v2, s1):
+            self.server.wait_state(name, "Running")
+        # vision has used its 2 GPUs: v3 waits although the machine has a free GPU, because
+        # vision lends nothing and speech lends nothing (lending_limit: 0).
+        p = wait_for(lambda: (self.pending(v3) or {}).get("code") == "WaitingForQuota"
+                     and self.pending(v3), what="v3's pending reason")
+        self.assertEqual(p["position"], 1)
+        self.assertIn("needs 1 nvidia.com/gpu; queue vision has 0 of 2 free on flavor gpu",
+                      p["reason"])
+        self.assertIn("first in line", p["reason"])
+        status = self.server.tau("status", v3, check=0).stdout
+        self.assertIn("queue vision has 0 of 2 free", status)
+        q = self.queue("vision")
+        self.assertEqual((q["admitted"], q["pending"]), (2, 1))
+        gpu = next(u for u in q["usage"] if u["resource"] == "nvidia.com/gpu")
+        self.assertEqual((gpu["usage"], gpu["nominal"]), ("2", "2"))
+        self.assertEqual(q["pending_runs"][0]["name"], v3)
+        self.assertEqual(self.queue("speech")["admitted"], 1)
+        self.assertIn(v3, self.server.tau("queue", "show", "vision", check=0).stdout)
+        # A run in speech still starts: its own quota is free.
+        s2 = self.waiter("s2", "speech", "s2")
+        self.server.wait_state(s2, "Running")
+        # When v1 ends, v3 gets its quota.
+        self.release("v1")
+        self.server.wait_state(v1, "Succeeded")
+        self.server.wait_state(v3, "Running")
+        for tag in ("v2", "v3", "s1", "s2"):
+            self.release(tag)
+        for name in (v2, v3, s1, s2):
+            self.server.wait_state(name, "Succeeded")
+        d = self.server.run_json(v3)
+        types = [e["type"] for e in d["events"]]
+        self.assertIn("Admitted", types)
+        admitted = next(e for e in d["events"] if e["type"] == "Admitted")
+        self.assertIn("admitted by queue vision", admitted["message"])
+
+    def test_high_priority_preempts_low_and_low_resumes_later(self):
+        self.apply()
+        low = self.waiter("low", "vision", "low", gpus=2, checkpoint=True)
+        self.server.wait_state(low, "Running")
+        wait_for(lambda: "checkpointed" in self.server.tau("logs", low).stdout,
+                 what="the low run's checkpoint")
+        high = self.waiter("high", "vision", "high", gpus=2, priority="high")
+        self.server.wait_state(high, "Running", timeout=30)
+        d = self.server.run_json(low)
+        self.assertEqual(d["run"]["state"], "Queued")
+        self.assertEqual(d["attempts"][0]["reason"], "Preempted")
+        self.assertIn(high, d["attempts"][0]["message"])
+        types = [e["type"] for e in d["events"]]
+        self.assertIn("Preempted", types)
+        self.assertIn("Requeued", types)
+        preempted = next(e for e in d["events"] if e["type"] == "Preempted")
+        self.assertEqual(preempted["data"]["reason"], "InClusterQueue")
+        # Never two runs on the same GPUs: the preemptor started after the victim's attempt ended.
+        h = self.server.run_json(high)
+        self.assertLessEqual(d["attempts"][0]["ended"], h["attempts"][0]["started"])
+        self.assertIn("queue vision has 0 of 2 free", self.pending(low)["reason"])
+        # When the high run is done, the low one runs again and resumes from its checkpoint, though
+        # resilience.max_retries is 0: preemption is not the run's failure.
+        self.release("high")
+        self.server.wait_state(high, "Succeeded")
+        self.server.wait_state(low, "Running", timeout=30)
+        self.release("low")
+        d = self.server.wait_state(low, "Succeeded")
+        self.assertEqual([a["reason"] for a in d["attempts"]], ["Preempted", "Succeeded"])
+        logs = self.server.tau("logs", low, "--attempt", "2").stdout
+        self.assertIn("attempt 2 reason Preempted resume", logs)
+        self.assertIn("step-1", logs)
+
+    def test_quota_reservations_survive_a_server_restart(self):
+        self.apply()
+        a = self.waiter("a", "vision", "a", gpus=2)
+        self.server.wait_state(a, "Running")
+        b = self.waiter("b", "vision", "b", gpus=1)
+        wait_for(lambda: (self.pending(b) or {}).get("code") == "WaitingForQuota",
+                 what="b to wait for quota")
+        self.server.kill()
+        self.server.start()
+        # a still holds vision's quota after the restart, so b still waits.
+        wait_for(lambda: (self.pending(b) or {}).get("code") == "WaitingForQuota",
+                 what="b to wait for quota again")
+        self.assertEqual(self.queue("vision")["admitted"], 1)
+        self.release("a")
+        self.server.wait_state(b, "Running")
+        self.release("b")
+        self.server.wait_state(b, "Succeeded")
+
+
+if __name__ == "__main__":
+    unittest.main()
