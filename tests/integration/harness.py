@@ -29,6 +29,15 @@ def wait_for(predicate, timeout=20.0, interval=0.05, what="condition"):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def free_port():
+    """A TCP port on the loopback interface that nothing listens on right now."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
 def pid_alive(pid):
     try:
         os.kill(pid, 0)

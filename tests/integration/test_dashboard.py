@@ -8,14 +8,13 @@ it is missing. TAU_SCREENSHOT_DIR=docs/img keeps the screenshots (the docs show 
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 import unittest
 import urllib.request
 
-from harness import TauServer, wait_for
+from harness import TauServer, free_port, wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 E2E = os.path.normpath(os.path.join(HERE, "..", "e2e"))
@@ -42,14 +41,6 @@ def spec(name, gpus, args=()):
     arglist = "\n  args:" + "".join(f"\n    - {a}" for a in args) if args else ""
     return (f"schema_version: 1\nname: {name}\nrun:\n  entrypoint: run.sh\n  workload_kind: job\n"
             f"{arglist}\ncompute:\n  gpus: {gpus}\n  cpus: 1\n  memory: 256Mi\n")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def sse_events(url, timeout=20):

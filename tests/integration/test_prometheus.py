@@ -4,7 +4,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -12,19 +11,11 @@ import unittest
 import urllib.parse
 import urllib.request
 
-from harness import ServerTestCase, TauServer, wait_for
+from harness import ServerTestCase, TauServer, free_port, wait_for
 from test_local import job_spec
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def http_get(url, timeout=5):
