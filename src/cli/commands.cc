@@ -365,8 +365,8 @@ int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet) {
       });
 }
 
-int CmdExplain(const std::string& spec_file, std::string platform_file,
-               const std::string& user, Format format) {
+int CmdExplain(const std::string& spec_file, std::string platform_file, const std::string& user,
+               Format format) {
   auto text = ReadFile(spec_file);
   if (!text.ok()) return Fail(text.status().message());
   spec::ParseOutcome spec = spec::ParseSpec(*text, spec_file);

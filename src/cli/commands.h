@@ -27,8 +27,8 @@ int CmdGpus(const Global& g, Format format);
 int CmdHealthCheck(const Global& g, bool active, Format format);
 int CmdAdmissionSimulate(const std::string& file, int cycles, Format format);
 int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet);
-int CmdExplain(const std::string& spec_file, std::string platform_file,
-               const std::string& user, Format format);
+int CmdExplain(const std::string& spec_file, std::string platform_file, const std::string& user,
+               Format format);
 
 // queue_commands.cc
 int CmdPlatformApply(const Global& g, const std::string& file);

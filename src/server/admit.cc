@@ -427,7 +427,8 @@ nlohmann::json Controller::PendingJson(const ActiveRun& run, int64_t now) {
   return out(position, info.reason, reason, info.message);
 }
 
-nlohmann::json Controller::QueuesJson(int64_t now) {
+nlohmann::json Controller::QueuesJson(int64_t now,
+                                      const std::map<std::string, nlohmann::json>& pending_info) {
   nlohmann::json queues = nlohmann::json::array();
   std::map<std::string, std::vector<const ActiveRun*>> pending, admitted;
   for (const auto& [name, run] : active_) {
@@ -457,7 +458,8 @@ nlohmann::json Controller::QueuesJson(int64_t now) {
       return xa != xb ? xa < xb : a->record.seq < b->record.seq;
     });
     for (const ActiveRun* run : mine) {
-      nlohmann::json j = PendingJson(*run, now);
+      auto known = pending_info.find(run->record.name);
+      nlohmann::json j = known != pending_info.end() ? known->second : PendingJson(*run, now);
       j["name"] = run->record.name;
       j["priority"] = run->record.priority;
       waiting.push_back(std::move(j));
@@ -519,7 +521,7 @@ void Controller::RefreshPending() {
                              {"memory_bytes_free", free_memory_bytes_},
                              {"queued", queued},
                              {"active", active_.size()}};
-  nlohmann::json queues = QueuesJson(now);
+  nlohmann::json queues = QueuesJson(now, info);
   std::lock_guard<std::mutex> lock(mu_);
   // Keep placeholders for runs submitted after this pass started; they are not in active_ yet.
   for (const std::string& name : inbox_new_)

@@ -191,7 +191,8 @@ class Controller {
   void Requeue(ActiveRun& run, const std::string& message, store::Batch* batch);
   bool Place(ActiveRun& run, store::Batch* batch);
   nlohmann::json PendingJson(const ActiveRun& run, int64_t now);
-  nlohmann::json QueuesJson(int64_t now);
+  // `pending` holds PendingJson of every queued run, as RefreshPending computed it.
+  nlohmann::json QueuesJson(int64_t now, const std::map<std::string, nlohmann::json>& pending);
   Status LoadPlatformFile();
   std::string Refusal(const Resources& need) const;
   runtime::EnvList BaseEnv() const;
