@@ -1,0 +1,148 @@
+// A stand-in Kubernetes API server for tests: in-process, real HTTP on 127.0.0.1 (tau's own
+// HttpServer), following the API conventions the client relies on. It is not a real API server
+// (none can run on the project's machines): no schemas, no admission, no garbage collection, no
+// field ownership beyond recording the applying manager. What it does:
+//   * objects per (group/version/resource, namespace, name) with metadata.resourceVersion from
+//     one global counter, uid, creationTimestamp and generation (bumped when anything outside
+//     metadata and status changes);
+//   * GET, LIST (kind XList, metadata.resourceVersion, labelSelector with =, ==, != and
+//     existence, limit + continue), POST (409 AlreadyExists), PUT (409 Conflict on a stale
+//     resourceVersion), PATCH as server-side apply (fieldManager required; creates, or merges the
+//     applied fields; records managedFields) or as JSON merge patch, DELETE (propagationPolicy
+//     recorded; the object is removed at once), the status subresource;
+//   * watches (?watch=true): JSON lines, chunked, events after resourceVersion from a bounded
+//     history; a version older than the history gets an ERROR event with code 410 (Expired);
+//     BOOKMARK events when allowWatchBookmarks=true; timeoutSeconds;
+//   * pod logs (/log, follow=true streams what tests append), SubjectAccessReviews from grants;
+//   * legacy discovery (/api, /apis, resource lists) for the kinds tau knows, so kubectl works;
+//   * test controls: failure injection (429/500/503 with Retry-After), a required bearer token,
+//     and a request log.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "server/http.h"
+
+namespace tau::kubeapi {
+
+class FakeApiServer {
+ public:
+  struct RequestRecord {
+    std::string method;
+    std::string path;
+    std::map<std::string, std::string> params;  // the query, decoded
+    std::string content_type;
+    std::string authorization;
+  };
+
+  FakeApiServer();
+  ~FakeApiServer();
+  FakeApiServer(const FakeApiServer&) = delete;
+  FakeApiServer& operator=(const FakeApiServer&) = delete;
+
+  // Listens on 127.0.0.1 on a free port and serves on a thread.
+  Status Start();
+  std::string url() const;  // "http://127.0.0.1:PORT"
+
+  // Test controls.
+  void RequireToken(const std::string& token);  // "" : no authentication
+  // The next `count` requests answer `http_status` with Retry-After (seconds) when > 0.
+  void InjectFailures(int count, int http_status, int retry_after_seconds);
+  void AppendLog(const std::string& ns, const std::string& pod, const std::string& text);
+  void EndLog(const std::string& ns, const std::string& pod);  // the container exited
+  // Drops the watch history (as etcd compaction does): open watches get a 410 ERROR event and
+  // watches from an older resourceVersion are refused the same way.
+  void ExpireWatches();
+  // Open watches end normally (as when their timeout passes).
+  void EndWatches();
+  // Paused watches deliver nothing (events stay in the history) until resumed.
+  void PauseWatches(bool paused);
+  void set_bookmark_interval_ms(int ms);
+  void set_history_limit(size_t events);
+  // SubjectAccessReviews allow exactly what was granted.
+  void Grant(const std::string& user, const std::string& verb, const std::string& group,
+             const std::string& resource, const std::string& ns);
+
+  std::vector<RequestRecord> Requests() const;
+  void ClearRequests();
+  int64_t resource_version() const;
+  // The stored object, or null. `collection` is "group/version/resource" ("v1/pods",
+  // "batch/v1/jobs").
+  nlohmann::json Object(const std::string& collection, const std::string& ns,
+                        const std::string& name) const;
+  size_t ObjectCount(const std::string& collection) const;
+
+ private:
+  struct Target;
+  struct Event {
+    int64_t resource_version;
+    std::string collection;
+    std::string ns;
+    std::string type;
+    nlohmann::json object;
+  };
+  struct LogStream {
+    std::vector<std::pair<int64_t, std::string>> chunks;  // (epoch ms, text)
+    bool ended = false;
+  };
+  struct WatchCursor;
+
+  void Handle(const server::HttpRequest& req, server::HttpResponse& res);
+  void HandleGet(const Target& target, const server::HttpRequest& req, server::HttpResponse& res);
+  void HandleList(const Target& target, const server::HttpRequest& req, server::HttpResponse& res);
+  void HandleWatch(const Target& target, const server::HttpRequest& req, server::HttpResponse& res);
+  void HandleLog(const Target& target, const server::HttpRequest& req, server::HttpResponse& res);
+  void HandleCreate(const Target& target, const server::HttpRequest& req,
+                    server::HttpResponse& res);
+  void HandleReplace(const Target& target, const server::HttpRequest& req,
+                     server::HttpResponse& res);
+  void HandlePatch(const Target& target, const server::HttpRequest& req, server::HttpResponse& res);
+  void HandleDelete(const Target& target, const server::HttpRequest& req,
+                    server::HttpResponse& res);
+  void HandleAccessReview(const server::HttpRequest& req, server::HttpResponse& res);
+  // /api, /apis, /api/v1 and /apis/G/V, enough for kubectl; false for other paths.
+  bool HandleDiscovery(const server::HttpRequest& req, server::HttpResponse& res);
+  bool StreamWatch(WatchCursor* cursor, server::ChunkSink& sink);
+  // Stamps a new resourceVersion, stores, records the event. Caller holds mu_.
+  nlohmann::json Commit(const Target& target, const std::string& type, nlohmann::json object);
+
+  server::HttpServer http_;
+  std::thread serve_thread_;
+  int port_ = 0;
+
+  mutable std::mutex mu_;
+  std::condition_variable changed_;  // signalled on every commit, log append and control change
+  bool stopping_ = false;            // GUARDED_BY(mu_)
+  // collection -> "namespace/name" -> object
+  std::map<std::string, std::map<std::string, nlohmann::json>> objects_;  // GUARDED_BY(mu_)
+  int64_t resource_version_ = 100;                                        // GUARDED_BY(mu_)
+  int64_t next_uid_ = 1;                                                  // GUARDED_BY(mu_)
+  std::deque<Event> history_;                                             // GUARDED_BY(mu_)
+  size_t history_limit_ = 1000;                                           // GUARDED_BY(mu_)
+  int64_t compacted_rv_ = 0;               // GUARDED_BY(mu_): events at or below it are gone
+  int expire_epoch_ = 0;                   // GUARDED_BY(mu_)
+  int end_epoch_ = 0;                      // GUARDED_BY(mu_)
+  bool watches_paused_ = false;            // GUARDED_BY(mu_)
+  int bookmark_interval_ms_ = 1000;        // GUARDED_BY(mu_)
+  std::map<std::string, LogStream> logs_;  // GUARDED_BY(mu_): "ns/pod" ->
+  std::string required_token_;             // GUARDED_BY(mu_)
+  int failures_left_ = 0;                  // GUARDED_BY(mu_)
+  int failure_status_ = 500;               // GUARDED_BY(mu_)
+  int failure_retry_after_ = 0;            // GUARDED_BY(mu_)
+  std::set<std::string> grants_;           // GUARDED_BY(mu_)
+  std::vector<RequestRecord> requests_;    // GUARDED_BY(mu_)
+};
+
+}  // namespace tau::kubeapi
