@@ -1,4 +1,5 @@
-// `tau plan FILE [--backend local|kubernetes]` and `tau platform render FILE`.
+// `tau plan FILE [--backend local|kubernetes]`, `tau platform render FILE` and
+// `tau cluster render`.
 #include "cli/kube_commands.h"
 
 #include <fnmatch.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -149,6 +151,71 @@ int CmdPlatformRender(const std::string& file) {
   if (!objects.ok()) return Fail(objects.status().message());
   if (platform->admission.fair_sharing) {
     // Fair sharing is a setting of Kueue's own Configuration, not an object.
+    std::fputs(
+        "# fair_sharing is on: set `fairSharing: {enable: true}` in Kueue's Configuration "
+        "(kueue-manager-config).\n",
+        stdout);
+  }
+  std::fputs(kube::ToYaml(*objects).c_str(), stdout);
+  return 0;
+}
+
+int CmdClusterRender(const ClusterRenderOptions& o) {
+  kube::ClusterValues values;
+  if (!o.values_file.empty()) {
+    auto text = ReadFile(o.values_file);
+    if (!text.ok()) return Fail(text.status().message());
+    auto parsed = kube::ParseClusterValues(*text);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "%s: error: %s\n", o.values_file.c_str(),
+                   parsed.status().message().c_str());
+      return kExitInvalid;
+    }
+    values = std::move(*parsed);
+  }
+  if (!o.namespace_name.empty()) values.namespace_name = o.namespace_name;
+  if (!o.image.empty()) {
+    // REPOSITORY[:TAG]; a ':' before the last '/' is a registry's port, not a tag.
+    if (o.image.find('@') != std::string::npos) {
+      return Fail("--image " + o.image + ": give a tag, not a digest");
+    }
+    size_t colon = o.image.rfind(':');
+    size_t slash = o.image.rfind('/');
+    bool tagged = colon != std::string::npos && (slash == std::string::npos || colon > slash);
+    values.image_repository = tagged ? o.image.substr(0, colon) : o.image;
+    values.image_tag = tagged ? o.image.substr(colon + 1) : "";
+  }
+  // The platform's text travels in the chart's ConfigMap; parsing it here refuses a platform the
+  // server would refuse at start, and gives its objects.
+  std::string platform_name = o.values_file + ": platform";
+  if (!o.platform_file.empty()) {
+    auto text = ReadFile(o.platform_file);
+    if (!text.ok()) return Fail(text.status().message());
+    values.platform = std::move(*text);
+    platform_name = o.platform_file;
+  }
+  std::optional<policy::Platform> platform;
+  if (!values.platform.empty()) {
+    policy::PlatformOutcome parsed = policy::ParsePlatform(values.platform, platform_name);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
+      return kExitInvalid;
+    }
+    platform = std::move(*parsed.platform);
+  }
+  auto objects = kube::RenderCluster(values, platform ? &*platform : nullptr);
+  if (!objects.ok()) {
+    std::fprintf(stderr, "error: %s\n", objects.status().message().c_str());
+    return kExitInvalid;
+  }
+  if (values.kueue_enabled || values.kuberay_enabled) {
+    // Kueue and KubeRay are the chart's dependencies (their own charts), not tau's objects.
+    std::fputs(
+        "# kueue.enabled / kuberay.enabled: install Kueue and KubeRay from their own releases; "
+        "these are tau's objects only.\n",
+        stdout);
+  }
+  if (platform && platform->admission.fair_sharing) {
     std::fputs(
         "# fair_sharing is on: set `fairSharing: {enable: true}` in Kueue's Configuration "
         "(kueue-manager-config).\n",

@@ -1,5 +1,5 @@
-// `tau plan` and `tau platform render`: what a run or a platform becomes, printed without
-// submitting anything (local commands; no server involved).
+// `tau plan`, `tau platform render` and `tau cluster render`: what a run, a platform or the cluster
+// install becomes, printed without submitting anything (local commands; no server involved).
 #pragma once
 
 #include <string>
@@ -20,5 +20,16 @@ struct PlanOptions {
 int CmdPlan(const PlanOptions& options);
 // The platform's Kueue objects, namespaces and RBAC as YAML.
 int CmdPlatformRender(const std::string& file);
+
+struct ClusterRenderOptions {
+  std::string values_file;     // the Helm chart's values (YAML); "" : the chart's defaults
+  std::string platform_file;   // platform.yaml; "" : the values' `platform`, if any
+  std::string namespace_name;  // "" : the values' (tau-system)
+  std::string image;           // REPOSITORY[:TAG]; "" : the values' image
+};
+
+// The objects the Helm chart deploy/helm/taugrid installs (and, with a platform, the platform's
+// objects) as YAML, for clusters installed without Helm.
+int CmdClusterRender(const ClusterRenderOptions& options);
 
 }  // namespace tau::cli

@@ -6,6 +6,8 @@
 //
 // What it offers:
 //   * RenderRun, RenderPlatform: the objects, as JSON, in the order they should be applied;
+//   * RenderCluster, ParseClusterValues: tau's own install, the objects of the Helm chart
+//     deploy/helm/taugrid from its values;
 //   * ToYaml: multi-document YAML with a stable key order (apiVersion, kind, metadata first);
 //   * ParseYaml: YAML text -> JSON (for CRDs and golden files);
 //   * SchemaSet: a validator for the OpenAPI v3 structural schemas of CRDs (and of our own
@@ -127,5 +129,54 @@ class SchemaSet {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// ---- The cluster install: what the Helm chart deploy/helm/taugrid installs ----
+
+// The taint the GPU health agent puts on a node with an unhealthy GPU (effect NoSchedule), so no
+// new pod lands there until the GPU recovers; the agent itself tolerates it to keep watching.
+inline constexpr const char* kGpuUnhealthyTaint = "tau.dev/gpu-unhealthy";
+// The chart's appVersion: the image tag when the values give none. Chart.yaml says the same (a
+// test checks it).
+inline constexpr const char* kChartAppVersion = "0.1.0";
+
+// The chart's values (deploy/helm/taugrid/values.yaml; the defaults here are the same).
+struct ClusterValues {
+  std::string release_name = "taugrid";  // Helm's release name; object names derive from it
+  std::string namespace_name = "tau-system";
+  std::string image_repository = "ghcr.io/taugrid/tau";
+  std::string image_tag;  // "" : kChartAppVersion
+  std::string image_pull_policy = "IfNotPresent";
+  // server.resources, as a container's `resources` (requests/limits of quantities).
+  nlohmann::json server_resources = {{"requests", {{"cpu", "500m"}, {"memory", "1Gi"}}},
+                                     {"limits", {{"memory", "2Gi"}}}};
+  std::string storage_size = "10Gi";
+  std::string storage_class;  // "" : the cluster's default StorageClass
+  std::string tls_secret = "tau-server-tls";
+  std::string platform;  // platform.yaml text; "" : no ConfigMap, the server's default platform
+  bool health_agent_enabled = true;
+  std::map<std::string, std::string> health_agent_node_selector = {
+      {"nvidia.com/gpu.present", "true"}};
+  std::vector<nlohmann::json> health_agent_tolerations;  // besides the two the agent always has
+  std::string health_agent_runtime_class = "nvidia";     // "" : the node's default runtime
+  std::string health_agent_poll_interval = "10s";
+  bool kueue_enabled = false;    // chart dependencies only: nothing to render here
+  bool kuberay_enabled = false;  // chart dependencies only: nothing to render here
+  bool rbac_create = true;
+  bool service_account_create = true;
+  std::string server_service_account;        // "" : FULLNAME-server
+  std::string health_agent_service_account;  // "" : FULLNAME-health-agent
+};
+
+// The chart's values from a values file (YAML, the shape of values.yaml), over the defaults.
+// Unknown keys and mistyped values are InvalidArgument naming the key, as values.schema.json
+// makes `helm install` refuse them.
+Result<ClusterValues> ParseClusterValues(std::string_view yaml);
+
+// The objects the chart installs, in Helm's install order: ServiceAccounts, the platform
+// ConfigMap, ClusterRoles and their bindings, the server's Service, the GPU health agent's
+// DaemonSet and the server's StatefulSet; then, when `platform` is given, RenderPlatform's
+// objects (namespaces, RBAC and Kueue queues; the chart only carries the platform's text).
+Result<std::vector<nlohmann::json>> RenderCluster(const ClusterValues& values,
+                                                  const policy::Platform* platform);
 
 }  // namespace tau::kube
