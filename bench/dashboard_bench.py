@@ -46,7 +46,8 @@ def wait_for(predicate, timeout=30):
 
 def start_server(tau, home, env, port):
     log = open(os.path.join(home, "bench-server.log"), "ab")
-    proc = subprocess.Popen([tau, "server", "--home", home, "--listen", f"127.0.0.1:{port}"],
+    proc = subprocess.Popen([tau, "server", "--home", home, "--listen", f"127.0.0.1:{port}",
+                             "--insecure-listen"],
                             env=env, stdout=log, stderr=log, start_new_session=True)
 
     def up():

@@ -14,11 +14,13 @@
 #include <fmt/format.h>
 
 #include "common/strings.h"
+#include "tls/tls.h"
 
 namespace tau::client {
 
 std::string Endpoint::ToString() const {
-  return unix_socket ? "unix://" + path : fmt::format("http://{}:{}", host, port);
+  return unix_socket ? "unix://" + path
+                     : fmt::format("{}://{}:{}", tls ? "https" : "http", host, port);
 }
 
 Result<Endpoint> ParseEndpoint(std::string_view text) {
@@ -29,14 +31,15 @@ Result<Endpoint> ParseEndpoint(std::string_view text) {
     e.path = std::string(text.substr(5));
   } else if (StartsWith(text, "/")) {
     e.path = std::string(text);
-  } else if (StartsWith(text, "http://")) {
+  } else if (StartsWith(text, "http://") || StartsWith(text, "https://")) {
     e.unix_socket = false;
-    std::string_view rest = text.substr(7);
+    e.tls = StartsWith(text, "https://");
+    std::string_view rest = text.substr(e.tls ? 8 : 7);
     if (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
     size_t colon = rest.rfind(':');
     if (colon == std::string_view::npos)
-      return InvalidArgument(
-          fmt::format("server address '{}' has no port (http://host:port)", text));
+      return InvalidArgument(fmt::format("server address '{}' has no port ({}://host:port)", text,
+                                         e.tls ? "https" : "http"));
     e.host = std::string(rest.substr(0, colon));
     try {
       e.port = std::stoi(std::string(rest.substr(colon + 1)));
@@ -45,7 +48,8 @@ Result<Endpoint> ParseEndpoint(std::string_view text) {
     }
   } else {
     return InvalidArgument(fmt::format(
-        "server address '{}' not understood: use unix:///path/to/tau.sock or http://host:port",
+        "server address '{}' not understood: use unix:///path/to/tau.sock, https://host:port or "
+        "http://host:port",
         text));
   }
   if (e.unix_socket && e.path.empty()) return InvalidArgument("unix socket path is empty");
@@ -96,22 +100,64 @@ static Result<int> Dial(const Endpoint& e) {
 }
 
 Result<std::unique_ptr<Connection>> Connection::Open(const Endpoint& endpoint, int timeout_ms) {
-  TAU_ASSIGN_OR_RETURN(int fd, Dial(endpoint));
-  return std::unique_ptr<Connection>(new Connection(endpoint, fd, timeout_ms));
+  return Open(endpoint, TlsOptions{}, timeout_ms);
 }
 
-Connection::Connection(Endpoint endpoint, int fd, int timeout_ms)
-    : endpoint_(std::move(endpoint)), fd_(fd), timeout_ms_(timeout_ms) {}
+Result<std::unique_ptr<Connection>> Connection::Open(const Endpoint& endpoint,
+                                                     const TlsOptions& tls, int timeout_ms) {
+  std::unique_ptr<Connection> conn(new Connection(endpoint, timeout_ms));
+  if (endpoint.tls) {
+    tls::ClientConfig config;
+    config.ca_file = tls.ca_file;
+    config.insecure_skip_verify = tls.insecure_skip_verify;
+    TAU_ASSIGN_OR_RETURN(conn->tls_context_, tls::ClientContext::Create(config));
+  }
+  TAU_RETURN_IF_ERROR(conn->Reconnect());
+  return conn;
+}
 
-Connection::~Connection() {
+Connection::Connection(Endpoint endpoint, int timeout_ms)
+    : endpoint_(std::move(endpoint)), timeout_ms_(timeout_ms) {}
+
+Connection::~Connection() { Close(); }
+
+void Connection::Close() {
+  tls_.reset();  // close_notify goes out before the socket closes
   if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 Status Connection::Reconnect() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
+  Close();
   buf_.clear();
-  TAU_ASSIGN_OR_RETURN(fd_, Dial(endpoint_));
+  TAU_ASSIGN_OR_RETURN(int fd, Dial(endpoint_));
+  if (tls_context_) {
+    auto session = tls_context_->Connect(fd, endpoint_.host, timeout_ms_ > 0 ? timeout_ms_ : 5000);
+    if (!session.ok()) {
+      ::close(fd);
+      return Status(session.status().code(),
+                    fmt::format("{}: {}", endpoint_.ToString(), session.status().message()));
+    }
+    tls_ = std::move(session).value();
+  }
+  fd_ = fd;
+  return Status::Ok();
+}
+
+Status Connection::SendAll(std::string_view data) {
+  if (tls_) {
+    Status s = tls_->WriteAll(data, timeout_ms_ > 0 ? timeout_ms_ : -1);
+    return s.ok() ? s : s.WithContext("sending request to " + endpoint_.ToString());
+  }
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::send(fd_, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return IoError("sending request to " + endpoint_.ToString(), errno);
+    }
+    off += static_cast<size_t>(n);
+  }
   return Status::Ok();
 }
 
@@ -120,25 +166,24 @@ Status Connection::SendRequest(std::string_view method, std::string_view path,
   std::string head = fmt::format(
       "{} {} HTTP/1.1\r\nHost: tau\r\nUser-Agent: tau-cli\r\nAccept: application/json\r\n", method,
       path);
+  if (!bearer_token_.empty()) head += fmt::format("Authorization: Bearer {}\r\n", bearer_token_);
   if (!body.empty() || method == "POST" || method == "PUT")
     head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", content_type, body.size());
   head += "\r\n";
-  for (std::string_view part : {std::string_view(head), body}) {
-    size_t off = 0;
-    while (off < part.size()) {
-      ssize_t n = ::send(fd_, part.data() + off, part.size() - off, MSG_NOSIGNAL);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return IoError("sending request to " + endpoint_.ToString(), errno);
-      }
-      off += static_cast<size_t>(n);
-    }
-  }
-  return Status::Ok();
+  TAU_RETURN_IF_ERROR(SendAll(head));
+  return SendAll(body);
 }
 
 Result<size_t> Connection::Fill() {
   char tmp[65536];
+  if (tls_) {
+    Result<size_t> n = tls_->Read(tmp, sizeof tmp, timeout_ms_ > 0 ? timeout_ms_ : -1);
+    if (!n.ok())
+      return Status(n.status().code(),
+                    fmt::format("reading from {}: {}", endpoint_.ToString(), n.status().message()));
+    buf_.append(tmp, *n);
+    return *n;
+  }
   while (true) {
     if (timeout_ms_ > 0) {
       pollfd p{fd_, POLLIN, 0};
@@ -229,10 +274,7 @@ Result<Response> Connection::ReadResponse(const std::function<bool(std::string_v
     buf_.clear();
     keep_alive = false;
   }
-  if (!keep_alive) {
-    ::close(fd_);
-    fd_ = -1;
-  }
+  if (!keep_alive) Close();
   return resp;
 }
 

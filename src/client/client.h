@@ -1,6 +1,6 @@
 // The API client: a small HTTP/1.1 client for tau's own REST API, over a Unix socket (the local
-// default) or TCP. Thin on purpose: `tau` commands start in a few milliseconds, so the CLI does not
-// load libcurl.
+// default), TCP, or TLS over TCP (https://, OpenSSL loaded on first use by src/tls/). Thin on
+// purpose: `tau` commands start in a few milliseconds, so the CLI does not load libcurl.
 #pragma once
 
 #include <functional>
@@ -13,6 +13,11 @@
 
 #include "common/status.h"
 
+namespace tau::tls {
+class ClientContext;
+class Session;
+}  // namespace tau::tls
+
 namespace tau::client {
 
 struct Endpoint {
@@ -20,11 +25,19 @@ struct Endpoint {
   std::string path;  // unix socket path
   std::string host;  // tcp host
   int port = 0;
+  bool tls = false;  // https://
   std::string ToString() const;
 };
 
-// "unix:///path/to/sock", "unix:/path", "/path/to/sock", "http://host:port".
+// "unix:///path/to/sock", "unix:/path", "/path/to/sock", "http://host:port", "https://host:port".
 Result<Endpoint> ParseEndpoint(std::string_view text);
+
+// How an https:// endpoint's certificate is checked. By default against the system's CA store, with
+// the host name of the endpoint (an IP address is checked against the certificate's IP SANs).
+struct TlsOptions {
+  std::string ca_file;                // PEM CA bundle to trust instead of the system's store
+  bool insecure_skip_verify = false;  // no certificate checks at all: tests and debugging only
+};
 
 struct Response {
   int status = 0;
@@ -35,6 +48,9 @@ struct Response {
 class Connection {
  public:
   static Result<std::unique_ptr<Connection>> Open(const Endpoint& endpoint, int timeout_ms = 5000);
+  // `tls` applies to https:// endpoints only.
+  static Result<std::unique_ptr<Connection>> Open(const Endpoint& endpoint, const TlsOptions& tls,
+                                                  int timeout_ms = 5000);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -48,9 +64,14 @@ class Connection {
   Result<int> Stream(std::string_view method, std::string_view path,
                      const std::function<bool(std::string_view)>& on_data);
 
+  // Sent as `Authorization: Bearer TOKEN` with every request from now on; empty: none.
+  void set_bearer_token(std::string token) { bearer_token_ = std::move(token); }
+
  private:
-  Connection(Endpoint endpoint, int fd, int timeout_ms);
+  Connection(Endpoint endpoint, int timeout_ms);
   Status Reconnect();
+  void Close();
+  Status SendAll(std::string_view data);
   Status SendRequest(std::string_view method, std::string_view path, std::string_view body,
                      std::string_view content_type);
   Result<Response> ReadResponse(const std::function<bool(std::string_view)>* on_data);
@@ -59,6 +80,9 @@ class Connection {
   Endpoint endpoint_;
   int fd_ = -1;
   int timeout_ms_;
+  std::string bearer_token_;
+  std::unique_ptr<tls::ClientContext> tls_context_;  // set for https:// endpoints
+  std::unique_ptr<tls::Session> tls_;                // the session on fd_, when connected
   std::string buf_;
 };
 

@@ -27,6 +27,8 @@ constexpr int kMaxConnections = 512;
 constexpr size_t kMaxHeaderBytes = 64 * 1024;
 constexpr int kIdleTimeoutMs = 30000;  // a kept-alive connection with no request
 constexpr int kIoTimeoutMs = 30000;    // a request or response that makes no progress
+// A TLS client gets this long to finish its handshake: a silent one must not pin a thread.
+constexpr int kHandshakeTimeoutMs = 10000;
 
 const char* Reason(int status) {
   switch (status) {
@@ -85,10 +87,26 @@ std::string ErrorBody(const char* code, const std::string& message) {
   return fmt::format("{{\"error\": {{\"code\": \"{}\", \"message\": \"{}\"}}}}\n", code, escaped);
 }
 
-// One connection: buffered reads with timeouts, full writes.
+// Runs `f` when the scope ends, however it ends.
+template <typename F>
+class AtScopeExit {
+ public:
+  explicit AtScopeExit(F f) : f_(std::move(f)) {}
+  ~AtScopeExit() { f_(); }
+
+ private:
+  F f_;
+};
+
+// One connection: buffered reads with timeouts, full writes; through TLS once set_tls was called.
 class Conn : public ChunkSink {
  public:
   Conn(int fd, const std::atomic<bool>* stopping) : fd_(fd), stopping_(stopping) {}
+
+  void set_tls(std::unique_ptr<tls::Session> session) { tls_ = std::move(session); }
+  // Sends close_notify; must happen before the socket is closed, since a closed descriptor's number
+  // may already belong to another connection.
+  void EndTls() { tls_.reset(); }
 
   // Waits for readable data; false on timeout, close, error or shutdown.
   bool WaitReadable(int timeout_ms) {
@@ -103,8 +121,17 @@ class Conn : public ChunkSink {
   }
   // Reads more into buf_; false on EOF/error/timeout.
   bool Fill(int timeout_ms) {
-    if (!WaitReadable(timeout_ms)) return false;
+    // Decrypted bytes may already wait inside OpenSSL, where poll() cannot see them.
+    bool pending = tls_ && tls_->HasPending();
+    if (!pending && !WaitReadable(timeout_ms)) return false;
     char tmp[65536];
+    if (tls_) {
+      // The socket is readable, but a TLS record may arrive in pieces: wait for the rest.
+      Result<size_t> got = tls_->Read(tmp, sizeof tmp, kIoTimeoutMs);
+      if (!got.ok() || *got == 0) return false;
+      buf_.append(tmp, *got);
+      return true;
+    }
     ssize_t n;
     do {
       n = ::recv(fd_, tmp, sizeof tmp, 0);
@@ -114,6 +141,7 @@ class Conn : public ChunkSink {
     return true;
   }
   bool Send(std::string_view data) {
+    if (tls_) return tls_->WriteAll(data, kIoTimeoutMs).ok();
     size_t off = 0;
     while (off < data.size()) {
       ssize_t n = ::send(fd_, data.data() + off, data.size() - off, MSG_NOSIGNAL);
@@ -134,6 +162,7 @@ class Conn : public ChunkSink {
     if (data.empty()) return true;
     return Send(fmt::format("{:x}\r\n", data.size())) && Send(data) && Send("\r\n");
   }
+  // With TLS too: a client that goes away closes the TCP connection under its TLS session.
   bool ClientGone() override {
     pollfd p{fd_, POLLRDHUP, 0};
     return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
@@ -143,6 +172,7 @@ class Conn : public ChunkSink {
  private:
   int fd_;
   const std::atomic<bool>* stopping_;
+  std::unique_ptr<tls::Session> tls_;  // null: plaintext
   std::string buf_;
 };
 
@@ -224,10 +254,17 @@ Status HttpServer::ListenUnix(const std::string& path, int mode) {
   unix_path_ = path;
   listen_fds_.push_back(fd);
   listen_is_unix_.push_back(true);
+  listen_tls_.push_back(nullptr);
   return Status::Ok();
 }
 
-Status HttpServer::ListenTcp(const std::string& host, int port) {
+Status HttpServer::ListenTcp(const std::string& host, int port, const TlsServerConfig* tls) {
+  std::shared_ptr<tls::ServerContext> tls_context;
+  if (tls) {
+    TAU_ASSIGN_OR_RETURN(std::unique_ptr<tls::ServerContext> created,
+                         tls::ServerContext::Create(*tls));
+    tls_context = std::move(created);
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -260,6 +297,7 @@ Status HttpServer::ListenTcp(const std::string& host, int port) {
                   : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   listen_fds_.push_back(fd);
   listen_is_unix_.push_back(false);
+  listen_tls_.push_back(std::move(tls_context));
   return Status::Ok();
 }
 
@@ -282,7 +320,8 @@ void HttpServer::Serve() {
               "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
               "Content-Length: {}\r\nConnection: close\r\n\r\n{}",
               busy.size(), busy);
-          (void)!::send(conn, msg.data(), msg.size(), MSG_NOSIGNAL);
+          // A TLS client could not read a plaintext answer; it only sees the connection close.
+          if (!listen_tls_[i]) (void)!::send(conn, msg.data(), msg.size(), MSG_NOSIGNAL);
           ::close(conn);
           continue;
         }
@@ -292,7 +331,9 @@ void HttpServer::Serve() {
         int one = 1;
         ::setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       }
-      std::thread(&HttpServer::ServeConnection, this, conn, bool(listen_is_unix_[i])).detach();
+      std::thread(&HttpServer::ServeConnection, this, conn, bool(listen_is_unix_[i]),
+                  listen_tls_[i].get())
+          .detach();
     }
   }
   for (int fd : listen_fds_) ::close(fd);
@@ -336,8 +377,16 @@ void HttpServer::DispatchRoute(HttpRequest& req, HttpResponse& res, std::string*
   }
 }
 
-void HttpServer::ServeConnection(int fd, bool is_unix) {
+void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) {
   Conn conn(fd, &stopping_);
+  AtScopeExit done([&] {
+    conn.EndTls();
+    ::shutdown(fd, SHUT_RDWR);
+    ::close(fd);
+    std::lock_guard<std::mutex> lock(mu_);
+    --active_connections_;
+    idle_cv_.notify_all();
+  });
   std::string peer_uid;
   if (is_unix) {
     ucred cred{};
@@ -352,6 +401,16 @@ void HttpServer::ServeConnection(int fd, bool is_unix) {
                     "{}\r\nConnection: close\r\n\r\n{}",
                     status, Reason(status), body.size(), body));
   };
+  if (tls) {
+    // The handshake happens here, on the connection's own thread, so a slow client delays no one.
+    Result<std::unique_ptr<tls::Session>> session = tls->Accept(fd, kHandshakeTimeoutMs);
+    if (!session.ok()) {
+      if (session.status().code() == StatusCode::kInvalidArgument)
+        reply_error(400, "BadRequest", "this port requires TLS: use https://");
+      return;
+    }
+    conn.set_tls(std::move(session).value());
+  }
   std::string& buf = conn.buf();
   bool keep_alive = true;
   while (keep_alive && !stopping_.load()) {
@@ -418,7 +477,9 @@ void HttpServer::ServeConnection(int fd, bool is_unix) {
     if (auto it = req.headers.find("content-length"); it != req.headers.end()) {
       char* endp = nullptr;
       unsigned long long n = std::strtoull(it->second.c_str(), &endp, 10);
-      if (it->second.empty() || *endp != '\0') {
+      // Digits only: strtoull would take "-1" as 2^64-1 and " 5" as 5.
+      if (it->second.empty() || it->second.size() > 19 ||
+          it->second.find_first_not_of("0123456789") != std::string::npos || *endp != '\0') {
         reply_error(400, "BadRequest", "invalid Content-Length");
         break;
       }
@@ -435,6 +496,9 @@ void HttpServer::ServeConnection(int fd, bool is_unix) {
     bool complete = true;
     while (buf.size() < length) {
       if (!conn.Fill(kIoTimeoutMs)) {
+        // The client may still read after half-closing: tell it what went wrong.
+        reply_error(400, "BadRequest",
+                    fmt::format("request body ended after {} of {} bytes", buf.size(), length));
         complete = false;
         break;
       }
@@ -458,6 +522,9 @@ void HttpServer::ServeConnection(int fd, bool is_unix) {
     std::string head = fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\n", res.status,
                                    Reason(res.status), res.content_type);
     head += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
+    for (const auto& [name, value] : res.headers_out)
+      if (value.find_first_of("\r\n") == std::string::npos)  // no header injection
+        head += fmt::format("{}: {}\r\n", name, value);
     if (!res.stream) {
       head += fmt::format("Content-Length: {}\r\n\r\n", res.body.size());
       if (!conn.Send(head) || !conn.Send(res.body)) break;
@@ -472,11 +539,6 @@ void HttpServer::ServeConnection(int fd, bool is_unix) {
     }
     if (!ok || !conn.Send("0\r\n\r\n")) break;
   }
-  ::shutdown(fd, SHUT_RDWR);
-  ::close(fd);
-  std::lock_guard<std::mutex> lock(mu_);
-  --active_connections_;
-  idle_cv_.notify_all();
 }
 
 void HttpServer::Shutdown(int grace_ms) {

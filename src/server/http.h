@@ -5,13 +5,15 @@
 // and page faults at start, which the CLI and every attempt's supervisor would pay. This server
 // does what tau needs and no more: keep-alive, Content-Length bodies with a size limit, `Expect:
 // 100-continue`, chunked streaming responses, regex routes, percent-decoded query parameters, and
-// the Unix peer's uid (SO_PEERCRED).
+// the Unix peer's uid (SO_PEERCRED). A TCP listener may speak TLS (src/tls/, OpenSSL loaded on
+// first use); the Unix socket is always plain, its peers are authenticated by the kernel.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <regex>
 #include <string>
@@ -19,8 +21,12 @@
 #include <vector>
 
 #include "common/status.h"
+#include "tls/tls.h"
 
 namespace tau::server {
+
+// The certificate and key of a TLS listener (PEM files).
+using TlsServerConfig = tls::ServerConfig;
 
 struct HttpRequest {
   std::string method;
@@ -47,6 +53,7 @@ struct HttpResponse {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
+  std::vector<std::pair<std::string, std::string>> headers_out;  // extra response headers
   // When set, the body is streamed (chunked): called until it returns false or a write fails.
   std::function<bool(ChunkSink&)> stream;
 
@@ -75,7 +82,9 @@ class HttpServer {
   void set_observer(Observer observer) { observer_ = std::move(observer); }
 
   Status ListenUnix(const std::string& path, int mode = 0600);
-  Status ListenTcp(const std::string& host, int port);  // port 0: any free port
+  // port 0: any free port. With `tls`, every connection must complete a TLS handshake (TLS 1.2 or
+  // newer) within a few seconds; the certificate and key are loaded here, so a bad file fails now.
+  Status ListenTcp(const std::string& host, int port, const TlsServerConfig* tls = nullptr);
   int tcp_port() const { return tcp_port_; }
 
   // Accepts connections until Shutdown(); each connection is served on its own thread.
@@ -91,7 +100,7 @@ class HttpServer {
     std::string pattern_text;
     HttpHandler handler;
   };
-  void ServeConnection(int fd, bool is_unix);
+  void ServeConnection(int fd, bool is_unix, tls::ServerContext* tls);
   void Dispatch(HttpRequest& req, HttpResponse& res);
   void DispatchRoute(HttpRequest& req, HttpResponse& res, std::string* route_name);
 
@@ -100,6 +109,7 @@ class HttpServer {
   size_t max_body_bytes_ = 1 << 20;
   std::vector<int> listen_fds_;
   std::vector<bool> listen_is_unix_;
+  std::vector<std::shared_ptr<tls::ServerContext>> listen_tls_;  // null: plain
   std::string unix_path_;
   int tcp_port_ = 0;
   int wake_pipe_[2] = {-1, -1};
