@@ -26,6 +26,7 @@ const char* kAlwaysSkipped[] = {".git",         ".hg",          ".svn",
 struct Walker {
   std::string root;
   std::vector<std::string> ignore;  // .tauignore patterns
+  std::string canonical_root;       // `root` with its own links resolved, to compare link targets
   size_t max_bytes = 0;
   CodeWalk out;
 };
@@ -60,19 +61,38 @@ Status Walk(Walker& w, const std::string& rel_dir) {
     if (::lstat(path.c_str(), &lst) != 0) continue;
     struct stat st = lst;
     if (S_ISLNK(lst.st_mode)) {
-      // A link is followed only when it stays inside the code directory; its target is copied.
-      fs::path target = fs::weakly_canonical(path, ec);
-      fs::path root = fs::weakly_canonical(w.root, ec);
-      std::string t = target.string(), r = root.string() + "/";
-      if (ec || !StartsWith(t, r) || ::stat(path.c_str(), &st) != 0) {
-        w.out.warnings.push_back(
-            fmt::format("skipped '{}': a link that leaves the code directory", rel));
+      // A link inside the code directory is stored as its target's content. A link that leaves it
+      // is refused rather than skipped: following it would upload whatever it points at (a key, a
+      // home directory), and skipping it quietly would give the run different code than the user
+      // sees; either way the user decides.
+      std::error_code lec;
+      std::string target = fs::read_symlink(path, lec).string();
+      fs::path resolved = fs::canonical(path, lec);
+      if (lec == std::errc::too_many_symbolic_link_levels)
+        return InvalidArgument(fmt::format(
+            "'{}' in the code directory {} is a symbolic link loop (-> '{}'); remove it "
+            "or list it in .tauignore",
+            rel, w.root, target));
+      if (lec) {
+        // Dangling: nothing to upload and nothing leaks.
+        w.out.warnings.push_back(fmt::format(
+            "skipped '{}': a symbolic link to '{}', which does not exist", rel, target));
         continue;
       }
+      std::string t = resolved.string(), r = w.canonical_root + "/";
+      if (!StartsWith(t, r))
+        return InvalidArgument(fmt::format(
+            "'{}' in the code directory {} is a symbolic link to '{}', outside the code directory; "
+            "tau does not follow it: copy what the run needs into the directory, or list '{}' in "
+            ".tauignore",
+            rel, w.root, target, rel));
+      if (::stat(path.c_str(), &st) != 0) continue;
     }
     if (S_ISDIR(st.st_mode)) {
       if (S_ISLNK(lst.st_mode)) {
-        w.out.warnings.push_back(fmt::format("skipped '{}': a link to a directory", rel));
+        // Not entered: a link to a directory inside can form a cycle or duplicate the tree.
+        w.out.warnings.push_back(fmt::format("skipped '{}': a symbolic link to a directory ('{}')",
+                                             rel, fs::read_symlink(path, ec).string()));
         continue;
       }
       TAU_RETURN_IF_ERROR(Walk(w, rel));
@@ -103,6 +123,10 @@ Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes) {
   Walker w;
   w.root = root;
   w.max_bytes = max_bytes;
+  std::error_code ec;
+  w.canonical_root = fs::canonical(root, ec).string();
+  if (ec)
+    return Status(StatusCode::kIo, "cannot read the code directory " + root + ": " + ec.message());
   if (auto ignore = ReadFile(root + "/.tauignore"); ignore.ok()) {
     for (std::string line : Split(*ignore, '\n')) {
       while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();

@@ -22,9 +22,11 @@ struct CodeWalk {
   std::vector<std::string> warnings;  // links skipped, and why
 };
 
-// Reads the files under `root`. A link is followed only when its target stays inside `root` (links
-// to directories are skipped). `max_bytes` bounds the total: past it the error says how to keep
-// data out of the code directory.
+// Reads the files under `root`. A symbolic link to a file inside `root` is stored as that file's
+// content; a link to a directory is skipped with a warning, and so is a dangling link. A link whose
+// target leaves `root` (through '..', an absolute path or another link), or a link loop, is an
+// error naming the link: tau never uploads files from outside the code directory. `max_bytes`
+// bounds the total: past it the error says how to keep data out of the code directory.
 Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes);
 
 }  // namespace tau::cli

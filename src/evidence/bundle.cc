@@ -48,8 +48,8 @@ Result<std::string> ManifestDigest(json manifest) {
 // Streams exactly the bytes a file has now into the archive, hashing them.
 Status StreamFile(internal::TarGzWriter* w, const std::string& name, const std::string& path,
                   int64_t mtime_s, int64_t* size, std::string* sha) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return IoError("cannot open " + path, errno);
+  // Logs are files a run's processes can reach: never follow a link or wait on a FIFO there.
+  TAU_ASSIGN_OR_RETURN(int fd, internal::OpenRunFile(path));
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }

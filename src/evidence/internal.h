@@ -29,6 +29,16 @@ std::string LogPath(int attempt, int rank);
 nlohmann::json ArtifactJson(const Artifact& a);
 nlohmann::json MetricSummariesJson(const std::vector<MetricSummary>& series);
 
+// Opens a file a run may have written (a log, a checkpoint, the metrics file) for reading, refusing
+// anything but a regular file reached without a final symbolic link: a run must not make tau read
+// (and hash, or copy into a bundle) a file outside its directories, nor block tau on a FIFO. ENOENT
+// is NotFound; a link, FIFO, device or directory is InvalidArgument naming the path. The caller
+// closes the descriptor.
+Result<int> OpenRunFile(const std::string& path);
+// ReadFileChunks over OpenRunFile.
+Status ReadRunFileChunks(const std::string& path,
+                         const std::function<void(std::string_view)>& chunk);
+
 // The checkpoint protocol's temporary names: *.tmp, *.partial, *.incomplete, or a leading '.'.
 bool IsTemporaryName(std::string_view name);
 

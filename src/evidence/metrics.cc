@@ -364,11 +364,14 @@ void ParseLines(std::string_view data, MetricsCursor* cursor, const MetricLimits
 Result<MetricsChunk> ReadLines(const std::string& path, MetricsCursor* cursor,
                                const MetricLimits& limits, const PointSink& sink) {
   MetricsChunk chunk;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return chunk;
-    return IoError("cannot open metrics file " + path, errno);
+  // The run writes this file and could put a link (to a file outside its directory) or a FIFO
+  // (which would block the controller's loop in open()) in its place: neither is read.
+  auto opened = internal::OpenRunFile(path);
+  if (!opened.ok()) {
+    if (opened.status().code() == StatusCode::kNotFound) return chunk;
+    return Status(opened.status().code(), "metrics file: " + opened.status().message());
   }
+  int fd = *opened;
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }

@@ -168,7 +168,7 @@ Result<LogInfo> IndexLog(const std::string& path, int rank) {
   LogInfo info;
   info.rank = rank;
   Sha256 h;
-  TAU_RETURN_IF_ERROR(ReadFileChunks(path, [&](std::string_view c) {
+  TAU_RETURN_IF_ERROR(internal::ReadRunFileChunks(path, [&](std::string_view c) {
     h.Update(c);
     info.size += static_cast<int64_t>(c.size());
   }));
@@ -180,7 +180,9 @@ Result<std::vector<LogInfo>> IndexAttemptLogs(const std::string& attempt_dir) {
   std::vector<LogInfo> out;
   std::error_code ec;
   std::string dir = attempt_dir + "/logs";
-  if (!fs::exists(dir, ec)) return out;
+  // The run's processes can reach this directory; a link put in place of it, or of a log, must not
+  // make tau hash (or bundle) a file elsewhere.
+  if (fs::symlink_status(dir, ec).type() != fs::file_type::directory) return out;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::string name = it->path().filename().string();
     int rank = -1;
@@ -191,7 +193,7 @@ Result<std::vector<LogInfo>> IndexAttemptLogs(const std::string& attempt_dir) {
           digits.find_first_not_of("0123456789") == std::string::npos)
         rank = std::stoi(digits, &used);
     }
-    if (rank < 0 || !it->is_regular_file(ec)) continue;
+    if (rank < 0 || it->symlink_status(ec).type() != fs::file_type::regular) continue;
     TAU_ASSIGN_OR_RETURN(LogInfo info, IndexLog(it->path().string(), rank));
     out.push_back(std::move(info));
   }
@@ -228,10 +230,15 @@ Result<std::vector<Artifact>> ScanArtifacts(const std::string& root, const std::
           a.sha256 = it->second->sha256;
         } else {
           Sha256 h;
-          TAU_RETURN_IF_ERROR(ReadFileChunks(abs, [&](std::string_view c) {
+          // Walk() saw a regular file; one removed since, or swapped for a link or FIFO, is left
+          // out like a file that was never there (OpenRunFile never follows or waits on it).
+          Status read = internal::ReadRunFileChunks(abs, [&](std::string_view c) {
             h.Update(c);
             a.size += static_cast<int64_t>(c.size());
-          }));
+          });
+          if (read.code() == StatusCode::kNotFound || read.code() == StatusCode::kInvalidArgument)
+            return Status::Ok();
+          TAU_RETURN_IF_ERROR(read);
           a.sha256 = h.HexDigest();
         }
         for (size_t i = 0; i < attempt_starts.size(); ++i)

@@ -1,5 +1,10 @@
 // Small text helpers of the evidence module (internal.h).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -68,6 +73,52 @@ bool ParseNonFiniteWord(std::string_view s, double* out) {
     return true;
   }
   return false;
+}
+
+Result<int> OpenRunFile(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFound("no such file: " + path);
+    if (errno == ELOOP)
+      return InvalidArgument(
+          fmt::format("{} is a symbolic link; tau reads only regular files there", path));
+    return IoError("cannot open " + path, errno);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return IoError("cannot stat " + path, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgument(
+        fmt::format("{} is not a regular file; tau reads only regular files there", path));
+  }
+  // Reads of a regular file never block; clear the flag anyway so that they behave as usual.
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) (void)::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+Status ReadRunFileChunks(const std::string& path,
+                         const std::function<void(std::string_view)>& chunk) {
+  TAU_ASSIGN_OR_RETURN(int fd, OpenRunFile(path));
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return IoError("cannot read " + path, err);
+    }
+    if (n == 0) break;
+    chunk(std::string_view(buf, static_cast<size_t>(n)));
+  }
+  ::close(fd);
+  return Status::Ok();
 }
 
 bool IsTemporaryName(std::string_view name) {

@@ -1,9 +1,12 @@
 #include "server/snapshot.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -13,19 +16,85 @@
 
 namespace tau::server {
 
-static Status CheckPath(const std::string& path) {
-  if (path.empty() || path.size() > 4096)
-    return InvalidArgument("code file with an empty or overlong path");
-  if (path.find('\0') != std::string::npos) return InvalidArgument("code file path contains NUL");
+namespace {
+
+// A path as an error message can show it: control characters escaped, long ones cut, so that a
+// hostile path cannot break the message (or the terminal that prints it).
+std::string Shown(const std::string& path) {
+  std::string out;
+  for (char c : path.substr(0, 120)) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f)
+      out += fmt::format("\\x{:02x}", u);
+    else
+      out += c;
+  }
+  if (path.size() > 120) out += fmt::format("... ({} bytes)", path.size());
+  return out;
+}
+
+Status CheckPath(const std::string& path) {
+  if (path.empty()) return InvalidArgument("a code file has an empty path");
+  if (path.size() > kMaxCodePathBytes)
+    return InvalidArgument(fmt::format("code file path '{}' is {} bytes long; at most {} allowed",
+                                       Shown(path), path.size(), kMaxCodePathBytes));
+  if (path.find('\0') != std::string::npos)
+    return InvalidArgument(fmt::format("code file path '{}' contains a NUL byte", Shown(path)));
   if (path.front() == '/')
-    return InvalidArgument(fmt::format("code file path '{}' is absolute", path));
+    return InvalidArgument(fmt::format(
+        "code file path '{}' is absolute; code paths are relative to the code directory",
+        Shown(path)));
   for (const std::string& part : Split(path, '/')) {
     if (part.empty() || part == "." || part == "..")
       return InvalidArgument(fmt::format(
-          "code file path '{}' is not a plain relative path (no '.', '..' or '//')", path));
+          "code file path '{}' is not a plain relative path (no '.', '..' or '//')", Shown(path)));
+    // Past NAME_MAX the write would fail with an I/O error (a 500) instead of the client's 400.
+    if (part.size() > kMaxCodePathPartBytes)
+      return InvalidArgument(
+          fmt::format("code file path '{}' has a part of {} bytes; at most {} "
+                      "allowed",
+                      Shown(path), part.size(), kMaxCodePathPartBytes));
   }
   return Status::Ok();
 }
+
+// Creates a new file in the private temporary tree: O_EXCL and O_NOFOLLOW so that nothing already
+// there (a link planted by anyone) is written through.
+Status WriteNewFile(const std::string& path, const std::string& data, int mode) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0) return IoError("cannot create " + path, errno);
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return IoError("cannot write " + path, err);
+    }
+    off += static_cast<size_t>(n);
+  }
+  // Durable before the run that names it is committed.
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    return IoError("cannot fsync " + path, err);
+  }
+  ::close(fd);
+  return Status::Ok();
+}
+
+Status WriteTree(const std::string& tmp, const std::vector<CodeFile>& files) {
+  TAU_RETURN_IF_ERROR(MakeDirs(tmp));
+  for (const CodeFile& f : files) {
+    std::string path = tmp + "/" + f.path;
+    TAU_RETURN_IF_ERROR(MakeDirs(std::filesystem::path(path).parent_path().string()));
+    TAU_RETURN_IF_ERROR(WriteNewFile(path, f.data, (f.mode & 0111) ? 0755 : 0644));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<Snapshot> StoreSnapshot(const std::string& root, std::vector<CodeFile> files) {
   if (files.size() > kMaxSnapshotFiles)
@@ -37,16 +106,26 @@ Result<Snapshot> StoreSnapshot(const std::string& root, std::vector<CodeFile> fi
     total += f.data.size();
   }
   if (total > kMaxSnapshotBytes)
-    return ResourceExhausted(
-        fmt::format("the code directory holds {} MiB; the limit is {} MiB (keep data out of the "
-                    "code directory, "
-                    "or list it in .tauignore)",
-                    total >> 20, kMaxSnapshotBytes >> 20));
+    return ResourceExhausted(fmt::format(
+        "the code files hold {} bytes; the limit is {} MiB (keep data sets and checkpoints out "
+        "of the code directory, or list them in .tauignore)",
+        total, kMaxSnapshotBytes >> 20));
   std::sort(files.begin(), files.end(),
             [](const CodeFile& a, const CodeFile& b) { return a.path < b.path; });
   for (size_t i = 1; i < files.size(); ++i)
     if (files[i].path == files[i - 1].path)
-      return InvalidArgument(fmt::format("code file '{}' appears twice", files[i].path));
+      return InvalidArgument(fmt::format("code file '{}' appears twice", Shown(files[i].path)));
+  // "a" and "a/b" cannot both be stored: "a" would have to be a file and a directory.
+  std::set<std::string> dirs;
+  for (const CodeFile& f : files)
+    for (size_t slash = f.path.find('/'); slash != std::string::npos;
+         slash = f.path.find('/', slash + 1))
+      dirs.insert(f.path.substr(0, slash));
+  for (const CodeFile& f : files)
+    if (dirs.count(f.path))
+      return InvalidArgument(fmt::format(
+          "code file '{}' is also the directory of other code files; send one or the other",
+          Shown(f.path)));
   Snapshot snap;
   snap.files = nlohmann::json::array();
   Sha256 tree;
@@ -63,15 +142,15 @@ Result<Snapshot> StoreSnapshot(const std::string& root, std::vector<CodeFile> fi
   snap.dir = root + "/" + snap.digest;
   if (PathExists(snap.dir)) return snap;  // content-addressed: already stored
   std::string tmp = snap.dir + ".tmp." + RandomHex(8);
-  for (const CodeFile& f : files) {
-    std::string path = tmp + "/" + f.path;
-    TAU_RETURN_IF_ERROR(MakeDirs(std::filesystem::path(path).parent_path().string()));
-    TAU_RETURN_IF_ERROR(WriteFileAtomic(path, f.data, (f.mode & 0111) ? 0755 : 0644));
+  if (Status s = WriteTree(tmp, files); !s.ok()) {
+    (void)RemoveTree(tmp);  // a failed store leaves nothing behind
+    return s;
   }
-  TAU_RETURN_IF_ERROR(MakeDirs(tmp));
   if (::rename(tmp.c_str(), snap.dir.c_str()) != 0) {
+    int err = errno;
     (void)RemoveTree(tmp);
-    if (!PathExists(snap.dir)) return IoError("cannot store snapshot " + snap.dir, errno);
+    // Another submission of the same code may have stored it first.
+    if (!PathExists(snap.dir)) return IoError("cannot store snapshot " + snap.dir, err);
   }
   return snap;
 }
