@@ -4,6 +4,8 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev libcli11-dev libfmt-dev libgtest-dev zlib1g-dev
+  libssl-dev libcurl4-openssl-dev  # headers only: OpenSSL and libcurl are loaded with dlopen
+  openssl curl  # the TLS tests make certificates and call the server with curl
   python3 python3-venv procps
   prometheus  # the observability tests scrape a real tau server with it
   chromium nodejs  # the dashboard's end-to-end test (tests/e2e: playwright-core, installed with npm)

@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+scripts/fetch-helm.sh || echo "helm not fetched: tests/integration/test_helm_chart.py will be skipped"
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 900
 # A short fuzzing pass over every parser (docs/fuzzing.md); TAU_FUZZ_SECONDS=0 skips it.

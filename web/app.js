@@ -367,6 +367,40 @@ async function route() {
   else cleanup = await viewRuns();
 }
 
-window.addEventListener("hashchange", route);
-connectLive();
-route();
+// ---- sign-in -----------------------------------------------------------------------------------
+
+// Over TCP every API call needs a token. The page hands it to the server once (POST
+// /api/v1/session); the server sets an HttpOnly cookie that later calls and the event stream send.
+function viewSignIn(message) {
+  $view.innerHTML = html`<h1>Sign in</h1>
+    <form id="signin" class="filters">
+      <label>API token<input name="token" type="password" autocomplete="off" placeholder="tau_…"></label>
+      <button type="submit">Sign in</button>
+    </form>
+    <p class="muted">Create one with <code>tau admin token create</code>.</p>
+    <p id="signin-error" class="error">${message || ""}</p>`;
+  document.getElementById("signin").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const token = String(new FormData(e.target).get("token") || "").trim();
+    const res = await fetch("/api/v1/session", {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ token }),
+    });
+    if (res.ok) { location.reload(); return; }
+    let msg = `${res.status} ${res.statusText}`;
+    try { msg = (await res.json()).error.message; } catch (_) { /* not JSON */ }
+    document.getElementById("signin-error").textContent = msg;
+  });
+}
+
+async function start() {
+  let me = null;
+  try { me = await api("/api/v1/whoami"); } catch (e) {
+    if (e.status === 401) { viewSignIn(); return; }
+  }
+  if (me) document.getElementById("who").textContent = me.user;
+  window.addEventListener("hashchange", route);
+  connectLive();
+  route();
+}
+
+start();

@@ -6,6 +6,10 @@
 
 #include "cli/output.h"
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace tau::cli {
 
 struct Global {
@@ -43,6 +47,23 @@ int CmdEvidenceVerify(const Global& g, const std::string& file, bool run_check);
 // `output`: table (sparkline and table), json, jsonl; "" = table on a terminal, else jsonl.
 int CmdMetrics(const Global& g, const std::string& run, const std::string& name,
                const std::string& split, bool has_split, const std::string& output);
+
+// identity_commands.cc: login, logout, whoami, admin token|audit, secret (registered on `app`).
+void RegisterIdentityCommands(CLI::App* app, const Global* g, int* rc);
+int CmdLogin(const Global& g, const std::string& server, const std::string& ca_file,
+             bool token_stdin);
+int CmdLogout(const Global& g, const std::string& server);
+int CmdWhoami(const Global& g, Format format);
+int CmdTokenCreate(const Global& g, const std::string& user, const std::vector<std::string>& groups,
+                   const std::string& expires_in, const std::string& description);
+int CmdTokenList(const Global& g, const std::string& user, Format format);
+int CmdTokenRevoke(const Global& g, const std::string& id);
+int CmdTokenHash();
+int CmdAudit(const Global& g, int limit, Format format);
+int CmdSecretSet(const Global& g, const std::string& workspace, const std::string& key,
+                 const std::string& from_file);
+int CmdSecretList(const Global& g, const std::string& workspace, Format format);
+int CmdSecretDelete(const Global& g, const std::string& workspace, const std::string& key);
 
 // Prints "tau: error: <message>" to stderr and returns kExitTauError.
 int Fail(const std::string& message);

@@ -54,24 +54,82 @@ Status SpawnLocalServer(const std::string& home) {
 
 }  // namespace
 
+std::string ClientConfigPath() {
+  if (const char* p = std::getenv("TAU_CONFIG"); p && *p) return p;
+  if (const char* x = std::getenv("XDG_CONFIG_HOME"); x && *x)
+    return std::string(x) + "/tau/config.json";
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : ".") + "/.config/tau/config.json";
+}
+
+ClientConfig LoadClientConfig() {
+  ClientConfig config;
+  auto text = ReadFile(ClientConfigPath());
+  if (!text.ok()) return config;
+  auto j = nlohmann::json::parse(*text, nullptr, false);
+  if (!j.is_object()) return config;
+  if (auto it = j.find("current"); it != j.end() && it->is_string()) config.current = *it;
+  if (auto it = j.find("servers"); it != j.end() && it->is_object())
+    for (const auto& [address, e] : it->items()) {
+      if (!e.is_object()) continue;
+      ServerEntry entry;
+      if (auto t = e.find("token"); t != e.end() && t->is_string()) entry.token = *t;
+      if (auto c = e.find("ca_file"); c != e.end() && c->is_string()) entry.ca_file = *c;
+      config.servers[address] = std::move(entry);
+    }
+  return config;
+}
+
+Status SaveClientConfig(const ClientConfig& config) {
+  nlohmann::json servers = nlohmann::json::object();
+  for (const auto& [address, e] : config.servers)
+    servers[address] = {{"token", e.token}, {"ca_file", e.ca_file}};
+  nlohmann::json j = {{"current", config.current}, {"servers", servers}};
+  std::string path = ClientConfigPath();
+  TAU_RETURN_IF_ERROR(MakeDirs(path.substr(0, path.rfind('/')), 0700));
+  return WriteFileAtomic(path, j.dump(2) + "\n", 0600);
+}
+
+Result<std::unique_ptr<client::Connection>> ConnectWith(const std::string& address,
+                                                        const ServerEntry& entry) {
+  TAU_ASSIGN_OR_RETURN(client::Endpoint endpoint, client::ParseEndpoint(address));
+  client::TlsOptions tls;  // https://: the system's CAs, or a private CA
+  tls.ca_file = entry.ca_file;
+  auto conn = client::Connection::Open(endpoint, tls);
+  if (!conn.ok())
+    return Status(conn.status().code(),
+                  conn.status().message() + " (is the server running? check --server/TAU_SERVER)");
+  if (!entry.token.empty()) (*conn)->set_bearer_token(entry.token);
+  return conn;
+}
+
 Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& server_flag) {
   std::string address = server_flag;
   if (address.empty())
     if (const char* env = std::getenv("TAU_SERVER"); env && *env) address = env;
+  const char* env_token = std::getenv("TAU_TOKEN");
+  const char* env_ca = std::getenv("TAU_CA_FILE");
+  ClientConfig config;
+  // The config is read only when it can matter: the local socket needs no token.
+  if (address.empty() || !(env_token && *env_token)) config = LoadClientConfig();
+  if (address.empty()) address = config.current;
   if (!address.empty()) {
-    TAU_ASSIGN_OR_RETURN(client::Endpoint endpoint, client::ParseEndpoint(address));
-    auto conn = client::Connection::Open(endpoint);
-    if (!conn.ok())
-      return Status(
-          conn.status().code(),
-          conn.status().message() + " (is the server running? check --server/TAU_SERVER)");
-    return conn;
+    ServerEntry entry = config.servers[address];
+    if (env_token && *env_token) entry.token = env_token;
+    if (env_ca && *env_ca) entry.ca_file = env_ca;
+    return ConnectWith(address, entry);
   }
   std::string home = TauHome();
   client::Endpoint local;
   local.path = home + "/tau.sock";
+  // A token on the local socket signs in as its user instead of the socket's (an admin acting
+  // as someone, or a test).
+  std::string token = env_token && *env_token ? env_token : "";
   auto conn = client::Connection::Open(local);
-  if (conn.ok()) return conn;
+  if (conn.ok()) {
+    if (!token.empty()) (*conn)->set_bearer_token(token);
+    return conn;
+  }
   TAU_RETURN_IF_ERROR(SpawnLocalServer(home));
   int64_t deadline = MonotonicMillis() + kStartTimeoutMs;
   int sleep_ms = 2;
@@ -79,7 +137,10 @@ Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& s
     std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
     sleep_ms = std::min(sleep_ms * 2, 100);
     conn = client::Connection::Open(local);
-    if (conn.ok()) return conn;
+    if (conn.ok()) {
+      if (!token.empty()) (*conn)->set_bearer_token(token);
+      return conn;
+    }
   }
   return Unavailable(fmt::format(
       "started a local tau server but it did not answer on {} within {} s; see {}/server.log",

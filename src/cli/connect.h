@@ -2,6 +2,7 @@
 // starting a local server in the background when none answers there.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -9,7 +10,26 @@
 
 namespace tau::cli {
 
+// A server's address, token and CA file: --server, else $TAU_SERVER, else the client config's
+// current server; $TAU_TOKEN and $TAU_CA_FILE override what the config holds for it.
 Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& server_flag);
+
+// The client config: $TAU_CONFIG, else $XDG_CONFIG_HOME/tau/config.json, else
+// ~/.config/tau/config.json. Mode 0600: it holds tokens.
+struct ServerEntry {
+  std::string token;
+  std::string ca_file;
+};
+struct ClientConfig {
+  std::string current;  // the server `tau login` signed in to last
+  std::map<std::string, ServerEntry> servers;
+};
+std::string ClientConfigPath();
+ClientConfig LoadClientConfig();  // empty when missing or unreadable
+Status SaveClientConfig(const ClientConfig& config);
+// Opens a connection to `address` with the entry's CA file and token.
+Result<std::unique_ptr<client::Connection>> ConnectWith(const std::string& address,
+                                                        const ServerEntry& entry);
 
 // Calls the API and turns a non-2xx answer into a Status carrying the server's message.
 Result<nlohmann::json> CallJson(client::Connection& conn, const std::string& method,

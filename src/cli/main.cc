@@ -69,7 +69,17 @@ int Main(int argc, char** argv) {
   server::ServerOptions sopts;
   server->add_option("--home", sopts.home, "State directory (default $TAU_HOME, else ~/.tau)");
   server->add_option("--socket", sopts.socket_path, "Unix socket path (default HOME/tau.sock)");
-  server->add_option("--listen", sopts.listen, "Also listen on TCP host:port");
+  server->add_option("--listen", sopts.listen,
+                     "Also listen on TCP host:port (needs --tls-cert and --tls-key)");
+  server->add_option("--tls-cert", sopts.tls_cert_file,
+                     "PEM certificate chain of the TCP listener (docs/security.md)");
+  server->add_option("--tls-key", sopts.tls_key_file, "PEM private key of the TCP listener");
+  server->add_flag(
+      "--insecure-listen", sopts.insecure_listen,
+      "Allow a plaintext TCP listener on a loopback address (tests, local Prometheus)");
+  server->add_flag("--shared-socket", sopts.shared_socket,
+                   "Let every local user connect to the Unix socket (mode 0666): a multi-user "
+                   "machine; callers are known by the kernel, runs run as their submitter");
   server->add_option("--stop-grace", sopts.stop_grace_ms,
                      "Milliseconds between SIGTERM and SIGKILL when stopping a run");
   server->add_option("--gpu-poll", sopts.gpu_poll_ms,
@@ -281,6 +291,22 @@ int Main(int argc, char** argv) {
   std::string render_file;
   prender->add_option("file", render_file, "platform.yaml")->required();
   prender->callback([&] { rc = CmdPlatformRender(render_file); });
+  // `tau cluster render` (kube_commands.h): the Helm chart's objects without Helm.
+  auto* cluster = app.add_subcommand("cluster", "tau's own install on a Kubernetes cluster");
+  cluster->require_subcommand(1);
+  auto* crender = cluster->add_subcommand(
+      "render",
+      "Print what the Helm chart deploy/helm/taugrid installs (server, RBAC, GPU health agent) as "
+      "YAML");
+  ClusterRenderOptions cluster_options;
+  crender->add_option("--values", cluster_options.values_file,
+                      "The chart's values file (default: the chart's defaults)");
+  crender->add_option("--platform", cluster_options.platform_file,
+                      "platform.yaml: put in the server's ConfigMap, its objects printed too");
+  crender->add_option("--namespace", cluster_options.namespace_name,
+                      "Namespace of the server and agent (default tau-system)");
+  crender->add_option("--image", cluster_options.image, "tau's image, REPOSITORY[:TAG]");
+  crender->callback([&] { rc = CmdClusterRender(cluster_options); });
 
   auto* health = app.add_subcommand("health", "GPU health");
   health->require_subcommand(1);
@@ -308,6 +334,8 @@ int Main(int argc, char** argv) {
   simulate->callback([&] {
     if (auto f = format()) rc = CmdAdmissionSimulate(sim_file, cycles, *f);
   });
+
+  RegisterIdentityCommands(&app, &g, &rc);
 
   try {
     app.parse(argc, argv);

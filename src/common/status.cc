@@ -51,6 +51,7 @@ Status FailedPrecondition(std::string m) {
 Status PermissionDenied(std::string m) {
   return Status(StatusCode::kPermissionDenied, std::move(m));
 }
+Status Unauthenticated(std::string m) { return Status(StatusCode::kUnauthenticated, std::move(m)); }
 Status ResourceExhausted(std::string m) {
   return Status(StatusCode::kResourceExhausted, std::move(m));
 }

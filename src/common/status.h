@@ -52,6 +52,7 @@ Status NotFound(std::string message);
 Status AlreadyExists(std::string message);
 Status FailedPrecondition(std::string message);
 Status PermissionDenied(std::string message);
+Status Unauthenticated(std::string message);
 Status ResourceExhausted(std::string message);
 Status Unavailable(std::string message);
 Status Internal(std::string message);

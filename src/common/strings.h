@@ -17,6 +17,8 @@ bool IsDns1123Label(std::string_view s, size_t max_len = 63);
 // POSIX-portable environment variable name: [A-Za-z_][A-Za-z0-9_]*
 bool IsEnvVarName(std::string_view s);
 std::vector<std::string> Split(std::string_view s, char sep);
+// Without leading and trailing white space.
+std::string_view Trim(std::string_view s);
 std::string Join(const std::vector<std::string>& parts, std::string_view sep);
 bool StartsWith(std::string_view s, std::string_view prefix);
 bool EndsWith(std::string_view s, std::string_view suffix);

@@ -80,6 +80,7 @@ nlohmann::json QueueJson(const admission::ClusterQueue& q) {
 const Workspace* Platform::FindWorkspace(std::string_view name) const {
   return FindByName(workspaces, name);
 }
+const User* Platform::FindUser(std::string_view name) const { return FindByName(users, name); }
 const PriorityClass* Platform::FindPriority(std::string_view name) const {
   return FindByName(priorities, name);
 }
@@ -164,6 +165,7 @@ nlohmann::json ToJson(const Platform& p) {
     workspaces.push_back({{"name", w.name},
                           {"description", w.description},
                           {"members", w.members},
+                          {"viewers", w.viewers},
                           {"default_queue", w.default_queue},
                           {"default_priority", w.default_priority},
                           {"default_profile", w.default_profile},
@@ -191,6 +193,10 @@ nlohmann::json ToJson(const Platform& p) {
                        {"mount_path", v.mount_path},
                        {"read_only", v.read_only}});
   }
+  // Token digests stay out: the platform is readable by every signed-in user.
+  nlohmann::json users = nlohmann::json::array();
+  for (const auto& u : p.users)
+    users.push_back({{"name", u.name}, {"groups", u.groups}, {"tokens", u.token_sha256.size()}});
   return {{"flavors", std::move(flavors)},
           {"cohorts", std::move(cohorts)},
           {"queues", std::move(queues)},
@@ -199,6 +205,8 @@ nlohmann::json ToJson(const Platform& p) {
           {"workspaces", std::move(workspaces)},
           {"compute_profiles", std::move(profiles)},
           {"storage", std::move(storage)},
+          {"access", {{"admins", p.access.admins}, {"viewers", p.access.viewers}}},
+          {"users", std::move(users)},
           {"defaults",
            {{"workspace", p.defaults.workspace},
             {"queue", p.defaults.queue},

@@ -96,7 +96,7 @@ class PlatformParser {
     Fields top;
     if (!r_.Map(root, "", {1, 1},
                 {"schema_version", "flavors", "cohorts", "queues", "fair_sharing", "priorities",
-                 "defaults", "workspaces", "compute_profiles", "storage"},
+                 "defaults", "workspaces", "compute_profiles", "storage", "access", "users"},
                 {"queues", "workspaces"}, &top)) {
       return;
     }
@@ -110,6 +110,8 @@ class PlatformParser {
       if (auto it = top.find("compute_profiles"); it != top.end()) Profiles(it->second);
       if (auto it = top.find("workspaces"); it != top.end()) Workspaces(it->second);
       if (auto it = top.find("defaults"); it != top.end()) DefaultsSection(it->second);
+      if (auto it = top.find("access"); it != top.end()) AccessSection(it->second);
+      if (auto it = top.find("users"); it != top.end()) Users(it->second);
       CheckRefs();
     } catch (const std::exception& e) {
       // yaml-cpp throws on odd documents (an alias of a key, say); never let that escape.
@@ -329,58 +331,59 @@ class PlatformParser {
   }
 
   void Workspaces(const Entry& e) {
-    EachItem(
-        e,
-        {"name", "description", "members", "default_queue", "default_priority", "default_profile",
-         "default_output", "default_checkpoint", "allowed_images", "limits", "storage"},
-        {"name", "members"}, [&](const Entry& item, const Fields& f) {
-          Workspace w;
-          std::optional<std::string> name = Name(f, &workspace_names_, "workspace");
-          w.description = OptStr(f, "description");
-          if (auto it = f.find("members"); it != f.end()) Members(it->second, &w);
-          w.default_queue = RefField(f, "default_queue", "queue");
-          w.default_priority = RefField(f, "default_priority", "priority class");
-          w.default_profile = RefField(f, "default_profile", "compute profile");
-          if (auto it = f.find("allowed_images"); it != f.end()) {
-            if (auto list = r_.StrList(it->second)) {
-              for (const Entry& i : *list) w.allowed_images.push_back(i.value.Scalar());
-            }
-          }
-          if (auto it = f.find("limits"); it != f.end()) Limits(it->second, &w.limits);
-          std::vector<std::pair<Entry, std::string>> storage_refs;
-          if (auto it = f.find("storage"); it != f.end()) {
-            if (auto list = r_.StrList(it->second)) {
-              std::set<std::string> seen;
-              for (const Entry& i : *list) {
-                const std::string& s = i.value.Scalar();
-                if (!seen.insert(s).second) {
-                  r_.Error(i.pos, fmt::format("{}: '{}' is listed twice", i.path, s));
-                }
-                refs_.push_back(Ref{i.pos, i.path, "storage volume", s});
-                w.storage.push_back(s);
-              }
-            }
-          }
-          for (const char* key : {"default_output", "default_checkpoint"}) {
-            std::string s = RefField(f, key, "storage volume");
-            if (s.empty()) continue;
-            const Entry& at = f.at(key);
-            if (std::find(w.storage.begin(), w.storage.end(), s) == w.storage.end()) {
-              r_.Error(at.pos, fmt::format("{}: storage volume '{}' is not in the workspace's "
-                                           "storage list",
-                                           at.path, s));
-            }
-            writable_refs_.push_back(Ref{at.pos, at.path, "storage volume", s});
-            (std::string_view(key) == "default_output" ? w.default_output : w.default_checkpoint) =
-                s;
-          }
-          if (!name) return;
-          w.name = *name;
-          p_.workspaces.push_back(std::move(w));
-        });
+    EachItem(e,
+             {"name", "description", "members", "viewers", "default_queue", "default_priority",
+              "default_profile", "default_output", "default_checkpoint", "allowed_images", "limits",
+              "storage"},
+             {"name", "members"}, [&](const Entry& item, const Fields& f) {
+               Workspace w;
+               std::optional<std::string> name = Name(f, &workspace_names_, "workspace");
+               w.description = OptStr(f, "description");
+               if (auto it = f.find("members"); it != f.end()) Members(it->second, &w.members);
+               if (auto it = f.find("viewers"); it != f.end()) Members(it->second, &w.viewers);
+               w.default_queue = RefField(f, "default_queue", "queue");
+               w.default_priority = RefField(f, "default_priority", "priority class");
+               w.default_profile = RefField(f, "default_profile", "compute profile");
+               if (auto it = f.find("allowed_images"); it != f.end()) {
+                 if (auto list = r_.StrList(it->second)) {
+                   for (const Entry& i : *list) w.allowed_images.push_back(i.value.Scalar());
+                 }
+               }
+               if (auto it = f.find("limits"); it != f.end()) Limits(it->second, &w.limits);
+               std::vector<std::pair<Entry, std::string>> storage_refs;
+               if (auto it = f.find("storage"); it != f.end()) {
+                 if (auto list = r_.StrList(it->second)) {
+                   std::set<std::string> seen;
+                   for (const Entry& i : *list) {
+                     const std::string& s = i.value.Scalar();
+                     if (!seen.insert(s).second) {
+                       r_.Error(i.pos, fmt::format("{}: '{}' is listed twice", i.path, s));
+                     }
+                     refs_.push_back(Ref{i.pos, i.path, "storage volume", s});
+                     w.storage.push_back(s);
+                   }
+                 }
+               }
+               for (const char* key : {"default_output", "default_checkpoint"}) {
+                 std::string s = RefField(f, key, "storage volume");
+                 if (s.empty()) continue;
+                 const Entry& at = f.at(key);
+                 if (std::find(w.storage.begin(), w.storage.end(), s) == w.storage.end()) {
+                   r_.Error(at.pos, fmt::format("{}: storage volume '{}' is not in the workspace's "
+                                                "storage list",
+                                                at.path, s));
+                 }
+                 writable_refs_.push_back(Ref{at.pos, at.path, "storage volume", s});
+                 (std::string_view(key) == "default_output" ? w.default_output
+                                                            : w.default_checkpoint) = s;
+               }
+               if (!name) return;
+               w.name = *name;
+               p_.workspaces.push_back(std::move(w));
+             });
   }
 
-  void Members(const Entry& e, Workspace* w) {
+  void Members(const Entry& e, std::vector<std::string>* out) {
     std::optional<std::vector<Entry>> list = r_.StrList(e);
     if (!list) return;
     if (list->empty()) {
@@ -400,8 +403,72 @@ class PlatformParser {
                                     i.path, m));
         continue;
       }
-      w->members.push_back(m);
+      out->push_back(m);
     }
+  }
+
+  // User names follow the machine's account names (dots and underscores allowed), unique.
+  std::optional<std::string> UserName(const Fields& f) {
+    const Entry& e = f.at("name");
+    std::optional<std::string> name = r_.Str(e);
+    if (!name) return std::nullopt;
+    if (name->empty() || name->size() > 256 || name->find_first_of(" \t:*/") != std::string::npos) {
+      r_.Error(e.pos, fmt::format("{}: '{}' is not a user name", e.path, *name));
+      return std::nullopt;
+    }
+    if (auto dup = user_names_.find(*name); dup != user_names_.end()) {
+      r_.Error(e.pos,
+               fmt::format("user '{}' is defined twice (first on line {})", *name, dup->second));
+      return std::nullopt;
+    }
+    user_names_[*name] = e.pos.line;
+    return name;
+  }
+
+  void AccessSection(const Entry& e) {
+    Fields f;
+    if (!r_.Map(e.value, e.path, e.pos, {"admins", "viewers"}, {}, &f)) return;
+    if (auto it = f.find("admins"); it != f.end()) Members(it->second, &p_.access.admins);
+    if (auto it = f.find("viewers"); it != f.end()) Members(it->second, &p_.access.viewers);
+  }
+
+  void Users(const Entry& e) {
+    EachItem(e, {"name", "groups", "token_sha256"}, {"name"},
+             [&](const Entry& item, const Fields& f) {
+               User u;
+               std::optional<std::string> name = UserName(f);
+               if (auto it = f.find("groups"); it != f.end()) {
+                 if (auto list = r_.StrList(it->second)) {
+                   for (const Entry& i : *list) {
+                     const std::string& g = i.value.Scalar();
+                     if (g.empty() || g.find_first_of(" \t:*") != std::string::npos) {
+                       r_.Error(i.pos, fmt::format("{}: '{}' is not a group name", i.path, g));
+                       continue;
+                     }
+                     u.groups.push_back(g);
+                   }
+                 }
+               }
+               if (auto it = f.find("token_sha256"); it != f.end()) {
+                 if (auto list = r_.StrList(it->second)) {
+                   for (const Entry& i : *list) {
+                     const std::string& h = i.value.Scalar();
+                     if (h.size() != 64 ||
+                         h.find_first_not_of("0123456789abcdef") != std::string::npos) {
+                       r_.Error(i.pos, fmt::format("{}: a token digest is 64 lowercase hex "
+                                                   "characters (`tau admin token hash` prints "
+                                                   "one)",
+                                                   i.path));
+                       continue;
+                     }
+                     u.token_sha256.push_back(h);
+                   }
+                 }
+               }
+               if (!name) return;
+               u.name = *name;
+               p_.users.push_back(std::move(u));
+             });
   }
 
   void Limits(const Entry& e, WorkspaceLimits* limits) {
@@ -497,7 +564,8 @@ class PlatformParser {
   std::map<std::string, std::vector<std::string>> declared_;
   std::vector<Ref> writable_refs_;
   std::vector<Ref> gpu_class_refs_;
-  std::map<std::string, int> priority_names_, profile_names_, storage_names_, workspace_names_;
+  std::map<std::string, int> priority_names_, profile_names_, storage_names_, workspace_names_,
+      user_names_;
 };
 
 }  // namespace

@@ -62,8 +62,11 @@ struct WorkspaceLimits {
 struct Workspace {
   std::string name;
   std::string description;
-  // User names, "group:NAME" for every member of a group, or "*" for everyone.
+  // Researchers: may submit runs here and see and cancel the workspace's runs. User names,
+  // "group:NAME" for every member of a group, or "*" for everyone.
   std::vector<std::string> members;
+  // Read-only: may see the workspace's runs, logs and evidence. Same syntax as members.
+  std::vector<std::string> viewers;
   // Defaults for runs that do not say; "" when not set.
   std::string default_queue;
   std::string default_priority;
@@ -105,6 +108,21 @@ struct Defaults {
   std::optional<Quantity> memory;  // per worker
 };
 
+// Who is who beyond the machine's own accounts: users that sign in with API tokens, their groups,
+// and tokens provisioned declaratively (only their SHA-256, never the token itself).
+struct User {
+  std::string name;
+  std::vector<std::string> groups;
+  std::vector<std::string> token_sha256;  // lowercase hex
+};
+
+// Platform-wide roles (same member syntax as workspaces). Admins change policy and may see and
+// cancel any run; viewers may read everything (runs of every workspace, metrics).
+struct Access {
+  std::vector<std::string> admins;
+  std::vector<std::string> viewers;
+};
+
 struct Platform {
   admission::Config admission;  // flavors, cohorts, queues, fair_sharing
   std::vector<PriorityClass> priorities;
@@ -112,9 +130,12 @@ struct Platform {
   std::vector<ComputeProfile> compute_profiles;
   std::vector<StorageVolume> storage;
   Defaults defaults;
+  Access access;
+  std::vector<User> users;
 
   // Lookups by name; nullptr when absent.
   const Workspace* FindWorkspace(std::string_view name) const;
+  const User* FindUser(std::string_view name) const;
   const PriorityClass* FindPriority(std::string_view name) const;
   const ComputeProfile* FindProfile(std::string_view name) const;
   const StorageVolume* FindStorage(std::string_view name) const;

@@ -15,6 +15,9 @@
 #include "runtime/proc.h"
 #include "runtime/runtime.h"
 
+#include <grp.h>
+#include <pwd.h>
+
 extern char** environ;
 
 namespace tau::runtime {
@@ -121,7 +124,12 @@ json AttemptConfig::ToJson() const {
           {"memory_limit_bytes", OptionalToJson(memory_limit_bytes)},
           {"cpu_limit_milli", OptionalToJson(cpu_limit_milli)},
           {"max_runtime_ms", OptionalToJson(max_runtime_ms)},
-          {"stop_grace_ms", stop_grace_ms}};
+          {"stop_grace_ms", stop_grace_ms},
+          {"run_as", run_as ? json{{"uid", run_as->uid},
+                                   {"gid", run_as->gid},
+                                   {"groups", run_as->groups},
+                                   {"user", run_as->user}}
+                            : json(nullptr)}};
 }
 
 Result<AttemptConfig> AttemptConfig::FromJson(const json& j) {
@@ -144,6 +152,14 @@ Result<AttemptConfig> AttemptConfig::FromJson(const json& j) {
     c.cpu_limit_milli = OptionalFromJson(j, "cpu_limit_milli");
     c.max_runtime_ms = OptionalFromJson(j, "max_runtime_ms");
     c.stop_grace_ms = ValueOr<int64_t>(j, "stop_grace_ms", c.stop_grace_ms);
+    if (auto it = j.find("run_as"); it != j.end() && it->is_object()) {
+      AttemptConfig::RunAs r;
+      r.uid = it->at("uid").get<uint32_t>();
+      r.gid = it->at("gid").get<uint32_t>();
+      r.groups = it->at("groups").get<std::vector<uint32_t>>();
+      r.user = ValueOr<std::string>(*it, "user", "");
+      c.run_as = std::move(r);
+    }
     return c;
   } catch (const json::exception& e) {
     return InvalidArgument(std::string("invalid attempt config: ") + e.what());
@@ -222,7 +238,8 @@ Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& t
   if (config.workers.empty()) return InvalidArgument("an attempt needs at least one worker");
   TAU_RETURN_IF_ERROR(MakeDirs(config.attempt_dir + "/logs"));
   TAU_RETURN_IF_ERROR(WriteFileAtomic(config.attempt_dir + "/config.json",
-                                      internal::DumpJson(config.ToJson()), 0644,
+                                      // 0600: the workers' env may hold secrets.
+                                      internal::DumpJson(config.ToJson()), 0600,
                                       Durability::kProcessCrash));
 
   // Everything the child needs is prepared here: posix_spawn runs no code of ours after the fork,
@@ -292,6 +309,27 @@ SupervisorState ProbeSupervisor(const std::string& attempt_dir, ProcessId* live)
   }
   ::close(fd);
   return state;
+}
+
+Result<AttemptConfig::RunAs> LookUpUser(const std::string& name) {
+  std::vector<char> buf(16384);
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  if (::getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr)
+    return NotFound("no system user '" + name + "'");
+  AttemptConfig::RunAs r;
+  r.uid = pw.pw_uid;
+  r.gid = pw.pw_gid;
+  r.user = name;
+  int n = 64;
+  std::vector<gid_t> gids(static_cast<size_t>(n));
+  if (::getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n) < 0) {
+    gids.resize(static_cast<size_t>(n));
+    (void)::getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n);
+  }
+  gids.resize(static_cast<size_t>(std::max(n, 0)));
+  r.groups.assign(gids.begin(), gids.end());
+  return r;
 }
 
 }  // namespace tau::runtime

@@ -78,10 +78,23 @@ struct AttemptConfig {
   std::optional<int64_t> cpu_limit_milli;
   std::optional<int64_t> max_runtime_ms;  // the attempt is stopped and reported TimedOut past this
   int64_t stop_grace_ms = 10'000;         // SIGTERM, then SIGKILL after this
+  // On a multi-user machine the server runs as root and each run's processes as the user who
+  // submitted it: the workers (and setup commands such as pip) drop to these ids before exec.
+  // Unset: they run as the shim's own user.
+  struct RunAs {
+    uint32_t uid = 0;
+    uint32_t gid = 0;
+    std::vector<uint32_t> groups;  // supplementary groups
+    std::string user;              // for messages
+  };
+  std::optional<RunAs> run_as;
 
   nlohmann::json ToJson() const;
   static Result<AttemptConfig> FromJson(const nlohmann::json& j);
 };
+
+// The ids of a system user, for AttemptConfig::run_as; NotFound when the machine has no such user.
+Result<AttemptConfig::RunAs> LookUpUser(const std::string& name);
 
 // Identifies a live shim across server restarts: a pid alone can be reused, pid + start time
 // cannot.

@@ -9,6 +9,7 @@
 //   write result.json
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -23,6 +24,7 @@
 #include <charconv>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -106,7 +108,15 @@ struct ChildError {
   int step;  // ChildStep
   int err;
 };
-enum ChildStep { kStepSetpgid, kStepCgroup, kStepStdio, kStepChdir, kStepBarrier, kStepExec };
+enum ChildStep {
+  kStepSetpgid,
+  kStepCgroup,
+  kStepStdio,
+  kStepChdir,
+  kStepBarrier,
+  kStepExec,
+  kStepCredentials
+};
 
 const char* ChildStepName(int step) {
   switch (step) {
@@ -120,6 +130,8 @@ const char* ChildStepName(int step) {
       return "enter the working directory";
     case kStepBarrier:
       return "wait for the gang";
+    case kStepCredentials:
+      return "switch to the submitting user";
     default:
       return "execute";
   }
@@ -137,7 +149,8 @@ struct ChildPlan {
   int stdin_fd = -1, out_fd = -1;
   int barrier_fd = -1;  // read one byte before exec; EOF means "do not start"
   int cgroup_procs_fd = -1;
-  int error_fd = -1;  // CLOEXEC write end; closed by a successful exec
+  int error_fd = -1;                             // CLOEXEC write end; closed by a successful exec
+  const AttemptConfig::RunAs* run_as = nullptr;  // nullptr: keep the shim's user
 };
 
 [[noreturn]] void ChildFail(const ChildPlan& p, int step) {
@@ -157,6 +170,13 @@ struct ChildPlan {
   if (p.cgroup_procs_fd >= 0 && ::write(p.cgroup_procs_fd, "0", 1) != 1) ChildFail(p, kStepCgroup);
   if (::dup2(p.stdin_fd, 0) < 0 || ::dup2(p.out_fd, 1) < 0 || ::dup2(p.out_fd, 2) < 0) {
     ChildFail(p, kStepStdio);
+  }
+  // Groups first, then the gid, then the uid: after setuid the others can no longer change.
+  if (p.run_as != nullptr) {
+    static_assert(std::is_same_v<gid_t, uint32_t>, "RunAs keeps gids as uint32_t");
+    if (::setgroups(p.run_as->groups.size(), p.run_as->groups.data()) != 0 ||
+        ::setgid(p.run_as->gid) != 0 || ::setuid(p.run_as->uid) != 0)
+      ChildFail(p, kStepCredentials);
   }
   if (p.cwd != nullptr && ::chdir(p.cwd) != 0) ChildFail(p, kStepChdir);
   if (p.barrier_fd >= 0) {
@@ -467,6 +487,7 @@ class Shim {
     plan.stdin_fd = devnull_.get();
     plan.out_fd = out_fd;
     plan.error_fd = err_write.get();
+    plan.run_as = config_.run_as ? &*config_.run_as : nullptr;
     pid_t pid = ::fork();
     if (pid < 0)
       return SetupError{OutcomeKind::kSetupFailed, std::string("fork: ") + std::strerror(errno)};
@@ -694,6 +715,7 @@ class Shim {
       plan.barrier_fd = barrier_read.get();
       plan.cgroup_procs_fd = cgroup_ ? cgroup_->procs_fd() : -1;
       plan.error_fd = error_write.get();
+      plan.run_as = config_.run_as ? &*config_.run_as : nullptr;
       pid_t pid = ::fork();
       if (pid < 0) {
         int err = errno;

@@ -461,12 +461,14 @@ nlohmann::json Controller::QueuesJson(int64_t now,
       auto known = pending_info.find(run->record.name);
       nlohmann::json j = known != pending_info.end() ? known->second : PendingJson(*run, now);
       j["name"] = run->record.name;
+      j["workspace"] = run->record.workspace;
       j["priority"] = run->record.priority;
       waiting.push_back(std::move(j));
     }
     nlohmann::json holding = nlohmann::json::array();
     for (const ActiveRun* run : admitted[q.name])
       holding.push_back({{"name", run->record.name},
+                         {"workspace", run->record.workspace},
                          {"state", store::RunStateName(run->record.state)},
                          {"priority", run->record.priority},
                          {"flavors", run->record.flavors}});

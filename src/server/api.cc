@@ -1,8 +1,6 @@
 #include "server/api.h"
 
 #include <fcntl.h>
-#include <grp.h>
-#include <pwd.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +14,9 @@
 #include "common/hash.h"
 #include "common/quantity.h"
 #include "runtime/runtime.h"
+#include "server/authz.h"
+#include "server/redact.h"
+#include "server/reply.h"
 #include "server/server.h"
 #include "server/web.h"
 
@@ -29,42 +30,6 @@ using store::RunRecord;
 
 constexpr size_t kMaxRequestBytes = 128u << 20;  // code snapshots travel inside submissions
 constexpr int kLogPollMs = 100;
-
-int HttpStatus(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk:
-      return 200;
-    case StatusCode::kInvalidArgument:
-      return 400;
-    case StatusCode::kUnauthenticated:
-      return 401;
-    case StatusCode::kPermissionDenied:
-      return 403;
-    case StatusCode::kNotFound:
-      return 404;
-    case StatusCode::kAlreadyExists:
-      return 409;
-    case StatusCode::kFailedPrecondition:
-      return 412;
-    case StatusCode::kResourceExhausted:
-      return 413;
-    case StatusCode::kUnavailable:
-      return 503;
-    default:
-      return 500;
-  }
-}
-
-void Reply(HttpResponse& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(body.dump() + "\n", "application/json");
-}
-
-void ReplyError(HttpResponse& res, const Status& status, json extra = json::object()) {
-  json err = {{"code", StatusCodeName(status.code())}, {"message", status.message()}};
-  for (auto& [k, v] : extra.items()) err[k] = v;
-  Reply(res, HttpStatus(status.code()), {{"error", err}});
-}
 
 json OptionalTime(const std::optional<int64_t>& ms) {
   return ms ? json(FormatRfc3339(*ms)) : json(nullptr);
@@ -142,8 +107,9 @@ bool BoolParam(const HttpRequest& req, const char* name) {
 class LogStreamer {
  public:
   LogStreamer(store::Store* store, Controller* controller, std::string run, int attempt, int rank,
-              bool follow, const HttpServer* http)
-      : store_(store),
+              bool follow, const HttpServer* http, std::vector<std::string> secrets)
+      : redactor_(std::move(secrets)),
+        store_(store),
         controller_(controller),
         run_(std::move(run)),
         pinned_(attempt > 0),
@@ -164,27 +130,39 @@ class LogStreamer {
     }
     char buf[65536];
     ssize_t n = ::read(fd_, buf, sizeof buf);
-    if (n > 0) return sink.Write(std::string_view(buf, static_cast<size_t>(n)));
+    if (n > 0) return Write(sink, std::string_view(buf, static_cast<size_t>(n)));
     if (!follow_) return Done(sink);
     // At the end of the file: the attempt may still be writing.
     if (!AttemptFinished()) return Idle(sink);
     // Finished: one more read catches output written between the read above and the check.
     n = ::read(fd_, buf, sizeof buf);
-    if (n > 0) return sink.Write(std::string_view(buf, static_cast<size_t>(n)));
+    if (n > 0) return Write(sink, std::string_view(buf, static_cast<size_t>(n)));
     if (!pinned_ && NextAttemptStarted()) {
       ::close(fd_);
       fd_ = -1;
       ++attempt_;
-      std::string banner = fmt::format("[tau] --- attempt {} ---\n", attempt_);
+      std::string banner = redactor_.Feed("", /*flush=*/true);
+      banner += fmt::format("[tau] --- attempt {} ---\n", attempt_);
       return sink.Write(banner);
     }
     return RunFinished() ? Done(sink) : Idle(sink);
   }
 
  private:
-  bool Done(ChunkSink&) { return false; }
+  bool Write(ChunkSink& sink, std::string_view data) {
+    std::string out = redactor_.Feed(data, /*flush=*/false);
+    return out.empty() || sink.Write(out);
+  }
+  bool Flush(ChunkSink& sink) {
+    std::string rest = redactor_.Feed("", /*flush=*/true);
+    return rest.empty() || sink.Write(rest);
+  }
+  bool Done(ChunkSink& sink) {
+    Flush(sink);
+    return false;
+  }
   bool Idle(ChunkSink& sink) {
-    if (sink.ClientGone()) return false;
+    if (!Flush(sink) || sink.ClientGone()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(kLogPollMs));
     return true;
   }
@@ -215,6 +193,7 @@ class LogStreamer {
     return !r.ok() || store::IsTerminal(r->state);
   }
 
+  Redactor redactor_;  // what the run prints of its secrets is served masked
   store::Store* store_;
   Controller* controller_;
   std::string run_;
@@ -257,45 +236,6 @@ json RunProbeProcess() {
     return {{"ran", false},
             {"note", fmt::format("the probe process failed (status {}); is a GPU hung?", status)}};
   return j;
-}
-
-// Who is calling: on the Unix socket the kernel says (SO_PEERCRED), with the user's groups for
-// "group:NAME" workspace members. Over TCP there is no identity yet: the caller is anonymous and
-// may use only workspaces open to everyone ("*").
-policy::Caller CallerOf(const HttpRequest& req) {
-  policy::Caller caller;
-  if (req.peer_uid.empty()) return caller;
-  uid_t uid = static_cast<uid_t>(std::strtoul(req.peer_uid.c_str(), nullptr, 10));
-  std::vector<char> buf(16384);
-  struct passwd pw {};
-  struct passwd* found = nullptr;
-  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
-    caller.user = req.peer_uid;  // a uid without a name still identifies someone
-    return caller;
-  }
-  caller.user = pw.pw_name;
-  int n = 64;
-  std::vector<gid_t> gids(static_cast<size_t>(n));
-  if (::getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n) < 0) {
-    gids.resize(static_cast<size_t>(n));
-    (void)::getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n);
-  }
-  gids.resize(static_cast<size_t>(std::max(n, 0)));
-  for (gid_t gid : gids) {
-    struct group gr {};
-    struct group* g = nullptr;
-    std::vector<char> gbuf(16384);
-    if (::getgrgid_r(gid, &gr, gbuf.data(), gbuf.size(), &g) == 0 && g != nullptr)
-      caller.groups.push_back(gr.gr_name);
-  }
-  return caller;
-}
-
-// Changing platform policy is for the server's own user (or root) until tau has roles.
-bool MayAdminister(const HttpRequest& req) {
-  if (req.peer_uid.empty()) return false;
-  uid_t uid = static_cast<uid_t>(std::strtoul(req.peer_uid.c_str(), nullptr, 10));
-  return uid == 0 || uid == ::getuid();
 }
 
 // Quantities in metrics are plain numbers: units for GPUs and CPUs, bytes for memory.
@@ -352,190 +292,221 @@ std::string RenderAllMetrics(Controller* controller, store::Store* store,
 void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
                  health::GpuMonitor* monitor, Metrics* metrics) {
   http->set_max_body_bytes(kMaxRequestBytes);
-  RegisterEvidenceApi(http, controller, store);
+  // Owned by the routes' closures for the server's lifetime.
+  static auto* routers = new std::vector<std::unique_ptr<SecureRouter>>();
+  routers->push_back(std::make_unique<SecureRouter>(http, controller, store));
+  SecureRouter* api = routers->back().get();
+  RegisterEvidenceApi(api, controller, store);
+  RegisterIdentityApi(api, controller, store);
 
-  http->Route("GET", "/api/v1/version", [](const HttpRequest&, HttpResponse& res) {
-    Reply(res, 200, {{"version", Version()}, {"api", "v1"}, {"backend", "local"}});
-  });
-  http->Route("GET", "/api/v1/healthz", [](const HttpRequest&, HttpResponse& res) {
+  api->Route("GET", "/api/v1/version", Access::kSignedIn,
+             [](const HttpRequest&, HttpResponse& res) {
+               Reply(res, 200, {{"version", Version()}, {"api", "v1"}, {"backend", "local"}});
+             });
+  api->Route("GET", "/api/v1/healthz", Access::kPublic, [](const HttpRequest&, HttpResponse& res) {
     Reply(res, 200, {{"ok", true}});
   });
-  http->Route("GET", "/api/v1/gpus", [monitor](const HttpRequest&, HttpResponse& res) {
-    // The inventory, each device with its health verdict, and the monitor's full snapshot.
-    health::HealthSnapshot snap = monitor->Snapshot();
-    json body = health::ToJson(snap.inventory);
-    for (size_t i = 0; i < body["devices"].size() && i < snap.verdicts.size(); ++i)
-      body["devices"][i]["health"] = health::ToJson(snap.verdicts[i]);
-    body["snapshot"] = health::ToJson(snap);
-    Reply(res, 200, body);
-  });
-  http->Route("POST", "/api/v1/health/check", [monitor](const HttpRequest& req, HttpResponse& res) {
-    // Runs the passive checks now; with active=1 also the active probe, in a child process.
-    monitor->PollOnce();
-    health::HealthSnapshot snap = monitor->Snapshot();
-    json gpus = json::array();
-    for (const auto& v : snap.verdicts) gpus.push_back(health::ToJson(v));
-    json body = {{"gpus", gpus}, {"inventory", health::ToJson(snap.inventory)}};
-    if (BoolParam(req, "active")) body["active"] = RunProbeProcess();
-    Reply(res, 200, body);
-  });
-  http->Route("GET", "/metrics",
-              [controller, store, monitor, metrics](const HttpRequest&, HttpResponse& res) {
-                res.set_content(RenderAllMetrics(controller, store, monitor, metrics),
-                                "text/plain; version=0.0.4; charset=utf-8");
-              });
-  http->Route("GET", "/api/v1/capacity", [controller](const HttpRequest&, HttpResponse& res) {
-    Reply(res, 200, controller->Capacity());
-  });
-  http->Route("POST", "/api/v1/validate", [](const HttpRequest& req, HttpResponse& res) {
-    auto body = ParseValidateBody(req.body);
-    if (!body.ok()) return ReplyError(res, body.status());
-    auto parsed = spec::ParseSpec(body->yaml, body->file);
-    json diags = json::array();
-    for (const auto& d : parsed.diagnostics)
-      diags.push_back(
-          {{"line", d.line}, {"column", d.column}, {"message", d.message}, {"text", d.ToString()}});
-    Reply(res, 200, {{"valid", parsed.ok()}, {"diagnostics", diags}});
-  });
+  api->Route("GET", "/api/v1/gpus", Access::kSignedIn,
+             [monitor](const HttpRequest&, HttpResponse& res) {
+               // The inventory, each device with its health verdict, and the monitor's full
+               // snapshot.
+               health::HealthSnapshot snap = monitor->Snapshot();
+               json body = health::ToJson(snap.inventory);
+               for (size_t i = 0; i < body["devices"].size() && i < snap.verdicts.size(); ++i)
+                 body["devices"][i]["health"] = health::ToJson(snap.verdicts[i]);
+               body["snapshot"] = health::ToJson(snap);
+               Reply(res, 200, body);
+             });
+  api->Route("POST", "/api/v1/health/check", Access::kAdmin,
+             [monitor](const HttpRequest& req, HttpResponse& res) {
+               // Runs the passive checks now; with active=1 also the active probe, in a child
+               // process.
+               monitor->PollOnce();
+               health::HealthSnapshot snap = monitor->Snapshot();
+               json gpus = json::array();
+               for (const auto& v : snap.verdicts) gpus.push_back(health::ToJson(v));
+               json body = {{"gpus", gpus}, {"inventory", health::ToJson(snap.inventory)}};
+               if (BoolParam(req, "active")) body["active"] = RunProbeProcess();
+               Reply(res, 200, body);
+             });
+  api->Route("GET", "/metrics", Access::kPlatformRead,
+             [controller, store, monitor, metrics](const HttpRequest&, HttpResponse& res) {
+               res.set_content(RenderAllMetrics(controller, store, monitor, metrics),
+                               "text/plain; version=0.0.4; charset=utf-8");
+             });
+  api->Route("GET", "/api/v1/capacity", Access::kSignedIn,
+             [controller](const HttpRequest&, HttpResponse& res) {
+               Reply(res, 200, controller->Capacity());
+             });
+  api->Route("POST", "/api/v1/validate", Access::kSignedIn,
+             [](const HttpRequest& req, HttpResponse& res) {
+               auto body = ParseValidateBody(req.body);
+               if (!body.ok()) return ReplyError(res, body.status());
+               auto parsed = spec::ParseSpec(body->yaml, body->file);
+               json diags = json::array();
+               for (const auto& d : parsed.diagnostics)
+                 diags.push_back({{"line", d.line},
+                                  {"column", d.column},
+                                  {"message", d.message},
+                                  {"text", d.ToString()}});
+               Reply(res, 200, {{"valid", parsed.ok()}, {"diagnostics", diags}});
+             });
 
-  http->Route("GET", "/api/v1/platform", [controller](const HttpRequest&, HttpResponse& res) {
-    Controller::PlatformView view = controller->CurrentPlatform();
-    Reply(res, 200,
-          {{"source", view.source},
-           {"applied", FormatRfc3339(view.applied_ms)},
-           {"platform", policy::ToJson(*view.platform)}});
-  });
-  http->Route("PUT", "/api/v1/platform", [controller](const HttpRequest& req, HttpResponse& res) {
-    if (!MayAdminister(req))
-      return ReplyError(res,
-                        PermissionDenied("only the server's own user may change the platform"));
-    auto body = ParseValidateBody(req.body);
-    if (!body.ok()) return ReplyError(res, body.status());
-    std::vector<spec::Diagnostic> diagnostics;
-    Status s = controller->ApplyPlatform(body->yaml, body->file, &diagnostics);
-    if (!s.ok()) {
-      json diags = json::array();
-      for (const auto& d : diagnostics) diags.push_back(d.ToString());
-      return ReplyError(res, s, {{"diagnostics", diags}});
-    }
-    Reply(res, 200, {{"applied", body->file}});
-  });
-  http->Route("GET", "/api/v1/queues", [controller](const HttpRequest&, HttpResponse& res) {
-    Reply(res, 200, controller->Queues());
-  });
-  http->Route("GET", R"(/api/v1/queues/([A-Za-z0-9._-]+))",
-              [controller](const HttpRequest& req, HttpResponse& res) {
-                json all = controller->Queues();
-                for (const json& q : all.value("queues", json::array()))
-                  if (q.value("name", "") == req.matches[1]) return Reply(res, 200, {{"queue", q}});
-                ReplyError(res,
-                           NotFound(fmt::format("no queue '{}'", std::string(req.matches[1]))));
-              });
+  api->Route("GET", "/api/v1/platform", Access::kSignedIn,
+             [controller](const HttpRequest&, HttpResponse& res) {
+               Controller::PlatformView view = controller->CurrentPlatform();
+               Reply(res, 200,
+                     {{"source", view.source},
+                      {"applied", FormatRfc3339(view.applied_ms)},
+                      {"platform", policy::ToJson(*view.platform)}});
+             });
+  api->Route(
+      "PUT", "/api/v1/platform", Access::kAdmin,
+      [controller, api](const HttpRequest& req, HttpResponse& res, const CallerContext& caller) {
+        auto body = ParseValidateBody(req.body);
+        if (!body.ok()) return ReplyError(res, body.status());
+        std::vector<spec::Diagnostic> diagnostics;
+        Status s = controller->ApplyPlatform(body->yaml, body->file, &diagnostics);
+        if (!s.ok()) {
+          json diags = json::array();
+          for (const auto& d : diagnostics) diags.push_back(d.ToString());
+          return ReplyError(res, s, {{"diagnostics", diags}});
+        }
+        api->Audit(req, caller.who, 200, "platform.apply", body->file);
+        Reply(res, 200, {{"applied", body->file}});
+      });
+  api->Route("GET", "/api/v1/queues", Access::kSignedIn,
+             [controller](const HttpRequest&, HttpResponse& res, const CallerContext& caller) {
+               Reply(res, 200, FilterQueues(controller->Queues(), caller));
+             });
+  api->Route("GET", R"(/api/v1/queues/([A-Za-z0-9._-]+))", Access::kSignedIn,
+             [controller](const HttpRequest& req, HttpResponse& res, const CallerContext& caller) {
+               json all = FilterQueues(controller->Queues(), caller);
+               for (const json& q : all.value("queues", json::array()))
+                 if (q.value("name", "") == req.matches[1]) return Reply(res, 200, {{"queue", q}});
+               ReplyError(res, NotFound(fmt::format("no queue '{}'", std::string(req.matches[1]))));
+             });
 
-  http->Route("POST", "/api/v1/runs", [controller](const HttpRequest& req, HttpResponse& res) {
-    auto submit = ParseSubmitBody(req.body);
-    if (!submit.ok()) return ReplyError(res, submit.status());
-    submit->caller = CallerOf(req);
-    SubmitError error;
-    auto run = controller->Submit(std::move(*submit), &error);
-    if (!run.ok()) {
-      json diags = json::array();
-      for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
-      return ReplyError(res, run.status(), {{"diagnostics", diags}});
-    }
-    Reply(res, 201, {{"run", RunJson(*run, controller)}});
-  });
+  api->Route("POST", "/api/v1/runs", Access::kSignedIn,
+             [controller](const HttpRequest& req, HttpResponse& res, const CallerContext& caller) {
+               auto submit = ParseSubmitBody(req.body);
+               if (!submit.ok()) return ReplyError(res, submit.status());
+               submit->caller = caller.who.AsCaller();
+               SubmitError error;
+               auto run = controller->Submit(std::move(*submit), &error);
+               if (!run.ok()) {
+                 json diags = json::array();
+                 for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
+                 return ReplyError(res, run.status(), {{"diagnostics", diags}});
+               }
+               Reply(res, 201, {{"run", RunJson(*run, controller)}});
+             });
 
-  http->Route("GET", "/api/v1/runs",
-              [controller, store](const HttpRequest& req, HttpResponse& res) {
-                store::RunFilter filter;
-                if (req.has_param("state")) {
-                  auto state = store::ParseRunState(req.get_param_value("state"));
-                  if (!state.ok()) return ReplyError(res, state.status());
-                  filter.state = *state;
-                }
-                filter.active_only = BoolParam(req, "active");
-                if (req.has_param("workspace")) filter.workspace = req.get_param_value("workspace");
-                if (req.has_param("queue")) filter.queue = req.get_param_value("queue");
-                auto limit = IntParam(req, "limit", 100, 1, 1000);
-                if (!limit.ok()) return ReplyError(res, limit.status());
-                auto offset = IntParam(req, "offset", 0, 0, INT64_MAX);
-                if (!offset.ok()) return ReplyError(res, offset.status());
-                filter.limit = *limit;
-                filter.offset = *offset;
-                auto runs = store->ListRuns(filter);
-                if (!runs.ok()) return ReplyError(res, runs.status());
-                auto total = store->CountRuns(filter);
-                if (!total.ok()) return ReplyError(res, total.status());
-                json list = json::array();
-                for (const RunRecord& r : *runs) list.push_back(RunJson(r, controller));
-                Reply(res, 200,
-                      {{"runs", list}, {"total", *total}, {"limit", *limit}, {"offset", *offset}});
-              });
+  api->Route(
+      "GET", "/api/v1/runs", Access::kSignedIn,
+      [controller, store, api](const HttpRequest& req, HttpResponse& res,
+                               const CallerContext& caller) {
+        store::RunFilter filter;
+        if (req.has_param("state")) {
+          auto state = store::ParseRunState(req.get_param_value("state"));
+          if (!state.ok()) return ReplyError(res, state.status());
+          filter.state = *state;
+        }
+        filter.active_only = BoolParam(req, "active");
+        if (req.has_param("workspace")) filter.workspace = req.get_param_value("workspace");
+        filter.workspaces_in = caller.VisibleWorkspaces();
+        if (!filter.workspace.empty() && caller.RoleIn(filter.workspace) < auth::Role::kViewer)
+          return api->Deny(req, res, caller.who,
+                           fmt::format("user '{}' may not read workspace '{}'", caller.who.user,
+                                       filter.workspace));
+        if (req.has_param("queue")) filter.queue = req.get_param_value("queue");
+        auto limit = IntParam(req, "limit", 100, 1, 1000);
+        if (!limit.ok()) return ReplyError(res, limit.status());
+        auto offset = IntParam(req, "offset", 0, 0, INT64_MAX);
+        if (!offset.ok()) return ReplyError(res, offset.status());
+        filter.limit = *limit;
+        filter.offset = *offset;
+        auto runs = store->ListRuns(filter);
+        if (!runs.ok()) return ReplyError(res, runs.status());
+        auto total = store->CountRuns(filter);
+        if (!total.ok()) return ReplyError(res, total.status());
+        json list = json::array();
+        for (const RunRecord& r : *runs) list.push_back(RunJson(r, controller));
+        Reply(res, 200,
+              {{"runs", list}, {"total", *total}, {"limit", *limit}, {"offset", *offset}});
+      });
 
-  http->Route("GET", R"(/api/v1/runs/([a-z0-9-]+))",
-              [controller, store](const HttpRequest& req, HttpResponse& res) {
-                std::string name = req.matches[1];
-                auto run = store->GetRun(name);
-                if (!run.ok()) return ReplyError(res, run.status());
-                auto attempts = store->ListAttempts(name);
-                auto events = store->ListEvents(name);
-                if (!attempts.ok()) return ReplyError(res, attempts.status());
-                if (!events.ok()) return ReplyError(res, events.status());
-                json body = {{"run", RunJson(*run, controller)}};
-                body["run"]["spec"] = run->spec_json;
-                json a = json::array(), e = json::array();
-                for (const auto& x : *attempts) a.push_back(AttemptJson(x));
-                for (const auto& x : *events) e.push_back(EventJson(x));
-                body["attempts"] = a;
-                body["events"] = e;
-                Reply(res, 200, body);
-              });
+  api->Route("GET", R"(/api/v1/runs/([a-z0-9-]+))", Access::kRunRead,
+             [controller, store](const HttpRequest& req, HttpResponse& res) {
+               std::string name = req.matches[1];
+               auto run = store->GetRun(name);
+               if (!run.ok()) return ReplyError(res, run.status());
+               auto attempts = store->ListAttempts(name);
+               auto events = store->ListEvents(name);
+               if (!attempts.ok()) return ReplyError(res, attempts.status());
+               if (!events.ok()) return ReplyError(res, events.status());
+               json body = {{"run", RunJson(*run, controller)}};
+               body["run"]["spec"] = run->spec_json;
+               json a = json::array(), e = json::array();
+               for (const auto& x : *attempts) a.push_back(AttemptJson(x));
+               for (const auto& x : *events) e.push_back(EventJson(x));
+               body["attempts"] = a;
+               body["events"] = e;
+               Reply(res, 200, body);
+             });
 
-  http->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/rerun)",
-              [controller](const HttpRequest& req, HttpResponse& res) {
-                std::string warning;
-                auto run = controller->Rerun(req.matches[1], &warning);
-                if (!run.ok()) return ReplyError(res, run.status());
-                json body = {{"run", RunJson(*run, controller)}};
-                if (!warning.empty()) body["warning"] = warning;
-                Reply(res, 201, body);
-              });
-  http->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/resume)",
-              [controller](const HttpRequest& req, HttpResponse& res) {
-                auto body = ParseResumeBody(req.body);
-                if (!body.ok()) return ReplyError(res, body.status());
-                Status s = controller->Resume(req.matches[1], body->from, body->force);
-                if (!s.ok()) return ReplyError(res, s);
-                Reply(res, 202, {{"resuming", std::string(req.matches[1])}});
-              });
-  http->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/cancel)",
-              [controller](const HttpRequest& req, HttpResponse& res) {
-                Status s = controller->Cancel(req.matches[1]);
-                if (!s.ok()) return ReplyError(res, s);
-                Reply(res, 202, {{"cancelling", std::string(req.matches[1])}});
-              });
+  api->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/rerun)", Access::kRunWrite,
+             [controller](const HttpRequest& req, HttpResponse& res) {
+               std::string warning;
+               auto run = controller->Rerun(req.matches[1], &warning);
+               if (!run.ok()) return ReplyError(res, run.status());
+               json body = {{"run", RunJson(*run, controller)}};
+               if (!warning.empty()) body["warning"] = warning;
+               Reply(res, 201, body);
+             });
+  api->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/resume)", Access::kRunWrite,
+             [controller](const HttpRequest& req, HttpResponse& res) {
+               auto body = ParseResumeBody(req.body);
+               if (!body.ok()) return ReplyError(res, body.status());
+               Status s = controller->Resume(req.matches[1], body->from, body->force);
+               if (!s.ok()) return ReplyError(res, s);
+               Reply(res, 202, {{"resuming", std::string(req.matches[1])}});
+             });
+  api->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/cancel)", Access::kRunWrite,
+             [controller](const HttpRequest& req, HttpResponse& res) {
+               Status s = controller->Cancel(req.matches[1]);
+               if (!s.ok()) return ReplyError(res, s);
+               Reply(res, 202, {{"cancelling", std::string(req.matches[1])}});
+             });
 
-  http->Route("GET", R"(/api/v1/runs/([a-z0-9-]+)/logs)",
-              [controller, store, http](const HttpRequest& req, HttpResponse& res) {
-                std::string name = req.matches[1];
-                auto run = store->GetRun(name);
-                if (!run.ok()) return ReplyError(res, run.status());
-                auto attempt = IntParam(req, "attempt", 0, 1, 1000000);
-                if (!attempt.ok()) return ReplyError(res, attempt.status());
-                auto rank = IntParam(req, "rank", 0, 0, 100000);
-                if (!rank.ok()) return ReplyError(res, rank.status());
-                if (*attempt > run->attempts && !BoolParam(req, "follow"))
-                  return ReplyError(res, NotFound(fmt::format("run '{}' has {} attempt(s), not {}",
-                                                              name, run->attempts, *attempt)));
-                auto streamer = std::make_shared<LogStreamer>(
-                    store, controller, name, static_cast<int>(*attempt), static_cast<int>(*rank),
-                    BoolParam(req, "follow"), http);
-                res.content_type = "text/plain; charset=utf-8";
-                res.stream = [streamer](ChunkSink& sink) { return streamer->Step(sink); };
-              });
-  RegisterEventsApi(http, controller, store);
-  RegisterWeb(http);
+  api->Route("GET", R"(/api/v1/runs/([a-z0-9-]+)/logs)", Access::kRunRead,
+             [controller, store, http](const HttpRequest& req, HttpResponse& res) {
+               std::string name = req.matches[1];
+               auto run = store->GetRun(name);
+               if (!run.ok()) return ReplyError(res, run.status());
+               auto attempt = IntParam(req, "attempt", 0, 1, 1000000);
+               if (!attempt.ok()) return ReplyError(res, attempt.status());
+               auto rank = IntParam(req, "rank", 0, 0, 100000);
+               if (!rank.ok()) return ReplyError(res, rank.status());
+               if (*attempt > run->attempts && !BoolParam(req, "follow"))
+                 return ReplyError(res, NotFound(fmt::format("run '{}' has {} attempt(s), not {}",
+                                                             name, run->attempts, *attempt)));
+               std::vector<std::string> secrets;
+               if (std::vector<std::string> keys = SecretKeysOf(run->spec_json); !keys.empty()) {
+                 auto values = store->SecretValues(run->workspace);
+                 if (!values.ok()) return ReplyError(res, values.status());
+                 for (const std::string& k : keys)
+                   if (auto it = values->find(k); it != values->end())
+                     secrets.push_back(it->second);
+               }
+               auto streamer = std::make_shared<LogStreamer>(
+                   store, controller, name, static_cast<int>(*attempt), static_cast<int>(*rank),
+                   BoolParam(req, "follow"), http, std::move(secrets));
+               res.content_type = "text/plain; charset=utf-8";
+               res.stream = [streamer](ChunkSink& sink) { return streamer->Step(sink); };
+             });
+  RegisterEventsApi(api, controller, store);
+  RegisterWeb(api);
 }
 
 }  // namespace tau::server

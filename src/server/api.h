@@ -7,6 +7,7 @@
 
 #include "common/status.h"
 #include "health/health.h"
+#include "server/authz.h"
 #include "server/controller.h"
 #include "server/http.h"
 #include "store/store.h"
@@ -16,7 +17,10 @@ namespace tau::server {
 void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
                  health::GpuMonitor* monitor, Metrics* metrics);
 // The evidence routes (api_evidence.cc): a run's record, its bundle, its metrics.
-void RegisterEvidenceApi(HttpServer* http, Controller* controller, store::Store* store);
+void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store* store);
+// Identity routes (api_identity.cc): whoami, API tokens, the dashboard's session cookie, the audit
+// trail, workspace secrets.
+void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store* store);
 
 // GET /metrics: the server's counters and histograms, runs by state and workspace, queue usage
 // against quota (names modelled on Kueue's), and the GPU lines (dcgm-exporter names).

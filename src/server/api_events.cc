@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -14,6 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "server/authz.h"
+#include "server/reply.h"
 #include "server/web.h"
 
 namespace tau::server {
@@ -47,8 +50,13 @@ std::string Fingerprint(const store::RunRecord& r) {
 class EventStreamer {
  public:
   EventStreamer(Controller* controller, store::Store* store, const HttpServer* http,
-                std::string only_run)
-      : controller_(controller), store_(store), http_(http), only_run_(std::move(only_run)) {}
+                std::string only_run, CallerContext caller)
+      : controller_(controller),
+        store_(store),
+        http_(http),
+        only_run_(std::move(only_run)),
+        caller_(std::move(caller)),
+        visible_(caller_.VisibleWorkspaces()) {}
 
   bool Step(ChunkSink& sink) {
     if (http_->shutting_down()) return false;
@@ -94,8 +102,10 @@ class EventStreamer {
       store::RunFilter active;
       active.active_only = true;
       active.limit = kActiveRuns;
+      active.workspaces_in = visible_;
       store::RunFilter recent;
       recent.limit = kRecentRuns;
+      recent.workspaces_in = visible_;
       for (const store::RunFilter& f : {active, recent})
         if (auto runs = store_->ListRuns(f); runs.ok())
           for (const auto& r : *runs)
@@ -106,7 +116,7 @@ class EventStreamer {
         if (!seen.count(name))
           if (auto r = store_->GetRun(name); r.ok() && Fingerprint(*r) != fp)
             *out += SseEvent("run", RunEventJson(*r));
-      json queues = controller_->Queues();
+      json queues = FilterQueues(controller_->Queues(), caller_);
       std::string text = queues.dump();
       if (text != last_queues_) {
         last_queues_ = std::move(text);
@@ -120,6 +130,8 @@ class EventStreamer {
   store::Store* store_;
   const HttpServer* http_;
   std::string only_run_;
+  CallerContext caller_;
+  std::optional<std::vector<std::string>> visible_;  // nullopt: every workspace
   bool first_ = true;
   std::map<std::string, std::string> known_;  // run name -> fingerprint at the last poll
   std::string last_queues_;
@@ -128,15 +140,24 @@ class EventStreamer {
 
 }  // namespace
 
-void RegisterEventsApi(HttpServer* http, Controller* controller, store::Store* store) {
-  http->Route("GET", "/api/v1/events",
-              [controller, store, http](const HttpRequest& req, HttpResponse& res) {
-                auto streamer = std::make_shared<EventStreamer>(
-                    controller, store, http,
-                    req.has_param("run") ? req.get_param_value("run") : "");
-                res.content_type = "text/event-stream; charset=utf-8";
-                res.stream = [streamer](ChunkSink& sink) { return streamer->Step(sink); };
-              });
+void RegisterEventsApi(SecureRouter* api, Controller* controller, store::Store* store) {
+  api->Route("GET", "/api/v1/events", Access::kSignedIn,
+             [controller, store, api](const HttpRequest& req, HttpResponse& res,
+                                      const CallerContext& caller) {
+               std::string run = req.has_param("run") ? req.get_param_value("run") : "";
+               if (!run.empty()) {
+                 auto r = store->GetRun(run);
+                 if (!r.ok()) return ReplyError(res, r.status());
+                 if (caller.RoleIn(r->workspace) < auth::Role::kViewer)
+                   return api->Deny(req, res, caller.who,
+                                    fmt::format("user '{}' may not read runs of workspace '{}'",
+                                                caller.who.user, r->workspace));
+               }
+               auto streamer =
+                   std::make_shared<EventStreamer>(controller, store, api->http(), run, caller);
+               res.content_type = "text/event-stream; charset=utf-8";
+               res.stream = [streamer](ChunkSink& sink) { return streamer->Step(sink); };
+             });
 }
 
 }  // namespace tau::server

@@ -16,27 +16,12 @@
 #include "common/strings.h"
 #include "evidence/evidence.h"
 #include "server/api.h"
+#include "server/reply.h"
 
 namespace tau::server {
 namespace {
 
 using nlohmann::json;
-
-void ReplyJson(HttpResponse& res, int status, const json& body) {
-  res.status = status;
-  // Metric values may be NaN; the record writes them as strings, and dump() must not throw on
-  // invalid UTF-8 from a job's metric names.
-  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n",
-                  "application/json");
-}
-
-void ReplyStatus(HttpResponse& res, const Status& s) {
-  int code = s.code() == StatusCode::kNotFound             ? 404
-             : s.code() == StatusCode::kInvalidArgument    ? 400
-             : s.code() == StatusCode::kFailedPrecondition ? 412
-                                                           : 500;
-  ReplyJson(res, code, {{"error", {{"code", StatusCodeName(s.code())}, {"message", s.message()}}}});
-}
 
 json PointJson(const evidence::MetricPoint& p) {
   json j = {{"step", p.step}, {"attempt", p.attempt}};
@@ -67,84 +52,83 @@ json SummaryJson(const evidence::MetricSummary& s) {
 
 }  // namespace
 
-void RegisterEvidenceApi(HttpServer* http, Controller* controller, store::Store* store) {
-  http->Route("GET", R"(/api/v1/runs/([a-z0-9-]+)/evidence)",
-              [controller](const HttpRequest& req, HttpResponse& res) {
-                auto record = controller->EvidenceRecord(req.matches[1]);
-                if (!record.ok()) return ReplyStatus(res, record.status());
-                ReplyJson(res, 200, *record);
-              });
+void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store* store) {
+  api->Route("GET", R"(/api/v1/runs/([a-z0-9-]+)/evidence)", Access::kRunRead,
+             [controller](const HttpRequest& req, HttpResponse& res) {
+               auto record = controller->EvidenceRecord(req.matches[1]);
+               if (!record.ok()) return ReplyError(res, record.status());
+               Reply(res, 200, *record);
+             });
 
-  http->Route("GET", R"(/api/v1/runs/([a-z0-9-]+)/evidence/bundle)",
-              [controller](const HttpRequest& req, HttpResponse& res) {
-                std::string name = req.matches[1];
-                evidence::RecordInput input;
-                evidence::BundleSources sources;
-                if (Status s = controller->EvidenceSources(name, &input, &sources); !s.ok())
-                  return ReplyStatus(res, s);
-                // Built to a file under the run's directory, opened, and unlinked at once: the
-                // stream reads it, and nothing is left behind however the client goes away.
-                std::string tmp =
-                    fmt::format("{}/bundle-{}.tar.gz", controller->RunDir(name), RandomHex(8));
-                auto report = evidence::ExportBundle(std::move(input), sources, tmp, NowMillis());
-                if (!report.ok()) {
-                  ::unlink(tmp.c_str());
-                  return ReplyStatus(res, report.status());
-                }
-                int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
-                ::unlink(tmp.c_str());
-                if (fd < 0)
-                  return ReplyStatus(res, IoError("cannot open the bundle " + tmp, errno));
-                auto shared_fd = std::shared_ptr<int>(new int(fd), [](int* p) {
-                  ::close(*p);
-                  delete p;
-                });
-                res.content_type = "application/gzip";
-                res.stream = [shared_fd](ChunkSink& sink) {
-                  char buf[65536];
-                  ssize_t n = ::read(*shared_fd, buf, sizeof buf);
-                  if (n <= 0) return false;
-                  return sink.Write(std::string_view(buf, static_cast<size_t>(n)));
-                };
-              });
+  api->Route("GET", R"(/api/v1/runs/([a-z0-9-]+)/evidence/bundle)", Access::kRunRead,
+             [controller](const HttpRequest& req, HttpResponse& res) {
+               std::string name = req.matches[1];
+               evidence::RecordInput input;
+               evidence::BundleSources sources;
+               if (Status s = controller->EvidenceSources(name, &input, &sources); !s.ok())
+                 return ReplyError(res, s);
+               // Built to a file under the run's directory, opened, and unlinked at once: the
+               // stream reads it, and nothing is left behind however the client goes away.
+               std::string tmp =
+                   fmt::format("{}/bundle-{}.tar.gz", controller->RunDir(name), RandomHex(8));
+               auto report = evidence::ExportBundle(std::move(input), sources, tmp, NowMillis());
+               if (!report.ok()) {
+                 ::unlink(tmp.c_str());
+                 return ReplyError(res, report.status());
+               }
+               int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
+               ::unlink(tmp.c_str());
+               if (fd < 0) return ReplyError(res, IoError("cannot open the bundle " + tmp, errno));
+               auto shared_fd = std::shared_ptr<int>(new int(fd), [](int* p) {
+                 ::close(*p);
+                 delete p;
+               });
+               res.content_type = "application/gzip";
+               res.stream = [shared_fd](ChunkSink& sink) {
+                 char buf[65536];
+                 ssize_t n = ::read(*shared_fd, buf, sizeof buf);
+                 if (n <= 0) return false;
+                 return sink.Write(std::string_view(buf, static_cast<size_t>(n)));
+               };
+             });
 
-  http->Route("GET", R"(/api/v1/runs/([a-z0-9-]+)/metrics)",
-              [controller, store](const HttpRequest& req, HttpResponse& res) {
-                std::string name = req.matches[1];
-                auto run = store->GetRun(name);
-                if (!run.ok()) return ReplyStatus(res, run.status());
-                auto history =
-                    evidence::LoadMetricHistory(controller->EvidenceDir(name) + "/metrics.jsonl");
-                if (!history.ok()) return ReplyStatus(res, history.status());
-                std::string only = req.has_param("name") ? req.get_param_value("name") : "";
-                bool by_split = req.has_param("split");
-                std::string split = by_split ? req.get_param_value("split") : "";
-                if (req.get_param_value("format") == "jsonl") {
-                  // tau's form of each point, for `tau metrics` to render or pass on.
-                  std::string out;
-                  for (const auto& [n, s] : history->SeriesKeys()) {
-                    if ((!only.empty() && n != only) || (by_split && s != split)) continue;
-                    for (const auto& p : history->Series(n, s))
-                      out += evidence::MetricPointJson(p) + "\n";
-                  }
-                  return res.set_content(std::move(out), "application/x-ndjson");
-                }
-                json summaries = json::array(), series = json::array();
-                for (const auto& s : history->Summaries()) {
-                  if ((!only.empty() && s.name != only) || (by_split && s.split != split)) continue;
-                  summaries.push_back(SummaryJson(s));
-                  if (only.empty()) continue;
-                  json points = json::array();
-                  for (const auto& p : history->Series(s.name, s.split))
-                    points.push_back(PointJson(p));
-                  series.push_back({{"name", s.name}, {"split", s.split}, {"points", points}});
-                }
-                ReplyJson(res, 200,
-                          {{"run", name},
-                           {"state", store::RunStateName(run->state)},
-                           {"summaries", summaries},
-                           {"series", series}});
-              });
+  api->Route("GET", R"(/api/v1/runs/([a-z0-9-]+)/metrics)", Access::kRunRead,
+             [controller, store](const HttpRequest& req, HttpResponse& res) {
+               std::string name = req.matches[1];
+               auto run = store->GetRun(name);
+               if (!run.ok()) return ReplyError(res, run.status());
+               auto history =
+                   evidence::LoadMetricHistory(controller->EvidenceDir(name) + "/metrics.jsonl");
+               if (!history.ok()) return ReplyError(res, history.status());
+               std::string only = req.has_param("name") ? req.get_param_value("name") : "";
+               bool by_split = req.has_param("split");
+               std::string split = by_split ? req.get_param_value("split") : "";
+               if (req.get_param_value("format") == "jsonl") {
+                 // tau's form of each point, for `tau metrics` to render or pass on.
+                 std::string out;
+                 for (const auto& [n, s] : history->SeriesKeys()) {
+                   if ((!only.empty() && n != only) || (by_split && s != split)) continue;
+                   for (const auto& p : history->Series(n, s))
+                     out += evidence::MetricPointJson(p) + "\n";
+                 }
+                 return res.set_content(std::move(out), "application/x-ndjson");
+               }
+               json summaries = json::array(), series = json::array();
+               for (const auto& s : history->Summaries()) {
+                 if ((!only.empty() && s.name != only) || (by_split && s.split != split)) continue;
+                 summaries.push_back(SummaryJson(s));
+                 if (only.empty()) continue;
+                 json points = json::array();
+                 for (const auto& p : history->Series(s.name, s.split))
+                   points.push_back(PointJson(p));
+                 series.push_back({{"name", s.name}, {"split", s.split}, {"points", points}});
+               }
+               Reply(res, 200,
+                     {{"run", name},
+                      {"state", store::RunStateName(run->state)},
+                      {"summaries", summaries},
+                      {"series", series}});
+             });
 }
 
 }  // namespace tau::server

@@ -1,7 +1,9 @@
 #include "server/controller.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +30,18 @@ using store::RunRecord;
 using store::RunState;
 
 namespace {
+
+// Hands a directory tree to the user a run runs as (symlinks themselves, never their targets).
+Status ChownTree(const std::string& root, uid_t uid, gid_t gid) {
+  if (::lchown(root.c_str(), uid, gid) != 0) return IoError("chown " + root, errno);
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(root, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
+    if (::lchown(it->path().c_str(), uid, gid) != 0)
+      return IoError("chown " + it->path().string(), errno);
+  if (ec) return Internal("walking " + root + ": " + ec.message());
+  return Status::Ok();
+}
 
 int64_t DetectMemoryBytes() {
   std::ifstream in("/proc/meminfo");
@@ -213,6 +227,10 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
   auto resolved = policy::Resolve(spec, *platform, request.caller);
   if (!resolved.ok()) {
     error->status = resolved.status();
+    return error->status;
+  }
+  if (Status s = CheckSecrets(spec, resolved->workspace, nullptr); !s.ok()) {
+    error->status = s;
     return error->status;
   }
   Resources need = Needs(*resolved);
@@ -755,6 +773,63 @@ int64_t Controller::NextWakeMillis() const {
   return wake;
 }
 
+Status Controller::CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,
+                                spec::RunSpec* resolved_spec) {
+  bool refers = std::any_of(spec.runtime.env.begin(), spec.runtime.env.end(),
+                            [](const spec::EnvVar& v) { return v.secret_ref; });
+  if (!refers) return Status::Ok();
+  TAU_ASSIGN_OR_RETURN(auto values, store_->SecretValues(workspace));
+  std::vector<std::string> missing;
+  for (const spec::EnvVar& var : spec.runtime.env)
+    if (var.secret_ref && !values.count(var.value)) missing.push_back(var.value);
+  if (!missing.empty())
+    return FailedPrecondition(fmt::format(
+        "runtime.env refers to secret(s) {} that workspace '{}' does not have; set each with "
+        "`tau secret set {} KEY` (the value is read from the terminal or stdin)",
+        Join(missing, ", "), workspace, workspace));
+  if (resolved_spec != nullptr)
+    for (spec::EnvVar& var : resolved_spec->runtime.env)
+      if (var.secret_ref) {
+        var.value = values.at(var.value);
+        var.secret_ref = false;
+      }
+  return Status::Ok();
+}
+
+// A server running as root serves a multi-user machine: each run's processes run as the user who
+// submitted it (a token user without a system account as `nobody`), never as root unless root
+// submitted it. What the run writes to is handed to that user first; its virtualenvs are built as
+// that user too (pip runs a package's own code), in a cache of their own.
+Status Controller::RunAsSubmitter(const RunRecord& r, const runtime::LaunchContext& ctx,
+                                  runtime::AttemptConfig* config) {
+  if (::geteuid() != 0) return Status::Ok();  // runs run as the server's user
+  std::string user = r.owner.empty() ? "root" : r.owner;
+  auto run_as = runtime::LookUpUser(user);
+  if (!run_as.ok()) run_as = runtime::LookUpUser("nobody");
+  if (!run_as.ok()) return FailedPrecondition("no system user to run as: " + user);
+  if (run_as->uid == 0) return Status::Ok();
+  uid_t uid = run_as->uid;
+  gid_t gid = run_as->gid;
+  for (const std::string& dir : {ctx.work_dir, ctx.checkpoint_dir, ctx.output_dir})
+    TAU_RETURN_IF_ERROR(ChownTree(dir, uid, gid));
+  // The user must reach its working directory through the server's (traversable, not listable),
+  // and no other user may read it.
+  for (const std::string& dir : {options_.home, options_.home + "/runs", RunDir(r.name)})
+    if (::chmod(dir.c_str(), 0711) != 0) return IoError("chmod " + dir, errno);
+  if (::chmod(ctx.work_dir.c_str(), 0700) != 0) return IoError("chmod " + ctx.work_dir, errno);
+  // The metrics file lives in the run's directory, which stays the server's.
+  int fd = ::open(ctx.metrics_file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return IoError("creating " + ctx.metrics_file, errno);
+  int rc = ::fchown(fd, uid, gid);
+  ::close(fd);
+  if (rc != 0) return IoError("chown " + ctx.metrics_file, errno);
+  config->venv_cache_dir = fmt::format("{}/venvs/uid-{}", options_.home, uid);
+  TAU_RETURN_IF_ERROR(MakeDirs(config->venv_cache_dir, 0700));
+  TAU_RETURN_IF_ERROR(ChownTree(config->venv_cache_dir, uid, gid));
+  config->run_as = std::move(*run_as);
+  return Status::Ok();
+}
+
 runtime::EnvList Controller::BaseEnv() const {
   // What a run inherits from the server: enough to find programs and behave, not the server's
   // secrets.
@@ -829,7 +904,12 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
     if (Status s = CopySnapshot(r.snapshot_dir, ctx.work_dir); !s.ok())
       return fail("SetupError", s.message());
   }
-  auto workers = runtime::PlanLaunch(run.spec, ctx);
+  // Secret values exist only in the workers' environment (and the attempt's config file, mode
+  // 0600): never in the spec, the store's run records, events or evidence.
+  spec::RunSpec launch_spec = run.spec;
+  if (Status s = CheckSecrets(run.spec, r.workspace, &launch_spec); !s.ok())
+    return fail("SecretNotFound", s.message());
+  auto workers = runtime::PlanLaunch(launch_spec, ctx);
   if (!workers.ok()) return fail("SetupError", workers.status().message());
   runtime::AttemptConfig config;
   config.run_name = name;
@@ -839,6 +919,7 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
   config.workers = std::move(*workers);
   config.pip = run.spec.runtime.pip;
   config.venv_cache_dir = options_.home + "/venvs";
+  if (Status s = RunAsSubmitter(r, ctx, &config); !s.ok()) return fail("SetupError", s.message());
   if (run.need.memory_bytes > 0) config.memory_limit_bytes = run.need.memory_bytes;
   if (run.need.cpu_milli > 0) config.cpu_limit_milli = run.need.cpu_milli;
   config.max_runtime_ms = run.spec.max_runtime_ms;

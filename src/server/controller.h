@@ -136,6 +136,12 @@ class Controller {
     std::string preempted_by, preemption_reason;
     int64_t queued_since_ms = 0;  // when it last entered the queue (after any backoff)
   };
+  Status RunAsSubmitter(const store::RunRecord& r, const runtime::LaunchContext& ctx,
+                        runtime::AttemptConfig* config);
+  // Checks that every SECRET:KEY of `spec`'s env exists in the workspace; with `resolved_spec`,
+  // also puts the values in its env (for launching only).
+  Status CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,
+                      spec::RunSpec* resolved_spec);
   struct ResumeRequest {
     std::string name, from;
   };

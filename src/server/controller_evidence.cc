@@ -69,17 +69,10 @@ std::string ShellQuote(const std::string& s) {
   return q + "'";
 }
 
-std::string Trim(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  size_t i = 0;
-  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
-  return s.substr(i);
-}
-
 std::vector<std::string> Lines(const std::string& text) {
   std::vector<std::string> out;
   for (const std::string& l : Split(text, '\n'))
-    if (!Trim(l).empty()) out.push_back(Trim(l));
+    if (!Trim(l).empty()) out.emplace_back(Trim(l));
   return out;
 }
 
@@ -89,7 +82,7 @@ std::vector<std::string> Lines(const std::string& text) {
 void FillPython(const std::string& venv_cache, const std::vector<std::string>& pip,
                 evidence::RuntimeInfo* rt) {
   std::string version = Capture("python3 --version 2>&1");
-  rt->python_version = Trim(version);
+  rt->python_version = std::string(Trim(version));
   if (StartsWith(rt->python_version, "Python ")) rt->python_version = rt->python_version.substr(7);
   if (pip.empty() || version.empty()) return;
   std::vector<std::string> sorted = pip;

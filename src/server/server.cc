@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include "server/controller.h"
 #include "server/http.h"
 #include "store/store.h"
+#include "tls/tls.h"
 
 #ifndef TAU_VERSION
 #define TAU_VERSION "0.0.0-dev"
@@ -79,6 +81,32 @@ Result<int> TakeServerLock(const std::string& home) {
   return fd;
 }
 
+// A TCP listener is reachable by other machines' users, so it speaks TLS; plaintext is allowed only
+// on loopback, where just this machine's processes can connect.
+Status CheckListenerPolicy(const ServerOptions& options, const std::string& host) {
+  bool has_cert = !options.tls_cert_file.empty(), has_key = !options.tls_key_file.empty();
+  if (has_cert != has_key) return InvalidArgument("--tls-cert and --tls-key go together");
+  if (options.listen.empty()) {
+    if (has_cert) return InvalidArgument("--tls-cert and --tls-key need --listen");
+    return Status::Ok();
+  }
+  if (has_cert) {
+    // Loaded here too, before anything starts, so a bad file stops the server at once.
+    auto checked = tls::ServerContext::Create({options.tls_cert_file, options.tls_key_file});
+    return checked.ok() ? Status::Ok() : checked.status();
+  }
+  if (!options.insecure_listen)
+    return InvalidArgument(
+        "a TCP listener requires TLS: pass --tls-cert and --tls-key, or --insecure-listen for a "
+        "loopback-only plaintext listener (tests, local Prometheus)");
+  if (host != "127.0.0.1" && host != "::1" && host != "[::1]" && host != "localhost")
+    return InvalidArgument(fmt::format(
+        "--insecure-listen is for loopback addresses only (127.0.0.1, ::1, localhost), not '{}'; "
+        "pass --tls-cert and --tls-key to listen there",
+        host));
+  return Status::Ok();
+}
+
 }  // namespace
 
 int RunServer(const ServerOptions& options) {
@@ -93,6 +121,13 @@ int RunServer(const ServerOptions& options) {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
+  size_t listen_colon = options.listen.rfind(':');
+  std::string listen_host =
+      listen_colon == std::string::npos ? "127.0.0.1" : options.listen.substr(0, listen_colon);
+  if (Status s = CheckListenerPolicy(options, listen_host); !s.ok()) {
+    log(s.message());
+    return 2;
+  }
 
   if (Status s = MakeDirs(options.home, 0700); !s.ok()) {
     log(s.ToString());
@@ -157,7 +192,9 @@ int RunServer(const ServerOptions& options) {
   RegisterApi(&http, &controller, store->get(), &monitor, &metrics);
   std::string socket_path =
       options.socket_path.empty() ? options.home + "/tau.sock" : options.socket_path;
-  if (Status s = http.ListenUnix(socket_path); !s.ok()) {
+  // Other users reach a shared socket through the home directory: traversable, not listable.
+  if (options.shared_socket) (void)::chmod(options.home.c_str(), 0711);
+  if (Status s = http.ListenUnix(socket_path, options.shared_socket ? 0666 : 0600); !s.ok()) {
     log(s.ToString());
     return 1;
   }
@@ -165,11 +202,13 @@ int RunServer(const ServerOptions& options) {
     size_t colon = options.listen.rfind(':');
     std::string host = colon == std::string::npos ? "127.0.0.1" : options.listen.substr(0, colon);
     int port = std::atoi(options.listen.substr(colon == std::string::npos ? 0 : colon + 1).c_str());
-    if (Status s = http.ListenTcp(host, port); !s.ok()) {
+    TlsServerConfig tls{options.tls_cert_file, options.tls_key_file};
+    bool with_tls = !options.tls_cert_file.empty();
+    if (Status s = http.ListenTcp(host, port, with_tls ? &tls : nullptr); !s.ok()) {
       log(s.ToString());
       return 1;
     }
-    log(fmt::format("listening on http://{}:{}", host, http.tcp_port()));
+    log(fmt::format("listening on {}://{}:{}", with_tls ? "https" : "http", host, http.tcp_port()));
   }
   log(fmt::format("tau {} serving on unix://{} (pid {})", Version(), socket_path, ::getpid()));
 

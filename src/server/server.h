@@ -13,13 +13,22 @@ struct ServerOptions {
   std::string home;         // TAU_HOME: store, snapshots, runs, venvs, the socket
   std::string socket_path;  // default: HOME/tau.sock
   std::string listen;       // optional "host:port" TCP listener
-  std::string tau_binary;   // this program, started as the attempts' supervisor
+  // The TCP listener speaks TLS with this certificate chain and key (PEM). Required with `listen`
+  // unless `insecure_listen` and a loopback host.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  bool insecure_listen =
+      false;               // plaintext TCP, allowed on loopback only (tests, local Prometheus)
+  std::string tau_binary;  // this program, started as the attempts' supervisor
   int64_t stop_grace_ms = 10'000;
   int64_t gpu_poll_ms = 10'000;  // GPU health polling interval (XID events arrive in between)
   // Retention of ended runs' logs and GPU samples (0: forever); the evidence record stays.
   int64_t retain_logs_ms = 0;
   int64_t retain_samples_ms = 0;
   bool quiet = false;
+  // The Unix socket is mode 0600 (only the server's user) unless shared (0666): on a multi-user
+  // machine each caller is still known by its peer credentials, and roles decide the rest.
+  bool shared_socket = false;
 };
 
 // Runs until SIGTERM or SIGINT. Attempts that are running keep running and are re-adopted by the

@@ -40,14 +40,17 @@ void Serve(std::string_view path, HttpResponse& res) {
 
 }  // namespace
 
-void RegisterWeb(HttpServer* http) {
+void RegisterWeb(SecureRouter* api) {
   // The dashboard is one page; its views are #/ routes, so only / serves HTML.
-  http->Route("GET", "/", [](const HttpRequest&, HttpResponse& res) { Serve("index.html", res); });
-  http->Route("GET", R"(/ui/([A-Za-z0-9._/-]+))", [](const HttpRequest& req, HttpResponse& res) {
-    std::string path = req.matches[1];
-    if (path.find("..") != std::string::npos) path.clear();  // the table has no such names anyway
-    Serve(path, res);
-  });
+  api->Route("GET", "/", Access::kPublic,
+             [](const HttpRequest&, HttpResponse& res) { Serve("index.html", res); });
+  api->Route("GET", R"(/ui/([A-Za-z0-9._/-]+))", Access::kPublic,
+             [](const HttpRequest& req, HttpResponse& res) {
+               std::string path = req.matches[1];
+               if (path.find("..") != std::string::npos)
+                 path.clear();  // the table has no such names anyway
+               Serve(path, res);
+             });
 }
 
 }  // namespace tau::server

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 
+#include "server/authz.h"
 #include "server/controller.h"
 #include "server/http.h"
 #include "store/store.h"
@@ -18,9 +19,11 @@ struct WebAsset {
 extern const WebAsset kWebAssets[];  // generated: build/.../web_assets.cc
 
 // GET / (the single-page dashboard) and GET /ui/FILE (its scripts, styles and vendored uPlot).
-void RegisterWeb(HttpServer* http);
+// Public: the files hold no data; the page signs in (a token) before it calls the API.
+void RegisterWeb(SecureRouter* api);
 
 // GET /api/v1/events: server-sent events of run and queue changes (see docs/dashboard.md).
-void RegisterEventsApi(HttpServer* http, Controller* controller, store::Store* store);
+// Only runs and queue entries the caller may read.
+void RegisterEventsApi(SecureRouter* api, Controller* controller, store::Store* store);
 
 }  // namespace tau::server

@@ -100,15 +100,9 @@ Result<std::string> NormalizeEntrypoint(std::string_view text) {
   return NormalizeRelative(text, "the code directory");
 }
 
-bool IsSecretKey(std::string_view s) {
-  return !s.empty() && s.size() <= kMaxSubdomainChars &&
-         std::all_of(s.begin(), s.end(), [](char ch) {
-           return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' ||
-                  ch == '.';
-         });
-}
 
 }  // namespace
+
 
 bool IsSubdomain(std::string_view s) {
   if (s.empty() || s.size() > kMaxSubdomainChars) return false;
@@ -278,3 +272,15 @@ void SetHistory(Ctx& c, const Value& v) {
 }
 
 }  // namespace tau::spec::internal
+
+namespace tau::spec {
+
+bool IsSecretKey(std::string_view s) {
+  return !s.empty() && s.size() <= internal::kMaxSubdomainChars &&
+         std::all_of(s.begin(), s.end(), [](char ch) {
+           return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' ||
+                  ch == '.';
+         });
+}
+
+}  // namespace tau::spec

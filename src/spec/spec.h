@@ -156,4 +156,8 @@ std::string ConfigHash(const RunSpec& spec);
 // json`.
 nlohmann::json JsonSchema();
 
+// A secret reference's key ("SECRET:KEY"): letters, digits, '-', '_' and '.', as a Kubernetes
+// Secret key.
+bool IsSecretKey(std::string_view key);
+
 }  // namespace tau::spec

@@ -1,6 +1,7 @@
 #include "store/store.h"
 
 #include <sqlite3.h>
+#include <sys/stat.h>
 
 #include <fmt/format.h>
 
@@ -83,6 +84,39 @@ CREATE INDEX events_run ON events(run, id);
     "ALTER TABLE runs ADD COLUMN resolved TEXT NOT NULL DEFAULT '{}';"
     "ALTER TABLE runs ADD COLUMN flavors TEXT NOT NULL DEFAULT '{}';"
     "ALTER TABLE runs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0;",
+    // 5: identity: API tokens (digests only), the audit trail, workspace secrets.
+    R"sql(
+CREATE TABLE tokens (
+  id TEXT PRIMARY KEY,
+  digest TEXT NOT NULL UNIQUE,
+  user TEXT NOT NULL,
+  groups TEXT NOT NULL,
+  description TEXT NOT NULL,
+  created_by TEXT NOT NULL,
+  created_ms INTEGER NOT NULL,
+  expires_ms INTEGER,
+  revoked_ms INTEGER
+);
+CREATE TABLE audit (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  ts_ms INTEGER NOT NULL,
+  user TEXT NOT NULL,
+  via TEXT NOT NULL,
+  method TEXT NOT NULL,
+  path TEXT NOT NULL,
+  status INTEGER NOT NULL,
+  action TEXT NOT NULL,
+  detail TEXT NOT NULL
+);
+CREATE TABLE secrets (
+  workspace TEXT NOT NULL,
+  key TEXT NOT NULL,
+  value BLOB NOT NULL,
+  updated_ms INTEGER NOT NULL,
+  updated_by TEXT NOT NULL,
+  PRIMARY KEY (workspace, key)
+);
+)sql",
 };
 
 // A prepared statement with RAII finalisation.
@@ -399,6 +433,9 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
     return Status(StatusCode::kIo, fmt::format("cannot open store {}: {}", path, msg));
   }
   sqlite3_busy_timeout(impl->db, 5000);
+  // The store holds workspace secrets and token digests: only the server's user may read it
+  // (SQLite creates the -wal and -shm files with the database's mode).
+  if (path != ":memory:") (void)::chmod(path.c_str(), 0600);
   // WAL lets readers run beside the writer; synchronous=FULL fsyncs every commit, so a committed
   // state change survives a crash of the server or of the machine.
   TAU_RETURN_IF_ERROR(impl->Exec("PRAGMA journal_mode=WAL"));
@@ -451,6 +488,7 @@ static std::string WhereClause(const RunFilter& f) {
   if (f.active_only) conds.push_back("state IN ('Queued','Admitted','Running')");
   if (!f.workspace.empty()) conds.push_back("workspace = ?2");
   if (!f.queue.empty()) conds.push_back("queue = ?3");
+  if (f.workspaces_in) conds.push_back("workspace IN (SELECT value FROM json_each(?4))");
   std::string out;
   for (size_t i = 0; i < conds.size(); ++i) out += (i ? " AND " : " WHERE ") + conds[i];
   return out;
@@ -460,6 +498,7 @@ static void BindFilter(Stmt& s, const RunFilter& f) {
   if (f.state) s.Bind(1, std::string(RunStateName(*f.state)));
   if (!f.workspace.empty()) s.Bind(2, f.workspace);
   if (!f.queue.empty()) s.Bind(3, f.queue);
+  if (f.workspaces_in) s.Bind(4, nlohmann::json(*f.workspaces_in).dump());
 }
 
 Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {
@@ -552,6 +591,183 @@ Result<std::vector<Event>> Store::ListEvents(const std::string& run) {
     out.push_back(std::move(e));
   }
   if (rc != SQLITE_DONE) return impl_->Error("listing events");
+  return out;
+}
+
+// ---- identity ---------------------------------------------------------------------------------
+
+static constexpr const char* kTokenColumns =
+    "id, digest, user, groups, description, created_by, created_ms, expires_ms, revoked_ms";
+
+static TokenRecord ReadToken(Stmt& s) {
+  TokenRecord t;
+  t.id = s.Text(0);
+  t.digest = s.Text(1);
+  t.user = s.Text(2);
+  nlohmann::json groups = ParseJsonColumn(s.Text(3), nlohmann::json::array());
+  if (groups.is_array())
+    for (const auto& g : groups)
+      if (g.is_string()) t.groups.push_back(g.get<std::string>());
+  t.description = s.Text(4);
+  t.created_by = s.Text(5);
+  t.created_ms = s.Int(6);
+  t.expires_ms = s.OptInt(7);
+  t.revoked_ms = s.OptInt(8);
+  return t;
+}
+
+Status Store::InsertToken(const TokenRecord& t) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db,
+         fmt::format("INSERT INTO tokens ({}) VALUES (?,?,?,?,?,?,?,?,?)", kTokenColumns).c_str());
+  if (!s.ok()) return impl_->Error("preparing token insert");
+  s.Bind(1, t.id);
+  s.Bind(2, t.digest);
+  s.Bind(3, t.user);
+  s.Bind(4, nlohmann::json(t.groups).dump());
+  s.Bind(5, t.description);
+  s.Bind(6, t.created_by);
+  s.Bind(7, t.created_ms);
+  s.Bind(8, t.expires_ms);
+  s.Bind(9, t.revoked_ms);
+  int rc = s.Step();
+  if (rc == SQLITE_CONSTRAINT) return AlreadyExists("a token with this digest exists");
+  if (rc != SQLITE_DONE) return impl_->Error("writing token");
+  return Status::Ok();
+}
+
+Result<TokenRecord> Store::FindToken(const std::string& digest) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db, fmt::format("SELECT {} FROM tokens WHERE digest = ?", kTokenColumns).c_str());
+  if (!s.ok()) return impl_->Error("preparing token lookup");
+  s.Bind(1, digest);
+  int rc = s.Step();
+  if (rc == SQLITE_ROW) return ReadToken(s);
+  if (rc == SQLITE_DONE) return NotFound("unknown token");
+  return impl_->Error("reading token");
+}
+
+Result<std::vector<TokenRecord>> Store::ListTokens(const std::string& user) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db, fmt::format("SELECT {} FROM tokens WHERE ?1 = '' OR user = ?1 ORDER BY "
+                                "created_ms, id",
+                                kTokenColumns)
+                        .c_str());
+  if (!s.ok()) return impl_->Error("preparing token list");
+  s.Bind(1, user);
+  std::vector<TokenRecord> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) out.push_back(ReadToken(s));
+  if (rc != SQLITE_DONE) return impl_->Error("listing tokens");
+  return out;
+}
+
+Status Store::RevokeToken(const std::string& id, int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db, "UPDATE tokens SET revoked_ms = COALESCE(revoked_ms, ?) WHERE id = ?");
+  if (!s.ok()) return impl_->Error("preparing token revocation");
+  s.Bind(1, now_ms);
+  s.Bind(2, id);
+  if (s.Step() != SQLITE_DONE) return impl_->Error("revoking token");
+  if (sqlite3_changes(impl_->db) == 0) return NotFound(fmt::format("no token with id '{}'", id));
+  return Status::Ok();
+}
+
+Status Store::AppendAudit(const AuditRecord& a) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db,
+         "INSERT INTO audit (ts_ms, user, via, method, path, status, action, detail) VALUES "
+         "(?,?,?,?,?,?,?,?)");
+  if (!s.ok()) return impl_->Error("preparing audit insert");
+  s.Bind(1, a.ts_ms);
+  s.Bind(2, a.user);
+  s.Bind(3, a.via);
+  s.Bind(4, a.method);
+  s.Bind(5, a.path);
+  s.Bind(6, static_cast<int64_t>(a.status));
+  s.Bind(7, a.action);
+  s.Bind(8, a.detail);
+  if (s.Step() != SQLITE_DONE) return impl_->Error("writing audit record");
+  return Status::Ok();
+}
+
+Result<std::vector<AuditRecord>> Store::ListAudit(int64_t limit) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db,
+         "SELECT id, ts_ms, user, via, method, path, status, action, detail FROM audit ORDER BY "
+         "id DESC LIMIT ?");
+  if (!s.ok()) return impl_->Error("preparing audit list");
+  s.Bind(1, limit > 0 ? limit : int64_t{-1});
+  std::vector<AuditRecord> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    AuditRecord a;
+    a.id = s.Int(0);
+    a.ts_ms = s.Int(1);
+    a.user = s.Text(2);
+    a.via = s.Text(3);
+    a.method = s.Text(4);
+    a.path = s.Text(5);
+    a.status = static_cast<int>(s.Int(6));
+    a.action = s.Text(7);
+    a.detail = s.Text(8);
+    out.push_back(std::move(a));
+  }
+  if (rc != SQLITE_DONE) return impl_->Error("listing audit records");
+  return out;
+}
+
+Status Store::PutSecret(const SecretInfo& info, const std::string& value) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db,
+         "INSERT OR REPLACE INTO secrets (workspace, key, value, updated_ms, updated_by) VALUES "
+         "(?,?,?,?,?)");
+  if (!s.ok()) return impl_->Error("preparing secret write");
+  s.Bind(1, info.workspace);
+  s.Bind(2, info.key);
+  s.Bind(3, value);
+  s.Bind(4, info.updated_ms);
+  s.Bind(5, info.updated_by);
+  if (s.Step() != SQLITE_DONE) return impl_->Error("writing secret");
+  return Status::Ok();
+}
+
+Status Store::DeleteSecret(const std::string& workspace, const std::string& key) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db, "DELETE FROM secrets WHERE workspace = ? AND key = ?");
+  if (!s.ok()) return impl_->Error("preparing secret delete");
+  s.Bind(1, workspace);
+  s.Bind(2, key);
+  if (s.Step() != SQLITE_DONE) return impl_->Error("deleting secret");
+  if (sqlite3_changes(impl_->db) == 0)
+    return NotFound(fmt::format("workspace '{}' has no secret '{}'", workspace, key));
+  return Status::Ok();
+}
+
+Result<std::vector<SecretInfo>> Store::ListSecrets(const std::string& workspace) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db,
+         "SELECT workspace, key, length(value), updated_ms, updated_by FROM secrets WHERE "
+         "workspace = ? ORDER BY key");
+  if (!s.ok()) return impl_->Error("preparing secret list");
+  s.Bind(1, workspace);
+  std::vector<SecretInfo> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW)
+    out.push_back({s.Text(0), s.Text(1), s.Int(2), s.Int(3), s.Text(4)});
+  if (rc != SQLITE_DONE) return impl_->Error("listing secrets");
+  return out;
+}
+
+Result<std::map<std::string, std::string>> Store::SecretValues(const std::string& workspace) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Stmt s(impl_->db, "SELECT key, value FROM secrets WHERE workspace = ?");
+  if (!s.ok()) return impl_->Error("preparing secret read");
+  s.Bind(1, workspace);
+  std::map<std::string, std::string> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) out[s.Text(0)] = s.Text(1);
+  if (rc != SQLITE_DONE) return impl_->Error("reading secrets");
   return out;
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -100,6 +101,8 @@ struct RunFilter {
   std::optional<RunState> state;
   bool active_only = false;  // non-terminal runs
   std::string workspace;
+  // When set, only runs of these workspaces (what the caller may see).
+  std::optional<std::vector<std::string>> workspaces_in;
   std::string queue;
   int64_t limit = 0;  // 0 = no limit
   int64_t offset = 0;
@@ -109,6 +112,40 @@ struct RunFilter {
 struct RunCount {
   std::string state, workspace;
   int64_t runs = 0;
+};
+
+// An API token. Only its SHA-256 digest is kept; the token itself is shown once, at creation.
+struct TokenRecord {
+  std::string id;      // the digest's first 12 characters: safe to show and log
+  std::string digest;  // SHA-256 hex of the token
+  std::string user;
+  std::vector<std::string> groups;
+  std::string description;
+  std::string created_by;
+  int64_t created_ms = 0;
+  std::optional<int64_t> expires_ms;
+  std::optional<int64_t> revoked_ms;
+};
+
+// One audited decision: a denied request, or a change only some may make (policy, tokens,
+// secrets).
+struct AuditRecord {
+  int64_t id = 0;
+  int64_t ts_ms = 0;
+  std::string user;  // "" anonymous
+  std::string via;   // "unix", "token", ""
+  std::string method, path;
+  int status = 0;      // the HTTP status answered
+  std::string action;  // "denied", "platform.apply", "token.create", ...
+  std::string detail;
+};
+
+// A workspace secret's description; values are read only to start runs.
+struct SecretInfo {
+  std::string workspace, key;
+  int64_t size = 0;
+  int64_t updated_ms = 0;
+  std::string updated_by;
 };
 
 class Store {
@@ -130,6 +167,18 @@ class Store {
   Result<std::vector<RunCount>> CountRunsByStateAndWorkspace();
   Result<std::vector<AttemptRecord>> ListAttempts(const std::string& run);
   Result<std::vector<Event>> ListEvents(const std::string& run);
+
+  // Identity: tokens, the audit trail and workspace secrets.
+  Status InsertToken(const TokenRecord& token);              // AlreadyExists on a repeated digest
+  Result<TokenRecord> FindToken(const std::string& digest);  // NotFound
+  Result<std::vector<TokenRecord>> ListTokens(const std::string& user);  // "" for all users
+  Status RevokeToken(const std::string& id, int64_t now_ms);             // NotFound
+  Status AppendAudit(const AuditRecord& record);
+  Result<std::vector<AuditRecord>> ListAudit(int64_t limit);  // newest first
+  Status PutSecret(const SecretInfo& info, const std::string& value);
+  Status DeleteSecret(const std::string& workspace, const std::string& key);  // NotFound
+  Result<std::vector<SecretInfo>> ListSecrets(const std::string& workspace);
+  Result<std::map<std::string, std::string>> SecretValues(const std::string& workspace);
 
  private:
   struct Impl;

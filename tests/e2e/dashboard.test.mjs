@@ -1,5 +1,6 @@
 // Drives tau's dashboard in headless Chromium (the system browser, through playwright-core).
-//   node dashboard.test.mjs --url http://127.0.0.1:PORT --train RUN --pending RUN [--screenshots DIR]
+//   node dashboard.test.mjs --url http://127.0.0.1:PORT --token TOKEN --train RUN --pending RUN
+//                           [--screenshots DIR]
 // `train` is a run that writes loss points and succeeds; `pending` is a run that waits for quota.
 // Exits non-zero on the first failed check; prints one line per check.
 import { chromium } from "playwright-core";
@@ -10,11 +11,11 @@ const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
   if (a.startsWith("--")) acc.push([a.slice(2), all[i + 1]]);
   return acc;
 }, []));
-const url = args.url, train = args.train, pending = args.pending;
+const url = args.url, train = args.train, pending = args.pending, token = args.token;
 const shots = args.screenshots || "";
 const browserPath = process.env.CHROMIUM || "/usr/bin/chromium";
-if (!url || !train || !pending) {
-  console.error("usage: dashboard.test.mjs --url URL --train RUN --pending RUN [--screenshots DIR]");
+if (!url || !train || !pending || !token) {
+  console.error("usage: dashboard.test.mjs --url URL --token TOKEN --train RUN --pending RUN [--screenshots DIR]");
   process.exit(2);
 }
 if (shots) fs.mkdirSync(shots, { recursive: true });
@@ -32,6 +33,20 @@ try {
   const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
   const errors = [];
   page.on("pageerror", (e) => errors.push(String(e)));
+
+  // Signed out, the page asks for a token; a wrong one is refused with the server's message, the
+  // right one signs in (an HttpOnly cookie the page cannot read).
+  await page.goto(`${url}/#/runs`);
+  await page.waitForSelector("#signin", { timeout: 15000 });
+  await page.fill("#signin input[name=token]", "tau_wrong");
+  await page.click("#signin button");
+  await page.waitForFunction(() => /unknown API token/.test(document.getElementById("signin-error").textContent), null, { timeout: 10000 });
+  ok("a wrong token is refused");
+  await page.fill("#signin input[name=token]", token);
+  await page.click("#signin button");
+  await page.waitForSelector("#who:not(:empty)", { timeout: 15000 });
+  if (await page.evaluate(() => document.cookie.includes("tau_session"))) throw new Error("the session cookie is readable by scripts");
+  ok("signed in with a token");
 
   // The runs list shows both runs, and the live badge says the event stream is connected.
   await page.goto(`${url}/#/runs`);

@@ -43,9 +43,10 @@ def spec(name, gpus, args=()):
             f"{arglist}\ncompute:\n  gpus: {gpus}\n  cpus: 1\n  memory: 256Mi\n")
 
 
-def sse_events(url, timeout=20):
+def sse_events(url, token, timeout=20):
     """Yields the events (type, data) of a text/event-stream as they come."""
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
         assert r.headers["Content-Type"].startswith("text/event-stream"), r.headers["Content-Type"]
         kind, data = None, ""
         for raw in r:
@@ -63,8 +64,11 @@ class DashboardTest(unittest.TestCase):
     def setUp(self):
         self.port = free_port()
         # One fake GPU: a run holding it makes a second GPU run wait, with a reason.
-        self.server = TauServer(gpus=1, extra_args=["--listen", f"127.0.0.1:{self.port}"]).start()
+        self.server = TauServer(gpus=1, extra_args=["--listen", f"127.0.0.1:{self.port}", "--insecure-listen"]).start()
         self.url = f"http://127.0.0.1:{self.port}"
+        # Over TCP the API needs a token; the page signs in with it (the server's own user's).
+        self.token = self.server.tau("admin", "token", "create", "--description", "dashboard",
+                                     check=0).stdout.strip()
         self.work = tempfile.mkdtemp(prefix="tau-it-dash-")
         self.release = os.path.join(self.work, "release")
 
@@ -84,7 +88,9 @@ class DashboardTest(unittest.TestCase):
         return self.server.tau("run", "--detach", os.path.join(d, "tau.yaml"), check=0).stdout.strip()
 
     def get(self, path):
-        with urllib.request.urlopen(self.url + path, timeout=10) as r:
+        req = urllib.request.Request(self.url + path,
+                                     headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, r.headers["Content-Type"], r.read()
 
     def test_assets_are_served_from_the_binary(self):
@@ -104,7 +110,7 @@ class DashboardTest(unittest.TestCase):
 
     def test_event_stream_and_cli_watch(self):
         # The stream opens with hello and the queue view, then reports changes as they happen.
-        stream = sse_events(self.url + "/api/v1/events")
+        stream = sse_events(self.url + "/api/v1/events", self.token)
         first = [next(stream), next(stream)]
         self.assertEqual([k for k, _ in first], ["hello", "queues"])
         self.assertIn("queues", first[1][1])
@@ -144,7 +150,8 @@ class DashboardTest(unittest.TestCase):
                  what="the waiting run's reason")
         shots = os.environ.get("TAU_SCREENSHOT_DIR") or os.path.join(self.work, "shots")
         p = subprocess.run(["node", os.path.join(E2E, "dashboard.test.mjs"), "--url", self.url,
-                            "--train", train, "--pending", waiter, "--screenshots", shots],
+                            "--train", train, "--pending", waiter, "--screenshots", shots,
+                            "--token", self.token],
                            capture_output=True, text=True, timeout=180,
                            env=dict(os.environ, CHROMIUM=CHROMIUM))
         print(p.stdout, p.stderr)

@@ -8,6 +8,7 @@ import subprocess
 import tempfile
 import time
 import unittest
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -18,8 +19,11 @@ PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 
 
-def http_get(url, timeout=5):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+def http_get(url, timeout=5, token=None):
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
         return r.read().decode()
 
 
@@ -28,13 +32,21 @@ class PrometheusTest(ServerTestCase):
     def setUp(self):
         self.port = free_port()
         # Two test GPUs (the stand-in NVML), so the GPU families are exported too.
-        self.server = TauServer(gpus=2, extra_args=["--listen", f"127.0.0.1:{self.port}"]).start()
+        self.server = TauServer(gpus=2, extra_args=["--listen", f"127.0.0.1:{self.port}", "--insecure-listen"]).start()
         self.work = tempfile.mkdtemp(prefix="tau-it-code-")
         self.prom_dir = tempfile.mkdtemp(prefix="tau-it-prom-")
         self.prom_port = free_port()
+        # /metrics needs a platform viewer's or an admin's token: the server's own user's here.
+        self.token = self.server.tau("admin", "token", "create", "--description", "prometheus",
+                                     check=0).stdout.strip()
+        token_file = os.path.join(self.prom_dir, "token")
+        with open(token_file, "w") as f:
+            f.write(self.token)
         with open(os.path.join(self.prom_dir, "prometheus.yml"), "w") as f:
             f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-                    "scrape_configs:\n  - job_name: tau\n    static_configs:\n"
+                    "scrape_configs:\n  - job_name: tau\n"
+                    f"    authorization:\n      credentials_file: {token_file}\n"
+                    "    static_configs:\n"
                     f"      - targets: ['127.0.0.1:{self.port}']\n")
         with open(os.path.join(self.prom_dir, "log"), "w") as log:
             self.prom = subprocess.Popen(
@@ -64,7 +76,10 @@ class PrometheusTest(ServerTestCase):
         return float(result[0]["value"][1]) if result else None
 
     def test_promql_answers_match_what_happened(self):
-        metrics = http_get(f"http://127.0.0.1:{self.port}/metrics")
+        with self.assertRaises(urllib.error.HTTPError) as denied:
+            http_get(f"http://127.0.0.1:{self.port}/metrics")  # no token: 401
+        self.assertEqual(denied.exception.code, 401)
+        metrics = http_get(f"http://127.0.0.1:{self.port}/metrics", token=self.token)
         check = subprocess.run([PROMTOOL, "check", "metrics"], input=metrics, capture_output=True,
                                text=True)
         self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
@@ -100,7 +115,7 @@ class PrometheusTest(ServerTestCase):
         repo = os.path.join(os.path.dirname(__file__), "..", "..")
         dashboard = json.load(open(os.path.join(repo, "deploy/grafana/tau-dashboard.json")))
         exported = {line.split()[2] for line in http_get(
-            f"http://127.0.0.1:{self.port}/metrics").splitlines() if line.startswith("# TYPE")}
+            f"http://127.0.0.1:{self.port}/metrics", token=self.token).splitlines() if line.startswith("# TYPE")}
         for panel in dashboard["panels"]:
             for target in panel["targets"]:
                 names = set(re.findall(r"\b((?:tau|DCGM)_[A-Za-z0-9_]+?)(?:_bucket|_count|_sum)?\b",

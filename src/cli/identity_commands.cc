@@ -1,0 +1,331 @@
+// `tau login|logout|whoami`, `tau admin token ...|audit`, `tau secret ...`: identity on the
+// client. The client config (config.json, mode 0600) remembers a server address, its token and
+// its CA file, so that `tau login` once is enough.
+#include <sys/stat.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include "auth/auth.h"
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "cli/connect.h"
+#include "common/clock.h"
+#include "common/files.h"
+#include "common/strings.h"
+
+namespace tau::cli {
+namespace {
+
+using nlohmann::json;
+
+// Reads a secret from stdin without echoing it on a terminal; one line, trailing newline removed.
+std::string ReadSecretLine(const char* prompt) {
+  bool tty = ::isatty(STDIN_FILENO);
+  termios old{};
+  if (tty) {
+    std::fprintf(stderr, "%s", prompt);
+    ::tcgetattr(STDIN_FILENO, &old);
+    termios quiet = old;
+    quiet.c_lflag &= ~static_cast<tcflag_t>(ECHO);
+    ::tcsetattr(STDIN_FILENO, TCSANOW, &quiet);
+  }
+  std::string line;
+  std::getline(std::cin, line);
+  if (tty) {
+    ::tcsetattr(STDIN_FILENO, TCSANOW, &old);
+    std::fprintf(stderr, "\n");
+  }
+  return std::string(Trim(line));
+}
+
+std::string ReadAllStdin() {
+  std::string out((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+  return out;
+}
+
+Result<json> Call(const Global& g, const std::string& method, const std::string& path,
+                  const std::string& body = "") {
+  TAU_ASSIGN_OR_RETURN(auto conn, ConnectToServer(g.server));
+  return CallJson(*conn, method, path, body);
+}
+
+std::string OrDash(const json& j, const char* key) {
+  return j.contains(key) && j[key].is_string() && !j[key].get<std::string>().empty()
+             ? j[key].get<std::string>()
+             : "-";
+}
+
+}  // namespace
+
+int CmdLogin(const Global& g, const std::string& server, const std::string& ca_file,
+             bool token_stdin) {
+  std::string address = server.empty() ? g.server : server;
+  if (address.empty())
+    return Fail("which server? `tau login https://HOST:PORT` (the local socket needs no login)");
+  std::string token = token_stdin || !::isatty(STDIN_FILENO) ? std::string(Trim(ReadAllStdin()))
+                                                             : ReadSecretLine("API token: ");
+  if (token.empty())
+    return Fail("no token given (paste the token `tau admin token create` printed)");
+  ClientConfig config = LoadClientConfig();
+  ServerEntry entry;
+  entry.token = token;
+  entry.ca_file = ca_file.empty() ? config.servers[address].ca_file : ca_file;
+  if (!entry.ca_file.empty()) entry.ca_file = std::filesystem::absolute(entry.ca_file).string();
+  auto conn = ConnectWith(address, entry);
+  if (!conn.ok()) return Fail(conn.status().message());
+  auto me = CallJson(**conn, "GET", "/api/v1/whoami");
+  if (!me.ok()) return Fail(me.status().message());
+  config.servers[address] = entry;
+  config.current = address;
+  if (Status s = SaveClientConfig(config); !s.ok()) return Fail(s.message());
+  std::printf("signed in to %s as %s; saved in %s\n", address.c_str(),
+              me->value("user", "").c_str(), ClientConfigPath().c_str());
+  return 0;
+}
+
+int CmdLogout(const Global& g, const std::string& server) {
+  ClientConfig config = LoadClientConfig();
+  std::string address = !server.empty() ? server : !g.server.empty() ? g.server : config.current;
+  if (address.empty() || config.servers.erase(address) == 0)
+    return Fail(fmt::format("not signed in to {}", address.empty() ? "any server" : address));
+  if (config.current == address) config.current.clear();
+  if (Status s = SaveClientConfig(config); !s.ok()) return Fail(s.message());
+  std::printf("signed out of %s\n", address.c_str());
+  return 0;
+}
+
+int CmdWhoami(const Global& g, Format format) {
+  auto me = Call(g, "GET", "/api/v1/whoami");
+  if (!me.ok()) return Fail(me.status().message());
+  if (format != Format::kTable) {
+    PrintJson(*me);
+    return 0;
+  }
+  std::vector<std::string> groups;
+  for (const auto& x : (*me)["groups"]) groups.push_back(x.get<std::string>());
+  std::printf("user:     %s (%s%s)\n", me->value("user", "").c_str(), me->value("via", "").c_str(),
+              me->value("token_id", "").empty() ? "" : (" " + me->value("token_id", "")).c_str());
+  std::printf("groups:   %s\n", groups.empty() ? "-" : Join(groups, ", ").c_str());
+  std::printf("platform: %s\n", me->value("admin", false)             ? "admin"
+                                : me->value("platform_viewer", false) ? "viewer"
+                                                                      : "-");
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& w : (*me)["workspaces"])
+    rows.push_back({w.value("name", ""), w.value("role", "")});
+  PrintTable({"WORKSPACE", "ROLE"}, rows);
+  return 0;
+}
+
+int CmdTokenCreate(const Global& g, const std::string& user, const std::vector<std::string>& groups,
+                   const std::string& expires_in, const std::string& description) {
+  json body = {{"user", user}, {"groups", groups}, {"description", description}};
+  if (!expires_in.empty()) body["expires_in"] = expires_in;
+  auto made = Call(g, "POST", "/api/v1/tokens", body.dump());
+  if (!made.ok()) return Fail(made.status().message());
+  // The token alone on stdout (scripts capture it); the advice on stderr.
+  std::printf("%s\n", made->value("token", "").c_str());
+  std::fprintf(stderr,
+               "token %s for user '%s'%s; it is shown only now. Sign in with: tau login SERVER\n",
+               made->value("id", "").c_str(), made->value("user", "").c_str(),
+               (*made)["expires"].is_string()
+                   ? (", expires " + (*made)["expires"].get<std::string>()).c_str()
+                   : "");
+  return 0;
+}
+
+int CmdTokenList(const Global& g, const std::string& user, Format format) {
+  auto got = Call(g, "GET", "/api/v1/tokens" + (user.empty() ? "" : "?user=" + user));
+  if (!got.ok()) return Fail(got.status().message());
+  if (format != Format::kTable) {
+    PrintJson(*got);
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& t : (*got)["tokens"]) {
+    std::vector<std::string> groups;
+    for (const auto& x : t["groups"]) groups.push_back(x.get<std::string>());
+    rows.push_back({t.value("id", ""), t.value("user", ""),
+                    groups.empty() ? "-" : Join(groups, ","), OrDash(t, "created"),
+                    OrDash(t, "expires"), OrDash(t, "revoked"), OrDash(t, "description")});
+  }
+  PrintTable({"ID", "USER", "GROUPS", "CREATED", "EXPIRES", "REVOKED", "DESCRIPTION"}, rows);
+  return 0;
+}
+
+int CmdTokenRevoke(const Global& g, const std::string& id) {
+  auto got = Call(g, "DELETE", "/api/v1/tokens/" + id);
+  if (!got.ok()) return Fail(got.status().message());
+  std::printf("revoked token %s\n", id.c_str());
+  return 0;
+}
+
+int CmdTokenHash() {
+  std::string token =
+      ::isatty(STDIN_FILENO) ? ReadSecretLine("API token: ") : std::string(Trim(ReadAllStdin()));
+  if (token.empty()) return Fail("no token on stdin");
+  std::printf("%s\n", auth::TokenDigest(token).c_str());
+  return 0;
+}
+
+int CmdAudit(const Global& g, int limit, Format format) {
+  auto got = Call(g, "GET", fmt::format("/api/v1/audit?limit={}", limit));
+  if (!got.ok()) return Fail(got.status().message());
+  if (format != Format::kTable) {
+    PrintJson(*got);
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& a : (*got)["audit"])
+    rows.push_back({a.value("time", ""),
+                    a.value("user", "").empty() ? "(anonymous)" : a.value("user", ""),
+                    a.value("action", ""), std::to_string(a.value("status", 0)),
+                    a.value("method", "") + " " + a.value("path", ""), a.value("detail", "")});
+  PrintTable({"TIME", "USER", "ACTION", "STATUS", "REQUEST", "DETAIL"}, rows);
+  return 0;
+}
+
+int CmdSecretSet(const Global& g, const std::string& workspace, const std::string& key,
+                 const std::string& from_file) {
+  std::string value;
+  if (!from_file.empty()) {
+    auto text = ReadFile(from_file);
+    if (!text.ok()) return Fail(text.status().message());
+    value = *text;
+  } else if (::isatty(STDIN_FILENO)) {
+    value = ReadSecretLine(fmt::format("value of {}/{}: ", workspace, key).c_str());
+  } else {
+    value = ReadAllStdin();
+    if (!value.empty() && value.back() == '\n') value.pop_back();  // `echo x |` adds one
+  }
+  json body = {{"value", value}};
+  auto got =
+      Call(g, "PUT", fmt::format("/api/v1/workspaces/{}/secrets/{}", workspace, key), body.dump());
+  if (!got.ok()) return Fail(got.status().message());
+  std::printf("set secret %s in workspace %s (%zu bytes); use it as SECRET:%s in runtime.env\n",
+              key.c_str(), workspace.c_str(), value.size(), key.c_str());
+  return 0;
+}
+
+int CmdSecretList(const Global& g, const std::string& workspace, Format format) {
+  auto got = Call(g, "GET", fmt::format("/api/v1/workspaces/{}/secrets", workspace));
+  if (!got.ok()) return Fail(got.status().message());
+  if (format != Format::kTable) {
+    PrintJson(*got);
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& s : (*got)["secrets"])
+    rows.push_back({s.value("key", ""), std::to_string(s.value("size", 0)), s.value("updated", ""),
+                    s.value("updated_by", "")});
+  PrintTable({"KEY", "BYTES", "UPDATED", "BY"}, rows);
+  return 0;
+}
+
+int CmdSecretDelete(const Global& g, const std::string& workspace, const std::string& key) {
+  auto got = Call(g, "DELETE", fmt::format("/api/v1/workspaces/{}/secrets/{}", workspace, key));
+  if (!got.ok()) return Fail(got.status().message());
+  std::printf("deleted secret %s from workspace %s\n", key.c_str(), workspace.c_str());
+  return 0;
+}
+
+void RegisterIdentityCommands(CLI::App* app, const Global* g, int* rc) {
+  // Owned by the callbacks, which outlive this function (CLI11 runs them during parse()).
+  struct Args {
+    std::string server, ca_file, user, expires, description, workspace, key, from_file, id,
+        output = "table";
+    std::vector<std::string> groups;
+    bool token_stdin = false;
+    int limit = 50;
+  };
+  auto a = std::make_shared<Args>();
+  auto format = [a, rc]() {
+    Format f;
+    if (!ParseFormat(a->output, &f)) {
+      *rc = Fail("unknown output format '" + a->output + "' (table, json or yaml)");
+      return std::optional<Format>();
+    }
+    return std::optional<Format>(f);
+  };
+  auto add_output = [a](CLI::App* cmd) {
+    cmd->add_option("-o,--output", a->output, "Output format: table or json");
+  };
+
+  auto* login = app->add_subcommand(
+      "login", "Sign in to a tau server with an API token (read from the terminal or stdin)");
+  login->add_option("server", a->server, "https://HOST:PORT (default: --server)");
+  login->add_option("--ca-file", a->ca_file, "CA certificate that signed the server's");
+  login->add_flag("--token-stdin", a->token_stdin, "Read the token from stdin");
+  login->callback([=] { *rc = CmdLogin(*g, a->server, a->ca_file, a->token_stdin); });
+  auto* logout = app->add_subcommand("logout", "Forget a server's token");
+  logout->add_option("server", a->server, "default: the current server");
+  logout->callback([=] { *rc = CmdLogout(*g, a->server); });
+  auto* whoami = app->add_subcommand("whoami", "Who the server thinks you are, and your roles");
+  add_output(whoami);
+  whoami->callback([=] {
+    if (auto f = format()) *rc = CmdWhoami(*g, *f);
+  });
+
+  auto* admin = app->add_subcommand("admin", "Administration: API tokens, the audit trail");
+  admin->require_subcommand(1);
+  auto* token = admin->add_subcommand("token", "API tokens");
+  token->require_subcommand(1);
+  auto* create = token->add_subcommand(
+      "create", "Create an API token (printed once; only its digest is kept)");
+  create->add_option("--user", a->user, "Whose token (default: yours; others: admins only)");
+  create->add_option("--group", a->groups, "A group the token's user is in (repeatable)");
+  create->add_option("--expires", a->expires, "Lifetime, e.g. 12h or 90d (default: none)");
+  create->add_option("--description", a->description, "What the token is for");
+  create->callback(
+      [=] { *rc = CmdTokenCreate(*g, a->user, a->groups, a->expires, a->description); });
+  auto* list = token->add_subcommand("list", "List tokens (admins: all, or --user)");
+  list->add_option("--user", a->user, "Only this user's");
+  add_output(list);
+  list->callback([=] {
+    if (auto f = format()) *rc = CmdTokenList(*g, a->user, *f);
+  });
+  auto* revoke = token->add_subcommand("revoke", "Revoke a token by id");
+  revoke->add_option("id", a->id, "The id `tau admin token list` shows")->required();
+  revoke->callback([=] { *rc = CmdTokenRevoke(*g, a->id); });
+  auto* hash = token->add_subcommand(
+      "hash", "Print a token's SHA-256 (stdin) for platform.yaml users[].token_sha256");
+  hash->callback([=] { *rc = CmdTokenHash(); });
+  auto* audit = admin->add_subcommand("audit", "The audit trail: denials and policy changes");
+  audit->add_option("--limit", a->limit, "How many records (newest first)")
+      ->check(CLI::Range(1, 10000));
+  add_output(audit);
+  audit->callback([=] {
+    if (auto f = format()) *rc = CmdAudit(*g, a->limit, *f);
+  });
+
+  auto* secret = app->add_subcommand("secret", "Workspace secrets, for SECRET:KEY in runtime.env");
+  secret->require_subcommand(1);
+  auto* set = secret->add_subcommand(
+      "set", "Set a secret; the value comes from the terminal, stdin or --from-file, never argv");
+  set->add_option("workspace", a->workspace, "Workspace")->required();
+  set->add_option("key", a->key, "Key")->required();
+  set->add_option("--from-file", a->from_file, "Read the value from this file");
+  set->callback([=] { *rc = CmdSecretSet(*g, a->workspace, a->key, a->from_file); });
+  auto* slist = secret->add_subcommand("list", "A workspace's secret keys (never values)");
+  slist->add_option("workspace", a->workspace, "Workspace")->required();
+  add_output(slist);
+  slist->callback([=] {
+    if (auto f = format()) *rc = CmdSecretList(*g, a->workspace, *f);
+  });
+  auto* sdel = secret->add_subcommand("delete", "Delete a secret");
+  sdel->add_option("workspace", a->workspace, "Workspace")->required();
+  sdel->add_option("key", a->key, "Key")->required();
+  sdel->callback([=] { *rc = CmdSecretDelete(*g, a->workspace, a->key); });
+}
+
+}  // namespace tau::cli

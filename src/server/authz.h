@@ -1,0 +1,85 @@
+// Authentication and authorization at the API's edge. Every route is registered through a
+// SecureRouter with the access it needs, so no route can be added without a decision; the
+// decisions themselves are auth's (src/auth/auth.h), made against the platform in force.
+//
+// Callers prove who they are with the Unix socket's peer credentials (SO_PEERCRED) or an API token
+// (`Authorization: Bearer TOKEN`, or the dashboard's `tau_session` cookie); a token wins over the
+// socket's identity. A TCP caller without a token is anonymous and may reach only public routes.
+// An unknown, expired or revoked token is 401; a known caller without the role is 403; both are
+// audited.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "auth/auth.h"
+#include "server/controller.h"
+#include "server/http.h"
+#include "store/store.h"
+
+namespace tau::server {
+
+enum class Access {
+  kPublic,        // anyone, also anonymous: health probes, the dashboard's static files
+  kSignedIn,      // any known caller; the handler may narrow what it shows
+  kPlatformRead,  // admins and platform viewers: metrics, the audit trail's readers
+  kAdmin,         // platform admins: policy, health checks, tokens of others
+  kRunRead,       // viewer or more of the workspace of the run named by the route's first group
+  kRunWrite,      // researcher or more of that workspace
+};
+const char* AccessName(Access access);
+
+// What a handler knows about its caller.
+struct CallerContext {
+  auth::Identity who;
+  std::shared_ptr<const policy::Platform> platform;
+
+  bool IsAdmin() const { return auth::IsAdmin(*platform, who); }
+  auth::Role RoleIn(const std::string& workspace) const {
+    return auth::WorkspaceRole(*platform, who, workspace);
+  }
+  // The workspaces whose runs the caller may read; nullopt when they may read every one.
+  std::optional<std::vector<std::string>> VisibleWorkspaces() const;
+};
+
+using SecureHandler =
+    std::function<void(const HttpRequest&, HttpResponse&, const CallerContext& caller)>;
+
+class SecureRouter {
+ public:
+  SecureRouter(HttpServer* http, Controller* controller, store::Store* store)
+      : http_(http), controller_(controller), store_(store) {}
+
+  void Route(const std::string& method, const std::string& pattern, Access access,
+             SecureHandler handler);
+  // For handlers that do not need to know the caller.
+  void Route(const std::string& method, const std::string& pattern, Access access,
+             HttpHandler handler);
+
+  // Who the caller is; Unauthenticated for a bad token.
+  Result<auth::Identity> Authenticate(const HttpRequest& req) const;
+  // Records a decision in the audit trail (and the server's log for denials).
+  void Audit(const HttpRequest& req, const auth::Identity& who, int status,
+             const std::string& action, const std::string& detail) const;
+  // Answers 403 with `why` and audits it.
+  void Deny(const HttpRequest& req, HttpResponse& res, const auth::Identity& who,
+            const std::string& why) const;
+
+  HttpServer* http() const { return http_; }
+
+ private:
+  HttpServer* http_;
+  Controller* controller_;
+  store::Store* store_;
+};
+
+// The bearer token of a request (header or cookie); "" when none.
+std::string BearerToken(const HttpRequest& req);
+
+// Removes what the caller may not see from a queue view: runs of other workspaces keep their
+// place in line but lose their names.
+nlohmann::json FilterQueues(nlohmann::json queues, const CallerContext& caller);
+
+}  // namespace tau::server

@@ -1,0 +1,33 @@
+// Masks secret values in text a run printed, as tau serves it (logs over the API and the
+// dashboard): each occurrence becomes "***". Streams arrive in pieces, so the last bytes that could
+// begin a secret are held back until the next piece or the end.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace tau::server {
+
+class Redactor {
+ public:
+  // Values shorter than kMinSecretBytes are not masked: masking "1" would garble every log.
+  static constexpr size_t kMinSecretBytes = 3;
+  explicit Redactor(std::vector<std::string> secrets);
+
+  bool empty() const { return secrets_.empty(); }
+  // The text that can be released now; `flush` releases everything held back.
+  std::string Feed(std::string_view data, bool flush);
+
+ private:
+  std::vector<std::string> secrets_;  // longest first, so a secret inside another is masked whole
+  size_t hold_ = 0;                   // the longest secret's length - 1
+  std::string pending_;
+};
+
+// The secret keys a run's env refers to, from its spec JSON ({"secret_ref": KEY} values).
+std::vector<std::string> SecretKeysOf(const nlohmann::json& spec_json);
+
+}  // namespace tau::server
