@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/status.h"
+
 namespace tau::server {
 
 class Redactor {
@@ -18,6 +20,7 @@ class Redactor {
   explicit Redactor(std::vector<std::string> secrets);
 
   bool empty() const { return secrets_.empty(); }
+  bool masked_any() const { return masked_any_; }
   // The text that can be released now; `flush` releases everything held back.
   std::string Feed(std::string_view data, bool flush);
 
@@ -25,7 +28,12 @@ class Redactor {
   std::vector<std::string> secrets_;  // longest first, so a secret inside another is masked whole
   size_t hold_ = 0;                   // the longest secret's length - 1
   std::string pending_;
+  bool masked_any_ = false;
 };
+
+// Rewrites a file with its secrets masked (through a temporary file and a rename), when it holds
+// any; a missing file is fine. Streams: logs may be large.
+Status RedactFile(const std::string& path, const std::vector<std::string>& secrets);
 
 // The secret keys a run's env refers to, from its spec JSON ({"secret_ref": KEY} values).
 std::vector<std::string> SecretKeysOf(const nlohmann::json& spec_json);

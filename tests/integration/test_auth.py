@@ -412,6 +412,21 @@ class AuthTest(unittest.TestCase):
         answers.append(self.server.server_log())
         for text in answers:
             self.assertNotIn(SECRET_VALUE, text)
+        # Stored logs were masked when the attempt ended, so the evidence bundle (hashed logs) and the
+        # files on the server's disk hold no secret either.
+        import glob
+        import gzip
+        logs_on_disk = glob.glob(os.path.join(self.server.home, "runs", self.vision_run, "**",
+                                              "rank-0.log"), recursive=True)
+        self.assertTrue(logs_on_disk)
+        for path in logs_on_disk:
+            text = open(path).read()
+            self.assertIn("key is ***", text)
+            self.assertNotIn(SECRET_VALUE, text)
+        bundle = os.path.join(self.work, "bundle.tar.gz")
+        self.server.tau("evidence", "export", self.vision_run, "-o", bundle, check=0)
+        self.assertNotIn(SECRET_VALUE.encode(), gzip.open(bundle).read())
+        self.server.tau("evidence", "verify", bundle, check=0)
         listed = json.loads(self.call("alice", "GET", "/api/v1/workspaces/vision/secrets")[2])
         by_key = {s["key"]: s for s in listed["secrets"]}
         self.assertEqual(by_key["api-key"]["size"], len(SECRET_VALUE))
