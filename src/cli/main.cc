@@ -77,6 +77,8 @@ int Main(int argc, char** argv) {
   server->add_flag(
       "--insecure-listen", sopts.insecure_listen,
       "Allow a plaintext TCP listener on a loopback address (tests, local Prometheus)");
+  server->add_option("--platform", sopts.platform_source,
+                     "Apply this platform.yaml at start (validated; a bad file stops the server)");
   server->add_flag("--shared-socket", sopts.shared_socket,
                    "Let every local user connect to the Unix socket (mode 0666): a multi-user "
                    "machine; callers are known by the kernel, runs run as their submitter");

@@ -672,6 +672,18 @@ void FakeApiServer::HandlePatch(const Target& target, const server::HttpRequest&
     return;
   }
   const json current = it->second;
+  // A resourceVersion in the patch is a precondition, as in the API server: a stale one is a 409
+  // Conflict (clients send it when a patch replaces a list whole, such as a node's taints).
+  std::string sent_rv = patch.contains("metadata") && patch["metadata"].is_object()
+                            ? patch["metadata"].value("resourceVersion", "")
+                            : "";
+  if (!sent_rv.empty() && sent_rv != current["metadata"].value("resourceVersion", "")) {
+    Fail(res, 409, "Conflict",
+         fmt::format("Operation cannot be fulfilled on {} \"{}\": the object has been modified; "
+                     "please apply your changes to the latest version and try again",
+                     target.resource, target.name));
+    return;
+  }
   json updated = current;
   if (target.subresource == "status") {
     json status = updated.value("status", json::object());

@@ -20,6 +20,7 @@
 #include "common/files.h"
 #include "evidence/evidence.h"
 #include "health/health.h"
+#include "policy/policy.h"
 #include "server/api.h"
 #include "server/controller.h"
 #include "server/http.h"
@@ -109,6 +110,19 @@ Status CheckListenerPolicy(const ServerOptions& options, const std::string& host
 
 }  // namespace
 
+// `--platform FILE` (a ConfigMap on Kubernetes): the file becomes the applied platform at start,
+// as `tau platform apply` would make it, unless it already is. A bad file stops the server: running
+// with another policy than the one the operator gave would be worse.
+static Status AdoptPlatformFile(const std::string& source, const std::string& applied) {
+  TAU_ASSIGN_OR_RETURN(std::string yaml, ReadFile(source));
+  policy::PlatformOutcome parsed = policy::ParsePlatform(yaml, source);
+  if (!parsed.ok()) return InvalidArgument(parsed.ErrorText());
+  if (auto current = ReadFile(applied); current.ok() && *current == yaml) return Status::Ok();
+  TAU_RETURN_IF_ERROR(WriteFileAtomic(applied, yaml, 0600));
+  nlohmann::json meta = {{"source", source}, {"applied_ms", NowMillis()}};
+  return WriteFileAtomic(applied + ".applied", meta.dump() + "\n", 0600);
+}
+
 int RunServer(const ServerOptions& options) {
   auto log = [&](const std::string& line) {
     if (!options.quiet) std::fprintf(stderr, "tau server: %s\n", line.c_str());
@@ -140,6 +154,13 @@ int RunServer(const ServerOptions& options) {
   }
   for (const char* sub : {"/runs", "/snapshots", "/venvs"})
     (void)MakeDirs(options.home + sub, 0700);
+  if (!options.platform_source.empty()) {
+    if (Status s = AdoptPlatformFile(options.platform_source, options.home + "/platform.yaml");
+        !s.ok()) {
+      log(s.message());
+      return 2;
+    }
+  }
   auto store = store::Store::Open(options.home + "/tau.db");
   if (!store.ok()) {
     log(store.status().ToString());

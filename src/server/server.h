@@ -29,6 +29,8 @@ struct ServerOptions {
   // The Unix socket is mode 0600 (only the server's user) unless shared (0666): on a multi-user
   // machine each caller is still known by its peer credentials, and roles decide the rest.
   bool shared_socket = false;
+  // A platform file to apply at start (`tau server --platform FILE`); "" keeps the applied one.
+  std::string platform_source;
 };
 
 // Runs until SIGTERM or SIGINT. Attempts that are running keep running and are re-adopted by the

@@ -7,7 +7,9 @@ import os
 import tempfile
 import unittest
 
-from harness import ServerTestCase, wait_for
+import subprocess
+
+from harness import TAU, ServerTestCase, TauServer, wait_for
 
 USER = getpass.getuser()
 
@@ -145,6 +147,26 @@ class QueueTest(ServerTestCase):
         self.server.start()
         shown = json.loads(self.server.tau("platform", "show", "-o", "json", check=0).stdout)
         self.assertEqual(shown["source"], self.platform_file)
+
+    def test_server_platform_flag(self):
+        # `tau server --platform FILE` (the Helm chart's ConfigMap) applies the file at start.
+        self.server.stop()
+        self.server = TauServer(gpus=self.gpus, extra_args=["--platform", self.platform_file])
+        self.server.start()
+        shown = json.loads(self.server.tau("platform", "show", "-o", "json", check=0).stdout)
+        self.assertEqual(shown["source"], self.platform_file)
+        self.assertEqual([q["name"] for q in shown["platform"]["queues"]], ["vision", "speech"])
+        # A bad file stops the server at start with its file:line:col.
+        self.server.stop()
+        bad = self.platform_file + ".bad.yaml"
+        with open(bad, "w") as f:
+            f.write(PLATFORM.replace("nominal: 64", "nominal: lots", 1))
+        self.server = TauServer(gpus=self.gpus)
+        p = subprocess.run([TAU, "server", "--home", self.server.home, "--platform", bad],
+                           env=self.server.env, capture_output=True, text=True, timeout=30)
+        os.unlink(bad)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertRegex(p.stderr, r"\.bad\.yaml:\d+:\d+: error: .*lots")
 
     def test_two_workspaces_share_the_machine_and_quotas_hold(self):
         self.apply()
