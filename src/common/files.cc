@@ -18,6 +18,11 @@ Status ReadFileChunks(const std::string& path, const std::function<void(std::str
     if (errno == ENOENT) return NotFound("no such file: " + path);
     return IoError("cannot open " + path, errno);
   }
+  return ReadChunksAndClose(fd, path, chunk);
+}
+
+Status ReadChunksAndClose(int fd, const std::string& path,
+                          const std::function<void(std::string_view)>& chunk) {
   char buf[65536];
   while (true) {
     ssize_t n = ::read(fd, buf, sizeof buf);

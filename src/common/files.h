@@ -12,6 +12,9 @@ namespace tau {
 Result<std::string> ReadFile(const std::string& path);
 // Reads a file in chunks, handing each to `chunk` (for hashing or copying without holding it all).
 Status ReadFileChunks(const std::string& path, const std::function<void(std::string_view)>& chunk);
+// Reads an open file to its end in chunks, then closes it; `path` is for messages.
+Status ReadChunksAndClose(int fd, const std::string& path,
+                          const std::function<void(std::string_view)>& chunk);
 enum class Durability {
   kSynced,        // fsync the file and its directory: survives a crash of the machine
   kProcessCrash,  // no fsync: survives a crash of any process (the page cache outlives it), not of

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "common/files.h"
 #include "common/strings.h"
 #include "evidence/internal.h"
 
@@ -105,20 +106,7 @@ Result<int> OpenRunFile(const std::string& path) {
 Status ReadRunFileChunks(const std::string& path,
                          const std::function<void(std::string_view)>& chunk) {
   TAU_ASSIGN_OR_RETURN(int fd, OpenRunFile(path));
-  char buf[65536];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      return IoError("cannot read " + path, err);
-    }
-    if (n == 0) break;
-    chunk(std::string_view(buf, static_cast<size_t>(n)));
-  }
-  ::close(fd);
-  return Status::Ok();
+  return ReadChunksAndClose(fd, path, chunk);
 }
 
 bool IsTemporaryName(std::string_view name) {

@@ -12,11 +12,9 @@
 #include <cstring>
 
 #include "common/files.h"
+#include "common/users.h"
 #include "runtime/proc.h"
 #include "runtime/runtime.h"
-
-#include <grp.h>
-#include <pwd.h>
 
 extern char** environ;
 
@@ -312,24 +310,8 @@ SupervisorState ProbeSupervisor(const std::string& attempt_dir, ProcessId* live)
 }
 
 Result<AttemptConfig::RunAs> LookUpUser(const std::string& name) {
-  std::vector<char> buf(16384);
-  struct passwd pw {};
-  struct passwd* found = nullptr;
-  if (::getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr)
-    return NotFound("no system user '" + name + "'");
-  AttemptConfig::RunAs r;
-  r.uid = pw.pw_uid;
-  r.gid = pw.pw_gid;
-  r.user = name;
-  int n = 64;
-  std::vector<gid_t> gids(static_cast<size_t>(n));
-  if (::getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n) < 0) {
-    gids.resize(static_cast<size_t>(n));
-    (void)::getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n);
-  }
-  gids.resize(static_cast<size_t>(std::max(n, 0)));
-  r.groups.assign(gids.begin(), gids.end());
-  return r;
+  TAU_ASSIGN_OR_RETURN(SystemUser user, LookUpUserByName(name));
+  return AttemptConfig::RunAs{user.uid, user.gid, user.gids, user.name};
 }
 
 }  // namespace tau::runtime

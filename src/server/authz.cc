@@ -1,7 +1,5 @@
 #include "server/authz.h"
 
-#include <grp.h>
-#include <pwd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +10,7 @@
 
 #include "common/clock.h"
 #include "common/strings.h"
+#include "common/users.h"
 #include "server/reply.h"
 
 namespace tau::server {
@@ -26,40 +25,21 @@ auth::Identity UnixIdentity(const std::string& peer_uid) {
   who.via = "unix";
   uid_t uid = static_cast<uid_t>(std::strtoul(peer_uid.c_str(), nullptr, 10));
   who.local_admin = uid == 0 || uid == ::getuid();
-  std::vector<char> buf(16384);
-  struct passwd pw {};
-  struct passwd* found = nullptr;
-  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+  auto user = LookUpUserById(uid);
+  if (!user.ok()) {
     who.user = peer_uid;  // a uid without a name still identifies someone
     return who;
   }
-  who.user = pw.pw_name;
-  int n = 64;
-  std::vector<gid_t> gids(static_cast<size_t>(n));
-  if (::getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n) < 0) {
-    gids.resize(static_cast<size_t>(n));
-    (void)::getgrouplist(pw.pw_name, pw.pw_gid, gids.data(), &n);
-  }
-  gids.resize(static_cast<size_t>(std::max(n, 0)));
-  for (gid_t gid : gids) {
-    struct group gr {};
-    struct group* g = nullptr;
-    std::vector<char> gbuf(16384);
-    if (::getgrgid_r(gid, &gr, gbuf.data(), gbuf.size(), &g) == 0 && g != nullptr)
-      who.groups.push_back(gr.gr_name);
-  }
+  who.user = user->name;
+  who.groups = user->group_names;
   return who;
 }
 
 // The name of the user the server runs as: that user administers it, however they sign in.
 const std::string& ServerUser() {
   static const std::string name = [] {
-    std::vector<char> buf(16384);
-    struct passwd pw {};
-    struct passwd* found = nullptr;
-    if (::getpwuid_r(::getuid(), &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr)
-      return std::string(pw.pw_name);
-    return std::to_string(::getuid());
+    auto user = LookUpUserById(::getuid());
+    return user.ok() ? user->name : std::to_string(::getuid());
   }();
   return name;
 }
