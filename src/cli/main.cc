@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "cli/agent_command.h"
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/kube_commands.h"
@@ -321,6 +322,7 @@ int Main(int argc, char** argv) {
   check->callback([&] {
     if (auto f = format()) rc = CmdHealthCheck(g, active, *f);
   });
+  RegisterHealthAgentCommand(health, &rc);
 
   auto* admission = app.add_subcommand("admission", "Kueue-model admission tools");
   admission->require_subcommand(1);

@@ -7,9 +7,10 @@
 //     metadata and status changes);
 //   * GET, LIST (kind XList, metadata.resourceVersion, labelSelector with =, ==, != and
 //     existence, limit + continue), POST (409 AlreadyExists), PUT (409 Conflict on a stale
-//     resourceVersion), PATCH as server-side apply (fieldManager required; creates, or merges the
-//     applied fields; records managedFields) or as JSON merge patch, DELETE (propagationPolicy
-//     recorded; the object is removed at once), the status subresource;
+//     resourceVersion), PATCH (409 Conflict on a stale metadata.resourceVersion in the patch, a
+//     precondition as in the API server) as server-side apply (fieldManager required; creates, or
+//     merges the applied fields; records managedFields) or as JSON merge patch, DELETE
+//     (propagationPolicy recorded; the object is removed at once), the status subresource;
 //   * watches (?watch=true): JSON lines, chunked, events after resourceVersion from a bounded
 //     history; a version older than the history gets an ERROR event with code 410 (Expired);
 //     BOOKMARK events when allowWatchBookmarks=true; timeoutSeconds;

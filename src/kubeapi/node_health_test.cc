@@ -2,6 +2,7 @@
 // against the fake API server with the scenario NVML (tests/fake_nvml, docs/fake-nvml.md).
 #include "kubeapi/node_health.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -239,6 +240,40 @@ TEST_F(NodeHealthAgentTest, TaintsOnUnhealthyGpuAndUntaintsAfterReset) {
   EXPECT_NE(lines[1].find("untainted tau.dev/gpu-unhealthy"), std::string::npos) << lines[1];
   monitor.Stop();
   unsetenv("TAU_FAKE_NVML_SCENARIO");
+}
+
+TEST_F(NodeHealthAgentTest, RunTaintsWithinAPollOfAnXidEvent) {
+  // A poll interval far longer than the test: only the verdict change can make the agent publish
+  // the taint in time.
+  UseScenario("gpus 2\nat 300ms gpu 0 xid 79\n");
+  health::MonitorOptions monitor_options;
+  monitor_options.poll_interval_ms = 60'000;
+  health::GpuMonitor monitor(monitor_options);
+  ASSERT_TRUE(monitor.Start().ok());
+  NodeHealthAgentOptions options;
+  options.node = "gpu-node-1";
+  NodeHealthAgent agent(client_.get(), options);
+  std::atomic<bool> stop{false};
+  std::thread runner([&] { EXPECT_TRUE(agent.Run(&monitor, 60'000, stop).ok()); });
+  auto tainted = [&] {
+    json taints = Stored()["spec"]["taints"];
+    return Find(taints, "key", kube::kGpuUnhealthyTaint) != nullptr;
+  };
+  bool seen = false;
+  for (int i = 0; i < 300 && !seen; ++i) {
+    seen = tainted();
+    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stop = true;
+  runner.join();
+  monitor.Stop();
+  unsetenv("TAU_FAKE_NVML_SCENARIO");
+  json node = Stored();
+  ASSERT_TRUE(seen) << node.dump();
+  const json* cond = Find(node["status"]["conditions"], "type", kGpuHealthyCondition);
+  ASSERT_NE(cond, nullptr);
+  EXPECT_EQ((*cond)["status"], "False");
+  EXPECT_NE((*cond)["message"].get<std::string>().find("GPU 0"), std::string::npos);
 }
 
 TEST_F(NodeHealthAgentTest, StalePatchIsAConflict) {

@@ -1,0 +1,14 @@
+// `tau health agent`: the GPU health agent of the Helm chart's DaemonSet
+// (src/kubeapi/node_health.h).
+#pragma once
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace tau::cli {
+
+// Adds `agent` under the `health` subcommand; its exit code goes to `*rc`.
+void RegisterHealthAgentCommand(CLI::App* health, int* rc);
+
+}  // namespace tau::cli
