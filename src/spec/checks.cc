@@ -100,9 +100,7 @@ Result<std::string> NormalizeEntrypoint(std::string_view text) {
   return NormalizeRelative(text, "the code directory");
 }
 
-
 }  // namespace
-
 
 bool IsSubdomain(std::string_view s) {
   if (s.empty() || s.size() > kMaxSubdomainChars) return false;
