@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 #include <cstdio>
 
@@ -20,7 +22,7 @@ using nlohmann::json;
 
 // Who the peer of a Unix socket is (the kernel says: SO_PEERCRED), with the groups "group:NAME"
 // members are matched against. The server's own user and root administer the server.
-auth::Identity UnixIdentity(const std::string& peer_uid) {
+auth::Identity LookUpUnixIdentity(const std::string& peer_uid) {
   auth::Identity who;
   who.via = "unix";
   uid_t uid = static_cast<uid_t>(std::strtoul(peer_uid.c_str(), nullptr, 10));
@@ -32,6 +34,26 @@ auth::Identity UnixIdentity(const std::string& peer_uid) {
   }
   who.user = user->name;
   who.groups = user->group_names;
+  return who;
+}
+
+// The same, remembered for a few seconds: every request asks, and reading the user and group
+// databases costs more than the rest of a small request. A changed group membership shows within
+// kUnixIdentityTtlMs.
+constexpr int64_t kUnixIdentityTtlMs = 5000;
+auth::Identity UnixIdentity(const std::string& peer_uid) {
+  static std::mutex mu;
+  static std::map<std::string, std::pair<int64_t, auth::Identity>> cache;  // GUARDED_BY(mu)
+  int64_t now = MonotonicMillis();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache.find(peer_uid); it != cache.end() && it->second.first > now)
+      return it->second.second;
+  }
+  auth::Identity who = LookUpUnixIdentity(peer_uid);
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() > 4096) cache.clear();  // bounded: uids are few, but never trust that
+  cache[peer_uid] = {now + kUnixIdentityTtlMs, who};
   return who;
 }
 
