@@ -1,13 +1,17 @@
 // The controller's evidence side (docs/evidence.md): metric collection and GPU samples from the
 // loop, the record assembled from the store and the run's files, the final record saved by a worker
 // thread once a run has ended, and retention.
+#include <fcntl.h>
+#include <spawn.h>
 #include <sys/utsname.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 #include <set>
 
 #include <fmt/format.h>
@@ -18,6 +22,8 @@
 #include "common/strings.h"
 #include "server/controller.h"
 #include "server/server.h"
+
+extern char** environ;
 
 namespace tau::server {
 
@@ -51,22 +57,50 @@ std::string Kernel() {
   return ::uname(&u) == 0 ? fmt::format("{} {}", u.release, u.machine) : "";
 }
 
-// The standard output of a shell command, "" when it fails. Only for the evidence worker: it may
-// take a second (pip freeze).
-std::string Capture(const std::string& command) {
-  FILE* f = ::popen(command.c_str(), "r");
-  if (!f) return "";
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  return ::pclose(f) == 0 ? out : "";
+// The standard output of a program (argv, found on PATH; no shell), "" when it fails. Only for
+// the evidence worker: it may take a second (pip freeze).
+std::string Capture(const std::vector<std::string>& argv) {
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return "";
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  int rc = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(out[1]);
+  std::string text;
+  if (rc == 0) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(out[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(out[0]);
+  int status = 0;
+  if (rc != 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0)
+    return "";
+  return text;
 }
 
-std::string ShellQuote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
+// `python3 --version`, asked at most once a minute: every run's record wants it, and on a machine
+// with pyenv shims it costs tens of milliseconds of CPU.
+std::string SystemPythonVersion() {
+  static std::mutex mu;
+  static std::string version;    // GUARDED_BY(mu)
+  static int64_t asked_ms = -1;  // GUARDED_BY(mu)
+  std::lock_guard<std::mutex> lock(mu);
+  int64_t now = MonotonicMillis();
+  if (asked_ms < 0 || now - asked_ms > 60'000) {
+    version = Capture({"python3", "--version"});
+    asked_ms = now;
+  }
+  return version;
 }
 
 std::vector<std::string> Lines(const std::string& text) {
@@ -81,7 +115,7 @@ std::vector<std::string> Lines(const std::string& text) {
 // --version` (runtime/shim.cc, EnsureVenv), so the same key finds the venv the run used.
 void FillPython(const std::string& venv_cache, const std::vector<std::string>& pip,
                 evidence::RuntimeInfo* rt) {
-  std::string version = Capture("python3 --version 2>&1");
+  std::string version = SystemPythonVersion();
   rt->python_version = std::string(Trim(version));
   if (StartsWith(rt->python_version, "Python ")) rt->python_version = rt->python_version.substr(7);
   if (pip.empty() || version.empty()) return;
@@ -92,7 +126,7 @@ void FillPython(const std::string& venv_cache, const std::vector<std::string>& p
   ssize_t len = ::readlink((venv_cache + "/" + key).c_str(), target, sizeof target - 1);
   if (len <= 0) return;
   std::string dir = venv_cache + "/" + std::string(target, static_cast<size_t>(len));
-  rt->packages = Lines(Capture(ShellQuote(dir + "/bin/python") + " -m pip freeze 2>/dev/null"));
+  rt->packages = Lines(Capture({dir + "/bin/python", "-m", "pip", "freeze"}));
 }
 
 std::vector<std::string> StringList(const nlohmann::json& j) {
