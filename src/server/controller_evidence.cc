@@ -300,7 +300,17 @@ Result<evidence::RecordInput> Controller::AssembleRecord(const RunRecord& r,
     rt.python_version = prev->runtime.python_version;
     rt.packages = prev->runtime.packages;
   }
-  if (final_save || rt.python_version.empty()) FillPython(options_.home + "/venvs", rt.pip, &rt);
+  if (final_save || rt.python_version.empty()) {
+    // The cache the last attempt used: runs of other users have their own (RunAsSubmitter).
+    std::string venvs = options_.home + "/venvs";
+    if (r.attempts > 0)
+      if (auto text = ReadFile(AttemptDir(r.name, r.attempts) + "/config.json"); text.ok())
+        if (auto j = nlohmann::json::parse(*text, nullptr, false);
+            j.is_object() && j.contains("venv_cache_dir") && j["venv_cache_dir"].is_string() &&
+            !j["venv_cache_dir"].get<std::string>().empty())
+          venvs = j["venv_cache_dir"].get<std::string>();
+    FillPython(venvs, rt.pip, &rt);
+  }
 
   TAU_ASSIGN_OR_RETURN(auto events, store_->ListEvents(r.name));
   for (const store::Event& e : events)
