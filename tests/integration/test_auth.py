@@ -227,6 +227,8 @@ class AuthTest(unittest.TestCase):
             ("GET", f"/api/v1/events?run={v}", None, True, readers_v),
             ("POST", f"/api/v1/runs/{v}/cancel", None, False, writers_v),
             ("POST", f"/api/v1/runs/{v}/resume", {}, False, writers_v),
+            ("POST", f"/api/v1/runs/{v}/rerun", None, False, writers_v),
+            ("GET", f"/api/v1/events", None, True, everyone),
             ("GET", f"/api/v1/runs/{s}", None, False, readers_s),
             ("GET", f"/api/v1/runs/{s}/logs", None, False, readers_s),
             ("POST", f"/api/v1/runs/{s}/cancel", None, False, writers_s),
@@ -234,6 +236,8 @@ class AuthTest(unittest.TestCase):
             ("GET", "/api/v1/workspaces/vision/secrets", None, False, readers_v),
             ("PUT", "/api/v1/workspaces/vision/secrets/other", {"value": "x"}, False, writers_v),
             ("PUT", "/api/v1/workspaces/speech/secrets/other", {"value": "x"}, False, writers_s),
+            ("DELETE", "/api/v1/workspaces/speech/secrets/other", None, False, writers_s),
+            ("GET", "/api/v1/workspaces/speech/secrets", None, False, readers_s),
         ]
         failures = []
         for method, path, body, stream, allowed in routes:
