@@ -491,17 +491,11 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
                if (*attempt > run->attempts && !BoolParam(req, "follow"))
                  return ReplyError(res, NotFound(fmt::format("run '{}' has {} attempt(s), not {}",
                                                              name, run->attempts, *attempt)));
-               std::vector<std::string> secrets;
-               if (std::vector<std::string> keys = SecretKeysOf(run->spec_json); !keys.empty()) {
-                 auto values = store->SecretValues(run->workspace);
-                 if (!values.ok()) return ReplyError(res, values.status());
-                 for (const std::string& k : keys)
-                   if (auto it = values->find(k); it != values->end())
-                     secrets.push_back(it->second);
-               }
+               auto secrets = SecretValuesOf(store, *run);
+               if (!secrets.ok()) return ReplyError(res, secrets.status());
                auto streamer = std::make_shared<LogStreamer>(
                    store, controller, name, static_cast<int>(*attempt), static_cast<int>(*rank),
-                   BoolParam(req, "follow"), http, std::move(secrets));
+                   BoolParam(req, "follow"), http, std::move(*secrets));
                res.content_type = "text/plain; charset=utf-8";
                res.stream = [streamer](ChunkSink& sink) { return streamer->Step(sink); };
              });

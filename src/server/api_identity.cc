@@ -181,7 +181,7 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
   // The dashboard signs in by handing its token to the server once; the browser then sends it as
   // an HttpOnly cookie (scripts cannot read it back; EventSource cannot send headers).
   api->Route("POST", "/api/v1/session", Access::kPublic,
-             [api](const HttpRequest& req, HttpResponse& res, const CallerContext&) {
+             [api](const HttpRequest& req, HttpResponse& res, const CallerContext& caller) {
                json j = ParseBody(req.body);
                auto token =
                    j.is_object() ? StringMember(j, "token") : Result<std::string>(std::string());
@@ -190,7 +190,7 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
                HttpRequest probe = req;
                probe.headers["authorization"] = "Bearer " + *token;
                probe.headers.erase("cookie");
-               auto who = api->Authenticate(probe);
+               auto who = api->Authenticate(probe, *caller.platform);
                if (!who.ok()) {
                  api->Audit(req, auth::Identity{}, 401, "unauthenticated", who.status().message());
                  return ReplyError(res, who.status());

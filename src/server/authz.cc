@@ -115,24 +115,24 @@ std::string BearerToken(const HttpRequest& req) {
   return "";
 }
 
-Result<auth::Identity> SecureRouter::Authenticate(const HttpRequest& req) const {
+Result<auth::Identity> SecureRouter::Authenticate(const HttpRequest& req,
+                                                  const policy::Platform& platform) const {
   std::string token = BearerToken(req);
   if (token.empty()) {
     if (!req.peer_uid.empty()) return UnixIdentity(req.peer_uid);
     return auth::Identity{};  // anonymous
   }
   std::string digest = auth::TokenDigest(token);
-  auto platform = controller_->CurrentPlatform().platform;
   auth::Identity who;
   who.via = "token";
   who.token_id = auth::TokenId(digest);
   // Tokens declared in the platform file first: they need no store.
-  for (const policy::User& u : platform->users) {
+  for (const policy::User& u : platform.users) {
     for (const std::string& d : u.token_sha256) {
       if (d == digest) {
         who.user = u.name;
         who.local_admin = u.name == ServerUser();
-        who.groups = auth::GroupsOf(*platform, u.name, {});
+        who.groups = auth::GroupsOf(platform, u.name, {});
         return who;
       }
     }
@@ -151,7 +151,7 @@ Result<auth::Identity> SecureRouter::Authenticate(const HttpRequest& req) const 
     return Unauthenticated(
         fmt::format("API token {} expired at {}", record->id, FormatRfc3339(*record->expires_ms)));
   who.user = record->user;
-  who.groups = auth::GroupsOf(*platform, record->user, record->groups);
+  who.groups = auth::GroupsOf(platform, record->user, record->groups);
   who.local_admin = record->user == ServerUser();
   return who;
 }
@@ -207,11 +207,11 @@ void SecureRouter::Route(const std::string& method, const std::string& pattern, 
         caller.platform = controller_->CurrentPlatform().platform;
         if (access == Access::kPublic) {
           // A public route still knows a caller who shows good credentials.
-          auto who = Authenticate(req);
+          auto who = Authenticate(req, *caller.platform);
           if (who.ok()) caller.who = std::move(*who);
           return handler(req, res, caller);
         }
-        auto who = Authenticate(req);
+        auto who = Authenticate(req, *caller.platform);
         if (!who.ok()) {
           Audit(req, auth::Identity{}, 401, "unauthenticated", who.status().message());
           return ReplyError(res, who.status());

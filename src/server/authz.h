@@ -58,8 +58,10 @@ class SecureRouter {
   void Route(const std::string& method, const std::string& pattern, Access access,
              HttpHandler handler);
 
-  // Who the caller is; Unauthenticated for a bad token.
-  Result<auth::Identity> Authenticate(const HttpRequest& req) const;
+  // Who the caller is, under the platform in force (its users' groups and tokens); Unauthenticated
+  // for a bad token.
+  Result<auth::Identity> Authenticate(const HttpRequest& req,
+                                      const policy::Platform& platform) const;
   // Records a decision in the audit trail (and the server's log for denials).
   void Audit(const HttpRequest& req, const auth::Identity& who, int status,
              const std::string& action, const std::string& detail) const;

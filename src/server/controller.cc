@@ -982,18 +982,13 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   PollMetrics(name, a.number);
   // What the run printed of its secrets is masked in its stored logs before anything reads them
   // (diagnosis, evidence hashes, bundles).
-  if (std::vector<std::string> keys = SecretKeysOf(r.spec_json); !keys.empty()) {
-    if (auto values = store_->SecretValues(r.workspace); values.ok()) {
-      std::vector<std::string> secrets;
-      for (const std::string& k : keys)
-        if (auto v = values->find(k); v != values->end()) secrets.push_back(v->second);
-      for (size_t rank = 0; rank < std::max<size_t>(run.spec.compute.workers, 1); ++rank)
-        if (Status s = RedactFile(fmt::format("{}/logs/rank-{}.log", a.dir, rank), secrets);
-            !s.ok())
-          std::fprintf(stderr, "tau server: run %s: masking secrets in its logs failed: %s\n",
-                       name.c_str(), s.ToString().c_str());
-    }
+  if (auto secrets = SecretValuesOf(store_, r); secrets.ok() && !secrets->empty()) {
+    for (size_t rank = 0; rank < std::max<size_t>(run.spec.compute.workers, 1); ++rank)
+      if (Status s = RedactFile(fmt::format("{}/logs/rank-{}.log", a.dir, rank), *secrets); !s.ok())
+        std::fprintf(stderr, "tau server: run %s: masking secrets in its logs failed: %s\n",
+                     name.c_str(), s.ToString().c_str());
   }
+
   run.shim.reset();
   auto outcome = runtime::ReadOutcome(a.dir);
   a.state = AttemptState::kFinished;

@@ -79,6 +79,8 @@ Status RedactFile(const std::string& path, const std::vector<std::string>& secre
   return status;
 }
 
+namespace {
+
 std::vector<std::string> SecretKeysOf(const nlohmann::json& spec_json) {
   std::vector<std::string> keys;
   const nlohmann::json* runtime =
@@ -90,6 +92,18 @@ std::vector<std::string> SecretKeysOf(const nlohmann::json& spec_json) {
     if (value.is_object() && value.contains("secret_ref") && value["secret_ref"].is_string())
       keys.push_back(value["secret_ref"].get<std::string>());
   return keys;
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> SecretValuesOf(store::Store* store, const store::RunRecord& run) {
+  std::vector<std::string> secrets;
+  std::vector<std::string> keys = SecretKeysOf(run.spec_json);
+  if (keys.empty()) return secrets;
+  TAU_ASSIGN_OR_RETURN(auto values, store->SecretValues(run.workspace));
+  for (const std::string& k : keys)
+    if (auto it = values.find(k); it != values.end()) secrets.push_back(it->second);
+  return secrets;
 }
 
 }  // namespace tau::server

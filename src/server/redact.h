@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "store/store.h"
 
 namespace tau::server {
 
@@ -35,7 +36,8 @@ class Redactor {
 // any; a missing file is fine. Streams: logs may be large.
 Status RedactFile(const std::string& path, const std::vector<std::string>& secrets);
 
-// The secret keys a run's env refers to, from its spec JSON ({"secret_ref": KEY} values).
-std::vector<std::string> SecretKeysOf(const nlohmann::json& spec_json);
+// The values of the secrets a run's env refers to ({"secret_ref": KEY} in its spec JSON), from its
+// workspace's secrets; empty when it refers to none.
+Result<std::vector<std::string>> SecretValuesOf(store::Store* store, const store::RunRecord& run);
 
 }  // namespace tau::server
