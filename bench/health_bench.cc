@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -44,9 +45,21 @@ double Percentile(std::vector<double> v, double p) {
 
 int main(int argc, char** argv) {
   using namespace tau::health;
-  int passes = argc > 1 ? std::atoi(argv[1]) : 2000;
-  setenv("TAU_NVML_LIBRARY", TAU_FAKE_NVML_PATH, 1);
-  setenv("TAU_FAKE_NVML_SCENARIO", TAU_HEALTH_BENCH_SCENARIO, 1);
+  // `health_bench [PASSES] [--real]`: --real measures the driver's own NVML (whatever GPUs the
+  // machine has, no XID scenario) instead of the scenario fake.
+  int passes = 2000;
+  bool real = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--real") {
+      real = true;
+    } else {
+      passes = std::atoi(argv[i]);
+    }
+  }
+  if (!real) {
+    setenv("TAU_NVML_LIBRARY", TAU_FAKE_NVML_PATH, 1);
+    setenv("TAU_FAKE_NVML_SCENARIO", TAU_HEALTH_BENCH_SCENARIO, 1);
+  }
 
   // The XID times in the scenario, from nvmlInit (which Start calls first).
   const std::vector<int64_t> xid_at_ms = {1000, 1250, 1500, 1750, 2000, 2250, 2500, 2750};
@@ -64,7 +77,7 @@ int main(int argc, char** argv) {
   start_us = MonotonicMicros();  // just before nvmlInit: latencies are upper bounds
   if (!monitor.Start().ok()) return 1;
   int gpus = int(monitor.Snapshot().inventory.devices.size());
-  if (gpus != 8) {
+  if (real ? gpus == 0 : gpus != 8) {
     std::fprintf(stderr, "expected 8 GPUs, got %d: %s\n", gpus,
                  monitor.Snapshot().inventory.note.c_str());
     return 1;
@@ -82,7 +95,7 @@ int main(int argc, char** argv) {
   double wall_per_pass_us = double(MonotonicMicros() - wall0) / passes;
 
   // Wait for every XID of the scenario.
-  while (MonotonicMicros() - start_us < 4'000'000) {
+  while (!real && MonotonicMicros() - start_us < 4'000'000) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     std::lock_guard<std::mutex> lock(mu);
     if (flips.size() >= xid_at_ms.size()) break;
@@ -101,6 +114,8 @@ int main(int argc, char** argv) {
 
   nlohmann::json out = {
       {"benchmark", "health_monitor"},
+      {"nvml", real ? "driver" : "scenario fake"},
+      {"gpu_name", gpus > 0 ? snap.inventory.devices[0].name : ""},
       {"gpus", gpus},
       {"passes", passes},
       {"cpu_us_per_gpu_per_pass_median", Median(per_gpu_us)},
@@ -116,5 +131,5 @@ int main(int argc, char** argv) {
       {"metrics_bytes", metrics_bytes},
   };
   std::printf("%s\n", out.dump(2).c_str());
-  return latency_ms.size() == xid_at_ms.size() ? 0 : 2;
+  return real || latency_ms.size() == xid_at_ms.size() ? 0 : 2;
 }

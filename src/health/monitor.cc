@@ -115,13 +115,18 @@ void GpuMonitor::PollOnce() {
   std::vector<GpuSample> fresh;
   if (nvml_) {
     std::vector<std::string> uuids;
+    bool validate_inforom = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const GpuDevice& d : inventory_.devices) uuids.push_back(d.uuid);
+      validate_inforom =
+          passes_ == 0 || now - inforom_checked_ms_ >= options_.inforom_check_interval_ms;
+      if (validate_inforom) inforom_checked_ms_ = now;
     }
     // NVML calls take time (ioctls on a real driver): never under the lock.
     for (size_t i = 0; i < handles_.size(); ++i) {
-      fresh.push_back(ReadSample(*nvml_, Dev(handles_[i]), int(i), uuids[i], now));
+      fresh.push_back(
+          ReadSample(*nvml_, Dev(handles_[i]), int(i), uuids[i], now, validate_inforom));
     }
   }
   {
@@ -133,6 +138,7 @@ void GpuMonitor::PollOnce() {
       s.last_xid = last_xid_[i];
       s.xid_events_supported = events_supported_[i];
       const GpuSample* prev = passes_ > 0 ? &samples_[i] : nullptr;
+      if (!s.inforom_valid && prev) s.inforom_valid = prev->inforom_valid;
       std::vector<CheckResult> results = RunPassiveChecks(s, prev, options_.thresholds);
       // The event thread has already fed these XIDs to the tracker; the sample keeps them on
       // record.

@@ -343,6 +343,30 @@ TEST(MonitorTest, CorruptedInforomIsAWarning) {
   ExpectVerdicts(snap, {{0, Verdict::kDegraded, "inforom", Action::kHardware}});
 }
 
+// Validating the InfoROM costs ~70 ms per GPU on a real H200: later passes reuse the answer until
+// the interval has passed, then ask again.
+TEST(MonitorTest, InforomIsRevalidatedOnlyEachInterval) {
+  const char* scenario = "gpus 1\nat 100ms gpu 0 inforom_corrupt 1\n";
+  UseScenario(scenario);
+  MonitorOptions hourly;
+  auto monitor = StartManual(hourly);
+  Sleep(150);
+  monitor->PollOnce();
+  monitor->PollOnce();
+  HealthSnapshot snap = monitor->Snapshot();
+  EXPECT_EQ(snap.verdicts[0].verdict, Verdict::kHealthy) << Describe(snap.verdicts[0]);
+  EXPECT_EQ(snap.samples[0].inforom_valid, std::optional<bool>(true)) << "carried forward";
+
+  UseScenario(scenario);
+  MonitorOptions often;
+  often.inforom_check_interval_ms = 50;
+  monitor = StartManual(often);
+  Sleep(150);
+  monitor->PollOnce();
+  monitor->PollOnce();
+  ExpectVerdicts(monitor->Snapshot(), {{0, Verdict::kDegraded, "inforom", Action::kHardware}});
+}
+
 TEST(MonitorTest, UnreadableGpuIsUnknownAndNotPlaceable) {
   HealthSnapshot snap = Observe("gpus 2\ngpu 1 fail nvmlDeviceGetMemoryInfo 999\n", 1);
   EXPECT_EQ(snap.verdicts[1].verdict, Verdict::kUnknown) << Describe(snap.verdicts[1]);

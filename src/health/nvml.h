@@ -213,9 +213,10 @@ class Nvml {
   nvml::Functions fn_;
 };
 
-// Readings of one GPU through `nvml` (sample.cc). Does not touch the XID fields.
+// Readings of one GPU through `nvml` (sample.cc). Does not touch the XID fields. Without
+// `validate_inforom`, inforom_valid stays empty (the check is costly; see MonitorOptions).
 GpuSample ReadSample(const Nvml& nvml, nvml::Device device, int index, const std::string& uuid,
-                     int64_t now_ms);
+                     int64_t now_ms, bool validate_inforom);
 // The inventory through an already loaded NVML (inventory.cc); `handles` receives the device
 // handles.
 GpuInventory ReadInventory(const Nvml& nvml, std::vector<nvml::Device>* handles);

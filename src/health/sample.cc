@@ -68,7 +68,7 @@ void ReadNvLinks(const nvml::Functions& f, nvml::Device dev, Reader& r, GpuSampl
 }  // namespace
 
 GpuSample ReadSample(const Nvml& nvml, nvml::Device dev, int index, const std::string& uuid,
-                     int64_t now_ms) {
+                     int64_t now_ms, bool validate_inforom) {
   const nvml::Functions& f = nvml.fn();
   GpuSample s;
   s.index = index;
@@ -220,8 +220,10 @@ GpuSample ReadSample(const Nvml& nvml, nvml::Device dev, int index, const std::s
       r.Ok(int(fv.nvml_return), "GPU_RECOVERY_ACTION field");
     }
   }
-  nvml::Return inforom = Nvml::Call(f.validate_inforom, dev);
-  if (inforom == nvml::kErrorCorruptedInforom) {
+  nvml::Return inforom = validate_inforom ? Nvml::Call(f.validate_inforom, dev) : nvml::kSuccess;
+  if (!validate_inforom) {
+    // Left empty: the monitor carries the last validation forward.
+  } else if (inforom == nvml::kErrorCorruptedInforom) {
     s.inforom_valid = false;
   } else if (r.Ok(inforom, "nvmlDeviceValidateInforom")) {
     s.inforom_valid = true;
