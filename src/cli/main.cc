@@ -87,6 +87,17 @@ int Main(int argc, char** argv) {
                      "Milliseconds between SIGTERM and SIGKILL when stopping a run");
   server->add_option("--gpu-poll", sopts.gpu_poll_ms,
                      "Milliseconds between GPU health polls (XID events are watched in between)");
+  server
+      ->add_option("--backend", sopts.backend,
+                   "Where runs run: local (processes on this machine) or kubernetes (Jobs and "
+                   "RayJobs admitted by Kueue; docs/kubernetes.md)")
+      ->check(CLI::IsMember({"local", "kubernetes"}));
+  server->add_option("--kubeconfig", sopts.kubeconfig,
+                     "kubernetes: the kubeconfig (default $KUBECONFIG, ~/.kube/config, else the "
+                     "pod's service account)");
+  server->add_option("--context", sopts.kube_context, "kubernetes: the kubeconfig context");
+  server->add_option("--default-image", sopts.default_image,
+                     "kubernetes: the image of runs whose spec names none (runtime.image)");
   server->add_flag("--quiet", sopts.quiet, "Log nothing");
   std::string retain_logs, retain_samples;
   server->add_option("--retain-logs", retain_logs,

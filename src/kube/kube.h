@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -129,6 +130,55 @@ class SchemaSet {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// ---- Reading an attempt's state back from the cluster (observe.cc; pure) ----
+
+// What the cluster says of one attempt (one Job or RayJob that RenderRun made), from the object
+// itself, the Kueue Workload that owns its admission and the attempt's pods.
+struct AttemptObservation {
+  enum class Phase {
+    kPending,    // not admitted: waiting for quota (reason/message: Kueue's own), or for Kueue
+    kAdmitted,   // Kueue reserved quota and admitted it; no pod runs yet
+    kRunning,    // a pod of it runs (for a RayJob: the Ray job runs)
+    kSucceeded,  // it completed
+    kFailed,     // it failed: failure_class says why
+    kEvicted,    // Kueue took its admission back (preemption, ...): its pods are being stopped
+  };
+  Phase phase = Phase::kPending;
+  // kFailed and kEvicted: one of tau's failure classes ("OOMKilled", "Evicted", "Preempted",
+  // "NodeLost", "UserError", "SetupError", "Timeout", "GPUError"); "" otherwise.
+  std::string failure_class;
+  // kPending: Kueue's reason (condition reason, e.g. "Pending") and message ("couldn't assign
+  // flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor h200, 2 more
+  // needed"); other phases: what happened, for the run's events.
+  std::string reason;
+  std::string message;
+  std::optional<int> exit_code;  // the failed (or first) worker container's exit code, if known
+  // kAdmitted and later: Kueue's assignment, {"POD_SET": {"RESOURCE": "FLAVOR"}}, and its
+  // ClusterQueue; empty before admission.
+  nlohmann::json flavors = nlohmann::json::object();
+  std::string cluster_queue;
+
+  bool Terminal() const { return phase == Phase::kSucceeded || phase == Phase::kFailed; }
+};
+const char* PhaseName(AttemptObservation::Phase phase);
+
+// `object` is the attempt's batch/v1 Job or ray.io/v1 RayJob as the API server returns it;
+// `workload` the kueue.x-k8s.io/v1beta1 Workload owned by it (null when Kueue has not made one
+// yet); `pods` the pods of the attempt (for a RayJob: its head, workers and submitter pods), in any
+// order.
+AttemptObservation ObserveAttempt(const nlohmann::json& object, const nlohmann::json* workload,
+                                  const std::vector<nlohmann::json>& pods);
+
+// Positions of pending Workloads in their LocalQueues, as Kueue orders them: higher
+// spec.priority first, then older (creationTimestamp, then name). A Workload is pending while its
+// QuotaReserved condition is not True and it has not Finished. Keys "NAMESPACE/NAME"; 1 = next.
+std::map<std::string, int> PendingPositions(const std::vector<nlohmann::json>& workloads);
+
+// The Workload among `workloads` that the Job or RayJob `object` owns the admission of (an
+// ownerReference to its uid, or to its kind and name when the uid is absent); null when none.
+const nlohmann::json* OwnedWorkload(const nlohmann::json& object,
+                                    const std::vector<nlohmann::json>& workloads);
 
 // ---- The cluster install: what the Helm chart deploy/helm/taugrid installs ----
 

@@ -351,6 +351,11 @@ nlohmann::json Controller::PendingJson(const ActiveRun& run, int64_t now) {
                            "whose queue {} can",
                            r.queue, o->second, r.queue),
                "");
+  if (options_.cluster && !(r.not_before_ms && *r.not_before_ms > now)) {
+    // Kueue decides: its own reason and the run's place in its LocalQueue.
+    if (run.cluster_pending.is_object()) return run.cluster_pending;
+    return out(0, "Creating", "being created on the cluster", "");
+  }
   if (r.not_before_ms && *r.not_before_ms > now)
     return out(0, "BackingOff",
                fmt::format("retrying after {} (attempt {}): waits {} more before it queues again",

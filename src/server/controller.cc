@@ -93,15 +93,12 @@ std::string FailureClass(const runtime::AttemptOutcome& o, bool cancel_requested
   return "Unknown";
 }
 
-// A preempted run goes back to its queue, as in Kueue, without using up resilience.max_retries:
-// preemption is the platform's decision, not the run's failure. Only a spec whose retry_on leaves
-// Preempted out asks to fail instead.
-bool PreemptionRequeues(const spec::Resilience& policy) {
+}  // namespace
+
+bool Controller::PreemptionRequeues(const spec::Resilience& policy) {
   return !policy.retry_on_set || std::find(policy.retry_on.begin(), policy.retry_on.end(),
                                            "Preempted") != policy.retry_on.end();
 }
-
-}  // namespace
 
 Controller::Controller(ControllerOptions options, store::Store* store, health::GpuInventory gpus)
     : options_(std::move(options)), store_(store), gpus_(std::move(gpus)) {
@@ -142,8 +139,20 @@ Status Controller::Start() {
   watcher_ = std::move(*watcher);
   TAU_RETURN_IF_ERROR(LoadPlatformFile());
   RebuildEngine();
+  std::set<AttemptKey> on_cluster;
+  if (options_.cluster) {
+    auto existing = options_.cluster->Start(
+        [this](ClusterNews news) {
+          std::lock_guard<std::mutex> lock(mu_);
+          inbox_cluster_.push_back(std::move(news));
+          cv_.notify_one();
+        },
+        [this](const std::string& run, int attempt) { return AttemptDir(run, attempt); });
+    if (!existing.ok()) return existing.status();
+    on_cluster = std::move(*existing);
+  }
   Batch batch;
-  Recover(&batch);
+  Recover(&batch, on_cluster);
   CommitOrDie(std::move(batch));
   RefreshPending();
   evidence_thread_ = std::thread(&Controller::EvidenceWorker, this);
@@ -168,6 +177,7 @@ void Controller::Stop() {
   }
   if (evidence_thread_.joinable()) evidence_thread_.join();
   if (watcher_) watcher_->Stop();
+  if (options_.cluster) options_.cluster->Stop();
 }
 
 Controller::Resources Controller::Needs(const policy::ResolvedRun& resolved) {
@@ -235,7 +245,8 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
     return error->status;
   }
   Resources need = Needs(*resolved);
-  if (std::string why = Refusal(need); !why.empty()) {
+  // On a cluster, Kueue's quota and the nodes decide what fits; this machine's size does not.
+  if (std::string why = options_.cluster ? "" : Refusal(need); !why.empty()) {
     error->status = FailedPrecondition(why);
     return error->status;
   }
@@ -243,6 +254,12 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
   if (!snapshot.ok()) {
     error->status = snapshot.status();
     return error->status;
+  }
+  if (options_.cluster) {
+    if (Status s = options_.cluster->Check(spec, *resolved, *platform, snapshot->dir); !s.ok()) {
+      error->status = s;
+      return error->status;
+    }
   }
   RunRecord r;
   r.spec_name = spec.name;
@@ -619,7 +636,7 @@ Result<Controller::ActiveRun> Controller::Load(const RunRecord& record) {
   return run;
 }
 
-void Controller::Recover(Batch* batch) {
+void Controller::Recover(Batch* batch, const std::set<AttemptKey>& on_cluster) {
   store::RunFilter filter;
   filter.active_only = true;
   filter.newest_first = false;
@@ -637,6 +654,11 @@ void Controller::Recover(Batch* batch) {
       continue;
     }
     ActiveRun& run = active_[record.name] = std::move(*loaded);
+    if (options_.cluster) {
+      RecoverOnCluster(run, on_cluster, batch);
+      if (store::IsTerminal(run.record.state)) active_.erase(record.name);
+      continue;
+    }
     if (record.state == RunState::kQueued) continue;
     // Admitted or running: it holds resources.
     for (int g : record.gpus) free_gpus_.erase(g);
@@ -703,6 +725,7 @@ void Controller::Loop() {
     std::deque<std::string> news, cancels, exits;
     std::deque<GpuNews> gpu_news;
     std::deque<ResumeRequest> resumes;
+    std::deque<ClusterNews> cluster_news;
     std::deque<std::vector<evidence::GpuSample>> samples;
     bool rebuild = false;
     {
@@ -710,7 +733,7 @@ void Controller::Loop() {
       cv_.wait_for(lock, std::chrono::milliseconds(NextWakeMillis()), [&] {
         return stopping_ || !inbox_new_.empty() || !inbox_cancel_.empty() ||
                !inbox_exited_.empty() || !inbox_gpu_.empty() || !inbox_resume_.empty() ||
-               !inbox_samples_.empty();
+               !inbox_samples_.empty() || !inbox_cluster_.empty();
       });
       if (stopping_) return;
       if (platform_changed_) {
@@ -725,6 +748,7 @@ void Controller::Loop() {
       gpu_news.swap(inbox_gpu_);
       resumes.swap(inbox_resume_);
       samples.swap(inbox_samples_);
+      cluster_news.swap(inbox_cluster_);
     }
     if (rebuild) RebuildEngine();
     Batch batch;
@@ -738,13 +762,20 @@ void Controller::Loop() {
     for (const GpuNews& g : gpu_news) HandleGpuNews(g, &batch);
     for (const ResumeRequest& r : resumes) HandleResume(r, &batch);
     for (const std::string& name : exits) HandleExit(name, &batch);
+    for (const ClusterNews& n : cluster_news) HandleClusterNews(n, &batch);
     for (const std::string& name : cancels) HandleCancel(name, &batch);
-    std::vector<std::string> to_start;
-    AdmitQueued(&batch, &to_start);
-    // Durable first: admissions, exits and cancels are committed before any process is started.
+    std::vector<std::string> to_start, to_launch;
+    if (options_.cluster) {
+      LaunchQueued(&batch, &to_launch);
+    } else {
+      AdmitQueued(&batch, &to_start);
+    }
+    // Durable first: admissions, exits, cancels and new attempts are committed before any process
+    // is started or any object created on the cluster.
     CommitOrDie(std::move(batch));
     Batch started;
     for (const std::string& name : to_start) StartAttempt(name, &started);
+    for (const std::string& name : to_launch) LaunchOnCluster(name, &started);
     CommitOrDie(std::move(started));
     for (const std::string& name : to_start) {
       auto it = active_.find(name);
@@ -958,16 +989,16 @@ std::vector<std::string> LogTails(const std::string& attempt_dir, size_t ranks) 
   return tails;
 }
 
-nlohmann::json DiagnosisJson(const std::string& attempt_dir, size_t ranks,
-                             const std::string& phase) {
+}  // namespace
+
+nlohmann::json Controller::DiagnosisJson(const std::string& attempt_dir, size_t ranks,
+                                         const std::string& phase) {
   recovery::Diagnosis d = recovery::Diagnose(LogTails(attempt_dir, ranks));
   nlohmann::json evidence = nlohmann::json::array();
   for (const auto& e : d.evidence)
     evidence.push_back({{"signature", e.signature}, {"rank", e.rank}, {"line", e.line}});
   return {{"summary", d.summary}, {"phase", phase}, {"evidence", evidence}};
 }
-
-}  // namespace
 
 void Controller::HandleExit(const std::string& name, Batch* batch) {
   auto it = active_.find(name);
@@ -980,14 +1011,7 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   AttemptRecord a = attempts->back();
   // The attempt's last metric points, before another attempt may append to the same file.
   PollMetrics(name, a.number);
-  // What the run printed of its secrets is masked in its stored logs before anything reads them
-  // (diagnosis, evidence hashes, bundles).
-  if (auto secrets = SecretValuesOf(store_, r); secrets.ok() && !secrets->empty()) {
-    for (size_t rank = 0; rank < std::max<size_t>(run.spec.compute.workers, 1); ++rank)
-      if (Status s = RedactFile(fmt::format("{}/logs/rank-{}.log", a.dir, rank), *secrets); !s.ok())
-        std::fprintf(stderr, "tau server: run %s: masking secrets in its logs failed: %s\n",
-                     name.c_str(), s.ToString().c_str());
-  }
+  MaskSecretsInLogs(run, a);
 
   run.shim.reset();
   auto outcome = runtime::ReadOutcome(a.dir);
@@ -1051,6 +1075,15 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   }
 }
 
+void Controller::MaskSecretsInLogs(const ActiveRun& run, const AttemptRecord& a) {
+  auto secrets = SecretValuesOf(store_, run.record);
+  if (!secrets.ok() || secrets->empty()) return;
+  for (size_t rank = 0; rank < std::max<size_t>(run.spec.compute.workers, 1); ++rank)
+    if (Status s = RedactFile(fmt::format("{}/logs/rank-{}.log", a.dir, rank), *secrets); !s.ok())
+      std::fprintf(stderr, "tau server: run %s: masking secrets in its logs failed: %s\n",
+                   run.record.name.c_str(), s.ToString().c_str());
+}
+
 void Controller::HandleCancel(const std::string& name, Batch* batch) {
   auto it = active_.find(name);
   if (it == active_.end()) return;
@@ -1058,6 +1091,7 @@ void Controller::HandleCancel(const std::string& name, Batch* batch) {
   RunRecord& r = run.record;
   if (store::IsTerminal(r.state) || r.cancel_requested) return;
   r.cancel_requested = true;
+  if (options_.cluster) return CancelOnCluster(run, batch);
   if (r.state == RunState::kQueued || (r.state == RunState::kAdmitted && !run.shim)) {
     Finish(run, RunState::kCancelled, "Cancelled", "cancelled before it started", batch);
     return;

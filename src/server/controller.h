@@ -22,6 +22,7 @@
 #include "health/health.h"
 #include "policy/policy.h"
 #include "runtime/runtime.h"
+#include "server/cluster.h"
 #include "server/metrics.h"
 #include "server/snapshot.h"
 #include "spec/spec.h"
@@ -39,6 +40,9 @@ struct ControllerOptions {
   // exist the server uses policy::DefaultPlatform sized to this machine.
   std::string platform_file;
   Metrics* metrics = nullptr;  // counters and histograms to feed; may be null
+  // The Kubernetes backend: runs are admitted by Kueue and run on this cluster instead of this
+  // machine (no local admission, placement or processes). Null: the local backend.
+  Cluster* cluster = nullptr;
 };
 
 struct SubmitRequest {
@@ -135,6 +139,11 @@ class Controller {
     // Set while its attempt is being stopped because the admission engine preempted it.
     std::string preempted_by, preemption_reason;
     int64_t queued_since_ms = 0;  // when it last entered the queue (after any backoff)
+    // Kubernetes backend: the attempt whose objects exist on the cluster (0: none), and what
+    // Kueue says while it waits.
+    int cluster_attempt = 0;
+    bool cluster_relaunch = false;  // its last attempt was recorded but never created: create it
+    nlohmann::json cluster_pending;
   };
   Status RunAsSubmitter(const store::RunRecord& r, const runtime::LaunchContext& ctx,
                         runtime::AttemptConfig* config);
@@ -169,11 +178,28 @@ class Controller {
   Status InsertWithUniqueName(
       store::RunRecord* r, const std::string& base,
       const std::function<std::vector<store::Event>(const std::string&)>& events);
-  void Recover(store::Batch* batch);
+  void Recover(store::Batch* batch, const std::set<AttemptKey>& on_cluster);
   void AdmitQueued(store::Batch* batch, std::vector<std::string>* to_start);
   void StartAttempt(const std::string& name, store::Batch* batch);
   void HandleExit(const std::string& name, store::Batch* batch);
   void HandleCancel(const std::string& name, store::Batch* batch);
+  // The Kubernetes backend (controller_cluster.cc).
+  void RecoverOnCluster(ActiveRun& run, const std::set<AttemptKey>& existing, store::Batch* batch);
+  void LaunchQueued(store::Batch* batch, std::vector<std::string>* to_launch);
+  void LaunchOnCluster(const std::string& name, store::Batch* batch);
+  void HandleClusterNews(const ClusterNews& news, store::Batch* batch);
+  void EndClusterAttempt(ActiveRun& run, const kube::AttemptObservation& o, store::Batch* batch);
+  void CancelOnCluster(ActiveRun& run, store::Batch* batch);
+  // Masks what the attempt printed of the run's secrets in its stored logs, before anything reads
+  // them (diagnosis, evidence hashes, bundles).
+  void MaskSecretsInLogs(const ActiveRun& run, const store::AttemptRecord& attempt);
+  // What the logs of a failed attempt say about why (its ranks' log tails).
+  static nlohmann::json DiagnosisJson(const std::string& attempt_dir, size_t ranks,
+                                      const std::string& phase);
+  // A preempted run goes back to its queue, as in Kueue, without using up
+  // resilience.max_retries: preemption is the platform's decision, not the run's failure. Only a
+  // spec whose retry_on leaves Preempted out asks to fail instead.
+  static bool PreemptionRequeues(const spec::Resilience& policy);
   void Finish(ActiveRun& run, store::RunState state, const std::string& reason,
               const std::string& message, store::Batch* batch);
   // A failed attempt: retried when the spec's resilience policy allows it, else the run fails.
@@ -217,6 +243,7 @@ class Controller {
   std::deque<std::string> inbox_exited_;    // GUARDED_BY(mu_)
   std::deque<GpuNews> inbox_gpu_;           // GUARDED_BY(mu_)
   std::deque<ResumeRequest> inbox_resume_;  // GUARDED_BY(mu_)
+  std::deque<ClusterNews> inbox_cluster_;   // GUARDED_BY(mu_)
   // GPU samples for the runs' evidence. GUARDED_BY(mu_)
   std::deque<std::vector<evidence::GpuSample>> inbox_samples_;
   std::map<std::string, nlohmann::json> pending_info_;  // GUARDED_BY(mu_)

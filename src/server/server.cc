@@ -24,6 +24,7 @@
 #include "server/api.h"
 #include "server/controller.h"
 #include "server/http.h"
+#include "server/kube_cluster.h"
 #include "store/store.h"
 #include "tls/tls.h"
 
@@ -184,6 +185,31 @@ int RunServer(const ServerOptions& options) {
   log(gpus.devices.empty()
           ? "no GPUs: " + gpus.note
           : fmt::format("{} GPU(s), driver {}", gpus.devices.size(), gpus.driver_version));
+  // The Kubernetes backend: the cluster is read before the controller recovers its runs.
+  std::unique_ptr<kubeapi::Client> kube_client;
+  std::unique_ptr<Cluster> cluster;
+  if (options.backend == "kubernetes") {
+    auto config = options.kubeconfig.empty()
+                      ? kubeapi::LoadDefaultConfig(options.kube_context)
+                      : kubeapi::LoadKubeconfig(options.kubeconfig, options.kube_context);
+    if (!config.ok()) {
+      log("kubernetes backend: " + config.status().message());
+      return 2;
+    }
+    auto client = kubeapi::Client::Create(std::move(*config));
+    if (!client.ok()) {
+      log("kubernetes backend: " + client.status().message());
+      return 2;
+    }
+    kube_client = std::move(*client);
+    KubeClusterOptions kopts;
+    kopts.default_image = options.default_image;
+    cluster = NewKubeCluster(kube_client.get(), kopts);
+    log(fmt::format("kubernetes backend: API server {}", kube_client->config().server));
+  } else if (options.backend != "local") {
+    log(fmt::format("unknown backend '{}': use local or kubernetes", options.backend));
+    return 2;
+  }
   Metrics metrics;
   ControllerOptions copts;
   copts.home = options.home;
@@ -191,6 +217,7 @@ int RunServer(const ServerOptions& options) {
   copts.stop_grace_ms = options.stop_grace_ms;
   copts.platform_file = options.home + "/platform.yaml";
   copts.metrics = &metrics;
+  copts.cluster = cluster.get();
   Controller controller(copts, store->get(), gpus);
   verdict_sink = &controller;
   // Verdicts from the first pass (and any change since) decide which GPUs placement may use.

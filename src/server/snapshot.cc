@@ -155,6 +155,28 @@ Result<Snapshot> StoreSnapshot(const std::string& root, std::vector<CodeFile> fi
   return snap;
 }
 
+Result<std::vector<CodeFile>> ReadSnapshot(const std::string& snapshot_dir) {
+  std::vector<CodeFile> files;
+  std::error_code ec;
+  std::filesystem::recursive_directory_iterator it(snapshot_dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    // StoreSnapshot writes only directories and regular files; anything else is not the run's.
+    if (!it->is_regular_file(ec) || it->is_symlink(ec)) continue;
+    CodeFile f;
+    f.path = std::filesystem::relative(it->path(), snapshot_dir, ec).generic_string();
+    f.mode = (it->status(ec).permissions() & std::filesystem::perms::owner_exec) !=
+                     std::filesystem::perms::none
+                 ? 0755
+                 : 0644;
+    TAU_ASSIGN_OR_RETURN(f.data, ReadFile(it->path().string()));
+    files.push_back(std::move(f));
+  }
+  if (ec) return Status(StatusCode::kIo, "cannot read the code snapshot: " + ec.message());
+  std::sort(files.begin(), files.end(),
+            [](const CodeFile& a, const CodeFile& b) { return a.path < b.path; });
+  return files;
+}
+
 Status CopySnapshot(const std::string& snapshot_dir, const std::string& work_dir) {
   std::error_code ec;
   std::filesystem::create_directories(work_dir, ec);

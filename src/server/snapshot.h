@@ -29,6 +29,9 @@ struct Snapshot {
 // files.
 Result<Snapshot> StoreSnapshot(const std::string& snapshots_root, std::vector<CodeFile> files);
 
+// The files of a stored snapshot (the Kubernetes backend ships them inside the run's object).
+Result<std::vector<CodeFile>> ReadSnapshot(const std::string& snapshot_dir);
+
 // Copies a snapshot into a run's private work directory.
 Status CopySnapshot(const std::string& snapshot_dir, const std::string& work_dir);
 

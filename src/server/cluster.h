@@ -1,0 +1,72 @@
+// A cluster that admits and runs attempts itself: the Kubernetes backend, where Kueue admits by
+// quota and the kubelets run the pods. The controller keeps every decision about runs (records,
+// retries, cancels, evidence) exactly as on the local backend; it hands the cluster the attempts
+// to create and delete, and what the cluster says of them comes back as ClusterNews.
+// kube_cluster.h is the implementation on the Kubernetes API.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "common/status.h"
+#include "kube/kube.h"
+#include "policy/policy.h"
+#include "spec/spec.h"
+
+namespace tau::server {
+
+// One attempt to create on the cluster.
+struct ClusterLaunch {
+  std::string run;
+  int attempt = 1;
+  const spec::RunSpec* spec = nullptr;  // with the resolved shape applied
+  const policy::ResolvedRun* resolved = nullptr;
+  std::shared_ptr<const policy::Platform> platform;
+  std::string snapshot_dir;  // the run's code, shipped inline
+  // The workspace's secrets, when the spec's env refers to any (SECRET:KEY): the cluster keeps
+  // them in the namespace's Secret that the pods read.
+  std::map<std::string, std::string> secrets;
+  std::string resume_from;     // TAU_RESUME_FROM of a later attempt
+  std::string failure_reason;  // TAU_FAILURE_REASON of a later attempt
+};
+
+// What the cluster says of an attempt; sent when it changes.
+struct ClusterNews {
+  std::string run;
+  int attempt = 0;
+  kube::AttemptObservation observed;
+  std::optional<int> position;  // while pending: its place in its LocalQueue (1 = next)
+};
+
+using AttemptKey = std::pair<std::string, int>;  // run, attempt
+
+class Cluster {
+ public:
+  virtual ~Cluster() = default;
+
+  // Reads what the cluster holds now and starts following it; news arrives on `on_news` from the
+  // cluster's threads (it must only queue it). An attempt's pod logs are kept under
+  // attempt_dir(run, attempt)/logs as rank-N.log. Returns the attempts that exist now, so that
+  // the controller can tell which of its recorded attempts vanished while it was away.
+  virtual Result<std::set<AttemptKey>> Start(
+      std::function<void(ClusterNews)> on_news,
+      std::function<std::string(const std::string& run, int attempt)> attempt_dir) = 0;
+  virtual void Stop() = 0;
+  // Refuses, at submission, a run that cannot be created there (no image, code over the inline
+  // limit, a volume without a claim, ...), with the renderer's message.
+  virtual Status Check(const spec::RunSpec& spec, const policy::ResolvedRun& resolved,
+                       const policy::Platform& platform, const std::string& snapshot_dir) = 0;
+  // Creates the attempt's objects, suspended for Kueue to admit. Unavailable when the API server
+  // cannot be reached (the controller tries again later); other errors fail the attempt.
+  virtual Status Launch(const ClusterLaunch& launch) = 0;
+  // Deletes the attempt's objects and their pods (background propagation), which frees the quota
+  // it holds. Deleting what is already gone is not an error.
+  virtual Status Delete(const std::string& run, int attempt) = 0;
+};
+
+}  // namespace tau::server

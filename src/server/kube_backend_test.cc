@@ -1,0 +1,435 @@
+// The Kubernetes backend end to end inside one process: the controller with a KubeCluster against
+// the fake API server (src/kubeapi/fake_apiserver.h), over real HTTP. The test plays Kueue (it
+// makes the Workload, reserves quota, unsuspends the Job, preempts) and the kubelet (it makes the
+// pods, writes their logs, ends them) with plain API calls, as those controllers would.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "common/clock.h"
+#include "common/files.h"
+#include "kubeapi/fake_apiserver.h"
+#include "kubeapi/kubeapi.h"
+#include "server/controller.h"
+#include "server/kube_cluster.h"
+#include "store/store.h"
+
+namespace tau::server {
+namespace {
+
+using nlohmann::json;
+using store::RunState;
+
+const char* kSpec = R"(schema_version: 1
+name: k8s-train
+run:
+  entrypoint: train.py
+  workload_kind: job
+compute:
+  gpus: 0
+  workers: 1
+  cpus: 1
+  memory: 1Gi
+runtime:
+  image: python:3.12
+)";
+
+std::string WithResilience(const std::string& retry_on, int max_retries) {
+  return std::string(kSpec) +
+         fmt::format("resilience:\n  max_retries: {}\n  backoff_initial: 0s\n  retry_on: [{}]\n",
+                     max_retries, retry_on);
+}
+
+class KubeBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tau-kube-backend-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    home_ = tmpl;
+    ASSERT_TRUE(fake_.Start().ok());
+    kube_ = NewClient();
+    cluster_client_ = NewClient();
+    auto store = store::Store::Open(home_ + "/tau.db");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(*store);
+    StartController();
+  }
+  void TearDown() override {
+    StopController();
+    (void)RemoveTree(home_);
+  }
+
+  std::unique_ptr<kubeapi::Client> NewClient() {
+    kubeapi::ClusterConfig config;
+    config.server = fake_.url();
+    kubeapi::ClientOptions options;
+    options.max_attempts = 2;
+    options.initial_backoff_ms = 20;
+    auto client = kubeapi::Client::Create(config, options);
+    EXPECT_TRUE(client.ok()) << client.status().ToString();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  void StartController() {
+    KubeClusterOptions kopts;
+    kopts.resync_ms = 500;
+    kopts.watch_timeout_seconds = 5;
+    cluster_ = NewKubeCluster(cluster_client_.get(), kopts);
+    ControllerOptions options;
+    options.home = home_;
+    options.tau_binary = "/bin/false";  // never started: nothing runs on this machine
+    options.platform_file = home_ + "/platform.yaml";
+    options.cluster = cluster_.get();
+    controller_ = std::make_unique<Controller>(options, store_.get(), health::GpuInventory{});
+    Status s = controller_->Start();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  void StopController() {
+    if (controller_) controller_->Stop();
+    controller_.reset();
+    cluster_.reset();
+  }
+
+  std::string Submit(const std::string& yaml, std::vector<CodeFile> code = {}) {
+    if (code.empty()) code.push_back({"train.py", 0644, "print('hello from the cluster')\n"});
+    SubmitRequest request;
+    request.spec_file = "tau.yaml";
+    request.spec_yaml = yaml;
+    request.code = std::move(code);
+    request.caller = {"alice", {}};
+    SubmitError error;
+    auto r = controller_->Submit(std::move(request), &error);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->name : "";
+  }
+
+  store::RunRecord Run(const std::string& name) {
+    auto r = store_->GetRun(name);
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? *r : store::RunRecord{};
+  }
+
+  // Waits up to 10 s for `done`; false when it never held.
+  bool WaitFor(const std::function<bool()>& done) {
+    int64_t deadline = MonotonicMillis() + 10'000;
+    while (MonotonicMillis() < deadline) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return done();
+  }
+  bool WaitForState(const std::string& name, RunState state) {
+    bool ok = WaitFor([&] { return Run(name).state == state; });
+    EXPECT_TRUE(ok) << name << " is " << store::RunStateName(Run(name).state) << " ("
+                    << Run(name).message << "), expected " << store::RunStateName(state);
+    return ok;
+  }
+
+  int Position(const std::string& run) {
+    json p = controller_->PendingInfo(run);
+    return p.is_object() && p.contains("position") && p["position"].is_number_integer()
+               ? p["position"].get<int>()
+               : 0;
+  }
+  std::string JobName(const std::string& run, int attempt) {
+    return fmt::format("{}-{}", run, attempt);
+  }
+  json Job(const std::string& run, int attempt) {
+    return fake_.Object("batch/v1/jobs", "default", JobName(run, attempt));
+  }
+  bool WaitForJob(const std::string& run, int attempt) {
+    bool ok = WaitFor([&] { return !Job(run, attempt).is_null(); });
+    if (!ok) {
+      std::string events;
+      for (const store::Event& e : Events(run)) events += "\n  " + e.type + ": " + e.message;
+      ADD_FAILURE() << "no Job " << JobName(run, attempt) << "; the run is "
+                    << store::RunStateName(Run(run).state) << events
+                    << "\n  pending: " << controller_->PendingInfo(run).dump();
+      for (const auto& req : fake_.Requests())
+        if (req.method != "GET") ADD_FAILURE() << req.method << " " << req.path;
+      auto jobs = kube_->List("batch/v1", "Job", "");
+      if (!jobs.ok()) ADD_FAILURE() << jobs.status().ToString();
+      if (jobs.ok())
+        for (const json& j : jobs->items) ADD_FAILURE() << "there is " << j["metadata"].dump();
+    }
+    return ok;
+  }
+
+  // ---- Kueue's part ----
+  std::string WorkloadName(const std::string& run, int attempt) {
+    return "job-" + JobName(run, attempt) + "-1a2b3";
+  }
+  void MakeWorkload(const std::string& run, int attempt, int priority = 0) {
+    json job = Job(run, attempt);
+    json owner = {{"apiVersion", "batch/v1"},
+                  {"kind", "Job"},
+                  {"name", JobName(run, attempt)},
+                  {"uid", job["metadata"]["uid"]},
+                  {"controller", true}};
+    json pending = {{"type", "QuotaReserved"},
+                    {"status", "False"},
+                    {"reason", "Pending"},
+                    {"message",
+                     "couldn't assign flavors to pod set main: insufficient unused quota for cpu "
+                     "in flavor default, 1 more needed"}};
+    json wl = {{"apiVersion", "kueue.x-k8s.io/v1beta1"}, {"kind", "Workload"}};
+    wl["metadata"] = {{"name", WorkloadName(run, attempt)},
+                      {"namespace", "default"},
+                      {"ownerReferences", json::array({owner})}};
+    wl["spec"] = {{"queueName", "default"}, {"priority", priority}};
+    wl["status"] = {{"conditions", json::array({pending})}};
+    auto created_wl = kube_->Create(wl);
+    ASSERT_TRUE(created_wl.ok()) << created_wl.status().ToString();
+  }
+  void SetWorkloadStatus(const std::string& run, int attempt, const json& status) {
+    auto patched = kube_->MergePatch("kueue.x-k8s.io/v1beta1", "Workload", "default",
+                                     WorkloadName(run, attempt), {{"status", status}}, "status");
+    ASSERT_TRUE(patched.ok()) << patched.status().ToString();
+  }
+  void Admit(const std::string& run, int attempt) {
+    SetWorkloadStatus(
+        run, attempt,
+        {{"conditions",
+          {{{"type", "QuotaReserved"}, {"status", "True"}, {"reason", "QuotaReserved"}},
+           {{"type", "Admitted"}, {"status", "True"}, {"reason", "Admitted"}}}},
+         {"admission",
+          {{"clusterQueue", "default"},
+           {"podSetAssignments",
+            {{{"name", "main"}, {"flavors", {{"cpu", "default"}, {"memory", "default"}}}}}}}}});
+    auto unsuspended = kube_->MergePatch("batch/v1", "Job", "default", JobName(run, attempt),
+                                         {{"spec", {{"suspend", false}}}});
+    ASSERT_TRUE(unsuspended.ok()) << unsuspended.status().ToString();
+  }
+
+  // ---- the kubelet's part ----
+  std::string PodName(const std::string& run, int attempt) {
+    return JobName(run, attempt) + "-x7k";
+  }
+  void StartPod(const std::string& run, int attempt) {
+    json pod = {
+        {"apiVersion", "v1"},
+        {"kind", "Pod"},
+        {"metadata",
+         {{"name", PodName(run, attempt)},
+          {"namespace", "default"},
+          {"labels", {{"tau.dev/run", run}, {"tau.dev/attempt", std::to_string(attempt)}}}}},
+        {"spec", {{"containers", {{{"name", "worker"}, {"image", "python:3.12"}}}}}},
+        {"status", {{"phase", "Running"}}}};
+    auto created = kube_->Create(pod);
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+  }
+  void SetPodStatus(const std::string& run, int attempt, const json& status) {
+    auto patched = kube_->MergePatch("v1", "Pod", "default", PodName(run, attempt),
+                                     {{"status", status}}, "status");
+    ASSERT_TRUE(patched.ok()) << patched.status().ToString();
+  }
+  void SetJobCondition(const std::string& run, int attempt, const std::string& type,
+                       const std::string& reason) {
+    auto patched = kube_->MergePatch(
+        "batch/v1", "Job", "default", JobName(run, attempt),
+        {{"status", {{"conditions", {{{"type", type}, {"status", "True"}, {"reason", reason}}}}}}},
+        "status");
+    ASSERT_TRUE(patched.ok()) << patched.status().ToString();
+  }
+  std::string Log(const std::string& run, int attempt) {
+    auto text =
+        ReadFile(fmt::format("{}/runs/{}/attempts/{}/logs/rank-0.log", home_, run, attempt));
+    return text.ok() ? *text : "";
+  }
+  std::vector<store::Event> Events(const std::string& run) {
+    auto events = store_->ListEvents(run);
+    return events.ok() ? *events : std::vector<store::Event>{};
+  }
+
+  std::string home_;
+  kubeapi::FakeApiServer fake_;
+  std::unique_ptr<kubeapi::Client> kube_;            // the test: Kueue and the kubelet
+  std::unique_ptr<kubeapi::Client> cluster_client_;  // tau's
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<Cluster> cluster_;
+  std::unique_ptr<Controller> controller_;
+};
+
+TEST_F(KubeBackendTest, RunGoesThroughKueueAndKeepsItsLogs) {
+  std::string name = Submit(kSpec);
+  ASSERT_TRUE(WaitForJob(name, 1));
+  json job = Job(name, 1);
+  EXPECT_EQ(job["spec"]["suspend"], true) << "created suspended, for Kueue to admit";
+  EXPECT_EQ(job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], "default");
+  EXPECT_EQ(Run(name).state, RunState::kQueued);
+  // Before Kueue has a Workload for it, tau says what it waits for.
+  ASSERT_TRUE(WaitFor([&] {
+    return controller_->PendingInfo(name).value("code", "") == "WaitingForKueue";
+  })) << controller_->PendingInfo(name).dump();
+
+  MakeWorkload(name, 1);
+  ASSERT_TRUE(WaitFor([&] {
+    return controller_->PendingInfo(name).value("code", "") == "Pending";
+  })) << controller_->PendingInfo(name).dump();
+  json pending = controller_->PendingInfo(name);
+  EXPECT_NE(pending.value("reason", "").find("insufficient unused quota for cpu"),
+            std::string::npos)
+      << pending.dump();
+  EXPECT_EQ(pending["position"], 1);
+
+  Admit(name, 1);
+  ASSERT_TRUE(WaitForState(name, RunState::kAdmitted));
+  EXPECT_EQ(Run(name).flavors["main"]["cpu"], "default");
+
+  StartPod(name, 1);
+  ASSERT_TRUE(WaitForState(name, RunState::kRunning));
+  fake_.AppendLog("default", PodName(name, 1), "step 1 loss 0.5\n");
+  fake_.AppendLog("default", PodName(name, 1), "step 2 loss 0.25\n");
+  ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == "step 1 loss 0.5\nstep 2 loss 0.25\n"; }))
+      << Log(name, 1);
+
+  fake_.EndLog("default", PodName(name, 1));
+  SetPodStatus(name, 1,
+               {{"phase", "Succeeded"},
+                {"containerStatuses",
+                 {{{"name", "worker"}, {"state", {{"terminated", {{"exitCode", 0}}}}}}}}});
+  SetJobCondition(name, 1, "Complete", "Completed");
+  ASSERT_TRUE(WaitForState(name, RunState::kSucceeded));
+  EXPECT_EQ(Run(name).exit_code, 0);
+  // The pod may go; the log stays with the run.
+  ASSERT_TRUE(kube_->Delete("v1", "Pod", "default", PodName(name, 1)).ok());
+  EXPECT_EQ(Log(name, 1), "step 1 loss 0.5\nstep 2 loss 0.25\n");
+  auto attempts = store_->ListAttempts(name);
+  ASSERT_TRUE(attempts.ok());
+  ASSERT_EQ(attempts->size(), 1u);
+  EXPECT_EQ(attempts->front().reason, "Succeeded");
+}
+
+TEST_F(KubeBackendTest, EvictedPodIsRetriedAsANewJobAndOomIsNot) {
+  std::string name = Submit(WithResilience("Evicted", 1));
+  ASSERT_TRUE(WaitForJob(name, 1));
+  MakeWorkload(name, 1);
+  Admit(name, 1);
+  StartPod(name, 1);
+  ASSERT_TRUE(WaitForState(name, RunState::kRunning));
+  SetPodStatus(name, 1,
+               {{"phase", "Failed"},
+                {"reason", "Evicted"},
+                {"message", "The node was low on resource: memory."}});
+  SetJobCondition(name, 1, "Failed", "BackoffLimitExceeded");
+  // Attempt 1 ends Evicted; the retry is a Job of its own, queued for Kueue again.
+  ASSERT_TRUE(WaitForJob(name, 2));
+  EXPECT_EQ(Job(name, 2)["spec"]["suspend"], true);
+  auto attempts = store_->ListAttempts(name);
+  ASSERT_TRUE(attempts.ok());
+  ASSERT_GE(attempts->size(), 1u);
+  EXPECT_EQ(attempts->front().reason, "Evicted");
+  EXPECT_NE(attempts->front().message.find("low on resource"), std::string::npos);
+
+  // Attempt 2 is OOM-killed: not in retry_on, so the run fails with that class.
+  MakeWorkload(name, 2);
+  Admit(name, 2);
+  StartPod(name, 2);
+  ASSERT_TRUE(WaitForState(name, RunState::kRunning));
+  SetPodStatus(name, 2,
+               {{"phase", "Failed"},
+                {"containerStatuses",
+                 {{{"name", "worker"},
+                   {"state", {{"terminated", {{"exitCode", 137}, {"reason", "OOMKilled"}}}}}}}}});
+  SetJobCondition(name, 2, "Failed", "BackoffLimitExceeded");
+  ASSERT_TRUE(WaitForState(name, RunState::kFailed));
+  EXPECT_EQ(Run(name).reason, "OOMKilled");
+  EXPECT_EQ(Run(name).exit_code, 137);
+  EXPECT_TRUE(Job(name, 3).is_null()) << "no third attempt";
+}
+
+TEST_F(KubeBackendTest, KueuePreemptionRequeuesWithAFreshJob) {
+  std::string name = Submit(kSpec);
+  ASSERT_TRUE(WaitForJob(name, 1));
+  MakeWorkload(name, 1);
+  Admit(name, 1);
+  StartPod(name, 1);
+  ASSERT_TRUE(WaitForState(name, RunState::kRunning));
+  SetWorkloadStatus(name, 1,
+                    {{"conditions",
+                      {{{"type", "QuotaReserved"}, {"status", "False"}, {"reason", "Preempted"}},
+                       {{"type", "Admitted"}, {"status", "False"}, {"reason", "Preempted"}},
+                       {{"type", "Evicted"},
+                        {"status", "True"},
+                        {"reason", "Preempted"},
+                        {"message",
+                         "Preempted to accommodate a workload (UID: u-9) due to prioritization in "
+                         "the ClusterQueue"}}}}});
+  ASSERT_TRUE(WaitForJob(name, 2));
+  EXPECT_TRUE(Job(name, 1).is_null()) << "the preempted attempt's Job is deleted";
+  store::RunRecord r = Run(name);
+  EXPECT_EQ(r.state, RunState::kQueued);
+  EXPECT_EQ(r.preemptions, 1);
+  auto attempts = store_->ListAttempts(name);
+  ASSERT_TRUE(attempts.ok());
+  EXPECT_EQ(attempts->front().reason, "Preempted");
+  EXPECT_NE(attempts->front().message.find("prioritization"), std::string::npos);
+}
+
+TEST_F(KubeBackendTest, CancelDeletesTheJobAndPendingRunsKnowTheirPlace) {
+  std::string first = Submit(kSpec);
+  std::string second = Submit(kSpec);
+  ASSERT_TRUE(WaitForJob(first, 1));
+  ASSERT_TRUE(WaitForJob(second, 1));
+  // The API server stamps creationTimestamp to the second: priority orders these two.
+  MakeWorkload(first, 1, 10);
+  MakeWorkload(second, 1, 0);
+  ASSERT_TRUE(WaitFor([&] { return Position(second) == 2; }))
+      << controller_->PendingInfo(second).dump();
+  EXPECT_EQ(Position(first), 1);
+
+  ASSERT_TRUE(controller_->Cancel(first).ok());
+  ASSERT_TRUE(WaitForState(first, RunState::kCancelled));
+  EXPECT_TRUE(Job(first, 1).is_null()) << "deleting the Job frees its quota in Kueue";
+  // Kueue would delete the Workload with its owner; the fake has no garbage collector.
+  ASSERT_TRUE(
+      kube_->Delete("kueue.x-k8s.io/v1beta1", "Workload", "default", WorkloadName(first, 1)).ok());
+  ASSERT_TRUE(WaitFor([&] { return Position(second) == 1; }))
+      << controller_->PendingInfo(second).dump();
+}
+
+TEST_F(KubeBackendTest, RestartReadoptsRunningAttemptsAndNoticesVanishedOnes) {
+  std::string kept = Submit(kSpec);
+  std::string lost = Submit(WithResilience("NodeLost", 0));
+  ASSERT_TRUE(WaitForJob(kept, 1));
+  ASSERT_TRUE(WaitForJob(lost, 1));
+  for (const std::string& name : {kept, lost}) {
+    MakeWorkload(name, 1);
+    Admit(name, 1);
+    StartPod(name, 1);
+    ASSERT_TRUE(WaitForState(name, RunState::kRunning));
+  }
+  StopController();
+  // While the server is away: one Job finishes, the other is deleted by someone else.
+  SetPodStatus(kept, 1, {{"phase", "Succeeded"}});
+  SetJobCondition(kept, 1, "Complete", "Completed");
+  ASSERT_TRUE(kube_->Delete("batch/v1", "Job", "default", JobName(lost, 1)).ok());
+  StartController();
+  ASSERT_TRUE(WaitForState(kept, RunState::kSucceeded));
+  EXPECT_TRUE(Job(kept, 2).is_null()) << "re-adopted, not created again";
+  ASSERT_TRUE(WaitForState(lost, RunState::kFailed));
+  EXPECT_EQ(Run(lost).reason, "NodeLost");
+}
+
+TEST_F(KubeBackendTest, UnrenderableRunsAreRefusedAtSubmission) {
+  std::string no_image = kSpec;
+  no_image.replace(no_image.find("  image: python:3.12\n"), 21, "  env: {A: b}\n");
+  SubmitRequest request;
+  request.spec_file = "tau.yaml";
+  request.spec_yaml = no_image;
+  request.code = {{"train.py", 0644, "print(1)\n"}};
+  request.caller = {"alice", {}};
+  SubmitError error;
+  auto r = controller_->Submit(std::move(request), &error);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("image"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ(fake_.ObjectCount("batch/v1/jobs"), 0u);
+}
+
+}  // namespace
+}  // namespace tau::server

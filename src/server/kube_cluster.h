@@ -1,0 +1,29 @@
+// The Kubernetes backend's Cluster (cluster.h) on the Kubernetes API (src/kubeapi): attempts
+// become the Jobs and RayJobs that kube::RenderRun makes, created suspended for Kueue; four
+// watches (Jobs, RayJobs, Kueue Workloads, the runs' pods) feed kube::ObserveAttempt, whose
+// changes become ClusterNews; each attempt's pod logs are streamed into its attempt directory as
+// they are written, so they outlive the pods.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kubeapi/kubeapi.h"
+#include "server/cluster.h"
+
+namespace tau::server {
+
+struct KubeClusterOptions {
+  // The image of runs whose spec names none (runtime.image).
+  std::string default_image;
+  // How often everything is looked at again even without watch events (a missed event costs at
+  // most this long).
+  int64_t resync_ms = 30'000;
+  // Watches are re-opened after this (the API server ends them anyway).
+  int watch_timeout_seconds = 300;
+};
+
+// `client` must outlive the cluster.
+std::unique_ptr<Cluster> NewKubeCluster(kubeapi::Client* client, KubeClusterOptions options);
+
+}  // namespace tau::server
