@@ -78,7 +78,8 @@ json Rule(std::vector<std::string> groups, std::vector<std::string> resources,
 // neither `escalate` nor `bind`. No `delete` on namespaces: removing a workspace from the
 // platform must not delete its runs' history; an administrator does that.
 json ServerRules() {
-  const std::vector<std::string> submit = {"get", "list", "watch", "create", "delete"};
+  // Runs are created with server-side apply (a PATCH).
+  const std::vector<std::string> submit = {"get", "list", "watch", "create", "patch", "delete"};
   const std::vector<std::string> read = {"get", "list", "watch"};
   const std::vector<std::string> apply = {"get",    "list",  "watch", "create",
                                           "update", "patch", "delete"};
@@ -95,8 +96,9 @@ json ServerRules() {
           apply),
       Rule({""}, {"namespaces"}, {"get", "list", "watch", "create", "update", "patch"}),
       Rule({"rbac.authorization.k8s.io"}, {"roles", "rolebindings"}, apply),
-      // Secret references of runs (tau-secrets) are checked to exist, never read in bulk.
-      Rule({""}, {"secrets"}, {"get"}),
+      // The workspace secrets of runs are written to each namespace's tau-secrets (server-side
+      // apply); no list or watch, so no other Secret is ever read in bulk.
+      Rule({""}, {"secrets"}, {"get", "create", "patch"}),
       Rule({""}, {"nodes"}, read),
       Rule({"authorization.k8s.io"}, {"subjectaccessreviews"}, {"create"}),
   });

@@ -278,6 +278,22 @@ json FakeApiServer::Commit(const Target& target, const std::string& type, json o
 }
 
 void FakeApiServer::Handle(const server::HttpRequest& req, server::HttpResponse& res) {
+  // Test control, not an API-server path: POST /fake/logs/NAMESPACE/POD appends the body to the
+  // pod's log (AppendLog), and ?end=true then ends it (EndLog), so that a test in another process
+  // (tests/fake_apiserver) can play the kubelet's logs. Neither recorded nor subject to the token
+  // or to injected failures.
+  if (StartsWith(req.path, "/fake/")) {
+    std::vector<std::string> parts = Split(req.path.substr(1), '/');
+    if (req.method != "POST" || parts.size() != 4 || parts[1] != "logs" || parts[2].empty() ||
+        parts[3].empty()) {
+      Fail(res, 404, "NotFound", "unknown test control");
+      return;
+    }
+    if (!req.body.empty()) AppendLog(parts[2], parts[3], req.body);
+    if (req.get_param_value("end") == "true") EndLog(parts[2], parts[3]);
+    Reply(res, 200, json{{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Success"}});
+    return;
+  }
   Target target;
   {
     std::lock_guard<std::mutex> lock(mu_);

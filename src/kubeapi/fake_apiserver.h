@@ -17,7 +17,9 @@
 //   * pod logs (/log, follow=true streams what tests append), SubjectAccessReviews from grants;
 //   * legacy discovery (/api, /apis, resource lists) for the kinds tau knows, so kubectl works;
 //   * test controls: failure injection (429/500/503 with Retry-After), a required bearer token,
-//     and a request log.
+//     and a request log; and one over HTTP for tests in another process (tau-fake-apiserver,
+//     tests/fake_apiserver): POST /fake/logs/NAMESPACE/POD appends the body to the pod's log
+//     (AppendLog), with ?end=true ends it (EndLog). It is no API-server path.
 #pragma once
 
 #include <condition_variable>

@@ -416,6 +416,87 @@ TEST_F(KubeBackendTest, RestartReadoptsRunningAttemptsAndNoticesVanishedOnes) {
   EXPECT_EQ(Run(lost).reason, "NodeLost");
 }
 
+TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromItsSubmitterPod) {
+  std::string spec = kSpec;
+  spec.replace(spec.find("workload_kind: job"), 18, "workload_kind: rayjob");
+  std::string name = Submit(spec);
+  json rayjob;
+  ASSERT_TRUE(WaitFor([&] {
+    rayjob = fake_.Object("ray.io/v1/rayjobs", "default", JobName(name, 1));
+    return !rayjob.is_null();
+  }));
+  EXPECT_EQ(rayjob["spec"]["suspend"], true);
+  // Kueue admits the RayJob; KubeRay starts the cluster and the submitter Job, whose pod (not
+  // labelled by tau) prints the driver's output.
+  json owner = {{"apiVersion", "ray.io/v1"},
+                {"kind", "RayJob"},
+                {"name", JobName(name, 1)},
+                {"uid", rayjob["metadata"]["uid"]}};
+  json wl = {{"apiVersion", "kueue.x-k8s.io/v1beta1"},
+             {"kind", "Workload"},
+             {"metadata",
+              {{"name", "rayjob-" + JobName(name, 1)},
+               {"namespace", "default"},
+               {"ownerReferences", json::array({owner})}}},
+             {"spec", {{"queueName", "default"}}}};
+  ASSERT_TRUE(kube_->Create(wl).ok());
+  ASSERT_TRUE(kube_
+                  ->MergePatch("kueue.x-k8s.io/v1beta1", "Workload", "default",
+                               "rayjob-" + JobName(name, 1),
+                               {{"status",
+                                 {{"conditions",
+                                   {{{"type", "QuotaReserved"}, {"status", "True"}},
+                                    {{"type", "Admitted"}, {"status", "True"}}}},
+                                  {"admission", {{"clusterQueue", "default"}}}}}},
+                               "status")
+                  .ok());
+  json submitter = {{"apiVersion", "v1"},
+                    {"kind", "Pod"},
+                    {"metadata",
+                     {{"name", JobName(name, 1) + "-submitter"},
+                      {"namespace", "default"},
+                      {"labels", {{"batch.kubernetes.io/job-name", JobName(name, 1)}}}}},
+                    {"status", {{"phase", "Running"}}}};
+  ASSERT_TRUE(kube_->Create(submitter).ok());
+  fake_.AppendLog("default", JobName(name, 1) + "-submitter", "ray driver: epoch 1\n");
+  ASSERT_TRUE(
+      kube_
+          ->MergePatch("ray.io/v1", "RayJob", "default", JobName(name, 1),
+                       {{"status", {{"jobDeploymentStatus", "Running"}, {"jobStatus", "RUNNING"}}}},
+                       "status")
+          .ok());
+  ASSERT_TRUE(WaitForState(name, RunState::kRunning));
+  ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == "ray driver: epoch 1\n"; })) << Log(name, 1);
+  fake_.EndLog("default", JobName(name, 1) + "-submitter");
+  ASSERT_TRUE(
+      kube_
+          ->MergePatch(
+              "ray.io/v1", "RayJob", "default", JobName(name, 1),
+              {{"status", {{"jobDeploymentStatus", "Complete"}, {"jobStatus", "SUCCEEDED"}}}},
+              "status")
+          .ok());
+  ASSERT_TRUE(WaitForState(name, RunState::kSucceeded));
+}
+
+TEST_F(KubeBackendTest, WorkspaceSecretsReachTheNamespaceSecretNotTheJob) {
+  store::SecretInfo info;
+  info.workspace = "default";
+  info.key = "api-token";
+  info.updated_by = "alice";
+  ASSERT_TRUE(store_->PutSecret(info, "s3cr3t-value").ok());
+  std::string spec = kSpec;
+  spec.replace(spec.find("  image: python:3.12\n"), 21,
+               "  image: python:3.12\n  env:\n    API_TOKEN: SECRET:api-token\n");
+  std::string name = Submit(spec);
+  ASSERT_TRUE(WaitForJob(name, 1));
+  json secret = fake_.Object("v1/secrets", "default", "tau-secrets");
+  ASSERT_FALSE(secret.is_null());
+  EXPECT_EQ(secret["stringData"]["api-token"], "s3cr3t-value");
+  std::string job = Job(name, 1).dump();
+  EXPECT_EQ(job.find("s3cr3t-value"), std::string::npos) << "the value never enters the Job";
+  EXPECT_NE(job.find("secretKeyRef"), std::string::npos);
+}
+
 TEST_F(KubeBackendTest, UnrenderableRunsAreRefusedAtSubmission) {
   std::string no_image = kSpec;
   no_image.replace(no_image.find("  image: python:3.12\n"), 21, "  env: {A: b}\n");

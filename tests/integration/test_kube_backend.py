@@ -1,0 +1,309 @@
+"""The Kubernetes backend end to end: a real `tau server --backend kubernetes` and the real CLI against
+tau-fake-apiserver (src/kubeapi/fake_apiserver.h as a program of its own, tests/fake_apiserver). The
+test plays Kueue (it makes the Workload, reserves quota, unsuspends the Job) and the kubelet (it
+makes the pods, writes their logs through the fake's test control POST /fake/logs/NS/POD, ends
+them) with plain API calls, as those controllers would; src/server/kube_backend_test.cc does the
+same inside one process."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import unittest
+import urllib.error
+import urllib.request
+
+from harness import BINARY_DIR, TauServer, wait_for
+
+FAKE_APISERVER = os.path.abspath(os.path.join(BINARY_DIR, "tests", "tau-fake-apiserver"))
+TOKEN = "e2e-t0ken"
+NS = "default"
+CLUSTER_QUEUE = "team-a"
+KUEUE_MESSAGE = ("couldn't assign flavors to pod set main: insufficient unused quota for cpu in "
+                 "flavor default, 1 more needed")
+
+SPEC = """schema_version: 1
+name: {name}
+run:
+  entrypoint: train.py
+  workload_kind: job
+compute:
+  gpus: 0
+  workers: 1
+  cpus: 1
+  memory: 1Gi
+runtime:
+  image: python:3.12
+"""
+
+
+class FakeKube:
+    """The fake API server process, and Kueue's and the kubelet's part, over plain HTTP."""
+
+    def __init__(self):
+        # stdin is a pipe the fake watches: it goes when this process does, however that happens.
+        self.proc = subprocess.Popen([FAKE_APISERVER, "--require-token", TOKEN],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url.startswith("http://127.0.0.1:"):
+            self.stop()
+            raise AssertionError(f"tau-fake-apiserver printed {self.url!r}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+
+    def kubeconfig(self, path):
+        with open(path, "w") as f:
+            f.write("apiVersion: v1\nkind: Config\n"
+                    f"clusters:\n- name: fake\n  cluster:\n    server: {self.url}\n"
+                    f"users:\n- name: tester\n  user:\n    token: {TOKEN}\n"
+                    "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: tester\n"
+                    "current-context: fake\n")
+
+    def request(self, method, path, body=None, content_type="application/json"):
+        """(HTTP status, decoded JSON body or None)."""
+        data = None
+        if body is not None:
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {TOKEN}")
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as res:
+                status, text = res.status, res.read().decode()
+        except urllib.error.HTTPError as e:
+            status, text = e.code, e.read().decode()
+        try:
+            return status, json.loads(text) if text else None
+        except json.JSONDecodeError:
+            return status, text
+
+    def must(self, method, path, body=None, content_type="application/json"):
+        status, obj = self.request(method, path, body, content_type)
+        if status // 100 != 2:
+            raise AssertionError(f"{method} {path}: {status} {obj}")
+        return obj
+
+    def get(self, path):
+        """The object, or None when the API server answers 404."""
+        status, obj = self.request("GET", path)
+        if status == 404:
+            return None
+        if status != 200:
+            raise AssertionError(f"GET {path}: {status} {obj}")
+        return obj
+
+    def merge_patch(self, path, patch):
+        return self.must("PATCH", path, patch, "application/merge-patch+json")
+
+    # ---- paths ----
+    @staticmethod
+    def job_path(job):
+        return f"/apis/batch/v1/namespaces/{NS}/jobs/{job}"
+
+    @staticmethod
+    def pod_path(pod):
+        return f"/api/v1/namespaces/{NS}/pods/{pod}"
+
+    @staticmethod
+    def workload_path(workload=""):
+        return f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{NS}/workloads" + (
+            f"/{workload}" if workload else "")
+
+    def job(self, job):
+        return self.get(self.job_path(job))
+
+    # ---- Kueue's part ----
+    def make_pending_workload(self, job):
+        uid = self.job(job)["metadata"]["uid"]
+        self.must("POST", self.workload_path(), {
+            "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+            "metadata": {"name": f"job-{job}-1a2b3", "namespace": NS, "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": uid,
+                 "controller": True}]},
+            "spec": {"queueName": "default", "priority": 0},
+            "status": {"conditions": [{"type": "QuotaReserved", "status": "False",
+                                       "reason": "Pending", "message": KUEUE_MESSAGE}]}})
+
+    def admit(self, job):
+        self.merge_patch(self.workload_path(f"job-{job}-1a2b3") + "/status", {"status": {
+            "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+                           {"type": "Admitted", "status": "True", "reason": "Admitted"}],
+            "admission": {"clusterQueue": CLUSTER_QUEUE, "podSetAssignments": [
+                {"name": "main", "flavors": {"cpu": "default", "memory": "default"}}]}}})
+        self.merge_patch(self.job_path(job), {"spec": {"suspend": False}})
+
+    # ---- the kubelet's and the Job controller's part ----
+    def start_pod(self, run, attempt=1):
+        pod = f"{run}-{attempt}-x7k"
+        self.must("POST", f"/api/v1/namespaces/{NS}/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": NS,
+                         "labels": {"tau.dev/run": run, "tau.dev/attempt": str(attempt)}},
+            "spec": {"containers": [{"name": "worker", "image": "python:3.12"}]},
+            "status": {"phase": "Running"}})
+        return pod
+
+    def set_pod_status(self, pod, status):
+        self.merge_patch(self.pod_path(pod) + "/status", {"status": status})
+
+    def set_job_condition(self, job, type_, reason):
+        self.merge_patch(self.job_path(job) + "/status", {"status": {"conditions": [
+            {"type": type_, "status": "True", "reason": reason}]}})
+
+    def append_log(self, pod, text):
+        self.must("POST", f"/fake/logs/{NS}/{pod}", text, "text/plain")
+
+    def end_log(self, pod):
+        self.must("POST", f"/fake/logs/{NS}/{pod}?end=true", "", "text/plain")
+
+
+@unittest.skipUnless(os.path.exists(FAKE_APISERVER), f"needs {FAKE_APISERVER} (tests/CMakeLists.txt)")
+class KubeBackendTest(unittest.TestCase):
+    def setUp(self):
+        self.kube = FakeKube()
+        self.addCleanup(self.kube.stop)
+        self.work = tempfile.mkdtemp(prefix="tau-it-kube-")
+        self.addCleanup(shutil.rmtree, self.work, True)
+        kubeconfig = os.path.join(self.work, "kubeconfig")
+        self.kube.kubeconfig(kubeconfig)
+        self.server = TauServer(extra_args=[
+            "--backend", "kubernetes", "--kubeconfig", kubeconfig,
+            "--default-image", "python:3.12"])
+        self.addCleanup(self.server.stop)
+        self.server.start()
+
+    def submit(self, name="k8s-train"):
+        d = tempfile.mkdtemp(dir=self.work)
+        with open(os.path.join(d, "train.py"), "w") as f:
+            f.write("print('hello from the cluster')\n")
+        with open(os.path.join(d, "tau.yaml"), "w") as f:
+            f.write(SPEC.format(name=name))
+        run = self.server.tau("run", "--detach", os.path.join(d, "tau.yaml"), check=0).stdout.strip()
+        self.assertRegex(run, r"^[a-z0-9-]+$")
+        return run
+
+    def wait_job(self, run, attempt=1):
+        job = f"{run}-{attempt}"
+        return wait_for(lambda: self.kube.job(job), what=f"the Job {job}\n{self.server.server_log()}")
+
+    def status(self, run):
+        """`tau status RUN`: (the STATE cell of its row, the whole output)."""
+        out = self.server.tau("status", run, check=0).stdout
+        lines = out.splitlines()
+        self.assertTrue(lines[0].startswith("NAME"), out)
+        row = lines[1]
+        self.assertTrue(row.startswith(run + " "), out)
+        cells = [c for c in row[len(run):].split("  ") if c.strip()]
+        return cells[0].strip(), out
+
+    def wait_status(self, run, state, timeout=20):
+        return wait_for(lambda: (lambda s: s[1] if s[0] == state else None)(self.status(run)),
+                        timeout=timeout,
+                        what=f"`tau status {run}` to say {state}: {self.status(run)[1]}")
+
+    def logs(self, run):
+        return self.server.tau("logs", run, check=0).stdout
+
+    def admit_and_start(self, run):
+        job = f"{run}-1"
+        self.wait_job(run)
+        self.kube.make_pending_workload(job)
+        self.kube.admit(job)
+        pod = self.kube.start_pod(run)
+        self.wait_status(run, "Running")
+        return job, pod
+
+    def test_run_goes_through_kueue_and_keeps_its_logs(self):
+        run = self.submit()
+        job_name = f"{run}-1"
+        job = self.wait_job(run)
+        self.assertIs(job["spec"].get("suspend"), True, "created suspended, for Kueue to admit")
+        self.assertEqual(job["metadata"]["labels"].get("kueue.x-k8s.io/queue-name"), "default")
+        state, out = self.status(run)
+        self.assertEqual(state, "Queued", out)
+
+        # Kueue makes the Workload and cannot place it yet: tau says why, and where it stands.
+        self.kube.make_pending_workload(job_name)
+        out = wait_for(lambda: (lambda o: o if KUEUE_MESSAGE in o else None)(
+            self.status(run)[1]), what="Kueue's message in `tau status`")
+        self.assertIn("pending: position 1 in queue default; ", out)
+        self.assertEqual(self.status(run)[0], "Queued")
+
+        self.kube.admit(job_name)
+        self.wait_status(run, "Admitted")
+        pod = self.kube.start_pod(run)
+        self.wait_status(run, "Running")
+        self.kube.append_log(pod, "step 1 loss 0.5\n")
+        self.kube.append_log(pod, "step 2 loss 0.25\n")
+        lines = "step 1 loss 0.5\nstep 2 loss 0.25\n"
+        wait_for(lambda: self.logs(run) == lines, what=f"the pod's log in `tau logs`: {self.logs(run)!r}")
+
+        self.kube.end_log(pod)
+        self.kube.set_pod_status(pod, {"phase": "Succeeded", "containerStatuses": [
+            {"name": "worker", "state": {"terminated": {"exitCode": 0}}}]})
+        self.kube.set_job_condition(job_name, "Complete", "Completed")
+        out = self.wait_status(run, "Succeeded")
+        self.assertRegex(out.splitlines()[1], rf"^{run}\s+Succeeded\s+0\s+1\s", out)
+        # The pod may go; the log stays with the run.
+        self.kube.must("DELETE", self.kube.pod_path(pod))
+        self.assertIsNone(self.kube.get(self.kube.pod_path(pod)))
+        self.assertEqual(self.logs(run), lines)
+
+        describe = self.server.tau("describe", run, check=0).stdout
+        admitted = [l for l in describe.splitlines() if " Admitted " in l]
+        self.assertEqual(len(admitted), 1, describe)
+        self.assertIn(f"ClusterQueue {CLUSTER_QUEUE}", admitted[0], describe)
+
+    def test_cancel_deletes_the_job(self):
+        run = self.submit()
+        job_name = f"{run}-1"
+        self.wait_job(run)
+        self.kube.make_pending_workload(job_name)
+        self.server.tau("cancel", run, check=0)
+        wait_for(lambda: self.kube.job(job_name) is None,
+                 what=f"the Job {job_name} to be deleted")
+        self.wait_status(run, "Cancelled")
+        self.assertEqual(self.server.run_json(run)["run"]["state"], "Cancelled")
+
+    def test_oom_killed_pod_fails_the_run(self):
+        run = self.submit()
+        job, pod = self.admit_and_start(run)
+        self.kube.set_pod_status(pod, {"phase": "Failed", "containerStatuses": [
+            {"name": "worker",
+             "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]})
+        self.kube.set_job_condition(job, "Failed", "BackoffLimitExceeded")
+        out = self.wait_status(run, "Failed (OOMKilled)")
+        self.assertRegex(out.splitlines()[1], rf"^{run}\s+Failed \(OOMKilled\)\s+137\s", out)
+        d = self.server.run_json(run)["run"]
+        self.assertEqual((d["state"], d["reason"], d["exit_code"]), ("Failed", "OOMKilled", 137))
+
+    def test_restart_readopts_a_job_that_finished_meanwhile(self):
+        run = self.submit()
+        job, pod = self.admit_and_start(run)
+        self.server.kill(signal.SIGTERM)
+        self.assertIsNotNone(self.kube.job(job), "stopping the server leaves the Job alone")
+        # While the server is away, the Job finishes.
+        self.kube.set_pod_status(pod, {"phase": "Succeeded", "containerStatuses": [
+            {"name": "worker", "state": {"terminated": {"exitCode": 0}}}]})
+        self.kube.set_job_condition(job, "Complete", "Completed")
+        self.server.start()
+        self.wait_status(run, "Succeeded")
+        self.assertIsNone(self.kube.job(f"{run}-2"), "re-adopted, not created again")
+        jobs = self.kube.must("GET", "/apis/batch/v1/namespaces/default/jobs")["items"]
+        self.assertEqual([j["metadata"]["name"] for j in jobs], [job])
+        self.assertEqual(self.server.run_json(run)["run"]["attempts"], 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
