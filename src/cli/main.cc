@@ -98,6 +98,9 @@ int Main(int argc, char** argv) {
   server->add_option("--context", sopts.kube_context, "kubernetes: the kubeconfig context");
   server->add_option("--default-image", sopts.default_image,
                      "kubernetes: the image of runs whose spec names none (runtime.image)");
+  server->add_flag("--kube-check-access", sopts.kube_check_access,
+                   "kubernetes: refuse submitters whom the cluster's RBAC does not allow to "
+                   "create the run's Job or RayJob in its namespace (SubjectAccessReview)");
   server->add_flag("--quiet", sopts.quiet, "Log nothing");
   std::string retain_logs, retain_samples;
   server->add_option("--retain-logs", retain_logs,

@@ -58,9 +58,11 @@ class Cluster {
       std::function<std::string(const std::string& run, int attempt)> attempt_dir) = 0;
   virtual void Stop() = 0;
   // Refuses, at submission, a run that cannot be created there (no image, code over the inline
-  // limit, a volume without a claim, ...), with the renderer's message.
+  // limit, a volume without a claim, ...), with the renderer's message; and, where the cluster
+  // is asked to, a caller whom its RBAC does not allow to create the run's objects there.
   virtual Status Check(const spec::RunSpec& spec, const policy::ResolvedRun& resolved,
-                       const policy::Platform& platform, const std::string& snapshot_dir) = 0;
+                       const policy::Platform& platform, const std::string& snapshot_dir,
+                       const policy::Caller& caller) = 0;
   // Creates the attempt's objects, suspended for Kueue to admit. Unavailable when the API server
   // cannot be reached (the controller tries again later); other errors fail the attempt.
   virtual Status Launch(const ClusterLaunch& launch) = 0;

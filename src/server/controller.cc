@@ -256,7 +256,9 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
     return error->status;
   }
   if (options_.cluster) {
-    if (Status s = options_.cluster->Check(spec, *resolved, *platform, snapshot->dir); !s.ok()) {
+    if (Status s =
+            options_.cluster->Check(spec, *resolved, *platform, snapshot->dir, request.caller);
+        !s.ok()) {
       error->status = s;
       return error->status;
     }

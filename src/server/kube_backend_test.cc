@@ -79,6 +79,7 @@ class KubeBackendTest : public ::testing::Test {
     KubeClusterOptions kopts;
     kopts.resync_ms = 500;
     kopts.watch_timeout_seconds = 5;
+    kopts.check_access = check_access_;
     cluster_ = NewKubeCluster(cluster_client_.get(), kopts);
     ControllerOptions options;
     options.home = home_;
@@ -253,6 +254,7 @@ class KubeBackendTest : public ::testing::Test {
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<Cluster> cluster_;
   std::unique_ptr<Controller> controller_;
+  bool check_access_ = false;
 };
 
 TEST_F(KubeBackendTest, RunGoesThroughKueueAndKeepsItsLogs) {
@@ -495,6 +497,29 @@ TEST_F(KubeBackendTest, WorkspaceSecretsReachTheNamespaceSecretNotTheJob) {
   std::string job = Job(name, 1).dump();
   EXPECT_EQ(job.find("s3cr3t-value"), std::string::npos) << "the value never enters the Job";
   EXPECT_NE(job.find("secretKeyRef"), std::string::npos);
+}
+
+TEST_F(KubeBackendTest, SubjectAccessReviewDecidesWhoMaySubmitWhenAsked) {
+  StopController();
+  check_access_ = true;
+  StartController();
+  fake_.Grant("alice", "create", "batch", "jobs", "default");
+  EXPECT_FALSE(Submit(kSpec).empty()) << "alice may create Jobs in default";
+  SubmitRequest request;
+  request.spec_file = "tau.yaml";
+  request.spec_yaml = kSpec;
+  request.code = {{"train.py", 0644, "print(1)\n"}};
+  request.caller = {"bob", {"team-b"}};
+  SubmitError error;
+  auto refused = controller_->Submit(std::move(request), &error);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(refused.status().message().find("bob"), std::string::npos)
+      << refused.status().ToString();
+  bool asked = false;
+  for (const auto& r : fake_.Requests())
+    asked |= r.path.find("subjectaccessreviews") != std::string::npos;
+  EXPECT_TRUE(asked);
 }
 
 TEST_F(KubeBackendTest, UnrenderableRunsAreRefusedAtSubmission) {

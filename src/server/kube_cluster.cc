@@ -117,7 +117,8 @@ class KubeCluster final : public Cluster {
       std::function<std::string(const std::string&, int)> attempt_dir) override;
   void Stop() override;
   Status Check(const spec::RunSpec& spec, const policy::ResolvedRun& resolved,
-               const policy::Platform& platform, const std::string& snapshot_dir) override;
+               const policy::Platform& platform, const std::string& snapshot_dir,
+               const policy::Caller& caller) override;
   Status Launch(const ClusterLaunch& launch) override;
   Status Delete(const std::string& run, int attempt) override;
 
@@ -398,12 +399,30 @@ Result<std::vector<kube::CodeFile>> KubeCluster::Code(const std::string& snapsho
 }
 
 Status KubeCluster::Check(const spec::RunSpec& spec, const policy::ResolvedRun& resolved,
-                          const policy::Platform& platform, const std::string& snapshot_dir) {
+                          const policy::Platform& platform, const std::string& snapshot_dir,
+                          const policy::Caller& caller) {
   kube::RenderOptions options;
   options.run_name = spec.name + "-0000";  // as long as the names tau gives runs
   options.default_image = options_.default_image;
   TAU_ASSIGN_OR_RETURN(options.code, Code(snapshot_dir));
-  return kube::RenderRun(spec, resolved, platform, options).status();
+  TAU_ASSIGN_OR_RETURN(std::vector<json> objects,
+                       kube::RenderRun(spec, resolved, platform, options));
+  if (!options_.check_access || objects.empty()) return Status::Ok();
+  const json& main = objects.back();  // the Job or RayJob (a gang's Service comes first)
+  bool ray = Str(main, "kind") == "RayJob";
+  const std::string ns = Str(Meta(main), "namespace");
+  auto allowed = client_->CheckAccess(caller.user, caller.groups, "create",
+                                      ray ? "ray.io" : "batch", ray ? "rayjobs" : "jobs", ns);
+  if (!allowed.ok())
+    return Status(allowed.status().code(),
+                  fmt::format("cannot ask the cluster whether {} may run in namespace {}: {}",
+                              caller.user, ns, allowed.status().message()));
+  if (!*allowed)
+    return PermissionDenied(fmt::format(
+        "the cluster's RBAC does not let {} create {} in namespace {}; ask an administrator "
+        "for the workspace's role there",
+        caller.user, ray ? "rayjobs.ray.io" : "jobs.batch", ns));
+  return Status::Ok();
 }
 
 Status KubeCluster::Launch(const ClusterLaunch& launch) {

@@ -21,6 +21,10 @@ struct KubeClusterOptions {
   int64_t resync_ms = 30'000;
   // Watches are re-opened after this (the API server ends them anyway).
   int watch_timeout_seconds = 300;
+  // Ask the API server (SubjectAccessReview) whether the submitting user, with their groups, may
+  // create the run's Job or RayJob in its namespace, and refuse the run when not. For clusters
+  // whose users are tau's users (the same names, e.g. through the same identity provider).
+  bool check_access = false;
 };
 
 // `client` must outlive the cluster.

@@ -204,6 +204,7 @@ int RunServer(const ServerOptions& options) {
     kube_client = std::move(*client);
     KubeClusterOptions kopts;
     kopts.default_image = options.default_image;
+    kopts.check_access = options.kube_check_access;
     cluster = NewKubeCluster(kube_client.get(), kopts);
     log(fmt::format("kubernetes backend: API server {}", kube_client->config().server));
   } else if (options.backend != "local") {

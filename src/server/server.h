@@ -34,9 +34,10 @@ struct ServerOptions {
   // "local" (runs are processes on this machine) or "kubernetes" (Jobs and RayJobs admitted by
   // Kueue on the cluster that `kubeconfig` names; in a pod, its service account's).
   std::string backend = "local";
-  std::string kubeconfig;     // "" : $KUBECONFIG, ~/.kube/config, else in-cluster
-  std::string kube_context;   // "" : the kubeconfig's current context
-  std::string default_image;  // Kubernetes: the image of specs that name none
+  std::string kubeconfig;          // "" : $KUBECONFIG, ~/.kube/config, else in-cluster
+  std::string kube_context;        // "" : the kubeconfig's current context
+  std::string default_image;       // Kubernetes: the image of specs that name none
+  bool kube_check_access = false;  // Kubernetes: SubjectAccessReview of each submitter
 };
 
 // Runs until SIGTERM or SIGINT. Attempts that are running keep running and are re-adopted by the
