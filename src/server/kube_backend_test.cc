@@ -406,14 +406,21 @@ TEST_F(KubeBackendTest, RestartReadoptsRunningAttemptsAndNoticesVanishedOnes) {
     StartPod(name, 1);
     ASSERT_TRUE(WaitForState(name, RunState::kRunning));
   }
+  fake_.AppendLog("default", PodName(kept, 1), "before the restart\n");
+  ASSERT_TRUE(WaitFor([&] { return Log(kept, 1) == "before the restart\n"; })) << Log(kept, 1);
   StopController();
   // While the server is away: one Job finishes, the other is deleted by someone else.
+  fake_.AppendLog("default", PodName(kept, 1), "while it was away\n");
+  fake_.EndLog("default", PodName(kept, 1));
   SetPodStatus(kept, 1, {{"phase", "Succeeded"}});
   SetJobCondition(kept, 1, "Complete", "Completed");
   ASSERT_TRUE(kube_->Delete("batch/v1", "Job", "default", JobName(lost, 1)).ok());
   StartController();
   ASSERT_TRUE(WaitForState(kept, RunState::kSucceeded));
   EXPECT_TRUE(Job(kept, 2).is_null()) << "re-adopted, not created again";
+  // Its log, followed again from the start, is kept once.
+  EXPECT_TRUE(WaitFor([&] { return Log(kept, 1) == "before the restart\nwhile it was away\n"; }))
+      << Log(kept, 1);
   ASSERT_TRUE(WaitForState(lost, RunState::kFailed));
   EXPECT_EQ(Run(lost).reason, "NodeLost");
 }

@@ -7,8 +7,10 @@
 #include "server/kube_cluster.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -374,12 +376,21 @@ void KubeCluster::FollowLog(const std::string& ns, const std::string& pod,
                    pod.c_str(), path.c_str());
       return;
     }
+    // A server that restarts follows its pods' logs again from their start: what the file already
+    // holds (a prefix of the same stream) is skipped, so nothing is kept twice.
+    struct stat st;
+    off_t skip = ::fstat(fd, &st) == 0 ? st.st_size : 0;
     kubeapi::LogOptions options;
     options.container = container;
     options.follow = true;
     Status s = client_->StreamLogs(
         ns, pod, options,
         [&](std::string_view chunk) {
+          if (skip > 0) {
+            size_t n = std::min<size_t>(static_cast<size_t>(skip), chunk.size());
+            chunk.remove_prefix(n);
+            skip -= static_cast<off_t>(n);
+          }
           return AppendAll(fd, chunk);  // a full disk stops keeping the log, not the server
         },
         &stop_);
