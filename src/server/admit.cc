@@ -164,11 +164,13 @@ void Controller::SyncEngine() {
                          !(r.not_before_ms && *r.not_before_ms > now);
       auto it = in_engine_.find(name);
       if (it != in_engine_.end()) {
-        if (!holds && !waits && holders) {
-          (void)engine_->RemoveWorkload(name);
-          in_engine_.erase(it);
-        }
-        continue;
+        // Gone from the queue, or (Kubernetes: Kueue admitted it) holding quota now while the
+        // engine has it pending: taken out, and a holder is added again below.
+        bool stale = holders && ((!holds && !waits) || (holds && !it->second));
+        if (!stale) continue;
+        (void)engine_->RemoveWorkload(name);
+        in_engine_.erase(it);
+        if (!holds) continue;
       }
       if (holds != holders || (!holds && !waits) || outside_engine_.count(name)) continue;
       admission::Workload w = run.workload;

@@ -66,6 +66,8 @@ void Controller::RecoverOnCluster(ActiveRun& run, const std::set<AttemptKey>& ex
 }
 
 void Controller::LaunchQueued(Batch* batch, std::vector<std::string>* to_launch) {
+  // Kueue decides; tau's engine only mirrors what it admitted, for `tau queues`.
+  SyncEngine();
   int64_t now = NowMillis();
   for (auto& [name, run] : active_) {
     RunRecord& r = run.record;
@@ -189,7 +191,17 @@ void Controller::HandleClusterNews(const ClusterNews& news, Batch* batch) {
   if (o.Terminal() || o.phase == Phase::kEvicted) return EndClusterAttempt(run, o, batch);
   if (r.state == RunState::kQueued) {
     r.admitted_ms = NowMillis();
-    r.flavors = o.flavors;
+    // tau's view of the queues (`tau queues`) counts the run against its quota with Kueue's
+    // flavors, folded into tau's one pod set (a RayJob's head and worker groups are one there).
+    nlohmann::json resources = nlohmann::json::object();
+    if (o.flavors.is_object())
+      for (const auto& [pod_set, assigned] : o.flavors.items())
+        if (assigned.is_object())
+          for (const auto& [resource, flavor] : assigned.items())
+            if (!resources.contains(resource)) resources[resource] = flavor;
+    r.flavors = nlohmann::json::object();
+    if (!run.workload.pod_sets.empty() && !resources.empty())
+      r.flavors[run.workload.pod_sets.front().name] = std::move(resources);
     std::string flavors = FlavorsText(o.flavors);
     Transition(run, RunState::kAdmitted, "Admitted",
                fmt::format("admitted by Kueue (ClusterQueue {}{})", o.cluster_queue,

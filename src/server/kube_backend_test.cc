@@ -282,6 +282,17 @@ TEST_F(KubeBackendTest, RunGoesThroughKueueAndKeepsItsLogs) {
   Admit(name, 1);
   ASSERT_TRUE(WaitForState(name, RunState::kAdmitted));
   EXPECT_EQ(Run(name).flavors["main"]["cpu"], "default");
+  // `tau queues` counts it against the queue's quota, as Kueue admitted it.
+  auto cpu_used = [&] {
+    json queues = controller_->Queues();
+    if (!queues.contains("queues")) return std::string();
+    for (const json& q : queues["queues"])
+      if (q.value("name", "") == "default" && q.value("admitted", 0) == 1)
+        for (const json& u : q["usage"])
+          if (u.value("resource", "") == "cpu") return u.value("usage", "");
+    return std::string();
+  };
+  ASSERT_TRUE(WaitFor([&] { return cpu_used() == "1"; })) << controller_->Queues().dump();
 
   StartPod(name, 1);
   ASSERT_TRUE(WaitForState(name, RunState::kRunning));
