@@ -1,6 +1,8 @@
 // The API's JSON request bodies on arbitrary bytes: POST /api/v1/runs (ParseSubmitBody, with the
 // base64 code files), POST /api/v1/validate (ParseValidateBody) and POST /api/v1/runs/NAME/resume
-// (ParseResumeBody). Every input goes to all three; they must refuse, never throw.
+// (ParseResumeBody), POST /api/v1/tokens (ParseTokenBody), and the one-member bodies of
+// /api/v1/session and workspace secrets (ParseSingleStringBody). Every input goes to all of them;
+// they must refuse, never throw.
 //
 // For an accepted submission it also checks the round trip: encoding the decoded request again (as
 // the CLI does) and decoding that gives the same request.
@@ -57,5 +59,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   auto resume = tau::server::ParseResumeBody(body);
   if (!resume.ok()) TAU_FUZZ_CHECK(!resume.status().message().empty());
+
+  auto token = tau::server::ParseTokenBody(body);
+  if (token.ok()) {
+    // What passed the checks is what the store may hold: names without separators.
+    TAU_FUZZ_CHECK(token->user.find_first_of(" \t:*/") == std::string::npos);
+    for (const std::string& g : token->groups) TAU_FUZZ_CHECK(!g.empty());
+  } else {
+    TAU_FUZZ_CHECK(!token.status().message().empty());
+  }
+  for (const char* member : {"token", "value"}) {
+    auto single = tau::server::ParseSingleStringBody(body, member);
+    if (!single.ok()) TAU_FUZZ_CHECK(!single.status().message().empty());
+  }
   return 0;
 }

@@ -2,8 +2,10 @@
 // {"error": {"code": "...", "message": "..."}} with a matching HTTP status.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 #include "health/health.h"
@@ -41,6 +43,20 @@ struct ValidateBody {
   std::string file = "tau.yaml";
 };
 Result<ValidateBody> ParseValidateBody(std::string_view body);
+
+// POST /api/v1/tokens: {"user"?, "groups"?: [...], "description"?, "expires_in"?: "90d"}; an
+// empty body is {}. User and group names and the lifetime (at most ten years) are checked here.
+struct TokenBody {
+  std::string user;
+  std::vector<std::string> groups;
+  std::string description;
+  std::optional<int64_t> expires_in_ms;
+};
+Result<TokenBody> ParseTokenBody(std::string_view body);
+
+// A body of one required string member: POST /api/v1/session {"token"}, PUT .../secrets/KEY
+// {"value"}. InvalidArgument names the expected shape.
+Result<std::string> ParseSingleStringBody(std::string_view body, const char* member);
 
 // POST /api/v1/runs/NAME/resume: {"from"?, "force"?}; an empty body is {}.
 struct ResumeBody {

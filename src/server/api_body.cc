@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/clock.h"
 #include "common/hash.h"
 #include "server/api.h"
 
@@ -66,6 +67,50 @@ Result<ValidateBody> ParseValidateBody(std::string_view body) {
   out.yaml = j["yaml"].get<std::string>();
   TAU_ASSIGN_OR_RETURN(out.file, OptionalString(j, "file", "", "tau.yaml"));
   return out;
+}
+
+Result<TokenBody> ParseTokenBody(std::string_view body) {
+  constexpr int64_t kMaxTokenLifetimeMs = int64_t{10} * 365 * 24 * 3600 * 1000;
+  json j = body.empty() ? json::object() : ParseObject(body);
+  if (j.is_discarded() || !j.is_object())
+    return InvalidArgument("request body is not a JSON object");
+  auto string_member = [&](const char* key) -> Result<std::string> {
+    if (j.contains(key) && j[key].is_null()) return std::string();  // null reads as absent
+    return OptionalString(j, key, "", "");
+  };
+  TokenBody r;
+  TAU_ASSIGN_OR_RETURN(r.user, string_member("user"));
+  TAU_ASSIGN_OR_RETURN(r.description, string_member("description"));
+  if (r.description.size() > 1024) return InvalidArgument("'description' is over 1024 bytes");
+  if (auto it = j.find("groups"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() > 256)
+      return InvalidArgument("'groups' must be a list of at most 256 group names");
+    for (const json& g : *it) {
+      if (!g.is_string() || g.get<std::string>().empty() ||
+          g.get<std::string>().find_first_of(" \t:*") != std::string::npos)
+        return InvalidArgument("'groups' must hold group names (no spaces, ':' or '*')");
+      r.groups.push_back(g.get<std::string>());
+    }
+  }
+  TAU_ASSIGN_OR_RETURN(std::string expires, string_member("expires_in"));
+  if (!expires.empty()) {
+    auto ms = ParseDurationMillis(expires);
+    if (!ms.ok() || *ms <= 0 || *ms > kMaxTokenLifetimeMs)
+      return InvalidArgument(fmt::format(
+          "'expires_in' must be a duration such as 12h or 90d, at most ten years; got '{}'",
+          expires));
+    r.expires_in_ms = *ms;
+  }
+  if (r.user.size() > 256 || r.user.find_first_of(" \t:*/") != std::string::npos)
+    return InvalidArgument(fmt::format("'{}' is not a user name", r.user));
+  return r;
+}
+
+Result<std::string> ParseSingleStringBody(std::string_view body, const char* member) {
+  json j = ParseObject(body);
+  if (j.is_discarded() || !j.is_object() || !j.contains(member) || !j[member].is_string())
+    return InvalidArgument(fmt::format("request needs {{\"{}\": \"...\"}}", member));
+  return j[member].get<std::string>();
 }
 
 Result<ResumeBody> ParseResumeBody(std::string_view body) {

@@ -23,7 +23,6 @@ namespace {
 using nlohmann::json;
 
 constexpr size_t kMaxSecretBytes = 64 * 1024;  // as a spec's literal env value
-constexpr int64_t kMaxTokenLifetimeMs = int64_t{10} * 365 * 24 * 3600 * 1000;
 
 json TokenJson(const store::TokenRecord& t) {
   return {{"id", t.id},
@@ -34,58 +33,6 @@ json TokenJson(const store::TokenRecord& t) {
           {"created", FormatRfc3339(t.created_ms)},
           {"expires", t.expires_ms ? json(FormatRfc3339(*t.expires_ms)) : json(nullptr)},
           {"revoked", t.revoked_ms ? json(FormatRfc3339(*t.revoked_ms)) : json(nullptr)}};
-}
-
-json ParseBody(const std::string& body) {
-  if (body.empty()) return json::object();
-  return json::parse(body, nullptr, /*allow_exceptions=*/false);
-}
-
-// A string member, or "" when absent; InvalidArgument when present with another type.
-Result<std::string> StringMember(const json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return std::string();
-  if (!it->is_string()) return InvalidArgument(fmt::format("'{}' must be a string", key));
-  return it->get<std::string>();
-}
-
-struct TokenRequest {
-  std::string user;
-  std::vector<std::string> groups;
-  std::string description;
-  std::optional<int64_t> expires_in_ms;
-};
-
-Result<TokenRequest> ParseTokenRequest(const std::string& body) {
-  json j = ParseBody(body);
-  if (j.is_discarded() || !j.is_object())
-    return InvalidArgument("request body is not a JSON object");
-  TokenRequest r;
-  TAU_ASSIGN_OR_RETURN(r.user, StringMember(j, "user"));
-  TAU_ASSIGN_OR_RETURN(r.description, StringMember(j, "description"));
-  if (r.description.size() > 1024) return InvalidArgument("'description' is over 1024 bytes");
-  if (auto it = j.find("groups"); it != j.end() && !it->is_null()) {
-    if (!it->is_array() || it->size() > 256)
-      return InvalidArgument("'groups' must be a list of at most 256 group names");
-    for (const json& g : *it) {
-      if (!g.is_string() || g.get<std::string>().empty() ||
-          g.get<std::string>().find_first_of(" \t:*") != std::string::npos)
-        return InvalidArgument("'groups' must hold group names (no spaces, ':' or '*')");
-      r.groups.push_back(g.get<std::string>());
-    }
-  }
-  TAU_ASSIGN_OR_RETURN(std::string expires, StringMember(j, "expires_in"));
-  if (!expires.empty()) {
-    auto ms = ParseDurationMillis(expires);
-    if (!ms.ok() || *ms <= 0 || *ms > kMaxTokenLifetimeMs)
-      return InvalidArgument(fmt::format(
-          "'expires_in' must be a duration such as 12h or 90d, at most ten years; got '{}'",
-          expires));
-    r.expires_in_ms = *ms;
-  }
-  if (r.user.size() > 256 || r.user.find_first_of(" \t:*/") != std::string::npos)
-    return InvalidArgument(fmt::format("'{}' is not a user name", r.user));
-  return r;
 }
 
 }  // namespace
@@ -112,7 +59,7 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
   api->Route(
       "POST", "/api/v1/tokens", Access::kSignedIn,
       [api, store](const HttpRequest& req, HttpResponse& res, const CallerContext& caller) {
-        auto request = ParseTokenRequest(req.body);
+        auto request = ParseTokenBody(req.body);
         if (!request.ok()) return ReplyError(res, request.status());
         if (request->user.empty()) request->user = caller.who.user;
         if (!caller.IsAdmin()) {
@@ -182,9 +129,7 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
   // an HttpOnly cookie (scripts cannot read it back; EventSource cannot send headers).
   api->Route("POST", "/api/v1/session", Access::kPublic,
              [api](const HttpRequest& req, HttpResponse& res, const CallerContext& caller) {
-               json j = ParseBody(req.body);
-               auto token =
-                   j.is_object() ? StringMember(j, "token") : Result<std::string>(std::string());
+               auto token = ParseSingleStringBody(req.body, "token");
                if (!token.ok() || token->empty())
                  return ReplyError(res, InvalidArgument("request needs {\"token\": \"tau_...\"}"));
                HttpRequest probe = req;
@@ -267,10 +212,8 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
         std::string key = req.matches[2];
         if (!spec::IsSecretKey(key))
           return ReplyError(res, InvalidArgument(fmt::format("'{}' is not a secret key", key)));
-        json j = ParseBody(req.body);
-        auto value = j.is_object() ? StringMember(j, "value") : Result<std::string>(std::string());
-        if (!value.ok() || !j.is_object() || !j.contains("value"))
-          return ReplyError(res, InvalidArgument("request needs {\"value\": \"...\"}"));
+        auto value = ParseSingleStringBody(req.body, "value");
+        if (!value.ok()) return ReplyError(res, value.status());
         if (value->size() > kMaxSecretBytes)
           return ReplyError(res, ResourceExhausted(fmt::format("a secret holds at most {} KiB",
                                                                kMaxSecretBytes / 1024)));
