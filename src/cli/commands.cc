@@ -179,8 +179,10 @@ int CmdDescribe(const Global& g, const std::string& name, Format format) {
   std::printf("Code:        sha256 %s\n", run.value("snapshot_digest", "").c_str());
   const auto& spec = run["spec"];
   if (spec.contains("runtime") && spec["runtime"].value("image", "") != "")
-    std::printf("Image:       %s (recorded; not used by the local backend)\n",
-                spec["runtime"].value("image", "").c_str());
+    std::printf("Image:       %s%s\n", spec["runtime"].value("image", "").c_str(),
+                run.value("backend", "local") == "local"
+                    ? " (recorded; not used by the local backend)"
+                    : "");
   if (run.contains("pending") && run["pending"].is_object())
     std::printf("Pending:     %s\n", run["pending"].value("reason", "").c_str());
   std::printf("\nLifecycle:\n");

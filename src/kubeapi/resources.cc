@@ -22,6 +22,14 @@ const std::vector<ResourceInfo>& KnownResources() {
       {"kueue.x-k8s.io/v1beta1", "ResourceFlavor", "resourceflavors", false},
       {"kueue.x-k8s.io/v1beta1", "WorkloadPriorityClass", "workloadpriorityclasses", false},
       {"kueue.x-k8s.io/v1alpha1", "Cohort", "cohorts", false},
+      // Kueue's storage version since 0.15 (what `tau platform render` writes); v1beta1 is still
+      // served.
+      {"kueue.x-k8s.io/v1beta2", "Workload", "workloads", true},
+      {"kueue.x-k8s.io/v1beta2", "LocalQueue", "localqueues", true},
+      {"kueue.x-k8s.io/v1beta2", "ClusterQueue", "clusterqueues", false},
+      {"kueue.x-k8s.io/v1beta2", "ResourceFlavor", "resourceflavors", false},
+      {"kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass", "workloadpriorityclasses", false},
+      {"kueue.x-k8s.io/v1beta2", "Cohort", "cohorts", false},
       {"rbac.authorization.k8s.io/v1", "Role", "roles", true},
       {"rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", true},
       {"rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", false},

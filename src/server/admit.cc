@@ -106,6 +106,14 @@ Status Controller::ApplyPlatform(const std::string& yaml, const std::string& fil
   if (!engine.ok()) return InvalidArgument(filename + ": " + engine.status().message());
   if (options_.platform_file.empty())
     return FailedPrecondition("this server has no platform file configured");
+  if (options_.cluster) {
+    // Kueue's queues first: when the cluster refuses them, tau keeps the platform it had.
+    if (Status s = options_.cluster->ApplyPlatform(*parsed.platform); !s.ok())
+      return Status(s.code(),
+                    "applying the platform to the cluster failed (tau keeps the one it "
+                    "had): " +
+                        s.message());
+  }
   // Durable before it is used: a restarted server must decide with the same policy.
   int64_t now = NowMillis();
   TAU_RETURN_IF_ERROR(WriteFileAtomic(options_.platform_file, yaml, 0600));

@@ -57,7 +57,8 @@ json RunJson(const RunRecord& r, Controller* controller) {
             {"admitted", OptionalTime(r.admitted_ms)},
             {"started", OptionalTime(r.started_ms)},
             {"finished", OptionalTime(r.finished_ms)},
-            {"kind", r.spec_json.value("kind", "")}};
+            {"kind", r.spec_json.value("kind", "")},
+            {"backend", controller->BackendName()}};
   if (r.state == store::RunState::kQueued) j["pending"] = controller->PendingInfo(r.name);
   return j;
 }

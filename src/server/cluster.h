@@ -66,6 +66,11 @@ class Cluster {
   // Creates the attempt's objects, suspended for Kueue to admit. Unavailable when the API server
   // cannot be reached (the controller tries again later); other errors fail the attempt.
   virtual Status Launch(const ClusterLaunch& launch) = 0;
+  // Applies the platform's cluster objects (kube::RenderPlatform: workspace namespaces and RBAC,
+  // Kueue's flavors, cohorts, queues and priority classes) with server-side apply. Objects a
+  // later platform no longer names are left in place: removing a queue or a namespace is an
+  // administrator's decision.
+  virtual Status ApplyPlatform(const policy::Platform& platform) = 0;
   // Deletes the attempt's objects and their pods (background propagation), which frees the quota
   // it holds. Deleting what is already gone is not an error.
   virtual Status Delete(const std::string& run, int attempt) = 0;

@@ -150,6 +150,15 @@ Status Controller::Start() {
         [this](const std::string& run, int attempt) { return AttemptDir(run, attempt); });
     if (!existing.ok()) return existing.status();
     on_cluster = std::move(*existing);
+    // An applied platform (not the built-in default, which describes this machine) makes sure
+    // the cluster has its queues, e.g. after `tau server --platform FILE` in the chart's pod.
+    if (!options_.platform_file.empty() && PathExists(options_.platform_file)) {
+      if (Status s = options_.cluster->ApplyPlatform(*CurrentPlatform().platform); !s.ok())
+        std::fprintf(stderr,
+                     "tau server: the platform could not be applied to the cluster (runs wait "
+                     "for its queues until it is): %s\n",
+                     s.ToString().c_str());
+    }
   }
   Batch batch;
   Recover(&batch, on_cluster);

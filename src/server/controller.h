@@ -100,6 +100,8 @@ class Controller {
   Status ApplyPlatform(const std::string& yaml, const std::string& filename,
                        std::vector<spec::Diagnostic>* diagnostics);
   const health::GpuInventory& gpus() const { return gpus_; }
+  // "local" or "kubernetes": where this server's runs run.
+  const char* BackendName() const { return options_.cluster ? "kubernetes" : "local"; }
   std::string RunDir(const std::string& name) const { return options_.home + "/runs/" + name; }
   std::string AttemptDir(const std::string& name, int attempt) const;
   // Where a run's checkpoints ("checkpoint") or outputs ("output") go.

@@ -209,8 +209,11 @@ void Controller::HandleClusterNews(const ClusterNews& news, Batch* batch) {
                batch, {{"flavors", o.flavors}, {"cluster_queue", o.cluster_queue}});
     batch->runs.push_back(r);
   }
-  if (o.phase == Phase::kAdmitted && !o.reason.empty() && o.reason != r.reason) {
-    // Admitted but held up (an image that does not pull yet): say so, once per reason.
+  // Admitted but held up (an image that does not pull yet): said once per reason. Plain
+  // admission ("Admitted") and a pod that ended before its Job's condition arrived are not news.
+  const bool held_up = o.phase == Phase::kAdmitted && !o.reason.empty() && o.reason != "Admitted" &&
+                       o.reason != "QuotaReserved";
+  if (held_up && o.reason != r.reason) {
     r.reason = o.reason;
     batch->events.push_back(
         {0, r.name, NowMillis(), o.reason, o.message, {{"attempt", run.cluster_attempt}}, "", ""});

@@ -540,6 +540,34 @@ TEST_F(KubeBackendTest, SubjectAccessReviewDecidesWhoMaySubmitWhenAsked) {
   EXPECT_TRUE(asked);
 }
 
+TEST_F(KubeBackendTest, ApplyingThePlatformCreatesKueueQueuesOnTheCluster) {
+  const char* src = std::getenv("TAU_SOURCE_DIR");
+  std::string path =
+      std::string(src != nullptr ? src : TAU_TEST_SOURCE_DIR) + "/examples/platform/platform.yaml";
+  auto yaml = ReadFile(path);
+  ASSERT_TRUE(yaml.ok()) << yaml.status().ToString();
+  std::vector<spec::Diagnostic> diagnostics;
+  Status applied = controller_->ApplyPlatform(*yaml, "platform.yaml", &diagnostics);
+  ASSERT_TRUE(applied.ok()) << applied.ToString();
+  EXPECT_FALSE(fake_.Object("kueue.x-k8s.io/v1beta2/clusterqueues", "", "research").is_null());
+  EXPECT_FALSE(fake_.Object("kueue.x-k8s.io/v1beta2/resourceflavors", "", "h100").is_null());
+  EXPECT_GT(fake_.ObjectCount("kueue.x-k8s.io/v1beta2/localqueues"), 0u);
+
+  // A restarted server applies the platform it has again (the cluster may have lost it).
+  StopController();
+  ASSERT_TRUE(kube_->Delete("kueue.x-k8s.io/v1beta2", "ClusterQueue", "", "research").ok());
+  StartController();
+  EXPECT_FALSE(fake_.Object("kueue.x-k8s.io/v1beta2/clusterqueues", "", "research").is_null());
+
+  // The cluster refusing it leaves tau's platform as it was.
+  fake_.InjectFailures(20, 500, 0);
+  Status refused = controller_->ApplyPlatform(*yaml, "again.yaml", &diagnostics);
+  fake_.InjectFailures(0, 500, 0);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("tau keeps the one it had"), std::string::npos);
+  EXPECT_EQ(controller_->CurrentPlatform().source, "platform.yaml");
+}
+
 TEST_F(KubeBackendTest, UnrenderableRunsAreRefusedAtSubmission) {
   std::string no_image = kSpec;
   no_image.replace(no_image.find("  image: python:3.12\n"), 21, "  env: {A: b}\n");

@@ -122,6 +122,7 @@ class KubeCluster final : public Cluster {
                const policy::Platform& platform, const std::string& snapshot_dir,
                const policy::Caller& caller) override;
   Status Launch(const ClusterLaunch& launch) override;
+  Status ApplyPlatform(const policy::Platform& platform) override;
   Status Delete(const std::string& run, int attempt) override;
 
  private:
@@ -465,6 +466,18 @@ Status KubeCluster::Launch(const ClusterLaunch& launch) {
     deleted_.erase(fmt::format("{}/{}", launch.run, launch.attempt));
   }
   for (const json& object : objects) TAU_RETURN_IF_ERROR(client_->Apply(object).status());
+  return Status::Ok();
+}
+
+Status KubeCluster::ApplyPlatform(const policy::Platform& platform) {
+  TAU_ASSIGN_OR_RETURN(std::vector<json> objects, kube::RenderPlatform(platform));
+  for (const json& object : objects) {
+    auto applied = client_->Apply(object);
+    if (!applied.ok())
+      return Status(applied.status().code(),
+                    fmt::format("{} {}: {}", Str(object, "kind"), Str(Meta(object), "name"),
+                                applied.status().message()));
+  }
   return Status::Ok();
 }
 

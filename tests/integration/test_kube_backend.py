@@ -168,9 +168,11 @@ class FakeKube:
         self.must("POST", f"/fake/logs/{NS}/{pod}?end=true", "", "text/plain")
 
 
-@unittest.skipUnless(os.path.exists(FAKE_APISERVER), f"needs {FAKE_APISERVER} (tests/CMakeLists.txt)")
 class KubeBackendTest(unittest.TestCase):
     def setUp(self):
+        # Built with the tests (tests/CMakeLists.txt), as the suite is: missing is a failure.
+        self.assertTrue(os.path.exists(FAKE_APISERVER),
+                        f"{FAKE_APISERVER} is missing: build the tau_fake_apiserver target")
         self.kube = FakeKube()
         self.addCleanup(self.kube.stop)
         self.work = tempfile.mkdtemp(prefix="tau-it-kube-")
@@ -193,9 +195,17 @@ class KubeBackendTest(unittest.TestCase):
         self.assertRegex(run, r"^[a-z0-9-]+$")
         return run
 
+    def wait(self, predicate, what, timeout=20):
+        """harness.wait_for; `what` (a callable) and the server's log describe a timeout."""
+        try:
+            return wait_for(predicate, timeout=timeout)
+        except AssertionError:
+            self.fail(f"timed out after {timeout}s waiting for {what()}\n"
+                      f"--- the server's log ---\n{self.server.server_log()}")
+
     def wait_job(self, run, attempt=1):
         job = f"{run}-{attempt}"
-        return wait_for(lambda: self.kube.job(job), what=f"the Job {job}\n{self.server.server_log()}")
+        return self.wait(lambda: self.kube.job(job), lambda: f"the Job {job}")
 
     def status(self, run):
         """`tau status RUN`: (the STATE cell of its row, the whole output)."""
@@ -207,10 +217,10 @@ class KubeBackendTest(unittest.TestCase):
         cells = [c for c in row[len(run):].split("  ") if c.strip()]
         return cells[0].strip(), out
 
-    def wait_status(self, run, state, timeout=20):
-        return wait_for(lambda: (lambda s: s[1] if s[0] == state else None)(self.status(run)),
-                        timeout=timeout,
-                        what=f"`tau status {run}` to say {state}: {self.status(run)[1]}")
+    def wait_status(self, run, state):
+        """Waits for `tau status RUN` to show STATE; returns its output."""
+        return self.wait(lambda: (lambda s: s[1] if s[0] == state else None)(self.status(run)),
+                         lambda: f"`tau status {run}` to say {state}:\n{self.status(run)[1]}")
 
     def logs(self, run):
         return self.server.tau("logs", run, check=0).stdout
@@ -232,11 +242,14 @@ class KubeBackendTest(unittest.TestCase):
         self.assertEqual(job["metadata"]["labels"].get("kueue.x-k8s.io/queue-name"), "default")
         state, out = self.status(run)
         self.assertEqual(state, "Queued", out)
+        # Before Kueue has a Workload for it, tau says what it waits for.
+        self.wait(lambda: "waiting for Kueue to create the run's Workload" in self.status(run)[1],
+                  lambda: f"`tau status` to say it waits for Kueue:\n{self.status(run)[1]}")
 
         # Kueue makes the Workload and cannot place it yet: tau says why, and where it stands.
         self.kube.make_pending_workload(job_name)
-        out = wait_for(lambda: (lambda o: o if KUEUE_MESSAGE in o else None)(
-            self.status(run)[1]), what="Kueue's message in `tau status`")
+        out = self.wait(lambda: (lambda o: o if KUEUE_MESSAGE in o else None)(self.status(run)[1]),
+                        lambda: f"Kueue's message in `tau status`:\n{self.status(run)[1]}")
         self.assertIn("pending: position 1 in queue default; ", out)
         self.assertEqual(self.status(run)[0], "Queued")
 
@@ -247,7 +260,8 @@ class KubeBackendTest(unittest.TestCase):
         self.kube.append_log(pod, "step 1 loss 0.5\n")
         self.kube.append_log(pod, "step 2 loss 0.25\n")
         lines = "step 1 loss 0.5\nstep 2 loss 0.25\n"
-        wait_for(lambda: self.logs(run) == lines, what=f"the pod's log in `tau logs`: {self.logs(run)!r}")
+        self.wait(lambda: self.logs(run) == lines,
+                  lambda: f"the pod's log in `tau logs`: {self.logs(run)!r}")
 
         self.kube.end_log(pod)
         self.kube.set_pod_status(pod, {"phase": "Succeeded", "containerStatuses": [
@@ -261,9 +275,23 @@ class KubeBackendTest(unittest.TestCase):
         self.assertEqual(self.logs(run), lines)
 
         describe = self.server.tau("describe", run, check=0).stdout
-        admitted = [l for l in describe.splitlines() if " Admitted " in l]
-        self.assertEqual(len(admitted), 1, describe)
-        self.assertIn(f"ClusterQueue {CLUSTER_QUEUE}", admitted[0], describe)
+        # On this backend the image is what the pods run, not a record only.
+        self.assertRegex(describe, r"\nImage:\s+python:3\.12\n", describe)
+        self.assertRegex(describe, r"\n  \S+\s+Admitted\s+admitted by Kueue \(ClusterQueue "
+                         rf"{CLUSTER_QUEUE}; cpu on default, memory on default\)\n", describe)
+        self.assertRegex(describe, rf"\n  1\s+Finished\s+Succeeded\s+0\s", describe)
+
+    # One Admitted event per admission: neither the observation "Admitted" seen again while the
+    # run runs nor a pod that ends before its Job's Complete condition adds another.
+    def test_admission_is_one_event(self):
+        run = self.submit()
+        job, pod = self.admit_and_start(run)
+        self.kube.set_pod_status(pod, {"phase": "Succeeded", "containerStatuses": [
+            {"name": "worker", "state": {"terminated": {"exitCode": 0}}}]})
+        self.kube.set_job_condition(job, "Complete", "Completed")
+        self.wait_status(run, "Succeeded")
+        events = [e["type"] for e in self.server.run_json(run)["events"]]
+        self.assertEqual(events.count("Admitted"), 1, events)
 
     def test_cancel_deletes_the_job(self):
         run = self.submit()
@@ -271,8 +299,8 @@ class KubeBackendTest(unittest.TestCase):
         self.wait_job(run)
         self.kube.make_pending_workload(job_name)
         self.server.tau("cancel", run, check=0)
-        wait_for(lambda: self.kube.job(job_name) is None,
-                 what=f"the Job {job_name} to be deleted")
+        self.wait(lambda: self.kube.job(job_name) is None,
+                  lambda: f"the Job {job_name} to be deleted")
         self.wait_status(run, "Cancelled")
         self.assertEqual(self.server.run_json(run)["run"]["state"], "Cancelled")
 
@@ -291,9 +319,13 @@ class KubeBackendTest(unittest.TestCase):
     def test_restart_readopts_a_job_that_finished_meanwhile(self):
         run = self.submit()
         job, pod = self.admit_and_start(run)
+        self.kube.append_log(pod, "step 1\n")
+        self.wait(lambda: self.logs(run) == "step 1\n", lambda: f"the log: {self.logs(run)!r}")
         self.server.kill(signal.SIGTERM)
         self.assertIsNotNone(self.kube.job(job), "stopping the server leaves the Job alone")
-        # While the server is away, the Job finishes.
+        # While the server is away, the pod writes more and the Job finishes.
+        self.kube.append_log(pod, "step 2\n")
+        self.kube.end_log(pod)
         self.kube.set_pod_status(pod, {"phase": "Succeeded", "containerStatuses": [
             {"name": "worker", "state": {"terminated": {"exitCode": 0}}}]})
         self.kube.set_job_condition(job, "Complete", "Completed")
@@ -303,6 +335,9 @@ class KubeBackendTest(unittest.TestCase):
         jobs = self.kube.must("GET", "/apis/batch/v1/namespaces/default/jobs")["items"]
         self.assertEqual([j["metadata"]["name"] for j in jobs], [job])
         self.assertEqual(self.server.run_json(run)["run"]["attempts"], 1)
+        # The log is kept whole: what was written meanwhile, and nothing twice.
+        self.wait(lambda: self.logs(run) == "step 1\nstep 2\n",
+                  lambda: f"the whole log after the restart: {self.logs(run)!r}")
 
 
 if __name__ == "__main__":
