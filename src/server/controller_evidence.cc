@@ -290,26 +290,32 @@ Result<evidence::RecordInput> Controller::AssembleRecord(const RunRecord& r,
   const nlohmann::json& spec_runtime = config.spec_json.value("runtime", nlohmann::json::object());
   rt.pip = StringList(spec_runtime.value("pip", nlohmann::json::array()));
   rt.image = spec_runtime.value("image", "");
-  rt.host = Hostname();
-  rt.os = OsName();
-  rt.kernel = Kernel();
   rt.tau_version = Version();
-  rt.driver_version = gpus_.driver_version;
-  rt.cuda_version = gpus_.cuda_driver_version;
-  if (prev) {
-    rt.python_version = prev->runtime.python_version;
-    rt.packages = prev->runtime.packages;
-  }
-  if (final_save || rt.python_version.empty()) {
-    // The cache the last attempt used: runs of other users have their own (RunAsSubmitter).
-    std::string venvs = options_.home + "/venvs";
-    if (r.attempts > 0)
-      if (auto text = ReadFile(AttemptDir(r.name, r.attempts) + "/config.json"); text.ok())
-        if (auto j = nlohmann::json::parse(*text, nullptr, false);
-            j.is_object() && j.contains("venv_cache_dir") && j["venv_cache_dir"].is_string() &&
-            !j["venv_cache_dir"].get<std::string>().empty())
-          venvs = j["venv_cache_dir"].get<std::string>();
-    FillPython(venvs, rt.pip, &rt);
+  if (options_.cluster) {
+    // The run's pods ran on the cluster's nodes, in its image: nothing of this machine describes
+    // them, so nothing of it is recorded (the image is, above).
+    rt.host = "kubernetes";
+  } else {
+    rt.host = Hostname();
+    rt.os = OsName();
+    rt.kernel = Kernel();
+    rt.driver_version = gpus_.driver_version;
+    rt.cuda_version = gpus_.cuda_driver_version;
+    if (prev) {
+      rt.python_version = prev->runtime.python_version;
+      rt.packages = prev->runtime.packages;
+    }
+    if (final_save || rt.python_version.empty()) {
+      // The cache the last attempt used: runs of other users have their own (RunAsSubmitter).
+      std::string venvs = options_.home + "/venvs";
+      if (r.attempts > 0)
+        if (auto text = ReadFile(AttemptDir(r.name, r.attempts) + "/config.json"); text.ok())
+          if (auto j = nlohmann::json::parse(*text, nullptr, false);
+              j.is_object() && j.contains("venv_cache_dir") && j["venv_cache_dir"].is_string() &&
+              !j["venv_cache_dir"].get<std::string>().empty())
+            venvs = j["venv_cache_dir"].get<std::string>();
+      FillPython(venvs, rt.pip, &rt);
+    }
   }
 
   TAU_ASSIGN_OR_RETURN(auto events, store_->ListEvents(r.name));

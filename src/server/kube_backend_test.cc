@@ -316,6 +316,17 @@ TEST_F(KubeBackendTest, RunGoesThroughKueueAndKeepsItsLogs) {
   ASSERT_TRUE(attempts.ok());
   ASSERT_EQ(attempts->size(), 1u);
   EXPECT_EQ(attempts->front().reason, "Succeeded");
+  // The evidence record hashes the kept log, and claims nothing about this machine for the run.
+  json record;
+  ASSERT_TRUE(WaitFor([&] {
+    auto r = controller_->EvidenceRecord(name);
+    if (r.ok()) record = *r;
+    return r.ok() && record["attempts"].size() == 1 && !record["attempts"][0]["logs"].empty();
+  })) << record.dump();
+  EXPECT_EQ(record["runtime"]["host"], "kubernetes");
+  EXPECT_EQ(record["runtime"]["kernel"], "");
+  EXPECT_EQ(record["runtime"]["image"], "python:3.12");
+  EXPECT_EQ(record["attempts"][0]["logs"][0]["size"], 33);
 }
 
 TEST_F(KubeBackendTest, EvictedPodIsRetriedAsANewJobAndOomIsNot) {

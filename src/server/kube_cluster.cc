@@ -157,7 +157,12 @@ class KubeCluster final : public Cluster {
   std::map<std::string, AttemptKey> by_uid_;  // GUARDED_BY(mu_): object uid -> attempt
   std::set<AttemptKey> dirty_;                // GUARDED_BY(mu_)
   std::set<std::string> deleted_;             // GUARDED_BY(mu_): "run/attempt" tau deleted
-  std::vector<std::thread> log_threads_;      // GUARDED_BY(mu_)
+  struct LogFollower {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  // Joined by the reconciler once done (a long-lived server follows thousands of pods).
+  std::vector<LogFollower> log_threads_;  // GUARDED_BY(mu_)
 };
 
 Result<std::set<AttemptKey>> KubeCluster::Start(
@@ -194,13 +199,13 @@ void KubeCluster::Stop() {
   for (std::thread& t : threads_)
     if (t.joinable()) t.join();
   threads_.clear();
-  std::vector<std::thread> logs;
+  std::vector<LogFollower> logs;
   {
     std::lock_guard<std::mutex> lock(mu_);
     logs.swap(log_threads_);
   }
-  for (std::thread& t : logs)
-    if (t.joinable()) t.join();
+  for (LogFollower& f : logs)
+    if (f.thread.joinable()) f.thread.join();
 }
 
 void KubeCluster::Watch(std::string api_version, std::string kind, std::string selector) {
@@ -265,11 +270,20 @@ void KubeCluster::Reconcile() {
   int64_t next_resync = MonotonicMillis() + options_.resync_ms;
   while (!stop_) {
     std::set<AttemptKey> keys;
+    std::vector<LogFollower> finished;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, std::chrono::milliseconds(200),
                    [&] { return stop_.load() || !dirty_.empty(); });
       if (stop_) return;
+      for (auto it = log_threads_.begin(); it != log_threads_.end();) {
+        if (it->done->load()) {
+          finished.push_back(std::move(*it));
+          it = log_threads_.erase(it);
+        } else {
+          ++it;
+        }
+      }
       if (MonotonicMillis() >= next_resync) {
         next_resync = MonotonicMillis() + options_.resync_ms;
         for (const auto& [key, a] : attempts_) keys.insert(key);
@@ -277,6 +291,7 @@ void KubeCluster::Reconcile() {
       keys.merge(dirty_);
       dirty_.clear();
     }
+    for (LogFollower& f : finished) f.thread.join();
     if (!keys.empty()) ObserveAll(std::move(keys));
   }
 }
@@ -369,8 +384,12 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
 
 void KubeCluster::FollowLog(const std::string& ns, const std::string& pod,
                             const std::string& container, const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
-  log_threads_.emplace_back([this, ns, pod, container, path] {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread thread([this, ns, pod, container, path, done] {
+    struct MarkDone {
+      std::atomic<bool>* flag;
+      ~MarkDone() { *flag = true; }
+    } mark{done.get()};
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (fd < 0) {
       std::fprintf(stderr, "tau server: cannot keep the log of pod %s/%s in %s\n", ns.c_str(),
@@ -400,6 +419,8 @@ void KubeCluster::FollowLog(const std::string& ns, const std::string& pod,
       std::fprintf(stderr, "tau server: the log of pod %s/%s: %s\n", ns.c_str(), pod.c_str(),
                    s.ToString().c_str());
   });
+  std::lock_guard<std::mutex> lock(mu_);
+  log_threads_.push_back({std::move(thread), std::move(done)});
 }
 
 Result<std::vector<kube::CodeFile>> KubeCluster::Code(const std::string& snapshot_dir) {
