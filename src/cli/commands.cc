@@ -38,15 +38,22 @@ int CmdVersion(const Global& g, bool with_server) {
 
 // Checks each file with `check`, which returns the errors (one per line) or "" and fills `summary`.
 static int ValidateFiles(
-    const std::vector<std::string>& files, bool quiet,
+    const std::vector<std::string>& files, bool quiet, size_t max_bytes, const char* what,
     const std::function<std::string(const std::string& text, const std::string& file,
                                     std::string* summary)>& check) {
   int rc = 0;
   for (const std::string& file : files) {
-    auto text = ReadFile(file);
+    auto text = ReadFileAtMost(file, max_bytes, what);
     std::string summary;
-    std::string errors =
-        text.ok() ? check(*text, file, &summary) : file + ": error: " + text.status().message();
+    std::string errors;
+    if (text.ok()) {
+      errors = check(*text, file, &summary);
+    } else {
+      // "FILE: error: the file is over ..." rather than naming the file twice.
+      const std::string& m = text.status().message();
+      errors = file + ": error: " +
+               (m.rfind(file + " ", 0) == 0 ? "the file " + m.substr(file.size() + 1) : m);
+    }
     if (!errors.empty()) {
       std::fprintf(stderr, "%s\n", errors.c_str());
       rc = kExitInvalid;
@@ -58,14 +65,15 @@ static int ValidateFiles(
 }
 
 int CmdValidate(const std::vector<std::string>& files, bool quiet) {
-  return ValidateFiles(
-      files, quiet, [](const std::string& text, const std::string& file, std::string* summary) {
-        spec::ParseOutcome parsed = spec::ParseSpec(text, file);
-        if (!parsed.ok()) return parsed.ErrorText();
-        *summary = fmt::format("{} shape, {} '{}'", spec::ShapeName(parsed.spec->shape),
-                               spec::WorkloadKindName(parsed.spec->kind), parsed.spec->name);
-        return std::string();
-      });
+  return ValidateFiles(files, quiet, spec::kMaxSpecBytes, "a spec",
+                       [](const std::string& text, const std::string& file, std::string* summary) {
+                         spec::ParseOutcome parsed = spec::ParseSpec(text, file);
+                         if (!parsed.ok()) return parsed.ErrorText();
+                         *summary = fmt::format(
+                             "{} shape, {} '{}'", spec::ShapeName(parsed.spec->shape),
+                             spec::WorkloadKindName(parsed.spec->kind), parsed.spec->name);
+                         return std::string();
+                       });
 }
 
 int CmdSchema(Format format) {
@@ -355,21 +363,22 @@ int CmdAdmissionSimulate(const std::string& file, int cycles, Format format) {
 }
 
 int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet) {
-  return ValidateFiles(
-      files, quiet, [](const std::string& text, const std::string& file, std::string* summary) {
-        policy::PlatformOutcome parsed = policy::ParsePlatform(text, file);
-        if (!parsed.ok()) return parsed.ErrorText();
-        *summary =
-            fmt::format("{} queue(s), {} workspace(s), {} priority class(es)",
-                        parsed.platform->admission.queues.size(),
-                        parsed.platform->workspaces.size(), parsed.platform->priorities.size());
-        return std::string();
-      });
+  return ValidateFiles(files, quiet, policy::kMaxPlatformBytes, "a platform file",
+                       [](const std::string& text, const std::string& file, std::string* summary) {
+                         policy::PlatformOutcome parsed = policy::ParsePlatform(text, file);
+                         if (!parsed.ok()) return parsed.ErrorText();
+                         *summary =
+                             fmt::format("{} queue(s), {} workspace(s), {} priority class(es)",
+                                         parsed.platform->admission.queues.size(),
+                                         parsed.platform->workspaces.size(),
+                                         parsed.platform->priorities.size());
+                         return std::string();
+                       });
 }
 
 int CmdExplain(const std::string& spec_file, std::string platform_file, const std::string& user,
                Format format) {
-  auto text = ReadFile(spec_file);
+  auto text = ReadFileAtMost(spec_file, spec::kMaxSpecBytes, "a spec");
   if (!text.ok()) return Fail(text.status().message());
   spec::ParseOutcome spec = spec::ParseSpec(*text, spec_file);
   if (!spec.ok()) {

@@ -42,6 +42,7 @@ Result<std::vector<kube::CodeFile>> CollectInlineCode(const std::string& root) {
         ".tauignore and read them from a storage volume, or build them into the image",
         root, 4 * kube::kMaxInlineCodeBytes / 1024, kube::kMaxInlineCodeBytes / 1024));
   }
+  for (const std::string& w : walk->warnings) std::fprintf(stderr, "tau: warning: %s\n", w.c_str());
   std::vector<kube::CodeFile> files;
   for (CodeFile& f : walk->files) files.push_back({f.path, f.mode, std::move(f.data)});
   return files;
@@ -106,7 +107,7 @@ int CmdPlan(const PlanOptions& o) {
   if (o.backend != "local" && o.backend != "kubernetes") {
     return Fail("unknown backend '" + o.backend + "' (local or kubernetes)");
   }
-  auto text = ReadFile(o.file);
+  auto text = ReadFileAtMost(o.file, spec::kMaxSpecBytes, "a spec");
   if (!text.ok()) return Fail(text.status().message());
   spec::ParseOutcome parsed = spec::ParseSpec(*text, o.file);
   if (!parsed.ok()) {

@@ -61,7 +61,7 @@ int ExitCodeOf(const nlohmann::json& run) {
 }  // namespace
 
 int CmdRun(const Global& g, const std::string& file, bool detach) {
-  auto text = ReadFile(file);
+  auto text = ReadFileAtMost(file, spec::kMaxSpecBytes, "a spec");
   if (!text.ok()) return Fail(text.status().message());
   spec::ParseOutcome parsed = spec::ParseSpec(*text, file);
   if (!parsed.ok()) {

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
+
 namespace tau {
 
 Status ReadFileChunks(const std::string& path, const std::function<void(std::string_view)>& chunk) {
@@ -42,6 +44,32 @@ Status ReadChunksAndClose(int fd, const std::string& path,
 Result<std::string> ReadFile(const std::string& path) {
   std::string out;
   TAU_RETURN_IF_ERROR(ReadFileChunks(path, [&](std::string_view c) { out.append(c); }));
+  return out;
+}
+
+Result<std::string> ReadFileAtMost(const std::string& path, size_t max_bytes,
+                                   const std::string& what) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return IoError("cannot open " + path, errno);
+  std::string out;
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      return IoError("cannot read " + path, err);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > max_bytes) {
+      ::close(fd);
+      return ResourceExhausted(fmt::format("{} is over {} bytes; {} may be at most {} bytes", path,
+                                           max_bytes, what, max_bytes));
+    }
+  }
+  ::close(fd);
   return out;
 }
 

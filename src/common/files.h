@@ -10,6 +10,11 @@
 namespace tau {
 
 Result<std::string> ReadFile(const std::string& path);
+// Reads at most `max_bytes`: a longer file (or an endless one, /dev/zero, a FIFO that keeps
+// writing) is ResourceExhausted after reading max_bytes + 1 bytes, naming the limit and `what`
+// ("a spec").
+Result<std::string> ReadFileAtMost(const std::string& path, size_t max_bytes,
+                                   const std::string& what);
 // Reads a file in chunks, handing each to `chunk` (for hashing or copying without holding it all).
 Status ReadFileChunks(const std::string& path, const std::function<void(std::string_view)>& chunk);
 // Reads an open file to its end in chunks, then closes it; `path` is for messages.

@@ -184,6 +184,20 @@ class LimitsTest(HardeningCase):
         self.assertFalse(body["valid"])
         self.assert_serving()
 
+    def test_the_cli_reads_no_more_of_a_spec_than_the_limit(self):
+        # An endless file (/dev/zero) or one over 1 MiB: refused after reading the limit, not
+        # read whole into memory first.
+        big = os.path.join(self.server.home, "big.yaml")
+        with open(big, "w") as f:
+            f.write(job_spec("big") + "# " + "x" * (1 << 20) + "\n")
+        for args in (["validate", "/dev/zero"], ["validate", big], ["run", "--detach", big],
+                     ["plan", "/dev/zero"]):
+            r = self.server.tau(*args, check=None, timeout=20)
+            self.assertNotEqual(r.returncode, 0, args)
+            self.assertIn("is over 1048576 bytes; a spec may be at most 1048576 bytes",
+                          r.stderr, args)
+        self.assert_serving()
+
     def test_code_file_count_and_size_limits_hold_on_the_server_path(self):
         files = [{"path": f"f/{i}", "data": ""} for i in range(20001)]
         status, body, _ = self.call("POST", "/api/v1/runs",
