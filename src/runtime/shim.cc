@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <sys/syscall.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
@@ -159,8 +160,8 @@ struct ChildPlan {
   ::_exit(127);
 }
 
-// Runs in the child between fork and exec. Only plain system calls, in case this ever runs in a
-// threaded process.
+// Runs in the child between fork (or vfork) and exec. Only plain system calls: a vfork child runs
+// on the shim's memory until it execs.
 [[noreturn]] void RunChild(const ChildPlan& p) {
   if (::setpgid(0, p.pgid) != 0) ChildFail(p, kStepSetpgid);
   // The workers must not outlive a shim that is SIGKILLed; checking the parent after the prctl
@@ -171,11 +172,13 @@ struct ChildPlan {
   if (::dup2(p.stdin_fd, 0) < 0 || ::dup2(p.out_fd, 1) < 0 || ::dup2(p.out_fd, 2) < 0) {
     ChildFail(p, kStepStdio);
   }
-  // Groups first, then the gid, then the uid: after setuid the others can no longer change.
+  // Groups first, then the gid, then the uid: after setuid the others can no longer change. The
+  // raw system calls: glibc's wrappers may coordinate with other threads of the process, whose
+  // memory a vfork child shares.
   if (p.run_as != nullptr) {
     static_assert(std::is_same_v<gid_t, uint32_t>, "RunAs keeps gids as uint32_t");
-    if (::setgroups(p.run_as->groups.size(), p.run_as->groups.data()) != 0 ||
-        ::setgid(p.run_as->gid) != 0 || ::setuid(p.run_as->uid) != 0)
+    if (::syscall(SYS_setgroups, p.run_as->groups.size(), p.run_as->groups.data()) != 0 ||
+        ::syscall(SYS_setgid, p.run_as->gid) != 0 || ::syscall(SYS_setuid, p.run_as->uid) != 0)
       ChildFail(p, kStepCredentials);
   }
   if (p.cwd != nullptr && ::chdir(p.cwd) != 0) ChildFail(p, kStepChdir);
@@ -196,6 +199,15 @@ struct ChildPlan {
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::execve(p.path, p.argv, p.envp);
   ChildFail(p, kStepExec);
+}
+
+// Starts the child that runs `plan`; returns its pid (or -1 and errno) in the parent only. With
+// `share_memory` (vfork) the parent waits until the child has exec'd or failed: for a worker that
+// waits at no barrier. Apart from its caller so that no variable of the caller lives across vfork.
+pid_t StartChild(const ChildPlan& plan, bool share_memory) {
+  pid_t pid = share_memory ? ::vfork() : ::fork();
+  if (pid == 0) RunChild(plan);
+  return pid;
 }
 
 // The attempt's cgroup v2 directory, when the machine lets us have one.
@@ -712,18 +724,21 @@ class Shim {
       plan.parent = ::getpid();
       plan.stdin_fd = devnull_.get();
       plan.out_fd = logs_[rank].get();
-      plan.barrier_fd = barrier_read.get();
+      // A gang waits at the barrier until every worker exists; a single worker has nobody to wait
+      // for, so it is started with vfork: no copy of the shim's page tables, which costs more than
+      // the rest of the start on a virtual machine.
+      const bool single = config_.workers.size() == 1;
+      plan.barrier_fd = single ? -1 : barrier_read.get();
       plan.cgroup_procs_fd = cgroup_ ? cgroup_->procs_fd() : -1;
       plan.error_fd = error_write.get();
       plan.run_as = config_.run_as ? &*config_.run_as : nullptr;
-      pid_t pid = ::fork();
+      pid_t pid = StartChild(plan, /*share_memory=*/single);
       if (pid < 0) {
         int err = errno;
         AbortGang();
         return SetupError{OutcomeKind::kSetupFailed, "cannot start worker " + std::to_string(rank) +
                                                          ": fork: " + std::strerror(err)};
       }
-      if (pid == 0) RunChild(plan);
       // Both sides call setpgid so the group exists before the next worker tries to join it.
       if (pgid_ == 0) pgid_ = pid;
       ::setpgid(pid, pgid_);
