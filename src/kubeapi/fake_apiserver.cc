@@ -185,6 +185,12 @@ void FakeApiServer::EndLog(const std::string& ns, const std::string& pod) {
   changed_.notify_all();
 }
 
+void FakeApiServer::CutLogStreams() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++log_cut_epoch_;
+  changed_.notify_all();
+}
+
 void FakeApiServer::ExpireWatches() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -542,8 +548,13 @@ void FakeApiServer::HandleLog(const Target& target, const server::HttpRequest& r
     return;
   }
   auto next = std::make_shared<size_t>(0);
+  int cut_epoch = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cut_epoch = log_cut_epoch_;
+  }
   res.content_type = "text/plain";
-  res.stream = [this, key, next, since_ms](server::ChunkSink& sink) {
+  res.stream = [this, key, next, since_ms, cut_epoch](server::ChunkSink& sink) {
     std::string out;
     bool end = false;
     {
@@ -551,7 +562,7 @@ void FakeApiServer::HandleLog(const Target& target, const server::HttpRequest& r
       const LogStream& log = logs_[key];
       if (*next == log.chunks.size() && !log.ended)
         changed_.wait_for(lock, std::chrono::milliseconds(20));
-      if (stopping_) return false;
+      if (stopping_ || log_cut_epoch_ != cut_epoch) return false;
       for (; *next < log.chunks.size(); ++*next)
         if (log.chunks[*next].first >= since_ms) out += log.chunks[*next].second;
       end = log.ended;

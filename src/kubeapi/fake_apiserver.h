@@ -65,6 +65,9 @@ class FakeApiServer {
   void InjectFailures(int count, int http_status, int retry_after_seconds);
   void AppendLog(const std::string& ns, const std::string& pod, const std::string& text);
   void EndLog(const std::string& ns, const std::string& pod);  // the container exited
+  // Open log streams end now although their containers still run (as a kubelet or API server
+  // restart, or a proxy's timeout, cuts them); the logs go on.
+  void CutLogStreams();
   // Drops the watch history (as etcd compaction does): open watches get a 410 ERROR event and
   // watches from an older resourceVersion are refused the same way.
   void ExpireWatches();
@@ -137,6 +140,7 @@ class FakeApiServer {
   int64_t compacted_rv_ = 0;               // GUARDED_BY(mu_): events at or below it are gone
   int expire_epoch_ = 0;                   // GUARDED_BY(mu_)
   int end_epoch_ = 0;                      // GUARDED_BY(mu_)
+  int log_cut_epoch_ = 0;                  // GUARDED_BY(mu_)
   bool watches_paused_ = false;            // GUARDED_BY(mu_)
   int bookmark_interval_ms_ = 1000;        // GUARDED_BY(mu_)
   std::map<std::string, LogStream> logs_;  // GUARDED_BY(mu_): "ns/pod" ->

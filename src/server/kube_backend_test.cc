@@ -297,6 +297,9 @@ TEST_F(KubeBackendTest, RunGoesThroughKueueAndKeepsItsLogs) {
   StartPod(name, 1);
   ASSERT_TRUE(WaitForState(name, RunState::kRunning));
   fake_.AppendLog("default", PodName(name, 1), "step 1 loss 0.5\n");
+  ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == "step 1 loss 0.5\n"; })) << Log(name, 1);
+  // The stream is cut while the pod runs on: followed again, nothing lost or kept twice.
+  fake_.CutLogStreams();
   fake_.AppendLog("default", PodName(name, 1), "step 2 loss 0.25\n");
   ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == "step 1 loss 0.5\nstep 2 loss 0.25\n"; }))
       << Log(name, 1);

@@ -133,6 +133,7 @@ class KubeCluster final : public Cluster {
     bool submitter_followed = false;   // RayJob: the submitter pod's log
     std::string last_news;             // fingerprint of the last news sent
     bool gone = false;                 // its object was deleted
+    bool ended = false;                // its terminal news was sent: no more resyncs
   };
 
   Result<std::vector<kube::CodeFile>> Code(const std::string& snapshot_dir);
@@ -142,6 +143,8 @@ class KubeCluster final : public Cluster {
   void ObserveAll(std::set<AttemptKey> keys);
   void FollowLog(const std::string& ns, const std::string& pod, const std::string& container,
                  const std::string& path);
+  // Whether the watches last saw the pod Pending or Running (false for pods they do not follow).
+  bool PodRunning(const std::string& ns, const std::string& pod);
 
   kubeapi::Client* const client_;
   const KubeClusterOptions options_;
@@ -241,7 +244,7 @@ void KubeCluster::OnEvent(const std::string& kind, const kubeapi::WatchEvent& ev
       for (const json& ref : *refs)
         if (auto it = by_uid_.find(Str(ref, "uid")); it != by_uid_.end()) dirty_.insert(it->second);
     for (auto& [key, a] : attempts_)
-      if (!a.gone) dirty_.insert(key);
+      if (!a.gone && !a.ended) dirty_.insert(key);
     cv_.notify_all();
     return;
   }
@@ -256,6 +259,12 @@ void KubeCluster::OnEvent(const std::string& kind, const kubeapi::WatchEvent& ev
       a.pods[Str(Meta(o), "name")] = o;
     }
   } else if (deleted) {
+    if (a.ended) {
+      // Its end was told; its object is gone (a TTL, a user): nothing left to follow.
+      by_uid_.erase(Str(Meta(o), "uid"));
+      attempts_.erase(key);
+      return;
+    }
     a.gone = true;
   } else {
     a.object = o;
@@ -286,7 +295,8 @@ void KubeCluster::Reconcile() {
       }
       if (MonotonicMillis() >= next_resync) {
         next_resync = MonotonicMillis() + options_.resync_ms;
-        for (const auto& [key, a] : attempts_) keys.insert(key);
+        for (const auto& [key, a] : attempts_)
+          if (!a.ended) keys.insert(key);
       }
       keys.merge(dirty_);
       dirty_.clear();
@@ -376,7 +386,10 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = attempts_.find(t.key);
-      if (it != attempts_.end()) it->second.last_news = fp;
+      if (it != attempts_.end()) {
+        it->second.last_news = fp;
+        it->second.ended = news.observed.Terminal();
+      }
     }
     if (on_news_) on_news_(std::move(news));
   }
@@ -396,31 +409,53 @@ void KubeCluster::FollowLog(const std::string& ns, const std::string& pod,
                    pod.c_str(), path.c_str());
       return;
     }
-    // A server that restarts follows its pods' logs again from their start: what the file already
-    // holds (a prefix of the same stream) is skipped, so nothing is kept twice.
-    struct stat st;
-    off_t skip = ::fstat(fd, &st) == 0 ? st.st_size : 0;
     kubeapi::LogOptions options;
     options.container = container;
     options.follow = true;
-    Status s = client_->StreamLogs(
-        ns, pod, options,
-        [&](std::string_view chunk) {
-          if (skip > 0) {
-            size_t n = std::min<size_t>(static_cast<size_t>(skip), chunk.size());
-            chunk.remove_prefix(n);
-            skip -= static_cast<off_t>(n);
-          }
-          return AppendAll(fd, chunk);  // a full disk stops keeping the log, not the server
-        },
-        &stop_);
+    // A stream can end while the container still runs (a kubelet or API server restart, a
+    // proxy's timeout; days-long runs see them). Each new stream starts at the log's beginning,
+    // and what the file already holds, a prefix of the same log, is skipped: so a restarted server
+    // and a cut stream both keep every byte exactly once.
+    bool disk_full = false;
+    while (!stop_ && !disk_full) {
+      struct stat st;
+      off_t skip = ::fstat(fd, &st) == 0 ? st.st_size : 0;
+      Status s = client_->StreamLogs(
+          ns, pod, options,
+          [&](std::string_view chunk) {
+            if (skip > 0) {
+              size_t n = std::min<size_t>(static_cast<size_t>(skip), chunk.size());
+              chunk.remove_prefix(n);
+              skip -= static_cast<off_t>(n);
+            }
+            disk_full = !AppendAll(fd, chunk);  // stops keeping the log, not the server
+            return !disk_full;
+          },
+          &stop_);
+      if (stop_ || !PodRunning(ns, pod)) break;
+      if (!s.ok())
+        std::fprintf(stderr, "tau server: the log of pod %s/%s: %s (following it again)\n",
+                     ns.c_str(), pod.c_str(), s.ToString().c_str());
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return stop_.load(); });
+    }
     ::close(fd);
-    if (!s.ok() && !stop_)
-      std::fprintf(stderr, "tau server: the log of pod %s/%s: %s\n", ns.c_str(), pod.c_str(),
-                   s.ToString().c_str());
   });
   std::lock_guard<std::mutex> lock(mu_);
   log_threads_.push_back({std::move(thread), std::move(done)});
+}
+
+bool KubeCluster::PodRunning(const std::string& ns, const std::string& pod) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [key, a] : attempts_) {
+    auto it = a.pods.find(pod);
+    if (it == a.pods.end() || Str(Meta(it->second), "namespace") != ns) continue;
+    auto status = it->second.find("status");
+    std::string phase =
+        status != it->second.end() && status->is_object() ? Str(*status, "phase") : "";
+    return phase == "Running" || phase == "Pending";
+  }
+  return false;
 }
 
 Result<std::vector<kube::CodeFile>> KubeCluster::Code(const std::string& snapshot_dir) {
