@@ -450,6 +450,46 @@ TEST_F(KubeBackendTest, RestartReadoptsRunningAttemptsAndNoticesVanishedOnes) {
   EXPECT_EQ(Run(lost).reason, "NodeLost");
 }
 
+TEST_F(KubeBackendTest, GangKeepsEachRanksLogAndCancelDeletesItsService) {
+  std::string spec = kSpec;
+  spec.replace(spec.find("workers: 1"), 10, "workers: 2");
+  std::string name = Submit(spec);
+  ASSERT_TRUE(WaitForJob(name, 1));
+  EXPECT_EQ(Job(name, 1)["spec"]["completionMode"], "Indexed");
+  EXPECT_FALSE(fake_.Object("v1/services", "default", JobName(name, 1)).is_null())
+      << "the gang's headless Service";
+  MakeWorkload(name, 1);
+  Admit(name, 1);
+  for (int rank = 0; rank < 2; ++rank) {
+    json pod = {{"apiVersion", "v1"},
+                {"kind", "Pod"},
+                {"metadata",
+                 {{"name", fmt::format("{}-{}-abc", JobName(name, 1), rank)},
+                  {"namespace", "default"},
+                  {"labels",
+                   {{"tau.dev/run", name},
+                    {"tau.dev/attempt", "1"},
+                    {"batch.kubernetes.io/job-completion-index", std::to_string(rank)}}}}},
+                {"status", {{"phase", "Running"}}}};
+    ASSERT_TRUE(kube_->Create(pod).ok());
+    fake_.AppendLog("default", fmt::format("{}-{}-abc", JobName(name, 1), rank),
+                    fmt::format("hello from rank {}\n", rank));
+  }
+  ASSERT_TRUE(WaitForState(name, RunState::kRunning));
+  auto rank_log = [&](int rank) {
+    auto text = ReadFile(fmt::format("{}/runs/{}/attempts/1/logs/rank-{}.log", home_, name, rank));
+    return text.ok() ? *text : "";
+  };
+  ASSERT_TRUE(WaitFor([&] {
+    return rank_log(0) == "hello from rank 0\n" && rank_log(1) == "hello from rank 1\n";
+  })) << rank_log(0)
+      << "|" << rank_log(1);
+  ASSERT_TRUE(controller_->Cancel(name).ok());
+  ASSERT_TRUE(WaitForState(name, RunState::kCancelled));
+  EXPECT_TRUE(Job(name, 1).is_null());
+  EXPECT_TRUE(fake_.Object("v1/services", "default", JobName(name, 1)).is_null());
+}
+
 TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromItsSubmitterPod) {
   std::string spec = kSpec;
   spec.replace(spec.find("workload_kind: job"), 18, "workload_kind: rayjob");
