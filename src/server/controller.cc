@@ -717,16 +717,8 @@ void Controller::Recover(Batch* batch, const std::set<AttemptKey>& on_cluster) {
     // Its supervisor is gone and left no result: the attempt's processes vanished.
     (void)runtime::StopAttempt(shim, last.dir);
     PollMetrics(record.name, last.number);  // what it wrote is its, not the next attempt's
-    AttemptRecord a = last;
-    a.state = AttemptState::kFinished;
-    a.ended_ms = NowMillis();
-    a.outcome = "Lost";
-    a.reason = "NodeLost";
-    a.message = "the attempt's processes vanished while the server was down";
-    batch->attempts.push_back(a);
-    CountAttempt(a);
     run.shim.reset();
-    FailAttempt(run, "NodeLost", a.message, batch);
+    LoseAttempt(run, last, "the attempt's processes vanished while the server was down", batch);
     if (store::IsTerminal(run.record.state)) active_.erase(record.name);
   }
 }
@@ -1084,6 +1076,18 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   } else {
     FailAttempt(run, a.reason, a.message, batch);
   }
+}
+
+void Controller::LoseAttempt(ActiveRun& run, AttemptRecord attempt, const std::string& message,
+                             Batch* batch) {
+  attempt.state = AttemptState::kFinished;
+  attempt.ended_ms = NowMillis();
+  attempt.outcome = "Lost";
+  attempt.reason = "NodeLost";
+  attempt.message = message;
+  batch->attempts.push_back(attempt);
+  CountAttempt(attempt);
+  FailAttempt(run, attempt.reason, message, batch);
 }
 
 void Controller::MaskSecretsInLogs(const ActiveRun& run, const AttemptRecord& a) {

@@ -195,6 +195,10 @@ class Controller {
   // Masks what the attempt printed of the run's secrets in its stored logs, before anything reads
   // them (diagnosis, evidence hashes, bundles).
   void MaskSecretsInLogs(const ActiveRun& run, const store::AttemptRecord& attempt);
+  // An attempt that vanished while the server was down (its processes, or its Job): it ends
+  // NodeLost and the run is retried or fails by its resilience policy.
+  void LoseAttempt(ActiveRun& run, store::AttemptRecord attempt, const std::string& message,
+                   store::Batch* batch);
   // What the logs of a failed attempt say about why (its ranks' log tails).
   static nlohmann::json DiagnosisJson(const std::string& attempt_dir, size_t ranks,
                                       const std::string& phase);

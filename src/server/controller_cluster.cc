@@ -54,15 +54,8 @@ void Controller::RecoverOnCluster(ActiveRun& run, const std::set<AttemptKey>& ex
     run.cluster_relaunch = true;
     return;
   }
-  AttemptRecord a = last;
-  a.state = AttemptState::kFinished;
-  a.ended_ms = NowMillis();
-  a.outcome = "Lost";
-  a.reason = "NodeLost";
-  a.message = "the attempt's Job vanished from the cluster while the server was down";
-  batch->attempts.push_back(a);
-  CountAttempt(a);
-  FailAttempt(run, a.reason, a.message, batch);
+  LoseAttempt(run, last, "the attempt's Job vanished from the cluster while the server was down",
+              batch);
 }
 
 void Controller::LaunchQueued(Batch* batch, std::vector<std::string>* to_launch) {
