@@ -11,12 +11,12 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
-#include <sys/syscall.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
