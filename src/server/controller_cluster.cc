@@ -38,9 +38,15 @@ void Controller::RecoverOnCluster(ActiveRun& run, const std::set<AttemptKey>& ex
   RunRecord& r = run.record;
   auto attempts = store_->ListAttempts(r.name);
   if (!attempts.ok() || attempts->empty() || attempts->back().state == AttemptState::kFinished) {
-    // No attempt on the cluster: a queued run gets one on the next pass.
-    if (r.state != RunState::kQueued && !r.cancel_requested)
-      Requeue(run, "its attempt had not been created when the server stopped", batch);
+    // No attempt on the cluster: a queued run gets one on the next pass (one recorded as admitted
+    // goes back to the queue first; this is no preemption).
+    if (r.state != RunState::kQueued && !r.cancel_requested) {
+      ReleaseResources(run);
+      Transition(run, RunState::kQueued, "Requeued",
+                 "back in the queue: its attempt had not been created when the server stopped",
+                 batch);
+      batch->runs.push_back(r);
+    }
     return;
   }
   AttemptRecord last = attempts->back();
