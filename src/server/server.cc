@@ -196,7 +196,14 @@ int RunServer(const ServerOptions& options) {
       log("kubernetes backend: " + config.status().message());
       return 2;
     }
-    auto client = kubeapi::Client::Create(std::move(*config));
+    // Creating and deleting objects happens on the controller's decision thread: an API server
+    // that does not answer may hold it for at most a few seconds per call (then the attempt is
+    // tried again later, or the cancel on the next pass).
+    kubeapi::ClientOptions client_options;
+    client_options.max_attempts = 3;
+    client_options.connect_timeout_ms = 3000;
+    client_options.request_timeout_ms = 15000;
+    auto client = kubeapi::Client::Create(std::move(*config), client_options);
     if (!client.ok()) {
       log("kubernetes backend: " + client.status().message());
       return 2;
