@@ -24,6 +24,13 @@ namespace {
 // as Kueue's scheduler does; the loop runs again right away when work is left.
 constexpr int kMaxCyclesPerPass = 256;
 
+std::string RunsAhead(int position) {
+  if (position <= 0) return "first in line";
+  return fmt::format("{} {} ahead", position, position == 1 ? "run" : "runs");
+}
+
+}  // namespace
+
 nlohmann::json AssignmentJson(const admission::FlavorAssignment& a) {
   nlohmann::json out = nlohmann::json::object();
   for (const auto& [podset, resources] : a) out[podset] = resources;
@@ -48,13 +55,6 @@ std::string FlavorsText(const admission::FlavorAssignment& a) {
       parts.push_back(fmt::format("{} on {}", resource, flavor));
   return parts.empty() ? "no quota needed" : Join(parts, ", ");
 }
-
-std::string RunsAhead(int position) {
-  if (position <= 0) return "first in line";
-  return fmt::format("{} {} ahead", position, position == 1 ? "run" : "runs");
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Platform.

@@ -58,6 +58,12 @@ struct SubmitError {
   std::vector<spec::Diagnostic> diagnostics;
 };
 
+// A run's flavor assignment ({"POD_SET": {"RESOURCE": "FLAVOR"}}, as RunRecord.flavors keeps it)
+// and its text ("cpu on default, nvidia.com/gpu on h200"; admit.cc).
+nlohmann::json AssignmentJson(const admission::FlavorAssignment& a);
+admission::FlavorAssignment AssignmentFromJson(const nlohmann::json& j);
+std::string FlavorsText(const admission::FlavorAssignment& a);
+
 class Controller {
  public:
   Controller(ControllerOptions options, store::Store* store, health::GpuInventory gpus);

@@ -6,7 +6,6 @@
 
 #include "common/clock.h"
 #include "common/files.h"
-#include "common/strings.h"
 #include "server/controller.h"
 
 namespace tau::server {
@@ -17,21 +16,6 @@ using store::Batch;
 using store::RunRecord;
 using store::RunState;
 using Phase = kube::AttemptObservation::Phase;
-
-namespace {
-
-// "cpu on default, nvidia.com/gpu on h200" from {"main": {"cpu": "default", ...}}.
-std::string FlavorsText(const nlohmann::json& flavors) {
-  std::vector<std::string> parts;
-  if (flavors.is_object())
-    for (const auto& [pod_set, resources] : flavors.items())
-      if (resources.is_object())
-        for (const auto& [resource, flavor] : resources.items())
-          if (flavor.is_string()) parts.push_back(resource + " on " + flavor.get<std::string>());
-  return Join(parts, ", ");
-}
-
-}  // namespace
 
 void Controller::RecoverOnCluster(ActiveRun& run, const std::set<AttemptKey>& existing,
                                   Batch* batch) {
@@ -192,19 +176,16 @@ void Controller::HandleClusterNews(const ClusterNews& news, Batch* batch) {
     r.admitted_ms = NowMillis();
     // tau's view of the queues (`tau queues`) counts the run against its quota with Kueue's
     // flavors, folded into tau's one pod set (a RayJob's head and worker groups are one there).
-    nlohmann::json resources = nlohmann::json::object();
-    if (o.flavors.is_object())
-      for (const auto& [pod_set, assigned] : o.flavors.items())
-        if (assigned.is_object())
-          for (const auto& [resource, flavor] : assigned.items())
-            if (!resources.contains(resource)) resources[resource] = flavor;
-    r.flavors = nlohmann::json::object();
-    if (!run.workload.pod_sets.empty() && !resources.empty())
-      r.flavors[run.workload.pod_sets.front().name] = std::move(resources);
-    std::string flavors = FlavorsText(o.flavors);
+    admission::FlavorAssignment kueue = AssignmentFromJson(o.flavors);
+    admission::FlavorAssignment folded;
+    if (!run.workload.pod_sets.empty())
+      for (const auto& [pod_set, assigned] : kueue)
+        for (const auto& [resource, flavor] : assigned)
+          folded[run.workload.pod_sets.front().name].emplace(resource, flavor);
+    r.flavors = AssignmentJson(folded);
     Transition(run, RunState::kAdmitted, "Admitted",
                fmt::format("admitted by Kueue (ClusterQueue {}{})", o.cluster_queue,
-                           flavors.empty() ? "" : "; " + flavors),
+                           kueue.empty() ? "" : "; " + FlavorsText(kueue)),
                batch, {{"flavors", o.flavors}, {"cluster_queue", o.cluster_queue}});
     batch->runs.push_back(r);
   }
