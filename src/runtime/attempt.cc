@@ -231,7 +231,8 @@ std::string SelfExecutable() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
-Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& tau_binary) {
+Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& tau_binary,
+                               Zygote* zygote) {
   if (config.attempt_dir.empty()) return InvalidArgument("attempt_dir is empty");
   if (config.workers.empty()) return InvalidArgument("an attempt needs at least one worker");
   TAU_RETURN_IF_ERROR(MakeDirs(config.attempt_dir + "/logs"));
@@ -239,6 +240,11 @@ Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& t
                                       // 0600: the workers' env may hold secrets.
                                       internal::DumpJson(config.ToJson()), 0600,
                                       Durability::kProcessCrash));
+  if (zygote != nullptr) {
+    auto forked = zygote->StartShim(config.attempt_dir);
+    // A zygote that is gone is no reason to fail a run: the shim is exec'd instead.
+    if (forked.ok() || forked.status().code() != StatusCode::kUnavailable) return forked;
+  }
 
   // Everything the child needs is prepared here: posix_spawn runs no code of ours after the fork,
   // which is what a multi-threaded server needs (only async-signal-safe calls are allowed there).

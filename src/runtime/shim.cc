@@ -408,6 +408,9 @@ class Shim {
       if (!fd.valid()) return IoError("cannot open " + path, errno);
       logs_.push_back(std::move(fd));
     }
+    // Only a setup that takes time (pip) is worth a file: state.json's readers need the workers,
+    // which come later, and creating a file costs a noticeable share of a trivial attempt.
+    if (config_.pip.empty()) return Status::Ok();
     return WriteState(json{{"phase", "setup"}, {"shim_pid", ::getpid()}});
   }
 

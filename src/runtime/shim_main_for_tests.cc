@@ -1,4 +1,5 @@
-// `tau_test_shim __shim DIR`: the shim entry point alone, used as the tau binary by runtime_test.
+// `tau_test_shim __shim DIR` and `tau_test_shim __zygote`: the shim's entry points alone, used as
+// the tau binary by runtime_test.
 #include <cstdio>
 #include <cstring>
 
@@ -6,6 +7,7 @@
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "__shim") == 0) return tau::runtime::ShimMain(argv[2]);
-  std::fprintf(stderr, "usage: %s __shim ATTEMPT_DIR\n", argv[0]);
+  if (argc == 2 && std::strcmp(argv[1], "__zygote") == 0) return tau::runtime::ZygoteMain();
+  std::fprintf(stderr, "usage: %s __shim ATTEMPT_DIR | __zygote\n", argv[0]);
   return 2;
 }

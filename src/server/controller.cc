@@ -137,6 +137,15 @@ Status Controller::Start() {
   });
   if (!watcher.ok()) return watcher.status();
   watcher_ = std::move(*watcher);
+  if (!options_.cluster) {
+    auto zygote = runtime::Zygote::Start(options_.tau_binary);
+    if (zygote.ok()) {
+      zygote_ = std::move(*zygote);
+    } else {
+      std::fprintf(stderr, "tau server: shims will be exec'd, not forked: %s\n",
+                   zygote.status().ToString().c_str());
+    }
+  }
   TAU_RETURN_IF_ERROR(LoadPlatformFile());
   RebuildEngine();
   std::set<AttemptKey> on_cluster;
@@ -186,6 +195,7 @@ void Controller::Stop() {
   }
   if (evidence_thread_.joinable()) evidence_thread_.join();
   if (watcher_) watcher_->Stop();
+  zygote_.reset();
   if (options_.cluster) options_.cluster->Stop();
 }
 
@@ -921,7 +931,7 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
       ctx.extra_env.emplace_back("TAU_DATA_DIR", m.host_path);
   ctx.metrics_file = run_dir + "/metrics.jsonl";
   ctx.gpus = r.gpus;
-  ctx.master_port = PickFreePort();
+  if (run.spec.compute.workers > 1) ctx.master_port = PickFreePort();  // only gangs rendezvous
   ctx.base_env = BaseEnv();
   if (number > 1) {
     // What the next attempt needs to recover: why the last one failed, and where to resume from.
@@ -959,7 +969,7 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
   if (run.need.cpu_milli > 0) config.cpu_limit_milli = run.need.cpu_milli;
   config.max_runtime_ms = run.spec.max_runtime_ms;
   config.stop_grace_ms = options_.stop_grace_ms;
-  auto shim = runtime::StartAttempt(config, options_.tau_binary);
+  auto shim = runtime::StartAttempt(config, options_.tau_binary, zygote_.get());
   if (!shim.ok()) return fail("SetupError", shim.status().message());
   run.shim = *shim;
   a.state = AttemptState::kRunning;

@@ -32,7 +32,7 @@ namespace tau::server {
 
 struct ControllerOptions {
   std::string home;        // TAU_HOME
-  std::string tau_binary;  // started as `tau __shim DIR` for each attempt
+  std::string tau_binary;  // `tau __zygote` forks a shim per attempt, or `tau __shim DIR` is exec'd
   int64_t stop_grace_ms = 10'000;
   int64_t cpu_capacity_milli = 0;     // 0: detect
   int64_t memory_capacity_bytes = 0;  // 0: detect
@@ -245,6 +245,7 @@ class Controller {
   store::Store* const store_;
   const health::GpuInventory gpus_;
   std::unique_ptr<runtime::ProcessWatcher> watcher_;
+  std::unique_ptr<runtime::Zygote> zygote_;  // forks the shims; null on a cluster
   std::thread thread_;
 
   std::mutex mu_;

@@ -13,6 +13,13 @@ from harness import TAU, ServerTestCase, TauServer, pid_alive, wait_for
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
+def proc_stat(pid):
+    """The state and parent of a process, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return {"state": fields[0], "ppid": int(fields[1])}
+
+
 def job_spec(name, entry="main.py", gpus=0, workers=1, extra=""):
     return (f"schema_version: 1\nname: {name}\nrun:\n  entrypoint: {entry}\n  workload_kind: job\n"
             f"compute:\n  gpus: {gpus}\n  workers: {workers}\n{extra}")
@@ -362,7 +369,14 @@ class RobustnessTest(ServerTestCase):
     def test_server_restart_readopts_running_attempts(self):
         name = self.submit(job_spec("readopt"), {"main.py": "import time\nprint('before', flush=True)\ntime.sleep(2)\nprint('after', flush=True)\n"})
         self.server.wait_state(name, "Running")
+        # The shim was forked by the server's zygote, which goes when the server goes; the shim stays.
+        shim = self.server.run_json(name)["attempts"][0]["supervisor_pid"]
+        zygote = proc_stat(shim)["ppid"]
+        self.assertEqual(open(f"/proc/{zygote}/cmdline", "rb").read().split(b"\0")[1], b"__zygote")
+        self.assertEqual(proc_stat(zygote)["ppid"], self.server.proc.pid)
         self.server.kill(signal.SIGKILL)
+        wait_for(lambda: not pid_alive(zygote), what="the zygote to exit")
+        self.assertTrue(pid_alive(shim))
         self.server.start()
         d = self.server.wait_state(name, "Succeeded", timeout=20)
         self.assertEqual(len(d["attempts"]), 1)

@@ -1,0 +1,196 @@
+// The zygote: a `tau __zygote` process, started once by the server, that forks a shim for each
+// attempt. Starting a shim by exec costs a whole process start-up (loading, relocation, static
+// initialisers, page faults on a fresh address space): about 4.5 ms of CPU on a small VM, more than
+// the trivial workloads it supervises. A fork of an idle process that has done all that already
+// costs about 1 ms. The server itself cannot be the one to fork: it is multi-threaded, and only
+// async-signal-safe calls are allowed between fork and exec there.
+//
+// Protocol, over a SOCK_SEQPACKET pair (one message per request, one per reply):
+//   server -> zygote   the attempt directory (its config.json is written already)
+//   zygote -> server   ZygoteReply: the shim's pid and start time, or an errno
+// The zygote exits when the server's end closes, including when the server dies; shims it forked
+// live on (own session), re-parented like any orphan.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+
+#include "runtime/proc.h"
+#include "runtime/runtime.h"
+
+extern char** environ;
+
+namespace tau::runtime {
+namespace {
+
+using internal::UniqueFd;
+
+struct ZygoteReply {
+  int32_t err = 0;  // errno of a failed fork or open; 0 on success
+  int32_t pid = 0;
+  uint64_t start_time = 0;
+};
+
+// The signals a shim starts with blocked: it reads them from a signalfd, and a stop request that
+// arrives before it has set that up stays pending instead of killing it before it writes
+// result.json.
+sigset_t ShimSignalMask() {
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig : {SIGTERM, SIGINT, SIGCHLD}) sigaddset(&mask, sig);
+  return mask;
+}
+
+// In the forked child: becomes the same process an exec'd `tau __shim DIR` would be (own session,
+// stdin from /dev/null, stdout and stderr to shim.log, no other descriptors, default signal
+// dispositions, the shim's signal mask), then runs the shim and exits without returning into the
+// zygote's loop.
+[[noreturn]] void RunShim(const std::string& attempt_dir, int log_fd, int devnull_fd) {
+  ::setsid();
+  ::dup2(devnull_fd, 0);
+  ::dup2(log_fd, 1);
+  ::dup2(log_fd, 2);
+  ::closefrom(3);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);
+  }
+  sigset_t mask = ShimSignalMask();
+  ::sigprocmask(SIG_SETMASK, &mask, nullptr);
+  int code = ShimMain(attempt_dir);
+  std::fflush(nullptr);
+  ::_exit(code);
+}
+
+ZygoteReply ForkShim(const std::string& attempt_dir) {
+  ZygoteReply reply;
+  const std::string log_path = attempt_dir + "/shim.log";
+  UniqueFd log(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!log.valid() || !devnull.valid()) {
+    reply.err = errno;
+    return reply;
+  }
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    reply.err = errno;
+    return reply;
+  }
+  if (pid == 0) RunShim(attempt_dir, log.get(), devnull.get());
+  reply.pid = pid;
+  // Not reaped yet (that waits for SIGCHLD), so even a shim that already exited has a stat.
+  std::optional<internal::ProcStat> st = internal::ReadProcStat(pid);
+  if (st) reply.start_time = st->start_time;
+  return reply;
+}
+
+}  // namespace
+
+int ZygoteMain() {
+  const int sock = 0;  // the server's end of the request socket
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+  UniqueFd sigfd(::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK));
+  if (!sigfd.valid()) {
+    std::perror("tau __zygote: signalfd");
+    return 1;
+  }
+  std::string request(PATH_MAX + 1, '\0');
+  while (true) {
+    pollfd fds[2] = {{sock, POLLIN, 0}, {sigfd.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return 1;
+    }
+    if (fds[1].revents != 0) {
+      signalfd_siginfo info;
+      while (::read(sigfd.get(), &info, sizeof info) > 0) {
+      }
+      while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+      }
+    }
+    if (fds[0].revents == 0) continue;
+    ssize_t n = ::recv(sock, request.data(), request.size(), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return 0;  // the server is gone
+    ZygoteReply reply = ForkShim(request.substr(0, static_cast<size_t>(n)));
+    if (::send(sock, &reply, sizeof reply, MSG_NOSIGNAL) != sizeof reply) return 0;
+  }
+}
+
+Result<std::unique_ptr<Zygote>> Zygote::Start(const std::string& tau_binary) {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0)
+    return IoError("socketpair", errno);
+  UniqueFd ours(pair[0]), theirs(pair[1]);
+  UniqueFd devnull(::open("/dev/null", O_RDWR | O_CLOEXEC));
+  if (!devnull.valid()) return IoError("cannot open /dev/null", errno);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawnattr_init(&attr);
+  posix_spawn_file_actions_adddup2(&actions, theirs.get(), 0);
+  posix_spawn_file_actions_adddup2(&actions, devnull.get(), 1);
+  posix_spawn_file_actions_adddup2(&actions, devnull.get(), 2);
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+  // Own session, like the shims it forks: a Ctrl-C at the server's terminal does not reach it.
+  sigset_t all, none;
+  sigfillset(&all);
+  sigemptyset(&none);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  std::string arg0 = tau_binary, arg1 = "__zygote";
+  char* argv[] = {arg0.data(), arg1.data(), nullptr};
+  pid_t pid = 0;
+  int rc = ::posix_spawn(&pid, tau_binary.c_str(), &actions, &attr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) return IoError("cannot start the zygote " + tau_binary, rc);
+  return std::unique_ptr<Zygote>(new Zygote(pid, ours.Release()));
+}
+
+Zygote::~Zygote() {
+  ::close(sock_);  // the zygote sees EOF and exits; the shims it forked keep running
+  ::waitpid(pid_, nullptr, 0);
+}
+
+Result<ProcessId> Zygote::StartShim(const std::string& attempt_dir) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_) return Unavailable("the zygote is gone");
+  auto fail = [&](const std::string& what, int err) {
+    broken_ = true;
+    return Unavailable("the zygote (pid " + std::to_string(pid_) + ") " + what + ": " +
+                       std::strerror(err));
+  };
+  if (::send(sock_, attempt_dir.data(), attempt_dir.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(attempt_dir.size()))
+    return fail("took no request", errno);
+  // A fork takes milliseconds; a zygote that is stopped or stuck must not hold the caller forever.
+  pollfd pfd{sock_, POLLIN, 0};
+  int ready;
+  while ((ready = ::poll(&pfd, 1, 10'000)) < 0 && errno == EINTR) {
+  }
+  if (ready <= 0) return fail("did not answer within 10 s", ready < 0 ? errno : ETIMEDOUT);
+  ZygoteReply reply;
+  ssize_t n = ::recv(sock_, &reply, sizeof reply, 0);
+  if (n != sizeof reply) return fail("did not answer", n < 0 ? errno : EPIPE);
+  if (reply.err != 0) return IoError("cannot start the shim in " + attempt_dir, reply.err);
+  return ProcessId{reply.pid, reply.start_time};
+}
+
+}  // namespace tau::runtime
