@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -807,6 +808,19 @@ class ZygoteTest : public RuntimeTest {
     return outcome.ok() ? *outcome : AttemptOutcome{};
   }
 
+  // The zygote's children that are not shims of an attempt: its spare, once it has forked one.
+  std::vector<int> Spares() const {
+    std::vector<int> out;
+    for (int pid : internal::ListPids()) {
+      auto st = internal::ReadProcStat(pid);
+      if (!st || st->ppid != zygote_->pid() || st->state == 'Z') continue;
+      bool shim = std::any_of(shims_.begin(), shims_.end(),
+                              [&](const ProcessId& s) { return s.pid == pid; });
+      if (!shim) out.push_back(pid);
+    }
+    return out;
+  }
+
   std::unique_ptr<Zygote> zygote_;
 };
 
@@ -848,8 +862,12 @@ TEST_F(ZygoteTest, StopReachesAForkedShimAndItOutlivesTheZygote) {
   AttemptConfig c = Config({Python("import time; print('started', flush=True); time.sleep(60)")});
   ProcessId shim = StartForked(c);
   ASSERT_TRUE(WaitForLog(c.attempt_dir, 0, "started"));
+  std::vector<int> spares;
+  ASSERT_TRUE(WaitUntil([&] { return !(spares = Spares()).empty(); }, 3'000));
   zygote_.reset();  // what a server restart does to it
   EXPECT_TRUE(IsAlive(shim));
+  // The spare waiting for the next attempt goes with the zygote.
+  EXPECT_TRUE(WaitUntil([&] { return !ProcessStartTime(spares[0]).has_value(); }, 3'000));
   ASSERT_TRUE(StopAttempt(shim, c.attempt_dir).ok());
   AttemptOutcome o = WaitForked(shim, c.attempt_dir);
   EXPECT_EQ(o.kind, OutcomeKind::kStopped) << o.message;
@@ -877,6 +895,33 @@ TEST_F(ZygoteTest, AnAttemptDirectoryThatCannotHoldTheLogIsAnError) {
   AttemptConfig c = Config({Python("pass")});
   ProcessId ok = StartForked(c);
   EXPECT_EQ(WaitForked(ok, c.attempt_dir).kind, OutcomeKind::kSucceeded);
+}
+
+TEST_F(ZygoteTest, AKilledSpareIsReplacedByAFork) {
+  std::vector<int> spares;
+  ASSERT_TRUE(WaitUntil([&] { return !(spares = Spares()).empty(); }, 3'000));
+  ASSERT_EQ(spares.size(), 1u);
+  ASSERT_EQ(::kill(spares[0], SIGKILL), 0);
+  ASSERT_TRUE(WaitUntil([&] { return !ProcessStartTime(spares[0]).has_value(); }, 3'000));
+  AttemptConfig c = Config({Python("print('after the spare died')")});
+  ProcessId shim = StartForked(c);
+  EXPECT_NE(shim.pid, spares[0]);
+  EXPECT_EQ(WaitForked(shim, c.attempt_dir).kind, OutcomeKind::kSucceeded);
+  EXPECT_TRUE(Contains(Log(c.attempt_dir, 0), "after the spare died"));
+}
+
+TEST_F(ZygoteTest, AttemptsInQuickSuccessionAllRun) {
+  // More attempts than spares: the first takes the spare, the others are forked on request.
+  std::vector<std::pair<ProcessId, std::string>> started;
+  for (int i = 0; i < 4; ++i) {
+    AttemptConfig c =
+        Config({Python("print('attempt " + std::to_string(i) + "')")}, "q" + std::to_string(i));
+    started.emplace_back(StartForked(c), c.attempt_dir);
+  }
+  for (size_t i = 0; i < started.size(); ++i) {
+    EXPECT_EQ(WaitForked(started[i].first, started[i].second).kind, OutcomeKind::kSucceeded);
+    EXPECT_TRUE(Contains(Log(started[i].second, 0), "attempt " + std::to_string(i)));
+  }
 }
 
 }  // namespace

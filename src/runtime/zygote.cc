@@ -1,15 +1,17 @@
 // The zygote: a `tau __zygote` process, started once by the server, that forks a shim for each
-// attempt. Starting a shim by exec costs a whole process start-up (loading, relocation, static
-// initialisers, page faults on a fresh address space): about 4.5 ms of CPU on a small VM, more than
-// the trivial workloads it supervises. A fork of an idle process that has done all that already
-// costs about 1 ms. The server itself cannot be the one to fork: it is multi-threaded, and only
-// async-signal-safe calls are allowed between fork and exec there.
+// attempt, ahead of time: one forked shim (the spare) waits for the next attempt. Starting a shim
+// by exec costs a whole process start-up (loading, relocation, static initialisers, page faults on
+// a fresh address space): about 4.5 ms of CPU on a small VM, more than the trivial workloads it
+// supervises. A fork of an idle process that has done all that already costs about 1 ms. The server
+// itself cannot be the one to fork: it is multi-threaded, and only async-signal-safe calls are
+// allowed between fork and exec there.
 //
 // Protocol, over a SOCK_SEQPACKET pair (one message per request, one per reply):
 //   server -> zygote   the attempt directory (its config.json is written already)
 //   zygote -> server   ZygoteReply: the shim's pid and start time, or an errno
-// The zygote exits when the server's end closes, including when the server dies; shims it forked
-// live on (own session), re-parented like any orphan.
+//   zygote -> spare    the attempt directory, with its stdin and shim.log descriptors (SCM_RIGHTS)
+// The zygote exits when the server's end closes, including when the server dies, and its spare
+// with it; shims it forked live on (own session), re-parented like any orphan.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -23,6 +25,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "runtime/proc.h"
 #include "runtime/runtime.h"
@@ -50,16 +53,55 @@ sigset_t ShimSignalMask() {
   return mask;
 }
 
-// In the forked child: becomes the same process an exec'd `tau __shim DIR` would be (own session,
-// stdin from /dev/null, stdout and stderr to shim.log, no other descriptors, default signal
-// dispositions, the shim's signal mask), then runs the shim and exits without returning into the
-// zygote's loop.
-[[noreturn]] void RunShim(const std::string& attempt_dir, int log_fd, int devnull_fd) {
+// How long the zygote waits, after a spare was used, before it forks the next one: the fork is
+// kept off the path of the attempt that just started, which on a small machine shares the CPUs.
+constexpr int kRefillDelayMs = 20;
+
+// Sends the attempt directory and the shim's stdin and stdout/stderr descriptors to a spare.
+bool SendAttempt(int sock, const std::string& attempt_dir, int stdin_fd, int log_fd) {
+  iovec iov{const_cast<char*>(attempt_dir.data()), attempt_dir.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  int fds[2] = {stdin_fd, log_fd};
+  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+  return ::sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(attempt_dir.size());
+}
+
+// The spare's side of SendAttempt. False when the zygote closed the socket instead.
+bool ReceiveAttempt(int sock, std::string* attempt_dir, int fds[2]) {
+  std::string buf(PATH_MAX + 1, '\0');
+  iovec iov{buf.data(), buf.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  while ((n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
+  }
+  cmsghdr* c = n > 0 ? CMSG_FIRSTHDR(&msg) : nullptr;
+  if (c == nullptr || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(2 * sizeof(int)))
+    return false;
+  std::memcpy(fds, CMSG_DATA(c), 2 * sizeof(int));
+  attempt_dir->assign(buf.data(), static_cast<size_t>(n));
+  return true;
+}
+
+// In a forked child: becomes the same process an exec'd `tau __shim DIR` would be (own session,
+// default signal dispositions, the shim's signal mask, no descriptor but its stdin and its
+// stdout/stderr to shim.log), waits on `request_sock` for its attempt when it is a spare, runs the
+// shim, and exits without returning into the zygote's loop.
+[[noreturn]] void BecomeShim(int request_sock, std::string attempt_dir, int stdin_fd, int log_fd) {
   ::setsid();
-  ::dup2(devnull_fd, 0);
-  ::dup2(log_fd, 1);
-  ::dup2(log_fd, 2);
-  ::closefrom(3);
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; ++sig) {
@@ -67,12 +109,45 @@ sigset_t ShimSignalMask() {
   }
   sigset_t mask = ShimSignalMask();
   ::sigprocmask(SIG_SETMASK, &mask, nullptr);
+  if (request_sock >= 0) {
+    // A spare holds nothing of the zygote's while it waits, the server's socket least of all: a
+    // zygote that dies must look dead to the server.
+    ::dup2(request_sock, 3);
+    ::closefrom(4);
+    int fds[2];
+    if (!ReceiveAttempt(3, &attempt_dir, fds)) ::_exit(0);  // retired: the zygote is gone
+    stdin_fd = fds[0];
+    log_fd = fds[1];
+  }
+  ::dup2(stdin_fd, 0);
+  ::dup2(log_fd, 1);
+  ::dup2(log_fd, 2);
+  ::closefrom(3);
   int code = ShimMain(attempt_dir);
   std::fflush(nullptr);
   ::_exit(code);
 }
 
-ZygoteReply ForkShim(const std::string& attempt_dir) {
+// A shim forked before its attempt exists, waiting for it: taking one off the shelf puts neither a
+// fork nor the new process's first page faults on the path from admission to the workload.
+struct Spare {
+  int pid = 0;
+  uint64_t start_time = 0;
+  UniqueFd sock;  // the zygote's end of the spare's request socket
+};
+
+std::optional<Spare> ForkSpare() {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) return std::nullopt;
+  UniqueFd ours(pair[0]), theirs(pair[1]);
+  pid_t pid = ::fork();
+  if (pid < 0) return std::nullopt;
+  if (pid == 0) BecomeShim(theirs.get(), "", -1, -1);
+  std::optional<internal::ProcStat> st = internal::ReadProcStat(pid);
+  return Spare{pid, st ? st->start_time : 0, std::move(ours)};
+}
+
+ZygoteReply StartShim(const std::string& attempt_dir, std::optional<Spare>* spare) {
   ZygoteReply reply;
   const std::string log_path = attempt_dir + "/shim.log";
   UniqueFd log(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
@@ -81,12 +156,22 @@ ZygoteReply ForkShim(const std::string& attempt_dir) {
     reply.err = errno;
     return reply;
   }
+  if (spare->has_value()) {
+    std::optional<Spare> taken = std::move(*spare);
+    spare->reset();
+    // A spare that is gone (someone killed it) refuses the message; a fresh fork does the job.
+    if (SendAttempt(taken->sock.get(), attempt_dir, devnull.get(), log.get())) {
+      reply.pid = taken->pid;
+      reply.start_time = taken->start_time;
+      return reply;
+    }
+  }
   pid_t pid = ::fork();
   if (pid < 0) {
     reply.err = errno;
     return reply;
   }
-  if (pid == 0) RunShim(attempt_dir, log.get(), devnull.get());
+  if (pid == 0) BecomeShim(-1, attempt_dir, devnull.get(), log.get());
   reply.pid = pid;
   // Not reaped yet (that waits for SIGCHLD), so even a shim that already exited has a stat.
   std::optional<internal::ProcStat> st = internal::ReadProcStat(pid);
@@ -107,12 +192,18 @@ int ZygoteMain() {
     std::perror("tau __zygote: signalfd");
     return 1;
   }
+  std::optional<Spare> spare = ForkSpare();
   std::string request(PATH_MAX + 1, '\0');
   while (true) {
     pollfd fds[2] = {{sock, POLLIN, 0}, {sigfd.get(), POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
+    int ready = ::poll(fds, 2, spare ? -1 : kRefillDelayMs);
+    if (ready < 0) {
       if (errno == EINTR) continue;
       return 1;
+    }
+    if (ready == 0) {
+      spare = ForkSpare();
+      continue;
     }
     if (fds[1].revents != 0) {
       signalfd_siginfo info;
@@ -124,8 +215,8 @@ int ZygoteMain() {
     if (fds[0].revents == 0) continue;
     ssize_t n = ::recv(sock, request.data(), request.size(), 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return 0;  // the server is gone
-    ZygoteReply reply = ForkShim(request.substr(0, static_cast<size_t>(n)));
+    if (n <= 0) return 0;  // the server is gone; so is the spare, once its socket closes
+    ZygoteReply reply = StartShim(request.substr(0, static_cast<size_t>(n)), &spare);
     if (::send(sock, &reply, sizeof reply, MSG_NOSIGNAL) != sizeof reply) return 0;
   }
 }
