@@ -2,7 +2,6 @@
 // stopping it, and identifying processes across restarts.
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -15,8 +14,6 @@
 #include "common/users.h"
 #include "runtime/proc.h"
 #include "runtime/runtime.h"
-
-extern char** environ;
 
 namespace tau::runtime {
 namespace {
@@ -246,43 +243,16 @@ Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& t
     if (forked.ok() || forked.status().code() != StatusCode::kUnavailable) return forked;
   }
 
-  // Everything the child needs is prepared here: posix_spawn runs no code of ours after the fork,
-  // which is what a multi-threaded server needs (only async-signal-safe calls are allowed there).
   const std::string log_path = config.attempt_dir + "/shim.log";
   UniqueFd log(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
   if (!log.valid()) return IoError("cannot open " + log_path, errno);
   UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!devnull.valid()) return IoError("cannot open /dev/null", errno);
 
-  posix_spawn_file_actions_t actions;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_adddup2(&actions, devnull.get(), 0);
-  posix_spawn_file_actions_adddup2(&actions, log.get(), 1);
-  posix_spawn_file_actions_adddup2(&actions, log.get(), 2);
-  // The server's sockets, databases and pidfds must not leak into a process that outlives it.
-  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
-  // Own session: a terminal hangup or a signal to the server's process group does not reach the
-  // attempt. Default dispositions: the server may ignore signals the shim relies on.
-  // SIGTERM/SIGINT/SIGCHLD start blocked: the shim reads them from a signalfd, and a stop request
-  // that arrives before it has set that up stays pending instead of killing it before it writes
-  // result.json.
-  sigset_t all, shim_mask;
-  sigfillset(&all);
-  sigemptyset(&shim_mask);
-  for (int sig : {SIGTERM, SIGINT, SIGCHLD}) sigaddset(&shim_mask, sig);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setsigmask(&attr, &shim_mask);
-  posix_spawnattr_setflags(&attr,
-                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-
-  std::string arg0 = tau_binary, arg1 = "__shim", arg2 = config.attempt_dir;
-  char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
   pid_t pid = 0;
-  int rc = ::posix_spawn(&pid, tau_binary.c_str(), &actions, &attr, argv, environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
+  int rc = internal::SpawnDetached({tau_binary, "__shim", config.attempt_dir},
+                                   {devnull.get(), log.get(), log.get()},
+                                   internal::ShimSignalMask(), &pid);
   if (rc != 0) return IoError("cannot start the shim " + tau_binary, rc);
 
   // A shim that already exited is a zombie until the watcher reaps it; its start time is still

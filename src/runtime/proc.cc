@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -9,6 +10,8 @@
 #include <charconv>
 
 #include "common/files.h"
+
+extern char** environ;
 
 namespace tau::runtime::internal {
 
@@ -101,6 +104,38 @@ void WriteAll(int fd, std::string_view data) {
     }
     data.remove_prefix(static_cast<size_t>(n));
   }
+}
+
+sigset_t ShimSignalMask() {
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int sig : {SIGTERM, SIGINT, SIGCHLD}) sigaddset(&mask, sig);
+  return mask;
+}
+
+int SpawnDetached(const std::vector<std::string>& argv, const int (&stdio)[3],
+                  const sigset_t& blocked, pid_t* pid) {
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawnattr_init(&attr);
+  for (int fd = 0; fd < 3; ++fd) posix_spawn_file_actions_adddup2(&actions, stdio[fd], fd);
+  // The caller's sockets, databases and pidfds must not leak into a process that outlives it.
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+  // Default dispositions: the caller may ignore signals the child relies on.
+  sigset_t all;
+  sigfillset(&all);
+  posix_spawnattr_setsigdefault(&attr, &all);
+  posix_spawnattr_setsigmask(&attr, &blocked);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  int rc = ::posix_spawn(pid, args[0], &actions, &attr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  return rc;
 }
 
 }  // namespace tau::runtime::internal

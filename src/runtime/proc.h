@@ -2,6 +2,7 @@
 // part of the public interface (runtime.h).
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -62,6 +63,19 @@ int PidfdSendSignal(int pidfd, int sig);
 // start-time check cannot race with pid reuse. Returns false when the process is gone or is another
 // one.
 bool SignalIfSame(const ProcessId& id, int sig);
+
+// The signals a shim starts with blocked, however it is started: it reads SIGTERM, SIGINT and
+// SIGCHLD from a signalfd, and a stop request that arrives before it has set that up stays pending
+// instead of killing it before it writes result.json.
+sigset_t ShimSignalMask();
+
+// Starts `argv` (argv[0] a path) with posix_spawn in a session of its own, with `stdio` as its
+// descriptors 0, 1 and 2 and no other descriptor of ours, every signal at its default disposition,
+// and `blocked` as its signal mask: a process that outlives the caller and is reached by no signal
+// meant for the caller's terminal or process group. posix_spawn runs no code of ours in the child,
+// which is what a multi-threaded caller needs. Returns 0 and sets *pid, or returns the errno.
+int SpawnDetached(const std::vector<std::string>& argv, const int (&stdio)[3],
+                  const sigset_t& blocked, pid_t* pid);
 
 // Pretty JSON plus a newline for the attempt's files. Invalid UTF-8 (an env value, a path) is
 // replaced rather than thrown about: nlohmann's dump() throws on it by default.

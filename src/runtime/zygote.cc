@@ -15,7 +15,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -30,8 +29,6 @@
 #include "runtime/proc.h"
 #include "runtime/runtime.h"
 
-extern char** environ;
-
 namespace tau::runtime {
 namespace {
 
@@ -43,55 +40,57 @@ struct ZygoteReply {
   uint64_t start_time = 0;
 };
 
-// The signals a shim starts with blocked: it reads them from a signalfd, and a stop request that
-// arrives before it has set that up stays pending instead of killing it before it writes
-// result.json.
-sigset_t ShimSignalMask() {
-  sigset_t mask;
-  sigemptyset(&mask);
-  for (int sig : {SIGTERM, SIGINT, SIGCHLD}) sigaddset(&mask, sig);
-  return mask;
-}
-
 // How long the zygote waits, after a spare was used, before it forks the next one: the fork is
 // kept off the path of the attempt that just started, which on a small machine shares the CPUs.
 constexpr int kRefillDelayMs = 20;
 
-// Sends the attempt directory and the shim's stdin and stdout/stderr descriptors to a spare.
-bool SendAttempt(int sock, const std::string& attempt_dir, int stdin_fd, int log_fd) {
-  iovec iov{const_cast<char*>(attempt_dir.data()), attempt_dir.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+// One message of the zygote to a spare: the attempt directory as the payload, the shim's stdin
+// and its stdout/stderr (shim.log) as SCM_RIGHTS descriptors.
+class AttemptMessage {
+ public:
+  AttemptMessage(char* data, size_t size) : iov_{data, size} {
+    msg_.msg_iov = &iov_;
+    msg_.msg_iovlen = 1;
+    msg_.msg_control = control_;
+    msg_.msg_controllen = sizeof control_;
+  }
+  msghdr* msg() { return &msg_; }
+  // The descriptors' slot, or null when a received message carries no (or other) descriptors.
+  int* fds() {
+    cmsghdr* c = CMSG_FIRSTHDR(&msg_);
+    if (c == nullptr) return nullptr;
+    if (c->cmsg_len == 0) {  // sending: lay the header out
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int[2]));
+    }
+    if (c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int[2]))) return nullptr;
+    return reinterpret_cast<int*>(CMSG_DATA(c));
+  }
+
+ private:
+  iovec iov_;
+  alignas(cmsghdr) char control_[CMSG_SPACE(sizeof(int[2]))] = {};
+  msghdr msg_{};
+};
+
+bool SendAttempt(int sock, std::string attempt_dir, int stdin_fd, int log_fd) {
+  AttemptMessage m(attempt_dir.data(), attempt_dir.size());
   int fds[2] = {stdin_fd, log_fd};
-  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
-  return ::sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(attempt_dir.size());
+  std::memcpy(m.fds(), fds, sizeof fds);
+  return ::sendmsg(sock, m.msg(), MSG_NOSIGNAL) == static_cast<ssize_t>(attempt_dir.size());
 }
 
 // The spare's side of SendAttempt. False when the zygote closed the socket instead.
 bool ReceiveAttempt(int sock, std::string* attempt_dir, int fds[2]) {
   std::string buf(PATH_MAX + 1, '\0');
-  iovec iov{buf.data(), buf.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  AttemptMessage m(buf.data(), buf.size());
   ssize_t n;
-  while ((n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
+  while ((n = ::recvmsg(sock, m.msg(), MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
   }
-  cmsghdr* c = n > 0 ? CMSG_FIRSTHDR(&msg) : nullptr;
-  if (c == nullptr || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(2 * sizeof(int)))
-    return false;
-  std::memcpy(fds, CMSG_DATA(c), 2 * sizeof(int));
+  const int* received = n > 0 ? m.fds() : nullptr;
+  if (received == nullptr) return false;
+  std::memcpy(fds, received, sizeof(int[2]));
   attempt_dir->assign(buf.data(), static_cast<size_t>(n));
   return true;
 }
@@ -107,7 +106,7 @@ bool ReceiveAttempt(int sock, std::string* attempt_dir, int fds[2]) {
   for (int sig = 1; sig < NSIG; ++sig) {
     if (sig != SIGKILL && sig != SIGSTOP) ::sigaction(sig, &dfl, nullptr);
   }
-  sigset_t mask = ShimSignalMask();
+  sigset_t mask = internal::ShimSignalMask();
   ::sigprocmask(SIG_SETMASK, &mask, nullptr);
   if (request_sock >= 0) {
     // A spare holds nothing of the zygote's while it waits, the server's socket least of all: a
@@ -229,28 +228,12 @@ Result<std::unique_ptr<Zygote>> Zygote::Start(const std::string& tau_binary) {
   UniqueFd devnull(::open("/dev/null", O_RDWR | O_CLOEXEC));
   if (!devnull.valid()) return IoError("cannot open /dev/null", errno);
 
-  posix_spawn_file_actions_t actions;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_adddup2(&actions, theirs.get(), 0);
-  posix_spawn_file_actions_adddup2(&actions, devnull.get(), 1);
-  posix_spawn_file_actions_adddup2(&actions, devnull.get(), 2);
-  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
   // Own session, like the shims it forks: a Ctrl-C at the server's terminal does not reach it.
-  sigset_t all, none;
-  sigfillset(&all);
+  sigset_t none;
   sigemptyset(&none);
-  posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr,
-                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-  std::string arg0 = tau_binary, arg1 = "__zygote";
-  char* argv[] = {arg0.data(), arg1.data(), nullptr};
   pid_t pid = 0;
-  int rc = ::posix_spawn(&pid, tau_binary.c_str(), &actions, &attr, argv, environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
+  int rc = internal::SpawnDetached({tau_binary, "__zygote"},
+                                   {theirs.get(), devnull.get(), devnull.get()}, none, &pid);
   if (rc != 0) return IoError("cannot start the zygote " + tau_binary, rc);
   return std::unique_ptr<Zygote>(new Zygote(pid, ours.Release()));
 }
