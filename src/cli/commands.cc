@@ -12,6 +12,7 @@
 #include "cli/cli.h"
 #include "cli/connect.h"
 #include "common/files.h"
+#include "common/json_text.h"
 #include "health/health.h"
 #include "policy/policy.h"
 #include "server/server.h"
@@ -182,7 +183,7 @@ int CmdDescribe(const Global& g, const std::string& name, Format format) {
   std::printf("Kind:        %s\n", run["spec"].value("kind", "").c_str());
   std::printf("Queue:       %s (workspace %s)\n", run.value("queue", "").c_str(),
               run.value("workspace", "").c_str());
-  std::printf("Resources:   %s\n", run["resources"].dump().c_str());
+  std::printf("Resources:   %s\n", JsonText(run["resources"]).c_str());
   std::printf("Config hash: %s\n", run.value("config_hash", "").c_str());
   std::printf("Code:        sha256 %s\n", run.value("snapshot_digest", "").c_str());
   const auto& spec = run["spec"];
@@ -272,7 +273,7 @@ int CmdResume(const Global& g, const std::string& name, const std::string& from,
   if (!conn.ok()) return Fail(conn.status().message());
   nlohmann::json body = {{"force", force}};
   if (!from.empty()) body["from"] = from;
-  auto r = CallJson(**conn, "POST", "/api/v1/runs/" + name + "/resume", body.dump());
+  auto r = CallJson(**conn, "POST", "/api/v1/runs/" + name + "/resume", JsonText(body));
   if (!r.ok()) return Fail(r.status().message());
   std::printf("resuming %s\n", name.c_str());
   return 0;

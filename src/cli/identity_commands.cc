@@ -22,6 +22,7 @@
 #include "cli/connect.h"
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/json_text.h"
 #include "common/strings.h"
 
 namespace tau::cli {
@@ -131,7 +132,7 @@ int CmdTokenCreate(const Global& g, const std::string& user, const std::vector<s
                    const std::string& expires_in, const std::string& description) {
   json body = {{"user", user}, {"groups", groups}, {"description", description}};
   if (!expires_in.empty()) body["expires_in"] = expires_in;
-  auto made = Call(g, "POST", "/api/v1/tokens", body.dump());
+  auto made = Call(g, "POST", "/api/v1/tokens", JsonText(body));
   if (!made.ok()) return Fail(made.status().message());
   // The token alone on stdout (scripts capture it); the advice on stderr.
   std::printf("%s\n", made->value("token", "").c_str());
@@ -209,8 +210,8 @@ int CmdSecretSet(const Global& g, const std::string& workspace, const std::strin
     if (!value.empty() && value.back() == '\n') value.pop_back();  // `echo x |` adds one
   }
   json body = {{"value", value}};
-  auto got =
-      Call(g, "PUT", fmt::format("/api/v1/workspaces/{}/secrets/{}", workspace, key), body.dump());
+  auto got = Call(g, "PUT", fmt::format("/api/v1/workspaces/{}/secrets/{}", workspace, key),
+                  JsonText(body));
   if (!got.ok()) return Fail(got.status().message());
   std::printf("set secret %s in workspace %s (%zu bytes); use it as SECRET:%s in runtime.env\n",
               key.c_str(), workspace.c_str(), value.size(), key.c_str());

@@ -9,6 +9,7 @@
 #include "cli/watch_commands.h"
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/json_text.h"
 #include "health/health.h"
 #include "runtime/runtime.h"
 #include "server/server.h"
@@ -20,7 +21,7 @@ int Main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "__shim") == 0) return runtime::ShimMain(argv[2]);
   if (argc == 2 && std::strcmp(argv[1], "__zygote") == 0) return runtime::ZygoteMain();
   if (argc == 2 && std::strcmp(argv[1], "__gpu-probe") == 0) {
-    std::puts(health::RunActiveProbe().dump().c_str());
+    std::puts(JsonText(health::RunActiveProbe()).c_str());
     return 0;
   }
   // `tau version` is the cold-start benchmark: answer before building the whole command tree.

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "common/clock.h"
+#include "common/json_text.h"
 
 namespace tau::cli {
 
@@ -45,7 +46,7 @@ void PrintTable(const std::vector<std::string>& header,
   for (const auto& row : rows) print_row(row);
 }
 
-void PrintJson(const nlohmann::json& value) { std::puts(value.dump(2).c_str()); }
+void PrintJson(const nlohmann::json& value) { std::puts(JsonText(value, 2).c_str()); }
 
 static void EmitYaml(YAML::Emitter& out, const nlohmann::json& v) {
   if (v.is_object()) {
@@ -64,7 +65,7 @@ static void EmitYaml(YAML::Emitter& out, const nlohmann::json& v) {
   } else if (v.is_null()) {
     out << YAML::Null;
   } else {
-    out << v.dump();
+    out << JsonText(v);
   }
 }
 
@@ -92,7 +93,7 @@ std::string Age(const nlohmann::json& t) {
 std::string Cell(const nlohmann::json& v) {
   if (v.is_null()) return "-";
   if (v.is_string()) return v.get<std::string>().empty() ? "-" : v.get<std::string>();
-  return v.dump();
+  return JsonText(v);
 }
 
 }  // namespace tau::cli

@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/connect.h"
 #include "common/files.h"
+#include "common/json_text.h"
 #include "common/strings.h"
 #include "policy/policy.h"
 
@@ -61,7 +62,7 @@ int CmdPlatformApply(const Global& g, const std::string& file) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   nlohmann::json body = {{"yaml", *text}, {"file", file}};
-  auto applied = CallJson(**conn, "PUT", "/api/v1/platform", body.dump());
+  auto applied = CallJson(**conn, "PUT", "/api/v1/platform", JsonText(body));
   if (!applied.ok()) return Fail(applied.status().message());
   const policy::Platform& p = *parsed.platform;
   std::printf("applied %s: %zu queue(s), %zu workspace(s), %zu priority class(es)\n", file.c_str(),

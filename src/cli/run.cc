@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/hash.h"
+#include "common/json_text.h"
 #include "common/limits.h"
 #include "common/strings.h"
 #include "spec/spec.h"
@@ -80,7 +81,7 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
   if (!conn.ok()) return Fail(conn.status().message());
   nlohmann::json body = {{"spec", {{"file", file}, {"yaml", *text}}},
                          {"code", {{"files", std::move(files)}}}};
-  auto submitted = CallJson(**conn, "POST", "/api/v1/runs", body.dump());
+  auto submitted = CallJson(**conn, "POST", "/api/v1/runs", JsonText(body));
   if (!submitted.ok()) return Fail(submitted.status().message());
   nlohmann::json run = (*submitted)["run"];
   std::string name = run["name"].get<std::string>();

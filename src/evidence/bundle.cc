@@ -14,6 +14,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/hash.h"
+#include "common/json_text.h"
 #include "common/strings.h"
 #include "evidence/evidence.h"
 #include "evidence/internal.h"
@@ -39,7 +40,7 @@ constexpr char kCheckpoints[] = "checkpoints.json";
 Result<std::string> ManifestDigest(json manifest) {
   manifest.erase("digest");
   try {
-    return Sha256Hex(manifest.dump());
+    return Sha256Hex(JsonText(manifest));
   } catch (const std::exception& e) {
     return InvalidArgument(std::string("manifest.json cannot be hashed: ") + e.what());
   }
@@ -170,12 +171,12 @@ Result<ExportReport> ExportBundle(RecordInput record, const BundleSources& sourc
   json artifacts = json::array();
   for (const Artifact& a : record.artifacts) artifacts.push_back(internal::ArtifactJson(a));
   json checkpoints = {{"format", kBundleFormat}, {"artifacts", artifacts}};
-  TAU_RETURN_IF_ERROR(add(kCheckpoints, checkpoints.dump(2) + "\n"));
+  TAU_RETURN_IF_ERROR(add(kCheckpoints, JsonText(checkpoints, 2) + "\n"));
 
   json rec = BuildRecord(record);
   std::string rec_text;
   try {
-    rec_text = rec.dump(2) + "\n";
+    rec_text = JsonText(rec, 2) + "\n";
   } catch (const std::exception& e) {
     return InvalidArgument(std::string("the record cannot be written as JSON: ") + e.what());
   }
@@ -192,7 +193,7 @@ Result<ExportReport> ExportBundle(RecordInput record, const BundleSources& sourc
                    {"files", files}};
   TAU_ASSIGN_OR_RETURN(std::string digest, ManifestDigest(manifest));
   manifest["digest"] = digest;
-  TAU_RETURN_IF_ERROR(writer->Add(kManifest, manifest.dump(2) + "\n", mtime_s));
+  TAU_RETURN_IF_ERROR(writer->Add(kManifest, JsonText(manifest, 2) + "\n", mtime_s));
   TAU_RETURN_IF_ERROR(writer->Finish());
   report.bytes_out = writer->bytes_out();
   if (::rename(tmp.c_str(), out_path.c_str()) != 0)
@@ -274,7 +275,7 @@ Status VerifyBundle(const std::string& path, const VerifyOptions& options, Verif
     return Bad("manifest.json altered (no format)");
   if (manifest["format"].get<int64_t>() != kBundleFormat)
     return Bad(fmt::format("manifest.json has bundle format {}; this tau reads format {}",
-                           manifest["format"].dump(), kBundleFormat));
+                           JsonText(manifest["format"]), kBundleFormat));
   if (!manifest.contains("files") || !manifest["files"].is_array() ||
       !manifest.contains("chain_head") || !manifest["chain_head"].is_string())
     return Bad("manifest.json altered (no file list or chain head)");

@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/hash.h"
+#include "common/json_text.h"
 #include "evidence/evidence.h"
 #include "evidence/internal.h"
 
@@ -65,7 +66,7 @@ Result<std::string> EventHash(const std::string& run, const EventInfo& e,
                  {"type", e.type},
                  {"message", e.message},
                  {"data", e.data}};
-    return Sha256Hex(prev_hash + "\n" + body.dump());
+    return Sha256Hex(prev_hash + "\n" + JsonText(body));
   } catch (const std::exception& ex) {
     return InvalidArgument(fmt::format("event {} cannot be hashed: {}", e.id, ex.what()));
   }
@@ -567,7 +568,7 @@ Status SaveRecord(const std::string& evidence_dir, const json& record) {
   TAU_RETURN_IF_ERROR(MakeDirs(evidence_dir));
   std::string text;
   try {
-    text = record.dump(2) + "\n";
+    text = JsonText(record, 2) + "\n";
   } catch (const std::exception& e) {
     return InvalidArgument(std::string("the record cannot be written as JSON: ") + e.what());
   }
@@ -612,7 +613,7 @@ Result<RecordInput> ParseRecord(const json& j) {
   try {
     if (j.at("format").get<int>() != kRecordFormat)
       return InvalidArgument(
-          fmt::format("record format {} is not {}", j.at("format").dump(), kRecordFormat));
+          fmt::format("record format {} is not {}", JsonText(j.at("format")), kRecordFormat));
     in.updated_ms = j.at("updated_ms").get<int64_t>();
     const json& r = j.at("run");
     in.run.name = r.at("name").get<std::string>();

@@ -9,6 +9,7 @@
 #include <regex>
 #include <set>
 
+#include "common/json_text.h"
 #include "common/strings.h"
 #include "kube/kube.h"
 
@@ -85,7 +86,7 @@ std::string TypeOf(const json& v) {
 }
 
 std::string Short(const json& v) {
-  std::string s = v.dump();
+  std::string s = JsonText(v);
   return s.size() > 60 ? s.substr(0, 57) + "..." : s;
 }
 

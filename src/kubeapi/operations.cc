@@ -1,6 +1,7 @@
 // The REST operations: paths, query parameters and bodies per the Kubernetes API conventions.
 #include <fmt/format.h>
 
+#include "common/json_text.h"
 #include "kubeapi/internal.h"
 
 namespace tau::kubeapi {
@@ -67,14 +68,14 @@ Result<ObjectList> Client::List(std::string_view api_version, std::string_view k
 Result<nlohmann::json> Client::Create(const nlohmann::json& object) {
   TAU_ASSIGN_OR_RETURN(ObjectRef ref, RefOf(object));
   TAU_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref.api_version, ref.kind, ref.ns, ""));
-  return Call(Request{"POST", path, object.dump(), "application/json", false});
+  return Call(Request{"POST", path, JsonText(object), "application/json", false});
 }
 
 Result<nlohmann::json> Client::Replace(const nlohmann::json& object) {
   TAU_ASSIGN_OR_RETURN(ObjectRef ref, RefOf(object));
   if (ref.name.empty()) return InvalidArgument("Replace needs metadata.name");
   TAU_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref.api_version, ref.kind, ref.ns, ref.name));
-  return Call(Request{"PUT", path, object.dump(), "application/json", false});
+  return Call(Request{"PUT", path, JsonText(object), "application/json", false});
 }
 
 Result<nlohmann::json> Client::UpdateStatus(const nlohmann::json& object) {
@@ -82,7 +83,7 @@ Result<nlohmann::json> Client::UpdateStatus(const nlohmann::json& object) {
   if (ref.name.empty()) return InvalidArgument("UpdateStatus needs metadata.name");
   TAU_ASSIGN_OR_RETURN(std::string path,
                        ResourcePath(ref.api_version, ref.kind, ref.ns, ref.name, "status"));
-  return Call(Request{"PUT", path, object.dump(), "application/json", false});
+  return Call(Request{"PUT", path, JsonText(object), "application/json", false});
 }
 
 Result<nlohmann::json> Client::Apply(const nlohmann::json& object, const ApplyOptions& options) {
@@ -93,7 +94,7 @@ Result<nlohmann::json> Client::Apply(const nlohmann::json& object, const ApplyOp
   if (options.force) path += "&force=true";
   if (options.dry_run) path += "&dryRun=All";
   // JSON is YAML, and the API server takes either under the apply content type.
-  return Call(Request{"PATCH", path, object.dump(), "application/apply-patch+yaml", false});
+  return Call(Request{"PATCH", path, JsonText(object), "application/apply-patch+yaml", false});
 }
 
 Result<nlohmann::json> Client::MergePatch(std::string_view api_version, std::string_view kind,
@@ -101,7 +102,7 @@ Result<nlohmann::json> Client::MergePatch(std::string_view api_version, std::str
                                           const nlohmann::json& patch,
                                           std::string_view subresource) {
   TAU_ASSIGN_OR_RETURN(std::string path, ResourcePath(api_version, kind, ns, name, subresource));
-  return Call(Request{"PATCH", path, patch.dump(), "application/merge-patch+json", false});
+  return Call(Request{"PATCH", path, JsonText(patch), "application/merge-patch+json", false});
 }
 
 Status Client::Delete(std::string_view api_version, std::string_view kind, std::string_view ns,

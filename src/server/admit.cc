@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/json_text.h"
 #include "common/strings.h"
 #include "server/controller.h"
 
@@ -119,7 +120,7 @@ Status Controller::ApplyPlatform(const std::string& yaml, const std::string& fil
   TAU_RETURN_IF_ERROR(WriteFileAtomic(options_.platform_file, yaml, 0600));
   nlohmann::json meta = {{"source", filename}, {"applied_ms", now}};
   TAU_RETURN_IF_ERROR(
-      WriteFileAtomic(options_.platform_file + ".applied", meta.dump() + "\n", 0600));
+      WriteFileAtomic(options_.platform_file + ".applied", JsonText(meta) + "\n", 0600));
   auto platform = std::make_shared<const policy::Platform>(std::move(*parsed.platform));
   std::unique_lock<std::mutex> lock(mu_);
   platform_ = {platform, filename, now};

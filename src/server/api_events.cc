@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "common/json_text.h"
 #include "server/authz.h"
 #include "server/reply.h"
 #include "server/web.h"
@@ -31,7 +32,7 @@ constexpr int64_t kActiveRuns = 5000;
 
 std::string SseEvent(std::string_view type, const json& data) {
   // json::dump escapes newlines, so the data is always one `data:` line.
-  return fmt::format("event: {}\ndata: {}\n\n", type, data.dump());
+  return fmt::format("event: {}\ndata: {}\n\n", type, JsonText(data));
 }
 
 json RunEventJson(const store::RunRecord& r) {
@@ -117,7 +118,7 @@ class EventStreamer {
           if (auto r = store_->GetRun(name); r.ok() && Fingerprint(*r) != fp)
             *out += SseEvent("run", RunEventJson(*r));
       json queues = FilterQueues(controller_->Queues(), caller_);
-      std::string text = queues.dump();
+      std::string text = JsonText(queues);
       if (text != last_queues_) {
         last_queues_ = std::move(text);
         *out += SseEvent("queues", queues);

@@ -23,6 +23,7 @@
 
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/json_text.h"
 #include "server/snapshot.h"
 
 namespace tau::server {
@@ -104,7 +105,7 @@ bool AppendAll(int fd, std::string_view data) {
 
 std::string Fingerprint(const kube::AttemptObservation& o, std::optional<int> position) {
   return fmt::format("{}|{}|{}|{}|{}|{}|{}", kube::PhaseName(o.phase), o.failure_class, o.reason,
-                     o.message, position.value_or(0), o.flavors.dump(),
+                     o.message, position.value_or(0), JsonText(o.flavors),
                      o.exit_code.value_or(-1000));
 }
 

@@ -18,6 +18,7 @@
 
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/json_text.h"
 #include "evidence/evidence.h"
 #include "health/health.h"
 #include "policy/policy.h"
@@ -121,7 +122,7 @@ static Status AdoptPlatformFile(const std::string& source, const std::string& ap
   if (auto current = ReadFile(applied); current.ok() && *current == yaml) return Status::Ok();
   TAU_RETURN_IF_ERROR(WriteFileAtomic(applied, yaml, 0600));
   nlohmann::json meta = {{"source", source}, {"applied_ms", NowMillis()}};
-  return WriteFileAtomic(applied + ".applied", meta.dump() + "\n", 0600);
+  return WriteFileAtomic(applied + ".applied", JsonText(meta) + "\n", 0600);
 }
 
 int RunServer(const ServerOptions& options) {

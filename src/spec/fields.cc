@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/hash.h"
+#include "common/json_text.h"
 #include "common/strings.h"
 #include "spec/checks.h"
 #include "spec/walk.h"
@@ -369,7 +370,7 @@ std::vector<FieldDef> BuildManifest() {
                 "Secret payload (accepted; only its sha256 is recorded)",
                 [](Ctx& c, const Value& v) {
                   c.spec.recorded_only["workflow"]["secret_payload"] = {
-                      {"redacted", true}, {"sha256", Sha256Hex(v.any.dump())}};
+                      {"redacted", true}, {"sha256", Sha256Hex(JsonText(v.any))}};
                 }),
            Recorded("upstream_checkpoint", "/workflow/upstream_checkpoint",
                     "Upstream checkpoint")}),

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "common/hash.h"
+#include "common/json_text.h"
 
 namespace tau::store {
 namespace {
@@ -181,7 +182,7 @@ std::vector<int> ParseIntList(const std::string& text) {
   return out;
 }
 
-std::string IntListJson(const std::vector<int>& v) { return nlohmann::json(v).dump(); }
+std::string IntListJson(const std::vector<int>& v) { return JsonText(nlohmann::json(v)); }
 
 constexpr const char* kRunColumns =
     "name, seq, spec_name, spec_file, spec_yaml, spec_json, config_hash, snapshot_digest, "
@@ -231,14 +232,14 @@ void BindRun(Stmt& s, const RunRecord& r) {
   s.Bind(3, r.spec_name);
   s.Bind(4, r.spec_file);
   s.Bind(5, r.spec_yaml);
-  s.Bind(6, r.spec_json.dump());
+  s.Bind(6, JsonText(r.spec_json));
   s.Bind(7, r.config_hash);
   s.Bind(8, r.snapshot_digest);
   s.Bind(9, r.snapshot_dir);
   s.Bind(10, r.workspace);
   s.Bind(11, r.queue);
   s.Bind(12, static_cast<int64_t>(r.priority));
-  s.Bind(13, r.resources.dump());
+  s.Bind(13, JsonText(r.resources));
   s.Bind(14, std::string(RunStateName(r.state)));
   s.Bind(15, r.reason);
   s.Bind(16, r.message);
@@ -254,8 +255,8 @@ void BindRun(Stmt& s, const RunRecord& r) {
   s.Bind(26, r.finished_ms);
   s.Bind(27, r.not_before_ms);
   s.Bind(28, r.owner);
-  s.Bind(29, r.resolved.dump());
-  s.Bind(30, r.flavors.dump());
+  s.Bind(29, JsonText(r.resolved));
+  s.Bind(30, JsonText(r.flavors));
   s.Bind(31, static_cast<int64_t>(r.preemptions));
 }
 
@@ -371,7 +372,7 @@ struct Store::Impl {
     s.Bind(12, a.outcome);
     s.Bind(13, a.reason);
     s.Bind(14, a.message);
-    s.Bind(15, a.diagnosis.dump());
+    s.Bind(15, JsonText(a.diagnosis));
     if (s.Step() != SQLITE_DONE) return Error("writing attempt");
     return Status::Ok();
   }
@@ -386,7 +387,7 @@ struct Store::Impl {
                            {"type", e->type},
                            {"message", e->message},
                            {"data", e->data}};
-    e->hash = Sha256Hex(e->prev_hash + "\n" + body.dump());
+    e->hash = Sha256Hex(e->prev_hash + "\n" + JsonText(body));
     Stmt s(db,
            "INSERT INTO events (run, ts_ms, type, message, data, prev_hash, hash) VALUES "
            "(?,?,?,?,?,?,?)");
@@ -395,7 +396,7 @@ struct Store::Impl {
     s.Bind(2, e->ts_ms);
     s.Bind(3, e->type);
     s.Bind(4, e->message);
-    s.Bind(5, e->data.dump());
+    s.Bind(5, JsonText(e->data));
     s.Bind(6, e->prev_hash);
     s.Bind(7, e->hash);
     if (s.Step() != SQLITE_DONE) return Error("writing event");
@@ -498,7 +499,7 @@ static void BindFilter(Stmt& s, const RunFilter& f) {
   if (f.state) s.Bind(1, std::string(RunStateName(*f.state)));
   if (!f.workspace.empty()) s.Bind(2, f.workspace);
   if (!f.queue.empty()) s.Bind(3, f.queue);
-  if (f.workspaces_in) s.Bind(4, nlohmann::json(*f.workspaces_in).dump());
+  if (f.workspaces_in) s.Bind(4, JsonText(nlohmann::json(*f.workspaces_in)));
 }
 
 Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {
@@ -624,7 +625,7 @@ Status Store::InsertToken(const TokenRecord& t) {
   s.Bind(1, t.id);
   s.Bind(2, t.digest);
   s.Bind(3, t.user);
-  s.Bind(4, nlohmann::json(t.groups).dump());
+  s.Bind(4, JsonText(nlohmann::json(t.groups)));
   s.Bind(5, t.description);
   s.Bind(6, t.created_by);
   s.Bind(7, t.created_ms);

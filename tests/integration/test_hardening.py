@@ -420,6 +420,25 @@ class RunFilesTest(HardeningCase):
         self.assert_serving()
         self.server.wait_state(self.submit_ok(), "Succeeded")
 
+    def test_log_lines_that_are_not_utf8_are_diagnosed_and_recorded(self):
+        # A diagnosis quotes the log line it matched; bytes that are not UTF-8 in it once made the
+        # server abort while recording the attempt, and again on every restart.
+        script = "#!/bin/sh\nprintf 'CUDA out of memory \\377\\376 here\\n'\nprintf 'bad \\377\\n' >&2\nexit 1\n"
+        name = self.submit_spec(job_spec("badutf8", entry="oom.sh"), {"oom.sh": script})
+        d = self.server.wait_state(name, "Failed")
+        evidence = d["attempts"][0]["diagnosis"]["evidence"]
+        self.assertTrue(any("CUDA out of memory \ufffd\ufffd here" in e["line"] for e in evidence), evidence)
+        with open(os.path.join(self.server.home, "runs", name, "attempts", "1", "logs", "rank-0.log"), "rb") as f:
+            self.assertIn(b"\377\376", f.read())  # the log itself keeps its bytes
+        self.assert_serving()
+        # And a restarted server reads it all back.
+        self.server.kill()
+        self.server.start()
+        self.assertEqual(self.server.run_json(name)["run"]["state"], "Failed")
+        self.assertEqual(self.server.tau("list", "--all", check=0).returncode, 0)
+        self.server.tau("evidence", name, check=0)
+        self.server.wait_state(self.submit_ok(), "Succeeded")
+
     def submit_spec(self, spec, files):
         return self.server.tau("run", "--detach", self.project(spec, files), check=0).stdout.strip()
 
