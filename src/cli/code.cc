@@ -56,6 +56,13 @@ Status Walk(Walker& w, const std::string& rel_dir) {
   for (const std::string& name : names) {
     std::string rel = rel_dir.empty() ? name : rel_dir + "/" + name;
     if (Ignored(w, rel, name)) continue;
+    // The snapshot goes to the server as JSON text, which holds UTF-8 only: a name in another
+    // encoding would arrive as a different name.
+    if (FindInvalidUtf8(name) != std::string::npos)
+      return InvalidArgument(
+          fmt::format("'{}' in the code directory {} has a name that is not UTF-8; rename it, or "
+                      "list it in .tauignore",
+                      Printable(rel), w.root));
     std::string path = w.root + "/" + rel;
     struct stat lst;
     if (::lstat(path.c_str(), &lst) != 0) continue;

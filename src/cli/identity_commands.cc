@@ -209,6 +209,12 @@ int CmdSecretSet(const Global& g, const std::string& workspace, const std::strin
     value = ReadAllStdin();
     if (!value.empty() && value.back() == '\n') value.pop_back();  // `echo x |` adds one
   }
+  // A secret becomes an environment variable, and travels as JSON text: UTF-8 only.
+  if (size_t bad = FindInvalidUtf8(value); bad != std::string::npos)
+    return Fail(
+        fmt::format("the value is not UTF-8 text (byte {} is 0x{:02x}); a binary secret has to "
+                    "be encoded first, e.g. `base64 FILE | tau secret set {} {}`",
+                    bad, static_cast<unsigned char>(value[bad]), workspace, key));
   json body = {{"value", value}};
   auto got = Call(g, "PUT", fmt::format("/api/v1/workspaces/{}/secrets/{}", workspace, key),
                   JsonText(body));

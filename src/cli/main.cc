@@ -385,4 +385,13 @@ int Main(int argc, char** argv) {
 
 }  // namespace tau::cli
 
-int main(int argc, char** argv) { return tau::cli::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // Library exceptions are turned into Status where they are thrown; one that slipped through is a
+  // bug, reported as one rather than as an abort and a core dump.
+  try {
+    return tau::cli::Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tau: internal error: %s (please report it)\n", e.what());
+    return 125;
+  }
+}

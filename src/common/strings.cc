@@ -7,6 +7,8 @@
 #include <cctype>
 #include <random>
 
+#include <fmt/format.h>
+
 namespace tau {
 
 size_t EditDistance(std::string_view a, std::string_view b) {
@@ -135,6 +137,22 @@ size_t Utf8SequenceLength(std::string_view s, size_t i) {
   if (b == 0xF0 && b1 < 0x90) return 0;   // overlong
   if (b == 0xF4 && b1 >= 0x90) return 0;  // beyond U+10FFFF
   return n;
+}
+
+std::string Printable(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    unsigned char u = static_cast<unsigned char>(s[i]);
+    size_t n = Utf8SequenceLength(s, i);
+    if (n == 0 || u < 0x20 || u == 0x7f) {
+      out += fmt::format("\\x{:02x}", u);
+      ++i;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
 }
 
 size_t FindInvalidUtf8(std::string_view s) {

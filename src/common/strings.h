@@ -29,6 +29,8 @@ std::string ShellQuote(std::string_view s);
 size_t Utf8SequenceLength(std::string_view s, size_t i);
 // The offset of the first byte of `s` that is not valid UTF-8, or npos when all of it is.
 size_t FindInvalidUtf8(std::string_view s);
+// `s` for a message: control characters and bytes that are not valid UTF-8 written as \xNN.
+std::string Printable(std::string_view s);
 // The 1-based line and column (counted in bytes) of `offset` in `text`, for diagnostics.
 std::pair<int, int> LineColumnAt(std::string_view text, size_t offset);
 // A short random lowercase hex string (from /dev/urandom).

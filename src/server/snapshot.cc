@@ -21,14 +21,7 @@ namespace {
 // A path as an error message can show it: control characters escaped, long ones cut, so that a
 // hostile path cannot break the message (or the terminal that prints it).
 std::string Shown(const std::string& path) {
-  std::string out;
-  for (char c : path.substr(0, 120)) {
-    unsigned char u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f)
-      out += fmt::format("\\x{:02x}", u);
-    else
-      out += c;
-  }
+  std::string out = Printable(std::string_view(path).substr(0, 120));
   if (path.size() > 120) out += fmt::format("... ({} bytes)", path.size());
   return out;
 }

@@ -184,6 +184,27 @@ class LimitsTest(HardeningCase):
         self.assertFalse(body["valid"])
         self.assert_serving()
 
+    def test_names_and_secrets_that_are_not_utf8_get_a_clear_refusal(self):
+        # JSON carries UTF-8 only; the CLI says so instead of aborting or renaming the file.
+        spec = self.project(job_spec("latin1"), {"main.py": "print('hi')\n"})
+        bad = os.path.join(os.fsencode(os.path.dirname(spec)), b"caf\xe9.txt")
+        with open(bad, "wb") as f:
+            f.write(b"x")
+        r = self.server.tau("run", "--detach", spec, check=None)
+        self.assertEqual(r.returncode, 125, r.stderr)
+        self.assertIn("'caf\\xe9.txt' in the code directory", r.stderr)
+        self.assertIn("not UTF-8; rename it, or list it in .tauignore", r.stderr)
+        with open(os.path.join(os.path.dirname(spec), ".tauignore"), "w") as f:
+            f.write("*.txt\n")
+        self.server.wait_state(self.server.tau("run", "--detach", spec, check=0).stdout.strip(), "Succeeded")
+        secret = os.path.join(self.server.home, "secret.bin")
+        with open(secret, "wb") as f:
+            f.write(b"ab\xffcd")
+        r = self.server.tau("secret", "set", "default", "k", "--from-file", secret, check=None)
+        self.assertEqual(r.returncode, 125, r.stderr)
+        self.assertIn("not UTF-8 text (byte 2 is 0xff)", r.stderr)
+        self.assert_serving()
+
     def test_the_cli_reads_no_more_of_a_spec_than_the_limit(self):
         # An endless file (/dev/zero) or one over 1 MiB: refused after reading the limit, not
         # read whole into memory first.
