@@ -467,6 +467,9 @@ TEST_F(RuntimeTest, MaxRuntimeTimesOut) {
   EXPECT_LT(took, 4'000);
   EXPECT_TRUE(Contains(o.message, "max runtime 500ms exceeded"));
   EXPECT_EQ(o.workers.at(0).signal, SIGTERM);
+  // The run's exit code says how it ended, as for a worker killed by a signal.
+  EXPECT_EQ(o.signal, SIGTERM);
+  EXPECT_EQ(o.exit_code, 128 + SIGTERM);
 }
 
 TEST_F(RuntimeTest, KilledShimTakesWorkersAlongAndStopCleansUp) {

@@ -875,6 +875,16 @@ class Shim {
         killed > 0 ? "; " + std::to_string(killed) + " worker(s) ignored SIGTERM for " +
                          FormatDuration(config_.stop_grace_ms) + " and were killed"
                    : "";
+    if (outcome_.kind == OutcomeKind::kTimedOut || outcome_.kind == OutcomeKind::kStopped) {
+      // Stopped from outside: the run's exit code is how its first worker that did not exit 0
+      // ended (128 + the signal that stopped it), as for a worker that failed on its own.
+      for (const WorkerOutcome& o : outcome_.workers) {
+        if (o.exit_code == 0 && o.signal == 0) continue;
+        outcome_.signal = o.signal;
+        outcome_.exit_code = o.signal ? 128 + o.signal : o.exit_code;
+        break;
+      }
+    }
     switch (outcome_.kind) {
       case OutcomeKind::kSucceeded:
         outcome_.message = std::to_string(workers_.size()) + " worker(s) exited 0";

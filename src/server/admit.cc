@@ -264,6 +264,7 @@ bool Controller::Place(ActiveRun& run, Batch* batch) {
   for (int g : r.gpus) free_gpus_.erase(g);
   free_cpu_milli_ -= need.cpu_milli;
   free_memory_bytes_ -= need.memory_bytes;
+  run.holds_machine = true;
   r.admitted_ms = NowMillis();
   if (options_.metrics)
     options_.metrics->Observe(

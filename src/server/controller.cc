@@ -542,12 +542,15 @@ void Controller::ReleaseResources(ActiveRun& run) {
   RunRecord& r = run.record;
   for (int g : r.gpus)
     if (!unplaceable_gpus_.count(g)) free_gpus_.insert(g);
-  if (r.admitted_ms) {
+  if (run.holds_machine) {
     free_cpu_milli_ += run.need.cpu_milli;
     free_memory_bytes_ += run.need.memory_bytes;
+    run.holds_machine = false;
   }
   r.gpus.clear();
-  r.admitted_ms.reset();
+  // A run that ends keeps the time of its last admission; one that goes back to the queue waits
+  // for a new one.
+  if (!store::IsTerminal(r.state)) r.admitted_ms.reset();
   r.flavors = nlohmann::json::object();
   if (in_engine_.erase(r.name)) (void)engine_->RemoveWorkload(r.name);
   outside_engine_.erase(r.name);
@@ -685,6 +688,7 @@ void Controller::Recover(Batch* batch, const std::set<AttemptKey>& on_cluster) {
     for (int g : record.gpus) free_gpus_.erase(g);
     free_cpu_milli_ -= run.need.cpu_milli;
     free_memory_bytes_ -= run.need.memory_bytes;
+    run.holds_machine = true;
     auto attempts = store_->ListAttempts(record.name);
     // Admitted, but no attempt was ever recorded, or only finished ones: the next one never
     // started.

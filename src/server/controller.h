@@ -147,6 +147,7 @@ class Controller {
     // Set while its attempt is being stopped because the admission engine preempted it.
     std::string preempted_by, preemption_reason;
     int64_t queued_since_ms = 0;  // when it last entered the queue (after any backoff)
+    bool holds_machine = false;   // its CPUs and memory are taken from this machine's free ones
     // Kubernetes backend: the attempt whose objects exist on the cluster (0: none), and what
     // Kueue says while it waits.
     int cluster_attempt = 0;

@@ -111,6 +111,18 @@ class RunTest(ServerTestCase):
         p = self.server.tau("run", spec)
         self.assertEqual(p.returncode, 137, p.stderr)
 
+    def test_a_run_past_its_max_runtime_fails_with_the_code_of_its_stop(self):
+        spec = job_spec("slow", entry="slow.sh").replace("  workload_kind: job\n",
+                                                          "  workload_kind: job\n  max_runtime: 1s\n")
+        p = self.server.tau("run", self.project(spec, {"slow.sh": "#!/bin/sh\nexec sleep 60\n"}))
+        self.assertEqual(p.returncode, 128 + signal.SIGTERM, p.stderr)
+        name = json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"][0]["name"]
+        st = json.loads(self.server.tau("status", name, "-o", "json", check=0).stdout)
+        self.assertEqual((st["state"], st["reason"], st["exit_code"]), ("Failed", "Timeout", 143))
+        # An ended run keeps the time it was admitted.
+        self.assertIsNotNone(st["admitted"])
+        self.assertLessEqual(st["admitted"], st["started"])
+
     def test_environment_of_an_attempt(self):
         code = ("import os, json\nkeys=['TAU_RUN_NAME','TAU_ATTEMPT','TAU_CHECKPOINT_DIR','TAU_OUTPUT_DIR',"
                 "'CUDA_VISIBLE_DEVICES','MY_VAR']\nprint(json.dumps({k: os.environ.get(k) for k in keys}))\n"
