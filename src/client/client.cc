@@ -130,6 +130,7 @@ void Connection::Close() {
 Status Connection::Reconnect() {
   Close();
   buf_.clear();
+  answers_on_fd_ = 0;
   TAU_ASSIGN_OR_RETURN(int fd, Dial(endpoint_));
   if (tls_context_) {
     auto session = tls_context_->Connect(fd, endpoint_.host, timeout_ms_ > 0 ? timeout_ms_ : 5000);
@@ -206,9 +207,13 @@ Result<size_t> Connection::Fill() {
 Result<Response> Connection::ReadResponse(const std::function<bool(std::string_view)>* on_data) {
   Response resp;
   size_t header_end;
+  closed_before_answer_ = false;
   while ((header_end = buf_.find("\r\n\r\n")) == std::string::npos) {
     TAU_ASSIGN_OR_RETURN(size_t n, Fill());
-    if (n == 0) return Unavailable("the server closed the connection");
+    if (n == 0) {
+      closed_before_answer_ = buf_.empty();
+      return Unavailable("the server closed the connection");
+    }
     if (buf_.size() > (1 << 20)) return Internal("response headers too large");
   }
   std::vector<std::string> lines = Split(std::string_view(buf_).substr(0, header_end), '\n');
@@ -280,19 +285,30 @@ Result<Response> Connection::ReadResponse(const std::function<bool(std::string_v
 
 Result<Response> Connection::Call(std::string_view method, std::string_view path,
                                   std::string_view body, std::string_view content_type) {
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  for (int attempt = 0;; ++attempt) {
     if (fd_ < 0) TAU_RETURN_IF_ERROR(Reconnect());
+    const bool reused = answers_on_fd_ > 0;
     Status sent = SendRequest(method, path, body, content_type);
-    if (sent.ok()) {
-      auto resp = ReadResponse(nullptr);
-      if (resp.ok() || attempt == 1) return resp;
-    } else if (attempt == 1) {
-      return sent;
+    Result<Response> resp = sent.ok() ? ReadResponse(nullptr) : Result<Response>(sent);
+    if (resp.ok()) {
+      ++answers_on_fd_;
+      return resp;
     }
-    // The kept-alive connection went away under us: try once on a fresh one.
-    TAU_RETURN_IF_ERROR(Reconnect());
+    // A kept-alive connection that the server closed while it sat idle fails before any byte of
+    // an answer: the request was never read, and goes again on a fresh connection. Anything else
+    // may have failed after the server acted on it (a server killed between committing a run and
+    // answering): repeating it could submit a run twice.
+    const bool unanswered = !sent.ok() || closed_before_answer_;
+    if (reused && unanswered && attempt == 0) {
+      Close();
+      continue;
+    }
+    if (method == "GET" || !sent.ok()) return resp.status();
+    return Status(resp.status().code(),
+                  resp.status().message() +
+                      " before answering; the request may have taken effect (for a submission, "
+                      "`tau list` shows whether the run exists)");
   }
-  return Internal("unreachable");
 }
 
 Result<int> Connection::Stream(std::string_view method, std::string_view path,

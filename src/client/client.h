@@ -84,6 +84,8 @@ class Connection {
   std::unique_ptr<tls::ClientContext> tls_context_;  // set for https:// endpoints
   std::unique_ptr<tls::Session> tls_;                // the session on fd_, when connected
   std::string buf_;
+  bool closed_before_answer_ = false;  // the last response ended before its first byte (EOF)
+  int answers_on_fd_ = 0;              // requests answered on this connection
 };
 
 // The error carried in a non-2xx answer of the API ({"error": {"code", "message"}}) as a Status.

@@ -1,0 +1,108 @@
+// The client's connection handling against a scripted server on a Unix socket: which failures it
+// repeats a request after, and which it must not.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "client/client.h"
+
+namespace tau::client {
+namespace {
+
+// Accepts connections one after another; for each request it reads, `script` says what to do:
+// answer it (keeping the connection), or close without answering.
+class ScriptedServer {
+ public:
+  enum Action { kAnswer, kCloseWithoutAnswer, kAnswerThenClose };
+  explicit ScriptedServer(std::vector<Action> script) : script_(std::move(script)) {
+    path_ = ::testing::TempDir() + "tau-client-test-" + std::to_string(::getpid()) + ".sock";
+    ::unlink(path_.c_str());
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path_.c_str());
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(::listen(fd_, 8), 0);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~ScriptedServer() {
+    ::shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  std::string endpoint() const { return "unix://" + path_; }
+  int requests() const { return requests_; }
+
+ private:
+  void Serve() {
+    size_t step = 0;
+    while (step < script_.size()) {
+      int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      bool open = true;
+      while (open && step < script_.size()) {
+        std::string got;
+        char buf[4096];
+        while (got.find("\r\n\r\n") == std::string::npos) {
+          ssize_t n = ::read(c, buf, sizeof buf);
+          if (n <= 0) break;
+          got.append(buf, static_cast<size_t>(n));
+        }
+        if (got.empty()) break;  // the client closed this connection
+        ++requests_;
+        Action a = script_[step++];
+        if (a != kCloseWithoutAnswer) {
+          std::string reply = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}";
+          (void)!::write(c, reply.data(), reply.size());
+        }
+        open = a == kAnswer;
+      }
+      ::close(c);
+    }
+  }
+  std::vector<Action> script_;
+  std::string path_;
+  int fd_ = -1;
+  std::atomic<int> requests_{0};
+  std::thread thread_;
+};
+
+std::unique_ptr<Connection> Open(const ScriptedServer& server) {
+  auto endpoint = ParseEndpoint(server.endpoint());
+  EXPECT_TRUE(endpoint.ok()) << endpoint.status().ToString();
+  auto conn = Connection::Open(*endpoint, 2000);
+  EXPECT_TRUE(conn.ok()) << conn.status().ToString();
+  return std::move(*conn);
+}
+
+TEST(ConnectionTest, AnIdleConnectionTheServerClosedIsReplacedAndTheRequestSentAgain) {
+  ScriptedServer server({ScriptedServer::kAnswerThenClose, ScriptedServer::kAnswer});
+  auto conn = Open(server);
+  ASSERT_TRUE(conn->Call("GET", "/a", "", "application/json").ok());
+  // The server closed the kept-alive connection after its answer; the next call finds it closed.
+  auto second = conn->Call("POST", "/b", "{}", "application/json");
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(server.requests(), 2);
+}
+
+TEST(ConnectionTest, ARequestTheServerTookButNeverAnsweredIsNotSentTwice) {
+  // What a server killed between committing a submission and answering it looks like.
+  ScriptedServer server({ScriptedServer::kCloseWithoutAnswer, ScriptedServer::kAnswer});
+  auto conn = Open(server);
+  auto got = conn->Call("POST", "/api/v1/runs", "{}", "application/json");
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("may have taken effect"), std::string::npos)
+      << got.status().ToString();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(server.requests(), 1);
+}
+
+}  // namespace
+}  // namespace tau::client
