@@ -197,6 +197,8 @@ Result<size_t> Connection::Fill() {
     ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
+      // A reset before any answer: the server closed the connection with our request unread.
+      reset_before_answer_ = errno == ECONNRESET && buf_.empty();
       return IoError("reading from " + endpoint_.ToString(), errno);
     }
     buf_.append(tmp, static_cast<size_t>(n));
@@ -207,7 +209,7 @@ Result<size_t> Connection::Fill() {
 Result<Response> Connection::ReadResponse(const std::function<bool(std::string_view)>* on_data) {
   Response resp;
   size_t header_end;
-  closed_before_answer_ = false;
+  closed_before_answer_ = reset_before_answer_ = false;
   while ((header_end = buf_.find("\r\n\r\n")) == std::string::npos) {
     TAU_ASSIGN_OR_RETURN(size_t n, Fill());
     if (n == 0) {
@@ -295,10 +297,12 @@ Result<Response> Connection::Call(std::string_view method, std::string_view path
       return resp;
     }
     // A kept-alive connection that the server closed while it sat idle fails before any byte of
-    // an answer: the request was never read, and goes again on a fresh connection. Anything else
-    // may have failed after the server acted on it (a server killed between committing a run and
-    // answering): repeating it could submit a run twice.
-    const bool unanswered = !sent.ok() || closed_before_answer_;
+    // an answer, and the request goes again on a fresh connection when it cannot have been acted
+    // on: it could not be sent, the server reset the connection with it unread, or it only reads.
+    // A request that was read may have been acted on (a server killed between committing a run
+    // and answering): repeating it could submit a run twice.
+    const bool unanswered = !sent.ok() || reset_before_answer_ ||
+                            (closed_before_answer_ && (method == "GET" || method == "HEAD"));
     if (reused && unanswered && attempt == 0) {
       Close();
       continue;

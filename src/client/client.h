@@ -85,6 +85,7 @@ class Connection {
   std::unique_ptr<tls::Session> tls_;                // the session on fd_, when connected
   std::string buf_;
   bool closed_before_answer_ = false;  // the last response ended before its first byte (EOF)
+  bool reset_before_answer_ = false;   // ... or was reset before its first byte
   int answers_on_fd_ = 0;              // requests answered on this connection
 };
 
