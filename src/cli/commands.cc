@@ -13,6 +13,7 @@
 #include "cli/connect.h"
 #include "common/files.h"
 #include "common/json_text.h"
+#include "common/strings.h"
 #include "health/health.h"
 #include "policy/policy.h"
 #include "server/server.h"
@@ -23,6 +24,15 @@ namespace tau::cli {
 int Fail(const std::string& message) {
   std::fprintf(stderr, "tau: error: %s\n", message.c_str());
   return kExitTauError;
+}
+
+bool IsRunName(const std::string& name) { return IsDns1123Label(name, 253); }
+
+int NoSuchRun(const std::string& name) {
+  return Fail(
+      fmt::format("no run named '{}' (run names are lowercase letters, digits and '-'; "
+                  "`tau list --all` lists them)",
+                  Printable(name)));
 }
 
 int CmdVersion(const Global& g, bool with_server) {
@@ -128,6 +138,7 @@ int CmdList(const Global& g, const std::string& state, bool all, int limit, Form
 }
 
 int CmdStatus(const Global& g, const std::string& name, Format format) {
+  if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   auto got = CallJson(**conn, "GET", "/api/v1/runs/" + name);
@@ -157,6 +168,7 @@ int CmdStatus(const Global& g, const std::string& name, Format format) {
 }
 
 int CmdDescribe(const Global& g, const std::string& name, Format format) {
+  if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   auto got = CallJson(**conn, "GET", "/api/v1/runs/" + name);
@@ -221,11 +233,23 @@ int CmdDescribe(const Global& g, const std::string& name, Format format) {
 }
 
 int CmdLogs(const Global& g, const std::string& name, bool follow, int attempt, int rank) {
+  if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   // Check the run first so a typo gets a clear answer rather than an empty stream.
   auto got = CallJson(**conn, "GET", "/api/v1/runs/" + name);
   if (!got.ok()) return Fail(got.status().message());
+  const nlohmann::json& run = (*got)["run"];
+  const int attempts = run.value("attempts", 0);
+  if (attempt > 0 && attempt > std::max(attempts, 1))
+    return Fail(fmt::format("run {} has {} attempt(s); --attempt takes 1 to {}", name, attempts,
+                            std::max(attempts, 1)));
+  int workers = 1;
+  if (run.contains("resources") && run["resources"].is_object())
+    workers = std::max(1, run["resources"].value("workers", 1));
+  if (rank >= workers)
+    return Fail(
+        fmt::format("run {} has {} worker(s); --rank takes 0 to {}", name, workers, workers - 1));
   std::string path = fmt::format("/api/v1/runs/{}/logs?rank={}", name, rank);
   if (attempt > 0) path += fmt::format("&attempt={}", attempt);
   if (follow) path += "&follow=1";
@@ -246,6 +270,10 @@ int CmdCancel(const Global& g, const std::vector<std::string>& runs) {
   if (!conn.ok()) return Fail(conn.status().message());
   int rc = 0;
   for (const std::string& name : runs) {
+    if (!IsRunName(name)) {
+      rc = NoSuchRun(name);
+      continue;
+    }
     auto r = CallJson(**conn, "POST", "/api/v1/runs/" + name + "/cancel");
     if (!r.ok()) {
       std::fprintf(stderr, "tau: error: %s\n", r.status().message().c_str());
@@ -258,6 +286,7 @@ int CmdCancel(const Global& g, const std::vector<std::string>& runs) {
 }
 
 int CmdRerun(const Global& g, const std::string& name) {
+  if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   auto r = CallJson(**conn, "POST", "/api/v1/runs/" + name + "/rerun");
@@ -269,6 +298,7 @@ int CmdRerun(const Global& g, const std::string& name) {
 }
 
 int CmdResume(const Global& g, const std::string& name, const std::string& from, bool force) {
+  if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   nlohmann::json body = {{"force", force}};

@@ -67,5 +67,9 @@ int CmdSecretDelete(const Global& g, const std::string& workspace, const std::st
 
 // Prints "tau: error: <message>" to stderr and returns kExitTauError.
 int Fail(const std::string& message);
+// Run names are lowercase letters, digits and '-' (a spec name and a suffix): anything else names
+// no run, and is said so before it is put in a request path.
+bool IsRunName(const std::string& name);
+int NoSuchRun(const std::string& name);
 
 }  // namespace tau::cli

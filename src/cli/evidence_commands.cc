@@ -17,6 +17,7 @@
 namespace tau::cli {
 
 int CmdEvidence(const Global& g, const std::string& run, Format format) {
+  if (!IsRunName(run)) return NoSuchRun(run);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   auto record = CallJson(**conn, "GET", "/api/v1/runs/" + run + "/evidence");
@@ -32,6 +33,7 @@ int CmdEvidence(const Global& g, const std::string& run, Format format) {
 }
 
 int CmdEvidenceExport(const Global& g, const std::string& run, const std::string& file) {
+  if (!IsRunName(run)) return NoSuchRun(run);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   // Written beside the target and renamed when complete: a failed export leaves no partial file
@@ -110,6 +112,7 @@ int CmdEvidenceVerify(const Global& g, const std::string& file, bool run_check) 
 
 int CmdMetrics(const Global& g, const std::string& run, const std::string& name,
                const std::string& split, bool has_split, const std::string& output) {
+  if (!IsRunName(run)) return NoSuchRun(run);
   std::string mode = output;
   if (mode.empty()) mode = StdoutIsTerminal() ? "table" : "jsonl";
   if (mode != "table" && mode != "json" && mode != "jsonl")

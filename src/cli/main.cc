@@ -191,8 +191,10 @@ int Main(int argc, char** argv) {
   int attempt = 0, rank = 0;
   logs->add_option("run", run_name, "Run name")->required();
   logs->add_flag("-f,--follow", follow, "Keep streaming until the run ends");
-  logs->add_option("--attempt", attempt, "Attempt number (default: the latest; with -f, all)");
-  logs->add_option("--rank", rank, "Worker rank of a gang (default 0)");
+  logs->add_option("--attempt", attempt, "Attempt number (default: the latest; with -f, all)")
+      ->check(CLI::Range(1, 1 << 20));
+  logs->add_option("--rank", rank, "Worker rank of a gang (default 0)")
+      ->check(CLI::Range(0, 1 << 20));
   logs->callback([&] { rc = CmdLogs(g, run_name, follow, attempt, rank); });
 
   auto* cancel =

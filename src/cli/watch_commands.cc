@@ -68,6 +68,7 @@ void OnSignal(int) { g_quit = true; }
 }  // namespace
 
 int CmdStatusWatch(const Global& g, const std::string& run, Format format) {
+  if (!IsRunName(run)) return NoSuchRun(run);
   int rc = CmdStatus(g, run, format);
   if (rc != 0) return rc;
   json last;

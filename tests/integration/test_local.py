@@ -166,6 +166,25 @@ class RunTest(ServerTestCase):
         self.assertEqual(p.returncode, 0)
         self.assertIn("tick 4", rest)
 
+    def test_names_that_are_no_run_names_and_log_options_out_of_range_are_told_plainly(self):
+        name = self.submit(job_spec("opts"), {"main.py": "print('x')\n"})
+        self.server.wait_state(name, "Succeeded")
+        for args in (["status", "Upper"], ["status", "a b"], ["status", "x?y=1"], ["describe", "RUN/logs"],
+                     ["cancel", "x?y=1"], ["logs", "x/y"]):
+            p = self.server.tau(*args)
+            self.assertEqual(p.returncode, 125, args)
+            self.assertIn(f"no run named '{args[1]}'", p.stderr, args)
+        p = self.server.tau("logs", name, "--attempt", "9")
+        self.assertEqual((p.returncode, p.stdout), (125, ""))
+        self.assertIn(f"run {name} has 1 attempt(s); --attempt takes 1 to 1", p.stderr)
+        p = self.server.tau("logs", name, "--rank", "3")
+        self.assertEqual((p.returncode, p.stdout), (125, ""))
+        self.assertIn(f"run {name} has 1 worker(s); --rank takes 0 to 0", p.stderr)
+        for bad in (["--attempt", "0"], ["--attempt", "-1"], ["--rank", "-1"]):
+            p = self.server.tau("logs", name, *bad)
+            self.assertNotEqual(p.returncode, 0, bad)
+            self.assertIn("not in range", p.stderr, bad)
+
     def test_same_file_submitted_many_times_gets_unique_names(self):
         spec = self.project(job_spec("many"), {"main.py": "print('x')\n"})
         names = {self.server.tau("run", "-d", spec, check=0).stdout.strip() for _ in range(5)}
