@@ -887,6 +887,8 @@ TEST_F(ZygoteTest, AGoneZygoteFallsBackToExec) {
   AttemptOutcome o = Wait(*shim, c.attempt_dir);
   EXPECT_EQ(o.kind, OutcomeKind::kSucceeded) << o.message;
   EXPECT_EQ(zygote_->StartShim(c.attempt_dir).status().code(), StatusCode::kUnavailable);
+  // Reaped, not left a zombie.
+  EXPECT_FALSE(internal::ReadProcStat(zygote_->pid()).has_value());
 }
 
 TEST_F(ZygoteTest, AnAttemptDirectoryThatCannotHoldTheLogIsAnError) {

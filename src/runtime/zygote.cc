@@ -240,7 +240,8 @@ Result<std::unique_ptr<Zygote>> Zygote::Start(const std::string& tau_binary) {
 
 Zygote::~Zygote() {
   ::close(sock_);  // the zygote sees EOF and exits; the shims it forked keep running
-  ::waitpid(pid_, nullptr, 0);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!broken_) ::waitpid(pid_, nullptr, 0);  // a broken one was reaped already
 }
 
 Result<ProcessId> Zygote::StartShim(const std::string& attempt_dir) {
@@ -248,8 +249,15 @@ Result<ProcessId> Zygote::StartShim(const std::string& attempt_dir) {
   if (broken_) return Unavailable("the zygote is gone");
   auto fail = [&](const std::string& what, int err) {
     broken_ = true;
-    return Unavailable("the zygote (pid " + std::to_string(pid_) + ") " + what + ": " +
-                       std::strerror(err));
+    Status gone = Unavailable("the zygote (pid " + std::to_string(pid_) + ") " + what + ": " +
+                              std::strerror(err));
+    // Dead or stuck, it is of no more use: make sure it is gone, and reap it rather than leave a
+    // zombie for the server's lifetime. Said once in the server's log, since every later attempt
+    // pays for an exec.
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    std::fprintf(stderr, "tau: %s; shims are exec'd from now on\n", gone.message().c_str());
+    return gone;
   };
   if (::send(sock_, attempt_dir.data(), attempt_dir.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(attempt_dir.size()))
