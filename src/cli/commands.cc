@@ -253,12 +253,12 @@ int CmdLogs(const Global& g, const std::string& name, bool follow, int attempt, 
   std::string path = fmt::format("/api/v1/runs/{}/logs?rank={}", name, rank);
   if (attempt > 0) path += fmt::format("&attempt={}", attempt);
   if (follow) path += "&follow=1";
-  std::string error_body;
-  auto status = (*conn)->Stream("GET", path, [&](std::string_view data) {
-    std::fwrite(data.data(), 1, data.size(), stdout);
-    std::fflush(stdout);
-    return true;
-  });
+  auto status = follow ? FollowLog(g.server, &*conn, name, path)
+                       : (*conn)->Stream("GET", path, [&](std::string_view data) {
+                           std::fwrite(data.data(), 1, data.size(), stdout);
+                           std::fflush(stdout);
+                           return true;
+                         });
   if (!status.ok()) return Fail(status.status().message());
   if (*status != 200)
     return Fail(fmt::format("the server refused the log request (HTTP {})", *status));

@@ -156,4 +156,42 @@ Result<nlohmann::json> CallJson(client::Connection& conn, const std::string& met
   return j;
 }
 
+Result<int> FollowLog(const std::string& server_flag, std::unique_ptr<client::Connection>* conn,
+                      const std::string& run, const std::string& path) {
+  int64_t received = 0;
+  while (true) {
+    std::string request = received > 0 ? fmt::format("{}&skip={}", path, received) : path;
+    auto streamed = (*conn)->Stream("GET", request, [&](std::string_view data) {
+      std::fwrite(data.data(), 1, data.size(), stdout);
+      std::fflush(stdout);
+      received += static_cast<int64_t>(data.size());
+      return true;
+    });
+    const bool lost = !streamed.ok() && (streamed.status().code() == StatusCode::kUnavailable ||
+                                         streamed.status().code() == StatusCode::kIo);
+    if (!lost) return streamed;
+    std::fprintf(stderr,
+                 "tau: lost the connection to the server (%s); the run goes on. "
+                 "Reconnecting...\n",
+                 streamed.status().message().c_str());
+    const int64_t give_up = MonotonicMillis() + 60'000;
+    Status last = streamed.status();
+    bool back = false;
+    while (!back && MonotonicMillis() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      auto again = ConnectToServer(server_flag);
+      if (again.ok()) {
+        *conn = std::move(*again);
+        back = true;
+      } else {
+        last = again.status();
+      }
+    }
+    if (!back)
+      return Status(last.code(), fmt::format("{}; follow the run again with: tau logs -f {}",
+                                             last.message(), run));
+    std::fprintf(stderr, "tau: reconnected; following %s again\n", run.c_str());
+  }
+}
+
 }  // namespace tau::cli

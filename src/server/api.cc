@@ -108,7 +108,7 @@ bool BoolParam(const HttpRequest& req, const char* name) {
 class LogStreamer {
  public:
   LogStreamer(store::Store* store, Controller* controller, std::string run, int attempt, int rank,
-              bool follow, const HttpServer* http, std::vector<std::string> secrets)
+              bool follow, int64_t skip, const HttpServer* http, std::vector<std::string> secrets)
       : redactor_(std::move(secrets)),
         store_(store),
         controller_(controller),
@@ -117,7 +117,8 @@ class LogStreamer {
         attempt_(attempt),
         rank_(rank),
         follow_(follow),
-        http_(http) {}
+        http_(http),
+        skip_(skip) {}
   ~LogStreamer() {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -144,20 +145,26 @@ class LogStreamer {
       ++attempt_;
       std::string banner = redactor_.Feed("", /*flush=*/true);
       banner += fmt::format("[tau] --- attempt {} ---\n", attempt_);
-      return sink.Write(banner);
+      return Emit(sink, banner);
     }
     return RunFinished() ? Done(sink) : Idle(sink);
   }
 
  private:
-  bool Write(ChunkSink& sink, std::string_view data) {
-    std::string out = redactor_.Feed(data, /*flush=*/false);
+  // Every byte of the stream goes out here. A client that lost its stream (a server restart) asks
+  // again with `skip` = the bytes it has, and gets the rest.
+  bool Emit(ChunkSink& sink, std::string_view out) {
+    if (skip_ > 0) {
+      size_t dropped = static_cast<size_t>(std::min<int64_t>(skip_, out.size()));
+      skip_ -= static_cast<int64_t>(dropped);
+      out.remove_prefix(dropped);
+    }
     return out.empty() || sink.Write(out);
   }
-  bool Flush(ChunkSink& sink) {
-    std::string rest = redactor_.Feed("", /*flush=*/true);
-    return rest.empty() || sink.Write(rest);
+  bool Write(ChunkSink& sink, std::string_view data) {
+    return Emit(sink, redactor_.Feed(data, /*flush=*/false));
   }
+  bool Flush(ChunkSink& sink) { return Emit(sink, redactor_.Feed("", /*flush=*/true)); }
   bool Done(ChunkSink& sink) {
     Flush(sink);
     return false;
@@ -204,6 +211,7 @@ class LogStreamer {
   bool follow_;
   const HttpServer* http_;
   int fd_ = -1;
+  int64_t skip_ = 0;  // bytes of the stream the client has already
 };
 
 // Runs `tau __gpu-probe` and returns what it printed: CUDA initialises in that child, never in the
@@ -494,9 +502,11 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
                                                              name, run->attempts, *attempt)));
                auto secrets = SecretValuesOf(store, *run);
                if (!secrets.ok()) return ReplyError(res, secrets.status());
+               auto skip = IntParam(req, "skip", 0, 0, INT64_MAX);
+               if (!skip.ok()) return ReplyError(res, skip.status());
                auto streamer = std::make_shared<LogStreamer>(
                    store, controller, name, static_cast<int>(*attempt), static_cast<int>(*rank),
-                   BoolParam(req, "follow"), http, std::move(*secrets));
+                   BoolParam(req, "follow"), *skip, http, std::move(*secrets));
                res.content_type = "text/plain; charset=utf-8";
                res.stream = [streamer](ChunkSink& sink) { return streamer->Step(sink); };
              });

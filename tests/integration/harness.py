@@ -104,7 +104,8 @@ class TauServer:
         pid_file = os.path.join(self.home, "server.pid")
         if os.path.exists(pid_file):
             try:
-                os.kill(int(open(pid_file).read().strip()), signal.SIGKILL)
+                with open(pid_file) as f:
+                    os.kill(int(f.read().strip()), signal.SIGKILL)
             except (ValueError, ProcessLookupError):
                 pass
         subprocess.run(["pkill", "-9", "-f", self.home], check=False)

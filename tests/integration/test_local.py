@@ -185,6 +185,25 @@ class RunTest(ServerTestCase):
             self.assertNotEqual(p.returncode, 0, bad)
             self.assertIn("not in range", p.stderr, bad)
 
+    def test_following_survives_a_server_restart_without_losing_or_repeating_lines(self):
+        code = "import time\nfor i in range(40):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n"
+        spec = self.project(job_spec("survive"), {"main.py": code})
+        attached = subprocess.Popen([TAU, "run", spec], env=self.server.env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        self.assertEqual(attached.stdout.readline().strip(), "tick 0")
+        name = json.loads(self.server.tau("list", "-o", "json").stdout)["runs"][0]["name"]
+        follower = subprocess.Popen([TAU, "logs", "-f", name], env=self.server.env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        self.assertEqual(follower.stdout.readline().strip(), "tick 0")
+        self.server.kill(signal.SIGKILL)  # the next command starts a local server again
+        ticks = [f"tick {i}" for i in range(40)]
+        for p in (attached, follower):
+            out, err = p.communicate(timeout=90)
+            self.assertEqual(p.returncode, 0, err)
+            self.assertEqual(["tick 0"] + out.splitlines(), ticks, err)
+            self.assertIn("lost the connection to the server", err)
+            self.assertIn(f"reconnected; following {name} again", err)
+
     def test_same_file_submitted_many_times_gets_unique_names(self):
         spec = self.project(job_spec("many"), {"main.py": "print('x')\n"})
         names = {self.server.tau("run", "-d", spec, check=0).stdout.strip() for _ in range(5)}
