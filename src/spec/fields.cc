@@ -332,7 +332,10 @@ std::vector<FieldDef> BuildManifest() {
                          }),
                      kLabelPattern, kMaxPrefixChars)}),
       Obj("run", "What to run",
-          {EntrypointField("entrypoint", nullptr), KindEnum("workload_kind", "job or rayjob"),
+          {EntrypointField("entrypoint", nullptr),
+           KindEnum("workload_kind",
+                    "job or rayjob (default rayjob, as in TauGrid: one driver process; write job "
+                    "for a gang of workers)"),
            ArgsField(), MaxRuntimeField(), TtlField(),
            Recorded("smoke_pairs", "/run/smoke_pairs", "SDK smoke-test pairs")},
           {"entrypoint"}),
