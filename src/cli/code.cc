@@ -23,26 +23,75 @@ const char* kAlwaysSkipped[] = {".git",         ".hg",          ".svn",
                                 "node_modules", ".tau",         ".ipynb_checkpoints",
                                 ".mypy_cache",  ".pytest_cache"};
 
+// One line of .tauignore, with gitignore's rules: `!` re-includes what an earlier line excluded, a
+// trailing `/` matches directories only, a pattern with a `/` before its end is anchored at the
+// code directory (a leading `/` only anchors), any other matches a name at any depth, and `**`
+// stands for any number of directories.
+struct IgnoreRule {
+  std::vector<std::string> segments;  // the pattern split at '/'
+  bool negate = false, dir_only = false, anchored = false;
+};
+
+std::vector<IgnoreRule> ParseIgnore(const std::string& text) {
+  std::vector<IgnoreRule> rules;
+  for (std::string line : Split(text, '\n')) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    IgnoreRule rule;
+    if (line[0] == '!') {
+      rule.negate = true;
+      line.erase(0, 1);
+    } else if (line[0] == '\\' && line.size() > 1 && (line[1] == '!' || line[1] == '#')) {
+      line.erase(0, 1);
+    }
+    while (!line.empty() && line.back() == '/') {
+      rule.dir_only = true;
+      line.pop_back();
+    }
+    if (line.empty()) continue;
+    rule.anchored = line.find('/') != std::string::npos;
+    while (!line.empty() && line[0] == '/') line.erase(0, 1);
+    rule.segments = Split(line, '/');
+    rules.push_back(std::move(rule));
+  }
+  return rules;
+}
+
+bool SegmentsMatch(const std::vector<std::string>& pattern, size_t i,
+                   const std::vector<std::string>& path, size_t j) {
+  if (i == pattern.size()) return j == path.size();
+  if (pattern[i] == "**") {
+    for (size_t k = j; k <= path.size(); ++k)
+      if (SegmentsMatch(pattern, i + 1, path, k)) return true;
+    return false;
+  }
+  if (j == path.size() || fnmatch(pattern[i].c_str(), path[j].c_str(), 0) != 0) return false;
+  return SegmentsMatch(pattern, i + 1, path, j + 1);
+}
+
+bool RuleMatches(const IgnoreRule& rule, const std::string& rel, const std::string& base,
+                 bool is_dir) {
+  if (rule.dir_only && !is_dir) return false;
+  if (!rule.anchored) return fnmatch(rule.segments[0].c_str(), base.c_str(), 0) == 0;
+  return SegmentsMatch(rule.segments, 0, Split(rel, '/'), 0);
+}
+
 struct Walker {
   std::string root;
-  std::vector<std::string> ignore;  // .tauignore patterns
-  std::string canonical_root;       // `root` with its own links resolved, to compare link targets
+  std::vector<IgnoreRule> ignore;  // .tauignore
+  std::string canonical_root;      // `root` with its own links resolved, to compare link targets
   size_t max_bytes = 0;
   CodeWalk out;
 };
 
-bool Ignored(const Walker& w, const std::string& rel, const std::string& base) {
+bool Ignored(const Walker& w, const std::string& rel, const std::string& base, bool is_dir) {
   for (const char* skip : kAlwaysSkipped)
     if (base == skip) return true;
   if (EndsWith(base, ".pyc")) return true;
-  for (const std::string& p : w.ignore) {
-    std::string pat = p;
-    if (!pat.empty() && pat.back() == '/') pat.pop_back();
-    if (fnmatch(pat.c_str(), rel.c_str(), FNM_PATHNAME) == 0 ||
-        fnmatch(pat.c_str(), base.c_str(), 0) == 0)
-      return true;
-  }
-  return false;
+  bool ignored = false;  // the last line that matches decides
+  for (const IgnoreRule& rule : w.ignore)
+    if (RuleMatches(rule, rel, base, is_dir)) ignored = !rule.negate;
+  return ignored;
 }
 
 Status Walk(Walker& w, const std::string& rel_dir) {
@@ -55,7 +104,10 @@ Status Walk(Walker& w, const std::string& rel_dir) {
   std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
     std::string rel = rel_dir.empty() ? name : rel_dir + "/" + name;
-    if (Ignored(w, rel, name)) continue;
+    std::string path = w.root + "/" + rel;
+    struct stat lst;
+    if (::lstat(path.c_str(), &lst) != 0) continue;
+    if (Ignored(w, rel, name, S_ISDIR(lst.st_mode))) continue;
     // The snapshot goes to the server as JSON text, which holds UTF-8 only: a name in another
     // encoding would arrive as a different name.
     if (FindInvalidUtf8(name) != std::string::npos)
@@ -63,9 +115,6 @@ Status Walk(Walker& w, const std::string& rel_dir) {
           fmt::format("'{}' in the code directory {} has a name that is not UTF-8; rename it, or "
                       "list it in .tauignore",
                       Printable(rel), w.root));
-    std::string path = w.root + "/" + rel;
-    struct stat lst;
-    if (::lstat(path.c_str(), &lst) != 0) continue;
     struct stat st = lst;
     if (S_ISLNK(lst.st_mode)) {
       // A link inside the code directory is stored as its target's content. A link that leaves it
@@ -134,12 +183,7 @@ Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes) {
   w.canonical_root = fs::canonical(root, ec).string();
   if (ec)
     return Status(StatusCode::kIo, "cannot read the code directory " + root + ": " + ec.message());
-  if (auto ignore = ReadFile(root + "/.tauignore"); ignore.ok()) {
-    for (std::string line : Split(*ignore, '\n')) {
-      while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
-      if (!line.empty() && line[0] != '#') w.ignore.push_back(line);
-    }
-  }
+  if (auto ignore = ReadFile(root + "/.tauignore"); ignore.ok()) w.ignore = ParseIgnore(*ignore);
   TAU_RETURN_IF_ERROR(Walk(w, ""));
   return std::move(w.out);
 }

@@ -204,6 +204,19 @@ class RunTest(ServerTestCase):
             self.assertIn("lost the connection to the server", err)
             self.assertIn(f"reconnected; following {name} again", err)
 
+    def test_tauignore_follows_gitignore_rules(self):
+        lister = ("import os\nfor d, _, fs in os.walk('.'):\n    for f in fs:\n"
+                  "        print(os.path.relpath(os.path.join(d, f)))\n")
+        files = {"main.py": lister, "logs/x.log": "l", "src/logs/keep.txt": "k", "a.bin": "b",
+                 "deep/er/z.bin": "z", "data/keep.bin": "k", "data/drop.bin": "d", "build": "a file named build",
+                 "out/build/o.txt": "o", "docs/api/index.md": "i", "docs/guide.md": "g", "#notes": "n"}
+        files[".tauignore"] = ("# comments and blank lines are skipped\n\n/logs/\n**/*.bin\n!data/keep.bin\n"
+                               "build/\ndocs/**/*.md\n\\#notes\n")
+        p = self.server.tau("run", self.project(job_spec("ignore"), files), check=0)
+        got = sorted(line for line in p.stdout.splitlines() if line)
+        self.assertEqual(got, sorted([".tauignore", "main.py", "tau.yaml", "src/logs/keep.txt", "data/keep.bin",
+                                      "build"]))  # docs/**/*.md takes docs/guide.md too: ** may be no directory
+
     def test_same_file_submitted_many_times_gets_unique_names(self):
         spec = self.project(job_spec("many"), {"main.py": "print('x')\n"})
         names = {self.server.tau("run", "-d", spec, check=0).stdout.strip() for _ in range(5)}
