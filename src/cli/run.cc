@@ -91,10 +91,11 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
   }
   bool tty = StderrIsTerminal();
   std::fprintf(stderr, "tau: run %s submitted\n", name.c_str());
-  std::snprintf(g_detach_message, sizeof g_detach_message,
-                "\ntau: detached; run %s keeps running. Follow it: tau logs -f %s   Stop it: tau "
-                "cancel %s\n",
-                name.c_str(), name.c_str(), name.c_str());
+  std::snprintf(
+      g_detach_message, sizeof g_detach_message,
+      "\ntau: detached; run %s goes on without this terminal. Follow it: tau logs -f %s   "
+      "Stop it: tau cancel %s\n",
+      name.c_str(), name.c_str(), name.c_str());
   ::signal(SIGINT, OnInterrupt);
   // While it waits for admission, show where it stands (on a terminal only).
   std::string last_line;
@@ -134,6 +135,16 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
                  state == "Cancelled" ? "was cancelled" : "failed", run.value("reason", "").c_str(),
                  detail.c_str());
     std::fprintf(stderr, "tau: details: tau describe %s\n", name.c_str());
+    // Only rank 0's output was streamed here; the rank that failed may be another.
+    int workers = 1;
+    if (auto res = run.find("resources"); res != run.end() && res->is_object()) {
+      auto w = res->find("workers");
+      if (w != res->end() && w->is_number_integer()) workers = w->get<int>();
+    }
+    if (workers > 1)
+      std::fprintf(stderr,
+                   "tau: this terminal showed rank 0; each rank's log: tau logs %s --rank R\n",
+                   name.c_str());
   }
   return ExitCodeOf(run);
 }

@@ -58,6 +58,19 @@ TEST(ClockTest, Durations) {
   EXPECT_EQ(FormatDuration(3723000), "1h2m3s");
 }
 
+TEST(StringsTest, FormatBytes) {
+  EXPECT_EQ(FormatBytes(0), "0 B");
+  EXPECT_EQ(FormatBytes(1023), "1023 B");
+  EXPECT_EQ(FormatBytes(1536), "1.5 KiB");
+  EXPECT_EQ(FormatBytes(int64_t{24683620} * 1024), "24 GiB");
+  EXPECT_EQ(FormatBytes(int64_t{100} << 40), "100 TiB");
+}
+
+TEST(StringsTest, Printable) {
+  EXPECT_EQ(Printable("plain é"), "plain é");
+  EXPECT_EQ(Printable("caf\xe9\n"), "caf\\xe9\\x0a");
+}
+
 TEST(StringsTest, Names) {
   EXPECT_TRUE(IsDns1123Label("my-run-1"));
   EXPECT_FALSE(IsDns1123Label("My-run"));

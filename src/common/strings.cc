@@ -139,6 +139,18 @@ size_t Utf8SequenceLength(std::string_view s, size_t i) {
   return n;
 }
 
+std::string FormatBytes(int64_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (v >= 1024 && unit + 1 < std::size(kUnits)) {
+    v /= 1024;
+    ++unit;
+  }
+  if (unit == 0) return fmt::format("{} B", bytes);
+  return fmt::format("{:.{}f} {}", v, v < 10 ? 1 : 0, kUnits[unit]);
+}
+
 std::string Printable(std::string_view s) {
   std::string out;
   for (size_t i = 0; i < s.size();) {

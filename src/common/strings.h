@@ -1,6 +1,7 @@
 // String helpers shared by the parsers and the CLI.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -29,6 +30,8 @@ std::string ShellQuote(std::string_view s);
 size_t Utf8SequenceLength(std::string_view s, size_t i);
 // The offset of the first byte of `s` that is not valid UTF-8, or npos when all of it is.
 size_t FindInvalidUtf8(std::string_view s);
+// A size for people: "512 B", "1.5 KiB", "23.5 GiB".
+std::string FormatBytes(int64_t bytes);
 // `s` for a message: control characters and bytes that are not valid UTF-8 written as \xNN.
 std::string Printable(std::string_view s);
 // The 1-based line and column (counted in bytes) of `offset` in `text`, for diagnostics.

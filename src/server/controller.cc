@@ -223,12 +223,12 @@ std::string Controller::Refusal(const Resources& need) const {
     return fmt::format("this run asks for {} in all but this machine has only {}",
                        Plural(need.gpus, "GPU", "GPUs"), total_gpus);
   if (need.cpu_milli > cpu_capacity_milli_)
-    return fmt::format("this run asks for {} CPUs but this machine has {}",
-                       Quantity::FromMilli(need.cpu_milli).ToString(), cpu_capacity_milli_ / 1000);
+    return fmt::format("this run asks for {:g} CPUs in all but this machine has {:g}",
+                       static_cast<double>(need.cpu_milli) / 1000,
+                       static_cast<double>(cpu_capacity_milli_) / 1000);
   if (need.memory_bytes > memory_capacity_bytes_)
-    return fmt::format("this run asks for {} of memory but this machine has {}",
-                       Quantity::FromUnits(need.memory_bytes).ToString(),
-                       Quantity::FromUnits(memory_capacity_bytes_).ToString());
+    return fmt::format("this run asks for {} of memory in all but this machine has {}",
+                       FormatBytes(need.memory_bytes), FormatBytes(memory_capacity_bytes_));
   return "";
 }
 

@@ -242,6 +242,14 @@ class RunTest(ServerTestCase):
         self.assertIn("compute.gpus: 0", p.stderr)
         self.assertEqual(json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["total"], 0)
 
+    def test_runs_larger_than_the_machine_are_refused_in_plain_units(self):
+        p = self.server.tau("run", self.project(job_spec("huge", extra="  memory: 100Ti\n"), {"main.py": ""}))
+        self.assertEqual(p.returncode, 125)
+        self.assertRegex(p.stderr, r"asks for 100 TiB of memory in all but this machine has [0-9.]+ [GMT]iB")
+        p = self.server.tau("run", self.project(job_spec("many", extra="  cpus: 4096500m\n"), {"main.py": ""}))
+        self.assertEqual(p.returncode, 125)
+        self.assertRegex(p.stderr, r"asks for 4096.5 CPUs in all but this machine has [0-9]+")
+
 
 class GangTest(ServerTestCase):
     def test_gang_gets_ranks_and_rendezvous(self):
@@ -256,6 +264,12 @@ class GangTest(ServerTestCase):
         self.assertEqual({x["WORLD_SIZE"] for x in ranks}, {"3"})
         self.assertEqual(len({x["MASTER_PORT"] for x in ranks}), 1)
         self.assertEqual(ranks[0]["MASTER_ADDR"], "127.0.0.1")
+
+    def test_attached_gang_failure_points_at_each_ranks_log(self):
+        code = "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(4)\ntime.sleep(60)\n"
+        p = self.server.tau("run", self.project(job_spec("gangtold", workers=2), {"main.py": code}))
+        self.assertEqual(p.returncode, 4, p.stderr)
+        self.assertIn("this terminal showed rank 0; each rank's log: tau logs gangtold-", p.stderr)
 
     def test_one_worker_dies_and_the_gang_is_torn_down(self):
         code = ("import os, sys, time\nr=int(os.environ['RANK'])\n"
