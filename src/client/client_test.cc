@@ -56,6 +56,15 @@ class ScriptedServer {
           got.append(buf, static_cast<size_t>(n));
         }
         if (got.empty()) break;  // the client closed this connection
+        // The body too, so that the answer never comes before the client has sent it all.
+        size_t length_at = got.find("Content-Length: ");
+        size_t body = got.find("\r\n\r\n") + 4;
+        size_t length = length_at == std::string::npos ? 0 : std::stoul(got.substr(length_at + 16));
+        while (got.size() < body + length) {
+          ssize_t n = ::read(c, buf, sizeof buf);
+          if (n <= 0) break;
+          got.append(buf, static_cast<size_t>(n));
+        }
         ++requests_;
         Action a = script_[step++];
         if (a != kCloseWithoutAnswer) {
