@@ -19,7 +19,7 @@ namespace tau::cli {
 int Main(int argc, char** argv) {
   // The attempt supervisor is this same binary; it must start without parsing any flags.
   if (argc == 3 && std::strcmp(argv[1], "__shim") == 0) return runtime::ShimMain(argv[2]);
-  if (argc == 2 && std::strcmp(argv[1], "__zygote") == 0) return runtime::ZygoteMain();
+  if (argc == 2 && std::strcmp(argv[1], "__zygote") == 0) return runtime::ZygoteMain(argv[1]);
   if (argc == 2 && std::strcmp(argv[1], "__gpu-probe") == 0) {
     std::puts(JsonText(health::RunActiveProbe()).c_str());
     return 0;

@@ -209,7 +209,9 @@ class ProcessWatcher {
 // Entry point of `tau __shim DIR`. Returns the shim's exit code.
 int ShimMain(const std::string& attempt_dir);
 // Entry point of `tau __zygote` (its request socket on fd 0). Returns when the socket closes.
-int ZygoteMain();
+// `role_arg` is the process's own argv[1] ("__zygote"): the shims it forks rewrite it to "__shim",
+// so that `ps` tells them from the zygote.
+int ZygoteMain(char* role_arg);
 
 // Where the running tau binary is (/proc/self/exe).
 std::string SelfExecutable();

@@ -828,11 +828,24 @@ class ZygoteTest : public RuntimeTest {
 };
 
 TEST_F(ZygoteTest, ForkedShimRunsTheAttemptInItsOwnSession) {
-  AttemptConfig c = Config({Python("print('hello from a forked shim')")});
+  // The worker takes a moment, so that the shim is still there to be looked at.
+  AttemptConfig c =
+      Config({Python("import time; time.sleep(0.5); print('hello from a forked shim')")});
   ProcessId shim = StartForked(c);
   auto st = internal::ReadProcStat(shim.pid);
   ASSERT_TRUE(st.has_value());
   EXPECT_EQ(st->ppid, zygote_->pid());  // forked, not exec'd by us
+  // Named a shim in `ps` (a child just forked may not have got that far yet).
+  std::string cmdline;
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        auto text = ReadFile("/proc/" + std::to_string(shim.pid) + "/cmdline");
+        cmdline = text.ok() ? *text : "";
+        return cmdline.find(std::string("__shim\0", 7)) != std::string::npos;
+      },
+      2'000))
+      << cmdline;
+  EXPECT_EQ(cmdline.find("__zygote"), std::string::npos);
   AttemptOutcome o = WaitForked(shim, c.attempt_dir);
   EXPECT_EQ(o.kind, OutcomeKind::kSucceeded) << o.message;
   EXPECT_TRUE(Contains(Log(c.attempt_dir, 0), "hello from a forked shim"));

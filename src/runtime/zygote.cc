@@ -15,11 +15,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -99,8 +101,18 @@ bool ReceiveAttempt(int sock, std::string* attempt_dir, int fds[2]) {
 // default signal dispositions, the shim's signal mask, no descriptor but its stdin and its
 // stdout/stderr to shim.log), waits on `request_sock` for its attempt when it is a spare, runs the
 // shim, and exits without returning into the zygote's loop.
+char* g_role_arg = nullptr;  // the zygote's argv[1], rewritten in each shim it forks
+
 [[noreturn]] void BecomeShim(int request_sock, std::string attempt_dir, int stdin_fd, int log_fd) {
   ::setsid();
+  if (g_role_arg != nullptr) {
+    // "__zygote" becomes "__shim" in /proc/PID/cmdline (same memory, padded with NULs), and the
+    // name `top` and `pgrep` show becomes tau-shim.
+    const size_t room = std::strlen(g_role_arg);
+    std::memset(g_role_arg, 0, room);
+    std::memcpy(g_role_arg, "__shim", std::min<size_t>(room, 6));
+    ::prctl(PR_SET_NAME, "tau-shim");
+  }
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; ++sig) {
@@ -180,7 +192,8 @@ ZygoteReply StartShim(const std::string& attempt_dir, std::optional<Spare>* spar
 
 }  // namespace
 
-int ZygoteMain() {
+int ZygoteMain(char* role_arg) {
+  g_role_arg = role_arg;
   const int sock = 0;  // the server's end of the request socket
   sigset_t chld;
   sigemptyset(&chld);
