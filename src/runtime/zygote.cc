@@ -97,12 +97,12 @@ bool ReceiveAttempt(int sock, std::string* attempt_dir, int fds[2]) {
   return true;
 }
 
+char* g_role_arg = nullptr;  // the zygote's argv[1], rewritten in each shim it forks
+
 // In a forked child: becomes the same process an exec'd `tau __shim DIR` would be (own session,
 // default signal dispositions, the shim's signal mask, no descriptor but its stdin and its
 // stdout/stderr to shim.log), waits on `request_sock` for its attempt when it is a spare, runs the
 // shim, and exits without returning into the zygote's loop.
-char* g_role_arg = nullptr;  // the zygote's argv[1], rewritten in each shim it forks
-
 [[noreturn]] void BecomeShim(int request_sock, std::string attempt_dir, int stdin_fd, int log_fd) {
   ::setsid();
   if (g_role_arg != nullptr) {
