@@ -245,6 +245,14 @@ class Walker {
       ctx_.Error(pos, fmt::format("{}: must not contain a NUL character", path));
       return false;
     }
+    // The file is UTF-8, but a double-quoted escape (\x85) can still make a byte that is not.
+    if (size_t bad = FindInvalidUtf8(*out); bad != std::string::npos) {
+      ctx_.Error(pos, fmt::format("{}: byte {} is not UTF-8 text (an escape such as \\x{:02x} "
+                                  "writes one byte; write the character, or \\u{:04x})",
+                                  path, bad, static_cast<unsigned char>((*out)[bad]),
+                                  static_cast<unsigned char>((*out)[bad])));
+      return false;
+    }
     if (out->empty() && !allow_empty) {
       ctx_.Error(pos, fmt::format("{}: must not be empty", path));
       return false;
