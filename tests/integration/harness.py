@@ -38,6 +38,25 @@ def free_port():
     return port
 
 
+def processes_holding(directory):
+    """The pids of processes with a file under `directory` open, or their working directory there."""
+    prefix = directory.rstrip("/") + "/"
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        links = []
+        try:
+            links.append(os.readlink(f"/proc/{entry}/cwd"))
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                links.append(os.readlink(f"/proc/{entry}/fd/{fd}"))
+        except OSError:
+            pass  # gone, or not ours to look at
+        if any((link + "/").startswith(prefix) for link in links):
+            found.append(int(entry))
+    return found
+
+
 def pid_alive(pid):
     try:
         os.kill(pid, 0)
@@ -109,6 +128,13 @@ class TauServer:
             except (ValueError, ProcessLookupError):
                 pass
         subprocess.run(["pkill", "-9", "-f", self.home], check=False)
+        # Shims forked by the zygote carry no path in their command line: find them, and anything
+        # else of this home's, by the files they hold open there.
+        for pid in processes_holding(self.home):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         shutil.rmtree(self.home, ignore_errors=True)
 
     def tau(self, *args, check=None, timeout=60, input=None):
