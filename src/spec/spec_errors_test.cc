@@ -198,6 +198,19 @@ TEST(SpecErrors, DuplicateKeys) {
             std::string::npos);
 }
 
+TEST(SpecErrors, ABadEnvValueDoesNotHideTheOtherEntriesErrors) {
+  std::string errors =
+      Errors(Manifest("runtime:\n"
+                      "  env:\n"
+                      "    GOOD: x\n"
+                      "    NESTED: {a: 1}\n"
+                      "    1BAD: y\n"));
+  EXPECT_NE(errors.find("runtime.env.NESTED: expected a string, got a mapping"), std::string::npos)
+      << errors;
+  EXPECT_NE(errors.find("'1BAD' is not a valid environment variable name"), std::string::npos)
+      << errors;
+}
+
 TEST(SpecErrors, NullsAndWrongContainers) {
   EXPECT_EQ(Errors(Manifest("compute:\n")),
             "tau.yaml:5:1: error: compute: expected a mapping, got null");

@@ -392,9 +392,10 @@ class Walker {
     return ok;
   }
 
+  // Entries that cannot be read are reported and left out; the rest still go to the field's
+  // checks, so one bad value does not hide the errors of its neighbours.
   bool ReadPairs(const FieldDef& def, const YAML::Node& node, Value* v) {
     if (!node.IsMap()) return TypeError(*v, "a mapping", node);
-    bool ok = true;
     std::map<std::string, int> seen;
     for (const auto& entry : node) {
       YAML::Node key = entry.first;
@@ -402,26 +403,21 @@ class Walker {
       Pair pair;
       pair.key_pos = PosOf(key.Mark());
       pair.value_pos = ValuePos(value, pair.key_pos);
-      if (!Text(key, v->path, pair.key_pos, /*allow_empty=*/false, &pair.key)) {
-        ok = false;
-        continue;
-      }
+      if (!Text(key, v->path, pair.key_pos, /*allow_empty=*/false, &pair.key)) continue;
       if (auto dup = seen.find(pair.key); dup != seen.end()) {
         ctx_.Error(pair.key_pos,
                    fmt::format("duplicate field '{}' in '{}' (first given on line {})", pair.key,
                                v->path, dup->second));
-        ok = false;
         continue;
       }
       seen[pair.key] = pair.key_pos.line;
       if (!Text(value, Qualified(v->path, Printable(pair.key)), pair.value_pos, def.allow_empty,
                 &pair.value)) {
-        ok = false;
         continue;
       }
       v->pairs.push_back(std::move(pair));
     }
-    return ok;
+    return true;
   }
 
   bool ReadObjectList(const FieldDef& def, const YAML::Node& node, Value* v) {
