@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/files.h"
@@ -104,6 +106,27 @@ TEST(FilesTest, AtomicWriteAndRead) {
   EXPECT_EQ(ReadFile(dir + "/missing").status().code(), StatusCode::kNotFound);
   EXPECT_TRUE(RemoveTree(dir).ok());
   EXPECT_FALSE(PathExists(dir));
+}
+
+TEST(FilesTest, AbandonedTemporariesOfDeadWritersAreRemoved) {
+  std::string dir = ::testing::TempDir() + "/tau_files_temporaries";
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);  // now a pid of nobody's
+  const std::string dead = dir + "/f.tmp." + std::to_string(child);
+  const std::string live = dir + "/f.tmp." + std::to_string(::getpid());
+  const std::string other = dir + "/f.tmp.notapid";
+  const std::string sibling = dir + "/g.tmp." + std::to_string(child);
+  for (const std::string& path : {dead, live, other, sibling})
+    ASSERT_TRUE(WriteFileAtomic(path, "x").ok());
+  RemoveAbandonedTemporaries(dir + "/f");
+  EXPECT_FALSE(PathExists(dead));
+  EXPECT_TRUE(PathExists(live));
+  EXPECT_TRUE(PathExists(other));
+  EXPECT_TRUE(PathExists(sibling));
+  EXPECT_TRUE(RemoveTree(dir).ok());
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 #include "common/files.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -113,6 +115,22 @@ Status WriteFileAtomic(const std::string& path, std::string_view content, int mo
   if (durability != Durability::kSynced) return Status::Ok();
   std::string dir = std::filesystem::path(path).parent_path().string();
   return FsyncDir(dir.empty() ? "." : dir);
+}
+
+void RemoveAbandonedTemporaries(const std::string& path) {
+  std::filesystem::path target(path);
+  std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string pid_text = name.substr(prefix.size());
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long pid = std::strtol(pid_text.c_str(), nullptr, 10);
+    if (pid <= 0 || pid > INT32_MAX) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) ::unlink(entry.path().c_str());
+  }
 }
 
 Status MakeDirs(const std::string& path, int mode) {

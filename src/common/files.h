@@ -30,6 +30,9 @@ enum class Durability {
 // directory after.
 Status WriteFileAtomic(const std::string& path, std::string_view content, int mode = 0644,
                        Durability durability = Durability::kSynced);
+// Removes the temporary files WriteFileAtomic(path) leaves behind when its writer is killed
+// between creating and renaming one (`path.tmp.PID` of a process that no longer exists).
+void RemoveAbandonedTemporaries(const std::string& path);
 // mkdir -p with the given mode for the directories it creates.
 Status MakeDirs(const std::string& path, int mode = 0755);
 // Removes a tree; a missing path is not an error.

@@ -306,6 +306,8 @@ int RunServer(const ServerOptions& options) {
                                [&] { return housekeeping_stop; });
     }
   });
+  // A server killed while writing its pid file left the temporary behind.
+  RemoveAbandonedTemporaries(options.home + "/server.pid");
   (void)WriteFileAtomic(options.home + "/server.pid", std::to_string(::getpid()) + "\n");
 
   std::thread signal_thread([&] {
