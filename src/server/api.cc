@@ -500,6 +500,14 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
                if (*attempt > run->attempts && !BoolParam(req, "follow"))
                  return ReplyError(res, NotFound(fmt::format("run '{}' has {} attempt(s), not {}",
                                                              name, run->attempts, *attempt)));
+               int64_t workers = 1;
+               if (auto w = run->resources.find("workers");
+                   w != run->resources.end() && w->is_number_integer())
+                 workers = std::max<int64_t>(1, w->get<int64_t>());
+               if (*rank >= workers)
+                 return ReplyError(res, NotFound(fmt::format(
+                                            "run '{}' has {} worker(s): rank takes 0 to {}, not {}",
+                                            name, workers, workers - 1, *rank)));
                auto secrets = SecretValuesOf(store, *run);
                if (!secrets.ok()) return ReplyError(res, secrets.status());
                auto skip = IntParam(req, "skip", 0, 0, INT64_MAX);

@@ -11,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -23,10 +24,16 @@
 namespace tau::server {
 namespace {
 
+// Per kind of listener: clients on the network cannot take the local CLI's connections.
 constexpr int kMaxConnections = 512;
 constexpr size_t kMaxHeaderBytes = 64 * 1024;
 constexpr int kIdleTimeoutMs = 30000;  // a kept-alive connection with no request
 constexpr int kIoTimeoutMs = 30000;    // a request or response that makes no progress
+// A request's headers must arrive within this long of its first byte, and its body at no less than
+// kMinBodyBytesPerSecond after a first kIoTimeoutMs: a client that trickles bytes cannot hold a
+// connection forever.
+constexpr int kHeaderDeadlineMs = 30000;
+constexpr size_t kMinBodyBytesPerSecond = 64 * 1024;
 // A TLS client gets this long to finish its handshake: a silent one must not pin a thread.
 constexpr int kHandshakeTimeoutMs = 10000;
 
@@ -52,6 +59,8 @@ const char* Reason(int status) {
       return "Not Found";
     case 405:
       return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
     case 409:
       return "Conflict";
     case 411:
@@ -176,6 +185,29 @@ class Conn : public ChunkSink {
   std::string buf_;
 };
 
+// Where the header section ends: the first empty line, whether lines end in CRLF or (as RFC 9112
+// lets a server accept) a bare LF. Returns the header text's length and sets `consumed` to the
+// bytes up to the body; npos while the section is incomplete.
+size_t HeaderEnd(const std::string& buf, size_t* consumed) {
+  for (size_t p = buf.find('\n'); p != std::string::npos; p = buf.find('\n', p + 1)) {
+    if (p + 1 < buf.size() && buf[p + 1] == '\n') {
+      *consumed = p + 2;
+      return p;
+    }
+    if (p + 2 < buf.size() && buf[p + 1] == '\r' && buf[p + 2] == '\n') {
+      *consumed = p + 3;
+      return p;
+    }
+  }
+  return std::string::npos;
+}
+
+int64_t SteadyMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 void ParseQuery(std::string_view q, std::map<std::string, std::string>* out) {
   for (const std::string& pair : Split(q, '&')) {
     if (pair.empty()) continue;
@@ -215,7 +247,7 @@ std::string PercentDecode(std::string_view s, bool plus_is_space) {
   return out;
 }
 
-HttpServer::HttpServer() {
+HttpServer::HttpServer() : limits_{kMaxConnections, kHeaderDeadlineMs} {
   if (::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) wake_pipe_[0] = wake_pipe_[1] = -1;
 }
 
@@ -313,7 +345,8 @@ void HttpServer::Serve() {
       if (conn < 0) continue;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        if (active_connections_ >= kMaxConnections) {
+        int& of_kind = listen_is_unix_[i] ? local_connections_ : network_connections_;
+        if (of_kind >= limits_.max_connections) {
           // Too many clients: refuse this one rather than let the server fall over.
           std::string busy = ErrorBody("Unavailable", "the server is at its connection limit");
           std::string msg = fmt::format(
@@ -325,6 +358,7 @@ void HttpServer::Serve() {
           ::close(conn);
           continue;
         }
+        ++of_kind;
         ++active_connections_;
       }
       if (!listen_is_unix_[i]) {
@@ -353,11 +387,17 @@ void HttpServer::Dispatch(HttpRequest& req, HttpResponse& res) {
 
 void HttpServer::DispatchRoute(HttpRequest& req, HttpResponse& res, std::string* route_name) {
   bool path_known = false;
+  std::string allow;  // the methods the path has, for a 405's Allow field
   for (const Route_& route : routes_) {
     std::smatch m;
     if (!std::regex_match(req.path, m, route.pattern)) continue;
     path_known = true;
-    if (route.method != req.method) continue;
+    if (route.method != req.method) {
+      if (allow.find(route.method) == std::string::npos)
+        allow +=
+            (allow.empty() ? "" : ", ") + route.method + (route.method == "GET" ? ", HEAD" : "");
+      continue;
+    }
     req.matches.clear();
     for (const auto& group : m) req.matches.push_back(group.str());
     *route_name = route.pattern_text;
@@ -366,6 +406,7 @@ void HttpServer::DispatchRoute(HttpRequest& req, HttpResponse& res, std::string*
   }
   if (path_known) {
     res.status = 405;
+    res.headers_out.emplace_back("Allow", allow);
     res.set_content(
         ErrorBody("MethodNotAllowed", fmt::format("{} is not allowed on {}", req.method, req.path)),
         "application/json");
@@ -384,6 +425,7 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
     ::shutdown(fd, SHUT_RDWR);
     ::close(fd);
     std::lock_guard<std::mutex> lock(mu_);
+    --(is_unix ? local_connections_ : network_connections_);
     --active_connections_;
     idle_cv_.notify_all();
   });
@@ -414,26 +456,34 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
   std::string& buf = conn.buf();
   bool keep_alive = true;
   while (keep_alive && !stopping_.load()) {
-    // Headers.
-    size_t end;
-    bool first = true;
-    while ((end = buf.find("\r\n\r\n")) == std::string::npos) {
-      if (buf.size() > kMaxHeaderBytes) {
-        reply_error(431, "RequestTooLarge", "request headers exceed 64 KiB");
+    // Headers: the idle wait for a first byte, then a deadline for the whole section.
+    size_t end, consumed = 0;
+    const int header_deadline_ms = limits_.header_deadline_ms;
+    int64_t deadline = buf.empty() ? -1 : SteadyMillis() + header_deadline_ms;
+    while ((end = HeaderEnd(buf, &consumed)) == std::string::npos) {
+      if (buf.size() > kMaxHeaderBytes) break;
+      int64_t left = deadline < 0 ? kIdleTimeoutMs : deadline - SteadyMillis();
+      if (left <= 0) {
+        reply_error(408, "RequestTimeout",
+                    fmt::format("request headers took longer than {} ms", header_deadline_ms));
         keep_alive = false;
         break;
       }
-      if (!conn.Fill(first && buf.empty() ? kIdleTimeoutMs : kIoTimeoutMs)) {
+      if (!conn.Fill(static_cast<int>(std::min<int64_t>(left, kIoTimeoutMs)))) {
         keep_alive = false;
         break;
       }
-      first = false;
+      if (deadline < 0) deadline = SteadyMillis() + header_deadline_ms;
     }
     if (!keep_alive) break;
+    if (end == std::string::npos || end > kMaxHeaderBytes) {
+      reply_error(431, "RequestTooLarge", "request headers exceed 64 KiB");
+      break;
+    }
     HttpRequest req;
     req.peer_uid = peer_uid;
     std::vector<std::string> lines = Split(std::string_view(buf).substr(0, end), '\n');
-    buf.erase(0, end + 4);
+    buf.erase(0, consumed);
     for (std::string& l : lines)
       if (!l.empty() && l.back() == '\r') l.pop_back();
     std::vector<std::string> parts = Split(lines[0], ' ');
@@ -447,21 +497,32 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
     size_t q = parts[1].find('?');
     req.path = PercentDecode(std::string_view(parts[1]).substr(0, q), false);
     if (q != std::string::npos) ParseQuery(std::string_view(parts[1]).substr(q + 1), &req.params);
-    bool bad_header = false;
-    for (size_t i = 1; i < lines.size(); ++i) {
+    std::string bad_header;
+    for (size_t i = 1; i < lines.size() && bad_header.empty(); ++i) {
       size_t colon = lines[i].find(':');
       if (colon == std::string::npos || colon == 0) {
-        bad_header = true;
+        bad_header = "malformed header line";
         break;
       }
       std::string name = lines[i].substr(0, colon);
       for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       size_t v = colon + 1;
       while (v < lines[i].size() && (lines[i][v] == ' ' || lines[i][v] == '\t')) ++v;
-      req.headers[name] = lines[i].substr(v);
+      std::string value = lines[i].substr(v);
+      while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.pop_back();
+      auto [it, added] = req.headers.emplace(name, value);
+      if (added) continue;
+      // Two lengths that disagree make the body's end ambiguous (RFC 9112 6.3): a proxy and this
+      // server could split the stream differently. Other repeated fields join as a list.
+      if (name == "content-length" || name == "host") {
+        if (it->second != value)
+          bad_header = "conflicting " + lines[i].substr(0, colon) + " fields";
+      } else {
+        it->second += ", " + value;
+      }
     }
-    if (bad_header) {
-      reply_error(400, "BadRequest", "malformed header line");
+    if (!bad_header.empty()) {
+      reply_error(400, "BadRequest", bad_header);
       break;
     }
     std::string connection = req.headers["connection"];
@@ -494,8 +555,18 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
     if (length > 0 && req.headers["expect"] == "100-continue" && buf.empty())
       conn.Send("HTTP/1.1 100 Continue\r\n\r\n");
     bool complete = true;
+    const int64_t body_deadline = SteadyMillis() + kIoTimeoutMs +
+                                  static_cast<int64_t>(length / kMinBodyBytesPerSecond) * 1000;
     while (buf.size() < length) {
-      if (!conn.Fill(kIoTimeoutMs)) {
+      int64_t left = body_deadline - SteadyMillis();
+      if (left <= 0) {
+        reply_error(
+            408, "RequestTimeout",
+            fmt::format("request body arrived too slowly ({} of {} bytes)", buf.size(), length));
+        complete = false;
+        break;
+      }
+      if (!conn.Fill(static_cast<int>(std::min<int64_t>(left, kIoTimeoutMs)))) {
         // The client may still read after half-closing: tell it what went wrong.
         reply_error(400, "BadRequest",
                     fmt::format("request body ended after {} of {} bytes", buf.size(), length));
@@ -507,6 +578,9 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
     req.body = buf.substr(0, length);
     buf.erase(0, length);
 
+    // HEAD is GET without the body (RFC 9110 9.3.2): the same status and headers.
+    const bool head_only = req.method == "HEAD";
+    if (head_only) req.method = "GET";
     HttpResponse res;
     try {
       Dispatch(req, res);
@@ -527,11 +601,12 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
         head += fmt::format("{}: {}\r\n", name, value);
     if (!res.stream) {
       head += fmt::format("Content-Length: {}\r\n\r\n", res.body.size());
-      if (!conn.Send(head) || !conn.Send(res.body)) break;
+      if (!conn.Send(head) || (!head_only && !conn.Send(res.body))) break;
       continue;
     }
     head += "Transfer-Encoding: chunked\r\n\r\n";
     if (!conn.Send(head)) break;
+    if (head_only) continue;
     bool ok = true;
     while (ok && !stopping_.load()) {
       if (!res.stream(conn)) break;

@@ -75,6 +75,13 @@ class HttpServer {
   // Routes are tried in the order added; `pattern` must match the whole path.
   void Route(const std::string& method, const std::string& pattern, HttpHandler handler);
   void set_max_body_bytes(size_t n) { max_body_bytes_ = n; }
+  // Limits against clients that hold connections (defaults in http.cc; tests lower them). Set
+  // before Serve(). Connections are counted apart for the Unix socket and for TCP listeners.
+  struct Limits {
+    int max_connections;     // per kind of listener
+    int header_deadline_ms;  // from a request's first byte to the end of its headers
+  };
+  void set_limits(Limits limits) { limits_ = limits; }
   // Called after each handler with the route's pattern ("unmatched" for 404/405), the status and
   // the handling time in seconds. Set before Serve().
   using Observer = std::function<void(const std::string& method, const std::string& route,
@@ -107,6 +114,7 @@ class HttpServer {
   std::vector<Route_> routes_;
   Observer observer_;
   size_t max_body_bytes_ = 1 << 20;
+  Limits limits_;
   std::vector<int> listen_fds_;
   std::vector<bool> listen_is_unix_;
   std::vector<std::shared_ptr<tls::ServerContext>> listen_tls_;  // null: plain
@@ -116,7 +124,9 @@ class HttpServer {
   std::atomic<bool> stopping_{false};
   std::mutex mu_;
   std::condition_variable idle_cv_;
-  int active_connections_ = 0;  // GUARDED_BY(mu_)
+  int active_connections_ = 0;   // GUARDED_BY(mu_)
+  int local_connections_ = 0;    // GUARDED_BY(mu_): on the Unix socket
+  int network_connections_ = 0;  // GUARDED_BY(mu_): on TCP listeners
 };
 
 // Percent-decoding ('+' is a space only in query strings).
