@@ -267,6 +267,11 @@ Status StopAttempt(const ProcessId& shim, const std::string& attempt_dir) {
   return KillOrphanedWorkers(shim, attempt_dir);
 }
 
+Status KillAttempt(const ProcessId& shim, const std::string& attempt_dir) {
+  internal::SignalIfSame(shim, SIGKILL);
+  return KillOrphanedWorkers(shim, attempt_dir);
+}
+
 SupervisorState ProbeSupervisor(const std::string& attempt_dir, ProcessId* live) {
   std::string path = attempt_dir + "/" + kSupervisorLockFile;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -138,8 +138,9 @@ class Zygote {
   Zygote& operator=(const Zygote&) = delete;
 
   // Forks a shim for the attempt in `attempt_dir`. Unavailable once the zygote has died or stopped
-  // answering (for 10 s); it is not restarted.
+  // answering (for 2 s); from then on it is broken for good, and its owner may start another.
   Result<ProcessId> StartShim(const std::string& attempt_dir);
+  bool broken();
   int pid() const { return pid_; }
 
  private:
@@ -159,6 +160,9 @@ Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& t
 // Asks the shim to stop the attempt (SIGTERM to the shim; it stops workers with the grace period).
 // When the shim is gone, kills whatever worker processes state.json lists that are still alive.
 Status StopAttempt(const ProcessId& shim, const std::string& attempt_dir);
+// Kills the shim and every worker process state.json lists, at once: for a shim that does not
+// stop when asked (stopped with SIGSTOP, or stuck).
+Status KillAttempt(const ProcessId& shim, const std::string& attempt_dir);
 
 enum class OutcomeKind {
   kSucceeded,    // every worker exited 0

@@ -904,6 +904,36 @@ TEST_F(ZygoteTest, AGoneZygoteFallsBackToExec) {
   EXPECT_FALSE(internal::ReadProcStat(zygote_->pid()).has_value());
 }
 
+TEST_F(ZygoteTest, AStoppedZygoteIsGivenUpWithinSecondsAndTheAttemptStillRuns) {
+  ASSERT_EQ(::kill(zygote_->pid(), SIGSTOP), 0);
+  AttemptConfig c = Config({Python("print('ran without the zygote')")});
+  const int64_t t0 = MonotonicMillis();
+  auto shim = StartAttempt(c, TAU_TEST_SHIM_PATH, zygote_.get());
+  const int64_t waited = MonotonicMillis() - t0;
+  ASSERT_TRUE(shim.ok()) << shim.status().ToString();
+  shims_.push_back(*shim);
+  EXPECT_GE(waited, 1'500);
+  EXPECT_LT(waited, 5'000);  // not the caller's whole patience
+  EXPECT_TRUE(zygote_->broken());
+  EXPECT_EQ(Wait(*shim, c.attempt_dir).kind, OutcomeKind::kSucceeded);
+  EXPECT_FALSE(internal::ReadProcStat(zygote_->pid()).has_value());  // killed and reaped
+}
+
+TEST_F(ZygoteTest, KillAttemptEndsAStoppedShimAndItsWorkers) {
+  AttemptConfig c = Config({Shell("echo started; sleep 60")});
+  ProcessId shim = StartForked(c);
+  ASSERT_TRUE(WaitForLog(c.attempt_dir, 0, "started"));
+  ASSERT_EQ(::kill(shim.pid, SIGSTOP), 0);
+  // Asking is not enough: a stopped shim never passes the request on.
+  ASSERT_TRUE(StopAttempt(shim, c.attempt_dir).ok());
+  ::usleep(300'000);
+  EXPECT_FALSE(SessionMembers(shim.pid).empty());
+  ASSERT_TRUE(KillAttempt(shim, c.attempt_dir).ok());
+  EXPECT_TRUE(WaitUntil([&] { return Gone(shim); }, 3'000));
+  EXPECT_TRUE(WaitUntil([&] { return SessionMembers(shim.pid).empty(); }, 3'000));
+  EXPECT_FALSE(ReadOutcome(c.attempt_dir).ok());  // it never got to write one
+}
+
 TEST_F(ZygoteTest, AnAttemptDirectoryThatCannotHoldTheLogIsAnError) {
   auto shim = zygote_->StartShim(root_ + "/no-such-dir");
   ASSERT_FALSE(shim.ok());

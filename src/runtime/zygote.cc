@@ -46,6 +46,9 @@ struct ZygoteReply {
 // kept off the path of the attempt that just started, which on a small machine shares the CPUs.
 constexpr int kRefillDelayMs = 20;
 
+// How long the server waits for the zygote's answer before it gives up on it.
+constexpr int kAnswerTimeoutMs = 2'000;
+
 // One message of the zygote to a spare: the attempt directory as the payload, the shim's stdin
 // and its stdout/stderr (shim.log) as SCM_RIGHTS descriptors.
 class AttemptMessage {
@@ -257,6 +260,11 @@ Zygote::~Zygote() {
   if (!broken_) ::waitpid(pid_, nullptr, 0);  // a broken one was reaped already
 }
 
+bool Zygote::broken() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_;
+}
+
 Result<ProcessId> Zygote::StartShim(const std::string& attempt_dir) {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_) return Unavailable("the zygote is gone");
@@ -269,18 +277,23 @@ Result<ProcessId> Zygote::StartShim(const std::string& attempt_dir) {
     // pays for an exec.
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
-    std::fprintf(stderr, "tau: %s; shims are exec'd from now on\n", gone.message().c_str());
+    std::fprintf(stderr, "tau: %s; shims are exec'd until another zygote starts\n",
+                 gone.message().c_str());
     return gone;
   };
   if (::send(sock_, attempt_dir.data(), attempt_dir.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(attempt_dir.size()))
     return fail("took no request", errno);
-  // A fork takes milliseconds; a zygote that is stopped or stuck must not hold the caller forever.
+  // A fork takes milliseconds; a zygote that is stopped or stuck must not hold the caller (the
+  // server's decision loop) for long. If it was merely slow and its shim starts after all, the
+  // supervisor lock keeps the attempt to one shim, and the server follows whichever holds it.
   pollfd pfd{sock_, POLLIN, 0};
   int ready;
-  while ((ready = ::poll(&pfd, 1, 10'000)) < 0 && errno == EINTR) {
+  while ((ready = ::poll(&pfd, 1, kAnswerTimeoutMs)) < 0 && errno == EINTR) {
   }
-  if (ready <= 0) return fail("did not answer within 10 s", ready < 0 ? errno : ETIMEDOUT);
+  if (ready <= 0)
+    return fail("did not answer within " + std::to_string(kAnswerTimeoutMs / 1000) + " s",
+                ready < 0 ? errno : ETIMEDOUT);
   ZygoteReply reply;
   ssize_t n = ::recv(sock_, &reply, sizeof reply, 0);
   if (n != sizeof reply) return fail("did not answer", n < 0 ? errno : EPIPE);

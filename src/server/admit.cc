@@ -298,6 +298,9 @@ void Controller::HandlePreemption(const admission::PreemptedInfo& p, Batch* batc
   }
   ActiveRun& run = it->second;
   RunRecord& r = run.record;
+  // Already being stopped for a preemption that the engine, rebuilt after a restart, has just
+  // decided again.
+  if (run.shim && !run.preempted_by.empty()) return;
   Count("tau_preemptions_total", {{"cluster_queue", p.queue}, {"reason", p.reason}});
   std::string message =
       fmt::format("preempted by {} ({}) in queue {}", p.preemptor, p.reason, p.queue);
@@ -314,11 +317,7 @@ void Controller::HandlePreemption(const admission::PreemptedInfo& p, Batch* batc
     // WaitingForPreemptedWorkloads): never two runs on the same GPUs.
     run.preempted_by = p.preemptor;
     run.preemption_reason = p.reason;
-    auto attempts = store_->ListAttempts(r.name);
-    std::string dir = attempts.ok() && !attempts->empty() ? attempts->back().dir : "";
-    Status s = runtime::StopAttempt(*run.shim, dir);
-    if (!s.ok())
-      std::fprintf(stderr, "tau server: preempt %s: %s\n", r.name.c_str(), s.ToString().c_str());
+    StopAfterCommit(r.name);
     return;
   }
   // Held quota without processes (reserved, or admitted and not started): give it back now.

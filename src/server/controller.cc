@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -137,15 +138,7 @@ Status Controller::Start() {
   });
   if (!watcher.ok()) return watcher.status();
   watcher_ = std::move(*watcher);
-  if (!options_.cluster) {
-    auto zygote = runtime::Zygote::Start(options_.tau_binary);
-    if (zygote.ok()) {
-      zygote_ = std::move(*zygote);
-    } else {
-      std::fprintf(stderr, "tau server: shims will be exec'd, not forked: %s\n",
-                   zygote.status().ToString().c_str());
-    }
-  }
+  if (!options_.cluster) StartZygote();
   TAU_RETURN_IF_ERROR(LoadPlatformFile());
   RebuildEngine();
   std::set<AttemptKey> on_cluster;
@@ -176,6 +169,18 @@ Status Controller::Start() {
   evidence_thread_ = std::thread(&Controller::EvidenceWorker, this);
   thread_ = std::thread(&Controller::Loop, this);
   return Status::Ok();
+}
+
+void Controller::StartZygote() {
+  auto zygote = runtime::Zygote::Start(options_.tau_binary);
+  if (!zygote.ok()) {
+    std::fprintf(stderr, "tau server: shims will be exec'd, not forked: %s\n",
+                 zygote.status().ToString().c_str());
+    return;
+  }
+  if (zygote_)
+    std::fprintf(stderr, "tau server: started another zygote (pid %d)\n", (*zygote)->pid());
+  zygote_ = std::move(*zygote);
 }
 
 void Controller::Stop() {
@@ -466,14 +471,10 @@ void Controller::HandleGpuNews(const GpuNews& news, Batch* batch) {
                              NowMillis(),
                              "GPUError",
                              run.gpu_error + "; stopping the attempt",
-                             {{"gpu", news.gpu}},
+                             {{"gpu", news.gpu}, {"error", run.gpu_error}},
                              "",
                              ""});
-    auto attempts = store_->ListAttempts(name);
-    std::string dir = attempts.ok() && !attempts->empty() ? attempts->back().dir : "";
-    Status s = runtime::StopAttempt(*run.shim, dir);
-    if (!s.ok())
-      std::fprintf(stderr, "tau server: stop %s: %s\n", name.c_str(), s.ToString().c_str());
+    StopAfterCommit(name);
   }
 }
 
@@ -695,6 +696,7 @@ void Controller::Recover(Batch* batch, const std::set<AttemptKey>& on_cluster) {
     if (!attempts.ok() || attempts->empty() || attempts->back().state == AttemptState::kFinished)
       continue;
     AttemptRecord last = attempts->back();
+    RestoreStopRequest(run, last.started_ms);
     runtime::ProcessId shim{last.shim_pid, last.shim_start_time};
     bool alive = last.shim_pid > 0 && runtime::IsAlive(shim);
     if (last.shim_pid == 0) {
@@ -720,6 +722,9 @@ void Controller::Recover(Batch* batch, const std::set<AttemptKey>& on_cluster) {
       run.shim = shim;  // re-adopted: the attempt kept running while the server was away
       Status s = watcher_->Watch(record.name, shim);
       if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
+      // Asked to stop before the restart: the request may never have reached it.
+      if (run.record.cancel_requested || !run.preempted_by.empty() || !run.gpu_error.empty())
+        StopAfterCommit(record.name);
       continue;
     }
     if (runtime::ReadOutcome(last.dir).ok()) {
@@ -734,6 +739,24 @@ void Controller::Recover(Batch* batch, const std::set<AttemptKey>& on_cluster) {
     run.shim.reset();
     LoseAttempt(run, last, "the attempt's processes vanished while the server was down", batch);
     if (store::IsTerminal(run.record.state)) active_.erase(record.name);
+  }
+}
+
+void Controller::RestoreStopRequest(ActiveRun& run, int64_t attempt_started_ms) {
+  auto events = store_->ListEvents(run.record.name);
+  if (!events.ok()) return;
+  auto text = [](const Event& e, const char* key, const std::string& fallback) {
+    auto it = e.data.find(key);
+    return it != e.data.end() && it->is_string() ? it->get<std::string>() : fallback;
+  };
+  for (const Event& e : *events) {
+    if (e.ts_ms < attempt_started_ms) continue;
+    if (e.type == "Preempted") {
+      run.preempted_by = text(e, "preemptor", "another run");
+      run.preemption_reason = text(e, "reason", "");
+    } else if (e.type == "GPUError") {
+      run.gpu_error = text(e, "error", e.message);
+    }
   }
 }
 
@@ -787,9 +810,11 @@ void Controller::Loop() {
     } else {
       AdmitQueued(&batch, &to_start);
     }
+    EscalateStops(&batch);
     // Durable first: admissions, exits, cancels and new attempts are committed before any process
-    // is started or any object created on the cluster.
+    // is started or stopped, or any object created on the cluster.
     CommitOrDie(std::move(batch));
+    StopCommitted();
     Batch started;
     for (const std::string& name : to_start) StartAttempt(name, &started);
     for (const std::string& name : to_launch) LaunchOnCluster(name, &started);
@@ -811,15 +836,63 @@ void Controller::Loop() {
   }
 }
 
-// How long the loop may sleep: until the earliest retry's backoff ends, at most a second.
+// How long the loop may sleep: until the earliest retry's backoff ends or stop request expires, at
+// most a second.
 int64_t Controller::NextWakeMillis() const {
   int64_t now = NowMillis();
   int64_t wake = 1000;
   for (const auto& [name, run] : active_) {
     if (run.record.state == RunState::kQueued && run.record.not_before_ms)
       wake = std::min(wake, std::max<int64_t>(0, *run.record.not_before_ms - now));
+    if (run.stop_deadline_ms >= 0)
+      wake = std::min(wake, std::max<int64_t>(0, run.stop_deadline_ms - now));
   }
   return wake;
+}
+
+void Controller::StopAfterCommit(const std::string& name) { stops_.push_back(name); }
+
+void Controller::StopCommitted() {
+  for (const std::string& name : std::exchange(stops_, {})) {
+    auto it = active_.find(name);
+    if (it == active_.end() || !it->second.shim) continue;
+    ActiveRun& run = it->second;
+    auto attempts = store_->ListAttempts(name);
+    std::string dir = attempts.ok() && !attempts->empty() ? attempts->back().dir : "";
+    Status s = runtime::StopAttempt(*run.shim, dir);
+    if (!s.ok())
+      std::fprintf(stderr, "tau server: stop %s: %s\n", name.c_str(), s.ToString().c_str());
+    // The shim gives its workers the grace period; one that is itself stopped or stuck never
+    // ends them, so the server does, a little after the shim should have.
+    if (run.stop_deadline_ms < 0)
+      run.stop_deadline_ms = NowMillis() + options_.stop_grace_ms + kStopMarginMs;
+  }
+}
+
+void Controller::EscalateStops(Batch* batch) {
+  const int64_t now = NowMillis();
+  for (auto& [name, run] : active_) {
+    if (!run.shim || run.stop_deadline_ms < 0 || now < run.stop_deadline_ms) continue;
+    run.stop_deadline_ms = now + kStopMarginMs;  // until the watcher reports the exit
+    auto attempts = store_->ListAttempts(name);
+    std::string dir = attempts.ok() && !attempts->empty() ? attempts->back().dir : "";
+    batch->events.push_back(
+        {0,
+         name,
+         now,
+         "StopForced",
+         fmt::format("the attempt's supervisor (pid {}) did not end the attempt within {} of the "
+                     "request; killing it and the attempt's processes",
+                     run.shim->pid, FormatDuration(options_.stop_grace_ms + kStopMarginMs)),
+         {{"shim_pid", run.shim->pid}},
+         "",
+         ""});
+    // Killed at once rather than after the commit: the event only explains, and a stuck
+    // supervisor must not hold GPUs any longer than it has.
+    Status s = runtime::KillAttempt(*run.shim, dir);
+    if (!s.ok())
+      std::fprintf(stderr, "tau server: kill %s: %s\n", name.c_str(), s.ToString().c_str());
+  }
 }
 
 Status Controller::CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,
@@ -974,6 +1047,13 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
   config.max_runtime_ms = run.spec.max_runtime_ms;
   config.stop_grace_ms = options_.stop_grace_ms;
   auto shim = runtime::StartAttempt(config, options_.tau_binary, zygote_.get());
+  // A zygote that died or got stuck is replaced at once, so that later attempts are forked again;
+  // if its replacements keep breaking, a new one is tried at most every 10 s.
+  if (zygote_ && zygote_->broken() &&
+      (zygote_restarted_ms_ == 0 || NowMillis() - zygote_restarted_ms_ >= 10'000)) {
+    zygote_restarted_ms_ = NowMillis();
+    StartZygote();
+  }
   if (!shim.ok()) return fail("SetupError", shim.status().message());
   run.shim = *shim;
   a.state = AttemptState::kRunning;
@@ -1030,20 +1110,56 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   PollMetrics(name, a.number);
   MaskSecretsInLogs(run, a);
 
-  run.shim.reset();
   auto outcome = runtime::ReadOutcome(a.dir);
+  if (!outcome.ok()) {
+    // The supervisor we watched is gone without a result. Another one may hold the attempt (a shim
+    // exec'd after the zygote stopped answering, while the zygote's fork went ahead): follow it.
+    runtime::ProcessId other;
+    if (runtime::ProbeSupervisor(a.dir, &other) == runtime::SupervisorState::kAlive &&
+        other.pid != a.shim_pid && runtime::IsAlive(other)) {
+      a.shim_pid = other.pid;
+      a.shim_start_time = other.start_time;
+      batch->attempts.push_back(a);
+      run.shim = other;
+      Status s = watcher_->Watch(name, other);
+      if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
+      return;
+    }
+  }
+  run.shim.reset();
+  run.stop_deadline_ms = -1;
   a.state = AttemptState::kFinished;
   a.ended_ms = NowMillis();
+  // Why the server stopped the attempt, if it did: that, not how the processes ended, classes it.
+  std::string stop_reason, stop_message;
+  if (r.cancel_requested) {
+    stop_reason = "Cancelled";
+  } else if (!run.preempted_by.empty()) {
+    // Stopped to make room for a run the admission engine chose over it.
+    stop_reason = "Preempted";
+    stop_message = fmt::format("preempted by {} ({})", run.preempted_by, run.preemption_reason);
+  } else if (!run.gpu_error.empty()) {
+    // Stopped (or crashed) because its GPU failed: not the job's fault.
+    stop_reason = "GPUError";
+    stop_message = run.gpu_error;
+  }
+  run.gpu_error.clear();
+  run.preempted_by.clear();
+  run.preemption_reason.clear();
   if (!outcome.ok()) {
-    // The supervisor died without a result (killed from outside): make sure nothing of it survives.
+    // The supervisor died without a result (killed from outside, or by us when it would not
+    // stop): make sure nothing of it survives.
     (void)runtime::StopAttempt({a.shim_pid, a.shim_start_time}, a.dir);
     a.outcome = "Lost";
-    a.reason = r.cancel_requested ? "Cancelled" : "NodeLost";
-    a.message = "the attempt's supervisor exited without recording a result";
+    a.reason = stop_reason.empty() ? "NodeLost" : stop_reason;
+    a.message = stop_message.empty() ? "the attempt's supervisor exited without recording a result"
+                                     : stop_message;
     batch->attempts.push_back(a);
     CountAttempt(a);
-    if (r.cancel_requested)
-      Finish(run, RunState::kCancelled, a.reason, a.message, batch);
+    if (a.reason == "Cancelled")
+      Finish(run, RunState::kCancelled, a.reason, "cancelled by request", batch);
+    else if (a.reason == "Preempted" && PreemptionRequeues(run.spec.resilience))
+      Requeue(run, a.message, batch);
     else
       FailAttempt(run, a.reason, a.message, batch);
     return;
@@ -1052,20 +1168,11 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   a.outcome = runtime::OutcomeKindName(o.kind);
   a.reason = FailureClass(o, r.cancel_requested);
   a.message = o.message;
-  if (!run.gpu_error.empty() && o.kind != runtime::OutcomeKind::kSucceeded && !r.cancel_requested) {
-    // Stopped (or crashed) because its GPU failed: not the job's fault.
-    a.reason = "GPUError";
-    a.message = run.gpu_error;
+  if (!stop_reason.empty() && stop_reason != "Cancelled" &&
+      o.kind != runtime::OutcomeKind::kSucceeded) {
+    a.reason = stop_reason;
+    a.message = stop_message;
   }
-  run.gpu_error.clear();
-  if (!run.preempted_by.empty() && o.kind != runtime::OutcomeKind::kSucceeded &&
-      !r.cancel_requested) {
-    // Stopped to make room for a run the admission engine chose over it.
-    a.reason = "Preempted";
-    a.message = fmt::format("preempted by {} ({})", run.preempted_by, run.preemption_reason);
-  }
-  run.preempted_by.clear();
-  run.preemption_reason.clear();
   if (o.kind != runtime::OutcomeKind::kStopped || !r.cancel_requested) a.exit_code = o.exit_code;
   if (o.signal) a.signal = o.signal;
   a.ended_ms = o.ended_ms ? o.ended_ms : NowMillis();
@@ -1122,19 +1229,16 @@ void Controller::HandleCancel(const std::string& name, Batch* batch) {
   r.cancel_requested = true;
   if (options_.cluster) return CancelOnCluster(run, batch);
   if (r.state == RunState::kQueued || (r.state == RunState::kAdmitted && !run.shim)) {
-    Finish(run, RunState::kCancelled, "Cancelled", "cancelled before it started", batch);
+    Finish(run, RunState::kCancelled, "Cancelled",
+           r.attempts == 0 ? "cancelled before it started"
+                           : fmt::format("cancelled before attempt {} started", r.attempts + 1),
+           batch);
     return;
   }
   batch->runs.push_back(r);
   batch->events.push_back({0, name, NowMillis(), "CancelRequested",
                            "stopping the attempt's processes", nlohmann::json::object(), "", ""});
-  if (run.shim) {
-    auto attempts = store_->ListAttempts(name);
-    std::string dir = attempts.ok() && !attempts->empty() ? attempts->back().dir : "";
-    Status s = runtime::StopAttempt(*run.shim, dir);
-    if (!s.ok())
-      std::fprintf(stderr, "tau server: cancel %s: %s\n", name.c_str(), s.ToString().c_str());
-  }
+  if (run.shim) StopAfterCommit(name);
 }
 
 }  // namespace tau::server

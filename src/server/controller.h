@@ -147,7 +147,9 @@ class Controller {
     // Set while its attempt is being stopped because the admission engine preempted it.
     std::string preempted_by, preemption_reason;
     int64_t queued_since_ms = 0;  // when it last entered the queue (after any backoff)
-    bool holds_machine = false;   // its CPUs and memory are taken from this machine's free ones
+    // Set once its attempt was asked to stop: past it, the server kills the supervisor itself.
+    int64_t stop_deadline_ms = -1;
+    bool holds_machine = false;  // its CPUs and memory are taken from this machine's free ones
     // Kubernetes backend: the attempt whose objects exist on the cluster (0: none), and what
     // Kueue says while it waits.
     int cluster_attempt = 0;
@@ -192,6 +194,16 @@ class Controller {
   void StartAttempt(const std::string& name, store::Batch* batch);
   void HandleExit(const std::string& name, store::Batch* batch);
   void HandleCancel(const std::string& name, store::Batch* batch);
+  // Stopping an attempt acts on a decision, so it waits for the decision's commit: the loop calls
+  // StopCommitted after each commit of its batch. A supervisor that has not ended its attempt
+  // kStopMarginMs after the grace period is killed, with its workers (EscalateStops).
+  void StopAfterCommit(const std::string& name);
+  void StopCommitted();
+  void EscalateStops(store::Batch* batch);
+  // Recovery: the stop the server asked of a running attempt before it restarted (cancel,
+  // preemption, a failed GPU), from the run's events; the attempt is asked again.
+  void RestoreStopRequest(ActiveRun& run, int64_t attempt_started_ms);
+  static constexpr int64_t kStopMarginMs = 5'000;
   // The Kubernetes backend (controller_cluster.cc).
   void RecoverOnCluster(ActiveRun& run, const std::set<AttemptKey>& existing, store::Batch* batch);
   void LaunchQueued(store::Batch* batch, std::vector<std::string>* to_launch);
@@ -241,12 +253,15 @@ class Controller {
   Status LoadPlatformFile();
   std::string Refusal(const Resources& need) const;
   runtime::EnvList BaseEnv() const;
+  void StartZygote();
 
   const ControllerOptions options_;
   store::Store* const store_;
   const health::GpuInventory gpus_;
   std::unique_ptr<runtime::ProcessWatcher> watcher_;
   std::unique_ptr<runtime::Zygote> zygote_;  // forks the shims; null on a cluster
+  std::vector<std::string> stops_;           // runs whose attempt stops after the next commit
+  int64_t zygote_restarted_ms_ = 0;          // the last restart of a broken zygote; 0: none yet
   std::thread thread_;
 
   std::mutex mu_;

@@ -468,6 +468,64 @@ class RobustnessTest(ServerTestCase):
         self.assertEqual(len(d["attempts"]), 1)
         self.assertEqual(self.server.tau("logs", name).stdout.split(), ["before", "after"])
 
+    def zygotes(self):
+        """The server's zygote children."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if proc_stat(entry)["ppid"] != self.server.proc.pid:
+                    continue
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if f.read().split(b"\0")[1:2] == [b"__zygote"]:
+                        found.append(int(entry))
+            except OSError:
+                pass
+        return found
+
+    def test_a_dead_zygote_is_replaced(self):
+        [zygote] = wait_for(self.zygotes, what="the zygote")
+        os.kill(zygote, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(zygote), what="the zygote to die")
+        # The first attempt after the loss finds the zygote gone and still runs (its shim exec'd)...
+        first = self.submit(job_spec("after-loss"), {"main.py": "print('ran')\n"})
+        self.assertEqual(self.server.wait_state(first, "Succeeded")["run"]["state"], "Succeeded")
+        self.assertEqual(self.server.tau("logs", first).stdout.split(), ["ran"])
+        # ... and another zygote forks the shims from then on.
+        [replacement] = wait_for(self.zygotes, what="another zygote")
+        self.assertNotEqual(replacement, zygote)
+        self.assertIn("started another zygote", self.server.server_log())
+        second = self.submit(job_spec("forked-again"), {"main.py": "import time\ntime.sleep(30)\n"})
+        self.server.wait_state(second, "Running")
+        shim = self.server.run_json(second)["attempts"][0]["supervisor_pid"]
+        self.assertEqual(proc_stat(shim)["ppid"], replacement)
+        self.server.tau("cancel", second)
+
+    def test_cancel_ends_a_run_whose_supervisor_is_stopped(self):
+        code = ("import os, time\nopen(os.path.join(os.environ['TAU_OUTPUT_DIR'], 'pid'), 'w').write(str(os.getpid()))\n"
+                "time.sleep(60)\n")
+        name = self.submit(job_spec("frozen"), {"main.py": code})
+        self.server.wait_state(name, "Running")
+        pid_file = os.path.join(self.server.home, "runs", name, "output", "pid")
+        wait_for(lambda: os.path.exists(pid_file) and open(pid_file).read(), what="the pid file")
+        worker = int(open(pid_file).read())
+        shim = self.server.run_json(name)["attempts"][0]["supervisor_pid"]
+        os.kill(shim, signal.SIGSTOP)
+        try:
+            self.server.tau("cancel", name)
+            # The grace period (1 s here) and the server's margin (5 s) pass, then the server kills
+            # the supervisor and the worker itself.
+            d = self.server.wait_state(name, "Cancelled", timeout=20)
+        finally:
+            if pid_alive(shim):
+                os.kill(shim, signal.SIGCONT)
+        self.assertEqual(d["attempts"][0]["reason"], "Cancelled")
+        forced = [e for e in d["events"] if e["type"] == "StopForced"]
+        self.assertEqual(len(forced), 1, d["events"])
+        self.assertIn(f"pid {shim}", forced[0]["message"])
+        wait_for(lambda: not pid_alive(worker), what="the worker to be killed")
+
     def test_attempt_lost_while_server_down_is_node_lost(self):
         code = ("import os, time\nopen(os.path.join(os.environ['TAU_OUTPUT_DIR'], 'pid'), 'w').write(str(os.getpid()))\n"
                 "time.sleep(60)\n")

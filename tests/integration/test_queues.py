@@ -61,11 +61,13 @@ defaults:
 """
 
 # Waits until its release file exists; writes a complete checkpoint first when asked to.
-WAITER = """import os, sys, time
+WAITER = """import os, signal, sys, time
 release = sys.argv[1]
+if 'ignore-term' in sys.argv:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 print('attempt', os.environ['TAU_ATTEMPT'], 'reason', os.environ.get('TAU_FAILURE_REASON'),
       'resume', os.environ.get('TAU_RESUME_FROM'), flush=True)
-if os.environ['TAU_ATTEMPT'] == '1' and len(sys.argv) > 2:
+if os.environ['TAU_ATTEMPT'] == '1' and 'checkpoint' in sys.argv:
     step = os.path.join(os.environ['TAU_CHECKPOINT_DIR'], 'step-1')
     os.makedirs(step, exist_ok=True)
     open(os.path.join(step, 'COMPLETE'), 'w').close()
@@ -102,8 +104,9 @@ class QueueTest(ServerTestCase):
     def release(self, tag):
         open(os.path.join(self.releases, tag), "w").close()
 
-    def waiter(self, name, workspace, tag, gpus=1, priority=None, checkpoint=False):
-        args = [os.path.join(self.releases, tag)] + (["checkpoint"] if checkpoint else [])
+    def waiter(self, name, workspace, tag, gpus=1, priority=None, checkpoint=False, ignore_term=False):
+        args = ([os.path.join(self.releases, tag)] + (["checkpoint"] if checkpoint else []) +
+                (["ignore-term"] if ignore_term else []))
         return self.submit(spec(name, workspace, gpus, priority, args),
                            {"main.py": WAITER, "run.sh": '#!/bin/sh\nexec python3 main.py "$@"\n'})
 
@@ -242,6 +245,33 @@ class QueueTest(ServerTestCase):
         logs = self.server.tau("logs", low, "--attempt", "2").stdout
         self.assertIn("attempt 2 reason Preempted resume", logs)
         self.assertIn("step-1", logs)
+
+    def test_a_victim_still_stopping_when_the_server_restarts_is_requeued_not_failed(self):
+        # A victim that ignores SIGTERM takes the whole grace period to stop; the server dies and
+        # comes back meanwhile. The preemption was recorded, so the run still goes back to its queue.
+        self.server.kill()
+        self.server.stop_grace_ms = 4000
+        self.server.start()
+        self.apply()
+        low = self.waiter("low", "vision", "low", gpus=2, checkpoint=True, ignore_term=True)
+        self.server.wait_state(low, "Running")
+        wait_for(lambda: "checkpointed" in self.server.tau("logs", low).stdout,
+                 what="the low run's checkpoint")
+        high = self.waiter("high", "vision", "high", gpus=2, priority="high")
+        wait_for(lambda: any(e["type"] == "Preempted" for e in self.server.run_json(low)["events"]),
+                 what="the preemption")
+        self.server.kill()
+        self.server.start()
+        self.server.wait_state(high, "Running", timeout=30)
+        d = self.server.run_json(low)
+        self.assertEqual(d["run"]["state"], "Queued")
+        self.assertEqual(d["attempts"][0]["reason"], "Preempted")
+        self.assertIn(high, d["attempts"][0]["message"])
+        self.release("high")
+        self.server.wait_state(low, "Running", timeout=30)
+        self.release("low")
+        d = self.server.wait_state(low, "Succeeded")
+        self.assertEqual([a["reason"] for a in d["attempts"]], ["Preempted", "Succeeded"])
 
     def test_quota_reservations_survive_a_server_restart(self):
         self.apply()
