@@ -10,6 +10,7 @@
 #include "common/files.h"
 #include "common/json_text.h"
 #include "common/strings.h"
+#include "recovery/recovery.h"
 #include "server/controller.h"
 
 namespace tau::server {
@@ -191,7 +192,10 @@ void Controller::SyncEngine() {
       if (s.ok()) {
         in_engine_[name] = holds;
       } else {
-        outside_engine_[name] = s.message();
+        outside_engine_[name] =
+            s.code() == StatusCode::kNotFound
+                ? fmt::format("the platform has no queue '{}' any more", w.queue)
+                : s.message();
       }
     }
   }
@@ -333,12 +337,15 @@ void Controller::Requeue(ActiveRun& run, const std::string& message, Batch* batc
   r.message = message;
   r.not_before_ms.reset();
   run.queued_since_ms = NowMillis();
-  Transition(run, RunState::kQueued, "Requeued",
-             had_attempt ? message +
-                               "; back in the queue, the next attempt resumes from the "
-                               "newest complete checkpoint"
-                         : message + "; back in the queue",
-             batch, {{"preemptions", r.preemptions}});
+  std::string next = "; back in the queue";
+  if (had_attempt && !options_.cluster) {
+    // What the next attempt will be given as TAU_RESUME_FROM, as things stand.
+    std::string newest = recovery::NewestCompleteCheckpoint(StorageDir(r, "checkpoint"));
+    next += newest.empty() ? "; no complete checkpoint yet, so the next attempt starts over"
+                           : ", the next attempt resumes from " + newest;
+  }
+  Transition(run, RunState::kQueued, "Requeued", message + next, batch,
+             {{"preemptions", r.preemptions}});
   batch->runs.push_back(r);
 }
 
@@ -358,9 +365,8 @@ nlohmann::json Controller::PendingJson(const ActiveRun& run, int64_t now) {
   };
   if (auto o = outside_engine_.find(r.name); o != outside_engine_.end())
     return out(0, "QueueUnavailable",
-               fmt::format("queue {} cannot take this run: {}. Cancel it, or apply a platform "
-                           "whose queue {} can",
-                           r.queue, o->second, r.queue),
+               fmt::format("{}: cancel the run, or apply a platform whose queue '{}' can take it",
+                           o->second, r.queue),
                "");
   if (options_.cluster && !(r.not_before_ms && *r.not_before_ms > now)) {
     // Kueue decides: its own reason and the run's place in its LocalQueue.

@@ -564,6 +564,10 @@ void Controller::FailAttempt(ActiveRun& run, const std::string& failure_class,
   const std::vector<std::string>& retry_on =
       policy.retry_on_set ? policy.retry_on : spec::DefaultRetryOn();
   int retries_used = std::max(0, r.attempts - 1);
+  // Exponential backoff: initial, 2x, 4x, ... capped at backoff_max.
+  int64_t backoff = policy.backoff_initial_ms;
+  for (int i = 0; i < retries_used && backoff < policy.backoff_max_ms; ++i) backoff *= 2;
+  backoff = std::min(backoff, policy.backoff_max_ms);
   std::string stop;  // why the policy says stop; "" means retry
   if (failure_class == "Unknown") {
     stop = "Unknown failures are never retried";
@@ -573,9 +577,15 @@ void Controller::FailAttempt(ActiveRun& run, const std::string& failure_class,
   } else if (retries_used >= policy.max_retries) {
     stop = fmt::format("resilience.max_retries ({}) is used up", policy.max_retries);
   } else if (policy.max_retry_duration_ms && r.started_ms &&
-             NowMillis() - *r.started_ms > *policy.max_retry_duration_ms) {
-    stop = fmt::format("resilience.max_retry_duration ({}) has passed",
-                       FormatDuration(*policy.max_retry_duration_ms));
+             NowMillis() + backoff - *r.started_ms > *policy.max_retry_duration_ms) {
+    // The window bounds when attempts start: a retry that would start after it is not taken.
+    stop = NowMillis() - *r.started_ms > *policy.max_retry_duration_ms
+               ? fmt::format("resilience.max_retry_duration ({}) has passed",
+                             FormatDuration(*policy.max_retry_duration_ms))
+               : fmt::format(
+                     "the retry would start after its {} backoff, past "
+                     "resilience.max_retry_duration ({})",
+                     FormatDuration(backoff), FormatDuration(*policy.max_retry_duration_ms));
   }
   if (!stop.empty()) {
     std::string full = policy.max_retries > 0 || policy.retry_on_set
@@ -584,10 +594,6 @@ void Controller::FailAttempt(ActiveRun& run, const std::string& failure_class,
     Finish(run, RunState::kFailed, failure_class, full, batch);
     return;
   }
-  // Exponential backoff: initial, 2x, 4x, ... capped at backoff_max.
-  int64_t backoff = policy.backoff_initial_ms;
-  for (int i = 0; i < retries_used && backoff < policy.backoff_max_ms; ++i) backoff *= 2;
-  backoff = std::min(backoff, policy.backoff_max_ms);
   ReleaseResources(run);
   r.reason = failure_class;
   r.message = message;
@@ -1062,6 +1068,9 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
   batch->attempts.push_back(a);
   r.attempts = number;
   if (!r.started_ms) r.started_ms = a.started_ms;  // the run's start: its first attempt's
+  // The run's exit code is its last attempt's: none while this one runs.
+  r.exit_code.reset();
+  r.signal.reset();
   r.not_before_ms.reset();
   Transition(
       run, RunState::kRunning, "Running",

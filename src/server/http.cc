@@ -270,10 +270,17 @@ Status HttpServer::ListenUnix(const std::string& path, int mode) {
         fmt::format("socket path '{}' is longer than {} bytes; choose a shorter TAU_HOME", path,
                     sizeof(addr.sun_path) - 1));
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) {
+    // A stale socket of a dead server goes (the server lock guarantees no live one); anything
+    // else is not ours to delete.
+    if (!S_ISSOCK(st.st_mode))
+      return FailedPrecondition(fmt::format(
+          "cannot listen on {}: it exists and is not a socket; move it out of the way", path));
+    ::unlink(path.c_str());
+  }
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return IoError("socket", errno);
-  ::unlink(
-      path.c_str());  // a stale socket of a dead server; the server lock guarantees no live one
   // No permissions for anyone else from the first instant, then the final mode.
   mode_t old = ::umask(0177);
   int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);

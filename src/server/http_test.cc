@@ -157,5 +157,20 @@ TEST_F(HttpTest, NetworkClientsCannotTakeTheLocalSocketsConnections) {
             "HTTP/1.1 200 OK");
 }
 
+TEST(HttpListenTest, APathThatIsNotASocketIsLeftAlone) {
+  char tmpl[] = "/tmp/tau-http-listen-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_EQ(std::system(("mkdir " + dir + "/sock && echo keep > " + dir + "/file").c_str()), 0);
+  for (const std::string& path : {dir + "/sock", dir + "/file"}) {
+    HttpServer http;
+    Status s = http.ListenUnix(path);
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("exists and is not a socket"), std::string::npos) << s.ToString();
+  }
+  EXPECT_EQ(::access((dir + "/file").c_str(), F_OK), 0);  // not deleted
+  std::system(("rm -rf " + dir).c_str());
+}
+
 }  // namespace
 }  // namespace tau::server

@@ -439,10 +439,15 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   if (path != ":memory:") (void)::chmod(path.c_str(), 0600);
   // WAL lets readers run beside the writer; synchronous=FULL fsyncs every commit, so a committed
   // state change survives a crash of the server or of the machine.
-  TAU_RETURN_IF_ERROR(impl->Exec("PRAGMA journal_mode=WAL"));
-  TAU_RETURN_IF_ERROR(impl->Exec("PRAGMA synchronous=FULL"));
-  TAU_RETURN_IF_ERROR(impl->Exec("PRAGMA foreign_keys=ON"));
-  TAU_RETURN_IF_ERROR(impl->Migrate());
+  Status ready = impl->Exec("PRAGMA journal_mode=WAL");
+  if (ready.ok()) ready = impl->Exec("PRAGMA synchronous=FULL");
+  if (ready.ok()) ready = impl->Exec("PRAGMA foreign_keys=ON");
+  if (ready.ok()) ready = impl->Migrate();
+  // The first statements are where a file that is not a database, or one from a newer tau, shows.
+  if (!ready.ok())
+    return Status(ready.code(), fmt::format("store {}: {} (move the file aside to start with an "
+                                            "empty store, or restore it from a backup)",
+                                            path, ready.message()));
   return std::unique_ptr<Store>(new Store(std::move(impl)));
 }
 

@@ -1,4 +1,5 @@
 """End-to-end tests of the local backend: a real server, the real CLI, real processes."""
+import datetime
 import json
 import shutil
 import os
@@ -610,6 +611,21 @@ class RetryTest(ServerTestCase):
         self.assertEqual(len(d["attempts"]), 3)
         self.assertEqual(d["run"]["reason"], "UserError")
         self.assertIn("max_retries (2) is used up", d["run"]["message"])
+
+    def test_no_retry_starts_after_max_retry_duration(self):
+        # Backoffs of 1 s, then 2 s: the second retry would start about 3 s after the first start.
+        extra = ("resilience:\n  max_retries: 5\n  retry_on: [UserError]\n  backoff_initial: 1s\n"
+                 "  max_retry_duration: 2s\n")
+        spec = self.project(job_spec("window", extra=extra), {"main.py": "import sys\nsys.exit(4)\n"})
+        p = self.server.tau("run", spec, timeout=60)
+        self.assertEqual(p.returncode, 4, p.stderr)
+        name = json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"][0]["name"]
+        d = self.server.run_json(name)
+        self.assertEqual(len(d["attempts"]), 2, d["attempts"])
+        first = datetime.datetime.fromisoformat(d["attempts"][0]["started"])
+        for a in d["attempts"]:
+            self.assertLessEqual((datetime.datetime.fromisoformat(a["started"]) - first).total_seconds(), 2.0)
+        self.assertIn("past resilience.max_retry_duration (2.0s)", d["run"]["message"])
 
     def test_a_class_not_in_retry_on_is_not_retried(self):
         extra = "resilience:\n  max_retries: 3\n  backoff_initial: 100ms\n"
