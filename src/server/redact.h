@@ -22,12 +22,12 @@ class Redactor {
 
   bool empty() const { return secrets_.empty(); }
   bool masked_any() const { return masked_any_; }
-  // The text that can be released now; `flush` releases everything held back.
+  // The text that can be released now: all but a tail that could be the start of a secret, which
+  // waits for more (however long that takes). `flush` (the end of the text) releases everything.
   std::string Feed(std::string_view data, bool flush);
 
  private:
   std::vector<std::string> secrets_;  // longest first, so a secret inside another is masked whole
-  size_t hold_ = 0;                   // the longest secret's length - 1
   std::string pending_;
   bool masked_any_ = false;
 };
