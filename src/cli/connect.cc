@@ -48,7 +48,9 @@ Status SpawnLocalServer(const std::string& home) {
   int rc = posix_spawn(&pid, exe.c_str(), &actions, &attr, argv, environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
-  if (rc != 0) return IoError("cannot start a local tau server", rc);
+  // The usual cause is the log file: $TAU_HOME exists but is not writable.
+  if (rc != 0)
+    return IoError(fmt::format("cannot start a local tau server (home {}, log {})", home, log), rc);
   return Status::Ok();
 }
 

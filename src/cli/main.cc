@@ -10,11 +10,56 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/json_text.h"
+#include "common/strings.h"
 #include "health/health.h"
 #include "runtime/runtime.h"
 #include "server/server.h"
 
 namespace tau::cli {
+
+// After a parse error: the command or option the user probably meant, from the deepest command the
+// arguments name. Empty when nothing is close.
+static std::string UsageHint(CLI::App& app, int argc, char** argv) {
+  CLI::App* cmd = &app;
+  std::string path = "tau";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    std::vector<std::string> names;
+    if (arg.size() > 1 && arg[0] == '-') {
+      const std::string flag = arg.substr(0, arg.find('='));
+      bool known = false;
+      for (const CLI::Option* opt : cmd->get_options()) {
+        for (const std::string& n : opt->get_lnames()) {
+          names.push_back("--" + n);
+          known = known || flag == "--" + n;
+        }
+        for (const std::string& n : opt->get_snames()) known = known || flag == "-" + n;
+      }
+      if (known) continue;
+      std::string close = ClosestMatch(flag, names);
+      return "unknown option '" + flag + "'" +
+             (close.empty() ? "" : " (did you mean '" + close + "'?)") + "; see '" + path +
+             " --help'";
+    }
+    CLI::App* next = nullptr;
+    for (CLI::App* sub : cmd->get_subcommands([](CLI::App*) { return true; })) {
+      names.push_back(sub->get_name());
+      if (sub->check_name(arg)) next = sub;
+    }
+    if (next != nullptr) {
+      cmd = next;
+      path += " " + next->get_name();
+      continue;
+    }
+    // A positional argument, unless this command wants a subcommand here.
+    if (cmd->get_require_subcommand_min() == 0) continue;
+    std::string close = ClosestMatch(arg, names);
+    return "unknown command '" + arg + "'" +
+           (close.empty() ? "" : " (did you mean '" + close + "'?)");
+  }
+  return "";
+}
 
 int Main(int argc, char** argv) {
   // The attempt supervisor is this same binary; it must start without parsing any flags.
@@ -380,7 +425,11 @@ int Main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
-    return code == 0 ? 0 : kExitInvalid;
+    if (code == 0) return 0;  // --help, --version
+    if (std::string hint = UsageHint(app, argc, argv); !hint.empty())
+      std::fprintf(stderr, "tau: %s\n", hint.c_str());
+    // Not 1: a script must be able to tell a mistyped command from a run that failed.
+    return kExitTauError;
   }
   return rc;
 }

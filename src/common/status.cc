@@ -1,5 +1,6 @@
 #include "common/status.h"
 
+#include <cerrno>
 #include <cstring>
 
 namespace tau {
@@ -58,7 +59,10 @@ Status ResourceExhausted(std::string m) {
 Status Unavailable(std::string m) { return Status(StatusCode::kUnavailable, std::move(m)); }
 Status Internal(std::string m) { return Status(StatusCode::kInternal, std::move(m)); }
 Status IoError(const std::string& m, int err) {
-  return Status(StatusCode::kIo, m + ": " + std::strerror(err));
+  // A full disk or quota passes once space is freed: worth trying again, unlike other failures.
+  const StatusCode code =
+      err == ENOSPC || err == EDQUOT ? StatusCode::kUnavailable : StatusCode::kIo;
+  return Status(code, m + ": " + std::strerror(err));
 }
 
 }  // namespace tau

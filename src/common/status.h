@@ -56,7 +56,8 @@ Status Unauthenticated(std::string message);
 Status ResourceExhausted(std::string message);
 Status Unavailable(std::string message);
 Status Internal(std::string message);
-// An OS error: message plus strerror(err).
+// An OS error: message plus strerror(err). kIo, except kUnavailable for a full disk or quota
+// (ENOSPC, EDQUOT), which passes once space is freed.
 Status IoError(const std::string& message, int err);
 
 template <typename T>

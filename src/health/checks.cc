@@ -132,8 +132,8 @@ class Checks {
     if (now_.ecc_dbe_volatile) {
       dbe.status = Pass(*now_.ecc_dbe_volatile <= t_.ecc_dbe_volatile_max);
       if (dbe.status != CheckStatus::kPass) {
-        dbe.message = fmt::format("{} uncorrected (double-bit) ECC errors since the driver loaded",
-                                  *now_.ecc_dbe_volatile);
+        dbe.message = fmt::format("{} uncorrected (double-bit) ECC error{} since the driver loaded",
+                                  *now_.ecc_dbe_volatile, *now_.ecc_dbe_volatile == 1 ? "" : "s");
       }
     }
     CheckResult& agg =

@@ -769,11 +769,13 @@ class Shim {
     if (first_error) {
       AbortGang();
       const WorkerLaunch& w = config_.workers[static_cast<size_t>(first_error->rank)];
+      const std::string& path = resolved_[static_cast<size_t>(first_error->rank)];
+      // The program as the spec named it, when that differs from the file found for it.
+      const std::string named = path == w.argv[0] ? "" : " (" + w.argv[0] + ")";
       return SetupError{OutcomeKind::kSetupFailed,
                         "worker " + std::to_string(first_error->rank) + ": cannot " +
-                            ChildStepName(first_error->step) + " " +
-                            resolved_[static_cast<size_t>(first_error->rank)] + " (" + w.argv[0] +
-                            "): " + std::strerror(first_error->err)};
+                            ChildStepName(first_error->step) + " " + path + named + ": " +
+                            std::strerror(first_error->err)};
     }
 
     json workers_json = json::array();
@@ -974,8 +976,15 @@ class Shim {
       WriteAll(logs_[0].get(), "[tau] setup failed: " + message + "\n");
     }
     Log(std::string("attempt ") + OutcomeKindName(kind) + ": " + message);
-    Status s = WriteFileAtomic(dir_ + "/result.json", internal::DumpJson(outcome_.ToJson()), 0644,
-                               Durability::kProcessCrash);
+    const std::string result = internal::DumpJson(outcome_.ToJson());
+    Status s = WriteFileAtomic(dir_ + "/result.json", result, 0644, Durability::kProcessCrash);
+    // A full disk: the result is what the server classes the attempt by, so wait for space (an
+    // hour at most) rather than leave the attempt looking lost.
+    for (int waited_s = 0; s.code() == StatusCode::kUnavailable && waited_s < 3600; ++waited_s) {
+      if (waited_s == 0) Log("cannot write result.json yet, waiting for space: " + s.ToString());
+      ::sleep(1);
+      s = WriteFileAtomic(dir_ + "/result.json", result, 0644, Durability::kProcessCrash);
+    }
     if (!s.ok()) {
       Log("cannot write result.json: " + s.ToString());
       return 1;

@@ -45,6 +45,18 @@ Status ChownTree(const std::string& root, uid_t uid, gid_t gid) {
   return Status::Ok();
 }
 
+// Appends a newline to a file that does not end with one (a missing or empty file is left alone).
+void EndPartialLine(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return;
+  struct stat st;
+  char last = '\n';
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+      ::pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n')
+    (void)!::write(fd, "\n", 1);
+  ::close(fd);
+}
+
 int64_t DetectMemoryBytes() {
   std::ifstream in("/proc/meminfo");
   std::string key;
@@ -279,6 +291,24 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
     error->status = snapshot.status();
     return error->status;
   }
+  // A Python entrypoint, or one given as a path, must be a file of the code: caught now rather than
+  // as a failed run. (On a cluster the image may hold it.)
+  if (!options_.cluster &&
+      (EndsWith(spec.entrypoint, ".py") ||
+       (spec.entrypoint.find('/') != std::string::npos && spec.entrypoint[0] != '/'))) {
+    bool shipped = false;
+    for (const nlohmann::json& f : snapshot->files) {
+      auto path = f.is_object() ? f.find("path") : f.end();
+      shipped = shipped || (path != f.end() && *path == spec.entrypoint);
+    }
+    if (!shipped) {
+      error->status = InvalidArgument(fmt::format(
+          "{}: run.entrypoint '{}' is not among the {} file(s) of the code directory sent with "
+          "the run; check the path (relative to the directory of the spec) and .tauignore",
+          request.spec_file, spec.entrypoint, snapshot->files.size()));
+      return error->status;
+    }
+  }
   if (options_.cluster) {
     if (Status s =
             options_.cluster->Check(spec, *resolved, *platform, snapshot->dir, request.caller);
@@ -500,10 +530,24 @@ void Controller::CountAttempt(const AttemptRecord& a) {
 void Controller::CommitOrDie(Batch batch) {
   if (batch.empty()) return;
   auto start = std::chrono::steady_clock::now();
-  Status s = store_->Commit(std::move(batch));
+  Status s = store_->Commit(batch);
   if (options_.metrics) {
     std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     options_.metrics->Observe("tau_store_commit_duration_seconds", {}, took.count());
+  }
+  // A full disk: decisions wait (attempts keep running, the API keeps answering) until there is
+  // room, rather than the server stopping for what a user can fix.
+  for (int waited_s = 0; s.code() == StatusCode::kUnavailable; ++waited_s) {
+    if (waited_s % 60 == 0)
+      std::fprintf(stderr, "tau server: cannot commit, waiting for space: %s\n",
+                   s.ToString().c_str());
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Stopping now loses nothing: the last committed state is what a restart recovers.
+      if (cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stopping_; })) std::_Exit(70);
+    }
+    s = store_->Commit(batch);
+    if (s.ok()) std::fprintf(stderr, "tau server: committed again after waiting for space\n");
   }
   if (!s.ok()) {
     // Acting on a state change that is not durable could lose or duplicate a run: stop instead. A
@@ -1024,6 +1068,9 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
                              : run.resume_from;
     run.resume_from.clear();
     if (!resume.empty()) ctx.extra_env.emplace_back("TAU_RESUME_FROM", resume);
+    // The last attempt may have died in the middle of a metrics line: end it, so this attempt's
+    // first point starts a line of its own.
+    EndPartialLine(ctx.metrics_file);
   }
   for (const std::string& dir : {ctx.checkpoint_dir, ctx.output_dir, a.dir}) {
     if (Status s = MakeDirs(dir); !s.ok()) return fail("SetupError", s.message());
@@ -1182,15 +1229,20 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
     a.reason = stop_reason;
     a.message = stop_message;
   }
-  if (o.kind != runtime::OutcomeKind::kStopped || !r.cancel_requested) a.exit_code = o.exit_code;
+  // An attempt whose setup failed never ran the job: it has no exit code (a 0 would read as a
+  // success to scripts).
+  if (o.kind != runtime::OutcomeKind::kSetupFailed &&
+      (o.kind != runtime::OutcomeKind::kStopped || !r.cancel_requested))
+    a.exit_code = o.exit_code;
   if (o.signal) a.signal = o.signal;
   a.ended_ms = o.ended_ms ? o.ended_ms : NowMillis();
   if (o.kind != runtime::OutcomeKind::kSucceeded && a.reason != "Cancelled" &&
       a.reason != "Preempted") {
     // The first failed transition and what the logs say about it.
-    const char* phase = o.kind == runtime::OutcomeKind::kSetupFailed
-                            ? "Running: setup failed before the job started"
-                            : "Running: the job failed while running";
+    const std::string phase = o.kind == runtime::OutcomeKind::kSetupFailed
+                                  ? "Running: setup failed before the job started"
+                              : a.reason == "GPUError" ? "Running: stopped because " + a.message
+                                                       : "Running: the job failed while running";
     a.diagnosis = DiagnosisJson(a.dir, o.workers.size(), phase);
   }
   batch->attempts.push_back(a);

@@ -211,6 +211,16 @@ TEST(SpecErrors, ABadEnvValueDoesNotHideTheOtherEntriesErrors) {
       << errors;
 }
 
+TEST(SpecErrors, MergeKeysAndEmptyNamesAreExplained) {
+  std::string merge = Errors(
+      "base: &b {gpus: 1}\nschema_version: 1\nname: demo\nrun:\n  entrypoint: train.py\n"
+      "compute:\n  <<: *b\n");
+  EXPECT_NE(merge.find("compute: YAML merge keys ('<<') are not supported"), std::string::npos)
+      << merge;
+  std::string empty = Errors(Manifest("runtime:\n  env:\n    \"\": x\n"));
+  EXPECT_NE(empty.find("runtime.env: a name must not be empty"), std::string::npos) << empty;
+}
+
 TEST(SpecErrors, NullsAndWrongContainers) {
   EXPECT_EQ(Errors(Manifest("compute:\n")),
             "tau.yaml:5:1: error: compute: expected a mapping, got null");

@@ -189,6 +189,12 @@ class Walker {
 
   void UnknownField(const std::string& name, const std::vector<FieldDef>& fields,
                     const std::string& path, Pos pos) {
+    if (name == "<<") {
+      ctx_.Error(pos, fmt::format("{}YAML merge keys ('<<') are not supported; write the fields "
+                                  "out (anchors and aliases of whole values do work)",
+                                  In(path)));
+      return;
+    }
     std::vector<std::string> names;
     for (const FieldDef& f : fields) names.push_back(f.name);
     std::string message = fmt::format("unknown field '{}'{}", Printable(name), InSuffix(path));
@@ -403,6 +409,10 @@ class Walker {
       Pair pair;
       pair.key_pos = PosOf(key.Mark());
       pair.value_pos = ValuePos(value, pair.key_pos);
+      if (key.IsScalar() && key.Scalar().empty()) {
+        ctx_.Error(pair.key_pos, fmt::format("{}: a name must not be empty", v->path));
+        continue;
+      }
       if (!Text(key, v->path, pair.key_pos, /*allow_empty=*/false, &pair.key)) continue;
       if (auto dup = seen.find(pair.key); dup != seen.end()) {
         ctx_.Error(pair.key_pos,

@@ -310,12 +310,18 @@ struct Store::Impl {
     if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
       std::string msg = err ? err : "unknown error";
       sqlite3_free(err);
-      return Internal(fmt::format("sqlite: {} (in: {:.60})", msg, sql));
+      return Classify(fmt::format("sqlite: {} (in: {:.60})", msg, sql));
     }
     return Status::Ok();
   }
   Status Error(const char* what) {
-    return Internal(fmt::format("sqlite: {}: {}", what, sqlite3_errmsg(db)));
+    return Classify(fmt::format("sqlite: {}: {}", what, sqlite3_errmsg(db)));
+  }
+  // A full disk passes once space is freed: Unavailable (try again), unlike the other failures.
+  Status Classify(std::string message) {
+    if ((sqlite3_errcode(db) & 0xff) == SQLITE_FULL)
+      return Unavailable("the store's disk is full (" + message + "); free some space");
+    return Internal(std::move(message));
   }
 
   Status Migrate() {
@@ -409,11 +415,11 @@ struct Store::Impl {
   Status InTransaction(F body) {
     TAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
     Status s = body();
-    if (!s.ok()) {
-      (void)Exec("ROLLBACK");
-      return s;
-    }
-    return Exec("COMMIT");
+    if (s.ok()) s = Exec("COMMIT");
+    // A COMMIT that failed (a full disk) can leave the transaction open; the next one must not find
+    // it so.
+    if (!s.ok() && sqlite3_get_autocommit(db) == 0) (void)Exec("ROLLBACK");
+    return s;
   }
 };
 
@@ -466,13 +472,13 @@ Status Store::InsertRun(RunRecord* run, std::vector<Event> events) {
   });
 }
 
-Status Store::Commit(Batch batch) {
+Status Store::Commit(const Batch& batch) {
   if (batch.empty()) return Status::Ok();
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->InTransaction([&]() -> Status {
     for (const RunRecord& r : batch.runs) TAU_RETURN_IF_ERROR(impl_->UpsertRun(r));
     for (const AttemptRecord& a : batch.attempts) TAU_RETURN_IF_ERROR(impl_->UpsertAttempt(a));
-    for (Event& e : batch.events) TAU_RETURN_IF_ERROR(impl_->AppendEvent(&e));
+    for (Event e : batch.events) TAU_RETURN_IF_ERROR(impl_->AppendEvent(&e));
     return Status::Ok();
   });
 }

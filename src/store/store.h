@@ -158,7 +158,9 @@ class Store {
 
   // Inserts a new run (assigning seq) with its first events; AlreadyExists when the name is taken.
   Status InsertRun(RunRecord* run, std::vector<Event> events);
-  Status Commit(Batch batch);
+  // All or nothing. Unavailable when the disk is full (nothing is written; the same batch may be
+  // committed again once there is space).
+  Status Commit(const Batch& batch);
 
   Result<RunRecord> GetRun(const std::string& name);
   Result<std::vector<RunRecord>> ListRuns(const RunFilter& filter);

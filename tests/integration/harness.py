@@ -73,8 +73,8 @@ class TauServer:
     """A tau server in its own TAU_HOME (short path: Unix socket paths are limited to 107 bytes)."""
 
     def __init__(self, gpus=None, extra_env=None, stop_grace_ms=1000, gpu_poll_ms=200,
-                 extra_args=()):
-        self.home = tempfile.mkdtemp(prefix="tau-it-", dir="/tmp")
+                 extra_args=(), home=None):
+        self.home = home or tempfile.mkdtemp(prefix="tau-it-", dir="/tmp")
         self.env = dict(os.environ)
         self.env["TAU_HOME"] = self.home
         self.env.pop("TAU_SERVER", None)

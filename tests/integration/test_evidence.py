@@ -245,6 +245,29 @@ class EvidenceTest(ServerTestCase):
         self.assertEqual([x["step"] for x in lines], list(range(15)))
         self.assertEqual([x["attempt"] for x in lines], [1] * 5 + [2] * 10)
 
+    def test_a_line_cut_off_by_a_dying_attempt_does_not_swallow_the_next_attempts_first(self):
+        code = (
+            "import json, os, sys\n"
+            "attempt = int(os.environ['TAU_ATTEMPT'])\n"
+            "with open(os.environ['TAU_METRICS_FILE'], 'a') as f:\n"
+            "    if attempt == 1:\n"
+            "        for s in range(3):\n"
+            "            f.write(json.dumps({'name': 'loss', 'step': s, 'value': s}) + '\\n')\n"
+            "        f.write('{\"name\": \"loss\", \"st')\n"  # killed mid-write
+            "    else:\n"
+            "        for s in range(2, 4):\n"
+            "            f.write(json.dumps({'name': 'loss', 'step': s, 'value': s * 10}) + '\\n')\n"
+            "sys.exit(1 if attempt == 1 else 0)\n")
+        spec = ("schema_version: 1\nname: cutoff\nrun:\n  entrypoint: main.py\n"
+                "  workload_kind: job\ncompute:\n  gpus: 0\n  workers: 1\n"
+                "resilience:\n  max_retries: 1\n  retry_on: [UserError]\n  backoff_initial: 100ms\n")
+        name = self.submit(spec, {"main.py": code})
+        self.server.wait_state(name, "Succeeded", timeout=60)
+        lines = [json.loads(x) for x in
+                 self.server.tau("metrics", name, "loss", check=0).stdout.splitlines()]
+        self.assertEqual([(x["step"], x["value"], x["attempt"]) for x in lines],
+                         [(0, 0, 1), (1, 1, 1), (2, 20, 2), (3, 30, 2)])
+
     def test_server_restart_mid_run_neither_loses_nor_doubles_points(self):
         code = ("import json, os, time\n"
                 "with open(os.environ['TAU_METRICS_FILE'], 'a') as f:\n"

@@ -12,10 +12,13 @@ import json
 import os
 import socket
 import stat
+import subprocess
 import tarfile
+import tempfile
+import time
 import unittest
 
-from harness import ServerTestCase, pid_alive, wait_for
+from harness import ServerTestCase, TauServer, pid_alive, wait_for
 
 
 def job_spec(name, entry="main.py", extra=""):
@@ -462,6 +465,57 @@ class RunFilesTest(HardeningCase):
 
     def submit_spec(self, spec, files):
         return self.server.tau("run", "--detach", self.project(spec, files), check=0).stdout.strip()
+
+
+class FullDiskTest(unittest.TestCase):
+    """TAU_HOME on a small tmpfs that a run's own log fills: the server waits for space instead of
+    stopping, and the run is classed by how it really ended once there is room again."""
+
+    def setUp(self):
+        self.mount = tempfile.mkdtemp(prefix="tau-it-full-", dir="/tmp")
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", self.mount],
+                          capture_output=True).returncode != 0:
+            os.rmdir(self.mount)
+            self.skipTest("needs permission to mount a tmpfs")
+        self.server = TauServer(home=os.path.join(self.mount, "home"))
+        os.makedirs(self.server.home)
+        self.server.start()
+
+    def tearDown(self):
+        self.server.stop()
+        subprocess.run(["umount", "-l", self.mount], check=False)
+        os.rmdir(self.mount)
+
+    def test_a_run_that_fills_the_disk_does_not_stop_the_server(self):
+        server_pid = self.server.proc.pid
+        project = os.path.join(self.mount, "proj")
+        os.makedirs(project)
+        with open(os.path.join(project, "tau.yaml"), "w") as f:
+            f.write(job_spec("filler", entry="fill.sh"))
+        with open(os.path.join(project, "fill.sh"), "w") as f:
+            f.write("#!/bin/sh\nyes 'filling the disk' | head -c 8000000\nexit 3\n")
+        os.chmod(os.path.join(project, "fill.sh"), 0o755)
+        spec = os.path.join(project, "tau.yaml")
+        name = self.server.tau("run", "--detach", spec).stdout.strip()
+        log = os.path.join(self.server.home, "runs", name, "attempts", "1", "logs", "rank-0.log")
+        wait_for(lambda: os.statvfs(self.mount).f_bavail == 0, what="the disk to fill")
+        # Full: a submission is refused plainly, a cancel waits for its commit, reads still work,
+        # and the server stays up.
+        p = self.server.tau("run", "--detach", spec)
+        self.assertEqual(p.returncode, 125, p.stdout + p.stderr)
+        self.assertIn("disk is full", p.stderr)
+        self.assertEqual(self.server.tau("cancel", name, check=0).returncode, 0)
+        wait_for(lambda: "waiting for space" in self.server.server_log(), what="the commit to wait")
+        self.assertEqual(self.server.tau("list", "--all", "-o", "json", check=0).returncode, 0)
+        self.assertIsNone(self.server.proc.poll(), self.server.server_log())
+        os.truncate(log, 0)  # room again
+        # The job had ended on its own (exit 3) before the cancel: that is what it is recorded as,
+        # from the result its supervisor waited to write.
+        d = self.server.wait_state(name, ["Failed", "Succeeded", "Cancelled"], timeout=30)
+        self.assertEqual(d["run"]["reason"], "UserError", d["run"])
+        self.assertEqual(d["attempts"][0]["exit_code"], 3)
+        self.assertEqual(self.server.proc.pid, server_pid)
+        self.assertIsNone(self.server.proc.poll())
 
 
 class NoShellTest(HardeningCase):

@@ -147,6 +147,36 @@ class RunTest(ServerTestCase):
         p = self.server.tau("run", spec, check=0)
         self.assertIn("args:a|b c", p.stdout)
 
+    def test_a_secret_printed_in_two_writes_is_masked_while_streaming(self):
+        p = subprocess.run([TAU, "secret", "set", "default", "api-key"], input="hunter2-4711",
+                           env=self.server.env, capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        code = ("import os, sys, time\nk = os.environ['K']\n"
+                "sys.stdout.write('key=' + k[:5]); sys.stdout.flush()\n"
+                "time.sleep(1.5)\n"  # longer than the server's log poll: the stream idles mid-secret
+                "sys.stdout.write(k[5:] + '\\n')\n")
+        spec = self.project(job_spec("split-secret", extra="runtime:\n  env:\n    K: SECRET:api-key\n"),
+                            {"main.py": code})
+        p = self.server.tau("run", spec, check=0)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("key=***", p.stdout)
+        self.assertNotIn("hunte", p.stdout)
+
+    def test_an_entrypoint_missing_from_the_code_is_refused_at_submission(self):
+        spec = self.project(job_spec("missing", entry="nothere.py"), {"main.py": "print('hi')\n"})
+        p = self.server.tau("run", spec)
+        self.assertEqual(p.returncode, 125, p.stdout + p.stderr)
+        self.assertIn("run.entrypoint 'nothere.py' is not among the 2 file(s)", p.stderr)
+        self.assertEqual(json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"], [])
+
+    def test_mistyped_commands_and_options_get_a_suggestion_and_exit_125(self):
+        for args, hint in ((["lsit"], "unknown command 'lsit' (did you mean 'list'?)"),
+                           (["queue", "shwo"], "unknown command 'shwo' (did you mean 'show'?)"),
+                           (["list", "--stat", "Failed"], "unknown option '--stat' (did you mean '--state'?)")):
+            p = self.server.tau(*args)
+            self.assertEqual(p.returncode, 125, (args, p.stderr))
+            self.assertIn(hint, p.stderr)
+
     def test_detach_status_and_logs(self):
         name = self.submit(job_spec("detached"), {"main.py": "import time\nfor i in range(3):\n    print('line', i, flush=True)\n    time.sleep(0.1)\n"})
         self.assertRegex(name, r"^detached-[0-9a-f]{4}$")
@@ -385,6 +415,11 @@ class GpuPlacementTest(ServerTestCase):
         d = self.server.run_json(name)
         self.assertEqual(d["run"]["reason"], "SetupError")
         self.assertIn("torchrun", d["run"]["message"])
+        # The job never ran: no exit code, which a script would read as a success if it were 0.
+        self.assertIsNone(d["run"]["exit_code"])
+        self.assertIsNone(d["attempts"][0]["exit_code"])
+        listed = json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"][0]
+        self.assertIsNone(listed["exit_code"])
 
     def test_gpus_command(self):
         inv = json.loads(self.server.tau("gpus", "-o", "json", check=0).stdout)
