@@ -431,6 +431,22 @@ class GpuPlacementTest(ServerTestCase):
 
 
 class RobustnessTest(ServerTestCase):
+    def sleeper(self, name):
+        """Submits a run whose worker records its pid and sleeps; returns (run, worker pid)."""
+        code = ("import os, time\nopen(os.path.join(os.environ['TAU_OUTPUT_DIR'], 'pid'), 'w').write(str(os.getpid()))\n"
+                "time.sleep(60)\n")
+        run = self.submit(job_spec(name), {"main.py": code})
+        self.server.wait_state(run, "Running")
+        pid_file = os.path.join(self.server.home, "runs", run, "output", "pid")
+
+        def worker():
+            try:
+                with open(pid_file) as f:
+                    return int(f.read() or 0)
+            except FileNotFoundError:
+                return 0
+        return run, wait_for(worker, what="the pid file")
+
     def raw(self, data):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(5)
@@ -539,13 +555,7 @@ class RobustnessTest(ServerTestCase):
         self.server.tau("cancel", second)
 
     def test_cancel_ends_a_run_whose_supervisor_is_stopped(self):
-        code = ("import os, time\nopen(os.path.join(os.environ['TAU_OUTPUT_DIR'], 'pid'), 'w').write(str(os.getpid()))\n"
-                "time.sleep(60)\n")
-        name = self.submit(job_spec("frozen"), {"main.py": code})
-        self.server.wait_state(name, "Running")
-        pid_file = os.path.join(self.server.home, "runs", name, "output", "pid")
-        wait_for(lambda: os.path.exists(pid_file) and open(pid_file).read(), what="the pid file")
-        worker = int(open(pid_file).read())
+        name, worker = self.sleeper("frozen")
         shim = self.server.run_json(name)["attempts"][0]["supervisor_pid"]
         os.kill(shim, signal.SIGSTOP)
         try:
@@ -563,16 +573,11 @@ class RobustnessTest(ServerTestCase):
         wait_for(lambda: not pid_alive(worker), what="the worker to be killed")
 
     def test_attempt_lost_while_server_down_is_node_lost(self):
-        code = ("import os, time\nopen(os.path.join(os.environ['TAU_OUTPUT_DIR'], 'pid'), 'w').write(str(os.getpid()))\n"
-                "time.sleep(60)\n")
-        name = self.submit(job_spec("lost"), {"main.py": code})
-        self.server.wait_state(name, "Running")
-        pid_file = os.path.join(self.server.home, "runs", name, "output", "pid")
-        wait_for(lambda: os.path.exists(pid_file) and open(pid_file).read(), what="the pid file")
+        name, worker = self.sleeper("lost")
         attempt = self.server.run_json(name)["attempts"][0]
         self.server.kill(signal.SIGKILL)
         os.kill(attempt["supervisor_pid"], signal.SIGKILL)  # the machine "lost" the attempt
-        wait_for(lambda: not pid_alive(int(open(pid_file).read())), what="the worker to die with its supervisor")
+        wait_for(lambda: not pid_alive(worker), what="the worker to die with its supervisor")
         self.server.start()
         d = self.server.wait_state(name, "Failed", timeout=20)
         self.assertEqual(d["run"]["reason"], "NodeLost")
