@@ -125,7 +125,8 @@ class LogStreamer {
 
   // One step of the stream; false ends it.
   bool Step(ChunkSink& sink) {
-    if (http_->shutting_down()) return Done(sink);
+    // Shutting down: cut short, holding back what the redactor holds (the client asks again).
+    if (http_->shutting_down()) return false;
     if (fd_ < 0 && !OpenCurrent()) {
       if (!follow_ || RunFinished()) return Done(sink);
       return Idle(sink);

@@ -619,7 +619,9 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
       if (!res.stream(conn)) break;
       ok = !conn.ClientGone();
     }
-    if (!ok || !conn.Send("0\r\n\r\n")) break;
+    // A server shutting down cuts its streams short, without the last chunk: the client sees a
+    // lost connection (and may follow again once a server is back), not the stream's end.
+    if (!ok || stopping_.load() || !conn.Send("0\r\n\r\n")) break;
   }
 }
 

@@ -216,7 +216,13 @@ class RunTest(ServerTestCase):
             self.assertNotEqual(p.returncode, 0, bad)
             self.assertIn("not in range", p.stderr, bad)
 
-    def test_following_survives_a_server_restart_without_losing_or_repeating_lines(self):
+    def test_following_survives_a_server_crash_without_losing_or_repeating_lines(self):
+        self.follow_through_restart(signal.SIGKILL)
+
+    def test_following_survives_a_server_stop_without_losing_or_repeating_lines(self):
+        self.follow_through_restart(signal.SIGTERM)  # its streams end cut short, not complete
+
+    def follow_through_restart(self, sig):
         code = "import time\nfor i in range(40):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n"
         spec = self.project(job_spec("survive"), {"main.py": code})
         attached = subprocess.Popen([TAU, "run", spec], env=self.server.env, stdout=subprocess.PIPE,
@@ -235,7 +241,7 @@ class RunTest(ServerTestCase):
                 return False
         # Both clients are streaming when the server dies part-way through the run.
         wait_for(lambda: printed("tick 8"), what="the run to print")
-        self.server.kill(signal.SIGKILL)  # the next command starts a local server again
+        self.server.kill(sig)  # the next command starts a local server again
         ticks = [f"tick {i}" for i in range(40)]
         for p in (attached, follower):
             out, err = p.communicate(timeout=90)
