@@ -171,14 +171,21 @@ Result<std::vector<CodeFile>> ReadSnapshot(const std::string& snapshot_dir) {
 }
 
 Status CopySnapshot(const std::string& snapshot_dir, const std::string& work_dir) {
+  // Copied beside it and renamed into place: a server killed half-way leaves no work directory
+  // that looks complete (the next try starts the copy again), only a partial one it removes.
+  const std::string partial = work_dir + ".partial";
   std::error_code ec;
-  std::filesystem::create_directories(work_dir, ec);
-  if (ec) return Status(StatusCode::kIo, "cannot create " + work_dir + ": " + ec.message());
+  std::filesystem::remove_all(partial, ec);
+  if (ec) return Status(StatusCode::kIo, "cannot remove " + partial + ": " + ec.message());
+  std::filesystem::create_directories(partial, ec);
+  if (ec) return Status(StatusCode::kIo, "cannot create " + partial + ": " + ec.message());
   std::filesystem::copy(
-      snapshot_dir, work_dir,
+      snapshot_dir, partial,
       std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing,
       ec);
   if (ec) return Status(StatusCode::kIo, "cannot copy the code snapshot: " + ec.message());
+  std::filesystem::rename(partial, work_dir, ec);
+  if (ec) return Status(StatusCode::kIo, "cannot create " + work_dir + ": " + ec.message());
   return Status::Ok();
 }
 

@@ -32,7 +32,8 @@ Result<Snapshot> StoreSnapshot(const std::string& snapshots_root, std::vector<Co
 // The files of a stored snapshot (the Kubernetes backend ships them inside the run's object).
 Result<std::vector<CodeFile>> ReadSnapshot(const std::string& snapshot_dir);
 
-// Copies a snapshot into a run's private work directory.
+// Copies a snapshot into a run's private work directory, which appears complete or not at all (a
+// copy cut short by a crash is redone).
 Status CopySnapshot(const std::string& snapshot_dir, const std::string& work_dir);
 
 }  // namespace tau::server

@@ -73,7 +73,7 @@ class ChaosTest(ServerTestCase):
             return states if all(states.get(n, {}).get("state") in ("Succeeded", "Failed")
                                  for n in want) else None
         states = wait_for(all_done, timeout=300, interval=0.5, what="every chaos run to finish")
-        overlaps, wrong_counts, wrong_states = [], [], []
+        overlaps, wrong_counts, wrong_states, never_ran = [], [], [], []
         for name, kind in want.items():
             r = states[name]
             expected_state = "Succeeded" if kind in ("ok", "flaky") else "Failed"
@@ -82,6 +82,10 @@ class ChaosTest(ServerTestCase):
             if r["attempts"] != kinds[kind]:
                 wrong_counts.append((name, kind, r["attempts"]))
             ledger = os.path.join(self.server.home, "runs", name, "output", "ledger")
+            if not os.path.exists(ledger):
+                never_ran.append((name, kind, r["state"], r["reason"], r["message"],
+                                  self.server.run_json(name)["attempts"]))
+                continue
             with open(ledger) as f:
                 events = [line.split() for line in f.read().splitlines()]
             running = 0
@@ -94,6 +98,7 @@ class ChaosTest(ServerTestCase):
               f"{sum(r['attempts'] for n, r in states.items() if n in want)} attempts, "
               f"{time.monotonic() - submitted_at:.1f}s")
         self.assertEqual(len(want), RUNS)
+        self.assertEqual(never_ran, [], self.server.server_log()[-3000:])
         self.assertEqual(overlaps, [])
         self.assertEqual(wrong_states, [])
         self.assertEqual(wrong_counts, [])
