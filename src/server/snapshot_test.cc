@@ -22,10 +22,11 @@ TEST(CopySnapshotTest, APartialCopyLeftByAKilledServerIsRedone) {
   ASSERT_TRUE(MakeDirs(dir + "/run/work.partial").ok());
   ASSERT_TRUE(WriteFileAtomic(dir + "/run/work.partial/stale", "junk").ok());
 
-  ASSERT_TRUE(CopySnapshot(dir + "/snap", dir + "/run/work").ok());
-  EXPECT_EQ(*ReadFile(dir + "/run/work/main.py"), "print('hi')\n");
-  EXPECT_EQ(*ReadFile(dir + "/run/work/pkg/util.py"), "x = 1\n");
-  EXPECT_FALSE(PathExists(dir + "/run/work/stale"));
+  const std::string work = dir + "/run/work";
+  ASSERT_TRUE(CopySnapshot(dir + "/snap", work).ok());
+  EXPECT_EQ(*ReadFile(work + "/main.py"), "print('hi')\n");
+  EXPECT_EQ(*ReadFile(work + "/pkg/util.py"), "x = 1\n");
+  EXPECT_FALSE(PathExists(work + "/stale"));
   EXPECT_FALSE(PathExists(dir + "/run/work.partial"));
   std::filesystem::remove_all(dir);
 }
