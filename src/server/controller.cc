@@ -907,9 +907,8 @@ void Controller::StopCommitted() {
     auto it = active_.find(name);
     if (it == active_.end() || !it->second.shim) continue;
     ActiveRun& run = it->second;
-    auto attempts = store_->ListAttempts(name);
-    std::string dir = attempts.ok() && !attempts->empty() ? attempts->back().dir : "";
-    Status s = runtime::StopAttempt(*run.shim, dir);
+    // A run with a supervisor is on its latest attempt.
+    Status s = runtime::StopAttempt(*run.shim, AttemptDir(name, run.record.attempts));
     if (!s.ok())
       std::fprintf(stderr, "tau server: stop %s: %s\n", name.c_str(), s.ToString().c_str());
     // The shim gives its workers the grace period; one that is itself stopped or stuck never
@@ -924,8 +923,6 @@ void Controller::EscalateStops(Batch* batch) {
   for (auto& [name, run] : active_) {
     if (!run.shim || run.stop_deadline_ms < 0 || now < run.stop_deadline_ms) continue;
     run.stop_deadline_ms = now + kStopMarginMs;  // until the watcher reports the exit
-    auto attempts = store_->ListAttempts(name);
-    std::string dir = attempts.ok() && !attempts->empty() ? attempts->back().dir : "";
     batch->events.push_back(
         {0,
          name,
@@ -939,7 +936,7 @@ void Controller::EscalateStops(Batch* batch) {
          ""});
     // Killed at once rather than after the commit: the event only explains, and a stuck
     // supervisor must not hold GPUs any longer than it has.
-    Status s = runtime::KillAttempt(*run.shim, dir);
+    Status s = runtime::KillAttempt(*run.shim, AttemptDir(name, run.record.attempts));
     if (!s.ok())
       std::fprintf(stderr, "tau server: kill %s: %s\n", name.c_str(), s.ToString().c_str());
   }
