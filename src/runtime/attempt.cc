@@ -228,29 +228,27 @@ std::string SelfExecutable() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
-Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& tau_binary,
-                               Zygote* zygote) {
+namespace {
+
+Status WriteConfig(const AttemptConfig& config) {
   if (config.attempt_dir.empty()) return InvalidArgument("attempt_dir is empty");
   if (config.workers.empty()) return InvalidArgument("an attempt needs at least one worker");
   TAU_RETURN_IF_ERROR(MakeDirs(config.attempt_dir + "/logs"));
-  TAU_RETURN_IF_ERROR(WriteFileAtomic(config.attempt_dir + "/config.json",
-                                      // 0600: the workers' env may hold secrets.
-                                      internal::DumpJson(config.ToJson()), 0600,
-                                      Durability::kProcessCrash));
-  if (zygote != nullptr) {
-    auto forked = zygote->StartShim(config.attempt_dir);
-    // A zygote that is gone is no reason to fail a run: the shim is exec'd instead.
-    if (forked.ok() || forked.status().code() != StatusCode::kUnavailable) return forked;
-  }
+  return WriteFileAtomic(config.attempt_dir + "/config.json",
+                         // 0600: the workers' env may hold secrets.
+                         internal::DumpJson(config.ToJson()), 0600, Durability::kProcessCrash);
+}
 
-  const std::string log_path = config.attempt_dir + "/shim.log";
+// The shim of an attempt whose config is written, by exec of `tau_binary __shim DIR`.
+Result<ProcessId> ExecShim(const std::string& attempt_dir, const std::string& tau_binary) {
+  const std::string log_path = attempt_dir + "/shim.log";
   UniqueFd log(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
   if (!log.valid()) return IoError("cannot open " + log_path, errno);
   UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!devnull.valid()) return IoError("cannot open /dev/null", errno);
 
   pid_t pid = 0;
-  int rc = internal::SpawnDetached({tau_binary, "__shim", config.attempt_dir},
+  int rc = internal::SpawnDetached({tau_binary, "__shim", attempt_dir},
                                    {devnull.get(), log.get(), log.get()},
                                    internal::ShimSignalMask(), &pid);
   if (rc != 0) return IoError("cannot start the shim " + tau_binary, rc);
@@ -260,6 +258,64 @@ Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& t
   std::optional<internal::ProcStat> st = internal::ReadProcStat(pid);
   if (!st) return Internal("the shim (pid " + std::to_string(pid) + ") vanished right after start");
   return ProcessId{pid, st->start_time};
+}
+
+// A zygote that is gone is no reason to fail a run: the shim is exec'd instead.
+bool ZygoteGone(const Result<ProcessId>& forked) {
+  return !forked.ok() && forked.status().code() == StatusCode::kUnavailable;
+}
+
+// How many requests may wait for the zygote's answer at once: enough to keep it forking while the
+// caller prepares more, few enough that neither side's socket buffer fills (which would stall
+// both).
+constexpr size_t kMaxZygoteRequestsInFlight = 16;
+
+}  // namespace
+
+Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& tau_binary,
+                               Zygote* zygote) {
+  TAU_RETURN_IF_ERROR(WriteConfig(config));
+  if (zygote != nullptr) {
+    auto forked = zygote->StartShim(config.attempt_dir);
+    if (!ZygoteGone(forked)) return forked;
+  }
+  return ExecShim(config.attempt_dir, tau_binary);
+}
+
+size_t ShimBatch::Add(const AttemptConfig& config) {
+  entries_.push_back({config.attempt_dir, std::nullopt});
+  Entry& e = entries_.back();
+  if (Status written = WriteConfig(config); !written.ok()) {
+    e.shim = written;
+  } else if (zygote_ == nullptr) {
+    e.shim = ExecShim(e.attempt_dir, tau_binary_);
+  } else {
+    // Never more than a few answers owed: wait for the oldest before asking again.
+    while (entries_.size() - 1 - received_ >= kMaxZygoteRequestsInFlight) ReceiveOldest();
+    Status sent = zygote_->Send(e.attempt_dir);
+    if (sent.code() == StatusCode::kUnavailable) {
+      e.shim = ExecShim(e.attempt_dir, tau_binary_);
+    } else if (!sent.ok()) {
+      e.shim = sent;
+    }
+  }
+  return entries_.size() - 1;
+}
+
+void ShimBatch::ReceiveOldest() {
+  Entry& e = entries_[received_++];
+  if (e.shim) return;  // answered without the zygote
+  Result<ProcessId> forked = zygote_->Receive(e.attempt_dir);
+  e.shim = ZygoteGone(forked) ? ExecShim(e.attempt_dir, tau_binary_) : std::move(forked);
+}
+
+std::vector<Result<ProcessId>> ShimBatch::Wait() {
+  while (received_ < entries_.size()) ReceiveOldest();
+  std::vector<Result<ProcessId>> out;
+  for (Entry& e : entries_) out.push_back(std::move(*e.shim));
+  entries_.clear();
+  received_ = 0;
+  return out;
 }
 
 Status StopAttempt(const ProcessId& shim, const std::string& attempt_dir) {

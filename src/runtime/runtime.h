@@ -140,15 +140,22 @@ class Zygote {
   // Forks a shim for the attempt in `attempt_dir`. Unavailable once the zygote has died or stopped
   // answering (for 2 s); from then on it is broken for good, and its owner may start another.
   Result<ProcessId> StartShim(const std::string& attempt_dir);
+  // StartShim in two halves, so that the zygote forks while the caller goes on: Send asks for a
+  // shim, Receive waits for the answer to the oldest request not yet received (the zygote answers
+  // in order). One caller at a time may have requests in flight.
+  Status Send(const std::string& attempt_dir);
+  Result<ProcessId> Receive(const std::string& attempt_dir);
   bool broken();
   int pid() const { return pid_; }
 
  private:
   Zygote(int pid, int sock) : pid_(pid), sock_(sock) {}
+  Status Broken(const std::string& what, int err);  // REQUIRES(mu_)
   const int pid_;
   const int sock_;
   std::mutex mu_;
   bool broken_ = false;  // GUARDED_BY(mu_)
+  int in_flight_ = 0;    // requests sent and not yet answered; GUARDED_BY(mu_)
 };
 
 // Writes DIR/config.json and starts the shim in its own session: forked by `zygote` when one is
@@ -156,6 +163,30 @@ class Zygote {
 // running; workers are started by the shim.
 Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& tau_binary,
                                Zygote* zygote = nullptr);
+
+// Starts the shims of many attempts, as StartAttempt does one: each Add writes the attempt's
+// config and sends the zygote its request without waiting for the fork, so that the zygote forks
+// while the caller prepares the next attempt; Wait collects the shims. Not thread-safe.
+class ShimBatch {
+ public:
+  ShimBatch(std::string tau_binary, Zygote* zygote)
+      : tau_binary_(std::move(tau_binary)), zygote_(zygote) {}
+  // Returns the attempt's index in Wait's answer.
+  size_t Add(const AttemptConfig& config);
+  // Each added attempt's shim, in the order they were added.
+  std::vector<Result<ProcessId>> Wait();
+
+ private:
+  void ReceiveOldest();
+  struct Entry {
+    std::string attempt_dir;
+    std::optional<Result<ProcessId>> shim;  // unset while the zygote owes its answer
+  };
+  const std::string tau_binary_;
+  Zygote* const zygote_;
+  std::vector<Entry> entries_;
+  size_t received_ = 0;  // entries_ before this one have their answer
+};
 
 // Asks the shim to stop the attempt (SIGTERM to the shim; it stops workers with the grace period).
 // When the shim is gone, kills whatever worker processes state.json lists that are still alive.

@@ -265,25 +265,34 @@ bool Zygote::broken() {
   return broken_;
 }
 
-Result<ProcessId> Zygote::StartShim(const std::string& attempt_dir) {
+Status Zygote::Broken(const std::string& what, int err) {
+  broken_ = true;
+  in_flight_ = 0;  // the answers still owed will never come
+  Status gone = Unavailable("the zygote (pid " + std::to_string(pid_) + ") " + what + ": " +
+                            std::strerror(err));
+  // Dead or stuck, it is of no more use: make sure it is gone, and reap it rather than leave a
+  // zombie for the server's lifetime. Said once in the server's log, since every later attempt
+  // pays for an exec.
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  std::fprintf(stderr, "tau: %s; shims are exec'd until another zygote starts\n",
+               gone.message().c_str());
+  return gone;
+}
+
+Status Zygote::Send(const std::string& attempt_dir) {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_) return Unavailable("the zygote is gone");
-  auto fail = [&](const std::string& what, int err) {
-    broken_ = true;
-    Status gone = Unavailable("the zygote (pid " + std::to_string(pid_) + ") " + what + ": " +
-                              std::strerror(err));
-    // Dead or stuck, it is of no more use: make sure it is gone, and reap it rather than leave a
-    // zombie for the server's lifetime. Said once in the server's log, since every later attempt
-    // pays for an exec.
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    std::fprintf(stderr, "tau: %s; shims are exec'd until another zygote starts\n",
-                 gone.message().c_str());
-    return gone;
-  };
   if (::send(sock_, attempt_dir.data(), attempt_dir.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(attempt_dir.size()))
-    return fail("took no request", errno);
+    return Broken("took no request", errno);
+  ++in_flight_;
+  return Status::Ok();
+}
+
+Result<ProcessId> Zygote::Receive(const std::string& attempt_dir) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ || in_flight_ == 0) return Unavailable("the zygote is gone");
   // A fork takes milliseconds; a zygote that is stopped or stuck must not hold the caller (the
   // server's decision loop) for long. If it was merely slow and its shim starts after all, the
   // supervisor lock keeps the attempt to one shim, and the server follows whichever holds it.
@@ -292,13 +301,19 @@ Result<ProcessId> Zygote::StartShim(const std::string& attempt_dir) {
   while ((ready = ::poll(&pfd, 1, kAnswerTimeoutMs)) < 0 && errno == EINTR) {
   }
   if (ready <= 0)
-    return fail("did not answer within " + std::to_string(kAnswerTimeoutMs / 1000) + " s",
-                ready < 0 ? errno : ETIMEDOUT);
+    return Broken("did not answer within " + std::to_string(kAnswerTimeoutMs / 1000) + " s",
+                  ready < 0 ? errno : ETIMEDOUT);
   ZygoteReply reply;
   ssize_t n = ::recv(sock_, &reply, sizeof reply, 0);
-  if (n != sizeof reply) return fail("did not answer", n < 0 ? errno : EPIPE);
+  if (n != sizeof reply) return Broken("did not answer", n < 0 ? errno : EPIPE);
+  --in_flight_;
   if (reply.err != 0) return IoError("cannot start the shim in " + attempt_dir, reply.err);
   return ProcessId{reply.pid, reply.start_time};
+}
+
+Result<ProcessId> Zygote::StartShim(const std::string& attempt_dir) {
+  TAU_RETURN_IF_ERROR(Send(attempt_dir));
+  return Receive(attempt_dir);
 }
 
 }  // namespace tau::runtime

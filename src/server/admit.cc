@@ -548,8 +548,8 @@ void Controller::RefreshPending() {
   nlohmann::json queues = QueuesJson(now, info);
   std::lock_guard<std::mutex> lock(mu_);
   // Keep placeholders for runs submitted after this pass started; they are not in active_ yet.
-  for (const std::string& name : inbox_new_)
-    info.emplace(name, pending_info_.count(name) ? pending_info_[name] : nlohmann::json());
+  for (const NewRun& n : inbox_new_)
+    info.emplace(n.name, pending_info_.count(n.name) ? pending_info_[n.name] : nlohmann::json());
   pending_info_ = std::move(info);
   capacity_info_ = std::move(capacity);
   queues_info_ = std::move(queues);

@@ -349,8 +349,13 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
     return inserted;
   }
   Count("tau_runs_submitted_total", {{"workspace", r.workspace}, {"queue", r.queue}});
+  // The loop's view of the run is made here, from the spec just parsed, exactly as Load would make
+  // it from the store after a restart: the decision loop, which every run passes through, neither
+  // reads the run back nor parses its spec again.
+  auto prepared = Load(r, std::move(*parsed.spec));
   std::lock_guard<std::mutex> lock(mu_);
-  inbox_new_.push_back(r.name);
+  inbox_new_.push_back({r.name, prepared.ok() ? std::make_optional(std::move(*prepared))
+                                              : std::optional<ActiveRun>()});
   pending_info_[r.name] = {{"position", nullptr}, {"reason", "waiting for the scheduler"}};
   cv_.notify_one();
   return r;
@@ -413,7 +418,7 @@ Result<RunRecord> Controller::Rerun(const std::string& name, std::string* warnin
   });
   TAU_RETURN_IF_ERROR(inserted);
   std::lock_guard<std::mutex> lock(mu_);
-  inbox_new_.push_back(r.name);
+  inbox_new_.push_back({r.name, std::nullopt});
   cv_.notify_one();
   return r;
 }
@@ -655,9 +660,13 @@ Result<Controller::ActiveRun> Controller::Load(const RunRecord& record) {
   spec::ParseOutcome parsed = spec::ParseSpec(record.spec_yaml, record.spec_file);
   if (!parsed.ok())
     return InvalidArgument("the recorded spec no longer parses: " + parsed.ErrorText());
+  return Load(record, std::move(*parsed.spec));
+}
+
+Result<Controller::ActiveRun> Controller::Load(const RunRecord& record, spec::RunSpec spec) {
   ActiveRun run;
   run.record = record;
-  run.spec = std::move(*parsed.spec);
+  run.spec = std::move(spec);
   if (record.resolved.empty()) {
     // Recorded before platform policy existed: its queue and shape are the spec's own.
     run.resolved.workspace = record.workspace;
@@ -812,7 +821,8 @@ void Controller::RestoreStopRequest(ActiveRun& run, int64_t attempt_started_ms) 
 
 void Controller::Loop() {
   while (true) {
-    std::deque<std::string> news, cancels, exits;
+    std::deque<NewRun> news;
+    std::deque<std::string> cancels, exits;
     std::deque<GpuNews> gpu_news;
     std::deque<ResumeRequest> resumes;
     std::deque<ClusterNews> cluster_news;
@@ -842,12 +852,16 @@ void Controller::Loop() {
     }
     if (rebuild) RebuildEngine();
     Batch batch;
-    for (const std::string& name : news) {
-      if (active_.count(name)) continue;
-      auto record = store_->GetRun(name);
+    for (NewRun& n : news) {
+      if (active_.count(n.name)) continue;
+      if (n.run) {
+        active_[n.name] = std::move(*n.run);
+        continue;
+      }
+      auto record = store_->GetRun(n.name);
       if (!record.ok()) continue;
       auto loaded = Load(*record);
-      if (loaded.ok()) active_[name] = std::move(*loaded);
+      if (loaded.ok()) active_[n.name] = std::move(*loaded);
     }
     for (const GpuNews& g : gpu_news) HandleGpuNews(g, &batch);
     for (const ResumeRequest& r : resumes) HandleResume(r, &batch);
@@ -866,7 +880,7 @@ void Controller::Loop() {
     CommitOrDie(std::move(batch));
     StopCommitted();
     Batch started;
-    for (const std::string& name : to_start) StartAttempt(name, &started);
+    StartAttempts(to_start, &started);
     for (const std::string& name : to_launch) LaunchOnCluster(name, &started);
     CommitOrDie(std::move(started));
     for (const std::string& name : to_start) {
@@ -1021,7 +1035,42 @@ runtime::EnvList Controller::BaseEnv() const {
   return env;
 }
 
-void Controller::StartAttempt(const std::string& name, Batch* batch) {
+void Controller::FailStart(ActiveRun& run, AttemptRecord a, const std::string& reason,
+                           const std::string& message, Batch* batch) {
+  a.state = AttemptState::kFinished;
+  a.ended_ms = NowMillis();
+  a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
+  a.reason = reason;
+  a.message = message;
+  batch->attempts.push_back(a);
+  CountAttempt(a);
+  run.record.attempts = a.number;
+  run.record.exit_code = std::nullopt;
+  FailAttempt(run, reason, message, batch);
+}
+
+void Controller::StartAttempts(const std::vector<std::string>& names, Batch* batch) {
+  runtime::ShimBatch shims(options_.tau_binary, zygote_.get());
+  std::vector<StartingAttempt> starting;
+  for (const std::string& name : names)
+    if (auto s = PrepareAttempt(name, &shims, batch)) starting.push_back(std::move(*s));
+  std::vector<Result<runtime::ProcessId>> started = shims.Wait();
+  // A zygote that died or got stuck is replaced at once, so that later attempts are forked again;
+  // if its replacements keep breaking, a new one is tried at most every 10 s.
+  if (zygote_ && zygote_->broken() &&
+      (zygote_restarted_ms_ == 0 || NowMillis() - zygote_restarted_ms_ >= 10'000)) {
+    zygote_restarted_ms_ = NowMillis();
+    StartZygote();
+  }
+  for (StartingAttempt& s : starting) {
+    const size_t index = s.index;
+    AttemptStarted(std::move(s), started[index], batch);
+  }
+}
+
+std::optional<Controller::StartingAttempt> Controller::PrepareAttempt(const std::string& name,
+                                                                      runtime::ShimBatch* shims,
+                                                                      Batch* batch) {
   ActiveRun& run = active_.at(name);
   RunRecord& r = run.record;
   int number = r.attempts + 1;
@@ -1032,17 +1081,10 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
   a.dir = AttemptDir(name, number);
   a.gpus = r.gpus;
   a.started_ms = NowMillis();
-  auto fail = [&](const std::string& reason, const std::string& message) {
-    a.state = AttemptState::kFinished;
-    a.ended_ms = NowMillis();
-    a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
-    a.reason = reason;
-    a.message = message;
-    batch->attempts.push_back(a);
-    CountAttempt(a);
-    r.attempts = number;
-    r.exit_code = std::nullopt;
-    FailAttempt(run, reason, message, batch);
+  auto fail = [&](const std::string& reason,
+                  const std::string& message) -> std::optional<StartingAttempt> {
+    FailStart(run, a, reason, message, batch);
+    return std::nullopt;
   };
   runtime::LaunchContext ctx;
   ctx.run_name = name;
@@ -1096,15 +1138,17 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
   if (run.need.cpu_milli > 0) config.cpu_limit_milli = run.need.cpu_milli;
   config.max_runtime_ms = run.spec.max_runtime_ms;
   config.stop_grace_ms = options_.stop_grace_ms;
-  auto shim = runtime::StartAttempt(config, options_.tau_binary, zygote_.get());
-  // A zygote that died or got stuck is replaced at once, so that later attempts are forked again;
-  // if its replacements keep breaking, a new one is tried at most every 10 s.
-  if (zygote_ && zygote_->broken() &&
-      (zygote_restarted_ms_ == 0 || NowMillis() - zygote_restarted_ms_ >= 10'000)) {
-    zygote_restarted_ms_ = NowMillis();
-    StartZygote();
-  }
-  if (!shim.ok()) return fail("SetupError", shim.status().message());
+  size_t index = shims->Add(config);
+  return StartingAttempt{name, std::move(a), config.workers.size(), index};
+}
+
+void Controller::AttemptStarted(StartingAttempt s, const Result<runtime::ProcessId>& shim,
+                                Batch* batch) {
+  ActiveRun& run = active_.at(s.name);
+  RunRecord& r = run.record;
+  AttemptRecord& a = s.attempt;
+  const int number = a.number;
+  if (!shim.ok()) return FailStart(run, std::move(a), "SetupError", shim.status().message(), batch);
   run.shim = *shim;
   a.state = AttemptState::kRunning;
   a.shim_pid = shim->pid;
@@ -1116,11 +1160,10 @@ void Controller::StartAttempt(const std::string& name, Batch* batch) {
   r.exit_code.reset();
   r.signal.reset();
   r.not_before_ms.reset();
-  Transition(
-      run, RunState::kRunning, "Running",
-      fmt::format("attempt {} started ({})", number,
-                  Plural(static_cast<int64_t>(config.workers.size()), "process", "processes")),
-      batch, {{"attempt", number}, {"shim_pid", shim->pid}});
+  Transition(run, RunState::kRunning, "Running",
+             fmt::format("attempt {} started ({})", number,
+                         Plural(static_cast<int64_t>(s.processes), "process", "processes")),
+             batch, {{"attempt", number}, {"shim_pid", shim->pid}});
   batch->runs.push_back(r);
 }
 

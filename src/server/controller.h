@@ -191,7 +191,21 @@ class Controller {
       const std::function<std::vector<store::Event>(const std::string&)>& events);
   void Recover(store::Batch* batch, const std::set<AttemptKey>& on_cluster);
   void AdmitQueued(store::Batch* batch, std::vector<std::string>* to_start);
-  void StartAttempt(const std::string& name, store::Batch* batch);
+  // Starts the next attempt of each run: prepared one after another while the zygote forks their
+  // shims (runtime::ShimBatch), then recorded as Running, or failed with SetupError.
+  void StartAttempts(const std::vector<std::string>& names, store::Batch* batch);
+  struct StartingAttempt {
+    std::string name;
+    store::AttemptRecord attempt;
+    size_t processes = 0;
+    size_t index = 0;  // in the ShimBatch
+  };
+  std::optional<StartingAttempt> PrepareAttempt(const std::string& name, runtime::ShimBatch* shims,
+                                                store::Batch* batch);
+  void AttemptStarted(StartingAttempt s, const Result<runtime::ProcessId>& shim,
+                      store::Batch* batch);
+  void FailStart(ActiveRun& run, store::AttemptRecord a, const std::string& reason,
+                 const std::string& message, store::Batch* batch);
   void HandleExit(const std::string& name, store::Batch* batch);
   void HandleCancel(const std::string& name, store::Batch* batch);
   // Stopping an attempt acts on a decision, so it waits for the decision's commit: the loop calls
@@ -237,6 +251,13 @@ class Controller {
                   nlohmann::json data = nlohmann::json::object());
   void RefreshPending();
   Result<ActiveRun> Load(const store::RunRecord& record);
+  // The same, with the record's spec already parsed (by Submit).
+  Result<ActiveRun> Load(const store::RunRecord& record, spec::RunSpec spec);
+  // A run for the loop to take on: prepared by Submit, or (unset) read from the store by the loop.
+  struct NewRun {
+    std::string name;
+    std::optional<ActiveRun> run;
+  };
   void CommitOrDie(store::Batch batch);
   void Count(const std::string& name, const Labels& labels);
   void CountAttempt(const store::AttemptRecord& attempt);
@@ -267,7 +288,7 @@ class Controller {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;                   // GUARDED_BY(mu_)
-  std::deque<std::string> inbox_new_;       // GUARDED_BY(mu_)
+  std::deque<NewRun> inbox_new_;            // GUARDED_BY(mu_)
   std::deque<std::string> inbox_cancel_;    // GUARDED_BY(mu_)
   std::deque<std::string> inbox_exited_;    // GUARDED_BY(mu_)
   std::deque<GpuNews> inbox_gpu_;           // GUARDED_BY(mu_)

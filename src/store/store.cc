@@ -3,6 +3,8 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include <unordered_map>
+
 #include <fmt/format.h>
 
 #include "common/hash.h"
@@ -120,11 +122,41 @@ CREATE TABLE secrets (
 )sql",
 };
 
-// A prepared statement with RAII finalisation.
+// Prepared statements kept for the next use of the same SQL text: preparing one costs more than
+// running most of the store's statements. Used under the store's mutex.
+struct CachedStatement {
+  sqlite3_stmt* stmt = nullptr;
+  bool busy = false;  // a Stmt uses it now
+};
+using StatementCache = std::unordered_map<std::string, CachedStatement>;
+
+// A prepared statement, taken from the cache (and reset for the next user when done) or, when the
+// cache's copy is in use, prepared for this use alone (and finalised).
 class Stmt {
  public:
-  Stmt(sqlite3* db, const char* sql) { rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr); }
-  ~Stmt() { sqlite3_finalize(stmt_); }
+  Stmt(sqlite3* db, StatementCache* cache, const std::string& sql) {
+    CachedStatement& c = (*cache)[sql];
+    if (c.busy) {
+      rc_ = sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt_, nullptr);
+      return;
+    }
+    rc_ = c.stmt != nullptr ? SQLITE_OK
+                            : sqlite3_prepare_v3(db, sql.c_str(), -1, SQLITE_PREPARE_PERSISTENT,
+                                                 &c.stmt, nullptr);
+    if (rc_ != SQLITE_OK) return;
+    stmt_ = c.stmt;
+    cached_ = &c;
+    c.busy = true;
+  }
+  ~Stmt() {
+    if (cached_ == nullptr) {
+      sqlite3_finalize(stmt_);
+      return;
+    }
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+    cached_->busy = false;
+  }
   Stmt(const Stmt&) = delete;
   Stmt& operator=(const Stmt&) = delete;
   bool ok() const { return rc_ == SQLITE_OK; }
@@ -165,7 +197,8 @@ class Stmt {
 
  private:
   sqlite3_stmt* stmt_ = nullptr;
-  int rc_;
+  CachedStatement* cached_ = nullptr;  // null: stmt_ is this object's own
+  int rc_ = SQLITE_ERROR;
 };
 
 nlohmann::json ParseJsonColumn(const std::string& text, nlohmann::json fallback) {
@@ -304,6 +337,7 @@ static AttemptState ParseAttemptState(const std::string& s) {
 struct Store::Impl {
   std::mutex mu;
   sqlite3* db = nullptr;  // GUARDED_BY(mu)
+  StatementCache cache;   // GUARDED_BY(mu)
 
   Status Exec(const char* sql) {
     char* err = nullptr;
@@ -325,7 +359,7 @@ struct Store::Impl {
   }
 
   Status Migrate() {
-    Stmt v(db, "PRAGMA user_version");
+    Stmt v(db, &cache, "PRAGMA user_version");
     if (!v.ok() || v.Step() != SQLITE_ROW) return Error("reading schema version");
     int64_t version = v.Int(0);
     constexpr int64_t kLatest = sizeof(kMigrations) / sizeof(kMigrations[0]);
@@ -346,20 +380,48 @@ struct Store::Impl {
     return Status::Ok();
   }
 
-  Status UpsertRun(const RunRecord& r) {
+  Status InsertRun(const RunRecord& r) {
     static const std::string sql = fmt::format(
-        "INSERT OR REPLACE INTO runs ({}) VALUES "
+        "INSERT INTO runs ({}) VALUES "
         "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         kRunColumns);
-    Stmt s(db, sql.c_str());
-    if (!s.ok()) return Error("preparing run upsert");
+    Stmt s(db, &cache, sql.c_str());
+    if (!s.ok()) return Error("preparing run insert");
     BindRun(s, r);
     if (s.Step() != SQLITE_DONE) return Error("writing run");
     return Status::Ok();
   }
 
+  Status UpdateRun(const RunProgress& r) {
+    Stmt s(db, &cache,
+           "UPDATE runs SET state = ?2, reason = ?3, message = ?4, exit_code = ?5, signal = ?6, "
+           "attempts = ?7, gpus = ?8, cancel_requested = ?9, updated_ms = ?10, admitted_ms = ?11, "
+           "started_ms = ?12, finished_ms = ?13, not_before_ms = ?14, flavors = ?15, "
+           "preemptions = ?16 WHERE name = ?1");
+    if (!s.ok()) return Error("preparing run update");
+    s.Bind(1, r.name);
+    s.Bind(2, std::string(RunStateName(r.state)));
+    s.Bind(3, r.reason);
+    s.Bind(4, r.message);
+    s.Bind(5, r.exit_code);
+    s.Bind(6, r.signal);
+    s.Bind(7, static_cast<int64_t>(r.attempts));
+    s.Bind(8, IntListJson(r.gpus));
+    s.Bind(9, static_cast<int64_t>(r.cancel_requested));
+    s.Bind(10, r.updated_ms);
+    s.Bind(11, r.admitted_ms);
+    s.Bind(12, r.started_ms);
+    s.Bind(13, r.finished_ms);
+    s.Bind(14, r.not_before_ms);
+    s.Bind(15, JsonText(r.flavors));
+    s.Bind(16, static_cast<int64_t>(r.preemptions));
+    if (s.Step() != SQLITE_DONE) return Error("writing run");
+    if (sqlite3_changes(db) != 1) return NotFound(fmt::format("no run named '{}'", r.name));
+    return Status::Ok();
+  }
+
   Status UpsertAttempt(const AttemptRecord& a) {
-    Stmt s(db,
+    Stmt s(db, &cache,
            "INSERT OR REPLACE INTO attempts (run, number, state, dir, shim_pid, shim_start_time, "
            "gpus, started_ms, ended_ms, exit_code, signal, outcome, reason, message, diagnosis) "
            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
@@ -384,7 +446,7 @@ struct Store::Impl {
   }
 
   Status AppendEvent(Event* e) {
-    Stmt last(db, "SELECT hash FROM events WHERE run = ? ORDER BY id DESC LIMIT 1");
+    Stmt last(db, &cache, "SELECT hash FROM events WHERE run = ? ORDER BY id DESC LIMIT 1");
     if (!last.ok()) return Error("preparing event chain lookup");
     last.Bind(1, e->run);
     e->prev_hash = last.Step() == SQLITE_ROW ? last.Text(0) : std::string();
@@ -394,7 +456,7 @@ struct Store::Impl {
                            {"message", e->message},
                            {"data", e->data}};
     e->hash = Sha256Hex(e->prev_hash + "\n" + JsonText(body));
-    Stmt s(db,
+    Stmt s(db, &cache,
            "INSERT INTO events (run, ts_ms, type, message, data, prev_hash, hash) VALUES "
            "(?,?,?,?,?,?,?)");
     if (!s.ok()) return Error("preparing event insert");
@@ -425,7 +487,9 @@ struct Store::Impl {
 
 Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Store::~Store() {
-  if (impl_ && impl_->db) sqlite3_close_v2(impl_->db);
+  if (!impl_ || !impl_->db) return;
+  for (auto& [sql, c] : impl_->cache) sqlite3_finalize(c.stmt);
+  sqlite3_close_v2(impl_->db);
 }
 
 Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
@@ -460,13 +524,13 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
 Status Store::InsertRun(RunRecord* run, std::vector<Event> events) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->InTransaction([&]() -> Status {
-    Stmt exists(impl_->db, "SELECT 1 FROM runs WHERE name = ?");
+    Stmt exists(impl_->db, &impl_->cache, "SELECT 1 FROM runs WHERE name = ?");
     exists.Bind(1, run->name);
     if (exists.Step() == SQLITE_ROW) return AlreadyExists("run '" + run->name + "' already exists");
-    Stmt seq(impl_->db, "SELECT COALESCE(MAX(seq), 0) + 1 FROM runs");
+    Stmt seq(impl_->db, &impl_->cache, "SELECT COALESCE(MAX(seq), 0) + 1 FROM runs");
     if (!seq.ok() || seq.Step() != SQLITE_ROW) return impl_->Error("assigning run sequence");
     run->seq = seq.Int(0);
-    TAU_RETURN_IF_ERROR(impl_->UpsertRun(*run));
+    TAU_RETURN_IF_ERROR(impl_->InsertRun(*run));
     for (Event& e : events) TAU_RETURN_IF_ERROR(impl_->AppendEvent(&e));
     return Status::Ok();
   });
@@ -476,7 +540,7 @@ Status Store::Commit(const Batch& batch) {
   if (batch.empty()) return Status::Ok();
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->InTransaction([&]() -> Status {
-    for (const RunRecord& r : batch.runs) TAU_RETURN_IF_ERROR(impl_->UpsertRun(r));
+    for (const RunProgress& r : batch.runs) TAU_RETURN_IF_ERROR(impl_->UpdateRun(r));
     for (const AttemptRecord& a : batch.attempts) TAU_RETURN_IF_ERROR(impl_->UpsertAttempt(a));
     for (Event e : batch.events) TAU_RETURN_IF_ERROR(impl_->AppendEvent(&e));
     return Status::Ok();
@@ -485,7 +549,8 @@ Status Store::Commit(const Batch& batch) {
 
 Result<RunRecord> Store::GetRun(const std::string& name) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db, fmt::format("SELECT {} FROM runs WHERE name = ?", kRunColumns).c_str());
+  Stmt s(impl_->db, &impl_->cache,
+         fmt::format("SELECT {} FROM runs WHERE name = ?", kRunColumns).c_str());
   if (!s.ok()) return impl_->Error("preparing run lookup");
   s.Bind(1, name);
   int rc = s.Step();
@@ -515,12 +580,15 @@ static void BindFilter(Stmt& s, const RunFilter& f) {
 
 Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  std::string sql = fmt::format(
-      "SELECT {} FROM runs{} ORDER BY seq {} LIMIT {} OFFSET {}", kRunColumns, WhereClause(filter),
-      filter.newest_first ? "DESC" : "ASC", filter.limit > 0 ? filter.limit : -1, filter.offset);
-  Stmt s(impl_->db, sql.c_str());
+  // The page is bound, not written into the text, so that the statement is prepared once.
+  std::string sql =
+      fmt::format("SELECT {} FROM runs{} ORDER BY seq {} LIMIT ?5 OFFSET ?6", kRunColumns,
+                  WhereClause(filter), filter.newest_first ? "DESC" : "ASC");
+  Stmt s(impl_->db, &impl_->cache, sql);
   if (!s.ok()) return impl_->Error("preparing run list");
   BindFilter(s, filter);
+  s.Bind(5, static_cast<int64_t>(filter.limit > 0 ? filter.limit : -1));
+  s.Bind(6, static_cast<int64_t>(filter.offset));
   std::vector<RunRecord> out;
   int rc;
   while ((rc = s.Step()) == SQLITE_ROW) out.push_back(ReadRun(s));
@@ -530,7 +598,8 @@ Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {
 
 Result<int64_t> Store::CountRuns(const RunFilter& filter) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db, fmt::format("SELECT COUNT(*) FROM runs{}", WhereClause(filter)).c_str());
+  Stmt s(impl_->db, &impl_->cache,
+         fmt::format("SELECT COUNT(*) FROM runs{}", WhereClause(filter)).c_str());
   if (!s.ok()) return impl_->Error("preparing run count");
   BindFilter(s, filter);
   if (s.Step() != SQLITE_ROW) return impl_->Error("counting runs");
@@ -539,7 +608,8 @@ Result<int64_t> Store::CountRuns(const RunFilter& filter) {
 
 Result<std::vector<RunCount>> Store::CountRunsByStateAndWorkspace() {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db, "SELECT state, workspace, COUNT(*) FROM runs GROUP BY state, workspace");
+  Stmt s(impl_->db, &impl_->cache,
+         "SELECT state, workspace, COUNT(*) FROM runs GROUP BY state, workspace");
   if (!s.ok()) return impl_->Error("preparing run counts");
   std::vector<RunCount> out;
   int rc;
@@ -550,7 +620,7 @@ Result<std::vector<RunCount>> Store::CountRunsByStateAndWorkspace() {
 
 Result<std::vector<AttemptRecord>> Store::ListAttempts(const std::string& run) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db,
+  Stmt s(impl_->db, &impl_->cache,
          "SELECT run, number, state, dir, shim_pid, shim_start_time, gpus, started_ms, ended_ms, "
          "exit_code, signal, outcome, reason, message, diagnosis FROM attempts WHERE run = ? "
          "ORDER BY number");
@@ -583,7 +653,7 @@ Result<std::vector<AttemptRecord>> Store::ListAttempts(const std::string& run) {
 
 Result<std::vector<Event>> Store::ListEvents(const std::string& run) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db,
+  Stmt s(impl_->db, &impl_->cache,
          "SELECT id, run, ts_ms, type, message, data, prev_hash, hash FROM events WHERE run = ? "
          "ORDER BY id");
   if (!s.ok()) return impl_->Error("preparing event list");
@@ -630,7 +700,7 @@ static TokenRecord ReadToken(Stmt& s) {
 
 Status Store::InsertToken(const TokenRecord& t) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db,
+  Stmt s(impl_->db, &impl_->cache,
          fmt::format("INSERT INTO tokens ({}) VALUES (?,?,?,?,?,?,?,?,?)", kTokenColumns).c_str());
   if (!s.ok()) return impl_->Error("preparing token insert");
   s.Bind(1, t.id);
@@ -650,7 +720,8 @@ Status Store::InsertToken(const TokenRecord& t) {
 
 Result<TokenRecord> Store::FindToken(const std::string& digest) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db, fmt::format("SELECT {} FROM tokens WHERE digest = ?", kTokenColumns).c_str());
+  Stmt s(impl_->db, &impl_->cache,
+         fmt::format("SELECT {} FROM tokens WHERE digest = ?", kTokenColumns).c_str());
   if (!s.ok()) return impl_->Error("preparing token lookup");
   s.Bind(1, digest);
   int rc = s.Step();
@@ -661,10 +732,11 @@ Result<TokenRecord> Store::FindToken(const std::string& digest) {
 
 Result<std::vector<TokenRecord>> Store::ListTokens(const std::string& user) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db, fmt::format("SELECT {} FROM tokens WHERE ?1 = '' OR user = ?1 ORDER BY "
-                                "created_ms, id",
-                                kTokenColumns)
-                        .c_str());
+  Stmt s(impl_->db, &impl_->cache,
+         fmt::format("SELECT {} FROM tokens WHERE ?1 = '' OR user = ?1 ORDER BY "
+                     "created_ms, id",
+                     kTokenColumns)
+             .c_str());
   if (!s.ok()) return impl_->Error("preparing token list");
   s.Bind(1, user);
   std::vector<TokenRecord> out;
@@ -676,7 +748,8 @@ Result<std::vector<TokenRecord>> Store::ListTokens(const std::string& user) {
 
 Status Store::RevokeToken(const std::string& id, int64_t now_ms) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db, "UPDATE tokens SET revoked_ms = COALESCE(revoked_ms, ?) WHERE id = ?");
+  Stmt s(impl_->db, &impl_->cache,
+         "UPDATE tokens SET revoked_ms = COALESCE(revoked_ms, ?) WHERE id = ?");
   if (!s.ok()) return impl_->Error("preparing token revocation");
   s.Bind(1, now_ms);
   s.Bind(2, id);
@@ -687,7 +760,7 @@ Status Store::RevokeToken(const std::string& id, int64_t now_ms) {
 
 Status Store::AppendAudit(const AuditRecord& a) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db,
+  Stmt s(impl_->db, &impl_->cache,
          "INSERT INTO audit (ts_ms, user, via, method, path, status, action, detail) VALUES "
          "(?,?,?,?,?,?,?,?)");
   if (!s.ok()) return impl_->Error("preparing audit insert");
@@ -705,7 +778,7 @@ Status Store::AppendAudit(const AuditRecord& a) {
 
 Result<std::vector<AuditRecord>> Store::ListAudit(int64_t limit) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db,
+  Stmt s(impl_->db, &impl_->cache,
          "SELECT id, ts_ms, user, via, method, path, status, action, detail FROM audit ORDER BY "
          "id DESC LIMIT ?");
   if (!s.ok()) return impl_->Error("preparing audit list");
@@ -731,7 +804,7 @@ Result<std::vector<AuditRecord>> Store::ListAudit(int64_t limit) {
 
 Status Store::PutSecret(const SecretInfo& info, const std::string& value) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db,
+  Stmt s(impl_->db, &impl_->cache,
          "INSERT OR REPLACE INTO secrets (workspace, key, value, updated_ms, updated_by) VALUES "
          "(?,?,?,?,?)");
   if (!s.ok()) return impl_->Error("preparing secret write");
@@ -746,7 +819,7 @@ Status Store::PutSecret(const SecretInfo& info, const std::string& value) {
 
 Status Store::DeleteSecret(const std::string& workspace, const std::string& key) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db, "DELETE FROM secrets WHERE workspace = ? AND key = ?");
+  Stmt s(impl_->db, &impl_->cache, "DELETE FROM secrets WHERE workspace = ? AND key = ?");
   if (!s.ok()) return impl_->Error("preparing secret delete");
   s.Bind(1, workspace);
   s.Bind(2, key);
@@ -758,7 +831,7 @@ Status Store::DeleteSecret(const std::string& workspace, const std::string& key)
 
 Result<std::vector<SecretInfo>> Store::ListSecrets(const std::string& workspace) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db,
+  Stmt s(impl_->db, &impl_->cache,
          "SELECT workspace, key, length(value), updated_ms, updated_by FROM secrets WHERE "
          "workspace = ? ORDER BY key");
   if (!s.ok()) return impl_->Error("preparing secret list");
@@ -773,7 +846,7 @@ Result<std::vector<SecretInfo>> Store::ListSecrets(const std::string& workspace)
 
 Result<std::map<std::string, std::string>> Store::SecretValues(const std::string& workspace) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Stmt s(impl_->db, "SELECT key, value FROM secrets WHERE workspace = ?");
+  Stmt s(impl_->db, &impl_->cache, "SELECT key, value FROM secrets WHERE workspace = ?");
   if (!s.ok()) return impl_->Error("preparing secret read");
   s.Bind(1, workspace);
   std::map<std::string, std::string> out;

@@ -89,9 +89,43 @@ struct Event {
   std::string prev_hash, hash;  // assigned by the store
 };
 
+// What a commit changes of a run that exists: how far it got. What it was submitted with (spec,
+// code snapshot, workspace, queue, priority, owner, resolution, resources) is written once, by
+// InsertRun, and never again: a commit neither copies nor rewrites it.
+struct RunProgress {
+  RunProgress(const RunRecord& r)  // NOLINT(google-explicit-constructor): batch.runs.push_back(r)
+      : name(r.name),
+        state(r.state),
+        reason(r.reason),
+        message(r.message),
+        exit_code(r.exit_code),
+        signal(r.signal),
+        attempts(r.attempts),
+        gpus(r.gpus),
+        cancel_requested(r.cancel_requested),
+        updated_ms(r.updated_ms),
+        admitted_ms(r.admitted_ms),
+        started_ms(r.started_ms),
+        finished_ms(r.finished_ms),
+        not_before_ms(r.not_before_ms),
+        flavors(r.flavors),
+        preemptions(r.preemptions) {}
+  std::string name;
+  RunState state;
+  std::string reason, message;
+  std::optional<int> exit_code, signal;
+  int attempts;
+  std::vector<int> gpus;
+  bool cancel_requested;
+  int64_t updated_ms;
+  std::optional<int64_t> admitted_ms, started_ms, finished_ms, not_before_ms;
+  nlohmann::json flavors;
+  int preemptions;
+};
+
 // Changes committed together in one transaction.
 struct Batch {
-  std::vector<RunRecord> runs;          // upserted
+  std::vector<RunProgress> runs;        // updated; NotFound for a run that does not exist
   std::vector<AttemptRecord> attempts;  // upserted
   std::vector<Event> events;            // appended, in order
   bool empty() const { return runs.empty() && attempts.empty() && events.empty(); }

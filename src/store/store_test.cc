@@ -62,11 +62,14 @@ TEST_F(StoreTest, BatchCommitAndFilters) {
     ASSERT_TRUE(store_->InsertRun(&r, {}).ok());
   }
   RunRecord r = *store_->GetRun("r2");
+  const std::string owner = r.owner;
+  const nlohmann::json resolved = r.resolved;
   r.state = RunState::kSucceeded;
   r.exit_code = 0;
   r.gpus = {1, 3};
-  r.owner = "alice";
-  r.resolved = {{"queue", "research"}, {"workspace", "vision"}};
+  // What a run was submitted with is written once: a commit carries only its progress.
+  r.owner = "mallory";
+  r.resolved = {{"queue", "elsewhere"}};
   r.flavors = {{"main", {{"nvidia.com/gpu", "h100"}}}};
   r.preemptions = 2;
   AttemptRecord a;
@@ -84,8 +87,8 @@ TEST_F(StoreTest, BatchCommitAndFilters) {
   EXPECT_EQ(got.state, RunState::kSucceeded);
   EXPECT_EQ(got.gpus, (std::vector<int>{1, 3}));
   EXPECT_EQ(*got.exit_code, 0);
-  EXPECT_EQ(got.owner, "alice");
-  EXPECT_EQ(got.resolved["queue"], "research");
+  EXPECT_EQ(got.owner, owner);
+  EXPECT_EQ(got.resolved, resolved);
   EXPECT_EQ(got.flavors["main"]["nvidia.com/gpu"], "h100");
   EXPECT_EQ(got.preemptions, 2);
   EXPECT_EQ(store_->ListAttempts("r2")->at(0).shim_pid, 42);
@@ -106,6 +109,53 @@ TEST_F(StoreTest, BatchCommitAndFilters) {
   EXPECT_EQ(*store_->CountRuns(in_queue), 5);
   in_queue.queue = "elsewhere";
   EXPECT_EQ(*store_->CountRuns(in_queue), 0);
+}
+
+TEST_F(StoreTest, CommitOfAnUnknownRunWritesNothing) {
+  RunRecord known = MakeRun("known");
+  ASSERT_TRUE(store_->InsertRun(&known, {}).ok());
+  known.state = RunState::kRunning;
+  RunRecord ghost = MakeRun("ghost");
+  Batch b;
+  b.runs.push_back(known);
+  b.runs.push_back(ghost);
+  b.events.push_back(Event{0, "known", 5, "Running", "", {}, "", ""});
+  Status s = store_->Commit(b);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+  EXPECT_NE(s.message().find("ghost"), std::string::npos) << s.message();
+  // All or nothing: the known run's change and the event were rolled back too.
+  EXPECT_EQ(store_->GetRun("known")->state, RunState::kQueued);
+  EXPECT_TRUE(store_->ListEvents("known")->empty());
+  EXPECT_EQ(store_->GetRun("ghost").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(StoreTest, StatementsAreReusedWithFreshBindings) {
+  // The same statements run again and again (prepared once): each use sees only its own values.
+  for (int i = 0; i < 20; ++i) {
+    RunRecord r = MakeRun("loop-" + std::to_string(i));
+    ASSERT_TRUE(store_->InsertRun(&r, {}).ok());
+    r.state = i % 2 ? RunState::kSucceeded : RunState::kFailed;
+    r.exit_code = i % 3 ? std::optional<int>(i) : std::nullopt;
+    Batch b;
+    b.runs.push_back(r);
+    ASSERT_TRUE(store_->Commit(b).ok());
+  }
+  for (int i = 0; i < 20; ++i) {
+    auto got = store_->GetRun("loop-" + std::to_string(i));
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(got->state, i % 2 ? RunState::kSucceeded : RunState::kFailed);
+    EXPECT_EQ(got->exit_code, i % 3 ? std::optional<int>(i) : std::nullopt) << i;
+  }
+  RunFilter page;
+  page.limit = 3;
+  page.offset = 2;
+  auto runs = store_->ListRuns(page);
+  ASSERT_TRUE(runs.ok());
+  ASSERT_EQ(runs->size(), 3u);
+  EXPECT_EQ((*runs)[0].name, "loop-17");
+  page.limit = 0;  // no limit, with the same statement
+  page.offset = 18;
+  EXPECT_EQ(store_->ListRuns(page)->size(), 2u);
 }
 
 TEST_F(StoreTest, EventsAreHashChained) {
