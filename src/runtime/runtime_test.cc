@@ -972,5 +972,75 @@ TEST_F(ZygoteTest, AttemptsInQuickSuccessionAllRun) {
   }
 }
 
+TEST_F(ZygoteTest, ABatchStartsEachAttemptOnceWithItsOwnShim) {
+  // More attempts than the zygote may owe answers for at once (16): each gets its own shim, and
+  // the answers come back to the attempt they belong to.
+  constexpr int kAttempts = 40;
+  ShimBatch batch(TAU_TEST_SHIM_PATH, zygote_.get());
+  std::vector<std::string> dirs;
+  for (int i = 0; i < kAttempts; ++i) {
+    AttemptConfig c = Config({Shell("echo batch " + std::to_string(i))}, "b" + std::to_string(i));
+    EXPECT_EQ(batch.Add(c), static_cast<size_t>(i));
+    dirs.push_back(c.attempt_dir);
+  }
+  std::vector<Result<ProcessId>> shims = batch.Wait();
+  ASSERT_EQ(shims.size(), static_cast<size_t>(kAttempts));
+  std::set<int> pids;
+  for (int i = 0; i < kAttempts; ++i) {
+    ASSERT_TRUE(shims[i].ok()) << shims[i].status().ToString();
+    shims_.push_back(*shims[i]);
+    pids.insert(shims[i]->pid);
+  }
+  EXPECT_EQ(pids.size(), static_cast<size_t>(kAttempts));
+  for (int i = 0; i < kAttempts; ++i) {
+    AttemptOutcome o = WaitForked(*shims[i], dirs[i]);
+    EXPECT_EQ(o.kind, OutcomeKind::kSucceeded) << o.message;
+    EXPECT_EQ(Log(dirs[i], 0), "batch " + std::to_string(i) + "\n");
+    // The pid the batch answered for this attempt is the one that holds its supervisor lock.
+    ProcessId holder;
+    EXPECT_EQ(ProbeSupervisor(dirs[i], &holder), SupervisorState::kGone);
+    auto lock = ReadFile(dirs[i] + "/" + kSupervisorLockFile);
+    ASSERT_TRUE(lock.ok());
+    EXPECT_EQ(std::atoi(lock->c_str()), shims[i]->pid) << *lock;
+  }
+  EXPECT_TRUE(batch.Wait().empty());  // emptied: the batch may be used again
+}
+
+TEST_F(ZygoteTest, ABatchWhoseZygoteStopsExecsTheRest) {
+  // Stopped: the requests are sent but never answered. The batch gives up on the zygote within
+  // seconds (not seconds per attempt) and execs the shims it owed.
+  ASSERT_EQ(::kill(zygote_->pid(), SIGSTOP), 0);
+  ShimBatch batch(TAU_TEST_SHIM_PATH, zygote_.get());
+  AttemptConfig first = Config({Python("print('first')")}, "s0");
+  batch.Add(first);
+  AttemptConfig second = Config({Python("print('second')")}, "s1");
+  AttemptConfig bad = Config({Python("print('never')")}, "s2");
+  bad.workers.clear();  // refused before anything starts
+  AttemptConfig third = Config({Python("print('third')")}, "s3");
+  batch.Add(second);
+  batch.Add(bad);
+  batch.Add(third);
+  const int64_t t0 = MonotonicMillis();
+  std::vector<Result<ProcessId>> shims = batch.Wait();
+  EXPECT_LT(MonotonicMillis() - t0, 5'000);
+  ASSERT_EQ(shims.size(), 4u);
+  EXPECT_TRUE(zygote_->broken());
+  EXPECT_EQ(shims[2].status().code(), StatusCode::kInvalidArgument);
+  const std::vector<std::pair<int, std::string>> ran = {{0, "first"}, {1, "second"}, {3, "third"}};
+  for (const auto& [i, word] : ran) {
+    ASSERT_TRUE(shims[i].ok()) << shims[i].status().ToString();
+    shims_.push_back(*shims[i]);
+  }
+  for (const auto& [i, word] : ran) {
+    const std::string& dir = i == 0   ? first.attempt_dir
+                             : i == 1 ? second.attempt_dir
+                                      : third.attempt_dir;
+    EXPECT_EQ(internal::ReadProcStat(shims[i]->pid)->ppid, ::getpid());  // exec'd by us
+    AttemptOutcome o = Wait(*shims[i], dir);
+    EXPECT_EQ(o.kind, OutcomeKind::kSucceeded) << o.message;
+    EXPECT_TRUE(Contains(Log(dir, 0), word)) << Log(dir, 0);
+  }
+}
+
 }  // namespace
 }  // namespace tau::runtime
