@@ -33,11 +33,6 @@ TEST(StatusTest, PropagatesErrors) {
   EXPECT_EQ(r.status().WithContext("x").message(), "x: odd");
 }
 
-TEST(HashTest, KnownVectors) {
-  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  EXPECT_EQ(Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-}
-
 TEST(ClockTest, Rfc3339RoundTrip) {
   auto t = ParseRfc3339("2026-01-02T15:04:05Z");
   ASSERT_TRUE(t.ok());
@@ -150,7 +145,24 @@ TEST(Base64Test, RoundTrip) {
 
 namespace tau {
 namespace {
-TEST(HashTest, MoreVectorsAndIncremental) {
+// Every vector through both code paths: the CPU's SHA instructions (where it has them) and the
+// portable rounds.
+class HashTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { before_ = UseSha256Instructions(GetParam()); }
+  void TearDown() override { UseSha256Instructions(before_); }
+  bool before_ = false;
+};
+
+INSTANTIATE_TEST_SUITE_P(Paths, HashTest, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "Native" : "Portable"; });
+
+TEST_P(HashTest, KnownVectors) {
+  EXPECT_EQ(Sha256Hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(Sha256Hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
+TEST_P(HashTest, MoreVectorsAndIncremental) {
   EXPECT_EQ(Sha256Hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
   std::string million(1000000, 'a');
@@ -164,6 +176,27 @@ TEST(HashTest, MoreVectorsAndIncremental) {
   EXPECT_NE(Sha256Hex(std::string(55, 'x')), Sha256Hex(std::string(56, 'x')));
   EXPECT_EQ(Sha256Hex(std::string(64, 'a')),
             "ffe054fe7ae0cb6dc65c3af9b61d5209f439851db43d0ba5997337df154668eb");
+}
+
+TEST(HashPathsTest, BothPathsAgreeOnEveryLengthAndSplit) {
+  std::string data;
+  uint32_t x = 12345;
+  for (int i = 0; i < 4096; ++i)
+    data.push_back(static_cast<char>((x = x * 1103515245 + 12345) >> 16));
+  const bool before = UseSha256Instructions(true);
+  for (size_t len : {0, 1, 55, 56, 63, 64, 65, 119, 120, 127, 128, 129, 1000, 4095, 4096}) {
+    std::string_view part = std::string_view(data).substr(0, len);
+    UseSha256Instructions(true);
+    std::string native = Sha256Hex(part);
+    Sha256 split;  // odd pieces: blocks cross Update calls
+    for (size_t i = 0; i < part.size(); i += 37) split.Update(part.substr(i, 37));
+    std::string native_split = split.HexDigest();
+    UseSha256Instructions(false);
+    std::string portable = Sha256Hex(part);
+    EXPECT_EQ(native, portable) << len;
+    EXPECT_EQ(native_split, portable) << len;
+  }
+  UseSha256Instructions(before);
 }
 }  // namespace
 }  // namespace tau

@@ -7,6 +7,10 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
 
 #include <cerrno>
 #include <cstring>
@@ -26,11 +30,88 @@ constexpr uint32_t kK[64] = {
 
 inline uint32_t Rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
+#if defined(__x86_64__)
+// The x86 SHA extensions (SHA-NI) do four rounds in a few instructions: about eight times the
+// portable code's speed, which matters for the evidence record (it hashes every log, checkpoint and
+// output file of a run) and for every event appended to the store. Chosen at run time: the
+// instructions exist on most x86 server CPUs of the last few years, not on all.
+bool HasShaNi() {
+  unsigned int a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const bool ssse3 = c & (1u << 9), sse41 = c & (1u << 19);
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool sha = b & (1u << 29);
+  return ssse3 && sse41 && sha;
+}
+
+bool g_sha_ni = HasShaNi();
+
+// `blocks` 64-byte blocks of `p` into `state` (a..h). The registers hold the state as ABEF and
+// CDGH, the layout the round instruction wants; each group of four message words is scheduled
+// from the four groups before it (sha256msg1 adds sigma0 and w[t-16], the alignr the w[t-7] terms,
+// sha256msg2 sigma1).
+__attribute__((target("sha,ssse3,sse4.1"))) void BlocksShaNi(uint32_t state[8],
+                                                             const unsigned char* p,
+                                                             size_t blocks) {
+  const __m128i byteswap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
+  __m128i dcba = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&state[0]));
+  __m128i hgfe = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&state[4]));
+  __m128i badc = _mm_shuffle_epi32(dcba, 0xB1);
+  __m128i efgh = _mm_shuffle_epi32(hgfe, 0x1B);
+  __m128i abef = _mm_alignr_epi8(badc, efgh, 8);
+  __m128i cdgh = _mm_blend_epi16(efgh, badc, 0xF0);
+  for (; blocks > 0; --blocks, p += 64) {
+    const __m128i abef_in = abef, cdgh_in = cdgh;
+    __m128i w[4];
+    for (int i = 0; i < 16; ++i) {
+      __m128i& group = w[i % 4];
+      if (i < 4) {
+        group = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i)),
+                                 byteswap);
+      } else {
+        // w[i-4] is `group` itself, about to be replaced.
+        __m128i t7 = _mm_alignr_epi8(w[(i - 1) % 4], w[(i - 2) % 4], 4);
+        group = _mm_sha256msg2_epu32(_mm_add_epi32(_mm_sha256msg1_epu32(group, w[(i - 3) % 4]), t7),
+                                     w[(i - 1) % 4]);
+      }
+      __m128i wk =
+          _mm_add_epi32(group, _mm_loadu_si128(reinterpret_cast<const __m128i*>(&kK[4 * i])));
+      cdgh = _mm_sha256rnds2_epu32(cdgh, abef, wk);
+      abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(wk, 0x0E));
+    }
+    abef = _mm_add_epi32(abef, abef_in);
+    cdgh = _mm_add_epi32(cdgh, cdgh_in);
+  }
+  __m128i feba = _mm_shuffle_epi32(abef, 0x1B);
+  __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&state[0]), _mm_blend_epi16(feba, dchg, 0xF0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(&state[4]), _mm_alignr_epi8(dchg, feba, 8));
+}
+#endif
+
 }  // namespace
+
+bool UseSha256Instructions(bool use) {
+#if defined(__x86_64__)
+  bool before = g_sha_ni;
+  g_sha_ni = use && HasShaNi();
+  return before;
+#else
+  (void)use;
+  return false;
+#endif
+}
 
 Sha256::Sha256()
     : state_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
              0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
+
+void Sha256::Blocks(const unsigned char* p, size_t blocks) {
+#if defined(__x86_64__)
+  if (g_sha_ni) return BlocksShaNi(state_, p, blocks);
+#endif
+  for (; blocks > 0; --blocks, p += 64) Block(p);
+}
 
 void Sha256::Block(const unsigned char* p) {
   uint32_t w[64];
@@ -78,10 +159,12 @@ void Sha256::Update(std::string_view data) {
     p += take;
     n -= take;
     if (buffered_ < sizeof buffer_) return;
-    Block(buffer_);
+    Blocks(buffer_, 1);
     buffered_ = 0;
   }
-  for (; n >= 64; p += 64, n -= 64) Block(p);
+  Blocks(p, n / 64);
+  p += n / 64 * 64;
+  n %= 64;
   std::memcpy(buffer_, p, n);
   buffered_ = n;
 }

@@ -19,7 +19,8 @@ class Sha256 {
   std::string HexDigest();  // finalises; call once
 
  private:
-  void Block(const unsigned char* p);
+  void Blocks(const unsigned char* p, size_t blocks);  // the fastest code this CPU runs
+  void Block(const unsigned char* p);                  // portable
   uint32_t state_[8];
   unsigned char buffer_[64];
   size_t buffered_ = 0;
@@ -27,6 +28,10 @@ class Sha256 {
 };
 
 Result<std::string> Sha256File(const std::string& path);
+
+// Whether Sha256 uses the CPU's SHA instructions where it has them (the default). Returns the
+// setting before; false always where the CPU lacks them. For tests of both code paths.
+bool UseSha256Instructions(bool use);
 
 }  // namespace tau
 

@@ -182,7 +182,8 @@ class MetricsCollector {
   // nothing changed: one stat. The result counts what was read; its `points` stay empty (they go
   // to history() and the evidence file). A failed append leaves the cursor where it was.
   Result<MetricsChunk> Poll(const std::string& source, int attempt);
-  // Rewrites metrics.jsonl deduplicated (atomically). Call it when the run ends.
+  // Rewrites metrics.jsonl deduplicated (atomically). Call it when the run ends. A run that
+  // wrote no metrics gets no file (and the evidence directory is not made for it).
   Status Compact();
   const MetricHistory& history() const { return history_; }
   const MetricsStats& stats() const { return stats_; }
@@ -190,7 +191,11 @@ class MetricsCollector {
  private:
   MetricsCollector(std::string dir, MetricLimits limits);
   Status SaveState();
+  // The evidence directory, made when the first file goes into it: most runs' collectors never
+  // write (no metrics), and a directory made for nothing costs every run an inode.
+  Status MakeDir();
   std::string dir_;
+  bool dir_made_ = false;
   MetricLimits limits_;
   MetricHistory history_;
   MetricsStats stats_;

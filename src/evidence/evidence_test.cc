@@ -414,6 +414,26 @@ TEST(MetricsCollector, SharedFileAcrossAttemptsAndRestart) {
   EXPECT_EQ(h->Series("loss", "")[4].attempt, 1);
 }
 
+TEST(MetricsCollector, ARunWithoutMetricsGetsNoFiles) {
+  TempDir dir;
+  std::string source = dir / "run/metrics.jsonl";
+  std::string ev = dir / "run/evidence";
+  auto c = MetricsCollector::Open(ev);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(MakeDirs(dir / "run").ok());
+  ASSERT_TRUE((*c)->Poll(source, 1).ok());  // the run never made its metrics file
+  ASSERT_TRUE((*c)->Poll(source, 1).ok());
+  ASSERT_TRUE((*c)->Compact().ok());
+  EXPECT_FALSE(PathExists(ev));
+  EXPECT_EQ(LoadMetricHistory(ev + "/metrics.jsonl")->size(), 0u);
+  // The first point makes the directory and its files.
+  Append(source, R"({"name":"loss","step":1,"value":0.5})" "\n");
+  ASSERT_TRUE((*c)->Poll(source, 1).ok());
+  ASSERT_TRUE((*c)->Compact().ok());
+  EXPECT_EQ(LoadMetricHistory(ev + "/metrics.jsonl")->size(), 1u);
+  EXPECT_TRUE(PathExists(ev + "/metrics-state.json"));
+}
+
 TEST(MetricsCollector, HundredThousandPointsIngestQuickly) {
   TempDir dir;
   std::string source = dir / "metrics.jsonl";

@@ -568,7 +568,6 @@ MetricsCollector::MetricsCollector(std::string dir, MetricLimits limits)
 
 Result<std::unique_ptr<MetricsCollector>> MetricsCollector::Open(const std::string& evidence_dir,
                                                                  MetricLimits limits) {
-  TAU_RETURN_IF_ERROR(MakeDirs(evidence_dir));
   std::unique_ptr<MetricsCollector> c(new MetricsCollector(evidence_dir, limits));
   std::string points_path = evidence_dir + "/metrics.jsonl";
   auto text = ReadFile(points_path);
@@ -618,7 +617,15 @@ Result<std::unique_ptr<MetricsCollector>> MetricsCollector::Open(const std::stri
   return c;
 }
 
+Status MetricsCollector::MakeDir() {
+  if (dir_made_) return Status::Ok();
+  TAU_RETURN_IF_ERROR(MakeDirs(dir_));
+  dir_made_ = true;
+  return Status::Ok();
+}
+
 Status MetricsCollector::SaveState() {
+  TAU_RETURN_IF_ERROR(MakeDir());
   json cursors = json::array();
   for (const auto& [source, cur] : cursors_)
     cursors.push_back({{"source", source},
@@ -662,6 +669,7 @@ Result<MetricsChunk> MetricsCollector::Poll(const std::string& source, int attem
   auto flush = [&]() -> Status {
     if (pending.empty()) return Status::Ok();
     if (fd < 0) {
+      TAU_RETURN_IF_ERROR(MakeDir());
       fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
       if (fd < 0) return IoError("cannot open " + path, errno);
     }
@@ -709,7 +717,10 @@ Result<MetricsChunk> MetricsCollector::Poll(const std::string& source, int attem
 }
 
 Status MetricsCollector::Compact() {
-  return WriteFileAtomic(dir_ + "/metrics.jsonl", history_.ToJsonl());
+  const std::string path = dir_ + "/metrics.jsonl";
+  if (history_.size() == 0 && !PathExists(path)) return Status::Ok();
+  TAU_RETURN_IF_ERROR(MakeDir());
+  return WriteFileAtomic(path, history_.ToJsonl());
 }
 
 MetricsInfo MetricsInfoFrom(const MetricHistory& history, const MetricsStats& stats) {

@@ -322,7 +322,7 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
   r.spec_file = request.spec_file;
   r.spec_yaml = request.spec_yaml;
   r.spec_json = spec::ToJson(spec);
-  r.config_hash = spec::ConfigHash(spec);
+  r.config_hash = spec::ConfigHash(r.spec_json);
   r.snapshot_digest = snapshot->digest;
   r.snapshot_dir = snapshot->dir;
   r.workspace = resolved->workspace;

@@ -151,6 +151,8 @@ ParseOutcome ParseSpec(std::string_view text, std::string_view filename);
 nlohmann::json ToJson(const RunSpec& spec);
 // sha256 of the canonical JSON without the "shape" key.
 std::string ConfigHash(const RunSpec& spec);
+// The same, of ToJson's result (which a caller that keeps the JSON has already).
+std::string ConfigHash(const nlohmann::json& canonical);
 
 // A JSON Schema (draft 2020-12) describing both shapes (`oneOf`), for editors and `tau schema -o
 // json`.

@@ -7,6 +7,7 @@
 #include <regex>
 #include <set>
 
+#include "common/hash.h"
 #include "spec/spec.h"
 #include "spec/spec_test_util.h"
 
@@ -142,6 +143,20 @@ TEST(SpecHash, ManifestAndDirectShapesHashTheSame) {
   EXPECT_EQ(ConfigHash(manifest), ConfigHash(direct));
   EXPECT_EQ(ConfigHash(manifest).size(), 64u);
   EXPECT_EQ(ConfigHash(manifest).find_first_not_of("0123456789abcdef"), std::string::npos);
+}
+
+TEST(SpecHash, IsTheHashOfTheCanonicalJsonWithoutShape) {
+  // Recorded hashes must stay comparable across tau versions (tau rerun compares them): the hash is
+  // exactly sha256 of the compact dump of ToJson without "shape", whichever overload computes it.
+  for (const std::string& text :
+       {Manifest(), Manifest() + "runtime:\n  env:\n    GREETING: \"h\u00e9llo \\\"w\\\"\"\n",
+        Manifest() + "compute:\n  workers: 3\n  gpus: 2\n"}) {
+    RunSpec spec = MustParse(text);
+    json j = ToJson(spec);
+    EXPECT_EQ(ConfigHash(j), ConfigHash(spec));
+    j.erase("shape");
+    EXPECT_EQ(ConfigHash(spec), Sha256Hex(j.dump())) << text;
+  }
 }
 
 TEST(SpecHash, ChangesWithTheConfig) {
