@@ -427,7 +427,8 @@ TEST(MetricsCollector, ARunWithoutMetricsGetsNoFiles) {
   EXPECT_FALSE(PathExists(ev));
   EXPECT_EQ(LoadMetricHistory(ev + "/metrics.jsonl")->size(), 0u);
   // The first point makes the directory and its files.
-  Append(source, R"({"name":"loss","step":1,"value":0.5})" "\n");
+  Append(source, R"({"name":"loss","step":1,"value":0.5})"
+                 "\n");
   ASSERT_TRUE((*c)->Poll(source, 1).ok());
   ASSERT_TRUE((*c)->Compact().ok());
   EXPECT_EQ(LoadMetricHistory(ev + "/metrics.jsonl")->size(), 1u);
