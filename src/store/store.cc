@@ -3,7 +3,9 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include <condition_variable>
 #include <unordered_map>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -472,6 +474,60 @@ struct Store::Impl {
     return Status::Ok();
   }
 
+  // A run waiting to be inserted by Store::InsertRun's group commit.
+  struct PendingInsert {
+    RunRecord* run;
+    std::vector<Event>* events;
+    Status result;
+    bool done = false;  // GUARDED_BY(group_mu)
+  };
+  std::mutex group_mu;  // before `mu` when both are held
+  std::condition_variable group_cv;
+  std::vector<PendingInsert*> pending;  // GUARDED_BY(group_mu)
+  bool group_leader = false;            // a thread is committing a group; GUARDED_BY(group_mu)
+
+  Status InsertOne(PendingInsert& p) {
+    Stmt exists(db, &cache, "SELECT 1 FROM runs WHERE name = ?");
+    exists.Bind(1, p.run->name);
+    if (exists.Step() == SQLITE_ROW)
+      return AlreadyExists("run '" + p.run->name + "' already exists");
+    Stmt seq(db, &cache, "SELECT COALESCE(MAX(seq), 0) + 1 FROM runs");
+    if (!seq.ok() || seq.Step() != SQLITE_ROW) return Error("assigning run sequence");
+    p.run->seq = seq.Int(0);
+    TAU_RETURN_IF_ERROR(InsertRun(*p.run));
+    for (Event& e : *p.events) TAU_RETURN_IF_ERROR(AppendEvent(&e));
+    return Status::Ok();
+  }
+
+  // One transaction for the group; each insert inside a savepoint of its own, so that one that
+  // fails leaves no trace while the others go on. A failed COMMIT fails them all.
+  void CommitInserts(const std::vector<PendingInsert*>& group) {
+    std::lock_guard<std::mutex> lock(mu);
+    Status begun = Exec("BEGIN IMMEDIATE");
+    for (PendingInsert* p : group) {
+      if (!begun.ok()) {
+        p->result = begun;
+        continue;
+      }
+      Status s = Exec("SAVEPOINT run_insert");
+      if (s.ok()) {
+        s = InsertOne(*p);
+        if (!s.ok()) (void)Exec("ROLLBACK TO run_insert");
+        Status released = Exec("RELEASE run_insert");
+        if (s.ok()) s = released;
+      }
+      p->result = s;
+    }
+    if (!begun.ok()) return;
+    Status committed = Exec("COMMIT");
+    if (committed.ok()) return;
+    // A COMMIT that failed (a full disk) can leave the transaction open; the next one must not
+    // find it so.
+    if (sqlite3_get_autocommit(db) == 0) (void)Exec("ROLLBACK");
+    for (PendingInsert* p : group)
+      if (p->result.ok()) p->result = committed;
+  }
+
   // Runs `body` inside BEGIN IMMEDIATE ... COMMIT, rolling back on error.
   template <typename F>
   Status InTransaction(F body) {
@@ -522,18 +578,29 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
 }
 
 Status Store::InsertRun(RunRecord* run, std::vector<Event> events) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->InTransaction([&]() -> Status {
-    Stmt exists(impl_->db, &impl_->cache, "SELECT 1 FROM runs WHERE name = ?");
-    exists.Bind(1, run->name);
-    if (exists.Step() == SQLITE_ROW) return AlreadyExists("run '" + run->name + "' already exists");
-    Stmt seq(impl_->db, &impl_->cache, "SELECT COALESCE(MAX(seq), 0) + 1 FROM runs");
-    if (!seq.ok() || seq.Step() != SQLITE_ROW) return impl_->Error("assigning run sequence");
-    run->seq = seq.Int(0);
-    TAU_RETURN_IF_ERROR(impl_->InsertRun(*run));
-    for (Event& e : events) TAU_RETURN_IF_ERROR(impl_->AppendEvent(&e));
-    return Status::Ok();
-  });
+  // Group commit: submissions that arrive while another group is being committed (its fsync is
+  // most of the wait) are committed together in the next transaction, one fsync for all of them.
+  // Each returns only once its group is durable; each keeps its own outcome (a taken name refuses
+  // that insert alone).
+  Impl::PendingInsert me{run, &events, Status::Ok(), false};
+  std::unique_lock<std::mutex> lock(impl_->group_mu);
+  impl_->pending.push_back(&me);
+  while (!me.done) {
+    if (impl_->group_leader) {
+      impl_->group_cv.wait(lock);
+      continue;
+    }
+    impl_->group_leader = true;
+    std::vector<Impl::PendingInsert*> group;
+    group.swap(impl_->pending);
+    lock.unlock();
+    impl_->CommitInserts(group);
+    lock.lock();
+    impl_->group_leader = false;
+    for (Impl::PendingInsert* p : group) p->done = true;
+    impl_->group_cv.notify_all();
+  }
+  return me.result;
 }
 
 Status Store::Commit(const Batch& batch) {

@@ -191,6 +191,8 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   // Inserts a new run (assigning seq) with its first events; AlreadyExists when the name is taken.
+  // Returns once the run is durable. Inserts from threads that call at the same time share a
+  // transaction (group commit: one fsync for them all), each with its own outcome.
   Status InsertRun(RunRecord* run, std::vector<Event> events);
   // All or nothing. Unavailable when the disk is full (nothing is written; the same batch may be
   // committed again once there is space).

@@ -1,5 +1,9 @@
 #include "store/store.h"
 
+#include <atomic>
+#include <set>
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "common/files.h"
@@ -156,6 +160,56 @@ TEST_F(StoreTest, StatementsAreReusedWithFreshBindings) {
   page.limit = 0;  // no limit, with the same statement
   page.offset = 18;
   EXPECT_EQ(store_->ListRuns(page)->size(), 2u);
+}
+
+TEST_F(StoreTest, ConcurrentInsertsEachGetTheirOwnOutcome) {
+  // Eight submitters at once, every fifth name taken already: the inserts share transactions, but
+  // each is refused or stored on its own, with a sequence number of its own and its events chained.
+  for (int i = 0; i < 40; i += 5) {
+    RunRecord r = MakeRun("c-" + std::to_string(i));
+    ASSERT_TRUE(store_->InsertRun(&r, {}).ok());
+  }
+  std::vector<std::thread> threads;
+  std::atomic<int> inserted{0}, refused{0};
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = t; i < 40; i += 8) {
+        RunRecord r = MakeRun("c-" + std::to_string(i));
+        Status s = store_->InsertRun(&r, {Event{0, r.name, 1, "Submitted", "", {}, "", ""},
+                                          Event{0, r.name, 2, "Queued", "", {{"i", i}}, "", ""}});
+        if (s.ok()) {
+          ++inserted;
+        } else {
+          EXPECT_EQ(s.code(), StatusCode::kAlreadyExists) << s.ToString();
+          EXPECT_EQ(i % 5, 0) << r.name;
+          ++refused;
+        }
+      }
+    });
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(inserted, 32);
+  EXPECT_EQ(refused, 8);
+  RunFilter all;
+  auto runs = store_->ListRuns(all);
+  ASSERT_TRUE(runs.ok());
+  ASSERT_EQ(runs->size(), 40u);
+  std::set<int64_t> seqs;
+  for (const RunRecord& r : *runs) seqs.insert(r.seq);
+  EXPECT_EQ(seqs.size(), 40u);
+  EXPECT_EQ(*seqs.begin(), 1);
+  EXPECT_EQ(*seqs.rbegin(), 40);
+  for (int i = 0; i < 40; ++i) {
+    auto events = store_->ListEvents("c-" + std::to_string(i));
+    ASSERT_TRUE(events.ok());
+    if (i % 5 == 0) {
+      EXPECT_TRUE(events->empty());  // the refused insert left nothing
+      continue;
+    }
+    ASSERT_EQ(events->size(), 2u);
+    EXPECT_EQ((*events)[0].prev_hash, "");
+    EXPECT_EQ((*events)[1].prev_hash, (*events)[0].hash);
+    EXPECT_EQ((*events)[1].data["i"], i);
+  }
 }
 
 TEST_F(StoreTest, EventsAreHashChained) {
