@@ -241,15 +241,14 @@ Status WriteConfig(const AttemptConfig& config) {
 
 // The shim of an attempt whose config is written, by exec of `tau_binary __shim DIR`.
 Result<ProcessId> ExecShim(const std::string& attempt_dir, const std::string& tau_binary) {
-  const std::string log_path = attempt_dir + "/shim.log";
-  UniqueFd log(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
-  if (!log.valid()) return IoError("cannot open " + log_path, errno);
   UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!devnull.valid()) return IoError("cannot open /dev/null", errno);
 
   pid_t pid = 0;
-  int rc = internal::SpawnDetached({tau_binary, "__shim", attempt_dir},
-                                   {devnull.get(), log.get(), log.get()},
+  // Like a forked shim's: its own log it writes itself; stray output goes to the caller's standard
+  // error (the server's log).
+  const int err = internal::StderrOr(devnull.get());
+  int rc = internal::SpawnDetached({tau_binary, "__shim", attempt_dir}, {devnull.get(), err, err},
                                    internal::ShimSignalMask(), &pid);
   if (rc != 0) return IoError("cannot start the shim " + tau_binary, rc);
 

@@ -1,4 +1,5 @@
 #include "runtime/proc.h"
+#include <fcntl.h>
 
 #include <dirent.h>
 #include <signal.h>
@@ -111,6 +112,10 @@ sigset_t ShimSignalMask() {
   sigemptyset(&mask);
   for (int sig : {SIGTERM, SIGINT, SIGCHLD}) sigaddset(&mask, sig);
   return mask;
+}
+
+int StderrOr(int fallback) {
+  return ::fcntl(STDERR_FILENO, F_GETFD) >= 0 ? STDERR_FILENO : fallback;
 }
 
 int SpawnDetached(const std::vector<std::string>& argv, const int (&stdio)[3],

@@ -69,6 +69,10 @@ bool SignalIfSame(const ProcessId& id, int sig);
 // instead of killing it before it writes result.json.
 sigset_t ShimSignalMask();
 
+// Standard error when this process has one open, else `fallback`: what a process started for
+// the caller gets as its own standard error.
+int StderrOr(int fallback);
+
 // Starts `argv` (argv[0] a path) with posix_spawn in a session of its own, with `stdio` as its
 // descriptors 0, 1 and 2 and no other descriptor of ours, every signal at its default disposition,
 // and `blocked` as its signal mask: a process that outlives the caller and is reached by no signal

@@ -787,8 +787,6 @@ class Shim {
                            {"pgid", pgid_},
                            {"workers", workers_json}});
     if (!s.ok()) Log("cannot write state.json: " + s.ToString());
-    Log("started " + std::to_string(workers_.size()) + " worker(s), process group " +
-        std::to_string(pgid_));
     return std::nullopt;
   }
 
@@ -975,7 +973,9 @@ class Shim {
     if (kind == OutcomeKind::kSetupFailed && !logs_.empty()) {
       WriteAll(logs_[0].get(), "[tau] setup failed: " + message + "\n");
     }
-    Log(std::string("attempt ") + OutcomeKindName(kind) + ": " + message);
+    // What became of the attempt is result.json's to say; the log is for what went wrong.
+    if (kind != OutcomeKind::kSucceeded)
+      Log(std::string("attempt ") + OutcomeKindName(kind) + ": " + message);
     const std::string result = internal::DumpJson(outcome_.ToJson());
     Status s = WriteFileAtomic(dir_ + "/result.json", result, 0644, Durability::kProcessCrash);
     // A full disk: the result is what the server classes the attempt by, so wait for space (an
@@ -992,14 +992,22 @@ class Shim {
     return 0;
   }
 
-  static void Log(const std::string& line) {
-    WriteAll(1, "[tau-shim " + FormatRfc3339(NowMillis()) + "] " + line + "\n");
+  // DIR/shim.log, made when there is something to say: an attempt that goes as it should leaves
+  // none (a file made for every attempt costs every attempt an inode). Standard error (the server's
+  // log, for a shim the zygote forked) when the file cannot be made.
+  void Log(const std::string& line) {
+    if (!log_.valid())
+      log_ = UniqueFd(
+          ::open((dir_ + "/shim.log").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+    WriteAll(log_.valid() ? log_.get() : 2,
+             "[tau-shim " + FormatRfc3339(NowMillis()) + "] " + line + "\n");
   }
 
   const std::string dir_;
   AttemptConfig config_;
   AttemptOutcome outcome_;
   UniqueFd lock_;  // the supervisor lock, held until the shim exits
+  UniqueFd log_;   // shim.log, once opened
   UniqueFd sigfd_, devnull_;
   std::vector<UniqueFd> logs_;         // logs/rank-R.log, one per worker
   std::vector<std::string> resolved_;  // each worker's argv[0], resolved on its PATH

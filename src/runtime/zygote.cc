@@ -9,7 +9,8 @@
 // Protocol, over a SOCK_SEQPACKET pair (one message per request, one per reply):
 //   server -> zygote   the attempt directory (its config.json is written already)
 //   zygote -> server   ZygoteReply: the shim's pid and start time, or an errno
-//   zygote -> spare    the attempt directory, with its stdin and shim.log descriptors (SCM_RIGHTS)
+//   zygote -> spare    the attempt directory, with its stdin and stdout/stderr descriptors
+//                      (SCM_RIGHTS)
 // The zygote exits when the server's end closes, including when the server dies, and its spare
 // with it; shims it forked live on (own session), re-parented like any orphan.
 #include <fcntl.h>
@@ -18,6 +19,7 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,7 +52,7 @@ constexpr int kRefillDelayMs = 20;
 constexpr int kAnswerTimeoutMs = 2'000;
 
 // One message of the zygote to a spare: the attempt directory as the payload, the shim's stdin
-// and its stdout/stderr (shim.log) as SCM_RIGHTS descriptors.
+// and its stdout/stderr as SCM_RIGHTS descriptors.
 class AttemptMessage {
  public:
   AttemptMessage(char* data, size_t size) : iov_{data, size} {
@@ -104,7 +106,7 @@ char* g_role_arg = nullptr;  // the zygote's argv[1], rewritten in each shim it 
 
 // In a forked child: becomes the same process an exec'd `tau __shim DIR` would be (own session,
 // default signal dispositions, the shim's signal mask, no descriptor but its stdin and its
-// stdout/stderr to shim.log), waits on `request_sock` for its attempt when it is a spare, runs the
+// stdout/stderr), waits on `request_sock` for its attempt when it is a spare, runs the
 // shim, and exits without returning into the zygote's loop.
 [[noreturn]] void BecomeShim(int request_sock, std::string attempt_dir, int stdin_fd, int log_fd) {
   ::setsid();
@@ -163,18 +165,30 @@ std::optional<Spare> ForkSpare() {
 
 ZygoteReply StartShim(const std::string& attempt_dir, std::optional<Spare>* spare) {
   ZygoteReply reply;
-  const std::string log_path = attempt_dir + "/shim.log";
-  UniqueFd log(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
-  UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-  if (!log.valid() || !devnull.valid()) {
+  // A directory that is not there is the caller's mistake, said now rather than by a shim that
+  // cannot take its lock.
+  struct stat dir;
+  if (::stat(attempt_dir.c_str(), &dir) != 0) {
     reply.err = errno;
     return reply;
   }
+  if (!S_ISDIR(dir.st_mode)) {
+    reply.err = ENOTDIR;
+    return reply;
+  }
+  // The shim writes its own log (shim.log, when it has something to say); what else reaches its
+  // standard output or error (a crash message) goes where the zygote's goes: the server's log.
+  UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!devnull.valid()) {
+    reply.err = errno;
+    return reply;
+  }
+  const int log = STDERR_FILENO;
   if (spare->has_value()) {
     std::optional<Spare> taken = std::move(*spare);
     spare->reset();
     // A spare that is gone (someone killed it) refuses the message; a fresh fork does the job.
-    if (SendAttempt(taken->sock.get(), attempt_dir, devnull.get(), log.get())) {
+    if (SendAttempt(taken->sock.get(), attempt_dir, devnull.get(), log)) {
       reply.pid = taken->pid;
       reply.start_time = taken->start_time;
       return reply;
@@ -185,7 +199,7 @@ ZygoteReply StartShim(const std::string& attempt_dir, std::optional<Spare>* spar
     reply.err = errno;
     return reply;
   }
-  if (pid == 0) BecomeShim(-1, attempt_dir, devnull.get(), log.get());
+  if (pid == 0) BecomeShim(-1, attempt_dir, devnull.get(), log);
   reply.pid = pid;
   // Not reaped yet (that waits for SIGCHLD), so even a shim that already exited has a stat.
   std::optional<internal::ProcStat> st = internal::ReadProcStat(pid);
@@ -248,8 +262,10 @@ Result<std::unique_ptr<Zygote>> Zygote::Start(const std::string& tau_binary) {
   sigset_t none;
   sigemptyset(&none);
   pid_t pid = 0;
+  // Its standard error is the server's (the server's log), and so is that of the shims it forks.
   int rc = internal::SpawnDetached({tau_binary, "__zygote"},
-                                   {theirs.get(), devnull.get(), devnull.get()}, none, &pid);
+                                   {theirs.get(), devnull.get(), internal::StderrOr(devnull.get())},
+                                   none, &pid);
   if (rc != 0) return IoError("cannot start the zygote " + tau_binary, rc);
   return std::unique_ptr<Zygote>(new Zygote(pid, ours.Release()));
 }
