@@ -33,6 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/files.h"
 #include "common/status.h"
 
 namespace tau::evidence {
@@ -386,7 +387,12 @@ struct RecordInput {
 // The record as JSON (docs/evidence-record.schema.json). Deterministic for the same input.
 nlohmann::json BuildRecord(const RecordInput& in);
 // Writes DIR/record.json atomically (the server keeps it after the run's processes are gone).
-Status SaveRecord(const std::string& evidence_dir, const nlohmann::json& record);
+// kSynced where the record must outlive a crash of the machine: where it is the only copy of what
+// it says (the hashes of pruned logs). A final record that the store and the run's files can make
+// again (and the server does, when it finds none, or one older than the run's last event) needs
+// only kProcessCrash.
+Status SaveRecord(const std::string& evidence_dir, const nlohmann::json& record,
+                  Durability durability = Durability::kSynced);
 Result<nlohmann::json> LoadRecord(const std::string& path);
 // The inverse of BuildRecord: a saved record back into its input, so that the server can carry
 // forward what it computed once (snapshot files, runtime, each attempt's log hashes, artifacts,

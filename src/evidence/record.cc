@@ -564,7 +564,7 @@ json BuildRecord(const RecordInput& in) {
             {"samples_pruned_ms", Opt(in.retention.samples_pruned_ms)}}}};
 }
 
-Status SaveRecord(const std::string& evidence_dir, const json& record) {
+Status SaveRecord(const std::string& evidence_dir, const json& record, Durability durability) {
   TAU_RETURN_IF_ERROR(MakeDirs(evidence_dir));
   std::string text;
   try {
@@ -572,7 +572,7 @@ Status SaveRecord(const std::string& evidence_dir, const json& record) {
   } catch (const std::exception& e) {
     return InvalidArgument(std::string("the record cannot be written as JSON: ") + e.what());
   }
-  return WriteFileAtomic(evidence_dir + "/record.json", text);
+  return WriteFileAtomic(evidence_dir + "/record.json", text, 0644, durability);
 }
 
 Result<json> LoadRecord(const std::string& path) {

@@ -39,7 +39,7 @@ std::string Hostname() {
   return host;
 }
 
-std::string OsName() {
+std::string ReadOsName() {
   std::ifstream in("/etc/os-release");
   std::string line;
   while (std::getline(in, line)) {
@@ -50,6 +50,13 @@ std::string OsName() {
   }
   struct utsname u {};
   return ::uname(&u) == 0 ? u.sysname : "";
+}
+
+// Read once: every record wants it, and it changes only with an upgrade (which restarts the
+// server).
+const std::string& OsName() {
+  static const std::string name = ReadOsName();
+  return name;
 }
 
 std::string Kernel() {
@@ -399,8 +406,11 @@ Result<nlohmann::json> Controller::SaveFinalRecord(const std::string& name,
   std::lock_guard<std::mutex> lock(record_save_mu_);
   TAU_ASSIGN_OR_RETURN(evidence::RecordInput in, AssembleRecord(r, history, stats, true));
   nlohmann::json record = evidence::BuildRecord(in);
-  TAU_RETURN_IF_ERROR(MakeDirs(EvidenceDir(name)));
-  TAU_RETURN_IF_ERROR(evidence::SaveRecord(EvidenceDir(name), record));
+  // Made again from the store and the run's files when lost, so not worth a disk flush per run;
+  // unless it carries the hashes of files retention has pruned, which nothing can make again.
+  const bool only_copy = in.retention.logs_pruned_ms || in.retention.samples_pruned_ms;
+  TAU_RETURN_IF_ERROR(evidence::SaveRecord(
+      EvidenceDir(name), record, only_copy ? Durability::kSynced : Durability::kProcessCrash));
   return record;
 }
 

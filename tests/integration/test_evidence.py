@@ -180,6 +180,22 @@ class EvidenceTest(ServerTestCase):
         self.assertEqual(len(jsonl), 30)
         self.assertEqual(json.loads(jsonl[0])["step"], 1)
 
+    def test_a_final_record_lost_with_the_machine_is_made_again(self):
+        # The final record is saved without a disk flush: after a crash of the machine it may be
+        # gone, or empty. Either way the next read makes the same record again, and saves it.
+        name, _ = self.run_quickstart()
+        rec = self.final_record(name)
+        path = os.path.join(self.server.home, "runs", name, "evidence", "record.json")
+        wait_for(lambda: os.path.exists(path), timeout=20, what="the saved record")
+        for lose in (os.remove, lambda p: open(p, "w").close()):
+            lose(path)
+            again = self.record(name)
+            for key in ("chain_head", "snapshot", "metrics", "artifacts", "config"):
+                self.assertEqual(again[key], rec[key], key)
+            self.assertEqual(again["attempts"][0]["logs"], rec["attempts"][0]["logs"])
+            with open(path) as f:
+                self.assertEqual(json.load(f)["chain_head"], rec["chain_head"])
+
     def test_export_verify_and_tamper_each_kind_of_file(self):
         name, _ = self.run_quickstart()
         self.final_record(name)
