@@ -124,21 +124,37 @@ void ReportYamlError(Ctx& ctx, std::string_view text, const YAML::Exception& e) 
   }
 }
 
+// Whether text after the first document could start another: YAML::Load reads the first and
+// ignores the rest. After a top-level mapping in block style, only a document marker ('---' or
+// '...' at the start of a line) ends a document; after a value in flow style, stray text does too.
+bool MayHoldMoreDocuments(std::string_view text, const YAML::Node& root) {
+  if (!root.IsMap() || root.Style() != YAML::EmitterStyle::Block) return true;
+  for (size_t at = 0; at < text.size();) {
+    std::string_view line = text.substr(at, text.find('\n', at) - at);
+    if (StartsWith(line, "---") || StartsWith(line, "...")) return true;
+    at += line.size() + 1;
+  }
+  return false;
+}
+
 std::optional<YAML::Node> LoadDocument(Ctx& ctx, std::string_view text) {
   YAML::Node root;
   try {
-    std::istringstream in{std::string(text)};
-    YAML::Parser parser(in);
-    DocumentCounter counter;
-    for (int i = 0; i < 2 && parser.HandleNextDocument(counter); ++i) {
-    }
-    if (counter.starts.size() > 1) {
-      ctx.Error(internal::PosOf(counter.starts[1]),
-                "more than one YAML document (a '---' separator, or stray text such as a ',' after "
-                "the first value); a spec is exactly one mapping");
-      return std::nullopt;
-    }
     root = YAML::Load(std::string(text));
+    // Counting documents is a second parse, made only where a second document can be.
+    if (MayHoldMoreDocuments(text, root)) {
+      std::istringstream in{std::string(text)};
+      YAML::Parser parser(in);
+      DocumentCounter counter;
+      for (int i = 0; i < 2 && parser.HandleNextDocument(counter); ++i) {
+      }
+      if (counter.starts.size() > 1) {
+        ctx.Error(internal::PosOf(counter.starts[1]),
+                  "more than one YAML document (a '---' separator, or stray text such as a ',' "
+                  "after the first value); a spec is exactly one mapping");
+        return std::nullopt;
+      }
+    }
   } catch (const YAML::DeepRecursion& e) {
     ctx.Error(internal::PosOf(e.mark), "the YAML is nested too deeply");
     return std::nullopt;
