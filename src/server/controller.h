@@ -181,8 +181,10 @@ class Controller {
                                                const evidence::MetricHistory& history,
                                                const evidence::MetricsStats& stats,
                                                bool final_save);
+  // `ended`: the run's record as the loop committed it, when the caller has it (else it is read).
   Result<nlohmann::json> SaveFinalRecord(const std::string& name,
-                                         const evidence::MetricsCollector* collector);
+                                         const evidence::MetricsCollector* collector,
+                                         const store::RunRecord* ended = nullptr);
 
   void Loop();
   // Inserts `r` as "<base>-<random hex>", drawing again while the name is taken.
@@ -311,6 +313,7 @@ class Controller {
   struct FinalRecord {
     std::string name;
     std::unique_ptr<evidence::MetricsCollector> metrics;  // may be null
+    store::RunRecord ended;                               // as committed by the loop
   };
   std::thread evidence_thread_;
   std::mutex evidence_mu_;

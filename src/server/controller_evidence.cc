@@ -183,8 +183,10 @@ void Controller::EvidenceTick(const std::vector<std::vector<evidence::GpuSample>
     const RunRecord& r = run.record;
     if (store::IsTerminal(r.state)) {
       // Ended and committed: the collector goes to the worker, which compacts it and saves the
-      // final record.
-      FinalRecord f{name, nullptr};
+      // final record. The run leaves the active set after this pass; its record goes to the
+      // worker too, which need not read it back.
+      FinalRecord f{name, nullptr, std::move(run.record)};
+      run.record.state = f.ended.state;  // still terminal, for the pass that erases it
       if (auto it = collectors_.find(name); it != collectors_.end()) {
         f.metrics = std::move(it->second);
         collectors_.erase(it);
@@ -226,7 +228,7 @@ void Controller::EvidenceWorker() {
         std::fprintf(stderr, "tau server: metrics of %s: %s\n", f.name.c_str(),
                      s.ToString().c_str());
     }
-    auto saved = SaveFinalRecord(f.name, f.metrics.get());
+    auto saved = SaveFinalRecord(f.name, f.metrics.get(), &f.ended);
     if (!saved.ok())
       std::fprintf(stderr, "tau server: evidence of %s: %s\n", f.name.c_str(),
                    saved.status().ToString().c_str());
@@ -313,9 +315,10 @@ Result<evidence::RecordInput> Controller::AssembleRecord(const RunRecord& r,
       rt.packages = prev->runtime.packages;
     }
     if (final_save || rt.python_version.empty()) {
-      // The cache the last attempt used: runs of other users have their own (RunAsSubmitter).
+      // The cache the last attempt used: runs of other users have their own (RunAsSubmitter). Only
+      // a run with pip requirements has a virtualenv to look for.
       std::string venvs = options_.home + "/venvs";
-      if (r.attempts > 0)
+      if (r.attempts > 0 && !rt.pip.empty())
         if (auto text = ReadFile(AttemptDir(r.name, r.attempts) + "/config.json"); text.ok())
           if (auto j = nlohmann::json::parse(*text, nullptr, false);
               j.is_object() && j.contains("venv_cache_dir") && j["venv_cache_dir"].is_string() &&
@@ -387,8 +390,14 @@ Result<evidence::RecordInput> Controller::AssembleRecord(const RunRecord& r,
 }
 
 Result<nlohmann::json> Controller::SaveFinalRecord(const std::string& name,
-                                                   const evidence::MetricsCollector* collector) {
-  TAU_ASSIGN_OR_RETURN(RunRecord r, store_->GetRun(name));
+                                                   const evidence::MetricsCollector* collector,
+                                                   const RunRecord* ended) {
+  std::optional<RunRecord> read;
+  if (ended == nullptr) {
+    TAU_ASSIGN_OR_RETURN(read, store_->GetRun(name));
+    ended = &*read;
+  }
+  const RunRecord& r = *ended;
   std::optional<evidence::MetricHistory> loaded;
   evidence::MetricsStats stats;
   if (collector) {
