@@ -11,6 +11,7 @@
 
 #include "common/hash.h"
 #include "common/json_text.h"
+#include "common/strings.h"
 
 namespace tau::store {
 namespace {
@@ -179,6 +180,11 @@ class Stmt {
     else
       sqlite3_bind_null(stmt_, i);
   }
+  // By name (":state"): for statements whose parameters are named.
+  template <typename T>
+  void Bind(const char* name, const T& v) {
+    Bind(sqlite3_bind_parameter_index(stmt_, name), v);
+  }
   int Step() { return sqlite3_step(stmt_); }
   std::string Text(int col) {
     const unsigned char* t = sqlite3_column_text(stmt_, col);
@@ -261,38 +267,49 @@ RunRecord ReadRun(Stmt& s) {
   return r;
 }
 
+// The columns of a run that commits change (RunProgress), as named parameters (":state" binds
+// state), shared by the insert and the update.
+constexpr const char* kProgressColumns[] = {
+    "state",      "reason",      "message",          "exit_code",  "signal",
+    "attempts",   "gpus",        "cancel_requested", "updated_ms", "admitted_ms",
+    "started_ms", "finished_ms", "not_before_ms",    "flavors",    "preemptions"};
+
+void BindProgress(Stmt& s, const RunProgress& p) {
+  s.Bind(":state", std::string(RunStateName(p.state)));
+  s.Bind(":reason", p.reason);
+  s.Bind(":message", p.message);
+  s.Bind(":exit_code", p.exit_code);
+  s.Bind(":signal", p.signal);
+  s.Bind(":attempts", static_cast<int64_t>(p.attempts));
+  s.Bind(":gpus", IntListJson(p.gpus));
+  s.Bind(":cancel_requested", static_cast<int64_t>(p.cancel_requested));
+  s.Bind(":updated_ms", p.updated_ms);
+  s.Bind(":admitted_ms", p.admitted_ms);
+  s.Bind(":started_ms", p.started_ms);
+  s.Bind(":finished_ms", p.finished_ms);
+  s.Bind(":not_before_ms", p.not_before_ms);
+  s.Bind(":flavors", JsonText(p.flavors));
+  s.Bind(":preemptions", static_cast<int64_t>(p.preemptions));
+}
+
 void BindRun(Stmt& s, const RunRecord& r) {
-  s.Bind(1, r.name);
-  s.Bind(2, r.seq);
-  s.Bind(3, r.spec_name);
-  s.Bind(4, r.spec_file);
-  s.Bind(5, r.spec_yaml);
-  s.Bind(6, JsonText(r.spec_json));
-  s.Bind(7, r.config_hash);
-  s.Bind(8, r.snapshot_digest);
-  s.Bind(9, r.snapshot_dir);
-  s.Bind(10, r.workspace);
-  s.Bind(11, r.queue);
-  s.Bind(12, static_cast<int64_t>(r.priority));
-  s.Bind(13, JsonText(r.resources));
-  s.Bind(14, std::string(RunStateName(r.state)));
-  s.Bind(15, r.reason);
-  s.Bind(16, r.message);
-  s.Bind(17, r.exit_code);
-  s.Bind(18, r.signal);
-  s.Bind(19, static_cast<int64_t>(r.attempts));
-  s.Bind(20, IntListJson(r.gpus));
-  s.Bind(21, static_cast<int64_t>(r.cancel_requested));
-  s.Bind(22, r.created_ms);
-  s.Bind(23, r.updated_ms);
-  s.Bind(24, r.admitted_ms);
-  s.Bind(25, r.started_ms);
-  s.Bind(26, r.finished_ms);
-  s.Bind(27, r.not_before_ms);
-  s.Bind(28, r.owner);
-  s.Bind(29, JsonText(r.resolved));
-  s.Bind(30, JsonText(r.flavors));
-  s.Bind(31, static_cast<int64_t>(r.preemptions));
+  s.Bind(":name", r.name);
+  s.Bind(":seq", r.seq);
+  s.Bind(":spec_name", r.spec_name);
+  s.Bind(":spec_file", r.spec_file);
+  s.Bind(":spec_yaml", r.spec_yaml);
+  s.Bind(":spec_json", JsonText(r.spec_json));
+  s.Bind(":config_hash", r.config_hash);
+  s.Bind(":snapshot_digest", r.snapshot_digest);
+  s.Bind(":snapshot_dir", r.snapshot_dir);
+  s.Bind(":workspace", r.workspace);
+  s.Bind(":queue", r.queue);
+  s.Bind(":priority", static_cast<int64_t>(r.priority));
+  s.Bind(":resources", JsonText(r.resources));
+  s.Bind(":created_ms", r.created_ms);
+  s.Bind(":owner", r.owner);
+  s.Bind(":resolved", JsonText(r.resolved));
+  BindProgress(s, r);
 }
 
 }  // namespace
@@ -383,11 +400,13 @@ struct Store::Impl {
   }
 
   Status InsertRun(const RunRecord& r) {
-    static const std::string sql = fmt::format(
-        "INSERT INTO runs ({}) VALUES "
-        "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-        kRunColumns);
-    Stmt s(db, &cache, sql.c_str());
+    static const std::string sql = [] {
+      std::vector<std::string> names;
+      for (const std::string& c : Split(kRunColumns, ','))
+        names.push_back(":" + std::string(Trim(c)));
+      return fmt::format("INSERT INTO runs ({}) VALUES ({})", kRunColumns, Join(names, ", "));
+    }();
+    Stmt s(db, &cache, sql);
     if (!s.ok()) return Error("preparing run insert");
     BindRun(s, r);
     if (s.Step() != SQLITE_DONE) return Error("writing run");
@@ -395,28 +414,15 @@ struct Store::Impl {
   }
 
   Status UpdateRun(const RunProgress& r) {
-    Stmt s(db, &cache,
-           "UPDATE runs SET state = ?2, reason = ?3, message = ?4, exit_code = ?5, signal = ?6, "
-           "attempts = ?7, gpus = ?8, cancel_requested = ?9, updated_ms = ?10, admitted_ms = ?11, "
-           "started_ms = ?12, finished_ms = ?13, not_before_ms = ?14, flavors = ?15, "
-           "preemptions = ?16 WHERE name = ?1");
+    static const std::string sql = [] {
+      std::vector<std::string> sets;
+      for (const char* c : kProgressColumns) sets.push_back(fmt::format("{} = :{}", c, c));
+      return fmt::format("UPDATE runs SET {} WHERE name = :name", Join(sets, ", "));
+    }();
+    Stmt s(db, &cache, sql);
     if (!s.ok()) return Error("preparing run update");
-    s.Bind(1, r.name);
-    s.Bind(2, std::string(RunStateName(r.state)));
-    s.Bind(3, r.reason);
-    s.Bind(4, r.message);
-    s.Bind(5, r.exit_code);
-    s.Bind(6, r.signal);
-    s.Bind(7, static_cast<int64_t>(r.attempts));
-    s.Bind(8, IntListJson(r.gpus));
-    s.Bind(9, static_cast<int64_t>(r.cancel_requested));
-    s.Bind(10, r.updated_ms);
-    s.Bind(11, r.admitted_ms);
-    s.Bind(12, r.started_ms);
-    s.Bind(13, r.finished_ms);
-    s.Bind(14, r.not_before_ms);
-    s.Bind(15, JsonText(r.flavors));
-    s.Bind(16, static_cast<int64_t>(r.preemptions));
+    s.Bind(":name", r.name);
+    BindProgress(s, r);
     if (s.Step() != SQLITE_DONE) return Error("writing run");
     if (sqlite3_changes(db) != 1) return NotFound(fmt::format("no run named '{}'", r.name));
     return Status::Ok();
