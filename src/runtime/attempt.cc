@@ -233,7 +233,8 @@ namespace {
 Status WriteConfig(const AttemptConfig& config) {
   if (config.attempt_dir.empty()) return InvalidArgument("attempt_dir is empty");
   if (config.workers.empty()) return InvalidArgument("an attempt needs at least one worker");
-  TAU_RETURN_IF_ERROR(MakeDirs(config.attempt_dir + "/logs"));
+  // The shim makes logs/ itself (it opens the logs), off the caller's path.
+  TAU_RETURN_IF_ERROR(MakeDirs(config.attempt_dir));
   return WriteFileAtomic(config.attempt_dir + "/config.json",
                          // 0600: the workers' env may hold secrets.
                          internal::DumpJson(config.ToJson()), 0600, Durability::kProcessCrash);

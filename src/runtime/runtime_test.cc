@@ -512,7 +512,7 @@ TEST_F(RuntimeTest, StartAttemptReportsAMissingTauBinary) {
   ASSERT_FALSE(shim.ok());
   EXPECT_EQ(shim.status().code(), StatusCode::kIo);
   EXPECT_TRUE(PathExists(c.attempt_dir + "/config.json"));
-  EXPECT_TRUE(PathExists(c.attempt_dir + "/logs"));
+  EXPECT_FALSE(PathExists(c.attempt_dir + "/logs"));  // the shim makes it, and none started
 }
 
 TEST_F(RuntimeTest, StopChecksTheShimIdentity) {
