@@ -230,14 +230,18 @@ std::string SelfExecutable() {
 
 namespace {
 
-Status WriteConfig(const AttemptConfig& config) {
+// Checks the config and makes the attempt directory; returns the config as JSON.
+Result<std::string> PrepareConfig(const AttemptConfig& config) {
   if (config.attempt_dir.empty()) return InvalidArgument("attempt_dir is empty");
   if (config.workers.empty()) return InvalidArgument("an attempt needs at least one worker");
   // The shim makes logs/ itself (it opens the logs), off the caller's path.
   TAU_RETURN_IF_ERROR(MakeDirs(config.attempt_dir));
-  return WriteFileAtomic(config.attempt_dir + "/config.json",
-                         // 0600: the workers' env may hold secrets.
-                         internal::DumpJson(config.ToJson()), 0600, Durability::kProcessCrash);
+  return internal::DumpJson(config.ToJson());
+}
+
+Status WriteConfig(const std::string& attempt_dir, const std::string& config) {
+  // 0600: the workers' env may hold secrets.
+  return WriteFileAtomic(attempt_dir + "/config.json", config, 0600, Durability::kProcessCrash);
 }
 
 // The shim of an attempt whose config is written, by exec of `tau_binary __shim DIR`.
@@ -270,34 +274,58 @@ bool ZygoteGone(const Result<ProcessId>& forked) {
 // both).
 constexpr size_t kMaxZygoteRequestsInFlight = 16;
 
+// The shim by exec, its config written to the attempt directory first.
+Result<ProcessId> WriteAndExec(const std::string& attempt_dir, const std::string& config,
+                               const std::string& tau_binary) {
+  TAU_RETURN_IF_ERROR(WriteConfig(attempt_dir, config));
+  return ExecShim(attempt_dir, tau_binary);
+}
+
+// Asks the zygote for the shim, the config inline (no file: a file made for every attempt costs
+// every attempt an inode), or in the file when it is too large to send.
+Status SendToZygote(Zygote* zygote, const std::string& attempt_dir, const std::string& config) {
+  Status sent = zygote->Send(attempt_dir, config);
+  if (sent.code() != StatusCode::kResourceExhausted) return sent;
+  TAU_RETURN_IF_ERROR(WriteConfig(attempt_dir, config));
+  return zygote->Send(attempt_dir);
+}
+
 }  // namespace
 
 Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& tau_binary,
                                Zygote* zygote) {
-  TAU_RETURN_IF_ERROR(WriteConfig(config));
+  TAU_ASSIGN_OR_RETURN(std::string json, PrepareConfig(config));
   if (zygote != nullptr) {
-    auto forked = zygote->StartShim(config.attempt_dir);
-    if (!ZygoteGone(forked)) return forked;
+    Status sent = SendToZygote(zygote, config.attempt_dir, json);
+    if (!sent.ok() && sent.code() != StatusCode::kUnavailable) return sent;
+    if (sent.ok()) {
+      auto forked = zygote->Receive(config.attempt_dir);
+      if (!ZygoteGone(forked)) return forked;
+    }
   }
-  return ExecShim(config.attempt_dir, tau_binary);
+  return WriteAndExec(config.attempt_dir, json, tau_binary);
 }
 
 size_t ShimBatch::Add(const AttemptConfig& config) {
-  entries_.push_back({config.attempt_dir, std::nullopt});
+  entries_.push_back({config.attempt_dir, "", std::nullopt});
   Entry& e = entries_.back();
-  if (Status written = WriteConfig(config); !written.ok()) {
-    e.shim = written;
-  } else if (zygote_ == nullptr) {
-    e.shim = ExecShim(e.attempt_dir, tau_binary_);
-  } else {
-    // Never more than a few answers owed: wait for the oldest before asking again.
-    while (entries_.size() - 1 - received_ >= kMaxZygoteRequestsInFlight) ReceiveOldest();
-    Status sent = zygote_->Send(e.attempt_dir);
-    if (sent.code() == StatusCode::kUnavailable) {
-      e.shim = ExecShim(e.attempt_dir, tau_binary_);
-    } else if (!sent.ok()) {
-      e.shim = sent;
-    }
+  auto json = PrepareConfig(config);
+  if (!json.ok()) {
+    e.shim = json.status();
+    return entries_.size() - 1;
+  }
+  e.config = std::move(*json);
+  if (zygote_ == nullptr) {
+    e.shim = WriteAndExec(e.attempt_dir, e.config, tau_binary_);
+    return entries_.size() - 1;
+  }
+  // Never more than a few answers owed: wait for the oldest before asking again.
+  while (entries_.size() - 1 - received_ >= kMaxZygoteRequestsInFlight) ReceiveOldest();
+  Status sent = SendToZygote(zygote_, e.attempt_dir, e.config);
+  if (sent.code() == StatusCode::kUnavailable) {
+    e.shim = WriteAndExec(e.attempt_dir, e.config, tau_binary_);
+  } else if (!sent.ok()) {
+    e.shim = sent;
   }
   return entries_.size() - 1;
 }
@@ -306,7 +334,8 @@ void ShimBatch::ReceiveOldest() {
   Entry& e = entries_[received_++];
   if (e.shim) return;  // answered without the zygote
   Result<ProcessId> forked = zygote_->Receive(e.attempt_dir);
-  e.shim = ZygoteGone(forked) ? ExecShim(e.attempt_dir, tau_binary_) : std::move(forked);
+  e.shim =
+      ZygoteGone(forked) ? WriteAndExec(e.attempt_dir, e.config, tau_binary_) : std::move(forked);
 }
 
 std::vector<Result<ProcessId>> ShimBatch::Wait() {

@@ -9,7 +9,8 @@
 //     +--ProcessWatcher (pidfd: readable when the shim exits)
 //
 // Files in an attempt directory:
-//   config.json   AttemptConfig, written by StartAttempt before the shim starts
+//   config.json   AttemptConfig, written before the shim starts when it is exec'd (a shim the
+//                 zygote forks gets it in memory)
 //   state.json    {"phase": "setup"} while pip runs, then
 //                 {"phase": "running", "pgid", "workers": [{"rank","pid","start_time"}]}
 //   result.json   AttemptOutcome, written once when the attempt is over
@@ -23,6 +24,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -125,6 +127,10 @@ std::optional<uint64_t> ProcessStartTime(int pid);
 // True when `id` still names the same, running process.
 bool IsAlive(const ProcessId& id);
 
+// The largest attempt config handed to a shim in memory (through the zygote) rather than in
+// DIR/config.json: a gang's config, with every worker's environment, may be larger.
+inline constexpr size_t kMaxInlineConfigBytes = 64 * 1024;
+
 // A pre-started `tau __zygote` process that forks a shim for each attempt: a fork of an idle,
 // initialised process instead of an exec of tau, which saves a few ms of CPU per attempt (see
 // zygote.cc). The shims it forks are the same processes an exec'd `tau __shim DIR` would be, except
@@ -137,13 +143,15 @@ class Zygote {
   Zygote(const Zygote&) = delete;
   Zygote& operator=(const Zygote&) = delete;
 
-  // Forks a shim for the attempt in `attempt_dir`. Unavailable once the zygote has died or stopped
-  // answering (for 2 s); from then on it is broken for good, and its owner may start another.
-  Result<ProcessId> StartShim(const std::string& attempt_dir);
+  // Forks a shim for the attempt in `attempt_dir`, with `config` (AttemptConfig JSON) handed to it
+  // in memory, or, when empty, read from DIR/config.json. Unavailable once the zygote has died or
+  // stopped answering (for 2 s); from then on it is broken for good, and its owner may start
+  // another. ResourceExhausted for a config too large to send (write the file instead).
+  Result<ProcessId> StartShim(const std::string& attempt_dir, std::string_view config = {});
   // StartShim in two halves, so that the zygote forks while the caller goes on: Send asks for a
   // shim, Receive waits for the answer to the oldest request not yet received (the zygote answers
   // in order). One caller at a time may have requests in flight.
-  Status Send(const std::string& attempt_dir);
+  Status Send(const std::string& attempt_dir, std::string_view config = {});
   Result<ProcessId> Receive(const std::string& attempt_dir);
   bool broken();
   int pid() const { return pid_; }
@@ -158,15 +166,16 @@ class Zygote {
   int in_flight_ = 0;    // requests sent and not yet answered; GUARDED_BY(mu_)
 };
 
-// Writes DIR/config.json and starts the shim in its own session: forked by `zygote` when one is
-// given and still answers, otherwise by exec of `tau_binary __shim DIR`. Returns once the shim is
-// running; workers are started by the shim.
+// Starts the shim of the attempt in its own session: forked by `zygote` when one is given and
+// still answers (the config handed over in memory), otherwise by exec of `tau_binary __shim DIR`
+// (the config written to DIR/config.json first, mode 0600). Returns once the shim is running;
+// workers are started by the shim.
 Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& tau_binary,
                                Zygote* zygote = nullptr);
 
-// Starts the shims of many attempts, as StartAttempt does one: each Add writes the attempt's
-// config and sends the zygote its request without waiting for the fork, so that the zygote forks
-// while the caller prepares the next attempt; Wait collects the shims. Not thread-safe.
+// Starts the shims of many attempts, as StartAttempt does one: each Add sends the zygote its
+// request without waiting for the fork, so that the zygote forks while the caller prepares the next
+// attempt; Wait collects the shims. Not thread-safe.
 class ShimBatch {
  public:
   ShimBatch(std::string tau_binary, Zygote* zygote)
@@ -180,6 +189,7 @@ class ShimBatch {
   void ReceiveOldest();
   struct Entry {
     std::string attempt_dir;
+    std::string config;                     // the JSON, should the shim have to be exec'd
     std::optional<Result<ProcessId>> shim;  // unset while the zygote owes its answer
   };
   const std::string tau_binary_;
@@ -241,8 +251,9 @@ class ProcessWatcher {
   virtual void Stop() = 0;
 };
 
-// Entry point of `tau __shim DIR`. Returns the shim's exit code.
-int ShimMain(const std::string& attempt_dir);
+// Entry point of `tau __shim DIR` (which reads DIR/config.json) and of a shim the zygote forked
+// (which may have its config in memory). Returns the shim's exit code.
+int ShimMain(const std::string& attempt_dir, const std::string& config = "");
 // Entry point of `tau __zygote` (its request socket on fd 0). Returns when the socket closes.
 // `role_arg` is the process's own argv[1] ("__zygote"): the shims it forks rewrite it to "__shim",
 // so that `ps` tells them from the zygote.

@@ -857,6 +857,28 @@ TEST_F(ZygoteTest, ForkedShimRunsTheAttemptInItsOwnSession) {
   EXPECT_FALSE(PathExists(c.attempt_dir + "/shim.log"));
 }
 
+TEST_F(ZygoteTest, AForkedShimGetsItsConfigInMemory) {
+  // Secrets in the workers' environment reach no file, and the attempt costs no config file.
+  AttemptConfig c = Config({Shell("echo \"token=$TAU_TEST_TOKEN\"")});
+  c.workers[0].env.emplace_back("TAU_TEST_TOKEN", "s3cr3t-in-memory");
+  ProcessId shim = StartForked(c);
+  AttemptOutcome o = WaitForked(shim, c.attempt_dir);
+  EXPECT_EQ(o.kind, OutcomeKind::kSucceeded) << o.message;
+  EXPECT_EQ(Log(c.attempt_dir, 0), "token=s3cr3t-in-memory\n");
+  EXPECT_FALSE(PathExists(c.attempt_dir + "/config.json"));
+}
+
+TEST_F(ZygoteTest, AConfigTooLargeToSendGoesThroughTheFile) {
+  AttemptConfig c = Config({Shell("echo \"${#TAU_TEST_BIG}\"")});
+  c.workers[0].env.emplace_back("TAU_TEST_BIG", std::string(kMaxInlineConfigBytes, 'x'));
+  ProcessId shim = StartForked(c);
+  EXPECT_EQ(internal::ReadProcStat(shim.pid)->ppid, zygote_->pid());  // forked all the same
+  AttemptOutcome o = WaitForked(shim, c.attempt_dir);
+  EXPECT_EQ(o.kind, OutcomeKind::kSucceeded) << o.message;
+  EXPECT_EQ(Log(c.attempt_dir, 0), std::to_string(kMaxInlineConfigBytes) + "\n");
+  EXPECT_TRUE(PathExists(c.attempt_dir + "/config.json"));
+}
+
 TEST_F(ZygoteTest, WorkersInheritNothingFromTheZygote) {
   // The zygote's request socket, its blocked SIGCHLD and the shim's own signal set-up must not
   // reach the workers: they start like processes of an exec'd shim.
@@ -1041,6 +1063,7 @@ TEST_F(ZygoteTest, ABatchWhoseZygoteStopsExecsTheRest) {
                              : i == 1 ? second.attempt_dir
                                       : third.attempt_dir;
     EXPECT_EQ(internal::ReadProcStat(shims[i]->pid)->ppid, ::getpid());  // exec'd by us
+    EXPECT_TRUE(PathExists(dir + "/config.json"));  // which reads its config from the file
     AttemptOutcome o = Wait(*shims[i], dir);
     EXPECT_EQ(o.kind, OutcomeKind::kSucceeded) << o.message;
     EXPECT_TRUE(Contains(Log(dir, 0), word)) << Log(dir, 0);

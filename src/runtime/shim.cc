@@ -327,7 +327,8 @@ struct SetupError {
 
 class Shim {
  public:
-  explicit Shim(std::string dir) : dir_(std::move(dir)) {}
+  Shim(std::string dir, std::string config)
+      : dir_(std::move(dir)), config_text_(std::move(config)) {}
 
   int Run() {
     outcome_.started_ms = NowMillis();
@@ -392,9 +393,16 @@ class Shim {
     // Orphaned grandchildren are re-parented to us, so we can kill and reap all of them at the end.
     if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) return IoError("PR_SET_CHILD_SUBREAPER", errno);
 
-    TAU_ASSIGN_OR_RETURN(std::string text, ReadFile(dir_ + "/config.json"));
-    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) return InvalidArgument(dir_ + "/config.json is not valid JSON");
+    // Handed over in memory by the zygote, or written beside us for an exec'd shim.
+    const bool inline_config = !config_text_.empty();
+    if (!inline_config) {
+      TAU_ASSIGN_OR_RETURN(config_text_, ReadFile(dir_ + "/config.json"));
+    }
+    json j = json::parse(config_text_, nullptr, /*allow_exceptions=*/false);
+    config_text_.clear();
+    if (j.is_discarded())
+      return InvalidArgument(inline_config ? "the attempt's config is not valid JSON"
+                                           : dir_ + "/config.json is not valid JSON");
     TAU_ASSIGN_OR_RETURN(config_, AttemptConfig::FromJson(j));
     if (config_.workers.empty()) return InvalidArgument("config.json lists no workers");
     if (config_.max_runtime_ms) deadline_ = MonotonicMillis() + *config_.max_runtime_ms;
@@ -1004,6 +1012,7 @@ class Shim {
   }
 
   const std::string dir_;
+  std::string config_text_;  // the config as handed over, until Init parses it
   AttemptConfig config_;
   AttemptOutcome outcome_;
   UniqueFd lock_;  // the supervisor lock, held until the shim exits
@@ -1021,8 +1030,8 @@ class Shim {
 
 }  // namespace
 
-int ShimMain(const std::string& attempt_dir) {
-  Shim shim(attempt_dir);
+int ShimMain(const std::string& attempt_dir, const std::string& config) {
+  Shim shim(attempt_dir, config);
   return shim.Run();
 }
 

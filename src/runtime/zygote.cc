@@ -7,9 +7,10 @@
 // allowed between fork and exec there.
 //
 // Protocol, over a SOCK_SEQPACKET pair (one message per request, one per reply):
-//   server -> zygote   the attempt directory (its config.json is written already)
+//   server -> zygote   the attempt directory, then a NUL and the attempt's config (JSON) when it
+//                      comes inline; without one, the shim reads DIR/config.json
 //   zygote -> server   ZygoteReply: the shim's pid and start time, or an errno
-//   zygote -> spare    the attempt directory, with its stdin and stdout/stderr descriptors
+//   zygote -> spare    the same request, with the shim's stdin and stdout/stderr descriptors
 //                      (SCM_RIGHTS)
 // The zygote exits when the server's end closes, including when the server dies, and its spare
 // with it; shims it forked live on (own session), re-parented like any orphan.
@@ -30,6 +31,7 @@
 #include <cstring>
 #include <optional>
 
+#include "common/clock.h"
 #include "runtime/proc.h"
 #include "runtime/runtime.h"
 
@@ -81,16 +83,26 @@ class AttemptMessage {
   msghdr msg_{};
 };
 
-bool SendAttempt(int sock, std::string attempt_dir, int stdin_fd, int log_fd) {
-  AttemptMessage m(attempt_dir.data(), attempt_dir.size());
+// The largest request: a directory path, its NUL, and an inline config.
+constexpr size_t kMaxRequestBytes = PATH_MAX + 1 + kMaxInlineConfigBytes;
+
+// A request's attempt directory and inline config ("" when the config is in DIR/config.json).
+std::pair<std::string, std::string> SplitRequest(const std::string& request) {
+  size_t nul = request.find('\0');
+  if (nul == std::string::npos) return {request, ""};
+  return {request.substr(0, nul), request.substr(nul + 1)};
+}
+
+bool SendAttempt(int sock, std::string request, int stdin_fd, int log_fd) {
+  AttemptMessage m(request.data(), request.size());
   int fds[2] = {stdin_fd, log_fd};
   std::memcpy(m.fds(), fds, sizeof fds);
-  return ::sendmsg(sock, m.msg(), MSG_NOSIGNAL) == static_cast<ssize_t>(attempt_dir.size());
+  return ::sendmsg(sock, m.msg(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size());
 }
 
 // The spare's side of SendAttempt. False when the zygote closed the socket instead.
-bool ReceiveAttempt(int sock, std::string* attempt_dir, int fds[2]) {
-  std::string buf(PATH_MAX + 1, '\0');
+bool ReceiveAttempt(int sock, std::string* request, int fds[2]) {
+  std::string buf(kMaxRequestBytes, '\0');
   AttemptMessage m(buf.data(), buf.size());
   ssize_t n;
   while ((n = ::recvmsg(sock, m.msg(), MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
@@ -98,7 +110,7 @@ bool ReceiveAttempt(int sock, std::string* attempt_dir, int fds[2]) {
   const int* received = n > 0 ? m.fds() : nullptr;
   if (received == nullptr) return false;
   std::memcpy(fds, received, sizeof(int[2]));
-  attempt_dir->assign(buf.data(), static_cast<size_t>(n));
+  request->assign(buf.data(), static_cast<size_t>(n));
   return true;
 }
 
@@ -108,7 +120,7 @@ char* g_role_arg = nullptr;  // the zygote's argv[1], rewritten in each shim it 
 // default signal dispositions, the shim's signal mask, no descriptor but its stdin and its
 // stdout/stderr), waits on `request_sock` for its attempt when it is a spare, runs the
 // shim, and exits without returning into the zygote's loop.
-[[noreturn]] void BecomeShim(int request_sock, std::string attempt_dir, int stdin_fd, int log_fd) {
+[[noreturn]] void BecomeShim(int request_sock, std::string request, int stdin_fd, int log_fd) {
   ::setsid();
   if (g_role_arg != nullptr) {
     // "__zygote" becomes "__shim" in /proc/PID/cmdline (same memory, padded with NULs), and the
@@ -131,7 +143,7 @@ char* g_role_arg = nullptr;  // the zygote's argv[1], rewritten in each shim it 
     ::dup2(request_sock, 3);
     ::closefrom(4);
     int fds[2];
-    if (!ReceiveAttempt(3, &attempt_dir, fds)) ::_exit(0);  // retired: the zygote is gone
+    if (!ReceiveAttempt(3, &request, fds)) ::_exit(0);  // retired: the zygote is gone
     stdin_fd = fds[0];
     log_fd = fds[1];
   }
@@ -139,7 +151,8 @@ char* g_role_arg = nullptr;  // the zygote's argv[1], rewritten in each shim it 
   ::dup2(log_fd, 1);
   ::dup2(log_fd, 2);
   ::closefrom(3);
-  int code = ShimMain(attempt_dir);
+  auto [attempt_dir, config] = SplitRequest(request);
+  int code = ShimMain(attempt_dir, config);
   std::fflush(nullptr);
   ::_exit(code);
 }
@@ -163,8 +176,9 @@ std::optional<Spare> ForkSpare() {
   return Spare{pid, st ? st->start_time : 0, std::move(ours)};
 }
 
-ZygoteReply StartShim(const std::string& attempt_dir, std::optional<Spare>* spare) {
+ZygoteReply StartShim(const std::string& request, std::optional<Spare>* spare) {
   ZygoteReply reply;
+  const std::string attempt_dir = SplitRequest(request).first;
   // A directory that is not there is the caller's mistake, said now rather than by a shim that
   // cannot take its lock.
   struct stat dir;
@@ -188,7 +202,7 @@ ZygoteReply StartShim(const std::string& attempt_dir, std::optional<Spare>* spar
     std::optional<Spare> taken = std::move(*spare);
     spare->reset();
     // A spare that is gone (someone killed it) refuses the message; a fresh fork does the job.
-    if (SendAttempt(taken->sock.get(), attempt_dir, devnull.get(), log)) {
+    if (SendAttempt(taken->sock.get(), request, devnull.get(), log)) {
       reply.pid = taken->pid;
       reply.start_time = taken->start_time;
       return reply;
@@ -199,7 +213,7 @@ ZygoteReply StartShim(const std::string& attempt_dir, std::optional<Spare>* spar
     reply.err = errno;
     return reply;
   }
-  if (pid == 0) BecomeShim(-1, attempt_dir, devnull.get(), log);
+  if (pid == 0) BecomeShim(-1, request, devnull.get(), log);
   reply.pid = pid;
   // Not reaped yet (that waits for SIGCHLD), so even a shim that already exited has a stat.
   std::optional<internal::ProcStat> st = internal::ReadProcStat(pid);
@@ -222,7 +236,7 @@ int ZygoteMain(char* role_arg) {
     return 1;
   }
   std::optional<Spare> spare = ForkSpare();
-  std::string request(PATH_MAX + 1, '\0');
+  std::string request(kMaxRequestBytes, '\0');
   while (true) {
     pollfd fds[2] = {{sock, POLLIN, 0}, {sigfd.get(), POLLIN, 0}};
     int ready = ::poll(fds, 2, spare ? -1 : kRefillDelayMs);
@@ -296,12 +310,31 @@ Status Zygote::Broken(const std::string& what, int err) {
   return gone;
 }
 
-Status Zygote::Send(const std::string& attempt_dir) {
+Status Zygote::Send(const std::string& attempt_dir, std::string_view config) {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_) return Unavailable("the zygote is gone");
-  if (::send(sock_, attempt_dir.data(), attempt_dir.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(attempt_dir.size()))
-    return Broken("took no request", errno);
+  if (config.size() > kMaxInlineConfigBytes)
+    return ResourceExhausted("the attempt's config is too large to send inline");
+  std::string request = attempt_dir;
+  if (!config.empty()) request.append(1, '\0').append(config);
+  // Requests wait in the socket while the zygote forks: a zygote that stopped reading must not
+  // hold the caller either, so the send waits for room at most as long as an answer.
+  const int64_t deadline = MonotonicMillis() + kAnswerTimeoutMs;
+  while (::send(sock_, request.data(), request.size(), MSG_NOSIGNAL | MSG_DONTWAIT) !=
+         static_cast<ssize_t>(request.size())) {
+    const int err = errno;
+    if (err == EINTR) continue;
+    // The socket's buffer cannot hold one message this large: the caller writes the file instead.
+    if (err == EMSGSIZE && !config.empty())
+      return ResourceExhausted("the attempt's config is too large to send inline");
+    const int64_t left = deadline - MonotonicMillis();
+    if (err != EAGAIN) return Broken("took no request", err);
+    if (left <= 0)
+      return Broken("took no request within " + std::to_string(kAnswerTimeoutMs / 1000) + " s",
+                    ETIMEDOUT);
+    pollfd pfd{sock_, POLLOUT, 0};
+    ::poll(&pfd, 1, static_cast<int>(left));
+  }
   ++in_flight_;
   return Status::Ok();
 }
@@ -327,8 +360,8 @@ Result<ProcessId> Zygote::Receive(const std::string& attempt_dir) {
   return ProcessId{reply.pid, reply.start_time};
 }
 
-Result<ProcessId> Zygote::StartShim(const std::string& attempt_dir) {
-  TAU_RETURN_IF_ERROR(Send(attempt_dir));
+Result<ProcessId> Zygote::StartShim(const std::string& attempt_dir, std::string_view config) {
+  TAU_RETURN_IF_ERROR(Send(attempt_dir, config));
   return Receive(attempt_dir);
 }
 

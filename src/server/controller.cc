@@ -983,14 +983,26 @@ Status Controller::CheckSecrets(const spec::RunSpec& spec, const std::string& wo
 // submitted it (a token user without a system account as `nobody`), never as root unless root
 // submitted it. What the run writes to is handed to that user first; its virtualenvs are built as
 // that user too (pip runs a package's own code), in a cache of their own.
-Status Controller::RunAsSubmitter(const RunRecord& r, const runtime::LaunchContext& ctx,
-                                  runtime::AttemptConfig* config) {
-  if (::geteuid() != 0) return Status::Ok();  // runs run as the server's user
+Result<std::optional<runtime::AttemptConfig::RunAs>> Controller::SubmitterIds(const RunRecord& r) {
+  using Ids = std::optional<runtime::AttemptConfig::RunAs>;
+  if (::geteuid() != 0) return Ids();  // runs run as the server's user
   std::string user = r.owner.empty() ? "root" : r.owner;
   auto run_as = runtime::LookUpUser(user);
   if (!run_as.ok()) run_as = runtime::LookUpUser("nobody");
   if (!run_as.ok()) return FailedPrecondition("no system user to run as: " + user);
-  if (run_as->uid == 0) return Status::Ok();
+  if (run_as->uid == 0) return Ids();
+  return Ids(std::move(*run_as));
+}
+
+std::string Controller::VenvCacheDir(
+    const std::optional<runtime::AttemptConfig::RunAs>& ids) const {
+  return ids ? fmt::format("{}/venvs/uid-{}", options_.home, ids->uid) : options_.home + "/venvs";
+}
+
+Status Controller::RunAsSubmitter(const RunRecord& r, const runtime::LaunchContext& ctx,
+                                  runtime::AttemptConfig* config) {
+  TAU_ASSIGN_OR_RETURN(std::optional<runtime::AttemptConfig::RunAs> run_as, SubmitterIds(r));
+  if (!run_as) return Status::Ok();
   uid_t uid = run_as->uid;
   gid_t gid = run_as->gid;
   for (const std::string& dir : {ctx.work_dir, ctx.checkpoint_dir, ctx.output_dir})
@@ -1006,7 +1018,7 @@ Status Controller::RunAsSubmitter(const RunRecord& r, const runtime::LaunchConte
   int rc = ::fchown(fd, uid, gid);
   ::close(fd);
   if (rc != 0) return IoError("chown " + ctx.metrics_file, errno);
-  config->venv_cache_dir = fmt::format("{}/venvs/uid-{}", options_.home, uid);
+  config->venv_cache_dir = VenvCacheDir(run_as);
   TAU_RETURN_IF_ERROR(MakeDirs(config->venv_cache_dir, 0700));
   TAU_RETURN_IF_ERROR(ChownTree(config->venv_cache_dir, uid, gid));
   config->run_as = std::move(*run_as);
@@ -1118,8 +1130,9 @@ std::optional<Controller::StartingAttempt> Controller::PrepareAttempt(const std:
     if (Status s = CopySnapshot(r.snapshot_dir, ctx.work_dir); !s.ok())
       return fail("SetupError", s.message());
   }
-  // Secret values exist only in the workers' environment (and the attempt's config file, mode
-  // 0600): never in the spec, the store's run records, events or evidence.
+  // Secret values exist only in the workers' environment (and the attempt's config, in memory, or
+  // in a file of mode 0600 for a shim that is exec'd): never in the spec, the store's run records,
+  // events or evidence.
   spec::RunSpec launch_spec = run.spec;
   if (Status s = CheckSecrets(run.spec, r.workspace, &launch_spec); !s.ok())
     return fail("SecretNotFound", s.message());
@@ -1132,7 +1145,7 @@ std::optional<Controller::StartingAttempt> Controller::PrepareAttempt(const std:
   config.work_dir = ctx.work_dir;
   config.workers = std::move(*workers);
   config.pip = run.spec.runtime.pip;
-  config.venv_cache_dir = options_.home + "/venvs";
+  config.venv_cache_dir = VenvCacheDir(std::nullopt);
   if (Status s = RunAsSubmitter(r, ctx, &config); !s.ok()) return fail("SetupError", s.message());
   if (run.need.memory_bytes > 0) config.memory_limit_bytes = run.need.memory_bytes;
   if (run.need.cpu_milli > 0) config.cpu_limit_milli = run.need.cpu_milli;

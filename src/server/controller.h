@@ -158,6 +158,13 @@ class Controller {
   };
   Status RunAsSubmitter(const store::RunRecord& r, const runtime::LaunchContext& ctx,
                         runtime::AttemptConfig* config);
+  // Whom a run's processes run as: nullopt for the server's own user (a server not running as
+  // root, or a run root submitted).
+  static Result<std::optional<runtime::AttemptConfig::RunAs>> SubmitterIds(
+      const store::RunRecord& r);
+  // Where the virtualenvs of the runs of `ids` are cached (each user its own: pip runs a package's
+  // own code, as that user).
+  std::string VenvCacheDir(const std::optional<runtime::AttemptConfig::RunAs>& ids) const;
   // Checks that every SECRET:KEY of `spec`'s env exists in the workspace; with `resolved_spec`,
   // also puts the values in its env (for launching only).
   Status CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,

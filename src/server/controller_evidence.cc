@@ -315,15 +315,11 @@ Result<evidence::RecordInput> Controller::AssembleRecord(const RunRecord& r,
       rt.packages = prev->runtime.packages;
     }
     if (final_save || rt.python_version.empty()) {
-      // The cache the last attempt used: runs of other users have their own (RunAsSubmitter). Only
-      // a run with pip requirements has a virtualenv to look for.
-      std::string venvs = options_.home + "/venvs";
-      if (r.attempts > 0 && !rt.pip.empty())
-        if (auto text = ReadFile(AttemptDir(r.name, r.attempts) + "/config.json"); text.ok())
-          if (auto j = nlohmann::json::parse(*text, nullptr, false);
-              j.is_object() && j.contains("venv_cache_dir") && j["venv_cache_dir"].is_string() &&
-              !j["venv_cache_dir"].get<std::string>().empty())
-            venvs = j["venv_cache_dir"].get<std::string>();
+      // The cache the run's attempts used: runs of other users have their own (RunAsSubmitter).
+      // Only a run with pip requirements has a virtualenv to look for.
+      std::string venvs = VenvCacheDir(std::nullopt);
+      if (!rt.pip.empty())
+        if (auto ids = SubmitterIds(r); ids.ok()) venvs = VenvCacheDir(*ids);
       FillPython(venvs, rt.pip, &rt);
     }
   }
