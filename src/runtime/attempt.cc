@@ -294,16 +294,9 @@ Status SendToZygote(Zygote* zygote, const std::string& attempt_dir, const std::s
 
 Result<ProcessId> StartAttempt(const AttemptConfig& config, const std::string& tau_binary,
                                Zygote* zygote) {
-  TAU_ASSIGN_OR_RETURN(std::string json, PrepareConfig(config));
-  if (zygote != nullptr) {
-    Status sent = SendToZygote(zygote, config.attempt_dir, json);
-    if (!sent.ok() && sent.code() != StatusCode::kUnavailable) return sent;
-    if (sent.ok()) {
-      auto forked = zygote->Receive(config.attempt_dir);
-      if (!ZygoteGone(forked)) return forked;
-    }
-  }
-  return WriteAndExec(config.attempt_dir, json, tau_binary);
+  ShimBatch batch(tau_binary, zygote);
+  batch.Add(config);
+  return std::move(batch.Wait().front());
 }
 
 size_t ShimBatch::Add(const AttemptConfig& config) {

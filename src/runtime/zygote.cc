@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <string_view>
 
 #include "common/clock.h"
 #include "runtime/proc.h"
@@ -87,9 +88,9 @@ class AttemptMessage {
 constexpr size_t kMaxRequestBytes = PATH_MAX + 1 + kMaxInlineConfigBytes;
 
 // A request's attempt directory and inline config ("" when the config is in DIR/config.json).
-std::pair<std::string, std::string> SplitRequest(const std::string& request) {
+std::pair<std::string_view, std::string_view> SplitRequest(std::string_view request) {
   size_t nul = request.find('\0');
-  if (nul == std::string::npos) return {request, ""};
+  if (nul == std::string_view::npos) return {request, {}};
   return {request.substr(0, nul), request.substr(nul + 1)};
 }
 
@@ -152,7 +153,7 @@ char* g_role_arg = nullptr;  // the zygote's argv[1], rewritten in each shim it 
   ::dup2(log_fd, 2);
   ::closefrom(3);
   auto [attempt_dir, config] = SplitRequest(request);
-  int code = ShimMain(attempt_dir, config);
+  int code = ShimMain(std::string(attempt_dir), std::string(config));
   std::fflush(nullptr);
   ::_exit(code);
 }
@@ -178,7 +179,7 @@ std::optional<Spare> ForkSpare() {
 
 ZygoteReply StartShim(const std::string& request, std::optional<Spare>* spare) {
   ZygoteReply reply;
-  const std::string attempt_dir = SplitRequest(request).first;
+  const std::string attempt_dir(SplitRequest(request).first);
   // A directory that is not there is the caller's mistake, said now rather than by a shim that
   // cannot take its lock.
   struct stat dir;

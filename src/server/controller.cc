@@ -890,11 +890,17 @@ void Controller::Loop() {
         if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
       }
     }
-    // After the commit: the store has assigned the events' hashes that ended runs' records hold.
     EvidenceTick({samples.begin(), samples.end()});
-    // Terminal runs leave the active set once their final state is committed.
+    // Terminal runs leave the active set once their final state is committed (the store has
+    // assigned the events' hashes their records hold): their records, and collectors, go to the
+    // evidence worker, which compacts the metrics and saves the final record.
     for (auto it = active_.begin(); it != active_.end();) {
-      it = store::IsTerminal(it->second.record.state) ? active_.erase(it) : std::next(it);
+      if (!store::IsTerminal(it->second.record.state)) {
+        ++it;
+        continue;
+      }
+      HandOffEnded(it->first, std::move(it->second.record));
+      it = active_.erase(it);
     }
     RefreshPending();
   }

@@ -179,8 +179,8 @@ class Controller {
     std::string why;
   };
   void HandleGpuNews(const GpuNews& news, store::Batch* batch);
-  // Evidence, from the loop: metric polls, GPU samples, and handing ended runs to the worker that
-  // saves their final record (so hashing logs never holds up decisions).
+  // Evidence, from the loop: metric polls and GPU samples of running attempts; ended runs go to the
+  // worker that saves their final record (HandOffEnded), so hashing logs never holds up decisions.
   void PollMetrics(const std::string& name, int attempt);
   void EvidenceTick(const std::vector<std::vector<evidence::GpuSample>>& samples);
   void EvidenceWorker();
@@ -188,6 +188,8 @@ class Controller {
                                                const evidence::MetricHistory& history,
                                                const evidence::MetricsStats& stats,
                                                bool final_save);
+  // Gives an ended run's record, and its metrics collector, to the evidence worker.
+  void HandOffEnded(const std::string& name, store::RunRecord ended);
   // `ended`: the run's record as the loop committed it, when the caller has it (else it is read).
   Result<nlohmann::json> SaveFinalRecord(const std::string& name,
                                          const evidence::MetricsCollector* collector,

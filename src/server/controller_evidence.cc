@@ -181,21 +181,7 @@ void Controller::EvidenceTick(const std::vector<std::vector<evidence::GpuSample>
   if (poll) last_metrics_poll_ms_ = now;
   for (auto& [name, run] : active_) {
     const RunRecord& r = run.record;
-    if (store::IsTerminal(r.state)) {
-      // Ended and committed: the collector goes to the worker, which compacts it and saves the
-      // final record. The run leaves the active set after this pass; its record goes to the
-      // worker too, which need not read it back.
-      FinalRecord f{name, nullptr, std::move(run.record)};
-      run.record.state = f.ended.state;  // still terminal, for the pass that erases it
-      if (auto it = collectors_.find(name); it != collectors_.end()) {
-        f.metrics = std::move(it->second);
-        collectors_.erase(it);
-      }
-      std::lock_guard<std::mutex> lock(evidence_mu_);
-      evidence_queue_.push_back(std::move(f));
-      evidence_cv_.notify_one();
-      continue;
-    }
+    if (store::IsTerminal(r.state)) continue;  // handed to the evidence worker (HandOffEnded)
     if (!run.shim) continue;
     if (poll) PollMetrics(name, r.attempts);
     if (r.gpus.empty()) continue;
@@ -211,6 +197,17 @@ void Controller::EvidenceTick(const std::vector<std::vector<evidence::GpuSample>
       std::fprintf(stderr, "tau server: GPU samples of %s: %s\n", name.c_str(),
                    st.ToString().c_str());
   }
+}
+
+void Controller::HandOffEnded(const std::string& name, RunRecord ended) {
+  FinalRecord f{name, nullptr, std::move(ended)};
+  if (auto it = collectors_.find(name); it != collectors_.end()) {
+    f.metrics = std::move(it->second);
+    collectors_.erase(it);
+  }
+  std::lock_guard<std::mutex> lock(evidence_mu_);
+  evidence_queue_.push_back(std::move(f));
+  evidence_cv_.notify_one();
 }
 
 void Controller::EvidenceWorker() {

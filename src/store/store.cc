@@ -506,30 +506,24 @@ struct Store::Impl {
   }
 
   // One transaction for the group; each insert inside a savepoint of its own, so that one that
-  // fails leaves no trace while the others go on. A failed COMMIT fails them all.
+  // fails leaves no trace while the others go on. A transaction that fails (to begin or to commit)
+  // fails them all.
   void CommitInserts(const std::vector<PendingInsert*>& group) {
     std::lock_guard<std::mutex> lock(mu);
-    Status begun = Exec("BEGIN IMMEDIATE");
-    for (PendingInsert* p : group) {
-      if (!begun.ok()) {
-        p->result = begun;
-        continue;
+    Status committed = InTransaction([&] {
+      for (PendingInsert* p : group) {
+        Status s = Exec("SAVEPOINT run_insert");
+        if (s.ok()) {
+          s = InsertOne(*p);
+          if (!s.ok()) (void)Exec("ROLLBACK TO run_insert");
+          Status released = Exec("RELEASE run_insert");
+          if (s.ok()) s = released;
+        }
+        p->result = s;
       }
-      Status s = Exec("SAVEPOINT run_insert");
-      if (s.ok()) {
-        s = InsertOne(*p);
-        if (!s.ok()) (void)Exec("ROLLBACK TO run_insert");
-        Status released = Exec("RELEASE run_insert");
-        if (s.ok()) s = released;
-      }
-      p->result = s;
-    }
-    if (!begun.ok()) return;
-    Status committed = Exec("COMMIT");
+      return Status::Ok();
+    });
     if (committed.ok()) return;
-    // A COMMIT that failed (a full disk) can leave the transaction open; the next one must not
-    // find it so.
-    if (sqlite3_get_autocommit(db) == 0) (void)Exec("ROLLBACK");
     for (PendingInsert* p : group)
       if (p->result.ok()) p->result = committed;
   }
