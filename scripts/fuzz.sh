@@ -4,14 +4,14 @@
 # Fails when any harness finds a crash, hang, leak, out-of-memory or broken invariant; the inputs
 # that did are kept in build-fuzz/artifacts/. docs/fuzzing.md says more.
 #
-#   scripts/fuzz.sh [SECONDS] [HARNESS...]     HARNESS: spec platform quantity api_json simulate
+#   scripts/fuzz.sh [SECONDS] [HARNESS...]     HARNESS: spec platform quantity api_json simulate http
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds="${1:-30}"
 shift || true
 harnesses=("$@")
-[ ${#harnesses[@]} -gt 0 ] || harnesses=(spec platform quantity api_json simulate)
+[ ${#harnesses[@]} -gt 0 ] || harnesses=(spec platform quantity api_json simulate http)
 
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER="${TAU_FUZZ_CC:-clang-14}" -DCMAKE_CXX_COMPILER="${TAU_FUZZ_CXX:-clang++-14}" \

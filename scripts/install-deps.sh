@@ -2,7 +2,7 @@
 # Installs what tau needs to build and test, from Debian 12 packages. Run as root (or with sudo).
 set -euo pipefail
 packages=(
-  build-essential cmake ninja-build pkg-config git ca-certificates
+  build-essential cmake ninja-build pkg-config git ca-certificates ccache
   libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev libcli11-dev libfmt-dev libgtest-dev zlib1g-dev
   libssl-dev libcurl4-openssl-dev  # headers only: OpenSSL and libcurl are loaded with dlopen
   openssl curl  # the TLS tests make certificates and call the server with curl

@@ -6,6 +6,8 @@ scripts/install-deps.sh
 scripts/fetch-helm.sh || echo "helm not fetched: tests/integration/test_helm_chart.py will be skipped"
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "$(nproc)" --timeout 900
+# Clang's thread-safety analysis over src/ (docs/architecture.md, "Locking"), as an error.
+python3 scripts/check_thread_safety.py --build build
 # A short fuzzing pass over every parser (docs/fuzzing.md); TAU_FUZZ_SECONDS=0 skips it.
 if [ "${TAU_FUZZ_SECONDS:-20}" -gt 0 ]; then
   scripts/fuzz.sh "${TAU_FUZZ_SECONDS:-20}"

@@ -18,8 +18,8 @@
 #include "cli/commands.h"
 #include "common/clock.h"
 #include "health/health.h"
+#include "health_agent/node_health.h"
 #include "kubeapi/kubeapi.h"
-#include "kubeapi/node_health.h"
 
 namespace tau::cli {
 namespace {
@@ -52,10 +52,10 @@ int CmdHealthAgent(const AgentFlags& flags) {
   Result<std::unique_ptr<kubeapi::Client>> client = kubeapi::Client::Create(*config);
   if (!client.ok()) return Fail(client.status().message());
 
-  kubeapi::NodeHealthAgentOptions options;
+  health_agent::NodeHealthAgentOptions options;
   options.node = flags.node;
   options.log = LogLine;
-  kubeapi::NodeHealthAgent agent(client->get(), options);
+  health_agent::NodeHealthAgent agent(client->get(), options);
 
   health::MonitorOptions monitor_options;
   monitor_options.poll_interval_ms = *poll_ms;
@@ -67,11 +67,11 @@ int CmdHealthAgent(const AgentFlags& flags) {
     Status started = monitor.Start(/*start_threads=*/false);
     if (!started.ok()) return Fail(started.message());
     monitor.PollOnce();
-    Result<kubeapi::NodeHealthUpdate> update = agent.Publish(monitor.Snapshot());
+    Result<health_agent::NodeHealthUpdate> update = agent.Publish(monitor.Snapshot());
     monitor.Stop();
     if (!update.ok()) return Fail(update.status().message());
     std::printf("node %s: %s: %s=%s\n", flags.node.c_str(), update->summary.c_str(),
-                kubeapi::kGpuHealthyCondition, update->condition.value("status", "").c_str());
+                health_agent::kGpuHealthyCondition, update->condition.value("status", "").c_str());
     return update->condition.value("status", "") == "True" ? 0 : kExitInvalid;
   }
 

@@ -1,5 +1,5 @@
 // `tau health agent`: the GPU health agent of the Helm chart's DaemonSet
-// (src/kubeapi/node_health.h).
+// (src/health_agent/node_health.h).
 #pragma once
 
 namespace CLI {

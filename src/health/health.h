@@ -36,6 +36,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace tau::health {
@@ -424,24 +425,24 @@ class GpuMonitor {
   std::vector<bool> events_supported_;  // XID events registered, per GPU index
   void* event_set_ = nullptr;           // nvmlEventSet_t
 
-  mutable std::mutex mu_;
-  GpuInventory inventory_;          // GUARDED_BY(mu_)
-  std::vector<GpuSample> samples_;  // GUARDED_BY(mu_)
-  std::vector<std::vector<XidEvent>>
-      pending_xids_;                   // GUARDED_BY(mu_): for the next sample's record
-  std::vector<uint64_t> last_xid_;     // GUARDED_BY(mu_)
-  VerdictTracker tracker_;             // GUARDED_BY(mu_)
-  std::vector<VerdictChange> outbox_;  // GUARDED_BY(mu_): changes not yet delivered
-  int64_t passes_ = 0;                 // GUARDED_BY(mu_)
-  int64_t inforom_checked_ms_ = 0;     // GUARDED_BY(mu_)
-  bool stopping_ = false;              // GUARDED_BY(mu_)
-  bool events_running_ = false;        // GUARDED_BY(mu_)
-  bool events_failed_ = false;         // GUARDED_BY(mu_)
-  std::condition_variable wake_;       // signalled on Stop
+  mutable Mutex mu_;
+  GpuInventory inventory_ TAU_GUARDED_BY(mu_);
+  std::vector<GpuSample> samples_ TAU_GUARDED_BY(mu_);
+  std::vector<std::vector<XidEvent>> pending_xids_
+      TAU_GUARDED_BY(mu_);  // for the next sample's record
+  std::vector<uint64_t> last_xid_ TAU_GUARDED_BY(mu_);
+  VerdictTracker tracker_ TAU_GUARDED_BY(mu_);
+  std::vector<VerdictChange> outbox_ TAU_GUARDED_BY(mu_);  // changes not yet delivered
+  int64_t passes_ TAU_GUARDED_BY(mu_) = 0;
+  int64_t inforom_checked_ms_ TAU_GUARDED_BY(mu_) = 0;
+  bool stopping_ TAU_GUARDED_BY(mu_) = false;
+  bool events_running_ TAU_GUARDED_BY(mu_) = false;
+  bool events_failed_ TAU_GUARDED_BY(mu_) = false;
+  CondVar wake_;  // signalled on Stop
 
   // Serialises callbacks so that changes arrive in the order they happened. Lock order:
   // callback_mu_ before mu_, never the other way (a callback may call Snapshot()).
-  std::mutex callback_mu_;
+  Mutex callback_mu_;
   std::thread poll_thread_;
   std::thread event_thread_;
 };

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "health/health.h"
 #include "health/nvml.h"
 
@@ -28,7 +29,7 @@ Status GpuMonitor::Start(bool start_threads) {
   Result<std::unique_ptr<Nvml>> loaded = Nvml::Load(path);
   if (!loaded.ok()) {
     // No driver is a normal machine without GPUs, not an error of the monitor.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     inventory_.note = loaded.status().message();
     if (loaded.status().code() != StatusCode::kNotFound) inventory_.library = path;
     return Status::Ok();
@@ -39,7 +40,7 @@ Status GpuMonitor::Start(bool start_threads) {
   for (nvml::Device d : handles) handles_.push_back(d);
   events_supported_.assign(handles_.size(), false);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     inventory_ = std::move(inventory);
     samples_.resize(handles_.size());
     pending_xids_.resize(handles_.size());
@@ -52,7 +53,7 @@ Status GpuMonitor::Start(bool start_threads) {
   poll_thread_ = std::thread([this] { PollLoop(); });
   if (event_set_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       events_running_ = true;
     }
     event_thread_ = std::thread([this] { EventLoop(); });
@@ -87,26 +88,26 @@ void GpuMonitor::SetupEvents() {
 
 void GpuMonitor::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   if (poll_thread_.joinable()) poll_thread_.join();
   // The event thread notices within one event_wait_ms slice.
   if (event_thread_.joinable()) event_thread_.join();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   events_running_ = false;
 }
 
 void GpuMonitor::PollLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stopping_) {
-    wake_.wait_for(lock, std::chrono::milliseconds(options_.poll_interval_ms),
-                   [this] { return stopping_; });
-    if (stopping_) break;
-    lock.unlock();
+  while (true) {
+    {
+      MutexLock lock(&mu_);
+      if (wake_.WaitFor(&mu_, std::chrono::milliseconds(options_.poll_interval_ms),
+                        [this]() TAU_REQUIRES(mu_) { return stopping_; }))
+        break;
+    }
     PollOnce();
-    lock.lock();
   }
 }
 
@@ -117,7 +118,7 @@ void GpuMonitor::PollOnce() {
     std::vector<std::string> uuids;
     bool validate_inforom = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       for (const GpuDevice& d : inventory_.devices) uuids.push_back(d.uuid);
       validate_inforom =
           passes_ == 0 || now - inforom_checked_ms_ >= options_.inforom_check_interval_ms;
@@ -130,7 +131,7 @@ void GpuMonitor::PollOnce() {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (size_t i = 0; i < fresh.size(); ++i) {
       GpuSample& s = fresh[i];
       s.xids = std::move(pending_xids_[i]);
@@ -154,7 +155,7 @@ void GpuMonitor::PollOnce() {
 void GpuMonitor::EventLoop() {
   while (true) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stopping_) break;
     }
     WaitForEventOnce(options_.event_wait_ms);
@@ -163,7 +164,7 @@ void GpuMonitor::EventLoop() {
 
 void GpuMonitor::FeedAll(const std::string& check, CheckStatus status, const std::string& message) {
   int64_t now = NowMillis();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (size_t i = 0; i < handles_.size(); ++i) {
     if (!events_supported_[i]) continue;
     CheckResult r;
@@ -186,7 +187,7 @@ bool GpuMonitor::WaitForEventOnce(int timeout_ms) {
                                unsigned(timeout_ms));
   bool failed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     failed = events_failed_;
     events_failed_ = rc != nvml::kSuccess && rc != nvml::kErrorTimeout;
   }
@@ -195,8 +196,9 @@ bool GpuMonitor::WaitForEventOnce(int timeout_ms) {
     FeedAll("xid_events", CheckStatus::kError,
             fmt::format("waiting for XID events failed: {}", nvml_->ErrorString(rc)));
     Deliver();
-    std::unique_lock<std::mutex> lock(mu_);
-    wake_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [this] { return stopping_; });
+    MutexLock lock(&mu_);
+    wake_.WaitFor(&mu_, std::chrono::milliseconds(timeout_ms),
+                  [this]() TAU_REQUIRES(mu_) { return stopping_; });
     return false;
   }
   if (failed) FeedAll("xid_events", CheckStatus::kPass, "");
@@ -211,7 +213,7 @@ bool GpuMonitor::WaitForEventOnce(int timeout_ms) {
   if (index < 0) return false;
   XidEvent event{data.event_data, NowMillis()};
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     pending_xids_[index].push_back(event);
     last_xid_[index] = event.xid;
     samples_[index].last_xid = event.xid;
@@ -225,10 +227,10 @@ bool GpuMonitor::WaitForEventOnce(int timeout_ms) {
 }
 
 void GpuMonitor::Deliver() {
-  std::lock_guard<std::mutex> callbacks(callback_mu_);
+  MutexLock callbacks(&callback_mu_);
   std::vector<VerdictChange> changes;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     changes.swap(outbox_);
   }
   if (!options_.on_verdict_change) return;
@@ -239,7 +241,7 @@ void GpuMonitor::Deliver() {
 
 void GpuMonitor::ClearAfterReset(int gpu_index) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (auto change = tracker_.ClearAfterReset(gpu_index, NowMillis())) outbox_.push_back(*change);
   }
   Deliver();
@@ -248,7 +250,7 @@ void GpuMonitor::ClearAfterReset(int gpu_index) {
 
 void GpuMonitor::ClearAll(int gpu_index) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (auto change = tracker_.ClearAll(gpu_index, NowMillis())) outbox_.push_back(*change);
   }
   Deliver();
@@ -256,7 +258,7 @@ void GpuMonitor::ClearAll(int gpu_index) {
 }
 
 HealthSnapshot GpuMonitor::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   HealthSnapshot snap;
   snap.inventory = inventory_;
   snap.samples = samples_;

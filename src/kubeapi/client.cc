@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/mutex.h"
 #include "common/strings.h"
 #include "kubeapi/internal.h"
 
@@ -149,7 +150,7 @@ Result<Client::Credentials> Client::CurrentCredentials() {
   creds.token = config_.token;
   creds.client_cert_data = config_.client_cert_data;
   creds.client_key_data = config_.client_key_data;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!config_.token_file.empty()) {
     // Service account tokens are rotated on disk; reread now and then, as client-go does.
     int64_t now = MonotonicMillis();
@@ -180,7 +181,7 @@ Result<Client::Credentials> Client::CurrentCredentials() {
 }
 
 void Client::ForgetExecCredentials() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   exec_cache_.reset();
 }
 

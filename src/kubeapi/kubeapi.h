@@ -33,6 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace tau::kubeapi {
@@ -220,10 +221,10 @@ class Client {
 
   ClusterConfig config_;
   ClientOptions options_;
-  std::mutex mu_;
-  std::unique_ptr<Credentials> exec_cache_;  // GUARDED_BY(mu_)
-  std::string file_token_;                   // GUARDED_BY(mu_)
-  int64_t file_token_read_ms_ = 0;           // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::unique_ptr<Credentials> exec_cache_ TAU_GUARDED_BY(mu_);
+  std::string file_token_ TAU_GUARDED_BY(mu_);
+  int64_t file_token_read_ms_ TAU_GUARDED_BY(mu_) = 0;
 };
 
 // ---- informer-like loop ----
@@ -261,9 +262,9 @@ class WatchLoop {
   std::string kind_;
   std::string ns_;
   Options options_;
-  mutable std::mutex mu_;
-  std::map<std::string, nlohmann::json> cache_;  // GUARDED_BY(mu_)
-  std::string resource_version_;                 // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<std::string, nlohmann::json> cache_ TAU_GUARDED_BY(mu_);
+  std::string resource_version_ TAU_GUARDED_BY(mu_);
   std::atomic<int> relists_{0};
 };
 

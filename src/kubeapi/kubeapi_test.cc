@@ -15,10 +15,12 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/hash.h"
-#include "kubeapi/fake_apiserver.h"
+#include "testing/fake_apiserver.h"
 
 namespace tau::kubeapi {
 namespace {
+
+using testutil::FakeApiServer;
 
 using nlohmann::json;
 

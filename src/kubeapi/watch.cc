@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "common/mutex.h"
 #include "kubeapi/internal.h"
 
 namespace tau::kubeapi {
@@ -86,12 +87,12 @@ WatchLoop::WatchLoop(Client* client, std::string api_version, std::string kind, 
       options_(std::move(options)) {}
 
 std::string WatchLoop::resource_version() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return resource_version_;
 }
 
 std::vector<nlohmann::json> WatchLoop::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<nlohmann::json> out;
   for (const auto& [key, object] : cache_) out.push_back(object);
   return out;
@@ -100,7 +101,7 @@ std::vector<nlohmann::json> WatchLoop::Snapshot() const {
 void WatchLoop::Deliver(const WatchEvent& event,
                         const std::function<void(const WatchEvent&)>& on_event) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::string rv = ResourceVersionOf(event.object);
     if (!rv.empty()) resource_version_ = rv;
     if (event.type == "BOOKMARK") return;
@@ -138,7 +139,7 @@ Status WatchLoop::Relist(const std::function<void(const WatchEvent&)>& on_event)
   }
   std::vector<WatchEvent> events;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& [key, object] : cache_)
       if (!fresh.count(key)) events.push_back(WatchEvent{"DELETED", object});
     for (const auto& [key, object] : fresh) {

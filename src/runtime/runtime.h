@@ -30,6 +30,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "spec/spec.h"
 
@@ -158,12 +159,12 @@ class Zygote {
 
  private:
   Zygote(int pid, int sock) : pid_(pid), sock_(sock) {}
-  Status Broken(const std::string& what, int err);  // REQUIRES(mu_)
+  Status Broken(const std::string& what, int err) TAU_REQUIRES(mu_);
   const int pid_;
   const int sock_;
-  std::mutex mu_;
-  bool broken_ = false;  // GUARDED_BY(mu_)
-  int in_flight_ = 0;    // requests sent and not yet answered; GUARDED_BY(mu_)
+  Mutex mu_;
+  bool broken_ TAU_GUARDED_BY(mu_) = false;
+  int in_flight_ TAU_GUARDED_BY(mu_) = 0;  // requests sent and not yet answered
 };
 
 // Starts the shim of the attempt in its own session: forked by `zygote` when one is given and

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "runtime/proc.h"
 #include "runtime/runtime.h"
 
@@ -37,7 +38,7 @@ class PidfdWatcher final : public ProcessWatcher {
 
   Status Watch(const std::string& key, const ProcessId& process) override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stopping_) return FailedPrecondition("the process watcher is stopped");
     }
     UniqueFd pidfd(internal::PidfdOpen(process.pid));
@@ -50,7 +51,7 @@ class PidfdWatcher final : public ProcessWatcher {
     std::optional<internal::ProcStat> st = internal::ReadProcStat(process.pid);
     if (!st || st->start_time != process.start_time) return NotifySoon(key);
 
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = pidfd.get();
@@ -65,7 +66,7 @@ class PidfdWatcher final : public ProcessWatcher {
 
   void Stop() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stopping_ = true;
     }
     Wake();
@@ -82,7 +83,7 @@ class PidfdWatcher final : public ProcessWatcher {
   // others.
   Status NotifySoon(const std::string& key) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       pending_.push_back(key);
     }
     Wake();
@@ -109,7 +110,7 @@ class PidfdWatcher final : public ProcessWatcher {
         if (std::optional<std::string> key = Reap(events[i].data.fd)) fired.push_back(*key);
       }
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         if (stopping_) return;
         fired.insert(fired.end(), pending_.begin(), pending_.end());
         pending_.clear();
@@ -123,7 +124,7 @@ class PidfdWatcher final : public ProcessWatcher {
   std::optional<std::string> Reap(int pidfd) {
     Entry entry;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = watched_.find(pidfd);
       if (it == watched_.end()) return std::nullopt;
       entry = std::move(it->second);
@@ -144,10 +145,10 @@ class PidfdWatcher final : public ProcessWatcher {
   const UniqueFd wake_;  // eventfd: Stop() and NotifySoon() wake the thread through it
   std::thread thread_;
 
-  std::mutex mu_;
-  std::map<int, Entry> watched_;      // GUARDED_BY(mu_); pidfd -> what it watches
-  std::vector<std::string> pending_;  // GUARDED_BY(mu_); keys of processes found already gone
-  bool stopping_ = false;             // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<int, Entry> watched_ TAU_GUARDED_BY(mu_);      // pidfd -> what it watches
+  std::vector<std::string> pending_ TAU_GUARDED_BY(mu_);  // keys of processes found already gone
+  bool stopping_ TAU_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

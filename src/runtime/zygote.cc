@@ -33,6 +33,7 @@
 #include <string_view>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "runtime/proc.h"
 #include "runtime/runtime.h"
 
@@ -287,12 +288,12 @@ Result<std::unique_ptr<Zygote>> Zygote::Start(const std::string& tau_binary) {
 
 Zygote::~Zygote() {
   ::close(sock_);  // the zygote sees EOF and exits; the shims it forked keep running
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!broken_) ::waitpid(pid_, nullptr, 0);  // a broken one was reaped already
 }
 
 bool Zygote::broken() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return broken_;
 }
 
@@ -312,7 +313,7 @@ Status Zygote::Broken(const std::string& what, int err) {
 }
 
 Status Zygote::Send(const std::string& attempt_dir, std::string_view config) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (broken_) return Unavailable("the zygote is gone");
   if (config.size() > kMaxInlineConfigBytes)
     return ResourceExhausted("the attempt's config is too large to send inline");
@@ -341,7 +342,7 @@ Status Zygote::Send(const std::string& attempt_dir, std::string_view config) {
 }
 
 Result<ProcessId> Zygote::Receive(const std::string& attempt_dir) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (broken_ || in_flight_ == 0) return Unavailable("the zygote is gone");
   // A fork takes milliseconds; a zygote that is stopped or stuck must not hold the caller (the
   // server's decision loop) for long. If it was merely slow and its shim starts after all, the

@@ -13,10 +13,10 @@
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/quantity.h"
+#include "http/reply.h"
 #include "runtime/runtime.h"
 #include "server/authz.h"
 #include "server/redact.h"
-#include "server/reply.h"
 #include "server/server.h"
 #include "server/web.h"
 
@@ -86,8 +86,8 @@ json EventJson(const store::Event& e) {
           {"hash", e.hash}};
 }
 
-Result<int64_t> IntParam(const HttpRequest& req, const char* name, int64_t fallback, int64_t min,
-                         int64_t max) {
+Result<int64_t> IntParam(const http::HttpRequest& req, const char* name, int64_t fallback,
+                         int64_t min, int64_t max) {
   if (!req.has_param(name)) return fallback;
   std::string v = req.get_param_value(name);
   char* end = nullptr;
@@ -98,7 +98,7 @@ Result<int64_t> IntParam(const HttpRequest& req, const char* name, int64_t fallb
   return static_cast<int64_t>(n);
 }
 
-bool BoolParam(const HttpRequest& req, const char* name) {
+bool BoolParam(const http::HttpRequest& req, const char* name) {
   if (!req.has_param(name)) return false;
   std::string v = req.get_param_value(name);
   return v == "1" || v == "true" || v == "yes";
@@ -108,7 +108,8 @@ bool BoolParam(const HttpRequest& req, const char* name) {
 class LogStreamer {
  public:
   LogStreamer(store::Store* store, Controller* controller, std::string run, int attempt, int rank,
-              bool follow, int64_t skip, const HttpServer* http, std::vector<std::string> secrets)
+              bool follow, int64_t skip, const http::HttpServer* http,
+              std::vector<std::string> secrets)
       : redactor_(std::move(secrets)),
         store_(store),
         controller_(controller),
@@ -124,7 +125,7 @@ class LogStreamer {
   }
 
   // One step of the stream; false ends it.
-  bool Step(ChunkSink& sink) {
+  bool Step(http::ChunkSink& sink) {
     // Shutting down: cut short, holding back what the redactor holds (the client asks again).
     if (http_->shutting_down()) return false;
     if (fd_ < 0 && !OpenCurrent()) {
@@ -154,7 +155,7 @@ class LogStreamer {
  private:
   // Every byte of the stream goes out here. A client that lost its stream (a server restart) asks
   // again with `skip` = the bytes it has, and gets the rest.
-  bool Emit(ChunkSink& sink, std::string_view out) {
+  bool Emit(http::ChunkSink& sink, std::string_view out) {
     if (skip_ > 0) {
       size_t dropped = static_cast<size_t>(std::min<int64_t>(skip_, out.size()));
       skip_ -= static_cast<int64_t>(dropped);
@@ -162,17 +163,17 @@ class LogStreamer {
     }
     return out.empty() || sink.Write(out);
   }
-  bool Write(ChunkSink& sink, std::string_view data) {
+  bool Write(http::ChunkSink& sink, std::string_view data) {
     return Emit(sink, redactor_.Feed(data, /*flush=*/false));
   }
-  bool Flush(ChunkSink& sink) { return Emit(sink, redactor_.Feed("", /*flush=*/true)); }
-  bool Done(ChunkSink& sink) {
+  bool Flush(http::ChunkSink& sink) { return Emit(sink, redactor_.Feed("", /*flush=*/true)); }
+  bool Done(http::ChunkSink& sink) {
     Flush(sink);
     return false;
   }
   // Nothing new yet. What the redactor holds back stays held: it may be half of a secret that the
   // run has not finished printing.
-  bool Idle(ChunkSink& sink) {
+  bool Idle(http::ChunkSink& sink) {
     if (sink.ClientGone()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(kLogPollMs));
     return true;
@@ -212,7 +213,7 @@ class LogStreamer {
   int attempt_;
   int rank_;
   bool follow_;
-  const HttpServer* http_;
+  const http::HttpServer* http_;
   int fd_ = -1;
   int64_t skip_ = 0;  // bytes of the stream the client has already
 };
@@ -301,7 +302,7 @@ std::string RenderAllMetrics(Controller* controller, store::Store* store,
   return out;
 }
 
-void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
+void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* store,
                  health::GpuMonitor* monitor, Metrics* metrics) {
   http->set_max_body_bytes(kMaxRequestBytes);
   // Owned by the routes' closures for the server's lifetime.
@@ -312,14 +313,15 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
   RegisterIdentityApi(api, controller, store);
 
   api->Route("GET", "/api/v1/version", Access::kSignedIn,
-             [](const HttpRequest&, HttpResponse& res) {
-               Reply(res, 200, {{"version", Version()}, {"api", "v1"}, {"backend", "local"}});
+             [](const http::HttpRequest&, http::HttpResponse& res) {
+               http::Reply(res, 200, {{"version", Version()}, {"api", "v1"}, {"backend", "local"}});
              });
-  api->Route("GET", "/api/v1/healthz", Access::kPublic, [](const HttpRequest&, HttpResponse& res) {
-    Reply(res, 200, {{"ok", true}});
-  });
+  api->Route("GET", "/api/v1/healthz", Access::kPublic,
+             [](const http::HttpRequest&, http::HttpResponse& res) {
+               http::Reply(res, 200, {{"ok", true}});
+             });
   api->Route("GET", "/api/v1/gpus", Access::kSignedIn,
-             [monitor](const HttpRequest&, HttpResponse& res) {
+             [monitor](const http::HttpRequest&, http::HttpResponse& res) {
                // The inventory, each device with its health verdict, and the monitor's full
                // snapshot.
                health::HealthSnapshot snap = monitor->Snapshot();
@@ -327,10 +329,10 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
                for (size_t i = 0; i < body["devices"].size() && i < snap.verdicts.size(); ++i)
                  body["devices"][i]["health"] = health::ToJson(snap.verdicts[i]);
                body["snapshot"] = health::ToJson(snap);
-               Reply(res, 200, body);
+               http::Reply(res, 200, body);
              });
   api->Route("POST", "/api/v1/health/check", Access::kAdmin,
-             [monitor](const HttpRequest& req, HttpResponse& res) {
+             [monitor](const http::HttpRequest& req, http::HttpResponse& res) {
                // Runs the passive checks now; with active=1 also the active probe, in a child
                // process.
                monitor->PollOnce();
@@ -339,21 +341,22 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
                for (const auto& v : snap.verdicts) gpus.push_back(health::ToJson(v));
                json body = {{"gpus", gpus}, {"inventory", health::ToJson(snap.inventory)}};
                if (BoolParam(req, "active")) body["active"] = RunProbeProcess();
-               Reply(res, 200, body);
+               http::Reply(res, 200, body);
              });
-  api->Route("GET", "/metrics", Access::kPlatformRead,
-             [controller, store, monitor, metrics](const HttpRequest&, HttpResponse& res) {
-               res.set_content(RenderAllMetrics(controller, store, monitor, metrics),
-                               "text/plain; version=0.0.4; charset=utf-8");
-             });
+  api->Route(
+      "GET", "/metrics", Access::kPlatformRead,
+      [controller, store, monitor, metrics](const http::HttpRequest&, http::HttpResponse& res) {
+        res.set_content(RenderAllMetrics(controller, store, monitor, metrics),
+                        "text/plain; version=0.0.4; charset=utf-8");
+      });
   api->Route("GET", "/api/v1/capacity", Access::kSignedIn,
-             [controller](const HttpRequest&, HttpResponse& res) {
-               Reply(res, 200, controller->Capacity());
+             [controller](const http::HttpRequest&, http::HttpResponse& res) {
+               http::Reply(res, 200, controller->Capacity());
              });
   api->Route("POST", "/api/v1/validate", Access::kSignedIn,
-             [](const HttpRequest& req, HttpResponse& res) {
+             [](const http::HttpRequest& req, http::HttpResponse& res) {
                auto body = ParseValidateBody(req.body);
-               if (!body.ok()) return ReplyError(res, body.status());
+               if (!body.ok()) return http::ReplyError(res, body.status());
                auto parsed = spec::ParseSpec(body->yaml, body->file);
                json diags = json::array();
                for (const auto& d : parsed.diagnostics)
@@ -361,67 +364,72 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
                                   {"column", d.column},
                                   {"message", d.message},
                                   {"text", d.ToString()}});
-               Reply(res, 200, {{"valid", parsed.ok()}, {"diagnostics", diags}});
+               http::Reply(res, 200, {{"valid", parsed.ok()}, {"diagnostics", diags}});
              });
 
   api->Route("GET", "/api/v1/platform", Access::kSignedIn,
-             [controller](const HttpRequest&, HttpResponse& res) {
+             [controller](const http::HttpRequest&, http::HttpResponse& res) {
                Controller::PlatformView view = controller->CurrentPlatform();
-               Reply(res, 200,
-                     {{"source", view.source},
-                      {"applied", FormatRfc3339(view.applied_ms)},
-                      {"platform", policy::ToJson(*view.platform)}});
+               http::Reply(res, 200,
+                           {{"source", view.source},
+                            {"applied", FormatRfc3339(view.applied_ms)},
+                            {"platform", policy::ToJson(*view.platform)}});
+             });
+  api->Route("PUT", "/api/v1/platform", Access::kAdmin,
+             [controller, api](const http::HttpRequest& req, http::HttpResponse& res,
+                               const CallerContext& caller) {
+               auto body = ParseValidateBody(req.body);
+               if (!body.ok()) return http::ReplyError(res, body.status());
+               std::vector<spec::Diagnostic> diagnostics;
+               Status s = controller->ApplyPlatform(body->yaml, body->file, &diagnostics);
+               if (!s.ok()) {
+                 json diags = json::array();
+                 for (const auto& d : diagnostics) diags.push_back(d.ToString());
+                 return http::ReplyError(res, s, {{"diagnostics", diags}});
+               }
+               api->Audit(req, caller.who, 200, "platform.apply", body->file);
+               http::Reply(res, 200, {{"applied", body->file}});
              });
   api->Route(
-      "PUT", "/api/v1/platform", Access::kAdmin,
-      [controller, api](const HttpRequest& req, HttpResponse& res, const CallerContext& caller) {
-        auto body = ParseValidateBody(req.body);
-        if (!body.ok()) return ReplyError(res, body.status());
-        std::vector<spec::Diagnostic> diagnostics;
-        Status s = controller->ApplyPlatform(body->yaml, body->file, &diagnostics);
-        if (!s.ok()) {
-          json diags = json::array();
-          for (const auto& d : diagnostics) diags.push_back(d.ToString());
-          return ReplyError(res, s, {{"diagnostics", diags}});
-        }
-        api->Audit(req, caller.who, 200, "platform.apply", body->file);
-        Reply(res, 200, {{"applied", body->file}});
+      "GET", "/api/v1/queues", Access::kSignedIn,
+      [controller](const http::HttpRequest&, http::HttpResponse& res, const CallerContext& caller) {
+        http::Reply(res, 200, FilterQueues(controller->Queues(), caller));
       });
-  api->Route("GET", "/api/v1/queues", Access::kSignedIn,
-             [controller](const HttpRequest&, HttpResponse& res, const CallerContext& caller) {
-               Reply(res, 200, FilterQueues(controller->Queues(), caller));
-             });
   api->Route("GET", R"(/api/v1/queues/([A-Za-z0-9._-]+))", Access::kSignedIn,
-             [controller](const HttpRequest& req, HttpResponse& res, const CallerContext& caller) {
+             [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                          const CallerContext& caller) {
                json all = FilterQueues(controller->Queues(), caller);
                for (const json& q : all.value("queues", json::array()))
-                 if (q.value("name", "") == req.matches[1]) return Reply(res, 200, {{"queue", q}});
-               ReplyError(res, NotFound(fmt::format("no queue '{}'", std::string(req.matches[1]))));
+                 if (q.value("name", "") == req.matches[1])
+                   return http::Reply(res, 200, {{"queue", q}});
+               http::ReplyError(
+                   res, NotFound(fmt::format("no queue '{}'", std::string(req.matches[1]))));
              });
 
   api->Route("POST", "/api/v1/runs", Access::kSignedIn,
-             [controller](const HttpRequest& req, HttpResponse& res, const CallerContext& caller) {
+             [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                          const CallerContext& caller) {
                auto submit = ParseSubmitBody(req.body);
-               if (!submit.ok()) return ReplyError(res, submit.status());
+               if (!submit.ok()) return http::ReplyError(res, submit.status());
                submit->caller = caller.who.AsCaller();
                SubmitError error;
                auto run = controller->Submit(std::move(*submit), &error);
                if (!run.ok()) {
                  json diags = json::array();
                  for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
-                 return ReplyError(res, run.status(), {{"diagnostics", diags}});
+                 return http::ReplyError(res, run.status(), {{"diagnostics", diags}});
                }
-               Reply(res, 201, {{"run", RunJson(*run, controller)}});
+               http::Reply(res, 201, {{"run", RunJson(*run, controller)}});
              });
 
   api->Route(
       "GET", "/api/v1/runs", Access::kSignedIn,
-      [controller, store, api](const HttpRequest& req, HttpResponse& res,
+      [controller, store, api](const http::HttpRequest& req, http::HttpResponse& res,
                                const CallerContext& caller) {
         store::RunFilter filter;
         if (req.has_param("state")) {
           auto state = store::ParseRunState(req.get_param_value("state"));
-          if (!state.ok()) return ReplyError(res, state.status());
+          if (!state.ok()) return http::ReplyError(res, state.status());
           filter.state = *state;
         }
         filter.active_only = BoolParam(req, "active");
@@ -433,30 +441,30 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
                                        filter.workspace));
         if (req.has_param("queue")) filter.queue = req.get_param_value("queue");
         auto limit = IntParam(req, "limit", 100, 1, 1000);
-        if (!limit.ok()) return ReplyError(res, limit.status());
+        if (!limit.ok()) return http::ReplyError(res, limit.status());
         auto offset = IntParam(req, "offset", 0, 0, INT64_MAX);
-        if (!offset.ok()) return ReplyError(res, offset.status());
+        if (!offset.ok()) return http::ReplyError(res, offset.status());
         filter.limit = *limit;
         filter.offset = *offset;
         auto runs = store->ListRuns(filter);
-        if (!runs.ok()) return ReplyError(res, runs.status());
+        if (!runs.ok()) return http::ReplyError(res, runs.status());
         auto total = store->CountRuns(filter);
-        if (!total.ok()) return ReplyError(res, total.status());
+        if (!total.ok()) return http::ReplyError(res, total.status());
         json list = json::array();
         for (const RunRecord& r : *runs) list.push_back(RunJson(r, controller));
-        Reply(res, 200,
-              {{"runs", list}, {"total", *total}, {"limit", *limit}, {"offset", *offset}});
+        http::Reply(res, 200,
+                    {{"runs", list}, {"total", *total}, {"limit", *limit}, {"offset", *offset}});
       });
 
   api->Route("GET", R"(/api/v1/runs/([a-z0-9-]+))", Access::kRunRead,
-             [controller, store](const HttpRequest& req, HttpResponse& res) {
+             [controller, store](const http::HttpRequest& req, http::HttpResponse& res) {
                std::string name = req.matches[1];
                auto run = store->GetRun(name);
-               if (!run.ok()) return ReplyError(res, run.status());
+               if (!run.ok()) return http::ReplyError(res, run.status());
                auto attempts = store->ListAttempts(name);
                auto events = store->ListEvents(name);
-               if (!attempts.ok()) return ReplyError(res, attempts.status());
-               if (!events.ok()) return ReplyError(res, events.status());
+               if (!attempts.ok()) return http::ReplyError(res, attempts.status());
+               if (!events.ok()) return http::ReplyError(res, events.status());
                json body = {{"run", RunJson(*run, controller)}};
                body["run"]["spec"] = run->spec_json;
                json a = json::array(), e = json::array();
@@ -464,63 +472,64 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
                for (const auto& x : *events) e.push_back(EventJson(x));
                body["attempts"] = a;
                body["events"] = e;
-               Reply(res, 200, body);
+               http::Reply(res, 200, body);
              });
 
   api->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/rerun)", Access::kRunWrite,
-             [controller](const HttpRequest& req, HttpResponse& res) {
+             [controller](const http::HttpRequest& req, http::HttpResponse& res) {
                std::string warning;
                auto run = controller->Rerun(req.matches[1], &warning);
-               if (!run.ok()) return ReplyError(res, run.status());
+               if (!run.ok()) return http::ReplyError(res, run.status());
                json body = {{"run", RunJson(*run, controller)}};
                if (!warning.empty()) body["warning"] = warning;
-               Reply(res, 201, body);
+               http::Reply(res, 201, body);
              });
   api->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/resume)", Access::kRunWrite,
-             [controller](const HttpRequest& req, HttpResponse& res) {
+             [controller](const http::HttpRequest& req, http::HttpResponse& res) {
                auto body = ParseResumeBody(req.body);
-               if (!body.ok()) return ReplyError(res, body.status());
+               if (!body.ok()) return http::ReplyError(res, body.status());
                Status s = controller->Resume(req.matches[1], body->from, body->force);
-               if (!s.ok()) return ReplyError(res, s);
-               Reply(res, 202, {{"resuming", std::string(req.matches[1])}});
+               if (!s.ok()) return http::ReplyError(res, s);
+               http::Reply(res, 202, {{"resuming", std::string(req.matches[1])}});
              });
   api->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/cancel)", Access::kRunWrite,
-             [controller](const HttpRequest& req, HttpResponse& res) {
+             [controller](const http::HttpRequest& req, http::HttpResponse& res) {
                Status s = controller->Cancel(req.matches[1]);
-               if (!s.ok()) return ReplyError(res, s);
-               Reply(res, 202, {{"cancelling", std::string(req.matches[1])}});
+               if (!s.ok()) return http::ReplyError(res, s);
+               http::Reply(res, 202, {{"cancelling", std::string(req.matches[1])}});
              });
 
-  api->Route("GET", R"(/api/v1/runs/([a-z0-9-]+)/logs)", Access::kRunRead,
-             [controller, store, http](const HttpRequest& req, HttpResponse& res) {
-               std::string name = req.matches[1];
-               auto run = store->GetRun(name);
-               if (!run.ok()) return ReplyError(res, run.status());
-               auto attempt = IntParam(req, "attempt", 0, 1, 1000000);
-               if (!attempt.ok()) return ReplyError(res, attempt.status());
-               auto rank = IntParam(req, "rank", 0, 0, 100000);
-               if (!rank.ok()) return ReplyError(res, rank.status());
-               if (*attempt > run->attempts && !BoolParam(req, "follow"))
-                 return ReplyError(res, NotFound(fmt::format("run '{}' has {} attempt(s), not {}",
-                                                             name, run->attempts, *attempt)));
-               int64_t workers = 1;
-               if (auto w = run->resources.find("workers");
-                   w != run->resources.end() && w->is_number_integer())
-                 workers = std::max<int64_t>(1, w->get<int64_t>());
-               if (*rank >= workers)
-                 return ReplyError(res, NotFound(fmt::format(
-                                            "run '{}' has {} worker(s): rank takes 0 to {}, not {}",
-                                            name, workers, workers - 1, *rank)));
-               auto secrets = SecretValuesOf(store, *run);
-               if (!secrets.ok()) return ReplyError(res, secrets.status());
-               auto skip = IntParam(req, "skip", 0, 0, INT64_MAX);
-               if (!skip.ok()) return ReplyError(res, skip.status());
-               auto streamer = std::make_shared<LogStreamer>(
-                   store, controller, name, static_cast<int>(*attempt), static_cast<int>(*rank),
-                   BoolParam(req, "follow"), *skip, http, std::move(*secrets));
-               res.content_type = "text/plain; charset=utf-8";
-               res.stream = [streamer](ChunkSink& sink) { return streamer->Step(sink); };
-             });
+  api->Route(
+      "GET", R"(/api/v1/runs/([a-z0-9-]+)/logs)", Access::kRunRead,
+      [controller, store, http](const http::HttpRequest& req, http::HttpResponse& res) {
+        std::string name = req.matches[1];
+        auto run = store->GetRun(name);
+        if (!run.ok()) return http::ReplyError(res, run.status());
+        auto attempt = IntParam(req, "attempt", 0, 1, 1000000);
+        if (!attempt.ok()) return http::ReplyError(res, attempt.status());
+        auto rank = IntParam(req, "rank", 0, 0, 100000);
+        if (!rank.ok()) return http::ReplyError(res, rank.status());
+        if (*attempt > run->attempts && !BoolParam(req, "follow"))
+          return http::ReplyError(res, NotFound(fmt::format("run '{}' has {} attempt(s), not {}",
+                                                            name, run->attempts, *attempt)));
+        int64_t workers = 1;
+        if (auto w = run->resources.find("workers");
+            w != run->resources.end() && w->is_number_integer())
+          workers = std::max<int64_t>(1, w->get<int64_t>());
+        if (*rank >= workers)
+          return http::ReplyError(
+              res, NotFound(fmt::format("run '{}' has {} worker(s): rank takes 0 to {}, not {}",
+                                        name, workers, workers - 1, *rank)));
+        auto secrets = SecretValuesOf(store, *run);
+        if (!secrets.ok()) return http::ReplyError(res, secrets.status());
+        auto skip = IntParam(req, "skip", 0, 0, INT64_MAX);
+        if (!skip.ok()) return http::ReplyError(res, skip.status());
+        auto streamer = std::make_shared<LogStreamer>(
+            store, controller, name, static_cast<int>(*attempt), static_cast<int>(*rank),
+            BoolParam(req, "follow"), *skip, http, std::move(*secrets));
+        res.content_type = "text/plain; charset=utf-8";
+        res.stream = [streamer](http::ChunkSink& sink) { return streamer->Step(sink); };
+      });
   RegisterEventsApi(api, controller, store);
   RegisterWeb(api);
 }

@@ -9,14 +9,14 @@
 
 #include "common/status.h"
 #include "health/health.h"
+#include "http/http.h"
 #include "server/authz.h"
 #include "server/controller.h"
-#include "server/http.h"
 #include "store/store.h"
 
 namespace tau::server {
 
-void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
+void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* store,
                  health::GpuMonitor* monitor, Metrics* metrics);
 // The evidence routes (api_evidence.cc): a run's record, its bundle, its metrics.
 void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store* store);

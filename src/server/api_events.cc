@@ -16,8 +16,8 @@
 
 #include "common/clock.h"
 #include "common/json_text.h"
+#include "http/reply.h"
 #include "server/authz.h"
-#include "server/reply.h"
 #include "server/web.h"
 
 namespace tau::server {
@@ -50,7 +50,7 @@ std::string Fingerprint(const store::RunRecord& r) {
 
 class EventStreamer {
  public:
-  EventStreamer(Controller* controller, store::Store* store, const HttpServer* http,
+  EventStreamer(Controller* controller, store::Store* store, const http::HttpServer* http,
                 std::string only_run, CallerContext caller)
       : controller_(controller),
         store_(store),
@@ -59,7 +59,7 @@ class EventStreamer {
         caller_(std::move(caller)),
         visible_(caller_.VisibleWorkspaces()) {}
 
-  bool Step(ChunkSink& sink) {
+  bool Step(http::ChunkSink& sink) {
     if (http_->shutting_down()) return false;
     if (first_) {
       first_ = false;
@@ -129,7 +129,7 @@ class EventStreamer {
 
   Controller* controller_;
   store::Store* store_;
-  const HttpServer* http_;
+  const http::HttpServer* http_;
   std::string only_run_;
   CallerContext caller_;
   std::optional<std::vector<std::string>> visible_;  // nullopt: every workspace
@@ -143,12 +143,12 @@ class EventStreamer {
 
 void RegisterEventsApi(SecureRouter* api, Controller* controller, store::Store* store) {
   api->Route("GET", "/api/v1/events", Access::kSignedIn,
-             [controller, store, api](const HttpRequest& req, HttpResponse& res,
+             [controller, store, api](const http::HttpRequest& req, http::HttpResponse& res,
                                       const CallerContext& caller) {
                std::string run = req.has_param("run") ? req.get_param_value("run") : "";
                if (!run.empty()) {
                  auto r = store->GetRun(run);
-                 if (!r.ok()) return ReplyError(res, r.status());
+                 if (!r.ok()) return http::ReplyError(res, r.status());
                  if (caller.RoleIn(r->workspace) < auth::Role::kViewer)
                    return api->Deny(req, res, caller.who,
                                     fmt::format("user '{}' may not read runs of workspace '{}'",
@@ -157,7 +157,7 @@ void RegisterEventsApi(SecureRouter* api, Controller* controller, store::Store* 
                auto streamer =
                    std::make_shared<EventStreamer>(controller, store, api->http(), run, caller);
                res.content_type = "text/event-stream; charset=utf-8";
-               res.stream = [streamer](ChunkSink& sink) { return streamer->Step(sink); };
+               res.stream = [streamer](http::ChunkSink& sink) { return streamer->Step(sink); };
              });
 }
 

@@ -15,8 +15,8 @@
 #include "common/files.h"
 #include "common/strings.h"
 #include "evidence/evidence.h"
+#include "http/reply.h"
 #include "server/api.h"
-#include "server/reply.h"
 
 namespace tau::server {
 namespace {
@@ -54,19 +54,19 @@ json SummaryJson(const evidence::MetricSummary& s) {
 
 void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store* store) {
   api->Route("GET", R"(/api/v1/runs/([a-z0-9-]+)/evidence)", Access::kRunRead,
-             [controller](const HttpRequest& req, HttpResponse& res) {
+             [controller](const http::HttpRequest& req, http::HttpResponse& res) {
                auto record = controller->EvidenceRecord(req.matches[1]);
-               if (!record.ok()) return ReplyError(res, record.status());
-               Reply(res, 200, *record);
+               if (!record.ok()) return http::ReplyError(res, record.status());
+               http::Reply(res, 200, *record);
              });
 
   api->Route("GET", R"(/api/v1/runs/([a-z0-9-]+)/evidence/bundle)", Access::kRunRead,
-             [controller](const HttpRequest& req, HttpResponse& res) {
+             [controller](const http::HttpRequest& req, http::HttpResponse& res) {
                std::string name = req.matches[1];
                evidence::RecordInput input;
                evidence::BundleSources sources;
                if (Status s = controller->EvidenceSources(name, &input, &sources); !s.ok())
-                 return ReplyError(res, s);
+                 return http::ReplyError(res, s);
                // Built to a file under the run's directory, opened, and unlinked at once: the
                // stream reads it, and nothing is left behind however the client goes away.
                std::string tmp =
@@ -74,17 +74,18 @@ void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store
                auto report = evidence::ExportBundle(std::move(input), sources, tmp, NowMillis());
                if (!report.ok()) {
                  ::unlink(tmp.c_str());
-                 return ReplyError(res, report.status());
+                 return http::ReplyError(res, report.status());
                }
                int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC);
                ::unlink(tmp.c_str());
-               if (fd < 0) return ReplyError(res, IoError("cannot open the bundle " + tmp, errno));
+               if (fd < 0)
+                 return http::ReplyError(res, IoError("cannot open the bundle " + tmp, errno));
                auto shared_fd = std::shared_ptr<int>(new int(fd), [](int* p) {
                  ::close(*p);
                  delete p;
                });
                res.content_type = "application/gzip";
-               res.stream = [shared_fd](ChunkSink& sink) {
+               res.stream = [shared_fd](http::ChunkSink& sink) {
                  char buf[65536];
                  ssize_t n = ::read(*shared_fd, buf, sizeof buf);
                  if (n <= 0) return false;
@@ -93,13 +94,13 @@ void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store
              });
 
   api->Route("GET", R"(/api/v1/runs/([a-z0-9-]+)/metrics)", Access::kRunRead,
-             [controller, store](const HttpRequest& req, HttpResponse& res) {
+             [controller, store](const http::HttpRequest& req, http::HttpResponse& res) {
                std::string name = req.matches[1];
                auto run = store->GetRun(name);
-               if (!run.ok()) return ReplyError(res, run.status());
+               if (!run.ok()) return http::ReplyError(res, run.status());
                auto history =
                    evidence::LoadMetricHistory(controller->EvidenceDir(name) + "/metrics.jsonl");
-               if (!history.ok()) return ReplyError(res, history.status());
+               if (!history.ok()) return http::ReplyError(res, history.status());
                std::string only = req.has_param("name") ? req.get_param_value("name") : "";
                bool by_split = req.has_param("split");
                std::string split = by_split ? req.get_param_value("split") : "";
@@ -123,11 +124,11 @@ void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store
                    points.push_back(PointJson(p));
                  series.push_back({{"name", s.name}, {"split", s.split}, {"points", points}});
                }
-               Reply(res, 200,
-                     {{"run", name},
-                      {"state", store::RunStateName(run->state)},
-                      {"summaries", summaries},
-                      {"series", series}});
+               http::Reply(res, 200,
+                           {{"run", name},
+                            {"state", store::RunStateName(run->state)},
+                            {"summaries", summaries},
+                            {"series", series}});
              });
 }
 

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "http/reply.h"
 #include "server/api.h"
-#include "server/reply.h"
 #include "spec/spec.h"
 
 namespace tau::server {
@@ -39,28 +39,30 @@ json TokenJson(const store::TokenRecord& t) {
 
 void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store* store) {
   api->Route("GET", "/api/v1/whoami", Access::kSignedIn,
-             [](const HttpRequest&, HttpResponse& res, const CallerContext& caller) {
+             [](const http::HttpRequest&, http::HttpResponse& res, const CallerContext& caller) {
                json workspaces = json::array();
                for (const policy::Workspace& w : caller.platform->workspaces) {
                  auth::Role role = caller.RoleIn(w.name);
                  if (role != auth::Role::kNone)
                    workspaces.push_back({{"name", w.name}, {"role", auth::RoleName(role)}});
                }
-               Reply(res, 200,
-                     {{"user", caller.who.user},
-                      {"groups", caller.who.groups},
-                      {"via", caller.who.via},
-                      {"token_id", caller.who.token_id},
-                      {"admin", caller.IsAdmin()},
-                      {"platform_viewer", auth::IsPlatformViewer(*caller.platform, caller.who)},
-                      {"workspaces", workspaces}});
+               http::Reply(
+                   res, 200,
+                   {{"user", caller.who.user},
+                    {"groups", caller.who.groups},
+                    {"via", caller.who.via},
+                    {"token_id", caller.who.token_id},
+                    {"admin", caller.IsAdmin()},
+                    {"platform_viewer", auth::IsPlatformViewer(*caller.platform, caller.who)},
+                    {"workspaces", workspaces}});
              });
 
   api->Route(
       "POST", "/api/v1/tokens", Access::kSignedIn,
-      [api, store](const HttpRequest& req, HttpResponse& res, const CallerContext& caller) {
+      [api, store](const http::HttpRequest& req, http::HttpResponse& res,
+                   const CallerContext& caller) {
         auto request = ParseTokenBody(req.body);
-        if (!request.ok()) return ReplyError(res, request.status());
+        if (!request.ok()) return http::ReplyError(res, request.status());
         if (request->user.empty()) request->user = caller.who.user;
         if (!caller.IsAdmin()) {
           // Anyone may have a token for themselves, with no more groups than they have now.
@@ -78,7 +80,7 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
                                            caller.who.user, g));
         }
         auto token = auth::NewToken();
-        if (!token.ok()) return ReplyError(res, token.status());
+        if (!token.ok()) return http::ReplyError(res, token.status());
         store::TokenRecord t;
         t.digest = auth::TokenDigest(*token);
         t.id = auth::TokenId(t.digest);
@@ -88,79 +90,83 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
         t.created_by = caller.who.user;
         t.created_ms = NowMillis();
         if (request->expires_in_ms) t.expires_ms = t.created_ms + *request->expires_in_ms;
-        if (Status s = store->InsertToken(t); !s.ok()) return ReplyError(res, s);
+        if (Status s = store->InsertToken(t); !s.ok()) return http::ReplyError(res, s);
         api->Audit(req, caller.who, 201, "token.create",
                    fmt::format("token {} for user '{}'", t.id, t.user));
         json body = TokenJson(t);
         body["token"] = *token;  // the only time it is ever shown
-        Reply(res, 201, body);
+        http::Reply(res, 201, body);
       });
 
-  api->Route("GET", "/api/v1/tokens", Access::kSignedIn,
-             [store](const HttpRequest& req, HttpResponse& res, const CallerContext& caller) {
-               std::string user = caller.IsAdmin()
-                                      ? (req.has_param("user") ? req.get_param_value("user") : "")
-                                      : caller.who.user;
-               auto tokens = store->ListTokens(user);
-               if (!tokens.ok()) return ReplyError(res, tokens.status());
-               json list = json::array();
-               for (const auto& t : *tokens) list.push_back(TokenJson(t));
-               Reply(res, 200, {{"tokens", list}});
-             });
+  api->Route(
+      "GET", "/api/v1/tokens", Access::kSignedIn,
+      [store](const http::HttpRequest& req, http::HttpResponse& res, const CallerContext& caller) {
+        std::string user = caller.IsAdmin()
+                               ? (req.has_param("user") ? req.get_param_value("user") : "")
+                               : caller.who.user;
+        auto tokens = store->ListTokens(user);
+        if (!tokens.ok()) return http::ReplyError(res, tokens.status());
+        json list = json::array();
+        for (const auto& t : *tokens) list.push_back(TokenJson(t));
+        http::Reply(res, 200, {{"tokens", list}});
+      });
 
   api->Route("DELETE", R"(/api/v1/tokens/([0-9a-f]{12}))", Access::kSignedIn,
-             [api, store](const HttpRequest& req, HttpResponse& res, const CallerContext& caller) {
+             [api, store](const http::HttpRequest& req, http::HttpResponse& res,
+                          const CallerContext& caller) {
                std::string id = req.matches[1];
                auto mine = store->ListTokens(caller.IsAdmin() ? "" : caller.who.user);
-               if (!mine.ok()) return ReplyError(res, mine.status());
+               if (!mine.ok()) return http::ReplyError(res, mine.status());
                bool found = std::any_of(mine->begin(), mine->end(),
                                         [&](const store::TokenRecord& t) { return t.id == id; });
                if (!found)
-                 return ReplyError(res, NotFound(fmt::format("no token with id '{}' that you may "
-                                                             "revoke",
-                                                             id)));
+                 return http::ReplyError(res,
+                                         NotFound(fmt::format("no token with id '{}' that you may "
+                                                              "revoke",
+                                                              id)));
                if (Status s = store->RevokeToken(id, NowMillis()); !s.ok())
-                 return ReplyError(res, s);
+                 return http::ReplyError(res, s);
                api->Audit(req, caller.who, 200, "token.revoke", "token " + id);
-               Reply(res, 200, {{"revoked", id}});
+               http::Reply(res, 200, {{"revoked", id}});
              });
 
   // The dashboard signs in by handing its token to the server once; the browser then sends it as
   // an HttpOnly cookie (scripts cannot read it back; EventSource cannot send headers).
-  api->Route("POST", "/api/v1/session", Access::kPublic,
-             [api](const HttpRequest& req, HttpResponse& res, const CallerContext& caller) {
-               auto token = ParseSingleStringBody(req.body, "token");
-               if (!token.ok() || token->empty())
-                 return ReplyError(res, InvalidArgument("request needs {\"token\": \"tau_...\"}"));
-               HttpRequest probe = req;
-               probe.headers["authorization"] = "Bearer " + *token;
-               probe.headers.erase("cookie");
-               auto who = api->Authenticate(probe, *caller.platform);
-               if (!who.ok()) {
-                 api->Audit(req, auth::Identity{}, 401, "unauthenticated", who.status().message());
-                 return ReplyError(res, who.status());
-               }
-               res.headers_out.emplace_back(
-                   "Set-Cookie",
-                   fmt::format("tau_session={}; Path=/; HttpOnly; SameSite=Strict; Max-Age=2592000",
-                               *token));
-               Reply(res, 200, {{"user", who->user}});
-             });
+  api->Route(
+      "POST", "/api/v1/session", Access::kPublic,
+      [api](const http::HttpRequest& req, http::HttpResponse& res, const CallerContext& caller) {
+        auto token = ParseSingleStringBody(req.body, "token");
+        if (!token.ok() || token->empty())
+          return http::ReplyError(res, InvalidArgument("request needs {\"token\": \"tau_...\"}"));
+        http::HttpRequest probe = req;
+        probe.headers["authorization"] = "Bearer " + *token;
+        probe.headers.erase("cookie");
+        auto who = api->Authenticate(probe, *caller.platform);
+        if (!who.ok()) {
+          api->Audit(req, auth::Identity{}, 401, "unauthenticated", who.status().message());
+          return http::ReplyError(res, who.status());
+        }
+        res.headers_out.emplace_back(
+            "Set-Cookie",
+            fmt::format("tau_session={}; Path=/; HttpOnly; SameSite=Strict; Max-Age=2592000",
+                        *token));
+        http::Reply(res, 200, {{"user", who->user}});
+      });
   api->Route("DELETE", "/api/v1/session", Access::kPublic,
-             [](const HttpRequest&, HttpResponse& res, const CallerContext&) {
+             [](const http::HttpRequest&, http::HttpResponse& res, const CallerContext&) {
                res.headers_out.emplace_back(
                    "Set-Cookie", "tau_session=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
-               Reply(res, 200, {{"signed_out", true}});
+               http::Reply(res, 200, {{"signed_out", true}});
              });
 
   api->Route("GET", "/api/v1/audit", Access::kAdmin,
-             [store](const HttpRequest& req, HttpResponse& res, const CallerContext&) {
+             [store](const http::HttpRequest& req, http::HttpResponse& res, const CallerContext&) {
                int64_t limit = 100;
                if (req.has_param("limit"))
                  limit = std::clamp<int64_t>(
                      std::strtoll(req.get_param_value("limit").c_str(), nullptr, 10), 1, 10000);
                auto records = store->ListAudit(limit);
-               if (!records.ok()) return ReplyError(res, records.status());
+               if (!records.ok()) return http::ReplyError(res, records.status());
                json list = json::array();
                for (const auto& a : *records)
                  list.push_back({{"time", FormatRfc3339(a.ts_ms)},
@@ -171,15 +177,15 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
                                  {"status", a.status},
                                  {"action", a.action},
                                  {"detail", a.detail}});
-               Reply(res, 200, {{"audit", list}});
+               http::Reply(res, 200, {{"audit", list}});
              });
 
   // Secrets: researchers of a workspace set them; nobody reads a value back through the API.
-  auto check_workspace = [api](const HttpRequest& req, HttpResponse& res,
+  auto check_workspace = [api](const http::HttpRequest& req, http::HttpResponse& res,
                                const CallerContext& caller, auth::Role need) {
     std::string ws = req.matches[1];
     if (caller.platform->FindWorkspace(ws) == nullptr) {
-      ReplyError(res, NotFound(fmt::format("no workspace '{}'", ws)));
+      http::ReplyError(res, NotFound(fmt::format("no workspace '{}'", ws)));
       return false;
     }
     if (caller.RoleIn(ws) < need) {
@@ -190,49 +196,52 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
     }
     return true;
   };
-  api->Route("GET", R"(/api/v1/workspaces/([a-z0-9-]+)/secrets)", Access::kSignedIn,
-             [store, check_workspace](const HttpRequest& req, HttpResponse& res,
-                                      const CallerContext& caller) {
-               if (!check_workspace(req, res, caller, auth::Role::kViewer)) return;
-               auto secrets = store->ListSecrets(req.matches[1]);
-               if (!secrets.ok()) return ReplyError(res, secrets.status());
-               json list = json::array();
-               for (const auto& s : *secrets)
-                 list.push_back({{"key", s.key},
-                                 {"size", s.size},
-                                 {"updated", FormatRfc3339(s.updated_ms)},
-                                 {"updated_by", s.updated_by}});
-               Reply(res, 200, {{"workspace", std::string(req.matches[1])}, {"secrets", list}});
-             });
+  api->Route(
+      "GET", R"(/api/v1/workspaces/([a-z0-9-]+)/secrets)", Access::kSignedIn,
+      [store, check_workspace](const http::HttpRequest& req, http::HttpResponse& res,
+                               const CallerContext& caller) {
+        if (!check_workspace(req, res, caller, auth::Role::kViewer)) return;
+        auto secrets = store->ListSecrets(req.matches[1]);
+        if (!secrets.ok()) return http::ReplyError(res, secrets.status());
+        json list = json::array();
+        for (const auto& s : *secrets)
+          list.push_back({{"key", s.key},
+                          {"size", s.size},
+                          {"updated", FormatRfc3339(s.updated_ms)},
+                          {"updated_by", s.updated_by}});
+        http::Reply(res, 200, {{"workspace", std::string(req.matches[1])}, {"secrets", list}});
+      });
   api->Route(
       "PUT", R"(/api/v1/workspaces/([a-z0-9-]+)/secrets/([A-Za-z0-9._-]+))", Access::kSignedIn,
-      [api, store, check_workspace](const HttpRequest& req, HttpResponse& res,
+      [api, store, check_workspace](const http::HttpRequest& req, http::HttpResponse& res,
                                     const CallerContext& caller) {
         if (!check_workspace(req, res, caller, auth::Role::kResearcher)) return;
         std::string key = req.matches[2];
         if (!spec::IsSecretKey(key))
-          return ReplyError(res, InvalidArgument(fmt::format("'{}' is not a secret key", key)));
+          return http::ReplyError(res,
+                                  InvalidArgument(fmt::format("'{}' is not a secret key", key)));
         auto value = ParseSingleStringBody(req.body, "value");
-        if (!value.ok()) return ReplyError(res, value.status());
+        if (!value.ok()) return http::ReplyError(res, value.status());
         if (value->size() > kMaxSecretBytes)
-          return ReplyError(res, ResourceExhausted(fmt::format("a secret holds at most {} KiB",
-                                                               kMaxSecretBytes / 1024)));
+          return http::ReplyError(
+              res, ResourceExhausted(
+                       fmt::format("a secret holds at most {} KiB", kMaxSecretBytes / 1024)));
         store::SecretInfo info{req.matches[1], key, static_cast<int64_t>(value->size()),
                                NowMillis(), caller.who.user};
-        if (Status s = store->PutSecret(info, *value); !s.ok()) return ReplyError(res, s);
+        if (Status s = store->PutSecret(info, *value); !s.ok()) return http::ReplyError(res, s);
         api->Audit(req, caller.who, 200, "secret.set", info.workspace + "/" + key);
-        Reply(res, 200, {{"workspace", info.workspace}, {"key", key}, {"size", info.size}});
+        http::Reply(res, 200, {{"workspace", info.workspace}, {"key", key}, {"size", info.size}});
       });
   api->Route("DELETE", R"(/api/v1/workspaces/([a-z0-9-]+)/secrets/([A-Za-z0-9._-]+))",
              Access::kSignedIn,
-             [api, store, check_workspace](const HttpRequest& req, HttpResponse& res,
+             [api, store, check_workspace](const http::HttpRequest& req, http::HttpResponse& res,
                                            const CallerContext& caller) {
                if (!check_workspace(req, res, caller, auth::Role::kResearcher)) return;
                if (Status s = store->DeleteSecret(req.matches[1], req.matches[2]); !s.ok())
-                 return ReplyError(res, s);
+                 return http::ReplyError(res, s);
                api->Audit(req, caller.who, 200, "secret.delete",
                           std::string(req.matches[1]) + "/" + std::string(req.matches[2]));
-               Reply(res, 200, {{"deleted", std::string(req.matches[2])}});
+               http::Reply(res, 200, {{"deleted", std::string(req.matches[2])}});
              });
   (void)controller;
 }

@@ -11,9 +11,10 @@
 #include <fmt/format.h>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 #include "common/strings.h"
 #include "common/users.h"
-#include "server/reply.h"
+#include "http/reply.h"
 
 namespace tau::server {
 namespace {
@@ -42,16 +43,16 @@ auth::Identity LookUpUnixIdentity(const std::string& peer_uid) {
 // kUnixIdentityTtlMs.
 constexpr int64_t kUnixIdentityTtlMs = 5000;
 auth::Identity UnixIdentity(const std::string& peer_uid) {
-  static std::mutex mu;
-  static std::map<std::string, std::pair<int64_t, auth::Identity>> cache;  // GUARDED_BY(mu)
+  static Mutex mu;
+  static std::map<std::string, std::pair<int64_t, auth::Identity>> cache TAU_GUARDED_BY(mu);
   int64_t now = MonotonicMillis();
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     if (auto it = cache.find(peer_uid); it != cache.end() && it->second.first > now)
       return it->second.second;
   }
   auth::Identity who = LookUpUnixIdentity(peer_uid);
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   if (cache.size() > 4096) cache.clear();  // bounded: uids are few, but never trust that
   cache[peer_uid] = {now + kUnixIdentityTtlMs, who};
   return who;
@@ -100,7 +101,7 @@ std::optional<std::vector<std::string>> CallerContext::VisibleWorkspaces() const
   return out;
 }
 
-std::string BearerToken(const HttpRequest& req) {
+std::string BearerToken(const http::HttpRequest& req) {
   if (auto it = req.headers.find("authorization"); it != req.headers.end()) {
     std::string_view v = it->second;
     if (v.size() > 7 && (v.substr(0, 7) == "Bearer " || v.substr(0, 7) == "bearer "))
@@ -115,7 +116,7 @@ std::string BearerToken(const HttpRequest& req) {
   return "";
 }
 
-Result<auth::Identity> SecureRouter::Authenticate(const HttpRequest& req,
+Result<auth::Identity> SecureRouter::Authenticate(const http::HttpRequest& req,
                                                   const policy::Platform& platform) const {
   std::string token = BearerToken(req);
   if (token.empty()) {
@@ -156,7 +157,7 @@ Result<auth::Identity> SecureRouter::Authenticate(const HttpRequest& req,
   return who;
 }
 
-void SecureRouter::Audit(const HttpRequest& req, const auth::Identity& who, int status,
+void SecureRouter::Audit(const http::HttpRequest& req, const auth::Identity& who, int status,
                          const std::string& action, const std::string& detail) const {
   store::AuditRecord a;
   a.ts_ms = NowMillis();
@@ -174,15 +175,15 @@ void SecureRouter::Audit(const HttpRequest& req, const auth::Identity& who, int 
                  req.path.c_str(), Describe(who).c_str(), detail.c_str());
 }
 
-void SecureRouter::Deny(const HttpRequest&, HttpResponse& res, const auth::Identity&,
+void SecureRouter::Deny(const http::HttpRequest&, http::HttpResponse& res, const auth::Identity&,
                         const std::string& why) const {
-  ReplyError(res, PermissionDenied(why));  // audited by the route's wrapper
+  http::ReplyError(res, PermissionDenied(why));  // audited by the route's wrapper
 }
 
 namespace {
 
 // The message of an error answer, for the audit record.
-std::string ErrorMessage(const HttpResponse& res) {
+std::string ErrorMessage(const http::HttpResponse& res) {
   auto j = json::parse(res.body, nullptr, false);
   if (j.is_object() && j.contains("error") && j["error"].is_object())
     return j["error"].value("message", "");
@@ -192,77 +193,78 @@ std::string ErrorMessage(const HttpResponse& res) {
 }  // namespace
 
 void SecureRouter::Route(const std::string& method, const std::string& pattern, Access access,
-                         HttpHandler handler) {
+                         http::HttpHandler handler) {
   Route(method, pattern, access,
-        [handler = std::move(handler)](const HttpRequest& req, HttpResponse& res,
+        [handler = std::move(handler)](const http::HttpRequest& req, http::HttpResponse& res,
                                        const CallerContext&) { handler(req, res); });
 }
 
 void SecureRouter::Route(const std::string& method, const std::string& pattern, Access access,
                          SecureHandler handler) {
-  http_->Route(
-      method, pattern,
-      [this, access, handler = std::move(handler)](const HttpRequest& req, HttpResponse& res) {
-        CallerContext caller;
-        caller.platform = controller_->CurrentPlatform().platform;
-        if (access == Access::kPublic) {
-          // A public route still knows a caller who shows good credentials.
-          auto who = Authenticate(req, *caller.platform);
-          if (who.ok()) caller.who = std::move(*who);
-          return handler(req, res, caller);
-        }
-        auto who = Authenticate(req, *caller.platform);
-        if (!who.ok()) {
-          Audit(req, auth::Identity{}, 401, "unauthenticated", who.status().message());
-          return ReplyError(res, who.status());
-        }
-        caller.who = std::move(*who);
-        if (!caller.who.signed_in()) {
-          Status s = Unauthenticated(
-              "this endpoint needs an API token (Authorization: Bearer TOKEN); create "
-              "one with `tau admin token create` and sign in with `tau login`");
-          Audit(req, caller.who, 401, "unauthenticated", "no credentials");
-          return ReplyError(res, s);
-        }
-        const policy::Platform& platform = *caller.platform;
-        std::string denied;
-        switch (access) {
-          case Access::kPublic:
-          case Access::kSignedIn:
-            break;
-          case Access::kPlatformRead:
-            if (!auth::IsPlatformViewer(platform, caller.who))
-              denied = "only platform admins and viewers may read this";
-            break;
-          case Access::kAdmin:
-            if (!auth::IsAdmin(platform, caller.who)) denied = "only platform admins may do this";
-            break;
-          case Access::kRunRead:
-          case Access::kRunWrite: {
-            auto run = store_->GetRun(req.matches.at(1));
-            if (!run.ok()) return ReplyError(res, run.status());
-            auth::Role need =
-                access == Access::kRunRead ? auth::Role::kViewer : auth::Role::kResearcher;
-            auth::Role have = caller.RoleIn(run->workspace);
-            if (have < need)
-              denied =
-                  fmt::format("{} is {} in workspace '{}'; this needs {}", Describe(caller.who),
-                              have == auth::Role::kNone ? "not a member"
-                                                        : std::string("a ") + auth::RoleName(have),
-                              run->workspace, AccessName(access));
-            break;
-          }
-        }
-        if (!denied.empty())
-          Deny(req, res, caller.who, denied);
-        else
-          handler(req, res, caller);
-        // Every refusal is audited, whoever decided it: this gate, a handler, or policy
-        // resolution refusing a workspace.
-        if (res.status == 401 || res.status == 403)
-          Audit(req, caller.who, res.status, res.status == 401 ? "unauthenticated" : "denied",
-                ErrorMessage(res));
-      });
+  http_->Route(method, pattern,
+               [this, access, handler = std::move(handler)](const http::HttpRequest& req,
+                                                            http::HttpResponse& res) {
+                 CallerContext caller;
+                 caller.platform = controller_->CurrentPlatform().platform;
+                 if (access == Access::kPublic) {
+                   // A public route still knows a caller who shows good credentials.
+                   auto who = Authenticate(req, *caller.platform);
+                   if (who.ok()) caller.who = std::move(*who);
+                   return handler(req, res, caller);
+                 }
+                 auto who = Authenticate(req, *caller.platform);
+                 if (!who.ok()) {
+                   Audit(req, auth::Identity{}, 401, "unauthenticated", who.status().message());
+                   return http::ReplyError(res, who.status());
+                 }
+                 caller.who = std::move(*who);
+                 if (!caller.who.signed_in()) {
+                   Status s = Unauthenticated(
+                       "this endpoint needs an API token (Authorization: Bearer TOKEN); create "
+                       "one with `tau admin token create` and sign in with `tau login`");
+                   Audit(req, caller.who, 401, "unauthenticated", "no credentials");
+                   return http::ReplyError(res, s);
+                 }
+                 const policy::Platform& platform = *caller.platform;
+                 std::string denied;
+                 switch (access) {
+                   case Access::kPublic:
+                   case Access::kSignedIn:
+                     break;
+                   case Access::kPlatformRead:
+                     if (!auth::IsPlatformViewer(platform, caller.who))
+                       denied = "only platform admins and viewers may read this";
+                     break;
+                   case Access::kAdmin:
+                     if (!auth::IsAdmin(platform, caller.who))
+                       denied = "only platform admins may do this";
+                     break;
+                   case Access::kRunRead:
+                   case Access::kRunWrite: {
+                     auto run = store_->GetRun(req.matches.at(1));
+                     if (!run.ok()) return http::ReplyError(res, run.status());
+                     auth::Role need =
+                         access == Access::kRunRead ? auth::Role::kViewer : auth::Role::kResearcher;
+                     auth::Role have = caller.RoleIn(run->workspace);
+                     if (have < need)
+                       denied = fmt::format(
+                           "{} is {} in workspace '{}'; this needs {}", Describe(caller.who),
+                           have == auth::Role::kNone ? "not a member"
+                                                     : std::string("a ") + auth::RoleName(have),
+                           run->workspace, AccessName(access));
+                     break;
+                   }
+                 }
+                 if (!denied.empty())
+                   Deny(req, res, caller.who, denied);
+                 else
+                   handler(req, res, caller);
+                 // Every refusal is audited, whoever decided it: this gate, a handler, or policy
+                 // resolution refusing a workspace.
+                 if (res.status == 401 || res.status == 403)
+                   Audit(req, caller.who, res.status,
+                         res.status == 401 ? "unauthenticated" : "denied", ErrorMessage(res));
+               });
 }
 
 json FilterQueues(json queues, const CallerContext& caller) {

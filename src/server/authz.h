@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "auth/auth.h"
+#include "http/http.h"
 #include "server/controller.h"
-#include "server/http.h"
 #include "store/store.h"
 
 namespace tau::server {
@@ -45,40 +45,40 @@ struct CallerContext {
 };
 
 using SecureHandler =
-    std::function<void(const HttpRequest&, HttpResponse&, const CallerContext& caller)>;
+    std::function<void(const http::HttpRequest&, http::HttpResponse&, const CallerContext& caller)>;
 
 class SecureRouter {
  public:
-  SecureRouter(HttpServer* http, Controller* controller, store::Store* store)
+  SecureRouter(http::HttpServer* http, Controller* controller, store::Store* store)
       : http_(http), controller_(controller), store_(store) {}
 
   void Route(const std::string& method, const std::string& pattern, Access access,
              SecureHandler handler);
   // For handlers that do not need to know the caller.
   void Route(const std::string& method, const std::string& pattern, Access access,
-             HttpHandler handler);
+             http::HttpHandler handler);
 
   // Who the caller is, under the platform in force (its users' groups and tokens); Unauthenticated
   // for a bad token.
-  Result<auth::Identity> Authenticate(const HttpRequest& req,
+  Result<auth::Identity> Authenticate(const http::HttpRequest& req,
                                       const policy::Platform& platform) const;
   // Records a decision in the audit trail (and the server's log for denials).
-  void Audit(const HttpRequest& req, const auth::Identity& who, int status,
+  void Audit(const http::HttpRequest& req, const auth::Identity& who, int status,
              const std::string& action, const std::string& detail) const;
   // Answers 403 with `why` and audits it.
-  void Deny(const HttpRequest& req, HttpResponse& res, const auth::Identity& who,
+  void Deny(const http::HttpRequest& req, http::HttpResponse& res, const auth::Identity& who,
             const std::string& why) const;
 
-  HttpServer* http() const { return http_; }
+  http::HttpServer* http() const { return http_; }
 
  private:
-  HttpServer* http_;
+  http::HttpServer* http_;
   Controller* controller_;
   store::Store* store_;
 };
 
 // The bearer token of a request (header or cookie); "" when none.
-std::string BearerToken(const HttpRequest& req);
+std::string BearerToken(const http::HttpRequest& req);
 
 // Removes what the caller may not see from a queue view: runs of other workspaces keep their
 // place in line but lose their names.

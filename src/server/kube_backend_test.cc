@@ -1,5 +1,5 @@
 // The Kubernetes backend end to end inside one process: the controller with a KubeCluster against
-// the fake API server (src/kubeapi/fake_apiserver.h), over real HTTP. The test plays Kueue (it
+// the fake API server (src/testing/fake_apiserver.h), over real HTTP. The test plays Kueue (it
 // makes the Workload, reserves quota, unsuspends the Job, preempts) and the kubelet (it makes the
 // pods, writes their logs, ends them) with plain API calls, as those controllers would.
 #include <gtest/gtest.h>
@@ -13,11 +13,11 @@
 
 #include "common/clock.h"
 #include "common/files.h"
-#include "kubeapi/fake_apiserver.h"
 #include "kubeapi/kubeapi.h"
 #include "server/controller.h"
 #include "server/kube_cluster.h"
 #include "store/store.h"
+#include "testing/fake_apiserver.h"
 
 namespace tau::server {
 namespace {
@@ -248,7 +248,7 @@ class KubeBackendTest : public ::testing::Test {
   }
 
   std::string home_;
-  kubeapi::FakeApiServer fake_;
+  testutil::FakeApiServer fake_;
   std::unique_ptr<kubeapi::Client> kube_;            // the test: Kueue and the kubelet
   std::unique_ptr<kubeapi::Client> cluster_client_;  // tau's
   std::unique_ptr<store::Store> store_;

@@ -24,6 +24,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/json_text.h"
+#include "common/mutex.h"
 #include "server/snapshot.h"
 
 namespace tau::server {
@@ -154,19 +155,19 @@ class KubeCluster final : public Cluster {
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<AttemptKey, Attempt> attempts_;    // GUARDED_BY(mu_)
-  std::map<std::string, json> workloads_;     // GUARDED_BY(mu_): "ns/name" -> Workload
-  std::map<std::string, AttemptKey> by_uid_;  // GUARDED_BY(mu_): object uid -> attempt
-  std::set<AttemptKey> dirty_;                // GUARDED_BY(mu_)
-  std::set<std::string> deleted_;             // GUARDED_BY(mu_): "run/attempt" tau deleted
+  Mutex mu_;
+  CondVar cv_;
+  std::map<AttemptKey, Attempt> attempts_ TAU_GUARDED_BY(mu_);
+  std::map<std::string, json> workloads_ TAU_GUARDED_BY(mu_);     // "ns/name" -> Workload
+  std::map<std::string, AttemptKey> by_uid_ TAU_GUARDED_BY(mu_);  // object uid -> attempt
+  std::set<AttemptKey> dirty_ TAU_GUARDED_BY(mu_);
+  std::set<std::string> deleted_ TAU_GUARDED_BY(mu_);  // "run/attempt" tau deleted
   struct LogFollower {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
   };
   // Joined by the reconciler once done (a long-lived server follows thousands of pods).
-  std::vector<LogFollower> log_threads_;  // GUARDED_BY(mu_)
+  std::vector<LogFollower> log_threads_ TAU_GUARDED_BY(mu_);
 };
 
 Result<std::set<AttemptKey>> KubeCluster::Start(
@@ -199,13 +200,13 @@ Result<std::set<AttemptKey>> KubeCluster::Start(
 
 void KubeCluster::Stop() {
   stop_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
   for (std::thread& t : threads_)
     if (t.joinable()) t.join();
   threads_.clear();
   std::vector<LogFollower> logs;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     logs.swap(log_threads_);
   }
   for (LogFollower& f : logs)
@@ -224,15 +225,15 @@ void KubeCluster::Watch(std::string api_version, std::string kind, std::string s
     // installed; no permission). Say so, and look again later: they may be installed meanwhile.
     std::fprintf(stderr, "tau server: watching %ss on the cluster: %s (trying again in 30s)\n",
                  kind.c_str(), s.ToString().c_str());
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(30), [&] { return stop_.load(); });
+    MutexLock lock(&mu_);
+    cv_.WaitFor(&mu_, std::chrono::seconds(30), [&] { return stop_.load(); });
   }
 }
 
 void KubeCluster::OnEvent(const std::string& kind, const kubeapi::WatchEvent& event) {
   const json& o = event.object;
   const bool deleted = event.type == "DELETED";
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (kind == "Workload") {
     if (deleted) {
       workloads_.erase(NsName(o));
@@ -246,7 +247,7 @@ void KubeCluster::OnEvent(const std::string& kind, const kubeapi::WatchEvent& ev
         if (auto it = by_uid_.find(Str(ref, "uid")); it != by_uid_.end()) dirty_.insert(it->second);
     for (auto& [key, a] : attempts_)
       if (!a.gone && !a.ended) dirty_.insert(key);
-    cv_.notify_all();
+    cv_.SignalAll();
     return;
   }
   AttemptKey key = KeyOf(o);
@@ -273,7 +274,7 @@ void KubeCluster::OnEvent(const std::string& kind, const kubeapi::WatchEvent& ev
     by_uid_[Str(Meta(o), "uid")] = key;
   }
   dirty_.insert(key);
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void KubeCluster::Reconcile() {
@@ -282,9 +283,9 @@ void KubeCluster::Reconcile() {
     std::set<AttemptKey> keys;
     std::vector<LogFollower> finished;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(200),
-                   [&] { return stop_.load() || !dirty_.empty(); });
+      MutexLock lock(&mu_);
+      cv_.WaitFor(&mu_, std::chrono::milliseconds(200),
+                  [&]() TAU_REQUIRES(mu_) { return stop_.load() || !dirty_.empty(); });
       if (stop_) return;
       for (auto it = log_threads_.begin(); it != log_threads_.end();) {
         if (it->done->load()) {
@@ -320,7 +321,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
   std::vector<Todo> todo;
   std::vector<json> workloads;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& [name, w] : workloads_) workloads.push_back(w);
     for (const AttemptKey& key : keys) {
       auto it = attempts_.find(key);
@@ -385,7 +386,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
     std::string fp = Fingerprint(news.observed, news.position);
     if (fp == t.last_news) continue;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = attempts_.find(t.key);
       if (it != attempts_.end()) {
         it->second.last_news = fp;
@@ -437,17 +438,17 @@ void KubeCluster::FollowLog(const std::string& ns, const std::string& pod,
       if (!s.ok())
         std::fprintf(stderr, "tau server: the log of pod %s/%s: %s (following it again)\n",
                      ns.c_str(), pod.c_str(), s.ToString().c_str());
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(500), [&] { return stop_.load(); });
+      MutexLock lock(&mu_);
+      cv_.WaitFor(&mu_, std::chrono::milliseconds(500), [&] { return stop_.load(); });
     }
     ::close(fd);
   });
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   log_threads_.push_back({std::move(thread), std::move(done)});
 }
 
 bool KubeCluster::PodRunning(const std::string& ns, const std::string& pod) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& [key, a] : attempts_) {
     auto it = a.pods.find(pod);
     if (it == a.pods.end() || Str(Meta(it->second), "namespace") != ns) continue;
@@ -519,7 +520,7 @@ Status KubeCluster::Launch(const ClusterLaunch& launch) {
     TAU_RETURN_IF_ERROR(client_->Apply(secret).status());
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     deleted_.erase(fmt::format("{}/{}", launch.run, launch.attempt));
   }
   for (const json& object : objects) TAU_RETURN_IF_ERROR(client_->Apply(object).status());
@@ -541,7 +542,7 @@ Status KubeCluster::ApplyPlatform(const policy::Platform& platform) {
 Status KubeCluster::Delete(const std::string& run, int attempt) {
   std::vector<json> targets;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     deleted_.insert(fmt::format("{}/{}", run, attempt));
     auto it = attempts_.find({run, attempt});
     if (it != attempts_.end()) {

@@ -1,4 +1,5 @@
 #include "server/metrics.h"
+#include "common/mutex.h"
 
 #include <cmath>
 
@@ -49,13 +50,16 @@ std::string EscapeLabelValue(const std::string& value) {
 }
 
 Metrics::Metrics() {
-  auto counter = [&](const char* name, const char* help) { families_[name].help = help; };
-  auto histogram = [&](const char* name, const char* help, const std::vector<double>& bounds) {
-    Family& f = families_[name];
-    f.help = help;
-    f.histogram = true;
-    f.bounds = bounds;
-  };
+  MutexLock lock(&mu_);  // no one else sees it yet; the analysis wants it held all the same
+  auto counter = [&](const char* name, const char* help)
+                     TAU_REQUIRES(mu_) { families_[name].help = help; };
+  auto histogram = [&](const char* name, const char* help, const std::vector<double>& bounds)
+                       TAU_REQUIRES(mu_) {
+                         Family& f = families_[name];
+                         f.help = help;
+                         f.histogram = true;
+                         f.bounds = bounds;
+                       };
   counter("tau_attempts_total", "Attempts that ended, by failure class (Succeeded included).");
   counter("tau_preemptions_total", "Runs preempted by the admission engine, by queue and reason.");
   counter("tau_runs_submitted_total", "Runs accepted at submission, by workspace and queue.");
@@ -72,14 +76,14 @@ Metrics::Metrics() {
 }
 
 void Metrics::Count(const std::string& name, const Labels& labels, double delta) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = families_.find(name);
   if (it == families_.end() || it->second.histogram) return;  // undeclared: a programming error
   it->second.counters[labels] += delta;
 }
 
 void Metrics::Observe(const std::string& name, const Labels& labels, double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = families_.find(name);
   if (it == families_.end() || !it->second.histogram) return;
   Family& f = it->second;
@@ -95,7 +99,7 @@ void Metrics::Observe(const std::string& name, const Labels& labels, double seco
 }
 
 std::string Metrics::Render() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::string out;
   for (const auto& [name, f] : families_) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, f.help, name,

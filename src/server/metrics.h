@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
+
 namespace tau::server {
 
 using Labels = std::vector<std::pair<std::string, std::string>>;
@@ -40,8 +42,8 @@ class Metrics {
     std::map<Labels, double> counters;
     std::map<Labels, Histogram> histograms;
   };
-  mutable std::mutex mu_;
-  std::map<std::string, Family> families_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<std::string, Family> families_ TAU_GUARDED_BY(mu_);
 };
 
 // One gauge family in the text format: "# HELP", "# TYPE name gauge" and a line per sample.

@@ -19,12 +19,13 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/json_text.h"
+#include "common/mutex.h"
 #include "evidence/evidence.h"
 #include "health/health.h"
+#include "http/http.h"
 #include "policy/policy.h"
 #include "server/api.h"
 #include "server/controller.h"
-#include "server/http.h"
 #include "server/kube_cluster.h"
 #include "store/store.h"
 #include "tls/tls.h"
@@ -240,7 +241,7 @@ int RunServer(const ServerOptions& options) {
     log(s.ToString());
     return 1;
   }
-  HttpServer http;
+  http::HttpServer http;
   http.set_observer(
       [&metrics](const std::string& method, const std::string& route, int status, double seconds) {
         metrics.Observe("tau_http_request_duration_seconds", {{"method", method}, {"route", route}},
@@ -259,7 +260,7 @@ int RunServer(const ServerOptions& options) {
     size_t colon = options.listen.rfind(':');
     std::string host = colon == std::string::npos ? "127.0.0.1" : options.listen.substr(0, colon);
     int port = std::atoi(options.listen.substr(colon == std::string::npos ? 0 : colon + 1).c_str());
-    TlsServerConfig tls{options.tls_cert_file, options.tls_key_file};
+    http::TlsServerConfig tls{options.tls_cert_file, options.tls_key_file};
     bool with_tls = !options.tls_cert_file.empty();
     if (Status s = http.ListenTcp(host, port, with_tls ? &tls : nullptr); !s.ok()) {
       log(s.ToString());
@@ -272,8 +273,8 @@ int RunServer(const ServerOptions& options) {
   // Evidence housekeeping, off the controller's loop: the GPU monitor's readings go to the runs
   // holding those GPUs (once per poll interval, only new passes), and retention prunes old runs'
   // logs and samples.
-  std::mutex housekeeping_mu;
-  std::condition_variable housekeeping_cv;
+  Mutex housekeeping_mu;
+  CondVar housekeeping_cv;
   bool housekeeping_stop = false;
   std::thread housekeeping([&] {
     evidence::RetentionPolicy retention{options.retain_logs_ms, options.retain_samples_ms};
@@ -285,9 +286,7 @@ int RunServer(const ServerOptions& options) {
     int64_t retention_every = std::clamp<int64_t>(shortest / 2, 1000, 60'000);
     int64_t sample_every = std::max<int64_t>(options.gpu_poll_ms, 200);
     int64_t last_pass = -1, next_retention = 0;
-    std::unique_lock<std::mutex> lock(housekeeping_mu);
-    while (!housekeeping_stop) {
-      lock.unlock();
+    while (true) {
       if (!gpus.devices.empty()) {
         health::HealthSnapshot snap = monitor.Snapshot();
         if (snap.passes != last_pass) {
@@ -300,10 +299,11 @@ int RunServer(const ServerOptions& options) {
           log("retention: " + s.ToString());
         next_retention = NowMillis() + retention_every;
       }
-      lock.lock();
-      housekeeping_cv.wait_for(lock,
-                               std::chrono::milliseconds(std::min(sample_every, retention_every)),
-                               [&] { return housekeeping_stop; });
+      MutexLock lock(&housekeeping_mu);
+      if (housekeeping_cv.WaitFor(
+              &housekeeping_mu, std::chrono::milliseconds(std::min(sample_every, retention_every)),
+              [&]() TAU_REQUIRES(housekeeping_mu) { return housekeeping_stop; }))
+        break;
     }
   });
   // A server killed while writing its pid file left the temporary behind.
@@ -319,9 +319,9 @@ int RunServer(const ServerOptions& options) {
   http.Serve();
   signal_thread.join();
   {
-    std::lock_guard<std::mutex> lock(housekeeping_mu);
+    MutexLock lock(&housekeeping_mu);
     housekeeping_stop = true;
-    housekeeping_cv.notify_all();
+    housekeeping_cv.SignalAll();
   }
   housekeeping.join();
   verdict_sink = nullptr;

@@ -27,7 +27,7 @@ const WebAsset* Find(std::string_view path) {
   return nullptr;
 }
 
-void Serve(std::string_view path, HttpResponse& res) {
+void Serve(std::string_view path, http::HttpResponse& res) {
   const WebAsset* a = Find(path);
   if (a == nullptr) {
     res.status = 404;
@@ -43,9 +43,9 @@ void Serve(std::string_view path, HttpResponse& res) {
 void RegisterWeb(SecureRouter* api) {
   // The dashboard is one page; its views are #/ routes, so only / serves HTML.
   api->Route("GET", "/", Access::kPublic,
-             [](const HttpRequest&, HttpResponse& res) { Serve("index.html", res); });
+             [](const http::HttpRequest&, http::HttpResponse& res) { Serve("index.html", res); });
   api->Route("GET", R"(/ui/([A-Za-z0-9._/-]+))", Access::kPublic,
-             [](const HttpRequest& req, HttpResponse& res) {
+             [](const http::HttpRequest& req, http::HttpResponse& res) {
                std::string path = req.matches[1];
                if (path.find("..") != std::string::npos)
                  path.clear();  // the table has no such names anyway

@@ -3,9 +3,9 @@
 
 #include <cstddef>
 
+#include "http/http.h"
 #include "server/authz.h"
 #include "server/controller.h"
-#include "server/http.h"
 #include "store/store.h"
 
 namespace tau::server {

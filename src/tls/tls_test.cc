@@ -18,7 +18,7 @@
 #include <fmt/format.h>
 
 #include "client/client.h"
-#include "server/http.h"
+#include "http/http.h"
 
 namespace tau {
 namespace {
@@ -66,25 +66,25 @@ class TlsTest : public ::testing::Test {
 
   void SetUp() override {
     ASSERT_TRUE(tls::EnsureLoaded().ok()) << tls::EnsureLoaded().ToString();
-    http_.Route("GET", "/hello", [](const server::HttpRequest&, server::HttpResponse& res) {
+    http_.Route("GET", "/hello", [](const http::HttpRequest&, http::HttpResponse& res) {
       res.set_content("{\"hello\": \"tls\"}", "application/json");
     });
-    http_.Route("GET", "/big", [](const server::HttpRequest&, server::HttpResponse& res) {
+    http_.Route("GET", "/big", [](const http::HttpRequest&, http::HttpResponse& res) {
       res.set_content(std::string(3 << 20, 'x'), "text/plain");
     });
-    http_.Route("GET", "/auth", [](const server::HttpRequest& req, server::HttpResponse& res) {
+    http_.Route("GET", "/auth", [](const http::HttpRequest& req, http::HttpResponse& res) {
       auto it = req.headers.find("authorization");
       res.set_content(it == req.headers.end() ? "" : it->second, "text/plain");
     });
-    http_.Route("GET", "/stream", [](const server::HttpRequest&, server::HttpResponse& res) {
+    http_.Route("GET", "/stream", [](const http::HttpRequest&, http::HttpResponse& res) {
       auto sent = std::make_shared<int>(0);
       res.content_type = "text/plain";
-      res.stream = [sent](server::ChunkSink& sink) {
+      res.stream = [sent](http::ChunkSink& sink) {
         if (*sent == 3) return false;
         return sink.Write(fmt::format("chunk {}\n", ++*sent));
       };
     });
-    server::TlsServerConfig good{Path("server.pem"), Path("server.key")};
+    http::TlsServerConfig good{Path("server.pem"), Path("server.key")};
     ASSERT_TRUE(http_.ListenTcp("127.0.0.1", 0, &good).ok());
     port_ = http_.tcp_port();
     serving_ = std::thread([this] { http_.Serve(); });
@@ -105,7 +105,7 @@ class TlsTest : public ::testing::Test {
   }
 
   static std::string* dir_;
-  server::HttpServer http_;
+  http::HttpServer http_;
   std::thread serving_;
   int port_ = 0;
 };
@@ -144,8 +144,8 @@ TEST_F(TlsTest, VerifiesHostNames) {
   ASSERT_TRUE(by_name.ok()) << by_name.status().ToString();
   ASSERT_TRUE((*by_name)->Call("GET", "/hello").ok());
 
-  server::TlsServerConfig elsewhere{Path("elsewhere.pem"), Path("elsewhere.key")};
-  server::HttpServer other;
+  http::TlsServerConfig elsewhere{Path("elsewhere.pem"), Path("elsewhere.key")};
+  http::HttpServer other;
   ASSERT_TRUE(other.ListenTcp("127.0.0.1", 0, &elsewhere).ok());
   std::thread serving([&] { other.Serve(); });
   auto mismatch = client::Connection::Open(Https("127.0.0.1", other.tcp_port()), TrustCa());
@@ -256,8 +256,8 @@ TEST_F(TlsTest, ASilentClientDoesNotBlockOthers) {
 }
 
 TEST(TlsConfigTest, NamesTheFileAtFault) {
-  server::HttpServer http;
-  server::TlsServerConfig missing{"/nonexistent/cert.pem", "/nonexistent/key.pem"};
+  http::HttpServer http;
+  http::TlsServerConfig missing{"/nonexistent/cert.pem", "/nonexistent/key.pem"};
   Status s = http.ListenTcp("127.0.0.1", 0, &missing);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("/nonexistent/cert.pem"), std::string::npos) << s.ToString();
@@ -266,7 +266,7 @@ TEST(TlsConfigTest, NamesTheFileAtFault) {
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   std::string dir = tmpl;
   std::ofstream(dir + "/junk.pem") << "not a certificate\n";
-  server::TlsServerConfig junk{dir + "/junk.pem", dir + "/junk.pem"};
+  http::TlsServerConfig junk{dir + "/junk.pem", dir + "/junk.pem"};
   s = http.ListenTcp("127.0.0.1", 0, &junk);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("junk.pem"), std::string::npos) << s.ToString();

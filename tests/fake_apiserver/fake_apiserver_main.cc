@@ -1,4 +1,4 @@
-// tau-fake-apiserver: the in-process stand-in Kubernetes API server (src/kubeapi/fake_apiserver.h)
+// tau-fake-apiserver: the in-process stand-in Kubernetes API server (src/testing/fake_apiserver.h)
 // as a program of its own, for end-to-end tests that run a real `tau server --backend kubernetes`
 // against it (tests/integration/test_kube_backend.py). Test-only; not part of the tau binary.
 //
@@ -17,7 +17,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "kubeapi/fake_apiserver.h"
+#include "testing/fake_apiserver.h"
 
 int main(int argc, char** argv) {
   // The signals are taken synchronously below; block them before any thread starts.
@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  tau::kubeapi::FakeApiServer fake;
+  tau::testutil::FakeApiServer fake;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--require-token") == 0 && i + 1 < argc) {
       fake.RequireToken(argv[++i]);

@@ -1,6 +1,6 @@
-#include "server/reply.h"
+#include "http/reply.h"
 
-namespace tau::server {
+namespace tau::http {
 
 int HttpStatusOf(StatusCode code) {
   switch (code) {
@@ -41,4 +41,4 @@ void ReplyError(HttpResponse& res, const Status& status, nlohmann::json extra) {
   Reply(res, HttpStatusOf(status.code()), {{"error", err}});
 }
 
-}  // namespace tau::server
+}  // namespace tau::http

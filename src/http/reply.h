@@ -5,9 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "server/http.h"
+#include "http/http.h"
 
-namespace tau::server {
+namespace tau::http {
 
 int HttpStatusOf(StatusCode code);
 // dump() never throws: invalid UTF-8 (a job's metric names, say) is replaced.
@@ -15,4 +15,4 @@ void Reply(HttpResponse& res, int status, const nlohmann::json& body);
 void ReplyError(HttpResponse& res, const Status& status,
                 nlohmann::json extra = nlohmann::json::object());
 
-}  // namespace tau::server
+}  // namespace tau::http

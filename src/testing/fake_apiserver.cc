@@ -1,4 +1,4 @@
-#include "kubeapi/fake_apiserver.h"
+#include "testing/fake_apiserver.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,10 +7,11 @@
 
 #include "common/clock.h"
 #include "common/hash.h"
+#include "common/mutex.h"
 #include "common/strings.h"
 #include "kubeapi/kubeapi.h"
 
-namespace tau::kubeapi {
+namespace tau::testutil {
 
 using nlohmann::json;
 
@@ -49,12 +50,12 @@ json StatusBody(int code, const std::string& reason, const std::string& message)
           {"code", code}};
 }
 
-void Reply(server::HttpResponse& res, int code, const json& body) {
+void Reply(http::HttpResponse& res, int code, const json& body) {
   res.status = code;
   res.set_content(body.dump(), "application/json");
 }
 
-void Fail(server::HttpResponse& res, int code, const std::string& reason,
+void Fail(http::HttpResponse& res, int code, const std::string& reason,
           const std::string& message) {
   Reply(res, code, StatusBody(code, reason, message));
 }
@@ -132,17 +133,17 @@ int64_t ParseVersion(const std::string& text) {
 FakeApiServer::FakeApiServer() {
   http_.set_max_body_bytes(16 << 20);
   for (const char* method : {"GET", "POST", "PUT", "PATCH", "DELETE"})
-    http_.Route(method, "/.*", [this](const server::HttpRequest& req, server::HttpResponse& res) {
+    http_.Route(method, "/.*", [this](const http::HttpRequest& req, http::HttpResponse& res) {
       Handle(req, res);
     });
 }
 
 FakeApiServer::~FakeApiServer() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  changed_.notify_all();
+  changed_.SignalAll();
   http_.Shutdown(3000);
   if (serve_thread_.joinable()) serve_thread_.join();
 }
@@ -157,12 +158,12 @@ Status FakeApiServer::Start() {
 std::string FakeApiServer::url() const { return fmt::format("http://127.0.0.1:{}", port_); }
 
 void FakeApiServer::RequireToken(const std::string& token) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   required_token_ = token;
 }
 
 void FakeApiServer::InjectFailures(int count, int http_status, int retry_after_seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   failures_left_ = count;
   failure_status_ = http_status;
   failure_retry_after_ = retry_after_seconds;
@@ -171,87 +172,87 @@ void FakeApiServer::InjectFailures(int count, int http_status, int retry_after_s
 void FakeApiServer::AppendLog(const std::string& ns, const std::string& pod,
                               const std::string& text) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     logs_[Key(ns, pod)].chunks.emplace_back(NowMillis(), text);
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 void FakeApiServer::EndLog(const std::string& ns, const std::string& pod) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     logs_[Key(ns, pod)].ended = true;
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 void FakeApiServer::CutLogStreams() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++log_cut_epoch_;
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 void FakeApiServer::ExpireWatches() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     history_.clear();
     compacted_rv_ = resource_version_;
     ++expire_epoch_;
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 void FakeApiServer::EndWatches() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++end_epoch_;
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 void FakeApiServer::PauseWatches(bool paused) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     watches_paused_ = paused;
   }
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 void FakeApiServer::set_bookmark_interval_ms(int ms) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   bookmark_interval_ms_ = ms;
 }
 
 void FakeApiServer::set_history_limit(size_t events) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   history_limit_ = events;
 }
 
 void FakeApiServer::Grant(const std::string& user, const std::string& verb,
                           const std::string& group, const std::string& resource,
                           const std::string& ns) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   grants_.insert(fmt::format("{}|{}|{}|{}|{}", user, verb, group, resource, ns));
 }
 
 std::vector<FakeApiServer::RequestRecord> FakeApiServer::Requests() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return requests_;
 }
 
 void FakeApiServer::ClearRequests() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   requests_.clear();
 }
 
 int64_t FakeApiServer::resource_version() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return resource_version_;
 }
 
 json FakeApiServer::Object(const std::string& collection, const std::string& ns,
                            const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto c = objects_.find(collection);
   if (c == objects_.end()) return nullptr;
   auto o = c->second.find(Key(ns, name));
@@ -259,7 +260,7 @@ json FakeApiServer::Object(const std::string& collection, const std::string& ns,
 }
 
 size_t FakeApiServer::ObjectCount(const std::string& collection) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto c = objects_.find(collection);
   return c == objects_.end() ? 0 : c->second.size();
 }
@@ -279,11 +280,11 @@ json FakeApiServer::Commit(const Target& target, const std::string& type, json o
     compacted_rv_ = history_.front().resource_version;
     history_.pop_front();
   }
-  changed_.notify_all();
+  changed_.SignalAll();
   return object;
 }
 
-void FakeApiServer::Handle(const server::HttpRequest& req, server::HttpResponse& res) {
+void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res) {
   // Test control, not an API-server path: POST /fake/logs/NAMESPACE/POD appends the body to the
   // pod's log (AppendLog), and ?end=true then ends it (EndLog), so that a test in another process
   // (tests/fake_apiserver) can play the kubelet's logs. Neither recorded nor subject to the token
@@ -302,7 +303,7 @@ void FakeApiServer::Handle(const server::HttpRequest& req, server::HttpResponse&
   }
   Target target;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto header = [&](const char* name) {
       auto it = req.headers.find(name);
       return it == req.headers.end() ? std::string() : it->second;
@@ -347,7 +348,7 @@ void FakeApiServer::Handle(const server::HttpRequest& req, server::HttpResponse&
   }
   target.collection = target.group_version + "/" + target.resource;
   bool known = false;
-  for (const ResourceInfo& info : KnownResources()) {
+  for (const kubeapi::ResourceInfo& info : kubeapi::KnownResources()) {
     if (info.api_version != target.group_version || info.resource != target.resource) continue;
     target.kind = info.kind;
     known = true;
@@ -385,8 +386,8 @@ void FakeApiServer::Handle(const server::HttpRequest& req, server::HttpResponse&
   }
 }
 
-void FakeApiServer::HandleGet(const Target& target, const server::HttpRequest& req,
-                              server::HttpResponse& res) {
+void FakeApiServer::HandleGet(const Target& target, const http::HttpRequest& req,
+                              http::HttpResponse& res) {
   json object = Object(target.collection, target.ns, target.name);
   if (object.is_null()) {
     Fail(res, 404, "NotFound", fmt::format("{} \"{}\" not found", target.resource, target.name));
@@ -395,8 +396,8 @@ void FakeApiServer::HandleGet(const Target& target, const server::HttpRequest& r
   Reply(res, 200, object);
 }
 
-void FakeApiServer::HandleList(const Target& target, const server::HttpRequest& req,
-                               server::HttpResponse& res) {
+void FakeApiServer::HandleList(const Target& target, const http::HttpRequest& req,
+                               http::HttpResponse& res) {
   std::map<std::string, std::string> equal, not_equal;
   std::vector<std::string> exists;
   ParseSelector(req.get_param_value("labelSelector"), &equal, &not_equal, &exists);
@@ -413,7 +414,7 @@ void FakeApiServer::HandleList(const Target& target, const server::HttpRequest& 
   json items = json::array();
   std::string continue_token;
   std::string last_key;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto& objects = objects_[target.collection];
   for (auto it = after.empty() ? objects.begin() : objects.upper_bound(after); it != objects.end();
        ++it) {
@@ -440,8 +441,8 @@ void FakeApiServer::HandleList(const Target& target, const server::HttpRequest& 
          {"items", items}});
 }
 
-void FakeApiServer::HandleWatch(const Target& target, const server::HttpRequest& req,
-                                server::HttpResponse& res) {
+void FakeApiServer::HandleWatch(const Target& target, const http::HttpRequest& req,
+                                http::HttpResponse& res) {
   auto cursor = std::make_shared<WatchCursor>();
   cursor->collection = target.collection;
   cursor->ns = target.ns;
@@ -452,7 +453,7 @@ void FakeApiServer::HandleWatch(const Target& target, const server::HttpRequest&
   cursor->bookmarks = req.get_param_value("allowWatchBookmarks") == "true";
   int64_t from = ParseVersion(req.get_param_value("resourceVersion"));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     cursor->expire_epoch = expire_epoch_;
     cursor->end_epoch = end_epoch_;
     cursor->next_bookmark_ms = MonotonicMillis() + bookmark_interval_ms_;
@@ -476,16 +477,16 @@ void FakeApiServer::HandleWatch(const Target& target, const server::HttpRequest&
   }
   res.status = 200;
   res.content_type = "application/json";
-  res.stream = [this, cursor](server::ChunkSink& sink) { return StreamWatch(cursor.get(), sink); };
+  res.stream = [this, cursor](http::ChunkSink& sink) { return StreamWatch(cursor.get(), sink); };
 }
 
-bool FakeApiServer::StreamWatch(WatchCursor* cursor, server::ChunkSink& sink) {
+bool FakeApiServer::StreamWatch(WatchCursor* cursor, http::ChunkSink& sink) {
   bool end = false;
   std::string out;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (cursor->pending.empty() && !cursor->expired)
-      changed_.wait_for(lock, std::chrono::milliseconds(20));
+      changed_.WaitFor(&mu_, std::chrono::milliseconds(20));
     if (stopping_) return false;
     out = std::move(cursor->pending);
     cursor->pending.clear();
@@ -523,8 +524,8 @@ bool FakeApiServer::StreamWatch(WatchCursor* cursor, server::ChunkSink& sink) {
   return !end;
 }
 
-void FakeApiServer::HandleLog(const Target& target, const server::HttpRequest& req,
-                              server::HttpResponse& res) {
+void FakeApiServer::HandleLog(const Target& target, const http::HttpRequest& req,
+                              http::HttpResponse& res) {
   if (Object(target.collection, target.ns, target.name).is_null()) {
     Fail(res, 404, "NotFound", fmt::format("pods \"{}\" not found", target.name));
     return;
@@ -540,7 +541,7 @@ void FakeApiServer::HandleLog(const Target& target, const server::HttpRequest& r
   }
   std::string key = Key(target.ns, target.name);
   if (req.get_param_value("follow") != "true") {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::string text;
     for (const auto& [ms, chunk] : logs_[key].chunks)
       if (ms >= since_ms) text += chunk;
@@ -550,18 +551,18 @@ void FakeApiServer::HandleLog(const Target& target, const server::HttpRequest& r
   auto next = std::make_shared<size_t>(0);
   int cut_epoch = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     cut_epoch = log_cut_epoch_;
   }
   res.content_type = "text/plain";
-  res.stream = [this, key, next, since_ms, cut_epoch](server::ChunkSink& sink) {
+  res.stream = [this, key, next, since_ms, cut_epoch](http::ChunkSink& sink) {
     std::string out;
     bool end = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       const LogStream& log = logs_[key];
       if (*next == log.chunks.size() && !log.ended)
-        changed_.wait_for(lock, std::chrono::milliseconds(20));
+        changed_.WaitFor(&mu_, std::chrono::milliseconds(20));
       if (stopping_ || log_cut_epoch_ != cut_epoch) return false;
       for (; *next < log.chunks.size(); ++*next)
         if (log.chunks[*next].first >= since_ms) out += log.chunks[*next].second;
@@ -572,8 +573,8 @@ void FakeApiServer::HandleLog(const Target& target, const server::HttpRequest& r
   };
 }
 
-void FakeApiServer::HandleCreate(const Target& target, const server::HttpRequest& req,
-                                 server::HttpResponse& res) {
+void FakeApiServer::HandleCreate(const Target& target, const http::HttpRequest& req,
+                                 http::HttpResponse& res) {
   json object = json::parse(req.body);
   if (!object.is_object() || !object.contains("metadata") || !object["metadata"].is_object()) {
     Fail(res, 400, "BadRequest", "the object has no metadata");
@@ -581,7 +582,7 @@ void FakeApiServer::HandleCreate(const Target& target, const server::HttpRequest
   }
   json& metadata = object["metadata"];
   std::string name = metadata.value("name", "");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (name.empty() && metadata.contains("generateName"))
     name = metadata.value("generateName", "") + std::to_string(next_uid_);
   if (name.empty()) {
@@ -602,14 +603,14 @@ void FakeApiServer::HandleCreate(const Target& target, const server::HttpRequest
   Reply(res, 201, Commit(target, "ADDED", std::move(object)));
 }
 
-void FakeApiServer::HandleReplace(const Target& target, const server::HttpRequest& req,
-                                  server::HttpResponse& res) {
+void FakeApiServer::HandleReplace(const Target& target, const http::HttpRequest& req,
+                                  http::HttpResponse& res) {
   json object = json::parse(req.body);
   if (!object.is_object()) {
     Fail(res, 400, "BadRequest", "the body is not an object");
     return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto& objects = objects_[target.collection];
   auto it = objects.find(Key(target.ns, target.name));
   if (it == objects.end()) {
@@ -650,8 +651,8 @@ void FakeApiServer::HandleReplace(const Target& target, const server::HttpReques
   Reply(res, 200, Commit(target, "MODIFIED", std::move(updated)));
 }
 
-void FakeApiServer::HandlePatch(const Target& target, const server::HttpRequest& req,
-                                server::HttpResponse& res) {
+void FakeApiServer::HandlePatch(const Target& target, const http::HttpRequest& req,
+                                http::HttpResponse& res) {
   auto it_type = req.headers.find("content-type");
   std::string type = it_type == req.headers.end() ? "" : it_type->second;
   bool apply = StartsWith(type, "application/apply-patch+yaml");
@@ -673,7 +674,7 @@ void FakeApiServer::HandlePatch(const Target& target, const server::HttpRequest&
     Fail(res, 400, "BadRequest", "the patch is not an object");
     return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto& objects = objects_[target.collection];
   auto it = objects.find(Key(target.ns, target.name));
   json managed = {{"manager", manager.empty() ? "unknown" : manager},
@@ -740,8 +741,8 @@ void FakeApiServer::HandlePatch(const Target& target, const server::HttpRequest&
   Reply(res, 200, Commit(target, "MODIFIED", std::move(updated)));
 }
 
-void FakeApiServer::HandleDelete(const Target& target, const server::HttpRequest& req,
-                                 server::HttpResponse& res) {
+void FakeApiServer::HandleDelete(const Target& target, const http::HttpRequest& req,
+                                 http::HttpResponse& res) {
   std::string policy = req.get_param_value("propagationPolicy");
   if (policy.empty() && !req.body.empty()) {
     json options = json::parse(req.body);
@@ -751,7 +752,7 @@ void FakeApiServer::HandleDelete(const Target& target, const server::HttpRequest
     Fail(res, 400, "BadRequest", fmt::format("invalid propagationPolicy {}", policy));
     return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto& objects = objects_[target.collection];
   auto it = objects.find(Key(target.ns, target.name));
   if (it == objects.end()) {
@@ -765,7 +766,7 @@ void FakeApiServer::HandleDelete(const Target& target, const server::HttpRequest
   Reply(res, 200, Commit(target, "DELETED", std::move(object)));
 }
 
-void FakeApiServer::HandleAccessReview(const server::HttpRequest& req, server::HttpResponse& res) {
+void FakeApiServer::HandleAccessReview(const http::HttpRequest& req, http::HttpResponse& res) {
   json review = json::parse(req.body);
   const json spec = review.value("spec", json::object());
   const json attributes = spec.value("resourceAttributes", json::object());
@@ -775,7 +776,7 @@ void FakeApiServer::HandleAccessReview(const server::HttpRequest& req, server::H
                   attributes.value("namespace", ""));
   bool allowed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     allowed = grants_.count(key) > 0;
   }
   review["status"] = {{"allowed", allowed}};
@@ -784,7 +785,7 @@ void FakeApiServer::HandleAccessReview(const server::HttpRequest& req, server::H
   Reply(res, 201, review);
 }
 
-bool FakeApiServer::HandleDiscovery(const server::HttpRequest& req, server::HttpResponse& res) {
+bool FakeApiServer::HandleDiscovery(const http::HttpRequest& req, http::HttpResponse& res) {
   if (req.method != "GET") return false;
   if (req.path == "/api") {
     json address = {{"clientCIDR", "0.0.0.0/0"},
@@ -799,7 +800,7 @@ bool FakeApiServer::HandleDiscovery(const server::HttpRequest& req, server::Http
     // Group -> versions in table order; the first is the preferred one.
     std::vector<std::string> order;
     std::map<std::string, std::vector<std::string>> versions;
-    for (const ResourceInfo& info : KnownResources()) {
+    for (const kubeapi::ResourceInfo& info : kubeapi::KnownResources()) {
       size_t slash = info.api_version.find('/');
       if (slash == std::string::npos) continue;  // the core group is under /api
       std::string group = info.api_version.substr(0, slash);
@@ -829,7 +830,7 @@ bool FakeApiServer::HandleDiscovery(const server::HttpRequest& req, server::Http
     return false;
   }
   json resources = json::array();
-  for (const ResourceInfo& info : KnownResources()) {
+  for (const kubeapi::ResourceInfo& info : kubeapi::KnownResources()) {
     if (info.api_version != group_version) continue;
     std::string singular = info.kind;
     for (char& c : singular) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -849,4 +850,4 @@ bool FakeApiServer::HandleDiscovery(const server::HttpRequest& req, server::Http
   return true;
 }
 
-}  // namespace tau::kubeapi
+}  // namespace tau::testutil

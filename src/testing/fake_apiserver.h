@@ -35,10 +35,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/mutex.h"
 #include "common/status.h"
-#include "server/http.h"
+#include "http/http.h"
 
-namespace tau::kubeapi {
+namespace tau::testutil {
 
 class FakeApiServer {
  public:
@@ -105,51 +106,49 @@ class FakeApiServer {
   };
   struct WatchCursor;
 
-  void Handle(const server::HttpRequest& req, server::HttpResponse& res);
-  void HandleGet(const Target& target, const server::HttpRequest& req, server::HttpResponse& res);
-  void HandleList(const Target& target, const server::HttpRequest& req, server::HttpResponse& res);
-  void HandleWatch(const Target& target, const server::HttpRequest& req, server::HttpResponse& res);
-  void HandleLog(const Target& target, const server::HttpRequest& req, server::HttpResponse& res);
-  void HandleCreate(const Target& target, const server::HttpRequest& req,
-                    server::HttpResponse& res);
-  void HandleReplace(const Target& target, const server::HttpRequest& req,
-                     server::HttpResponse& res);
-  void HandlePatch(const Target& target, const server::HttpRequest& req, server::HttpResponse& res);
-  void HandleDelete(const Target& target, const server::HttpRequest& req,
-                    server::HttpResponse& res);
-  void HandleAccessReview(const server::HttpRequest& req, server::HttpResponse& res);
+  void Handle(const http::HttpRequest& req, http::HttpResponse& res);
+  void HandleGet(const Target& target, const http::HttpRequest& req, http::HttpResponse& res);
+  void HandleList(const Target& target, const http::HttpRequest& req, http::HttpResponse& res);
+  void HandleWatch(const Target& target, const http::HttpRequest& req, http::HttpResponse& res);
+  void HandleLog(const Target& target, const http::HttpRequest& req, http::HttpResponse& res);
+  void HandleCreate(const Target& target, const http::HttpRequest& req, http::HttpResponse& res);
+  void HandleReplace(const Target& target, const http::HttpRequest& req, http::HttpResponse& res);
+  void HandlePatch(const Target& target, const http::HttpRequest& req, http::HttpResponse& res);
+  void HandleDelete(const Target& target, const http::HttpRequest& req, http::HttpResponse& res);
+  void HandleAccessReview(const http::HttpRequest& req, http::HttpResponse& res);
   // /api, /apis, /api/v1 and /apis/G/V, enough for kubectl; false for other paths.
-  bool HandleDiscovery(const server::HttpRequest& req, server::HttpResponse& res);
-  bool StreamWatch(WatchCursor* cursor, server::ChunkSink& sink);
+  bool HandleDiscovery(const http::HttpRequest& req, http::HttpResponse& res);
+  bool StreamWatch(WatchCursor* cursor, http::ChunkSink& sink);
   // Stamps a new resourceVersion, stores, records the event. Caller holds mu_.
-  nlohmann::json Commit(const Target& target, const std::string& type, nlohmann::json object);
+  nlohmann::json Commit(const Target& target, const std::string& type, nlohmann::json object)
+      TAU_REQUIRES(mu_);
 
-  server::HttpServer http_;
+  http::HttpServer http_;
   std::thread serve_thread_;
   int port_ = 0;
 
-  mutable std::mutex mu_;
-  std::condition_variable changed_;  // signalled on every commit, log append and control change
-  bool stopping_ = false;            // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar changed_;  // signalled on every commit, log append and control change
+  bool stopping_ TAU_GUARDED_BY(mu_) = false;
   // collection -> "namespace/name" -> object
-  std::map<std::string, std::map<std::string, nlohmann::json>> objects_;  // GUARDED_BY(mu_)
-  int64_t resource_version_ = 100;                                        // GUARDED_BY(mu_)
-  int64_t next_uid_ = 1;                                                  // GUARDED_BY(mu_)
-  std::deque<Event> history_;                                             // GUARDED_BY(mu_)
-  size_t history_limit_ = 1000;                                           // GUARDED_BY(mu_)
-  int64_t compacted_rv_ = 0;               // GUARDED_BY(mu_): events at or below it are gone
-  int expire_epoch_ = 0;                   // GUARDED_BY(mu_)
-  int end_epoch_ = 0;                      // GUARDED_BY(mu_)
-  int log_cut_epoch_ = 0;                  // GUARDED_BY(mu_)
-  bool watches_paused_ = false;            // GUARDED_BY(mu_)
-  int bookmark_interval_ms_ = 1000;        // GUARDED_BY(mu_)
-  std::map<std::string, LogStream> logs_;  // GUARDED_BY(mu_): "ns/pod" ->
-  std::string required_token_;             // GUARDED_BY(mu_)
-  int failures_left_ = 0;                  // GUARDED_BY(mu_)
-  int failure_status_ = 500;               // GUARDED_BY(mu_)
-  int failure_retry_after_ = 0;            // GUARDED_BY(mu_)
-  std::set<std::string> grants_;           // GUARDED_BY(mu_)
-  std::vector<RequestRecord> requests_;    // GUARDED_BY(mu_)
+  std::map<std::string, std::map<std::string, nlohmann::json>> objects_ TAU_GUARDED_BY(mu_);
+  int64_t resource_version_ TAU_GUARDED_BY(mu_) = 100;
+  int64_t next_uid_ TAU_GUARDED_BY(mu_) = 1;
+  std::deque<Event> history_ TAU_GUARDED_BY(mu_);
+  size_t history_limit_ TAU_GUARDED_BY(mu_) = 1000;
+  int64_t compacted_rv_ TAU_GUARDED_BY(mu_) = 0;  // events at or below it are gone
+  int expire_epoch_ TAU_GUARDED_BY(mu_) = 0;
+  int end_epoch_ TAU_GUARDED_BY(mu_) = 0;
+  int log_cut_epoch_ TAU_GUARDED_BY(mu_) = 0;
+  bool watches_paused_ TAU_GUARDED_BY(mu_) = false;
+  int bookmark_interval_ms_ TAU_GUARDED_BY(mu_) = 1000;
+  std::map<std::string, LogStream> logs_ TAU_GUARDED_BY(mu_);  // "ns/pod" -> its log
+  std::string required_token_ TAU_GUARDED_BY(mu_);
+  int failures_left_ TAU_GUARDED_BY(mu_) = 0;
+  int failure_status_ TAU_GUARDED_BY(mu_) = 500;
+  int failure_retry_after_ TAU_GUARDED_BY(mu_) = 0;
+  std::set<std::string> grants_ TAU_GUARDED_BY(mu_);
+  std::vector<RequestRecord> requests_ TAU_GUARDED_BY(mu_);
 };
 
-}  // namespace tau::kubeapi
+}  // namespace tau::testutil

@@ -1,5 +1,5 @@
 // The GPU health agent: verdicts -> node condition and taint, and the publishing loop.
-#include "kubeapi/node_health.h"
+#include "health_agent/node_health.h"
 
 #include <chrono>
 #include <thread>
@@ -10,7 +10,7 @@
 #include "common/clock.h"
 #include "kube/kube.h"
 
-namespace tau::kubeapi {
+namespace tau::health_agent {
 namespace {
 
 using nlohmann::json;
@@ -157,7 +157,7 @@ NodeHealthUpdate ComputeNodeHealth(const health::HealthSnapshot& snapshot, const
   return update;
 }
 
-NodeHealthAgent::NodeHealthAgent(Client* client, NodeHealthAgentOptions options)
+NodeHealthAgent::NodeHealthAgent(kubeapi::Client* client, NodeHealthAgentOptions options)
     : client_(client), options_(std::move(options)) {}
 
 void NodeHealthAgent::Log(const std::string& line) const {
@@ -178,7 +178,7 @@ Result<NodeHealthUpdate> NodeHealthAgent::Publish(const health::HealthSnapshot& 
       json patch = {{"metadata", {{"resourceVersion", version}}},
                     {"spec", {{"taints", update.taints}}}};
       Result<json> patched = client_->MergePatch("v1", "Node", "", options_.node, patch);
-      if (!patched.ok() && IsConflict(patched.status())) {
+      if (!patched.ok() && kubeapi::IsConflict(patched.status())) {
         last = patched.status();
         continue;
       }
@@ -190,7 +190,7 @@ Result<NodeHealthUpdate> NodeHealthAgent::Publish(const health::HealthSnapshot& 
       json patch = {{"metadata", {{"resourceVersion", version}}},
                     {"status", {{"conditions", update.conditions}}}};
       Result<json> patched = client_->MergePatch("v1", "Node", "", options_.node, patch, "status");
-      if (!patched.ok() && IsConflict(patched.status())) {
+      if (!patched.ok() && kubeapi::IsConflict(patched.status())) {
         last = patched.status();
         continue;  // the taint (if any) is in place now; the next try sees it unchanged
       }
@@ -241,4 +241,4 @@ Status NodeHealthAgent::Run(health::GpuMonitor* monitor, int64_t poll_interval_m
   return Status::Ok();
 }
 
-}  // namespace tau::kubeapi
+}  // namespace tau::health_agent

@@ -1,4 +1,4 @@
-// A small HTTP/1.1 server for tau's API, on Unix sockets and TCP.
+// A small HTTP/1.1 server, on Unix sockets and TCP: tau's API, and the test API server.
 //
 // Why not a library: Debian 12's cpp-httplib cannot listen on Unix sockets, and loading it (with
 // the OpenSSL and brotli libraries it pulls in) costs every `tau` process about 8 ms of relocations
@@ -20,10 +20,11 @@
 #include <string_view>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "tls/tls.h"
 
-namespace tau::server {
+namespace tau::http {
 
 // The certificate and key of a TLS listener (PEM files).
 using TlsServerConfig = tls::ServerConfig;
@@ -122,14 +123,11 @@ class HttpServer {
   int tcp_port_ = 0;
   int wake_pipe_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
-  std::mutex mu_;
-  std::condition_variable idle_cv_;
-  int active_connections_ = 0;   // GUARDED_BY(mu_)
-  int local_connections_ = 0;    // GUARDED_BY(mu_): on the Unix socket
-  int network_connections_ = 0;  // GUARDED_BY(mu_): on TCP listeners
+  Mutex mu_;
+  CondVar idle_cv_;
+  int active_connections_ TAU_GUARDED_BY(mu_) = 0;
+  int local_connections_ TAU_GUARDED_BY(mu_) = 0;    // on the Unix socket
+  int network_connections_ TAU_GUARDED_BY(mu_) = 0;  // on TCP listeners
 };
 
-// Percent-decoding ('+' is a space only in query strings).
-std::string PercentDecode(std::string_view s, bool plus_is_space);
-
-}  // namespace tau::server
+}  // namespace tau::http

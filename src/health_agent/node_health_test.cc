@@ -1,6 +1,6 @@
 // The GPU health agent: the pure node condition/taint computation, and one agent pass end to end
 // against the fake API server with the scenario NVML (tests/fake_nvml, docs/fake-nvml.md).
-#include "kubeapi/node_health.h"
+#include "health_agent/node_health.h"
 
 #include <atomic>
 #include <chrono>
@@ -12,10 +12,12 @@
 
 #include "common/clock.h"
 #include "kube/kube.h"
-#include "kubeapi/fake_apiserver.h"
+#include "testing/fake_apiserver.h"
 
-namespace tau::kubeapi {
+namespace tau::health_agent {
 namespace {
+
+using testutil::FakeApiServer;
 
 using nlohmann::json;
 
@@ -166,9 +168,9 @@ class NodeHealthAgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(fake_.Start().ok());
-    ClusterConfig config;
+    kubeapi::ClusterConfig config;
     config.server = fake_.url();
-    auto client = Client::Create(config);
+    auto client = kubeapi::Client::Create(config);
     ASSERT_TRUE(client.ok()) << client.status().ToString();
     client_ = std::move(*client);
     ASSERT_TRUE(client_->Create(Node(json::array({NvidiaTaint()}))).ok());
@@ -182,7 +184,7 @@ class NodeHealthAgentTest : public ::testing::Test {
   json Stored() const { return fake_.Object("v1/nodes", "", "gpu-node-1"); }
 
   FakeApiServer fake_;
-  std::unique_ptr<Client> client_;
+  std::unique_ptr<kubeapi::Client> client_;
 };
 
 TEST_F(NodeHealthAgentTest, TaintsOnUnhealthyGpuAndUntaintsAfterReset) {
@@ -288,12 +290,12 @@ TEST_F(NodeHealthAgentTest, StalePatchIsAConflict) {
                 {"spec", {{"taints", json::array()}}}};
   Result<json> got = client_->MergePatch("v1", "Node", "", "gpu-node-1", stale);
   ASSERT_FALSE(got.ok());
-  EXPECT_TRUE(IsConflict(got.status())) << got.status().ToString();
+  EXPECT_TRUE(kubeapi::IsConflict(got.status())) << got.status().ToString();
   got = client_->MergePatch("v1", "Node", "", "gpu-node-1", stale, "status");
   ASSERT_FALSE(got.ok());
-  EXPECT_TRUE(IsConflict(got.status())) << got.status().ToString();
+  EXPECT_TRUE(kubeapi::IsConflict(got.status())) << got.status().ToString();
   EXPECT_EQ(Stored()["spec"]["taints"], json::array({NvidiaTaint()}));
 }
 
 }  // namespace
-}  // namespace tau::kubeapi
+}  // namespace tau::health_agent

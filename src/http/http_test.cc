@@ -1,7 +1,7 @@
 // The HTTP server's handling of the protocol's edges, over real sockets: framing that could be
 // read two ways, bare-LF requests, HEAD, 405's Allow, header limits, slow clients and connection
 // budgets.
-#include "server/http.h"
+#include "http/http.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-namespace tau::server {
+namespace tau::http {
 namespace {
 
 class HttpTest : public ::testing::Test {
@@ -173,4 +173,4 @@ TEST(HttpListenTest, APathThatIsNotASocketIsLeftAlone) {
 }
 
 }  // namespace
-}  // namespace tau::server
+}  // namespace tau::http

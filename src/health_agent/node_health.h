@@ -23,7 +23,7 @@
 #include "health/health.h"
 #include "kubeapi/kubeapi.h"
 
-namespace tau::kubeapi {
+namespace tau::health_agent {
 
 // The node condition type the agent owns.
 inline constexpr const char* kGpuHealthyCondition = "TauGPUHealthy";
@@ -60,7 +60,7 @@ struct NodeHealthAgentOptions {
 
 class NodeHealthAgent {
  public:
-  NodeHealthAgent(Client* client, NodeHealthAgentOptions options);
+  NodeHealthAgent(kubeapi::Client* client, NodeHealthAgentOptions options);
 
   // One pass: GET the node, compute, and PATCH what changed (spec.taints on the node, the
   // condition list on nodes/NAME/status), each with the node's resourceVersion as a precondition;
@@ -75,8 +75,8 @@ class NodeHealthAgent {
  private:
   void Log(const std::string& line) const;
 
-  Client* client_;
+  kubeapi::Client* client_;
   NodeHealthAgentOptions options_;
 };
 
-}  // namespace tau::kubeapi
+}  // namespace tau::health_agent

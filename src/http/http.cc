@@ -1,4 +1,4 @@
-#include "server/http.h"
+#include "http/http.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -19,9 +19,11 @@
 
 #include <fmt/format.h>
 
+#include "common/mutex.h"
 #include "common/strings.h"
+#include "http/request_parser.h"
 
-namespace tau::server {
+namespace tau::http {
 namespace {
 
 // Per kind of listener: clients on the network cannot take the local CLI's connections.
@@ -185,37 +187,10 @@ class Conn : public ChunkSink {
   std::string buf_;
 };
 
-// Where the header section ends: the first empty line, whether lines end in CRLF or (as RFC 9112
-// lets a server accept) a bare LF. Returns the header text's length and sets `consumed` to the
-// bytes up to the body; npos while the section is incomplete.
-size_t HeaderEnd(const std::string& buf, size_t* consumed) {
-  for (size_t p = buf.find('\n'); p != std::string::npos; p = buf.find('\n', p + 1)) {
-    if (p + 1 < buf.size() && buf[p + 1] == '\n') {
-      *consumed = p + 2;
-      return p;
-    }
-    if (p + 2 < buf.size() && buf[p + 1] == '\r' && buf[p + 2] == '\n') {
-      *consumed = p + 3;
-      return p;
-    }
-  }
-  return std::string::npos;
-}
-
 int64_t SteadyMillis() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-void ParseQuery(std::string_view q, std::map<std::string, std::string>* out) {
-  for (const std::string& pair : Split(q, '&')) {
-    if (pair.empty()) continue;
-    size_t eq = pair.find('=');
-    std::string key = PercentDecode(pair.substr(0, eq), true);
-    std::string value = eq == std::string::npos ? "" : PercentDecode(pair.substr(eq + 1), true);
-    out->emplace(std::move(key), std::move(value));
-  }
 }
 
 }  // namespace
@@ -223,28 +198,6 @@ void ParseQuery(std::string_view q, std::map<std::string, std::string>* out) {
 std::string HttpRequest::get_param_value(const std::string& name) const {
   auto it = params.find(name);
   return it == params.end() ? "" : it->second;
-}
-
-std::string PercentDecode(std::string_view s, bool plus_is_space) {
-  std::string out;
-  out.reserve(s.size());
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
-      out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
-      i += 2;
-    } else if (s[i] == '+' && plus_is_space) {
-      out += ' ';
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
 }
 
 HttpServer::HttpServer() : limits_{kMaxConnections, kHeaderDeadlineMs} {
@@ -351,7 +304,7 @@ void HttpServer::Serve() {
       int conn = ::accept4(listen_fds_[i], nullptr, nullptr, SOCK_CLOEXEC);
       if (conn < 0) continue;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         int& of_kind = listen_is_unix_[i] ? local_connections_ : network_connections_;
         if (of_kind >= limits_.max_connections) {
           // Too many clients: refuse this one rather than let the server fall over.
@@ -431,10 +384,10 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
     conn.EndTls();
     ::shutdown(fd, SHUT_RDWR);
     ::close(fd);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     --(is_unix ? local_connections_ : network_connections_);
     --active_connections_;
-    idle_cv_.notify_all();
+    idle_cv_.SignalAll();
   });
   std::string peer_uid;
   if (is_unix) {
@@ -470,13 +423,19 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
     while ((end = HeaderEnd(buf, &consumed)) == std::string::npos) {
       if (buf.size() > kMaxHeaderBytes) break;
       int64_t left = deadline < 0 ? kIdleTimeoutMs : deadline - SteadyMillis();
-      if (left <= 0) {
+      auto too_slow = [&] {
         reply_error(408, "RequestTimeout",
                     fmt::format("request headers took longer than {} ms", header_deadline_ms));
+      };
+      if (left <= 0) {
+        too_slow();
         keep_alive = false;
         break;
       }
       if (!conn.Fill(static_cast<int>(std::min<int64_t>(left, kIoTimeoutMs)))) {
+        // The deadline may pass while Fill waits: a client that started a request and went quiet
+        // is told so; one that closed, or never started a request, is not.
+        if (deadline >= 0 && SteadyMillis() >= deadline && !conn.ClientGone()) too_slow();
         keep_alive = false;
         break;
       }
@@ -487,79 +446,24 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
       reply_error(431, "RequestTooLarge", "request headers exceed 64 KiB");
       break;
     }
+    RequestHead request_head;
+    HeadError error;
+    bool parsed = ParseRequestHead(std::string_view(buf).substr(0, end), max_body_bytes_,
+                                   &request_head, &error);
+    buf.erase(0, consumed);
+    if (!parsed) {
+      reply_error(error.status, error.code.c_str(), error.message);
+      break;
+    }
+    keep_alive = request_head.keep_alive;
+    const size_t length = request_head.content_length;
     HttpRequest req;
     req.peer_uid = peer_uid;
-    std::vector<std::string> lines = Split(std::string_view(buf).substr(0, end), '\n');
-    buf.erase(0, consumed);
-    for (std::string& l : lines)
-      if (!l.empty() && l.back() == '\r') l.pop_back();
-    std::vector<std::string> parts = Split(lines[0], ' ');
-    if (parts.size() != 3 || !StartsWith(parts[2], "HTTP/1.") || parts[1].empty() ||
-        parts[1][0] != '/') {
-      reply_error(400, "BadRequest", "malformed request line");
-      break;
-    }
-    req.method = parts[0];
-    bool http10 = parts[2] == "HTTP/1.0";
-    size_t q = parts[1].find('?');
-    req.path = PercentDecode(std::string_view(parts[1]).substr(0, q), false);
-    if (q != std::string::npos) ParseQuery(std::string_view(parts[1]).substr(q + 1), &req.params);
-    std::string bad_header;
-    for (size_t i = 1; i < lines.size() && bad_header.empty(); ++i) {
-      size_t colon = lines[i].find(':');
-      if (colon == std::string::npos || colon == 0) {
-        bad_header = "malformed header line";
-        break;
-      }
-      std::string name = lines[i].substr(0, colon);
-      for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      size_t v = colon + 1;
-      while (v < lines[i].size() && (lines[i][v] == ' ' || lines[i][v] == '\t')) ++v;
-      std::string value = lines[i].substr(v);
-      while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.pop_back();
-      auto [it, added] = req.headers.emplace(name, value);
-      if (added) continue;
-      // Two lengths that disagree make the body's end ambiguous (RFC 9112 6.3): a proxy and this
-      // server could split the stream differently. Other repeated fields join as a list.
-      if (name == "content-length" || name == "host") {
-        if (it->second != value)
-          bad_header = "conflicting " + lines[i].substr(0, colon) + " fields";
-      } else {
-        it->second += ", " + value;
-      }
-    }
-    if (!bad_header.empty()) {
-      reply_error(400, "BadRequest", bad_header);
-      break;
-    }
-    std::string connection = req.headers["connection"];
-    for (char& c : connection) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    keep_alive = http10 ? connection == "keep-alive" : connection != "close";
-    // Body.
-    if (req.headers.count("transfer-encoding")) {
-      reply_error(501, "NotImplemented",
-                  "chunked request bodies are not supported; send Content-Length");
-      break;
-    }
-    size_t length = 0;
-    if (auto it = req.headers.find("content-length"); it != req.headers.end()) {
-      char* endp = nullptr;
-      unsigned long long n = std::strtoull(it->second.c_str(), &endp, 10);
-      // Digits only: strtoull would take "-1" as 2^64-1 and " 5" as 5.
-      if (it->second.empty() || it->second.size() > 19 ||
-          it->second.find_first_not_of("0123456789") != std::string::npos || *endp != '\0') {
-        reply_error(400, "BadRequest", "invalid Content-Length");
-        break;
-      }
-      if (n > max_body_bytes_) {
-        reply_error(413, "ResourceExhausted",
-                    fmt::format("request body of {} bytes exceeds the limit of {} bytes", n,
-                                max_body_bytes_));
-        break;
-      }
-      length = static_cast<size_t>(n);
-    }
-    if (length > 0 && req.headers["expect"] == "100-continue" && buf.empty())
+    req.method = std::move(request_head.method);
+    req.path = std::move(request_head.path);
+    req.params = std::move(request_head.params);
+    req.headers = std::move(request_head.headers);
+    if (length > 0 && request_head.expect_continue && buf.empty())
       conn.Send("HTTP/1.1 100 Continue\r\n\r\n");
     bool complete = true;
     const int64_t body_deadline = SteadyMillis() + kIoTimeoutMs +
@@ -628,9 +532,9 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
 void HttpServer::Shutdown(int grace_ms) {
   if (stopping_.exchange(true)) return;
   if (wake_pipe_[1] >= 0) (void)!::write(wake_pipe_[1], "x", 1);
-  std::unique_lock<std::mutex> lock(mu_);
-  idle_cv_.wait_for(lock, std::chrono::milliseconds(grace_ms),
-                    [&] { return active_connections_ == 0; });
+  MutexLock lock(&mu_);
+  idle_cv_.WaitFor(&mu_, std::chrono::milliseconds(grace_ms),
+                   [&]() TAU_REQUIRES(mu_) { return active_connections_ == 0; });
 }
 
-}  // namespace tau::server
+}  // namespace tau::http
