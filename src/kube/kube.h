@@ -145,8 +145,9 @@ struct AttemptObservation {
     kEvicted,    // Kueue took its admission back (preemption, ...): its pods are being stopped
   };
   Phase phase = Phase::kPending;
-  // kFailed and kEvicted: one of tau's failure classes ("OOMKilled", "Evicted", "Preempted",
-  // "NodeLost", "UserError", "SetupError", "Timeout", "GPUError"); "" otherwise.
+  // kFailed and kEvicted: the name of one of tau's failure classes (recovery::FailureClassName:
+  // "OOMKilled", "Evicted", "Preempted", "NodeLost", "UserError", "SetupError", "Timeout",
+  // "GPUError"); "" otherwise.
   std::string failure_class;
   // kPending: Kueue's reason (condition reason, e.g. "Pending") and message ("couldn't assign
   // flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor h200, 2 more

@@ -10,6 +10,7 @@
 #include "common/files.h"
 #include "common/json_text.h"
 #include "common/strings.h"
+#include "recovery/failure_class.h"
 #include "recovery/recovery.h"
 #include "server/controller.h"
 
@@ -333,7 +334,7 @@ void Controller::Requeue(ActiveRun& run, const std::string& message, Batch* batc
   bool had_attempt = r.state == RunState::kRunning;
   r.preemptions += 1;
   ReleaseResources(run);
-  r.reason = "Preempted";
+  r.reason = recovery::FailureClassName(recovery::FailureClass::kPreempted);
   r.message = message;
   r.not_before_ms.reset();
   run.queued_since_ms = NowMillis();

@@ -17,13 +17,16 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/strings.h"
+#include "recovery/failure_class.h"
 #include "recovery/recovery.h"
+#include "recovery/retry.h"
 #include "server/redact.h"
 
 extern char** environ;
 
 namespace tau::server {
 
+using recovery::FailureClass;
 using store::AttemptRecord;
 using store::AttemptState;
 using store::Batch;
@@ -32,6 +35,8 @@ using store::RunRecord;
 using store::RunState;
 
 namespace {
+
+std::string Name(FailureClass c) { return std::string(recovery::FailureClassName(c)); }
 
 // Hands a directory tree to the user a run runs as (symlinks themselves, never their targets).
 Status ChownTree(const std::string& root, uid_t uid, gid_t gid) {
@@ -90,28 +95,23 @@ std::string Plural(int64_t n, const char* one, const char* many) {
 }
 
 // The failure class of a finished attempt (see docs/architecture.md, "Failure classes").
-std::string FailureClass(const runtime::AttemptOutcome& o, bool cancel_requested) {
+FailureClass ClassOf(const runtime::AttemptOutcome& o, bool cancel_requested) {
   switch (o.kind) {
     case runtime::OutcomeKind::kSucceeded:
-      return "Succeeded";
+      return FailureClass::kSucceeded;
     case runtime::OutcomeKind::kSetupFailed:
-      return "SetupError";
+      return FailureClass::kSetupError;
     case runtime::OutcomeKind::kTimedOut:
-      return "Timeout";
+      return FailureClass::kTimeout;
     case runtime::OutcomeKind::kStopped:
-      return cancel_requested ? "Cancelled" : "Evicted";
+      return cancel_requested ? FailureClass::kCancelled : FailureClass::kEvicted;
     case runtime::OutcomeKind::kFailed:
-      return o.oom_killed ? "OOMKilled" : "UserError";
+      return o.oom_killed ? FailureClass::kOOMKilled : FailureClass::kUserError;
   }
-  return "Unknown";
+  return FailureClass::kUnknown;
 }
 
 }  // namespace
-
-bool Controller::PreemptionRequeues(const spec::Resilience& policy) {
-  return !policy.retry_on_set || std::find(policy.retry_on.begin(), policy.retry_on.end(),
-                                           "Preempted") != policy.retry_on.end();
-}
 
 Controller::Controller(ControllerOptions options, store::Store* store, health::GpuInventory gpus)
     : options_(std::move(options)), store_(store), gpus_(std::move(gpus)) {
@@ -431,7 +431,7 @@ Status Controller::Resume(const std::string& name, const std::string& from, bool
   if (r.state == RunState::kSucceeded)
     return FailedPrecondition(
         fmt::format("run '{}' succeeded; `tau rerun {}` starts it again as a new run", name, name));
-  if (r.reason == "OOMKilled" && !force)
+  if (r.reason == Name(FailureClass::kOOMKilled) && !force)
     return FailedPrecondition(
         fmt::format("run '{}' was OOMKilled: another attempt with the same memory will likely die "
                     "the same way. "
@@ -529,7 +529,8 @@ void Controller::Count(const std::string& name, const Labels& labels) {
 }
 
 void Controller::CountAttempt(const AttemptRecord& a) {
-  Count("tau_attempts_total", {{"failure_class", a.reason.empty() ? "Unknown" : a.reason}});
+  Count("tau_attempts_total",
+        {{"failure_class", a.reason.empty() ? Name(FailureClass::kUnknown) : a.reason}});
 }
 
 void Controller::CommitOrDie(Batch batch) {
@@ -606,53 +607,26 @@ void Controller::ReleaseResources(ActiveRun& run) {
   outside_engine_.erase(r.name);
 }
 
-void Controller::FailAttempt(ActiveRun& run, const std::string& failure_class,
-                             const std::string& message, Batch* batch) {
+void Controller::FailAttempt(ActiveRun& run, FailureClass failure_class, const std::string& message,
+                             Batch* batch) {
   RunRecord& r = run.record;
-  const spec::Resilience& policy = run.spec.resilience;
-  const std::vector<std::string>& retry_on =
-      policy.retry_on_set ? policy.retry_on : spec::DefaultRetryOn();
-  int retries_used = std::max(0, r.attempts - 1);
-  // Exponential backoff: initial, 2x, 4x, ... capped at backoff_max.
-  int64_t backoff = policy.backoff_initial_ms;
-  for (int i = 0; i < retries_used && backoff < policy.backoff_max_ms; ++i) backoff *= 2;
-  backoff = std::min(backoff, policy.backoff_max_ms);
-  std::string stop;  // why the policy says stop; "" means retry
-  if (failure_class == "Unknown") {
-    stop = "Unknown failures are never retried";
-  } else if (std::find(retry_on.begin(), retry_on.end(), failure_class) == retry_on.end()) {
-    stop =
-        fmt::format("{} is not in resilience.retry_on [{}]", failure_class, Join(retry_on, ", "));
-  } else if (retries_used >= policy.max_retries) {
-    stop = fmt::format("resilience.max_retries ({}) is used up", policy.max_retries);
-  } else if (policy.max_retry_duration_ms && r.started_ms &&
-             NowMillis() + backoff - *r.started_ms > *policy.max_retry_duration_ms) {
-    // The window bounds when attempts start: a retry that would start after it is not taken.
-    stop = NowMillis() - *r.started_ms > *policy.max_retry_duration_ms
-               ? fmt::format("resilience.max_retry_duration ({}) has passed",
-                             FormatDuration(*policy.max_retry_duration_ms))
-               : fmt::format(
-                     "the retry would start after its {} backoff, past "
-                     "resilience.max_retry_duration ({})",
-                     FormatDuration(backoff), FormatDuration(*policy.max_retry_duration_ms));
-  }
-  if (!stop.empty()) {
-    std::string full = policy.max_retries > 0 || policy.retry_on_set
-                           ? fmt::format("{} (not retried: {})", message, stop)
-                           : message;
-    Finish(run, RunState::kFailed, failure_class, full, batch);
+  const recovery::RetryPolicy policy = spec::RetryPolicyOf(run.spec.resilience);
+  const recovery::AttemptHistory history{r.attempts, r.started_ms};
+  const int64_t now = NowMillis();
+  const recovery::RetryDecision decision = recovery::Decide(policy, history, failure_class, now);
+  if (!decision.retry) {
+    Finish(run, RunState::kFailed, Name(failure_class),
+           recovery::StopMessage(policy, decision, message), batch);
     return;
   }
   ReleaseResources(run);
-  r.reason = failure_class;
+  r.reason = Name(failure_class);
   r.message = message;
-  r.not_before_ms = NowMillis() + backoff;
+  r.not_before_ms = now + decision.backoff_ms;
   run.queued_since_ms = *r.not_before_ms;
-  Transition(
-      run, RunState::kQueued, "Retrying",
-      fmt::format("attempt {} failed ({}); retry {} of {} after {} backoff", r.attempts,
-                  failure_class, retries_used + 1, policy.max_retries, FormatDuration(backoff)),
-      batch, {{"failure_class", failure_class}, {"backoff_ms", backoff}});
+  Transition(run, RunState::kQueued, "Retrying",
+             recovery::RetryingMessage(policy, history, failure_class, decision), batch,
+             {{"failure_class", Name(failure_class)}, {"backoff_ms", decision.backoff_ms}});
   batch->runs.push_back(r);
 }
 
@@ -734,7 +708,8 @@ void Controller::Recover(Batch* batch, const std::set<AttemptKey>& on_cluster) {
     if (!loaded.ok()) {
       ActiveRun broken;
       broken.record = record;
-      Finish(broken, RunState::kFailed, "Unknown", loaded.status().message(), batch);
+      Finish(broken, RunState::kFailed, Name(FailureClass::kUnknown), loaded.status().message(),
+             batch);
       continue;
     }
     ActiveRun& run = active_[record.name] = std::move(*loaded);
@@ -1053,12 +1028,12 @@ runtime::EnvList Controller::BaseEnv() const {
   return env;
 }
 
-void Controller::FailStart(ActiveRun& run, AttemptRecord a, const std::string& reason,
+void Controller::FailStart(ActiveRun& run, AttemptRecord a, FailureClass reason,
                            const std::string& message, Batch* batch) {
   a.state = AttemptState::kFinished;
   a.ended_ms = NowMillis();
   a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
-  a.reason = reason;
+  a.reason = Name(reason);
   a.message = message;
   batch->attempts.push_back(a);
   CountAttempt(a);
@@ -1099,7 +1074,7 @@ std::optional<Controller::StartingAttempt> Controller::PrepareAttempt(const std:
   a.dir = AttemptDir(name, number);
   a.gpus = r.gpus;
   a.started_ms = NowMillis();
-  auto fail = [&](const std::string& reason,
+  auto fail = [&](FailureClass reason,
                   const std::string& message) -> std::optional<StartingAttempt> {
     FailStart(run, a, reason, message, batch);
     return std::nullopt;
@@ -1130,20 +1105,20 @@ std::optional<Controller::StartingAttempt> Controller::PrepareAttempt(const std:
     EndPartialLine(ctx.metrics_file);
   }
   for (const std::string& dir : {ctx.checkpoint_dir, ctx.output_dir, a.dir}) {
-    if (Status s = MakeDirs(dir); !s.ok()) return fail("SetupError", s.message());
+    if (Status s = MakeDirs(dir); !s.ok()) return fail(FailureClass::kSetupError, s.message());
   }
   if (!PathExists(ctx.work_dir)) {
     if (Status s = CopySnapshot(r.snapshot_dir, ctx.work_dir); !s.ok())
-      return fail("SetupError", s.message());
+      return fail(FailureClass::kSetupError, s.message());
   }
   // Secret values exist only in the workers' environment (and the attempt's config, in memory, or
   // in a file of mode 0600 for a shim that is exec'd): never in the spec, the store's run records,
   // events or evidence.
   spec::RunSpec launch_spec = run.spec;
   if (Status s = CheckSecrets(run.spec, r.workspace, &launch_spec); !s.ok())
-    return fail("SecretNotFound", s.message());
+    return fail(FailureClass::kSecretNotFound, s.message());
   auto workers = runtime::PlanLaunch(launch_spec, ctx);
-  if (!workers.ok()) return fail("SetupError", workers.status().message());
+  if (!workers.ok()) return fail(FailureClass::kSetupError, workers.status().message());
   runtime::AttemptConfig config;
   config.run_name = name;
   config.attempt = number;
@@ -1152,7 +1127,8 @@ std::optional<Controller::StartingAttempt> Controller::PrepareAttempt(const std:
   config.workers = std::move(*workers);
   config.pip = run.spec.runtime.pip;
   config.venv_cache_dir = VenvCacheDir(std::nullopt);
-  if (Status s = RunAsSubmitter(r, ctx, &config); !s.ok()) return fail("SetupError", s.message());
+  if (Status s = RunAsSubmitter(r, ctx, &config); !s.ok())
+    return fail(FailureClass::kSetupError, s.message());
   if (run.need.memory_bytes > 0) config.memory_limit_bytes = run.need.memory_bytes;
   if (run.need.cpu_milli > 0) config.cpu_limit_milli = run.need.cpu_milli;
   config.max_runtime_ms = run.spec.max_runtime_ms;
@@ -1167,7 +1143,8 @@ void Controller::AttemptStarted(StartingAttempt s, const Result<runtime::Process
   RunRecord& r = run.record;
   AttemptRecord& a = s.attempt;
   const int number = a.number;
-  if (!shim.ok()) return FailStart(run, std::move(a), "SetupError", shim.status().message(), batch);
+  if (!shim.ok())
+    return FailStart(run, std::move(a), FailureClass::kSetupError, shim.status().message(), batch);
   run.shim = *shim;
   a.state = AttemptState::kRunning;
   a.shim_pid = shim->pid;
@@ -1246,48 +1223,53 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   a.state = AttemptState::kFinished;
   a.ended_ms = NowMillis();
   // Why the server stopped the attempt, if it did: that, not how the processes ended, classes it.
-  std::string stop_reason, stop_message;
+  std::optional<FailureClass> stop_reason;
+  std::string stop_message;
   if (r.cancel_requested) {
-    stop_reason = "Cancelled";
+    stop_reason = FailureClass::kCancelled;
   } else if (!run.preempted_by.empty()) {
     // Stopped to make room for a run the admission engine chose over it.
-    stop_reason = "Preempted";
+    stop_reason = FailureClass::kPreempted;
     stop_message = fmt::format("preempted by {} ({})", run.preempted_by, run.preemption_reason);
   } else if (!run.gpu_error.empty()) {
     // Stopped (or crashed) because its GPU failed: not the job's fault.
-    stop_reason = "GPUError";
+    stop_reason = FailureClass::kGPUError;
     stop_message = run.gpu_error;
   }
   run.gpu_error.clear();
   run.preempted_by.clear();
   run.preemption_reason.clear();
+  const bool preemption_requeues =
+      recovery::PreemptionRequeues(spec::RetryPolicyOf(run.spec.resilience));
   if (!outcome.ok()) {
     // The supervisor died without a result (killed from outside, or by us when it would not
     // stop): make sure nothing of it survives.
     (void)runtime::StopAttempt({a.shim_pid, a.shim_start_time}, a.dir);
+    const FailureClass cls = stop_reason.value_or(FailureClass::kNodeLost);
     a.outcome = "Lost";
-    a.reason = stop_reason.empty() ? "NodeLost" : stop_reason;
+    a.reason = Name(cls);
     a.message = stop_message.empty() ? "the attempt's supervisor exited without recording a result"
                                      : stop_message;
     batch->attempts.push_back(a);
     CountAttempt(a);
-    if (a.reason == "Cancelled")
+    if (cls == FailureClass::kCancelled)
       Finish(run, RunState::kCancelled, a.reason, "cancelled by request", batch);
-    else if (a.reason == "Preempted" && PreemptionRequeues(run.spec.resilience))
+    else if (cls == FailureClass::kPreempted && preemption_requeues)
       Requeue(run, a.message, batch);
     else
-      FailAttempt(run, a.reason, a.message, batch);
+      FailAttempt(run, cls, a.message, batch);
     return;
   }
   const runtime::AttemptOutcome& o = *outcome;
+  FailureClass cls = ClassOf(o, r.cancel_requested);
   a.outcome = runtime::OutcomeKindName(o.kind);
-  a.reason = FailureClass(o, r.cancel_requested);
   a.message = o.message;
-  if (!stop_reason.empty() && stop_reason != "Cancelled" &&
+  if (stop_reason && *stop_reason != FailureClass::kCancelled &&
       o.kind != runtime::OutcomeKind::kSucceeded) {
-    a.reason = stop_reason;
+    cls = *stop_reason;
     a.message = stop_message;
   }
+  a.reason = Name(cls);
   // An attempt whose setup failed never ran the job: it has no exit code (a 0 would read as a
   // success to scripts).
   if (o.kind != runtime::OutcomeKind::kSetupFailed &&
@@ -1295,13 +1277,14 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
     a.exit_code = o.exit_code;
   if (o.signal) a.signal = o.signal;
   a.ended_ms = o.ended_ms ? o.ended_ms : NowMillis();
-  if (o.kind != runtime::OutcomeKind::kSucceeded && a.reason != "Cancelled" &&
-      a.reason != "Preempted") {
+  if (o.kind != runtime::OutcomeKind::kSucceeded && cls != FailureClass::kCancelled &&
+      cls != FailureClass::kPreempted) {
     // The first failed transition and what the logs say about it.
     const std::string phase = o.kind == runtime::OutcomeKind::kSetupFailed
                                   ? "Running: setup failed before the job started"
-                              : a.reason == "GPUError" ? "Running: stopped because " + a.message
-                                                       : "Running: the job failed while running";
+                              : cls == FailureClass::kGPUError
+                                  ? "Running: stopped because " + a.message
+                                  : "Running: the job failed while running";
     a.diagnosis = DiagnosisJson(a.dir, o.workers.size(), phase);
   }
   batch->attempts.push_back(a);
@@ -1309,13 +1292,15 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   r.exit_code = a.exit_code;
   r.signal = a.signal;
   if (o.kind == runtime::OutcomeKind::kSucceeded) {
-    Finish(run, RunState::kSucceeded, "Succeeded", "all processes exited with code 0", batch);
-  } else if (a.reason == "Cancelled") {
-    Finish(run, RunState::kCancelled, "Cancelled", "cancelled by request", batch);
-  } else if (a.reason == "Preempted" && PreemptionRequeues(run.spec.resilience)) {
+    Finish(run, RunState::kSucceeded, Name(FailureClass::kSucceeded),
+           "all processes exited with code 0", batch);
+  } else if (cls == FailureClass::kCancelled) {
+    Finish(run, RunState::kCancelled, Name(FailureClass::kCancelled), "cancelled by request",
+           batch);
+  } else if (cls == FailureClass::kPreempted && preemption_requeues) {
     Requeue(run, a.message, batch);
   } else {
-    FailAttempt(run, a.reason, a.message, batch);
+    FailAttempt(run, cls, a.message, batch);
   }
 }
 
@@ -1324,11 +1309,11 @@ void Controller::LoseAttempt(ActiveRun& run, AttemptRecord attempt, const std::s
   attempt.state = AttemptState::kFinished;
   attempt.ended_ms = NowMillis();
   attempt.outcome = "Lost";
-  attempt.reason = "NodeLost";
+  attempt.reason = Name(FailureClass::kNodeLost);
   attempt.message = message;
   batch->attempts.push_back(attempt);
   CountAttempt(attempt);
-  FailAttempt(run, attempt.reason, message, batch);
+  FailAttempt(run, FailureClass::kNodeLost, message, batch);
 }
 
 void Controller::MaskSecretsInLogs(const ActiveRun& run, const AttemptRecord& a) {
@@ -1349,7 +1334,7 @@ void Controller::HandleCancel(const std::string& name, Batch* batch) {
   r.cancel_requested = true;
   if (options_.cluster) return CancelOnCluster(run, batch);
   if (r.state == RunState::kQueued || (r.state == RunState::kAdmitted && !run.shim)) {
-    Finish(run, RunState::kCancelled, "Cancelled",
+    Finish(run, RunState::kCancelled, Name(FailureClass::kCancelled),
            r.attempts == 0 ? "cancelled before it started"
                            : fmt::format("cancelled before attempt {} started", r.attempts + 1),
            batch);

@@ -21,6 +21,7 @@
 #include "evidence/evidence.h"
 #include "health/health.h"
 #include "policy/policy.h"
+#include "recovery/failure_class.h"
 #include "runtime/runtime.h"
 #include "server/cluster.h"
 #include "server/metrics.h"
@@ -215,7 +216,7 @@ class Controller {
                                                 store::Batch* batch);
   void AttemptStarted(StartingAttempt s, const Result<runtime::ProcessId>& shim,
                       store::Batch* batch);
-  void FailStart(ActiveRun& run, store::AttemptRecord a, const std::string& reason,
+  void FailStart(ActiveRun& run, store::AttemptRecord a, recovery::FailureClass reason,
                  const std::string& message, store::Batch* batch);
   void HandleExit(const std::string& name, store::Batch* batch);
   void HandleCancel(const std::string& name, store::Batch* batch);
@@ -246,14 +247,12 @@ class Controller {
   // What the logs of a failed attempt say about why (its ranks' log tails).
   static nlohmann::json DiagnosisJson(const std::string& attempt_dir, size_t ranks,
                                       const std::string& phase);
-  // A preempted run goes back to its queue, as in Kueue, without using up
-  // resilience.max_retries: preemption is the platform's decision, not the run's failure. Only a
-  // spec whose retry_on leaves Preempted out asks to fail instead.
-  static bool PreemptionRequeues(const spec::Resilience& policy);
   void Finish(ActiveRun& run, store::RunState state, const std::string& reason,
               const std::string& message, store::Batch* batch);
-  // A failed attempt: retried when the spec's resilience policy allows it, else the run fails.
-  void FailAttempt(ActiveRun& run, const std::string& failure_class, const std::string& message,
+  // A failed attempt: retried when the spec's resilience policy allows it (recovery::Decide), else
+  // the run fails. A preempted run goes back to its queue instead (Requeue) unless its retry_on
+  // leaves Preempted out (recovery::PreemptionRequeues).
+  void FailAttempt(ActiveRun& run, recovery::FailureClass failure_class, const std::string& message,
                    store::Batch* batch);
   void ReleaseResources(ActiveRun& run);
   int64_t NextWakeMillis() const;

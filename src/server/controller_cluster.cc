@@ -6,6 +6,8 @@
 
 #include "common/clock.h"
 #include "common/files.h"
+#include "recovery/failure_class.h"
+#include "recovery/retry.h"
 #include "server/controller.h"
 
 namespace tau::server {
@@ -16,6 +18,13 @@ using store::Batch;
 using store::RunRecord;
 using store::RunState;
 using Phase = kube::AttemptObservation::Phase;
+using recovery::FailureClass;
+
+namespace {
+
+std::string Name(FailureClass c) { return std::string(recovery::FailureClassName(c)); }
+
+}  // namespace
 
 void Controller::RecoverOnCluster(ActiveRun& run, const std::set<AttemptKey>& existing,
                                   Batch* batch) {
@@ -148,12 +157,12 @@ void Controller::LaunchOnCluster(const std::string& name, Batch* batch) {
   a.state = AttemptState::kFinished;
   a.ended_ms = NowMillis();
   a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
-  a.reason = "SetupError";
+  a.reason = Name(FailureClass::kSetupError);
   a.message = fmt::format("the cluster refused the attempt: {}", s.message());
   batch->attempts.push_back(a);
   CountAttempt(a);
   run.cluster_attempt = 0;
-  FailAttempt(run, a.reason, a.message, batch);
+  FailAttempt(run, FailureClass::kSetupError, a.message, batch);
 }
 
 void Controller::HandleClusterNews(const ClusterNews& news, Batch* batch) {
@@ -232,18 +241,20 @@ void Controller::EndClusterAttempt(ActiveRun& run, const kube::AttemptObservatio
   run.cluster_pending = nullptr;
   if (o.phase == Phase::kSucceeded) {
     a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSucceeded);
-    a.reason = "Succeeded";
+    a.reason = Name(FailureClass::kSucceeded);
     if (!a.exit_code) a.exit_code = 0;
     batch->attempts.push_back(a);
     CountAttempt(a);
     r.exit_code = a.exit_code;
-    Finish(run, RunState::kSucceeded, "Succeeded", "the attempt completed on the cluster", batch);
+    Finish(run, RunState::kSucceeded, a.reason, "the attempt completed on the cluster", batch);
     return;
   }
   a.outcome = runtime::OutcomeKindName(o.phase == Phase::kEvicted ? runtime::OutcomeKind::kStopped
                                                                   : runtime::OutcomeKind::kFailed);
-  a.reason = o.failure_class.empty() ? "Unknown" : o.failure_class;
-  if (a.reason != "Preempted")
+  const FailureClass cls =
+      recovery::ParseFailureClass(o.failure_class).value_or(FailureClass::kUnknown);
+  a.reason = Name(cls);
+  if (cls != FailureClass::kPreempted)
     a.diagnosis = DiagnosisJson(a.dir, std::max(1, run.spec.compute.workers),
                                 "Running: the job failed on the cluster");
   batch->attempts.push_back(a);
@@ -256,10 +267,11 @@ void Controller::EndClusterAttempt(ActiveRun& run, const kube::AttemptObservatio
       std::fprintf(stderr, "tau server: run %s: deleting evicted attempt %d: %s\n", r.name.c_str(),
                    number, s.ToString().c_str());
   }
-  if (a.reason == "Preempted" && PreemptionRequeues(run.spec.resilience)) {
+  if (cls == FailureClass::kPreempted &&
+      recovery::PreemptionRequeues(spec::RetryPolicyOf(run.spec.resilience))) {
     Requeue(run, a.message.empty() ? "preempted by Kueue" : a.message, batch);
   } else {
-    FailAttempt(run, a.reason, a.message, batch);
+    FailAttempt(run, cls, a.message, batch);
   }
 }
 
@@ -282,14 +294,14 @@ void Controller::CancelOnCluster(ActiveRun& run, Batch* batch) {
       a.state = AttemptState::kFinished;
       a.ended_ms = NowMillis();
       a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kStopped);
-      a.reason = "Cancelled";
+      a.reason = Name(FailureClass::kCancelled);
       a.message = "cancelled: its Kubernetes objects were deleted";
       batch->attempts.push_back(a);
       CountAttempt(a);
     }
     run.cluster_attempt = 0;
   }
-  Finish(run, RunState::kCancelled, "Cancelled",
+  Finish(run, RunState::kCancelled, Name(FailureClass::kCancelled),
          r.started_ms ? "cancelled by request; its Kubernetes objects were deleted"
                       : "cancelled before it started",
          batch);

@@ -25,6 +25,7 @@
 #include "common/files.h"
 #include "common/json_text.h"
 #include "common/mutex.h"
+#include "recovery/failure_class.h"
 #include "server/snapshot.h"
 
 namespace tau::server {
@@ -371,7 +372,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
           kube::ObserveAttempt(t.object, kube::OwnedWorkload(t.object, workloads), t.pods);
       if (!news.observed.Terminal()) {
         news.observed.phase = kube::AttemptObservation::Phase::kFailed;
-        news.observed.failure_class = "Unknown";
+        news.observed.failure_class = recovery::FailureClassName(recovery::FailureClass::kUnknown);
         news.observed.message = fmt::format("its {} {} was deleted outside tau",
                                             Str(t.object, "kind"), NsName(t.object));
       }

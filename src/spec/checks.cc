@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <optional>
 
 #include "common/strings.h"
+#include "recovery/failure_class.h"
 
 namespace tau::spec::internal {
 namespace {
@@ -238,13 +240,15 @@ void SetRetryOn(Ctx& c, const Value& v) {
     const std::string& item = v.list[i];
     std::string path = fmt::format("{}[{}]", v.path, i);
     Pos pos = v.list_pos[i];
-    if (item == "Unknown") {
+    const std::optional<recovery::FailureClass> cls = recovery::ParseFailureClass(item);
+    const std::vector<recovery::FailureClass>& retryable = recovery::RetryableFailureClasses();
+    if (cls == recovery::FailureClass::kUnknown) {
       c.Error(pos, path + ": 'Unknown' is never retried: tau cannot tell whether a retry is safe");
-    } else if (item == "Cancelled") {
+    } else if (cls == recovery::FailureClass::kCancelled) {
       c.Error(pos, path + ": 'Cancelled' is not retryable: a cancelled run stays cancelled");
-    } else if (item == "Succeeded") {
+    } else if (cls == recovery::FailureClass::kSucceeded) {
       c.Error(pos, path + ": 'Succeeded' is not a failure class");
-    } else if (std::find(allowed.begin(), allowed.end(), item) == allowed.end()) {
+    } else if (!cls || std::find(retryable.begin(), retryable.end(), *cls) == retryable.end()) {
       std::string close = Suggest(item, allowed);
       c.Error(pos, fmt::format("{}: unknown failure class '{}'{}; allowed: {}", path, item,
                                close.empty() ? "" : fmt::format(" (did you mean '{}'?)", close),

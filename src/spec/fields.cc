@@ -7,6 +7,7 @@
 #include "common/hash.h"
 #include "common/json_text.h"
 #include "common/strings.h"
+#include "recovery/failure_class.h"
 #include "spec/checks.h"
 #include "spec/walk.h"
 
@@ -453,9 +454,8 @@ const std::vector<std::string>& Topologies() {
 }
 
 const std::vector<std::string>& RetryableFailureClasses() {
-  static const auto* values =
-      new std::vector<std::string>{"UserError", "OOMKilled", "Preempted", "Evicted",
-                                   "GPUError",  "NodeLost",  "Timeout",   "SetupError"};
+  static const auto* values = new std::vector<std::string>(
+      recovery::FailureClassNames(recovery::RetryableFailureClasses()));
   return *values;
 }
 

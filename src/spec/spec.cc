@@ -26,6 +26,18 @@ const char* ShapeName(Shape shape) { return shape == Shape::kManifest ? "manifes
 
 const char* WorkloadKindName(WorkloadKind k) { return k == WorkloadKind::kJob ? "job" : "rayjob"; }
 
+recovery::RetryPolicy RetryPolicyOf(const Resilience& resilience) {
+  recovery::RetryPolicy policy;
+  policy.max_retries = resilience.max_retries;
+  policy.retry_on_set = resilience.retry_on_set;
+  for (const std::string& name : resilience.retry_on)
+    if (auto cls = recovery::ParseFailureClass(name)) policy.retry_on.push_back(*cls);
+  policy.backoff_initial_ms = resilience.backoff_initial_ms;
+  policy.backoff_max_ms = resilience.backoff_max_ms;
+  policy.max_retry_duration_ms = resilience.max_retry_duration_ms;
+  return policy;
+}
+
 std::string Diagnostic::ToString() const {
   std::string where = file;
   if (line > 0) {

@@ -17,6 +17,8 @@
 
 #include "common/quantity.h"
 #include "common/status.h"
+#include "recovery/failure_class.h"
+#include "recovery/retry.h"
 
 namespace tau::spec {
 
@@ -79,11 +81,12 @@ struct Storage {
   std::vector<ImageAsset> image_assets;
 };
 
-// Failure classes retried when a spec does not say `retry_on`: the ones that are not the job's own
-// fault.
+// Failure classes retried when a spec does not say `retry_on` (recovery::DefaultRetryOn, by
+// name): the ones that are not the job's own fault.
 inline const std::vector<std::string>& DefaultRetryOn() {
-  static const std::vector<std::string> kDefault = {"Preempted", "Evicted", "GPUError", "NodeLost"};
-  return kDefault;
+  static const auto* names =
+      new std::vector<std::string>(recovery::FailureClassNames(recovery::DefaultRetryOn()));
+  return *names;
 }
 
 struct Resilience {
@@ -95,6 +98,9 @@ struct Resilience {
   std::optional<int64_t> max_retry_duration_ms;
   std::string checkpoint_path;
 };
+
+// The retry policy of a spec's resilience (retry_on as classes; the spec validated their names).
+recovery::RetryPolicy RetryPolicyOf(const Resilience& resilience);
 
 struct Experiment {
   std::string project, name, group;

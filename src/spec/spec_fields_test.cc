@@ -305,6 +305,34 @@ TEST(SpecResilience, RetryOn) {
   EXPECT_NE(err("Evicted, Evicted").find("resilience.retry_on[1]: 'Evicted' is listed twice"),
             std::string::npos);
   EXPECT_NE(err("Completed").find("unknown failure class 'Completed'"), std::string::npos);
+  // A class the controller gives but retry_on does not take.
+  EXPECT_NE(err("SecretNotFound")
+                .find("unknown failure class 'SecretNotFound'; allowed: UserError, OOMKilled, "
+                      "Preempted, Evicted, GPUError, NodeLost, Timeout, SetupError"),
+            std::string::npos);
+}
+
+TEST(SpecResilience, RetryPolicyOfUsesRecoverysClasses) {
+  EXPECT_EQ(DefaultRetryOn(),
+            (std::vector<std::string>{"Preempted", "Evicted", "GPUError", "NodeLost"}));
+  recovery::RetryPolicy plain = RetryPolicyOf(MustParse(Manifest("")).resilience);
+  EXPECT_FALSE(plain.retry_on_set);
+  EXPECT_TRUE(plain.retry_on.empty());
+  EXPECT_EQ(plain.EffectiveRetryOn(), recovery::DefaultRetryOn());
+  EXPECT_EQ(plain.backoff_initial_ms, 30'000);
+  EXPECT_EQ(plain.backoff_max_ms, 300'000);
+  EXPECT_FALSE(plain.max_retry_duration_ms.has_value());
+  recovery::RetryPolicy p = RetryPolicyOf(
+      MustParse(Manifest("resilience:\n  max_retries: 3\n  retry_on: [Timeout, OOMKilled]\n  "
+                         "backoff_initial: 1s\n  backoff_max: 8s\n  max_retry_duration: 1h\n"))
+          .resilience);
+  EXPECT_EQ(p.max_retries, 3);
+  EXPECT_TRUE(p.retry_on_set);
+  EXPECT_EQ(p.retry_on, (std::vector<recovery::FailureClass>{recovery::FailureClass::kTimeout,
+                                                             recovery::FailureClass::kOOMKilled}));
+  EXPECT_EQ(p.backoff_initial_ms, 1'000);
+  EXPECT_EQ(p.backoff_max_ms, 8'000);
+  EXPECT_EQ(p.max_retry_duration_ms, 3'600'000);
 }
 
 TEST(SpecResilience, DurationsAndRetries) {
