@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/event_chain.h"
 #include "common/files.h"
 #include "common/hash.h"
 #include "common/status.h"
@@ -31,6 +32,18 @@ TEST(StatusTest, PropagatesErrors) {
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status().ToString(), "InvalidArgument: odd");
   EXPECT_EQ(r.status().WithContext("x").message(), "x: odd");
+}
+
+// Pins the event chain's formula: every stored chain was hashed with it, so a change fails here
+// before it makes the chains already written unverifiable. The values were computed independently
+// (sha256 of prev + "\n" + the compact, key-sorted JSON of the event).
+TEST(EventChainTest, KnownHashes) {
+  std::string first = EventHash("demo-1", 1700000000123, "Submitted", "submitted by alice",
+                                nlohmann::json::object(), "");
+  EXPECT_EQ(first, "2af2bd94e101727b8b0d6d57cf68ef9c979c413437b8c9606c6da43365cf846e");
+  nlohmann::json data = {{"reason", "OOMKilled"}, {"exit_code", 137}, {"attempt", 1}};
+  EXPECT_EQ(EventHash("demo-1", 1700000000456, "Failed", "attempt 1 failed: exit 137", data, first),
+            "ca9995da1c4a2a31f1d7769aabc7198dc9190a4b1fd71437248a677c45988603");
 }
 
 TEST(ClockTest, Rfc3339RoundTrip) {
