@@ -312,8 +312,10 @@ void RegisterApi(HttpServer* http, Controller* controller, store::Store* store,
   RegisterIdentityApi(api, controller, store);
 
   api->Route("GET", "/api/v1/version", Access::kSignedIn,
-             [](const HttpRequest&, HttpResponse& res) {
-               Reply(res, 200, {{"version", Version()}, {"api", "v1"}, {"backend", "local"}});
+             [controller](const HttpRequest&, HttpResponse& res) {
+               Reply(
+                   res, 200,
+                   {{"version", Version()}, {"api", "v1"}, {"backend", controller->BackendName()}});
              });
   api->Route("GET", "/api/v1/healthz", Access::kPublic, [](const HttpRequest&, HttpResponse& res) {
     Reply(res, 200, {{"ok", true}});
