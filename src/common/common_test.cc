@@ -46,6 +46,23 @@ TEST(EventChainTest, KnownHashes) {
             "ca9995da1c4a2a31f1d7769aabc7198dc9190a4b1fd71437248a677c45988603");
 }
 
+TEST(StatusTest, EveryCodeNameParsesBackToItsCode) {
+  std::vector<std::string> names;
+  for (int i = static_cast<int>(StatusCode::kOk); i <= static_cast<int>(StatusCode::kIo); ++i) {
+    auto code = static_cast<StatusCode>(i);
+    std::string name = StatusCodeName(code);
+    EXPECT_NE(name, "Unknown") << i;
+    EXPECT_EQ(ParseStatusCode(name), code) << name;
+    for (const std::string& other : names) EXPECT_NE(name, other);
+    names.push_back(name);
+  }
+  EXPECT_EQ(ParseStatusCode("NotFound"), StatusCode::kNotFound);
+  EXPECT_EQ(ParseStatusCode("IoError"), StatusCode::kIo);
+  EXPECT_EQ(ParseStatusCode("Unknown"), std::nullopt);
+  EXPECT_EQ(ParseStatusCode("notfound"), std::nullopt);
+  EXPECT_EQ(ParseStatusCode(""), std::nullopt);
+}
+
 TEST(ClockTest, Rfc3339RoundTrip) {
   auto t = ParseRfc3339("2026-01-02T15:04:05Z");
   ASSERT_TRUE(t.ok());
