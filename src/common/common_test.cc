@@ -6,6 +6,7 @@
 #include "common/event_chain.h"
 #include "common/files.h"
 #include "common/hash.h"
+#include "common/layout.h"
 #include "common/status.h"
 #include "common/strings.h"
 
@@ -61,6 +62,29 @@ TEST(StatusTest, EveryCodeNameParsesBackToItsCode) {
   EXPECT_EQ(ParseStatusCode("Unknown"), std::nullopt);
   EXPECT_EQ(ParseStatusCode("notfound"), std::nullopt);
   EXPECT_EQ(ParseStatusCode(""), std::nullopt);
+}
+
+// The layout of TAU_HOME is an installed server's state: a path that moves loses what is there.
+TEST(LayoutTest, EveryPathUnderTheHome) {
+  const std::string h = "/var/lib/tau";
+  EXPECT_EQ(layout::StoreFile(h), "/var/lib/tau/tau.db");
+  EXPECT_EQ(layout::SocketPath(h), "/var/lib/tau/tau.sock");
+  EXPECT_EQ(layout::LockFile(h), "/var/lib/tau/server.lock");
+  EXPECT_EQ(layout::PidFile(h), "/var/lib/tau/server.pid");
+  EXPECT_EQ(layout::ServerLog(h), "/var/lib/tau/server.log");
+  EXPECT_EQ(layout::PlatformFile(h), "/var/lib/tau/platform.yaml");
+  EXPECT_EQ(layout::SnapshotsDir(h), "/var/lib/tau/snapshots");
+  EXPECT_EQ(layout::VenvsDir(h), "/var/lib/tau/venvs");
+  EXPECT_EQ(layout::VenvsDir(h, 1001), "/var/lib/tau/venvs/uid-1001");
+  EXPECT_EQ(layout::RunsDir(h), "/var/lib/tau/runs");
+  EXPECT_EQ(layout::RunDir(h, "demo-1"), "/var/lib/tau/runs/demo-1");
+  EXPECT_EQ(layout::WorkDir(layout::RunDir(h, "demo-1")), "/var/lib/tau/runs/demo-1/work");
+  EXPECT_EQ(layout::AttemptDir(h, "demo-1", 2), "/var/lib/tau/runs/demo-1/attempts/2");
+  EXPECT_EQ(layout::EvidenceDir(h, "demo-1"), "/var/lib/tau/runs/demo-1/evidence");
+  EXPECT_EQ(layout::MetricsFile(layout::RunDir(h, "demo-1")),
+            "/var/lib/tau/runs/demo-1/metrics.jsonl");
+  EXPECT_EQ(layout::MetricsFile(layout::EvidenceDir(h, "demo-1")),
+            "/var/lib/tau/runs/demo-1/evidence/metrics.jsonl");
 }
 
 TEST(ClockTest, Rfc3339RoundTrip) {
