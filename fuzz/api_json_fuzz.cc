@@ -24,7 +24,7 @@ using tau::server::SubmitRequest;
 
 json Encode(const SubmitRequest& req) {
   json files = json::array();
-  for (const tau::server::CodeFile& f : req.code)
+  for (const tau::CodeFile& f : req.code)
     files.push_back({{"path", f.path}, {"mode", f.mode}, {"data", tau::Base64Encode(f.data)}});
   return {{"spec", {{"yaml", req.spec_yaml}, {"file", req.spec_file}}},
           {"code", {{"files", files}}}};
@@ -37,7 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   auto submit = tau::server::ParseSubmitBody(body);
   if (submit.ok()) {
-    for (const tau::server::CodeFile& f : submit->code) {
+    for (const tau::CodeFile& f : submit->code) {
       auto decoded = tau::Base64Decode(tau::Base64Encode(f.data));
       TAU_FUZZ_CHECK(decoded.ok() && *decoded == f.data);
     }

@@ -6,15 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "common/code_file.h"
 #include "common/status.h"
 
 namespace tau::cli {
-
-struct CodeFile {
-  std::string path;  // relative to the code directory, '/'-separated
-  int mode = 0644;
-  std::string data;
-};
 
 struct CodeWalk {
   std::vector<CodeFile> files;  // in a stable (sorted) order

@@ -13,6 +13,7 @@
 #include "cli/connect.h"
 #include "common/files.h"
 #include "common/json_text.h"
+#include "common/layout.h"
 #include "common/strings.h"
 #include "health/health.h"
 #include "policy/policy.h"
@@ -417,7 +418,7 @@ int CmdExplain(const std::string& spec_file, std::string platform_file, const st
     return kExitInvalid;
   }
   policy::Platform platform;
-  std::string applied = TauHome() + "/platform.yaml";
+  std::string applied = layout::PlatformFile(TauHome());
   if (platform_file.empty() && PathExists(applied)) {
     // The platform the local server uses (`tau platform apply` wrote it there).
     platform_file = applied;

@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/layout.h"
 #include "runtime/runtime.h"
 
 extern char** environ;
@@ -28,7 +29,7 @@ constexpr int kStartTimeoutMs = 15000;
 Status SpawnLocalServer(const std::string& home) {
   TAU_RETURN_IF_ERROR(MakeDirs(home, 0700));
   std::string exe = runtime::SelfExecutable();
-  std::string log = home + "/server.log";
+  std::string log = layout::ServerLog(home);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
@@ -123,7 +124,7 @@ Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& s
   }
   std::string home = TauHome();
   client::Endpoint local;
-  local.path = home + "/tau.sock";
+  local.path = layout::SocketPath(home);
   // A token on the local socket signs in as its user instead of the socket's (an admin acting
   // as someone, or a test).
   std::string token = env_token && *env_token ? env_token : "";
@@ -144,9 +145,9 @@ Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& s
       return conn;
     }
   }
-  return Unavailable(fmt::format(
-      "started a local tau server but it did not answer on {} within {} s; see {}/server.log",
-      local.path, kStartTimeoutMs / 1000, home));
+  return Unavailable(
+      fmt::format("started a local tau server but it did not answer on {} within {} s; see {}",
+                  local.path, kStartTimeoutMs / 1000, layout::ServerLog(home)));
 }
 
 Result<nlohmann::json> CallJson(client::Connection& conn, const std::string& method,

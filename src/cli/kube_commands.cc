@@ -32,7 +32,7 @@ namespace fs = std::filesystem;
 
 // The spec's directory as code files for inlining: the walk `tau run` uses, stopped once far past
 // the inline limit (nearer it, the renderer measures the archive and reports).
-Result<std::vector<kube::CodeFile>> CollectInlineCode(const std::string& root) {
+Result<std::vector<CodeFile>> CollectInlineCode(const std::string& root) {
   auto walk = CollectCode(root, 4 * kube::kMaxInlineCodeBytes);
   if (!walk.ok()) {
     if (walk.status().code() != StatusCode::kResourceExhausted) return walk.status();
@@ -43,9 +43,7 @@ Result<std::vector<kube::CodeFile>> CollectInlineCode(const std::string& root) {
         root, 4 * kube::kMaxInlineCodeBytes / 1024, kube::kMaxInlineCodeBytes / 1024));
   }
   for (const std::string& w : walk->warnings) std::fprintf(stderr, "tau: warning: %s\n", w.c_str());
-  std::vector<kube::CodeFile> files;
-  for (CodeFile& f : walk->files) files.push_back({f.path, f.mode, std::move(f.data)});
-  return files;
+  return std::move(walk->files);
 }
 
 Result<policy::Platform> LoadPlatform(const std::string& file) {

@@ -363,7 +363,14 @@ Status ErrorFromResponse(const Response& response) {
       break;
   }
   if (!j.is_discarded() && j.is_object() && j.contains("error") && j["error"].is_object()) {
-    message = j["error"].value("message", message);
+    const nlohmann::json& error = j["error"];
+    message = error.value("message", message);
+    // The server names the code it failed with; the HTTP status is the fallback, as several
+    // codes share one (kIo and kInternal are both 500).
+    auto named = error.contains("code") && error["code"].is_string()
+                     ? ParseStatusCode(error["code"].get_ref<const std::string&>())
+                     : std::nullopt;
+    if (named && *named != StatusCode::kOk) code = *named;
   }
   return Status(code, message);
 }

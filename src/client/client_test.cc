@@ -113,5 +113,31 @@ TEST(ConnectionTest, ARequestTheServerTookButNeverAnsweredIsNotSentTwice) {
   EXPECT_EQ(server.requests(), 1);
 }
 
+TEST(ErrorFromResponseTest, TheCodeTheServerNamesWinsOverTheHttpStatus) {
+  // kIo and kInternal share 500: only the body tells them apart.
+  Status s =
+      ErrorFromResponse({500, {}, R"({"error": {"code": "IoError", "message": "disk said no"}})"});
+  EXPECT_EQ(s.code(), StatusCode::kIo);
+  EXPECT_EQ(s.message(), "disk said no");
+  s = ErrorFromResponse({404, {}, R"({"error": {"code": "NotFound", "message": "no run x"}})"});
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+}
+
+TEST(ErrorFromResponseTest, WithoutAKnownCodeTheHttpStatusDecides) {
+  // No body, a code that is none of tau's, a code that is no error, a code that is no string.
+  Status s = ErrorFromResponse({503, {}, "busy"});
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(s.message(), "busy");
+  s = ErrorFromResponse({409, {}, R"({"error": {"code": "Conflict", "message": "taken"}})"});
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(s.message(), "taken");
+  s = ErrorFromResponse({400, {}, R"({"error": {"code": "OK", "message": "odd"}})"});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  s = ErrorFromResponse({403, {}, R"({"error": {"code": 7, "message": "odd"}})"});
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied);
+  s = ErrorFromResponse({502, {}, R"({"error": {"message": "upstream"}})"});
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+}
+
 }  // namespace
 }  // namespace tau::client

@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/event_chain.h"
 #include "common/files.h"
 #include "common/hash.h"
+#include "common/layout.h"
 #include "common/status.h"
 #include "common/strings.h"
 
@@ -31,6 +33,58 @@ TEST(StatusTest, PropagatesErrors) {
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status().ToString(), "InvalidArgument: odd");
   EXPECT_EQ(r.status().WithContext("x").message(), "x: odd");
+}
+
+// Pins the event chain's formula: every stored chain was hashed with it, so a change fails here
+// before it makes the chains already written unverifiable. The values were computed independently
+// (sha256 of prev + "\n" + the compact, key-sorted JSON of the event).
+TEST(EventChainTest, KnownHashes) {
+  std::string first = EventHash("demo-1", 1700000000123, "Submitted", "submitted by alice",
+                                nlohmann::json::object(), "");
+  EXPECT_EQ(first, "2af2bd94e101727b8b0d6d57cf68ef9c979c413437b8c9606c6da43365cf846e");
+  nlohmann::json data = {{"reason", "OOMKilled"}, {"exit_code", 137}, {"attempt", 1}};
+  EXPECT_EQ(EventHash("demo-1", 1700000000456, "Failed", "attempt 1 failed: exit 137", data, first),
+            "ca9995da1c4a2a31f1d7769aabc7198dc9190a4b1fd71437248a677c45988603");
+}
+
+TEST(StatusTest, EveryCodeNameParsesBackToItsCode) {
+  std::vector<std::string> names;
+  for (int i = static_cast<int>(StatusCode::kOk); i <= static_cast<int>(StatusCode::kIo); ++i) {
+    auto code = static_cast<StatusCode>(i);
+    std::string name = StatusCodeName(code);
+    EXPECT_NE(name, "Unknown") << i;
+    EXPECT_EQ(ParseStatusCode(name), code) << name;
+    for (const std::string& other : names) EXPECT_NE(name, other);
+    names.push_back(name);
+  }
+  EXPECT_EQ(ParseStatusCode("NotFound"), StatusCode::kNotFound);
+  EXPECT_EQ(ParseStatusCode("IoError"), StatusCode::kIo);
+  EXPECT_EQ(ParseStatusCode("Unknown"), std::nullopt);
+  EXPECT_EQ(ParseStatusCode("notfound"), std::nullopt);
+  EXPECT_EQ(ParseStatusCode(""), std::nullopt);
+}
+
+// The layout of TAU_HOME is an installed server's state: a path that moves loses what is there.
+TEST(LayoutTest, EveryPathUnderTheHome) {
+  const std::string h = "/var/lib/tau";
+  EXPECT_EQ(layout::StoreFile(h), "/var/lib/tau/tau.db");
+  EXPECT_EQ(layout::SocketPath(h), "/var/lib/tau/tau.sock");
+  EXPECT_EQ(layout::LockFile(h), "/var/lib/tau/server.lock");
+  EXPECT_EQ(layout::PidFile(h), "/var/lib/tau/server.pid");
+  EXPECT_EQ(layout::ServerLog(h), "/var/lib/tau/server.log");
+  EXPECT_EQ(layout::PlatformFile(h), "/var/lib/tau/platform.yaml");
+  EXPECT_EQ(layout::SnapshotsDir(h), "/var/lib/tau/snapshots");
+  EXPECT_EQ(layout::VenvsDir(h), "/var/lib/tau/venvs");
+  EXPECT_EQ(layout::VenvsDir(h, 1001), "/var/lib/tau/venvs/uid-1001");
+  EXPECT_EQ(layout::RunsDir(h), "/var/lib/tau/runs");
+  EXPECT_EQ(layout::RunDir(h, "demo-1"), "/var/lib/tau/runs/demo-1");
+  EXPECT_EQ(layout::WorkDir(layout::RunDir(h, "demo-1")), "/var/lib/tau/runs/demo-1/work");
+  EXPECT_EQ(layout::AttemptDir(h, "demo-1", 2), "/var/lib/tau/runs/demo-1/attempts/2");
+  EXPECT_EQ(layout::EvidenceDir(h, "demo-1"), "/var/lib/tau/runs/demo-1/evidence");
+  EXPECT_EQ(layout::MetricsFile(layout::RunDir(h, "demo-1")),
+            "/var/lib/tau/runs/demo-1/metrics.jsonl");
+  EXPECT_EQ(layout::MetricsFile(layout::EvidenceDir(h, "demo-1")),
+            "/var/lib/tau/runs/demo-1/evidence/metrics.jsonl");
 }
 
 TEST(ClockTest, Rfc3339RoundTrip) {

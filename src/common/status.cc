@@ -33,6 +33,14 @@ const char* StatusCodeName(StatusCode code) {
   return "Unknown";
 }
 
+std::optional<StatusCode> ParseStatusCode(std::string_view name) {
+  for (int i = static_cast<int>(StatusCode::kOk); i <= static_cast<int>(StatusCode::kIo); ++i) {
+    auto code = static_cast<StatusCode>(i);
+    if (name == StatusCodeName(code)) return code;
+  }
+  return std::nullopt;
+}
+
 std::string Status::ToString() const {
   if (ok()) return "OK";
   return std::string(StatusCodeName(code_)) + ": " + message_;

@@ -7,6 +7,7 @@
 #include <cassert>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -24,9 +25,13 @@ enum class StatusCode {
   kUnavailable,        // try again later (server down, busy)
   kInternal,           // a bug or an unexpected environment failure
   kIo,                 // the operating system said no
+  // New codes go before this line: kIo is the last (ParseStatusCode and its test walk to it).
 };
 
+// "NotFound" for kNotFound: the name the API sends as an error's "code".
 const char* StatusCodeName(StatusCode code);
+// The inverse of StatusCodeName; nullopt for a name that is none of the codes'.
+std::optional<StatusCode> ParseStatusCode(std::string_view name);
 
 class [[nodiscard]] Status {
  public:

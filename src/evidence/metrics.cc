@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
+#include "common/layout.h"
 #include "evidence/evidence.h"
 #include "evidence/internal.h"
 
@@ -569,7 +570,7 @@ MetricsCollector::MetricsCollector(std::string dir, MetricLimits limits)
 Result<std::unique_ptr<MetricsCollector>> MetricsCollector::Open(const std::string& evidence_dir,
                                                                  MetricLimits limits) {
   std::unique_ptr<MetricsCollector> c(new MetricsCollector(evidence_dir, limits));
-  std::string points_path = evidence_dir + "/metrics.jsonl";
+  std::string points_path = layout::MetricsFile(evidence_dir);
   auto text = ReadFile(points_path);
   if (text.ok()) {
     // A crash in the middle of an append leaves a partial last line: cut it, so the next append
@@ -656,7 +657,7 @@ Result<MetricsChunk> MetricsCollector::Poll(const std::string& source, int attem
   // Points go to the evidence file and the history as they are parsed; the file is written in
   // blocks. Append first, save the cursor after: a crash between the two reads the lines again
   // and the history deduplicates them, where the other order would lose them.
-  std::string path = dir_ + "/metrics.jsonl";
+  std::string path = layout::MetricsFile(dir_);
   int fd = -1;
   struct Closer {
     int* fd;
@@ -717,7 +718,7 @@ Result<MetricsChunk> MetricsCollector::Poll(const std::string& source, int attem
 }
 
 Status MetricsCollector::Compact() {
-  const std::string path = dir_ + "/metrics.jsonl";
+  const std::string path = layout::MetricsFile(dir_);
   if (history_.size() == 0 && !PathExists(path)) return Status::Ok();
   TAU_RETURN_IF_ERROR(MakeDir());
   return WriteFileAtomic(path, history_.ToJsonl());

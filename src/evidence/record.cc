@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "common/event_chain.h"
 #include "common/files.h"
 #include "common/hash.h"
 #include "common/json_text.h"
@@ -59,14 +60,9 @@ const char* LogStateName(LogState s) {
 
 Result<std::string> EventHash(const std::string& run, const EventInfo& e,
                               const std::string& prev_hash) {
-  // Exactly the store's AppendEvent: nlohmann's default dump of this object (keys sorted).
+  // The store's own formula (common/event_chain.h).
   try {
-    json body = {{"run", run},
-                 {"ts_ms", e.ts_ms},
-                 {"type", e.type},
-                 {"message", e.message},
-                 {"data", e.data}};
-    return Sha256Hex(prev_hash + "\n" + JsonText(body));
+    return ::tau::EventHash(run, e.ts_ms, e.type, e.message, e.data, prev_hash);
   } catch (const std::exception& ex) {
     return InvalidArgument(fmt::format("event {} cannot be hashed: {}", e.id, ex.what()));
   }

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/code_file.h"
 #include "common/status.h"
 #include "policy/policy.h"
 #include "spec/spec.h"
@@ -54,13 +55,6 @@ inline constexpr const char* kLabelManagedBy = "app.kubernetes.io/managed-by";
 inline constexpr const char* kAnnotationConfigHash = "tau.dev/config-hash";
 inline constexpr const char* kKueueQueueLabel = "kueue.x-k8s.io/queue-name";
 inline constexpr const char* kKueuePriorityLabel = "kueue.x-k8s.io/priority-class";
-
-// One file of the run's code directory.
-struct CodeFile {
-  std::string path;  // relative, '/'-separated, no '..'
-  int mode = 0644;
-  std::string data;
-};
 
 struct RenderOptions {
   std::string run_name;        // "" : the spec's name

@@ -313,8 +313,10 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
   RegisterIdentityApi(api, controller, store);
 
   api->Route("GET", "/api/v1/version", Access::kSignedIn,
-             [](const http::HttpRequest&, http::HttpResponse& res) {
-               http::Reply(res, 200, {{"version", Version()}, {"api", "v1"}, {"backend", "local"}});
+             [controller](const http::HttpRequest&, http::HttpResponse& res) {
+               http::Reply(
+                   res, 200,
+                   {{"version", Version()}, {"api", "v1"}, {"backend", controller->BackendName()}});
              });
   api->Route("GET", "/api/v1/healthz", Access::kPublic,
              [](const http::HttpRequest&, http::HttpResponse& res) {

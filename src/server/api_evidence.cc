@@ -13,6 +13,7 @@
 
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/layout.h"
 #include "common/strings.h"
 #include "evidence/evidence.h"
 #include "http/reply.h"
@@ -99,7 +100,7 @@ void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store
                auto run = store->GetRun(name);
                if (!run.ok()) return http::ReplyError(res, run.status());
                auto history =
-                   evidence::LoadMetricHistory(controller->EvidenceDir(name) + "/metrics.jsonl");
+                   evidence::LoadMetricHistory(layout::MetricsFile(controller->EvidenceDir(name)));
                if (!history.ok()) return http::ReplyError(res, history.status());
                std::string only = req.has_param("name") ? req.get_param_value("name") : "";
                bool by_split = req.has_param("split");

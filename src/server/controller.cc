@@ -16,6 +16,7 @@
 
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/layout.h"
 #include "common/strings.h"
 #include "recovery/failure_class.h"
 #include "recovery/recovery.h"
@@ -139,7 +140,7 @@ std::string Controller::StorageDir(const RunRecord& r, const std::string& role) 
 }
 
 std::string Controller::AttemptDir(const std::string& name, int attempt) const {
-  return fmt::format("{}/attempts/{}", RunDir(name), attempt);
+  return layout::AttemptDir(options_.home, name, attempt);
 }
 
 Status Controller::Start() {
@@ -286,7 +287,7 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
     error->status = FailedPrecondition(why);
     return error->status;
   }
-  auto snapshot = StoreSnapshot(options_.home + "/snapshots", std::move(request.code));
+  auto snapshot = StoreSnapshot(layout::SnapshotsDir(options_.home), std::move(request.code));
   if (!snapshot.ok()) {
     error->status = snapshot.status();
     return error->status;
@@ -977,7 +978,7 @@ Result<std::optional<runtime::AttemptConfig::RunAs>> Controller::SubmitterIds(co
 
 std::string Controller::VenvCacheDir(
     const std::optional<runtime::AttemptConfig::RunAs>& ids) const {
-  return ids ? fmt::format("{}/venvs/uid-{}", options_.home, ids->uid) : options_.home + "/venvs";
+  return ids ? layout::VenvsDir(options_.home, ids->uid) : layout::VenvsDir(options_.home);
 }
 
 Status Controller::RunAsSubmitter(const RunRecord& r, const runtime::LaunchContext& ctx,
@@ -990,7 +991,7 @@ Status Controller::RunAsSubmitter(const RunRecord& r, const runtime::LaunchConte
     TAU_RETURN_IF_ERROR(ChownTree(dir, uid, gid));
   // The user must reach its working directory through the server's (traversable, not listable),
   // and no other user may read it.
-  for (const std::string& dir : {options_.home, options_.home + "/runs", RunDir(r.name)})
+  for (const std::string& dir : {options_.home, layout::RunsDir(options_.home), RunDir(r.name)})
     if (::chmod(dir.c_str(), 0711) != 0) return IoError("chmod " + dir, errno);
   if (::chmod(ctx.work_dir.c_str(), 0700) != 0) return IoError("chmod " + ctx.work_dir, errno);
   // The metrics file lives in the run's directory, which stays the server's.
@@ -1082,13 +1083,13 @@ std::optional<Controller::StartingAttempt> Controller::PrepareAttempt(const std:
   runtime::LaunchContext ctx;
   ctx.run_name = name;
   ctx.attempt = number;
-  ctx.work_dir = run_dir + "/work";
+  ctx.work_dir = layout::WorkDir(run_dir);
   ctx.checkpoint_dir = StorageDir(r, "checkpoint");
   ctx.output_dir = StorageDir(r, "output");
   for (const policy::Mount& m : run.resolved.mounts)
     if (m.role == "data" && !m.host_path.empty())
       ctx.extra_env.emplace_back("TAU_DATA_DIR", m.host_path);
-  ctx.metrics_file = run_dir + "/metrics.jsonl";
+  ctx.metrics_file = layout::MetricsFile(run_dir);
   ctx.gpus = r.gpus;
   if (run.spec.compute.workers > 1) ctx.master_port = PickFreePort();  // only gangs rendezvous
   ctx.base_env = BaseEnv();

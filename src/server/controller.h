@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "admission/admission.h"
+#include "common/layout.h"
 #include "evidence/evidence.h"
 #include "health/health.h"
 #include "policy/policy.h"
@@ -109,14 +110,16 @@ class Controller {
   const health::GpuInventory& gpus() const { return gpus_; }
   // "local" or "kubernetes": where this server's runs run.
   const char* BackendName() const { return options_.cluster ? "kubernetes" : "local"; }
-  std::string RunDir(const std::string& name) const { return options_.home + "/runs/" + name; }
+  std::string RunDir(const std::string& name) const { return layout::RunDir(options_.home, name); }
   std::string AttemptDir(const std::string& name, int attempt) const;
   // Where a run's checkpoints ("checkpoint") or outputs ("output") go.
   std::string StorageDir(const store::RunRecord& run, const std::string& role) const;
 
   // Evidence (controller_evidence.cc, docs/evidence.md). Callable from any thread: these read the
   // store and the run's files, never the loop's state.
-  std::string EvidenceDir(const std::string& name) const { return RunDir(name) + "/evidence"; }
+  std::string EvidenceDir(const std::string& name) const {
+    return layout::EvidenceDir(options_.home, name);
+  }
   // The record: assembled now for a run that has not ended, else the one saved when it ended.
   Result<nlohmann::json> EvidenceRecord(const std::string& name);
   // What ExportBundle needs: the record's input and where the logs and metrics are.

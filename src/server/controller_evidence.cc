@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/hash.h"
+#include "common/layout.h"
 #include "common/strings.h"
 #include "server/controller.h"
 #include "server/server.h"
@@ -159,7 +160,7 @@ void Controller::PollMetrics(const std::string& name, int attempt) {
     }
     collector = std::move(*opened);
   }
-  auto polled = collector->Poll(RunDir(name) + "/metrics.jsonl", attempt);
+  auto polled = collector->Poll(layout::MetricsFile(RunDir(name)), attempt);
   if (!polled.ok())
     std::fprintf(stderr, "tau server: metrics of %s: %s\n", name.c_str(),
                  polled.status().ToString().c_str());
@@ -402,7 +403,8 @@ Result<nlohmann::json> Controller::SaveFinalRecord(const std::string& name,
     if (c.ok()) stats = (*c)->stats();
   }
   if (!collector) {
-    TAU_ASSIGN_OR_RETURN(loaded, evidence::LoadMetricHistory(EvidenceDir(name) + "/metrics.jsonl"));
+    TAU_ASSIGN_OR_RETURN(loaded,
+                         evidence::LoadMetricHistory(layout::MetricsFile(EvidenceDir(name))));
   }
   const evidence::MetricHistory& history = collector ? collector->history() : *loaded;
   std::lock_guard<std::mutex> lock(record_save_mu_);
@@ -437,7 +439,7 @@ Result<nlohmann::json> Controller::EvidenceRecord(const std::string& name) {
   // Read only: the loop's collector appends to this file while the run goes on (a partial last
   // line is skipped).
   TAU_ASSIGN_OR_RETURN(evidence::MetricHistory history,
-                       evidence::LoadMetricHistory(dir + "/metrics.jsonl"));
+                       evidence::LoadMetricHistory(layout::MetricsFile(dir)));
   TAU_ASSIGN_OR_RETURN(evidence::RecordInput in, AssembleRecord(r, history, stats, false));
   return evidence::BuildRecord(in);
 }
@@ -447,7 +449,7 @@ Status Controller::EvidenceSources(const std::string& name, evidence::RecordInpu
   TAU_ASSIGN_OR_RETURN(nlohmann::json record, EvidenceRecord(name));
   TAU_ASSIGN_OR_RETURN(*input, evidence::ParseRecord(record));
   const std::string dir = EvidenceDir(name);
-  sources->metrics_path = dir + "/metrics.jsonl";
+  sources->metrics_path = layout::MetricsFile(dir);
   sources->gpu_samples_path = dir + "/gpu-samples.jsonl";
   for (const evidence::AttemptInfo& a : input->attempts)
     for (const evidence::LogInfo& l : a.logs)

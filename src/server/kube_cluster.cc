@@ -139,7 +139,7 @@ class KubeCluster final : public Cluster {
     bool ended = false;                // its terminal news was sent: no more resyncs
   };
 
-  Result<std::vector<kube::CodeFile>> Code(const std::string& snapshot_dir);
+  Result<std::vector<CodeFile>> Code(const std::string& snapshot_dir);
   void Watch(std::string api_version, std::string kind, std::string selector);
   void OnEvent(const std::string& kind, const kubeapi::WatchEvent& event);
   void Reconcile();
@@ -461,12 +461,8 @@ bool KubeCluster::PodRunning(const std::string& ns, const std::string& pod) {
   return false;
 }
 
-Result<std::vector<kube::CodeFile>> KubeCluster::Code(const std::string& snapshot_dir) {
-  TAU_ASSIGN_OR_RETURN(std::vector<CodeFile> files, ReadSnapshot(snapshot_dir));
-  std::vector<kube::CodeFile> code;
-  code.reserve(files.size());
-  for (CodeFile& f : files) code.push_back({std::move(f.path), f.mode, std::move(f.data)});
-  return code;
+Result<std::vector<CodeFile>> KubeCluster::Code(const std::string& snapshot_dir) {
+  return ReadSnapshot(snapshot_dir);
 }
 
 Status KubeCluster::Check(const spec::RunSpec& spec, const policy::ResolvedRun& resolved,

@@ -20,6 +20,7 @@
 #include "common/files.h"
 #include "common/json_text.h"
 #include "common/mutex.h"
+#include "common/layout.h"
 #include "evidence/evidence.h"
 #include "health/health.h"
 #include "http/http.h"
@@ -69,7 +70,7 @@ std::vector<evidence::GpuSample> EvidenceSamples(const health::HealthSnapshot& s
 // One server per TAU_HOME: an exclusive lock held for the server's life. The kernel drops it when
 // the process dies, however it dies, so a stale lock never blocks a restart.
 Result<int> TakeServerLock(const std::string& home) {
-  std::string path = home + "/server.lock";
+  std::string path = layout::LockFile(home);
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) return IoError("cannot open " + path, errno);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -155,16 +156,17 @@ int RunServer(const ServerOptions& options) {
     log(lock.status().message());
     return lock.status().code() == StatusCode::kFailedPrecondition ? 3 : 1;
   }
-  for (const char* sub : {"/runs", "/snapshots", "/venvs"})
-    (void)MakeDirs(options.home + sub, 0700);
+  for (const std::string& dir : {layout::RunsDir(options.home), layout::SnapshotsDir(options.home),
+                                 layout::VenvsDir(options.home)})
+    (void)MakeDirs(dir, 0700);
   if (!options.platform_source.empty()) {
-    if (Status s = AdoptPlatformFile(options.platform_source, options.home + "/platform.yaml");
+    if (Status s = AdoptPlatformFile(options.platform_source, layout::PlatformFile(options.home));
         !s.ok()) {
       log(s.message());
       return 2;
     }
   }
-  auto store = store::Store::Open(options.home + "/tau.db");
+  auto store = store::Store::Open(layout::StoreFile(options.home));
   if (!store.ok()) {
     log(store.status().ToString());
     return 1;
@@ -225,7 +227,7 @@ int RunServer(const ServerOptions& options) {
   copts.home = options.home;
   copts.tau_binary = options.tau_binary;
   copts.stop_grace_ms = options.stop_grace_ms;
-  copts.platform_file = options.home + "/platform.yaml";
+  copts.platform_file = layout::PlatformFile(options.home);
   copts.metrics = &metrics;
   copts.cluster = cluster.get();
   Controller controller(copts, store->get(), gpus);
@@ -249,7 +251,7 @@ int RunServer(const ServerOptions& options) {
       });
   RegisterApi(&http, &controller, store->get(), &monitor, &metrics);
   std::string socket_path =
-      options.socket_path.empty() ? options.home + "/tau.sock" : options.socket_path;
+      options.socket_path.empty() ? layout::SocketPath(options.home) : options.socket_path;
   // Other users reach a shared socket through the home directory: traversable, not listable.
   if (options.shared_socket) (void)::chmod(options.home.c_str(), 0711);
   if (Status s = http.ListenUnix(socket_path, options.shared_socket ? 0666 : 0600); !s.ok()) {
@@ -307,8 +309,8 @@ int RunServer(const ServerOptions& options) {
     }
   });
   // A server killed while writing its pid file left the temporary behind.
-  RemoveAbandonedTemporaries(options.home + "/server.pid");
-  (void)WriteFileAtomic(options.home + "/server.pid", std::to_string(::getpid()) + "\n");
+  RemoveAbandonedTemporaries(layout::PidFile(options.home));
+  (void)WriteFileAtomic(layout::PidFile(options.home), std::to_string(::getpid()) + "\n");
 
   std::thread signal_thread([&] {
     int sig = 0;
@@ -327,7 +329,7 @@ int RunServer(const ServerOptions& options) {
   verdict_sink = nullptr;
   monitor.Stop();
   controller.Stop();
-  ::unlink((options.home + "/server.pid").c_str());
+  ::unlink(layout::PidFile(options.home).c_str());
   log("stopped");
   // Streams that outlived the grace period still hold threads; end the process without unwinding
   // them.

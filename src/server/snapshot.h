@@ -8,16 +8,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/code_file.h"
 #include "common/limits.h"
 #include "common/status.h"
 
 namespace tau::server {
-
-struct CodeFile {
-  std::string path;  // relative, '/'-separated, no '..', no leading '/'
-  int mode = 0644;
-  std::string data;
-};
 
 struct Snapshot {
   std::string digest;  // sha256 over the sorted (path, mode, sha256 of content) list

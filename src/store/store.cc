@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "common/hash.h"
+#include "common/event_chain.h"
 #include "common/json_text.h"
 #include "common/strings.h"
 
@@ -458,12 +458,7 @@ struct Store::Impl {
     if (!last.ok()) return Error("preparing event chain lookup");
     last.Bind(1, e->run);
     e->prev_hash = last.Step() == SQLITE_ROW ? last.Text(0) : std::string();
-    nlohmann::json body = {{"run", e->run},
-                           {"ts_ms", e->ts_ms},
-                           {"type", e->type},
-                           {"message", e->message},
-                           {"data", e->data}};
-    e->hash = Sha256Hex(e->prev_hash + "\n" + JsonText(body));
+    e->hash = EventHash(e->run, e->ts_ms, e->type, e->message, e->data, e->prev_hash);
     Stmt s(db, &cache,
            "INSERT INTO events (run, ts_ms, type, message, data, prev_hash, hash) VALUES "
            "(?,?,?,?,?,?,?)");

@@ -293,6 +293,10 @@ class KubeBackendTest(unittest.TestCase):
         events = [e["type"] for e in self.server.run_json(run)["events"]]
         self.assertEqual(events.count("Admitted"), 1, events)
 
+    def test_server_version_names_the_backend(self):
+        out = self.server.tau("version", "--server-version", check=0).stdout
+        self.assertRegex(out, r"\nserver \S+ \(api v1, backend kubernetes\)\n", out)
+
     def test_cancel_deletes_the_job(self):
         run = self.submit()
         job_name = f"{run}-1"

@@ -58,6 +58,8 @@ class RunTest(ServerTestCase):
                             timeout=120)
         self.assertIn("done: w=2.9", p.stdout)
         self.assertIn("succeeded", p.stderr)
+        out = self.server.tau("version", "--server-version", check=0).stdout
+        self.assertRegex(out, r"\nserver \S+ \(api v1, backend local\)\n", out)
         runs = json.loads(self.server.tau("list", "--all", "-o", "json", check=0).stdout)["runs"]
         self.assertEqual(len(runs), 1)
         run = runs[0]
