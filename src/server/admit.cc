@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/json_text.h"
+#include "common/mutex.h"
 #include "common/strings.h"
 #include "recovery/failure_class.h"
 #include "recovery/recovery.h"
@@ -87,14 +88,14 @@ Status Controller::LoadPlatformFile() {
     platform = std::make_shared<const policy::Platform>(policy::DefaultPlatform(
         static_cast<int>(gpus_.devices.size()), cpu_capacity_milli_, memory_capacity_bytes_));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   platform_ = {platform, source, applied_ms};
   loop_platform_ = platform;
   return Status::Ok();
 }
 
 Controller::PlatformView Controller::CurrentPlatform() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return platform_;
 }
 
@@ -124,20 +125,21 @@ Status Controller::ApplyPlatform(const std::string& yaml, const std::string& fil
   TAU_RETURN_IF_ERROR(
       WriteFileAtomic(options_.platform_file + ".applied", JsonText(meta) + "\n", 0600));
   auto platform = std::make_shared<const policy::Platform>(std::move(*parsed.platform));
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   platform_ = {platform, filename, now};
   platform_changed_ = true;
   int64_t generation = ++platform_generation_;
-  cv_.notify_one();
+  cv_.Signal();
   // The file is durable, so the policy holds from here on; waiting only makes `tau queues` right
   // after `tau platform apply` show the new queues.
-  platform_cv_.wait_for(lock, std::chrono::seconds(10),
-                        [&] { return stopping_ || platform_in_use_ >= generation; });
+  platform_cv_.WaitFor(&mu_, std::chrono::seconds(10), [&]() TAU_REQUIRES(mu_) {
+    return stopping_ || platform_in_use_ >= generation;
+  });
   return Status::Ok();
 }
 
 nlohmann::json Controller::Queues() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return queues_info_;
 }
 
@@ -547,7 +549,7 @@ void Controller::RefreshPending() {
                              {"queued", queued},
                              {"active", active_.size()}};
   nlohmann::json queues = QueuesJson(now, info);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // Keep placeholders for runs submitted after this pass started; they are not in active_ yet.
   for (const NewRun& n : inbox_new_)
     info.emplace(n.name, pending_info_.count(n.name) ? pending_info_[n.name] : nlohmann::json());
@@ -556,7 +558,7 @@ void Controller::RefreshPending() {
   queues_info_ = std::move(queues);
   if (platform_in_use_ != loop_generation_) {
     platform_in_use_ = loop_generation_;
-    platform_cv_.notify_all();
+    platform_cv_.SignalAll();
   }
 }
 

@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/layout.h"
+#include "common/mutex.h"
 #include "common/strings.h"
 #include "recovery/failure_class.h"
 #include "recovery/recovery.h"
@@ -145,9 +146,9 @@ std::string Controller::AttemptDir(const std::string& name, int attempt) const {
 
 Status Controller::Start() {
   auto watcher = runtime::ProcessWatcher::Create([this](const std::string& key) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     inbox_exited_.push_back(key);
-    cv_.notify_one();
+    cv_.Signal();
   });
   if (!watcher.ok()) return watcher.status();
   watcher_ = std::move(*watcher);
@@ -158,9 +159,9 @@ Status Controller::Start() {
   if (options_.cluster) {
     auto existing = options_.cluster->Start(
         [this](ClusterNews news) {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(&mu_);
           inbox_cluster_.push_back(std::move(news));
-          cv_.notify_one();
+          cv_.Signal();
         },
         [this](const std::string& run, int attempt) { return AttemptDir(run, attempt); });
     if (!existing.ok()) return existing.status();
@@ -198,18 +199,18 @@ void Controller::StartZygote() {
 
 void Controller::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
-    cv_.notify_all();
-    platform_cv_.notify_all();
+    cv_.SignalAll();
+    platform_cv_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
   {
     // The worker finishes the records already queued (ended runs) before it stops.
-    std::lock_guard<std::mutex> lock(evidence_mu_);
+    MutexLock lock(&evidence_mu_);
     evidence_stopping_ = true;
-    evidence_cv_.notify_all();
+    evidence_cv_.SignalAll();
   }
   if (evidence_thread_.joinable()) evidence_thread_.join();
   if (watcher_) watcher_->Stop();
@@ -354,11 +355,11 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
   // it from the store after a restart: the decision loop, which every run passes through, neither
   // reads the run back nor parses its spec again.
   auto prepared = Load(r, std::move(*parsed.spec));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   inbox_new_.push_back({r.name, prepared.ok() ? std::make_optional(std::move(*prepared))
                                               : std::optional<ActiveRun>()});
   pending_info_[r.name] = {{"position", nullptr}, {"reason", "waiting for the scheduler"}};
-  cv_.notify_one();
+  cv_.Signal();
   return r;
 }
 
@@ -367,9 +368,9 @@ Status Controller::Cancel(const std::string& name) {
   if (store::IsTerminal(r.state))
     return FailedPrecondition(
         fmt::format("run '{}' has already finished ({})", name, store::RunStateName(r.state)));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   inbox_cancel_.push_back(name);
-  cv_.notify_one();
+  cv_.Signal();
   return Status::Ok();
 }
 
@@ -418,9 +419,9 @@ Result<RunRecord> Controller::Rerun(const std::string& name, std::string* warnin
         {0, run, r.created_ms, "Queued", "queued in " + r.queue, nlohmann::json::object(), "", ""}};
   });
   TAU_RETURN_IF_ERROR(inserted);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   inbox_new_.push_back({r.name, std::nullopt});
-  cv_.notify_one();
+  cv_.Signal();
   return r;
 }
 
@@ -451,9 +452,9 @@ Status Controller::Resume(const std::string& name, const std::string& from, bool
           "checkpoint '{}' is not in run '{}''s checkpoint directory {}", from, name, dir));
     checkpoint = real;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   inbox_resume_.push_back({name, checkpoint});
-  cv_.notify_one();
+  cv_.Signal();
   return Status::Ok();
 }
 
@@ -481,9 +482,9 @@ void Controller::HandleResume(const ResumeRequest& request, Batch* batch) {
 }
 
 void Controller::OnGpuVerdict(int gpu, bool placeable, const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   inbox_gpu_.push_back({gpu, placeable, why});
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void Controller::HandleGpuNews(const GpuNews& news, Batch* batch) {
@@ -515,13 +516,13 @@ void Controller::HandleGpuNews(const GpuNews& news, Batch* batch) {
 }
 
 nlohmann::json Controller::PendingInfo(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = pending_info_.find(name);
   return it == pending_info_.end() ? nlohmann::json() : it->second;
 }
 
 nlohmann::json Controller::Capacity() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return capacity_info_;
 }
 
@@ -549,9 +550,10 @@ void Controller::CommitOrDie(Batch batch) {
       std::fprintf(stderr, "tau server: cannot commit, waiting for space: %s\n",
                    s.ToString().c_str());
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       // Stopping now loses nothing: the last committed state is what a restart recovers.
-      if (cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stopping_; })) std::_Exit(70);
+      if (cv_.WaitFor(&mu_, std::chrono::seconds(1), [&]() TAU_REQUIRES(mu_) { return stopping_; }))
+        std::_Exit(70);
     }
     s = store_->Commit(batch);
     if (s.ok()) std::fprintf(stderr, "tau server: committed again after waiting for space\n");
@@ -764,7 +766,7 @@ void Controller::Recover(Batch* batch, const std::set<AttemptKey>& on_cluster) {
     }
     if (runtime::ReadOutcome(last.dir).ok()) {
       // It finished while the server was away; handle it like any exit.
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       inbox_exited_.push_back(record.name);
       continue;
     }
@@ -805,8 +807,8 @@ void Controller::Loop() {
     std::deque<std::vector<evidence::GpuSample>> samples;
     bool rebuild = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(NextWakeMillis()), [&] {
+      MutexLock lock(&mu_);
+      cv_.WaitFor(&mu_, std::chrono::milliseconds(NextWakeMillis()), [&]() TAU_REQUIRES(mu_) {
         return stopping_ || !inbox_new_.empty() || !inbox_cancel_.empty() ||
                !inbox_exited_.empty() || !inbox_gpu_.empty() || !inbox_resume_.empty() ||
                !inbox_samples_.empty() || !inbox_cluster_.empty();

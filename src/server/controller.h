@@ -19,6 +19,7 @@
 
 #include "admission/admission.h"
 #include "common/layout.h"
+#include "common/mutex.h"
 #include "evidence/evidence.h"
 #include "health/health.h"
 #include "policy/policy.h"
@@ -298,27 +299,27 @@ class Controller {
   int64_t zygote_restarted_ms_ = 0;          // the last restart of a broken zygote; 0: none yet
   std::thread thread_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;                   // GUARDED_BY(mu_)
-  std::deque<NewRun> inbox_new_;            // GUARDED_BY(mu_)
-  std::deque<std::string> inbox_cancel_;    // GUARDED_BY(mu_)
-  std::deque<std::string> inbox_exited_;    // GUARDED_BY(mu_)
-  std::deque<GpuNews> inbox_gpu_;           // GUARDED_BY(mu_)
-  std::deque<ResumeRequest> inbox_resume_;  // GUARDED_BY(mu_)
-  std::deque<ClusterNews> inbox_cluster_;   // GUARDED_BY(mu_)
-  // GPU samples for the runs' evidence. GUARDED_BY(mu_)
-  std::deque<std::vector<evidence::GpuSample>> inbox_samples_;
-  std::map<std::string, nlohmann::json> pending_info_;  // GUARDED_BY(mu_)
-  nlohmann::json capacity_info_;                        // GUARDED_BY(mu_)
-  nlohmann::json queues_info_;                          // GUARDED_BY(mu_)
-  PlatformView platform_;                               // GUARDED_BY(mu_)
-  bool platform_changed_ = false;                       // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  bool stopping_ TAU_GUARDED_BY(mu_) = false;
+  std::deque<NewRun> inbox_new_ TAU_GUARDED_BY(mu_);
+  std::deque<std::string> inbox_cancel_ TAU_GUARDED_BY(mu_);
+  std::deque<std::string> inbox_exited_ TAU_GUARDED_BY(mu_);
+  std::deque<GpuNews> inbox_gpu_ TAU_GUARDED_BY(mu_);
+  std::deque<ResumeRequest> inbox_resume_ TAU_GUARDED_BY(mu_);
+  std::deque<ClusterNews> inbox_cluster_ TAU_GUARDED_BY(mu_);
+  // GPU samples for the runs' evidence.
+  std::deque<std::vector<evidence::GpuSample>> inbox_samples_ TAU_GUARDED_BY(mu_);
+  std::map<std::string, nlohmann::json> pending_info_ TAU_GUARDED_BY(mu_);
+  nlohmann::json capacity_info_ TAU_GUARDED_BY(mu_);
+  nlohmann::json queues_info_ TAU_GUARDED_BY(mu_);
+  PlatformView platform_ TAU_GUARDED_BY(mu_);
+  bool platform_changed_ TAU_GUARDED_BY(mu_) = false;
   // ApplyPlatform returns once the loop decides with the new platform (and its queue view is
   // fresh).
-  int64_t platform_generation_ = 0;  // GUARDED_BY(mu_)
-  int64_t platform_in_use_ = 0;      // GUARDED_BY(mu_)
-  std::condition_variable platform_cv_;
+  int64_t platform_generation_ TAU_GUARDED_BY(mu_) = 0;
+  int64_t platform_in_use_ TAU_GUARDED_BY(mu_) = 0;
+  CondVar platform_cv_;
 
   // The evidence worker: final records of ended runs, saved off the loop thread.
   struct FinalRecord {
@@ -327,12 +328,12 @@ class Controller {
     store::RunRecord ended;                               // as committed by the loop
   };
   std::thread evidence_thread_;
-  std::mutex evidence_mu_;
-  std::condition_variable evidence_cv_;
-  bool evidence_stopping_ = false;                               // GUARDED_BY(evidence_mu_)
-  std::deque<FinalRecord> evidence_queue_;                       // GUARDED_BY(evidence_mu_)
-  std::map<std::string, evidence::MetricsStats> metrics_stats_;  // GUARDED_BY(evidence_mu_)
-  std::mutex record_save_mu_;  // one writer of a record.json at a time (worker, API, retention)
+  Mutex evidence_mu_;
+  CondVar evidence_cv_;
+  bool evidence_stopping_ TAU_GUARDED_BY(evidence_mu_) = false;
+  std::deque<FinalRecord> evidence_queue_ TAU_GUARDED_BY(evidence_mu_);
+  std::map<std::string, evidence::MetricsStats> metrics_stats_ TAU_GUARDED_BY(evidence_mu_);
+  Mutex record_save_mu_;  // one writer of a record.json at a time (worker, API, retention)
 
   // Owned by the loop thread.
   std::map<std::string, std::unique_ptr<evidence::MetricsCollector>> collectors_;

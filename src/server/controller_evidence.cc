@@ -20,6 +20,7 @@
 #include "common/files.h"
 #include "common/hash.h"
 #include "common/layout.h"
+#include "common/mutex.h"
 #include "common/strings.h"
 #include "server/controller.h"
 #include "server/server.h"
@@ -99,10 +100,10 @@ std::string Capture(const std::vector<std::string>& argv) {
 // `python3 --version`, asked at most once a minute: every run's record wants it, and on a machine
 // with pyenv shims it costs tens of milliseconds of CPU.
 std::string SystemPythonVersion() {
-  static std::mutex mu;
-  static std::string version;    // GUARDED_BY(mu)
-  static int64_t asked_ms = -1;  // GUARDED_BY(mu)
-  std::lock_guard<std::mutex> lock(mu);
+  static Mutex mu;
+  static std::string version TAU_GUARDED_BY(mu);
+  static int64_t asked_ms TAU_GUARDED_BY(mu) = -1;
+  MutexLock lock(&mu);
   int64_t now = MonotonicMillis();
   if (asked_ms < 0 || now - asked_ms > 60'000) {
     version = Capture({"python3", "--version"});
@@ -164,16 +165,16 @@ void Controller::PollMetrics(const std::string& name, int attempt) {
   if (!polled.ok())
     std::fprintf(stderr, "tau server: metrics of %s: %s\n", name.c_str(),
                  polled.status().ToString().c_str());
-  std::lock_guard<std::mutex> lock(evidence_mu_);
+  MutexLock lock(&evidence_mu_);
   metrics_stats_[name] = collector->stats();
 }
 
 void Controller::OnGpuSamples(std::vector<evidence::GpuSample> samples) {
   if (samples.empty()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (inbox_samples_.size() > 100) inbox_samples_.pop_front();  // a stalled loop keeps the newest
   inbox_samples_.push_back(std::move(samples));
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void Controller::EvidenceTick(const std::vector<std::vector<evidence::GpuSample>>& samples) {
@@ -206,17 +207,19 @@ void Controller::HandOffEnded(const std::string& name, RunRecord ended) {
     f.metrics = std::move(it->second);
     collectors_.erase(it);
   }
-  std::lock_guard<std::mutex> lock(evidence_mu_);
+  MutexLock lock(&evidence_mu_);
   evidence_queue_.push_back(std::move(f));
-  evidence_cv_.notify_one();
+  evidence_cv_.Signal();
 }
 
 void Controller::EvidenceWorker() {
   while (true) {
     FinalRecord f;
     {
-      std::unique_lock<std::mutex> lock(evidence_mu_);
-      evidence_cv_.wait(lock, [&] { return evidence_stopping_ || !evidence_queue_.empty(); });
+      MutexLock lock(&evidence_mu_);
+      evidence_cv_.Wait(&evidence_mu_, [&]() TAU_REQUIRES(evidence_mu_) {
+        return evidence_stopping_ || !evidence_queue_.empty();
+      });
       if (evidence_queue_.empty()) return;
       f = std::move(evidence_queue_.front());
       evidence_queue_.pop_front();
@@ -230,7 +233,7 @@ void Controller::EvidenceWorker() {
     if (!saved.ok())
       std::fprintf(stderr, "tau server: evidence of %s: %s\n", f.name.c_str(),
                    saved.status().ToString().c_str());
-    std::lock_guard<std::mutex> lock(evidence_mu_);
+    MutexLock lock(&evidence_mu_);
     metrics_stats_.erase(f.name);
   }
 }
@@ -407,7 +410,7 @@ Result<nlohmann::json> Controller::SaveFinalRecord(const std::string& name,
                          evidence::LoadMetricHistory(layout::MetricsFile(EvidenceDir(name))));
   }
   const evidence::MetricHistory& history = collector ? collector->history() : *loaded;
-  std::lock_guard<std::mutex> lock(record_save_mu_);
+  MutexLock lock(&record_save_mu_);
   TAU_ASSIGN_OR_RETURN(evidence::RecordInput in, AssembleRecord(r, history, stats, true));
   nlohmann::json record = evidence::BuildRecord(in);
   // Made again from the store and the run's files when lost, so not worth a disk flush per run;
@@ -433,7 +436,7 @@ Result<nlohmann::json> Controller::EvidenceRecord(const std::string& name) {
   }
   evidence::MetricsStats stats;
   {
-    std::lock_guard<std::mutex> lock(evidence_mu_);
+    MutexLock lock(&evidence_mu_);
     if (auto it = metrics_stats_.find(name); it != metrics_stats_.end()) stats = it->second;
   }
   // Read only: the loop's collector appends to this file while the run goes on (a partial last
@@ -481,7 +484,7 @@ Status Controller::ApplyRetention(const evidence::RetentionPolicy& policy, int64
   }
   for (const evidence::PruneAction& action : evidence::PlanRetention(inputs, policy, now_ms)) {
     // The record first (durable: it says the files are pruned, with their hashes), then the files.
-    std::lock_guard<std::mutex> lock(record_save_mu_);
+    MutexLock lock(&record_save_mu_);
     auto saved = evidence::LoadRecord(EvidenceDir(action.run) + "/record.json");
     if (!saved.ok()) continue;
     auto in = evidence::ParseRecord(*saved);

@@ -11,6 +11,7 @@
 
 #include "common/event_chain.h"
 #include "common/json_text.h"
+#include "common/mutex.h"
 #include "common/strings.h"
 
 namespace tau::store {
@@ -354,11 +355,11 @@ static AttemptState ParseAttemptState(const std::string& s) {
 }
 
 struct Store::Impl {
-  std::mutex mu;
-  sqlite3* db = nullptr;  // GUARDED_BY(mu)
-  StatementCache cache;   // GUARDED_BY(mu)
+  Mutex mu;
+  sqlite3* db TAU_GUARDED_BY(mu) = nullptr;
+  StatementCache cache TAU_GUARDED_BY(mu);
 
-  Status Exec(const char* sql) {
+  Status Exec(const char* sql) TAU_REQUIRES(mu) {
     char* err = nullptr;
     if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
       std::string msg = err ? err : "unknown error";
@@ -367,17 +368,17 @@ struct Store::Impl {
     }
     return Status::Ok();
   }
-  Status Error(const char* what) {
+  Status Error(const char* what) TAU_REQUIRES(mu) {
     return Classify(fmt::format("sqlite: {}: {}", what, sqlite3_errmsg(db)));
   }
   // A full disk passes once space is freed: Unavailable (try again), unlike the other failures.
-  Status Classify(std::string message) {
+  Status Classify(std::string message) TAU_REQUIRES(mu) {
     if ((sqlite3_errcode(db) & 0xff) == SQLITE_FULL)
       return Unavailable("the store's disk is full (" + message + "); free some space");
     return Internal(std::move(message));
   }
 
-  Status Migrate() {
+  Status Migrate() TAU_REQUIRES(mu) {
     Stmt v(db, &cache, "PRAGMA user_version");
     if (!v.ok() || v.Step() != SQLITE_ROW) return Error("reading schema version");
     int64_t version = v.Int(0);
@@ -399,7 +400,7 @@ struct Store::Impl {
     return Status::Ok();
   }
 
-  Status InsertRun(const RunRecord& r) {
+  Status InsertRun(const RunRecord& r) TAU_REQUIRES(mu) {
     static const std::string sql = [] {
       std::vector<std::string> names;
       for (const std::string& c : Split(kRunColumns, ','))
@@ -413,7 +414,7 @@ struct Store::Impl {
     return Status::Ok();
   }
 
-  Status UpdateRun(const RunProgress& r) {
+  Status UpdateRun(const RunProgress& r) TAU_REQUIRES(mu) {
     static const std::string sql = [] {
       std::vector<std::string> sets;
       for (const char* c : kProgressColumns) sets.push_back(fmt::format("{} = :{}", c, c));
@@ -428,7 +429,7 @@ struct Store::Impl {
     return Status::Ok();
   }
 
-  Status UpsertAttempt(const AttemptRecord& a) {
+  Status UpsertAttempt(const AttemptRecord& a) TAU_REQUIRES(mu) {
     Stmt s(db, &cache,
            "INSERT OR REPLACE INTO attempts (run, number, state, dir, shim_pid, shim_start_time, "
            "gpus, started_ms, ended_ms, exit_code, signal, outcome, reason, message, diagnosis) "
@@ -453,7 +454,7 @@ struct Store::Impl {
     return Status::Ok();
   }
 
-  Status AppendEvent(Event* e) {
+  Status AppendEvent(Event* e) TAU_REQUIRES(mu) {
     Stmt last(db, &cache, "SELECT hash FROM events WHERE run = ? ORDER BY id DESC LIMIT 1");
     if (!last.ok()) return Error("preparing event chain lookup");
     last.Bind(1, e->run);
@@ -480,14 +481,14 @@ struct Store::Impl {
     RunRecord* run;
     std::vector<Event>* events;
     Status result;
-    bool done = false;  // GUARDED_BY(group_mu)
+    bool done = false;  // guarded by Impl::group_mu
   };
-  std::mutex group_mu;  // before `mu` when both are held
-  std::condition_variable group_cv;
-  std::vector<PendingInsert*> pending;  // GUARDED_BY(group_mu)
-  bool group_leader = false;            // a thread is committing a group; GUARDED_BY(group_mu)
+  Mutex group_mu;  // before `mu` when both are held
+  CondVar group_cv;
+  std::vector<PendingInsert*> pending TAU_GUARDED_BY(group_mu);
+  bool group_leader TAU_GUARDED_BY(group_mu) = false;  // a thread is committing a group
 
-  Status InsertOne(PendingInsert& p) {
+  Status InsertOne(PendingInsert& p) TAU_REQUIRES(mu) {
     Stmt exists(db, &cache, "SELECT 1 FROM runs WHERE name = ?");
     exists.Bind(1, p.run->name);
     if (exists.Step() == SQLITE_ROW)
@@ -504,8 +505,8 @@ struct Store::Impl {
   // fails leaves no trace while the others go on. A transaction that fails (to begin or to commit)
   // fails them all.
   void CommitInserts(const std::vector<PendingInsert*>& group) {
-    std::lock_guard<std::mutex> lock(mu);
-    Status committed = InTransaction([&] {
+    MutexLock lock(&mu);
+    Status committed = InTransaction([&]() TAU_REQUIRES(mu) {
       for (PendingInsert* p : group) {
         Status s = Exec("SAVEPOINT run_insert");
         if (s.ok()) {
@@ -523,9 +524,18 @@ struct Store::Impl {
       if (p->result.ok()) p->result = committed;
   }
 
+  Status CommitBatch(const Batch& batch) TAU_REQUIRES(mu) {
+    return InTransaction([&]() TAU_REQUIRES(mu) -> Status {
+      for (const RunProgress& r : batch.runs) TAU_RETURN_IF_ERROR(UpdateRun(r));
+      for (const AttemptRecord& a : batch.attempts) TAU_RETURN_IF_ERROR(UpsertAttempt(a));
+      for (Event e : batch.events) TAU_RETURN_IF_ERROR(AppendEvent(&e));
+      return Status::Ok();
+    });
+  }
+
   // Runs `body` inside BEGIN IMMEDIATE ... COMMIT, rolling back on error.
   template <typename F>
-  Status InTransaction(F body) {
+  Status InTransaction(F body) TAU_REQUIRES(mu) {
     TAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
     Status s = body();
     if (s.ok()) s = Exec("COMMIT");
@@ -545,6 +555,7 @@ Store::~Store() {
 
 Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   auto impl = std::make_unique<Impl>();
+  MutexLock lock(&impl->mu);  // no one else has it yet; the analysis wants it held all the same
   int rc =
       sqlite3_open_v2(path.c_str(), &impl->db,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
@@ -578,39 +589,35 @@ Status Store::InsertRun(RunRecord* run, std::vector<Event> events) {
   // Each returns only once its group is durable; each keeps its own outcome (a taken name refuses
   // that insert alone).
   Impl::PendingInsert me{run, &events, Status::Ok(), false};
-  std::unique_lock<std::mutex> lock(impl_->group_mu);
+  impl_->group_mu.Lock();
   impl_->pending.push_back(&me);
   while (!me.done) {
     if (impl_->group_leader) {
-      impl_->group_cv.wait(lock);
+      impl_->group_cv.Wait(&impl_->group_mu);
       continue;
     }
     impl_->group_leader = true;
     std::vector<Impl::PendingInsert*> group;
     group.swap(impl_->pending);
-    lock.unlock();
+    impl_->group_mu.Unlock();
     impl_->CommitInserts(group);
-    lock.lock();
+    impl_->group_mu.Lock();
     impl_->group_leader = false;
     for (Impl::PendingInsert* p : group) p->done = true;
-    impl_->group_cv.notify_all();
+    impl_->group_cv.SignalAll();
   }
+  impl_->group_mu.Unlock();
   return me.result;
 }
 
 Status Store::Commit(const Batch& batch) {
   if (batch.empty()) return Status::Ok();
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->InTransaction([&]() -> Status {
-    for (const RunProgress& r : batch.runs) TAU_RETURN_IF_ERROR(impl_->UpdateRun(r));
-    for (const AttemptRecord& a : batch.attempts) TAU_RETURN_IF_ERROR(impl_->UpsertAttempt(a));
-    for (Event e : batch.events) TAU_RETURN_IF_ERROR(impl_->AppendEvent(&e));
-    return Status::Ok();
-  });
+  MutexLock lock(&impl_->mu);
+  return impl_->CommitBatch(batch);
 }
 
 Result<RunRecord> Store::GetRun(const std::string& name) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
          fmt::format("SELECT {} FROM runs WHERE name = ?", kRunColumns).c_str());
   if (!s.ok()) return impl_->Error("preparing run lookup");
@@ -641,7 +648,7 @@ static void BindFilter(Stmt& s, const RunFilter& f) {
 }
 
 Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   // The page is bound, not written into the text, so that the statement is prepared once.
   std::string sql =
       fmt::format("SELECT {} FROM runs{} ORDER BY seq {} LIMIT ?5 OFFSET ?6", kRunColumns,
@@ -659,7 +666,7 @@ Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {
 }
 
 Result<int64_t> Store::CountRuns(const RunFilter& filter) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
          fmt::format("SELECT COUNT(*) FROM runs{}", WhereClause(filter)).c_str());
   if (!s.ok()) return impl_->Error("preparing run count");
@@ -669,7 +676,7 @@ Result<int64_t> Store::CountRuns(const RunFilter& filter) {
 }
 
 Result<std::vector<RunCount>> Store::CountRunsByStateAndWorkspace() {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
          "SELECT state, workspace, COUNT(*) FROM runs GROUP BY state, workspace");
   if (!s.ok()) return impl_->Error("preparing run counts");
@@ -681,7 +688,7 @@ Result<std::vector<RunCount>> Store::CountRunsByStateAndWorkspace() {
 }
 
 Result<std::vector<AttemptRecord>> Store::ListAttempts(const std::string& run) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
          "SELECT run, number, state, dir, shim_pid, shim_start_time, gpus, started_ms, ended_ms, "
          "exit_code, signal, outcome, reason, message, diagnosis FROM attempts WHERE run = ? "
@@ -714,7 +721,7 @@ Result<std::vector<AttemptRecord>> Store::ListAttempts(const std::string& run) {
 }
 
 Result<std::vector<Event>> Store::ListEvents(const std::string& run) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
          "SELECT id, run, ts_ms, type, message, data, prev_hash, hash FROM events WHERE run = ? "
          "ORDER BY id");
@@ -761,7 +768,7 @@ static TokenRecord ReadToken(Stmt& s) {
 }
 
 Status Store::InsertToken(const TokenRecord& t) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
          fmt::format("INSERT INTO tokens ({}) VALUES (?,?,?,?,?,?,?,?,?)", kTokenColumns).c_str());
   if (!s.ok()) return impl_->Error("preparing token insert");
@@ -781,7 +788,7 @@ Status Store::InsertToken(const TokenRecord& t) {
 }
 
 Result<TokenRecord> Store::FindToken(const std::string& digest) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
          fmt::format("SELECT {} FROM tokens WHERE digest = ?", kTokenColumns).c_str());
   if (!s.ok()) return impl_->Error("preparing token lookup");
@@ -793,7 +800,7 @@ Result<TokenRecord> Store::FindToken(const std::string& digest) {
 }
 
 Result<std::vector<TokenRecord>> Store::ListTokens(const std::string& user) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
          fmt::format("SELECT {} FROM tokens WHERE ?1 = '' OR user = ?1 ORDER BY "
                      "created_ms, id",
@@ -809,7 +816,7 @@ Result<std::vector<TokenRecord>> Store::ListTokens(const std::string& user) {
 }
 
 Status Store::RevokeToken(const std::string& id, int64_t now_ms) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
          "UPDATE tokens SET revoked_ms = COALESCE(revoked_ms, ?) WHERE id = ?");
   if (!s.ok()) return impl_->Error("preparing token revocation");
@@ -821,7 +828,7 @@ Status Store::RevokeToken(const std::string& id, int64_t now_ms) {
 }
 
 Status Store::AppendAudit(const AuditRecord& a) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
          "INSERT INTO audit (ts_ms, user, via, method, path, status, action, detail) VALUES "
          "(?,?,?,?,?,?,?,?)");
@@ -839,7 +846,7 @@ Status Store::AppendAudit(const AuditRecord& a) {
 }
 
 Result<std::vector<AuditRecord>> Store::ListAudit(int64_t limit) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
          "SELECT id, ts_ms, user, via, method, path, status, action, detail FROM audit ORDER BY "
          "id DESC LIMIT ?");
@@ -865,7 +872,7 @@ Result<std::vector<AuditRecord>> Store::ListAudit(int64_t limit) {
 }
 
 Status Store::PutSecret(const SecretInfo& info, const std::string& value) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
          "INSERT OR REPLACE INTO secrets (workspace, key, value, updated_ms, updated_by) VALUES "
          "(?,?,?,?,?)");
@@ -880,7 +887,7 @@ Status Store::PutSecret(const SecretInfo& info, const std::string& value) {
 }
 
 Status Store::DeleteSecret(const std::string& workspace, const std::string& key) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache, "DELETE FROM secrets WHERE workspace = ? AND key = ?");
   if (!s.ok()) return impl_->Error("preparing secret delete");
   s.Bind(1, workspace);
@@ -892,7 +899,7 @@ Status Store::DeleteSecret(const std::string& workspace, const std::string& key)
 }
 
 Result<std::vector<SecretInfo>> Store::ListSecrets(const std::string& workspace) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
          "SELECT workspace, key, length(value), updated_ms, updated_by FROM secrets WHERE "
          "workspace = ? ORDER BY key");
@@ -907,7 +914,7 @@ Result<std::vector<SecretInfo>> Store::ListSecrets(const std::string& workspace)
 }
 
 Result<std::map<std::string, std::string>> Store::SecretValues(const std::string& workspace) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache, "SELECT key, value FROM secrets WHERE workspace = ?");
   if (!s.ok()) return impl_->Error("preparing secret read");
   s.Bind(1, workspace);
