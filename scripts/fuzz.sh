@@ -13,7 +13,13 @@ shift || true
 harnesses=("$@")
 [ ${#harnesses[@]} -gt 0 ] || harnesses=(spec platform quantity api_json simulate http)
 
-cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+# ccache as in scripts/build.sh: a second fuzz build of unchanged files is a copy.
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
+fi
+cmake -S . -B build-fuzz -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER="${TAU_FUZZ_CC:-clang-14}" -DCMAKE_CXX_COMPILER="${TAU_FUZZ_CXX:-clang++-14}" \
   -DTAU_FUZZ=ON -DTAU_BUILD_TESTS=OFF -DTAU_BUILD_BENCH=OFF >/dev/null
 targets=()
