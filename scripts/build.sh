@@ -10,5 +10,5 @@ if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 fi
-cmake -S . -B build -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTAU_BUILD_TESTS="${TAU_BUILD_TESTS:-ON}" -DTAU_BUILD_BENCH="${TAU_BUILD_BENCH:-ON}" >/dev/null
+cmake -S . -B build -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTAU_WERROR=ON -DTAU_BUILD_TESTS="${TAU_BUILD_TESTS:-ON}" -DTAU_BUILD_BENCH="${TAU_BUILD_BENCH:-ON}" >/dev/null
 cmake --build build -j "$(nproc)"

@@ -21,7 +21,7 @@ if command -v ccache >/dev/null; then
 fi
 cmake -S . -B build-fuzz -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER="${TAU_FUZZ_CC:-clang-14}" -DCMAKE_CXX_COMPILER="${TAU_FUZZ_CXX:-clang++-14}" \
-  -DTAU_FUZZ=ON -DTAU_BUILD_TESTS=OFF -DTAU_BUILD_BENCH=OFF >/dev/null
+  -DTAU_FUZZ=ON -DTAU_WERROR=ON -DTAU_BUILD_TESTS=OFF -DTAU_BUILD_BENCH=OFF >/dev/null
 targets=()
 for h in "${harnesses[@]}"; do targets+=("${h}_fuzz"); done
 cmake --build build-fuzz -j "${TAU_FUZZ_JOBS:-$(nproc)}" --target "${targets[@]}"
