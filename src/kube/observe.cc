@@ -24,8 +24,6 @@ using Phase = AttemptObservation::Phase;
 using recovery::FailureClass;
 
 // A failure class as AttemptObservation and PodVerdict spell it.
-std::string Class(FailureClass c) { return std::string(recovery::FailureClassName(c)); }
-
 // ---- Type-checked reads (nlohmann's value() throws when the key holds another type) ----
 
 const json* Field(const json& j, std::string_view key) {
@@ -148,7 +146,7 @@ PodVerdict OomRule(const json& pod) {
     for (const json* c : Containers(pod, init)) {
       const json* t = Terminated(*c);
       if (t != nullptr && Str(Field(*t, "reason")) == "OOMKilled") {
-        return {Class(FailureClass::kOOMKilled), "OOMKilled",
+        return {recovery::FailureClassName(FailureClass::kOOMKilled), "OOMKilled",
                 fmt::format("{} was killed for running out of memory (OOMKilled)", Who(pod, *c)),
                 MainExitCode(pod)};
       }
@@ -161,7 +159,8 @@ PodVerdict EvictedRule(const json& pod) {
   if (Str(pod, {"status", "reason"}) != "Evicted") return {};
   std::string message = Str(pod, {"status", "message"});
   if (message.empty()) message = fmt::format("pod {} was evicted", PodName(pod));
-  return {Class(FailureClass::kEvicted), "Evicted", message, MainExitCode(pod)};
+  return {recovery::FailureClassName(FailureClass::kEvicted), "Evicted", message,
+          MainExitCode(pod)};
 }
 
 PodVerdict DisruptionRule(const json& pod) {
@@ -170,11 +169,11 @@ PodVerdict DisruptionRule(const json& pod) {
   std::string reason = Str(Field(*c, "reason"));
   std::string cls;
   if (reason == "PreemptionByScheduler" || reason == "PreemptionByKubeScheduler") {
-    cls = Class(FailureClass::kPreempted);
+    cls = recovery::FailureClassName(FailureClass::kPreempted);
   } else if (reason == "DeletionByTaintManager") {
-    cls = Class(FailureClass::kNodeLost);
+    cls = recovery::FailureClassName(FailureClass::kNodeLost);
   } else if (reason == "EvictionByEvictionAPI" || reason == "TerminationByKubelet") {
-    cls = Class(FailureClass::kEvicted);
+    cls = recovery::FailureClassName(FailureClass::kEvicted);
   } else {
     return {};
   }
@@ -188,7 +187,7 @@ PodVerdict NodeLostRule(const json& pod) {
   if (reason != "NodeLost" && reason != "UnexpectedAdmissionError") return {};
   std::string message = Str(pod, {"status", "message"});
   if (message.empty()) message = fmt::format("pod {} failed: {}", PodName(pod), reason);
-  return {Class(FailureClass::kNodeLost), reason, message, MainExitCode(pod)};
+  return {recovery::FailureClassName(FailureClass::kNodeLost), reason, message, MainExitCode(pod)};
 }
 
 // tau's init container unpacks the code and installs pip packages: its failure is the setup's.
@@ -196,7 +195,7 @@ PodVerdict InitExitRule(const json& pod) {
   for (const json* c : Containers(pod, true)) {
     std::optional<int> code = ExitCode(Terminated(*c));
     if (code && *code != 0) {
-      return {Class(FailureClass::kSetupError), "InitContainerFailed",
+      return {recovery::FailureClassName(FailureClass::kSetupError), "InitContainerFailed",
               fmt::format("init container {} of pod {} exited with code {}", Str(Field(*c, "name")),
                           PodName(pod), *code),
               MainExitCode(pod)};
@@ -209,7 +208,7 @@ PodVerdict ExitRule(const json& pod) {
   for (const json* c : Containers(pod, false)) {
     std::optional<int> code = ExitCode(Terminated(*c));
     if (code && *code != 0) {
-      return {Class(FailureClass::kUserError), "Error",
+      return {recovery::FailureClassName(FailureClass::kUserError), "Error",
               fmt::format("{} exited with code {}", Who(pod, *c), *code), code};
     }
   }
@@ -249,7 +248,7 @@ void FailFromPods(AttemptObservation& out, const std::vector<json>& pods, std::s
   PodVerdict v = ClassifyPods(pods);
   out.reason = std::move(reason);
   if (v.failure_class.empty()) {
-    out.failure_class = Class(FailureClass::kUserError);
+    out.failure_class = recovery::FailureClassName(FailureClass::kUserError);
     out.message = std::move(message);
     for (const json& p : pods) {  // the exit code, if any pod knows one
       if (!out.exit_code) out.exit_code = MainExitCode(p);
@@ -279,7 +278,7 @@ bool JobTerminal(const json& object, const std::vector<json>& pods, AttemptObser
   std::string message = Str(Field(*failed, "message"));
   if (reason == "DeadlineExceeded") {
     out.phase = Phase::kFailed;
-    out.failure_class = Class(FailureClass::kTimeout);
+    out.failure_class = recovery::FailureClassName(FailureClass::kTimeout);
     out.reason = reason;
     out.message = message.empty() ? "the Job ran past its activeDeadlineSeconds" : message;
     return true;
@@ -302,7 +301,7 @@ bool RayJobTerminal(const json& object, const std::vector<json>& pods, AttemptOb
   if (deployment != "Failed" && job != "FAILED" && job != "STOPPED") return false;
   if (reason == "DeadlineExceeded") {
     out.phase = Phase::kFailed;
-    out.failure_class = Class(FailureClass::kTimeout);
+    out.failure_class = recovery::FailureClassName(FailureClass::kTimeout);
     out.reason = reason;
     out.message = message.empty() ? "the RayJob ran past its activeDeadlineSeconds" : message;
     return true;
@@ -312,7 +311,8 @@ bool RayJobTerminal(const json& object, const std::vector<json>& pods, AttemptOb
     fallback = job.empty() ? "the RayJob failed" : fmt::format("the Ray job ended {}", job);
   }
   FailFromPods(out, pods, reason.empty() ? (job.empty() ? deployment : job) : reason, fallback);
-  if (!message.empty() && out.failure_class == Class(FailureClass::kUserError)) {
+  if (!message.empty() &&
+      out.failure_class == recovery::FailureClassName(FailureClass::kUserError)) {
     // A non-zero exit is the submitter's (ray job submit); KubeRay's message says which Ray job
     // failed and why, more than the code does.
     out.message = message;
@@ -403,9 +403,10 @@ AttemptObservation ObserveAttempt(const json& object, const json* workload,
   if (const json* evicted = Condition(workload, "Evicted"); IsTrue(evicted) && !IsTrue(quota)) {
     std::string reason = Str(Field(*evicted, "reason"));
     out.phase = Phase::kEvicted;
-    out.failure_class = Class(reason == "Preempted"      ? FailureClass::kPreempted
-                              : reason == "NodeFailures" ? FailureClass::kNodeLost
-                                                         : FailureClass::kEvicted);
+    out.failure_class =
+        recovery::FailureClassName(reason == "Preempted"      ? FailureClass::kPreempted
+                                   : reason == "NodeFailures" ? FailureClass::kNodeLost
+                                                              : FailureClass::kEvicted);
     out.reason = reason;
     out.message = Str(Field(*evicted, "message"));
     return out;
@@ -420,7 +421,7 @@ AttemptObservation ObserveAttempt(const json& object, const json* workload,
   // attempt instead of holding its GPUs.
   if (Waiting w = FindWaiting(sorted, FatalWaiting); w.pod != nullptr) {
     out.phase = Phase::kFailed;
-    out.failure_class = Class(FailureClass::kSetupError);
+    out.failure_class = recovery::FailureClassName(FailureClass::kSetupError);
     out.reason = w.reason;
     out.message =
         w.message.empty() ? fmt::format("{}: {}", Who(*w.pod, *w.container), w.reason) : w.message;

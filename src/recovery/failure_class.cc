@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <string>
 #include <utility>
 
 namespace tau::recovery {
@@ -25,10 +26,16 @@ constexpr std::array<std::pair<FailureClass, std::string_view>, 12> kNames = {{
 
 }  // namespace
 
-std::string_view FailureClassName(FailureClass c) {
-  for (const auto& [cls, name] : kNames)
-    if (cls == c) return name;
-  return "Unknown";
+const std::string& FailureClassName(FailureClass c) {
+  // As strings, so that records, events and labels take them without a copy of their own.
+  static const auto* names = [] {
+    auto* v = new std::array<std::string, kNames.size()>;
+    for (size_t i = 0; i < kNames.size(); ++i) (*v)[i] = std::string(kNames[i].second);
+    return v;
+  }();
+  for (size_t i = 0; i < kNames.size(); ++i)
+    if (kNames[i].first == c) return (*names)[i];
+  return names->back();  // Unknown
 }
 
 std::optional<FailureClass> ParseFailureClass(std::string_view name) {

@@ -26,7 +26,7 @@ enum class FailureClass {
 };
 
 // "Succeeded", "UserError", ...: the class's name.
-std::string_view FailureClassName(FailureClass c);
+const std::string& FailureClassName(FailureClass c);
 
 // The class of a name, exactly as FailureClassName spells it (case matters); nullopt otherwise.
 std::optional<FailureClass> ParseFailureClass(std::string_view name);

@@ -38,8 +38,6 @@ using store::RunState;
 
 namespace {
 
-std::string Name(FailureClass c) { return std::string(recovery::FailureClassName(c)); }
-
 // Hands a directory tree to the user a run runs as (symlinks themselves, never their targets).
 Status ChownTree(const std::string& root, uid_t uid, gid_t gid) {
   if (::lchown(root.c_str(), uid, gid) != 0) return IoError("chown " + root, errno);
@@ -433,7 +431,7 @@ Status Controller::Resume(const std::string& name, const std::string& from, bool
   if (r.state == RunState::kSucceeded)
     return FailedPrecondition(
         fmt::format("run '{}' succeeded; `tau rerun {}` starts it again as a new run", name, name));
-  if (r.reason == Name(FailureClass::kOOMKilled) && !force)
+  if (r.reason == recovery::FailureClassName(FailureClass::kOOMKilled) && !force)
     return FailedPrecondition(
         fmt::format("run '{}' was OOMKilled: another attempt with the same memory will likely die "
                     "the same way. "
@@ -532,7 +530,8 @@ void Controller::Count(const std::string& name, const Labels& labels) {
 
 void Controller::CountAttempt(const AttemptRecord& a) {
   Count("tau_attempts_total",
-        {{"failure_class", a.reason.empty() ? Name(FailureClass::kUnknown) : a.reason}});
+        {{"failure_class",
+          a.reason.empty() ? recovery::FailureClassName(FailureClass::kUnknown) : a.reason}});
 }
 
 void Controller::CommitOrDie(Batch batch) {
@@ -618,18 +617,19 @@ void Controller::FailAttempt(ActiveRun& run, FailureClass failure_class, const s
   const int64_t now = NowMillis();
   const recovery::RetryDecision decision = recovery::Decide(policy, history, failure_class, now);
   if (!decision.retry) {
-    Finish(run, RunState::kFailed, Name(failure_class),
+    Finish(run, RunState::kFailed, recovery::FailureClassName(failure_class),
            recovery::StopMessage(policy, decision, message), batch);
     return;
   }
   ReleaseResources(run);
-  r.reason = Name(failure_class);
+  r.reason = recovery::FailureClassName(failure_class);
   r.message = message;
   r.not_before_ms = now + decision.backoff_ms;
   run.queued_since_ms = *r.not_before_ms;
   Transition(run, RunState::kQueued, "Retrying",
              recovery::RetryingMessage(policy, history, failure_class, decision), batch,
-             {{"failure_class", Name(failure_class)}, {"backoff_ms", decision.backoff_ms}});
+             {{"failure_class", recovery::FailureClassName(failure_class)},
+              {"backoff_ms", decision.backoff_ms}});
   batch->runs.push_back(r);
 }
 
@@ -711,8 +711,8 @@ void Controller::Recover(Batch* batch, const std::set<AttemptKey>& on_cluster) {
     if (!loaded.ok()) {
       ActiveRun broken;
       broken.record = record;
-      Finish(broken, RunState::kFailed, Name(FailureClass::kUnknown), loaded.status().message(),
-             batch);
+      Finish(broken, RunState::kFailed, recovery::FailureClassName(FailureClass::kUnknown),
+             loaded.status().message(), batch);
       continue;
     }
     ActiveRun& run = active_[record.name] = std::move(*loaded);
@@ -1036,7 +1036,7 @@ void Controller::FailStart(ActiveRun& run, AttemptRecord a, FailureClass reason,
   a.state = AttemptState::kFinished;
   a.ended_ms = NowMillis();
   a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
-  a.reason = Name(reason);
+  a.reason = recovery::FailureClassName(reason);
   a.message = message;
   batch->attempts.push_back(a);
   CountAttempt(a);
@@ -1250,7 +1250,7 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
     (void)runtime::StopAttempt({a.shim_pid, a.shim_start_time}, a.dir);
     const FailureClass cls = stop_reason.value_or(FailureClass::kNodeLost);
     a.outcome = "Lost";
-    a.reason = Name(cls);
+    a.reason = recovery::FailureClassName(cls);
     a.message = stop_message.empty() ? "the attempt's supervisor exited without recording a result"
                                      : stop_message;
     batch->attempts.push_back(a);
@@ -1272,7 +1272,7 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
     cls = *stop_reason;
     a.message = stop_message;
   }
-  a.reason = Name(cls);
+  a.reason = recovery::FailureClassName(cls);
   // An attempt whose setup failed never ran the job: it has no exit code (a 0 would read as a
   // success to scripts).
   if (o.kind != runtime::OutcomeKind::kSetupFailed &&
@@ -1295,11 +1295,11 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   r.exit_code = a.exit_code;
   r.signal = a.signal;
   if (o.kind == runtime::OutcomeKind::kSucceeded) {
-    Finish(run, RunState::kSucceeded, Name(FailureClass::kSucceeded),
+    Finish(run, RunState::kSucceeded, recovery::FailureClassName(FailureClass::kSucceeded),
            "all processes exited with code 0", batch);
   } else if (cls == FailureClass::kCancelled) {
-    Finish(run, RunState::kCancelled, Name(FailureClass::kCancelled), "cancelled by request",
-           batch);
+    Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
+           "cancelled by request", batch);
   } else if (cls == FailureClass::kPreempted && preemption_requeues) {
     Requeue(run, a.message, batch);
   } else {
@@ -1312,7 +1312,7 @@ void Controller::LoseAttempt(ActiveRun& run, AttemptRecord attempt, const std::s
   attempt.state = AttemptState::kFinished;
   attempt.ended_ms = NowMillis();
   attempt.outcome = "Lost";
-  attempt.reason = Name(FailureClass::kNodeLost);
+  attempt.reason = recovery::FailureClassName(FailureClass::kNodeLost);
   attempt.message = message;
   batch->attempts.push_back(attempt);
   CountAttempt(attempt);
@@ -1337,7 +1337,7 @@ void Controller::HandleCancel(const std::string& name, Batch* batch) {
   r.cancel_requested = true;
   if (options_.cluster) return CancelOnCluster(run, batch);
   if (r.state == RunState::kQueued || (r.state == RunState::kAdmitted && !run.shim)) {
-    Finish(run, RunState::kCancelled, Name(FailureClass::kCancelled),
+    Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
            r.attempts == 0 ? "cancelled before it started"
                            : fmt::format("cancelled before attempt {} started", r.attempts + 1),
            batch);

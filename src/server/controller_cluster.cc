@@ -20,11 +20,7 @@ using store::RunState;
 using Phase = kube::AttemptObservation::Phase;
 using recovery::FailureClass;
 
-namespace {
-
-std::string Name(FailureClass c) { return std::string(recovery::FailureClassName(c)); }
-
-}  // namespace
+namespace {}  // namespace
 
 void Controller::RecoverOnCluster(ActiveRun& run, const std::set<AttemptKey>& existing,
                                   Batch* batch) {
@@ -157,7 +153,7 @@ void Controller::LaunchOnCluster(const std::string& name, Batch* batch) {
   a.state = AttemptState::kFinished;
   a.ended_ms = NowMillis();
   a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
-  a.reason = Name(FailureClass::kSetupError);
+  a.reason = recovery::FailureClassName(FailureClass::kSetupError);
   a.message = fmt::format("the cluster refused the attempt: {}", s.message());
   batch->attempts.push_back(a);
   CountAttempt(a);
@@ -241,7 +237,7 @@ void Controller::EndClusterAttempt(ActiveRun& run, const kube::AttemptObservatio
   run.cluster_pending = nullptr;
   if (o.phase == Phase::kSucceeded) {
     a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSucceeded);
-    a.reason = Name(FailureClass::kSucceeded);
+    a.reason = recovery::FailureClassName(FailureClass::kSucceeded);
     if (!a.exit_code) a.exit_code = 0;
     batch->attempts.push_back(a);
     CountAttempt(a);
@@ -253,7 +249,7 @@ void Controller::EndClusterAttempt(ActiveRun& run, const kube::AttemptObservatio
                                                                   : runtime::OutcomeKind::kFailed);
   const FailureClass cls =
       recovery::ParseFailureClass(o.failure_class).value_or(FailureClass::kUnknown);
-  a.reason = Name(cls);
+  a.reason = recovery::FailureClassName(cls);
   if (cls != FailureClass::kPreempted)
     a.diagnosis = DiagnosisJson(a.dir, std::max(1, run.spec.compute.workers),
                                 "Running: the job failed on the cluster");
@@ -294,14 +290,14 @@ void Controller::CancelOnCluster(ActiveRun& run, Batch* batch) {
       a.state = AttemptState::kFinished;
       a.ended_ms = NowMillis();
       a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kStopped);
-      a.reason = Name(FailureClass::kCancelled);
+      a.reason = recovery::FailureClassName(FailureClass::kCancelled);
       a.message = "cancelled: its Kubernetes objects were deleted";
       batch->attempts.push_back(a);
       CountAttempt(a);
     }
     run.cluster_attempt = 0;
   }
-  Finish(run, RunState::kCancelled, Name(FailureClass::kCancelled),
+  Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
          r.started_ms ? "cancelled by request; its Kubernetes objects were deleted"
                       : "cancelled before it started",
          batch);
