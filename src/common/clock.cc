@@ -13,6 +13,15 @@ int64_t NowMillis() {
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
 }
 
+Clock* SystemClock() {
+  class System final : public Clock {
+   public:
+    int64_t NowMillis() override { return tau::NowMillis(); }
+  };
+  static System* const clock = new System;
+  return clock;
+}
+
 int64_t MonotonicMillis() {
   using namespace std::chrono;
   return duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count();

@@ -10,6 +10,19 @@
 namespace tau {
 
 int64_t NowMillis();
+
+// Where a component that decides by time reads it: the real clock in the server, a fake one in
+// tests (LevelDB's Env, Kueue's injected clock), so that backoffs and deadlines are tested without
+// sleeping.
+class Clock {
+ public:
+  virtual ~Clock() = default;
+  // Milliseconds since the Unix epoch, as NowMillis().
+  virtual int64_t NowMillis() = 0;
+};
+// The real clock (one for the process; never deleted).
+Clock* SystemClock();
+
 // Monotonic milliseconds, for timeouts and latencies.
 int64_t MonotonicMillis();
 // "2026-11-30T14:05:09.123Z"

@@ -66,7 +66,7 @@ std::string FlavorsText(const admission::FlavorAssignment& a) {
 Status Controller::LoadPlatformFile() {
   std::shared_ptr<const policy::Platform> platform;
   std::string source = "default";
-  int64_t applied_ms = NowMillis();
+  int64_t applied_ms = Now();
   if (!options_.platform_file.empty() && PathExists(options_.platform_file)) {
     TAU_ASSIGN_OR_RETURN(std::string text, ReadFile(options_.platform_file));
     policy::PlatformOutcome parsed = policy::ParsePlatform(text, options_.platform_file);
@@ -119,7 +119,7 @@ Status Controller::ApplyPlatform(const std::string& yaml, const std::string& fil
                         s.message());
   }
   // Durable before it is used: a restarted server must decide with the same policy.
-  int64_t now = NowMillis();
+  int64_t now = Now();
   TAU_RETURN_IF_ERROR(WriteFileAtomic(options_.platform_file, yaml, 0600));
   nlohmann::json meta = {{"source", filename}, {"applied_ms", now}};
   TAU_RETURN_IF_ERROR(
@@ -127,9 +127,8 @@ Status Controller::ApplyPlatform(const std::string& yaml, const std::string& fil
   auto platform = std::make_shared<const policy::Platform>(std::move(*parsed.platform));
   MutexLock lock(&mu_);
   platform_ = {platform, filename, now};
-  platform_changed_ = true;
   int64_t generation = ++platform_generation_;
-  cv_.Signal();
+  inbox_.Push(PlatformChanged{platform, generation});
   // The file is durable, so the policy holds from here on; waiting only makes `tau queues` right
   // after `tau platform apply` show the new queues.
   platform_cv_.WaitFor(&mu_, std::chrono::seconds(10), [&]() TAU_REQUIRES(mu_) {
@@ -166,7 +165,7 @@ void Controller::RebuildEngine() {
 // and waiting for the machine) are added with their recorded flavors first, so the quota they hold
 // is accounted before anything new is admitted; queued runs past their backoff are added pending.
 void Controller::SyncEngine() {
-  int64_t now = NowMillis();
+  int64_t now = Now();
   for (int pass = 0; pass < 2; ++pass) {
     const bool holders = pass == 0;
     for (auto& [name, run] : active_) {
@@ -212,7 +211,7 @@ void Controller::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
   SyncEngine();
   std::set<std::string> reserved_now;
   for (int cycle = 0; cycle < kMaxCyclesPerPass; ++cycle) {
-    admission::CycleResult result = engine_->RunCycle({NowMillis(), /*report_pending=*/false});
+    admission::CycleResult result = engine_->RunCycle({Now(), /*report_pending=*/false});
     for (const admission::PreemptedInfo& p : result.preempted) HandlePreemption(p, batch);
     for (const admission::AdmittedInfo& a : result.admitted) {
       auto it = active_.find(a.name);
@@ -245,7 +244,7 @@ void Controller::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
       // Holds quota but waits for this machine (GPUs kept out by health checks, or a platform
       // whose quota is larger than the machine). Recorded, so a restart keeps the reservation.
       RunRecord& r = run->record;
-      r.updated_ms = NowMillis();
+      r.updated_ms = Now();
       batch->events.push_back({0,
                                r.name,
                                r.updated_ms,
@@ -272,7 +271,7 @@ bool Controller::Place(ActiveRun& run, Batch* batch) {
   free_cpu_milli_ -= need.cpu_milli;
   free_memory_bytes_ -= need.memory_bytes;
   run.holds_machine = true;
-  r.admitted_ms = NowMillis();
+  r.admitted_ms = Now();
   if (options_.metrics)
     options_.metrics->Observe(
         "tau_admission_wait_seconds", {{"cluster_queue", r.queue}},
@@ -291,7 +290,7 @@ bool Controller::Place(ActiveRun& run, Batch* batch) {
   starting.number = r.attempts + 1;
   starting.dir = AttemptDir(r.name, starting.number);
   starting.gpus = r.gpus;
-  starting.started_ms = NowMillis();
+  starting.started_ms = Now();
   batch->attempts.push_back(starting);
   return true;
 }
@@ -313,7 +312,7 @@ void Controller::HandlePreemption(const admission::PreemptedInfo& p, Batch* batc
       fmt::format("preempted by {} ({}) in queue {}", p.preemptor, p.reason, p.queue);
   batch->events.push_back({0,
                            r.name,
-                           NowMillis(),
+                           Now(),
                            "Preempted",
                            run.shim ? message + "; stopping the attempt" : message,
                            {{"preemptor", p.preemptor}, {"reason", p.reason}},
@@ -339,7 +338,7 @@ void Controller::Requeue(ActiveRun& run, const std::string& message, Batch* batc
   r.reason = recovery::FailureClassName(recovery::FailureClass::kPreempted);
   r.message = message;
   r.not_before_ms.reset();
-  run.queued_since_ms = NowMillis();
+  run.queued_since_ms = Now();
   std::string next = "; back in the queue";
   if (had_attempt && !options_.cluster) {
     // What the next attempt will be given as TAU_RESUME_FROM, as things stand.
@@ -531,7 +530,7 @@ nlohmann::json Controller::QueuesJson(int64_t now,
 }
 
 void Controller::RefreshPending() {
-  int64_t now = NowMillis();
+  int64_t now = Now();
   std::map<std::string, nlohmann::json> info;
   size_t queued = 0;
   for (const auto& [name, run] : active_) {
@@ -551,8 +550,8 @@ void Controller::RefreshPending() {
   nlohmann::json queues = QueuesJson(now, info);
   MutexLock lock(&mu_);
   // Keep placeholders for runs submitted after this pass started; they are not in active_ yet.
-  for (const NewRun& n : inbox_new_)
-    info.emplace(n.name, pending_info_.count(n.name) ? pending_info_[n.name] : nlohmann::json());
+  for (const std::string& name : inbox_.NewRunNames())
+    info.emplace(name, pending_info_.count(name) ? pending_info_[name] : nlohmann::json());
   pending_info_ = std::move(info);
   capacity_info_ = std::move(capacity);
   queues_info_ = std::move(queues);

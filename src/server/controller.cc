@@ -22,7 +22,9 @@
 #include "recovery/failure_class.h"
 #include "recovery/recovery.h"
 #include "recovery/retry.h"
+#include "server/host_info.h"
 #include "server/redact.h"
+#include "server/run_storage.h"
 
 extern char** environ;
 
@@ -114,7 +116,14 @@ FailureClass ClassOf(const runtime::AttemptOutcome& o, bool cancel_requested) {
 }  // namespace
 
 Controller::Controller(ControllerOptions options, store::Store* store, health::GpuInventory gpus)
-    : options_(std::move(options)), store_(store), gpus_(std::move(gpus)) {
+    : options_(std::move(options)),
+      clock_(options_.clock ? options_.clock : SystemClock()),
+      store_(store),
+      gpus_(std::move(gpus)) {
+  evidence_ = std::make_unique<EvidenceWorker>(
+      options_.home, store_, clock_, gpus_,
+      [this](const RunRecord& r, bool final_save, const evidence::RecordInput* prev,
+             evidence::RuntimeInfo* rt) { DescribeRuntime(r, final_save, prev, rt); });
   cpu_capacity_milli_ = options_.cpu_capacity_milli > 0
                             ? options_.cpu_capacity_milli
                             : static_cast<int64_t>(::sysconf(_SC_NPROCESSORS_ONLN)) * 1000;
@@ -128,14 +137,23 @@ Controller::Controller(ControllerOptions options, store::Store* store, health::G
 Controller::~Controller() { Stop(); }
 
 std::string Controller::StorageDir(const RunRecord& r, const std::string& role) const {
-  // A platform storage volume with a host directory holds the run's checkpoints or outputs in a
-  // directory of the run's name (durable, shared by its attempts, apart from other runs');
-  // otherwise they live in the run's own directory under TAU_HOME.
-  if (auto mounts = r.resolved.find("mounts"); mounts != r.resolved.end() && mounts->is_array())
-    for (const auto& m : *mounts)
-      if (m.value("role", "") == role && !m.value("host_path", "").empty())
-        return m.value("host_path", "") + "/" + r.name;
-  return RunDir(r.name) + (role == "checkpoint" ? "/checkpoints" : "/" + role);
+  return server::StorageDir(options_.home, r, role);
+}
+
+void Controller::DescribeRuntime(const RunRecord& r, bool final_save,
+                                 const evidence::RecordInput* prev,
+                                 evidence::RuntimeInfo* rt) const {
+  if (options_.cluster) {
+    // The run's pods ran on the cluster's nodes, in its image: nothing of this machine describes
+    // them, so nothing of it is recorded (the image is).
+    rt->host = "kubernetes";
+    return;
+  }
+  // The cache the run's attempts used: runs of other users have their own (RunAsSubmitter).
+  std::string venvs = VenvCacheDir(std::nullopt);
+  if (!rt->pip.empty())
+    if (auto ids = SubmitterIds(r); ids.ok()) venvs = VenvCacheDir(*ids);
+  DescribeThisMachine(gpus_, venvs, rt->pip, final_save, prev, rt);
 }
 
 std::string Controller::AttemptDir(const std::string& name, int attempt) const {
@@ -143,11 +161,8 @@ std::string Controller::AttemptDir(const std::string& name, int attempt) const {
 }
 
 Status Controller::Start() {
-  auto watcher = runtime::ProcessWatcher::Create([this](const std::string& key) {
-    MutexLock lock(&mu_);
-    inbox_exited_.push_back(key);
-    cv_.Signal();
-  });
+  auto watcher = runtime::ProcessWatcher::Create(
+      [this](const std::string& key) { inbox_.Push(AttemptExited{key}); });
   if (!watcher.ok()) return watcher.status();
   watcher_ = std::move(*watcher);
   if (!options_.cluster) StartZygote();
@@ -156,11 +171,7 @@ Status Controller::Start() {
   std::set<AttemptKey> on_cluster;
   if (options_.cluster) {
     auto existing = options_.cluster->Start(
-        [this](ClusterNews news) {
-          MutexLock lock(&mu_);
-          inbox_cluster_.push_back(std::move(news));
-          cv_.Signal();
-        },
+        [this](ClusterNews news) { inbox_.Push(std::move(news)); },
         [this](const std::string& run, int attempt) { return AttemptDir(run, attempt); });
     if (!existing.ok()) return existing.status();
     on_cluster = std::move(*existing);
@@ -178,8 +189,8 @@ Status Controller::Start() {
   Recover(&batch, on_cluster);
   CommitOrDie(std::move(batch));
   RefreshPending();
-  evidence_thread_ = std::thread(&Controller::EvidenceWorker, this);
-  thread_ = std::thread(&Controller::Loop, this);
+  evidence_->Start();
+  if (options_.loop_thread) thread_ = std::thread(&Controller::Loop, this);
   return Status::Ok();
 }
 
@@ -200,23 +211,18 @@ void Controller::Stop() {
     MutexLock lock(&mu_);
     if (stopping_) return;
     stopping_ = true;
-    cv_.SignalAll();
     platform_cv_.SignalAll();
   }
+  inbox_.Close();
   if (thread_.joinable()) thread_.join();
-  {
-    // The worker finishes the records already queued (ended runs) before it stops.
-    MutexLock lock(&evidence_mu_);
-    evidence_stopping_ = true;
-    evidence_cv_.SignalAll();
-  }
-  if (evidence_thread_.joinable()) evidence_thread_.join();
+  // The worker finishes the records already queued (ended runs) before it stops.
+  evidence_->Stop();
   if (watcher_) watcher_->Stop();
   zygote_.reset();
   if (options_.cluster) options_.cluster->Stop();
 }
 
-Controller::Resources Controller::Needs(const policy::ResolvedRun& resolved) {
+Resources Controller::Needs(const policy::ResolvedRun& resolved) {
   Resources r;
   r.gpus = resolved.gpus_per_worker * resolved.workers;
   auto total = [&](const char* name) -> const Quantity* {
@@ -334,7 +340,7 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
                  {"cpu_milli", need.cpu_milli},
                  {"memory_bytes", need.memory_bytes},
                  {"workers", spec.compute.workers}};
-  r.created_ms = r.updated_ms = NowMillis();
+  r.created_ms = r.updated_ms = Now();
   nlohmann::json submitted = {{"config_hash", r.config_hash},
                               {"snapshot_digest", r.snapshot_digest},
                               {"files", snapshot->files.size()}};
@@ -353,11 +359,12 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
   // it from the store after a restart: the decision loop, which every run passes through, neither
   // reads the run back nor parses its spec again.
   auto prepared = Load(r, std::move(*parsed.spec));
-  MutexLock lock(&mu_);
-  inbox_new_.push_back({r.name, prepared.ok() ? std::make_optional(std::move(*prepared))
-                                              : std::optional<ActiveRun>()});
-  pending_info_[r.name] = {{"position", nullptr}, {"reason", "waiting for the scheduler"}};
-  cv_.Signal();
+  {
+    MutexLock lock(&mu_);
+    pending_info_[r.name] = {{"position", nullptr}, {"reason", "waiting for the scheduler"}};
+  }
+  inbox_.Push(NewRun{r.name, prepared.ok() ? std::make_optional(std::move(*prepared))
+                                           : std::optional<ActiveRun>()});
   return r;
 }
 
@@ -366,9 +373,7 @@ Status Controller::Cancel(const std::string& name) {
   if (store::IsTerminal(r.state))
     return FailedPrecondition(
         fmt::format("run '{}' has already finished ({})", name, store::RunStateName(r.state)));
-  MutexLock lock(&mu_);
-  inbox_cancel_.push_back(name);
-  cv_.Signal();
+  inbox_.Push(CancelRequest{name});
   return Status::Ok();
 }
 
@@ -401,7 +406,7 @@ Result<RunRecord> Controller::Rerun(const std::string& name, std::string* warnin
   r.resources = from.resources;
   r.owner = from.owner;
   r.resolved = from.resolved;  // the same queue, priority and shape as the run it reproduces
-  r.created_ms = r.updated_ms = NowMillis();
+  r.created_ms = r.updated_ms = Now();
   Status inserted = InsertWithUniqueName(&r, spec.name, [&](const std::string& run) {
     return std::vector<Event>{
         {0,
@@ -417,9 +422,7 @@ Result<RunRecord> Controller::Rerun(const std::string& name, std::string* warnin
         {0, run, r.created_ms, "Queued", "queued in " + r.queue, nlohmann::json::object(), "", ""}};
   });
   TAU_RETURN_IF_ERROR(inserted);
-  MutexLock lock(&mu_);
-  inbox_new_.push_back({r.name, std::nullopt});
-  cv_.Signal();
+  inbox_.Push(NewRun{r.name, std::nullopt});
   return r;
 }
 
@@ -450,9 +453,7 @@ Status Controller::Resume(const std::string& name, const std::string& from, bool
           "checkpoint '{}' is not in run '{}''s checkpoint directory {}", from, name, dir));
     checkpoint = real;
   }
-  MutexLock lock(&mu_);
-  inbox_resume_.push_back({name, checkpoint});
-  cv_.Signal();
+  inbox_.Push(ResumeRequest{name, checkpoint});
   return Status::Ok();
 }
 
@@ -471,7 +472,7 @@ void Controller::HandleResume(const ResumeRequest& request, Batch* batch) {
   r.exit_code.reset();
   r.signal.reset();
   run.resume_from = request.from;
-  run.queued_since_ms = NowMillis();
+  run.queued_since_ms = Now();
   Transition(
       run, RunState::kQueued, "Resumed",
       request.from.empty() ? "resumed by request" : "resumed by request from " + request.from,
@@ -480,9 +481,11 @@ void Controller::HandleResume(const ResumeRequest& request, Batch* batch) {
 }
 
 void Controller::OnGpuVerdict(int gpu, bool placeable, const std::string& why) {
-  MutexLock lock(&mu_);
-  inbox_gpu_.push_back({gpu, placeable, why});
-  cv_.Signal();
+  inbox_.Push(GpuNews{gpu, placeable, why});
+}
+
+void Controller::OnGpuSamples(std::vector<evidence::GpuSample> samples) {
+  if (!samples.empty()) inbox_.Push(GpuSamples{std::move(samples)});
 }
 
 void Controller::HandleGpuNews(const GpuNews& news, Batch* batch) {
@@ -503,7 +506,7 @@ void Controller::HandleGpuNews(const GpuNews& news, Batch* batch) {
     run.gpu_error = fmt::format("GPU {} turned unhealthy: {}", news.gpu, news.why);
     batch->events.push_back({0,
                              name,
-                             NowMillis(),
+                             Now(),
                              "GPUError",
                              run.gpu_error + "; stopping the attempt",
                              {{"gpu", news.gpu}, {"error", run.gpu_error}},
@@ -548,12 +551,8 @@ void Controller::CommitOrDie(Batch batch) {
     if (waited_s % 60 == 0)
       std::fprintf(stderr, "tau server: cannot commit, waiting for space: %s\n",
                    s.ToString().c_str());
-    {
-      MutexLock lock(&mu_);
-      // Stopping now loses nothing: the last committed state is what a restart recovers.
-      if (cv_.WaitFor(&mu_, std::chrono::seconds(1), [&]() TAU_REQUIRES(mu_) { return stopping_; }))
-        std::_Exit(70);
-    }
+    // Stopping now loses nothing: the last committed state is what a restart recovers.
+    if (inbox_.WaitClosed(1000)) std::_Exit(70);
     s = store_->Commit(batch);
     if (s.ok()) std::fprintf(stderr, "tau server: committed again after waiting for space\n");
   }
@@ -568,7 +567,7 @@ void Controller::CommitOrDie(Batch batch) {
 
 void Controller::Transition(ActiveRun& run, RunState state, const std::string& event_type,
                             const std::string& message, Batch* batch, nlohmann::json data) {
-  int64_t now = NowMillis();
+  int64_t now = Now();
   run.record.state = state;
   run.record.updated_ms = now;
   batch->events.push_back({0, run.record.name, now, event_type, message, std::move(data), "", ""});
@@ -579,7 +578,7 @@ void Controller::Finish(ActiveRun& run, RunState state, const std::string& reaso
   RunRecord& r = run.record;
   r.reason = reason;
   r.message = message;
-  r.finished_ms = NowMillis();
+  r.finished_ms = Now();
   nlohmann::json data = {{"reason", reason}};
   if (r.exit_code) data["exit_code"] = *r.exit_code;
   if (r.signal) data["signal"] = *r.signal;
@@ -614,7 +613,7 @@ void Controller::FailAttempt(ActiveRun& run, FailureClass failure_class, const s
   RunRecord& r = run.record;
   const recovery::RetryPolicy policy = spec::RetryPolicyOf(run.spec.resilience);
   const recovery::AttemptHistory history{r.attempts, r.started_ms};
-  const int64_t now = NowMillis();
+  const int64_t now = Now();
   const recovery::RetryDecision decision = recovery::Decide(policy, history, failure_class, now);
   if (!decision.retry) {
     Finish(run, RunState::kFailed, recovery::FailureClassName(failure_class),
@@ -633,14 +632,14 @@ void Controller::FailAttempt(ActiveRun& run, FailureClass failure_class, const s
   batch->runs.push_back(r);
 }
 
-Result<Controller::ActiveRun> Controller::Load(const RunRecord& record) {
+Result<ActiveRun> Controller::Load(const RunRecord& record) {
   spec::ParseOutcome parsed = spec::ParseSpec(record.spec_yaml, record.spec_file);
   if (!parsed.ok())
     return InvalidArgument("the recorded spec no longer parses: " + parsed.ErrorText());
   return Load(record, std::move(*parsed.spec));
 }
 
-Result<Controller::ActiveRun> Controller::Load(const RunRecord& record, spec::RunSpec spec) {
+Result<ActiveRun> Controller::Load(const RunRecord& record, spec::RunSpec spec) {
   ActiveRun run;
   run.record = record;
   run.spec = std::move(spec);
@@ -766,13 +765,12 @@ void Controller::Recover(Batch* batch, const std::set<AttemptKey>& on_cluster) {
     }
     if (runtime::ReadOutcome(last.dir).ok()) {
       // It finished while the server was away; handle it like any exit.
-      MutexLock lock(&mu_);
-      inbox_exited_.push_back(record.name);
+      inbox_.Push(AttemptExited{record.name});
       continue;
     }
     // Its supervisor is gone and left no result: the attempt's processes vanished.
     (void)runtime::StopAttempt(shim, last.dir);
-    PollMetrics(record.name, last.number);  // what it wrote is its, not the next attempt's
+    evidence_->PollMetrics(record.name, last.number);  // its points, not the next attempt's
     run.shim.reset();
     LoseAttempt(run, last, "the attempt's processes vanished while the server was down", batch);
     if (store::IsTerminal(run.record.state)) active_.erase(record.name);
@@ -798,96 +796,86 @@ void Controller::RestoreStopRequest(ActiveRun& run, int64_t attempt_started_ms) 
 }
 
 void Controller::Loop() {
-  while (true) {
-    std::deque<NewRun> news;
-    std::deque<std::string> cancels, exits;
-    std::deque<GpuNews> gpu_news;
-    std::deque<ResumeRequest> resumes;
-    std::deque<ClusterNews> cluster_news;
-    std::deque<std::vector<evidence::GpuSample>> samples;
-    bool rebuild = false;
-    {
-      MutexLock lock(&mu_);
-      cv_.WaitFor(&mu_, std::chrono::milliseconds(NextWakeMillis()), [&]() TAU_REQUIRES(mu_) {
-        return stopping_ || !inbox_new_.empty() || !inbox_cancel_.empty() ||
-               !inbox_exited_.empty() || !inbox_gpu_.empty() || !inbox_resume_.empty() ||
-               !inbox_samples_.empty() || !inbox_cluster_.empty();
-      });
-      if (stopping_) return;
-      if (platform_changed_) {
-        platform_changed_ = false;
-        loop_platform_ = platform_.platform;
-        loop_generation_ = platform_generation_;
-        rebuild = true;
-      }
-      news.swap(inbox_new_);
-      cancels.swap(inbox_cancel_);
-      exits.swap(inbox_exited_);
-      gpu_news.swap(inbox_gpu_);
-      resumes.swap(inbox_resume_);
-      samples.swap(inbox_samples_);
-      cluster_news.swap(inbox_cluster_);
-    }
-    if (rebuild) RebuildEngine();
-    Batch batch;
-    for (NewRun& n : news) {
-      if (active_.count(n.name)) continue;
-      if (n.run) {
-        active_[n.name] = std::move(*n.run);
-        continue;
-      }
-      auto record = store_->GetRun(n.name);
-      if (!record.ok()) continue;
-      auto loaded = Load(*record);
-      if (loaded.ok()) active_[n.name] = std::move(*loaded);
-    }
-    for (const GpuNews& g : gpu_news) HandleGpuNews(g, &batch);
-    for (const ResumeRequest& r : resumes) HandleResume(r, &batch);
-    for (const std::string& name : exits) HandleExit(name, &batch);
-    for (const ClusterNews& n : cluster_news) HandleClusterNews(n, &batch);
-    for (const std::string& name : cancels) HandleCancel(name, &batch);
-    std::vector<std::string> to_start, to_launch;
-    if (options_.cluster) {
-      LaunchQueued(&batch, &to_launch);
-    } else {
-      AdmitQueued(&batch, &to_start);
-    }
-    EscalateStops(&batch);
-    // Durable first: admissions, exits, cancels and new attempts are committed before any process
-    // is started or stopped, or any object created on the cluster.
-    CommitOrDie(std::move(batch));
-    StopCommitted();
-    Batch started;
-    StartAttempts(to_start, &started);
-    for (const std::string& name : to_launch) LaunchOnCluster(name, &started);
-    CommitOrDie(std::move(started));
-    for (const std::string& name : to_start) {
-      auto it = active_.find(name);
-      if (it != active_.end() && it->second.shim) {
-        Status s = watcher_->Watch(name, *it->second.shim);
-        if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
-      }
-    }
-    EvidenceTick({samples.begin(), samples.end()});
-    // Terminal runs leave the active set once their final state is committed (the store has
-    // assigned the events' hashes their records hold): their records, and collectors, go to the
-    // evidence worker, which compacts the metrics and saves the final record.
-    for (auto it = active_.begin(); it != active_.end();) {
-      if (!store::IsTerminal(it->second.record.state)) {
-        ++it;
-        continue;
-      }
-      HandOffEnded(it->first, std::move(it->second.record));
-      it = active_.erase(it);
-    }
-    RefreshPending();
+  InboxTake take;
+  while (inbox_.Take(NextWakeMillis(), &take)) Pass(std::exchange(take, {}));
+}
+
+void Controller::RunOnce() { Pass(inbox_.TakeNow()); }
+
+void Controller::Pass(InboxTake take) {
+  if (take.platform) {
+    loop_platform_ = take.platform->platform;
+    loop_generation_ = take.platform->generation;
+    RebuildEngine();
   }
+  Batch batch;
+  for (NewRun& n : take.new_runs) {
+    if (active_.count(n.name)) continue;
+    if (n.run) {
+      active_[n.name] = std::move(*n.run);
+      continue;
+    }
+    auto record = store_->GetRun(n.name);
+    if (!record.ok()) continue;
+    auto loaded = Load(*record);
+    if (loaded.ok()) active_[n.name] = std::move(*loaded);
+  }
+  for (const GpuNews& g : take.gpu_news) HandleGpuNews(g, &batch);
+  for (const ResumeRequest& r : take.resumes) HandleResume(r, &batch);
+  for (const AttemptExited& e : take.exits) HandleExit(e.name, &batch);
+  for (const ClusterNews& n : take.cluster_news) HandleClusterNews(n, &batch);
+  for (const CancelRequest& c : take.cancels) HandleCancel(c.name, &batch);
+  std::vector<std::string> to_start, to_launch;
+  if (options_.cluster) {
+    LaunchQueued(&batch, &to_launch);
+  } else {
+    AdmitQueued(&batch, &to_start);
+  }
+  EscalateStops(&batch);
+  // Durable first: admissions, exits, cancels and new attempts are committed before any process
+  // is started or stopped, or any object created on the cluster.
+  CommitOrDie(std::move(batch));
+  StopCommitted();
+  Batch started;
+  StartAttempts(to_start, &started);
+  for (const std::string& name : to_launch) LaunchOnCluster(name, &started);
+  CommitOrDie(std::move(started));
+  for (const std::string& name : to_start) {
+    auto it = active_.find(name);
+    if (it != active_.end() && it->second.shim) {
+      Status s = watcher_->Watch(name, *it->second.shim);
+      if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
+    }
+  }
+  std::vector<std::vector<evidence::GpuSample>> samples;
+  for (GpuSamples& s : take.samples) samples.push_back(std::move(s.samples));
+  evidence_->Tick(RunningAttempts(), samples);
+  // Terminal runs leave the active set once their final state is committed (the store has
+  // assigned the events' hashes their records hold): their records, and collectors, go to the
+  // evidence worker, which compacts the metrics and saves the final record.
+  for (auto it = active_.begin(); it != active_.end();) {
+    if (!store::IsTerminal(it->second.record.state)) {
+      ++it;
+      continue;
+    }
+    evidence_->HandOff(it->first, std::move(it->second.record));
+    it = active_.erase(it);
+  }
+  RefreshPending();
+}
+
+std::vector<EvidenceWorker::RunningAttempt> Controller::RunningAttempts() const {
+  std::vector<EvidenceWorker::RunningAttempt> running;
+  for (const auto& [name, run] : active_)
+    if (!store::IsTerminal(run.record.state) && run.shim)
+      running.push_back({name, run.record.attempts, run.record.gpus});
+  return running;
 }
 
 // How long the loop may sleep: until the earliest retry's backoff ends or stop request expires, at
 // most a second.
 int64_t Controller::NextWakeMillis() const {
-  int64_t now = NowMillis();
+  int64_t now = Now();
   int64_t wake = 1000;
   for (const auto& [name, run] : active_) {
     if (run.record.state == RunState::kQueued && run.record.not_before_ms)
@@ -912,12 +900,12 @@ void Controller::StopCommitted() {
     // The shim gives its workers the grace period; one that is itself stopped or stuck never
     // ends them, so the server does, a little after the shim should have.
     if (run.stop_deadline_ms < 0)
-      run.stop_deadline_ms = NowMillis() + options_.stop_grace_ms + kStopMarginMs;
+      run.stop_deadline_ms = Now() + options_.stop_grace_ms + kStopMarginMs;
   }
 }
 
 void Controller::EscalateStops(Batch* batch) {
-  const int64_t now = NowMillis();
+  const int64_t now = Now();
   for (auto& [name, run] : active_) {
     if (!run.shim || run.stop_deadline_ms < 0 || now < run.stop_deadline_ms) continue;
     run.stop_deadline_ms = now + kStopMarginMs;  // until the watcher reports the exit
@@ -1034,7 +1022,7 @@ runtime::EnvList Controller::BaseEnv() const {
 void Controller::FailStart(ActiveRun& run, AttemptRecord a, FailureClass reason,
                            const std::string& message, Batch* batch) {
   a.state = AttemptState::kFinished;
-  a.ended_ms = NowMillis();
+  a.ended_ms = Now();
   a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
   a.reason = recovery::FailureClassName(reason);
   a.message = message;
@@ -1054,8 +1042,8 @@ void Controller::StartAttempts(const std::vector<std::string>& names, Batch* bat
   // A zygote that died or got stuck is replaced at once, so that later attempts are forked again;
   // if its replacements keep breaking, a new one is tried at most every 10 s.
   if (zygote_ && zygote_->broken() &&
-      (zygote_restarted_ms_ == 0 || NowMillis() - zygote_restarted_ms_ >= 10'000)) {
-    zygote_restarted_ms_ = NowMillis();
+      (zygote_restarted_ms_ == 0 || Now() - zygote_restarted_ms_ >= 10'000)) {
+    zygote_restarted_ms_ = Now();
     StartZygote();
   }
   for (StartingAttempt& s : starting) {
@@ -1076,7 +1064,7 @@ std::optional<Controller::StartingAttempt> Controller::PrepareAttempt(const std:
   a.number = number;
   a.dir = AttemptDir(name, number);
   a.gpus = r.gpus;
-  a.started_ms = NowMillis();
+  a.started_ms = Now();
   auto fail = [&](FailureClass reason,
                   const std::string& message) -> std::optional<StartingAttempt> {
     FailStart(run, a, reason, message, batch);
@@ -1202,7 +1190,7 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   if (!attempts.ok() || attempts->empty()) return;
   AttemptRecord a = attempts->back();
   // The attempt's last metric points, before another attempt may append to the same file.
-  PollMetrics(name, a.number);
+  evidence_->PollMetrics(name, a.number);
   MaskSecretsInLogs(run, a);
 
   auto outcome = runtime::ReadOutcome(a.dir);
@@ -1224,7 +1212,7 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
   run.shim.reset();
   run.stop_deadline_ms = -1;
   a.state = AttemptState::kFinished;
-  a.ended_ms = NowMillis();
+  a.ended_ms = Now();
   // Why the server stopped the attempt, if it did: that, not how the processes ended, classes it.
   std::optional<FailureClass> stop_reason;
   std::string stop_message;
@@ -1279,7 +1267,7 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
       (o.kind != runtime::OutcomeKind::kStopped || !r.cancel_requested))
     a.exit_code = o.exit_code;
   if (o.signal) a.signal = o.signal;
-  a.ended_ms = o.ended_ms ? o.ended_ms : NowMillis();
+  a.ended_ms = o.ended_ms ? o.ended_ms : Now();
   if (o.kind != runtime::OutcomeKind::kSucceeded && cls != FailureClass::kCancelled &&
       cls != FailureClass::kPreempted) {
     // The first failed transition and what the logs say about it.
@@ -1310,7 +1298,7 @@ void Controller::HandleExit(const std::string& name, Batch* batch) {
 void Controller::LoseAttempt(ActiveRun& run, AttemptRecord attempt, const std::string& message,
                              Batch* batch) {
   attempt.state = AttemptState::kFinished;
-  attempt.ended_ms = NowMillis();
+  attempt.ended_ms = Now();
   attempt.outcome = "Lost";
   attempt.reason = recovery::FailureClassName(FailureClass::kNodeLost);
   attempt.message = message;
@@ -1344,8 +1332,8 @@ void Controller::HandleCancel(const std::string& name, Batch* batch) {
     return;
   }
   batch->runs.push_back(r);
-  batch->events.push_back({0, name, NowMillis(), "CancelRequested",
-                           "stopping the attempt's processes", nlohmann::json::object(), "", ""});
+  batch->events.push_back({0, name, Now(), "CancelRequested", "stopping the attempt's processes",
+                           nlohmann::json::object(), "", ""});
   if (run.shim) StopAfterCommit(name);
 }
 

@@ -3,12 +3,9 @@
 // hand it work through an inbox. Each decision is committed to the store before it is acted on.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -18,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "admission/admission.h"
+#include "common/clock.h"
 #include "common/layout.h"
 #include "common/mutex.h"
 #include "evidence/evidence.h"
@@ -25,7 +23,10 @@
 #include "policy/policy.h"
 #include "recovery/failure_class.h"
 #include "runtime/runtime.h"
+#include "server/active_run.h"
 #include "server/cluster.h"
+#include "server/evidence_worker.h"
+#include "server/inbox.h"
 #include "server/metrics.h"
 #include "server/snapshot.h"
 #include "spec/spec.h"
@@ -46,6 +47,11 @@ struct ControllerOptions {
   // The Kubernetes backend: runs are admitted by Kueue and run on this cluster instead of this
   // machine (no local admission, placement or processes). Null: the local backend.
   Cluster* cluster = nullptr;
+  // Where decisions read the time (backoffs, stop deadlines, records); null: the system clock.
+  Clock* clock = nullptr;
+  // False: Start starts no decision thread, and the caller drives the loop with RunOnce (tests
+  // that must not sleep).
+  bool loop_thread = true;
 };
 
 struct SubmitRequest {
@@ -75,6 +81,9 @@ class Controller {
   // Recovers the state left by a previous server (re-adopting live attempts), then starts the loop.
   Status Start();
   void Stop();
+  // One pass of the decision loop on the caller's thread, without waiting: what the inbox holds,
+  // then admission, commits and acts. Only for a controller started with loop_thread = false.
+  void RunOnce();
 
   // Validates, snapshots and records a new run; it is queued when this returns.
   Result<store::RunRecord> Submit(SubmitRequest request, SubmitError* error);
@@ -122,45 +131,22 @@ class Controller {
     return layout::EvidenceDir(options_.home, name);
   }
   // The record: assembled now for a run that has not ended, else the one saved when it ended.
-  Result<nlohmann::json> EvidenceRecord(const std::string& name);
+  Result<nlohmann::json> EvidenceRecord(const std::string& name) { return evidence_->Record(name); }
   // What ExportBundle needs: the record's input and where the logs and metrics are.
   Status EvidenceSources(const std::string& name, evidence::RecordInput* input,
-                         evidence::BundleSources* sources);
+                         evidence::BundleSources* sources) {
+    return evidence_->Sources(name, input, sources);
+  }
   // The latest GPU samples of the monitor (called by the server's sampling thread; only queues
   // them): appended to the evidence of the runs holding those GPUs.
   void OnGpuSamples(std::vector<evidence::GpuSample> samples);
   // Prunes the logs and GPU samples of runs that ended longer ago than the policy keeps them; the
   // record keeps their hashes. Called periodically by the server (not from the loop).
-  Status ApplyRetention(const evidence::RetentionPolicy& policy, int64_t now_ms);
+  Status ApplyRetention(const evidence::RetentionPolicy& policy, int64_t now_ms) {
+    return evidence_->ApplyRetention(policy, now_ms);
+  }
 
  private:
-  struct Resources {
-    int gpus = 0;
-    int64_t cpu_milli = 0;
-    int64_t memory_bytes = 0;
-  };
-  struct ActiveRun {
-    store::RunRecord record;
-    spec::RunSpec spec;
-    Resources need;
-    std::optional<runtime::ProcessId> shim;
-    std::string
-        gpu_error;  // set when its attempt is stopped because a GPU it uses turned unhealthy
-    std::string resume_from;  // a checkpoint chosen with `tau resume --from`, for the next attempt
-    policy::ResolvedRun resolved;
-    admission::Workload workload;  // what the admission engine sees (pending form)
-    // Set while its attempt is being stopped because the admission engine preempted it.
-    std::string preempted_by, preemption_reason;
-    int64_t queued_since_ms = 0;  // when it last entered the queue (after any backoff)
-    // Set once its attempt was asked to stop: past it, the server kills the supervisor itself.
-    int64_t stop_deadline_ms = -1;
-    bool holds_machine = false;  // its CPUs and memory are taken from this machine's free ones
-    // Kubernetes backend: the attempt whose objects exist on the cluster (0: none), and what
-    // Kueue says while it waits.
-    int cluster_attempt = 0;
-    bool cluster_relaunch = false;  // its last attempt was recorded but never created: create it
-    nlohmann::json cluster_pending;
-  };
   Status RunAsSubmitter(const store::RunRecord& r, const runtime::LaunchContext& ctx,
                         runtime::AttemptConfig* config);
   // Whom a run's processes run as: nullopt for the server's own user (a server not running as
@@ -174,32 +160,16 @@ class Controller {
   // also puts the values in its env (for launching only).
   Status CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,
                       spec::RunSpec* resolved_spec);
-  struct ResumeRequest {
-    std::string name, from;
-  };
   void HandleResume(const ResumeRequest& request, store::Batch* batch);
-  struct GpuNews {
-    int gpu;
-    bool placeable;
-    std::string why;
-  };
   void HandleGpuNews(const GpuNews& news, store::Batch* batch);
-  // Evidence, from the loop: metric polls and GPU samples of running attempts; ended runs go to the
-  // worker that saves their final record (HandOffEnded), so hashing logs never holds up decisions.
-  void PollMetrics(const std::string& name, int attempt);
-  void EvidenceTick(const std::vector<std::vector<evidence::GpuSample>>& samples);
-  void EvidenceWorker();
-  Result<evidence::RecordInput> AssembleRecord(const store::RunRecord& r,
-                                               const evidence::MetricHistory& history,
-                                               const evidence::MetricsStats& stats,
-                                               bool final_save);
-  // Gives an ended run's record, and its metrics collector, to the evidence worker.
-  void HandOffEnded(const std::string& name, store::RunRecord ended);
-  // `ended`: the run's record as the loop committed it, when the caller has it (else it is read).
-  Result<nlohmann::json> SaveFinalRecord(const std::string& name,
-                                         const evidence::MetricsCollector* collector,
-                                         const store::RunRecord* ended = nullptr);
+  // The evidence worker's view of the attempts running now.
+  std::vector<EvidenceWorker::RunningAttempt> RunningAttempts() const;
+  void DescribeRuntime(const store::RunRecord& r, bool final_save,
+                       const evidence::RecordInput* prev, evidence::RuntimeInfo* rt) const;
 
+  // One pass of the loop over what the inbox gave it.
+  void Pass(InboxTake take);
+  int64_t Now() const { return clock_->NowMillis(); }
   void Loop();
   // Inserts `r` as "<base>-<random hex>", drawing again while the name is taken.
   Status InsertWithUniqueName(
@@ -267,11 +237,6 @@ class Controller {
   Result<ActiveRun> Load(const store::RunRecord& record);
   // The same, with the record's spec already parsed (by Submit).
   Result<ActiveRun> Load(const store::RunRecord& record, spec::RunSpec spec);
-  // A run for the loop to take on: prepared by Submit, or (unset) read from the store by the loop.
-  struct NewRun {
-    std::string name;
-    std::optional<ActiveRun> run;
-  };
   void CommitOrDie(store::Batch batch);
   void Count(const std::string& name, const Labels& labels);
   void CountAttempt(const store::AttemptRecord& attempt);
@@ -291,6 +256,7 @@ class Controller {
   void StartZygote();
 
   const ControllerOptions options_;
+  Clock* const clock_;
   store::Store* const store_;
   const health::GpuInventory gpus_;
   std::unique_ptr<runtime::ProcessWatcher> watcher_;
@@ -299,45 +265,22 @@ class Controller {
   int64_t zygote_restarted_ms_ = 0;          // the last restart of a broken zygote; 0: none yet
   std::thread thread_;
 
+  Inbox inbox_;
+  std::unique_ptr<EvidenceWorker> evidence_;
+
   Mutex mu_;
-  CondVar cv_;
   bool stopping_ TAU_GUARDED_BY(mu_) = false;
-  std::deque<NewRun> inbox_new_ TAU_GUARDED_BY(mu_);
-  std::deque<std::string> inbox_cancel_ TAU_GUARDED_BY(mu_);
-  std::deque<std::string> inbox_exited_ TAU_GUARDED_BY(mu_);
-  std::deque<GpuNews> inbox_gpu_ TAU_GUARDED_BY(mu_);
-  std::deque<ResumeRequest> inbox_resume_ TAU_GUARDED_BY(mu_);
-  std::deque<ClusterNews> inbox_cluster_ TAU_GUARDED_BY(mu_);
-  // GPU samples for the runs' evidence.
-  std::deque<std::vector<evidence::GpuSample>> inbox_samples_ TAU_GUARDED_BY(mu_);
   std::map<std::string, nlohmann::json> pending_info_ TAU_GUARDED_BY(mu_);
   nlohmann::json capacity_info_ TAU_GUARDED_BY(mu_);
   nlohmann::json queues_info_ TAU_GUARDED_BY(mu_);
   PlatformView platform_ TAU_GUARDED_BY(mu_);
-  bool platform_changed_ TAU_GUARDED_BY(mu_) = false;
   // ApplyPlatform returns once the loop decides with the new platform (and its queue view is
   // fresh).
   int64_t platform_generation_ TAU_GUARDED_BY(mu_) = 0;
   int64_t platform_in_use_ TAU_GUARDED_BY(mu_) = 0;
   CondVar platform_cv_;
 
-  // The evidence worker: final records of ended runs, saved off the loop thread.
-  struct FinalRecord {
-    std::string name;
-    std::unique_ptr<evidence::MetricsCollector> metrics;  // may be null
-    store::RunRecord ended;                               // as committed by the loop
-  };
-  std::thread evidence_thread_;
-  Mutex evidence_mu_;
-  CondVar evidence_cv_;
-  bool evidence_stopping_ TAU_GUARDED_BY(evidence_mu_) = false;
-  std::deque<FinalRecord> evidence_queue_ TAU_GUARDED_BY(evidence_mu_);
-  std::map<std::string, evidence::MetricsStats> metrics_stats_ TAU_GUARDED_BY(evidence_mu_);
-  Mutex record_save_mu_;  // one writer of a record.json at a time (worker, API, retention)
-
   // Owned by the loop thread.
-  std::map<std::string, std::unique_ptr<evidence::MetricsCollector>> collectors_;
-  int64_t last_metrics_poll_ms_ = 0;
   std::map<std::string, ActiveRun> active_;
   std::shared_ptr<const policy::Platform> loop_platform_;
   int64_t loop_generation_ = 0;

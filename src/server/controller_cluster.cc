@@ -56,7 +56,7 @@ void Controller::RecoverOnCluster(ActiveRun& run, const std::set<AttemptKey>& ex
 void Controller::LaunchQueued(Batch* batch, std::vector<std::string>* to_launch) {
   // Kueue decides; tau's engine only mirrors what it admitted, for `tau queues`.
   SyncEngine();
-  int64_t now = NowMillis();
+  int64_t now = Now();
   for (auto& [name, run] : active_) {
     RunRecord& r = run.record;
     if (store::IsTerminal(r.state)) continue;
@@ -121,7 +121,7 @@ void Controller::LaunchOnCluster(const std::string& name, Batch* batch) {
     batch->events.push_back(
         {0,
          name,
-         NowMillis(),
+         Now(),
          "Created",
          fmt::format("attempt {} created on the cluster; Kueue admits it from queue {}",
                      launch.attempt, r.queue),
@@ -134,7 +134,7 @@ void Controller::LaunchOnCluster(const std::string& name, Batch* batch) {
     // The API server is away: the attempt stays recorded and is created when it answers again.
     run.cluster_attempt = 0;
     run.cluster_relaunch = true;
-    r.not_before_ms = NowMillis() + 5000;
+    r.not_before_ms = Now() + 5000;
     run.cluster_pending = {{"position", nullptr},
                            {"queue", r.queue},
                            {"code", "ClusterUnavailable"},
@@ -151,7 +151,7 @@ void Controller::LaunchOnCluster(const std::string& name, Batch* batch) {
   a.number = launch.attempt;
   a.dir = attempt_dir;
   a.state = AttemptState::kFinished;
-  a.ended_ms = NowMillis();
+  a.ended_ms = Now();
   a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
   a.reason = recovery::FailureClassName(FailureClass::kSetupError);
   a.message = fmt::format("the cluster refused the attempt: {}", s.message());
@@ -178,7 +178,7 @@ void Controller::HandleClusterNews(const ClusterNews& news, Batch* batch) {
   }
   if (o.Terminal() || o.phase == Phase::kEvicted) return EndClusterAttempt(run, o, batch);
   if (r.state == RunState::kQueued) {
-    r.admitted_ms = NowMillis();
+    r.admitted_ms = Now();
     // tau's view of the queues (`tau queues`) counts the run against its quota with Kueue's
     // flavors, folded into tau's one pod set (a RayJob's head and worker groups are one there).
     admission::FlavorAssignment kueue = AssignmentFromJson(o.flavors);
@@ -201,7 +201,7 @@ void Controller::HandleClusterNews(const ClusterNews& news, Batch* batch) {
   if (held_up && o.reason != r.reason) {
     r.reason = o.reason;
     batch->events.push_back(
-        {0, r.name, NowMillis(), o.reason, o.message, {{"attempt", run.cluster_attempt}}, "", ""});
+        {0, r.name, Now(), o.reason, o.message, {{"attempt", run.cluster_attempt}}, "", ""});
     batch->runs.push_back(r);
   }
   if (o.phase == Phase::kRunning && r.state == RunState::kAdmitted) {
@@ -209,10 +209,10 @@ void Controller::HandleClusterNews(const ClusterNews& news, Batch* batch) {
     if (attempts.ok() && !attempts->empty() && attempts->back().number == run.cluster_attempt) {
       AttemptRecord a = attempts->back();
       a.state = AttemptState::kRunning;
-      a.started_ms = NowMillis();
+      a.started_ms = Now();
       batch->attempts.push_back(a);
     }
-    if (!r.started_ms) r.started_ms = NowMillis();
+    if (!r.started_ms) r.started_ms = Now();
     r.reason.clear();
     Transition(run, RunState::kRunning, "Running",
                fmt::format("attempt {} running on the cluster", run.cluster_attempt), batch,
@@ -229,7 +229,7 @@ void Controller::EndClusterAttempt(ActiveRun& run, const kube::AttemptObservatio
   AttemptRecord a = attempts->back();
   MaskSecretsInLogs(run, a);
   a.state = AttemptState::kFinished;
-  a.ended_ms = NowMillis();
+  a.ended_ms = Now();
   a.exit_code = o.exit_code;
   a.message = o.message;
   const int number = run.cluster_attempt;
@@ -278,7 +278,7 @@ void Controller::CancelOnCluster(ActiveRun& run, Batch* batch) {
       // Kept cancel-requested: the next pass deletes again (LaunchQueued).
       batch->runs.push_back(r);
       batch->events.push_back(
-          {0, r.name, NowMillis(), "CancelRequested",
+          {0, r.name, Now(), "CancelRequested",
            fmt::format("deleting its Kubernetes objects failed ({}); trying again", s.message()),
            nlohmann::json::object(), "", ""});
       return;
@@ -288,7 +288,7 @@ void Controller::CancelOnCluster(ActiveRun& run, Batch* batch) {
         attempts->back().state != AttemptState::kFinished) {
       AttemptRecord a = attempts->back();
       a.state = AttemptState::kFinished;
-      a.ended_ms = NowMillis();
+      a.ended_ms = Now();
       a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kStopped);
       a.reason = recovery::FailureClassName(FailureClass::kCancelled);
       a.message = "cancelled: its Kubernetes objects were deleted";

@@ -1,31 +1,18 @@
-// The controller's evidence side (docs/evidence.md): metric collection and GPU samples from the
-// loop, the record assembled from the store and the run's files, the final record saved by a worker
-// thread once a run has ended, and retention.
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/utsname.h>
-#include <sys/wait.h>
+#include "server/evidence_worker.h"
+
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
-#include <fstream>
-#include <mutex>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
 
-#include "common/clock.h"
 #include "common/files.h"
-#include "common/hash.h"
 #include "common/layout.h"
-#include "common/mutex.h"
-#include "common/strings.h"
-#include "server/controller.h"
+#include "server/run_storage.h"
 #include "server/server.h"
-
-extern char** environ;
 
 namespace tau::server {
 
@@ -34,109 +21,6 @@ using store::RunRecord;
 namespace {
 
 constexpr int64_t kMetricsPollMs = 2000;
-
-std::string Hostname() {
-  char host[256] = {0};
-  ::gethostname(host, sizeof host - 1);
-  return host;
-}
-
-std::string ReadOsName() {
-  std::ifstream in("/etc/os-release");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (!StartsWith(line, "PRETTY_NAME=")) continue;
-    std::string v = line.substr(12);
-    if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
-    return v;
-  }
-  struct utsname u {};
-  return ::uname(&u) == 0 ? u.sysname : "";
-}
-
-// Read once: every record wants it, and it changes only with an upgrade (which restarts the
-// server).
-const std::string& OsName() {
-  static const std::string name = ReadOsName();
-  return name;
-}
-
-std::string Kernel() {
-  struct utsname u {};
-  return ::uname(&u) == 0 ? fmt::format("{} {}", u.release, u.machine) : "";
-}
-
-// The standard output of a program (argv, found on PATH; no shell), "" when it fails. Only for
-// the evidence worker: it may take a second (pip freeze).
-std::string Capture(const std::vector<std::string>& argv) {
-  int out[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) return "";
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = 0;
-  int rc = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(out[1]);
-  std::string text;
-  if (rc == 0) {
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(out[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
-  }
-  ::close(out[0]);
-  int status = 0;
-  if (rc != 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
-      WEXITSTATUS(status) != 0)
-    return "";
-  return text;
-}
-
-// `python3 --version`, asked at most once a minute: every run's record wants it, and on a machine
-// with pyenv shims it costs tens of milliseconds of CPU.
-std::string SystemPythonVersion() {
-  static Mutex mu;
-  static std::string version TAU_GUARDED_BY(mu);
-  static int64_t asked_ms TAU_GUARDED_BY(mu) = -1;
-  MutexLock lock(&mu);
-  int64_t now = MonotonicMillis();
-  if (asked_ms < 0 || now - asked_ms > 60'000) {
-    version = Capture({"python3", "--version"});
-    asked_ms = now;
-  }
-  return version;
-}
-
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> out;
-  for (const std::string& l : Split(text, '\n'))
-    if (!Trim(l).empty()) out.emplace_back(Trim(l));
-  return out;
-}
-
-// The interpreter's version, and the packages installed in the run's virtualenv when its spec asks
-// for pip requirements: the shim keys its venv cache by the sorted requirements and `python3
-// --version` (runtime/shim.cc, EnsureVenv), so the same key finds the venv the run used.
-void FillPython(const std::string& venv_cache, const std::vector<std::string>& pip,
-                evidence::RuntimeInfo* rt) {
-  std::string version = SystemPythonVersion();
-  rt->python_version = std::string(Trim(version));
-  if (StartsWith(rt->python_version, "Python ")) rt->python_version = rt->python_version.substr(7);
-  if (pip.empty() || version.empty()) return;
-  std::vector<std::string> sorted = pip;
-  std::sort(sorted.begin(), sorted.end());
-  std::string key = Sha256Hex(Join(sorted, "\n") + "\n--\n" + version).substr(0, 32);
-  char target[4096];
-  ssize_t len = ::readlink((venv_cache + "/" + key).c_str(), target, sizeof target - 1);
-  if (len <= 0) return;
-  std::string dir = venv_cache + "/" + std::string(target, static_cast<size_t>(len));
-  rt->packages = Lines(Capture({dir + "/bin/python", "-m", "pip", "freeze"}));
-}
 
 std::vector<std::string> StringList(const nlohmann::json& j) {
   std::vector<std::string> out;
@@ -148,11 +32,37 @@ std::vector<std::string> StringList(const nlohmann::json& j) {
 
 }  // namespace
 
-void Controller::PollMetrics(const std::string& name, int attempt) {
+EvidenceWorker::EvidenceWorker(std::string home, store::Store* store, Clock* clock,
+                               health::GpuInventory gpus, DescribeRuntime describe)
+    : home_(std::move(home)),
+      store_(store),
+      clock_(clock),
+      gpus_(std::move(gpus)),
+      describe_(std::move(describe)) {}
+
+EvidenceWorker::~EvidenceWorker() { Stop(); }
+
+void EvidenceWorker::Start() { thread_ = std::thread(&EvidenceWorker::Work, this); }
+
+void EvidenceWorker::Stop() {
+  {
+    // The worker finishes the records already queued (ended runs) before it stops.
+    MutexLock lock(&mu_);
+    stopping_ = true;
+    cv_.SignalAll();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string EvidenceWorker::Dir(const std::string& name) const {
+  return layout::EvidenceDir(home_, name);
+}
+
+void EvidenceWorker::PollMetrics(const std::string& name, int attempt) {
   if (attempt <= 0) return;
   auto& collector = collectors_[name];
   if (!collector) {
-    auto opened = evidence::MetricsCollector::Open(EvidenceDir(name));
+    auto opened = evidence::MetricsCollector::Open(Dir(name));
     if (!opened.ok()) {
       std::fprintf(stderr, "tau server: metrics of %s: %s\n", name.c_str(),
                    opened.status().ToString().c_str());
@@ -161,88 +71,76 @@ void Controller::PollMetrics(const std::string& name, int attempt) {
     }
     collector = std::move(*opened);
   }
-  auto polled = collector->Poll(layout::MetricsFile(RunDir(name)), attempt);
+  auto polled = collector->Poll(layout::MetricsFile(layout::RunDir(home_, name)), attempt);
   if (!polled.ok())
     std::fprintf(stderr, "tau server: metrics of %s: %s\n", name.c_str(),
                  polled.status().ToString().c_str());
-  MutexLock lock(&evidence_mu_);
+  MutexLock lock(&mu_);
   metrics_stats_[name] = collector->stats();
 }
 
-void Controller::OnGpuSamples(std::vector<evidence::GpuSample> samples) {
-  if (samples.empty()) return;
-  MutexLock lock(&mu_);
-  if (inbox_samples_.size() > 100) inbox_samples_.pop_front();  // a stalled loop keeps the newest
-  inbox_samples_.push_back(std::move(samples));
-  cv_.Signal();
-}
-
-void Controller::EvidenceTick(const std::vector<std::vector<evidence::GpuSample>>& samples) {
-  int64_t now = NowMillis();
+void EvidenceWorker::Tick(const std::vector<RunningAttempt>& running,
+                          const std::vector<std::vector<evidence::GpuSample>>& samples) {
+  int64_t now = clock_->NowMillis();
   bool poll = now - last_metrics_poll_ms_ >= kMetricsPollMs;
   if (poll) last_metrics_poll_ms_ = now;
-  for (auto& [name, run] : active_) {
-    const RunRecord& r = run.record;
-    if (store::IsTerminal(r.state)) continue;  // handed to the evidence worker (HandOffEnded)
-    if (!run.shim) continue;
-    if (poll) PollMetrics(name, r.attempts);
+  for (const RunningAttempt& r : running) {
+    if (poll) PollMetrics(r.run, r.attempt);
     if (r.gpus.empty()) continue;
     std::vector<evidence::GpuSample> mine;
     for (const auto& batch : samples)
       for (const evidence::GpuSample& s : batch)
         if (std::find(r.gpus.begin(), r.gpus.end(), s.gpu) != r.gpus.end()) {
           mine.push_back(s);
-          mine.back().attempt = r.attempts;
+          mine.back().attempt = r.attempt;
         }
     if (mine.empty()) continue;
-    if (Status st = evidence::AppendGpuSamples(EvidenceDir(name), mine); !st.ok())
-      std::fprintf(stderr, "tau server: GPU samples of %s: %s\n", name.c_str(),
+    if (Status st = evidence::AppendGpuSamples(Dir(r.run), mine); !st.ok())
+      std::fprintf(stderr, "tau server: GPU samples of %s: %s\n", r.run.c_str(),
                    st.ToString().c_str());
   }
 }
 
-void Controller::HandOffEnded(const std::string& name, RunRecord ended) {
+void EvidenceWorker::HandOff(const std::string& name, RunRecord ended) {
   FinalRecord f{name, nullptr, std::move(ended)};
   if (auto it = collectors_.find(name); it != collectors_.end()) {
     f.metrics = std::move(it->second);
     collectors_.erase(it);
   }
-  MutexLock lock(&evidence_mu_);
-  evidence_queue_.push_back(std::move(f));
-  evidence_cv_.Signal();
+  MutexLock lock(&mu_);
+  queue_.push_back(std::move(f));
+  cv_.Signal();
 }
 
-void Controller::EvidenceWorker() {
+void EvidenceWorker::Work() {
   while (true) {
     FinalRecord f;
     {
-      MutexLock lock(&evidence_mu_);
-      evidence_cv_.Wait(&evidence_mu_, [&]() TAU_REQUIRES(evidence_mu_) {
-        return evidence_stopping_ || !evidence_queue_.empty();
-      });
-      if (evidence_queue_.empty()) return;
-      f = std::move(evidence_queue_.front());
-      evidence_queue_.pop_front();
+      MutexLock lock(&mu_);
+      cv_.Wait(&mu_, [&]() TAU_REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      f = std::move(queue_.front());
+      queue_.pop_front();
     }
     if (f.metrics) {
       if (Status s = f.metrics->Compact(); !s.ok())
         std::fprintf(stderr, "tau server: metrics of %s: %s\n", f.name.c_str(),
                      s.ToString().c_str());
     }
-    auto saved = SaveFinalRecord(f.name, f.metrics.get(), &f.ended);
+    auto saved = SaveFinal(f.name, f.metrics.get(), &f.ended);
     if (!saved.ok())
       std::fprintf(stderr, "tau server: evidence of %s: %s\n", f.name.c_str(),
                    saved.status().ToString().c_str());
-    MutexLock lock(&evidence_mu_);
+    MutexLock lock(&mu_);
     metrics_stats_.erase(f.name);
   }
 }
 
-Result<evidence::RecordInput> Controller::AssembleRecord(const RunRecord& r,
-                                                         const evidence::MetricHistory& history,
-                                                         const evidence::MetricsStats& stats,
-                                                         bool final_save) {
-  const std::string dir = EvidenceDir(r.name);
+Result<evidence::RecordInput> EvidenceWorker::Assemble(const RunRecord& r,
+                                                       const evidence::MetricHistory& history,
+                                                       const evidence::MetricsStats& stats,
+                                                       bool final_save) {
+  const std::string dir = Dir(r.name);
   // What a previous record computed once (snapshot hashes, each ended attempt's log hashes,
   // artifact hashes, retention) is carried forward, not recomputed.
   std::optional<evidence::RecordInput> prev;
@@ -301,29 +199,7 @@ Result<evidence::RecordInput> Controller::AssembleRecord(const RunRecord& r,
   rt.pip = StringList(spec_runtime.value("pip", nlohmann::json::array()));
   rt.image = spec_runtime.value("image", "");
   rt.tau_version = Version();
-  if (options_.cluster) {
-    // The run's pods ran on the cluster's nodes, in its image: nothing of this machine describes
-    // them, so nothing of it is recorded (the image is, above).
-    rt.host = "kubernetes";
-  } else {
-    rt.host = Hostname();
-    rt.os = OsName();
-    rt.kernel = Kernel();
-    rt.driver_version = gpus_.driver_version;
-    rt.cuda_version = gpus_.cuda_driver_version;
-    if (prev) {
-      rt.python_version = prev->runtime.python_version;
-      rt.packages = prev->runtime.packages;
-    }
-    if (final_save || rt.python_version.empty()) {
-      // The cache the run's attempts used: runs of other users have their own (RunAsSubmitter).
-      // Only a run with pip requirements has a virtualenv to look for.
-      std::string venvs = VenvCacheDir(std::nullopt);
-      if (!rt.pip.empty())
-        if (auto ids = SubmitterIds(r); ids.ok()) venvs = VenvCacheDir(*ids);
-      FillPython(venvs, rt.pip, &rt);
-    }
-  }
+  describe_(r, final_save, prev ? &*prev : nullptr, &rt);
 
   TAU_ASSIGN_OR_RETURN(auto events, store_->ListEvents(r.name));
   for (const store::Event& e : events)
@@ -367,7 +243,7 @@ Result<evidence::RecordInput> Controller::AssembleRecord(const RunRecord& r,
 
   const std::vector<evidence::Artifact>* prev_artifacts = prev ? &prev->artifacts : nullptr;
   for (const char* kind : {"checkpoint", "output"}) {
-    std::string root = StorageDir(r, kind);
+    std::string root = StorageDir(home_, r, kind);
     if (!PathExists(root)) continue;
     auto found = evidence::ScanArtifacts(root, kind, starts, prev_artifacts);
     if (!found.ok()) return found.status();
@@ -382,13 +258,13 @@ Result<evidence::RecordInput> Controller::AssembleRecord(const RunRecord& r,
     auto samples = evidence::LoadGpuSamples(dir + "/gpu-samples.jsonl");
     if (samples.ok()) in.gpu_samples = evidence::SummarizeGpuSamples(*samples);
   }
-  in.updated_ms = NowMillis();
+  in.updated_ms = clock_->NowMillis();
   return in;
 }
 
-Result<nlohmann::json> Controller::SaveFinalRecord(const std::string& name,
-                                                   const evidence::MetricsCollector* collector,
-                                                   const RunRecord* ended) {
+Result<nlohmann::json> EvidenceWorker::SaveFinal(const std::string& name,
+                                                 const evidence::MetricsCollector* collector,
+                                                 const RunRecord* ended) {
   std::optional<RunRecord> read;
   if (ended == nullptr) {
     TAU_ASSIGN_OR_RETURN(read, store_->GetRun(name));
@@ -402,28 +278,27 @@ Result<nlohmann::json> Controller::SaveFinalRecord(const std::string& name,
   } else {
     // No collector (the run ended before a poll, or before this server started): what the
     // evidence directory holds, with the ingestion totals the collector kept there.
-    auto c = evidence::MetricsCollector::Open(EvidenceDir(name));
+    auto c = evidence::MetricsCollector::Open(Dir(name));
     if (c.ok()) stats = (*c)->stats();
   }
   if (!collector) {
-    TAU_ASSIGN_OR_RETURN(loaded,
-                         evidence::LoadMetricHistory(layout::MetricsFile(EvidenceDir(name))));
+    TAU_ASSIGN_OR_RETURN(loaded, evidence::LoadMetricHistory(layout::MetricsFile(Dir(name))));
   }
   const evidence::MetricHistory& history = collector ? collector->history() : *loaded;
   MutexLock lock(&record_save_mu_);
-  TAU_ASSIGN_OR_RETURN(evidence::RecordInput in, AssembleRecord(r, history, stats, true));
+  TAU_ASSIGN_OR_RETURN(evidence::RecordInput in, Assemble(r, history, stats, true));
   nlohmann::json record = evidence::BuildRecord(in);
   // Made again from the store and the run's files when lost, so not worth a disk flush per run;
   // unless it carries the hashes of files retention has pruned, which nothing can make again.
   const bool only_copy = in.retention.logs_pruned_ms || in.retention.samples_pruned_ms;
   TAU_RETURN_IF_ERROR(evidence::SaveRecord(
-      EvidenceDir(name), record, only_copy ? Durability::kSynced : Durability::kProcessCrash));
+      Dir(name), record, only_copy ? Durability::kSynced : Durability::kProcessCrash));
   return record;
 }
 
-Result<nlohmann::json> Controller::EvidenceRecord(const std::string& name) {
+Result<nlohmann::json> EvidenceWorker::Record(const std::string& name) {
   TAU_ASSIGN_OR_RETURN(RunRecord r, store_->GetRun(name));
-  const std::string dir = EvidenceDir(name);
+  const std::string dir = Dir(name);
   if (store::IsTerminal(r.state)) {
     // The saved final record, unless it predates the run's last event (resumed since, or the
     // worker has not saved it yet): then it is saved now.
@@ -432,38 +307,38 @@ Result<nlohmann::json> Controller::EvidenceRecord(const std::string& name) {
     if (saved.ok() && events.ok() && !events->empty() &&
         saved->value("chain_head", "") == events->back().hash)
       return saved;
-    return SaveFinalRecord(name, nullptr);
+    return SaveFinal(name, nullptr);
   }
   evidence::MetricsStats stats;
   {
-    MutexLock lock(&evidence_mu_);
+    MutexLock lock(&mu_);
     if (auto it = metrics_stats_.find(name); it != metrics_stats_.end()) stats = it->second;
   }
   // Read only: the loop's collector appends to this file while the run goes on (a partial last
   // line is skipped).
   TAU_ASSIGN_OR_RETURN(evidence::MetricHistory history,
                        evidence::LoadMetricHistory(layout::MetricsFile(dir)));
-  TAU_ASSIGN_OR_RETURN(evidence::RecordInput in, AssembleRecord(r, history, stats, false));
+  TAU_ASSIGN_OR_RETURN(evidence::RecordInput in, Assemble(r, history, stats, false));
   return evidence::BuildRecord(in);
 }
 
-Status Controller::EvidenceSources(const std::string& name, evidence::RecordInput* input,
-                                   evidence::BundleSources* sources) {
-  TAU_ASSIGN_OR_RETURN(nlohmann::json record, EvidenceRecord(name));
+Status EvidenceWorker::Sources(const std::string& name, evidence::RecordInput* input,
+                               evidence::BundleSources* sources) {
+  TAU_ASSIGN_OR_RETURN(nlohmann::json record, Record(name));
   TAU_ASSIGN_OR_RETURN(*input, evidence::ParseRecord(record));
-  const std::string dir = EvidenceDir(name);
+  const std::string dir = Dir(name);
   sources->metrics_path = layout::MetricsFile(dir);
   sources->gpu_samples_path = dir + "/gpu-samples.jsonl";
   for (const evidence::AttemptInfo& a : input->attempts)
     for (const evidence::LogInfo& l : a.logs)
       if (l.state == evidence::LogState::kKept)
-        sources->logs.push_back(
-            {a.number, l.rank,
-             fmt::format("{}/logs/rank-{}.log", AttemptDir(name, a.number), l.rank)});
+        sources->logs.push_back({a.number, l.rank,
+                                 fmt::format("{}/logs/rank-{}.log",
+                                             layout::AttemptDir(home_, name, a.number), l.rank)});
   return Status::Ok();
 }
 
-Status Controller::ApplyRetention(const evidence::RetentionPolicy& policy, int64_t now_ms) {
+Status EvidenceWorker::ApplyRetention(const evidence::RetentionPolicy& policy, int64_t now_ms) {
   if (policy.keep_logs_ms <= 0 && policy.keep_samples_ms <= 0) return Status::Ok();
   store::RunFilter filter;
   filter.newest_first = false;
@@ -475,7 +350,7 @@ Status Controller::ApplyRetention(const evidence::RetentionPolicy& policy, int64
     in.name = r.name;
     in.terminal = true;
     in.finished_ms = r.finished_ms;
-    auto saved = evidence::LoadRecord(EvidenceDir(r.name) + "/record.json");
+    auto saved = evidence::LoadRecord(Dir(r.name) + "/record.json");
     if (!saved.ok()) continue;  // its final record is not saved yet: prune nothing before it is
     auto parsed = evidence::ParseRecord(*saved);
     if (!parsed.ok()) continue;
@@ -485,7 +360,7 @@ Status Controller::ApplyRetention(const evidence::RetentionPolicy& policy, int64
   for (const evidence::PruneAction& action : evidence::PlanRetention(inputs, policy, now_ms)) {
     // The record first (durable: it says the files are pruned, with their hashes), then the files.
     MutexLock lock(&record_save_mu_);
-    auto saved = evidence::LoadRecord(EvidenceDir(action.run) + "/record.json");
+    auto saved = evidence::LoadRecord(Dir(action.run) + "/record.json");
     if (!saved.ok()) continue;
     auto in = evidence::ParseRecord(*saved);
     if (!in.ok()) continue;
@@ -497,12 +372,12 @@ Status Controller::ApplyRetention(const evidence::RetentionPolicy& policy, int64
     } else {
       in->retention.samples_pruned_ms = now_ms;
     }
-    TAU_RETURN_IF_ERROR(evidence::SaveRecord(EvidenceDir(action.run), evidence::BuildRecord(*in)));
+    TAU_RETURN_IF_ERROR(evidence::SaveRecord(Dir(action.run), evidence::BuildRecord(*in)));
     if (action.what == evidence::PruneWhat::kLogs) {
       for (const auto& a : in->attempts)
-        (void)RemoveTree(AttemptDir(action.run, a.number) + "/logs");
+        (void)RemoveTree(layout::AttemptDir(home_, action.run, a.number) + "/logs");
     } else {
-      ::unlink((EvidenceDir(action.run) + "/gpu-samples.jsonl").c_str());
+      ::unlink((Dir(action.run) + "/gpu-samples.jsonl").c_str());
     }
   }
   return Status::Ok();
