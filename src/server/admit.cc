@@ -24,10 +24,6 @@ using store::RunState;
 
 namespace {
 
-// Scheduling cycles per loop iteration at most: each cycle admits at most one run per queue head,
-// as Kueue's scheduler does; the loop runs again right away when work is left.
-constexpr int kMaxCyclesPerPass = 256;
-
 std::string RunsAhead(int position) {
   if (position <= 0) return "first in line";
   return fmt::format("{} {} ahead", position, position == 1 ? "run" : "runs");
@@ -110,14 +106,12 @@ Status Controller::ApplyPlatform(const std::string& yaml, const std::string& fil
   if (!engine.ok()) return InvalidArgument(filename + ": " + engine.status().message());
   if (options_.platform_file.empty())
     return FailedPrecondition("this server has no platform file configured");
-  if (options_.cluster) {
-    // Kueue's queues first: when the cluster refuses them, tau keeps the platform it had.
-    if (Status s = options_.cluster->ApplyPlatform(*parsed.platform); !s.ok())
-      return Status(s.code(),
-                    "applying the platform to the cluster failed (tau keeps the one it "
-                    "had): " +
-                        s.message());
-  }
+  // The backend's side first (Kueue's queues): when it refuses, tau keeps the platform it had.
+  if (Status s = backend_->ApplyPlatform(*parsed.platform); !s.ok())
+    return Status(s.code(),
+                  "applying the platform to the cluster failed (tau keeps the one it "
+                  "had): " +
+                      s.message());
   // Durable before it is used: a restarted server must decide with the same policy.
   int64_t now = Now();
   TAU_RETURN_IF_ERROR(WriteFileAtomic(options_.platform_file, yaml, 0600));
@@ -154,10 +148,10 @@ void Controller::RebuildEngine() {
                  engine.status().ToString().c_str());
     std::_Exit(70);
   }
-  engine_ = std::move(*engine);
-  in_engine_.clear();
-  outside_engine_.clear();
-  engine_pending_.clear();
+  quota_.engine = std::move(*engine);
+  quota_.in_engine.clear();
+  quota_.outside.clear();
+  quota_.pending.clear();
   SyncEngine();
 }
 
@@ -174,160 +168,32 @@ void Controller::SyncEngine() {
       const bool holds = r.flavors.is_object() && !r.flavors.empty();
       const bool waits = r.state == RunState::kQueued && !holds && !r.cancel_requested &&
                          !(r.not_before_ms && *r.not_before_ms > now);
-      auto it = in_engine_.find(name);
-      if (it != in_engine_.end()) {
+      auto it = quota_.in_engine.find(name);
+      if (it != quota_.in_engine.end()) {
         // Gone from the queue, or (Kubernetes: Kueue admitted it) holding quota now while the
         // engine has it pending: taken out, and a holder is added again below.
         bool stale = holders && ((!holds && !waits) || (holds && !it->second));
         if (!stale) continue;
-        (void)engine_->RemoveWorkload(name);
-        in_engine_.erase(it);
+        (void)quota_.engine->RemoveWorkload(name);
+        quota_.in_engine.erase(it);
         if (!holds) continue;
       }
-      if (holds != holders || (!holds && !waits) || outside_engine_.count(name)) continue;
+      if (holds != holders || (!holds && !waits) || quota_.outside.count(name)) continue;
       admission::Workload w = run.workload;
       if (holds) {
         w.admission = AssignmentFromJson(r.flavors);
         w.admitted_ms = r.admitted_ms.value_or(r.updated_ms);
       }
-      Status s = engine_->AddWorkload(w);
+      Status s = quota_.engine->AddWorkload(w);
       if (s.ok()) {
-        in_engine_[name] = holds;
+        quota_.in_engine[name] = holds;
       } else {
-        outside_engine_[name] =
-            s.code() == StatusCode::kNotFound
-                ? fmt::format("the platform has no queue '{}' any more", w.queue)
-                : s.message();
+        quota_.outside[name] = s.code() == StatusCode::kNotFound
+                                   ? fmt::format("the platform has no queue '{}' any more", w.queue)
+                                   : s.message();
       }
     }
   }
-}
-
-void Controller::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
-  for (auto& [name, run] : active_) {
-    if (run.record.state == RunState::kAdmitted && !run.shim)
-      to_start->push_back(name);  // recovered: admitted before the restart, never started
-  }
-  SyncEngine();
-  std::set<std::string> reserved_now;
-  for (int cycle = 0; cycle < kMaxCyclesPerPass; ++cycle) {
-    admission::CycleResult result = engine_->RunCycle({Now(), /*report_pending=*/false});
-    for (const admission::PreemptedInfo& p : result.preempted) HandlePreemption(p, batch);
-    for (const admission::AdmittedInfo& a : result.admitted) {
-      auto it = active_.find(a.name);
-      if (it == active_.end()) {
-        (void)engine_->RemoveWorkload(a.name);
-        continue;
-      }
-      it->second.record.flavors = AssignmentJson(a.flavors);
-      in_engine_[a.name] = true;
-      reserved_now.insert(a.name);
-    }
-    if (result.admitted.empty() && result.preempted.empty()) break;
-  }
-  engine_pending_.clear();
-  for (admission::PendingInfo& p : engine_->Pending()) engine_pending_[p.name] = std::move(p);
-
-  // Placement, in submission order: every run that holds quota and is not yet on the machine.
-  std::vector<ActiveRun*> holding;
-  for (auto& [name, run] : active_) {
-    auto it = in_engine_.find(name);
-    if (run.record.state == RunState::kQueued && it != in_engine_.end() && it->second)
-      holding.push_back(&run);
-  }
-  std::sort(holding.begin(), holding.end(),
-            [](const ActiveRun* a, const ActiveRun* b) { return a->record.seq < b->record.seq; });
-  for (ActiveRun* run : holding) {
-    if (Place(*run, batch)) {
-      to_start->push_back(run->record.name);
-    } else if (reserved_now.count(run->record.name)) {
-      // Holds quota but waits for this machine (GPUs kept out by health checks, or a platform
-      // whose quota is larger than the machine). Recorded, so a restart keeps the reservation.
-      RunRecord& r = run->record;
-      r.updated_ms = Now();
-      batch->events.push_back({0,
-                               r.name,
-                               r.updated_ms,
-                               "QuotaReserved",
-                               fmt::format("admitted by queue {} ({}); waiting for this machine",
-                                           r.queue, FlavorsText(AssignmentFromJson(r.flavors))),
-                               {{"flavors", r.flavors}},
-                               "",
-                               ""});
-      batch->runs.push_back(r);
-    }
-  }
-}
-
-// Puts a run that holds quota on this machine when its GPUs, CPUs and memory are free.
-bool Controller::Place(ActiveRun& run, Batch* batch) {
-  const Resources& need = run.need;
-  if (need.gpus > static_cast<int>(free_gpus_.size()) || need.cpu_milli > free_cpu_milli_ ||
-      need.memory_bytes > free_memory_bytes_)
-    return false;
-  RunRecord& r = run.record;
-  r.gpus.assign(free_gpus_.begin(), std::next(free_gpus_.begin(), need.gpus));
-  for (int g : r.gpus) free_gpus_.erase(g);
-  free_cpu_milli_ -= need.cpu_milli;
-  free_memory_bytes_ -= need.memory_bytes;
-  run.holds_machine = true;
-  r.admitted_ms = Now();
-  if (options_.metrics)
-    options_.metrics->Observe(
-        "tau_admission_wait_seconds", {{"cluster_queue", r.queue}},
-        static_cast<double>(std::max<int64_t>(0, *r.admitted_ms - run.queued_since_ms)) / 1000.0);
-  std::vector<std::string> gpu_names;
-  for (int g : r.gpus) gpu_names.push_back(std::to_string(g));
-  std::string where = r.gpus.empty() ? "no GPUs" : "GPUs " + Join(gpu_names, ",");
-  Transition(run, RunState::kAdmitted, "Admitted",
-             fmt::format("admitted by queue {} ({}); placed on this machine with {}", r.queue,
-                         FlavorsText(AssignmentFromJson(r.flavors)), where),
-             batch, {{"gpus", r.gpus}, {"queue", r.queue}, {"flavors", r.flavors}});
-  batch->runs.push_back(r);
-  // The attempt is recorded before its supervisor starts, so a restart in between can find it.
-  AttemptRecord starting;
-  starting.run = r.name;
-  starting.number = r.attempts + 1;
-  starting.dir = AttemptDir(r.name, starting.number);
-  starting.gpus = r.gpus;
-  starting.started_ms = Now();
-  batch->attempts.push_back(starting);
-  return true;
-}
-
-void Controller::HandlePreemption(const admission::PreemptedInfo& p, Batch* batch) {
-  auto it = active_.find(p.name);
-  if (it == active_.end()) {
-    (void)engine_->RemoveWorkload(p.name);
-    in_engine_.erase(p.name);
-    return;
-  }
-  ActiveRun& run = it->second;
-  RunRecord& r = run.record;
-  // Already being stopped for a preemption that the engine, rebuilt after a restart, has just
-  // decided again.
-  if (run.shim && !run.preempted_by.empty()) return;
-  Count("tau_preemptions_total", {{"cluster_queue", p.queue}, {"reason", p.reason}});
-  std::string message =
-      fmt::format("preempted by {} ({}) in queue {}", p.preemptor, p.reason, p.queue);
-  batch->events.push_back({0,
-                           r.name,
-                           Now(),
-                           "Preempted",
-                           run.shim ? message + "; stopping the attempt" : message,
-                           {{"preemptor", p.preemptor}, {"reason", p.reason}},
-                           "",
-                           ""});
-  if (run.shim) {
-    // Its quota stays taken until its processes are gone (the preemptor waits meanwhile,
-    // WaitingForPreemptedWorkloads): never two runs on the same GPUs.
-    run.preempted_by = p.preemptor;
-    run.preemption_reason = p.reason;
-    StopAfterCommit(r.name);
-    return;
-  }
-  // Held quota without processes (reserved, or admitted and not started): give it back now.
-  Requeue(run, message, batch);
 }
 
 void Controller::Requeue(ActiveRun& run, const std::string& message, Batch* batch) {
@@ -340,12 +206,7 @@ void Controller::Requeue(ActiveRun& run, const std::string& message, Batch* batc
   r.not_before_ms.reset();
   run.queued_since_ms = Now();
   std::string next = "; back in the queue";
-  if (had_attempt && !options_.cluster) {
-    // What the next attempt will be given as TAU_RESUME_FROM, as things stand.
-    std::string newest = recovery::NewestCompleteCheckpoint(StorageDir(r, "checkpoint"));
-    next += newest.empty() ? "; no complete checkpoint yet, so the next attempt starts over"
-                           : ", the next attempt resumes from " + newest;
-  }
+  if (had_attempt) next += backend_->RequeueNote(run);
   Transition(run, RunState::kQueued, "Requeued", message + next, batch,
              {{"preemptions", r.preemptions}});
   batch->runs.push_back(r);
@@ -358,59 +219,28 @@ nlohmann::json Controller::PendingJson(const ActiveRun& run, int64_t now) {
   const RunRecord& r = run.record;
   auto out = [&](int position, const std::string& code, const std::string& reason,
                  const std::string& detail) {
-    nlohmann::json j = {{"position", position > 0 ? nlohmann::json(position) : nullptr},
-                        {"queue", r.queue},
-                        {"code", code},
-                        {"reason", reason}};
-    if (!detail.empty()) j["detail"] = detail;
-    return j;
+    return PendingEntry(position, r.queue, code, reason, detail);
   };
-  if (auto o = outside_engine_.find(r.name); o != outside_engine_.end())
+  if (auto o = quota_.outside.find(r.name); o != quota_.outside.end())
     return out(0, "QueueUnavailable",
                fmt::format("{}: cancel the run, or apply a platform whose queue '{}' can take it",
                            o->second, r.queue),
                "");
-  if (options_.cluster && !(r.not_before_ms && *r.not_before_ms > now)) {
-    // Kueue decides: its own reason and the run's place in its LocalQueue.
-    if (run.cluster_pending.is_object()) return run.cluster_pending;
-    return out(0, "Creating", "being created on the cluster", "");
-  }
+  if (nlohmann::json known = backend_->PendingReason(run, now); !known.is_null()) return known;
   if (r.not_before_ms && *r.not_before_ms > now)
     return out(0, "BackingOff",
                fmt::format("retrying after {} (attempt {}): waits {} more before it queues again",
                            r.reason, r.attempts, FormatDuration(*r.not_before_ms - now)),
                "");
-  if (auto h = in_engine_.find(r.name); h != in_engine_.end() && h->second) {
-    const Resources& need = run.need;
-    std::vector<std::string> short_of;
-    if (need.gpus > static_cast<int>(free_gpus_.size()))
-      short_of.push_back(fmt::format(
-          "{} GPU(s) ({} of {} free{})", need.gpus, free_gpus_.size(), gpus_.devices.size(),
-          unplaceable_gpus_.empty()
-              ? ""
-              : fmt::format(", {} kept out by health checks", unplaceable_gpus_.size())));
-    if (need.cpu_milli > free_cpu_milli_)
-      short_of.push_back(
-          fmt::format("{} CPUs ({} free)", Quantity::FromMilli(need.cpu_milli).ToString(),
-                      Quantity::FromMilli(std::max<int64_t>(0, free_cpu_milli_)).ToString()));
-    if (need.memory_bytes > free_memory_bytes_)
-      short_of.push_back(
-          fmt::format("{} memory ({} free)", Quantity::FromUnits(need.memory_bytes).ToString(),
-                      Quantity::FromUnits(std::max<int64_t>(0, free_memory_bytes_)).ToString()));
-    return out(0, "WaitingForMachine",
-               fmt::format("admitted by queue {}; waiting for this machine: needs {}", r.queue,
-                           short_of.empty() ? "a scheduling pass" : Join(short_of, ", ")),
-               "");
-  }
-  auto p = engine_pending_.find(r.name);
-  if (p == engine_pending_.end()) return out(0, "Pending", "waiting for the scheduler", "");
+  auto p = quota_.pending.find(r.name);
+  if (p == quota_.pending.end()) return out(0, "Pending", "waiting for the scheduler", "");
   const admission::PendingInfo& info = p->second;
   int position = info.position + 1;
   std::string reason;
   if (info.reason == admission::kReasonWaitingForQuota) {
     // Which requested resources the queue's flavors cannot give now.
     std::vector<std::string> short_of;
-    auto usage = engine_->Usage(r.queue);
+    auto usage = quota_.engine->Usage(r.queue);
     const admission::PodSet& ps = run.workload.pod_sets.front();
     for (const auto& [resource, per_pod] : ps.requests) {
       Quantity total = Quantity::FromMilli(per_pod.milli() * ps.count);
@@ -457,15 +287,15 @@ nlohmann::json Controller::QueuesJson(int64_t now,
   std::map<std::string, std::vector<const ActiveRun*>> pending, admitted;
   for (const auto& [name, run] : active_) {
     if (store::IsTerminal(run.record.state)) continue;
-    auto h = in_engine_.find(name);
-    if (h != in_engine_.end() && h->second)
+    auto h = quota_.in_engine.find(name);
+    if (h != quota_.in_engine.end() && h->second)
       admitted[run.record.queue].push_back(&run);
     else
       pending[run.record.queue].push_back(&run);
   }
   for (const admission::ClusterQueue& q : loop_platform_->admission.queues) {
     nlohmann::json usage = nlohmann::json::array();
-    if (auto u = engine_->Usage(q.name); u.ok()) {
+    if (auto u = quota_.engine->Usage(q.name); u.ok()) {
       for (const admission::ResourceUsage& x : *u)
         usage.push_back({{"flavor", x.flavor},
                          {"resource", x.resource},
@@ -476,9 +306,9 @@ nlohmann::json Controller::QueuesJson(int64_t now,
     nlohmann::json waiting = nlohmann::json::array();
     auto& mine = pending[q.name];
     std::sort(mine.begin(), mine.end(), [&](const ActiveRun* a, const ActiveRun* b) {
-      auto pa = engine_pending_.find(a->record.name), pb = engine_pending_.find(b->record.name);
-      int xa = pa == engine_pending_.end() ? 1 << 30 : pa->second.position;
-      int xb = pb == engine_pending_.end() ? 1 << 30 : pb->second.position;
+      auto pa = quota_.pending.find(a->record.name), pb = quota_.pending.find(b->record.name);
+      int xa = pa == quota_.pending.end() ? 1 << 30 : pa->second.position;
+      int xb = pb == quota_.pending.end() ? 1 << 30 : pb->second.position;
       return xa != xb ? xa < xb : a->record.seq < b->record.seq;
     });
     for (const ActiveRun* run : mine) {
@@ -512,7 +342,7 @@ nlohmann::json Controller::QueuesJson(int64_t now,
     if (!q.cohort.empty()) cohort_names.insert(q.cohort);
   for (const std::string& name : cohort_names) {
     nlohmann::json usage = nlohmann::json::array();
-    if (auto u = engine_->CohortUsage(name); u.ok()) {
+    if (auto u = quota_.engine->CohortUsage(name); u.ok()) {
       for (const admission::ResourceUsage& x : *u)
         usage.push_back({{"flavor", x.flavor},
                          {"resource", x.resource},
@@ -523,7 +353,7 @@ nlohmann::json Controller::QueuesJson(int64_t now,
   }
   // Runs whose queue is not in the platform (it was removed by a later apply).
   nlohmann::json orphans = nlohmann::json::array();
-  for (const auto& [name, why] : outside_engine_) orphans.push_back({{"name", name}, {"why", why}});
+  for (const auto& [name, why] : quota_.outside) orphans.push_back({{"name", name}, {"why", why}});
   return {{"queues", std::move(queues)},
           {"cohorts", std::move(cohorts)},
           {"unqueued_runs", std::move(orphans)}};
@@ -538,13 +368,18 @@ void Controller::RefreshPending() {
     ++queued;
     info[name] = PendingJson(run, now);
   }
-  nlohmann::json capacity = {{"gpus_total", gpus_.devices.size()},
-                             {"gpus_free", free_gpus_.size()},
-                             {"gpus_unplaceable", unplaceable_gpus_.size()},
-                             {"cpu_milli_total", cpu_capacity_milli_},
-                             {"cpu_milli_free", free_cpu_milli_},
-                             {"memory_bytes_total", memory_capacity_bytes_},
-                             {"memory_bytes_free", free_memory_bytes_},
+  MachineCapacity c;
+  c.gpus_total = c.gpus_free = static_cast<int64_t>(gpus_.devices.size());
+  c.cpu_milli_total = c.cpu_milli_free = cpu_capacity_milli_;
+  c.memory_bytes_total = c.memory_bytes_free = memory_capacity_bytes_;
+  backend_->FillCapacity(&c);
+  nlohmann::json capacity = {{"gpus_total", c.gpus_total},
+                             {"gpus_free", c.gpus_free},
+                             {"gpus_unplaceable", c.gpus_unplaceable},
+                             {"cpu_milli_total", c.cpu_milli_total},
+                             {"cpu_milli_free", c.cpu_milli_free},
+                             {"memory_bytes_total", c.memory_bytes_total},
+                             {"memory_bytes_free", c.memory_bytes_free},
                              {"queued", queued},
                              {"active", active_.size()}};
   nlohmann::json queues = QueuesJson(now, info);

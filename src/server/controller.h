@@ -24,6 +24,7 @@
 #include "recovery/failure_class.h"
 #include "runtime/runtime.h"
 #include "server/active_run.h"
+#include "server/backend.h"
 #include "server/cluster.h"
 #include "server/evidence_worker.h"
 #include "server/inbox.h"
@@ -44,9 +45,9 @@ struct ControllerOptions {
   // exist the server uses policy::DefaultPlatform sized to this machine.
   std::string platform_file;
   Metrics* metrics = nullptr;  // counters and histograms to feed; may be null
-  // The Kubernetes backend: runs are admitted by Kueue and run on this cluster instead of this
-  // machine (no local admission, placement or processes). Null: the local backend.
-  Cluster* cluster = nullptr;
+  // Where runs are admitted and run (kube_backend.h: a Kubernetes cluster); null: this machine
+  // (a local backend the controller makes from these options).
+  Backend* backend = nullptr;
   // Where decisions read the time (backoffs, stop deadlines, records); null: the system clock.
   Clock* clock = nullptr;
   // False: Start starts no decision thread, and the caller drives the loop with RunOnce (tests
@@ -67,16 +68,10 @@ struct SubmitError {
   std::vector<spec::Diagnostic> diagnostics;
 };
 
-// A run's flavor assignment ({"POD_SET": {"RESOURCE": "FLAVOR"}}, as RunRecord.flavors keeps it)
-// and its text ("cpu on default, nvidia.com/gpu on h200"; admit.cc).
-nlohmann::json AssignmentJson(const admission::FlavorAssignment& a);
-admission::FlavorAssignment AssignmentFromJson(const nlohmann::json& j);
-std::string FlavorsText(const admission::FlavorAssignment& a);
-
-class Controller {
+class Controller : private RunHost {
  public:
   Controller(ControllerOptions options, store::Store* store, health::GpuInventory gpus);
-  ~Controller();
+  ~Controller() override;
 
   // Recovers the state left by a previous server (re-adopting live attempts), then starts the loop.
   Status Start();
@@ -119,13 +114,13 @@ class Controller {
                        std::vector<spec::Diagnostic>* diagnostics);
   const health::GpuInventory& gpus() const { return gpus_; }
   // "local" or "kubernetes": where this server's runs run.
-  const char* BackendName() const { return options_.cluster ? "kubernetes" : "local"; }
+  const char* BackendName() const { return backend_->Name(); }
   std::string RunDir(const std::string& name) const { return layout::RunDir(options_.home, name); }
-  std::string AttemptDir(const std::string& name, int attempt) const;
+  std::string AttemptDir(const std::string& name, int attempt) const override;
   // Where a run's checkpoints ("checkpoint") or outputs ("output") go.
-  std::string StorageDir(const store::RunRecord& run, const std::string& role) const;
+  std::string StorageDir(const store::RunRecord& run, const std::string& role) const override;
 
-  // Evidence (controller_evidence.cc, docs/evidence.md). Callable from any thread: these read the
+  // Evidence (evidence_worker.h, docs/evidence.md). Callable from any thread: these read the
   // store and the run's files, never the loop's state.
   std::string EvidenceDir(const std::string& name) const {
     return layout::EvidenceDir(options_.home, name);
@@ -147,124 +142,72 @@ class Controller {
   }
 
  private:
-  Status RunAsSubmitter(const store::RunRecord& r, const runtime::LaunchContext& ctx,
-                        runtime::AttemptConfig* config);
-  // Whom a run's processes run as: nullopt for the server's own user (a server not running as
-  // root, or a run root submitted).
-  static Result<std::optional<runtime::AttemptConfig::RunAs>> SubmitterIds(
-      const store::RunRecord& r);
-  // Where the virtualenvs of the runs of `ids` are cached (each user its own: pip runs a package's
-  // own code, as that user).
-  std::string VenvCacheDir(const std::optional<runtime::AttemptConfig::RunAs>& ids) const;
-  // Checks that every SECRET:KEY of `spec`'s env exists in the workspace; with `resolved_spec`,
-  // also puts the values in its env (for launching only).
-  Status CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,
-                      spec::RunSpec* resolved_spec);
-  void HandleResume(const ResumeRequest& request, store::Batch* batch);
-  void HandleGpuNews(const GpuNews& news, store::Batch* batch);
-  // The evidence worker's view of the attempts running now.
-  std::vector<EvidenceWorker::RunningAttempt> RunningAttempts() const;
-  void DescribeRuntime(const store::RunRecord& r, bool final_save,
-                       const evidence::RecordInput* prev, evidence::RuntimeInfo* rt) const;
-
-  // One pass of the loop over what the inbox gave it.
-  void Pass(InboxTake take);
-  int64_t Now() const { return clock_->NowMillis(); }
-  void Loop();
-  // Inserts `r` as "<base>-<random hex>", drawing again while the name is taken.
-  Status InsertWithUniqueName(
-      store::RunRecord* r, const std::string& base,
-      const std::function<std::vector<store::Event>(const std::string&)>& events);
-  void Recover(store::Batch* batch, const std::set<AttemptKey>& on_cluster);
-  void AdmitQueued(store::Batch* batch, std::vector<std::string>* to_start);
-  // Starts the next attempt of each run: prepared one after another while the zygote forks their
-  // shims (runtime::ShimBatch), then recorded as Running, or failed with SetupError.
-  void StartAttempts(const std::vector<std::string>& names, store::Batch* batch);
-  struct StartingAttempt {
-    std::string name;
-    store::AttemptRecord attempt;
-    size_t processes = 0;
-    size_t index = 0;  // in the ShimBatch
-  };
-  std::optional<StartingAttempt> PrepareAttempt(const std::string& name, runtime::ShimBatch* shims,
-                                                store::Batch* batch);
-  void AttemptStarted(StartingAttempt s, const Result<runtime::ProcessId>& shim,
-                      store::Batch* batch);
-  void FailStart(ActiveRun& run, store::AttemptRecord a, recovery::FailureClass reason,
-                 const std::string& message, store::Batch* batch);
-  void HandleExit(const std::string& name, store::Batch* batch);
-  void HandleCancel(const std::string& name, store::Batch* batch);
-  // Stopping an attempt acts on a decision, so it waits for the decision's commit: the loop calls
-  // StopCommitted after each commit of its batch. A supervisor that has not ended its attempt
-  // kStopMarginMs after the grace period is killed, with its workers (EscalateStops).
-  void StopAfterCommit(const std::string& name);
-  void StopCommitted();
-  void EscalateStops(store::Batch* batch);
-  // Recovery: the stop the server asked of a running attempt before it restarted (cancel,
-  // preemption, a failed GPU), from the run's events; the attempt is asked again.
-  void RestoreStopRequest(ActiveRun& run, int64_t attempt_started_ms);
-  static constexpr int64_t kStopMarginMs = 5'000;
-  // The Kubernetes backend (controller_cluster.cc).
-  void RecoverOnCluster(ActiveRun& run, const std::set<AttemptKey>& existing, store::Batch* batch);
-  void LaunchQueued(store::Batch* batch, std::vector<std::string>* to_launch);
-  void LaunchOnCluster(const std::string& name, store::Batch* batch);
-  void HandleClusterNews(const ClusterNews& news, store::Batch* batch);
-  void EndClusterAttempt(ActiveRun& run, const kube::AttemptObservation& o, store::Batch* batch);
-  void CancelOnCluster(ActiveRun& run, store::Batch* batch);
-  // Masks what the attempt printed of the run's secrets in its stored logs, before anything reads
-  // them (diagnosis, evidence hashes, bundles).
-  void MaskSecretsInLogs(const ActiveRun& run, const store::AttemptRecord& attempt);
-  // An attempt that vanished while the server was down (its processes, or its Job): it ends
-  // NodeLost and the run is retried or fails by its resilience policy.
-  void LoseAttempt(ActiveRun& run, store::AttemptRecord attempt, const std::string& message,
-                   store::Batch* batch);
-  // What the logs of a failed attempt say about why (its ranks' log tails).
-  static nlohmann::json DiagnosisJson(const std::string& attempt_dir, size_t ranks,
-                                      const std::string& phase);
+  // The backend's view of the controller (backend.h).
+  std::map<std::string, ActiveRun>& active() override { return active_; }
+  QuotaBook& quota() override { return quota_; }
+  int64_t Now() override { return clock_->NowMillis(); }
+  store::Store* store() override { return store_; }
+  Metrics* metrics() override { return options_.metrics; }
+  std::shared_ptr<const policy::Platform> platform() override { return loop_platform_; }
+  void Post(InboxMessage message) override { inbox_.Push(std::move(message)); }
+  void Transition(ActiveRun& run, store::RunState state, const std::string& event_type,
+                  const std::string& message, store::Batch* batch,
+                  nlohmann::json data = nlohmann::json::object()) override;
   void Finish(ActiveRun& run, store::RunState state, const std::string& reason,
-              const std::string& message, store::Batch* batch);
+              const std::string& message, store::Batch* batch) override;
   // A failed attempt: retried when the spec's resilience policy allows it (recovery::Decide), else
   // the run fails. A preempted run goes back to its queue instead (Requeue) unless its retry_on
   // leaves Preempted out (recovery::PreemptionRequeues).
   void FailAttempt(ActiveRun& run, recovery::FailureClass failure_class, const std::string& message,
-                   store::Batch* batch);
-  void ReleaseResources(ActiveRun& run);
-  int64_t NextWakeMillis() const;
-  void Transition(ActiveRun& run, store::RunState state, const std::string& event_type,
-                  const std::string& message, store::Batch* batch,
-                  nlohmann::json data = nlohmann::json::object());
+                   store::Batch* batch) override;
+  void Requeue(ActiveRun& run, const std::string& message, store::Batch* batch) override;
+  void LoseAttempt(ActiveRun& run, store::AttemptRecord attempt, const std::string& message,
+                   store::Batch* batch) override;
+  void ReleaseResources(ActiveRun& run) override;
+  void CountAttempt(const store::AttemptRecord& attempt) override;
+  void Count(const std::string& name, const Labels& labels) override;
+  Status CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,
+                      spec::RunSpec* resolved_spec) override;
+  void MaskSecretsInLogs(const ActiveRun& run, const store::AttemptRecord& attempt) override;
+  void PollMetrics(const std::string& run, int attempt) override {
+    evidence_->PollMetrics(run, attempt);
+  }
+
+  void HandleResume(const ResumeRequest& request, store::Batch* batch);
+  void HandleCancel(const std::string& name, store::Batch* batch);
+  void Loop();
+  // One pass of the loop over what the inbox gave it.
+  void Pass(InboxTake take);
+  // Inserts `r` as "<base>-<random hex>", drawing again while the name is taken.
+  Status InsertWithUniqueName(
+      store::RunRecord* r, const std::string& base,
+      const std::function<std::vector<store::Event>(const std::string&)>& events);
+  void Recover(store::Batch* batch);
+  int64_t NextWakeMillis();
   void RefreshPending();
   Result<ActiveRun> Load(const store::RunRecord& record);
   // The same, with the record's spec already parsed (by Submit).
   Result<ActiveRun> Load(const store::RunRecord& record, spec::RunSpec spec);
   void CommitOrDie(store::Batch batch);
-  void Count(const std::string& name, const Labels& labels);
-  void CountAttempt(const store::AttemptRecord& attempt);
   static Resources Needs(const policy::ResolvedRun& resolved);
-  // The admission engine side of a loop iteration (admit.cc).
+  // The admission engine's side of a pass (admit.cc): the engine is built from the platform, and
+  // its workloads are kept in step with the runs.
   void RebuildEngine();
   void SyncEngine();
-  void HandlePreemption(const admission::PreemptedInfo& p, store::Batch* batch);
-  void Requeue(ActiveRun& run, const std::string& message, store::Batch* batch);
-  bool Place(ActiveRun& run, store::Batch* batch);
   nlohmann::json PendingJson(const ActiveRun& run, int64_t now);
   // `pending` holds PendingJson of every queued run, as RefreshPending computed it.
   nlohmann::json QueuesJson(int64_t now, const std::map<std::string, nlohmann::json>& pending);
   Status LoadPlatformFile();
-  std::string Refusal(const Resources& need) const;
-  runtime::EnvList BaseEnv() const;
-  void StartZygote();
 
   const ControllerOptions options_;
   Clock* const clock_;
   store::Store* const store_;
   const health::GpuInventory gpus_;
-  std::unique_ptr<runtime::ProcessWatcher> watcher_;
-  std::unique_ptr<runtime::Zygote> zygote_;  // forks the shims; null on a cluster
-  std::vector<std::string> stops_;           // runs whose attempt stops after the next commit
-  int64_t zygote_restarted_ms_ = 0;          // the last restart of a broken zygote; 0: none yet
+  int64_t cpu_capacity_milli_ = 0;
+  int64_t memory_capacity_bytes_ = 0;
+  std::unique_ptr<Backend> own_backend_;  // when the options name none: this machine
+  Backend* backend_ = nullptr;
   std::thread thread_;
-
   Inbox inbox_;
   std::unique_ptr<EvidenceWorker> evidence_;
 
@@ -282,18 +225,9 @@ class Controller {
 
   // Owned by the loop thread.
   std::map<std::string, ActiveRun> active_;
+  QuotaBook quota_;
   std::shared_ptr<const policy::Platform> loop_platform_;
   int64_t loop_generation_ = 0;
-  std::optional<admission::Engine> engine_;
-  std::map<std::string, bool> in_engine_;  // run -> holds quota (else pending in the engine)
-  std::map<std::string, std::string> outside_engine_;  // run -> why the engine cannot take it
-  std::map<std::string, admission::PendingInfo> engine_pending_;  // as of the last cycle
-  std::set<int> free_gpus_;
-  std::map<int, std::string> unplaceable_gpus_;  // GPU index -> why (Unhealthy or Unknown verdict)
-  int64_t free_cpu_milli_ = 0;
-  int64_t free_memory_bytes_ = 0;
-  int64_t cpu_capacity_milli_ = 0;
-  int64_t memory_capacity_bytes_ = 0;
 };
 
 }  // namespace tau::server

@@ -15,6 +15,7 @@
 #include "common/files.h"
 #include "kubeapi/kubeapi.h"
 #include "server/controller.h"
+#include "server/kube_backend.h"
 #include "server/kube_cluster.h"
 #include "store/store.h"
 #include "testing/fake_apiserver.h"
@@ -85,7 +86,8 @@ class KubeBackendTest : public ::testing::Test {
     options.home = home_;
     options.tau_binary = "/bin/false";  // never started: nothing runs on this machine
     options.platform_file = home_ + "/platform.yaml";
-    options.cluster = cluster_.get();
+    backend_ = NewKubeBackend(cluster_.get());
+    options.backend = backend_.get();
     controller_ = std::make_unique<Controller>(options, store_.get(), health::GpuInventory{});
     Status s = controller_->Start();
     ASSERT_TRUE(s.ok()) << s.ToString();
@@ -93,6 +95,7 @@ class KubeBackendTest : public ::testing::Test {
   void StopController() {
     if (controller_) controller_->Stop();
     controller_.reset();
+    backend_.reset();
     cluster_.reset();
   }
 
@@ -253,6 +256,7 @@ class KubeBackendTest : public ::testing::Test {
   std::unique_ptr<kubeapi::Client> cluster_client_;  // tau's
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<Cluster> cluster_;
+  std::unique_ptr<Backend> backend_;
   std::unique_ptr<Controller> controller_;
   bool check_access_ = false;
 };

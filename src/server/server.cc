@@ -27,6 +27,7 @@
 #include "policy/policy.h"
 #include "server/api.h"
 #include "server/controller.h"
+#include "server/kube_backend.h"
 #include "server/kube_cluster.h"
 #include "store/store.h"
 #include "tls/tls.h"
@@ -192,6 +193,7 @@ int RunServer(const ServerOptions& options) {
   // The Kubernetes backend: the cluster is read before the controller recovers its runs.
   std::unique_ptr<kubeapi::Client> kube_client;
   std::unique_ptr<Cluster> cluster;
+  std::unique_ptr<Backend> backend;  // null: this machine
   if (options.backend == "kubernetes") {
     auto config = options.kubeconfig.empty()
                       ? kubeapi::LoadDefaultConfig(options.kube_context)
@@ -217,6 +219,7 @@ int RunServer(const ServerOptions& options) {
     kopts.default_image = options.default_image;
     kopts.check_access = options.kube_check_access;
     cluster = NewKubeCluster(kube_client.get(), kopts);
+    backend = NewKubeBackend(cluster.get());
     log(fmt::format("kubernetes backend: API server {}", kube_client->config().server));
   } else if (options.backend != "local") {
     log(fmt::format("unknown backend '{}': use local or kubernetes", options.backend));
@@ -229,7 +232,7 @@ int RunServer(const ServerOptions& options) {
   copts.stop_grace_ms = options.stop_grace_ms;
   copts.platform_file = layout::PlatformFile(options.home);
   copts.metrics = &metrics;
-  copts.cluster = cluster.get();
+  copts.backend = backend.get();
   Controller controller(copts, store->get(), gpus);
   verdict_sink = &controller;
   // Verdicts from the first pass (and any change since) decide which GPUs placement may use.

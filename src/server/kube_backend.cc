@@ -1,14 +1,17 @@
-// The controller on the Kubernetes backend: Kueue admits, the cluster runs. The run's records,
+// The Kubernetes backend (backend.h): Kueue admits, the cluster runs. The run's records,
 // retries, cancels and evidence follow the same rules as on the local backend; what differs is
 // where an attempt comes from (a Job or RayJob created suspended) and how its end is learnt (the
 // cluster's news, classified by kube::ObserveAttempt).
+#include "server/kube_backend.h"
+
+#include <algorithm>
+#include <utility>
+
 #include <fmt/format.h>
 
-#include "common/clock.h"
 #include "common/files.h"
 #include "recovery/failure_class.h"
 #include "recovery/retry.h"
-#include "server/controller.h"
 
 namespace tau::server {
 
@@ -20,20 +23,103 @@ using store::RunState;
 using Phase = kube::AttemptObservation::Phase;
 using recovery::FailureClass;
 
-namespace {}  // namespace
+namespace {
 
-void Controller::RecoverOnCluster(ActiveRun& run, const std::set<AttemptKey>& existing,
-                                  Batch* batch) {
+class KubeBackend final : public Backend {
+ public:
+  explicit KubeBackend(Cluster* cluster) : cluster_(cluster) {}
+  ~KubeBackend() override { Stop(); }
+
+  const char* Name() const override { return "kubernetes"; }
+  Status Start(RunHost* host, const policy::Platform* applied) override;
+  void Stop() override {
+    if (host_ && !stopped_) cluster_->Stop();
+    stopped_ = true;
+  }
+  // On a cluster, Kueue's quota and the nodes decide what fits; this machine's size does not.
+  Status CheckFits(const Resources&) override { return Status::Ok(); }
+  Status Check(const SubmissionCheck& c) override {
+    return cluster_->Check(*c.spec, *c.resolved, *c.platform, c.snapshot_dir, *c.caller);
+  }
+  Status ApplyPlatform(const policy::Platform& platform) override {
+    return cluster_->ApplyPlatform(platform);
+  }
+  void Recover(ActiveRun& run, Batch* batch) override;
+  void HandleExit(const std::string&, Batch*) override {}
+  void HandleNews(const ClusterNews& news, Batch* batch) override;
+  // This machine's GPUs run nothing of the cluster's.
+  void HandleGpuNews(const GpuNews&, Batch*) override {}
+  void Cancel(ActiveRun& run, Batch* batch) override;
+  void Schedule(Batch* batch) override;
+  void Committed() override {}
+  void Launch(Batch* batch) override {
+    for (const std::string& name : std::exchange(to_launch_, {})) LaunchOne(name, batch);
+  }
+  void Launched() override {}
+  void Release(ActiveRun&) override {}
+  nlohmann::json PendingReason(const ActiveRun& run, int64_t now) override {
+    const RunRecord& r = run.record;
+    if (r.not_before_ms && *r.not_before_ms > now) return nullptr;  // backing off
+    // Kueue decides: its own reason and the run's place in its LocalQueue.
+    if (run.cluster_pending.is_object()) return run.cluster_pending;
+    return PendingEntry(0, r.queue, "Creating", "being created on the cluster", "");
+  }
+  // On a cluster the job finds its newest checkpoint itself.
+  std::string RequeueNote(const ActiveRun&) override { return ""; }
+  int64_t NextWakeMillis(int64_t, int64_t limit) const override { return limit; }
+  // The pods' metrics and GPUs are the cluster's to watch.
+  std::vector<EvidenceWorker::RunningAttempt> RunningAttempts() const override { return {}; }
+  void DescribeRuntime(const RunRecord&, bool, const evidence::RecordInput*,
+                       evidence::RuntimeInfo* rt) const override {
+    // The run's pods ran on the cluster's nodes, in its image: nothing of this machine describes
+    // them, so nothing of it is recorded (the image is).
+    rt->host = "kubernetes";
+  }
+  void FillCapacity(MachineCapacity*) const override {}
+
+ private:
+  void LaunchOne(const std::string& name, Batch* batch);
+  void EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, Batch* batch);
+
+  Cluster* const cluster_;
+  RunHost* host_ = nullptr;
+  bool stopped_ = false;
+  std::set<AttemptKey> existing_;  // the attempts on the cluster when the server started
+  std::vector<std::string> to_launch_;
+};
+
+}  // namespace
+
+Status KubeBackend::Start(RunHost* host, const policy::Platform* applied) {
+  host_ = host;
+  auto existing = cluster_->Start(
+      [host](ClusterNews news) { host->Post(std::move(news)); },
+      [host](const std::string& run, int attempt) { return host->AttemptDir(run, attempt); });
+  if (!existing.ok()) return existing.status();
+  existing_ = std::move(*existing);
+  // An applied platform (not the built-in default, which describes this machine) makes sure
+  // the cluster has its queues, e.g. after `tau server --platform FILE` in the chart's pod.
+  if (applied)
+    if (Status s = cluster_->ApplyPlatform(*applied); !s.ok())
+      std::fprintf(stderr,
+                   "tau server: the platform could not be applied to the cluster (runs wait "
+                   "for its queues until it is): %s\n",
+                   s.ToString().c_str());
+  return Status::Ok();
+}
+
+void KubeBackend::Recover(ActiveRun& run, Batch* batch) {
+  const std::set<AttemptKey>& existing = existing_;
   RunRecord& r = run.record;
-  auto attempts = store_->ListAttempts(r.name);
+  auto attempts = host_->store()->ListAttempts(r.name);
   if (!attempts.ok() || attempts->empty() || attempts->back().state == AttemptState::kFinished) {
     // No attempt on the cluster: a queued run gets one on the next pass (one recorded as admitted
     // goes back to the queue first; this is no preemption).
     if (r.state != RunState::kQueued && !r.cancel_requested) {
-      ReleaseResources(run);
-      Transition(run, RunState::kQueued, "Requeued",
-                 "back in the queue: its attempt had not been created when the server stopped",
-                 batch);
+      host_->ReleaseResources(run);
+      host_->Transition(
+          run, RunState::kQueued, "Requeued",
+          "back in the queue: its attempt had not been created when the server stopped", batch);
       batch->runs.push_back(r);
     }
     return;
@@ -49,20 +135,19 @@ void Controller::RecoverOnCluster(ActiveRun& run, const std::set<AttemptKey>& ex
     run.cluster_relaunch = true;
     return;
   }
-  LoseAttempt(run, last, "the attempt's Job vanished from the cluster while the server was down",
-              batch);
+  host_->LoseAttempt(
+      run, last, "the attempt's Job vanished from the cluster while the server was down", batch);
 }
 
-void Controller::LaunchQueued(Batch* batch, std::vector<std::string>* to_launch) {
-  // Kueue decides; tau's engine only mirrors what it admitted, for `tau queues`.
-  SyncEngine();
-  int64_t now = Now();
-  for (auto& [name, run] : active_) {
+void KubeBackend::Schedule(Batch* batch) {
+  std::vector<std::string>* to_launch = &to_launch_;
+  int64_t now = host_->Now();
+  for (auto& [name, run] : host_->active()) {
     RunRecord& r = run.record;
     if (store::IsTerminal(r.state)) continue;
     if (r.cancel_requested) {
       // A cancel whose delete failed earlier (the API server was unreachable): again.
-      CancelOnCluster(run, batch);
+      Cancel(run, batch);
       continue;
     }
     if (r.state != RunState::kQueued || run.cluster_attempt != 0) continue;
@@ -71,7 +156,7 @@ void Controller::LaunchQueued(Batch* batch, std::vector<std::string>* to_launch)
       AttemptRecord a;
       a.run = name;
       a.number = r.attempts + 1;
-      a.dir = AttemptDir(name, a.number);
+      a.dir = host_->AttemptDir(name, a.number);
       a.state = AttemptState::kStarting;
       a.started_ms = now;
       batch->attempts.push_back(a);
@@ -87,41 +172,41 @@ void Controller::LaunchQueued(Batch* batch, std::vector<std::string>* to_launch)
   }
 }
 
-void Controller::LaunchOnCluster(const std::string& name, Batch* batch) {
-  ActiveRun& run = active_.at(name);
+void KubeBackend::LaunchOne(const std::string& name, Batch* batch) {
+  ActiveRun& run = host_->active().at(name);
   RunRecord& r = run.record;
   ClusterLaunch launch;
   launch.run = name;
   launch.attempt = run.cluster_attempt;
   launch.spec = &run.spec;
   launch.resolved = &run.resolved;
-  launch.platform = loop_platform_;
+  launch.platform = host_->platform();
   launch.snapshot_dir = r.snapshot_dir;
-  const std::string attempt_dir = AttemptDir(name, launch.attempt);
+  const std::string attempt_dir = host_->AttemptDir(name, launch.attempt);
   if (launch.attempt > 1) {
     launch.failure_reason = r.reason;
     launch.resume_from = run.resume_from;  // on a cluster the job finds its newest checkpoint
   }
   Status s = MakeDirs(attempt_dir + "/logs");
-  if (s.ok()) s = CheckSecrets(run.spec, r.workspace, nullptr);
+  if (s.ok()) s = host_->CheckSecrets(run.spec, r.workspace, nullptr);
   bool refers = std::any_of(run.spec.runtime.env.begin(), run.spec.runtime.env.end(),
                             [](const spec::EnvVar& v) { return v.secret_ref; });
   if (s.ok() && refers) {
     // All of them: the namespace's Secret mirrors the workspace's secrets for every run there.
-    auto values = store_->SecretValues(r.workspace);
+    auto values = host_->store()->SecretValues(r.workspace);
     if (values.ok()) {
       launch.secrets = std::move(*values);
     } else {
       s = values.status();
     }
   }
-  if (s.ok()) s = options_.cluster->Launch(launch);
+  if (s.ok()) s = cluster_->Launch(launch);
   if (s.ok()) {
     run.resume_from.clear();
     batch->events.push_back(
         {0,
          name,
-         Now(),
+         host_->Now(),
          "Created",
          fmt::format("attempt {} created on the cluster; Kueue admits it from queue {}",
                      launch.attempt, r.queue),
@@ -134,7 +219,7 @@ void Controller::LaunchOnCluster(const std::string& name, Batch* batch) {
     // The API server is away: the attempt stays recorded and is created when it answers again.
     run.cluster_attempt = 0;
     run.cluster_relaunch = true;
-    r.not_before_ms = Now() + 5000;
+    r.not_before_ms = host_->Now() + 5000;
     run.cluster_pending = {{"position", nullptr},
                            {"queue", r.queue},
                            {"code", "ClusterUnavailable"},
@@ -144,26 +229,26 @@ void Controller::LaunchOnCluster(const std::string& name, Batch* batch) {
     batch->runs.push_back(r);
     return;
   }
-  auto attempts = store_->ListAttempts(name);
+  auto attempts = host_->store()->ListAttempts(name);
   AttemptRecord a;
   if (attempts.ok() && !attempts->empty()) a = attempts->back();
   a.run = name;
   a.number = launch.attempt;
   a.dir = attempt_dir;
   a.state = AttemptState::kFinished;
-  a.ended_ms = Now();
+  a.ended_ms = host_->Now();
   a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
   a.reason = recovery::FailureClassName(FailureClass::kSetupError);
   a.message = fmt::format("the cluster refused the attempt: {}", s.message());
   batch->attempts.push_back(a);
-  CountAttempt(a);
+  host_->CountAttempt(a);
   run.cluster_attempt = 0;
-  FailAttempt(run, FailureClass::kSetupError, a.message, batch);
+  host_->FailAttempt(run, FailureClass::kSetupError, a.message, batch);
 }
 
-void Controller::HandleClusterNews(const ClusterNews& news, Batch* batch) {
-  auto it = active_.find(news.run);
-  if (it == active_.end()) return;
+void KubeBackend::HandleNews(const ClusterNews& news, Batch* batch) {
+  auto it = host_->active().find(news.run);
+  if (it == host_->active().end()) return;
   ActiveRun& run = it->second;
   RunRecord& r = run.record;
   if (store::IsTerminal(r.state) || r.cancel_requested || news.attempt != run.cluster_attempt)
@@ -176,9 +261,9 @@ void Controller::HandleClusterNews(const ClusterNews& news, Batch* batch) {
                            {"reason", o.message}};
     return;
   }
-  if (o.Terminal() || o.phase == Phase::kEvicted) return EndClusterAttempt(run, o, batch);
+  if (o.Terminal() || o.phase == Phase::kEvicted) return EndAttempt(run, o, batch);
   if (r.state == RunState::kQueued) {
-    r.admitted_ms = Now();
+    r.admitted_ms = host_->Now();
     // tau's view of the queues (`tau queues`) counts the run against its quota with Kueue's
     // flavors, folded into tau's one pod set (a RayJob's head and worker groups are one there).
     admission::FlavorAssignment kueue = AssignmentFromJson(o.flavors);
@@ -188,10 +273,10 @@ void Controller::HandleClusterNews(const ClusterNews& news, Batch* batch) {
         for (const auto& [resource, flavor] : assigned)
           folded[run.workload.pod_sets.front().name].emplace(resource, flavor);
     r.flavors = AssignmentJson(folded);
-    Transition(run, RunState::kAdmitted, "Admitted",
-               fmt::format("admitted by Kueue (ClusterQueue {}{})", o.cluster_queue,
-                           kueue.empty() ? "" : "; " + FlavorsText(kueue)),
-               batch, {{"flavors", o.flavors}, {"cluster_queue", o.cluster_queue}});
+    host_->Transition(run, RunState::kAdmitted, "Admitted",
+                      fmt::format("admitted by Kueue (ClusterQueue {}{})", o.cluster_queue,
+                                  kueue.empty() ? "" : "; " + FlavorsText(kueue)),
+                      batch, {{"flavors", o.flavors}, {"cluster_queue", o.cluster_queue}});
     batch->runs.push_back(r);
   }
   // Admitted but held up (an image that does not pull yet): said once per reason. Plain
@@ -201,35 +286,34 @@ void Controller::HandleClusterNews(const ClusterNews& news, Batch* batch) {
   if (held_up && o.reason != r.reason) {
     r.reason = o.reason;
     batch->events.push_back(
-        {0, r.name, Now(), o.reason, o.message, {{"attempt", run.cluster_attempt}}, "", ""});
+        {0, r.name, host_->Now(), o.reason, o.message, {{"attempt", run.cluster_attempt}}, "", ""});
     batch->runs.push_back(r);
   }
   if (o.phase == Phase::kRunning && r.state == RunState::kAdmitted) {
-    auto attempts = store_->ListAttempts(r.name);
+    auto attempts = host_->store()->ListAttempts(r.name);
     if (attempts.ok() && !attempts->empty() && attempts->back().number == run.cluster_attempt) {
       AttemptRecord a = attempts->back();
       a.state = AttemptState::kRunning;
-      a.started_ms = Now();
+      a.started_ms = host_->Now();
       batch->attempts.push_back(a);
     }
-    if (!r.started_ms) r.started_ms = Now();
+    if (!r.started_ms) r.started_ms = host_->Now();
     r.reason.clear();
-    Transition(run, RunState::kRunning, "Running",
-               fmt::format("attempt {} running on the cluster", run.cluster_attempt), batch,
-               {{"attempt", run.cluster_attempt}});
+    host_->Transition(run, RunState::kRunning, "Running",
+                      fmt::format("attempt {} running on the cluster", run.cluster_attempt), batch,
+                      {{"attempt", run.cluster_attempt}});
     batch->runs.push_back(r);
   }
 }
 
-void Controller::EndClusterAttempt(ActiveRun& run, const kube::AttemptObservation& o,
-                                   Batch* batch) {
+void KubeBackend::EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, Batch* batch) {
   RunRecord& r = run.record;
-  auto attempts = store_->ListAttempts(r.name);
+  auto attempts = host_->store()->ListAttempts(r.name);
   if (!attempts.ok() || attempts->empty() || attempts->back().number != run.cluster_attempt) return;
   AttemptRecord a = attempts->back();
-  MaskSecretsInLogs(run, a);
+  host_->MaskSecretsInLogs(run, a);
   a.state = AttemptState::kFinished;
-  a.ended_ms = Now();
+  a.ended_ms = host_->Now();
   a.exit_code = o.exit_code;
   a.message = o.message;
   const int number = run.cluster_attempt;
@@ -240,9 +324,10 @@ void Controller::EndClusterAttempt(ActiveRun& run, const kube::AttemptObservatio
     a.reason = recovery::FailureClassName(FailureClass::kSucceeded);
     if (!a.exit_code) a.exit_code = 0;
     batch->attempts.push_back(a);
-    CountAttempt(a);
+    host_->CountAttempt(a);
     r.exit_code = a.exit_code;
-    Finish(run, RunState::kSucceeded, a.reason, "the attempt completed on the cluster", batch);
+    host_->Finish(run, RunState::kSucceeded, a.reason, "the attempt completed on the cluster",
+                  batch);
     return;
   }
   a.outcome = runtime::OutcomeKindName(o.phase == Phase::kEvicted ? runtime::OutcomeKind::kStopped
@@ -251,56 +336,60 @@ void Controller::EndClusterAttempt(ActiveRun& run, const kube::AttemptObservatio
       recovery::ParseFailureClass(o.failure_class).value_or(FailureClass::kUnknown);
   a.reason = recovery::FailureClassName(cls);
   if (cls != FailureClass::kPreempted)
-    a.diagnosis = DiagnosisJson(a.dir, std::max(1, run.spec.compute.workers),
-                                "Running: the job failed on the cluster");
+    a.diagnosis = AttemptDiagnosis(a.dir, std::max(1, run.spec.compute.workers),
+                                   "Running: the job failed on the cluster");
   batch->attempts.push_back(a);
-  CountAttempt(a);
+  host_->CountAttempt(a);
   r.exit_code = a.exit_code;
   if (o.phase == Phase::kEvicted) {
     // Kueue would admit the same Job again later; tau makes each attempt a Job of its own, so
     // this one goes (its pods are being stopped anyway) and the next attempt is a new one.
-    if (Status s = options_.cluster->Delete(r.name, number); !s.ok())
+    if (Status s = cluster_->Delete(r.name, number); !s.ok())
       std::fprintf(stderr, "tau server: run %s: deleting evicted attempt %d: %s\n", r.name.c_str(),
                    number, s.ToString().c_str());
   }
   if (cls == FailureClass::kPreempted &&
       recovery::PreemptionRequeues(spec::RetryPolicyOf(run.spec.resilience))) {
-    Requeue(run, a.message.empty() ? "preempted by Kueue" : a.message, batch);
+    host_->Requeue(run, a.message.empty() ? "preempted by Kueue" : a.message, batch);
   } else {
-    FailAttempt(run, cls, a.message, batch);
+    host_->FailAttempt(run, cls, a.message, batch);
   }
 }
 
-void Controller::CancelOnCluster(ActiveRun& run, Batch* batch) {
+void KubeBackend::Cancel(ActiveRun& run, Batch* batch) {
   RunRecord& r = run.record;
   if (run.cluster_attempt > 0) {
-    if (Status s = options_.cluster->Delete(r.name, run.cluster_attempt); !s.ok()) {
-      // Kept cancel-requested: the next pass deletes again (LaunchQueued).
+    if (Status s = cluster_->Delete(r.name, run.cluster_attempt); !s.ok()) {
+      // Kept cancel-requested: the next pass deletes again (Schedule).
       batch->runs.push_back(r);
       batch->events.push_back(
-          {0, r.name, Now(), "CancelRequested",
+          {0, r.name, host_->Now(), "CancelRequested",
            fmt::format("deleting its Kubernetes objects failed ({}); trying again", s.message()),
            nlohmann::json::object(), "", ""});
       return;
     }
-    auto attempts = store_->ListAttempts(r.name);
+    auto attempts = host_->store()->ListAttempts(r.name);
     if (attempts.ok() && !attempts->empty() && attempts->back().number == run.cluster_attempt &&
         attempts->back().state != AttemptState::kFinished) {
       AttemptRecord a = attempts->back();
       a.state = AttemptState::kFinished;
-      a.ended_ms = Now();
+      a.ended_ms = host_->Now();
       a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kStopped);
       a.reason = recovery::FailureClassName(FailureClass::kCancelled);
       a.message = "cancelled: its Kubernetes objects were deleted";
       batch->attempts.push_back(a);
-      CountAttempt(a);
+      host_->CountAttempt(a);
     }
     run.cluster_attempt = 0;
   }
-  Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
-         r.started_ms ? "cancelled by request; its Kubernetes objects were deleted"
-                      : "cancelled before it started",
-         batch);
+  host_->Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
+                r.started_ms ? "cancelled by request; its Kubernetes objects were deleted"
+                             : "cancelled before it started",
+                batch);
+}
+
+std::unique_ptr<Backend> NewKubeBackend(Cluster* cluster) {
+  return std::make_unique<KubeBackend>(cluster);
 }
 
 }  // namespace tau::server

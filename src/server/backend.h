@@ -1,0 +1,176 @@
+// Where runs' attempts are admitted and run: this machine (local_backend.h: the Kueue-model engine
+// decides, placement puts attempts on GPUs, CPUs and memory, supervisors run them) or a Kubernetes
+// cluster (kube_backend.h: Kueue admits, the kubelets run the pods). The controller keeps every
+// decision about runs that is the same everywhere (records, transitions, retries, cancels,
+// evidence) and calls its backend at the fixed steps of each pass of its loop:
+//
+//   1. the inbox's news: exits and cluster news go to the backend (HandleExit, HandleNews)
+//   2. Schedule: admit and place (local), or create what Kueue should admit (Kubernetes)
+//   3. the controller commits; Committed: act on committed stops
+//   4. Launch: start the attempts decided in 2; the controller commits; Launched
+//
+// Everything here runs on the decision thread, except where a method says otherwise.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "admission/admission.h"
+#include "evidence/evidence.h"
+#include "policy/policy.h"
+#include "recovery/failure_class.h"
+#include "server/active_run.h"
+#include "server/cluster.h"
+#include "server/evidence_worker.h"
+#include "server/inbox.h"
+#include "server/metrics.h"
+#include "spec/spec.h"
+#include "store/store.h"
+
+namespace tau::server {
+
+// tau's admission engine and what it holds of the runs: on this machine it decides; on a cluster
+// it mirrors what Kueue admitted, for `tau queues`.
+struct QuotaBook {
+  std::optional<admission::Engine> engine;
+  std::map<std::string, bool> in_engine;                  // run -> holds quota (else pending in it)
+  std::map<std::string, std::string> outside;             // run -> why the engine cannot take it
+  std::map<std::string, admission::PendingInfo> pending;  // as of the last cycle
+};
+
+// The controller as its backend sees it.
+class RunHost {
+ public:
+  virtual ~RunHost() = default;
+  virtual std::map<std::string, ActiveRun>& active() = 0;
+  virtual QuotaBook& quota() = 0;
+  virtual int64_t Now() = 0;
+  virtual store::Store* store() = 0;
+  virtual Metrics* metrics() = 0;                                  // may be null
+  virtual std::shared_ptr<const policy::Platform> platform() = 0;  // the one the loop decides with
+  virtual std::string AttemptDir(const std::string& run, int attempt) const = 0;
+  virtual std::string StorageDir(const store::RunRecord& run, const std::string& role) const = 0;
+  // News for the decision thread (callable from any thread).
+  virtual void Post(InboxMessage message) = 0;
+
+  // Record keeping, the same on every backend.
+  virtual void Transition(ActiveRun& run, store::RunState state, const std::string& event_type,
+                          const std::string& message, store::Batch* batch,
+                          nlohmann::json data = nlohmann::json::object()) = 0;
+  virtual void Finish(ActiveRun& run, store::RunState state, const std::string& reason,
+                      const std::string& message, store::Batch* batch) = 0;
+  // A failed attempt: retried when the spec's resilience policy allows it, else the run fails.
+  virtual void FailAttempt(ActiveRun& run, recovery::FailureClass failure_class,
+                           const std::string& message, store::Batch* batch) = 0;
+  // A preempted run goes back to its queue.
+  virtual void Requeue(ActiveRun& run, const std::string& message, store::Batch* batch) = 0;
+  // An attempt that vanished (its processes, or its Job): it ends NodeLost, then FailAttempt.
+  virtual void LoseAttempt(ActiveRun& run, store::AttemptRecord attempt, const std::string& message,
+                           store::Batch* batch) = 0;
+  // Gives back what the run holds (quota, and the backend's share): it ended or is requeued.
+  virtual void ReleaseResources(ActiveRun& run) = 0;
+  virtual void CountAttempt(const store::AttemptRecord& attempt) = 0;
+  virtual void Count(const std::string& name, const Labels& labels) = 0;
+  // Checks that every SECRET:KEY of `spec`'s env exists in the workspace; with `resolved_spec`,
+  // also puts the values in its env (for launching only).
+  virtual Status CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,
+                              spec::RunSpec* resolved_spec) = 0;
+  // Masks what the attempt printed of the run's secrets in its stored logs.
+  virtual void MaskSecretsInLogs(const ActiveRun& run, const store::AttemptRecord& attempt) = 0;
+  // Reads the attempt's new metric points into the run's evidence.
+  virtual void PollMetrics(const std::string& run, int attempt) = 0;
+};
+
+// This machine's size and what is free of it.
+struct MachineCapacity {
+  int64_t gpus_total = 0, gpus_free = 0, gpus_unplaceable = 0;
+  int64_t cpu_milli_total = 0, cpu_milli_free = 0;
+  int64_t memory_bytes_total = 0, memory_bytes_free = 0;
+};
+
+// What a submission is checked against before it is recorded.
+struct SubmissionCheck {
+  const spec::RunSpec* spec = nullptr;
+  const policy::ResolvedRun* resolved = nullptr;
+  const policy::Platform* platform = nullptr;
+  Resources need;
+  std::string spec_file;
+  std::string snapshot_dir;
+  const nlohmann::json* snapshot_files = nullptr;  // [{"path": ...}]: the files of the code
+  const policy::Caller* caller = nullptr;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // "local" or "kubernetes" (API replies and records say it).
+  virtual const char* Name() const = 0;
+
+  // Starts following attempts (news reaches the host's inbox). `applied` is the platform file's
+  // platform when one was applied (not the built-in default).
+  virtual Status Start(RunHost* host, const policy::Platform* applied) = 0;
+  virtual void Stop() = 0;
+  // Refuses, at submission, a run whose size can never fit here (before its code is stored).
+  virtual Status CheckFits(const Resources& need) = 0;
+  // Refuses, at submission, a run that cannot run here for another reason, with a message that
+  // says why.
+  virtual Status Check(const SubmissionCheck& check) = 0;
+  // Makes a newly applied platform hold here too; refused: the controller keeps the old one.
+  virtual Status ApplyPlatform(const policy::Platform& platform) = 0;
+  // After a restart: brings a recovered run that was admitted or running up to date with what
+  // exists now (re-adopting live attempts, losing vanished ones).
+  virtual void Recover(ActiveRun& run, store::Batch* batch) = 0;
+
+  // The steps of a pass (see above).
+  virtual void HandleExit(const std::string& run, store::Batch* batch) = 0;
+  virtual void HandleNews(const ClusterNews& news, store::Batch* batch) = 0;
+  virtual void HandleGpuNews(const GpuNews& news, store::Batch* batch) = 0;
+  // A cancel of a run that has not ended (cancel_requested is already set).
+  virtual void Cancel(ActiveRun& run, store::Batch* batch) = 0;
+  virtual void Schedule(store::Batch* batch) = 0;
+  virtual void Committed() = 0;
+  virtual void Launch(store::Batch* batch) = 0;
+  virtual void Launched() = 0;
+
+  // What the run held of the backend is given back (it ended, or goes back to its queue).
+  virtual void Release(ActiveRun& run) = 0;
+  // Why a queued run waits, when the backend knows better than the queue (null: ask the queue).
+  virtual nlohmann::json PendingReason(const ActiveRun& run, int64_t now) = 0;
+  // What a requeued run's next attempt will resume from ("" when the backend cannot tell).
+  virtual std::string RequeueNote(const ActiveRun& run) = 0;
+  // How long the loop may sleep for the backend's deadlines (ms from `now`; at most `limit`).
+  virtual int64_t NextWakeMillis(int64_t now, int64_t limit) const = 0;
+  // The attempts whose metrics and GPU samples the evidence worker follows.
+  virtual std::vector<EvidenceWorker::RunningAttempt> RunningAttempts() const = 0;
+  // What the evidence record says of where the run ran.
+  virtual void DescribeRuntime(const store::RunRecord& r, bool final_save,
+                               const evidence::RecordInput* prev,
+                               evidence::RuntimeInfo* rt) const = 0;
+  // What is free of the machine (/api/v1/capacity); the controller has set the totals, and
+  // everything free, before it asks.
+  virtual void FillCapacity(MachineCapacity* capacity) const = 0;
+};
+
+// A run's flavor assignment ({"POD_SET": {"RESOURCE": "FLAVOR"}}, as RunRecord.flavors keeps it)
+// and its text ("cpu on default, nvidia.com/gpu on h200"; admit.cc).
+nlohmann::json AssignmentJson(const admission::FlavorAssignment& a);
+admission::FlavorAssignment AssignmentFromJson(const nlohmann::json& j);
+std::string FlavorsText(const admission::FlavorAssignment& a);
+
+// What PendingInfo says of a queued run: {"position": n or null, "queue", "code", "reason"} and
+// "detail" when there is one.
+nlohmann::json PendingEntry(int position, const std::string& queue, const std::string& code,
+                            const std::string& reason, const std::string& detail);
+
+// The diagnosis of a failed attempt from its ranks' log tails (recovery::Diagnose).
+nlohmann::json AttemptDiagnosis(const std::string& attempt_dir, size_t ranks,
+                                const std::string& phase);
+
+}  // namespace tau::server

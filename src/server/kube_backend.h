@@ -1,0 +1,16 @@
+// The Kubernetes backend (backend.h) on a Cluster (cluster.h; kube_cluster.h is the one on the
+// Kubernetes API): attempts are created suspended for Kueue to admit, and what the cluster says of
+// them comes back as ClusterNews.
+#pragma once
+
+#include <memory>
+
+#include "server/backend.h"
+#include "server/cluster.h"
+
+namespace tau::server {
+
+// `cluster` must outlive the backend.
+std::unique_ptr<Backend> NewKubeBackend(Cluster* cluster);
+
+}  // namespace tau::server

@@ -1,0 +1,974 @@
+#include "server/local_backend.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "common/clock.h"
+#include "common/files.h"
+#include "common/layout.h"
+#include "common/strings.h"
+#include "recovery/failure_class.h"
+#include "recovery/recovery.h"
+#include "recovery/retry.h"
+#include "server/host_info.h"
+#include "server/snapshot.h"
+
+extern char** environ;
+
+namespace tau::server {
+
+using recovery::FailureClass;
+using store::AttemptRecord;
+using store::AttemptState;
+using store::Batch;
+using store::Event;
+using store::RunRecord;
+using store::RunState;
+
+namespace {
+
+// Scheduling cycles per pass at most: each cycle admits at most one run per queue head, as Kueue's
+// scheduler does; the loop runs again right away when work is left.
+constexpr int kMaxCyclesPerPass = 256;
+
+// Hands a directory tree to the user a run runs as (symlinks themselves, never their targets).
+Status ChownTree(const std::string& root, uid_t uid, gid_t gid) {
+  if (::lchown(root.c_str(), uid, gid) != 0) return IoError("chown " + root, errno);
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(root, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
+    if (::lchown(it->path().c_str(), uid, gid) != 0)
+      return IoError("chown " + it->path().string(), errno);
+  if (ec) return Internal("walking " + root + ": " + ec.message());
+  return Status::Ok();
+}
+
+// Appends a newline to a file that does not end with one (a missing or empty file is left alone).
+void EndPartialLine(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return;
+  struct stat st;
+  char last = '\n';
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 &&
+      ::pread(fd, &last, 1, st.st_size - 1) == 1 && last != '\n')
+    (void)!::write(fd, "\n", 1);
+  ::close(fd);
+}
+
+// A free TCP port for a gang's rendezvous (MASTER_PORT). The kernel picks it; the window in which
+// another program could take it before the gang binds it is small and only costs that attempt.
+int PickFreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 29500;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 29500;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string Plural(int64_t n, const char* one, const char* many) {
+  return fmt::format("{} {}", n, n == 1 ? one : many);
+}
+
+// The failure class of a finished attempt (see docs/architecture.md, "Failure classes").
+FailureClass ClassOf(const runtime::AttemptOutcome& o, bool cancel_requested) {
+  switch (o.kind) {
+    case runtime::OutcomeKind::kSucceeded:
+      return FailureClass::kSucceeded;
+    case runtime::OutcomeKind::kSetupFailed:
+      return FailureClass::kSetupError;
+    case runtime::OutcomeKind::kTimedOut:
+      return FailureClass::kTimeout;
+    case runtime::OutcomeKind::kStopped:
+      return cancel_requested ? FailureClass::kCancelled : FailureClass::kEvicted;
+    case runtime::OutcomeKind::kFailed:
+      return o.oom_killed ? FailureClass::kOOMKilled : FailureClass::kUserError;
+  }
+  return FailureClass::kUnknown;
+}
+
+}  // namespace
+
+class LocalBackend final : public Backend {
+ public:
+  explicit LocalBackend(LocalBackendOptions options) : options_(std::move(options)) {
+    free_cpu_milli_ = options_.cpu_capacity_milli;
+    free_memory_bytes_ = options_.memory_capacity_bytes;
+    for (const auto& d : options_.gpus.devices) free_gpus_.insert(d.index);
+  }
+  ~LocalBackend() override { Stop(); }
+
+  const char* Name() const override { return "local"; }
+  Status Start(RunHost* host, const policy::Platform* applied) override;
+  void Stop() override;
+  Status CheckFits(const Resources& need) override;
+  Status Check(const SubmissionCheck& check) override;
+  Status ApplyPlatform(const policy::Platform&) override { return Status::Ok(); }
+  void Recover(ActiveRun& run, Batch* batch) override;
+  void HandleExit(const std::string& name, Batch* batch) override;
+  void HandleNews(const ClusterNews&, Batch*) override {}
+  void HandleGpuNews(const GpuNews& news, Batch* batch) override;
+  void Cancel(ActiveRun& run, Batch* batch) override;
+  void Schedule(Batch* batch) override {
+    AdmitQueued(batch, &to_start_);
+    EscalateStops(batch);
+  }
+  void Committed() override { StopCommitted(); }
+  void Launch(Batch* batch) override { StartAttempts(to_start_, batch); }
+  void Launched() override;
+  void Release(ActiveRun& run) override;
+  nlohmann::json PendingReason(const ActiveRun& run, int64_t now) override;
+  std::string RequeueNote(const ActiveRun& run) override;
+  int64_t NextWakeMillis(int64_t now, int64_t limit) const override;
+  std::vector<EvidenceWorker::RunningAttempt> RunningAttempts() const override;
+  void DescribeRuntime(const RunRecord& r, bool final_save, const evidence::RecordInput* prev,
+                       evidence::RuntimeInfo* rt) const override;
+  void FillCapacity(MachineCapacity* capacity) const override;
+
+ private:
+  QuotaBook& quota() { return host_->quota(); }
+  // Why a run can never fit on this machine, or "" when it can.
+  std::string Refusal(const Resources& need) const;
+  Status RunAsSubmitter(const RunRecord& r, const runtime::LaunchContext& ctx,
+                        runtime::AttemptConfig* config);
+  // Whom a run's processes run as: nullopt for the server's own user (a server not running as
+  // root, or a run root submitted).
+  static Result<std::optional<runtime::AttemptConfig::RunAs>> SubmitterIds(const RunRecord& r);
+  // Where the virtualenvs of the runs of `ids` are cached (each user its own: pip runs a package's
+  // own code, as that user).
+  std::string VenvCacheDir(const std::optional<runtime::AttemptConfig::RunAs>& ids) const;
+  runtime::EnvList BaseEnv() const;
+  void StartZygote();
+  void AdmitQueued(Batch* batch, std::vector<std::string>* to_start);
+  // Puts a run that holds quota on this machine when its GPUs, CPUs and memory are free.
+  bool Place(ActiveRun& run, Batch* batch);
+  void HandlePreemption(const admission::PreemptedInfo& p, Batch* batch);
+  // Starts the next attempt of each run: prepared one after another while the zygote forks their
+  // shims (runtime::ShimBatch), then recorded as Running, or failed with SetupError.
+  void StartAttempts(const std::vector<std::string>& names, Batch* batch);
+  struct StartingAttempt {
+    std::string name;
+    AttemptRecord attempt;
+    size_t processes = 0;
+    size_t index = 0;  // in the ShimBatch
+  };
+  std::optional<StartingAttempt> PrepareAttempt(const std::string& name, runtime::ShimBatch* shims,
+                                                Batch* batch);
+  void AttemptStarted(StartingAttempt s, const Result<runtime::ProcessId>& shim, Batch* batch);
+  void FailStart(ActiveRun& run, AttemptRecord a, FailureClass reason, const std::string& message,
+                 Batch* batch);
+  // Stopping an attempt acts on a decision, so it waits for the decision's commit: the loop calls
+  // StopCommitted after each commit of its batch. A supervisor that has not ended its attempt
+  // kStopMarginMs after the grace period is killed, with its workers (EscalateStops).
+  void StopAfterCommit(const std::string& name);
+  void StopCommitted();
+  void EscalateStops(Batch* batch);
+  // Recovery: the stop the server asked of a running attempt before it restarted (cancel,
+  // preemption, a failed GPU), from the run's events; the attempt is asked again.
+  void RestoreStopRequest(ActiveRun& run, int64_t attempt_started_ms);
+  static constexpr int64_t kStopMarginMs = 5'000;
+
+  const LocalBackendOptions options_;
+  RunHost* host_ = nullptr;
+  std::unique_ptr<runtime::ProcessWatcher> watcher_;
+  std::unique_ptr<runtime::Zygote> zygote_;  // forks the shims
+  int64_t zygote_restarted_ms_ = 0;          // the last restart of a broken zygote; 0: none yet
+  std::vector<std::string> stops_;           // runs whose attempt stops after the next commit
+  std::vector<std::string> to_start_;        // admitted this pass: started after the commit
+  std::set<int> free_gpus_;
+  std::map<int, std::string> unplaceable_gpus_;  // GPU index -> why (Unhealthy or Unknown verdict)
+  int64_t free_cpu_milli_ = 0;
+  int64_t free_memory_bytes_ = 0;
+};
+
+Status LocalBackend::Start(RunHost* host, const policy::Platform*) {
+  host_ = host;
+  auto watcher = runtime::ProcessWatcher::Create(
+      [host](const std::string& key) { host->Post(AttemptExited{key}); });
+  if (!watcher.ok()) return watcher.status();
+  watcher_ = std::move(*watcher);
+  StartZygote();
+  return Status::Ok();
+}
+
+void LocalBackend::Stop() {
+  if (watcher_) watcher_->Stop();
+  zygote_.reset();
+}
+
+Status LocalBackend::CheckFits(const Resources& need) {
+  if (std::string why = Refusal(need); !why.empty()) return FailedPrecondition(why);
+  return Status::Ok();
+}
+
+Status LocalBackend::Check(const SubmissionCheck& c) {
+  // A Python entrypoint, or one given as a path, must be a file of the code: caught now rather than
+  // as a failed run. (On a cluster the image may hold it.)
+  const std::string& entrypoint = c.spec->entrypoint;
+  if (!EndsWith(entrypoint, ".py") &&
+      (entrypoint.find('/') == std::string::npos || entrypoint[0] == '/'))
+    return Status::Ok();
+  for (const nlohmann::json& f : *c.snapshot_files) {
+    auto path = f.is_object() ? f.find("path") : f.end();
+    if (path != f.end() && *path == entrypoint) return Status::Ok();
+  }
+  return InvalidArgument(fmt::format(
+      "{}: run.entrypoint '{}' is not among the {} file(s) of the code directory sent with "
+      "the run; check the path (relative to the directory of the spec) and .tauignore",
+      c.spec_file, entrypoint, c.snapshot_files->size()));
+}
+
+// Why a run can never fit on this machine, or "" when it can.
+std::string LocalBackend::Refusal(const Resources& need) const {
+  int total_gpus = static_cast<int>(options_.gpus.devices.size());
+  if (need.gpus > 0 && total_gpus == 0)
+    return fmt::format(
+        "this run asks for {} but this machine has none ({}). tau never runs a GPU job on the CPU "
+        "silently: run it on a machine with NVIDIA GPUs, or set compute.gpus: 0 to run on the CPU",
+        Plural(need.gpus, "GPU", "GPUs"),
+        options_.gpus.note.empty() ? "no GPUs found" : options_.gpus.note);
+  if (need.gpus > total_gpus)
+    return fmt::format("this run asks for {} in all but this machine has only {}",
+                       Plural(need.gpus, "GPU", "GPUs"), total_gpus);
+  if (need.cpu_milli > options_.cpu_capacity_milli)
+    return fmt::format("this run asks for {:g} CPUs in all but this machine has {:g}",
+                       static_cast<double>(need.cpu_milli) / 1000,
+                       static_cast<double>(options_.cpu_capacity_milli) / 1000);
+  if (need.memory_bytes > options_.memory_capacity_bytes)
+    return fmt::format("this run asks for {} of memory in all but this machine has {}",
+                       FormatBytes(need.memory_bytes), FormatBytes(options_.memory_capacity_bytes));
+  return "";
+}
+
+// A server running as root serves a multi-user machine: each run's processes run as the user who
+// submitted it (a token user without a system account as `nobody`), never as root unless root
+// submitted it. What the run writes to is handed to that user first; its virtualenvs are built as
+// that user too (pip runs a package's own code), in a cache of their own.
+Result<std::optional<runtime::AttemptConfig::RunAs>> LocalBackend::SubmitterIds(
+    const RunRecord& r) {
+  using Ids = std::optional<runtime::AttemptConfig::RunAs>;
+  if (::geteuid() != 0) return Ids();  // runs run as the server's user
+  std::string user = r.owner.empty() ? "root" : r.owner;
+  auto run_as = runtime::LookUpUser(user);
+  if (!run_as.ok()) run_as = runtime::LookUpUser("nobody");
+  if (!run_as.ok()) return FailedPrecondition("no system user to run as: " + user);
+  if (run_as->uid == 0) return Ids();
+  return Ids(std::move(*run_as));
+}
+
+std::string LocalBackend::VenvCacheDir(
+    const std::optional<runtime::AttemptConfig::RunAs>& ids) const {
+  return ids ? layout::VenvsDir(options_.home, ids->uid) : layout::VenvsDir(options_.home);
+}
+
+Status LocalBackend::RunAsSubmitter(const RunRecord& r, const runtime::LaunchContext& ctx,
+                                    runtime::AttemptConfig* config) {
+  TAU_ASSIGN_OR_RETURN(std::optional<runtime::AttemptConfig::RunAs> run_as, SubmitterIds(r));
+  if (!run_as) return Status::Ok();
+  uid_t uid = run_as->uid;
+  gid_t gid = run_as->gid;
+  for (const std::string& dir : {ctx.work_dir, ctx.checkpoint_dir, ctx.output_dir})
+    TAU_RETURN_IF_ERROR(ChownTree(dir, uid, gid));
+  // The user must reach its working directory through the server's (traversable, not listable),
+  // and no other user may read it.
+  for (const std::string& dir :
+       {options_.home, layout::RunsDir(options_.home), layout::RunDir(options_.home, r.name)})
+    if (::chmod(dir.c_str(), 0711) != 0) return IoError("chmod " + dir, errno);
+  if (::chmod(ctx.work_dir.c_str(), 0700) != 0) return IoError("chmod " + ctx.work_dir, errno);
+  // The metrics file lives in the run's directory, which stays the server's.
+  int fd = ::open(ctx.metrics_file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return IoError("creating " + ctx.metrics_file, errno);
+  int rc = ::fchown(fd, uid, gid);
+  ::close(fd);
+  if (rc != 0) return IoError("chown " + ctx.metrics_file, errno);
+  config->venv_cache_dir = VenvCacheDir(run_as);
+  TAU_RETURN_IF_ERROR(MakeDirs(config->venv_cache_dir, 0700));
+  TAU_RETURN_IF_ERROR(ChownTree(config->venv_cache_dir, uid, gid));
+  config->run_as = std::move(*run_as);
+  return Status::Ok();
+}
+
+runtime::EnvList LocalBackend::BaseEnv() const {
+  // What a run inherits from the server: enough to find programs and behave, not the server's
+  // secrets.
+  static const char* kPassThrough[] = {
+      "PATH",       "HOME",        "USER",     "LOGNAME",         "SHELL",
+      "LANG",       "TZ",          "TMPDIR",   "LD_LIBRARY_PATH", "CUDA_HOME",
+      "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY",      "HTTPS_PROXY",
+      "NO_PROXY"};
+  runtime::EnvList env;
+  for (const char* name : kPassThrough)
+    if (const char* v = std::getenv(name)) env.emplace_back(name, v);
+  for (char** e = environ; *e; ++e) {
+    std::string_view kv(*e);
+    if (StartsWith(kv, "LC_") || StartsWith(kv, "PIP_") || StartsWith(kv, "NVIDIA_")) {
+      size_t eq = kv.find('=');
+      if (eq != std::string_view::npos)
+        env.emplace_back(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+    }
+  }
+  return env;
+}
+
+void LocalBackend::StartZygote() {
+  auto zygote = runtime::Zygote::Start(options_.tau_binary);
+  if (!zygote.ok()) {
+    std::fprintf(stderr, "tau server: shims will be exec'd, not forked: %s\n",
+                 zygote.status().ToString().c_str());
+    return;
+  }
+  if (zygote_)
+    std::fprintf(stderr, "tau server: started another zygote (pid %d)\n", (*zygote)->pid());
+  zygote_ = std::move(*zygote);
+}
+
+void LocalBackend::RestoreStopRequest(ActiveRun& run, int64_t attempt_started_ms) {
+  auto events = host_->store()->ListEvents(run.record.name);
+  if (!events.ok()) return;
+  auto text = [](const Event& e, const char* key, const std::string& fallback) {
+    auto it = e.data.find(key);
+    return it != e.data.end() && it->is_string() ? it->get<std::string>() : fallback;
+  };
+  for (const Event& e : *events) {
+    if (e.ts_ms < attempt_started_ms) continue;
+    if (e.type == "Preempted") {
+      run.preempted_by = text(e, "preemptor", "another run");
+      run.preemption_reason = text(e, "reason", "");
+    } else if (e.type == "GPUError") {
+      run.gpu_error = text(e, "error", e.message);
+    }
+  }
+}
+
+void LocalBackend::HandleGpuNews(const GpuNews& news, Batch* batch) {
+  if (news.placeable) {
+    if (!unplaceable_gpus_.erase(news.gpu)) return;
+    bool held = false;
+    for (const auto& [name, run] : host_->active())
+      for (int g : run.record.gpus) held = held || g == news.gpu;
+    if (!held) free_gpus_.insert(news.gpu);
+    return;
+  }
+  unplaceable_gpus_[news.gpu] = news.why;
+  free_gpus_.erase(news.gpu);
+  for (auto& [name, run] : host_->active()) {
+    if (!run.shim || !run.gpu_error.empty() || store::IsTerminal(run.record.state)) continue;
+    const std::vector<int>& held = run.record.gpus;
+    if (std::find(held.begin(), held.end(), news.gpu) == held.end()) continue;
+    run.gpu_error = fmt::format("GPU {} turned unhealthy: {}", news.gpu, news.why);
+    batch->events.push_back({0,
+                             name,
+                             host_->Now(),
+                             "GPUError",
+                             run.gpu_error + "; stopping the attempt",
+                             {{"gpu", news.gpu}, {"error", run.gpu_error}},
+                             "",
+                             ""});
+    StopAfterCommit(name);
+  }
+}
+
+void LocalBackend::StopAfterCommit(const std::string& name) { stops_.push_back(name); }
+
+void LocalBackend::StopCommitted() {
+  for (const std::string& name : std::exchange(stops_, {})) {
+    auto it = host_->active().find(name);
+    if (it == host_->active().end() || !it->second.shim) continue;
+    ActiveRun& run = it->second;
+    // A run with a supervisor is on its latest attempt.
+    Status s = runtime::StopAttempt(*run.shim, host_->AttemptDir(name, run.record.attempts));
+    if (!s.ok())
+      std::fprintf(stderr, "tau server: stop %s: %s\n", name.c_str(), s.ToString().c_str());
+    // The shim gives its workers the grace period; one that is itself stopped or stuck never
+    // ends them, so the server does, a little after the shim should have.
+    if (run.stop_deadline_ms < 0)
+      run.stop_deadline_ms = host_->Now() + options_.stop_grace_ms + kStopMarginMs;
+  }
+}
+
+void LocalBackend::EscalateStops(Batch* batch) {
+  const int64_t now = host_->Now();
+  for (auto& [name, run] : host_->active()) {
+    if (!run.shim || run.stop_deadline_ms < 0 || now < run.stop_deadline_ms) continue;
+    run.stop_deadline_ms = now + kStopMarginMs;  // until the watcher reports the exit
+    batch->events.push_back(
+        {0,
+         name,
+         now,
+         "StopForced",
+         fmt::format("the attempt's supervisor (pid {}) did not end the attempt within {} of the "
+                     "request; killing it and the attempt's processes",
+                     run.shim->pid, FormatDuration(options_.stop_grace_ms + kStopMarginMs)),
+         {{"shim_pid", run.shim->pid}},
+         "",
+         ""});
+    // Killed at once rather than after the commit: the event only explains, and a stuck
+    // supervisor must not hold GPUs any longer than it has.
+    Status s = runtime::KillAttempt(*run.shim, host_->AttemptDir(name, run.record.attempts));
+    if (!s.ok())
+      std::fprintf(stderr, "tau server: kill %s: %s\n", name.c_str(), s.ToString().c_str());
+  }
+}
+
+void LocalBackend::FailStart(ActiveRun& run, AttemptRecord a, FailureClass reason,
+                             const std::string& message, Batch* batch) {
+  a.state = AttemptState::kFinished;
+  a.ended_ms = host_->Now();
+  a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
+  a.reason = recovery::FailureClassName(reason);
+  a.message = message;
+  batch->attempts.push_back(a);
+  host_->CountAttempt(a);
+  run.record.attempts = a.number;
+  run.record.exit_code = std::nullopt;
+  host_->FailAttempt(run, reason, message, batch);
+}
+
+void LocalBackend::StartAttempts(const std::vector<std::string>& names, Batch* batch) {
+  runtime::ShimBatch shims(options_.tau_binary, zygote_.get());
+  std::vector<StartingAttempt> starting;
+  for (const std::string& name : names)
+    if (auto s = PrepareAttempt(name, &shims, batch)) starting.push_back(std::move(*s));
+  std::vector<Result<runtime::ProcessId>> started = shims.Wait();
+  // A zygote that died or got stuck is replaced at once, so that later attempts are forked again;
+  // if its replacements keep breaking, a new one is tried at most every 10 s.
+  if (zygote_ && zygote_->broken() &&
+      (zygote_restarted_ms_ == 0 || host_->Now() - zygote_restarted_ms_ >= 10'000)) {
+    zygote_restarted_ms_ = host_->Now();
+    StartZygote();
+  }
+  for (StartingAttempt& s : starting) {
+    const size_t index = s.index;
+    AttemptStarted(std::move(s), started[index], batch);
+  }
+}
+
+std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const std::string& name,
+                                                                          runtime::ShimBatch* shims,
+                                                                          Batch* batch) {
+  ActiveRun& run = host_->active().at(name);
+  RunRecord& r = run.record;
+  int number = r.attempts + 1;
+  std::string run_dir = layout::RunDir(options_.home, name);
+  AttemptRecord a;
+  a.run = name;
+  a.number = number;
+  a.dir = host_->AttemptDir(name, number);
+  a.gpus = r.gpus;
+  a.started_ms = host_->Now();
+  auto fail = [&](FailureClass reason,
+                  const std::string& message) -> std::optional<StartingAttempt> {
+    FailStart(run, a, reason, message, batch);
+    return std::nullopt;
+  };
+  runtime::LaunchContext ctx;
+  ctx.run_name = name;
+  ctx.attempt = number;
+  ctx.work_dir = layout::WorkDir(run_dir);
+  ctx.checkpoint_dir = host_->StorageDir(r, "checkpoint");
+  ctx.output_dir = host_->StorageDir(r, "output");
+  for (const policy::Mount& m : run.resolved.mounts)
+    if (m.role == "data" && !m.host_path.empty())
+      ctx.extra_env.emplace_back("TAU_DATA_DIR", m.host_path);
+  ctx.metrics_file = layout::MetricsFile(run_dir);
+  ctx.gpus = r.gpus;
+  if (run.spec.compute.workers > 1) ctx.master_port = PickFreePort();  // only gangs rendezvous
+  ctx.base_env = BaseEnv();
+  if (number > 1) {
+    // What the next attempt needs to recover: why the last one failed, and where to resume from.
+    ctx.extra_env.emplace_back("TAU_FAILURE_REASON", r.reason);
+    std::string resume = run.resume_from.empty()
+                             ? recovery::NewestCompleteCheckpoint(ctx.checkpoint_dir)
+                             : run.resume_from;
+    run.resume_from.clear();
+    if (!resume.empty()) ctx.extra_env.emplace_back("TAU_RESUME_FROM", resume);
+    // The last attempt may have died in the middle of a metrics line: end it, so this attempt's
+    // first point starts a line of its own.
+    EndPartialLine(ctx.metrics_file);
+  }
+  for (const std::string& dir : {ctx.checkpoint_dir, ctx.output_dir, a.dir}) {
+    if (Status s = MakeDirs(dir); !s.ok()) return fail(FailureClass::kSetupError, s.message());
+  }
+  if (!PathExists(ctx.work_dir)) {
+    if (Status s = CopySnapshot(r.snapshot_dir, ctx.work_dir); !s.ok())
+      return fail(FailureClass::kSetupError, s.message());
+  }
+  // Secret values exist only in the workers' environment (and the attempt's config, in memory, or
+  // in a file of mode 0600 for a shim that is exec'd): never in the spec, the store's run records,
+  // events or evidence.
+  spec::RunSpec launch_spec = run.spec;
+  if (Status s = host_->CheckSecrets(run.spec, r.workspace, &launch_spec); !s.ok())
+    return fail(FailureClass::kSecretNotFound, s.message());
+  auto workers = runtime::PlanLaunch(launch_spec, ctx);
+  if (!workers.ok()) return fail(FailureClass::kSetupError, workers.status().message());
+  runtime::AttemptConfig config;
+  config.run_name = name;
+  config.attempt = number;
+  config.attempt_dir = a.dir;
+  config.work_dir = ctx.work_dir;
+  config.workers = std::move(*workers);
+  config.pip = run.spec.runtime.pip;
+  config.venv_cache_dir = VenvCacheDir(std::nullopt);
+  if (Status s = RunAsSubmitter(r, ctx, &config); !s.ok())
+    return fail(FailureClass::kSetupError, s.message());
+  if (run.need.memory_bytes > 0) config.memory_limit_bytes = run.need.memory_bytes;
+  if (run.need.cpu_milli > 0) config.cpu_limit_milli = run.need.cpu_milli;
+  config.max_runtime_ms = run.spec.max_runtime_ms;
+  config.stop_grace_ms = options_.stop_grace_ms;
+  size_t index = shims->Add(config);
+  return StartingAttempt{name, std::move(a), config.workers.size(), index};
+}
+
+void LocalBackend::AttemptStarted(StartingAttempt s, const Result<runtime::ProcessId>& shim,
+                                  Batch* batch) {
+  ActiveRun& run = host_->active().at(s.name);
+  RunRecord& r = run.record;
+  AttemptRecord& a = s.attempt;
+  const int number = a.number;
+  if (!shim.ok())
+    return FailStart(run, std::move(a), FailureClass::kSetupError, shim.status().message(), batch);
+  run.shim = *shim;
+  a.state = AttemptState::kRunning;
+  a.shim_pid = shim->pid;
+  a.shim_start_time = shim->start_time;
+  batch->attempts.push_back(a);
+  r.attempts = number;
+  if (!r.started_ms) r.started_ms = a.started_ms;  // the run's start: its first attempt's
+  // The run's exit code is its last attempt's: none while this one runs.
+  r.exit_code.reset();
+  r.signal.reset();
+  r.not_before_ms.reset();
+  host_->Transition(run, RunState::kRunning, "Running",
+                    fmt::format("attempt {} started ({})", number,
+                                Plural(static_cast<int64_t>(s.processes), "process", "processes")),
+                    batch, {{"attempt", number}, {"shim_pid", shim->pid}});
+  batch->runs.push_back(r);
+}
+
+void LocalBackend::HandleExit(const std::string& name, Batch* batch) {
+  auto it = host_->active().find(name);
+  if (it == host_->active().end()) return;
+  ActiveRun& run = it->second;
+  RunRecord& r = run.record;
+  if (store::IsTerminal(r.state)) return;
+  auto attempts = host_->store()->ListAttempts(name);
+  if (!attempts.ok() || attempts->empty()) return;
+  AttemptRecord a = attempts->back();
+  // The attempt's last metric points, before another attempt may append to the same file.
+  host_->PollMetrics(name, a.number);
+  host_->MaskSecretsInLogs(run, a);
+
+  auto outcome = runtime::ReadOutcome(a.dir);
+  if (!outcome.ok()) {
+    // The supervisor we watched is gone without a result. Another one may hold the attempt (a shim
+    // exec'd after the zygote stopped answering, while the zygote's fork went ahead): follow it.
+    runtime::ProcessId other;
+    if (runtime::ProbeSupervisor(a.dir, &other) == runtime::SupervisorState::kAlive &&
+        other.pid != a.shim_pid && runtime::IsAlive(other)) {
+      a.shim_pid = other.pid;
+      a.shim_start_time = other.start_time;
+      batch->attempts.push_back(a);
+      run.shim = other;
+      Status s = watcher_->Watch(name, other);
+      if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
+      return;
+    }
+  }
+  run.shim.reset();
+  run.stop_deadline_ms = -1;
+  a.state = AttemptState::kFinished;
+  a.ended_ms = host_->Now();
+  // Why the server stopped the attempt, if it did: that, not how the processes ended, classes it.
+  std::optional<FailureClass> stop_reason;
+  std::string stop_message;
+  if (r.cancel_requested) {
+    stop_reason = FailureClass::kCancelled;
+  } else if (!run.preempted_by.empty()) {
+    // Stopped to make room for a run the admission engine chose over it.
+    stop_reason = FailureClass::kPreempted;
+    stop_message = fmt::format("preempted by {} ({})", run.preempted_by, run.preemption_reason);
+  } else if (!run.gpu_error.empty()) {
+    // Stopped (or crashed) because its GPU failed: not the job's fault.
+    stop_reason = FailureClass::kGPUError;
+    stop_message = run.gpu_error;
+  }
+  run.gpu_error.clear();
+  run.preempted_by.clear();
+  run.preemption_reason.clear();
+  const bool preemption_requeues =
+      recovery::PreemptionRequeues(spec::RetryPolicyOf(run.spec.resilience));
+  if (!outcome.ok()) {
+    // The supervisor died without a result (killed from outside, or by us when it would not
+    // stop): make sure nothing of it survives.
+    (void)runtime::StopAttempt({a.shim_pid, a.shim_start_time}, a.dir);
+    const FailureClass cls = stop_reason.value_or(FailureClass::kNodeLost);
+    a.outcome = "Lost";
+    a.reason = recovery::FailureClassName(cls);
+    a.message = stop_message.empty() ? "the attempt's supervisor exited without recording a result"
+                                     : stop_message;
+    batch->attempts.push_back(a);
+    host_->CountAttempt(a);
+    if (cls == FailureClass::kCancelled)
+      host_->Finish(run, RunState::kCancelled, a.reason, "cancelled by request", batch);
+    else if (cls == FailureClass::kPreempted && preemption_requeues)
+      host_->Requeue(run, a.message, batch);
+    else
+      host_->FailAttempt(run, cls, a.message, batch);
+    return;
+  }
+  const runtime::AttemptOutcome& o = *outcome;
+  FailureClass cls = ClassOf(o, r.cancel_requested);
+  a.outcome = runtime::OutcomeKindName(o.kind);
+  a.message = o.message;
+  if (stop_reason && *stop_reason != FailureClass::kCancelled &&
+      o.kind != runtime::OutcomeKind::kSucceeded) {
+    cls = *stop_reason;
+    a.message = stop_message;
+  }
+  a.reason = recovery::FailureClassName(cls);
+  // An attempt whose setup failed never ran the job: it has no exit code (a 0 would read as a
+  // success to scripts).
+  if (o.kind != runtime::OutcomeKind::kSetupFailed &&
+      (o.kind != runtime::OutcomeKind::kStopped || !r.cancel_requested))
+    a.exit_code = o.exit_code;
+  if (o.signal) a.signal = o.signal;
+  a.ended_ms = o.ended_ms ? o.ended_ms : host_->Now();
+  if (o.kind != runtime::OutcomeKind::kSucceeded && cls != FailureClass::kCancelled &&
+      cls != FailureClass::kPreempted) {
+    // The first failed transition and what the logs say about it.
+    const std::string phase = o.kind == runtime::OutcomeKind::kSetupFailed
+                                  ? "Running: setup failed before the job started"
+                              : cls == FailureClass::kGPUError
+                                  ? "Running: stopped because " + a.message
+                                  : "Running: the job failed while running";
+    a.diagnosis = AttemptDiagnosis(a.dir, o.workers.size(), phase);
+  }
+  batch->attempts.push_back(a);
+  host_->CountAttempt(a);
+  r.exit_code = a.exit_code;
+  r.signal = a.signal;
+  if (o.kind == runtime::OutcomeKind::kSucceeded) {
+    host_->Finish(run, RunState::kSucceeded, recovery::FailureClassName(FailureClass::kSucceeded),
+                  "all processes exited with code 0", batch);
+  } else if (cls == FailureClass::kCancelled) {
+    host_->Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
+                  "cancelled by request", batch);
+  } else if (cls == FailureClass::kPreempted && preemption_requeues) {
+    host_->Requeue(run, a.message, batch);
+  } else {
+    host_->FailAttempt(run, cls, a.message, batch);
+  }
+}
+
+void LocalBackend::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
+  for (auto& [name, run] : host_->active()) {
+    if (run.record.state == RunState::kAdmitted && !run.shim)
+      to_start->push_back(name);  // recovered: admitted before the restart, never started
+  }
+  std::set<std::string> reserved_now;
+  for (int cycle = 0; cycle < kMaxCyclesPerPass; ++cycle) {
+    admission::CycleResult result =
+        quota().engine->RunCycle({host_->Now(), /*report_pending=*/false});
+    for (const admission::PreemptedInfo& p : result.preempted) HandlePreemption(p, batch);
+    for (const admission::AdmittedInfo& a : result.admitted) {
+      auto it = host_->active().find(a.name);
+      if (it == host_->active().end()) {
+        (void)quota().engine->RemoveWorkload(a.name);
+        continue;
+      }
+      it->second.record.flavors = AssignmentJson(a.flavors);
+      quota().in_engine[a.name] = true;
+      reserved_now.insert(a.name);
+    }
+    if (result.admitted.empty() && result.preempted.empty()) break;
+  }
+  quota().pending.clear();
+  for (admission::PendingInfo& p : quota().engine->Pending())
+    quota().pending[p.name] = std::move(p);
+
+  // Placement, in submission order: every run that holds quota and is not yet on the machine.
+  std::vector<ActiveRun*> holding;
+  for (auto& [name, run] : host_->active()) {
+    auto it = quota().in_engine.find(name);
+    if (run.record.state == RunState::kQueued && it != quota().in_engine.end() && it->second)
+      holding.push_back(&run);
+  }
+  std::sort(holding.begin(), holding.end(),
+            [](const ActiveRun* a, const ActiveRun* b) { return a->record.seq < b->record.seq; });
+  for (ActiveRun* run : holding) {
+    if (Place(*run, batch)) {
+      to_start->push_back(run->record.name);
+    } else if (reserved_now.count(run->record.name)) {
+      // Holds quota but waits for this machine (GPUs kept out by health checks, or a platform
+      // whose quota is larger than the machine). Recorded, so a restart keeps the reservation.
+      RunRecord& r = run->record;
+      r.updated_ms = host_->Now();
+      batch->events.push_back({0,
+                               r.name,
+                               r.updated_ms,
+                               "QuotaReserved",
+                               fmt::format("admitted by queue {} ({}); waiting for this machine",
+                                           r.queue, FlavorsText(AssignmentFromJson(r.flavors))),
+                               {{"flavors", r.flavors}},
+                               "",
+                               ""});
+      batch->runs.push_back(r);
+    }
+  }
+}
+
+// Puts a run that holds quota on this machine when its GPUs, CPUs and memory are free.
+bool LocalBackend::Place(ActiveRun& run, Batch* batch) {
+  const Resources& need = run.need;
+  if (need.gpus > static_cast<int>(free_gpus_.size()) || need.cpu_milli > free_cpu_milli_ ||
+      need.memory_bytes > free_memory_bytes_)
+    return false;
+  RunRecord& r = run.record;
+  r.gpus.assign(free_gpus_.begin(), std::next(free_gpus_.begin(), need.gpus));
+  for (int g : r.gpus) free_gpus_.erase(g);
+  free_cpu_milli_ -= need.cpu_milli;
+  free_memory_bytes_ -= need.memory_bytes;
+  run.holds_machine = true;
+  r.admitted_ms = host_->Now();
+  if (host_->metrics())
+    host_->metrics()->Observe(
+        "tau_admission_wait_seconds", {{"cluster_queue", r.queue}},
+        static_cast<double>(std::max<int64_t>(0, *r.admitted_ms - run.queued_since_ms)) / 1000.0);
+  std::vector<std::string> gpu_names;
+  for (int g : r.gpus) gpu_names.push_back(std::to_string(g));
+  std::string where = r.gpus.empty() ? "no GPUs" : "GPUs " + Join(gpu_names, ",");
+  host_->Transition(run, RunState::kAdmitted, "Admitted",
+                    fmt::format("admitted by queue {} ({}); placed on this machine with {}",
+                                r.queue, FlavorsText(AssignmentFromJson(r.flavors)), where),
+                    batch, {{"gpus", r.gpus}, {"queue", r.queue}, {"flavors", r.flavors}});
+  batch->runs.push_back(r);
+  // The attempt is recorded before its supervisor starts, so a restart in between can find it.
+  AttemptRecord starting;
+  starting.run = r.name;
+  starting.number = r.attempts + 1;
+  starting.dir = host_->AttemptDir(r.name, starting.number);
+  starting.gpus = r.gpus;
+  starting.started_ms = host_->Now();
+  batch->attempts.push_back(starting);
+  return true;
+}
+
+void LocalBackend::HandlePreemption(const admission::PreemptedInfo& p, Batch* batch) {
+  auto it = host_->active().find(p.name);
+  if (it == host_->active().end()) {
+    (void)quota().engine->RemoveWorkload(p.name);
+    quota().in_engine.erase(p.name);
+    return;
+  }
+  ActiveRun& run = it->second;
+  RunRecord& r = run.record;
+  // Already being stopped for a preemption that the engine, rebuilt after a restart, has just
+  // decided again.
+  if (run.shim && !run.preempted_by.empty()) return;
+  host_->Count("tau_preemptions_total", {{"cluster_queue", p.queue}, {"reason", p.reason}});
+  std::string message =
+      fmt::format("preempted by {} ({}) in queue {}", p.preemptor, p.reason, p.queue);
+  batch->events.push_back({0,
+                           r.name,
+                           host_->Now(),
+                           "Preempted",
+                           run.shim ? message + "; stopping the attempt" : message,
+                           {{"preemptor", p.preemptor}, {"reason", p.reason}},
+                           "",
+                           ""});
+  if (run.shim) {
+    // Its quota stays taken until its processes are gone (the preemptor waits meanwhile,
+    // WaitingForPreemptedWorkloads): never two runs on the same GPUs.
+    run.preempted_by = p.preemptor;
+    run.preemption_reason = p.reason;
+    StopAfterCommit(r.name);
+    return;
+  }
+  // Held quota without processes (reserved, or admitted and not started): give it back now.
+  host_->Requeue(run, message, batch);
+}
+
+void LocalBackend::Recover(ActiveRun& run, Batch* batch) {
+  RunRecord& record = run.record;
+  if (record.state == RunState::kQueued) return;
+  // Admitted or running: it holds resources.
+  for (int g : record.gpus) free_gpus_.erase(g);
+  free_cpu_milli_ -= run.need.cpu_milli;
+  free_memory_bytes_ -= run.need.memory_bytes;
+  run.holds_machine = true;
+  auto attempts = host_->store()->ListAttempts(record.name);
+  // Admitted, but no attempt was ever recorded, or only finished ones: the next one never
+  // started.
+  if (!attempts.ok() || attempts->empty() || attempts->back().state == AttemptState::kFinished)
+    return;
+  AttemptRecord last = attempts->back();
+  RestoreStopRequest(run, last.started_ms);
+  runtime::ProcessId shim{last.shim_pid, last.shim_start_time};
+  bool alive = last.shim_pid > 0 && runtime::IsAlive(shim);
+  if (last.shim_pid == 0) {
+    // Recorded as starting, but the server stopped before it learnt the supervisor's pid: the
+    // supervisor lock in the attempt directory says whether one runs.
+    runtime::SupervisorState probe = runtime::ProbeSupervisor(last.dir, &shim);
+    if (probe == runtime::SupervisorState::kNeverStarted) return;  // start it now
+    record.attempts = last.number;
+    alive = probe == runtime::SupervisorState::kAlive && runtime::IsAlive(shim);
+    if (alive) {
+      last.state = AttemptState::kRunning;
+      last.shim_pid = shim.pid;
+      last.shim_start_time = shim.start_time;
+      batch->attempts.push_back(last);
+      if (!record.started_ms) record.started_ms = last.started_ms;
+      host_->Transition(run, RunState::kRunning, "Running",
+                        fmt::format("attempt {} re-adopted after a server restart", last.number),
+                        batch, {{"attempt", last.number}, {"shim_pid", shim.pid}});
+      batch->runs.push_back(record);
+    }
+  }
+  if (alive) {
+    run.shim = shim;  // re-adopted: the attempt kept running while the server was away
+    Status s = watcher_->Watch(record.name, shim);
+    if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
+    // Asked to stop before the restart: the request may never have reached it.
+    if (record.cancel_requested || !run.preempted_by.empty() || !run.gpu_error.empty())
+      StopAfterCommit(record.name);
+    return;
+  }
+  if (runtime::ReadOutcome(last.dir).ok()) {
+    // It finished while the server was away; handle it like any exit.
+    host_->Post(AttemptExited{record.name});
+    return;
+  }
+  // Its supervisor is gone and left no result: the attempt's processes vanished.
+  (void)runtime::StopAttempt(shim, last.dir);
+  host_->PollMetrics(record.name, last.number);  // its points, not the next attempt's
+  run.shim.reset();
+  host_->LoseAttempt(run, last, "the attempt's processes vanished while the server was down",
+                     batch);
+}
+
+void LocalBackend::Cancel(ActiveRun& run, Batch* batch) {
+  RunRecord& r = run.record;
+  if (r.state == RunState::kQueued || (r.state == RunState::kAdmitted && !run.shim)) {
+    host_->Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
+                  r.attempts == 0
+                      ? "cancelled before it started"
+                      : fmt::format("cancelled before attempt {} started", r.attempts + 1),
+                  batch);
+    return;
+  }
+  batch->runs.push_back(r);
+  batch->events.push_back({0, r.name, host_->Now(), "CancelRequested",
+                           "stopping the attempt's processes", nlohmann::json::object(), "", ""});
+  if (run.shim) StopAfterCommit(r.name);
+}
+
+void LocalBackend::Launched() {
+  for (const std::string& name : std::exchange(to_start_, {})) {
+    auto it = host_->active().find(name);
+    if (it != host_->active().end() && it->second.shim) {
+      Status s = watcher_->Watch(name, *it->second.shim);
+      if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
+    }
+  }
+}
+
+void LocalBackend::Release(ActiveRun& run) {
+  for (int g : run.record.gpus)
+    if (!unplaceable_gpus_.count(g)) free_gpus_.insert(g);
+  if (run.holds_machine) {
+    free_cpu_milli_ += run.need.cpu_milli;
+    free_memory_bytes_ += run.need.memory_bytes;
+    run.holds_machine = false;
+  }
+}
+
+nlohmann::json LocalBackend::PendingReason(const ActiveRun& run, int64_t) {
+  // Holds quota, but waits for this machine.
+  const RunRecord& r = run.record;
+  auto h = quota().in_engine.find(r.name);
+  if (h == quota().in_engine.end() || !h->second) return nullptr;
+  const Resources& need = run.need;
+  std::vector<std::string> short_of;
+  if (need.gpus > static_cast<int>(free_gpus_.size()))
+    short_of.push_back(fmt::format(
+        "{} GPU(s) ({} of {} free{})", need.gpus, free_gpus_.size(), options_.gpus.devices.size(),
+        unplaceable_gpus_.empty()
+            ? ""
+            : fmt::format(", {} kept out by health checks", unplaceable_gpus_.size())));
+  if (need.cpu_milli > free_cpu_milli_)
+    short_of.push_back(
+        fmt::format("{} CPUs ({} free)", Quantity::FromMilli(need.cpu_milli).ToString(),
+                    Quantity::FromMilli(std::max<int64_t>(0, free_cpu_milli_)).ToString()));
+  if (need.memory_bytes > free_memory_bytes_)
+    short_of.push_back(
+        fmt::format("{} memory ({} free)", Quantity::FromUnits(need.memory_bytes).ToString(),
+                    Quantity::FromUnits(std::max<int64_t>(0, free_memory_bytes_)).ToString()));
+  return PendingEntry(
+      0, r.queue, "WaitingForMachine",
+      fmt::format("admitted by queue {}; waiting for this machine: needs {}", r.queue,
+                  short_of.empty() ? "a scheduling pass" : Join(short_of, ", ")),
+      "");
+}
+
+std::string LocalBackend::RequeueNote(const ActiveRun& run) {
+  // What the next attempt will be given as TAU_RESUME_FROM, as things stand.
+  std::string newest =
+      recovery::NewestCompleteCheckpoint(host_->StorageDir(run.record, "checkpoint"));
+  return newest.empty() ? "; no complete checkpoint yet, so the next attempt starts over"
+                        : ", the next attempt resumes from " + newest;
+}
+
+int64_t LocalBackend::NextWakeMillis(int64_t now, int64_t limit) const {
+  int64_t wake = limit;
+  for (const auto& [name, run] : host_->active())
+    if (run.stop_deadline_ms >= 0)
+      wake = std::min(wake, std::max<int64_t>(0, run.stop_deadline_ms - now));
+  return wake;
+}
+
+std::vector<EvidenceWorker::RunningAttempt> LocalBackend::RunningAttempts() const {
+  std::vector<EvidenceWorker::RunningAttempt> running;
+  for (const auto& [name, run] : host_->active())
+    if (!store::IsTerminal(run.record.state) && run.shim)
+      running.push_back({name, run.record.attempts, run.record.gpus});
+  return running;
+}
+
+void LocalBackend::DescribeRuntime(const RunRecord& r, bool final_save,
+                                   const evidence::RecordInput* prev,
+                                   evidence::RuntimeInfo* rt) const {
+  // The cache the run's attempts used: runs of other users have their own (RunAsSubmitter).
+  std::string venvs = VenvCacheDir(std::nullopt);
+  if (!rt->pip.empty())
+    if (auto ids = SubmitterIds(r); ids.ok()) venvs = VenvCacheDir(*ids);
+  DescribeThisMachine(options_.gpus, venvs, rt->pip, final_save, prev, rt);
+}
+
+void LocalBackend::FillCapacity(MachineCapacity* c) const {
+  c->gpus_free = static_cast<int64_t>(free_gpus_.size());
+  c->gpus_unplaceable = static_cast<int64_t>(unplaceable_gpus_.size());
+  c->cpu_milli_free = free_cpu_milli_;
+  c->memory_bytes_free = free_memory_bytes_;
+}
+
+std::unique_ptr<Backend> NewLocalBackend(LocalBackendOptions options) {
+  return std::make_unique<LocalBackend>(std::move(options));
+}
+
+}  // namespace tau::server
