@@ -1,0 +1,469 @@
+// The controller on its own: a fake clock and a fake backend over a real store on a temporary file,
+// one pass of the decision loop at a time (RunOnce), never sleeping. What is tested is what the
+// controller keeps the same on every backend: records and events, retries and their backoff,
+// cancels, preemption, recovery after a restart, and the hand-off of ended runs.
+#include "server/controller.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "recovery/failure_class.h"
+#include "testing/fake_clock.h"
+
+namespace tau::server {
+namespace {
+
+using recovery::FailureClass;
+using store::AttemptRecord;
+using store::AttemptState;
+using store::RunState;
+
+// A backend that admits every queued run past its backoff, starts its attempt when asked and
+// ends it when the test says so. Where a real backend would learn that an attempt ended (a
+// supervisor's exit, a Job's condition), the test calls End; the news reaches the controller
+// through its inbox like a real backend's.
+class FakeBackend final : public Backend {
+ public:
+  struct Ending {
+    FailureClass failure_class = FailureClass::kSucceeded;
+    int exit_code = 0;
+  };
+
+  const char* Name() const override { return "fake"; }
+  Status Start(RunHost* host, const policy::Platform*) override {
+    host_ = host;
+    ++starts;
+    return Status::Ok();
+  }
+  void Stop() override {}
+  Status CheckFits(const Resources& need) override {
+    if (need.gpus > 0) return FailedPrecondition("the fake backend has no GPUs");
+    return Status::Ok();
+  }
+  Status Check(const SubmissionCheck&) override { return Status::Ok(); }
+  Status ApplyPlatform(const policy::Platform&) override { return Status::Ok(); }
+  void Recover(ActiveRun& run, store::Batch* batch) override {
+    store::RunRecord& r = run.record;
+    if (r.state == RunState::kQueued) return;
+    auto attempts = host_->store()->ListAttempts(r.name);
+    if (!attempts.ok() || attempts->empty()) return;
+    AttemptRecord last = attempts->back();
+    if (alive.count(r.name)) {
+      live_[r.name] = last.number;  // re-adopted
+      ++readopted;
+      return;
+    }
+    host_->LoseAttempt(run, last, "the fake attempt vanished while the server was down", batch);
+  }
+  void HandleExit(const std::string& name, store::Batch* batch) override {
+    auto it = host_->active().find(name);
+    auto ending = endings_.find(name);
+    if (it == host_->active().end() || ending == endings_.end() || !live_.count(name)) return;
+    ActiveRun& run = it->second;
+    auto attempts = host_->store()->ListAttempts(name);
+    ASSERT_TRUE(attempts.ok() && !attempts->empty());
+    AttemptRecord a = attempts->back();
+    a.state = AttemptState::kFinished;
+    a.ended_ms = host_->Now();
+    a.exit_code = ending->second.exit_code;
+    a.reason = recovery::FailureClassName(ending->second.failure_class);
+    batch->attempts.push_back(a);
+    host_->CountAttempt(a);
+    live_.erase(name);
+    alive.erase(name);
+    run.record.exit_code = a.exit_code;
+    const FailureClass cls = ending->second.failure_class;
+    endings_.erase(ending);
+    if (cls == FailureClass::kSucceeded)
+      host_->Finish(run, RunState::kSucceeded, a.reason, "done", batch);
+    else if (cls == FailureClass::kCancelled)
+      host_->Finish(run, RunState::kCancelled, a.reason, "cancelled by request", batch);
+    else if (cls == FailureClass::kPreempted)
+      host_->Requeue(run, "preempted by the fake", batch);
+    else
+      host_->FailAttempt(run, cls, "the fake attempt failed", batch);
+  }
+  void HandleNews(const ClusterNews&, store::Batch*) override {}
+  void HandleGpuNews(const GpuNews&, store::Batch*) override {}
+  void Cancel(ActiveRun& run, store::Batch* batch) override {
+    const std::string& name = run.record.name;
+    if (!live_.count(name)) {
+      host_->Finish(run, RunState::kCancelled, "Cancelled", "cancelled before it started", batch);
+      return;
+    }
+    batch->runs.push_back(run.record);
+    stop_requested.insert(name);  // it ends when the test says so (End with kCancelled)
+  }
+  void Schedule(store::Batch* batch) override {
+    const int64_t now = host_->Now();
+    for (auto& [name, run] : host_->active()) {
+      store::RunRecord& r = run.record;
+      if (r.state != RunState::kQueued || r.cancel_requested || live_.count(name)) continue;
+      if (r.not_before_ms && *r.not_before_ms > now) continue;
+      if (hold.count(name)) continue;
+      host_->Transition(run, RunState::kAdmitted, "Admitted", "admitted by the fake", batch);
+      r.admitted_ms = now;
+      batch->runs.push_back(r);
+      to_launch_.push_back(name);
+    }
+  }
+  void Committed() override { ++commits_seen; }
+  void Launch(store::Batch* batch) override {
+    for (const std::string& name : std::exchange(to_launch_, {})) {
+      ActiveRun& run = host_->active().at(name);
+      store::RunRecord& r = run.record;
+      AttemptRecord a;
+      a.run = name;
+      a.number = r.attempts + 1;
+      a.dir = host_->AttemptDir(name, a.number);
+      a.state = AttemptState::kRunning;
+      a.started_ms = host_->Now();
+      batch->attempts.push_back(a);
+      r.attempts = a.number;
+      if (!r.started_ms) r.started_ms = a.started_ms;
+      r.not_before_ms.reset();
+      host_->Transition(run, RunState::kRunning, "Running",
+                        fmt::format("attempt {} started", a.number), batch,
+                        {{"attempt", a.number}});
+      batch->runs.push_back(r);
+      live_[name] = a.number;
+      alive.insert(name);
+      ++launches[name];
+    }
+  }
+  void Launched() override {}
+  void Release(ActiveRun&) override {}
+  nlohmann::json PendingReason(const ActiveRun&, int64_t) override { return nullptr; }
+  std::string RequeueNote(const ActiveRun&) override { return ""; }
+  int64_t NextWakeMillis(int64_t, int64_t limit) const override { return limit; }
+  std::vector<EvidenceWorker::RunningAttempt> RunningAttempts() const override { return {}; }
+  void DescribeRuntime(const store::RunRecord&, bool, const evidence::RecordInput*,
+                       evidence::RuntimeInfo* rt) const override {
+    rt->host = "fake";
+  }
+  void FillCapacity(MachineCapacity*) const override {}
+
+  // The test's side: the attempt of `name` ends as `ending` (news posted to the controller).
+  void End(const std::string& name, Ending ending) {
+    endings_[name] = ending;
+    host_->Post(AttemptExited{name});
+  }
+  bool Live(const std::string& name) const { return live_.count(name) > 0; }
+
+  std::set<std::string> hold;            // runs Schedule leaves queued
+  std::set<std::string> alive;           // attempts that outlive a controller (re-adopted)
+  std::set<std::string> stop_requested;  // runs whose attempt the controller asked to stop
+  std::map<std::string, int> launches;
+  int starts = 0, readopted = 0, commits_seen = 0;
+
+ private:
+  RunHost* host_ = nullptr;
+  std::map<std::string, int> live_;  // run -> its live attempt
+  std::map<std::string, Ending> endings_;
+  std::vector<std::string> to_launch_;
+};
+
+class ControllerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/tau-controller-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    home_ = dir;
+    OpenStore();
+    StartController();
+  }
+  void TearDown() override {
+    StopController();
+    store_.reset();
+    std::filesystem::remove_all(home_);
+  }
+  void OpenStore() {
+    auto store = store::Store::Open(home_ + "/tau.db");
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(*store);
+  }
+  void StartController() {
+    ControllerOptions options;
+    options.home = home_;
+    options.platform_file = home_ + "/platform.yaml";
+    options.cpu_capacity_milli = 4000;
+    options.memory_capacity_bytes = int64_t{8} << 30;
+    options.clock = &clock_;
+    options.backend = &backend_;
+    options.loop_thread = false;
+    controller_ = std::make_unique<Controller>(options, store_.get(), health::GpuInventory{});
+    Status s = controller_->Start();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  void StopController() {
+    if (controller_) controller_->Stop();
+    controller_.reset();
+  }
+
+  std::string Submit(const std::string& name, const std::string& extra = "") {
+    SubmitRequest request;
+    request.spec_file = "tau.yaml";
+    request.spec_yaml = fmt::format(
+        "schema_version: 1\nname: {}\nrun:\n  entrypoint: train.py\n  workload_kind: job\n{}", name,
+        extra);
+    request.code.push_back({"train.py", 0644, "print('hi')\n"});
+    request.caller.user = "alice";
+    SubmitError error;
+    auto r = controller_->Submit(std::move(request), &error);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->name : "";
+  }
+  store::RunRecord Run(const std::string& name) {
+    auto r = store_->GetRun(name);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : store::RunRecord{};
+  }
+  std::vector<std::string> EventTypes(const std::string& name) {
+    std::vector<std::string> types;
+    auto events = store_->ListEvents(name);
+    EXPECT_TRUE(events.ok());
+    if (events.ok())
+      for (const store::Event& e : *events) types.push_back(e.type);
+    return types;
+  }
+  std::vector<AttemptRecord> Attempts(const std::string& name) {
+    auto a = store_->ListAttempts(name);
+    EXPECT_TRUE(a.ok());
+    return a.ok() ? *a : std::vector<AttemptRecord>{};
+  }
+
+  std::string home_;
+  testutil::FakeClock clock_;
+  FakeBackend backend_;
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<Controller> controller_;
+};
+
+constexpr char kRetries[] =
+    "resilience:\n  max_retries: 2\n  retry_on: [UserError]\n  backoff_initial: 30s\n";
+constexpr char kRetriesNodeLost[] =
+    "resilience:\n  max_retries: 1\n  retry_on: [NodeLost]\n  backoff_initial: 30s\n";
+
+TEST_F(ControllerTest, SubmissionIsDurableAndQueuedBeforeThePass) {
+  const std::string name = Submit("train");
+  // Recorded before the loop has seen it, and the API can already say why it waits.
+  EXPECT_EQ(Run(name).state, RunState::kQueued);
+  EXPECT_EQ(Run(name).created_ms, clock_.NowMillis());
+  EXPECT_EQ(EventTypes(name), (std::vector<std::string>{"Submitted", "Queued"}));
+  EXPECT_EQ(controller_->PendingInfo(name).value("reason", ""), "waiting for the scheduler");
+  EXPECT_EQ(controller_->BackendName(), std::string("fake"));
+}
+
+TEST_F(ControllerTest, AdmittedRunStartsAfterTheAdmissionIsCommittedAndSucceeds) {
+  const std::string name = Submit("train");
+  controller_->RunOnce();
+  EXPECT_EQ(backend_.launches[name], 1);
+  store::RunRecord r = Run(name);
+  EXPECT_EQ(r.state, RunState::kRunning);
+  EXPECT_EQ(r.attempts, 1);
+  EXPECT_TRUE(controller_->PendingInfo(name).is_null()) << "a running run is not pending";
+  EXPECT_EQ(EventTypes(name),
+            (std::vector<std::string>{"Submitted", "Queued", "Admitted", "Running"}));
+
+  clock_.Advance(5'000);
+  backend_.End(name, {FailureClass::kSucceeded, 0});
+  controller_->RunOnce();
+  r = Run(name);
+  EXPECT_EQ(r.state, RunState::kSucceeded);
+  EXPECT_EQ(r.reason, "Succeeded");
+  ASSERT_TRUE(r.finished_ms.has_value());
+  EXPECT_EQ(*r.finished_ms - *r.started_ms, 5'000);
+  ASSERT_EQ(Attempts(name).size(), 1u);
+  EXPECT_EQ(Attempts(name)[0].state, AttemptState::kFinished);
+}
+
+TEST_F(ControllerTest, FailureIsRetriedOnlyAfterItsBackoff) {
+  const std::string name = Submit("flaky", kRetries);
+  controller_->RunOnce();
+  const int64_t failed_at = clock_.NowMillis();
+  backend_.End(name, {FailureClass::kUserError, 1});
+  controller_->RunOnce();
+
+  store::RunRecord r = Run(name);
+  EXPECT_EQ(r.state, RunState::kQueued);
+  EXPECT_EQ(r.reason, "UserError");
+  ASSERT_TRUE(r.not_before_ms.has_value());
+  EXPECT_EQ(*r.not_before_ms, failed_at + 30'000);
+  EXPECT_EQ(EventTypes(name).back(), "Retrying");
+  nlohmann::json pending = controller_->PendingInfo(name);
+  EXPECT_EQ(pending.value("code", ""), "BackingOff");
+  EXPECT_NE(pending.value("reason", "").find("waits 30.0s more"), std::string::npos) << pending;
+
+  // Passes inside the backoff start nothing; the reason counts down with the clock.
+  clock_.Advance(10'000);
+  controller_->RunOnce();
+  pending = controller_->PendingInfo(name);
+  EXPECT_NE(pending.value("reason", "").find("waits 20.0s more"), std::string::npos) << pending;
+  clock_.Advance(19'999);
+  controller_->RunOnce();
+  EXPECT_EQ(backend_.launches[name], 1);
+  EXPECT_EQ(Run(name).state, RunState::kQueued);
+  clock_.Advance(1);
+  controller_->RunOnce();
+  EXPECT_EQ(backend_.launches[name], 2);
+  r = Run(name);
+  EXPECT_EQ(r.state, RunState::kRunning);
+  EXPECT_EQ(r.attempts, 2);
+  EXPECT_FALSE(r.not_before_ms.has_value());
+
+  // The backoff doubles; after max_retries the run fails for good.
+  backend_.End(name, {FailureClass::kUserError, 1});
+  controller_->RunOnce();
+  EXPECT_EQ(*Run(name).not_before_ms, clock_.NowMillis() + 60'000);
+  clock_.Advance(60'000);
+  controller_->RunOnce();
+  backend_.End(name, {FailureClass::kUserError, 1});
+  controller_->RunOnce();
+  r = Run(name);
+  EXPECT_EQ(r.state, RunState::kFailed);
+  EXPECT_EQ(r.reason, "UserError");
+  EXPECT_EQ(r.attempts, 3);
+  EXPECT_EQ(backend_.launches[name], 3);
+}
+
+TEST_F(ControllerTest, FailureOutsideRetryOnEndsTheRun) {
+  const std::string name = Submit("oom", kRetries);
+  controller_->RunOnce();
+  backend_.End(name, {FailureClass::kOOMKilled, 137});
+  controller_->RunOnce();
+  store::RunRecord r = Run(name);
+  EXPECT_EQ(r.state, RunState::kFailed);
+  EXPECT_EQ(r.reason, "OOMKilled");
+  ASSERT_TRUE(r.exit_code.has_value());
+  EXPECT_EQ(*r.exit_code, 137);
+  EXPECT_EQ(backend_.launches[name], 1);
+}
+
+TEST_F(ControllerTest, CancelDuringBackoffEndsTheRunWithoutAnotherAttempt) {
+  const std::string name = Submit("flaky", kRetries);
+  controller_->RunOnce();
+  backend_.End(name, {FailureClass::kUserError, 1});
+  controller_->RunOnce();
+  ASSERT_EQ(Run(name).state, RunState::kQueued);
+
+  clock_.Advance(10'000);
+  ASSERT_TRUE(controller_->Cancel(name).ok());
+  controller_->RunOnce();
+  store::RunRecord r = Run(name);
+  EXPECT_EQ(r.state, RunState::kCancelled);
+  EXPECT_TRUE(r.cancel_requested);
+  // Past the backoff nothing starts it again, and a second cancel is refused.
+  clock_.Advance(60'000);
+  controller_->RunOnce();
+  EXPECT_EQ(backend_.launches[name], 1);
+  EXPECT_EQ(controller_->Cancel(name).code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ControllerTest, CancelOfARunningAttemptWaitsForItsEnd) {
+  const std::string name = Submit("long");
+  controller_->RunOnce();
+  ASSERT_TRUE(controller_->Cancel(name).ok());
+  controller_->RunOnce();
+  EXPECT_TRUE(backend_.stop_requested.count(name));
+  store::RunRecord r = Run(name);
+  EXPECT_EQ(r.state, RunState::kRunning) << "running until its processes are gone";
+  EXPECT_TRUE(r.cancel_requested) << "the request is durable before the stop";
+  backend_.End(name, {FailureClass::kCancelled, 143});
+  controller_->RunOnce();
+  EXPECT_EQ(Run(name).state, RunState::kCancelled);
+}
+
+TEST_F(ControllerTest, PreemptedRunGoesBackToItsQueueAndRunsAgain) {
+  const std::string name = Submit("victim", kRetries);
+  controller_->RunOnce();
+  backend_.End(name, {FailureClass::kPreempted, 143});
+  backend_.hold.insert(name);
+  controller_->RunOnce();
+  store::RunRecord r = Run(name);
+  EXPECT_EQ(r.state, RunState::kQueued);
+  EXPECT_EQ(r.reason, "Preempted");
+  EXPECT_EQ(r.preemptions, 1);
+  EXPECT_FALSE(r.not_before_ms.has_value()) << "a preempted run waits for quota, not a backoff";
+  EXPECT_EQ(EventTypes(name).back(), "Requeued");
+  EXPECT_EQ(controller_->PendingInfo(name).value("queue", ""), "default");
+
+  backend_.hold.erase(name);
+  controller_->RunOnce();
+  EXPECT_EQ(backend_.launches[name], 2);
+  EXPECT_EQ(Run(name).state, RunState::kRunning);
+}
+
+TEST_F(ControllerTest, RestartReadoptsALiveAttemptAndLosesAVanishedOne) {
+  const std::string kept = Submit("kept");
+  const std::string lost = Submit("lost", kRetriesNodeLost);
+  const std::string queued = Submit("queued");
+  backend_.hold.insert(queued);
+  controller_->RunOnce();
+  ASSERT_EQ(Run(kept).state, RunState::kRunning);
+  ASSERT_EQ(Run(lost).state, RunState::kRunning);
+  StopController();
+
+  // While the server is away, one attempt keeps running and the other's processes vanish.
+  backend_.alive.erase(lost);
+  clock_.Advance(1'000);
+  StartController();
+  EXPECT_EQ(backend_.starts, 2);
+  EXPECT_EQ(backend_.readopted, 1);
+  store::RunRecord r = Run(kept);
+  EXPECT_EQ(r.state, RunState::kRunning);
+  EXPECT_EQ(r.attempts, 1);
+  r = Run(lost);
+  EXPECT_EQ(r.state, RunState::kQueued) << "NodeLost is retried";
+  EXPECT_EQ(r.reason, "NodeLost");
+  EXPECT_EQ(Attempts(lost).back().reason, "NodeLost");
+  EXPECT_EQ(Run(queued).state, RunState::kQueued);
+  EXPECT_EQ(controller_->PendingInfo(queued).value("queue", ""), "default");
+
+  // The re-adopted attempt's end is handled by the new controller like any other.
+  backend_.End(kept, {FailureClass::kSucceeded, 0});
+  controller_->RunOnce();
+  EXPECT_EQ(Run(kept).state, RunState::kSucceeded);
+  EXPECT_EQ(backend_.launches[kept], 1) << "re-adopted, not started again";
+}
+
+TEST_F(ControllerTest, RefusalsComeFromTheBackendBeforeAnythingIsRecorded) {
+  SubmitRequest request;
+  request.spec_file = "tau.yaml";
+  request.spec_yaml =
+      "schema_version: 1\nname: big\nrun:\n  entrypoint: train.py\n  workload_kind: job\n"
+      "compute:\n  gpus: 1\n";
+  request.code.push_back({"train.py", 0644, "print('hi')\n"});
+  request.caller.user = "alice";
+  SubmitError error;
+  auto r = controller_->Submit(std::move(request), &error);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("no GPUs"), std::string::npos) << r.status().ToString();
+  store::RunFilter all;
+  auto runs = store_->ListRuns(all);
+  ASSERT_TRUE(runs.ok());
+  EXPECT_TRUE(runs->empty());
+}
+
+TEST_F(ControllerTest, EndedRunsGetTheirFinalEvidenceRecord) {
+  const std::string name = Submit("train");
+  controller_->RunOnce();
+  backend_.End(name, {FailureClass::kSucceeded, 0});
+  controller_->RunOnce();
+  StopController();  // the evidence worker saves what was handed off before it stops
+  EXPECT_TRUE(std::filesystem::exists(layout::EvidenceDir(home_, name) + "/record.json"));
+  StartController();
+  auto record = controller_->EvidenceRecord(name);
+  ASSERT_TRUE(record.ok()) << record.status().ToString();
+  EXPECT_EQ((*record)["run"].value("state", ""), "Succeeded");
+}
+
+}  // namespace
+}  // namespace tau::server
