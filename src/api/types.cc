@@ -213,17 +213,16 @@ json Array(const std::vector<T>& items, F to_json) {
 // runs, whose entries add the run's name, workspace and priority.
 void ReadPendingMembers(Reader& r, Pending* out) {
   r.NullableInt("position", &out->position);
-  r.Str("queue", &out->queue);
-  r.Str("code", &out->code);
+  r.OptionalStr("queue", &out->queue);
+  r.OptionalStr("code", &out->code);
   r.Str("reason", &out->reason);
   r.OptionalStr("detail", &out->detail);
 }
 
 json PendingMembers(const Pending& p) {
-  json j = {{"position", Nullable(p.position)},
-            {"queue", p.queue},
-            {"code", p.code},
-            {"reason", p.reason}};
+  json j = {{"position", Nullable(p.position)}, {"reason", p.reason}};
+  if (p.queue) j["queue"] = *p.queue;
+  if (p.code) j["code"] = *p.code;
   if (p.detail) j["detail"] = *p.detail;
   return j;
 }

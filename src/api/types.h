@@ -23,10 +23,12 @@
 namespace tau::api {
 
 // Why a queued run waits (`pending` of a run, and of a queue's pending runs).
+// A run just submitted has only position (null) and reason until the controller's next pass: its
+// queue and code are absent then.
 struct Pending {
   std::optional<int> position;  // 1-based place in its queue; null when it has none
-  std::string queue;
-  std::string code;                   // WaitingForQuota, BackingOff, Kueue's reason, ...
+  std::optional<std::string> queue;
+  std::optional<std::string> code;    // WaitingForQuota, BackingOff, Kueue's reason, ...
   std::string reason;                 // in plain words
   std::optional<std::string> detail;  // the admission engine's own message, when it has one
   nlohmann::json extra = nlohmann::json::object();

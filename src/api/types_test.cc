@@ -158,6 +158,14 @@ TEST(ApiTypes, CapacityAndVersionRoundTrip) {
                              {"queued", 3},
                              {"active", 5}});
   ExpectRoundTrip<Version>({{"version", "0.9.0"}, {"api", "v1"}, {"backend", "kubernetes"}});
+  // What a submission gets before the controller's next pass (Controller::Submit).
+  ExpectRoundTrip<Pending>({{"position", nullptr}, {"reason", "waiting for the scheduler"}});
+  ExpectRoundTrip<Submitted>(
+      {{"run", [] {
+          json run = QueuedRun();
+          run["pending"] = {{"position", nullptr}, {"reason", "waiting for the scheduler"}};
+          return run;
+        }()}});
   ExpectRoundTrip<Pending>({{"position", nullptr},
                             {"queue", "main"},
                             {"code", "BackingOff"},
@@ -204,6 +212,10 @@ TEST(ApiTypes, WrongTypesAreRefusedByName) {
   json run = QueuedRun();
   run["pending"]["position"] = "first";
   ExpectRefused(api::Run::FromJson(run).status(), "member 'pending.position' is a string");
+
+  run = QueuedRun();
+  run["pending"].erase("reason");
+  ExpectRefused(api::Run::FromJson(run).status(), "member 'pending.reason' is missing");
 
   run = QueuedRun();
   run["gpus"] = {0, "1"};
