@@ -1,5 +1,5 @@
 // Simulator tests: golden files (tests/data/admission/NAME.yaml -> NAME.json) and strict parsing.
-// Set TAU_UPDATE_GOLDEN=1 to rewrite the expected JSON after a deliberate change.
+// Set TAU_UPDATE_GOLDENS=1 to rewrite the expected JSON after a deliberate change.
 #include "admission/simulate.h"
 
 #include <gtest/gtest.h>
@@ -38,7 +38,7 @@ TEST(SimulateGoldenTest, AllFiles) {
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     std::filesystem::path golden = entry.path();
     golden.replace_extension(".json");
-    if (std::getenv("TAU_UPDATE_GOLDEN")) {
+    if (std::getenv("TAU_UPDATE_GOLDENS")) {
       std::ofstream(golden) << got->dump(2) << "\n";
       continue;
     }

@@ -11,6 +11,7 @@
 #include "admission/simulate.h"
 #include "cli/cli.h"
 #include "cli/connect.h"
+#include "client/tau_api.h"
 #include "common/files.h"
 #include "common/json_text.h"
 #include "common/layout.h"
@@ -41,10 +42,10 @@ int CmdVersion(const Global& g, bool with_server) {
   if (!with_server) return 0;
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto v = CallJson(**conn, "GET", "/api/v1/version");
+  auto v = client::TauApi(conn->get()).Version();
   if (!v.ok()) return Fail(v.status().message());
-  std::printf("server %s (api %s, backend %s)\n", v->value("version", "?").c_str(),
-              v->value("api", "?").c_str(), v->value("backend", "?").c_str());
+  std::printf("server %s (api %s, backend %s)\n", v->version.c_str(), v->api.c_str(),
+              v->backend.c_str());
   return 0;
 }
 
@@ -96,17 +97,14 @@ int CmdSchema(Format format) {
   return 0;
 }
 
-static void PrintRuns(const nlohmann::json& runs) {
+static void PrintRuns(const std::vector<api::Run>& runs) {
   std::vector<std::vector<std::string>> rows;
-  for (const auto& r : runs) {
-    std::string state = r.value("state", "");
-    if (state == "Failed" || state == "Cancelled") {
-      std::string reason = r.value("reason", "");
-      if (!reason.empty() && reason != state) state += " (" + reason + ")";
-    }
-    rows.push_back({r.value("name", ""), state, Cell(r["exit_code"]),
-                    std::to_string(r.value("attempts", 0)), r.value("queue", ""),
-                    std::to_string(r["resources"].value("gpus", 0)), Age(r["created"])});
+  for (const api::Run& r : runs) {
+    std::string state = r.state;
+    if ((state == "Failed" || state == "Cancelled") && !r.reason.empty() && r.reason != state)
+      state += " (" + r.reason + ")";
+    rows.push_back({r.name, state, Cell(r.exit_code), std::to_string(r.attempts), r.queue,
+                    std::to_string(r.Gpus()), Age(r.created)});
   }
   PrintTable({"NAME", "STATE", "EXIT", "ATTEMPTS", "QUEUE", "GPUS", "CREATED"}, rows);
 }
@@ -114,21 +112,20 @@ static void PrintRuns(const nlohmann::json& runs) {
 int CmdList(const Global& g, const std::string& state, bool all, int limit, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  std::string path = fmt::format("/api/v1/runs?limit={}", limit);
-  if (!state.empty())
-    path += "&state=" + state;
-  else if (!all)
-    path += "&active=1";
-  auto list = CallJson(**conn, "GET", path);
+  client::RunQuery query;
+  query.limit = limit;
+  query.state = state;
+  query.active = !all;
+  auto list = client::TauApi(conn->get()).ListRuns(query);
   if (!list.ok()) return Fail(list.status().message());
   if (format == Format::kJson)
-    PrintJson(*list);
+    PrintJson(list->ToJson());
   else if (format == Format::kYaml)
-    PrintYaml(*list);
+    PrintYaml(list->ToJson());
   else {
-    PrintRuns((*list)["runs"]);
-    int64_t total = list->value("total", 0);
-    int64_t shown = static_cast<int64_t>((*list)["runs"].size());
+    PrintRuns(list->runs);
+    int64_t total = list->total;
+    int64_t shown = static_cast<int64_t>(list->runs.size());
     if (total > shown)
       std::fprintf(stderr, "(%lld of %lld shown; use --limit)\n", static_cast<long long>(shown),
                    static_cast<long long>(total));
@@ -142,27 +139,25 @@ int CmdStatus(const Global& g, const std::string& name, Format format) {
   if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto got = CallJson(**conn, "GET", "/api/v1/runs/" + name);
+  auto got = client::TauApi(conn->get()).GetRun(name);
   if (!got.ok()) return Fail(got.status().message());
-  nlohmann::json run = (*got)["run"];
-  run.erase("spec");
+  api::Run run = std::move(got->run);
+  run.spec.reset();
   if (format == Format::kJson)
-    PrintJson(run);
+    PrintJson(run.ToJson());
   else if (format == Format::kYaml)
-    PrintYaml(run);
+    PrintYaml(run.ToJson());
   else {
-    PrintRuns(nlohmann::json::array({run}));
-    if (run.contains("pending") && run["pending"].is_object()) {
-      const auto& p = run["pending"];
+    PrintRuns({run});
+    if (run.pending) {
+      const api::Pending& p = *run.pending;
       std::printf("\npending: %s%s\n",
-                  p.contains("position") && p["position"].is_number()
-                      ? fmt::format("position {} in queue {}; ", p["position"].get<int>(),
-                                    run.value("queue", ""))
-                            .c_str()
+                  p.position
+                      ? fmt::format("position {} in queue {}; ", *p.position, run.queue).c_str()
                       : "",
-                  p.value("reason", "").c_str());
-    } else if (!run.value("message", "").empty()) {
-      std::printf("\n%s\n", run.value("message", "").c_str());
+                  p.reason.c_str());
+    } else if (!run.message.empty()) {
+      std::printf("\n%s\n", run.message.c_str());
     }
   }
   return 0;
@@ -172,62 +167,52 @@ int CmdDescribe(const Global& g, const std::string& name, Format format) {
   if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto got = CallJson(**conn, "GET", "/api/v1/runs/" + name);
+  auto got = client::TauApi(conn->get()).GetRun(name);
   if (!got.ok()) return Fail(got.status().message());
   if (format == Format::kJson) {
-    PrintJson(*got);
+    PrintJson(got->ToJson());
     return 0;
   }
   if (format == Format::kYaml) {
-    PrintYaml(*got);
+    PrintYaml(got->ToJson());
     return 0;
   }
-  const auto& run = (*got)["run"];
-  std::printf("Name:        %s\n", run.value("name", "").c_str());
-  std::printf("State:       %s\n", run.value("state", "").c_str());
-  if (!run.value("reason", "").empty())
-    std::printf("Reason:      %s\n", run.value("reason", "").c_str());
-  if (!run.value("message", "").empty())
-    std::printf("Message:     %s\n", run.value("message", "").c_str());
-  if (run["exit_code"].is_number()) std::printf("Exit code:   %d\n", run["exit_code"].get<int>());
-  if (run["signal"].is_number()) std::printf("Signal:      %d\n", run["signal"].get<int>());
-  std::printf("Spec:        %s (%s)\n", run.value("spec_file", "").c_str(),
-              run.value("spec_name", "").c_str());
-  std::printf("Kind:        %s\n", run["spec"].value("kind", "").c_str());
-  std::printf("Queue:       %s (workspace %s)\n", run.value("queue", "").c_str(),
-              run.value("workspace", "").c_str());
-  std::printf("Resources:   %s\n", JsonText(run["resources"]).c_str());
-  std::printf("Config hash: %s\n", run.value("config_hash", "").c_str());
-  std::printf("Code:        sha256 %s\n", run.value("snapshot_digest", "").c_str());
-  const auto& spec = run["spec"];
+  const api::Run& run = got->run;
+  // The spec is spec::ToJson's canonical form, open-ended here.
+  const nlohmann::json spec = run.spec.value_or(nlohmann::json::object());
+  std::printf("Name:        %s\n", run.name.c_str());
+  std::printf("State:       %s\n", run.state.c_str());
+  if (!run.reason.empty()) std::printf("Reason:      %s\n", run.reason.c_str());
+  if (!run.message.empty()) std::printf("Message:     %s\n", run.message.c_str());
+  if (run.exit_code) std::printf("Exit code:   %d\n", *run.exit_code);
+  if (run.signal) std::printf("Signal:      %d\n", *run.signal);
+  std::printf("Spec:        %s (%s)\n", run.spec_file.c_str(), run.spec_name.c_str());
+  std::printf("Kind:        %s\n", spec.value("kind", "").c_str());
+  std::printf("Queue:       %s (workspace %s)\n", run.queue.c_str(), run.workspace.c_str());
+  std::printf("Resources:   %s\n", JsonText(run.resources).c_str());
+  std::printf("Config hash: %s\n", run.config_hash.c_str());
+  std::printf("Code:        sha256 %s\n", run.snapshot_digest.c_str());
   if (spec.contains("runtime") && spec["runtime"].value("image", "") != "")
     std::printf("Image:       %s%s\n", spec["runtime"].value("image", "").c_str(),
-                run.value("backend", "local") == "local"
-                    ? " (recorded; not used by the local backend)"
-                    : "");
-  if (run.contains("pending") && run["pending"].is_object())
-    std::printf("Pending:     %s\n", run["pending"].value("reason", "").c_str());
+                run.backend == "local" ? " (recorded; not used by the local backend)" : "");
+  if (run.pending) std::printf("Pending:     %s\n", run.pending->reason.c_str());
   std::printf("\nLifecycle:\n");
-  for (const auto& e : (*got)["events"])
-    std::printf("  %-24s  %-16s %s\n", e.value("time", "").c_str(), e.value("type", "").c_str(),
-                e.value("message", "").c_str());
-  if (!(*got)["attempts"].empty()) {
+  for (const api::Event& e : got->events)
+    std::printf("  %-24s  %-16s %s\n", e.time.c_str(), e.type.c_str(), e.message.c_str());
+  if (!got->attempts.empty()) {
     std::printf("\nAttempts:\n");
     std::vector<std::vector<std::string>> rows;
-    for (const auto& a : (*got)["attempts"])
-      rows.push_back({"  " + std::to_string(a.value("number", 0)), a.value("state", ""),
-                      Cell(a["reason"]), Cell(a["exit_code"]), Cell(a["signal"]), Cell(a["gpus"]),
-                      a.value("started", ""), Cell(a["message"])});
+    for (const api::Attempt& a : got->attempts)
+      rows.push_back({"  " + std::to_string(a.number), a.state, Cell(a.reason), Cell(a.exit_code),
+                      Cell(a.signal), Cell(nlohmann::json(a.gpus)), a.started, Cell(a.message)});
     PrintTable({"  #", "STATE", "CLASS", "EXIT", "SIGNAL", "GPUS", "STARTED", "MESSAGE"}, rows);
-    for (const auto& a : (*got)["attempts"]) {
-      const auto& d = a["diagnosis"];
-      if (!d.is_object() || d.empty()) continue;
-      std::printf("\nDiagnosis of attempt %d: %s\n", a.value("number", 0),
-                  d.value("phase", "").c_str());
-      if (!d.value("summary", "").empty()) std::printf("  %s\n", d.value("summary", "").c_str());
-      for (const auto& e : d["evidence"])
-        std::printf("  rank %d  %-16s %s\n", e.value("rank", 0), e.value("signature", "").c_str(),
-                    e.value("line", "").c_str());
+    for (const api::Attempt& a : got->attempts) {
+      if (!a.diagnosis) continue;
+      const api::Diagnosis& d = *a.diagnosis;
+      std::printf("\nDiagnosis of attempt %d: %s\n", a.number, d.phase.c_str());
+      if (!d.summary.empty()) std::printf("  %s\n", d.summary.c_str());
+      for (const api::DiagnosisEvidence& e : d.evidence)
+        std::printf("  rank %d  %-16s %s\n", e.rank, e.signature.c_str(), e.line.c_str());
     }
   }
   return 0;
@@ -238,16 +223,14 @@ int CmdLogs(const Global& g, const std::string& name, bool follow, int attempt, 
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   // Check the run first so a typo gets a clear answer rather than an empty stream.
-  auto got = CallJson(**conn, "GET", "/api/v1/runs/" + name);
+  auto got = client::TauApi(conn->get()).GetRun(name);
   if (!got.ok()) return Fail(got.status().message());
-  const nlohmann::json& run = (*got)["run"];
-  const int attempts = run.value("attempts", 0);
+  const api::Run& run = got->run;
+  const int attempts = run.attempts;
   if (attempt > 0 && attempt > std::max(attempts, 1))
     return Fail(fmt::format("run {} has {} attempt(s); --attempt takes 1 to {}", name, attempts,
                             std::max(attempts, 1)));
-  int workers = 1;
-  if (run.contains("resources") && run["resources"].is_object())
-    workers = std::max(1, run["resources"].value("workers", 1));
+  int workers = std::max(1, run.Workers());
   if (rank >= workers)
     return Fail(
         fmt::format("run {} has {} worker(s); --rank takes 0 to {}", name, workers, workers - 1));
@@ -275,9 +258,9 @@ int CmdCancel(const Global& g, const std::vector<std::string>& runs) {
       rc = NoSuchRun(name);
       continue;
     }
-    auto r = CallJson(**conn, "POST", "/api/v1/runs/" + name + "/cancel");
+    Status r = client::TauApi(conn->get()).Cancel(name);
     if (!r.ok()) {
-      std::fprintf(stderr, "tau: error: %s\n", r.status().message().c_str());
+      std::fprintf(stderr, "tau: error: %s\n", r.message().c_str());
       rc = kExitInvalid;
     } else {
       std::printf("cancelling %s\n", name.c_str());
@@ -290,11 +273,10 @@ int CmdRerun(const Global& g, const std::string& name) {
   if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto r = CallJson(**conn, "POST", "/api/v1/runs/" + name + "/rerun");
+  auto r = client::TauApi(conn->get()).Rerun(name);
   if (!r.ok()) return Fail(r.status().message());
-  if (r->contains("warning"))
-    std::fprintf(stderr, "tau: warning: %s\n", (*r)["warning"].get<std::string>().c_str());
-  std::puts((*r)["run"].value("name", "").c_str());
+  if (r->warning) std::fprintf(stderr, "tau: warning: %s\n", r->warning->c_str());
+  std::puts(r->run.name.c_str());
   return 0;
 }
 
@@ -302,10 +284,8 @@ int CmdResume(const Global& g, const std::string& name, const std::string& from,
   if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  nlohmann::json body = {{"force", force}};
-  if (!from.empty()) body["from"] = from;
-  auto r = CallJson(**conn, "POST", "/api/v1/runs/" + name + "/resume", JsonText(body));
-  if (!r.ok()) return Fail(r.status().message());
+  Status r = client::TauApi(conn->get()).Resume(name, from, force);
+  if (!r.ok()) return Fail(r.message());
   std::printf("resuming %s\n", name.c_str());
   return 0;
 }

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "client/tau_api.h"
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/layout.h"
@@ -152,11 +153,7 @@ Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& s
 
 Result<nlohmann::json> CallJson(client::Connection& conn, const std::string& method,
                                 const std::string& path, const std::string& body) {
-  TAU_ASSIGN_OR_RETURN(client::Response resp, conn.Call(method, path, body));
-  if (resp.status < 200 || resp.status >= 300) return client::ErrorFromResponse(resp);
-  auto j = nlohmann::json::parse(resp.body, nullptr, false);
-  if (j.is_discarded()) return Internal("the server's answer is not JSON");
-  return j;
+  return client::TauApi(&conn).CallJson(method, path, body);
 }
 
 Result<int> FollowLog(const std::string& server_flag, std::unique_ptr<client::Connection>* conn,

@@ -78,9 +78,10 @@ void PrintYaml(const nlohmann::json& value) {
 bool StdoutIsTerminal() { return ::isatty(STDOUT_FILENO) == 1; }
 bool StderrIsTerminal() { return ::isatty(STDERR_FILENO) == 1; }
 
-std::string Age(const nlohmann::json& t) {
-  if (!t.is_string()) return "";
-  auto ms = ParseRfc3339(t.get<std::string>());
+std::string Age(const nlohmann::json& t) { return t.is_string() ? Age(t.get<std::string>()) : ""; }
+
+std::string Age(const std::string& t) {
+  auto ms = ParseRfc3339(t);
   if (!ms.ok()) return "";
   int64_t s = (NowMillis() - *ms) / 1000;
   if (s < 0) s = 0;
@@ -95,5 +96,9 @@ std::string Cell(const nlohmann::json& v) {
   if (v.is_string()) return v.get<std::string>().empty() ? "-" : v.get<std::string>();
   return JsonText(v);
 }
+
+std::string Cell(const std::string& v) { return v.empty() ? "-" : v; }
+
+std::string Cell(const std::optional<int>& v) { return v ? std::to_string(*v) : "-"; }
 
 }  // namespace tau::cli

@@ -1,6 +1,7 @@
 // Output formats shared by the commands: aligned tables for people, JSON and YAML for scripts.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,10 @@ bool StderrIsTerminal();
 
 // "3s ago", "2h ago"; "" for null.
 std::string Age(const nlohmann::json& rfc3339);
-// A JSON value as a short cell: strings bare, null as "-".
+std::string Age(const std::string& rfc3339);
+// A JSON value as a short cell: strings bare, null and "" as "-".
 std::string Cell(const nlohmann::json& value);
+std::string Cell(const std::string& value);
+std::string Cell(const std::optional<int>& value);
 
 }  // namespace tau::cli

@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/connect.h"
+#include "client/tau_api.h"
 #include "common/files.h"
 #include "common/json_text.h"
 #include "common/strings.h"
@@ -24,27 +25,22 @@ int Print(const nlohmann::json& value, Format format) {
 }
 
 // "nvidia.com/gpu 2/8 on h100" for each flavor and resource with quota or usage.
-std::string UsageText(const nlohmann::json& usage) {
+std::string UsageText(const std::vector<api::Usage>& usage) {
   std::vector<std::string> parts;
-  for (const auto& u : usage) {
-    std::string used = u.value("usage", "0"), nominal = u.value("nominal", "0");
-    if (used == "0" && nominal == "0") continue;
-    std::string borrowed = u.value("borrowed", "0");
-    parts.push_back(fmt::format("{} {}/{} on {}{}", u.value("resource", ""), used, nominal,
-                                u.value("flavor", ""),
+  for (const api::Usage& u : usage) {
+    if (u.usage == "0" && u.nominal == "0") continue;
+    std::string borrowed = u.borrowed.value_or("0");
+    parts.push_back(fmt::format("{} {}/{} on {}{}", u.resource, u.usage, u.nominal, u.flavor,
                                 borrowed == "0" ? "" : fmt::format(" (borrowing {})", borrowed)));
   }
   return parts.empty() ? "-" : Join(parts, ", ");
 }
 
-void PrintPending(const nlohmann::json& pending) {
+void PrintPending(const std::vector<api::PendingRun>& pending) {
   std::vector<std::vector<std::string>> rows;
-  for (const auto& p : pending)
-    rows.push_back({p.contains("position") && p["position"].is_number()
-                        ? std::to_string(p["position"].get<int>())
-                        : "-",
-                    p.value("name", ""), std::to_string(p.value("priority", 0)),
-                    p.value("code", ""), p.value("reason", "")});
+  for (const api::PendingRun& p : pending)
+    rows.push_back({p.pending.position ? std::to_string(*p.pending.position) : "-", p.name,
+                    std::to_string(p.priority), p.pending.code.value_or(""), p.pending.reason});
   PrintTable({"POS", "RUN", "PRIORITY", "STATE", "WHY"}, rows);
 }
 
@@ -85,44 +81,39 @@ int CmdPlatformShow(const Global& g, Format format) {
 int CmdQueues(const Global& g, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto got = CallJson(**conn, "GET", "/api/v1/queues");
+  auto got = client::TauApi(conn->get()).GetQueues();
   if (!got.ok()) return Fail(got.status().message());
-  if (format != Format::kTable) return Print(*got, format);
+  if (format != Format::kTable) return Print(got->ToJson(), format);
   std::vector<std::vector<std::string>> rows;
-  for (const auto& q : (*got)["queues"])
-    rows.push_back({q.value("name", ""),
-                    q.value("cohort", "").empty() ? "-" : q.value("cohort", ""),
-                    std::to_string(q.value("admitted", 0)), std::to_string(q.value("pending", 0)),
-                    UsageText(q["usage"])});
+  for (const api::Queue& q : got->queues)
+    rows.push_back({q.name, q.cohort.empty() ? "-" : q.cohort, std::to_string(q.admitted),
+                    std::to_string(q.pending), UsageText(q.usage)});
   PrintTable({"QUEUE", "COHORT", "ADMITTED", "PENDING", "USAGE/QUOTA"}, rows);
-  for (const auto& o : got->value("unqueued_runs", nlohmann::json::array()))
-    std::printf("run %s has no queue: %s\n", o.value("name", "").c_str(),
-                o.value("why", "").c_str());
+  for (const api::UnqueuedRun& o : got->unqueued_runs)
+    std::printf("run %s has no queue: %s\n", o.name.c_str(), o.why.c_str());
   return 0;
 }
 
 int CmdQueueShow(const Global& g, const std::string& name, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto got = CallJson(**conn, "GET", "/api/v1/queues/" + name);
+  auto got = client::TauApi(conn->get()).GetQueue(name);
   if (!got.ok()) return Fail(got.status().message());
-  const nlohmann::json& q = (*got)["queue"];
-  if (format != Format::kTable) return Print(q, format);
-  std::printf("queue %s (%s%s)\n\n", name.c_str(), q.value("queueing_strategy", "").c_str(),
-              q.value("cohort", "").empty() ? "" : (", cohort " + q.value("cohort", "")).c_str());
+  const api::Queue& q = *got;
+  if (format != Format::kTable) return Print(q.ToJson(), format);
+  std::printf("queue %s (%s%s)\n\n", name.c_str(), q.queueing_strategy.c_str(),
+              q.cohort.empty() ? "" : (", cohort " + q.cohort).c_str());
   std::vector<std::vector<std::string>> usage;
-  for (const auto& u : q["usage"])
-    usage.push_back({u.value("flavor", ""), u.value("resource", ""), u.value("usage", ""),
-                     u.value("nominal", ""), u.value("borrowed", "")});
+  for (const api::Usage& u : q.usage)
+    usage.push_back({u.flavor, u.resource, u.usage, u.nominal, u.borrowed.value_or("")});
   PrintTable({"FLAVOR", "RESOURCE", "USED", "NOMINAL", "BORROWED"}, usage);
-  std::printf("\nadmitted (%d):\n", q.value("admitted", 0));
+  std::printf("\nadmitted (%lld):\n", static_cast<long long>(q.admitted));
   std::vector<std::vector<std::string>> admitted;
-  for (const auto& a : q["admitted_runs"])
-    admitted.push_back(
-        {a.value("name", ""), a.value("state", ""), std::to_string(a.value("priority", 0))});
+  for (const api::AdmittedRun& a : q.admitted_runs)
+    admitted.push_back({a.name, a.state, std::to_string(a.priority)});
   if (!admitted.empty()) PrintTable({"RUN", "STATE", "PRIORITY"}, admitted);
-  std::printf("\npending (%d):\n", q.value("pending", 0));
-  if (!q["pending_runs"].empty()) PrintPending(q["pending_runs"]);
+  std::printf("\npending (%lld):\n", static_cast<long long>(q.pending));
+  if (!q.pending_runs.empty()) PrintPending(q.pending_runs);
   return 0;
 }
 

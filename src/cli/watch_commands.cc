@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "cli/connect.h"
+#include "client/tau_api.h"
 
 namespace tau::cli {
 namespace {
@@ -53,13 +54,23 @@ class SseParser {
   std::string buf_;
 };
 
-std::string Fetch(const Global& g, const std::string& path, json* out) {
+// One typed call on a new connection; "" or the error's message.
+template <typename T, typename F>
+std::string Fetch(const Global& g, T* out, F call) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return conn.status().message();
-  auto got = CallJson(**conn, "GET", path);
+  client::TauApi tau(conn->get());
+  auto got = call(tau);
   if (!got.ok()) return got.status().message();
   *out = std::move(*got);
   return "";
+}
+
+std::string FetchRunState(const Global& g, const std::string& run, std::string* state) {
+  api::RunDetail detail;
+  std::string err = Fetch(g, &detail, [&](client::TauApi& tau) { return tau.GetRun(run); });
+  if (err.empty()) *state = detail.run.state;
+  return err;
 }
 
 std::atomic<bool> g_quit{false};
@@ -71,9 +82,8 @@ int CmdStatusWatch(const Global& g, const std::string& run, Format format) {
   if (!IsRunName(run)) return NoSuchRun(run);
   int rc = CmdStatus(g, run, format);
   if (rc != 0) return rc;
-  json last;
-  if (std::string err = Fetch(g, "/api/v1/runs/" + run, &last); !err.empty()) return Fail(err);
-  std::string state = last["run"].value("state", "");
+  std::string state;
+  if (std::string err = FetchRunState(g, run, &state); !err.empty()) return Fail(err);
   // A stream can end (server restart); reconnect until the run is done.
   while (!IsTerminalState(state)) {
     auto conn = ConnectToServer(g.server);
@@ -82,20 +92,18 @@ int CmdStatusWatch(const Global& g, const std::string& run, Format format) {
     auto status = (*conn)->Stream("GET", "/api/v1/events?run=" + run, [&](std::string_view d) {
       return parser.Feed(d, [&](const std::string& type, const std::string& data) {
         if (type != "run") return true;
-        json ev = json::parse(data, nullptr, false);
-        if (ev.is_discarded()) return true;
+        auto ev = api::RunEvent::FromJson(json::parse(data, nullptr, false));
+        if (!ev.ok()) return true;
         std::printf("\n");
         std::fflush(stdout);
         CmdStatus(g, run, format);
-        state = ev.value("state", "");
+        state = ev->state;
         return !IsTerminalState(state);
       });
     });
     if (!status.ok() && !IsTerminalState(state)) {
       std::this_thread::sleep_for(std::chrono::seconds(1));
-      json now;
-      if (std::string err = Fetch(g, "/api/v1/runs/" + run, &now); !err.empty()) return Fail(err);
-      state = now["run"].value("state", "");
+      if (std::string err = FetchRunState(g, run, &state); !err.empty()) return Fail(err);
     }
   }
   return 0;
@@ -104,37 +112,43 @@ int CmdStatusWatch(const Global& g, const std::string& run, Format format) {
 namespace {
 
 std::string Frame(const Global& g) {
-  json queues, active, recent, gpus;
-  std::string err = Fetch(g, "/api/v1/queues", &queues);
-  if (err.empty()) err = Fetch(g, "/api/v1/runs?active=1&limit=15", &active);
-  if (err.empty()) err = Fetch(g, "/api/v1/runs?limit=8", &recent);
-  if (err.empty()) err = Fetch(g, "/api/v1/gpus", &gpus);
+  api::Queues queues;
+  api::RunList active, recent;
+  json gpus;
+  std::string err = Fetch(g, &queues, [](client::TauApi& tau) { return tau.GetQueues(); });
+  if (err.empty())
+    err = Fetch(g, &active, [](client::TauApi& tau) {
+      return tau.ListRuns({.limit = 15, .state = "", .active = true});
+    });
+  if (err.empty())
+    err = Fetch(g, &recent, [](client::TauApi& tau) {
+      return tau.ListRuns({.limit = 8, .state = "", .active = false});
+    });
+  if (err.empty())
+    err = Fetch(g, &gpus, [](client::TauApi& tau) { return tau.CallJson("GET", "/api/v1/gpus"); });
   if (!err.empty()) return fmt::format("tau top: {}\n", err);
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   char when[32];
   std::strftime(when, sizeof when, "%H:%M:%S", std::localtime(&now));
   std::string out = fmt::format("tau top — {}   (q to quit)\n\nQUEUES\n", when);
   out += fmt::format("  {:<20} {:>8} {:>8}  {}\n", "NAME", "ADMITTED", "PENDING", "USAGE/QUOTA");
-  for (const json& q : queues.value("queues", json::array())) {
+  for (const api::Queue& q : queues.queues) {
     std::string usage;
-    for (const json& u : q.value("usage", json::array()))
-      usage += fmt::format("{}={}/{} ", u.value("resource", ""), u.value("usage", ""),
-                           u.value("nominal", ""));
-    out += fmt::format("  {:<20} {:>8} {:>8}  {}\n", q.value("name", ""), q.value("admitted", 0),
-                       q.value("pending", 0), usage);
-    for (const json& p : q.value("pending_runs", json::array()))
+    for (const api::Usage& u : q.usage)
+      usage += fmt::format("{}={}/{} ", u.resource, u.usage, u.nominal);
+    out += fmt::format("  {:<20} {:>8} {:>8}  {}\n", q.name, q.admitted, q.pending, usage);
+    for (const api::PendingRun& p : q.pending_runs)
       out += fmt::format("    #{:<3} {:<28} {}\n",
-                         p["position"].is_number() ? std::to_string(p["position"].get<int>()) : "-",
-                         p.value("name", ""), p.value("reason", "").substr(0, 90));
+                         p.pending.position ? std::to_string(*p.pending.position) : "-", p.name,
+                         p.pending.reason.substr(0, 90));
   }
-  auto runs = [&](const char* title, const json& list) {
-    out += fmt::format("\n{} ({} in all)\n", title, list.value("total", 0));
+  auto runs = [&](const char* title, const api::RunList& list) {
+    out += fmt::format("\n{} ({} in all)\n", title, list.total);
     out += fmt::format("  {:<30} {:<10} {:<12} {:>3}  {}\n", "NAME", "STATE", "QUEUE", "ATT",
                        "REASON");
-    for (const json& r : list.value("runs", json::array()))
-      out += fmt::format("  {:<30} {:<10} {:<12} {:>3}  {}\n", r.value("name", ""),
-                         r.value("state", ""), r.value("queue", ""), r.value("attempts", 0),
-                         r.value("reason", "").substr(0, 50));
+    for (const api::Run& r : list.runs)
+      out += fmt::format("  {:<30} {:<10} {:<12} {:>3}  {}\n", r.name, r.state, r.queue, r.attempts,
+                         r.reason.substr(0, 50));
   };
   runs("ACTIVE RUNS", active);
   runs("RECENT RUNS", recent);

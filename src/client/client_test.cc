@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "client/client.h"
+#include "client/tau_api.h"
 
 namespace tau::client {
 namespace {
@@ -111,6 +112,27 @@ TEST(ConnectionTest, ARequestTheServerTookButNeverAnsweredIsNotSentTwice) {
       << got.status().ToString();
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(server.requests(), 1);
+}
+
+// The scripted server answers {} to everything: JSON, but no reply of the API's.
+TEST(TauApiTest, AReplyOfTheWrongShapeNamesTheRequestAndTheMember) {
+  ScriptedServer server(
+      {ScriptedServer::kAnswer, ScriptedServer::kAnswer, ScriptedServer::kAnswer});
+  auto conn = Open(server);
+  TauApi tau(conn.get());
+  auto raw = tau.CallJson("GET", "/api/v1/gpus");
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  EXPECT_EQ(*raw, nlohmann::json::object());
+  auto version = tau.Version();
+  ASSERT_FALSE(version.ok());
+  EXPECT_EQ(version.status().message(),
+            "the server's reply to GET /api/v1/version is not what this tau reads: member "
+            "'version' is missing");
+  auto runs = tau.ListRuns({.limit = 5, .state = "Failed", .active = false});
+  ASSERT_FALSE(runs.ok());
+  EXPECT_NE(runs.status().message().find("GET /api/v1/runs?limit=5&state=Failed"),
+            std::string::npos)
+      << runs.status().message();
 }
 
 TEST(ErrorFromResponseTest, TheCodeTheServerNamesWinsOverTheHttpStatus) {

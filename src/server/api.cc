@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "api/types.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/quantity.h"
@@ -31,59 +32,81 @@ using store::RunRecord;
 constexpr size_t kMaxRequestBytes = 128u << 20;  // code snapshots travel inside submissions
 constexpr int kLogPollMs = 100;
 
-json OptionalTime(const std::optional<int64_t>& ms) {
-  return ms ? json(FormatRfc3339(*ms)) : json(nullptr);
+std::optional<std::string> OptionalTime(const std::optional<int64_t>& ms) {
+  if (!ms) return std::nullopt;
+  return FormatRfc3339(*ms);
 }
 
-json RunJson(const RunRecord& r, Controller* controller) {
-  json j = {{"name", r.name},
-            {"spec_name", r.spec_name},
-            {"spec_file", r.spec_file},
-            {"state", store::RunStateName(r.state)},
-            {"reason", r.reason},
-            {"message", r.message},
-            {"exit_code", r.exit_code ? json(*r.exit_code) : json(nullptr)},
-            {"signal", r.signal ? json(*r.signal) : json(nullptr)},
-            {"attempts", r.attempts},
-            {"workspace", r.workspace},
-            {"queue", r.queue},
-            {"priority", r.priority},
-            {"gpus", r.gpus},
-            {"resources", r.resources},
-            {"config_hash", r.config_hash},
-            {"snapshot_digest", r.snapshot_digest},
-            {"cancel_requested", r.cancel_requested},
-            {"created", FormatRfc3339(r.created_ms)},
-            {"admitted", OptionalTime(r.admitted_ms)},
-            {"started", OptionalTime(r.started_ms)},
-            {"finished", OptionalTime(r.finished_ms)},
-            {"kind", r.spec_json.value("kind", "")},
-            {"backend", controller->BackendName()}};
-  if (r.state == store::RunState::kQueued) j["pending"] = controller->PendingInfo(r.name);
-  return j;
+api::Run RunOf(const RunRecord& r, Controller* controller) {
+  api::Run run;
+  run.name = r.name;
+  run.spec_name = r.spec_name;
+  run.spec_file = r.spec_file;
+  run.state = store::RunStateName(r.state);
+  run.reason = r.reason;
+  run.message = r.message;
+  run.exit_code = r.exit_code;
+  run.signal = r.signal;
+  run.attempts = r.attempts;
+  run.workspace = r.workspace;
+  run.queue = r.queue;
+  run.priority = r.priority;
+  run.gpus = r.gpus;
+  run.resources = r.resources;
+  run.config_hash = r.config_hash;
+  run.snapshot_digest = r.snapshot_digest;
+  run.cancel_requested = r.cancel_requested;
+  run.created = FormatRfc3339(r.created_ms);
+  run.admitted = OptionalTime(r.admitted_ms);
+  run.started = OptionalTime(r.started_ms);
+  run.finished = OptionalTime(r.finished_ms);
+  run.kind = r.spec_json.value("kind", "");
+  run.backend = controller->BackendName();
+  if (r.state == store::RunState::kQueued) {
+    run.has_pending = true;
+    json pending = controller->PendingInfo(r.name);  // null until a pass has seen the run
+    if (!pending.is_null()) {
+      auto typed = api::Pending::FromJson(pending);
+      if (typed.ok())
+        run.pending = std::move(*typed);
+      else
+        run.extra["pending"] = std::move(pending);  // passed on as the controller made it
+    }
+  }
+  return run;
 }
 
-json AttemptJson(const store::AttemptRecord& a) {
-  return {{"number", a.number},
-          {"state", store::AttemptStateName(a.state)},
-          {"gpus", a.gpus},
-          {"started", FormatRfc3339(a.started_ms)},
-          {"ended", OptionalTime(a.ended_ms)},
-          {"exit_code", a.exit_code ? json(*a.exit_code) : json(nullptr)},
-          {"signal", a.signal ? json(*a.signal) : json(nullptr)},
-          {"outcome", a.outcome},
-          {"reason", a.reason},
-          {"message", a.message},
-          {"supervisor_pid", a.shim_pid},
-          {"diagnosis", a.diagnosis}};
+api::Attempt AttemptOf(const store::AttemptRecord& a) {
+  api::Attempt out;
+  out.number = a.number;
+  out.state = store::AttemptStateName(a.state);
+  out.gpus = a.gpus;
+  out.started = FormatRfc3339(a.started_ms);
+  out.ended = OptionalTime(a.ended_ms);
+  out.exit_code = a.exit_code;
+  out.signal = a.signal;
+  out.outcome = a.outcome;
+  out.reason = a.reason;
+  out.message = a.message;
+  out.supervisor_pid = a.shim_pid;
+  if (!(a.diagnosis.is_object() && a.diagnosis.empty())) {
+    auto typed = api::Diagnosis::FromJson(a.diagnosis);
+    if (typed.ok())
+      out.diagnosis = std::move(*typed);
+    else
+      out.extra["diagnosis"] = a.diagnosis;  // passed on as it was recorded
+  }
+  return out;
 }
 
-json EventJson(const store::Event& e) {
-  return {{"time", FormatRfc3339(e.ts_ms)},
-          {"type", e.type},
-          {"message", e.message},
-          {"data", e.data},
-          {"hash", e.hash}};
+api::Event EventOf(const store::Event& e) {
+  api::Event out;
+  out.time = FormatRfc3339(e.ts_ms);
+  out.type = e.type;
+  out.message = e.message;
+  out.data = e.data;
+  out.hash = e.hash;
+  return out;
 }
 
 Result<int64_t> IntParam(const http::HttpRequest& req, const char* name, int64_t fallback,
@@ -314,9 +337,11 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
 
   api->Route("GET", "/api/v1/version", Access::kSignedIn,
              [controller](const http::HttpRequest&, http::HttpResponse& res) {
-               http::Reply(
-                   res, 200,
-                   {{"version", Version()}, {"api", "v1"}, {"backend", controller->BackendName()}});
+               api::Version v;
+               v.version = Version();
+               v.api = "v1";
+               v.backend = controller->BackendName();
+               http::Reply(res, 200, v.ToJson());
              });
   api->Route("GET", "/api/v1/healthz", Access::kPublic,
              [](const http::HttpRequest&, http::HttpResponse& res) {
@@ -421,7 +446,9 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                  for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
                  return http::ReplyError(res, run.status(), {{"diagnostics", diags}});
                }
-               http::Reply(res, 201, {{"run", RunJson(*run, controller)}});
+               api::Submitted reply;
+               reply.run = RunOf(*run, controller);
+               http::Reply(res, 201, reply.ToJson());
              });
 
   api->Route(
@@ -452,10 +479,12 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
         if (!runs.ok()) return http::ReplyError(res, runs.status());
         auto total = store->CountRuns(filter);
         if (!total.ok()) return http::ReplyError(res, total.status());
-        json list = json::array();
-        for (const RunRecord& r : *runs) list.push_back(RunJson(r, controller));
-        http::Reply(res, 200,
-                    {{"runs", list}, {"total", *total}, {"limit", *limit}, {"offset", *offset}});
+        api::RunList list;
+        for (const RunRecord& r : *runs) list.runs.push_back(RunOf(r, controller));
+        list.total = *total;
+        list.limit = *limit;
+        list.offset = *offset;
+        http::Reply(res, 200, list.ToJson());
       });
 
   api->Route("GET", R"(/api/v1/runs/([a-z0-9-]+))", Access::kRunRead,
@@ -467,14 +496,12 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                auto events = store->ListEvents(name);
                if (!attempts.ok()) return http::ReplyError(res, attempts.status());
                if (!events.ok()) return http::ReplyError(res, events.status());
-               json body = {{"run", RunJson(*run, controller)}};
-               body["run"]["spec"] = run->spec_json;
-               json a = json::array(), e = json::array();
-               for (const auto& x : *attempts) a.push_back(AttemptJson(x));
-               for (const auto& x : *events) e.push_back(EventJson(x));
-               body["attempts"] = a;
-               body["events"] = e;
-               http::Reply(res, 200, body);
+               api::RunDetail detail;
+               detail.run = RunOf(*run, controller);
+               detail.run.spec = run->spec_json;
+               for (const auto& x : *attempts) detail.attempts.push_back(AttemptOf(x));
+               for (const auto& x : *events) detail.events.push_back(EventOf(x));
+               http::Reply(res, 200, detail.ToJson());
              });
 
   api->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/rerun)", Access::kRunWrite,
@@ -482,9 +509,10 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                std::string warning;
                auto run = controller->Rerun(req.matches[1], &warning);
                if (!run.ok()) return http::ReplyError(res, run.status());
-               json body = {{"run", RunJson(*run, controller)}};
-               if (!warning.empty()) body["warning"] = warning;
-               http::Reply(res, 201, body);
+               api::Submitted reply;
+               reply.run = RunOf(*run, controller);
+               if (!warning.empty()) reply.warning = warning;
+               http::Reply(res, 201, reply.ToJson());
              });
   api->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/resume)", Access::kRunWrite,
              [controller](const http::HttpRequest& req, http::HttpResponse& res) {

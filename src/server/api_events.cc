@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "api/types.h"
 #include "common/clock.h"
 #include "common/json_text.h"
 #include "http/reply.h"
@@ -36,10 +37,16 @@ std::string SseEvent(std::string_view type, const json& data) {
 }
 
 json RunEventJson(const store::RunRecord& r) {
-  return {{"name", r.name},         {"state", store::RunStateName(r.state)},
-          {"reason", r.reason},     {"message", r.message},
-          {"queue", r.queue},       {"workspace", r.workspace},
-          {"attempts", r.attempts}, {"updated", FormatRfc3339(r.updated_ms)}};
+  api::RunEvent e;
+  e.name = r.name;
+  e.state = store::RunStateName(r.state);
+  e.reason = r.reason;
+  e.message = r.message;
+  e.queue = r.queue;
+  e.workspace = r.workspace;
+  e.attempts = r.attempts;
+  e.updated = FormatRfc3339(r.updated_ms);
+  return e.ToJson();
 }
 
 // What makes a run "changed": not only updated_ms, because not every writer bumps it.

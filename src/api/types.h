@@ -1,0 +1,280 @@
+// The replies of tau's REST API (v1) as types, shared by the server, which builds them, and the
+// client, which reads them. The wire format is nlohmann's object order (keys sorted) and is pinned
+// by tests/integration/test_api_golden.py.
+//
+// FromJson is strict about what it knows: a member that is missing or of the wrong type is
+// InvalidArgument naming the member ("attempts[1].exit_code"). Members it does not know are kept
+// in `extra` and written back by ToJson, so a reply read and written again is the same JSON, and
+// `-o json` shows what a newer server sent.
+//
+// Times are the server's RFC 3339 text; quantities the Kubernetes text ("1Gi"). Open-ended parts
+// (a run's spec and resources, an event's data, flavor assignments) stay JSON.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace tau::api {
+
+// Why a queued run waits (`pending` of a run, and of a queue's pending runs).
+// A run just submitted has only position (null) and reason until the controller's next pass: its
+// queue and code are absent then.
+struct Pending {
+  std::optional<int> position;  // 1-based place in its queue; null when it has none
+  std::optional<std::string> queue;
+  std::optional<std::string> code;    // WaitingForQuota, BackingOff, Kueue's reason, ...
+  std::string reason;                 // in plain words
+  std::optional<std::string> detail;  // the admission engine's own message, when it has one
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<Pending> FromJson(const nlohmann::json& j);
+};
+
+struct Run {
+  std::string name;
+  std::string spec_name;
+  std::string spec_file;
+  std::string state;  // store::RunStateName
+  std::string reason;
+  std::string message;
+  std::optional<int> exit_code;
+  std::optional<int> signal;
+  int attempts = 0;
+  std::string workspace;
+  std::string queue;
+  int64_t priority = 0;
+  std::vector<int> gpus;
+  nlohmann::json resources = nlohmann::json::object();  // gpus, cpu_milli, memory_bytes, workers
+  std::string config_hash;
+  std::string snapshot_digest;
+  bool cancel_requested = false;
+  std::string created;
+  std::optional<std::string> admitted, started, finished;
+  std::string kind;
+  std::string backend;
+  // Queued runs carry `pending`: null until a scheduling pass has seen the run.
+  bool has_pending = false;
+  std::optional<Pending> pending;
+  std::optional<nlohmann::json> spec;  // the canonical spec, in the reply of one run only
+  nlohmann::json extra = nlohmann::json::object();
+
+  bool IsTerminal() const;  // Succeeded, Failed or Cancelled
+  // resources.workers and resources.gpus, or their defaults (1 and 0) when absent.
+  int Workers() const;
+  int64_t Gpus() const;
+
+  nlohmann::json ToJson() const;
+  static Result<Run> FromJson(const nlohmann::json& j);
+};
+
+// What the logs of a failed attempt say (recovery::Diagnose).
+struct DiagnosisEvidence {
+  std::string signature;
+  int rank = 0;
+  std::string line;
+  nlohmann::json extra = nlohmann::json::object();
+};
+struct Diagnosis {
+  std::string phase;
+  std::string summary;
+  std::vector<DiagnosisEvidence> evidence;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<Diagnosis> FromJson(const nlohmann::json& j);  // {} is refused: no diagnosis
+};
+
+struct Attempt {
+  int number = 0;
+  std::string state;  // store::AttemptStateName
+  std::vector<int> gpus;
+  std::string started;
+  std::optional<std::string> ended;
+  std::optional<int> exit_code;
+  std::optional<int> signal;
+  std::string outcome;
+  std::string reason;  // the failure class
+  std::string message;
+  int64_t supervisor_pid = 0;
+  std::optional<Diagnosis> diagnosis;  // {} on the wire when there is none
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<Attempt> FromJson(const nlohmann::json& j);
+};
+
+// One entry of a run's hash-chained lifecycle.
+struct Event {
+  std::string time;
+  std::string type;
+  std::string message;
+  nlohmann::json data = nlohmann::json::object();
+  std::string hash;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<Event> FromJson(const nlohmann::json& j);
+};
+
+// GET /api/v1/runs/NAME: the run (with its spec), its attempts and events.
+struct RunDetail {
+  Run run;
+  std::vector<Attempt> attempts;
+  std::vector<Event> events;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<RunDetail> FromJson(const nlohmann::json& j);
+};
+
+// GET /api/v1/runs.
+struct RunList {
+  std::vector<Run> runs;
+  int64_t total = 0;
+  int64_t limit = 0;
+  int64_t offset = 0;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<RunList> FromJson(const nlohmann::json& j);
+};
+
+// POST /api/v1/runs and POST /api/v1/runs/NAME/rerun.
+struct Submitted {
+  Run run;
+  std::optional<std::string> warning;  // rerun: what differs from the original
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<Submitted> FromJson(const nlohmann::json& j);
+};
+
+// A `run` event of GET /api/v1/events.
+struct RunEvent {
+  std::string name;
+  std::string state;
+  std::string reason;
+  std::string message;
+  std::string queue;
+  std::string workspace;
+  int attempts = 0;
+  std::string updated;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<RunEvent> FromJson(const nlohmann::json& j);
+};
+
+// Quota of one flavor and resource in a queue or cohort. Cohorts have no `borrowed`.
+struct Usage {
+  std::string flavor;
+  std::string resource;
+  std::string nominal;
+  std::string usage;
+  std::optional<std::string> borrowed;
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+// A run of a workspace the caller may not read is `hidden`: only its place (position, priority,
+// state) is sent, and the other members keep their defaults here.
+struct AdmittedRun {
+  bool hidden = false;
+  std::string name;
+  std::string workspace;
+  std::string state;
+  int64_t priority = 0;
+  nlohmann::json flavors;  // pod set -> resource -> flavor
+  nlohmann::json extra = nlohmann::json::object();
+};
+struct PendingRun {
+  bool hidden = false;
+  std::string name;
+  std::string workspace;
+  int64_t priority = 0;
+  Pending pending;  // hidden: its position only
+};
+
+struct Queue {
+  std::string name;
+  std::string cohort;  // "" when none
+  std::string queueing_strategy;
+  std::vector<Usage> usage;
+  int64_t admitted = 0;  // runs holding quota
+  int64_t pending = 0;   // runs waiting
+  std::vector<AdmittedRun> admitted_runs;
+  std::vector<PendingRun> pending_runs;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<Queue> FromJson(const nlohmann::json& j);
+};
+
+struct Cohort {
+  std::string name;
+  std::vector<Usage> usage;
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+// A run whose queue the platform no longer has.
+struct UnqueuedRun {
+  std::string name;
+  std::string why;
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+// GET /api/v1/queues (and the `queues` event of GET /api/v1/events).
+struct Queues {
+  std::vector<Queue> queues;
+  std::vector<Cohort> cohorts;
+  std::vector<UnqueuedRun> unqueued_runs;  // admins only; empty for others
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<Queues> FromJson(const nlohmann::json& j);
+};
+
+// GET /api/v1/queues/NAME.
+struct QueueReply {
+  Queue queue;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<QueueReply> FromJson(const nlohmann::json& j);
+};
+
+// GET /api/v1/capacity: the machine as of the controller's last pass.
+struct Capacity {
+  int64_t gpus_total = 0;
+  int64_t gpus_free = 0;
+  int64_t gpus_unplaceable = 0;  // kept out by health checks
+  int64_t cpu_milli_total = 0;
+  int64_t cpu_milli_free = 0;
+  int64_t memory_bytes_total = 0;
+  int64_t memory_bytes_free = 0;
+  int64_t queued = 0;
+  int64_t active = 0;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<Capacity> FromJson(const nlohmann::json& j);
+};
+
+// GET /api/v1/version.
+struct Version {
+  std::string version;
+  std::string api;
+  std::string backend;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<Version> FromJson(const nlohmann::json& j);
+};
+
+}  // namespace tau::api

@@ -1,0 +1,251 @@
+// The reply types: what is read is written back the same (members unknown to them included), and
+// a reply of the wrong shape is refused with the member's path.
+#include "api/types.h"
+
+#include <gtest/gtest.h>
+
+namespace tau::api {
+namespace {
+
+using nlohmann::json;
+
+json QueuedRun() {
+  return json::parse(R"({
+    "name": "train-abc12", "spec_name": "train", "spec_file": "/w/tau.yaml", "state": "Queued",
+    "reason": "", "message": "", "exit_code": null, "signal": null, "attempts": 0,
+    "workspace": "team", "queue": "main", "priority": 10, "gpus": [],
+    "resources": {"cpu_milli": 1000, "gpus": 0, "memory_bytes": 268435456, "workers": 2},
+    "config_hash": "c0", "snapshot_digest": "d1", "cancel_requested": false,
+    "created": "2026-12-02T07:56:44.754Z", "admitted": null, "started": null, "finished": null,
+    "kind": "job", "backend": "local",
+    "pending": {"position": 1, "queue": "main", "code": "WaitingForQuota",
+                "reason": "needs 1 cpu", "detail": "insufficient unused quota"}})");
+}
+
+json FinishedRun() {
+  json j = QueuedRun();
+  j.erase("pending");
+  j["state"] = "Failed";
+  j["reason"] = "UserError";
+  j["exit_code"] = 3;
+  j["attempts"] = 2;
+  j["gpus"] = {0, 1};
+  j["admitted"] = j["started"] = j["finished"] = "2026-12-02T07:56:45.000Z";
+  return j;
+}
+
+json Detail() {
+  json attempt = json::parse(R"({
+    "number": 1, "state": "Finished", "gpus": [], "started": "2026-12-02T07:56:44.754Z",
+    "ended": "2026-12-02T07:56:45.754Z", "exit_code": 3, "signal": null, "outcome": "Failed",
+    "reason": "UserError", "message": "worker 0 exited with code 3", "supervisor_pid": 4242,
+    "diagnosis": {"phase": "Running", "summary": "out of memory",
+                  "evidence": [{"signature": "cuda-oom", "rank": 0, "line": "CUDA out of memory"}]}
+  })");
+  json second = attempt;
+  second["number"] = 2;
+  second["diagnosis"] = json::object();
+  second["ended"] = nullptr;
+  second["exit_code"] = nullptr;
+  second["signal"] = 15;
+  json event = {{"time", "2026-12-02T07:56:44.754Z"},
+                {"type", "Submitted"},
+                {"message", "submitted"},
+                {"data", {{"files", 2}}},
+                {"hash", "ab"}};
+  json run = FinishedRun();
+  run["spec"] = {{"name", "train"}, {"compute", {{"gpus", 0}}}};
+  return {{"run", run}, {"attempts", {attempt, second}}, {"events", {event}}};
+}
+
+json QueuesReply() {
+  return json::parse(R"({
+    "queues": [{
+      "name": "main", "cohort": "lab", "queueing_strategy": "BestEffortFIFO",
+      "usage": [{"flavor": "f", "resource": "cpu", "nominal": "1", "usage": "1", "borrowed": "0"}],
+      "admitted": 2, "pending": 2,
+      "admitted_runs": [
+        {"name": "a-1", "workspace": "team", "state": "Running", "priority": 10,
+         "flavors": {"main": {"cpu": "f"}}},
+        {"hidden": true, "priority": 5, "state": "Admitted"}],
+      "pending_runs": [
+        {"name": "b-1", "workspace": "team", "priority": 10, "position": 1, "queue": "main",
+         "code": "WaitingForQuota", "reason": "needs 1 cpu"},
+        {"hidden": true, "position": 2, "priority": 0}]}],
+    "cohorts": [{"name": "lab", "usage": [{"flavor": "f", "resource": "cpu", "nominal": "0",
+                                           "usage": "0"}]}],
+    "unqueued_runs": [{"name": "c-1", "why": "queue 'gone' is not in the platform"}]})");
+}
+
+// Read and written back: the same JSON, and the same text on the wire.
+template <typename T>
+void ExpectRoundTrip(const json& j) {
+  Result<T> got = T::FromJson(j);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->ToJson(), j);
+  EXPECT_EQ(got->ToJson().dump(), j.dump());
+}
+
+TEST(ApiTypes, RunsRoundTrip) {
+  ExpectRoundTrip<api::Run>(QueuedRun());
+  ExpectRoundTrip<api::Run>(FinishedRun());
+  json not_seen_yet = QueuedRun();
+  not_seen_yet["pending"] = nullptr;
+  ExpectRoundTrip<api::Run>(not_seen_yet);
+  ExpectRoundTrip<RunDetail>(Detail());
+  ExpectRoundTrip<RunList>(
+      {{"runs", {QueuedRun(), FinishedRun()}}, {"total", 7}, {"limit", 2}, {"offset", 1}});
+  ExpectRoundTrip<Submitted>({{"run", QueuedRun()}});
+  ExpectRoundTrip<Submitted>({{"run", QueuedRun()}, {"warning", "the code changed"}});
+  ExpectRoundTrip<RunEvent>({{"name", "a-1"},
+                             {"state", "Running"},
+                             {"reason", ""},
+                             {"message", ""},
+                             {"queue", "main"},
+                             {"workspace", "team"},
+                             {"attempts", 1},
+                             {"updated", "2026-12-02T07:56:44.754Z"}});
+}
+
+TEST(ApiTypes, RunMembersAreTyped) {
+  Result<RunDetail> d = RunDetail::FromJson(Detail());
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->run.exit_code, 3);
+  EXPECT_FALSE(d->run.has_pending);
+  EXPECT_TRUE(d->run.IsTerminal());
+  EXPECT_EQ(d->run.Workers(), 2);
+  EXPECT_EQ(d->run.gpus, (std::vector<int>{0, 1}));
+  ASSERT_TRUE(d->run.spec.has_value());
+  ASSERT_EQ(d->attempts.size(), 2u);
+  ASSERT_TRUE(d->attempts[0].diagnosis.has_value());
+  EXPECT_EQ(d->attempts[0].diagnosis->evidence.at(0).signature, "cuda-oom");
+  EXPECT_FALSE(d->attempts[1].diagnosis.has_value());  // {} on the wire
+  EXPECT_EQ(d->attempts[1].signal, 15);
+  EXPECT_EQ(d->attempts[0].supervisor_pid, 4242);
+
+  Result<api::Run> q = api::Run::FromJson(QueuedRun());
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(q->pending.has_value());
+  EXPECT_EQ(q->pending->position, 1);
+  EXPECT_EQ(q->pending->detail, "insufficient unused quota");
+  EXPECT_FALSE(q->IsTerminal());
+}
+
+TEST(ApiTypes, QueuesRoundTripWithHiddenRuns) {
+  ExpectRoundTrip<Queues>(QueuesReply());
+  ExpectRoundTrip<QueueReply>({{"queue", QueuesReply()["queues"][0]}});
+  Result<Queues> q = Queues::FromJson(QueuesReply());
+  ASSERT_TRUE(q.ok());
+  const Queue& main = q->queues.at(0);
+  EXPECT_EQ(main.usage.at(0).borrowed, "0");
+  EXPECT_FALSE(q->cohorts.at(0).usage.at(0).borrowed.has_value());
+  EXPECT_TRUE(main.admitted_runs.at(1).hidden);
+  EXPECT_EQ(main.admitted_runs.at(1).name, "");
+  EXPECT_TRUE(main.pending_runs.at(1).hidden);
+  EXPECT_EQ(main.pending_runs.at(1).pending.position, 2);
+  EXPECT_EQ(main.pending_runs.at(0).pending.code, "WaitingForQuota");
+  EXPECT_FALSE(main.pending_runs.at(0).pending.detail.has_value());
+}
+
+TEST(ApiTypes, CapacityAndVersionRoundTrip) {
+  ExpectRoundTrip<Capacity>({{"gpus_total", 8},
+                             {"gpus_free", 6},
+                             {"gpus_unplaceable", 1},
+                             {"cpu_milli_total", 64000},
+                             {"cpu_milli_free", 1000},
+                             {"memory_bytes_total", int64_t{1} << 40},
+                             {"memory_bytes_free", 0},
+                             {"queued", 3},
+                             {"active", 5}});
+  ExpectRoundTrip<Version>({{"version", "0.9.0"}, {"api", "v1"}, {"backend", "kubernetes"}});
+  // What a submission gets before the controller's next pass (Controller::Submit).
+  ExpectRoundTrip<Pending>({{"position", nullptr}, {"reason", "waiting for the scheduler"}});
+  ExpectRoundTrip<Submitted>(
+      {{"run", [] {
+          json run = QueuedRun();
+          run["pending"] = {{"position", nullptr}, {"reason", "waiting for the scheduler"}};
+          return run;
+        }()}});
+  ExpectRoundTrip<Pending>({{"position", nullptr},
+                            {"queue", "main"},
+                            {"code", "BackingOff"},
+                            {"reason", "retrying after UserError"}});
+}
+
+TEST(ApiTypes, UnknownMembersAreKept) {
+  json run = FinishedRun();
+  run["added_later"] = {{"x", 1}};
+  run["resources"]["nvidia.com/mig"] = 2;
+  ExpectRoundTrip<api::Run>(run);
+  json detail = Detail();
+  detail["attempts"][0]["diagnosis"]["evidence"][0]["count"] = 3;
+  detail["attempts"][0]["node"] = "n1";
+  ExpectRoundTrip<RunDetail>(detail);
+  json queues = QueuesReply();
+  queues["queues"][0]["pending_runs"][0]["since"] = "yesterday";
+  queues["queues"][0]["pending_runs"][1]["state"] = "Queued";
+  ExpectRoundTrip<Queues>(queues);
+}
+
+// The refusal names the member and what it should have been.
+void ExpectRefused(const Status& s, const std::string& text) {
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find(text), std::string::npos) << s.message();
+}
+
+TEST(ApiTypes, WrongTypesAreRefusedByName) {
+  json detail = Detail();
+  detail["attempts"][1]["exit_code"] = "3";
+  ExpectRefused(RunDetail::FromJson(detail).status(),
+                "member 'attempts[1].exit_code' is a string, expected an integer or null");
+
+  detail = Detail();
+  detail["run"]["attempts"] = 1.5;
+  ExpectRefused(RunDetail::FromJson(detail).status(),
+                "member 'run.attempts' is a number with a fraction, expected an integer");
+
+  detail = Detail();
+  detail["attempts"][0]["diagnosis"]["evidence"][0]["rank"] = nullptr;
+  ExpectRefused(RunDetail::FromJson(detail).status(),
+                "member 'attempts[0].diagnosis.evidence[0].rank' is null, expected an integer");
+
+  json run = QueuedRun();
+  run["pending"]["position"] = "first";
+  ExpectRefused(api::Run::FromJson(run).status(), "member 'pending.position' is a string");
+
+  run = QueuedRun();
+  run["pending"].erase("reason");
+  ExpectRefused(api::Run::FromJson(run).status(), "member 'pending.reason' is missing");
+
+  run = QueuedRun();
+  run["gpus"] = {0, "1"};
+  ExpectRefused(api::Run::FromJson(run).status(),
+                "member 'gpus[1]' is a string, expected an integer");
+
+  run = QueuedRun();
+  run.erase("queue");
+  ExpectRefused(api::Run::FromJson(run).status(), "member 'queue' is missing");
+
+  run = QueuedRun();
+  run["cancel_requested"] = 0;
+  ExpectRefused(api::Run::FromJson(run).status(), "member 'cancel_requested' is an integer");
+
+  run = QueuedRun();
+  run["attempts"] = int64_t{1} << 40;
+  ExpectRefused(api::Run::FromJson(run).status(), "member 'attempts' is out of range");
+
+  json queues = QueuesReply();
+  queues["queues"][0]["usage"][0]["borrowed"] = 0;
+  ExpectRefused(Queues::FromJson(queues).status(),
+                "member 'queues[0].usage[0].borrowed' is an integer, expected a string");
+
+  ExpectRefused(
+      RunList::FromJson({{"runs", {1}}, {"total", 1}, {"limit", 1}, {"offset", 0}}).status(),
+      "member 'runs[0]' is an integer, expected an object");
+  ExpectRefused(Capacity::FromJson(nullptr).status(), "the reply is null, expected an object");
+  ExpectRefused(Version::FromJson({{"version", "1"}, {"api", "v1"}}).status(),
+                "member 'backend' is missing");
+}
+
+}  // namespace
+}  // namespace tau::api
