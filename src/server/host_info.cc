@@ -127,7 +127,8 @@ void FillPython(const std::string& venv_cache, const std::vector<std::string>& p
 
 }  // namespace
 
-void DescribeThisMachine(const health::GpuInventory& gpus, const std::string& venv_cache,
+void DescribeThisMachine(const health::GpuInventory& gpus,
+                         const std::function<std::string()>& venv_cache,
                          const std::vector<std::string>& pip, bool final_save,
                          const evidence::RecordInput* prev, evidence::RuntimeInfo* rt) {
   rt->host = Hostname();
@@ -140,7 +141,7 @@ void DescribeThisMachine(const health::GpuInventory& gpus, const std::string& ve
     rt->packages = prev->runtime.packages;
   }
   // Only a run with pip requirements has a virtualenv to look for.
-  if (final_save || rt->python_version.empty()) FillPython(venv_cache, pip, rt);
+  if (final_save || rt->python_version.empty()) FillPython(venv_cache(), pip, rt);
 }
 
 }  // namespace tau::server

@@ -953,10 +953,13 @@ std::vector<EvidenceWorker::RunningAttempt> LocalBackend::RunningAttempts() cons
 void LocalBackend::DescribeRuntime(const RunRecord& r, bool final_save,
                                    const evidence::RecordInput* prev,
                                    evidence::RuntimeInfo* rt) const {
-  // The cache the run's attempts used: runs of other users have their own (RunAsSubmitter).
-  std::string venvs = VenvCacheDir(std::nullopt);
-  if (!rt->pip.empty())
-    if (auto ids = SubmitterIds(r); ids.ok()) venvs = VenvCacheDir(*ids);
+  // The cache the run's attempts used: runs of other users have their own (RunAsSubmitter). Only
+  // a run with pip requirements has a virtualenv to look for.
+  auto venvs = [&] {
+    if (!rt->pip.empty())
+      if (auto ids = SubmitterIds(r); ids.ok()) return VenvCacheDir(*ids);
+    return VenvCacheDir(std::nullopt);
+  };
   DescribeThisMachine(options_.gpus, venvs, rt->pip, final_save, prev, rt);
 }
 
