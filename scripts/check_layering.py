@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks the layering of src/ against the module table in docs/architecture.md.
 
-The table is the data: each row names a folder (`src/NAME/`), its public headers (the third column, in
+The table is the data: each row names a folder (`src/NAME/`, or a nested one such as `src/NAME/SUB/`,
+which is a module of its own: its files belong to it, not to `src/NAME/`), its public headers (the third column, in
 backticks) and the modules it depends on (the fourth column: module names in backticks; plain words there
 are outside libraries). The check fails when
   * a folder under src/ has no row, or a row names a folder that does not exist;
@@ -18,7 +19,7 @@ import os
 import re
 import sys
 
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([A-Za-z0-9_]+)/([^"]+)"')
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([A-Za-z0-9_]+/[^"]+)"')
 TICKED = re.compile(r"`([^`]+)`")
 
 
@@ -36,7 +37,7 @@ def read_table(path):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if len(cells) != 4:
                 raise ValueError(f"{path}:{number}: a module row needs 4 cells, found {len(cells)}")
-            folder = re.fullmatch(r"`src/([A-Za-z0-9_]+)/`", cells[0])
+            folder = re.fullmatch(r"`src/([A-Za-z0-9_]+(?:/[A-Za-z0-9_]+)*)/`", cells[0])
             if not folder:
                 raise ValueError(f"{path}:{number}: the first cell must be `src/NAME/`, not {cells[0]}")
             headers = set(TICKED.findall(cells[2]))
@@ -71,6 +72,17 @@ def closure(modules):
     return result
 
 
+def owner(modules, path):
+    """The module that a path under src/ ("backend/local/x.h") belongs to: the longest module folder
+    that holds it, and the rest of the path; (None, path) when no module holds it."""
+    parts = path.split("/")
+    for n in range(len(parts) - 1, 0, -1):
+        m = "/".join(parts[:n])
+        if m in modules:
+            return m, "/".join(parts[n:])
+    return None, path
+
+
 def is_test(name):
     return name.endswith("_test.cc") or name.endswith("test_util.h")
 
@@ -92,21 +104,25 @@ def check(root):
     folders = {d for d in os.listdir(src) if os.path.isdir(os.path.join(src, d))}
     for m in sorted(folders - modules.keys()):
         problems.append(f"src/{m}/: no row in the module table of docs/architecture.md; add one")
-    for m in sorted(modules.keys() - folders):
-        problems.append(f"docs/architecture.md:{modules[m][2]}: src/{m}/ does not exist")
-    for m in sorted(folders & modules.keys()):
-        for dirpath, _, files in os.walk(os.path.join(src, m)):
+    for m in sorted(modules.keys()):
+        if not os.path.isdir(os.path.join(src, m)):
+            problems.append(f"docs/architecture.md:{modules[m][2]}: src/{m}/ does not exist")
+    for top in sorted(folders & modules.keys()):
+        for dirpath, _, files in os.walk(os.path.join(src, top)):
             for name in sorted(files):
                 if not name.endswith((".h", ".cc", ".c")):
                     continue
                 path = os.path.join(dirpath, name)
                 rel = os.path.relpath(path, root)
+                m, _ = owner(modules, os.path.relpath(path, src).replace(os.sep, "/"))
                 with open(path, encoding="utf-8", errors="replace") as f:
                     for number, line in enumerate(f, 1):
                         inc = INCLUDE.match(line)
-                        if not inc or inc.group(1) == m or inc.group(1) not in modules:
+                        if not inc:
                             continue
-                        other, header = inc.group(1), inc.group(2)
+                        other, header = owner(modules, inc.group(1))
+                        if other is None or other == m:
+                            continue
                         where = f"{rel}:{number}: includes \"{other}/{header}\""
                         if header not in modules[other][0]:
                             public = ", ".join(sorted(modules[other][0]))

@@ -100,6 +100,33 @@ class CheckLayeringTest(unittest.TestCase):
         self.assertEqual(code, 2, out)
         self.assertIn("mid depends on unknown modules ['nothing']", out)
 
+    def test_a_nested_folder_with_a_row_is_a_module_of_its_own(self):
+        # src/mid/impl/ is its own module: it may use mid (declared), but mid may not use it, and
+        # a third module sees only its public header.
+        t = Tree(TABLE.replace("| `src/top/` |", "| `src/mid/impl/` | an implementation | `impl.h` | `mid` |\n| `src/top/` |")
+                 .replace("| the top | `top.h` | `mid` |", "| the top | `top.h` | `mid/impl` |"))
+        t.write("src/mid/impl/impl.h", '#pragma once\n#include "mid/mid.h"\n')
+        t.write("src/mid/impl/detail.h", "#pragma once\n")
+        t.write("src/mid/impl/impl.cc", '#include "mid/impl/impl.h"\n#include "mid/impl/detail.h"\n')
+        t.write("src/top/top.cc", '#include "mid/impl/impl.h"\n#include "mid/mid.h"\n')
+        code, out = run(t.root)
+        self.assertEqual(code, 0, out)
+        t.write("src/mid/mid.cc", '#include "mid/mid.h"\n#include "mid/impl/impl.h"\n')
+        code, out = run(t.root)
+        self.assertEqual(code, 1, out)
+        self.assertIn('src/mid/mid.cc:2: includes "mid/impl/impl.h", but mid does not depend on mid/impl', out)
+        t.write("src/mid/mid.cc", '#include "mid/mid.h"\n')
+        t.write("src/top/top.cc", '#include "mid/impl/detail.h"\n')
+        code, out = run(t.root)
+        self.assertEqual(code, 1, out)
+        self.assertIn('includes "mid/impl/detail.h", which is internal to mid/impl', out)
+
+    def test_a_nested_row_for_a_missing_folder_fails(self):
+        t = Tree(TABLE.replace("| `src/top/` |", "| `src/mid/gone/` | nothing | `gone.h` | `mid` |\n| `src/top/` |"))
+        code, out = run(t.root)
+        self.assertEqual(code, 1, out)
+        self.assertIn("src/mid/gone/ does not exist", out)
+
 
 if __name__ == "__main__":
     unittest.main()

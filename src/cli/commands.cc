@@ -16,9 +16,9 @@
 #include "common/json_text.h"
 #include "common/layout.h"
 #include "common/strings.h"
+#include "common/version.h"
 #include "health/health.h"
 #include "policy/policy.h"
-#include "server/server.h"
 #include "spec/spec.h"
 
 namespace tau::cli {
@@ -38,7 +38,7 @@ int NoSuchRun(const std::string& name) {
 }
 
 int CmdVersion(const Global& g, bool with_server) {
-  std::printf("tau %s\n", server::Version());
+  std::printf("tau %s\n", Version());
   if (!with_server) return 0;
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());

@@ -11,6 +11,7 @@
 #include "common/files.h"
 #include "common/json_text.h"
 #include "common/strings.h"
+#include "common/version.h"
 #include "health/health.h"
 #include "runtime/runtime.h"
 #include "server/server.h"
@@ -91,7 +92,7 @@ int Main(int argc, char** argv) {
 
   CLI::App app{"tau: queued, monitored, recoverable GPU runs from a tau.yaml", "tau"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", server::Version());
+  app.set_version_flag("--version", Version());
   Global g;
   app.add_option(
       "--server", g.server,

@@ -703,7 +703,7 @@ TEST(Record, SnapshotScanMatchesTheServersDigest) {
   ASSERT_EQ(snap->files.size(), 3u);
   EXPECT_EQ(snap->files[0].path, "pkg/mod.py");
   EXPECT_EQ(snap->files[1].mode, 0755);
-  // server/snapshot.cc: sha256 over "path\0mode\0sha256\n", sorted by path.
+  // backend/snapshot.cc: sha256 over "path\0mode\0sha256\n", sorted by path.
   Sha256 tree;
   for (const auto& [path, mode, data] :
        std::vector<std::tuple<std::string, std::string, std::string>>{

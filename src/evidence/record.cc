@@ -94,7 +94,7 @@ std::string SnapshotDigest(std::vector<SnapshotFile> files) {
             [](const SnapshotFile& a, const SnapshotFile& b) { return a.path < b.path; });
   Sha256 tree;
   for (const SnapshotFile& f : files) {
-    // Mirrors server/snapshot.cc: NUL separates the fields, it cannot occur in a path.
+    // Mirrors backend/snapshot.cc: NUL separates the fields, it cannot occur in a path.
     tree.Update(f.path + std::string(1, '\0') + fmt::format("{:o}", f.mode) + std::string(1, '\0') +
                 f.sha256 + "\n");
   }

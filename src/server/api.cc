@@ -14,10 +14,11 @@
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/quantity.h"
+#include "common/version.h"
+#include "controller/redact.h"
 #include "http/reply.h"
 #include "runtime/runtime.h"
 #include "server/authz.h"
-#include "server/redact.h"
 #include "server/server.h"
 #include "server/web.h"
 

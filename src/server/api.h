@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "common/status.h"
+#include "controller/controller.h"
 #include "health/health.h"
 #include "http/http.h"
 #include "server/authz.h"
-#include "server/controller.h"
 #include "store/store.h"
 
 namespace tau::server {

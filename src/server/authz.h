@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "auth/auth.h"
+#include "controller/controller.h"
 #include "http/http.h"
-#include "server/controller.h"
 #include "store/store.h"
 
 namespace tau::server {

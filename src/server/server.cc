@@ -16,19 +16,21 @@
 
 #include <fmt/format.h>
 
+#include "backend/kube/kube_backend.h"
+#include "backend/kube/kube_cluster.h"
+#include "backend/local/local_backend.h"
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/json_text.h"
 #include "common/layout.h"
 #include "common/mutex.h"
+#include "common/version.h"
+#include "controller/controller.h"
 #include "evidence/evidence.h"
 #include "health/health.h"
 #include "http/http.h"
 #include "policy/policy.h"
 #include "server/api.h"
-#include "server/controller.h"
-#include "server/kube_backend.h"
-#include "server/kube_cluster.h"
 #include "store/store.h"
 #include "tls/tls.h"
 
@@ -37,8 +39,6 @@
 #endif
 
 namespace tau::server {
-
-const char* Version() { return TAU_VERSION; }
 
 namespace {
 
@@ -193,8 +193,18 @@ int RunServer(const ServerOptions& options) {
   // The Kubernetes backend: the cluster is read before the controller recovers its runs.
   std::unique_ptr<kubeapi::Client> kube_client;
   std::unique_ptr<Cluster> cluster;
-  std::unique_ptr<Backend> backend;  // null: this machine
-  if (options.backend == "kubernetes") {
+  std::unique_ptr<Backend> backend;
+  const int64_t cpu_milli = DetectCpuMilli(), memory_bytes = DetectMemoryBytes();
+  if (options.backend == "local") {
+    LocalBackendOptions local;
+    local.home = options.home;
+    local.tau_binary = options.tau_binary;
+    local.stop_grace_ms = options.stop_grace_ms;
+    local.gpus = gpus;
+    local.cpu_capacity_milli = cpu_milli;
+    local.memory_capacity_bytes = memory_bytes;
+    backend = NewLocalBackend(std::move(local));
+  } else if (options.backend == "kubernetes") {
     auto config = options.kubeconfig.empty()
                       ? kubeapi::LoadDefaultConfig(options.kube_context)
                       : kubeapi::LoadKubeconfig(options.kubeconfig, options.kube_context);
@@ -228,8 +238,8 @@ int RunServer(const ServerOptions& options) {
   Metrics metrics;
   ControllerOptions copts;
   copts.home = options.home;
-  copts.tau_binary = options.tau_binary;
-  copts.stop_grace_ms = options.stop_grace_ms;
+  copts.cpu_capacity_milli = cpu_milli;
+  copts.memory_capacity_bytes = memory_bytes;
   copts.platform_file = layout::PlatformFile(options.home);
   copts.metrics = &metrics;
   copts.backend = backend.get();

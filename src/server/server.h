@@ -44,7 +44,4 @@ struct ServerOptions {
 // next server. Returns the process exit code.
 int RunServer(const ServerOptions& options);
 
-// The version string of this build.
-const char* Version();
-
 }  // namespace tau::server

@@ -3,9 +3,9 @@
 
 #include <cstddef>
 
+#include "controller/controller.h"
 #include "http/http.h"
 #include "server/authz.h"
-#include "server/controller.h"
 #include "store/store.h"
 
 namespace tau::server {

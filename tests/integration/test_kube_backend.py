@@ -2,7 +2,7 @@
 tau-fake-apiserver (src/testing/fake_apiserver.h as a program of its own, tests/fake_apiserver). The
 test plays Kueue (it makes the Workload, reserves quota, unsuspends the Job) and the kubelet (it
 makes the pods, writes their logs through the fake's test control POST /fake/logs/NS/POD, ends
-them) with plain API calls, as those controllers would; src/server/kube_backend_test.cc does the
+them) with plain API calls, as those controllers would; src/backend/kube/kube_backend_test.cc does the
 same inside one process."""
 import json
 import os

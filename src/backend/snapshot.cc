@@ -1,4 +1,4 @@
-#include "server/snapshot.h"
+#include "backend/snapshot.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "health/health.h"
 #include "runtime/runtime.h"
-#include "server/backend.h"
 
 namespace tau::server {
 
@@ -26,5 +26,9 @@ struct LocalBackendOptions {
 };
 
 std::unique_ptr<Backend> NewLocalBackend(LocalBackendOptions options);
+
+// This machine's online CPUs (in thousandths) and memory (bytes; 0 when /proc/meminfo says none).
+int64_t DetectCpuMilli();
+int64_t DetectMemoryBytes();
 
 }  // namespace tau::server

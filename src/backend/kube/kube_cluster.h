@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "backend/kube/cluster.h"
 #include "kubeapi/kubeapi.h"
-#include "server/cluster.h"
 
 namespace tau::server {
 

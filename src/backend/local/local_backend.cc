@@ -1,4 +1,4 @@
-#include "server/local_backend.h"
+#include "backend/local/local_backend.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -9,10 +9,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "backend/local/host_info.h"
+#include "backend/snapshot.h"
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/layout.h"
@@ -20,8 +23,6 @@
 #include "recovery/failure_class.h"
 #include "recovery/recovery.h"
 #include "recovery/retry.h"
-#include "server/host_info.h"
-#include "server/snapshot.h"
 
 extern char** environ;
 
@@ -136,12 +137,22 @@ class LocalBackend final : public Backend {
   nlohmann::json PendingReason(const ActiveRun& run, int64_t now) override;
   std::string RequeueNote(const ActiveRun& run) override;
   int64_t NextWakeMillis(int64_t now, int64_t limit) const override;
-  std::vector<EvidenceWorker::RunningAttempt> RunningAttempts() const override;
+  std::vector<RunningAttempt> RunningAttempts() const override;
   void DescribeRuntime(const RunRecord& r, bool final_save, const evidence::RecordInput* prev,
                        evidence::RuntimeInfo* rt) const override;
   void FillCapacity(MachineCapacity* capacity) const override;
+  void Forget(const std::string& run) override { runs_.erase(run); }
 
  private:
+  // What this backend keeps of a run beside the controller's ActiveRun.
+  struct LocalRun {
+    std::optional<runtime::ProcessId> shim;  // its attempt's supervisor, while there is one
+    // Set once its attempt was asked to stop: past it, the server kills the supervisor itself.
+    int64_t stop_deadline_ms = -1;
+    bool holds_machine = false;  // its CPUs and memory are taken from this machine's free ones
+  };
+  LocalRun& Of(const ActiveRun& run) { return runs_[run.record.name]; }
+
   QuotaBook& quota() { return host_->quota(); }
   // Why a run can never fit on this machine, or "" when it can.
   std::string Refusal(const Resources& need) const;
@@ -195,6 +206,7 @@ class LocalBackend final : public Backend {
   std::map<int, std::string> unplaceable_gpus_;  // GPU index -> why (Unhealthy or Unknown verdict)
   int64_t free_cpu_milli_ = 0;
   int64_t free_memory_bytes_ = 0;
+  std::map<std::string, LocalRun> runs_;  // by run name, until the run ends (Forget)
 };
 
 Status LocalBackend::Start(RunHost* host, const policy::Platform*) {
@@ -367,8 +379,11 @@ void LocalBackend::HandleGpuNews(const GpuNews& news, Batch* batch) {
   }
   unplaceable_gpus_[news.gpu] = news.why;
   free_gpus_.erase(news.gpu);
-  for (auto& [name, run] : host_->active()) {
-    if (!run.shim || !run.gpu_error.empty() || store::IsTerminal(run.record.state)) continue;
+  for (auto& [name, local] : runs_) {
+    auto it = host_->active().find(name);
+    if (!local.shim || it == host_->active().end()) continue;
+    ActiveRun& run = it->second;
+    if (!run.gpu_error.empty() || store::IsTerminal(run.record.state)) continue;
     const std::vector<int>& held = run.record.gpus;
     if (std::find(held.begin(), held.end(), news.gpu) == held.end()) continue;
     run.gpu_error = fmt::format("GPU {} turned unhealthy: {}", news.gpu, news.why);
@@ -389,24 +404,28 @@ void LocalBackend::StopAfterCommit(const std::string& name) { stops_.push_back(n
 void LocalBackend::StopCommitted() {
   for (const std::string& name : std::exchange(stops_, {})) {
     auto it = host_->active().find(name);
-    if (it == host_->active().end() || !it->second.shim) continue;
+    if (it == host_->active().end() || !Of(it->second).shim) continue;
     ActiveRun& run = it->second;
     // A run with a supervisor is on its latest attempt.
-    Status s = runtime::StopAttempt(*run.shim, host_->AttemptDir(name, run.record.attempts));
+    Status s = runtime::StopAttempt(*Of(run).shim, host_->AttemptDir(name, run.record.attempts));
     if (!s.ok())
       std::fprintf(stderr, "tau server: stop %s: %s\n", name.c_str(), s.ToString().c_str());
     // The shim gives its workers the grace period; one that is itself stopped or stuck never
     // ends them, so the server does, a little after the shim should have.
-    if (run.stop_deadline_ms < 0)
-      run.stop_deadline_ms = host_->Now() + options_.stop_grace_ms + kStopMarginMs;
+    if (Of(run).stop_deadline_ms < 0)
+      Of(run).stop_deadline_ms = host_->Now() + options_.stop_grace_ms + kStopMarginMs;
   }
 }
 
 void LocalBackend::EscalateStops(Batch* batch) {
   const int64_t now = host_->Now();
-  for (auto& [name, run] : host_->active()) {
-    if (!run.shim || run.stop_deadline_ms < 0 || now < run.stop_deadline_ms) continue;
-    run.stop_deadline_ms = now + kStopMarginMs;  // until the watcher reports the exit
+  for (auto& [name, local] : runs_) {
+    auto it = host_->active().find(name);
+    if (!local.shim || local.stop_deadline_ms < 0 || now < local.stop_deadline_ms ||
+        it == host_->active().end())
+      continue;
+    const ActiveRun& run = it->second;
+    local.stop_deadline_ms = now + kStopMarginMs;  // until the watcher reports the exit
     batch->events.push_back(
         {0,
          name,
@@ -414,13 +433,13 @@ void LocalBackend::EscalateStops(Batch* batch) {
          "StopForced",
          fmt::format("the attempt's supervisor (pid {}) did not end the attempt within {} of the "
                      "request; killing it and the attempt's processes",
-                     run.shim->pid, FormatDuration(options_.stop_grace_ms + kStopMarginMs)),
-         {{"shim_pid", run.shim->pid}},
+                     Of(run).shim->pid, FormatDuration(options_.stop_grace_ms + kStopMarginMs)),
+         {{"shim_pid", Of(run).shim->pid}},
          "",
          ""});
     // Killed at once rather than after the commit: the event only explains, and a stuck
     // supervisor must not hold GPUs any longer than it has.
-    Status s = runtime::KillAttempt(*run.shim, host_->AttemptDir(name, run.record.attempts));
+    Status s = runtime::KillAttempt(*Of(run).shim, host_->AttemptDir(name, run.record.attempts));
     if (!s.ok())
       std::fprintf(stderr, "tau server: kill %s: %s\n", name.c_str(), s.ToString().c_str());
   }
@@ -543,7 +562,7 @@ void LocalBackend::AttemptStarted(StartingAttempt s, const Result<runtime::Proce
   const int number = a.number;
   if (!shim.ok())
     return FailStart(run, std::move(a), FailureClass::kSetupError, shim.status().message(), batch);
-  run.shim = *shim;
+  Of(run).shim = *shim;
   a.state = AttemptState::kRunning;
   a.shim_pid = shim->pid;
   a.shim_start_time = shim->start_time;
@@ -584,14 +603,14 @@ void LocalBackend::HandleExit(const std::string& name, Batch* batch) {
       a.shim_pid = other.pid;
       a.shim_start_time = other.start_time;
       batch->attempts.push_back(a);
-      run.shim = other;
+      Of(run).shim = other;
       Status s = watcher_->Watch(name, other);
       if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
       return;
     }
   }
-  run.shim.reset();
-  run.stop_deadline_ms = -1;
+  Of(run).shim.reset();
+  Of(run).stop_deadline_ms = -1;
   a.state = AttemptState::kFinished;
   a.ended_ms = host_->Now();
   // Why the server stopped the attempt, if it did: that, not how the processes ended, classes it.
@@ -678,7 +697,7 @@ void LocalBackend::HandleExit(const std::string& name, Batch* batch) {
 
 void LocalBackend::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
   for (auto& [name, run] : host_->active()) {
-    if (run.record.state == RunState::kAdmitted && !run.shim)
+    if (run.record.state == RunState::kAdmitted && !Of(run).shim)
       to_start->push_back(name);  // recovered: admitted before the restart, never started
   }
   std::set<std::string> reserved_now;
@@ -744,7 +763,7 @@ bool LocalBackend::Place(ActiveRun& run, Batch* batch) {
   for (int g : r.gpus) free_gpus_.erase(g);
   free_cpu_milli_ -= need.cpu_milli;
   free_memory_bytes_ -= need.memory_bytes;
-  run.holds_machine = true;
+  Of(run).holds_machine = true;
   r.admitted_ms = host_->Now();
   if (host_->metrics())
     host_->metrics()->Observe(
@@ -780,7 +799,7 @@ void LocalBackend::HandlePreemption(const admission::PreemptedInfo& p, Batch* ba
   RunRecord& r = run.record;
   // Already being stopped for a preemption that the engine, rebuilt after a restart, has just
   // decided again.
-  if (run.shim && !run.preempted_by.empty()) return;
+  if (Of(run).shim && !run.preempted_by.empty()) return;
   host_->Count("tau_preemptions_total", {{"cluster_queue", p.queue}, {"reason", p.reason}});
   std::string message =
       fmt::format("preempted by {} ({}) in queue {}", p.preemptor, p.reason, p.queue);
@@ -788,11 +807,11 @@ void LocalBackend::HandlePreemption(const admission::PreemptedInfo& p, Batch* ba
                            r.name,
                            host_->Now(),
                            "Preempted",
-                           run.shim ? message + "; stopping the attempt" : message,
+                           Of(run).shim ? message + "; stopping the attempt" : message,
                            {{"preemptor", p.preemptor}, {"reason", p.reason}},
                            "",
                            ""});
-  if (run.shim) {
+  if (Of(run).shim) {
     // Its quota stays taken until its processes are gone (the preemptor waits meanwhile,
     // WaitingForPreemptedWorkloads): never two runs on the same GPUs.
     run.preempted_by = p.preemptor;
@@ -811,7 +830,7 @@ void LocalBackend::Recover(ActiveRun& run, Batch* batch) {
   for (int g : record.gpus) free_gpus_.erase(g);
   free_cpu_milli_ -= run.need.cpu_milli;
   free_memory_bytes_ -= run.need.memory_bytes;
-  run.holds_machine = true;
+  Of(run).holds_machine = true;
   auto attempts = host_->store()->ListAttempts(record.name);
   // Admitted, but no attempt was ever recorded, or only finished ones: the next one never
   // started.
@@ -841,7 +860,7 @@ void LocalBackend::Recover(ActiveRun& run, Batch* batch) {
     }
   }
   if (alive) {
-    run.shim = shim;  // re-adopted: the attempt kept running while the server was away
+    Of(run).shim = shim;  // re-adopted: the attempt kept running while the server was away
     Status s = watcher_->Watch(record.name, shim);
     if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
     // Asked to stop before the restart: the request may never have reached it.
@@ -857,14 +876,14 @@ void LocalBackend::Recover(ActiveRun& run, Batch* batch) {
   // Its supervisor is gone and left no result: the attempt's processes vanished.
   (void)runtime::StopAttempt(shim, last.dir);
   host_->PollMetrics(record.name, last.number);  // its points, not the next attempt's
-  run.shim.reset();
+  Of(run).shim.reset();
   host_->LoseAttempt(run, last, "the attempt's processes vanished while the server was down",
                      batch);
 }
 
 void LocalBackend::Cancel(ActiveRun& run, Batch* batch) {
   RunRecord& r = run.record;
-  if (r.state == RunState::kQueued || (r.state == RunState::kAdmitted && !run.shim)) {
+  if (r.state == RunState::kQueued || (r.state == RunState::kAdmitted && !Of(run).shim)) {
     host_->Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
                   r.attempts == 0
                       ? "cancelled before it started"
@@ -875,14 +894,14 @@ void LocalBackend::Cancel(ActiveRun& run, Batch* batch) {
   batch->runs.push_back(r);
   batch->events.push_back({0, r.name, host_->Now(), "CancelRequested",
                            "stopping the attempt's processes", nlohmann::json::object(), "", ""});
-  if (run.shim) StopAfterCommit(r.name);
+  if (Of(run).shim) StopAfterCommit(r.name);
 }
 
 void LocalBackend::Launched() {
   for (const std::string& name : std::exchange(to_start_, {})) {
     auto it = host_->active().find(name);
-    if (it != host_->active().end() && it->second.shim) {
-      Status s = watcher_->Watch(name, *it->second.shim);
+    if (it != host_->active().end() && Of(it->second).shim) {
+      Status s = watcher_->Watch(name, *Of(it->second).shim);
       if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
     }
   }
@@ -891,10 +910,10 @@ void LocalBackend::Launched() {
 void LocalBackend::Release(ActiveRun& run) {
   for (int g : run.record.gpus)
     if (!unplaceable_gpus_.count(g)) free_gpus_.insert(g);
-  if (run.holds_machine) {
+  if (Of(run).holds_machine) {
     free_cpu_milli_ += run.need.cpu_milli;
     free_memory_bytes_ += run.need.memory_bytes;
-    run.holds_machine = false;
+    Of(run).holds_machine = false;
   }
 }
 
@@ -936,17 +955,20 @@ std::string LocalBackend::RequeueNote(const ActiveRun& run) {
 
 int64_t LocalBackend::NextWakeMillis(int64_t now, int64_t limit) const {
   int64_t wake = limit;
-  for (const auto& [name, run] : host_->active())
-    if (run.stop_deadline_ms >= 0)
-      wake = std::min(wake, std::max<int64_t>(0, run.stop_deadline_ms - now));
+  for (const auto& [name, local] : runs_)
+    if (local.stop_deadline_ms >= 0)
+      wake = std::min(wake, std::max<int64_t>(0, local.stop_deadline_ms - now));
   return wake;
 }
 
-std::vector<EvidenceWorker::RunningAttempt> LocalBackend::RunningAttempts() const {
-  std::vector<EvidenceWorker::RunningAttempt> running;
-  for (const auto& [name, run] : host_->active())
-    if (!store::IsTerminal(run.record.state) && run.shim)
-      running.push_back({name, run.record.attempts, run.record.gpus});
+std::vector<RunningAttempt> LocalBackend::RunningAttempts() const {
+  std::vector<RunningAttempt> running;
+  for (const auto& [name, local] : runs_) {
+    auto it = host_->active().find(name);
+    if (!local.shim || it == host_->active().end()) continue;
+    const RunRecord& r = it->second.record;
+    if (!store::IsTerminal(r.state)) running.push_back({name, r.attempts, r.gpus});
+  }
   return running;
 }
 
@@ -972,6 +994,19 @@ void LocalBackend::FillCapacity(MachineCapacity* c) const {
 
 std::unique_ptr<Backend> NewLocalBackend(LocalBackendOptions options) {
   return std::make_unique<LocalBackend>(std::move(options));
+}
+
+int64_t DetectCpuMilli() { return static_cast<int64_t>(::sysconf(_SC_NPROCESSORS_ONLN)) * 1000; }
+
+int64_t DetectMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  while (in >> key >> kb) {
+    if (key == "MemTotal:") return kb * 1024;
+    in.ignore(256, '\n');
+  }
+  return 0;
 }
 
 }  // namespace tau::server

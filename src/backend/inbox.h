@@ -11,11 +11,11 @@
 #include <variant>
 #include <vector>
 
+#include "backend/active_run.h"
 #include "common/mutex.h"
 #include "evidence/evidence.h"
+#include "kube/kube.h"
 #include "policy/policy.h"
-#include "server/active_run.h"
-#include "server/cluster.h"
 
 namespace tau::server {
 
@@ -47,6 +47,14 @@ struct PlatformChanged {
   std::shared_ptr<const policy::Platform> platform;
   int64_t generation = 0;
 };
+// What a cluster (the Kubernetes backend) says of an attempt; sent when it changes.
+struct ClusterNews {
+  std::string run;
+  int attempt = 0;
+  kube::AttemptObservation observed;
+  std::optional<int> position;  // while pending: its place in its LocalQueue (1 = next)
+};
+
 using InboxMessage = std::variant<NewRun, CancelRequest, AttemptExited, GpuNews, ResumeRequest,
                                   ClusterNews, GpuSamples, PlatformChanged>;
 

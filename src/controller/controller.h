@@ -1,6 +1,7 @@
-// The controller: owns the life of every run on the local backend. One thread makes every decision
-// (admission, starting attempts, handling exits, cancels), so decisions never race; API threads
-// hand it work through an inbox. Each decision is committed to the store before it is acted on.
+// The controller: owns the life of every run, on any backend (backend.h). One thread makes every
+// decision (admission, starting attempts, handling exits, cancels), so decisions never race; API
+// threads hand it work through an inbox. Each decision is committed to the store before it is acted
+// on.
 #pragma once
 
 #include <functional>
@@ -15,38 +16,35 @@
 #include <nlohmann/json.hpp>
 
 #include "admission/admission.h"
+#include "backend/active_run.h"
+#include "backend/backend.h"
+#include "backend/inbox.h"
+#include "backend/snapshot.h"
 #include "common/clock.h"
 #include "common/layout.h"
+#include "common/metrics.h"
 #include "common/mutex.h"
+#include "controller/evidence_worker.h"
 #include "evidence/evidence.h"
 #include "health/health.h"
 #include "policy/policy.h"
 #include "recovery/failure_class.h"
-#include "runtime/runtime.h"
-#include "server/active_run.h"
-#include "server/backend.h"
-#include "server/cluster.h"
-#include "server/evidence_worker.h"
-#include "server/inbox.h"
-#include "server/metrics.h"
-#include "server/snapshot.h"
 #include "spec/spec.h"
 #include "store/store.h"
 
 namespace tau::server {
 
 struct ControllerOptions {
-  std::string home;        // TAU_HOME
-  std::string tau_binary;  // `tau __zygote` forks a shim per attempt, or `tau __shim DIR` is exec'd
-  int64_t stop_grace_ms = 10'000;
-  int64_t cpu_capacity_milli = 0;     // 0: detect
-  int64_t memory_capacity_bytes = 0;  // 0: detect
+  std::string home;  // TAU_HOME
+  // This machine's size: the built-in default platform is sized to it, /api/v1/capacity says it.
+  int64_t cpu_capacity_milli = 0;
+  int64_t memory_capacity_bytes = 0;
   // The platform file `tau platform apply` writes and a restarted server reads; when it does not
   // exist the server uses policy::DefaultPlatform sized to this machine.
   std::string platform_file;
   Metrics* metrics = nullptr;  // counters and histograms to feed; may be null
-  // Where runs are admitted and run (kube_backend.h: a Kubernetes cluster); null: this machine
-  // (a local backend the controller makes from these options).
+  // Where runs are admitted and run (local_backend.h: this machine; kube_backend.h: a Kubernetes
+  // cluster). Required.
   Backend* backend = nullptr;
   // Where decisions read the time (backoffs, stop deadlines, records); null: the system clock.
   Clock* clock = nullptr;
@@ -190,7 +188,7 @@ class Controller : private RunHost {
   Result<ActiveRun> Load(const store::RunRecord& record, spec::RunSpec spec);
   void CommitOrDie(store::Batch batch);
   static Resources Needs(const policy::ResolvedRun& resolved);
-  // The admission engine's side of a pass (admit.cc): the engine is built from the platform, and
+  // The admission engine's side of a pass (quota.cc): the engine is built from the platform, and
   // its workloads are kept in step with the runs.
   void RebuildEngine();
   void SyncEngine();
@@ -205,7 +203,6 @@ class Controller : private RunHost {
   const health::GpuInventory gpus_;
   int64_t cpu_capacity_milli_ = 0;
   int64_t memory_capacity_bytes_ = 0;
-  std::unique_ptr<Backend> own_backend_;  // when the options name none: this machine
   Backend* backend_ = nullptr;
   std::thread thread_;
   Inbox inbox_;

@@ -11,13 +11,14 @@
 
 #include <fmt/format.h>
 
+#include "backend/kube/kube_backend.h"
+#include "backend/kube/kube_cluster.h"
 #include "common/clock.h"
 #include "common/files.h"
+#include "controller/controller.h"
 #include "kubeapi/kubeapi.h"
-#include "server/controller.h"
-#include "server/kube_backend.h"
-#include "server/kube_cluster.h"
 #include "store/store.h"
+#include "testing/controller_test_util.h"
 #include "testing/fake_apiserver.h"
 
 namespace tau::server {
@@ -46,23 +47,14 @@ std::string WithResilience(const std::string& retry_on, int max_retries) {
                      max_retries, retry_on);
 }
 
-class KubeBackendTest : public ::testing::Test {
+class KubeBackendTest : public testutil::ControllerFixture {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tau-kube-backend-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    home_ = tmpl;
+    ControllerFixture::SetUp();
     ASSERT_TRUE(fake_.Start().ok());
     kube_ = NewClient();
     cluster_client_ = NewClient();
-    auto store = store::Store::Open(home_ + "/tau.db");
-    ASSERT_TRUE(store.ok()) << store.status().ToString();
-    store_ = std::move(*store);
     StartController();
-  }
-  void TearDown() override {
-    StopController();
-    (void)RemoveTree(home_);
   }
 
   std::unique_ptr<kubeapi::Client> NewClient() {
@@ -82,40 +74,20 @@ class KubeBackendTest : public ::testing::Test {
     kopts.watch_timeout_seconds = 5;
     kopts.check_access = check_access_;
     cluster_ = NewKubeCluster(cluster_client_.get(), kopts);
-    ControllerOptions options;
-    options.home = home_;
-    options.tau_binary = "/bin/false";  // never started: nothing runs on this machine
-    options.platform_file = home_ + "/platform.yaml";
+    ControllerOptions options = Options();
     backend_ = NewKubeBackend(cluster_.get());
     options.backend = backend_.get();
-    controller_ = std::make_unique<Controller>(options, store_.get(), health::GpuInventory{});
-    Status s = controller_->Start();
-    ASSERT_TRUE(s.ok()) << s.ToString();
+    ControllerFixture::StartController(options);
   }
-  void StopController() {
-    if (controller_) controller_->Stop();
-    controller_.reset();
+  void StopController() override {
+    ControllerFixture::StopController();
     backend_.reset();
     cluster_.reset();
   }
 
   std::string Submit(const std::string& yaml, std::vector<CodeFile> code = {}) {
     if (code.empty()) code.push_back({"train.py", 0644, "print('hello from the cluster')\n"});
-    SubmitRequest request;
-    request.spec_file = "tau.yaml";
-    request.spec_yaml = yaml;
-    request.code = std::move(code);
-    request.caller = {"alice", {}};
-    SubmitError error;
-    auto r = controller_->Submit(std::move(request), &error);
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? r->name : "";
-  }
-
-  store::RunRecord Run(const std::string& name) {
-    auto r = store_->GetRun(name);
-    EXPECT_TRUE(r.ok());
-    return r.ok() ? *r : store::RunRecord{};
+    return SubmitYaml(yaml, std::move(code));
   }
 
   // Waits up to 10 s for `done`; false when it never held.
@@ -245,19 +217,11 @@ class KubeBackendTest : public ::testing::Test {
         ReadFile(fmt::format("{}/runs/{}/attempts/{}/logs/rank-0.log", home_, run, attempt));
     return text.ok() ? *text : "";
   }
-  std::vector<store::Event> Events(const std::string& run) {
-    auto events = store_->ListEvents(run);
-    return events.ok() ? *events : std::vector<store::Event>{};
-  }
-
-  std::string home_;
   testutil::FakeApiServer fake_;
   std::unique_ptr<kubeapi::Client> kube_;            // the test: Kueue and the kubelet
   std::unique_ptr<kubeapi::Client> cluster_client_;  // tau's
-  std::unique_ptr<store::Store> store_;
   std::unique_ptr<Cluster> cluster_;
   std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Controller> controller_;
   bool check_access_ = false;
 };
 

@@ -1,6 +1,6 @@
 // Masking of secrets in streamed text: a secret split across reads, and a pause in the middle of
 // one, show no part of it; other text is not held back.
-#include "server/redact.h"
+#include "controller/redact.h"
 
 #include <gtest/gtest.h>
 

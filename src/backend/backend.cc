@@ -1,13 +1,39 @@
-#include "server/backend.h"
+#include "backend/backend.h"
 
 #include <algorithm>
 
 #include <fmt/format.h>
 
 #include "common/files.h"
+#include "common/strings.h"
 #include "recovery/recovery.h"
 
 namespace tau::server {
+
+nlohmann::json AssignmentJson(const admission::FlavorAssignment& a) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [podset, resources] : a) out[podset] = resources;
+  return out;
+}
+
+admission::FlavorAssignment AssignmentFromJson(const nlohmann::json& j) {
+  admission::FlavorAssignment out;
+  if (!j.is_object()) return out;
+  for (const auto& [podset, resources] : j.items()) {
+    if (!resources.is_object()) continue;
+    for (const auto& [resource, flavor] : resources.items())
+      if (flavor.is_string()) out[podset][resource] = flavor.get<std::string>();
+  }
+  return out;
+}
+
+std::string FlavorsText(const admission::FlavorAssignment& a) {
+  std::vector<std::string> parts;
+  for (const auto& [podset, resources] : a)
+    for (const auto& [resource, flavor] : resources)
+      parts.push_back(fmt::format("{} on {}", resource, flavor));
+  return parts.empty() ? "no quota needed" : Join(parts, ", ");
+}
 
 namespace {
 

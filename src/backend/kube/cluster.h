@@ -13,6 +13,7 @@
 #include <string>
 #include <utility>
 
+#include "backend/inbox.h"
 #include "common/status.h"
 #include "kube/kube.h"
 #include "policy/policy.h"
@@ -33,14 +34,6 @@ struct ClusterLaunch {
   std::map<std::string, std::string> secrets;
   std::string resume_from;     // TAU_RESUME_FROM of a later attempt
   std::string failure_reason;  // TAU_FAILURE_REASON of a later attempt
-};
-
-// What the cluster says of an attempt; sent when it changes.
-struct ClusterNews {
-  std::string run;
-  int attempt = 0;
-  kube::AttemptObservation observed;
-  std::optional<int> position;  // while pending: its place in its LocalQueue (1 = next)
 };
 
 using AttemptKey = std::pair<std::string, int>;  // run, attempt

@@ -5,8 +5,8 @@
 
 #include <memory>
 
-#include "server/backend.h"
-#include "server/cluster.h"
+#include "backend/backend.h"
+#include "backend/kube/cluster.h"
 
 namespace tau::server {
 

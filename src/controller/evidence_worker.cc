@@ -1,4 +1,4 @@
-#include "server/evidence_worker.h"
+#include "controller/evidence_worker.h"
 
 #include <unistd.h>
 
@@ -11,8 +11,8 @@
 
 #include "common/files.h"
 #include "common/layout.h"
-#include "server/run_storage.h"
-#include "server/server.h"
+#include "common/version.h"
+#include "controller/run_storage.h"
 
 namespace tau::server {
 

@@ -1,5 +1,5 @@
 // The work copy of a snapshot: complete or absent, whatever moment a server was killed at.
-#include "server/snapshot.h"
+#include "backend/snapshot.h"
 
 #include <gtest/gtest.h>
 

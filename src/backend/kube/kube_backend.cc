@@ -2,7 +2,7 @@
 // retries, cancels and evidence follow the same rules as on the local backend; what differs is
 // where an attempt comes from (a Job or RayJob created suspended) and how its end is learnt (the
 // cluster's news, classified by kube::ObserveAttempt).
-#include "server/kube_backend.h"
+#include "backend/kube/kube_backend.h"
 
 #include <algorithm>
 #include <utility>
@@ -12,6 +12,7 @@
 #include "common/files.h"
 #include "recovery/failure_class.h"
 #include "recovery/retry.h"
+#include "runtime/runtime.h"
 
 namespace tau::server {
 
@@ -61,14 +62,14 @@ class KubeBackend final : public Backend {
     const RunRecord& r = run.record;
     if (r.not_before_ms && *r.not_before_ms > now) return nullptr;  // backing off
     // Kueue decides: its own reason and the run's place in its LocalQueue.
-    if (run.cluster_pending.is_object()) return run.cluster_pending;
+    if (Of(run).pending.is_object()) return Of(run).pending;
     return PendingEntry(0, r.queue, "Creating", "being created on the cluster", "");
   }
   // On a cluster the job finds its newest checkpoint itself.
   std::string RequeueNote(const ActiveRun&) override { return ""; }
   int64_t NextWakeMillis(int64_t, int64_t limit) const override { return limit; }
   // The pods' metrics and GPUs are the cluster's to watch.
-  std::vector<EvidenceWorker::RunningAttempt> RunningAttempts() const override { return {}; }
+  std::vector<RunningAttempt> RunningAttempts() const override { return {}; }
   void DescribeRuntime(const RunRecord&, bool, const evidence::RecordInput*,
                        evidence::RuntimeInfo* rt) const override {
     // The run's pods ran on the cluster's nodes, in its image: nothing of this machine describes
@@ -76,8 +77,17 @@ class KubeBackend final : public Backend {
     rt->host = "kubernetes";
   }
   void FillCapacity(MachineCapacity*) const override {}
+  void Forget(const std::string& run) override { runs_.erase(run); }
 
  private:
+  // What this backend keeps of a run beside the controller's ActiveRun.
+  struct ClusterRun {
+    int attempt = 0;         // the attempt whose objects exist on the cluster (0: none)
+    bool relaunch = false;   // its last attempt was recorded but never created: create it
+    nlohmann::json pending;  // what Kueue says while it waits
+  };
+  ClusterRun& Of(const ActiveRun& run) { return runs_[run.record.name]; }
+
   void LaunchOne(const std::string& name, Batch* batch);
   void EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, Batch* batch);
 
@@ -86,6 +96,7 @@ class KubeBackend final : public Backend {
   bool stopped_ = false;
   std::set<AttemptKey> existing_;  // the attempts on the cluster when the server started
   std::vector<std::string> to_launch_;
+  std::map<std::string, ClusterRun> runs_;  // by run name, until the run ends (Forget)
 };
 
 }  // namespace
@@ -127,12 +138,12 @@ void KubeBackend::Recover(ActiveRun& run, Batch* batch) {
   AttemptRecord last = attempts->back();
   r.attempts = last.number;
   if (existing.count({r.name, last.number})) {
-    run.cluster_attempt = last.number;  // the watch's news brings it up to date
+    Of(run).attempt = last.number;  // the watch's news brings it up to date
     return;
   }
   if (last.state == AttemptState::kStarting && r.state == RunState::kQueued) {
     // Recorded, but the server stopped before the cluster took it: create it now.
-    run.cluster_relaunch = true;
+    Of(run).relaunch = true;
     return;
   }
   host_->LoseAttempt(
@@ -150,9 +161,9 @@ void KubeBackend::Schedule(Batch* batch) {
       Cancel(run, batch);
       continue;
     }
-    if (r.state != RunState::kQueued || run.cluster_attempt != 0) continue;
+    if (r.state != RunState::kQueued || Of(run).attempt != 0) continue;
     if (r.not_before_ms && *r.not_before_ms > now) continue;
-    if (!run.cluster_relaunch) {
+    if (!Of(run).relaunch) {
       AttemptRecord a;
       a.run = name;
       a.number = r.attempts + 1;
@@ -162,12 +173,12 @@ void KubeBackend::Schedule(Batch* batch) {
       batch->attempts.push_back(a);
       r.attempts = a.number;
     }
-    run.cluster_relaunch = false;
+    Of(run).relaunch = false;
     r.not_before_ms.reset();
     r.updated_ms = now;
     batch->runs.push_back(r);
-    run.cluster_attempt = r.attempts;
-    run.cluster_pending = nullptr;
+    Of(run).attempt = r.attempts;
+    Of(run).pending = nullptr;
     to_launch->push_back(name);
   }
 }
@@ -177,7 +188,7 @@ void KubeBackend::LaunchOne(const std::string& name, Batch* batch) {
   RunRecord& r = run.record;
   ClusterLaunch launch;
   launch.run = name;
-  launch.attempt = run.cluster_attempt;
+  launch.attempt = Of(run).attempt;
   launch.spec = &run.spec;
   launch.resolved = &run.resolved;
   launch.platform = host_->platform();
@@ -217,15 +228,15 @@ void KubeBackend::LaunchOne(const std::string& name, Batch* batch) {
   }
   if (s.code() == StatusCode::kUnavailable) {
     // The API server is away: the attempt stays recorded and is created when it answers again.
-    run.cluster_attempt = 0;
-    run.cluster_relaunch = true;
+    Of(run).attempt = 0;
+    Of(run).relaunch = true;
     r.not_before_ms = host_->Now() + 5000;
-    run.cluster_pending = {{"position", nullptr},
-                           {"queue", r.queue},
-                           {"code", "ClusterUnavailable"},
-                           {"reason", fmt::format("cannot reach the Kubernetes API server ({}); "
-                                                  "tau tries again every 5s",
-                                                  s.message())}};
+    Of(run).pending = {{"position", nullptr},
+                       {"queue", r.queue},
+                       {"code", "ClusterUnavailable"},
+                       {"reason", fmt::format("cannot reach the Kubernetes API server ({}); "
+                                              "tau tries again every 5s",
+                                              s.message())}};
     batch->runs.push_back(r);
     return;
   }
@@ -242,7 +253,7 @@ void KubeBackend::LaunchOne(const std::string& name, Batch* batch) {
   a.message = fmt::format("the cluster refused the attempt: {}", s.message());
   batch->attempts.push_back(a);
   host_->CountAttempt(a);
-  run.cluster_attempt = 0;
+  Of(run).attempt = 0;
   host_->FailAttempt(run, FailureClass::kSetupError, a.message, batch);
 }
 
@@ -251,14 +262,13 @@ void KubeBackend::HandleNews(const ClusterNews& news, Batch* batch) {
   if (it == host_->active().end()) return;
   ActiveRun& run = it->second;
   RunRecord& r = run.record;
-  if (store::IsTerminal(r.state) || r.cancel_requested || news.attempt != run.cluster_attempt)
-    return;
+  if (store::IsTerminal(r.state) || r.cancel_requested || news.attempt != Of(run).attempt) return;
   const kube::AttemptObservation& o = news.observed;
   if (o.phase == Phase::kPending) {
-    run.cluster_pending = {{"position", news.position ? nlohmann::json(*news.position) : nullptr},
-                           {"queue", r.queue},
-                           {"code", o.reason},
-                           {"reason", o.message}};
+    Of(run).pending = {{"position", news.position ? nlohmann::json(*news.position) : nullptr},
+                       {"queue", r.queue},
+                       {"code", o.reason},
+                       {"reason", o.message}};
     return;
   }
   if (o.Terminal() || o.phase == Phase::kEvicted) return EndAttempt(run, o, batch);
@@ -286,12 +296,12 @@ void KubeBackend::HandleNews(const ClusterNews& news, Batch* batch) {
   if (held_up && o.reason != r.reason) {
     r.reason = o.reason;
     batch->events.push_back(
-        {0, r.name, host_->Now(), o.reason, o.message, {{"attempt", run.cluster_attempt}}, "", ""});
+        {0, r.name, host_->Now(), o.reason, o.message, {{"attempt", Of(run).attempt}}, "", ""});
     batch->runs.push_back(r);
   }
   if (o.phase == Phase::kRunning && r.state == RunState::kAdmitted) {
     auto attempts = host_->store()->ListAttempts(r.name);
-    if (attempts.ok() && !attempts->empty() && attempts->back().number == run.cluster_attempt) {
+    if (attempts.ok() && !attempts->empty() && attempts->back().number == Of(run).attempt) {
       AttemptRecord a = attempts->back();
       a.state = AttemptState::kRunning;
       a.started_ms = host_->Now();
@@ -300,8 +310,8 @@ void KubeBackend::HandleNews(const ClusterNews& news, Batch* batch) {
     if (!r.started_ms) r.started_ms = host_->Now();
     r.reason.clear();
     host_->Transition(run, RunState::kRunning, "Running",
-                      fmt::format("attempt {} running on the cluster", run.cluster_attempt), batch,
-                      {{"attempt", run.cluster_attempt}});
+                      fmt::format("attempt {} running on the cluster", Of(run).attempt), batch,
+                      {{"attempt", Of(run).attempt}});
     batch->runs.push_back(r);
   }
 }
@@ -309,16 +319,16 @@ void KubeBackend::HandleNews(const ClusterNews& news, Batch* batch) {
 void KubeBackend::EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, Batch* batch) {
   RunRecord& r = run.record;
   auto attempts = host_->store()->ListAttempts(r.name);
-  if (!attempts.ok() || attempts->empty() || attempts->back().number != run.cluster_attempt) return;
+  if (!attempts.ok() || attempts->empty() || attempts->back().number != Of(run).attempt) return;
   AttemptRecord a = attempts->back();
   host_->MaskSecretsInLogs(run, a);
   a.state = AttemptState::kFinished;
   a.ended_ms = host_->Now();
   a.exit_code = o.exit_code;
   a.message = o.message;
-  const int number = run.cluster_attempt;
-  run.cluster_attempt = 0;
-  run.cluster_pending = nullptr;
+  const int number = Of(run).attempt;
+  Of(run).attempt = 0;
+  Of(run).pending = nullptr;
   if (o.phase == Phase::kSucceeded) {
     a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSucceeded);
     a.reason = recovery::FailureClassName(FailureClass::kSucceeded);
@@ -358,8 +368,8 @@ void KubeBackend::EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, 
 
 void KubeBackend::Cancel(ActiveRun& run, Batch* batch) {
   RunRecord& r = run.record;
-  if (run.cluster_attempt > 0) {
-    if (Status s = cluster_->Delete(r.name, run.cluster_attempt); !s.ok()) {
+  if (Of(run).attempt > 0) {
+    if (Status s = cluster_->Delete(r.name, Of(run).attempt); !s.ok()) {
       // Kept cancel-requested: the next pass deletes again (Schedule).
       batch->runs.push_back(r);
       batch->events.push_back(
@@ -369,7 +379,7 @@ void KubeBackend::Cancel(ActiveRun& run, Batch* batch) {
       return;
     }
     auto attempts = host_->store()->ListAttempts(r.name);
-    if (attempts.ok() && !attempts->empty() && attempts->back().number == run.cluster_attempt &&
+    if (attempts.ok() && !attempts->empty() && attempts->back().number == Of(run).attempt &&
         attempts->back().state != AttemptState::kFinished) {
       AttemptRecord a = attempts->back();
       a.state = AttemptState::kFinished;
@@ -380,7 +390,7 @@ void KubeBackend::Cancel(ActiveRun& run, Batch* batch) {
       batch->attempts.push_back(a);
       host_->CountAttempt(a);
     }
-    run.cluster_attempt = 0;
+    Of(run).attempt = 0;
   }
   host_->Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
                 r.started_ms ? "cancelled by request; its Kubernetes objects were deleted"

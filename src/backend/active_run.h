@@ -1,16 +1,14 @@
 // The decision thread's view of a run that has not ended: its record as last committed (or about
-// to be), its spec with the resolved shape applied, and what admission sees of it.
+// to be), its spec with the resolved shape applied, and what admission sees of it. What a backend
+// keeps of a run beside it (a supervisor, a cluster's objects) is the backend's own.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "admission/admission.h"
 #include "policy/policy.h"
-#include "runtime/runtime.h"
 #include "spec/spec.h"
 #include "store/store.h"
 
@@ -27,7 +25,6 @@ struct ActiveRun {
   store::RunRecord record;
   spec::RunSpec spec;
   Resources need;
-  std::optional<runtime::ProcessId> shim;
   std::string gpu_error;  // set when its attempt is stopped because a GPU it uses turned unhealthy
   std::string resume_from;  // a checkpoint chosen with `tau resume --from`, for the next attempt
   policy::ResolvedRun resolved;
@@ -35,14 +32,6 @@ struct ActiveRun {
   // Set while its attempt is being stopped because the admission engine preempted it.
   std::string preempted_by, preemption_reason;
   int64_t queued_since_ms = 0;  // when it last entered the queue (after any backoff)
-  // Set once its attempt was asked to stop: past it, the server kills the supervisor itself.
-  int64_t stop_deadline_ms = -1;
-  bool holds_machine = false;  // its CPUs and memory are taken from this machine's free ones
-  // Kubernetes backend: the attempt whose objects exist on the cluster (0: none), and what
-  // Kueue says while it waits.
-  int cluster_attempt = 0;
-  bool cluster_relaunch = false;  // its last attempt was recorded but never created: create it
-  nlohmann::json cluster_pending;
 };
 
 }  // namespace tau::server

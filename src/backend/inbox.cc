@@ -1,4 +1,4 @@
-#include "server/inbox.h"
+#include "backend/inbox.h"
 
 #include <algorithm>
 #include <chrono>

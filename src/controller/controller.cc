@@ -1,4 +1,4 @@
-#include "server/controller.h"
+#include "controller/controller.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <utility>
 
 #include <fmt/format.h>
@@ -19,12 +18,11 @@
 #include "common/layout.h"
 #include "common/mutex.h"
 #include "common/strings.h"
+#include "controller/redact.h"
+#include "controller/run_storage.h"
 #include "recovery/failure_class.h"
 #include "recovery/recovery.h"
 #include "recovery/retry.h"
-#include "server/local_backend.h"
-#include "server/redact.h"
-#include "server/run_storage.h"
 
 extern char** environ;
 
@@ -38,21 +36,6 @@ using store::Event;
 using store::RunRecord;
 using store::RunState;
 
-namespace {
-
-int64_t DetectMemoryBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  while (in >> key >> kb) {
-    if (key == "MemTotal:") return kb * 1024;
-    in.ignore(256, '\n');
-  }
-  return 0;
-}
-
-}  // namespace
-
 Controller::Controller(ControllerOptions options, store::Store* store, health::GpuInventory gpus)
     : options_(std::move(options)),
       clock_(options_.clock ? options_.clock : SystemClock()),
@@ -62,23 +45,9 @@ Controller::Controller(ControllerOptions options, store::Store* store, health::G
       options_.home, store_, clock_, gpus_,
       [this](const RunRecord& r, bool final_save, const evidence::RecordInput* prev,
              evidence::RuntimeInfo* rt) { backend_->DescribeRuntime(r, final_save, prev, rt); });
-  cpu_capacity_milli_ = options_.cpu_capacity_milli > 0
-                            ? options_.cpu_capacity_milli
-                            : static_cast<int64_t>(::sysconf(_SC_NPROCESSORS_ONLN)) * 1000;
-  memory_capacity_bytes_ =
-      options_.memory_capacity_bytes > 0 ? options_.memory_capacity_bytes : DetectMemoryBytes();
+  cpu_capacity_milli_ = options_.cpu_capacity_milli;
+  memory_capacity_bytes_ = options_.memory_capacity_bytes;
   backend_ = options_.backend;
-  if (backend_ == nullptr) {
-    LocalBackendOptions local;
-    local.home = options_.home;
-    local.tau_binary = options_.tau_binary;
-    local.stop_grace_ms = options_.stop_grace_ms;
-    local.gpus = gpus_;
-    local.cpu_capacity_milli = cpu_capacity_milli_;
-    local.memory_capacity_bytes = memory_capacity_bytes_;
-    own_backend_ = NewLocalBackend(std::move(local));
-    backend_ = own_backend_.get();
-  }
 }
 
 Controller::~Controller() { Stop(); }
@@ -92,6 +61,8 @@ std::string Controller::AttemptDir(const std::string& name, int attempt) const {
 }
 
 Status Controller::Start() {
+  if (backend_ == nullptr)
+    return InvalidArgument("the controller needs a backend (ControllerOptions::backend)");
   TAU_RETURN_IF_ERROR(LoadPlatformFile());
   RebuildEngine();
   // An applied platform, not the built-in default (which describes this machine).
@@ -117,7 +88,7 @@ void Controller::Stop() {
   if (thread_.joinable()) thread_.join();
   // The worker finishes the records already queued (ended runs) before it stops.
   evidence_->Stop();
-  backend_->Stop();
+  if (backend_ != nullptr) backend_->Stop();
 }
 
 Resources Controller::Needs(const policy::ResolvedRun& resolved) {
@@ -545,7 +516,10 @@ void Controller::Recover(Batch* batch) {
     }
     ActiveRun& run = active_[record.name] = std::move(*loaded);
     backend_->Recover(run, batch);
-    if (store::IsTerminal(run.record.state)) active_.erase(record.name);
+    if (store::IsTerminal(run.record.state)) {
+      active_.erase(record.name);
+      backend_->Forget(record.name);
+    }
   }
 }
 
@@ -601,6 +575,7 @@ void Controller::Pass(InboxTake take) {
       continue;
     }
     evidence_->HandOff(it->first, std::move(it->second.record));
+    backend_->Forget(it->first);
     it = active_.erase(it);
   }
   RefreshPending();

@@ -4,7 +4,7 @@
 // watches saw into ClusterNews, and one per followed pod log. The watches only record objects and
 // mark attempts dirty; the reconciler observes dirty attempts (and all of them every resync) and
 // sends news when an observation changes.
-#include "server/kube_cluster.h"
+#include "backend/kube/kube_cluster.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -21,12 +21,12 @@
 
 #include <fmt/format.h>
 
+#include "backend/snapshot.h"
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/json_text.h"
 #include "common/mutex.h"
 #include "recovery/failure_class.h"
-#include "server/snapshot.h"
 
 namespace tau::server {
 namespace {

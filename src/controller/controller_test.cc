@@ -2,7 +2,7 @@
 // one pass of the decision loop at a time (RunOnce), never sleeping. What is tested is what the
 // controller keeps the same on every backend: records and events, retries and their backoff,
 // cancels, preemption, recovery after a restart, and the hand-off of ended runs.
-#include "server/controller.h"
+#include "controller/controller.h"
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "recovery/failure_class.h"
+#include "testing/controller_test_util.h"
 #include "testing/fake_clock.h"
 
 namespace tau::server {
@@ -140,10 +141,11 @@ class FakeBackend final : public Backend {
   }
   void Launched() override {}
   void Release(ActiveRun&) override {}
+  void Forget(const std::string& run) override { forgotten.push_back(run); }
   nlohmann::json PendingReason(const ActiveRun&, int64_t) override { return nullptr; }
   std::string RequeueNote(const ActiveRun&) override { return ""; }
   int64_t NextWakeMillis(int64_t, int64_t limit) const override { return limit; }
-  std::vector<EvidenceWorker::RunningAttempt> RunningAttempts() const override { return {}; }
+  std::vector<RunningAttempt> RunningAttempts() const override { return {}; }
   void DescribeRuntime(const store::RunRecord&, bool, const evidence::RecordInput*,
                        evidence::RuntimeInfo* rt) const override {
     rt->host = "fake";
@@ -161,6 +163,7 @@ class FakeBackend final : public Backend {
   std::set<std::string> alive;           // attempts that outlive a controller (re-adopted)
   std::set<std::string> stop_requested;  // runs whose attempt the controller asked to stop
   std::map<std::string, int> launches;
+  std::vector<std::string> forgotten;  // runs the controller said had ended
   int starts = 0, readopted = 0, commits_seen = 0;
 
  private:
@@ -170,80 +173,30 @@ class FakeBackend final : public Backend {
   std::vector<std::string> to_launch_;
 };
 
-class ControllerTest : public ::testing::Test {
+class ControllerTest : public testutil::ControllerFixture {
  protected:
   void SetUp() override {
-    char dir[] = "/tmp/tau-controller-test-XXXXXX";
-    ASSERT_NE(::mkdtemp(dir), nullptr);
-    home_ = dir;
-    OpenStore();
+    ControllerFixture::SetUp();
     StartController();
   }
-  void TearDown() override {
-    StopController();
-    store_.reset();
-    std::filesystem::remove_all(home_);
-  }
-  void OpenStore() {
-    auto store = store::Store::Open(home_ + "/tau.db");
-    ASSERT_TRUE(store.ok()) << store.status().ToString();
-    store_ = std::move(*store);
-  }
   void StartController() {
-    ControllerOptions options;
-    options.home = home_;
-    options.platform_file = home_ + "/platform.yaml";
+    server::ControllerOptions options = Options();
     options.cpu_capacity_milli = 4000;
     options.memory_capacity_bytes = int64_t{8} << 30;
     options.clock = &clock_;
     options.backend = &backend_;
     options.loop_thread = false;
-    controller_ = std::make_unique<Controller>(options, store_.get(), health::GpuInventory{});
-    Status s = controller_->Start();
-    ASSERT_TRUE(s.ok()) << s.ToString();
-  }
-  void StopController() {
-    if (controller_) controller_->Stop();
-    controller_.reset();
+    ControllerFixture::StartController(options);
   }
 
   std::string Submit(const std::string& name, const std::string& extra = "") {
-    SubmitRequest request;
-    request.spec_file = "tau.yaml";
-    request.spec_yaml = fmt::format(
+    return SubmitYaml(fmt::format(
         "schema_version: 1\nname: {}\nrun:\n  entrypoint: train.py\n  workload_kind: job\n{}", name,
-        extra);
-    request.code.push_back({"train.py", 0644, "print('hi')\n"});
-    request.caller.user = "alice";
-    SubmitError error;
-    auto r = controller_->Submit(std::move(request), &error);
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? r->name : "";
-  }
-  store::RunRecord Run(const std::string& name) {
-    auto r = store_->GetRun(name);
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? *r : store::RunRecord{};
-  }
-  std::vector<std::string> EventTypes(const std::string& name) {
-    std::vector<std::string> types;
-    auto events = store_->ListEvents(name);
-    EXPECT_TRUE(events.ok());
-    if (events.ok())
-      for (const store::Event& e : *events) types.push_back(e.type);
-    return types;
-  }
-  std::vector<AttemptRecord> Attempts(const std::string& name) {
-    auto a = store_->ListAttempts(name);
-    EXPECT_TRUE(a.ok());
-    return a.ok() ? *a : std::vector<AttemptRecord>{};
+        extra));
   }
 
-  std::string home_;
   testutil::FakeClock clock_;
   FakeBackend backend_;
-  std::unique_ptr<store::Store> store_;
-  std::unique_ptr<Controller> controller_;
 };
 
 constexpr char kRetries[] =
@@ -265,6 +218,7 @@ TEST_F(ControllerTest, AdmittedRunStartsAfterTheAdmissionIsCommittedAndSucceeds)
   const std::string name = Submit("train");
   controller_->RunOnce();
   EXPECT_EQ(backend_.launches[name], 1);
+  EXPECT_TRUE(backend_.forgotten.empty());
   store::RunRecord r = Run(name);
   EXPECT_EQ(r.state, RunState::kRunning);
   EXPECT_EQ(r.attempts, 1);
@@ -282,6 +236,8 @@ TEST_F(ControllerTest, AdmittedRunStartsAfterTheAdmissionIsCommittedAndSucceeds)
   EXPECT_EQ(*r.finished_ms - *r.started_ms, 5'000);
   ASSERT_EQ(Attempts(name).size(), 1u);
   EXPECT_EQ(Attempts(name)[0].state, AttemptState::kFinished);
+  // Once it has ended, the backend may drop what it keeps of the run (and only then).
+  EXPECT_EQ(backend_.forgotten, std::vector<std::string>{name});
 }
 
 TEST_F(ControllerTest, FailureIsRetriedOnlyAfterItsBackoff) {

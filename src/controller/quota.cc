@@ -1,7 +1,7 @@
-// The controller's admission step: platform policy in force, the Kueue-model admission engine
-// (quota, priorities, preemption, fair sharing) and placement on this machine's GPUs, CPUs and
-// memory. Quota is policy; the machine is capacity: a run starts only when it holds quota *and*
-// fits on the machine.
+// The controller's quota book: the platform policy in force, the Kueue-model admission engine
+// (quota, priorities, preemption, fair sharing) kept in step with the runs, requeues, and why a
+// queued run waits. Where attempts are placed is the backend's (local_backend.cc places them on
+// this machine's GPUs, CPUs and memory).
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -11,9 +11,9 @@
 #include "common/json_text.h"
 #include "common/mutex.h"
 #include "common/strings.h"
+#include "controller/controller.h"
 #include "recovery/failure_class.h"
 #include "recovery/recovery.h"
-#include "server/controller.h"
 
 namespace tau::server {
 
@@ -30,31 +30,6 @@ std::string RunsAhead(int position) {
 }
 
 }  // namespace
-
-nlohmann::json AssignmentJson(const admission::FlavorAssignment& a) {
-  nlohmann::json out = nlohmann::json::object();
-  for (const auto& [podset, resources] : a) out[podset] = resources;
-  return out;
-}
-
-admission::FlavorAssignment AssignmentFromJson(const nlohmann::json& j) {
-  admission::FlavorAssignment out;
-  if (!j.is_object()) return out;
-  for (const auto& [podset, resources] : j.items()) {
-    if (!resources.is_object()) continue;
-    for (const auto& [resource, flavor] : resources.items())
-      if (flavor.is_string()) out[podset][resource] = flavor.get<std::string>();
-  }
-  return out;
-}
-
-std::string FlavorsText(const admission::FlavorAssignment& a) {
-  std::vector<std::string> parts;
-  for (const auto& [podset, resources] : a)
-    for (const auto& [resource, flavor] : resources)
-      parts.push_back(fmt::format("{} on {}", resource, flavor));
-  return parts.empty() ? "no quota needed" : Join(parts, ", ");
-}
 
 // ---------------------------------------------------------------------------------------------
 // Platform.

@@ -1,4 +1,4 @@
-#include "server/host_info.h"
+#include "backend/local/host_info.h"
 
 #include <fcntl.h>
 #include <spawn.h>

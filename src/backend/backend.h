@@ -23,14 +23,12 @@
 #include <nlohmann/json.hpp>
 
 #include "admission/admission.h"
+#include "backend/active_run.h"
+#include "backend/inbox.h"
+#include "common/metrics.h"
 #include "evidence/evidence.h"
 #include "policy/policy.h"
 #include "recovery/failure_class.h"
-#include "server/active_run.h"
-#include "server/cluster.h"
-#include "server/evidence_worker.h"
-#include "server/inbox.h"
-#include "server/metrics.h"
 #include "spec/spec.h"
 #include "store/store.h"
 
@@ -88,6 +86,13 @@ class RunHost {
   virtual void PollMetrics(const std::string& run, int attempt) = 0;
 };
 
+// An attempt whose metrics and GPU samples the evidence worker follows.
+struct RunningAttempt {
+  std::string run;
+  int attempt = 0;
+  std::vector<int> gpus;
+};
+
 // This machine's size and what is free of it.
 struct MachineCapacity {
   int64_t gpus_total = 0, gpus_free = 0, gpus_unplaceable = 0;
@@ -141,6 +146,8 @@ class Backend {
 
   // What the run held of the backend is given back (it ended, or goes back to its queue).
   virtual void Release(ActiveRun& run) = 0;
+  // The run has ended and left the controller's active runs: the backend drops what it keeps of it.
+  virtual void Forget(const std::string& run) = 0;
   // Why a queued run waits, when the backend knows better than the queue (null: ask the queue).
   virtual nlohmann::json PendingReason(const ActiveRun& run, int64_t now) = 0;
   // What a requeued run's next attempt will resume from ("" when the backend cannot tell).
@@ -148,7 +155,7 @@ class Backend {
   // How long the loop may sleep for the backend's deadlines (ms from `now`; at most `limit`).
   virtual int64_t NextWakeMillis(int64_t now, int64_t limit) const = 0;
   // The attempts whose metrics and GPU samples the evidence worker follows.
-  virtual std::vector<EvidenceWorker::RunningAttempt> RunningAttempts() const = 0;
+  virtual std::vector<RunningAttempt> RunningAttempts() const = 0;
   // What the evidence record says of where the run ran.
   virtual void DescribeRuntime(const store::RunRecord& r, bool final_save,
                                const evidence::RecordInput* prev,
@@ -159,7 +166,7 @@ class Backend {
 };
 
 // A run's flavor assignment ({"POD_SET": {"RESOURCE": "FLAVOR"}}, as RunRecord.flavors keeps it)
-// and its text ("cpu on default, nvidia.com/gpu on h200"; admit.cc).
+// and its text ("cpu on default, nvidia.com/gpu on h200").
 nlohmann::json AssignmentJson(const admission::FlavorAssignment& a);
 admission::FlavorAssignment AssignmentFromJson(const nlohmann::json& j);
 std::string FlavorsText(const admission::FlavorAssignment& a);

@@ -1,4 +1,4 @@
-#include "server/redact.h"
+#include "controller/redact.h"
 
 #include <fcntl.h>
 #include <unistd.h>

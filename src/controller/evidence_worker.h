@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "evidence/evidence.h"
@@ -41,11 +42,6 @@ class EvidenceWorker {
   // From the decision thread only.
   // Reads the attempt's new metric points into the run's evidence.
   void PollMetrics(const std::string& name, int attempt);
-  struct RunningAttempt {
-    std::string run;
-    int attempt = 0;
-    std::vector<int> gpus;
-  };
   // Polls the metrics of running attempts (every 2 s) and appends the GPU samples of the GPUs
   // they hold.
   void Tick(const std::vector<RunningAttempt>& running,

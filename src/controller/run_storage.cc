@@ -1,4 +1,4 @@
-#include "server/run_storage.h"
+#include "controller/run_storage.h"
 
 #include "common/layout.h"
 

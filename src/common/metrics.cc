@@ -1,4 +1,4 @@
-#include "server/metrics.h"
+#include "common/metrics.h"
 #include "common/mutex.h"
 
 #include <cmath>
