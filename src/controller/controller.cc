@@ -412,7 +412,13 @@ void Controller::FailAttempt(ActiveRun& run, FailureClass failure_class, const s
                              Batch* batch) {
   RunRecord& r = run.record;
   const recovery::RetryPolicy policy = spec::RetryPolicyOf(run.spec.resilience);
-  const recovery::AttemptHistory history{r.attempts, r.started_ms};
+  // Earlier attempts preempted and requeued used no retry (the failing one is in `batch`).
+  int preempted = 0;
+  if (auto attempts = store_->ListAttempts(r.name); attempts.ok())
+    for (const store::AttemptRecord& a : *attempts)
+      if (a.number < r.attempts && a.reason == recovery::FailureClassName(FailureClass::kPreempted))
+        ++preempted;
+  const recovery::AttemptHistory history{r.attempts, r.started_ms, preempted};
   const int64_t now = Now();
   const recovery::RetryDecision decision = recovery::Decide(policy, history, failure_class, now);
   if (!decision.retry) {

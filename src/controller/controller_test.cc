@@ -356,6 +356,36 @@ TEST_F(ControllerTest, PreemptedRunGoesBackToItsQueueAndRunsAgain) {
   EXPECT_EQ(Run(name).state, RunState::kRunning);
 }
 
+TEST_F(ControllerTest, PreemptedAttemptsUseNoRetry) {
+  const std::string name = Submit(
+      "preempted-twice",
+      "resilience:\n  max_retries: 1\n  retry_on: [UserError, Preempted]\n  backoff_initial: 30s\n");
+  for (int attempt = 1; attempt <= 2; ++attempt) {
+    controller_->RunOnce();
+    ASSERT_EQ(backend_.launches[name], attempt);
+    backend_.End(name, {FailureClass::kPreempted, 143});
+  }
+  controller_->RunOnce();  // requeued after the second preemption, and started again
+  ASSERT_EQ(backend_.launches[name], 3);
+  // The third attempt is the first to fail: the one retry is still there.
+  backend_.End(name, {FailureClass::kUserError, 1});
+  controller_->RunOnce();
+  store::RunRecord r = Run(name);
+  EXPECT_EQ(r.state, RunState::kQueued);
+  EXPECT_EQ(EventTypes(name).back(), "Retrying");
+  auto events = Events(name);
+  EXPECT_EQ(events.back().message,
+            "attempt 3 failed (UserError); retry 1 of 1 after 30.0s backoff");
+  clock_.Advance(30'000);
+  controller_->RunOnce();
+  ASSERT_EQ(backend_.launches[name], 4);
+  backend_.End(name, {FailureClass::kUserError, 1});
+  controller_->RunOnce();
+  r = Run(name);
+  EXPECT_EQ(r.state, RunState::kFailed);
+  EXPECT_NE(r.message.find("resilience.max_retries (1) is used up"), std::string::npos) << r.message;
+}
+
 TEST_F(ControllerTest, RestartReadoptsALiveAttemptAndLosesAVanishedOne) {
   const std::string kept = Submit("kept");
   const std::string lost = Submit("lost", kRetriesNodeLost);

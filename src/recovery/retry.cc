@@ -41,7 +41,7 @@ const std::vector<FailureClass>& RetryPolicy::EffectiveRetryOn() const {
 RetryDecision Decide(const RetryPolicy& policy, const AttemptHistory& history,
                      FailureClass failure_class, int64_t now_ms) {
   RetryDecision d;
-  const int retries_used = std::max(0, history.attempts - 1);
+  const int retries_used = std::max(0, history.attempts - history.preempted - 1);
   d.retry_number = retries_used + 1;
   d.backoff_ms = Backoff(policy, retries_used);
   const std::vector<FailureClass>& retry_on = policy.EffectiveRetryOn();

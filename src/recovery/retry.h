@@ -30,6 +30,8 @@ struct RetryPolicy {
 struct AttemptHistory {
   int attempts = 0;                         // attempts made, the one that just failed included
   std::optional<int64_t> first_started_ms;  // when its first attempt started running
+  // Of those, the attempts preempted and requeued: the platform's decision, so they use no retry.
+  int preempted = 0;
 };
 
 struct RetryDecision {
@@ -40,8 +42,8 @@ struct RetryDecision {
 };
 
 // The decision for an attempt that failed with `failure_class` at `now_ms`. A retry needs the
-// class in retry_on (Unknown never), max_retries not used up, and its start (now + backoff) within
-// max_retry_duration of the run's first start. The backoff is backoff_initial doubled for each
+// class in retry_on (Unknown never), max_retries not used up (by attempts that failed, not those
+// preempted), and its start (now + backoff) within max_retry_duration of the run's first start. The backoff is backoff_initial doubled for each
 // retry already used, capped at backoff_max.
 RetryDecision Decide(const RetryPolicy& policy, const AttemptHistory& history,
                      FailureClass failure_class, int64_t now_ms);

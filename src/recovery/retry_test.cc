@@ -311,6 +311,24 @@ TEST(RetryDecideTest, Messages) {
             "attempt 2 failed (NodeLost); retry 2 of 3 after 1m0s backoff");
 }
 
+TEST(RetryDecideTest, PreemptedAttemptsUseNoRetry) {
+  RetryPolicy p = Policy(1);  // backoff 1 s, doubled per retry used
+  // Attempts 1 and 2 were preempted and requeued; attempt 3 is the first to fail: its retry is
+  // the first, with the first backoff.
+  RetryDecision d = Decide(p, {3, 0, 2}, C::kNodeLost, 0);
+  EXPECT_TRUE(d.retry);
+  EXPECT_EQ(d.retry_number, 1);
+  EXPECT_EQ(d.backoff_ms, 1'000);
+  EXPECT_EQ(RetryingMessage(p, {3, 0, 2}, C::kNodeLost, d),
+            "attempt 3 failed (NodeLost); retry 1 of 1 after 1.0s backoff");
+  // The same history without the preemptions has used its one retry.
+  d = Decide(p, {3, 0, 0}, C::kNodeLost, 0);
+  EXPECT_FALSE(d.retry);
+  EXPECT_EQ(d.stop_reason, "resilience.max_retries (1) is used up");
+  // And one more failure after the retry uses it up.
+  EXPECT_FALSE(Decide(p, {4, 0, 2}, C::kNodeLost, 0).retry);
+}
+
 TEST(RetryPreemptionTest, RequeuesUnlessRetryOnLeavesPreemptedOut) {
   struct PreemptCase {
     std::string name;
