@@ -70,6 +70,7 @@ int CmdHealthAgent(const AgentFlags& flags) {
     Result<health_agent::NodeHealthUpdate> update = agent.Publish(monitor.Snapshot());
     monitor.Stop();
     if (!update.ok()) return Fail(update.status().message());
+    // `condition` is the Node condition this agent publishes to Kubernetes, not a tau API reply.
     std::printf("node %s: %s: %s=%s\n", flags.node.c_str(), update->summary.c_str(),
                 health_agent::kGpuHealthyCondition, update->condition.value("status", "").c_str());
     return update->condition.value("status", "") == "True" ? 0 : kExitInvalid;

@@ -178,8 +178,6 @@ int CmdDescribe(const Global& g, const std::string& name, Format format) {
     return 0;
   }
   const api::Run& run = got->run;
-  // The spec is spec::ToJson's canonical form, open-ended here.
-  const nlohmann::json spec = run.spec.value_or(nlohmann::json::object());
   std::printf("Name:        %s\n", run.name.c_str());
   std::printf("State:       %s\n", run.state.c_str());
   if (!run.reason.empty()) std::printf("Reason:      %s\n", run.reason.c_str());
@@ -187,13 +185,13 @@ int CmdDescribe(const Global& g, const std::string& name, Format format) {
   if (run.exit_code) std::printf("Exit code:   %d\n", *run.exit_code);
   if (run.signal) std::printf("Signal:      %d\n", *run.signal);
   std::printf("Spec:        %s (%s)\n", run.spec_file.c_str(), run.spec_name.c_str());
-  std::printf("Kind:        %s\n", spec.value("kind", "").c_str());
+  std::printf("Kind:        %s\n", run.kind.c_str());
   std::printf("Queue:       %s (workspace %s)\n", run.queue.c_str(), run.workspace.c_str());
   std::printf("Resources:   %s\n", JsonText(run.resources).c_str());
   std::printf("Config hash: %s\n", run.config_hash.c_str());
   std::printf("Code:        sha256 %s\n", run.snapshot_digest.c_str());
-  if (spec.contains("runtime") && spec["runtime"].value("image", "") != "")
-    std::printf("Image:       %s%s\n", spec["runtime"].value("image", "").c_str(),
+  if (!run.Image().empty())
+    std::printf("Image:       %s%s\n", run.Image().c_str(),
                 run.backend == "local" ? " (recorded; not used by the local backend)" : "");
   if (run.pending) std::printf("Pending:     %s\n", run.pending->reason.c_str());
   std::printf("\nLifecycle:\n");
@@ -293,25 +291,25 @@ int CmdResume(const Global& g, const std::string& name, const std::string& from,
 int CmdGpus(const Global& g, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto inv = CallJson(**conn, "GET", "/api/v1/gpus");
-  if (!inv.ok()) return Fail(inv.status().message());
+  auto got = client::TauApi(conn->get()).GetGpus();
+  if (!got.ok()) return Fail(got.status().message());
+  const api::GpuInventory& inv = got->inventory;
   if (format == Format::kJson)
-    PrintJson(*inv);
+    PrintJson(got->ToJson());
   else if (format == Format::kYaml)
-    PrintYaml(*inv);
-  else if ((*inv)["devices"].empty())
-    std::printf("no GPUs: %s\n", inv->value("note", "").c_str());
+    PrintYaml(got->ToJson());
+  else if (inv.devices.empty())
+    std::printf("no GPUs: %s\n", inv.note.c_str());
   else {
     std::vector<std::vector<std::string>> rows;
-    for (const auto& d : (*inv)["devices"]) {
+    for (const api::GpuDevice& d : inv.devices) {
       std::string health = "-", why;
-      if (d.contains("health") && d["health"].is_object()) {
-        health = d["health"].value("verdict", "-");
-        if (!d["health"]["reasons"].empty()) why = d["health"]["reasons"][0].value("message", "");
+      if (d.health) {
+        health = d.health->verdict;
+        if (!d.health->reasons.empty()) why = d.health->reasons[0].message;
       }
-      rows.push_back({std::to_string(d.value("index", 0)), d.value("name", ""), d.value("uuid", ""),
-                      fmt::format("{} GiB", d.value("memory_total_bytes", uint64_t{0}) >> 30),
-                      health, why});
+      rows.push_back({std::to_string(d.index), d.name, d.uuid,
+                      fmt::format("{} GiB", d.memory_total_bytes >> 30), health, why});
     }
     PrintTable({"INDEX", "NAME", "UUID", "MEMORY", "HEALTH", "WHY"}, rows);
   }
@@ -321,37 +319,35 @@ int CmdGpus(const Global& g, Format format) {
 int CmdHealthCheck(const Global& g, bool active, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto got =
-      CallJson(**conn, "POST", std::string("/api/v1/health/check") + (active ? "?active=1" : ""));
+  auto got = client::TauApi(conn->get()).CheckHealth(active);
   if (!got.ok()) return Fail(got.status().message());
   bool healthy = true;
-  for (const auto& v : (*got)["gpus"]) healthy = healthy && v.value("placeable", false);
-  if (active && (*got)["active"].value("ran", false))
-    for (const auto& p : (*got)["active"]["gpus"]) healthy = healthy && p.value("passed", false);
+  for (const api::GpuHealth& v : got->gpus) healthy = healthy && v.placeable;
+  const std::optional<api::ActiveProbe>& probe = got->active;
+  if (active && probe && probe->ran)
+    for (const api::ProbeResult& p : probe->gpus) healthy = healthy && p.passed;
   if (format == Format::kJson) {
-    PrintJson(*got);
+    PrintJson(got->ToJson());
   } else if (format == Format::kYaml) {
-    PrintYaml(*got);
+    PrintYaml(got->ToJson());
   } else {
-    if ((*got)["gpus"].empty())
-      std::printf("no GPUs: %s\n", (*got)["inventory"].value("note", "").c_str());
+    if (got->gpus.empty()) std::printf("no GPUs: %s\n", got->inventory.note.c_str());
     std::vector<std::vector<std::string>> rows;
-    for (const auto& v : (*got)["gpus"]) {
+    for (const api::GpuHealth& v : got->gpus) {
       std::string why;
-      for (const auto& r : v["reasons"]) why += (why.empty() ? "" : "; ") + r.value("message", "");
-      rows.push_back({std::to_string(v.value("gpu", 0)), v.value("verdict", ""),
-                      v.value("since", ""), why.empty() ? "-" : why});
+      for (const api::HealthReason& r : v.reasons) why += (why.empty() ? "" : "; ") + r.message;
+      rows.push_back({std::to_string(v.gpu), v.verdict, v.since, why.empty() ? "-" : why});
     }
     if (!rows.empty()) PrintTable({"GPU", "VERDICT", "SINCE", "REASONS"}, rows);
     if (active) {
-      const auto& a = (*got)["active"];
-      if (!a.value("ran", false))
-        std::printf("%s\n", a.value("note", "active probe did not run").c_str());
-      for (const auto& p : a["gpus"])
-        std::printf("active probe, CUDA device %d (%s): %s in %.0f ms\n",
-                    p.value("cuda_ordinal", 0), p.value("name", "").c_str(),
-                    p.value("passed", false) ? "passed" : p.value("error", "failed").c_str(),
-                    p.value("ms", 0.0));
+      if (!probe || !probe->ran)
+        std::printf("%s\n",
+                    probe && probe->note ? probe->note->c_str() : "active probe did not run");
+      if (probe)
+        for (const api::ProbeResult& p : probe->gpus)
+          std::printf("active probe, CUDA device %d (%s): %s in %.0f ms\n", p.cuda_ordinal,
+                      p.name.value_or("").c_str(),
+                      p.passed ? "passed" : p.error.value_or("failed").c_str(), p.ms);
     }
   }
   return healthy ? 0 : kExitInvalid;

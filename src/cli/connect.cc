@@ -12,7 +12,6 @@
 
 #include <fmt/format.h>
 
-#include "client/tau_api.h"
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/layout.h"
@@ -149,11 +148,6 @@ Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& s
   return Unavailable(
       fmt::format("started a local tau server but it did not answer on {} within {} s; see {}",
                   local.path, kStartTimeoutMs / 1000, layout::ServerLog(home)));
-}
-
-Result<nlohmann::json> CallJson(client::Connection& conn, const std::string& method,
-                                const std::string& path, const std::string& body) {
-  return client::TauApi(&conn).CallJson(method, path, body);
 }
 
 Result<int> FollowLog(const std::string& server_flag, std::unique_ptr<client::Connection>* conn,

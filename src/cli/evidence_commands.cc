@@ -11,6 +11,7 @@
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/connect.h"
+#include "client/tau_api.h"
 #include "common/strings.h"
 #include "evidence/evidence.h"
 
@@ -20,7 +21,7 @@ int CmdEvidence(const Global& g, const std::string& run, Format format) {
   if (!IsRunName(run)) return NoSuchRun(run);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto record = CallJson(**conn, "GET", "/api/v1/runs/" + run + "/evidence");
+  auto record = client::TauApi(conn->get()).GetEvidence(run);
   if (!record.ok()) return Fail(record.status().message());
   if (format == Format::kJson) {
     PrintJson(*record);
@@ -41,30 +42,19 @@ int CmdEvidenceExport(const Global& g, const std::string& run, const std::string
   std::string tmp = file + ".part-" + RandomHex(6);
   FILE* out = std::fopen(tmp.c_str(), "wb");
   if (!out) return Fail(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
-  std::string error_body;
   bool write_failed = false;
   int64_t bytes = 0;
-  auto status = (*conn)->Stream("GET", "/api/v1/runs/" + run + "/evidence/bundle",
-                                [&](std::string_view data) {
-                                  if (error_body.size() < 65536) error_body.append(data);
-                                  if (std::fwrite(data.data(), 1, data.size(), out) != data.size())
-                                    write_failed = true;
-                                  bytes += static_cast<int64_t>(data.size());
-                                  return !write_failed;
-                                });
+  Status exported = client::TauApi(conn->get()).ExportEvidence(run, [&](std::string_view data) {
+    if (std::fwrite(data.data(), 1, data.size(), out) != data.size()) write_failed = true;
+    bytes += static_cast<int64_t>(data.size());
+    return !write_failed;
+  });
   bool closed = std::fclose(out) == 0;
   auto cleanup = [&](const std::string& message) {
     std::remove(tmp.c_str());
     return Fail(message);
   };
-  if (!status.ok()) return cleanup(status.status().message());
-  if (*status != 200) {
-    auto j = nlohmann::json::parse(error_body, nullptr, false);
-    std::string message = j.is_object() && j.contains("error")
-                              ? j["error"].value("message", error_body)
-                              : fmt::format("the server refused the export (HTTP {})", *status);
-    return cleanup(message);
-  }
+  if (!exported.ok()) return cleanup(exported.message());
   if (write_failed || !closed) return cleanup("cannot write " + tmp);
   if (std::rename(tmp.c_str(), file.c_str()) != 0)
     return cleanup(fmt::format("cannot rename {} to {}: {}", tmp, file, std::strerror(errno)));
@@ -89,10 +79,9 @@ int CmdEvidenceVerify(const Global& g, const std::string& file, bool run_check) 
     // holds for the run tells it apart.
     auto conn = ConnectToServer(g.server);
     if (!conn.ok()) return Fail(conn.status().message());
-    auto got = CallJson(**conn, "GET", "/api/v1/runs/" + report.run);
+    auto got = client::TauApi(conn->get()).GetRun(report.run);
     if (!got.ok()) return Fail("cannot check against the server: " + got.status().message());
-    const auto& events = (*got)["events"];
-    std::string head = events.is_array() && !events.empty() ? events.back().value("hash", "") : "";
+    std::string head = got->events.empty() ? "" : got->events.back().hash;
     if (head != report.chain_head) {
       evidence::VerifyOptions options;
       options.expected_chain_head = head;

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -20,6 +21,7 @@
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/connect.h"
+#include "client/tau_api.h"
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/json_text.h"
@@ -27,8 +29,6 @@
 
 namespace tau::cli {
 namespace {
-
-using nlohmann::json;
 
 // Reads a secret from stdin without echoing it on a terminal; one line, trailing newline removed.
 std::string ReadSecretLine(const char* prompt) {
@@ -55,16 +55,13 @@ std::string ReadAllStdin() {
   return out;
 }
 
-Result<json> Call(const Global& g, const std::string& method, const std::string& path,
-                  const std::string& body = "") {
-  TAU_ASSIGN_OR_RETURN(auto conn, ConnectToServer(g.server));
-  return CallJson(*conn, method, path, body);
-}
-
-std::string OrDash(const json& j, const char* key) {
-  return j.contains(key) && j[key].is_string() && !j[key].get<std::string>().empty()
-             ? j[key].get<std::string>()
-             : "-";
+// One typed call on a new connection to the server.
+template <typename F>
+auto Call(const Global& g, F call) -> decltype(call(std::declval<client::TauApi&>())) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return conn.status();
+  client::TauApi tau(conn->get());
+  return call(tau);
 }
 
 }  // namespace
@@ -85,13 +82,13 @@ int CmdLogin(const Global& g, const std::string& server, const std::string& ca_f
   if (!entry.ca_file.empty()) entry.ca_file = std::filesystem::absolute(entry.ca_file).string();
   auto conn = ConnectWith(address, entry);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto me = CallJson(**conn, "GET", "/api/v1/whoami");
+  auto me = client::TauApi(conn->get()).Whoami();
   if (!me.ok()) return Fail(me.status().message());
   config.servers[address] = entry;
   config.current = address;
   if (Status s = SaveClientConfig(config); !s.ok()) return Fail(s.message());
-  std::printf("signed in to %s as %s; saved in %s\n", address.c_str(),
-              me->value("user", "").c_str(), ClientConfigPath().c_str());
+  std::printf("signed in to %s as %s; saved in %s\n", address.c_str(), me->user.c_str(),
+              ClientConfigPath().c_str());
   return 0;
 }
 
@@ -107,66 +104,56 @@ int CmdLogout(const Global& g, const std::string& server) {
 }
 
 int CmdWhoami(const Global& g, Format format) {
-  auto me = Call(g, "GET", "/api/v1/whoami");
+  auto me = Call(g, [](client::TauApi& tau) { return tau.Whoami(); });
   if (!me.ok()) return Fail(me.status().message());
   if (format != Format::kTable) {
-    PrintJson(*me);
+    PrintJson(me->ToJson());
     return 0;
   }
-  std::vector<std::string> groups;
-  for (const auto& x : (*me)["groups"]) groups.push_back(x.get<std::string>());
-  std::printf("user:     %s (%s%s)\n", me->value("user", "").c_str(), me->value("via", "").c_str(),
-              me->value("token_id", "").empty() ? "" : (" " + me->value("token_id", "")).c_str());
-  std::printf("groups:   %s\n", groups.empty() ? "-" : Join(groups, ", ").c_str());
-  std::printf("platform: %s\n", me->value("admin", false)             ? "admin"
-                                : me->value("platform_viewer", false) ? "viewer"
-                                                                      : "-");
+  std::printf("user:     %s (%s%s)\n", me->user.c_str(), me->via.c_str(),
+              me->token_id.empty() ? "" : (" " + me->token_id).c_str());
+  std::printf("groups:   %s\n", me->groups.empty() ? "-" : Join(me->groups, ", ").c_str());
+  std::printf("platform: %s\n", me->admin ? "admin" : me->platform_viewer ? "viewer" : "-");
   std::vector<std::vector<std::string>> rows;
-  for (const auto& w : (*me)["workspaces"])
-    rows.push_back({w.value("name", ""), w.value("role", "")});
+  for (const api::WorkspaceRole& w : me->workspaces) rows.push_back({w.name, w.role});
   PrintTable({"WORKSPACE", "ROLE"}, rows);
   return 0;
 }
 
 int CmdTokenCreate(const Global& g, const std::string& user, const std::vector<std::string>& groups,
                    const std::string& expires_in, const std::string& description) {
-  json body = {{"user", user}, {"groups", groups}, {"description", description}};
-  if (!expires_in.empty()) body["expires_in"] = expires_in;
-  auto made = Call(g, "POST", "/api/v1/tokens", JsonText(body));
+  auto made = Call(g, [&](client::TauApi& tau) {
+    return tau.CreateToken(user, groups, expires_in, description);
+  });
   if (!made.ok()) return Fail(made.status().message());
   // The token alone on stdout (scripts capture it); the advice on stderr.
-  std::printf("%s\n", made->value("token", "").c_str());
+  std::printf("%s\n", made->token.value_or("").c_str());
   std::fprintf(stderr,
                "token %s for user '%s'%s; it is shown only now. Sign in with: tau login SERVER\n",
-               made->value("id", "").c_str(), made->value("user", "").c_str(),
-               (*made)["expires"].is_string()
-                   ? (", expires " + (*made)["expires"].get<std::string>()).c_str()
-                   : "");
+               made->id.c_str(), made->user.c_str(),
+               made->expires ? (", expires " + *made->expires).c_str() : "");
   return 0;
 }
 
 int CmdTokenList(const Global& g, const std::string& user, Format format) {
-  auto got = Call(g, "GET", "/api/v1/tokens" + (user.empty() ? "" : "?user=" + user));
+  auto got = Call(g, [&](client::TauApi& tau) { return tau.ListTokens(user); });
   if (!got.ok()) return Fail(got.status().message());
   if (format != Format::kTable) {
-    PrintJson(*got);
+    PrintJson(got->ToJson());
     return 0;
   }
   std::vector<std::vector<std::string>> rows;
-  for (const auto& t : (*got)["tokens"]) {
-    std::vector<std::string> groups;
-    for (const auto& x : t["groups"]) groups.push_back(x.get<std::string>());
-    rows.push_back({t.value("id", ""), t.value("user", ""),
-                    groups.empty() ? "-" : Join(groups, ","), OrDash(t, "created"),
-                    OrDash(t, "expires"), OrDash(t, "revoked"), OrDash(t, "description")});
-  }
+  for (const api::Token& t : got->tokens)
+    rows.push_back({t.id, t.user, t.groups.empty() ? "-" : Join(t.groups, ","), Cell(t.created),
+                    Cell(t.expires.value_or("")), Cell(t.revoked.value_or("")),
+                    Cell(t.description)});
   PrintTable({"ID", "USER", "GROUPS", "CREATED", "EXPIRES", "REVOKED", "DESCRIPTION"}, rows);
   return 0;
 }
 
 int CmdTokenRevoke(const Global& g, const std::string& id) {
-  auto got = Call(g, "DELETE", "/api/v1/tokens/" + id);
-  if (!got.ok()) return Fail(got.status().message());
+  Status revoked = Call(g, [&](client::TauApi& tau) { return tau.RevokeToken(id); });
+  if (!revoked.ok()) return Fail(revoked.message());
   std::printf("revoked token %s\n", id.c_str());
   return 0;
 }
@@ -180,18 +167,16 @@ int CmdTokenHash() {
 }
 
 int CmdAudit(const Global& g, int limit, Format format) {
-  auto got = Call(g, "GET", fmt::format("/api/v1/audit?limit={}", limit));
+  auto got = Call(g, [&](client::TauApi& tau) { return tau.GetAudit(limit); });
   if (!got.ok()) return Fail(got.status().message());
   if (format != Format::kTable) {
-    PrintJson(*got);
+    PrintJson(got->ToJson());
     return 0;
   }
   std::vector<std::vector<std::string>> rows;
-  for (const auto& a : (*got)["audit"])
-    rows.push_back({a.value("time", ""),
-                    a.value("user", "").empty() ? "(anonymous)" : a.value("user", ""),
-                    a.value("action", ""), std::to_string(a.value("status", 0)),
-                    a.value("method", "") + " " + a.value("path", ""), a.value("detail", "")});
+  for (const api::AuditRecord& a : got->audit)
+    rows.push_back({a.time, a.user.empty() ? "(anonymous)" : a.user, a.action,
+                    std::to_string(a.status), a.method + " " + a.path, a.detail});
   PrintTable({"TIME", "USER", "ACTION", "STATUS", "REQUEST", "DETAIL"}, rows);
   return 0;
 }
@@ -215,33 +200,30 @@ int CmdSecretSet(const Global& g, const std::string& workspace, const std::strin
         fmt::format("the value is not UTF-8 text (byte {} is 0x{:02x}); a binary secret has to "
                     "be encoded first, e.g. `base64 FILE | tau secret set {} {}`",
                     bad, static_cast<unsigned char>(value[bad]), workspace, key));
-  json body = {{"value", value}};
-  auto got = Call(g, "PUT", fmt::format("/api/v1/workspaces/{}/secrets/{}", workspace, key),
-                  JsonText(body));
-  if (!got.ok()) return Fail(got.status().message());
+  Status set = Call(g, [&](client::TauApi& tau) { return tau.SetSecret(workspace, key, value); });
+  if (!set.ok()) return Fail(set.message());
   std::printf("set secret %s in workspace %s (%zu bytes); use it as SECRET:%s in runtime.env\n",
               key.c_str(), workspace.c_str(), value.size(), key.c_str());
   return 0;
 }
 
 int CmdSecretList(const Global& g, const std::string& workspace, Format format) {
-  auto got = Call(g, "GET", fmt::format("/api/v1/workspaces/{}/secrets", workspace));
+  auto got = Call(g, [&](client::TauApi& tau) { return tau.ListSecrets(workspace); });
   if (!got.ok()) return Fail(got.status().message());
   if (format != Format::kTable) {
-    PrintJson(*got);
+    PrintJson(got->ToJson());
     return 0;
   }
   std::vector<std::vector<std::string>> rows;
-  for (const auto& s : (*got)["secrets"])
-    rows.push_back({s.value("key", ""), std::to_string(s.value("size", 0)), s.value("updated", ""),
-                    s.value("updated_by", "")});
+  for (const api::SecretInfo& s : got->secrets)
+    rows.push_back({s.key, std::to_string(s.size), s.updated, s.updated_by});
   PrintTable({"KEY", "BYTES", "UPDATED", "BY"}, rows);
   return 0;
 }
 
 int CmdSecretDelete(const Global& g, const std::string& workspace, const std::string& key) {
-  auto got = Call(g, "DELETE", fmt::format("/api/v1/workspaces/{}/secrets/{}", workspace, key));
-  if (!got.ok()) return Fail(got.status().message());
+  Status deleted = Call(g, [&](client::TauApi& tau) { return tau.DeleteSecret(workspace, key); });
+  if (!deleted.ok()) return Fail(deleted.message());
   std::printf("deleted secret %s from workspace %s\n", key.c_str(), workspace.c_str());
   return 0;
 }

@@ -57,9 +57,8 @@ int CmdPlatformApply(const Global& g, const std::string& file) {
   }
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  nlohmann::json body = {{"yaml", *text}, {"file", file}};
-  auto applied = CallJson(**conn, "PUT", "/api/v1/platform", JsonText(body));
-  if (!applied.ok()) return Fail(applied.status().message());
+  Status applied = client::TauApi(conn->get()).ApplyPlatform(*text, file);
+  if (!applied.ok()) return Fail(applied.message());
   const policy::Platform& p = *parsed.platform;
   std::printf("applied %s: %zu queue(s), %zu workspace(s), %zu priority class(es)\n", file.c_str(),
               p.admission.queues.size(), p.workspaces.size(), p.priorities.size());
@@ -69,12 +68,11 @@ int CmdPlatformApply(const Global& g, const std::string& file) {
 int CmdPlatformShow(const Global& g, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto got = CallJson(**conn, "GET", "/api/v1/platform");
+  auto got = client::TauApi(conn->get()).GetPlatform();
   if (!got.ok()) return Fail(got.status().message());
-  if (format != Format::kTable) return Print(*got, format);
-  std::printf("# platform in force: %s (applied %s)\n", got->value("source", "").c_str(),
-              got->value("applied", "").c_str());
-  PrintYaml((*got)["platform"]);
+  if (format != Format::kTable) return Print(got->ToJson(), format);
+  std::printf("# platform in force: %s (applied %s)\n", got->source.c_str(), got->applied.c_str());
+  PrintYaml(got->platform);
   return 0;
 }
 

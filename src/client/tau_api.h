@@ -65,12 +65,10 @@ class TauApi {
   Result<api::SecretList> ListSecrets(const std::string& workspace);
   Status DeleteSecret(const std::string& workspace, const std::string& key);
 
-  // One call whose reply has no type here yet: the parsed JSON body. A non-2xx answer is the
-  // server's error as a Status.
+ private:
+  // The parsed JSON body of one call. A non-2xx answer is the server's error as a Status.
   Result<nlohmann::json> CallJson(const std::string& method, const std::string& path,
                                   const std::string& body = "");
-
- private:
   template <typename T>
   Result<T> Typed(const std::string& method, const std::string& path, const std::string& body = "");
 
