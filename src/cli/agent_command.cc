@@ -1,8 +1,6 @@
 // `tau health agent --node NAME [--poll-interval 10s] [--kubeconfig FILE] [--once]`: watches this
 // machine's GPUs and publishes their health on the node (condition TauGPUHealthy, taint
 // tau.dev/gpu-unhealthy:NoSchedule). The Helm chart runs it as a DaemonSet.
-#include "cli/agent_command.h"
-
 #include <signal.h>
 #include <CLI/CLI.hpp>
 
@@ -94,7 +92,7 @@ int CmdHealthAgent(const AgentFlags& flags) {
 
 }  // namespace
 
-void RegisterHealthAgentCommand(CLI::App* health, int* rc) {
+void RegisterHealthAgentCommand(CLI::App* health, Context* ctx) {
   auto flags = std::make_shared<AgentFlags>();
   if (const char* node = std::getenv("NODE_NAME")) flags->node = node;
   auto* agent = health->add_subcommand(
@@ -108,7 +106,7 @@ void RegisterHealthAgentCommand(CLI::App* health, int* rc) {
                     "A kubeconfig (default: $KUBECONFIG, ~/.kube/config, then in-cluster)");
   agent->add_flag("--once", flags->once,
                   "One pass, then exit: 0 when every GPU may be used, 1 otherwise");
-  agent->callback([flags, rc] { *rc = CmdHealthAgent(*flags); });
+  agent->callback([flags, ctx] { ctx->rc = CmdHealthAgent(*flags); });
 }
 
 }  // namespace tau::cli

@@ -69,6 +69,7 @@ ClientConfig LoadClientConfig() {
   ClientConfig config;
   auto text = ReadFile(ClientConfigPath());
   if (!text.ok()) return config;
+  // The client's own config.json, not an API reply: read by key, forgiving of what it lacks.
   auto j = nlohmann::json::parse(*text, nullptr, false);
   if (!j.is_object()) return config;
   if (auto it = j.find("current"); it != j.end() && it->is_string()) config.current = *it;

@@ -5,6 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+
+#include <CLI/CLI.hpp>
 
 #include <fmt/format.h>
 
@@ -17,7 +20,7 @@
 
 namespace tau::cli {
 
-int CmdEvidence(const Global& g, const std::string& run, Format format) {
+static int CmdEvidence(const Global& g, const std::string& run, Format format) {
   if (!IsRunName(run)) return NoSuchRun(run);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
@@ -33,7 +36,7 @@ int CmdEvidence(const Global& g, const std::string& run, Format format) {
   return 0;
 }
 
-int CmdEvidenceExport(const Global& g, const std::string& run, const std::string& file) {
+static int CmdEvidenceExport(const Global& g, const std::string& run, const std::string& file) {
   if (!IsRunName(run)) return NoSuchRun(run);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
@@ -67,7 +70,7 @@ int CmdEvidenceExport(const Global& g, const std::string& run, const std::string
   return 0;
 }
 
-int CmdEvidenceVerify(const Global& g, const std::string& file, bool run_check) {
+static int CmdEvidenceVerify(const Global& g, const std::string& file, bool run_check) {
   evidence::VerifyReport report;
   Status s = evidence::VerifyBundle(file, {}, &report);
   if (!s.ok()) {
@@ -99,8 +102,8 @@ int CmdEvidenceVerify(const Global& g, const std::string& file, bool run_check) 
   return 0;
 }
 
-int CmdMetrics(const Global& g, const std::string& run, const std::string& name,
-               const std::string& split, bool has_split, const std::string& output) {
+static int CmdMetrics(const Global& g, const std::string& run, const std::string& name,
+                      const std::string& split, bool has_split, const std::string& output) {
   if (!IsRunName(run)) return NoSuchRun(run);
   std::string mode = output;
   if (mode.empty()) mode = StdoutIsTerminal() ? "table" : "jsonl";
@@ -154,6 +157,48 @@ int CmdMetrics(const Global& g, const std::string& run, const std::string& name,
     std::fputs(evidence::FormatMetricTable(points).c_str(), stdout);
   }
   return 0;
+}
+
+void RegisterEvidenceCommands(CLI::App* app, Context* ctx) {
+  struct Args {
+    std::string run_name, bundle_file, metric_name, metric_split, metric_output;
+    bool run_check = false;
+  };
+  auto a = std::make_shared<Args>();
+  const Global& g = ctx->g;
+  auto* evidence = app->add_subcommand(
+      "evidence", "A run's evidence record; export it as a bundle, or verify a bundle");
+  evidence->add_option("run", a->run_name, "Run name");
+  auto format = AddOutput(evidence, ctx);
+  auto* eexport = evidence->add_subcommand("export", "Write a run's evidence bundle (.tar.gz)");
+  eexport->add_option("run", a->run_name, "Run name")->required();
+  eexport->add_option("-o,--output", a->bundle_file, "The bundle file to write")->required();
+  eexport->callback([=, &g] { ctx->rc = CmdEvidenceExport(g, a->run_name, a->bundle_file); });
+  auto* everify = evidence->add_subcommand(
+      "verify", "Check a bundle; exit 0 when intact, 1 naming the first altered or missing item");
+  everify->add_option("file", a->bundle_file, "The bundle (.tar.gz)")->required();
+  everify->add_flag("--run-check", a->run_check,
+                    "Also compare its chain head with the one the server holds for the run");
+  everify->callback([=, &g] { ctx->rc = CmdEvidenceVerify(g, a->bundle_file, a->run_check); });
+  evidence->callback([=, &g] {
+    if (!evidence->get_subcommands().empty()) return;
+    if (a->run_name.empty()) {
+      ctx->rc = Fail("tau evidence: name a run, or use `export` or `verify`");
+      return;
+    }
+    if (auto f = format()) ctx->rc = CmdEvidence(g, a->run_name, *f);
+  });
+
+  auto* metrics = app->add_subcommand("metrics", "A run's metric history (sparkline and table)");
+  metrics->add_option("run", a->run_name, "Run name")->required();
+  metrics->add_option("name", a->metric_name, "Metric name (default: a summary of every metric)");
+  auto* split_opt = metrics->add_option("--split", a->metric_split, "Only this split");
+  metrics->add_option("-o,--output", a->metric_output,
+                      "table, json or jsonl (default: table on a terminal, else jsonl)");
+  metrics->callback([=, &g] {
+    ctx->rc = CmdMetrics(g, a->run_name, a->metric_name, a->metric_split, split_opt->count() > 0,
+                         a->metric_output);
+  });
 }
 
 }  // namespace tau::cli

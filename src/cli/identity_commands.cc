@@ -66,8 +66,8 @@ auto Call(const Global& g, F call) -> decltype(call(std::declval<client::TauApi&
 
 }  // namespace
 
-int CmdLogin(const Global& g, const std::string& server, const std::string& ca_file,
-             bool token_stdin) {
+static int CmdLogin(const Global& g, const std::string& server, const std::string& ca_file,
+                    bool token_stdin) {
   std::string address = server.empty() ? g.server : server;
   if (address.empty())
     return Fail("which server? `tau login https://HOST:PORT` (the local socket needs no login)");
@@ -92,7 +92,7 @@ int CmdLogin(const Global& g, const std::string& server, const std::string& ca_f
   return 0;
 }
 
-int CmdLogout(const Global& g, const std::string& server) {
+static int CmdLogout(const Global& g, const std::string& server) {
   ClientConfig config = LoadClientConfig();
   std::string address = !server.empty() ? server : !g.server.empty() ? g.server : config.current;
   if (address.empty() || config.servers.erase(address) == 0)
@@ -103,7 +103,7 @@ int CmdLogout(const Global& g, const std::string& server) {
   return 0;
 }
 
-int CmdWhoami(const Global& g, Format format) {
+static int CmdWhoami(const Global& g, Format format) {
   auto me = Call(g, [](client::TauApi& tau) { return tau.Whoami(); });
   if (!me.ok()) return Fail(me.status().message());
   if (format != Format::kTable) {
@@ -120,8 +120,9 @@ int CmdWhoami(const Global& g, Format format) {
   return 0;
 }
 
-int CmdTokenCreate(const Global& g, const std::string& user, const std::vector<std::string>& groups,
-                   const std::string& expires_in, const std::string& description) {
+static int CmdTokenCreate(const Global& g, const std::string& user,
+                          const std::vector<std::string>& groups, const std::string& expires_in,
+                          const std::string& description) {
   auto made = Call(g, [&](client::TauApi& tau) {
     return tau.CreateToken(user, groups, expires_in, description);
   });
@@ -135,7 +136,7 @@ int CmdTokenCreate(const Global& g, const std::string& user, const std::vector<s
   return 0;
 }
 
-int CmdTokenList(const Global& g, const std::string& user, Format format) {
+static int CmdTokenList(const Global& g, const std::string& user, Format format) {
   auto got = Call(g, [&](client::TauApi& tau) { return tau.ListTokens(user); });
   if (!got.ok()) return Fail(got.status().message());
   if (format != Format::kTable) {
@@ -151,14 +152,14 @@ int CmdTokenList(const Global& g, const std::string& user, Format format) {
   return 0;
 }
 
-int CmdTokenRevoke(const Global& g, const std::string& id) {
+static int CmdTokenRevoke(const Global& g, const std::string& id) {
   Status revoked = Call(g, [&](client::TauApi& tau) { return tau.RevokeToken(id); });
   if (!revoked.ok()) return Fail(revoked.message());
   std::printf("revoked token %s\n", id.c_str());
   return 0;
 }
 
-int CmdTokenHash() {
+static int CmdTokenHash() {
   std::string token =
       ::isatty(STDIN_FILENO) ? ReadSecretLine("API token: ") : std::string(Trim(ReadAllStdin()));
   if (token.empty()) return Fail("no token on stdin");
@@ -166,7 +167,7 @@ int CmdTokenHash() {
   return 0;
 }
 
-int CmdAudit(const Global& g, int limit, Format format) {
+static int CmdAudit(const Global& g, int limit, Format format) {
   auto got = Call(g, [&](client::TauApi& tau) { return tau.GetAudit(limit); });
   if (!got.ok()) return Fail(got.status().message());
   if (format != Format::kTable) {
@@ -181,8 +182,8 @@ int CmdAudit(const Global& g, int limit, Format format) {
   return 0;
 }
 
-int CmdSecretSet(const Global& g, const std::string& workspace, const std::string& key,
-                 const std::string& from_file) {
+static int CmdSecretSet(const Global& g, const std::string& workspace, const std::string& key,
+                        const std::string& from_file) {
   std::string value;
   if (!from_file.empty()) {
     auto text = ReadFile(from_file);
@@ -207,7 +208,7 @@ int CmdSecretSet(const Global& g, const std::string& workspace, const std::strin
   return 0;
 }
 
-int CmdSecretList(const Global& g, const std::string& workspace, Format format) {
+static int CmdSecretList(const Global& g, const std::string& workspace, Format format) {
   auto got = Call(g, [&](client::TauApi& tau) { return tau.ListSecrets(workspace); });
   if (!got.ok()) return Fail(got.status().message());
   if (format != Format::kTable) {
@@ -221,33 +222,26 @@ int CmdSecretList(const Global& g, const std::string& workspace, Format format) 
   return 0;
 }
 
-int CmdSecretDelete(const Global& g, const std::string& workspace, const std::string& key) {
+static int CmdSecretDelete(const Global& g, const std::string& workspace, const std::string& key) {
   Status deleted = Call(g, [&](client::TauApi& tau) { return tau.DeleteSecret(workspace, key); });
   if (!deleted.ok()) return Fail(deleted.message());
   std::printf("deleted secret %s from workspace %s\n", key.c_str(), workspace.c_str());
   return 0;
 }
 
-void RegisterIdentityCommands(CLI::App* app, const Global* g, int* rc) {
+void RegisterIdentityCommands(CLI::App* app, Context* ctx) {
   // Owned by the callbacks, which outlive this function (CLI11 runs them during parse()).
   struct Args {
-    std::string server, ca_file, user, expires, description, workspace, key, from_file, id,
-        output = "table";
+    std::string server, ca_file, user, expires, description, workspace, key, from_file, id;
     std::vector<std::string> groups;
     bool token_stdin = false;
     int limit = 50;
   };
   auto a = std::make_shared<Args>();
-  auto format = [a, rc]() {
-    Format f;
-    if (!ParseFormat(a->output, &f)) {
-      *rc = Fail("unknown output format '" + a->output + "' (table, json or yaml)");
-      return std::optional<Format>();
-    }
-    return std::optional<Format>(f);
-  };
-  auto add_output = [a](CLI::App* cmd) {
-    cmd->add_option("-o,--output", a->output, "Output format: table or json");
+  const Global* g = &ctx->g;
+  int* rc = &ctx->rc;
+  auto add_output = [ctx](CLI::App* cmd) {
+    return AddOutput(cmd, ctx, "Output format: table or json");
   };
 
   auto* login = app->add_subcommand(
@@ -260,9 +254,9 @@ void RegisterIdentityCommands(CLI::App* app, const Global* g, int* rc) {
   logout->add_option("server", a->server, "default: the current server");
   logout->callback([=] { *rc = CmdLogout(*g, a->server); });
   auto* whoami = app->add_subcommand("whoami", "Who the server thinks you are, and your roles");
-  add_output(whoami);
+  auto whoami_format = add_output(whoami);
   whoami->callback([=] {
-    if (auto f = format()) *rc = CmdWhoami(*g, *f);
+    if (auto f = whoami_format()) *rc = CmdWhoami(*g, *f);
   });
 
   auto* admin = app->add_subcommand("admin", "Administration: API tokens, the audit trail");
@@ -279,9 +273,9 @@ void RegisterIdentityCommands(CLI::App* app, const Global* g, int* rc) {
       [=] { *rc = CmdTokenCreate(*g, a->user, a->groups, a->expires, a->description); });
   auto* list = token->add_subcommand("list", "List tokens (admins: all, or --user)");
   list->add_option("--user", a->user, "Only this user's");
-  add_output(list);
+  auto list_format = add_output(list);
   list->callback([=] {
-    if (auto f = format()) *rc = CmdTokenList(*g, a->user, *f);
+    if (auto f = list_format()) *rc = CmdTokenList(*g, a->user, *f);
   });
   auto* revoke = token->add_subcommand("revoke", "Revoke a token by id");
   revoke->add_option("id", a->id, "The id `tau admin token list` shows")->required();
@@ -292,9 +286,9 @@ void RegisterIdentityCommands(CLI::App* app, const Global* g, int* rc) {
   auto* audit = admin->add_subcommand("audit", "The audit trail: denials and policy changes");
   audit->add_option("--limit", a->limit, "How many records (newest first)")
       ->check(CLI::Range(1, 10000));
-  add_output(audit);
+  auto audit_format = add_output(audit);
   audit->callback([=] {
-    if (auto f = format()) *rc = CmdAudit(*g, a->limit, *f);
+    if (auto f = audit_format()) *rc = CmdAudit(*g, a->limit, *f);
   });
 
   auto* secret = app->add_subcommand("secret", "Workspace secrets, for SECRET:KEY in runtime.env");
@@ -307,9 +301,9 @@ void RegisterIdentityCommands(CLI::App* app, const Global* g, int* rc) {
   set->callback([=] { *rc = CmdSecretSet(*g, a->workspace, a->key, a->from_file); });
   auto* slist = secret->add_subcommand("list", "A workspace's secret keys (never values)");
   slist->add_option("workspace", a->workspace, "Workspace")->required();
-  add_output(slist);
+  auto slist_format = add_output(slist);
   slist->callback([=] {
-    if (auto f = format()) *rc = CmdSecretList(*g, a->workspace, *f);
+    if (auto f = slist_format()) *rc = CmdSecretList(*g, a->workspace, *f);
   });
   auto* sdel = secret->add_subcommand("delete", "Delete a secret");
   sdel->add_option("workspace", a->workspace, "Workspace")->required();

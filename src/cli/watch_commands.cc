@@ -1,5 +1,5 @@
-#include "cli/watch_commands.h"
-
+// Live views over the server's event stream (GET /api/v1/events): `tau status RUN --watch` and
+// `tau top`.
 #include <poll.h>
 #include <signal.h>
 #include <termios.h>
@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/commands.h"
 #include "cli/connect.h"
 #include "client/tau_api.h"
 
