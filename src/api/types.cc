@@ -93,6 +93,25 @@ class Reader {
         Wrong(key, *v, "a boolean");
     }
   }
+  // Null is nullopt.
+  void NullableBool(const char* key, std::optional<bool>* out) {
+    if (const json* v = Member(key)) {
+      if (v->is_null())
+        out->reset();
+      else if (v->is_boolean())
+        *out = v->get<bool>();
+      else
+        Wrong(key, *v, "a boolean or null");
+    }
+  }
+  void Double(const char* key, double* out) {
+    if (const json* v = Member(key)) {
+      if (v->is_number())
+        *out = v->get<double>();
+      else
+        Wrong(key, *v, "a number");
+    }
+  }
   template <typename T>
   void Int(const char* key, T* out) {
     if (const json* v = Member(key)) ToInt(key, *v, out, "an integer");
@@ -107,6 +126,17 @@ class Reader {
       T n{};
       if (ToInt(key, *v, &n, "an integer or null")) *out = n;
     }
+  }
+  // Absent is nullopt.
+  template <typename T>
+  void OptionalInt(const char* key, std::optional<T>* out) {
+    if (!Has(key)) {
+      Member(key, /*required=*/false);
+      return;
+    }
+    T n{};
+    Int(key, &n);
+    *out = n;
   }
   void Any(const char* key, json* out) {
     if (const json* v = Member(key)) *out = *v;
@@ -129,6 +159,16 @@ class Reader {
       std::string item = fmt::format("{}[{}]", key, i);
       if (!ToInt(item.c_str(), (*v)[i], &n, "an integer")) return;
       out->push_back(n);
+    }
+  }
+  void StrList(const char* key, std::vector<std::string>* out) {
+    const json* v = Member(key);
+    if (v == nullptr) return;
+    if (!v->is_array()) return Wrong(key, *v, "an array of strings");
+    out->clear();
+    for (size_t i = 0; i < v->size(); ++i) {
+      if (!(*v)[i].is_string()) return Wrong(fmt::format("{}[{}]", key, i), (*v)[i], "a string");
+      out->push_back((*v)[i].get<std::string>());
     }
   }
   // `read(item_json, item_path, &item)` for each element.
@@ -417,6 +457,206 @@ Status ReadUnqueued(const json& j, const std::string& path, UnqueuedRun* out) {
   return r.Finish(&out->extra);
 }
 
+Status ReadWorkspaceRole(const json& j, const std::string& path, WorkspaceRole* out) {
+  Reader r(j, path);
+  r.Str("name", &out->name);
+  r.Str("role", &out->role);
+  return r.Finish(&out->extra);
+}
+
+Status ReadToken(const json& j, const std::string& path, Token* out) {
+  Reader r(j, path);
+  r.Str("id", &out->id);
+  r.Str("user", &out->user);
+  r.StrList("groups", &out->groups);
+  r.Str("description", &out->description);
+  r.Str("created_by", &out->created_by);
+  r.Str("created", &out->created);
+  r.NullableStr("expires", &out->expires);
+  r.NullableStr("revoked", &out->revoked);
+  r.OptionalStr("token", &out->token);
+  return r.Finish(&out->extra);
+}
+
+Status ReadAuditRecord(const json& j, const std::string& path, AuditRecord* out) {
+  Reader r(j, path);
+  r.Str("time", &out->time);
+  r.Str("user", &out->user);
+  r.Str("via", &out->via);
+  r.Str("method", &out->method);
+  r.Str("path", &out->path);
+  r.Int("status", &out->status);
+  r.Str("action", &out->action);
+  r.Str("detail", &out->detail);
+  return r.Finish(&out->extra);
+}
+
+Status ReadSecretInfo(const json& j, const std::string& path, SecretInfo* out) {
+  Reader r(j, path);
+  r.Str("key", &out->key);
+  r.Int("size", &out->size);
+  r.Str("updated", &out->updated);
+  r.Str("updated_by", &out->updated_by);
+  return r.Finish(&out->extra);
+}
+
+Status ReadHealthReason(const json& j, const std::string& path, HealthReason* out) {
+  Reader r(j, path);
+  r.Str("check", &out->check);
+  r.Str("status", &out->status);
+  r.Str("action", &out->action);
+  r.Str("clear", &out->clear);
+  r.Str("message", &out->message);
+  r.Str("threshold", &out->threshold);
+  r.Str("source", &out->source);
+  r.Str("first_seen", &out->first_seen);
+  r.Str("last_seen", &out->last_seen);
+  r.Int("count", &out->count);
+  return r.Finish(&out->extra);
+}
+
+json HealthReasonJson(const HealthReason& h) {
+  return WithExtra({{"check", h.check},
+                    {"status", h.status},
+                    {"action", h.action},
+                    {"clear", h.clear},
+                    {"message", h.message},
+                    {"threshold", h.threshold},
+                    {"source", h.source},
+                    {"first_seen", h.first_seen},
+                    {"last_seen", h.last_seen},
+                    {"count", h.count}},
+                   h.extra);
+}
+
+Status ReadXid(const json& j, const std::string& path, XidSeen* out) {
+  Reader r(j, path);
+  r.Int("xid", &out->xid);
+  r.Str("at", &out->at);
+  return r.Finish(&out->extra);
+}
+
+Status ReadGpuHealth(const json& j, const std::string& path, GpuHealth* out) {
+  Reader r(j, path);
+  r.Int("gpu", &out->gpu);
+  r.Str("verdict", &out->verdict);
+  r.Bool("placeable", &out->placeable);
+  r.Str("since", &out->since);
+  r.List("reasons", &out->reasons, ReadHealthReason);
+  r.List("pending", &out->pending, ReadHealthReason);
+  r.List("recent_application_xids", &out->recent_application_xids, ReadXid);
+  return r.Finish(&out->extra);
+}
+
+json GpuHealthJson(const GpuHealth& h) {
+  return WithExtra({{"gpu", h.gpu},
+                    {"verdict", h.verdict},
+                    {"placeable", h.placeable},
+                    {"since", h.since},
+                    {"reasons", Array(h.reasons, HealthReasonJson)},
+                    {"pending", Array(h.pending, HealthReasonJson)},
+                    {"recent_application_xids",
+                     Array(h.recent_application_xids,
+                           [](const XidSeen& x) {
+                             return WithExtra({{"xid", x.xid}, {"at", x.at}}, x.extra);
+                           })}},
+                   h.extra);
+}
+
+Status ReadGpuDevice(const json& j, const std::string& path, GpuDevice* out) {
+  Reader r(j, path);
+  r.Int("index", &out->index);
+  r.Str("uuid", &out->uuid);
+  r.Str("name", &out->name);
+  r.Int("memory_total_bytes", &out->memory_total_bytes);
+  r.Str("pci_bus_id", &out->pci_bus_id);
+  r.OptionalInt("minor_number", &out->minor_number);
+  r.NullableBool("mig_enabled", &out->mig_enabled);
+  r.NullableBool("mig_pending", &out->mig_pending);
+  if (r.Has("health")) {
+    GpuHealth health;
+    r.Nested("health", &health, ReadGpuHealth);
+    out->health = std::move(health);
+  }
+  return r.Finish(&out->extra);
+}
+
+json GpuDeviceJson(const GpuDevice& d) {
+  json j = {{"index", d.index},
+            {"uuid", d.uuid},
+            {"name", d.name},
+            {"memory_total_bytes", d.memory_total_bytes},
+            {"pci_bus_id", d.pci_bus_id},
+            {"mig_enabled", Nullable(d.mig_enabled)},
+            {"mig_pending", Nullable(d.mig_pending)}};
+  if (d.minor_number) j["minor_number"] = *d.minor_number;
+  if (d.health) j["health"] = GpuHealthJson(*d.health);
+  return WithExtra(std::move(j), d.extra);
+}
+
+// The members of an inventory: a reply of their own (GET /api/v1/gpus adds `snapshot`) or nested.
+void ReadInventoryMembers(Reader& r, GpuInventory* out) {
+  r.List("devices", &out->devices, ReadGpuDevice);
+  r.Bool("driver_loaded", &out->driver_loaded);
+  r.Str("driver_version", &out->driver_version);
+  r.Str("cuda_driver_version", &out->cuda_driver_version);
+  r.Str("nvml_version", &out->nvml_version);
+  r.Str("library", &out->library);
+  r.Str("note", &out->note);
+}
+
+Status ReadInventory(const json& j, const std::string& path, GpuInventory* out) {
+  Reader r(j, path);
+  ReadInventoryMembers(r, out);
+  return r.Finish(&out->extra);
+}
+
+json InventoryJson(const GpuInventory& i) {
+  return WithExtra({{"devices", Array(i.devices, GpuDeviceJson)},
+                    {"driver_loaded", i.driver_loaded},
+                    {"driver_version", i.driver_version},
+                    {"cuda_driver_version", i.cuda_driver_version},
+                    {"nvml_version", i.nvml_version},
+                    {"library", i.library},
+                    {"note", i.note}},
+                   i.extra);
+}
+
+Status ReadProbeResult(const json& j, const std::string& path, ProbeResult* out) {
+  Reader r(j, path);
+  r.Int("cuda_ordinal", &out->cuda_ordinal);
+  r.Bool("passed", &out->passed);
+  r.OptionalStr("name", &out->name);
+  r.OptionalStr("error", &out->error);
+  r.Double("ms", &out->ms);
+  return r.Finish(&out->extra);
+}
+
+Status ReadActiveProbe(const json& j, const std::string& path, ActiveProbe* out) {
+  Reader r(j, path);
+  r.Bool("ran", &out->ran);
+  r.OptionalStr("note", &out->note);
+  out->has_gpus = r.Has("gpus");
+  if (out->has_gpus)
+    r.List("gpus", &out->gpus, ReadProbeResult);
+  else
+    r.Member("gpus", /*required=*/false);
+  return r.Finish(&out->extra);
+}
+
+json ActiveProbeJson(const ActiveProbe& a) {
+  json j = {{"ran", a.ran}};
+  if (a.note) j["note"] = *a.note;
+  if (a.has_gpus)
+    j["gpus"] = Array(a.gpus, [](const ProbeResult& p) {
+      json g = {{"cuda_ordinal", p.cuda_ordinal}, {"passed", p.passed}, {"ms", p.ms}};
+      if (p.name) g["name"] = *p.name;
+      if (p.error) g["error"] = *p.error;
+      return WithExtra(std::move(g), p.extra);
+    });
+  return WithExtra(std::move(j), a.extra);
+}
+
 // FromJson of a type read by `read` at the top of a reply.
 template <typename T, typename F>
 Result<T> FromTop(const json& j, F read) {
@@ -447,6 +687,14 @@ int64_t Run::Gpus() const {
       resources.is_object() && g != resources.end() && g->is_number_integer())
     return g->get<int64_t>();
   return 0;
+}
+
+std::string Run::Image() const {
+  if (!spec || !spec->is_object()) return "";
+  auto runtime = spec->find("runtime");
+  if (runtime == spec->end() || !runtime->is_object()) return "";
+  auto image = runtime->find("image");
+  return image != runtime->end() && image->is_string() ? image->get<std::string>() : "";
 }
 
 json Run::ToJson() const {
@@ -693,6 +941,157 @@ Result<Version> Version::FromJson(const json& j) {
     r.Str("version", &out->version);
     r.Str("api", &out->api);
     r.Str("backend", &out->backend);
+    return r.Finish(&out->extra);
+  });
+}
+
+json Whoami::ToJson() const {
+  return WithExtra(
+      {{"user", user},
+       {"groups", groups},
+       {"via", via},
+       {"token_id", token_id},
+       {"admin", admin},
+       {"platform_viewer", platform_viewer},
+       {"workspaces", Array(workspaces,
+                            [](const WorkspaceRole& w) {
+                              return WithExtra({{"name", w.name}, {"role", w.role}}, w.extra);
+                            })}},
+      extra);
+}
+
+Result<Whoami> Whoami::FromJson(const json& j) {
+  return FromTop<Whoami>(j, [](const json& j, const std::string& path, Whoami* out) {
+    Reader r(j, path);
+    r.Str("user", &out->user);
+    r.StrList("groups", &out->groups);
+    r.Str("via", &out->via);
+    r.Str("token_id", &out->token_id);
+    r.Bool("admin", &out->admin);
+    r.Bool("platform_viewer", &out->platform_viewer);
+    r.List("workspaces", &out->workspaces, ReadWorkspaceRole);
+    return r.Finish(&out->extra);
+  });
+}
+
+json Token::ToJson() const {
+  json j = {{"id", id},
+            {"user", user},
+            {"groups", groups},
+            {"description", description},
+            {"created_by", created_by},
+            {"created", created},
+            {"expires", Nullable(expires)},
+            {"revoked", Nullable(revoked)}};
+  if (token) j["token"] = *token;
+  return WithExtra(std::move(j), extra);
+}
+
+Result<Token> Token::FromJson(const json& j) { return FromTop<Token>(j, ReadToken); }
+
+json TokenList::ToJson() const {
+  return WithExtra({{"tokens", Array(tokens, [](const Token& t) { return t.ToJson(); })}}, extra);
+}
+
+Result<TokenList> TokenList::FromJson(const json& j) {
+  return FromTop<TokenList>(j, [](const json& j, const std::string& path, TokenList* out) {
+    Reader r(j, path);
+    r.List("tokens", &out->tokens, ReadToken);
+    return r.Finish(&out->extra);
+  });
+}
+
+json AuditList::ToJson() const {
+  return WithExtra({{"audit", Array(audit,
+                                    [](const AuditRecord& a) {
+                                      return WithExtra({{"time", a.time},
+                                                        {"user", a.user},
+                                                        {"via", a.via},
+                                                        {"method", a.method},
+                                                        {"path", a.path},
+                                                        {"status", a.status},
+                                                        {"action", a.action},
+                                                        {"detail", a.detail}},
+                                                       a.extra);
+                                    })}},
+                   extra);
+}
+
+Result<AuditList> AuditList::FromJson(const json& j) {
+  return FromTop<AuditList>(j, [](const json& j, const std::string& path, AuditList* out) {
+    Reader r(j, path);
+    r.List("audit", &out->audit, ReadAuditRecord);
+    return r.Finish(&out->extra);
+  });
+}
+
+json SecretList::ToJson() const {
+  return WithExtra({{"workspace", workspace},
+                    {"secrets", Array(secrets,
+                                      [](const SecretInfo& s) {
+                                        return WithExtra({{"key", s.key},
+                                                          {"size", s.size},
+                                                          {"updated", s.updated},
+                                                          {"updated_by", s.updated_by}},
+                                                         s.extra);
+                                      })}},
+                   extra);
+}
+
+Result<SecretList> SecretList::FromJson(const json& j) {
+  return FromTop<SecretList>(j, [](const json& j, const std::string& path, SecretList* out) {
+    Reader r(j, path);
+    r.Str("workspace", &out->workspace);
+    r.List("secrets", &out->secrets, ReadSecretInfo);
+    return r.Finish(&out->extra);
+  });
+}
+
+json PlatformView::ToJson() const {
+  return WithExtra({{"source", source}, {"applied", applied}, {"platform", platform}}, extra);
+}
+
+Result<PlatformView> PlatformView::FromJson(const json& j) {
+  return FromTop<PlatformView>(j, [](const json& j, const std::string& path, PlatformView* out) {
+    Reader r(j, path);
+    r.Str("source", &out->source);
+    r.Str("applied", &out->applied);
+    r.Object("platform", &out->platform);
+    return r.Finish(&out->extra);
+  });
+}
+
+json Gpus::ToJson() const {
+  json j = InventoryJson(inventory);
+  j["snapshot"] = snapshot;
+  return j;
+}
+
+Result<Gpus> Gpus::FromJson(const json& j) {
+  return FromTop<Gpus>(j, [](const json& j, const std::string& path, Gpus* out) {
+    Reader r(j, path);
+    ReadInventoryMembers(r, &out->inventory);
+    r.Object("snapshot", &out->snapshot);
+    return r.Finish(&out->inventory.extra);
+  });
+}
+
+json HealthCheck::ToJson() const {
+  json j = {{"gpus", Array(gpus, GpuHealthJson)}, {"inventory", InventoryJson(inventory)}};
+  if (active) j["active"] = ActiveProbeJson(*active);
+  return WithExtra(std::move(j), extra);
+}
+
+Result<HealthCheck> HealthCheck::FromJson(const json& j) {
+  return FromTop<HealthCheck>(j, [](const json& j, const std::string& path, HealthCheck* out) {
+    Reader r(j, path);
+    r.List("gpus", &out->gpus, ReadGpuHealth);
+    r.Nested("inventory", &out->inventory, ReadInventory);
+    if (r.Has("active")) {
+      ActiveProbe active;
+      r.Nested("active", &active, ReadActiveProbe);
+      out->active = std::move(active);
+    }
     return r.Finish(&out->extra);
   });
 }

@@ -8,7 +8,8 @@
 // `-o json` shows what a newer server sent.
 //
 // Times are the server's RFC 3339 text; quantities the Kubernetes text ("1Gi"). Open-ended parts
-// (a run's spec and resources, an event's data, flavor assignments) stay JSON.
+// (a run's spec and resources, an event's data, flavor assignments, the platform, the GPU monitor's
+// snapshot) stay JSON.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +70,8 @@ struct Run {
   // resources.workers and resources.gpus, or their defaults (1 and 0) when absent.
   int Workers() const;
   int64_t Gpus() const;
+  // The spec's runtime.image; "" without a spec or an image.
+  std::string Image() const;
 
   nlohmann::json ToJson() const;
   static Result<Run> FromJson(const nlohmann::json& j);
@@ -275,6 +278,190 @@ struct Version {
 
   nlohmann::json ToJson() const;
   static Result<Version> FromJson(const nlohmann::json& j);
+};
+
+// GET /api/v1/whoami: who the server thinks the caller is, and their roles.
+struct WorkspaceRole {
+  std::string name;
+  std::string role;  // viewer, researcher or admin
+  nlohmann::json extra = nlohmann::json::object();
+};
+struct Whoami {
+  std::string user;
+  std::vector<std::string> groups;
+  std::string via;       // unix, token, ...
+  std::string token_id;  // "" unless signed in with a token
+  bool admin = false;
+  bool platform_viewer = false;
+  std::vector<WorkspaceRole> workspaces;  // those the caller has a role in
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<Whoami> FromJson(const nlohmann::json& j);
+};
+
+// An API token as POST and GET /api/v1/tokens show it: never the token itself, except in the
+// reply that created it.
+struct Token {
+  std::string id;
+  std::string user;
+  std::vector<std::string> groups;
+  std::string description;
+  std::string created_by;
+  std::string created;
+  std::optional<std::string> expires, revoked;  // null: never, not yet
+  std::optional<std::string> token;             // POST only: shown this once
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<Token> FromJson(const nlohmann::json& j);
+};
+
+// GET /api/v1/tokens.
+struct TokenList {
+  std::vector<Token> tokens;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<TokenList> FromJson(const nlohmann::json& j);
+};
+
+// GET /api/v1/audit: denials and policy changes, newest first.
+struct AuditRecord {
+  std::string time;
+  std::string user;  // "" when the caller was not signed in
+  std::string via;
+  std::string method;
+  std::string path;
+  int status = 0;  // the HTTP status answered
+  std::string action;
+  std::string detail;
+  nlohmann::json extra = nlohmann::json::object();
+};
+struct AuditList {
+  std::vector<AuditRecord> audit;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<AuditList> FromJson(const nlohmann::json& j);
+};
+
+// GET /api/v1/workspaces/WS/secrets: the keys of a workspace's secrets, never their values.
+struct SecretInfo {
+  std::string key;
+  int64_t size = 0;  // bytes
+  std::string updated;
+  std::string updated_by;
+  nlohmann::json extra = nlohmann::json::object();
+};
+struct SecretList {
+  std::string workspace;
+  std::vector<SecretInfo> secrets;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<SecretList> FromJson(const nlohmann::json& j);
+};
+
+// GET /api/v1/platform: the policy in force and where it came from.
+struct PlatformView {
+  std::string source;  // the applied file, or "default"
+  std::string applied;
+  nlohmann::json platform = nlohmann::json::object();  // policy::ToJson's form
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<PlatformView> FromJson(const nlohmann::json& j);
+};
+
+// A GPU's health verdict (health::GpuVerdict) and the conditions behind it.
+struct HealthReason {
+  std::string check;
+  std::string status;  // warn, fail, error
+  std::string action;
+  std::string clear;
+  std::string message;
+  std::string threshold;
+  std::string source;
+  std::string first_seen, last_seen;  // "" when never
+  int count = 0;
+  nlohmann::json extra = nlohmann::json::object();
+};
+struct XidSeen {
+  int64_t xid = 0;
+  std::string at;
+  nlohmann::json extra = nlohmann::json::object();
+};
+struct GpuHealth {
+  int gpu = 0;
+  std::string verdict;  // Healthy, Degraded, Unhealthy, Unknown
+  bool placeable = false;
+  std::string since;                  // "" when never observed
+  std::vector<HealthReason> reasons;  // active conditions, worst first
+  std::vector<HealthReason> pending;  // failing but not yet debounced
+  std::vector<XidSeen> recent_application_xids;
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+// The GPUs NVML found (health::GpuInventory).
+struct GpuDevice {
+  int index = 0;
+  std::string uuid;
+  std::string name;
+  int64_t memory_total_bytes = 0;
+  std::string pci_bus_id;
+  std::optional<int> minor_number;               // absent when unknown
+  std::optional<bool> mig_enabled, mig_pending;  // null without MIG support
+  std::optional<GpuHealth> health;               // GET /api/v1/gpus, when verdicts are known
+  nlohmann::json extra = nlohmann::json::object();
+};
+struct GpuInventory {
+  std::vector<GpuDevice> devices;
+  bool driver_loaded = false;
+  std::string driver_version;
+  std::string cuda_driver_version;
+  std::string nvml_version;
+  std::string library;
+  std::string note;  // why there are no GPUs, when there are none
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+// GET /api/v1/gpus: the inventory's members, each device with its verdict, and the monitor's
+// whole snapshot (health::ToJson(HealthSnapshot): samples and all).
+struct Gpus {
+  GpuInventory inventory;  // its `extra`: the reply's members unknown here
+  nlohmann::json snapshot = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<Gpus> FromJson(const nlohmann::json& j);
+};
+
+// The active probe of one GPU (health::RunActiveProbe).
+struct ProbeResult {
+  int cuda_ordinal = 0;
+  bool passed = false;
+  std::optional<std::string> name;   // absent when the device could not be opened
+  std::optional<std::string> error;  // the first failing step
+  double ms = 0;
+  nlohmann::json extra = nlohmann::json::object();
+};
+struct ActiveProbe {
+  bool ran = false;
+  std::optional<std::string> note;  // why it did not run
+  bool has_gpus = true;             // false: the probe process itself failed
+  std::vector<ProbeResult> gpus;
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+// POST /api/v1/health/check[?active=1]: the passive checks run now, and the active probe.
+struct HealthCheck {
+  std::vector<GpuHealth> gpus;
+  GpuInventory inventory;
+  std::optional<ActiveProbe> active;  // with active=1 only
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<HealthCheck> FromJson(const nlohmann::json& j);
 };
 
 }  // namespace tau::api

@@ -187,6 +187,137 @@ TEST(ApiTypes, UnknownMembersAreKept) {
   ExpectRoundTrip<Queues>(queues);
 }
 
+json Reason() {
+  return json::parse(R"({
+    "check": "ecc_dbe", "status": "fail", "action": "reset", "clear": "after_reset",
+    "message": "2 double-bit ECC errors", "threshold": "> 0", "source": "nvml",
+    "first_seen": "2026-12-02T07:56:44.754Z", "last_seen": "2026-12-02T07:56:45.754Z",
+    "count": 2})");
+}
+
+json Verdict(int gpu, const char* verdict, bool placeable) {
+  return {
+      {"gpu", gpu},
+      {"verdict", verdict},
+      {"placeable", placeable},
+      {"since", placeable ? "" : "2026-12-02T07:56:44.754Z"},
+      {"reasons", placeable ? json::array() : json::array({Reason()})},
+      {"pending", json::array()},
+      {"recent_application_xids",
+       placeable ? json::array() : json::array({{{"xid", 79}, {"at", "2026-12-02T07:56:44Z"}}})}};
+}
+
+json Inventory() {
+  json device = {{"index", 0},
+                 {"uuid", "GPU-1"},
+                 {"name", "NVIDIA H100"},
+                 {"memory_total_bytes", int64_t{80} << 30},
+                 {"pci_bus_id", "00000000:3B:00.0"},
+                 {"minor_number", 0},
+                 {"mig_enabled", false},
+                 {"mig_pending", nullptr}};
+  json second = device;
+  second["index"] = 1;
+  second.erase("minor_number");
+  second["mig_enabled"] = nullptr;
+  return {{"devices", {device, second}},
+          {"driver_loaded", true},
+          {"driver_version", "550.54"},
+          {"cuda_driver_version", "12.4"},
+          {"nvml_version", "12.550"},
+          {"library", "libnvidia-ml.so.1"},
+          {"note", ""}};
+}
+
+TEST(ApiTypes, IdentityRepliesRoundTrip) {
+  ExpectRoundTrip<Whoami>(json::parse(R"({
+    "admin": false, "groups": ["lab", "users"], "platform_viewer": true, "token_id": "0a1b2c3d4e5f",
+    "user": "ada", "via": "token", "workspaces": [{"name": "team", "role": "researcher"}]})"));
+  json token = json::parse(R"({
+    "id": "0a1b2c3d4e5f", "user": "ada", "groups": ["lab"], "description": "ci",
+    "created_by": "root", "created": "2026-12-02T07:56:44.754Z", "expires": null,
+    "revoked": null})");
+  ExpectRoundTrip<TokenList>({{"tokens", {token}}});
+  token["token"] = "tau_secret";
+  token["expires"] = "2026-12-03T07:56:44.754Z";
+  ExpectRoundTrip<Token>(token);
+  ExpectRoundTrip<AuditList>({{"audit",
+                               {{{"time", "2026-12-02T07:56:44.754Z"},
+                                 {"user", ""},
+                                 {"via", "tcp"},
+                                 {"method", "GET"},
+                                 {"path", "/api/v1/runs"},
+                                 {"status", 401},
+                                 {"action", "unauthenticated"},
+                                 {"detail", "no token"}}}}});
+  ExpectRoundTrip<SecretList>({{"workspace", "team"},
+                               {"secrets",
+                                {{{"key", "WANDB_KEY"},
+                                  {"size", 40},
+                                  {"updated", "2026-12-02T07:56:44.754Z"},
+                                  {"updated_by", "ada"}}}}});
+  ExpectRoundTrip<PlatformView>({{"source", "/etc/tau/platform.yaml"},
+                                 {"applied", "2026-12-02T07:56:44.754Z"},
+                                 {"platform", {{"queues", json::array()}}}});
+
+  Result<Token> t = Token::FromJson(token);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->token, "tau_secret");
+  EXPECT_FALSE(t->revoked.has_value());
+  EXPECT_EQ(t->groups, (std::vector<std::string>{"lab"}));
+}
+
+TEST(ApiTypes, GpuRepliesRoundTrip) {
+  json gpus = Inventory();
+  gpus["devices"][0]["health"] = Verdict(0, "Unhealthy", false);
+  gpus["snapshot"] = {{"passes", 3}, {"gpus", json::array()}};
+  ExpectRoundTrip<Gpus>(gpus);
+  Result<Gpus> g = Gpus::FromJson(gpus);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const GpuDevice& d = g->inventory.devices.at(0);
+  EXPECT_EQ(d.memory_total_bytes, int64_t{80} << 30);
+  EXPECT_EQ(d.minor_number, 0);
+  EXPECT_EQ(d.mig_enabled, false);
+  EXPECT_FALSE(d.mig_pending.has_value());
+  ASSERT_TRUE(d.health.has_value());
+  EXPECT_EQ(d.health->reasons.at(0).message, "2 double-bit ECC errors");
+  EXPECT_EQ(d.health->recent_application_xids.at(0).xid, 79);
+  EXPECT_FALSE(g->inventory.devices.at(1).minor_number.has_value());
+  EXPECT_FALSE(g->inventory.devices.at(1).health.has_value());
+
+  json check = {{"gpus", {Verdict(0, "Unhealthy", false), Verdict(1, "Healthy", true)}},
+                {"inventory", Inventory()}};
+  ExpectRoundTrip<HealthCheck>(check);
+  check["active"] = json::parse(R"js({"ran": true, "gpus": [
+      {"cuda_ordinal": 0, "passed": true, "name": "NVIDIA H100", "ms": 12.5},
+      {"cuda_ordinal": 1, "passed": false, "error": "cuCtxCreate failed (CUDA error 2)",
+       "ms": 0.25}]})js");
+  ExpectRoundTrip<HealthCheck>(check);
+  Result<HealthCheck> c = HealthCheck::FromJson(check);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->active.has_value());
+  EXPECT_DOUBLE_EQ(c->active->gpus.at(0).ms, 12.5);
+  EXPECT_FALSE(c->active->gpus.at(1).name.has_value());
+  EXPECT_FALSE(c->gpus.at(0).placeable);
+  // The probe process could not run: no `gpus` at all.
+  check["active"] = {{"ran", false}, {"note", "cannot start the probe process"}};
+  ExpectRoundTrip<HealthCheck>(check);
+  c = HealthCheck::FromJson(check);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->active->has_gpus);
+}
+
+TEST(ApiTypes, RunImageIsTheSpecs) {
+  json detail = Detail();
+  Result<RunDetail> d = RunDetail::FromJson(detail);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->run.Image(), "");
+  detail["run"]["spec"]["runtime"] = {{"image", "pytorch:24.05"}};
+  d = RunDetail::FromJson(detail);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->run.Image(), "pytorch:24.05");
+}
+
 // The refusal names the member and what it should have been.
 void ExpectRefused(const Status& s, const std::string& text) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
@@ -245,6 +376,27 @@ TEST(ApiTypes, WrongTypesAreRefusedByName) {
   ExpectRefused(Capacity::FromJson(nullptr).status(), "the reply is null, expected an object");
   ExpectRefused(Version::FromJson({{"version", "1"}, {"api", "v1"}}).status(),
                 "member 'backend' is missing");
+
+  ExpectRefused(Whoami::FromJson({{"user", "ada"}, {"groups", {"lab", 1}}}).status(),
+                "member 'groups[1]' is an integer, expected a string");
+  json gpus = Inventory();
+  gpus["snapshot"] = json::object();
+  gpus["devices"][1]["mig_pending"] = "no";
+  ExpectRefused(Gpus::FromJson(gpus).status(),
+                "member 'devices[1].mig_pending' is a string, expected a boolean or null");
+  gpus = Inventory();
+  gpus["snapshot"] = json::object();
+  gpus["devices"][0]["health"] = Verdict(0, "Unhealthy", false);
+  gpus["devices"][0]["health"]["reasons"][0].erase("count");
+  ExpectRefused(Gpus::FromJson(gpus).status(),
+                "member 'devices[0].health.reasons[0].count' is missing");
+  json check = {
+      {"gpus", json::array()},
+      {"inventory", Inventory()},
+      {"active",
+       {{"ran", true}, {"gpus", {{{"cuda_ordinal", 0}, {"passed", true}, {"ms", "fast"}}}}}}};
+  ExpectRefused(HealthCheck::FromJson(check).status(),
+                "member 'active.gpus[0].ms' is a string, expected a number");
 }
 
 }  // namespace

@@ -1,8 +1,6 @@
 // `tau health agent --node NAME [--poll-interval 10s] [--kubeconfig FILE] [--once]`: watches this
 // machine's GPUs and publishes their health on the node (condition TauGPUHealthy, taint
 // tau.dev/gpu-unhealthy:NoSchedule). The Helm chart runs it as a DaemonSet.
-#include "cli/agent_command.h"
-
 #include <signal.h>
 #include <CLI/CLI.hpp>
 
@@ -70,6 +68,7 @@ int CmdHealthAgent(const AgentFlags& flags) {
     Result<health_agent::NodeHealthUpdate> update = agent.Publish(monitor.Snapshot());
     monitor.Stop();
     if (!update.ok()) return Fail(update.status().message());
+    // `condition` is the Node condition this agent publishes to Kubernetes, not a tau API reply.
     std::printf("node %s: %s: %s=%s\n", flags.node.c_str(), update->summary.c_str(),
                 health_agent::kGpuHealthyCondition, update->condition.value("status", "").c_str());
     return update->condition.value("status", "") == "True" ? 0 : kExitInvalid;
@@ -93,7 +92,7 @@ int CmdHealthAgent(const AgentFlags& flags) {
 
 }  // namespace
 
-void RegisterHealthAgentCommand(CLI::App* health, int* rc) {
+void RegisterHealthAgentCommand(CLI::App* health, Context* ctx) {
   auto flags = std::make_shared<AgentFlags>();
   if (const char* node = std::getenv("NODE_NAME")) flags->node = node;
   auto* agent = health->add_subcommand(
@@ -107,7 +106,7 @@ void RegisterHealthAgentCommand(CLI::App* health, int* rc) {
                     "A kubeconfig (default: $KUBECONFIG, ~/.kube/config, then in-cluster)");
   agent->add_flag("--once", flags->once,
                   "One pass, then exit: 0 when every GPU may be used, 1 otherwise");
-  agent->callback([flags, rc] { *rc = CmdHealthAgent(*flags); });
+  agent->callback([flags, ctx] { ctx->rc = CmdHealthAgent(*flags); });
 }
 
 }  // namespace tau::cli

@@ -3,8 +3,11 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
 #include <functional>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -12,6 +15,7 @@
 #include "cli/cli.h"
 #include "cli/connect.h"
 #include "client/tau_api.h"
+#include "common/clock.h"
 #include "common/files.h"
 #include "common/json_text.h"
 #include "common/layout.h"
@@ -19,6 +23,8 @@
 #include "common/version.h"
 #include "health/health.h"
 #include "policy/policy.h"
+#include "runtime/runtime.h"
+#include "server/server.h"
 #include "spec/spec.h"
 
 namespace tau::cli {
@@ -77,7 +83,7 @@ static int ValidateFiles(
   return rc;
 }
 
-int CmdValidate(const std::vector<std::string>& files, bool quiet) {
+static int CmdValidate(const std::vector<std::string>& files, bool quiet) {
   return ValidateFiles(files, quiet, spec::kMaxSpecBytes, "a spec",
                        [](const std::string& text, const std::string& file, std::string* summary) {
                          spec::ParseOutcome parsed = spec::ParseSpec(text, file);
@@ -89,7 +95,7 @@ int CmdValidate(const std::vector<std::string>& files, bool quiet) {
                        });
 }
 
-int CmdSchema(Format format) {
+static int CmdSchema(Format format) {
   if (format == Format::kYaml)
     PrintYaml(spec::JsonSchema());
   else
@@ -109,7 +115,7 @@ static void PrintRuns(const std::vector<api::Run>& runs) {
   PrintTable({"NAME", "STATE", "EXIT", "ATTEMPTS", "QUEUE", "GPUS", "CREATED"}, rows);
 }
 
-int CmdList(const Global& g, const std::string& state, bool all, int limit, Format format) {
+static int CmdList(const Global& g, const std::string& state, bool all, int limit, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   client::RunQuery query;
@@ -163,7 +169,7 @@ int CmdStatus(const Global& g, const std::string& name, Format format) {
   return 0;
 }
 
-int CmdDescribe(const Global& g, const std::string& name, Format format) {
+static int CmdDescribe(const Global& g, const std::string& name, Format format) {
   if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
@@ -178,8 +184,6 @@ int CmdDescribe(const Global& g, const std::string& name, Format format) {
     return 0;
   }
   const api::Run& run = got->run;
-  // The spec is spec::ToJson's canonical form, open-ended here.
-  const nlohmann::json spec = run.spec.value_or(nlohmann::json::object());
   std::printf("Name:        %s\n", run.name.c_str());
   std::printf("State:       %s\n", run.state.c_str());
   if (!run.reason.empty()) std::printf("Reason:      %s\n", run.reason.c_str());
@@ -187,13 +191,13 @@ int CmdDescribe(const Global& g, const std::string& name, Format format) {
   if (run.exit_code) std::printf("Exit code:   %d\n", *run.exit_code);
   if (run.signal) std::printf("Signal:      %d\n", *run.signal);
   std::printf("Spec:        %s (%s)\n", run.spec_file.c_str(), run.spec_name.c_str());
-  std::printf("Kind:        %s\n", spec.value("kind", "").c_str());
+  std::printf("Kind:        %s\n", run.kind.c_str());
   std::printf("Queue:       %s (workspace %s)\n", run.queue.c_str(), run.workspace.c_str());
   std::printf("Resources:   %s\n", JsonText(run.resources).c_str());
   std::printf("Config hash: %s\n", run.config_hash.c_str());
   std::printf("Code:        sha256 %s\n", run.snapshot_digest.c_str());
-  if (spec.contains("runtime") && spec["runtime"].value("image", "") != "")
-    std::printf("Image:       %s%s\n", spec["runtime"].value("image", "").c_str(),
+  if (!run.Image().empty())
+    std::printf("Image:       %s%s\n", run.Image().c_str(),
                 run.backend == "local" ? " (recorded; not used by the local backend)" : "");
   if (run.pending) std::printf("Pending:     %s\n", run.pending->reason.c_str());
   std::printf("\nLifecycle:\n");
@@ -218,7 +222,7 @@ int CmdDescribe(const Global& g, const std::string& name, Format format) {
   return 0;
 }
 
-int CmdLogs(const Global& g, const std::string& name, bool follow, int attempt, int rank) {
+static int CmdLogs(const Global& g, const std::string& name, bool follow, int attempt, int rank) {
   if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
@@ -249,7 +253,7 @@ int CmdLogs(const Global& g, const std::string& name, bool follow, int attempt, 
   return 0;
 }
 
-int CmdCancel(const Global& g, const std::vector<std::string>& runs) {
+static int CmdCancel(const Global& g, const std::vector<std::string>& runs) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   int rc = 0;
@@ -269,7 +273,7 @@ int CmdCancel(const Global& g, const std::vector<std::string>& runs) {
   return rc;
 }
 
-int CmdRerun(const Global& g, const std::string& name) {
+static int CmdRerun(const Global& g, const std::string& name) {
   if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
@@ -280,7 +284,8 @@ int CmdRerun(const Global& g, const std::string& name) {
   return 0;
 }
 
-int CmdResume(const Global& g, const std::string& name, const std::string& from, bool force) {
+static int CmdResume(const Global& g, const std::string& name, const std::string& from,
+                     bool force) {
   if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
@@ -290,74 +295,72 @@ int CmdResume(const Global& g, const std::string& name, const std::string& from,
   return 0;
 }
 
-int CmdGpus(const Global& g, Format format) {
+static int CmdGpus(const Global& g, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto inv = CallJson(**conn, "GET", "/api/v1/gpus");
-  if (!inv.ok()) return Fail(inv.status().message());
+  auto got = client::TauApi(conn->get()).GetGpus();
+  if (!got.ok()) return Fail(got.status().message());
+  const api::GpuInventory& inv = got->inventory;
   if (format == Format::kJson)
-    PrintJson(*inv);
+    PrintJson(got->ToJson());
   else if (format == Format::kYaml)
-    PrintYaml(*inv);
-  else if ((*inv)["devices"].empty())
-    std::printf("no GPUs: %s\n", inv->value("note", "").c_str());
+    PrintYaml(got->ToJson());
+  else if (inv.devices.empty())
+    std::printf("no GPUs: %s\n", inv.note.c_str());
   else {
     std::vector<std::vector<std::string>> rows;
-    for (const auto& d : (*inv)["devices"]) {
+    for (const api::GpuDevice& d : inv.devices) {
       std::string health = "-", why;
-      if (d.contains("health") && d["health"].is_object()) {
-        health = d["health"].value("verdict", "-");
-        if (!d["health"]["reasons"].empty()) why = d["health"]["reasons"][0].value("message", "");
+      if (d.health) {
+        health = d.health->verdict;
+        if (!d.health->reasons.empty()) why = d.health->reasons[0].message;
       }
-      rows.push_back({std::to_string(d.value("index", 0)), d.value("name", ""), d.value("uuid", ""),
-                      fmt::format("{} GiB", d.value("memory_total_bytes", uint64_t{0}) >> 30),
-                      health, why});
+      rows.push_back({std::to_string(d.index), d.name, d.uuid,
+                      fmt::format("{} GiB", d.memory_total_bytes >> 30), health, why});
     }
     PrintTable({"INDEX", "NAME", "UUID", "MEMORY", "HEALTH", "WHY"}, rows);
   }
   return 0;
 }
 
-int CmdHealthCheck(const Global& g, bool active, Format format) {
+static int CmdHealthCheck(const Global& g, bool active, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto got =
-      CallJson(**conn, "POST", std::string("/api/v1/health/check") + (active ? "?active=1" : ""));
+  auto got = client::TauApi(conn->get()).CheckHealth(active);
   if (!got.ok()) return Fail(got.status().message());
   bool healthy = true;
-  for (const auto& v : (*got)["gpus"]) healthy = healthy && v.value("placeable", false);
-  if (active && (*got)["active"].value("ran", false))
-    for (const auto& p : (*got)["active"]["gpus"]) healthy = healthy && p.value("passed", false);
+  for (const api::GpuHealth& v : got->gpus) healthy = healthy && v.placeable;
+  const std::optional<api::ActiveProbe>& probe = got->active;
+  if (active && probe && probe->ran)
+    for (const api::ProbeResult& p : probe->gpus) healthy = healthy && p.passed;
   if (format == Format::kJson) {
-    PrintJson(*got);
+    PrintJson(got->ToJson());
   } else if (format == Format::kYaml) {
-    PrintYaml(*got);
+    PrintYaml(got->ToJson());
   } else {
-    if ((*got)["gpus"].empty())
-      std::printf("no GPUs: %s\n", (*got)["inventory"].value("note", "").c_str());
+    if (got->gpus.empty()) std::printf("no GPUs: %s\n", got->inventory.note.c_str());
     std::vector<std::vector<std::string>> rows;
-    for (const auto& v : (*got)["gpus"]) {
+    for (const api::GpuHealth& v : got->gpus) {
       std::string why;
-      for (const auto& r : v["reasons"]) why += (why.empty() ? "" : "; ") + r.value("message", "");
-      rows.push_back({std::to_string(v.value("gpu", 0)), v.value("verdict", ""),
-                      v.value("since", ""), why.empty() ? "-" : why});
+      for (const api::HealthReason& r : v.reasons) why += (why.empty() ? "" : "; ") + r.message;
+      rows.push_back({std::to_string(v.gpu), v.verdict, v.since, why.empty() ? "-" : why});
     }
     if (!rows.empty()) PrintTable({"GPU", "VERDICT", "SINCE", "REASONS"}, rows);
     if (active) {
-      const auto& a = (*got)["active"];
-      if (!a.value("ran", false))
-        std::printf("%s\n", a.value("note", "active probe did not run").c_str());
-      for (const auto& p : a["gpus"])
-        std::printf("active probe, CUDA device %d (%s): %s in %.0f ms\n",
-                    p.value("cuda_ordinal", 0), p.value("name", "").c_str(),
-                    p.value("passed", false) ? "passed" : p.value("error", "failed").c_str(),
-                    p.value("ms", 0.0));
+      if (!probe || !probe->ran)
+        std::printf("%s\n",
+                    probe && probe->note ? probe->note->c_str() : "active probe did not run");
+      if (probe)
+        for (const api::ProbeResult& p : probe->gpus)
+          std::printf("active probe, CUDA device %d (%s): %s in %.0f ms\n", p.cuda_ordinal,
+                      p.name.value_or("").c_str(),
+                      p.passed ? "passed" : p.error.value_or("failed").c_str(), p.ms);
     }
   }
   return healthy ? 0 : kExitInvalid;
 }
 
-int CmdAdmissionSimulate(const std::string& file, int cycles, Format format) {
+static int CmdAdmissionSimulate(const std::string& file, int cycles, Format format) {
   auto text = ReadFile(file);
   if (!text.ok()) return Fail(text.status().message());
   std::vector<admission::Diagnostic> diagnostics;
@@ -441,6 +444,227 @@ int CmdExplain(const std::string& spec_file, std::string platform_file, const st
   else
     PrintJson(out);
   return 0;
+}
+
+std::function<std::optional<Format>()> AddOutput(CLI::App* cmd, Context* ctx, const char* help) {
+  // Owned by the returned function, which CLI11 keeps in the command's callback.
+  auto output = std::make_shared<std::string>("table");
+  cmd->add_option("-o,--output", *output, help);
+  return [output, ctx]() {
+    Format f;
+    if (!ParseFormat(*output, &f)) {
+      ctx->rc = Fail("unknown output format '" + *output + "' (table, json or yaml)");
+      return std::optional<Format>();
+    }
+    return std::optional<Format>(f);
+  };
+}
+
+void RegisterBasicCommands(CLI::App* app, Context* ctx) {
+  struct Args {
+    bool with_server = false, quiet = false;
+    std::vector<std::string> files;
+  };
+  auto a = std::make_shared<Args>();
+  auto* version = app->add_subcommand("version", "Print tau's version");
+  version->add_flag("--server-version", a->with_server, "Also ask the server for its version");
+  version->callback([=] { ctx->rc = CmdVersion(ctx->g, a->with_server); });
+
+  auto* validate =
+      app->add_subcommand("validate", "Check tau.yaml files; exit 0 when all are valid");
+  validate->add_option("files", a->files, "Spec files")->required();
+  validate->add_flag("-q,--quiet", a->quiet, "Print errors only");
+  validate->callback([=] { ctx->rc = CmdValidate(a->files, a->quiet); });
+
+  auto* schema = app->add_subcommand("schema", "Print the JSON Schema of tau.yaml");
+  auto format = AddOutput(schema, ctx);
+  schema->callback([=] {
+    if (auto f = format()) ctx->rc = CmdSchema(*f == Format::kYaml ? Format::kYaml : Format::kJson);
+  });
+}
+
+void RegisterServerCommand(CLI::App* app, Context* ctx) {
+  struct Args {
+    server::ServerOptions sopts;
+    std::string retain_logs, retain_samples;
+  };
+  auto a = std::make_shared<Args>();
+  server::ServerOptions& sopts = a->sopts;
+  auto* server = app->add_subcommand("server", "Run the tau server in the foreground");
+  server->add_option("--home", sopts.home, "State directory (default $TAU_HOME, else ~/.tau)");
+  server->add_option("--socket", sopts.socket_path, "Unix socket path (default HOME/tau.sock)");
+  server->add_option("--listen", sopts.listen,
+                     "Also listen on TCP host:port (needs --tls-cert and --tls-key)");
+  server->add_option("--tls-cert", sopts.tls_cert_file,
+                     "PEM certificate chain of the TCP listener (docs/security.md)");
+  server->add_option("--tls-key", sopts.tls_key_file, "PEM private key of the TCP listener");
+  server->add_flag(
+      "--insecure-listen", sopts.insecure_listen,
+      "Allow a plaintext TCP listener on a loopback address (tests, local Prometheus)");
+  server->add_option("--platform", sopts.platform_source,
+                     "Apply this platform.yaml at start (validated; a bad file stops the server)");
+  server->add_flag("--shared-socket", sopts.shared_socket,
+                   "Let every local user connect to the Unix socket (mode 0666): a multi-user "
+                   "machine; callers are known by the kernel, runs run as their submitter");
+  server->add_option("--stop-grace", sopts.stop_grace_ms,
+                     "Milliseconds between SIGTERM and SIGKILL when stopping a run");
+  server->add_option("--gpu-poll", sopts.gpu_poll_ms,
+                     "Milliseconds between GPU health polls (XID events are watched in between)");
+  server
+      ->add_option("--backend", sopts.backend,
+                   "Where runs run: local (processes on this machine) or kubernetes (Jobs and "
+                   "RayJobs admitted by Kueue; docs/kubernetes.md)")
+      ->check(CLI::IsMember({"local", "kubernetes"}));
+  server->add_option("--kubeconfig", sopts.kubeconfig,
+                     "kubernetes: the kubeconfig (default $KUBECONFIG, ~/.kube/config, else the "
+                     "pod's service account)");
+  server->add_option("--context", sopts.kube_context, "kubernetes: the kubeconfig context");
+  server->add_option("--default-image", sopts.default_image,
+                     "kubernetes: the image of runs whose spec names none (runtime.image)");
+  server->add_flag("--kube-check-access", sopts.kube_check_access,
+                   "kubernetes: refuse submitters whom the cluster's RBAC does not allow to "
+                   "create the run's Job or RayJob in its namespace (SubjectAccessReview)");
+  server->add_flag("--quiet", sopts.quiet, "Log nothing");
+  server->add_option("--retain-logs", a->retain_logs,
+                     "Delete ended runs' logs after this long (e.g. 30d; default: keep); the "
+                     "evidence record keeps their hashes");
+  server->add_option("--retain-samples", a->retain_samples,
+                     "Delete ended runs' GPU samples after this long (default: keep)");
+  server->callback([=] {
+    server::ServerOptions& opts = a->sopts;
+    for (auto [text, ms] : {std::pair{&a->retain_logs, &opts.retain_logs_ms},
+                            std::pair{&a->retain_samples, &opts.retain_samples_ms}}) {
+      if (text->empty() || *text == "forever") continue;
+      auto d = ParseDurationMillis(*text);
+      if (!d.ok()) {
+        ctx->rc = Fail("bad retention duration '" + *text + "': " + d.status().message());
+        return;
+      }
+      *ms = *d;
+    }
+    if (opts.home.empty()) opts.home = TauHome();
+    opts.tau_binary = runtime::SelfExecutable();
+    ctx->rc = server::RunServer(opts);
+  });
+}
+
+void RegisterRunCommands(CLI::App* app, Context* ctx) {
+  struct Args {
+    std::string run_file = "tau.yaml", state, run_name, resume_from;
+    std::vector<std::string> names;
+    bool detach = false, all = false, watch = false, top_once = false, follow = false,
+         force = false;
+    int limit = 100, attempt = 0, rank = 0;
+  };
+  auto a = std::make_shared<Args>();
+  const Global& g = ctx->g;
+
+  auto* run =
+      app->add_subcommand("run", "Submit a run, stream its logs, exit with its exit status");
+  run->add_option("file", a->run_file, "The spec (default ./tau.yaml)");
+  run->add_flag("-d,--detach", a->detach, "Print the run name and return at once");
+  run->callback([=, &g] { ctx->rc = CmdRun(g, a->run_file, a->detach); });
+
+  auto* list = app->add_subcommand("list", "List runs (active ones unless --all)");
+  list->add_option("--state", a->state, "Only runs in this state (Queued, Running, Failed, ...)");
+  list->add_flag("-a,--all", a->all, "Include finished runs");
+  list->add_option("--limit", a->limit, "At most this many runs")->check(CLI::Range(1, 1000));
+  auto list_format = AddOutput(list, ctx);
+  list->callback([=, &g] {
+    if (auto f = list_format()) ctx->rc = CmdList(g, a->state, a->all, a->limit, *f);
+  });
+
+  auto* status =
+      app->add_subcommand("status", "Show a run's state (and why it waits, when it does)");
+  status->add_option("run", a->run_name, "Run name")->required();
+  auto status_format = AddOutput(status, ctx);
+  status->add_flag("-w,--watch", a->watch, "Print again on each change until the run ends");
+  status->callback([=, &g] {
+    if (auto f = status_format())
+      ctx->rc = a->watch ? CmdStatusWatch(g, a->run_name, *f) : CmdStatus(g, a->run_name, *f);
+  });
+
+  auto* top = app->add_subcommand("top", "A live view of queues, runs and GPUs (q quits)");
+  top->add_flag("--once", a->top_once, "Print one frame and exit");
+  top->callback([=, &g] { ctx->rc = CmdTop(g, a->top_once); });
+
+  auto* describe = app->add_subcommand("describe", "Show a run's lifecycle, attempts and config");
+  describe->add_option("run", a->run_name, "Run name")->required();
+  auto describe_format = AddOutput(describe, ctx);
+  describe->callback([=, &g] {
+    if (auto f = describe_format()) ctx->rc = CmdDescribe(g, a->run_name, *f);
+  });
+
+  auto* logs = app->add_subcommand("logs", "Print a run's logs");
+  logs->add_option("run", a->run_name, "Run name")->required();
+  logs->add_flag("-f,--follow", a->follow, "Keep streaming until the run ends");
+  logs->add_option("--attempt", a->attempt, "Attempt number (default: the latest; with -f, all)")
+      ->check(CLI::Range(1, 1 << 20));
+  logs->add_option("--rank", a->rank, "Worker rank of a gang (default 0)")
+      ->check(CLI::Range(0, 1 << 20));
+  logs->callback([=, &g] { ctx->rc = CmdLogs(g, a->run_name, a->follow, a->attempt, a->rank); });
+
+  auto* cancel =
+      app->add_subcommand("cancel", "Cancel runs (SIGTERM, then SIGKILL after a grace period)");
+  cancel->add_option("runs", a->names, "Run names")->required();
+  cancel->callback([=, &g] { ctx->rc = CmdCancel(g, a->names); });
+
+  auto* rerun = app->add_subcommand(
+      "rerun", "Start a new run from a run's recorded spec and code snapshot; print its name");
+  rerun->add_option("run", a->run_name, "Run name")->required();
+  rerun->callback([=, &g] { ctx->rc = CmdRerun(g, a->run_name); });
+
+  auto* resume = app->add_subcommand(
+      "resume", "Give a failed or cancelled run another attempt, resuming from a checkpoint");
+  resume->add_option("run", a->run_name, "Run name")->required();
+  resume->add_option("--from", a->resume_from,
+                     "Checkpoint to resume from (in the run's checkpoint directory; default: the "
+                     "newest complete one)");
+  resume->add_flag("--force", a->force, "Resume even after OOMKilled");
+  resume->callback([=, &g] { ctx->rc = CmdResume(g, a->run_name, a->resume_from, a->force); });
+}
+
+void RegisterGpusCommand(CLI::App* app, Context* ctx) {
+  auto* gpus = app->add_subcommand("gpus", "List this machine's GPUs");
+  auto format = AddOutput(gpus, ctx);
+  gpus->callback([=] {
+    if (auto f = format()) ctx->rc = CmdGpus(ctx->g, *f);
+  });
+}
+
+void RegisterHealthCommands(CLI::App* app, Context* ctx) {
+  auto active = std::make_shared<bool>(false);
+  auto* health = app->add_subcommand("health", "GPU health");
+  health->require_subcommand(1);
+  auto* check = health->add_subcommand(
+      "check", "Run the GPU health checks now; exit 1 when a GPU may not be used");
+  check->add_flag("--active", *active,
+                  "Also run a short workload on each GPU (needs the CUDA driver)");
+  auto format = AddOutput(check, ctx);
+  check->callback([=] {
+    if (auto f = format()) ctx->rc = CmdHealthCheck(ctx->g, *active, *f);
+  });
+  RegisterHealthAgentCommand(health, ctx);
+}
+
+void RegisterAdmissionCommands(CLI::App* app, Context* ctx) {
+  struct Args {
+    std::string file;
+    int cycles = 1;
+  };
+  auto a = std::make_shared<Args>();
+  auto* admission = app->add_subcommand("admission", "Kueue-model admission tools");
+  admission->require_subcommand(1);
+  auto* simulate = admission->add_subcommand(
+      "simulate", "Run scheduling cycles over queues and workloads described in YAML; print JSON");
+  simulate->add_option("file", a->file, "Simulation input (flavors, cohorts, queues, workloads)")
+      ->required();
+  simulate->add_option("--cycles", a->cycles, "Scheduling cycles to run")
+      ->check(CLI::Range(1, 1000000));
+  auto format = AddOutput(simulate, ctx);
+  simulate->callback([=] {
+    if (auto f = format()) ctx->rc = CmdAdmissionSimulate(a->file, a->cycles, *f);
+  });
 }
 
 }  // namespace tau::cli

@@ -1,6 +1,10 @@
-// The commands behind `tau ...`, one function each; main.cc parses flags and calls them.
+// The commands behind `tau ...`, the cli module's internal header. Each group of commands has one
+// Register...Commands that adds its commands, flags and help to the command tree; main.cc calls
+// them in the order `tau --help` lists the commands.
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,54 +20,48 @@ struct Global {
   std::string server;  // --server
 };
 
+// What the commands' callbacks share: the global flags, and the exit code of the command that ran.
+// It outlives the parse (CLI11 runs the callbacks during it).
+struct Context {
+  Global g;
+  int rc = 0;
+};
+
+// Adds -o/--output to `cmd`. The function returned reads it when the command runs: nullopt, with
+// ctx->rc set, for an unknown format.
+std::function<std::optional<Format>()> AddOutput(
+    CLI::App* cmd, Context* ctx, const char* help = "Output format: table, json or yaml");
+
+// commands.cc
+void RegisterBasicCommands(CLI::App* app, Context* ctx);      // version, validate, schema
+void RegisterServerCommand(CLI::App* app, Context* ctx);      // server
+void RegisterRunCommands(CLI::App* app, Context* ctx);        // run, list, status, top, ...
+void RegisterGpusCommand(CLI::App* app, Context* ctx);        // gpus
+void RegisterHealthCommands(CLI::App* app, Context* ctx);     // health check|agent
+void RegisterAdmissionCommands(CLI::App* app, Context* ctx);  // admission simulate
+// evidence_commands.cc: evidence [export|verify], metrics
+void RegisterEvidenceCommands(CLI::App* app, Context* ctx);
+// queue_commands.cc: platform validate|apply|show, queues, queue show
+void RegisterQueueCommands(CLI::App* app, Context* ctx);
+// kube_commands.cc: explain, plan, platform render, cluster render (local; nothing is submitted)
+void RegisterPlanCommands(CLI::App* app, Context* ctx);
+// identity_commands.cc: login, logout, whoami, admin token|audit, secret
+void RegisterIdentityCommands(CLI::App* app, Context* ctx);
+// agent_command.cc: `agent` under `health`
+void RegisterHealthAgentCommand(CLI::App* health, Context* ctx);
+
+// The commands that other files of the module call.
 int CmdVersion(const Global& g, bool with_server);
-int CmdValidate(const std::vector<std::string>& files, bool quiet);
-int CmdSchema(Format format);
-int CmdRun(const Global& g, const std::string& file, bool detach);
-int CmdList(const Global& g, const std::string& state, bool all, int limit, Format format);
+int CmdRun(const Global& g, const std::string& file, bool detach);  // run.cc
 int CmdStatus(const Global& g, const std::string& run, Format format);
-int CmdDescribe(const Global& g, const std::string& run, Format format);
-int CmdLogs(const Global& g, const std::string& run, bool follow, int attempt, int rank);
-int CmdCancel(const Global& g, const std::vector<std::string>& runs);
-int CmdRerun(const Global& g, const std::string& run);
-int CmdResume(const Global& g, const std::string& run, const std::string& from, bool force);
-int CmdGpus(const Global& g, Format format);
-int CmdHealthCheck(const Global& g, bool active, Format format);
-int CmdAdmissionSimulate(const std::string& file, int cycles, Format format);
 int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet);
 int CmdExplain(const std::string& spec_file, std::string platform_file, const std::string& user,
                Format format);
-
-// queue_commands.cc
-int CmdPlatformApply(const Global& g, const std::string& file);
-int CmdPlatformShow(const Global& g, Format format);
-int CmdQueues(const Global& g, Format format);
-int CmdQueueShow(const Global& g, const std::string& queue, Format format);
-
-// evidence_commands.cc
-int CmdEvidence(const Global& g, const std::string& run, Format format);
-int CmdEvidenceExport(const Global& g, const std::string& run, const std::string& file);
-int CmdEvidenceVerify(const Global& g, const std::string& file, bool run_check);
-// `output`: table (sparkline and table), json, jsonl; "" = table on a terminal, else jsonl.
-int CmdMetrics(const Global& g, const std::string& run, const std::string& name,
-               const std::string& split, bool has_split, const std::string& output);
-
-// identity_commands.cc: login, logout, whoami, admin token|audit, secret (registered on `app`).
-void RegisterIdentityCommands(CLI::App* app, const Global* g, int* rc);
-int CmdLogin(const Global& g, const std::string& server, const std::string& ca_file,
-             bool token_stdin);
-int CmdLogout(const Global& g, const std::string& server);
-int CmdWhoami(const Global& g, Format format);
-int CmdTokenCreate(const Global& g, const std::string& user, const std::vector<std::string>& groups,
-                   const std::string& expires_in, const std::string& description);
-int CmdTokenList(const Global& g, const std::string& user, Format format);
-int CmdTokenRevoke(const Global& g, const std::string& id);
-int CmdTokenHash();
-int CmdAudit(const Global& g, int limit, Format format);
-int CmdSecretSet(const Global& g, const std::string& workspace, const std::string& key,
-                 const std::string& from_file);
-int CmdSecretList(const Global& g, const std::string& workspace, Format format);
-int CmdSecretDelete(const Global& g, const std::string& workspace, const std::string& key);
+// watch_commands.cc: the live views over the server's event stream (GET /api/v1/events).
+// Prints the run's status, then again on each change, until it reaches a terminal state.
+int CmdStatusWatch(const Global& g, const std::string& run, Format format);
+// A live terminal view of queues, runs and GPUs; q or Ctrl-C quits. `once`: one frame, no ANSI.
+int CmdTop(const Global& g, bool once);
 
 // Prints "tau: error: <message>" to stderr and returns kExitTauError.
 int Fail(const std::string& message);

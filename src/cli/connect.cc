@@ -12,7 +12,6 @@
 
 #include <fmt/format.h>
 
-#include "client/tau_api.h"
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/layout.h"
@@ -70,6 +69,7 @@ ClientConfig LoadClientConfig() {
   ClientConfig config;
   auto text = ReadFile(ClientConfigPath());
   if (!text.ok()) return config;
+  // The client's own config.json, not an API reply: read by key, forgiving of what it lacks.
   auto j = nlohmann::json::parse(*text, nullptr, false);
   if (!j.is_object()) return config;
   if (auto it = j.find("current"); it != j.end() && it->is_string()) config.current = *it;
@@ -149,11 +149,6 @@ Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& s
   return Unavailable(
       fmt::format("started a local tau server but it did not answer on {} within {} s; see {}",
                   local.path, kStartTimeoutMs / 1000, layout::ServerLog(home)));
-}
-
-Result<nlohmann::json> CallJson(client::Connection& conn, const std::string& method,
-                                const std::string& path, const std::string& body) {
-  return client::TauApi(&conn).CallJson(method, path, body);
 }
 
 Result<int> FollowLog(const std::string& server_flag, std::unique_ptr<client::Connection>* conn,

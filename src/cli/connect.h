@@ -38,8 +38,4 @@ Status SaveClientConfig(const ClientConfig& config);
 Result<std::unique_ptr<client::Connection>> ConnectWith(const std::string& address,
                                                         const ServerEntry& entry);
 
-// Calls the API and turns a non-2xx answer into a Status carrying the server's message.
-Result<nlohmann::json> CallJson(client::Connection& conn, const std::string& method,
-                                const std::string& path, const std::string& body = "");
-
 }  // namespace tau::cli

@@ -5,22 +5,26 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+
+#include <CLI/CLI.hpp>
 
 #include <fmt/format.h>
 
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/connect.h"
+#include "client/tau_api.h"
 #include "common/strings.h"
 #include "evidence/evidence.h"
 
 namespace tau::cli {
 
-int CmdEvidence(const Global& g, const std::string& run, Format format) {
+static int CmdEvidence(const Global& g, const std::string& run, Format format) {
   if (!IsRunName(run)) return NoSuchRun(run);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto record = CallJson(**conn, "GET", "/api/v1/runs/" + run + "/evidence");
+  auto record = client::TauApi(conn->get()).GetEvidence(run);
   if (!record.ok()) return Fail(record.status().message());
   if (format == Format::kJson) {
     PrintJson(*record);
@@ -32,7 +36,7 @@ int CmdEvidence(const Global& g, const std::string& run, Format format) {
   return 0;
 }
 
-int CmdEvidenceExport(const Global& g, const std::string& run, const std::string& file) {
+static int CmdEvidenceExport(const Global& g, const std::string& run, const std::string& file) {
   if (!IsRunName(run)) return NoSuchRun(run);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
@@ -41,30 +45,19 @@ int CmdEvidenceExport(const Global& g, const std::string& run, const std::string
   std::string tmp = file + ".part-" + RandomHex(6);
   FILE* out = std::fopen(tmp.c_str(), "wb");
   if (!out) return Fail(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
-  std::string error_body;
   bool write_failed = false;
   int64_t bytes = 0;
-  auto status = (*conn)->Stream("GET", "/api/v1/runs/" + run + "/evidence/bundle",
-                                [&](std::string_view data) {
-                                  if (error_body.size() < 65536) error_body.append(data);
-                                  if (std::fwrite(data.data(), 1, data.size(), out) != data.size())
-                                    write_failed = true;
-                                  bytes += static_cast<int64_t>(data.size());
-                                  return !write_failed;
-                                });
+  Status exported = client::TauApi(conn->get()).ExportEvidence(run, [&](std::string_view data) {
+    if (std::fwrite(data.data(), 1, data.size(), out) != data.size()) write_failed = true;
+    bytes += static_cast<int64_t>(data.size());
+    return !write_failed;
+  });
   bool closed = std::fclose(out) == 0;
   auto cleanup = [&](const std::string& message) {
     std::remove(tmp.c_str());
     return Fail(message);
   };
-  if (!status.ok()) return cleanup(status.status().message());
-  if (*status != 200) {
-    auto j = nlohmann::json::parse(error_body, nullptr, false);
-    std::string message = j.is_object() && j.contains("error")
-                              ? j["error"].value("message", error_body)
-                              : fmt::format("the server refused the export (HTTP {})", *status);
-    return cleanup(message);
-  }
+  if (!exported.ok()) return cleanup(exported.message());
   if (write_failed || !closed) return cleanup("cannot write " + tmp);
   if (std::rename(tmp.c_str(), file.c_str()) != 0)
     return cleanup(fmt::format("cannot rename {} to {}: {}", tmp, file, std::strerror(errno)));
@@ -77,7 +70,7 @@ int CmdEvidenceExport(const Global& g, const std::string& run, const std::string
   return 0;
 }
 
-int CmdEvidenceVerify(const Global& g, const std::string& file, bool run_check) {
+static int CmdEvidenceVerify(const Global& g, const std::string& file, bool run_check) {
   evidence::VerifyReport report;
   Status s = evidence::VerifyBundle(file, {}, &report);
   if (!s.ok()) {
@@ -89,10 +82,9 @@ int CmdEvidenceVerify(const Global& g, const std::string& file, bool run_check) 
     // holds for the run tells it apart.
     auto conn = ConnectToServer(g.server);
     if (!conn.ok()) return Fail(conn.status().message());
-    auto got = CallJson(**conn, "GET", "/api/v1/runs/" + report.run);
+    auto got = client::TauApi(conn->get()).GetRun(report.run);
     if (!got.ok()) return Fail("cannot check against the server: " + got.status().message());
-    const auto& events = (*got)["events"];
-    std::string head = events.is_array() && !events.empty() ? events.back().value("hash", "") : "";
+    std::string head = got->events.empty() ? "" : got->events.back().hash;
     if (head != report.chain_head) {
       evidence::VerifyOptions options;
       options.expected_chain_head = head;
@@ -110,8 +102,8 @@ int CmdEvidenceVerify(const Global& g, const std::string& file, bool run_check) 
   return 0;
 }
 
-int CmdMetrics(const Global& g, const std::string& run, const std::string& name,
-               const std::string& split, bool has_split, const std::string& output) {
+static int CmdMetrics(const Global& g, const std::string& run, const std::string& name,
+                      const std::string& split, bool has_split, const std::string& output) {
   if (!IsRunName(run)) return NoSuchRun(run);
   std::string mode = output;
   if (mode.empty()) mode = StdoutIsTerminal() ? "table" : "jsonl";
@@ -165,6 +157,48 @@ int CmdMetrics(const Global& g, const std::string& run, const std::string& name,
     std::fputs(evidence::FormatMetricTable(points).c_str(), stdout);
   }
   return 0;
+}
+
+void RegisterEvidenceCommands(CLI::App* app, Context* ctx) {
+  struct Args {
+    std::string run_name, bundle_file, metric_name, metric_split, metric_output;
+    bool run_check = false;
+  };
+  auto a = std::make_shared<Args>();
+  const Global& g = ctx->g;
+  auto* evidence = app->add_subcommand(
+      "evidence", "A run's evidence record; export it as a bundle, or verify a bundle");
+  evidence->add_option("run", a->run_name, "Run name");
+  auto format = AddOutput(evidence, ctx);
+  auto* eexport = evidence->add_subcommand("export", "Write a run's evidence bundle (.tar.gz)");
+  eexport->add_option("run", a->run_name, "Run name")->required();
+  eexport->add_option("-o,--output", a->bundle_file, "The bundle file to write")->required();
+  eexport->callback([=, &g] { ctx->rc = CmdEvidenceExport(g, a->run_name, a->bundle_file); });
+  auto* everify = evidence->add_subcommand(
+      "verify", "Check a bundle; exit 0 when intact, 1 naming the first altered or missing item");
+  everify->add_option("file", a->bundle_file, "The bundle (.tar.gz)")->required();
+  everify->add_flag("--run-check", a->run_check,
+                    "Also compare its chain head with the one the server holds for the run");
+  everify->callback([=, &g] { ctx->rc = CmdEvidenceVerify(g, a->bundle_file, a->run_check); });
+  evidence->callback([=, &g] {
+    if (!evidence->get_subcommands().empty()) return;
+    if (a->run_name.empty()) {
+      ctx->rc = Fail("tau evidence: name a run, or use `export` or `verify`");
+      return;
+    }
+    if (auto f = format()) ctx->rc = CmdEvidence(g, a->run_name, *f);
+  });
+
+  auto* metrics = app->add_subcommand("metrics", "A run's metric history (sparkline and table)");
+  metrics->add_option("run", a->run_name, "Run name")->required();
+  metrics->add_option("name", a->metric_name, "Metric name (default: a summary of every metric)");
+  auto* split_opt = metrics->add_option("--split", a->metric_split, "Only this split");
+  metrics->add_option("-o,--output", a->metric_output,
+                      "table, json or jsonl (default: table on a terminal, else jsonl)");
+  metrics->callback([=, &g] {
+    ctx->rc = CmdMetrics(g, a->run_name, a->metric_name, a->metric_split, split_opt->count() > 0,
+                         a->metric_output);
+  });
 }
 
 }  // namespace tau::cli

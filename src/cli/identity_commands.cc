@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -20,6 +21,7 @@
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/connect.h"
+#include "client/tau_api.h"
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/json_text.h"
@@ -27,8 +29,6 @@
 
 namespace tau::cli {
 namespace {
-
-using nlohmann::json;
 
 // Reads a secret from stdin without echoing it on a terminal; one line, trailing newline removed.
 std::string ReadSecretLine(const char* prompt) {
@@ -55,22 +55,19 @@ std::string ReadAllStdin() {
   return out;
 }
 
-Result<json> Call(const Global& g, const std::string& method, const std::string& path,
-                  const std::string& body = "") {
-  TAU_ASSIGN_OR_RETURN(auto conn, ConnectToServer(g.server));
-  return CallJson(*conn, method, path, body);
-}
-
-std::string OrDash(const json& j, const char* key) {
-  return j.contains(key) && j[key].is_string() && !j[key].get<std::string>().empty()
-             ? j[key].get<std::string>()
-             : "-";
+// One typed call on a new connection to the server.
+template <typename F>
+auto Call(const Global& g, F call) -> decltype(call(std::declval<client::TauApi&>())) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return conn.status();
+  client::TauApi tau(conn->get());
+  return call(tau);
 }
 
 }  // namespace
 
-int CmdLogin(const Global& g, const std::string& server, const std::string& ca_file,
-             bool token_stdin) {
+static int CmdLogin(const Global& g, const std::string& server, const std::string& ca_file,
+                    bool token_stdin) {
   std::string address = server.empty() ? g.server : server;
   if (address.empty())
     return Fail("which server? `tau login https://HOST:PORT` (the local socket needs no login)");
@@ -85,17 +82,17 @@ int CmdLogin(const Global& g, const std::string& server, const std::string& ca_f
   if (!entry.ca_file.empty()) entry.ca_file = std::filesystem::absolute(entry.ca_file).string();
   auto conn = ConnectWith(address, entry);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto me = CallJson(**conn, "GET", "/api/v1/whoami");
+  auto me = client::TauApi(conn->get()).Whoami();
   if (!me.ok()) return Fail(me.status().message());
   config.servers[address] = entry;
   config.current = address;
   if (Status s = SaveClientConfig(config); !s.ok()) return Fail(s.message());
-  std::printf("signed in to %s as %s; saved in %s\n", address.c_str(),
-              me->value("user", "").c_str(), ClientConfigPath().c_str());
+  std::printf("signed in to %s as %s; saved in %s\n", address.c_str(), me->user.c_str(),
+              ClientConfigPath().c_str());
   return 0;
 }
 
-int CmdLogout(const Global& g, const std::string& server) {
+static int CmdLogout(const Global& g, const std::string& server) {
   ClientConfig config = LoadClientConfig();
   std::string address = !server.empty() ? server : !g.server.empty() ? g.server : config.current;
   if (address.empty() || config.servers.erase(address) == 0)
@@ -106,72 +103,63 @@ int CmdLogout(const Global& g, const std::string& server) {
   return 0;
 }
 
-int CmdWhoami(const Global& g, Format format) {
-  auto me = Call(g, "GET", "/api/v1/whoami");
+static int CmdWhoami(const Global& g, Format format) {
+  auto me = Call(g, [](client::TauApi& tau) { return tau.Whoami(); });
   if (!me.ok()) return Fail(me.status().message());
   if (format != Format::kTable) {
-    PrintJson(*me);
+    PrintJson(me->ToJson());
     return 0;
   }
-  std::vector<std::string> groups;
-  for (const auto& x : (*me)["groups"]) groups.push_back(x.get<std::string>());
-  std::printf("user:     %s (%s%s)\n", me->value("user", "").c_str(), me->value("via", "").c_str(),
-              me->value("token_id", "").empty() ? "" : (" " + me->value("token_id", "")).c_str());
-  std::printf("groups:   %s\n", groups.empty() ? "-" : Join(groups, ", ").c_str());
-  std::printf("platform: %s\n", me->value("admin", false)             ? "admin"
-                                : me->value("platform_viewer", false) ? "viewer"
-                                                                      : "-");
+  std::printf("user:     %s (%s%s)\n", me->user.c_str(), me->via.c_str(),
+              me->token_id.empty() ? "" : (" " + me->token_id).c_str());
+  std::printf("groups:   %s\n", me->groups.empty() ? "-" : Join(me->groups, ", ").c_str());
+  std::printf("platform: %s\n", me->admin ? "admin" : me->platform_viewer ? "viewer" : "-");
   std::vector<std::vector<std::string>> rows;
-  for (const auto& w : (*me)["workspaces"])
-    rows.push_back({w.value("name", ""), w.value("role", "")});
+  for (const api::WorkspaceRole& w : me->workspaces) rows.push_back({w.name, w.role});
   PrintTable({"WORKSPACE", "ROLE"}, rows);
   return 0;
 }
 
-int CmdTokenCreate(const Global& g, const std::string& user, const std::vector<std::string>& groups,
-                   const std::string& expires_in, const std::string& description) {
-  json body = {{"user", user}, {"groups", groups}, {"description", description}};
-  if (!expires_in.empty()) body["expires_in"] = expires_in;
-  auto made = Call(g, "POST", "/api/v1/tokens", JsonText(body));
+static int CmdTokenCreate(const Global& g, const std::string& user,
+                          const std::vector<std::string>& groups, const std::string& expires_in,
+                          const std::string& description) {
+  auto made = Call(g, [&](client::TauApi& tau) {
+    return tau.CreateToken(user, groups, expires_in, description);
+  });
   if (!made.ok()) return Fail(made.status().message());
   // The token alone on stdout (scripts capture it); the advice on stderr.
-  std::printf("%s\n", made->value("token", "").c_str());
+  std::printf("%s\n", made->token.value_or("").c_str());
   std::fprintf(stderr,
                "token %s for user '%s'%s; it is shown only now. Sign in with: tau login SERVER\n",
-               made->value("id", "").c_str(), made->value("user", "").c_str(),
-               (*made)["expires"].is_string()
-                   ? (", expires " + (*made)["expires"].get<std::string>()).c_str()
-                   : "");
+               made->id.c_str(), made->user.c_str(),
+               made->expires ? (", expires " + *made->expires).c_str() : "");
   return 0;
 }
 
-int CmdTokenList(const Global& g, const std::string& user, Format format) {
-  auto got = Call(g, "GET", "/api/v1/tokens" + (user.empty() ? "" : "?user=" + user));
+static int CmdTokenList(const Global& g, const std::string& user, Format format) {
+  auto got = Call(g, [&](client::TauApi& tau) { return tau.ListTokens(user); });
   if (!got.ok()) return Fail(got.status().message());
   if (format != Format::kTable) {
-    PrintJson(*got);
+    PrintJson(got->ToJson());
     return 0;
   }
   std::vector<std::vector<std::string>> rows;
-  for (const auto& t : (*got)["tokens"]) {
-    std::vector<std::string> groups;
-    for (const auto& x : t["groups"]) groups.push_back(x.get<std::string>());
-    rows.push_back({t.value("id", ""), t.value("user", ""),
-                    groups.empty() ? "-" : Join(groups, ","), OrDash(t, "created"),
-                    OrDash(t, "expires"), OrDash(t, "revoked"), OrDash(t, "description")});
-  }
+  for (const api::Token& t : got->tokens)
+    rows.push_back({t.id, t.user, t.groups.empty() ? "-" : Join(t.groups, ","), Cell(t.created),
+                    Cell(t.expires.value_or("")), Cell(t.revoked.value_or("")),
+                    Cell(t.description)});
   PrintTable({"ID", "USER", "GROUPS", "CREATED", "EXPIRES", "REVOKED", "DESCRIPTION"}, rows);
   return 0;
 }
 
-int CmdTokenRevoke(const Global& g, const std::string& id) {
-  auto got = Call(g, "DELETE", "/api/v1/tokens/" + id);
-  if (!got.ok()) return Fail(got.status().message());
+static int CmdTokenRevoke(const Global& g, const std::string& id) {
+  Status revoked = Call(g, [&](client::TauApi& tau) { return tau.RevokeToken(id); });
+  if (!revoked.ok()) return Fail(revoked.message());
   std::printf("revoked token %s\n", id.c_str());
   return 0;
 }
 
-int CmdTokenHash() {
+static int CmdTokenHash() {
   std::string token =
       ::isatty(STDIN_FILENO) ? ReadSecretLine("API token: ") : std::string(Trim(ReadAllStdin()));
   if (token.empty()) return Fail("no token on stdin");
@@ -179,25 +167,23 @@ int CmdTokenHash() {
   return 0;
 }
 
-int CmdAudit(const Global& g, int limit, Format format) {
-  auto got = Call(g, "GET", fmt::format("/api/v1/audit?limit={}", limit));
+static int CmdAudit(const Global& g, int limit, Format format) {
+  auto got = Call(g, [&](client::TauApi& tau) { return tau.GetAudit(limit); });
   if (!got.ok()) return Fail(got.status().message());
   if (format != Format::kTable) {
-    PrintJson(*got);
+    PrintJson(got->ToJson());
     return 0;
   }
   std::vector<std::vector<std::string>> rows;
-  for (const auto& a : (*got)["audit"])
-    rows.push_back({a.value("time", ""),
-                    a.value("user", "").empty() ? "(anonymous)" : a.value("user", ""),
-                    a.value("action", ""), std::to_string(a.value("status", 0)),
-                    a.value("method", "") + " " + a.value("path", ""), a.value("detail", "")});
+  for (const api::AuditRecord& a : got->audit)
+    rows.push_back({a.time, a.user.empty() ? "(anonymous)" : a.user, a.action,
+                    std::to_string(a.status), a.method + " " + a.path, a.detail});
   PrintTable({"TIME", "USER", "ACTION", "STATUS", "REQUEST", "DETAIL"}, rows);
   return 0;
 }
 
-int CmdSecretSet(const Global& g, const std::string& workspace, const std::string& key,
-                 const std::string& from_file) {
+static int CmdSecretSet(const Global& g, const std::string& workspace, const std::string& key,
+                        const std::string& from_file) {
   std::string value;
   if (!from_file.empty()) {
     auto text = ReadFile(from_file);
@@ -215,57 +201,47 @@ int CmdSecretSet(const Global& g, const std::string& workspace, const std::strin
         fmt::format("the value is not UTF-8 text (byte {} is 0x{:02x}); a binary secret has to "
                     "be encoded first, e.g. `base64 FILE | tau secret set {} {}`",
                     bad, static_cast<unsigned char>(value[bad]), workspace, key));
-  json body = {{"value", value}};
-  auto got = Call(g, "PUT", fmt::format("/api/v1/workspaces/{}/secrets/{}", workspace, key),
-                  JsonText(body));
-  if (!got.ok()) return Fail(got.status().message());
+  Status set = Call(g, [&](client::TauApi& tau) { return tau.SetSecret(workspace, key, value); });
+  if (!set.ok()) return Fail(set.message());
   std::printf("set secret %s in workspace %s (%zu bytes); use it as SECRET:%s in runtime.env\n",
               key.c_str(), workspace.c_str(), value.size(), key.c_str());
   return 0;
 }
 
-int CmdSecretList(const Global& g, const std::string& workspace, Format format) {
-  auto got = Call(g, "GET", fmt::format("/api/v1/workspaces/{}/secrets", workspace));
+static int CmdSecretList(const Global& g, const std::string& workspace, Format format) {
+  auto got = Call(g, [&](client::TauApi& tau) { return tau.ListSecrets(workspace); });
   if (!got.ok()) return Fail(got.status().message());
   if (format != Format::kTable) {
-    PrintJson(*got);
+    PrintJson(got->ToJson());
     return 0;
   }
   std::vector<std::vector<std::string>> rows;
-  for (const auto& s : (*got)["secrets"])
-    rows.push_back({s.value("key", ""), std::to_string(s.value("size", 0)), s.value("updated", ""),
-                    s.value("updated_by", "")});
+  for (const api::SecretInfo& s : got->secrets)
+    rows.push_back({s.key, std::to_string(s.size), s.updated, s.updated_by});
   PrintTable({"KEY", "BYTES", "UPDATED", "BY"}, rows);
   return 0;
 }
 
-int CmdSecretDelete(const Global& g, const std::string& workspace, const std::string& key) {
-  auto got = Call(g, "DELETE", fmt::format("/api/v1/workspaces/{}/secrets/{}", workspace, key));
-  if (!got.ok()) return Fail(got.status().message());
+static int CmdSecretDelete(const Global& g, const std::string& workspace, const std::string& key) {
+  Status deleted = Call(g, [&](client::TauApi& tau) { return tau.DeleteSecret(workspace, key); });
+  if (!deleted.ok()) return Fail(deleted.message());
   std::printf("deleted secret %s from workspace %s\n", key.c_str(), workspace.c_str());
   return 0;
 }
 
-void RegisterIdentityCommands(CLI::App* app, const Global* g, int* rc) {
+void RegisterIdentityCommands(CLI::App* app, Context* ctx) {
   // Owned by the callbacks, which outlive this function (CLI11 runs them during parse()).
   struct Args {
-    std::string server, ca_file, user, expires, description, workspace, key, from_file, id,
-        output = "table";
+    std::string server, ca_file, user, expires, description, workspace, key, from_file, id;
     std::vector<std::string> groups;
     bool token_stdin = false;
     int limit = 50;
   };
   auto a = std::make_shared<Args>();
-  auto format = [a, rc]() {
-    Format f;
-    if (!ParseFormat(a->output, &f)) {
-      *rc = Fail("unknown output format '" + a->output + "' (table, json or yaml)");
-      return std::optional<Format>();
-    }
-    return std::optional<Format>(f);
-  };
-  auto add_output = [a](CLI::App* cmd) {
-    cmd->add_option("-o,--output", a->output, "Output format: table or json");
+  const Global* g = &ctx->g;
+  int* rc = &ctx->rc;
+  auto add_output = [ctx](CLI::App* cmd) {
+    return AddOutput(cmd, ctx, "Output format: table or json");
   };
 
   auto* login = app->add_subcommand(
@@ -278,9 +254,9 @@ void RegisterIdentityCommands(CLI::App* app, const Global* g, int* rc) {
   logout->add_option("server", a->server, "default: the current server");
   logout->callback([=] { *rc = CmdLogout(*g, a->server); });
   auto* whoami = app->add_subcommand("whoami", "Who the server thinks you are, and your roles");
-  add_output(whoami);
+  auto whoami_format = add_output(whoami);
   whoami->callback([=] {
-    if (auto f = format()) *rc = CmdWhoami(*g, *f);
+    if (auto f = whoami_format()) *rc = CmdWhoami(*g, *f);
   });
 
   auto* admin = app->add_subcommand("admin", "Administration: API tokens, the audit trail");
@@ -297,9 +273,9 @@ void RegisterIdentityCommands(CLI::App* app, const Global* g, int* rc) {
       [=] { *rc = CmdTokenCreate(*g, a->user, a->groups, a->expires, a->description); });
   auto* list = token->add_subcommand("list", "List tokens (admins: all, or --user)");
   list->add_option("--user", a->user, "Only this user's");
-  add_output(list);
+  auto list_format = add_output(list);
   list->callback([=] {
-    if (auto f = format()) *rc = CmdTokenList(*g, a->user, *f);
+    if (auto f = list_format()) *rc = CmdTokenList(*g, a->user, *f);
   });
   auto* revoke = token->add_subcommand("revoke", "Revoke a token by id");
   revoke->add_option("id", a->id, "The id `tau admin token list` shows")->required();
@@ -310,9 +286,9 @@ void RegisterIdentityCommands(CLI::App* app, const Global* g, int* rc) {
   auto* audit = admin->add_subcommand("audit", "The audit trail: denials and policy changes");
   audit->add_option("--limit", a->limit, "How many records (newest first)")
       ->check(CLI::Range(1, 10000));
-  add_output(audit);
+  auto audit_format = add_output(audit);
   audit->callback([=] {
-    if (auto f = format()) *rc = CmdAudit(*g, a->limit, *f);
+    if (auto f = audit_format()) *rc = CmdAudit(*g, a->limit, *f);
   });
 
   auto* secret = app->add_subcommand("secret", "Workspace secrets, for SECRET:KEY in runtime.env");
@@ -325,9 +301,9 @@ void RegisterIdentityCommands(CLI::App* app, const Global* g, int* rc) {
   set->callback([=] { *rc = CmdSecretSet(*g, a->workspace, a->key, a->from_file); });
   auto* slist = secret->add_subcommand("list", "A workspace's secret keys (never values)");
   slist->add_option("workspace", a->workspace, "Workspace")->required();
-  add_output(slist);
+  auto slist_format = add_output(slist);
   slist->callback([=] {
-    if (auto f = format()) *rc = CmdSecretList(*g, a->workspace, *f);
+    if (auto f = slist_format()) *rc = CmdSecretList(*g, a->workspace, *f);
   });
   auto* sdel = secret->add_subcommand("delete", "Delete a secret");
   sdel->add_option("workspace", a->workspace, "Workspace")->required();

@@ -1,7 +1,6 @@
-// `tau plan FILE [--backend local|kubernetes]`, `tau platform render FILE` and
-// `tau cluster render`.
-#include "cli/kube_commands.h"
-
+// `tau explain`, `tau plan FILE [--backend local|kubernetes]`, `tau platform render FILE` and
+// `tau cluster render`: what a run, a platform or the cluster install becomes, printed without
+// submitting anything (local commands; no server involved).
 #include <fnmatch.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -10,7 +9,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <optional>
+
+#include <CLI/CLI.hpp>
 
 #include <fmt/format.h>
 
@@ -29,6 +31,22 @@ namespace tau::cli {
 namespace {
 
 namespace fs = std::filesystem;
+
+struct PlanOptions {
+  std::string file = "tau.yaml";
+  std::string backend = "local";  // local | kubernetes
+  std::string platform;           // platform.yaml; "" : this machine's default platform
+  std::string user;               // "" : the current user
+  std::string namespace_name;     // kubernetes: "" : the workspace's namespace
+  std::string image;              // kubernetes: image for specs without runtime.image
+};
+
+struct ClusterRenderOptions {
+  std::string values_file;     // the Helm chart's values (YAML); "" : the chart's defaults
+  std::string platform_file;   // platform.yaml; "" : the values' `platform`, if any
+  std::string namespace_name;  // "" : the values' (tau-system)
+  std::string image;           // REPOSITORY[:TAG]; "" : the values' image
+};
 
 // The spec's directory as code files for inlining: the walk `tau run` uses, stopped once far past
 // the inline limit (nearer it, the renderer measures the archive and reports).
@@ -99,8 +117,8 @@ int PrintLocalPlan(spec::RunSpec spec, const policy::ResolvedRun& run,
   return 0;
 }
 
-}  // namespace
-
+// local: the resolved run and the launch plan (one line per worker); kubernetes: the Job or RayJob
+// (and a gang's Service) as YAML, the code directory shipped inline.
 int CmdPlan(const PlanOptions& o) {
   if (o.backend != "local" && o.backend != "kubernetes") {
     return Fail("unknown backend '" + o.backend + "' (local or kubernetes)");
@@ -140,6 +158,7 @@ int CmdPlan(const PlanOptions& o) {
   return 0;
 }
 
+// The platform's Kueue objects, namespaces and RBAC as YAML.
 int CmdPlatformRender(const std::string& file) {
   auto platform = LoadPlatform(file);
   if (!platform.ok()) {
@@ -159,6 +178,8 @@ int CmdPlatformRender(const std::string& file) {
   return 0;
 }
 
+// The objects the Helm chart deploy/helm/taugrid installs (and, with a platform, the platform's
+// objects) as YAML, for clusters installed without Helm.
 int CmdClusterRender(const ClusterRenderOptions& o) {
   kube::ClusterValues values;
   if (!o.values_file.empty()) {
@@ -222,6 +243,70 @@ int CmdClusterRender(const ClusterRenderOptions& o) {
   }
   std::fputs(kube::ToYaml(*objects).c_str(), stdout);
   return 0;
+}
+
+}  // namespace
+
+void RegisterPlanCommands(CLI::App* app, Context* ctx) {
+  struct Args {
+    std::string explain_file = "tau.yaml", explain_platform, explain_user, render_file;
+    PlanOptions plan;
+    ClusterRenderOptions cluster;
+  };
+  auto a = std::make_shared<Args>();
+  auto* explain =
+      app->add_subcommand("explain", "Print each resolved setting of a run and where it came from");
+  explain->add_option("file", a->explain_file, "The spec (default ./tau.yaml)");
+  explain->add_option(
+      "--platform", a->explain_platform,
+      "platform.yaml to resolve against (default: the one applied to this machine's server, "
+      "else the machine's default platform)");
+  explain->add_option("--user", a->explain_user,
+                      "Resolve as this user (default: the current user)");
+  auto format = AddOutput(explain, ctx);
+  explain->callback([=] {
+    if (auto f = format())
+      ctx->rc = CmdExplain(a->explain_file, a->explain_platform, a->explain_user, *f);
+  });
+
+  auto* plan = app->add_subcommand(
+      "plan", "Print what a run would become: its launch plan, or its Kubernetes objects");
+  PlanOptions& p = a->plan;
+  plan->add_option("file", p.file, "The spec (default ./tau.yaml)");
+  plan->add_option("--backend", p.backend, "local (default) or kubernetes")
+      ->check(CLI::IsMember({"local", "kubernetes"}));
+  plan->add_option("--platform", p.platform,
+                   "platform.yaml to resolve against (default: this machine's default platform)");
+  plan->add_option("--user", p.user, "Resolve as this user (default: the current user)");
+  plan->add_option("--namespace", p.namespace_name,
+                   "kubernetes: namespace (default: the run's workspace namespace)");
+  plan->add_option("--image", p.image, "kubernetes: image for a spec without runtime.image");
+  plan->callback([=] { ctx->rc = CmdPlan(a->plan); });
+  // Under the `platform` of RegisterQueueCommands, which comes first.
+  auto* prender =
+      app->get_subcommand("platform")
+          ->add_subcommand(
+              "render",
+              "Print a platform's Kubernetes objects (Kueue queues, namespaces, RBAC) as YAML");
+  prender->add_option("file", a->render_file, "platform.yaml")->required();
+  prender->callback([=] { ctx->rc = CmdPlatformRender(a->render_file); });
+
+  // The Helm chart's objects without Helm.
+  auto* cluster = app->add_subcommand("cluster", "tau's own install on a Kubernetes cluster");
+  cluster->require_subcommand(1);
+  auto* crender = cluster->add_subcommand(
+      "render",
+      "Print what the Helm chart deploy/helm/taugrid installs (server, RBAC, GPU health agent) as "
+      "YAML");
+  ClusterRenderOptions& c = a->cluster;
+  crender->add_option("--values", c.values_file,
+                      "The chart's values file (default: the chart's defaults)");
+  crender->add_option("--platform", c.platform_file,
+                      "platform.yaml: put in the server's ConfigMap, its objects printed too");
+  crender->add_option("--namespace", c.namespace_name,
+                      "Namespace of the server and agent (default tau-system)");
+  crender->add_option("--image", c.image, "tau's image, REPOSITORY[:TAG]");
+  crender->callback([=] { ctx->rc = CmdClusterRender(a->cluster); });
 }
 
 }  // namespace tau::cli

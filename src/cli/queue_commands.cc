@@ -1,6 +1,9 @@
 // `tau platform apply|show`, `tau queues`, `tau queue show`: platform policy on the server and
 // the queues it gives, as the admission engine sees them after its last pass.
 #include <cstdio>
+#include <memory>
+
+#include <CLI/CLI.hpp>
 
 #include <fmt/format.h>
 
@@ -46,7 +49,7 @@ void PrintPending(const std::vector<api::PendingRun>& pending) {
 
 }  // namespace
 
-int CmdPlatformApply(const Global& g, const std::string& file) {
+static int CmdPlatformApply(const Global& g, const std::string& file) {
   auto text = ReadFile(file);
   if (!text.ok()) return Fail(text.status().message());
   // Checked here first, so mistakes come back with file:line:col without a server round trip.
@@ -57,28 +60,26 @@ int CmdPlatformApply(const Global& g, const std::string& file) {
   }
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  nlohmann::json body = {{"yaml", *text}, {"file", file}};
-  auto applied = CallJson(**conn, "PUT", "/api/v1/platform", JsonText(body));
-  if (!applied.ok()) return Fail(applied.status().message());
+  Status applied = client::TauApi(conn->get()).ApplyPlatform(*text, file);
+  if (!applied.ok()) return Fail(applied.message());
   const policy::Platform& p = *parsed.platform;
   std::printf("applied %s: %zu queue(s), %zu workspace(s), %zu priority class(es)\n", file.c_str(),
               p.admission.queues.size(), p.workspaces.size(), p.priorities.size());
   return 0;
 }
 
-int CmdPlatformShow(const Global& g, Format format) {
+static int CmdPlatformShow(const Global& g, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto got = CallJson(**conn, "GET", "/api/v1/platform");
+  auto got = client::TauApi(conn->get()).GetPlatform();
   if (!got.ok()) return Fail(got.status().message());
-  if (format != Format::kTable) return Print(*got, format);
-  std::printf("# platform in force: %s (applied %s)\n", got->value("source", "").c_str(),
-              got->value("applied", "").c_str());
-  PrintYaml((*got)["platform"]);
+  if (format != Format::kTable) return Print(got->ToJson(), format);
+  std::printf("# platform in force: %s (applied %s)\n", got->source.c_str(), got->applied.c_str());
+  PrintYaml(got->platform);
   return 0;
 }
 
-int CmdQueues(const Global& g, Format format) {
+static int CmdQueues(const Global& g, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   auto got = client::TauApi(conn->get()).GetQueues();
@@ -94,7 +95,7 @@ int CmdQueues(const Global& g, Format format) {
   return 0;
 }
 
-int CmdQueueShow(const Global& g, const std::string& name, Format format) {
+static int CmdQueueShow(const Global& g, const std::string& name, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   auto got = client::TauApi(conn->get()).GetQueue(name);
@@ -115,6 +116,45 @@ int CmdQueueShow(const Global& g, const std::string& name, Format format) {
   std::printf("\npending (%lld):\n", static_cast<long long>(q.pending));
   if (!q.pending_runs.empty()) PrintPending(q.pending_runs);
   return 0;
+}
+
+void RegisterQueueCommands(CLI::App* app, Context* ctx) {
+  struct Args {
+    std::vector<std::string> platform_files;
+    std::string apply_file, queue_name;
+    bool quiet = false;
+  };
+  auto a = std::make_shared<Args>();
+  const Global& g = ctx->g;
+  auto* platform = app->add_subcommand("platform", "Platform policy (platform.yaml)");
+  platform->require_subcommand(1);
+  auto* pvalidate = platform->add_subcommand("validate", "Check platform files; exit 0 when valid");
+  pvalidate->add_option("files", a->platform_files, "platform.yaml files")->required();
+  pvalidate->add_flag("-q,--quiet", a->quiet, "Print errors only");
+  pvalidate->callback([=] { ctx->rc = CmdPlatformValidate(a->platform_files, a->quiet); });
+  auto* papply = platform->add_subcommand(
+      "apply", "Make a platform file the server's policy (validated first; no restart)");
+  papply->add_option("file", a->apply_file, "platform.yaml")->required();
+  papply->callback([=, &g] { ctx->rc = CmdPlatformApply(g, a->apply_file); });
+  auto* pshow = platform->add_subcommand("show", "Print the platform the server uses");
+  auto show_format = AddOutput(pshow, ctx);
+  pshow->callback([=, &g] {
+    if (auto f = show_format()) ctx->rc = CmdPlatformShow(g, *f);
+  });
+
+  auto* queues = app->add_subcommand("queues", "Queues: usage against quota, admitted and pending");
+  auto queues_format = AddOutput(queues, ctx);
+  queues->callback([=, &g] {
+    if (auto f = queues_format()) ctx->rc = CmdQueues(g, *f);
+  });
+  auto* queue = app->add_subcommand("queue", "One queue");
+  queue->require_subcommand(1);
+  auto* qshow = queue->add_subcommand("show", "A queue's usage, admitted runs and pending line");
+  qshow->add_option("name", a->queue_name, "Queue name")->required();
+  auto qshow_format = AddOutput(qshow, ctx);
+  qshow->callback([=, &g] {
+    if (auto f = qshow_format()) ctx->rc = CmdQueueShow(g, a->queue_name, *f);
+  });
 }
 
 }  // namespace tau::cli

@@ -1,5 +1,5 @@
-#include "cli/watch_commands.h"
-
+// Live views over the server's event stream (GET /api/v1/events): `tau status RUN --watch` and
+// `tau top`.
 #include <poll.h>
 #include <signal.h>
 #include <termios.h>
@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/commands.h"
 #include "cli/connect.h"
 #include "client/tau_api.h"
 
@@ -114,7 +115,7 @@ namespace {
 std::string Frame(const Global& g) {
   api::Queues queues;
   api::RunList active, recent;
-  json gpus;
+  api::Gpus gpus;
   std::string err = Fetch(g, &queues, [](client::TauApi& tau) { return tau.GetQueues(); });
   if (err.empty())
     err = Fetch(g, &active, [](client::TauApi& tau) {
@@ -124,8 +125,7 @@ std::string Frame(const Global& g) {
     err = Fetch(g, &recent, [](client::TauApi& tau) {
       return tau.ListRuns({.limit = 8, .state = "", .active = false});
     });
-  if (err.empty())
-    err = Fetch(g, &gpus, [](client::TauApi& tau) { return tau.CallJson("GET", "/api/v1/gpus"); });
+  if (err.empty()) err = Fetch(g, &gpus, [](client::TauApi& tau) { return tau.GetGpus(); });
   if (!err.empty()) return fmt::format("tau top: {}\n", err);
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   char when[32];
@@ -153,13 +153,11 @@ std::string Frame(const Global& g) {
   runs("ACTIVE RUNS", active);
   runs("RECENT RUNS", recent);
   out += "\nGPUS\n";
-  const json devices = gpus.value("devices", json::array());
+  const std::vector<api::GpuDevice>& devices = gpus.inventory.devices;
   if (devices.empty()) out += "  none\n";
-  for (const json& d : devices) {
-    json h = d.value("health", json::object());
-    out += fmt::format("  {:<3} {:<32} {}\n", d.value("index", 0), d.value("name", ""),
-                       h.value("verdict", h.value("state", "")));
-  }
+  for (const api::GpuDevice& d : devices)
+    out += fmt::format("  {:<3} {:<32} {}\n", d.index, d.name,
+                       d.health ? d.health->verdict : std::string());
   return out;
 }
 

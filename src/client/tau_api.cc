@@ -71,4 +71,80 @@ Result<api::Capacity> TauApi::GetCapacity() {
   return Typed<api::Capacity>("GET", "/api/v1/capacity");
 }
 
+Result<api::PlatformView> TauApi::GetPlatform() {
+  return Typed<api::PlatformView>("GET", "/api/v1/platform");
+}
+
+Status TauApi::ApplyPlatform(const std::string& yaml, const std::string& file) {
+  nlohmann::json body = {{"yaml", yaml}, {"file", file}};
+  return CallJson("PUT", "/api/v1/platform", JsonText(body)).status();
+}
+
+Result<api::Gpus> TauApi::GetGpus() { return Typed<api::Gpus>("GET", "/api/v1/gpus"); }
+
+Result<api::HealthCheck> TauApi::CheckHealth(bool active) {
+  return Typed<api::HealthCheck>("POST",
+                                 std::string("/api/v1/health/check") + (active ? "?active=1" : ""));
+}
+
+Result<nlohmann::json> TauApi::GetEvidence(const std::string& run) {
+  return CallJson("GET", "/api/v1/runs/" + run + "/evidence");
+}
+
+Status TauApi::ExportEvidence(const std::string& run,
+                              const std::function<bool(std::string_view)>& on_data) {
+  // The start of the body is kept: when the answer is not 200, it is the server's error.
+  Response answer;
+  TAU_ASSIGN_OR_RETURN(
+      answer.status,
+      conn_->Stream("GET", "/api/v1/runs/" + run + "/evidence/bundle", [&](std::string_view data) {
+        if (answer.body.size() < 65536) answer.body.append(data);
+        return on_data(data);
+      }));
+  if (answer.status == 200) return Status::Ok();
+  auto j = nlohmann::json::parse(answer.body, nullptr, false);
+  if (j.is_object() && j.contains("error")) return ErrorFromResponse(answer);
+  return Internal(fmt::format("the server refused the export (HTTP {})", answer.status));
+}
+
+Result<api::Whoami> TauApi::Whoami() { return Typed<api::Whoami>("GET", "/api/v1/whoami"); }
+
+Result<api::Token> TauApi::CreateToken(const std::string& user,
+                                       const std::vector<std::string>& groups,
+                                       const std::string& expires_in,
+                                       const std::string& description) {
+  nlohmann::json body = {{"user", user}, {"groups", groups}, {"description", description}};
+  if (!expires_in.empty()) body["expires_in"] = expires_in;
+  return Typed<api::Token>("POST", "/api/v1/tokens", JsonText(body));
+}
+
+Result<api::TokenList> TauApi::ListTokens(const std::string& user) {
+  return Typed<api::TokenList>("GET", "/api/v1/tokens" + (user.empty() ? "" : "?user=" + user));
+}
+
+Status TauApi::RevokeToken(const std::string& id) {
+  return CallJson("DELETE", "/api/v1/tokens/" + id).status();
+}
+
+Result<api::AuditList> TauApi::GetAudit(int limit) {
+  return Typed<api::AuditList>("GET", fmt::format("/api/v1/audit?limit={}", limit));
+}
+
+Status TauApi::SetSecret(const std::string& workspace, const std::string& key,
+                         const std::string& value) {
+  nlohmann::json body = {{"value", value}};
+  return CallJson("PUT", fmt::format("/api/v1/workspaces/{}/secrets/{}", workspace, key),
+                  JsonText(body))
+      .status();
+}
+
+Result<api::SecretList> TauApi::ListSecrets(const std::string& workspace) {
+  return Typed<api::SecretList>("GET", fmt::format("/api/v1/workspaces/{}/secrets", workspace));
+}
+
+Status TauApi::DeleteSecret(const std::string& workspace, const std::string& key) {
+  return CallJson("DELETE", fmt::format("/api/v1/workspaces/{}/secrets/{}", workspace, key))
+      .status();
+}
+
 }  // namespace tau::client

@@ -2,7 +2,10 @@
 // not keys. A reply of the wrong shape is an error naming the request and the member.
 #pragma once
 
+#include <functional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -35,12 +38,37 @@ class TauApi {
   Result<api::Queue> GetQueue(const std::string& name);
   Result<api::Capacity> GetCapacity();
 
-  // One call whose reply has no type here yet: the parsed JSON body. A non-2xx answer is the
-  // server's error as a Status.
-  Result<nlohmann::json> CallJson(const std::string& method, const std::string& path,
-                                  const std::string& body = "");
+  // Platform policy. `yaml` is checked again by the server; `file` names it in the record.
+  Result<api::PlatformView> GetPlatform();
+  Status ApplyPlatform(const std::string& yaml, const std::string& file);
+
+  // GPUs and their health; `active` also runs the active probe (admins only).
+  Result<api::Gpus> GetGpus();
+  Result<api::HealthCheck> CheckHealth(bool active);
+
+  // The run's evidence record: a document with a schema of its own
+  // (docs/evidence-record.schema.json), which evidence:: reads.
+  Result<nlohmann::json> GetEvidence(const std::string& run);
+  // The run's evidence bundle (.tar.gz), handed to `on_data` as it arrives (false stops it). An
+  // answer other than 200 is the server's error; what it sent was handed on all the same.
+  Status ExportEvidence(const std::string& run,
+                        const std::function<bool(std::string_view)>& on_data);
+
+  // Identity (docs/security.md). `expires_in` "" is a token that does not expire.
+  Result<api::Whoami> Whoami();
+  Result<api::Token> CreateToken(const std::string& user, const std::vector<std::string>& groups,
+                                 const std::string& expires_in, const std::string& description);
+  Result<api::TokenList> ListTokens(const std::string& user);  // "" : all that the caller may see
+  Status RevokeToken(const std::string& id);
+  Result<api::AuditList> GetAudit(int limit);
+  Status SetSecret(const std::string& workspace, const std::string& key, const std::string& value);
+  Result<api::SecretList> ListSecrets(const std::string& workspace);
+  Status DeleteSecret(const std::string& workspace, const std::string& key);
 
  private:
+  // The parsed JSON body of one call. A non-2xx answer is the server's error as a Status.
+  Result<nlohmann::json> CallJson(const std::string& method, const std::string& path,
+                                  const std::string& body = "");
   template <typename T>
   Result<T> Typed(const std::string& method, const std::string& path, const std::string& body = "");
 

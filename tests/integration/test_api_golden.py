@@ -392,6 +392,28 @@ class ApiGoldenTest(ServerTestCase):
         self.golden("rerun", {"status": status, "body": self.settled(rerun)})
         self.wait_state(rerun["run"]["name"], "Failed")
 
+        # Identity: a token (its secret shown once), the caller's tokens, a workspace's secrets,
+        # the audit trail (whose details name tokens and paths: its shape only).
+        status, made = http(self.server.home, "POST", "/api/v1/tokens",
+                            json.dumps({"description": "golden"}))
+        self.assertEqual(status, 201, made)
+        self.names[made["id"]] = "<token-id>"
+        self.names[made["token"]] = "<token>"
+        self.golden("token_create", {"status": status, "body": made})
+        self.reply("tokens", "/api/v1/tokens")
+        status, _ = http(self.server.home, "PUT", "/api/v1/workspaces/team/secrets/GOLDEN_KEY",
+                         json.dumps({"value": "s3cret"}))
+        self.assertEqual(status, 200)
+        self.reply("secrets", "/api/v1/workspaces/team/secrets")
+        status, audit = self.get("/api/v1/audit?limit=5")
+        self.assertEqual(status, 200, audit)
+        self.golden("audit_shape", shape(audit))
+        # GPU health, on a machine without a driver.
+        self.reply("health_check", "/api/v1/health/check", method="POST")
+        self.cli_json("cli_secret_list", "secret", "list", "team")
+        self.cli_json("cli_health_check", "health", "check")
+        self.cli_json("cli_token_list", "admin", "token", "list")
+
         if not UPDATE:
             # Every golden file is checked: one left behind by a removed check is stale.
             on_disk = sorted(f[:-5] for f in os.listdir(GOLDEN_DIR) if f.endswith(".json"))
