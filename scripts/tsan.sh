@@ -20,6 +20,15 @@ tests="${1:-.}"
 # script runs first, apart.
 excluded='^(layering|layering_check_test|thread_safety_.*|tsan_.*)$'
 
+# clang-14's TSan maps its shadow memory at fixed addresses that a kernel with more address-space
+# randomisation than 28 bits (vm.mmap_rnd_bits, 32 on recent distribution kernels) can collide
+# with ("FATAL: ThreadSanitizer: unexpected memory mapping"). Without randomisation it always fits;
+# children inherit the setting. Checked first, so that the script starts over with nothing done.
+if [ -z "${TAU_TSAN_NO_ASLR:-}" ] && [ "$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 0)" -gt 28 ]; then
+  echo "tsan: vm.mmap_rnd_bits > 28, running without address-space randomisation (setarch -R)"
+  TAU_TSAN_NO_ASLR=1 exec setarch "$(uname -m)" -R "$0" "$@"
+fi
+
 # ccache as in scripts/build.sh: a second TSan build of unchanged files is a copy.
 launcher=()
 if command -v ccache >/dev/null; then
@@ -30,15 +39,6 @@ cmake -S . -B build-tsan -G Ninja "${launcher[@]}" -DCMAKE_BUILD_TYPE=RelWithDeb
   -DCMAKE_C_COMPILER="${TAU_TSAN_CC:-clang-14}" -DCMAKE_CXX_COMPILER="${TAU_TSAN_CXX:-clang++-14}" \
   -DTAU_TSAN=ON -DTAU_WERROR=ON -DTAU_BUILD_TESTS=ON -DTAU_BUILD_BENCH=OFF >/dev/null
 cmake --build build-tsan -j "${TAU_TSAN_JOBS:-$(nproc)}"
-
-# clang-14's TSan maps its shadow memory at fixed addresses that a kernel with more address-space
-# randomisation than 28 bits (vm.mmap_rnd_bits, 32 on recent distribution kernels) can collide
-# with ("FATAL: ThreadSanitizer: unexpected memory mapping"). Without randomisation it always fits;
-# children inherit the setting.
-if [ -z "${TAU_TSAN_NO_ASLR:-}" ] && [ "$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 0)" -gt 28 ]; then
-  echo "tsan: vm.mmap_rnd_bits > 28, running without address-space randomisation (setarch -R)"
-  TAU_TSAN_NO_ASLR=1 exec setarch "$(uname -m)" -R "$0" "$@"
-fi
 
 logs="$PWD/build-tsan/tsan-logs"
 rm -rf "$logs"
@@ -81,7 +81,8 @@ if [ "$rc" -ne 66 ] || ! grep -q "WARNING: ThreadSanitizer: data race" "$self"/t
 fi
 echo "tsan: the deliberate race is reported (status 66, a report in the log directory)"
 
-export TSAN_OPTIONS="$(tsan_options "$logs")"
+TSAN_OPTIONS="$(tsan_options "$logs")"
+export TSAN_OPTIONS
 rc=0
 ctest --test-dir build-tsan --output-on-failure -j "${TAU_TSAN_JOBS:-$(nproc)}" --timeout 1500 \
   -R "$tests" -E "$excluded" || rc=$?
