@@ -238,15 +238,17 @@ static int CmdLogs(const Global& g, const std::string& name, bool follow, int at
   if (rank >= workers)
     return Fail(
         fmt::format("run {} has {} worker(s); --rank takes 0 to {}", name, workers, workers - 1));
-  std::string path = fmt::format("/api/v1/runs/{}/logs?rank={}", name, rank);
-  if (attempt > 0) path += fmt::format("&attempt={}", attempt);
-  if (follow) path += "&follow=1";
-  auto status = follow ? FollowLog(g.server, &*conn, name, path)
-                       : (*conn)->Stream("GET", path, [&](std::string_view data) {
-                           std::fwrite(data.data(), 1, data.size(), stdout);
-                           std::fflush(stdout);
-                           return true;
-                         });
+  client::LogQuery query;
+  query.rank = rank;
+  query.attempt = attempt;
+  query.follow = follow;
+  auto status =
+      follow ? FollowLog(g.server, &*conn, name, query)
+             : client::TauApi(conn->get()).StreamLog(name, query, [&](std::string_view data) {
+                 std::fwrite(data.data(), 1, data.size(), stdout);
+                 std::fflush(stdout);
+                 return true;
+               });
   if (!status.ok()) return Fail(status.status().message());
   if (*status != 200)
     return Fail(fmt::format("the server refused the log request (HTTP {})", *status));

@@ -152,14 +152,12 @@ Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& s
 }
 
 Result<int> FollowLog(const std::string& server_flag, std::unique_ptr<client::Connection>* conn,
-                      const std::string& run, const std::string& path) {
-  int64_t received = 0;
+                      const std::string& run, client::LogQuery query) {
   while (true) {
-    std::string request = received > 0 ? fmt::format("{}&skip={}", path, received) : path;
-    auto streamed = (*conn)->Stream("GET", request, [&](std::string_view data) {
+    auto streamed = client::TauApi(conn->get()).StreamLog(run, query, [&](std::string_view data) {
       std::fwrite(data.data(), 1, data.size(), stdout);
       std::fflush(stdout);
-      received += static_cast<int64_t>(data.size());
+      query.skip += static_cast<int64_t>(data.size());
       return true;
     });
     const bool lost = !streamed.ok() && (streamed.status().code() == StatusCode::kUnavailable ||

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "client/client.h"
+#include "client/tau_api.h"
 
 namespace tau::cli {
 
@@ -14,12 +15,12 @@ namespace tau::cli {
 // current server; $TAU_TOKEN and $TAU_CA_FILE override what the config holds for it.
 Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& server_flag);
 
-// Streams a run's log (`path`, a follow=1 logs request) to stdout until it ends. When the
+// Streams a run's log (`query`, with follow set) to stdout until it ends. When the
 // connection is lost (the server restarted), says so, connects again (for up to a minute; the
 // local server is started again if need be) and goes on from the byte it had reached: nothing
 // shown twice, nothing missed. Returns the HTTP status of the stream.
 Result<int> FollowLog(const std::string& server_flag, std::unique_ptr<client::Connection>* conn,
-                      const std::string& run, const std::string& path);
+                      const std::string& run, client::LogQuery query);
 
 // The client config: $TAU_CONFIG, else $XDG_CONFIG_HOME/tau/config.json, else
 // ~/.config/tau/config.json. Mode 0600: it holds tokens.

@@ -111,18 +111,16 @@ static int CmdMetrics(const Global& g, const std::string& run, const std::string
     return Fail("unknown output format '" + output + "' (table, json or jsonl)");
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  std::string query = "format=jsonl";
-  if (!name.empty()) query += "&name=" + name;
-  if (has_split) query += "&split=" + split;
-  auto res = (*conn)->Call("GET", "/api/v1/runs/" + run + "/metrics?" + query);
-  if (!res.ok()) return Fail(res.status().message());
-  if (res->status != 200) return Fail(client::ErrorFromResponse(*res).message());
+  auto jsonl =
+      client::TauApi(conn->get())
+          .GetMetricsJsonl(run, name, has_split ? std::optional<std::string>(split) : std::nullopt);
+  if (!jsonl.ok()) return Fail(jsonl.status().message());
   if (mode == "jsonl") {
-    std::fputs(res->body.c_str(), stdout);
+    std::fputs(jsonl->c_str(), stdout);
     return 0;
   }
   evidence::MetricHistory history;
-  history.AddJsonl(res->body);
+  history.AddJsonl(*jsonl);
   if (mode == "json") {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& [n, s] : history.SeriesKeys()) {

@@ -111,7 +111,9 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
     std::this_thread::sleep_for(std::chrono::milliseconds(waited < 1000 ? 20 : 250));
   }
   if (tty && !last_line.empty()) std::fprintf(stderr, "\r\033[K");
-  auto streamed = FollowLog(g.server, &*conn, name, "/api/v1/runs/" + name + "/logs?follow=1");
+  client::LogQuery follow;
+  follow.follow = true;
+  auto streamed = FollowLog(g.server, &*conn, name, follow);
   if (!streamed.ok()) return Fail("lost the log stream: " + streamed.status().message());
   // The stream ends when the run does; the final state may take a moment to be recorded.
   for (int i = 0; i < 600; ++i) {

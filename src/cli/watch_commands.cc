@@ -90,7 +90,7 @@ int CmdStatusWatch(const Global& g, const std::string& run, Format format) {
     auto conn = ConnectToServer(g.server);
     if (!conn.ok()) return Fail(conn.status().message());
     SseParser parser;
-    auto status = (*conn)->Stream("GET", "/api/v1/events?run=" + run, [&](std::string_view d) {
+    auto status = client::TauApi(conn->get()).StreamEvents(run, [&](std::string_view d) {
       return parser.Feed(d, [&](const std::string& type, const std::string& data) {
         if (type != "run") return true;
         auto ev = api::RunEvent::FromJson(json::parse(data, nullptr, false));
@@ -175,7 +175,7 @@ int CmdTop(const Global& g, bool once) {
       auto conn = ConnectToServer(g.server);
       if (conn.ok()) {
         SseParser parser;
-        (void)(*conn)->Stream("GET", "/api/v1/events", [&](std::string_view d) {
+        (void)client::TauApi(conn->get()).StreamEvents("", [&](std::string_view d) {
           return parser.Feed(d, [&](const std::string&, const std::string&) {
             dirty = true;
             return !g_quit.load();

@@ -87,6 +87,30 @@ Result<api::HealthCheck> TauApi::CheckHealth(bool active) {
                                  std::string("/api/v1/health/check") + (active ? "?active=1" : ""));
 }
 
+Result<int> TauApi::StreamLog(const std::string& run, const LogQuery& query,
+                              const OnData& on_data) {
+  std::string path = fmt::format("/api/v1/runs/{}/logs?rank={}", run, query.rank);
+  if (query.attempt > 0) path += fmt::format("&attempt={}", query.attempt);
+  if (query.follow) path += "&follow=1";
+  if (query.skip > 0) path += fmt::format("&skip={}", query.skip);
+  return conn_->Stream("GET", path, on_data);
+}
+
+Result<int> TauApi::StreamEvents(const std::string& run, const OnData& on_data) {
+  return conn_->Stream("GET", run.empty() ? "/api/v1/events" : "/api/v1/events?run=" + run,
+                       on_data);
+}
+
+Result<std::string> TauApi::GetMetricsJsonl(const std::string& run, const std::string& name,
+                                            const std::optional<std::string>& split) {
+  std::string path = "/api/v1/runs/" + run + "/metrics?format=jsonl";
+  if (!name.empty()) path += "&name=" + name;
+  if (split) path += "&split=" + *split;
+  TAU_ASSIGN_OR_RETURN(Response res, conn_->Call("GET", path));
+  if (res.status != 200) return ErrorFromResponse(res);
+  return std::move(res.body);
+}
+
 Result<nlohmann::json> TauApi::GetEvidence(const std::string& run) {
   return CallJson("GET", "/api/v1/runs/" + run + "/evidence");
 }

@@ -2,7 +2,9 @@
 // not keys. A reply of the wrong shape is an error naming the request and the member.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,6 +23,19 @@ struct RunQuery {
   std::string state;
   bool active = false;
 };
+
+// GET /api/v1/runs/NAME/logs: one rank's log of one attempt (0: the latest); with `follow` the
+// stream stays open until the attempt ends; `skip` bytes already received are not sent again.
+struct LogQuery {
+  int rank = 0;
+  int attempt = 0;
+  bool follow = false;
+  int64_t skip = 0;
+};
+
+// The streams hand the body to `on_data` as it arrives (false stops them) and return the HTTP
+// status; a log or an event stream is text, not a reply to read into a type.
+using OnData = std::function<bool(std::string_view)>;
 
 class TauApi {
  public:
@@ -55,6 +70,13 @@ class TauApi {
                         const std::function<bool(std::string_view)>& on_data);
 
   // Identity (docs/security.md). `expires_in` "" is a token that does not expire.
+  Result<int> StreamLog(const std::string& run, const LogQuery& query, const OnData& on_data);
+  // GET /api/v1/events (of one run, or every run when `run` is empty): server-sent events.
+  Result<int> StreamEvents(const std::string& run, const OnData& on_data);
+  // GET /api/v1/runs/NAME/metrics as JSONL, of one metric (`name`) and split when given.
+  Result<std::string> GetMetricsJsonl(const std::string& run, const std::string& name,
+                                      const std::optional<std::string>& split);
+
   Result<api::Whoami> Whoami();
   Result<api::Token> CreateToken(const std::string& user, const std::vector<std::string>& groups,
                                  const std::string& expires_in, const std::string& description);
