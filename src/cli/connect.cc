@@ -94,12 +94,30 @@ Status SaveClientConfig(const ClientConfig& config) {
   return WriteFileAtomic(path, j.dump(2) + "\n", 0600);
 }
 
+int ClientTimeoutMillis() {
+  constexpr int kDefault = 5'000;
+  const char* env = std::getenv("TAU_TIMEOUT");
+  if (env == nullptr || *env == '\0') return kDefault;
+  auto ms = ParseDurationMillis(env);
+  if (!ms.ok() || *ms <= 0 || *ms > 3'600'000) {
+    static bool warned = false;
+    if (!warned)
+      std::fprintf(stderr,
+                   "tau: warning: TAU_TIMEOUT=%s is not a duration from 1ms to 1h (like 30s); "
+                   "waiting 5s\n",
+                   env);
+    warned = true;
+    return kDefault;
+  }
+  return static_cast<int>(*ms);
+}
+
 Result<std::unique_ptr<client::Connection>> ConnectWith(const std::string& address,
                                                         const ServerEntry& entry) {
   TAU_ASSIGN_OR_RETURN(client::Endpoint endpoint, client::ParseEndpoint(address));
   client::TlsOptions tls;  // https://: the system's CAs, or a private CA
   tls.ca_file = entry.ca_file;
-  auto conn = client::Connection::Open(endpoint, tls);
+  auto conn = client::Connection::Open(endpoint, tls, ClientTimeoutMillis());
   if (!conn.ok())
     return Status(conn.status().code(),
                   conn.status().message() + " (is the server running? check --server/TAU_SERVER)");
@@ -129,7 +147,7 @@ Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& s
   // A token on the local socket signs in as its user instead of the socket's (an admin acting
   // as someone, or a test).
   std::string token = env_token && *env_token ? env_token : "";
-  auto conn = client::Connection::Open(local);
+  auto conn = client::Connection::Open(local, ClientTimeoutMillis());
   if (conn.ok()) {
     if (!token.empty()) (*conn)->set_bearer_token(token);
     return conn;
@@ -140,7 +158,7 @@ Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& s
   while (MonotonicMillis() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
     sleep_ms = std::min(sleep_ms * 2, 100);
-    conn = client::Connection::Open(local);
+    conn = client::Connection::Open(local, ClientTimeoutMillis());
     if (conn.ok()) {
       if (!token.empty()) (*conn)->set_bearer_token(token);
       return conn;

@@ -15,6 +15,10 @@ namespace tau::cli {
 // current server; $TAU_TOKEN and $TAU_CA_FILE override what the config holds for it.
 Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& server_flag);
 
+// How long a request waits for the server's answer: $TAU_TIMEOUT (a duration: "30s", "500ms"),
+// else 5 s. A stream that follows a log waits as long as it takes.
+int ClientTimeoutMillis();
+
 // Streams a run's log (`query`, with follow set) to stdout until it ends. When the
 // connection is lost (the server restarted), says so, connects again (for up to a minute; the
 // local server is started again if need be) and goes on from the byte it had reached: nothing

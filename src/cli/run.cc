@@ -77,9 +77,31 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
   if (!conn.ok()) return Fail(conn.status().message());
   nlohmann::json body = {{"spec", {{"file", file}, {"yaml", *text}}},
                          {"code", {{"files", std::move(files)}}}};
-  client::TauApi tau(conn->get());
-  auto submitted = tau.Submit(JsonText(body));
+  const std::string request = JsonText(body);
+  // One key for every try of this submission: a try the server got but did not answer (a timeout,
+  // a lost connection) made the run, and the next try gets that run back instead of a second one.
+  const std::string key = RandomHex(32);
+  auto submitted = client::TauApi(conn->get()).Submit(request, key);
+  constexpr int kTries = 4;
+  for (int tried = 1; tried < kTries && !submitted.ok() &&
+                      (submitted.status().code() == StatusCode::kUnavailable ||
+                       submitted.status().code() == StatusCode::kIo);
+       ++tried) {
+    std::fprintf(stderr,
+                 "tau: no answer to the submission (%s); sending it again with the same key, "
+                 "which never makes a second run (try %d of %d)\n",
+                 submitted.status().message().c_str(), tried + 1, kTries);
+    std::this_thread::sleep_for(std::chrono::seconds(1 << (tried - 1)));
+    auto again = ConnectToServer(g.server);
+    if (!again.ok()) {
+      submitted = again.status();
+      continue;
+    }
+    *conn = std::move(*again);
+    submitted = client::TauApi(conn->get()).Submit(request, key);
+  }
   if (!submitted.ok()) return Fail(submitted.status().message());
+  client::TauApi tau(conn->get());
   api::Run run = std::move(submitted->run);
   std::string name = run.name;
   if (detach) {

@@ -163,11 +163,13 @@ Status Connection::SendAll(std::string_view data) {
 }
 
 Status Connection::SendRequest(std::string_view method, std::string_view path,
-                               std::string_view body, std::string_view content_type) {
+                               std::string_view body, std::string_view content_type,
+                               const Headers& headers) {
   std::string head = fmt::format(
       "{} {} HTTP/1.1\r\nHost: tau\r\nUser-Agent: tau-cli\r\nAccept: application/json\r\n", method,
       path);
   if (!bearer_token_.empty()) head += fmt::format("Authorization: Bearer {}\r\n", bearer_token_);
+  for (const auto& [name, value] : headers) head += fmt::format("{}: {}\r\n", name, value);
   if (!body.empty() || method == "POST" || method == "PUT")
     head += fmt::format("Content-Type: {}\r\nContent-Length: {}\r\n", content_type, body.size());
   head += "\r\n";
@@ -286,11 +288,12 @@ Result<Response> Connection::ReadResponse(const std::function<bool(std::string_v
 }
 
 Result<Response> Connection::Call(std::string_view method, std::string_view path,
-                                  std::string_view body, std::string_view content_type) {
+                                  std::string_view body, std::string_view content_type,
+                                  const Headers& headers) {
   for (int attempt = 0;; ++attempt) {
     if (fd_ < 0) TAU_RETURN_IF_ERROR(Reconnect());
     const bool reused = answers_on_fd_ > 0;
-    Status sent = SendRequest(method, path, body, content_type);
+    Status sent = SendRequest(method, path, body, content_type, headers);
     Result<Response> resp = sent.ok() ? ReadResponse(nullptr) : Result<Response>(sent);
     if (resp.ok()) {
       ++answers_on_fd_;
@@ -319,7 +322,7 @@ Result<int> Connection::Stream(std::string_view method, std::string_view path,
                                const std::function<bool(std::string_view)>& on_data) {
   if (fd_ < 0) TAU_RETURN_IF_ERROR(Reconnect());
   int saved_timeout = timeout_ms_;
-  TAU_RETURN_IF_ERROR(SendRequest(method, path, {}, "application/json"));
+  TAU_RETURN_IF_ERROR(SendRequest(method, path, {}, "application/json", {}));
   timeout_ms_ = 0;  // a followed stream can be quiet for a long time
   auto resp = ReadResponse(&on_data);
   timeout_ms_ = saved_timeout;

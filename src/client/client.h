@@ -8,6 +8,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -39,6 +41,9 @@ struct TlsOptions {
   bool insecure_skip_verify = false;  // no certificate checks at all: tests and debugging only
 };
 
+// Extra request headers (name, value).
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
 struct Response {
   int status = 0;
   std::map<std::string, std::string> headers;  // lowercase names
@@ -58,7 +63,8 @@ class Connection {
   // Sends one request and reads the whole response. Reconnects once if a kept-alive connection was
   // closed by the server before answering.
   Result<Response> Call(std::string_view method, std::string_view path, std::string_view body = {},
-                        std::string_view content_type = "application/json");
+                        std::string_view content_type = "application/json",
+                        const Headers& headers = {});
   // Sends one request and hands the body to `on_data` as it arrives (chunked streams such as logs).
   // `on_data` returns false to stop early. Returns the status code.
   Result<int> Stream(std::string_view method, std::string_view path,
@@ -73,7 +79,7 @@ class Connection {
   void Close();
   Status SendAll(std::string_view data);
   Status SendRequest(std::string_view method, std::string_view path, std::string_view body,
-                     std::string_view content_type);
+                     std::string_view content_type, const Headers& headers);
   Result<Response> ReadResponse(const std::function<bool(std::string_view)>* on_data);
   Result<size_t> Fill();  // reads more bytes into buf_
 

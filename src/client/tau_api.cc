@@ -7,8 +7,8 @@
 namespace tau::client {
 
 Result<nlohmann::json> TauApi::CallJson(const std::string& method, const std::string& path,
-                                        const std::string& body) {
-  TAU_ASSIGN_OR_RETURN(Response resp, conn_->Call(method, path, body));
+                                        const std::string& body, const Headers& headers) {
+  TAU_ASSIGN_OR_RETURN(Response resp, conn_->Call(method, path, body, "application/json", headers));
   if (resp.status < 200 || resp.status >= 300) return ErrorFromResponse(resp);
   auto j = nlohmann::json::parse(resp.body, nullptr, false);
   if (j.is_discarded()) return Internal("the server's answer is not JSON");
@@ -16,9 +16,9 @@ Result<nlohmann::json> TauApi::CallJson(const std::string& method, const std::st
 }
 
 template <typename T>
-Result<T> TauApi::Typed(const std::string& method, const std::string& path,
-                        const std::string& body) {
-  TAU_ASSIGN_OR_RETURN(nlohmann::json j, CallJson(method, path, body));
+Result<T> TauApi::Typed(const std::string& method, const std::string& path, const std::string& body,
+                        const Headers& headers) {
+  TAU_ASSIGN_OR_RETURN(nlohmann::json j, CallJson(method, path, body, headers));
   Result<T> typed = T::FromJson(j);
   if (!typed.ok())
     return Internal(fmt::format("the server's reply to {} {} is not what this tau reads: {}",
@@ -41,8 +41,10 @@ Result<api::RunDetail> TauApi::GetRun(const std::string& name) {
   return Typed<api::RunDetail>("GET", "/api/v1/runs/" + name);
 }
 
-Result<api::Submitted> TauApi::Submit(const std::string& body) {
-  return Typed<api::Submitted>("POST", "/api/v1/runs", body);
+Result<api::Submitted> TauApi::Submit(const std::string& body, const std::string& idempotency_key) {
+  Headers headers;
+  if (!idempotency_key.empty()) headers.emplace_back("Idempotency-Key", idempotency_key);
+  return Typed<api::Submitted>("POST", "/api/v1/runs", body, headers);
 }
 
 Result<api::Submitted> TauApi::Rerun(const std::string& name) {

@@ -45,7 +45,9 @@ class TauApi {
   Result<api::RunList> ListRuns(const RunQuery& query);
   Result<api::RunDetail> GetRun(const std::string& name);
   // `body`: the JSON of POST /api/v1/runs ({"spec": {...}, "code": {...}}).
-  Result<api::Submitted> Submit(const std::string& body);
+  // POST /api/v1/runs. With an idempotency key, a submission sent again (after a timeout or a lost
+  // connection) answers with the run the first one made instead of making another.
+  Result<api::Submitted> Submit(const std::string& body, const std::string& idempotency_key = "");
   Result<api::Submitted> Rerun(const std::string& name);
   Status Cancel(const std::string& name);
   Status Resume(const std::string& name, const std::string& from, bool force);
@@ -90,9 +92,10 @@ class TauApi {
  private:
   // The parsed JSON body of one call. A non-2xx answer is the server's error as a Status.
   Result<nlohmann::json> CallJson(const std::string& method, const std::string& path,
-                                  const std::string& body = "");
+                                  const std::string& body = "", const Headers& headers = {});
   template <typename T>
-  Result<T> Typed(const std::string& method, const std::string& path, const std::string& body = "");
+  Result<T> Typed(const std::string& method, const std::string& path, const std::string& body = "",
+                  const Headers& headers = {});
 
   Connection* conn_;
 };

@@ -116,7 +116,7 @@ Status Controller::InsertWithUniqueName(
   return inserted;
 }
 
-Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) {
+Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* error) {
   spec::ParseOutcome parsed = spec::ParseSpec(request.spec_yaml, request.spec_file);
   if (!parsed.ok()) {
     error->diagnostics = parsed.diagnostics;
@@ -175,15 +175,40 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
                  {"memory_bytes", need.memory_bytes},
                  {"workers", spec.compute.workers}};
   r.created_ms = r.updated_ms = Now();
+  r.submit_key = request.idempotency_key;
   nlohmann::json submitted = {{"config_hash", r.config_hash},
                               {"snapshot_digest", r.snapshot_digest},
                               {"files", snapshot->files.size()}};
-  Status inserted = InsertWithUniqueName(&r, spec.name, [&](const std::string& name) {
-    return std::vector<Event>{
-        {0, name, r.created_ms, "Submitted", "submitted from " + r.spec_file, submitted, "", ""},
-        {0, name, r.created_ms, "Queued", "queued in " + r.queue, nlohmann::json::object(), "",
-         ""}};
-  });
+  auto insert = [&] {
+    return InsertWithUniqueName(&r, spec.name, [&](const std::string& name) {
+      return std::vector<Event>{
+          {0, name, r.created_ms, "Submitted", "submitted from " + r.spec_file, submitted, "", ""},
+          {0, name, r.created_ms, "Queued", "queued in " + r.queue, nlohmann::json::object(), "",
+           ""}};
+    });
+  };
+  Status inserted;
+  if (r.submit_key.empty()) {
+    inserted = insert();
+  } else {
+    MutexLock lock(&submit_mu_);
+    auto earlier = store_->FindRunBySubmitKey(r.owner, r.submit_key);
+    if (earlier.ok()) {
+      if (earlier->config_hash != r.config_hash || earlier->snapshot_digest != r.snapshot_digest) {
+        error->status = AlreadyExists(fmt::format(
+            "idempotency key '{}' was used for run {} with another spec or other code; a new "
+            "submission needs a new key",
+            r.submit_key, earlier->name));
+        return error->status;
+      }
+      return SubmitOutcome{std::move(*earlier), true};
+    }
+    if (earlier.status().code() != StatusCode::kNotFound) {
+      error->status = earlier.status();
+      return error->status;
+    }
+    inserted = insert();
+  }
   if (!inserted.ok()) {
     error->status = inserted;
     return inserted;
@@ -199,7 +224,7 @@ Result<RunRecord> Controller::Submit(SubmitRequest request, SubmitError* error) 
   }
   inbox_.Push(NewRun{r.name, prepared.ok() ? std::make_optional(std::move(*prepared))
                                            : std::optional<ActiveRun>()});
-  return r;
+  return SubmitOutcome{std::move(r), false};
 }
 
 Status Controller::Cancel(const std::string& name) {

@@ -58,12 +58,22 @@ struct SubmitRequest {
   std::string spec_yaml;
   std::vector<CodeFile> code;
   policy::Caller caller;  // who submits: resolution checks workspace membership
+  // The client's idempotency key ("" for none): a submission by the same user with a key already
+  // used is the run that key made (the same spec and code), not a new one.
+  std::string idempotency_key;
 };
 
 // A submission that was refused: the diagnostics (spec errors) or a single message.
 struct SubmitError {
   Status status;
   std::vector<spec::Diagnostic> diagnostics;
+};
+
+// What Submit did: made the run, or found the one an earlier submission with the same
+// idempotency key made (`replayed`).
+struct SubmitOutcome {
+  store::RunRecord run;
+  bool replayed = false;
 };
 
 class Controller : private RunHost {
@@ -79,7 +89,7 @@ class Controller : private RunHost {
   void RunOnce();
 
   // Validates, snapshots and records a new run; it is queued when this returns.
-  Result<store::RunRecord> Submit(SubmitRequest request, SubmitError* error);
+  Result<SubmitOutcome> Submit(SubmitRequest request, SubmitError* error);
   Status Cancel(const std::string& name);
   // A new run from a finished run's recorded spec and code snapshot. `warning` is set when the
   // recorded spec no longer gives the recorded config hash (tau changed how it reads it).
@@ -209,6 +219,9 @@ class Controller : private RunHost {
   std::unique_ptr<EvidenceWorker> evidence_;
 
   Mutex mu_;
+  // Held across a keyed submission's lookup and insert, so that two submissions with one key make
+  // one run.
+  Mutex submit_mu_;
   bool stopping_ TAU_GUARDED_BY(mu_) = false;
   std::map<std::string, nlohmann::json> pending_info_ TAU_GUARDED_BY(mu_);
   nlohmann::json capacity_info_ TAU_GUARDED_BY(mu_);

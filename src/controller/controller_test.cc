@@ -357,9 +357,9 @@ TEST_F(ControllerTest, PreemptedRunGoesBackToItsQueueAndRunsAgain) {
 }
 
 TEST_F(ControllerTest, PreemptedAttemptsUseNoRetry) {
-  const std::string name = Submit(
-      "preempted-twice",
-      "resilience:\n  max_retries: 1\n  retry_on: [UserError, Preempted]\n  backoff_initial: 30s\n");
+  const std::string name = Submit("preempted-twice",
+                                  "resilience:\n  max_retries: 1\n  retry_on: [UserError, "
+                                  "Preempted]\n  backoff_initial: 30s\n");
   for (int attempt = 1; attempt <= 2; ++attempt) {
     controller_->RunOnce();
     ASSERT_EQ(backend_.launches[name], attempt);
@@ -383,7 +383,58 @@ TEST_F(ControllerTest, PreemptedAttemptsUseNoRetry) {
   controller_->RunOnce();
   r = Run(name);
   EXPECT_EQ(r.state, RunState::kFailed);
-  EXPECT_NE(r.message.find("resilience.max_retries (1) is used up"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("resilience.max_retries (1) is used up"), std::string::npos)
+      << r.message;
+}
+
+TEST_F(ControllerTest, ASubmissionRepeatedWithItsIdempotencyKeyIsTheSameRun) {
+  auto submit = [&](const std::string& user, const std::string& key, const std::string& code) {
+    SubmitRequest request;
+    request.spec_file = "tau.yaml";
+    request.spec_yaml = "schema_version: 1\nname: keyed\nrun:\n  entrypoint: train.py\n";
+    request.code.push_back({"train.py", 0644, code});
+    request.caller.user = user;
+    request.idempotency_key = key;
+    SubmitError error;
+    return controller_->Submit(std::move(request), &error);
+  };
+  auto first = submit("alice", "key-1", "print(1)\n");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_FALSE(first->replayed);
+  controller_->RunOnce();  // it starts; a retried submission still finds it
+  auto again = submit("alice", "key-1", "print(1)\n");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(again->replayed);
+  EXPECT_EQ(again->run.name, first->run.name);
+  EXPECT_EQ(again->run.state, RunState::kRunning) << "the run as it is now";
+  EXPECT_EQ(EventTypes(first->run.name),
+            (std::vector<std::string>{"Submitted", "Queued", "Admitted", "Running"}));
+
+  // The same key with other code is refused, and makes nothing.
+  auto other = submit("alice", "key-1", "print(2)\n");
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(other.status().message().find(first->run.name), std::string::npos)
+      << other.status().ToString();
+  // Another user's key of the same text, and no key at all, are new runs.
+  auto bobs = submit("bob", "key-1", "print(1)\n");
+  ASSERT_TRUE(bobs.ok()) << bobs.status().ToString();
+  EXPECT_FALSE(bobs->replayed);
+  EXPECT_NE(bobs->run.name, first->run.name);
+  auto plain1 = submit("alice", "", "print(1)\n"), plain2 = submit("alice", "", "print(1)\n");
+  ASSERT_TRUE(plain1.ok() && plain2.ok());
+  EXPECT_NE(plain1->run.name, plain2->run.name);
+  auto runs = store_->ListRuns(store::RunFilter{});
+  ASSERT_TRUE(runs.ok());
+  EXPECT_EQ(runs->size(), 4u);
+
+  // After a restart the key still finds its run.
+  StopController();
+  StartController();
+  auto later = submit("alice", "key-1", "print(1)\n");
+  ASSERT_TRUE(later.ok()) << later.status().ToString();
+  EXPECT_TRUE(later->replayed);
+  EXPECT_EQ(later->run.name, first->run.name);
 }
 
 TEST_F(ControllerTest, RestartReadoptsALiveAttemptAndLosesAVanishedOne) {

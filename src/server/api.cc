@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <thread>
 
@@ -120,6 +121,16 @@ Result<int64_t> IntParam(const http::HttpRequest& req, const char* name, int64_t
     return InvalidArgument(fmt::format(
         "query parameter '{}' must be an integer in {}..{}, got '{}'", name, min, max, v));
   return static_cast<int64_t>(n);
+}
+
+// An idempotency key as clients make them (random hex, UUIDs): 1 to 128 of [A-Za-z0-9._:-].
+bool IsIdempotencyKey(const std::string& key) {
+  if (key.empty() || key.size() > 128) return false;
+  for (char c : key)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != ':' &&
+        c != '-')
+      return false;
+  return true;
 }
 
 bool BoolParam(const http::HttpRequest& req, const char* name) {
@@ -440,16 +451,25 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                auto submit = ParseSubmitBody(req.body);
                if (!submit.ok()) return http::ReplyError(res, submit.status());
                submit->caller = caller.who.AsCaller();
+               if (auto key = req.headers.find("idempotency-key"); key != req.headers.end()) {
+                 if (!IsIdempotencyKey(key->second))
+                   return http::ReplyError(
+                       res, InvalidArgument("the Idempotency-Key header takes 1 to 128 letters, "
+                                            "digits and . _ : - (a client's random key)"));
+                 submit->idempotency_key = key->second;
+               }
                SubmitError error;
-               auto run = controller->Submit(std::move(*submit), &error);
-               if (!run.ok()) {
+               auto outcome = controller->Submit(std::move(*submit), &error);
+               if (!outcome.ok()) {
                  json diags = json::array();
                  for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
-                 return http::ReplyError(res, run.status(), {{"diagnostics", diags}});
+                 return http::ReplyError(res, outcome.status(), {{"diagnostics", diags}});
                }
                api::Submitted reply;
-               reply.run = RunOf(*run, controller);
-               http::Reply(res, 201, reply.ToJson());
+               reply.run = RunOf(outcome->run, controller);
+               // A repeated submission gets the run its key made, as it is now.
+               if (outcome->replayed) res.headers_out.emplace_back("Idempotent-Replayed", "true");
+               http::Reply(res, outcome->replayed ? 200 : 201, reply.ToJson());
              });
 
   api->Route(

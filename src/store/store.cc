@@ -124,6 +124,9 @@ CREATE TABLE secrets (
   PRIMARY KEY (workspace, key)
 );
 )sql",
+    // 6: idempotent submission: the key a client sent with the run's submission, unique per owner.
+    "ALTER TABLE runs ADD COLUMN submit_key TEXT NOT NULL DEFAULT '';"
+    "CREATE UNIQUE INDEX runs_submit_key ON runs(owner, submit_key) WHERE submit_key <> '';",
 };
 
 // Prepared statements kept for the next use of the same SQL text: preparing one costs more than
@@ -230,7 +233,7 @@ constexpr const char* kRunColumns =
     "name, seq, spec_name, spec_file, spec_yaml, spec_json, config_hash, snapshot_digest, "
     "snapshot_dir, workspace, queue, priority, resources, state, reason, message, exit_code, "
     "signal, attempts, gpus, cancel_requested, created_ms, updated_ms, admitted_ms, started_ms, "
-    "finished_ms, not_before_ms, owner, resolved, flavors, preemptions";
+    "finished_ms, not_before_ms, owner, resolved, flavors, preemptions, submit_key";
 
 RunRecord ReadRun(Stmt& s) {
   RunRecord r;
@@ -265,6 +268,7 @@ RunRecord ReadRun(Stmt& s) {
   r.resolved = ParseJsonColumn(s.Text(28), nlohmann::json::object());
   r.flavors = ParseJsonColumn(s.Text(29), nlohmann::json::object());
   r.preemptions = static_cast<int>(s.Int(30));
+  r.submit_key = s.Text(31);
   return r;
 }
 
@@ -310,6 +314,7 @@ void BindRun(Stmt& s, const RunRecord& r) {
   s.Bind(":created_ms", r.created_ms);
   s.Bind(":owner", r.owner);
   s.Bind(":resolved", JsonText(r.resolved));
+  s.Bind(":submit_key", r.submit_key);
   BindProgress(s, r);
 }
 
@@ -629,6 +634,22 @@ Result<RunRecord> Store::GetRun(const std::string& name) {
   int rc = s.Step();
   if (rc == SQLITE_ROW) return ReadRun(s);
   if (rc == SQLITE_DONE) return NotFound(fmt::format("no run named '{}'", name));
+  return impl_->Error("reading run");
+}
+
+Result<RunRecord> Store::FindRunBySubmitKey(const std::string& owner, const std::string& key) {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache,
+         fmt::format("SELECT {} FROM runs WHERE owner = ? AND submit_key = ? AND submit_key <> ''",
+                     kRunColumns)
+             .c_str());
+  if (!s.ok()) return impl_->Error("preparing run lookup by submission key");
+  s.Bind(1, owner);
+  s.Bind(2, key);
+  int rc = s.Step();
+  if (rc == SQLITE_ROW) return ReadRun(s);
+  if (rc == SQLITE_DONE)
+    return NotFound(fmt::format("no run of {} has submission key '{}'", owner, key));
   return impl_->Error("reading run");
 }
 

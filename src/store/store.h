@@ -56,6 +56,9 @@ struct RunRecord {
   // While it holds quota: the flavors the admission engine assigned, {podset: {resource: flavor}}.
   nlohmann::json flavors = nlohmann::json::object();
   int preemptions = 0;  // times it was preempted (these do not use up resilience.max_retries)
+  // The idempotency key its submission carried ("" when none): a submission of the same owner
+  // with the same key is the same run (unique per owner).
+  std::string submit_key;
 };
 
 enum class AttemptState { kStarting, kRunning, kFinished };
@@ -199,6 +202,8 @@ class Store {
   Status Commit(const Batch& batch);
 
   Result<RunRecord> GetRun(const std::string& name);
+  // The run `owner` submitted with idempotency key `key`; NotFound when there is none.
+  Result<RunRecord> FindRunBySubmitKey(const std::string& owner, const std::string& key);
   Result<std::vector<RunRecord>> ListRuns(const RunFilter& filter);
   Result<int64_t> CountRuns(const RunFilter& filter);
   // Runs per (state, workspace), for metrics.

@@ -60,6 +60,35 @@ TEST_F(StoreTest, InsertGetAndDuplicate) {
   EXPECT_EQ(store_->GetRun("nope").status().code(), StatusCode::kNotFound);
 }
 
+TEST_F(StoreTest, SubmissionKeysFindTheirRunAndAreUniquePerOwner) {
+  RunRecord a = MakeRun("a-1");
+  a.owner = "alice";
+  a.submit_key = "k1";
+  ASSERT_TRUE(store_->InsertRun(&a, {}).ok());
+  RunRecord unkeyed = MakeRun("a-2");
+  unkeyed.owner = "alice";
+  ASSERT_TRUE(store_->InsertRun(&unkeyed, {}).ok());
+  RunRecord b = MakeRun("b-1");
+  b.owner = "bob";
+  b.submit_key = "k1";  // another owner's key of the same text is another key
+  ASSERT_TRUE(store_->InsertRun(&b, {}).ok());
+
+  auto found = store_->FindRunBySubmitKey("alice", "k1");
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(found->name, "a-1");
+  EXPECT_EQ(found->submit_key, "k1");
+  EXPECT_EQ(store_->FindRunBySubmitKey("bob", "k1")->name, "b-1");
+  EXPECT_EQ(store_->FindRunBySubmitKey("alice", "k2").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store_->FindRunBySubmitKey("alice", "").status().code(), StatusCode::kNotFound)
+      << "runs without a key are never found by the empty key";
+
+  RunRecord again = MakeRun("a-3");
+  again.owner = "alice";
+  again.submit_key = "k1";
+  EXPECT_FALSE(store_->InsertRun(&again, {}).ok()) << "a key is unique per owner";
+  EXPECT_EQ(store_->GetRun("a-3").status().code(), StatusCode::kNotFound);
+}
+
 TEST_F(StoreTest, BatchCommitAndFilters) {
   for (int i = 0; i < 5; ++i) {
     RunRecord r = MakeRun("r" + std::to_string(i));

@@ -71,7 +71,7 @@ class ControllerFixture : public ::testing::Test {
     server::SubmitError error;
     auto r = controller_->Submit(std::move(request), &error);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return r.ok() ? r->name : "";
+    return r.ok() ? r->run.name : "";
   }
 
   store::RunRecord Run(const std::string& name) {

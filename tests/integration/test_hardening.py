@@ -10,15 +10,17 @@ import hashlib
 import http.client
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
 import tarfile
 import tempfile
+import threading
 import time
 import unittest
 
-from harness import ServerTestCase, TauServer, pid_alive, wait_for
+from harness import TAU, ServerTestCase, TauServer, pid_alive, wait_for
 
 
 def job_spec(name, entry="main.py", extra=""):
@@ -516,6 +518,110 @@ class FullDiskTest(unittest.TestCase):
         self.assertEqual(d["attempts"][0]["exit_code"], 3)
         self.assertEqual(self.server.proc.pid, server_pid)
         self.assertIsNone(self.server.proc.poll())
+
+
+class IdempotentSubmissionTest(HardeningCase):
+    """A submission sent again with its Idempotency-Key is the run the first one made (issue #20):
+    a client that got no answer can try again without running the job twice."""
+
+    def runs(self):
+        status, body, text = self.call("GET", "/api/v1/runs?limit=1000")
+        self.assertEqual(status, 200, text)
+        return [r["name"] for r in body["runs"]]
+
+    def test_the_same_key_answers_with_the_same_run(self):
+        body = submit_body(job_spec("keyed"), [("main.py", b"print('ok')\n")])
+        key = {"Idempotency-Key": "3f1c0e2a-key"}
+        status, first, text = self.call("POST", "/api/v1/runs", body, key)
+        self.assertEqual(status, 201, text)
+        name = first["run"]["name"]
+        conn = UnixHTTPConnection(self.sock_path())
+        try:
+            conn.request("POST", "/api/v1/runs", body=body.encode(),
+                         headers={"Content-Type": "application/json", **key})
+            res = conn.getresponse()
+            again = json.loads(res.read())
+            self.assertEqual(res.status, 200)
+            self.assertEqual(res.getheader("Idempotent-Replayed"), "true")
+        finally:
+            conn.close()
+        self.assertEqual(again["run"]["name"], name)
+        self.assertEqual(self.runs(), [name])
+
+        # The key with other code is refused, saying which run it made; nothing new is made.
+        other = submit_body(job_spec("keyed"), [("main.py", b"print('other')\n")])
+        status, err, _ = self.call("POST", "/api/v1/runs", other, key)
+        self.assert_error(status, err, 409, "idempotency key", name)
+        # A key that is not one (too long, or with spaces) is a 400 that says what a key is.
+        for bad in ("x" * 129, "two words"):
+            status, err, _ = self.call("POST", "/api/v1/runs", body, {"Idempotency-Key": bad})
+            self.assert_error(status, err, 400, "Idempotency-Key")
+        self.assertEqual(self.runs(), [name])
+        # Without a key, the same body is a new run each time.
+        status, _, text = self.call("POST", "/api/v1/runs", body)
+        self.assertEqual(status, 201, text)
+        self.assertEqual(len(self.runs()), 2)
+
+    def test_the_cli_sends_an_unanswered_submission_again_and_makes_one_run(self):
+        # A proxy in front of the server loses the answer to the first submission: the server
+        # made the run, the CLI hears nothing within its 1 s timeout and tries again. The key
+        # must make the second try find that run, not make a second one.
+        proxy_path = os.path.join(self.work, "proxy.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(proxy_path)
+        listener.listen(8)
+        served = []
+
+        def pipe(client):
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(self.sock_path())
+            first = not served
+            served.append(client)
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += client.recv(65536)
+            head, _, body = request.partition(b"\r\n\r\n")
+            length = int(next((l.split(b":")[1] for l in head.split(b"\r\n")
+                               if l.lower().startswith(b"content-length:")), b"0"))
+            while len(body) < length:
+                body += client.recv(65536)
+            upstream.sendall(head + b"\r\n\r\n" + body)
+            answer = upstream.recv(65536)  # the server has answered: the run exists
+            upstream.close()
+            if not first:
+                client.sendall(answer)
+                client.close()
+            # The first answer is lost; its connection stays open and silent.
+
+        def accept():
+            while True:
+                try:
+                    client, _ = listener.accept()
+                except OSError:
+                    return
+                threading.Thread(target=pipe, args=(client,), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        try:
+            spec = self.project(job_spec("lost-answer"), {"main.py": "print('ok')\n"})
+            env = dict(self.server.env, TAU_TIMEOUT="1s", TAU_SERVER="unix://" + proxy_path)
+            p = subprocess.run([TAU, "run", "--detach", spec], env=env, capture_output=True,
+                               text=True, timeout=60)
+        finally:
+            listener.close()
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("sending it again with the same key", p.stderr)
+        self.assertGreaterEqual(len(served), 2)
+        name = p.stdout.strip()
+        self.assertTrue(name.startswith("lost-answer-"), p.stdout)
+        self.assertEqual(self.runs(), [name], "one run, though two submissions reached the server")
+        self.server.wait_state(name, "Succeeded")
+
+    def test_a_timeout_that_is_not_a_duration_is_said_and_the_default_kept(self):
+        env = dict(self.server.env, TAU_TIMEOUT="soon")
+        p = subprocess.run([TAU, "list"], env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("TAU_TIMEOUT=soon is not a duration", p.stderr)
 
 
 class NoShellTest(HardeningCase):
