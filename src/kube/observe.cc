@@ -263,6 +263,39 @@ void FailFromPods(AttemptObservation& out, const std::vector<json>& pods, std::s
 
 // ---- Rule 1: terminal from the object ----
 
+// Whether every pod still says it runs or waits, none with a container that terminated: a view of
+// the pods older than the Job's own status (the watches of pods and Jobs are separate streams, so
+// the Job's Failed condition can arrive first). How the pods ended is then still to come.
+bool PodsNotCaughtUp(const std::vector<json>& pods) {
+  if (pods.empty()) return false;
+  for (const json& p : pods) {
+    const std::string phase = Str(p, {"status", "phase"});
+    if (phase != "Running" && phase != "Pending") return false;
+    // A container that terminated, or an init container that failed (one that completed is how
+    // every running pod starts), says how the pod ended.
+    for (const char* list : {"containerStatuses", "initContainerStatuses"}) {
+      const bool init = std::string_view(list) == "initContainerStatuses";
+      const json* status = Field(p, "status");
+      const json* statuses = status ? Field(*status, list) : nullptr;
+      if (statuses == nullptr || !statuses->is_array()) continue;
+      for (const json& c : *statuses) {
+        const json* state = c.is_object() ? Field(c, "state") : nullptr;
+        const json* terminated = state ? Field(*state, "terminated") : nullptr;
+        if (terminated == nullptr) {
+          // A main container that ran before and was restarted: its last end is news too.
+          const json* last = init || !c.is_object() ? nullptr : Field(c, "lastState");
+          if (last != nullptr && Field(*last, "terminated") != nullptr) return false;
+          continue;
+        }
+        const json* code = Field(*terminated, "exitCode");
+        if (!init || code == nullptr || !code->is_number_integer() || code->get<int64_t>() != 0)
+          return false;
+      }
+    }
+  }
+  return true;
+}
+
 bool JobTerminal(const json& object, const std::vector<json>& pods, AttemptObservation& out) {
   for (const char* type : {"Complete", "SuccessCriteriaMet"}) {
     if (IsTrue(Condition(&object, type))) {
@@ -283,6 +316,8 @@ bool JobTerminal(const json& object, const std::vector<json>& pods, AttemptObser
     out.message = message.empty() ? "the Job ran past its activeDeadlineSeconds" : message;
     return true;
   }
+  // The pods say how it failed (OOMKilled, Evicted, an exit code); wait for them to say it.
+  if (PodsNotCaughtUp(pods)) return false;
   FailFromPods(out, pods, reason, message.empty() ? "the Job failed" : message);
   return true;
 }
@@ -392,7 +427,8 @@ AttemptObservation ObserveAttempt(const json& object, const json* workload,
     }
   }
 
-  // 1. Terminal: the object's own word beats anything Kueue or the pods say afterwards.
+  // 1. Terminal: the object's own word beats anything Kueue or the pods say afterwards (once the
+  // pods have caught up with it: PodsNotCaughtUp).
   bool terminal = Str(object, {"kind"}) == "RayJob" ? RayJobTerminal(object, pods, out)
                                                     : JobTerminal(object, pods, out);
   if (terminal) return out;

@@ -361,6 +361,22 @@ AttemptObservation FailedJobWith(std::vector<json> pods) {
   return ObserveAttempt(job, &workload, pods);
 }
 
+TEST(ObserveAttempt, AFailedJobWaitsForPodsThatHaveNotCaughtUp) {
+  // The Job's Failed condition came before the pod's own update (separate watches): the pod
+  // still reads Running, and how it ended (here OOMKilled) is still to come.
+  json running = Pod("train-1-0-a", "0",
+                     {{"phase", "Running"},
+                      {"containerStatuses", {{{"name", "worker"}, {"state", {{"running", {}}}}}}}});
+  AttemptObservation early = FailedJobWith({running});
+  EXPECT_FALSE(early.Terminal()) << early.message;
+  AttemptObservation later = FailedJobWith({FailedWorker("train-1-0-a", "0", 137, "OOMKilled")});
+  EXPECT_EQ(later.phase, Phase::kFailed);
+  EXPECT_EQ(later.failure_class, "OOMKilled");
+  // A pod that ended beside one that runs, or no pods at all: the Job's word now.
+  EXPECT_EQ(FailedJobWith({running, FailedWorker("train-1-1-b", "1", 2)}).phase, Phase::kFailed);
+  EXPECT_EQ(FailedJobWith({}).failure_class, "UserError");
+}
+
 TEST(ObserveAttempt, OomKilledBeatsTheOtherWorkersExits) {
   AttemptObservation o = FailedJobWith(
       {FailedWorker("train-1-0-a", "0", 1), FailedWorker("train-1-1-b", "1", 137, "OOMKilled")});
