@@ -83,6 +83,12 @@ Status KillOrphanedWorkers(const ProcessId& shim, const std::string& attempt_dir
       if (st && st->pgrp == pgid && st->session == shim.pid) ::kill(pid, SIGKILL);
     }
   }
+  // Those that left the session (setsid, a daemon's double fork) still carry the attempt's
+  // marker in the environment they started with, unless they replaced it themselves (a cgroup,
+  // where there is one, holds them all; see the shim).
+  const std::string marker = std::string(internal::kAttemptMarker) + "=" + attempt_dir;
+  for (int pid : internal::ListPids())
+    if (pid != ::getpid() && internal::EnvironHas(pid, marker)) ::kill(pid, SIGKILL);
   return Status::Ok();
 }
 

@@ -77,6 +77,19 @@ std::vector<int> ListPids() {
   return pids;
 }
 
+bool EnvironHas(int pid, std::string_view entry) {
+  auto text = ReadFile("/proc/" + std::to_string(pid) + "/environ");
+  if (!text.ok()) return false;
+  std::string_view all(*text);
+  for (size_t start = 0; start < all.size();) {
+    size_t end = all.find('\0', start);
+    if (end == std::string_view::npos) end = all.size();
+    if (all.substr(start, end - start) == entry) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
 int PidfdOpen(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
 int PidfdSendSignal(int pidfd, int sig) {

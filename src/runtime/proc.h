@@ -55,6 +55,12 @@ std::optional<ProcStat> ParseProcStat(std::string_view text);
 std::optional<ProcStat> ReadProcStat(int pid);
 // The pids of every process visible in /proc.
 std::vector<int> ListPids();
+// Whether the environment process `pid` started with holds `entry` ("NAME=VALUE") exactly; false
+// when it cannot be read (gone, or another user's without the right to read it).
+bool EnvironHas(int pid, std::string_view entry);
+// The environment variable every worker of an attempt carries: the attempt's directory. It finds
+// the processes of an attempt whose supervisor died, even those that left its session (setsid).
+inline constexpr char kAttemptMarker[] = "TAU_ATTEMPT_DIR";
 
 // pidfd_open(2) and pidfd_send_signal(2); -1 with errno on failure.
 int PidfdOpen(int pid);

@@ -68,7 +68,7 @@ struct LaunchContext {
 //   run visible entrypoint not *.py        executed directly, ARGS appended
 // Each worker's env: base_env, then the spec's env, then TAU_RUN_NAME, TAU_ATTEMPT,
 // TAU_CHECKPOINT_DIR, TAU_OUTPUT_DIR, TAU_METRICS_FILE, CUDA_VISIBLE_DEVICES, PYTHONUNBUFFERED=1
-// and extra_env.
+// and extra_env; the shim adds TAU_ATTEMPT_DIR (the marker that finds the attempt's processes).
 Result<std::vector<WorkerLaunch>> PlanLaunch(const spec::RunSpec& spec, const LaunchContext& ctx);
 
 struct AttemptConfig {

@@ -499,10 +499,13 @@ TEST_F(RuntimeTest, KilledShimTakesWorkersAlongAndStopCleansUp) {
   EXPECT_TRUE(WaitUntil([&] { return !IsAlive(grandchild); }, 3'000));
   EXPECT_TRUE(WaitUntil([&] { return SessionMembers(shim.pid).empty(); }, 3'000));
   EXPECT_EQ(ReadOutcome(c.attempt_dir).status().code(), StatusCode::kNotFound);
-  // The processes that escaped with setsid are beyond the reach of a dead shim; clean them up here.
+  // Those that escaped into a session of their own (setsid) are found by the attempt's marker in
+  // their environment.
   for (int r = 0; r < 2; ++r) {
     ProcessId escaped = PidFromLog(c.attempt_dir, r, "escaped");
-    if (escaped.pid > 0 && IsAlive(escaped)) ::kill(escaped.pid, SIGKILL);
+    ASSERT_GT(escaped.pid, 0);
+    EXPECT_TRUE(WaitUntil([&] { return !IsAlive(escaped); }, 3'000)) << escaped.pid;
+    if (IsAlive(escaped)) ::kill(escaped.pid, SIGKILL);
   }
 }
 

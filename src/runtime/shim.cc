@@ -461,6 +461,8 @@ class Shim {
     }
     for (size_t rank = 0; rank < config_.workers.size(); ++rank) {
       WorkerLaunch& w = config_.workers[rank];
+      // What finds the attempt's processes if this supervisor dies (KillOrphanedWorkers).
+      EnvSet(w.env, internal::kAttemptMarker, config_.attempt_dir);
       if (!venv.empty()) {
         EnvSet(w.env, "VIRTUAL_ENV", venv);
         EnvSet(w.env, "PATH", venv + "/bin:" + EnvGet(w.env, "PATH", kDefaultPath));

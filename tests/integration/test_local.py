@@ -512,6 +512,40 @@ class RobustnessTest(ServerTestCase):
         reply = self.raw(b"GET /api/v1/healthz HTTP/1.1\r\nX-Tau-Peer-Uid: 0\r\n\r\n")
         self.assertIn(b"200", reply.split(b"\r\n")[0])
 
+    def test_processes_that_left_the_attempt_die_with_its_killed_supervisor(self):
+        # One child escapes into a session of its own (setsid), one is double-forked (reparented,
+        # it keeps the process group); both outlive their parent shell. SIGKILL of the attempt's
+        # supervisor must not leave them running (on a GPU box they would keep their GPU).
+        script = ("#!/bin/sh\n"
+                  "setsid sleep 1000 & echo $! > \"$TAU_OUTPUT_DIR/escaped\"\n"
+                  "(sleep 1000 & echo $! > \"$TAU_OUTPUT_DIR/double\")\n"
+                  "echo started\n"
+                  "wait\n")
+        name = self.submit(job_spec("leaky", entry="leak.sh"), {"leak.sh": script})
+        self.server.wait_state(name, "Running")
+        out = os.path.join(self.server.home, "runs", name, "output")
+
+        def pids():
+            try:
+                found = []
+                for f in ("escaped", "double"):
+                    with open(os.path.join(out, f)) as text:
+                        found.append(int(text.read()))
+                return found
+            except (OSError, ValueError):
+                return None
+
+        children = wait_for(pids, what="the children's pids")
+        for pid in children:
+            self.assertTrue(pid_alive(pid))
+        shim = self.server.run_json(name)["attempts"][0]["supervisor_pid"]
+        os.kill(shim, signal.SIGKILL)
+        d = self.server.wait_state(name, ["Failed", "Queued", "Succeeded"], timeout=20)
+        self.assertEqual(d["attempts"][0]["reason"], "NodeLost", d["attempts"][0])
+        # The server's sweep after the supervisor's death: well within the stop grace (1 s).
+        wait_for(lambda: not any(pid_alive(p) for p in children), timeout=5,
+                 what="the escaped and double-forked children to be killed")
+
     def test_server_restart_readopts_running_attempts(self):
         name = self.submit(job_spec("readopt"), {"main.py": "import time\nprint('before', flush=True)\ntime.sleep(2)\nprint('after', flush=True)\n"})
         self.server.wait_state(name, "Running")
