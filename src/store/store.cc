@@ -125,8 +125,10 @@ CREATE TABLE secrets (
 );
 )sql",
     // 6: idempotent submission: the key a client sent with the run's submission, unique per owner.
-    "ALTER TABLE runs ADD COLUMN submit_key TEXT NOT NULL DEFAULT '';"
-    "CREATE UNIQUE INDEX runs_submit_key ON runs(owner, submit_key) WHERE submit_key <> '';",
+    R"sql(
+ALTER TABLE runs ADD COLUMN submit_key TEXT NOT NULL DEFAULT '';
+CREATE UNIQUE INDEX runs_submit_key ON runs(owner, submit_key) WHERE submit_key <> '';
+)sql",
 };
 
 // Prepared statements kept for the next use of the same SQL text: preparing one costs more than
