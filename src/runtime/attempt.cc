@@ -53,11 +53,23 @@ std::optional<OutcomeKind> OutcomeKindFromName(const std::string& name) {
   return std::nullopt;
 }
 
+// Every process whose environment carries the attempt's marker (each worker's, inherited by what
+// it starts): those that left the session (setsid, a daemon's double fork) too, unless they
+// replaced their environment themselves (a cgroup, where there is one, holds them all; see the
+// shim). It needs nothing the shim wrote, so it also finds the workers of a shim that died before
+// it recorded them.
+void KillMarked(const std::string& attempt_dir) {
+  const std::string marker = std::string(internal::kAttemptMarker) + "=" + attempt_dir;
+  for (int pid : internal::ListPids())
+    if (pid != ::getpid() && internal::EnvironHas(pid, marker)) ::kill(pid, SIGKILL);
+}
+
 // The shim is gone, so nobody supervises the workers any more: kill what is provably still ours.
 Status KillOrphanedWorkers(const ProcessId& shim, const std::string& attempt_dir) {
+  KillMarked(attempt_dir);
   auto text = ReadFile(attempt_dir + "/state.json");
   if (!text.ok()) {
-    // No state.json: the shim died before it started any worker.
+    // No state.json: the shim died before it recorded any worker (KillMarked found any it started).
     return text.status().code() == StatusCode::kNotFound ? Status::Ok() : text.status();
   }
   json state = json::parse(*text, nullptr, /*allow_exceptions=*/false);
@@ -83,12 +95,6 @@ Status KillOrphanedWorkers(const ProcessId& shim, const std::string& attempt_dir
       if (st && st->pgrp == pgid && st->session == shim.pid) ::kill(pid, SIGKILL);
     }
   }
-  // Those that left the session (setsid, a daemon's double fork) still carry the attempt's
-  // marker in the environment they started with, unless they replaced it themselves (a cgroup,
-  // where there is one, holds them all; see the shim).
-  const std::string marker = std::string(internal::kAttemptMarker) + "=" + attempt_dir;
-  for (int pid : internal::ListPids())
-    if (pid != ::getpid() && internal::EnvironHas(pid, marker)) ::kill(pid, SIGKILL);
   return Status::Ok();
 }
 
