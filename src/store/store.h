@@ -38,7 +38,7 @@ struct RunRecord {
   std::string snapshot_dir;
   std::string workspace, queue;
   int priority = 0;
-  nlohmann::json resources;  // {"gpus": n, "cpus_milli": n, "memory_bytes": n, "workers": n}
+  nlohmann::json resources;  // {"gpus": n, "cpu_milli": n, "memory_bytes": n, "workers": n}
   RunState state = RunState::kQueued;
   std::string reason;   // failure class or short reason ("UserError", "Cancelled", ...)
   std::string message;  // human-readable detail
