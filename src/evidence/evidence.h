@@ -9,8 +9,8 @@
 //   metrics-state.json where the collector stands in the job's metrics file(s)
 //   gpu-samples.jsonl  GPU samples taken while the run held GPUs (AppendGpuSamples)
 //
-// The pieces (the server calls them in src/controller/evidence_worker.cc and src/server/api_evidence.cc, the
-// CLI in src/cli/evidence_commands.cc):
+// The pieces (the server calls them in src/controller/evidence_worker.cc and
+// src/server/api_evidence.cc, the CLI in src/cli/evidence_commands.cc):
 //   metrics    ParseMetricLine / ReadMetrics / MetricHistory / MetricsCollector
 //   record     BuildRecord from RecordInput (ParseRecord back); ScanArtifacts, ScanSnapshot,
 //              IndexAttemptLogs, GPU samples

@@ -43,8 +43,8 @@ struct RetryDecision {
 
 // The decision for an attempt that failed with `failure_class` at `now_ms`. A retry needs the
 // class in retry_on (Unknown never), max_retries not used up (by attempts that failed, not those
-// preempted), and its start (now + backoff) within max_retry_duration of the run's first start. The backoff is backoff_initial doubled for each
-// retry already used, capped at backoff_max.
+// preempted), and its start (now + backoff) within max_retry_duration of the run's first start. The
+// backoff is backoff_initial doubled for each retry already used, capped at backoff_max.
 RetryDecision Decide(const RetryPolicy& policy, const AttemptHistory& history,
                      FailureClass failure_class, int64_t now_ms);
 

@@ -53,49 +53,49 @@ std::optional<OutcomeKind> OutcomeKindFromName(const std::string& name) {
   return std::nullopt;
 }
 
-// Every process whose environment carries the attempt's marker (each worker's, inherited by what
-// it starts): those that left the session (setsid, a daemon's double fork) too, unless they
-// replaced their environment themselves (a cgroup, where there is one, holds them all; see the
-// shim). It needs nothing the shim wrote, so it also finds the workers of a shim that died before
-// it recorded them.
-void KillMarked(const std::string& attempt_dir) {
-  const std::string marker = std::string(internal::kAttemptMarker) + "=" + attempt_dir;
-  for (int pid : internal::ListPids())
-    if (pid != ::getpid() && internal::EnvironHas(pid, marker)) ::kill(pid, SIGKILL);
-}
-
-// The shim is gone, so nobody supervises the workers any more: kill what is provably still ours.
-Status KillOrphanedWorkers(const ProcessId& shim, const std::string& attempt_dir) {
-  KillMarked(attempt_dir);
+// Kills the workers state.json records; returns the attempt's process group (0: none recorded,
+// as for a shim that died before it recorded any worker).
+Result<int> KillRecordedWorkers(const std::string& attempt_dir) {
   auto text = ReadFile(attempt_dir + "/state.json");
   if (!text.ok()) {
-    // No state.json: the shim died before it recorded any worker (KillMarked found any it started).
-    return text.status().code() == StatusCode::kNotFound ? Status::Ok() : text.status();
+    if (text.status().code() == StatusCode::kNotFound) return 0;
+    return text.status();
   }
   json state = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!state.is_object()) return Internal("corrupt " + attempt_dir + "/state.json");
-  int pgid = 0;
   try {
-    pgid = ValueOr<int>(state, "pgid", 0);
     if (state.contains("workers")) {
       for (const json& w : state.at("workers")) {
         ProcessId id{w.at("pid").get<int>(), w.at("start_time").get<uint64_t>()};
         internal::SignalIfSame(id, SIGKILL);
       }
     }
+    return ValueOr<int>(state, "pgid", 0);
   } catch (const json::exception& e) {
     return Internal("corrupt " + attempt_dir + "/state.json: " + e.what());
   }
-  // Grandchildren outlive the workers' PDEATHSIG. A process in the attempt's process group *and* in
-  // the shim's session is ours: both ids stay reserved while any member lives, so neither can have
-  // been reused.
-  if (pgid > 0 && shim.pid > 0) {
-    for (int pid : internal::ListPids()) {
-      std::optional<internal::ProcStat> st = internal::ReadProcStat(pid);
-      if (st && st->pgrp == pgid && st->session == shim.pid) ::kill(pid, SIGKILL);
-    }
+}
+
+// The shim is gone, so nobody supervises the workers any more: kill what is provably still ours.
+Status KillOrphanedWorkers(const ProcessId& shim, const std::string& attempt_dir) {
+  Result<int> pgid = KillRecordedWorkers(attempt_dir);
+  // Then one pass over every process. Grandchildren outlive the workers' PDEATHSIG: a process in
+  // the attempt's process group *and* in the shim's session is ours (both ids stay reserved while
+  // any member lives, so neither can have been reused). Those that left the session (setsid, a
+  // daemon's double fork) still carry the attempt's marker in the environment they started with,
+  // unless they replaced it themselves (a cgroup, where there is one, holds them all; see the
+  // shim); the marker needs nothing the shim wrote, so it also finds the workers of a shim that
+  // died before it recorded them.
+  const int group = pgid.ok() && shim.pid > 0 ? *pgid : 0;
+  const std::string marker = std::string(internal::kAttemptMarker) + "=" + attempt_dir;
+  for (int pid : internal::ListPids()) {
+    if (pid == ::getpid()) continue;
+    std::optional<internal::ProcStat> st;
+    if (group > 0) st = internal::ReadProcStat(pid);
+    if ((st && st->pgrp == group && st->session == shim.pid) || internal::EnvironHas(pid, marker))
+      ::kill(pid, SIGKILL);
   }
-  return Status::Ok();
+  return pgid.ok() ? Status::Ok() : pgid.status();
 }
 
 }  // namespace
