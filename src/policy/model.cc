@@ -161,7 +161,10 @@ nlohmann::json ToJson(const Platform& p) {
         {"max_workers", w.limits.max_workers ? nlohmann::json(*w.limits.max_workers) : nullptr},
         {"max_runtime", w.limits.max_runtime_ms
                             ? nlohmann::json(internal::ShortDuration(*w.limits.max_runtime_ms))
-                            : nullptr}};
+                            : nullptr},
+        {"max_log_bytes", w.limits.max_log_bytes.value_or(kDefaultMaxLogBytes)},
+        {"max_metric_points", w.limits.max_metric_points.value_or(kDefaultMaxMetricPoints)},
+        {"max_metric_series", w.limits.max_metric_series.value_or(kDefaultMaxMetricSeries)}};
     workspaces.push_back({{"name", w.name},
                           {"description", w.description},
                           {"members", w.members},
@@ -173,7 +176,8 @@ nlohmann::json ToJson(const Platform& p) {
                           {"default_checkpoint", w.default_checkpoint},
                           {"allowed_images", w.allowed_images},
                           {"limits", std::move(limits)},
-                          {"storage", w.storage}});
+                          {"storage", w.storage},
+                          {"run_users", w.run_users}});
   }
   nlohmann::json profiles = nlohmann::json::array();
   for (const auto& cp : p.compute_profiles) {

@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <exception>
 #include <set>
 #include <tuple>
@@ -334,7 +335,7 @@ class PlatformParser {
     EachItem(e,
              {"name", "description", "members", "viewers", "default_queue", "default_priority",
               "default_profile", "default_output", "default_checkpoint", "allowed_images", "limits",
-              "storage"},
+              "storage", "run_users"},
              {"name", "members"}, [&](const Entry& item, const Fields& f) {
                Workspace w;
                std::optional<std::string> name = Name(f, &workspace_names_, "workspace");
@@ -364,6 +365,7 @@ class PlatformParser {
                    }
                  }
                }
+               if (auto it = f.find("run_users"); it != f.end()) RunUsers(it->second, &w.run_users);
                for (const char* key : {"default_output", "default_checkpoint"}) {
                  std::string s = RefField(f, key, "storage volume");
                  if (s.empty()) continue;
@@ -381,6 +383,35 @@ class PlatformParser {
                w.name = *name;
                p_.workspaces.push_back(std::move(w));
              });
+  }
+
+  // A pool of system accounts: POSIX user names, none in two pools (two workspaces sharing one
+  // would let their runs touch each other's files), never root.
+  void RunUsers(const Entry& e, std::vector<std::string>* out) {
+    std::optional<std::vector<Entry>> list = r_.StrList(e);
+    if (!list) return;
+    for (const Entry& i : *list) {
+      const std::string& u = i.value.Scalar();
+      bool ok = !u.empty() && u.size() <= 32 && (std::islower(u[0]) || u[0] == '_');
+      for (char c : u) ok = ok && (std::islower(c) || std::isdigit(c) || c == '_' || c == '-');
+      if (!ok) {
+        r_.Error(i.pos, fmt::format("{}: '{}' is not a system user name (lowercase letters, "
+                                    "digits, '_' and '-', at most 32)",
+                                    i.path, u));
+        continue;
+      }
+      if (u == "root") {
+        r_.Error(i.pos, fmt::format("{}: runs never run as root for a token user", i.path));
+        continue;
+      }
+      if (auto [it, fresh] = run_user_places_.emplace(u, i.path); !fresh) {
+        r_.Error(i.pos, fmt::format("{}: '{}' is already in {}: a system user serves one "
+                                    "workspace, or its runs could touch the other's files",
+                                    i.path, u, it->second));
+        continue;
+      }
+      out->push_back(u);
+    }
   }
 
   void Members(const Entry& e, std::vector<std::string>* out) {
@@ -473,8 +504,10 @@ class PlatformParser {
 
   void Limits(const Entry& e, WorkspaceLimits* limits) {
     Fields f;
-    if (!r_.Map(e.value, e.path, e.pos, {"max_gpus_per_run", "max_runtime", "max_workers"}, {},
-                &f)) {
+    if (!r_.Map(e.value, e.path, e.pos,
+                {"max_gpus_per_run", "max_runtime", "max_workers", "max_log_bytes",
+                 "max_metric_points", "max_metric_series"},
+                {}, &f)) {
       return;
     }
     if (auto it = f.find("max_gpus_per_run"); it != f.end()) {
@@ -487,6 +520,23 @@ class PlatformParser {
     }
     if (auto it = f.find("max_runtime"); it != f.end()) {
       limits->max_runtime_ms = r_.DurationMs(it->second);
+    }
+    if (auto it = f.find("max_log_bytes"); it != f.end()) {
+      // At least a page a worker: a smaller cap would keep nothing worth reading.
+      if (auto q = r_.Qty(it->second, true)) {
+        if (q->CeilUnits() < 4096) {
+          r_.Error(it->second.pos, fmt::format("{}: {} is below the smallest log cap, 4Ki",
+                                               it->second.path, it->second.value.Scalar()));
+        } else {
+          limits->max_log_bytes = q->CeilUnits();
+        }
+      }
+    }
+    if (auto it = f.find("max_metric_points"); it != f.end()) {
+      if (auto n = r_.Int(it->second, 1, int64_t{1} << 40)) limits->max_metric_points = *n;
+    }
+    if (auto it = f.find("max_metric_series"); it != f.end()) {
+      if (auto n = r_.Int(it->second, 1, 1'000'000)) limits->max_metric_series = *n;
     }
   }
 
@@ -564,6 +614,7 @@ class PlatformParser {
   std::map<std::string, std::vector<std::string>> declared_;
   std::vector<Ref> writable_refs_;
   std::vector<Ref> gpu_class_refs_;
+  std::map<std::string, std::string> run_user_places_;  // system user -> the pool's path
   std::map<std::string, int> priority_names_, profile_names_, storage_names_, workspace_names_,
       user_names_;
 };

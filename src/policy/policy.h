@@ -57,7 +57,17 @@ struct WorkspaceLimits {
   std::optional<int> max_gpus_per_run;    // GPUs per worker x workers
   std::optional<int64_t> max_runtime_ms;  // caps run.max_runtime
   std::optional<int> max_workers;
+  // What one run may make the server keep; unset: the platform defaults below.
+  std::optional<int64_t> max_log_bytes;      // all its workers' logs together, per attempt
+  std::optional<int64_t> max_metric_points;  // over all its attempts
+  std::optional<int64_t> max_metric_series;  // distinct metric names (with their tags)
 };
+
+// The limits a run gets when its workspace sets none: generous for a training run, small enough
+// that one run cannot fill the disk or the server's memory.
+constexpr int64_t kDefaultMaxLogBytes = int64_t{1} << 30;  // 1 GiB
+constexpr int64_t kDefaultMaxMetricPoints = 5'000'000;
+constexpr int64_t kDefaultMaxMetricSeries = 1'000;
 
 struct Workspace {
   std::string name;
@@ -76,6 +86,9 @@ struct Workspace {
   std::vector<std::string> allowed_images;  // glob patterns ('*', '?'); empty: any image
   WorkspaceLimits limits;
   std::vector<std::string> storage;  // the storage volumes its runs may use
+  // System users the runs of its token users without a system account run as, one user each
+  // (assigned on first submission and kept); a name is in one workspace's pool at most.
+  std::vector<std::string> run_users;
 };
 
 // A named run shape. Unset fields leave the run's own (or the platform's default) value.
@@ -204,6 +217,9 @@ struct ResolvedRun {
   std::vector<std::string> flavors;
   std::map<std::string, std::string> node_selector;  // the spec's plus the GPU class label
   std::optional<int64_t> max_runtime_ms;
+  int64_t max_log_bytes = kDefaultMaxLogBytes;
+  int64_t max_metric_points = kDefaultMaxMetricPoints;
+  int64_t max_metric_series = kDefaultMaxMetricSeries;
   std::string image;
   std::vector<Mount> mounts;
   std::vector<Provenance> provenance;  // one entry per resolved value, in a stable order

@@ -266,5 +266,32 @@ TEST(GlobTest, Patterns) {
   EXPECT_FALSE(GlobMatch("", "x"));
 }
 
+TEST(PlatformTest, RunUserPoolsAndServerProtectingLimits) {
+  Platform p = MustParse(
+      "queues:\n"
+      "  - name: q\n"
+      "    resource_groups:\n"
+      "      - covered_resources: [cpu]\n"
+      "        flavors: [{name: f, resources: [{name: cpu, nominal: 8}]}]\n"
+      "flavors: [{name: f}]\n"
+      "workspaces:\n"
+      "  - name: a\n"
+      "    members: [\"*\"]\n"
+      "    run_users: [tau-a1, tau-a2]\n"
+      "    limits: {max_log_bytes: 64Mi, max_metric_points: 1000, max_metric_series: 5}\n"
+      "  - name: b\n"
+      "    members: [\"*\"]\n");
+  const Workspace* a = p.FindWorkspace("a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->run_users, (std::vector<std::string>{"tau-a1", "tau-a2"}));
+  EXPECT_EQ(a->limits.max_log_bytes, 64 << 20);
+  EXPECT_EQ(a->limits.max_metric_points, 1000);
+  EXPECT_EQ(a->limits.max_metric_series, 5);
+  EXPECT_TRUE(p.FindWorkspace("b")->run_users.empty());
+  nlohmann::json j = ToJson(p);
+  EXPECT_EQ(j["workspaces"][0]["run_users"][1], "tau-a2");
+  EXPECT_EQ(j["workspaces"][1]["limits"]["max_log_bytes"], kDefaultMaxLogBytes);
+}
+
 }  // namespace
 }  // namespace tau::policy

@@ -418,6 +418,9 @@ class Resolver {
     } else {
       Add("run.max_runtime", "none", kPlatformDefault);
     }
+    out_.max_log_bytes = w.limits.max_log_bytes.value_or(kDefaultMaxLogBytes);
+    out_.max_metric_points = w.limits.max_metric_points.value_or(kDefaultMaxMetricPoints);
+    out_.max_metric_series = w.limits.max_metric_series.value_or(kDefaultMaxMetricSeries);
   }
 
   void ResolveStorage(const Workspace& w) {

@@ -480,5 +480,31 @@ TEST_F(ResolveTest, ResolutionRoundTripsThroughJson) {
       ResolvedRunFromJson({{"workspace", "w"}, {"queue", "q"}, {"cpus_per_worker", "lots"}}).ok());
 }
 
+TEST_F(ResolveTest, ServerProtectingLimitsComeFromTheWorkspaceOrTheDefaults) {
+  ResolvedRun r = MustResolve();
+  EXPECT_EQ(r.max_log_bytes, kDefaultMaxLogBytes);
+  EXPECT_EQ(r.max_metric_points, kDefaultMaxMetricPoints);
+  EXPECT_EQ(r.max_metric_series, kDefaultMaxMetricSeries);
+  Workspace* w = const_cast<Workspace*>(platform_.FindWorkspace("research"));
+  ASSERT_NE(w, nullptr);
+  w->limits.max_log_bytes = 1 << 20;
+  w->limits.max_metric_points = 10;
+  w->limits.max_metric_series = 2;
+  r = MustResolve();
+  EXPECT_EQ(r.max_log_bytes, 1 << 20);
+  EXPECT_EQ(r.max_metric_points, 10);
+  EXPECT_EQ(r.max_metric_series, 2);
+  // They survive the record's JSON; a record written before they existed reads the defaults.
+  auto back = ResolvedRunFromJson(ToJson(r));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->max_log_bytes, 1 << 20);
+  EXPECT_EQ(back->max_metric_series, 2);
+  nlohmann::json old = ToJson(r);
+  old.erase("max_log_bytes");
+  back = ResolvedRunFromJson(old);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->max_log_bytes, kDefaultMaxLogBytes);
+}
+
 }  // namespace
 }  // namespace tau::policy

@@ -58,6 +58,9 @@ nlohmann::json ToJson(const ResolvedRun& r) {
           {"node_selector", r.node_selector},
           {"max_runtime_ms",
            r.max_runtime_ms ? nlohmann::json(*r.max_runtime_ms) : nlohmann::json(nullptr)},
+          {"max_log_bytes", r.max_log_bytes},
+          {"max_metric_points", r.max_metric_points},
+          {"max_metric_series", r.max_metric_series},
           {"image", r.image},
           {"mounts", std::move(mounts)},
           {"provenance", std::move(provenance)}};
@@ -84,6 +87,10 @@ Result<ResolvedRun> ResolvedRunFromJson(const nlohmann::json& j) {
     r.node_selector = j.value("node_selector", std::map<std::string, std::string>{});
     if (auto it = j.find("max_runtime_ms"); it != j.end() && it->is_number_integer())
       r.max_runtime_ms = it->get<int64_t>();
+    // Runs recorded before the limits existed get the defaults.
+    r.max_log_bytes = j.value("max_log_bytes", kDefaultMaxLogBytes);
+    r.max_metric_points = j.value("max_metric_points", kDefaultMaxMetricPoints);
+    r.max_metric_series = j.value("max_metric_series", kDefaultMaxMetricSeries);
     r.image = j.value("image", "");
     if (const nlohmann::json* mounts = Member(j, "mounts"))
       for (const auto& m : *mounts)
