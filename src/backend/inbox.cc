@@ -55,6 +55,7 @@ InboxTake Inbox::TakeLocked() {
                    [&](ClusterNews& x) { take.cluster_news.push_back(std::move(x)); },
                    [&](GpuSamples& x) { take.samples.push_back(std::move(x)); },
                    [&](PlatformChanged& x) { take.platform = std::move(x); },
+                   [&](RunNotice& x) { take.notices.push_back(std::move(x)); },
                },
                m);
   queue_.clear();

@@ -55,8 +55,18 @@ struct ClusterNews {
   std::optional<int> position;  // while pending: its place in its LocalQueue (1 = next)
 };
 
+// Something a run should say in its events that a thread other than the loop noticed (a log cut
+// at its cap, metric points refused past a limit, output dropped on a full disk). Recorded as an
+// event of the run while it is active; dropped once it has ended.
+struct RunNotice {
+  std::string run;
+  std::string type;     // the event's type, e.g. "LogTruncated"
+  std::string message;  // for people
+  nlohmann::json data = nlohmann::json::object();
+};
+
 using InboxMessage = std::variant<NewRun, CancelRequest, AttemptExited, GpuNews, ResumeRequest,
-                                  ClusterNews, GpuSamples, PlatformChanged>;
+                                  ClusterNews, GpuSamples, PlatformChanged, RunNotice>;
 
 // One pass's messages, by kind.
 struct InboxTake {
@@ -67,6 +77,7 @@ struct InboxTake {
   std::vector<ResumeRequest> resumes;
   std::vector<ClusterNews> cluster_news;
   std::vector<GpuSamples> samples;
+  std::vector<RunNotice> notices;
   std::optional<PlatformChanged> platform;  // the newest, if any
 };
 

@@ -584,6 +584,12 @@ void Controller::Pass(InboxTake take) {
   for (const AttemptExited& e : take.exits) backend_->HandleExit(e.name, &batch);
   for (const ClusterNews& n : take.cluster_news) backend_->HandleNews(n, &batch);
   for (const CancelRequest& c : take.cancels) HandleCancel(c.name, &batch);
+  for (RunNotice& n : take.notices) {
+    auto it = active_.find(n.run);
+    if (it == active_.end() || store::IsTerminal(it->second.record.state)) continue;
+    batch.events.push_back(
+        {0, n.run, Now(), std::move(n.type), std::move(n.message), std::move(n.data), "", ""});
+  }
   SyncEngine();
   backend_->Schedule(&batch);
   // Durable first: admissions, exits, cancels and new attempts are committed before any process

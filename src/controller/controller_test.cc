@@ -158,6 +158,8 @@ class FakeBackend final : public Backend {
     host_->Post(AttemptExited{name});
   }
   bool Live(const std::string& name) const { return live_.count(name) > 0; }
+  // What another thread of a backend tells the controller (as the shim's notices do).
+  void Post(RunNotice notice) { host_->Post(std::move(notice)); }
 
   std::set<std::string> hold;            // runs Schedule leaves queued
   std::set<std::string> alive;           // attempts that outlive a controller (re-adopted)
@@ -238,6 +240,27 @@ TEST_F(ControllerTest, AdmittedRunStartsAfterTheAdmissionIsCommittedAndSucceeds)
   EXPECT_EQ(Attempts(name)[0].state, AttemptState::kFinished);
   // Once it has ended, the backend may drop what it keeps of the run (and only then).
   EXPECT_EQ(backend_.forgotten, std::vector<std::string>{name});
+}
+
+TEST_F(ControllerTest, ANoticeFromAnotherThreadIsAnEventOfAnActiveRunOnly) {
+  const std::string name = Submit("train");
+  controller_->RunOnce();
+  backend_.Post(RunNotice{name, "LogTruncated", "rank 0's log reached its cap", {{"rank", 0}}});
+  backend_.Post(RunNotice{"no-such-run", "LogTruncated", "ignored", {}});
+  controller_->RunOnce();
+  std::vector<store::Event> events = Events(name);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().type, "LogTruncated");
+  EXPECT_EQ(events.back().message, "rank 0's log reached its cap");
+  EXPECT_EQ(events.back().data.value("rank", -1), 0);
+  EXPECT_TRUE(Events("no-such-run").empty());
+
+  backend_.End(name, {FailureClass::kSucceeded, 0});
+  controller_->RunOnce();
+  size_t ended = Events(name).size();
+  backend_.Post(RunNotice{name, "LogTruncated", "too late", {}});
+  controller_->RunOnce();
+  EXPECT_EQ(Events(name).size(), ended) << "an ended run's events are final";
 }
 
 TEST_F(ControllerTest, FailureIsRetriedOnlyAfterItsBackoff) {
