@@ -110,6 +110,10 @@ struct SubmissionCheck {
   std::string snapshot_dir;
   const nlohmann::json* snapshot_files = nullptr;  // [{"path": ...}]: the files of the code
   const policy::Caller* caller = nullptr;
+  bool token_user = false;  // the caller signed in with a token (not known to the kernel)
+  // Out: the system user the run's processes will run as ("" for the server's own user), when
+  // the backend runs them on this machine; kept with the run.
+  std::optional<std::string>* run_as = nullptr;
 };
 
 class Backend {

@@ -152,6 +152,19 @@ Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& s
     if (!token.empty()) (*conn)->set_bearer_token(token);
     return conn;
   }
+  // A user with no server of their own, on a machine whose root serves everyone, uses that one.
+  const char* env_home = std::getenv("TAU_HOME");
+  if (!(env_home && *env_home) && home != kMachineHome) {
+    client::Endpoint shared;
+    shared.path = layout::SocketPath(kMachineHome);
+    if (PathExists(shared.path)) {
+      auto machine = client::Connection::Open(shared, ClientTimeoutMillis());
+      if (machine.ok()) {
+        if (!token.empty()) (*machine)->set_bearer_token(token);
+        return machine;
+      }
+    }
+  }
   TAU_RETURN_IF_ERROR(SpawnLocalServer(home));
   int64_t deadline = MonotonicMillis() + kStartTimeoutMs;
   int sleep_ms = 2;

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,7 +10,9 @@
 #include "common/layout.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "common/users.h"
 
+#include <filesystem>
 #include <vector>
 
 namespace tau {
@@ -253,4 +256,79 @@ TEST(HashPathsTest, BothPathsAgreeOnEveryLengthAndSplit) {
   UseSha256Instructions(before);
 }
 }  // namespace
+// A fresh path in the test's temporary directory, without "//" or symlinks (messages name real
+// paths).
+std::string TempPath(const std::string& prefix) {
+  std::string base = std::filesystem::canonical(::testing::TempDir()).string();
+  return base + "/" + prefix + std::to_string(::getpid());
+}
+
+// A user who owns nothing here and is in no group of these files.
+SystemUser Stranger() {
+  SystemUser u;
+  u.name = "stranger";
+  u.uid = 54321;
+  u.gid = 54321;
+  u.gids = {54321};
+  return u;
+}
+
+TEST(UsersTest, ReachabilityNamesTheDirectoryThatStopsAUser) {
+  std::string root = TempPath("tau_reach_");
+  ASSERT_TRUE(RemoveTree(root).ok());
+  ASSERT_TRUE(MakeDirs(root + "/open/closed/inner", 0755).ok());
+  ::chmod(root.c_str(), 0755);
+  ::chmod((root + "/open").c_str(), 0711);
+  ::chmod((root + "/open/closed").c_str(), 0700);
+  const SystemUser u = Stranger();
+  EXPECT_TRUE(CheckReachable(root + "/open", u, false).ok());
+  // Searchable but not listable: reachable, not readable.
+  EXPECT_FALSE(CheckReachable(root + "/open", u, true).ok());
+  Status s = CheckReachable(root + "/open/closed/inner/not-yet", u, false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("user stranger (uid 54321) cannot reach " + root +
+                             "/open/closed/inner/not-yet: " + root +
+                             "/open/closed is mode 0700, owned by "),
+            std::string::npos)
+      << s.message();
+  // The owner, and a member of the directory's group with g+x, get through.
+  struct stat st;
+  ASSERT_EQ(::stat((root + "/open/closed").c_str(), &st), 0);
+  SystemUser owner = u;
+  owner.uid = st.st_uid;
+  EXPECT_TRUE(CheckReachable(root + "/open/closed/inner", owner, false).ok());
+  ::chmod((root + "/open/closed").c_str(), 0710);
+  SystemUser member = u;
+  member.gids.push_back(st.st_gid);
+  EXPECT_TRUE(CheckReachable(root + "/open/closed/inner", member, false).ok());
+  EXPECT_FALSE(CheckReachable(root + "/open/closed/inner", u, false).ok());
+  (void)RemoveTree(root);
+}
+
+TEST(UsersTest, AnExecutableIsFoundOnlyWhereTheUserMayRunIt) {
+  std::string root = TempPath("tau_exec_");
+  ASSERT_TRUE(RemoveTree(root).ok());
+  ASSERT_TRUE(MakeDirs(root + "/private", 0700).ok());
+  ASSERT_TRUE(MakeDirs(root + "/public", 0755).ok());
+  ::chmod(root.c_str(), 0755);
+  for (const char* dir : {"/private", "/public"}) {
+    ASSERT_TRUE(WriteFileAtomic(root + dir + "/tool", "#!/bin/sh\n", 0755).ok());
+    ::chmod((root + dir + "/tool").c_str(), 0755);
+  }
+  const SystemUser u = Stranger();
+  auto found = FindExecutableFor("tool", root + "/private:" + root + "/public", u);
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_EQ(*found, root + "/public/tool");
+  ::chmod((root + "/public/tool").c_str(), 0700);
+  found = FindExecutableFor("tool", root + "/private:" + root + "/public", u);
+  ASSERT_FALSE(found.ok());
+  EXPECT_NE(found.status().message().find(root + "/private is mode 0700"), std::string::npos)
+      << found.status().message();
+  EXPECT_NE(found.status().message().find(root + "/public/tool: not executable by stranger"),
+            std::string::npos)
+      << found.status().message();
+  (void)RemoveTree(root);
+}
+
 }  // namespace tau

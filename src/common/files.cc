@@ -134,9 +134,23 @@ void RemoveAbandonedTemporaries(const std::string& path) {
 }
 
 Status MakeDirs(const std::string& path, int mode) {
-  std::error_code ec;
-  std::filesystem::create_directories(path, ec);
-  if (ec) return Status(StatusCode::kIo, "cannot create directory " + path + ": " + ec.message());
+  if (path.empty()) return InvalidArgument("cannot create a directory with an empty name");
+  // Each missing component in turn, so that none is left with the umask's mode (mkdir -p would
+  // make the ones in between 0755, readable by everyone).
+  size_t at = path.find_first_not_of('/');
+  while (at != std::string::npos) {
+    size_t end = path.find('/', at);
+    std::string dir = path.substr(0, end);
+    if (::mkdir(dir.c_str(), static_cast<mode_t>(mode)) == 0) {
+      ::chmod(dir.c_str(), static_cast<mode_t>(mode));
+    } else if (errno != EEXIST) {
+      return IoError("cannot create directory " + dir, errno);
+    } else if (struct stat st; ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      return Status(StatusCode::kIo, "cannot create directory " + path + ": " + dir +
+                                         " exists and is not a directory");
+    }
+    at = end == std::string::npos ? end : path.find_first_not_of('/', end);
+  }
   ::chmod(path.c_str(), static_cast<mode_t>(mode));
   return Status::Ok();
 }
@@ -156,7 +170,11 @@ bool PathExists(const std::string& path) {
 std::string TauHome() {
   if (const char* home = std::getenv("TAU_HOME"); home && *home) return home;
   const char* user_home = std::getenv("HOME");
-  return std::string(user_home && *user_home ? user_home : "/tmp") + "/.tau";
+  std::string own = std::string(user_home && *user_home ? user_home : "/tmp") + "/.tau";
+  // Root serves the machine: its home must be reachable by the users runs run as, which root's
+  // own home directory (mode 0700) is not. A home root already has keeps being used.
+  if (::geteuid() == 0 && !PathExists(own + "/tau.db")) return kMachineHome;
+  return own;
 }
 
 }  // namespace tau

@@ -33,12 +33,16 @@ Status WriteFileAtomic(const std::string& path, std::string_view content, int mo
 // Removes the temporary files WriteFileAtomic(path) leaves behind when its writer is killed
 // between creating and renaming one (`path.tmp.PID` of a process that no longer exists).
 void RemoveAbandonedTemporaries(const std::string& path);
-// mkdir -p with the given mode for the directories it creates.
-Status MakeDirs(const std::string& path, int mode = 0755);
+// mkdir -p: every directory it creates gets `mode` exactly (whatever the umask), and so does
+// `path` itself when it exists already. Private by default: what tau makes under its home is
+// opened to others only where a caller says so.
+Status MakeDirs(const std::string& path, int mode = 0700);
 // Removes a tree; a missing path is not an error.
 Status RemoveTree(const std::string& path);
 bool PathExists(const std::string& path);
-// $TAU_HOME, else ~/.tau.
+// The home of the machine's shared server (one run by root): other users' CLIs find it there.
+inline constexpr const char* kMachineHome = "/var/lib/tau";
+// $TAU_HOME, else ~/.tau; for root, kMachineHome unless ~/.tau already holds a store.
 std::string TauHome();
 
 }  // namespace tau

@@ -22,4 +22,14 @@ struct SystemUser {
 Result<SystemUser> LookUpUserByName(const std::string& name);
 Result<SystemUser> LookUpUserById(uint32_t uid);
 
+// Whether `user` may search every directory from / down to `path` (and, with `read`, list `path`
+// itself and read what is in it), by the permission bits: ACLs are not consulted. Components that
+// do not exist yet are not checked. FailedPrecondition names the first directory that stops them,
+// with its mode and owner.
+Status CheckReachable(const std::string& path, const SystemUser& user, bool read);
+// The first of `dirs` (a PATH) holding a file named `program` that `user` may execute; NotFound
+// lists each candidate found and why it is not theirs to run.
+Result<std::string> FindExecutableFor(const std::string& program, const std::string& dirs,
+                                      const SystemUser& user);
+
 }  // namespace tau

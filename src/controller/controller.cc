@@ -108,8 +108,9 @@ Status Controller::InsertWithUniqueName(
     const std::function<std::vector<Event>(const std::string& name)>& events) {
   Status inserted;
   for (int attempt = 0; attempt < 8; ++attempt) {
-    // Four hex digits read well; widen them when the name space gets crowded.
-    r->name = fmt::format("{}-{}", base, RandomHex(attempt < 4 ? 4 : 8));
+    // 32 random bits: guessing another user's run names is pointless (and gains nothing: access
+    // never depends on a name being secret). The spec's name leaves room for them in a label.
+    r->name = fmt::format("{}-{}", base, RandomHex(8));
     inserted = store_->InsertRun(r, events(r->name));
     if (inserted.code() != StatusCode::kAlreadyExists) break;
   }
@@ -153,6 +154,9 @@ Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* err
   check.snapshot_dir = snapshot->dir;
   check.snapshot_files = &snapshot->files;
   check.caller = &request.caller;
+  check.token_user = request.token_user;
+  std::optional<std::string> run_as;
+  check.run_as = &run_as;
   if (Status s = backend_->Check(check); !s.ok()) {
     error->status = s;
     return error->status;
@@ -176,6 +180,7 @@ Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* err
                  {"workers", spec.compute.workers}};
   r.created_ms = r.updated_ms = Now();
   r.submit_key = request.idempotency_key;
+  r.run_as = std::move(run_as);
   nlohmann::json submitted = {{"config_hash", r.config_hash},
                               {"snapshot_digest", r.snapshot_digest},
                               {"files", snapshot->files.size()}};
@@ -579,17 +584,18 @@ void Controller::Pass(InboxTake take) {
     auto loaded = Load(*record);
     if (loaded.ok()) active_[n.name] = std::move(*loaded);
   }
-  for (const GpuNews& g : take.gpu_news) backend_->HandleGpuNews(g, &batch);
-  for (const ResumeRequest& r : take.resumes) HandleResume(r, &batch);
-  for (const AttemptExited& e : take.exits) backend_->HandleExit(e.name, &batch);
-  for (const ClusterNews& n : take.cluster_news) backend_->HandleNews(n, &batch);
-  for (const CancelRequest& c : take.cancels) HandleCancel(c.name, &batch);
+  // Notices first: one posted just before its attempt's exit is still the run's.
   for (RunNotice& n : take.notices) {
     auto it = active_.find(n.run);
     if (it == active_.end() || store::IsTerminal(it->second.record.state)) continue;
     batch.events.push_back(
         {0, n.run, Now(), std::move(n.type), std::move(n.message), std::move(n.data), "", ""});
   }
+  for (const GpuNews& g : take.gpu_news) backend_->HandleGpuNews(g, &batch);
+  for (const ResumeRequest& r : take.resumes) HandleResume(r, &batch);
+  for (const AttemptExited& e : take.exits) backend_->HandleExit(e.name, &batch);
+  for (const ClusterNews& n : take.cluster_news) backend_->HandleNews(n, &batch);
+  for (const CancelRequest& c : take.cancels) HandleCancel(c.name, &batch);
   SyncEngine();
   backend_->Schedule(&batch);
   // Durable first: admissions, exits, cancels and new attempts are committed before any process

@@ -57,7 +57,8 @@ struct SubmitRequest {
   std::string spec_file;  // for messages
   std::string spec_yaml;
   std::vector<CodeFile> code;
-  policy::Caller caller;  // who submits: resolution checks workspace membership
+  policy::Caller caller;    // who submits: resolution checks workspace membership
+  bool token_user = false;  // signed in with a token, not known to the kernel as a local user
   // The client's idempotency key ("" for none): a submission by the same user with a key already
   // used is the run that key made (the same spec and code), not a new one.
   std::string idempotency_key;

@@ -255,8 +255,12 @@ TEST_F(ControllerTest, ANoticeFromAnotherThreadIsAnEventOfAnActiveRunOnly) {
   EXPECT_EQ(events.back().data.value("rank", -1), 0);
   EXPECT_TRUE(Events("no-such-run").empty());
 
+  // Posted just before its attempt's exit, in the same pass: still the run's.
+  backend_.Post(RunNotice{name, "OutputDropped", "the disk is full", {}});
   backend_.End(name, {FailureClass::kSucceeded, 0});
   controller_->RunOnce();
+  std::vector<std::string> types = EventTypes(name);
+  EXPECT_NE(std::find(types.begin(), types.end(), "OutputDropped"), types.end());
   size_t ended = Events(name).size();
   backend_.Post(RunNotice{name, "LogTruncated", "too late", {}});
   controller_->RunOnce();

@@ -33,6 +33,7 @@
 #include "common/files.h"
 #include "common/hash.h"
 #include "common/strings.h"
+#include "common/users.h"
 #include "runtime/proc.h"
 #include "runtime/runtime.h"
 
@@ -83,10 +84,23 @@ void EnvSet(EnvList& env, const std::string& name, const std::string& value) {
 }
 
 // Like execvp's search, done in the shim so a missing program is a setup error with a clear message
-// rather than an exec failure in a child.
-std::optional<std::string> FindOnPath(const std::string& program, const EnvList& env) {
+// rather than an exec failure in a child; for the user the program runs as (the shim may be root,
+// who may execute what they may not), or the shim's own. `why`, when the search fails for a
+// run's user, says what was found and why it is not theirs.
+std::optional<std::string> FindOnPath(const std::string& program, const EnvList& env,
+                                      const AttemptConfig::RunAs* run_as,
+                                      std::string* why = nullptr) {
   if (program.find('/') != std::string::npos) return program;
-  for (const std::string& dir : Split(EnvGet(env, "PATH", kDefaultPath), ':')) {
+  const std::string dirs = EnvGet(env, "PATH", kDefaultPath);
+  if (run_as != nullptr) {
+    SystemUser user{run_as->user, run_as->uid, run_as->gid, run_as->groups, {}};
+    user.gids.push_back(run_as->gid);
+    auto found = FindExecutableFor(program, dirs, user);
+    if (found.ok()) return *found;
+    if (why != nullptr) *why = found.status().message();
+    return std::nullopt;
+  }
+  for (const std::string& dir : Split(dirs, ':')) {
     if (dir.empty()) continue;
     std::string candidate = dir + "/" + program;
     struct stat st;
@@ -469,8 +483,12 @@ class Shim {
         std::erase_if(w.env, [](const auto& kv) { return kv.first == "PYTHONHOME"; });
       }
       if (w.argv.empty()) return SetupError{OutcomeKind::kSetupFailed, "worker has an empty argv"};
-      std::optional<std::string> path = FindOnPath(w.argv[0], w.env);
-      if (!path) return SetupError{OutcomeKind::kSetupFailed, NotFoundMessage(rank, w.argv[0])};
+      std::string why;
+      std::optional<std::string> path = FindOnPath(w.argv[0], w.env, RunAs(), &why);
+      if (!path)
+        return SetupError{OutcomeKind::kSetupFailed,
+                          why.empty() ? NotFoundMessage(rank, w.argv[0])
+                                      : "worker " + std::to_string(rank) + ": " + why};
       resolved_.push_back(*path);
     }
     if (!config_.work_dir.empty()) {
@@ -482,6 +500,8 @@ class Shim {
     }
     return std::nullopt;
   }
+
+  const AttemptConfig::RunAs* RunAs() const { return config_.run_as ? &*config_.run_as : nullptr; }
 
   static std::string NotFoundMessage(size_t rank, const std::string& program) {
     if (program == "torchrun") {
@@ -495,8 +515,11 @@ class Shim {
   // status.
   std::variant<int, SetupError> RunSetupCommand(const std::vector<std::string>& argv, int out_fd) {
     const EnvList& env = config_.workers[0].env;
-    std::optional<std::string> path = FindOnPath(argv[0], env);
-    if (!path) return SetupError{OutcomeKind::kSetupFailed, argv[0] + " not found on PATH"};
+    std::string why;
+    std::optional<std::string> path = FindOnPath(argv[0], env, RunAs(), &why);
+    if (!path)
+      return SetupError{OutcomeKind::kSetupFailed,
+                        why.empty() ? argv[0] + " not found on PATH" : why};
     CStrings c_argv(argv), c_env = CStrings::FromEnv(env);
     int err_pipe[2];
     if (::pipe2(err_pipe, O_CLOEXEC) != 0) {

@@ -451,6 +451,7 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                auto submit = ParseSubmitBody(req.body);
                if (!submit.ok()) return http::ReplyError(res, submit.status());
                submit->caller = caller.who.AsCaller();
+               submit->token_user = caller.who.via == "token";
                if (auto key = req.headers.find("idempotency-key"); key != req.headers.end()) {
                  if (!IsIdempotencyKey(key->second))
                    return http::ReplyError(

@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <unordered_map>
 #include <vector>
@@ -129,6 +130,19 @@ CREATE TABLE secrets (
 ALTER TABLE runs ADD COLUMN submit_key TEXT NOT NULL DEFAULT '';
 CREATE UNIQUE INDEX runs_submit_key ON runs(owner, submit_key) WHERE submit_key <> '';
 )sql",
+    // 7: whom a run's processes run as, decided at submission (NULL: a run from before, decided as
+    // it was then); and which system user of a workspace's pool each token user was given, each
+    // system user to one user of one workspace for good.
+    R"sql(
+ALTER TABLE runs ADD COLUMN run_as TEXT;
+CREATE TABLE run_users (
+  system_user TEXT PRIMARY KEY,
+  workspace TEXT NOT NULL,
+  user TEXT NOT NULL,
+  assigned_ms INTEGER NOT NULL
+);
+CREATE INDEX run_users_by_user ON run_users(workspace, user);
+)sql",
 };
 
 // Prepared statements kept for the next use of the same SQL text: preparing one costs more than
@@ -174,6 +188,12 @@ class Stmt {
     sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
   }
   void Bind(int i, int64_t v) { sqlite3_bind_int64(stmt_, i, v); }
+  void Bind(int i, const std::optional<std::string>& v) {
+    if (v)
+      Bind(i, *v);
+    else
+      sqlite3_bind_null(stmt_, i);
+  }
   void Bind(int i, const std::optional<int64_t>& v) {
     if (v)
       sqlite3_bind_int64(stmt_, i, *v);
@@ -199,6 +219,10 @@ class Stmt {
              : std::string();
   }
   int64_t Int(int col) { return sqlite3_column_int64(stmt_, col); }
+  std::optional<std::string> OptText(int col) {
+    if (sqlite3_column_type(stmt_, col) == SQLITE_NULL) return std::nullopt;
+    return Text(col);
+  }
   std::optional<int64_t> OptInt(int col) {
     if (sqlite3_column_type(stmt_, col) == SQLITE_NULL) return std::nullopt;
     return sqlite3_column_int64(stmt_, col);
@@ -235,7 +259,7 @@ constexpr const char* kRunColumns =
     "name, seq, spec_name, spec_file, spec_yaml, spec_json, config_hash, snapshot_digest, "
     "snapshot_dir, workspace, queue, priority, resources, state, reason, message, exit_code, "
     "signal, attempts, gpus, cancel_requested, created_ms, updated_ms, admitted_ms, started_ms, "
-    "finished_ms, not_before_ms, owner, resolved, flavors, preemptions, submit_key";
+    "finished_ms, not_before_ms, owner, resolved, flavors, preemptions, submit_key, run_as";
 
 RunRecord ReadRun(Stmt& s) {
   RunRecord r;
@@ -271,6 +295,7 @@ RunRecord ReadRun(Stmt& s) {
   r.flavors = ParseJsonColumn(s.Text(29), nlohmann::json::object());
   r.preemptions = static_cast<int>(s.Int(30));
   r.submit_key = s.Text(31);
+  r.run_as = s.OptText(32);
   return r;
 }
 
@@ -317,6 +342,7 @@ void BindRun(Stmt& s, const RunRecord& r) {
   s.Bind(":owner", r.owner);
   s.Bind(":resolved", JsonText(r.resolved));
   s.Bind(":submit_key", r.submit_key);
+  s.Bind(":run_as", r.run_as);
   BindProgress(s, r);
 }
 
@@ -937,6 +963,63 @@ Result<std::vector<SecretInfo>> Store::ListSecrets(const std::string& workspace)
   while ((rc = s.Step()) == SQLITE_ROW)
     out.push_back({s.Text(0), s.Text(1), s.Int(2), s.Int(3), s.Text(4)});
   if (rc != SQLITE_DONE) return impl_->Error("listing secrets");
+  return out;
+}
+
+Result<std::string> Store::AssignRunUser(const std::string& workspace, const std::string& user,
+                                         const std::vector<std::string>& pool, int64_t now_ms) {
+  MutexLock lock(&impl_->mu);
+  std::string chosen;
+  Status s = impl_->InTransaction([&]() TAU_REQUIRES(impl_->mu) -> Status {
+    // The one this user already has, while it is still in the pool.
+    Stmt mine(impl_->db, &impl_->cache,
+              "SELECT system_user FROM run_users WHERE workspace = ? AND user = ?");
+    if (!mine.ok()) return impl_->Error("preparing run user lookup");
+    mine.Bind(1, workspace);
+    mine.Bind(2, user);
+    int rc;
+    while ((rc = mine.Step()) == SQLITE_ROW) {
+      std::string held = mine.Text(0);
+      if (std::find(pool.begin(), pool.end(), held) != pool.end()) {
+        chosen = std::move(held);
+        return Status::Ok();
+      }
+    }
+    if (rc != SQLITE_DONE) return impl_->Error("reading run users");
+    // Else the first one nobody has been given: a system user, once given, is never another's.
+    for (const std::string& candidate : pool) {
+      Stmt take(impl_->db, &impl_->cache,
+                "INSERT OR IGNORE INTO run_users (system_user, workspace, user, assigned_ms) "
+                "VALUES (?, ?, ?, ?)");
+      if (!take.ok()) return impl_->Error("preparing run user assignment");
+      take.Bind(1, candidate);
+      take.Bind(2, workspace);
+      take.Bind(3, user);
+      take.Bind(4, now_ms);
+      if (take.Step() != SQLITE_DONE) return impl_->Error("assigning a run user");
+      if (sqlite3_changes(impl_->db) == 1) {
+        chosen = candidate;
+        return Status::Ok();
+      }
+    }
+    return Status::Ok();
+  });
+  TAU_RETURN_IF_ERROR(s);
+  if (chosen.empty())
+    return ResourceExhausted(
+        fmt::format("every system user of workspace '{}''s pool is taken", workspace));
+  return chosen;
+}
+
+Result<std::vector<RunUserRecord>> Store::ListRunUsers() {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache,
+         "SELECT system_user, workspace, user, assigned_ms FROM run_users ORDER BY system_user");
+  if (!s.ok()) return impl_->Error("preparing run user list");
+  std::vector<RunUserRecord> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) out.push_back({s.Text(0), s.Text(1), s.Text(2), s.Int(3)});
+  if (rc != SQLITE_DONE) return impl_->Error("reading run users");
   return out;
 }
 

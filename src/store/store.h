@@ -59,6 +59,15 @@ struct RunRecord {
   // The idempotency key its submission carried ("" when none): a submission of the same owner
   // with the same key is the same run (unique per owner).
   std::string submit_key;
+  // The system user its processes run as, decided at submission: "" for the server's own user;
+  // unset for a run recorded before tau decided it then (the backend decides as it did).
+  std::optional<std::string> run_as;
+};
+
+// A system user of a workspace's pool given to one token user (Store::AssignRunUser).
+struct RunUserRecord {
+  std::string system_user, workspace, user;
+  int64_t assigned_ms = 0;
 };
 
 enum class AttemptState { kStarting, kRunning, kFinished };
@@ -222,6 +231,13 @@ class Store {
   Status DeleteSecret(const std::string& workspace, const std::string& key);  // NotFound
   Result<std::vector<SecretInfo>> ListSecrets(const std::string& workspace);
   Result<std::map<std::string, std::string>> SecretValues(const std::string& workspace);
+
+  // The system user `user`'s runs in `workspace` run as: the one of `pool` they were given before,
+  // else the first of `pool` never given to anyone (recorded in the same transaction, so two
+  // submissions at once never get the same one). ResourceExhausted when all are taken.
+  Result<std::string> AssignRunUser(const std::string& workspace, const std::string& user,
+                                    const std::vector<std::string>& pool, int64_t now_ms);
+  Result<std::vector<RunUserRecord>> ListRunUsers();
 
  private:
   struct Impl;

@@ -269,4 +269,42 @@ TEST_F(StoreTest, SurvivesReopen) {
 }
 
 }  // namespace
+TEST_F(StoreTest, RunUsersAreGivenOncePerUserAndNeverShared) {
+  const std::vector<std::string> pool = {"tau-a1", "tau-a2"};
+  auto alice = store_->AssignRunUser("a", "alice", pool, 1);
+  ASSERT_TRUE(alice.ok()) << alice.status().ToString();
+  EXPECT_EQ(*alice, "tau-a1");
+  EXPECT_EQ(*store_->AssignRunUser("a", "alice", pool, 2), "tau-a1") << "kept";
+  EXPECT_EQ(*store_->AssignRunUser("a", "bob", pool, 3), "tau-a2");
+  auto carol = store_->AssignRunUser("a", "carol", pool, 4);
+  ASSERT_FALSE(carol.ok());
+  EXPECT_EQ(carol.status().code(), StatusCode::kResourceExhausted);
+  // A system user moved to another workspace's pool is still alice's: never shared.
+  auto other = store_->AssignRunUser("b", "dave", {"tau-a1", "tau-b1"}, 5);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(*other, "tau-b1");
+  // Taken out of alice's pool, hers is no longer used; she gets a free one.
+  EXPECT_FALSE(store_->AssignRunUser("a", "alice", {"tau-a2"}, 6).ok());
+  EXPECT_EQ(*store_->AssignRunUser("a", "alice", {"tau-a2", "tau-a3"}, 7), "tau-a3");
+  auto all = store_->ListRunUsers();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 4u);
+  EXPECT_EQ((*all)[0].system_user, "tau-a1");
+  EXPECT_EQ((*all)[0].user, "alice");
+}
+
+TEST_F(StoreTest, RunAsIsKeptAndUnsetForOlderRuns) {
+  RunRecord a = MakeRun("a");
+  a.run_as = "tau-a1";
+  ASSERT_TRUE(store_->InsertRun(&a, {}).ok());
+  RunRecord b = MakeRun("b");
+  b.run_as = "";
+  ASSERT_TRUE(store_->InsertRun(&b, {}).ok());
+  RunRecord c = MakeRun("c");
+  ASSERT_TRUE(store_->InsertRun(&c, {}).ok());
+  EXPECT_EQ(store_->GetRun("a")->run_as, std::optional<std::string>("tau-a1"));
+  EXPECT_EQ(store_->GetRun("b")->run_as, std::optional<std::string>(""));
+  EXPECT_FALSE(store_->GetRun("c")->run_as.has_value());
+}
+
 }  // namespace tau::store

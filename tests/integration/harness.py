@@ -57,6 +57,51 @@ def processes_holding(directory):
     return found
 
 
+class SystemUsers:
+    """Unix accounts a test makes (as root) and removes after it: `system` ones for a workspace's
+    run_users pool (no login, uid below 1000), or regular ones as people have. Names carry the
+    test's pid, so tests running at once never share an account."""
+
+    def __init__(self, *tags, system=True):
+        self.names = {tag: f"tit{os.getpid()}{tag}" for tag in tags}
+        for name in self.names.values():
+            flags = ["--system"] if system else []
+            self._retry(["useradd", *flags, "--no-create-home", "--user-group", "--shell",
+                         "/usr/sbin/nologin", name])
+
+    def __getitem__(self, tag):
+        return self.names[tag]
+
+    def uid(self, tag):
+        import pwd
+        return pwd.getpwnam(self.names[tag]).pw_uid
+
+    def remove(self):
+        for name in self.names.values():
+            self._retry(["userdel", name], missing_ok=True)
+
+    @staticmethod
+    def _retry(argv, missing_ok=False):
+        # useradd and userdel lock /etc/passwd: another test's may hold it for a moment.
+        for _ in range(50):
+            p = subprocess.run(argv, capture_output=True, text=True)
+            if p.returncode == 0 or (missing_ok and p.returncode == 6):
+                return
+            if "lock" not in p.stderr:
+                raise AssertionError(f"{' '.join(argv)}: {p.stderr}")
+            time.sleep(0.1)
+        raise AssertionError(f"{' '.join(argv)}: /etc/passwd stayed locked")
+
+
+def as_user(user, argv, env=None, timeout=60, input=None):
+    """Runs argv as a local user (runuser), with a minimal environment."""
+    base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+    base.update(env or {})
+    runuser = shutil.which("runuser") or "/usr/sbin/runuser"
+    return subprocess.run([runuser, "-u", user, "--", *argv], env=base, capture_output=True,
+                          text=True, timeout=timeout, input=input)
+
+
 def pid_alive(pid):
     try:
         os.kill(pid, 0)

@@ -12,7 +12,7 @@ import os
 import socket
 import unittest
 
-from harness import TauServer, free_port, wait_for
+from harness import SystemUsers, TauServer, free_port, wait_for
 
 PLATFORM = """schema_version: 1
 queues:
@@ -139,8 +139,18 @@ class AuthTest(unittest.TestCase):
         cls.work = cls.server.home + "/work"
         os.makedirs(cls.work)
         platform = os.path.join(cls.work, "platform.yaml")
+        # On a root server token users without an account run as a system user of their
+        # workspace's pool, each their own.
+        cls.pool = SystemUsers("v1", "v2", "v3", "s1", "s2") if os.geteuid() == 0 else None
+        if cls.pool is not None:
+            cls.addClassCleanup(cls.pool.remove)
         with open(platform, "w") as f:
-            f.write(PLATFORM)
+            f.write(PLATFORM if cls.pool is None else PLATFORM.replace(
+                "    viewers: [dave]\n",
+                f"    viewers: [dave]\n    run_users: [{cls.pool['v1']}, {cls.pool['v2']}, "
+                f"{cls.pool['v3']}]\n").replace(
+                "    members: [bob]\n",
+                f"    members: [bob]\n    run_users: [{cls.pool['s1']}, {cls.pool['s2']}]\n"))
         cls.server.tau("platform", "apply", platform, check=0)
         cls.tokens = {}
         for user in ("alice", "bob", "dave", "prometheus", "ops", "carol", "eve"):

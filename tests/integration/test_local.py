@@ -181,7 +181,7 @@ class RunTest(ServerTestCase):
 
     def test_detach_status_and_logs(self):
         name = self.submit(job_spec("detached"), {"main.py": "import time\nfor i in range(3):\n    print('line', i, flush=True)\n    time.sleep(0.1)\n"})
-        self.assertRegex(name, r"^detached-[0-9a-f]{4}$")
+        self.assertRegex(name, r"^detached-[0-9a-f]{8}$")
         self.server.wait_state(name, "Succeeded")
         logs = self.server.tau("logs", name, check=0).stdout
         self.assertEqual(logs.splitlines(), ["line 0", "line 1", "line 2"])

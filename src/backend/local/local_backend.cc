@@ -20,6 +20,7 @@
 #include "common/files.h"
 #include "common/layout.h"
 #include "common/strings.h"
+#include "common/users.h"
 #include "recovery/failure_class.h"
 #include "recovery/recovery.h"
 #include "recovery/retry.h"
@@ -158,6 +159,12 @@ class LocalBackend final : public Backend {
   std::string Refusal(const Resources& need) const;
   Status RunAsSubmitter(const RunRecord& r, const runtime::LaunchContext& ctx,
                         runtime::AttemptConfig* config);
+  Status CheckEntrypoint(const SubmissionCheck& c);
+  Result<std::string> DecideRunAs(const SubmissionCheck& c) const;
+  Status CheckReachableFor(const std::string& run_as, const SubmissionCheck& c) const;
+  // Accounts from uid 1000 up are people's (login.defs' UID_MIN); below are the system's own.
+  static constexpr uint32_t kFirstPersonUid = 1000;
+  static constexpr uint32_t kNobodyUid = 65534;
   // Whom a run's processes run as: nullopt for the server's own user (a server not running as
   // root, or a run root submitted).
   static Result<std::optional<runtime::AttemptConfig::RunAs>> SubmitterIds(const RunRecord& r);
@@ -230,6 +237,14 @@ Status LocalBackend::CheckFits(const Resources& need) {
 }
 
 Status LocalBackend::Check(const SubmissionCheck& c) {
+  TAU_RETURN_IF_ERROR(CheckEntrypoint(c));
+  TAU_ASSIGN_OR_RETURN(std::string run_as, DecideRunAs(c));
+  if (!run_as.empty()) TAU_RETURN_IF_ERROR(CheckReachableFor(run_as, c));
+  if (c.run_as != nullptr) *c.run_as = std::move(run_as);
+  return Status::Ok();
+}
+
+Status LocalBackend::CheckEntrypoint(const SubmissionCheck& c) {
   // A Python entrypoint, or one given as a path, must be a file of the code: caught now rather than
   // as a failed run. (On a cluster the image may hold it.)
   const std::string& entrypoint = c.spec->entrypoint;
@@ -244,6 +259,79 @@ Status LocalBackend::Check(const SubmissionCheck& c) {
       "{}: run.entrypoint '{}' is not among the {} file(s) of the code directory sent with "
       "the run; check the path (relative to the directory of the spec) and .tauignore",
       c.spec_file, entrypoint, c.snapshot_files->size()));
+}
+
+// Whom a run's processes run as, decided once at submission: on a server that is not root, its
+// own user (""); else the submitter's system account, and for a token user without one (or with
+// only a system account, uid below 1000, that was never meant for a person) a user of the
+// workspace's run_users pool of their own. Two users never share a uid.
+Result<std::string> LocalBackend::DecideRunAs(const SubmissionCheck& c) const {
+  if (::geteuid() != 0) return std::string();
+  const std::string& user = c.caller->user;
+  if (!c.token_user) return user == "root" ? std::string() : user;  // the kernel said who
+  auto self = LookUpUserById(::geteuid());
+  if (self.ok() && self->name == user) return std::string();  // the server's own user
+  if (auto account = LookUpUserByName(user);
+      account.ok() && account->uid >= kFirstPersonUid && account->uid != kNobodyUid)
+    return user;
+  const policy::Workspace* w = c.platform->FindWorkspace(c.resolved->workspace);
+  const std::string where =
+      fmt::format("workspaces[{}].run_users in platform.yaml", c.resolved->workspace);
+  if (w == nullptr || w->run_users.empty())
+    return FailedPrecondition(fmt::format(
+        "token user '{}' has no account on this machine and workspace '{}' has no run_users "
+        "for such users (runs of different users never share a uid): give '{}' a system "
+        "account, or add system users to {} (docs/platform.md)",
+        user, c.resolved->workspace, user, where));
+  std::vector<std::string> usable, missing;
+  for (const std::string& name : w->run_users) {
+    auto account = LookUpUserByName(name);
+    (account.ok() && account->uid != 0 ? usable : missing).push_back(name);
+  }
+  if (usable.empty())
+    return FailedPrecondition(
+        fmt::format("none of the system users of {} exists on this machine ({}): create them, e.g. "
+                    "`useradd --system --no-create-home --shell /usr/sbin/nologin {}`",
+                    where, Join(missing, ", "), missing.front()));
+  auto assigned = host_->store()->AssignRunUser(w->name, user, usable, host_->Now());
+  if (assigned.status().code() == StatusCode::kResourceExhausted)
+    return FailedPrecondition(fmt::format(
+        "every system user of {} ({}) already runs another user's runs, and token user '{}' "
+        "needs one of their own: add system users there{}",
+        where, Join(usable, ", "), user,
+        missing.empty() ? "" : " (or create the missing " + Join(missing, ", ") + ")"));
+  return assigned;
+}
+
+// The run's user must reach what the run uses: the server's home (whose own directories tau
+// opens to them), and the storage volumes it mounts; and, for Python, a python3 of its own.
+Status LocalBackend::CheckReachableFor(const std::string& run_as, const SubmissionCheck& c) const {
+  auto account = LookUpUserByName(run_as);
+  if (!account.ok())
+    return FailedPrecondition(
+        fmt::format("runs of '{}' run as the system user of that name, and there is none: {}",
+                    run_as, account.status().message()));
+  const std::string hint =
+      " (the run's processes run as that user; make the directory searchable for them, or use a "
+      "home outside private directories, e.g. `tau server --home /var/lib/tau`, root's default)";
+  std::string above_home = std::filesystem::path(options_.home).parent_path().string();
+  if (Status s = CheckReachable(above_home, *account, false); !s.ok())
+    return FailedPrecondition(s.message() + hint);
+  for (const policy::Mount& m : c.resolved->mounts) {
+    if (m.host_path.empty()) continue;
+    if (Status s = CheckReachable(m.host_path, *account, m.role == "data"); !s.ok())
+      return FailedPrecondition(fmt::format("storage volume '{}': {}", m.volume, s.message()));
+  }
+  if (EndsWith(c.spec->entrypoint, ".py") || !c.spec->runtime.pip.empty()) {
+    const char* path = std::getenv("PATH");
+    auto python = FindExecutableFor("python3", path ? path : "/usr/bin:/bin", *account);
+    if (!python.ok())
+      return FailedPrecondition(fmt::format(
+          "the run needs python3 as user {}: {}; put a python3 they may run on the server's "
+          "PATH",
+          run_as, python.status().message()));
+  }
+  return Status::Ok();
 }
 
 // Why a run can never fit on this machine, or "" when it can.
@@ -276,6 +364,17 @@ Result<std::optional<runtime::AttemptConfig::RunAs>> LocalBackend::SubmitterIds(
     const RunRecord& r) {
   using Ids = std::optional<runtime::AttemptConfig::RunAs>;
   if (::geteuid() != 0) return Ids();  // runs run as the server's user
+  if (r.run_as && r.run_as->empty()) return Ids();
+  if (r.run_as) {
+    auto run_as = runtime::LookUpUser(*r.run_as);
+    if (!run_as.ok())
+      return FailedPrecondition(
+          fmt::format("this run runs as system user '{}', which no longer exists: {}", *r.run_as,
+                      run_as.status().message()));
+    if (run_as->uid == 0) return Ids();
+    return Ids(std::move(*run_as));
+  }
+  // A run submitted before tau decided this at submission: as it was decided then.
   std::string user = r.owner.empty() ? "root" : r.owner;
   auto run_as = runtime::LookUpUser(user);
   if (!run_as.ok()) run_as = runtime::LookUpUser("nobody");
@@ -295,21 +394,27 @@ Status LocalBackend::RunAsSubmitter(const RunRecord& r, const runtime::LaunchCon
   if (!run_as) return Status::Ok();
   uid_t uid = run_as->uid;
   gid_t gid = run_as->gid;
-  for (const std::string& dir : {ctx.work_dir, ctx.checkpoint_dir, ctx.output_dir})
+  // What the run writes is its user's, and no one else's: another user who knows the run's name
+  // finds every entry of its directory closed (the attempts' logs and the evidence stay the
+  // server's, mode 0700).
+  for (const std::string& dir : {ctx.work_dir, ctx.checkpoint_dir, ctx.output_dir}) {
     TAU_RETURN_IF_ERROR(ChownTree(dir, uid, gid));
-  // The user must reach its working directory through the server's (traversable, not listable),
-  // and no other user may read it.
+    if (::chmod(dir.c_str(), 0700) != 0) return IoError("chmod " + dir, errno);
+  }
+  // The user reaches them through the server's directories: searchable, not listable.
   for (const std::string& dir :
        {options_.home, layout::RunsDir(options_.home), layout::RunDir(options_.home, r.name)})
     if (::chmod(dir.c_str(), 0711) != 0) return IoError("chmod " + dir, errno);
-  if (::chmod(ctx.work_dir.c_str(), 0700) != 0) return IoError("chmod " + ctx.work_dir, errno);
   // The metrics file lives in the run's directory, which stays the server's.
-  int fd = ::open(ctx.metrics_file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  int fd = ::open(ctx.metrics_file.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) return IoError("creating " + ctx.metrics_file, errno);
   int rc = ::fchown(fd, uid, gid);
+  if (rc == 0) rc = ::fchmod(fd, 0600);
   ::close(fd);
   if (rc != 0) return IoError("chown " + ctx.metrics_file, errno);
   config->venv_cache_dir = VenvCacheDir(run_as);
+  if (::chmod(layout::VenvsDir(options_.home).c_str(), 0711) != 0)
+    return IoError("chmod " + layout::VenvsDir(options_.home), errno);
   TAU_RETURN_IF_ERROR(MakeDirs(config->venv_cache_dir, 0700));
   TAU_RETURN_IF_ERROR(ChownTree(config->venv_cache_dir, uid, gid));
   config->run_as = std::move(*run_as);
@@ -520,6 +625,14 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
     // The last attempt may have died in the middle of a metrics line: end it, so this attempt's
     // first point starts a line of its own.
     EndPartialLine(ctx.metrics_file);
+  }
+  // A storage volume's directory that does not exist yet is made searchable (not listable), as
+  // each run's user must pass through it to their own; the run's directories are private.
+  for (const std::string& dir : {ctx.checkpoint_dir, ctx.output_dir}) {
+    std::string volume = std::filesystem::path(dir).parent_path().string();
+    if (!StartsWith(dir, run_dir + "/") && !PathExists(volume))
+      if (Status s = MakeDirs(volume, 0711); !s.ok())
+        return fail(FailureClass::kSetupError, s.message());
   }
   for (const std::string& dir : {ctx.checkpoint_dir, ctx.output_dir, a.dir}) {
     if (Status s = MakeDirs(dir); !s.ok()) return fail(FailureClass::kSetupError, s.message());
