@@ -136,7 +136,9 @@ json AttemptConfig::ToJson() const {
                                    {"gid", run_as->gid},
                                    {"groups", run_as->groups},
                                    {"user", run_as->user}}
-                            : json(nullptr)}};
+                            : json(nullptr)},
+          {"mask", mask},
+          {"max_log_bytes", max_log_bytes}};
 }
 
 Result<AttemptConfig> AttemptConfig::FromJson(const json& j) {
@@ -167,6 +169,8 @@ Result<AttemptConfig> AttemptConfig::FromJson(const json& j) {
       r.user = ValueOr<std::string>(*it, "user", "");
       c.run_as = std::move(r);
     }
+    c.mask = ValueOr<std::vector<std::string>>(j, "mask", {});
+    c.max_log_bytes = ValueOr<int64_t>(j, "max_log_bytes", 0);
     return c;
   } catch (const json::exception& e) {
     return InvalidArgument(std::string("invalid attempt config: ") + e.what());
@@ -219,6 +223,36 @@ Result<AttemptOutcome> ReadOutcome(const std::string& attempt_dir) {
   auto outcome = AttemptOutcome::FromJson(j);
   if (!outcome.ok()) return outcome.status().WithContext(path);
   return outcome;
+}
+
+std::vector<AttemptNotice> ReadNotices(const std::string& attempt_dir, int64_t* offset) {
+  std::vector<AttemptNotice> out;
+  const std::string path = attempt_dir + "/" + kNoticesFile;
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (!fd.valid()) return out;
+  std::string text;
+  char buf[16384];
+  // A notice is a short line; a file that grew past this is not the shim's.
+  constexpr size_t kMaxRead = 1 << 20;
+  for (off_t at = *offset; text.size() < kMaxRead;) {
+    ssize_t n = ::pread(fd.get(), buf, sizeof buf, at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    at += n;
+  }
+  size_t start = 0;
+  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    json j = json::parse(text.substr(start, nl - start), nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) continue;
+    AttemptNotice n;
+    n.type = j["type"].get<std::string>();
+    if (j.contains("message") && j["message"].is_string()) n.message = j["message"];
+    n.data = j.contains("data") && j["data"].is_object() ? j["data"] : json::object();
+    out.push_back(std::move(n));
+  }
+  *offset += static_cast<int64_t>(start);
+  return out;
 }
 
 std::optional<uint64_t> ProcessStartTime(int pid) {

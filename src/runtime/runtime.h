@@ -14,7 +14,11 @@
 //   state.json    {"phase": "setup"} while pip runs, then
 //                 {"phase": "running", "pgid", "workers": [{"rank","pid","start_time"}]}
 //   result.json   AttemptOutcome, written once when the attempt is over
-//   logs/rank-R.log  stdout and stderr of worker R (rank 0 also gets setup output such as pip's)
+//   logs/rank-R.log  stdout and stderr of worker R (rank 0 also gets setup output such as pip's),
+//                 written by the shim's log pump from a pipe: secrets masked, kept under the
+//                 attempt's cap (the newest output; a marker line at the top says how much went)
+//   notices.jsonl what the server should record as events of the run (LogTruncated,
+//                 OutputDropped), one {"type","message","data"} a line; only when there are any
 #pragma once
 
 #include <cstdint>
@@ -94,6 +98,10 @@ struct AttemptConfig {
     std::string user;              // for messages
   };
   std::optional<RunAs> run_as;
+  // What the workers print of these values is masked ("***") before it reaches the logs.
+  std::vector<std::string> mask;
+  // All the workers' logs together (split evenly per rank); 0: no cap.
+  int64_t max_log_bytes = 0;
 
   nlohmann::json ToJson() const;
   static Result<AttemptConfig> FromJson(const nlohmann::json& j);
@@ -239,6 +247,17 @@ struct AttemptOutcome {
 
 // DIR/result.json; NotFound while the attempt has not finished.
 Result<AttemptOutcome> ReadOutcome(const std::string& attempt_dir);
+
+// What the shim noticed that the run's events should say (DIR/notices.jsonl).
+inline constexpr const char* kNoticesFile = "notices.jsonl";
+struct AttemptNotice {
+  std::string type;  // "LogTruncated", "OutputDropped"
+  std::string message;
+  nlohmann::json data;
+};
+// The notices after byte `*offset` of DIR/notices.jsonl (whole lines only: a line still being
+// written waits), advancing `*offset` past them. None when there is no file.
+std::vector<AttemptNotice> ReadNotices(const std::string& attempt_dir, int64_t* offset);
 
 // Calls `on_exit(key)` from its own thread when a watched process exits. Works for processes that
 // are not our children (re-adopted shims) through pidfd_open; reaps them when they are.

@@ -291,6 +291,34 @@ TEST_F(RuntimeTest, SucceedingPythonWorker) {
   EXPECT_TRUE(PathExists(c.attempt_dir + "/config.json"));
 }
 
+// The workers' output reaches the log through the shim's pump: masked as it is written (visible
+// on disk while the worker still runs) and kept under the attempt's cap with the newest output.
+TEST_F(RuntimeTest, TheLogIsMaskedAsItIsWrittenAndKeptUnderTheCap) {
+  AttemptConfig c = Config({Python("import sys, time\n"
+                                   "print('key=s3cr3t-value', flush=True)\n"
+                                   "time.sleep(0.3)\n"
+                                   "for i in range(40000): print('line', i)\n"
+                                   "print('the end')\n"),
+                            Python("print('rank one')")});
+  c.mask = {"s3cr3t-value"};
+  c.max_log_bytes = 128 << 10;  // 64 KiB each
+  ProcessId shim = Start(c);
+  ASSERT_TRUE(WaitForLog(c.attempt_dir, 0, "key=***"));
+  EXPECT_EQ(Log(c.attempt_dir, 0).find("s3cr3t"), std::string::npos);
+  AttemptOutcome o = Wait(shim, c.attempt_dir);
+  EXPECT_EQ(o.kind, OutcomeKind::kSucceeded) << o.message;
+  std::string log = Log(c.attempt_dir, 0);
+  EXPECT_LE(log.size(), (64u << 10) + 256);
+  EXPECT_TRUE(Contains(log, "bytes of earlier output dropped: the log reached its cap of 65536"));
+  EXPECT_TRUE(Contains(log, "line 39999\nthe end\n"));
+  EXPECT_EQ(Log(c.attempt_dir, 1), "rank one\n");
+  int64_t offset = 0;
+  auto notices = ReadNotices(c.attempt_dir, &offset);
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0].type, "LogTruncated");
+  EXPECT_EQ(notices[0].data["rank"], 0);
+}
+
 TEST_F(RuntimeTest, ExitCodeIsRecorded) {
   AttemptOutcome o = Run(Config({Python("import sys; print('bye'); sys.exit(3)")}));
   EXPECT_EQ(o.kind, OutcomeKind::kFailed);

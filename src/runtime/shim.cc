@@ -1,6 +1,6 @@
-// The shim (`tau __shim DIR`): supervises one attempt. It is single-threaded, so the code between
-// fork and exec in its children may do ordinary work; everything it learns goes to files in the
-// attempt directory.
+// The shim (`tau __shim DIR`): supervises one attempt. Its one other thread is the log pump
+// (log_pump.h), so the code between fork and exec in its children makes only plain system calls;
+// everything it learns goes to files in the attempt directory.
 //
 //   setup     venv + pip (cached, flock-guarded), resolve every worker's argv[0]
 //   start     fork all workers into one process group, hold them at a barrier, release them
@@ -34,6 +34,7 @@
 #include "common/hash.h"
 #include "common/strings.h"
 #include "common/users.h"
+#include "runtime/log_pump.h"
 #include "runtime/proc.h"
 #include "runtime/runtime.h"
 
@@ -424,12 +425,12 @@ class Shim {
     TAU_RETURN_IF_ERROR(MakeDirs(dir_ + "/logs"));
     devnull_ = UniqueFd(::open("/dev/null", O_RDWR | O_CLOEXEC));
     if (!devnull_.valid()) return IoError("cannot open /dev/null", errno);
-    for (size_t rank = 0; rank < config_.workers.size(); ++rank) {
-      std::string path = dir_ + "/logs/rank-" + std::to_string(rank) + ".log";
-      UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
-      if (!fd.valid()) return IoError("cannot open " + path, errno);
-      logs_.push_back(std::move(fd));
-    }
+    // Every byte a worker (or setup, or the shim itself) writes for a rank's log goes through the
+    // pump: masked, capped, and never blocking the writer on the disk.
+    TAU_ASSIGN_OR_RETURN(pump_, internal::LogPump::Create(dir_, config_.workers.size(),
+                                                          config_.max_log_bytes, config_.mask));
+    config_.mask.clear();
+    pump_->Start();
     // Only a setup that takes time (pip) is worth a file: state.json's readers need the workers,
     // which come later, and creating a file costs a noticeable share of a trivial attempt.
     if (config_.pip.empty()) return Status::Ok();
@@ -570,7 +571,7 @@ class Shim {
 
   // Creates or reuses the virtualenv for the requirement set; returns its directory.
   std::variant<std::string, SetupError> EnsureVenv() {
-    int log = logs_[0].get();
+    int log = LogFd(0);
     // The key: the sorted requirements and the interpreter that builds the venv.
     int out[2];
     if (::pipe2(out, O_CLOEXEC) != 0) {
@@ -627,8 +628,7 @@ class Shim {
         return SetupError{OutcomeKind::kSetupFailed, std::string("flock: ") + std::strerror(errno)};
       }
       if (!told) {
-        WriteAll(logs_[0].get(),
-                 "[tau] waiting for another attempt to build the same virtualenv\n");
+        WriteAll(LogFd(0), "[tau] waiting for another attempt to build the same virtualenv\n");
         told = true;
       }
       if (auto kind = Interrupted()) return SetupError{*kind, InterruptMessage(*kind, "setup")};
@@ -643,7 +643,7 @@ class Shim {
   // one. Called with the lock held, so leftovers of a crashed build of this key can be removed.
   std::variant<std::string, SetupError> BuildVenv(const std::string& cache, const std::string& key,
                                                   const std::vector<std::string>& requirements) {
-    int log = logs_[0].get();
+    int log = LogFd(0);
     RemoveStaleBuilds(cache, key);
     const std::string name = key + "-" + RandomHex(8);
     const std::string dir = cache + "/" + name;
@@ -729,7 +729,7 @@ class Shim {
       cgroup_->Remove();
       cgroup_.reset();
     }
-    if (limited) WriteAll(logs_[0].get(), "[tau] memory/cpu limits not enforced: " + why + "\n");
+    if (limited) WriteAll(LogFd(0), "[tau] memory/cpu limits not enforced: " + why + "\n");
   }
 
   // Forks every worker, holds them at a barrier until all exist, then releases them together. Any
@@ -759,7 +759,7 @@ class Shim {
       plan.pgid = pgid_;
       plan.parent = ::getpid();
       plan.stdin_fd = devnull_.get();
-      plan.out_fd = logs_[rank].get();
+      plan.out_fd = LogFd(rank);
       // A gang waits at the barrier until every worker exists; a single worker has nobody to wait
       // for, so it is started with vfork: no copy of the shim's page tables, which costs more than
       // the rest of the start on a virtual machine.
@@ -991,6 +991,9 @@ class Shim {
 
   // ---- files ----
 
+  // Where rank R's output goes: its pipe to the log pump.
+  int LogFd(size_t rank) const { return pump_->write_fd(rank); }
+
   Status WriteState(const json& state) {
     // An attempt does not outlive a crash of its machine, so its files need only survive process
     // crashes.
@@ -1003,9 +1006,13 @@ class Shim {
     outcome_.message = message;
     if (outcome_.oom_killed) outcome_.message += " (the attempt's cgroup saw an OOM kill)";
     outcome_.ended_ms = NowMillis();
-    if (kind == OutcomeKind::kSetupFailed && !logs_.empty()) {
-      WriteAll(logs_[0].get(), "[tau] setup failed: " + message + "\n");
+    if (kind == OutcomeKind::kSetupFailed && pump_) {
+      WriteAll(LogFd(0), "[tau] setup failed: " + message + "\n");
     }
+    // The logs are complete before result.json says the attempt is over: the server reads them
+    // (diagnosis, evidence) once it sees the result. Every process that could write them is gone
+    // (Cleanup), so the pipes are closed at once; the timeout is for one that escaped.
+    if (pump_) pump_->Finish(/*timeout_ms=*/2000);
     // What became of the attempt is result.json's to say; the log is for what went wrong.
     if (kind != OutcomeKind::kSucceeded)
       Log(std::string("attempt ") + OutcomeKindName(kind) + ": " + message);
@@ -1016,6 +1023,8 @@ class Shim {
     for (int waited_s = 0; s.code() == StatusCode::kUnavailable && waited_s < 3600; ++waited_s) {
       if (waited_s == 0) Log("cannot write result.json yet, waiting for space: " + s.ToString());
       ::sleep(1);
+      // Notices first, so the server that sees the result finds them.
+      if (pump_) pump_->FlushNotices();
       s = WriteFileAtomic(dir_ + "/result.json", result, 0644, Durability::kProcessCrash);
     }
     if (!s.ok()) {
@@ -1043,8 +1052,8 @@ class Shim {
   UniqueFd lock_;  // the supervisor lock, held until the shim exits
   UniqueFd log_;   // shim.log, once opened
   UniqueFd sigfd_, devnull_;
-  std::vector<UniqueFd> logs_;         // logs/rank-R.log, one per worker
-  std::vector<std::string> resolved_;  // each worker's argv[0], resolved on its PATH
+  std::unique_ptr<internal::LogPump> pump_;  // logs/rank-R.log, one per worker
+  std::vector<std::string> resolved_;        // each worker's argv[0], resolved on its PATH
   std::optional<Cgroup> cgroup_;
   std::vector<Worker> workers_;
   pid_t pgid_ = 0;

@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <charconv>
 #include <chrono>
 #include <thread>
 
@@ -15,6 +17,7 @@
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/quantity.h"
+#include "common/strings.h"
 #include "common/version.h"
 #include "controller/redact.h"
 #include "http/reply.h"
@@ -169,13 +172,17 @@ class LogStreamer {
     }
     char buf[65536];
     ssize_t n = ::read(fd_, buf, sizeof buf);
-    if (n > 0) return Write(sink, std::string_view(buf, static_cast<size_t>(n)));
+    if (n > 0) return Read(sink, buf, n);
     if (!follow_) return Done(sink);
+    // The log reached its cap and the shim replaced it with its newest part: go on in the new
+    // file from where this one ended.
+    if (FollowCut()) return true;
     // At the end of the file: the attempt may still be writing.
     if (!AttemptFinished()) return Idle(sink);
     // Finished: one more read catches output written between the read above and the check.
     n = ::read(fd_, buf, sizeof buf);
-    if (n > 0) return Write(sink, std::string_view(buf, static_cast<size_t>(n)));
+    if (n > 0) return Read(sink, buf, n);
+    if (FollowCut()) return true;
     if (!pinned_ && NextAttemptStarted()) {
       ::close(fd_);
       fd_ = -1;
@@ -202,6 +209,49 @@ class LogStreamer {
     return Emit(sink, redactor_.Feed(data, /*flush=*/false));
   }
   bool Flush(http::ChunkSink& sink) { return Emit(sink, redactor_.Feed("", /*flush=*/true)); }
+  bool Read(http::ChunkSink& sink, const char* buf, ssize_t n) {
+    if (pos_ == 0) ReadMarker(std::string_view(buf, static_cast<size_t>(n)));
+    pos_ += n;
+    return Write(sink, std::string_view(buf, static_cast<size_t>(n)));
+  }
+  // A capped log starts with "[tau] N bytes of earlier output dropped...": the output before the
+  // file's content.
+  void ReadMarker(std::string_view head) {
+    file_dropped_ = 0;
+    header_ = 0;
+    static constexpr std::string_view kTag = " bytes of earlier output dropped";
+    const size_t nl = head.find('\n');
+    if (!StartsWith(head, "[tau] ") || nl == std::string_view::npos) return;
+    std::string_view line = head.substr(0, nl);
+    const size_t tag = line.find(kTag);
+    if (tag == std::string_view::npos) return;
+    int64_t dropped = 0;
+    auto [end, ec] = std::from_chars(line.data() + 6, line.data() + tag, dropped);
+    if (ec != std::errc() || end != line.data() + tag) return;
+    file_dropped_ = dropped;
+    header_ = static_cast<int64_t>(nl + 1);
+  }
+  // When rank-R.log now names another file than the one open, opens it at the byte that follows
+  // what was read (or at its start, when that part was dropped too).
+  bool FollowCut() {
+    struct stat open_st, path_st;
+    if (::fstat(fd_, &open_st) != 0 || ::stat(path_.c_str(), &path_st) != 0 ||
+        (open_st.st_ino == path_st.st_ino && open_st.st_dev == path_st.st_dev))
+      return false;
+    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const int64_t output_read = file_dropped_ + std::max<int64_t>(0, pos_ - header_);
+    ::close(fd_);
+    fd_ = fd;
+    char head[4096];
+    ssize_t n = ::pread(fd_, head, sizeof head, 0);
+    pos_ = 0;
+    ReadMarker(std::string_view(head, n > 0 ? static_cast<size_t>(n) : 0));
+    int64_t at = header_ + output_read - file_dropped_;
+    if (at < header_) at = 0;
+    if (::lseek(fd_, at, SEEK_SET) == at) pos_ = at;
+    return true;
+  }
   bool Done(http::ChunkSink& sink) {
     Flush(sink);
     return false;
@@ -222,6 +272,8 @@ class LogStreamer {
     std::string path =
         fmt::format("{}/logs/rank-{}.log", controller_->AttemptDir(run_, attempt_), rank_);
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    path_ = path;
+    pos_ = 0;
     return fd_ >= 0;
   }
   bool AttemptFinished() {
@@ -250,7 +302,11 @@ class LogStreamer {
   bool follow_;
   const http::HttpServer* http_;
   int fd_ = -1;
-  int64_t skip_ = 0;  // bytes of the stream the client has already
+  std::string path_;          // of the open log
+  int64_t pos_ = 0;           // bytes read of the open file
+  int64_t file_dropped_ = 0;  // output before the open file's content (its marker says)
+  int64_t header_ = 0;        // the marker line's bytes
+  int64_t skip_ = 0;          // bytes of the stream the client has already
 };
 
 // Runs `tau __gpu-probe` and returns what it printed: CUDA initialises in that child, never in the

@@ -130,6 +130,7 @@ class LocalBackend final : public Backend {
   void Schedule(Batch* batch) override {
     AdmitQueued(batch, &to_start_);
     EscalateStops(batch);
+    PollNotices(batch);
   }
   void Committed() override { StopCommitted(); }
   void Launch(Batch* batch) override { StartAttempts(to_start_, batch); }
@@ -151,6 +152,9 @@ class LocalBackend final : public Backend {
     // Set once its attempt was asked to stop: past it, the server kills the supervisor itself.
     int64_t stop_deadline_ms = -1;
     bool holds_machine = false;  // its CPUs and memory are taken from this machine's free ones
+    // How far its attempt's notices.jsonl has been read, and which attempt's.
+    int notices_attempt = 0;
+    int64_t notices_offset = 0;
   };
   LocalRun& Of(const ActiveRun& run) { return runs_[run.record.name]; }
 
@@ -201,6 +205,14 @@ class LocalBackend final : public Backend {
   // preemption, a failed GPU), from the run's events; the attempt is asked again.
   void RestoreStopRequest(ActiveRun& run, int64_t attempt_started_ms);
   static constexpr int64_t kStopMarginMs = 5'000;
+  // What the attempts' shims noticed (a log cut at its cap, output a full disk dropped) becomes
+  // events of their runs: read here, on the decision thread, because the file is small (one open
+  // that finds nothing, for most attempts) and an event read here is never posted after its run
+  // ended. Each running attempt's every second, and the rest at its exit.
+  void PollNotices(Batch* batch);
+  void ReadNotices(ActiveRun& run, int attempt, const std::string& dir, Batch* batch);
+  static constexpr int64_t kNoticePollMs = 1'000;
+  int64_t last_notice_poll_ms_ = 0;
 
   const LocalBackendOptions options_;
   RunHost* host_ = nullptr;
@@ -663,6 +675,10 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
   if (run.need.cpu_milli > 0) config.cpu_limit_milli = run.need.cpu_milli;
   config.max_runtime_ms = run.spec.max_runtime_ms;
   config.stop_grace_ms = options_.stop_grace_ms;
+  // The shim masks what the workers print of the secret values as it writes their logs.
+  for (size_t i = 0; i < run.spec.runtime.env.size(); ++i)
+    if (run.spec.runtime.env[i].secret_ref) config.mask.push_back(launch_spec.runtime.env[i].value);
+  config.max_log_bytes = run.resolved.max_log_bytes;
   size_t index = shims->Add(config);
   return StartingAttempt{name, std::move(a), config.workers.size(), index};
 }
@@ -704,7 +720,9 @@ void LocalBackend::HandleExit(const std::string& name, Batch* batch) {
   AttemptRecord a = attempts->back();
   // The attempt's last metric points, before another attempt may append to the same file.
   host_->PollMetrics(name, a.number);
-  host_->MaskSecretsInLogs(run, a);
+  // The shim masked the run's secrets as it wrote its logs (AttemptConfig::mask): nothing to
+  // rewrite here.
+  ReadNotices(run, a.number, a.dir, batch);
 
   auto outcome = runtime::ReadOutcome(a.dir);
   if (!outcome.ok()) {
@@ -1064,6 +1082,32 @@ std::string LocalBackend::RequeueNote(const ActiveRun& run) {
       recovery::NewestCompleteCheckpoint(host_->StorageDir(run.record, "checkpoint"));
   return newest.empty() ? "; no complete checkpoint yet, so the next attempt starts over"
                         : ", the next attempt resumes from " + newest;
+}
+
+void LocalBackend::PollNotices(Batch* batch) {
+  const int64_t now = host_->Now();
+  if (now - last_notice_poll_ms_ < kNoticePollMs) return;
+  last_notice_poll_ms_ = now;
+  for (auto& [name, local] : runs_) {
+    auto it = host_->active().find(name);
+    if (!local.shim || it == host_->active().end()) continue;
+    ActiveRun& run = it->second;
+    if (store::IsTerminal(run.record.state) || run.record.attempts <= 0) continue;
+    ReadNotices(run, run.record.attempts, host_->AttemptDir(name, run.record.attempts), batch);
+  }
+}
+
+void LocalBackend::ReadNotices(ActiveRun& run, int attempt, const std::string& dir, Batch* batch) {
+  LocalRun& local = Of(run);
+  if (local.notices_attempt != attempt) {
+    local.notices_attempt = attempt;
+    local.notices_offset = 0;
+  }
+  for (runtime::AttemptNotice& n : runtime::ReadNotices(dir, &local.notices_offset)) {
+    n.data["attempt"] = attempt;
+    batch->events.push_back({0, run.record.name, host_->Now(), std::move(n.type),
+                             std::move(n.message), std::move(n.data), "", ""});
+  }
 }
 
 int64_t LocalBackend::NextWakeMillis(int64_t now, int64_t limit) const {
