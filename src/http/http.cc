@@ -347,8 +347,10 @@ void HttpServer::Serve() {
       }
       std::string refusal;
       const char* reason = nullptr;
+      Limits limits;
       {
         MutexLock lock(&mu_);
+        limits = limits_;
         int& of_kind = is_unix ? local_connections_ : network_connections_;
         auto of_peer = peer_connections_.find(peer);
         const int held = of_peer == peer_connections_.end() ? 0 : of_peer->second;
@@ -389,7 +391,7 @@ void HttpServer::Serve() {
         ::setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       }
       std::thread(&HttpServer::ServeConnection, this, conn, is_unix, listen_tls_[i].get(),
-                  std::move(peer), std::move(peer_uid), accepted_ms)
+                  std::move(peer), std::move(peer_uid), accepted_ms, limits)
           .detach();
     }
   }
@@ -443,7 +445,7 @@ void HttpServer::DispatchRoute(HttpRequest& req, HttpResponse& res, std::string*
 }
 
 void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls, std::string peer,
-                                 std::string peer_uid, int64_t accepted_ms) {
+                                 std::string peer_uid, int64_t accepted_ms, Limits limits) {
   Conn conn(fd, &stopping_);
   AtScopeExit done([&] {
     conn.EndTls();
@@ -463,7 +465,6 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls, 
                     "{}\r\nConnection: close\r\n\r\n{}",
                     status, Reason(status), body.size(), body));
   };
-  const Limits limits = limits_;
   if (tls) {
     // The handshake happens here, on the connection's own thread, so a slow client delays no one;
     // it counts against the first request's header deadline.
@@ -617,10 +618,11 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls, 
 }
 
 std::shared_ptr<void> HttpServer::HoldStream(const std::string& owner, int* held) {
+  const int most = limits().max_streams_per_owner;
   MutexLock lock(&streams_mu_);
   int& count = streams_[owner];
   if (held) *held = count;
-  if (count >= limits_.max_streams_per_owner) {
+  if (count >= most) {
     if (count == 0) streams_.erase(owner);
     return nullptr;
   }

@@ -80,7 +80,7 @@ class HttpServer {
   // Routes are tried in the order added; `pattern` must match the whole path.
   void Route(const std::string& method, const std::string& pattern, HttpHandler handler);
   void set_max_body_bytes(size_t n) { max_body_bytes_ = n; }
-  // Limits against clients that hold connections (tests lower them). Set before Serve().
+  // Limits against clients that hold connections (tests lower them).
   // Connections are counted apart for the Unix socket and for TCP listeners, and per peer
   // (HttpRequest::peer): one address or uid cannot take every slot of its kind.
   struct Limits {
@@ -96,8 +96,15 @@ class HttpServer {
     int64_t body_min_bytes_per_second = 64 * 1024;
     int max_streams_per_owner = 32;  // see HoldStream
   };
-  void set_limits(Limits limits) { limits_ = limits; }
-  const Limits& limits() const { return limits_; }
+  // May change while serving (tests do): a connection keeps the limits of its accept.
+  void set_limits(Limits limits) {
+    MutexLock lock(&mu_);
+    limits_ = limits;
+  }
+  Limits limits() const {
+    MutexLock lock(&mu_);
+    return limits_;
+  }
   // Connections refused or cut off by a limit, with the reason: "connection_limit",
   // "peer_connection_limit", "header_deadline", "body_deadline". Called on the accept thread or a
   // connection's thread: it must be quick. Set before Serve().
@@ -136,7 +143,7 @@ class HttpServer {
     HttpHandler handler;
   };
   void ServeConnection(int fd, bool is_unix, tls::ServerContext* tls, std::string peer,
-                       std::string peer_uid, int64_t accepted_ms);
+                       std::string peer_uid, int64_t accepted_ms, Limits limits);
   void Refused(const char* reason) const {
     if (refusal_observer_) refusal_observer_(reason);
   }
@@ -147,7 +154,6 @@ class HttpServer {
   Observer observer_;
   std::function<void(const char* reason)> refusal_observer_;
   size_t max_body_bytes_ = 1 << 20;
-  Limits limits_;
   std::vector<int> listen_fds_;
   std::vector<bool> listen_is_unix_;
   std::vector<std::shared_ptr<tls::ServerContext>> listen_tls_;  // null: plain
@@ -155,8 +161,9 @@ class HttpServer {
   int tcp_port_ = 0;
   int wake_pipe_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
-  Mutex mu_;
+  mutable Mutex mu_;
   CondVar idle_cv_;
+  Limits limits_ TAU_GUARDED_BY(mu_);
   int active_connections_ TAU_GUARDED_BY(mu_) = 0;
   int local_connections_ TAU_GUARDED_BY(mu_) = 0;                    // on the Unix socket
   int network_connections_ TAU_GUARDED_BY(mu_) = 0;                  // on TCP listeners
