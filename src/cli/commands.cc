@@ -527,6 +527,57 @@ void RegisterServerCommand(CLI::App* app, Context* ctx) {
                    "kubernetes: refuse submitters whom the cluster's RBAC does not allow to "
                    "create the run's Job or RayJob in its namespace (SubjectAccessReview)");
   server->add_flag("--quiet", sopts.quiet, "Log nothing");
+  // Limits against a client that would wedge the API for everyone (docs/security.md, Hardening).
+  server
+      ->add_option("--max-connections", sopts.max_connections,
+                   "Open connections the Unix socket, and apart from it TCP, may hold in all")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  server
+      ->add_option("--max-connections-per-address", sopts.max_connections_per_address,
+                   "Open connections one TCP address (IPv6: a /64) or one local user may hold")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  server
+      ->add_option("--max-streams-per-identity", sopts.max_streams_per_identity,
+                   "Event streams, log follows and downloads one identity (an anonymous caller: "
+                   "one address) may hold open at once")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  server
+      ->add_option("--header-deadline", sopts.header_deadline_ms,
+                   "Milliseconds from a connection's accept (later requests: their first byte) "
+                   "to the end of the request's headers")
+      ->check(CLI::Range(100, 3'600'000))
+      ->capture_default_str();
+  server
+      ->add_option("--idle-timeout", sopts.idle_timeout_ms,
+                   "Milliseconds a kept-alive connection may wait for its next request")
+      ->check(CLI::Range(100, 3'600'000))
+      ->capture_default_str();
+  server
+      ->add_option("--body-grace", sopts.body_grace_ms,
+                   "Milliseconds a request body may take before --body-min-rate applies")
+      ->check(CLI::Range(100, 3'600'000))
+      ->capture_default_str();
+  server
+      ->add_option("--body-min-rate", sopts.body_min_bytes_per_second,
+                   "Bytes a second a request body must keep up with after --body-grace")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  server
+      ->add_option("--audit-refusals-per-minute", sopts.audit_refusals_per_minute,
+                   "Refused requests (401, 403, 429, 503) written to the audit trail per caller, "
+                   "status and route in a window (a minute unless --audit-refusal-window); the "
+                   "rest are counted (tau_http_refused_total) "
+                   "and summed up in one row")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  server
+      ->add_option("--audit-refusal-window", sopts.audit_refusal_window_ms,
+                   "Milliseconds of the window of --audit-refusals-per-minute")
+      ->check(CLI::Range(1000, 3'600'000))
+      ->capture_default_str();
   server->add_option("--retain-logs", a->retain_logs,
                      "Delete ended runs' logs after this long (e.g. 30d; default: keep); the "
                      "evidence record keeps their hashes");

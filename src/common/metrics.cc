@@ -63,6 +63,12 @@ Metrics::Metrics() {
   counter("tau_attempts_total", "Attempts that ended, by failure class (Succeeded included).");
   counter("tau_preemptions_total", "Runs preempted by the admission engine, by queue and reason.");
   counter("tau_runs_submitted_total", "Runs accepted at submission, by workspace and queue.");
+  counter("tau_http_refused_total",
+          "API requests refused (401, 403, 429, 503) by status and route pattern; each is counted, "
+          "the audit trail holds a sample.");
+  counter("tau_http_connections_refused_total",
+          "Connections refused or cut off by a limit, by reason (connection_limit, "
+          "peer_connection_limit, header_deadline, body_deadline).");
   histogram("tau_admission_wait_seconds",
             "Time from entering the queue to being admitted and placed, by queue.", kWaitBounds);
   histogram("tau_run_duration_seconds", "Time from a run's first start to its end, by final state.",

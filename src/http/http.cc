@@ -26,18 +26,13 @@
 namespace tau::http {
 namespace {
 
-// Per kind of listener: clients on the network cannot take the local CLI's connections.
-constexpr int kMaxConnections = 512;
 constexpr size_t kMaxHeaderBytes = 64 * 1024;
-constexpr int kIdleTimeoutMs = 30000;  // a kept-alive connection with no request
-constexpr int kIoTimeoutMs = 30000;    // a request or response that makes no progress
-// A request's headers must arrive within this long of its first byte, and its body at no less than
-// kMinBodyBytesPerSecond after a first kIoTimeoutMs: a client that trickles bytes cannot hold a
-// connection forever.
-constexpr int kHeaderDeadlineMs = 30000;
-constexpr size_t kMinBodyBytesPerSecond = 64 * 1024;
-// A TLS client gets this long to finish its handshake: a silent one must not pin a thread.
+constexpr int kIoTimeoutMs = 30000;  // a response that makes no progress
+// A TLS client gets at most this long to finish its handshake (and no longer than the header
+// deadline): a silent one must not pin a thread.
 constexpr int kHandshakeTimeoutMs = 10000;
+// What a client refused for a limit is told to wait before it tries again, in seconds.
+constexpr int kRetryAfterSeconds = 5;
 
 const char* Reason(int status) {
   switch (status) {
@@ -137,8 +132,9 @@ class Conn : public ChunkSink {
     if (!pending && !WaitReadable(timeout_ms)) return false;
     char tmp[65536];
     if (tls_) {
-      // The socket is readable, but a TLS record may arrive in pieces: wait for the rest.
-      Result<size_t> got = tls_->Read(tmp, sizeof tmp, kIoTimeoutMs);
+      // The socket is readable, but a TLS record may arrive in pieces: wait for the rest, no longer
+      // than the caller's deadline allows (a record trickled a byte at a time must not outlast it).
+      Result<size_t> got = tls_->Read(tmp, sizeof tmp, timeout_ms);
       if (!got.ok() || *got == 0) return false;
       buf_.append(tmp, *got);
       return true;
@@ -193,6 +189,37 @@ int64_t SteadyMillis() {
       .count();
 }
 
+// The peer of a TCP connection as budgets count it: its IP, an IPv6 one by its /64 (a host is
+// commonly given a whole /64, and could otherwise open each connection from another address).
+std::string PeerOf(const sockaddr_storage& addr) {
+  char text[INET6_ADDRSTRLEN] = {0};
+  if (addr.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+    ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+    return text;
+  }
+  if (addr.ss_family == AF_INET6) {
+    in6_addr a = reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(&a)) {
+      ::inet_ntop(AF_INET, &a.s6_addr[12], text, sizeof text);
+      return text;
+    }
+    std::memset(&a.s6_addr[8], 0, 8);
+    ::inet_ntop(AF_INET6, &a, text, sizeof text);
+    return std::string(text) + "/64";
+  }
+  return "unknown";
+}
+
+// The answer to a connection refused at accept, before any thread is spent on it.
+std::string RefusalReply(int status, const char* code, const std::string& message) {
+  std::string body = ErrorBody(code, message);
+  return fmt::format(
+      "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+      "Retry-After: {}\r\nConnection: close\r\n\r\n{}",
+      status, Reason(status), body.size(), kRetryAfterSeconds, body);
+}
+
 }  // namespace
 
 std::string HttpRequest::get_param_value(const std::string& name) const {
@@ -200,7 +227,7 @@ std::string HttpRequest::get_param_value(const std::string& name) const {
   return it == params.end() ? "" : it->second;
 }
 
-HttpServer::HttpServer() : limits_{kMaxConnections, kHeaderDeadlineMs} {
+HttpServer::HttpServer() {
   if (::pipe2(wake_pipe_, O_CLOEXEC | O_NONBLOCK) != 0) wake_pipe_[0] = wake_pipe_[1] = -1;
 }
 
@@ -301,32 +328,70 @@ void HttpServer::Serve() {
     if (::poll(fds.data(), fds.size(), 1000) <= 0) continue;
     for (size_t i = 0; i < listen_fds_.size(); ++i) {
       if (!(fds[i].revents & POLLIN)) continue;
-      int conn = ::accept4(listen_fds_[i], nullptr, nullptr, SOCK_CLOEXEC);
+      sockaddr_storage addr{};
+      socklen_t addr_len = sizeof addr;
+      int conn =
+          ::accept4(listen_fds_[i], reinterpret_cast<sockaddr*>(&addr), &addr_len, SOCK_CLOEXEC);
       if (conn < 0) continue;
+      const int64_t accepted_ms = SteadyMillis();
+      const bool is_unix = listen_is_unix_[i];
+      std::string peer, peer_uid;
+      if (is_unix) {
+        ucred cred{};
+        socklen_t len = sizeof cred;
+        if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+          peer_uid = std::to_string(cred.uid);
+        peer = "uid " + (peer_uid.empty() ? std::string("unknown") : peer_uid);
+      } else {
+        peer = PeerOf(addr);
+      }
+      std::string refusal;
+      const char* reason = nullptr;
+      Limits limits;
       {
         MutexLock lock(&mu_);
-        int& of_kind = listen_is_unix_[i] ? local_connections_ : network_connections_;
+        limits = limits_;
+        int& of_kind = is_unix ? local_connections_ : network_connections_;
+        auto of_peer = peer_connections_.find(peer);
+        const int held = of_peer == peer_connections_.end() ? 0 : of_peer->second;
         if (of_kind >= limits_.max_connections) {
           // Too many clients: refuse this one rather than let the server fall over.
-          std::string busy = ErrorBody("Unavailable", "the server is at its connection limit");
-          std::string msg = fmt::format(
-              "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-              "Content-Length: {}\r\nConnection: close\r\n\r\n{}",
-              busy.size(), busy);
-          // A TLS client could not read a plaintext answer; it only sees the connection close.
-          if (!listen_tls_[i]) (void)!::send(conn, msg.data(), msg.size(), MSG_NOSIGNAL);
-          ::close(conn);
-          continue;
+          reason = "connection_limit";
+          refusal = RefusalReply(
+              503, "Unavailable",
+              fmt::format("the server is at its connection limit ({} {})", limits_.max_connections,
+                          is_unix ? "on its Unix socket" : "over TCP"));
+        } else if (held >= limits_.max_connections_per_peer) {
+          // One address (or uid) may not take the slots everyone else needs.
+          reason = "peer_connection_limit";
+          refusal = RefusalReply(
+              429, "TooManyRequests",
+              fmt::format("{} already has {} connections open to this server, the most one {} may "
+                          "hold; close some, or reuse them (keep-alive). The server's operator "
+                          "sets the limit (tau server --max-connections-per-address)",
+                          is_unix ? "user " + peer : "address " + peer, held,
+                          is_unix ? "user" : "address"));
+        } else {
+          ++of_kind;
+          ++peer_connections_[peer];
+          ++active_connections_;
         }
-        ++of_kind;
-        ++active_connections_;
       }
-      if (!listen_is_unix_[i]) {
+      if (reason) {
+        // A TLS client could not read a plaintext answer; it only sees the connection close. The
+        // send never waits: a new socket's buffer is empty.
+        if (!listen_tls_[i])
+          (void)!::send(conn, refusal.data(), refusal.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        ::close(conn);
+        Refused(reason);
+        continue;
+      }
+      if (!is_unix) {
         int one = 1;
         ::setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       }
-      std::thread(&HttpServer::ServeConnection, this, conn, bool(listen_is_unix_[i]),
-                  listen_tls_[i].get())
+      std::thread(&HttpServer::ServeConnection, this, conn, is_unix, listen_tls_[i].get(),
+                  std::move(peer), std::move(peer_uid), accepted_ms, limits)
           .detach();
     }
   }
@@ -361,6 +426,7 @@ void HttpServer::DispatchRoute(HttpRequest& req, HttpResponse& res, std::string*
     req.matches.clear();
     for (const auto& group : m) req.matches.push_back(group.str());
     *route_name = route.pattern_text;
+    req.route = route.pattern_text;
     route.handler(req, res);
     return;
   }
@@ -378,7 +444,8 @@ void HttpServer::DispatchRoute(HttpRequest& req, HttpResponse& res, std::string*
   }
 }
 
-void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) {
+void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls, std::string peer,
+                                 std::string peer_uid, int64_t accepted_ms, Limits limits) {
   Conn conn(fd, &stopping_);
   AtScopeExit done([&] {
     conn.EndTls();
@@ -386,16 +453,11 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
     ::close(fd);
     MutexLock lock(&mu_);
     --(is_unix ? local_connections_ : network_connections_);
+    if (auto it = peer_connections_.find(peer); it != peer_connections_.end() && --it->second <= 0)
+      peer_connections_.erase(it);
     --active_connections_;
     idle_cv_.SignalAll();
   });
-  std::string peer_uid;
-  if (is_unix) {
-    ucred cred{};
-    socklen_t len = sizeof cred;
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
-      peer_uid = std::to_string(cred.uid);
-  }
   auto reply_error = [&](int status, const char* code, const std::string& message) {
     std::string body = ErrorBody(code, message);
     conn.Send(
@@ -404,8 +466,10 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
                     status, Reason(status), body.size(), body));
   };
   if (tls) {
-    // The handshake happens here, on the connection's own thread, so a slow client delays no one.
-    Result<std::unique_ptr<tls::Session>> session = tls->Accept(fd, kHandshakeTimeoutMs);
+    // The handshake happens here, on the connection's own thread, so a slow client delays no one;
+    // it counts against the first request's header deadline.
+    Result<std::unique_ptr<tls::Session>> session =
+        tls->Accept(fd, std::min(kHandshakeTimeoutMs, limits.header_deadline_ms));
     if (!session.ok()) {
       if (session.status().code() == StatusCode::kInvalidArgument)
         reply_error(400, "BadRequest", "this port requires TLS: use https://");
@@ -415,31 +479,42 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
   }
   std::string& buf = conn.buf();
   bool keep_alive = true;
+  bool first_request = true;
   while (keep_alive && !stopping_.load()) {
-    // Headers: the idle wait for a first byte, then a deadline for the whole section.
+    // Headers. The first request's must be in within the header deadline of the accept: a client
+    // that connects and trickles, or sends nothing, holds its slot no longer. A kept-alive
+    // connection waits up to the idle timeout for a next request's first byte, then the deadline
+    // runs from that byte.
     size_t end, consumed = 0;
-    const int header_deadline_ms = limits_.header_deadline_ms;
-    int64_t deadline = buf.empty() ? -1 : SteadyMillis() + header_deadline_ms;
+    const int64_t wait_start = SteadyMillis();
+    int64_t deadline = first_request ? accepted_ms + limits.header_deadline_ms
+                       : buf.empty() ? -1
+                                     : wait_start + limits.header_deadline_ms;
+    first_request = false;
     while ((end = HeaderEnd(buf, &consumed)) == std::string::npos) {
       if (buf.size() > kMaxHeaderBytes) break;
-      int64_t left = deadline < 0 ? kIdleTimeoutMs : deadline - SteadyMillis();
+      const int64_t now = SteadyMillis();
+      int64_t left = deadline < 0 ? wait_start + limits.idle_timeout_ms - now : deadline - now;
       auto too_slow = [&] {
-        reply_error(408, "RequestTimeout",
-                    fmt::format("request headers took longer than {} ms", header_deadline_ms));
+        Refused("header_deadline");
+        // A client that never started a request (or closed) is not told; one that did is.
+        if (buf.empty() || conn.ClientGone()) return;
+        reply_error(
+            408, "RequestTimeout",
+            fmt::format("request headers took longer than {} ms", limits.header_deadline_ms));
       };
       if (left <= 0) {
-        too_slow();
+        if (deadline >= 0) too_slow();
         keep_alive = false;
         break;
       }
       if (!conn.Fill(static_cast<int>(std::min<int64_t>(left, kIoTimeoutMs)))) {
-        // The deadline may pass while Fill waits: a client that started a request and went quiet
-        // is told so; one that closed, or never started a request, is not.
-        if (deadline >= 0 && SteadyMillis() >= deadline && !conn.ClientGone()) too_slow();
+        // The deadline may pass while Fill waits.
+        if (deadline >= 0 && SteadyMillis() >= deadline) too_slow();
         keep_alive = false;
         break;
       }
-      if (deadline < 0) deadline = SteadyMillis() + header_deadline_ms;
+      if (deadline < 0) deadline = SteadyMillis() + limits.header_deadline_ms;
     }
     if (!keep_alive) break;
     if (end == std::string::npos || end > kMaxHeaderBytes) {
@@ -459,28 +534,41 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
     const size_t length = request_head.content_length;
     HttpRequest req;
     req.peer_uid = peer_uid;
+    req.peer = peer;
     req.method = std::move(request_head.method);
     req.path = std::move(request_head.path);
     req.params = std::move(request_head.params);
     req.headers = std::move(request_head.headers);
     if (length > 0 && request_head.expect_continue && buf.empty())
       conn.Send("HTTP/1.1 100 Continue\r\n\r\n");
+    // The body: body_grace_ms, then no slower than body_min_bytes_per_second on average. The time
+    // by which more must have arrived grows with what has: a client that stalls is cut off within
+    // the grace, however long it said the body was.
     bool complete = true;
-    const int64_t body_deadline = SteadyMillis() + kIoTimeoutMs +
-                                  static_cast<int64_t>(length / kMinBodyBytesPerSecond) * 1000;
+    const int64_t body_start = SteadyMillis();
+    const int64_t rate = std::max<int64_t>(1, limits.body_min_bytes_per_second);
     while (buf.size() < length) {
+      const int64_t body_deadline =
+          body_start + limits.body_grace_ms + static_cast<int64_t>(buf.size()) * 1000 / rate;
       int64_t left = body_deadline - SteadyMillis();
+      auto too_slow = [&] {
+        Refused("body_deadline");
+        reply_error(408, "RequestTimeout",
+                    fmt::format("request body arrived too slowly ({} of {} bytes; after {} ms it "
+                                "must keep up with {} bytes a second)",
+                                buf.size(), length, limits.body_grace_ms, rate));
+      };
       if (left <= 0) {
-        reply_error(
-            408, "RequestTimeout",
-            fmt::format("request body arrived too slowly ({} of {} bytes)", buf.size(), length));
+        too_slow();
         complete = false;
         break;
       }
       if (!conn.Fill(static_cast<int>(std::min<int64_t>(left, kIoTimeoutMs)))) {
-        // The client may still read after half-closing: tell it what went wrong.
-        reply_error(400, "BadRequest",
-                    fmt::format("request body ended after {} of {} bytes", buf.size(), length));
+        if (SteadyMillis() >= body_deadline && !conn.ClientGone())
+          too_slow();
+        else  // the client may still read after half-closing: tell it what went wrong
+          reply_error(400, "BadRequest",
+                      fmt::format("request body ended after {} of {} bytes", buf.size(), length));
         complete = false;
         break;
       }
@@ -527,6 +615,24 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls) 
     // lost connection (and may follow again once a server is back), not the stream's end.
     if (!ok || stopping_.load() || !conn.Send("0\r\n\r\n")) break;
   }
+}
+
+std::shared_ptr<void> HttpServer::HoldStream(const std::string& owner, int* held) {
+  const int most = limits().max_streams_per_owner;
+  MutexLock lock(&streams_mu_);
+  int& count = streams_[owner];
+  if (held) *held = count;
+  if (count >= most) {
+    if (count == 0) streams_.erase(owner);
+    return nullptr;
+  }
+  ++count;
+  // The handle's deleter gives the slot back; the pointer itself is only a token.
+  return std::shared_ptr<void>(this, [owner](HttpServer* self) {
+    MutexLock lock(&self->streams_mu_);
+    if (auto it = self->streams_.find(owner); it != self->streams_.end() && --it->second <= 0)
+      self->streams_.erase(it);
+  });
 }
 
 void HttpServer::Shutdown(int grace_ms) {

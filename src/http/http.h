@@ -37,6 +37,10 @@ struct HttpRequest {
   std::string body;
   std::vector<std::string> matches;  // regex groups of the route; [0] is the whole path
   std::string peer_uid;  // the connecting process's uid on a Unix socket (SO_PEERCRED), else ""
+  // Where the connection comes from, as connection budgets count it: "uid N" on a Unix socket, the
+  // peer's IP on TCP (an IPv6 peer by its /64: one host may hold a whole prefix).
+  std::string peer;
+  std::string route;  // the pattern of the route that matched (set before the handler runs)
 
   bool has_param(const std::string& name) const { return params.count(name) > 0; }
   std::string get_param_value(const std::string& name) const;
@@ -76,13 +80,43 @@ class HttpServer {
   // Routes are tried in the order added; `pattern` must match the whole path.
   void Route(const std::string& method, const std::string& pattern, HttpHandler handler);
   void set_max_body_bytes(size_t n) { max_body_bytes_ = n; }
-  // Limits against clients that hold connections (defaults in http.cc; tests lower them). Set
-  // before Serve(). Connections are counted apart for the Unix socket and for TCP listeners.
+  // Limits against clients that hold connections (tests lower them).
+  // Connections are counted apart for the Unix socket and for TCP listeners, and per peer
+  // (HttpRequest::peer): one address or uid cannot take every slot of its kind.
   struct Limits {
-    int max_connections;     // per kind of listener
-    int header_deadline_ms;  // from a request's first byte to the end of its headers
+    int max_connections = 512;          // per kind of listener
+    int max_connections_per_peer = 64;  // per TCP address (IPv6: per /64) or Unix uid
+    // The headers of a connection's first request must be in within this long of the accept (a TLS
+    // handshake included); a later request's, of its first byte.
+    int header_deadline_ms = 10000;
+    int idle_timeout_ms = 15000;  // a kept-alive connection waiting for its next request
+    // A body may take body_grace_ms; after that, what has arrived must keep up with
+    // body_min_bytes_per_second, so a body that trickles is cut off however long it claims to be.
+    int body_grace_ms = 10000;
+    int64_t body_min_bytes_per_second = 64 * 1024;
+    int max_streams_per_owner = 32;  // see HoldStream
   };
-  void set_limits(Limits limits) { limits_ = limits; }
+  // May change while serving (tests do): a connection keeps the limits of its accept.
+  void set_limits(Limits limits) {
+    MutexLock lock(&mu_);
+    limits_ = limits;
+  }
+  Limits limits() const {
+    MutexLock lock(&mu_);
+    return limits_;
+  }
+  // Connections refused or cut off by a limit, with the reason: "connection_limit",
+  // "peer_connection_limit", "header_deadline", "body_deadline". Called on the accept thread or a
+  // connection's thread: it must be quick. Set before Serve().
+  void set_refusal_observer(std::function<void(const char* reason)> observer) {
+    refusal_observer_ = std::move(observer);
+  }
+
+  // A streamed response (one that holds its connection after the headers) held by `owner` (an
+  // identity, or an address; the handler decides): counted until the returned handle is destroyed,
+  // which it is with the response. Null when `owner` already holds max_streams_per_owner, and
+  // `*held` (if given) says how many it holds.
+  std::shared_ptr<void> HoldStream(const std::string& owner, int* held = nullptr);
   // Called after each handler with the route's pattern ("unmatched" for 404/405), the status and
   // the handling time in seconds. Set before Serve().
   using Observer = std::function<void(const std::string& method, const std::string& route,
@@ -108,14 +142,18 @@ class HttpServer {
     std::string pattern_text;
     HttpHandler handler;
   };
-  void ServeConnection(int fd, bool is_unix, tls::ServerContext* tls);
+  void ServeConnection(int fd, bool is_unix, tls::ServerContext* tls, std::string peer,
+                       std::string peer_uid, int64_t accepted_ms, Limits limits);
+  void Refused(const char* reason) const {
+    if (refusal_observer_) refusal_observer_(reason);
+  }
   void Dispatch(HttpRequest& req, HttpResponse& res);
   void DispatchRoute(HttpRequest& req, HttpResponse& res, std::string* route_name);
 
   std::vector<Route_> routes_;
   Observer observer_;
+  std::function<void(const char* reason)> refusal_observer_;
   size_t max_body_bytes_ = 1 << 20;
-  Limits limits_;
   std::vector<int> listen_fds_;
   std::vector<bool> listen_is_unix_;
   std::vector<std::shared_ptr<tls::ServerContext>> listen_tls_;  // null: plain
@@ -123,11 +161,15 @@ class HttpServer {
   int tcp_port_ = 0;
   int wake_pipe_[2] = {-1, -1};
   std::atomic<bool> stopping_{false};
-  Mutex mu_;
+  mutable Mutex mu_;
   CondVar idle_cv_;
+  Limits limits_ TAU_GUARDED_BY(mu_);
   int active_connections_ TAU_GUARDED_BY(mu_) = 0;
-  int local_connections_ TAU_GUARDED_BY(mu_) = 0;    // on the Unix socket
-  int network_connections_ TAU_GUARDED_BY(mu_) = 0;  // on TCP listeners
+  int local_connections_ TAU_GUARDED_BY(mu_) = 0;                    // on the Unix socket
+  int network_connections_ TAU_GUARDED_BY(mu_) = 0;                  // on TCP listeners
+  std::map<std::string, int> peer_connections_ TAU_GUARDED_BY(mu_);  // by HttpRequest::peer
+  Mutex streams_mu_;
+  std::map<std::string, int> streams_ TAU_GUARDED_BY(streams_mu_);  // held, by owner
 };
 
 }  // namespace tau::http

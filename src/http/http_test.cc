@@ -1,8 +1,9 @@
 // The HTTP server's handling of the protocol's edges, over real sockets: framing that could be
-// read two ways, bare-LF requests, HEAD, 405's Allow, header limits, slow clients and connection
-// budgets.
+// read two ways, bare-LF requests, HEAD, 405's Allow, header limits, slow clients, connection
+// budgets per kind of listener and per peer, and stream budgets.
 #include "http/http.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -30,11 +31,31 @@ class HttpTest : public ::testing::Test {
     http_.Route("POST", "/echo", [](const HttpRequest& req, HttpResponse& res) {
       res.set_content(req.body, "text/plain");
     });
-    http_.set_limits({/*max_connections=*/4, /*header_deadline_ms=*/800});
+    http_.Route("GET", "/stream", [this](const HttpRequest& req, HttpResponse& res) {
+      // Held until the client goes; refused past the owner's budget, as the API's routes do.
+      int held = 0;
+      std::shared_ptr<void> hold = http_.HoldStream(req.get_param_value("owner"), &held);
+      if (!hold) {
+        res.status = 429;
+        res.set_content("holds " + std::to_string(held) + "\n", "text/plain");
+        return;
+      }
+      res.stream = [hold, first = true](ChunkSink& sink) mutable {
+        if (first) {
+          first = false;
+          return sink.Write("open\n");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        return !sink.ClientGone();
+      };
+    });
+    http_.set_limits(Limits());
     ASSERT_TRUE(http_.ListenUnix(dir_ + "/sock").ok());
     ASSERT_TRUE(http_.ListenTcp("127.0.0.1", 0).ok());
     serving_ = std::thread([this] { http_.Serve(); });
   }
+  // The limits of most tests; a test that needs others sets them before it connects.
+  static HttpServer::Limits Limits() { return {.max_connections = 4, .header_deadline_ms = 800}; }
   void TearDown() override {
     for (int fd : open_) ::close(fd);
     http_.Shutdown(1000);
@@ -51,8 +72,15 @@ class HttpTest : public ::testing::Test {
     EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
     return Track(fd);
   }
-  int ConnectTcp() {
+  // From `source`, another loopback address when given: a second client machine, to the server.
+  int ConnectTcp(const char* source = nullptr) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (source) {
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      ::inet_pton(AF_INET, source, &from.sin_addr);
+      EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from), 0) << source;
+    }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(static_cast<uint16_t>(http_.tcp_port()));
@@ -78,10 +106,30 @@ class HttpTest : public ::testing::Test {
     while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
     return out;
   }
-  std::string Exchange(const std::string& request) {
-    int fd = ConnectUnix();
+  std::string Exchange(const std::string& request) { return Exchange(ConnectUnix(), request); }
+  static std::string Exchange(int fd, const std::string& request) {
     Send(fd, request);
     return ReadAll(fd);
+  }
+  // The same, where the server may refuse the connection at accept (and so close it under a send).
+  static std::string TryExchange(int fd, const std::string& request) {
+    (void)!::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    return ReadAll(fd);
+  }
+  static constexpr const char* kHello = "GET /hello HTTP/1.1\r\nConnection: close\r\n\r\n";
+  // True when the server closes `fd` within `ms` (what it sent before is dropped).
+  static bool ClosedWithin(int fd, int ms) {
+    auto start = std::chrono::steady_clock::now();
+    char buf[4096];
+    while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(ms)) {
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        return true;
+    }
+    return false;
+  }
+  static double SecondsSince(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   static std::string StatusLine(const std::string& reply) {
     return reply.substr(0, reply.find('\r'));
@@ -155,6 +203,158 @@ TEST_F(HttpTest, NetworkClientsCannotTakeTheLocalSocketsConnections) {
   EXPECT_EQ(StatusLine(ReadAll(extra)), "HTTP/1.1 503 Service Unavailable");
   EXPECT_EQ(StatusLine(Exchange("GET /hello HTTP/1.1\r\nConnection: close\r\n\r\n")),
             "HTTP/1.1 200 OK");
+}
+
+TEST_F(HttpTest, OneAddressCannotTakeEveryConnection) {
+  // Limits are read at accept: set before the first connection of the test.
+  http_.set_limits(
+      {.max_connections = 8, .max_connections_per_peer = 3, .header_deadline_ms = 5000});
+  std::vector<int> held;
+  for (int i = 0; i < 3; ++i) held.push_back(ConnectTcp("127.0.0.1"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The fourth from that address is refused at once, saying why and when to try again ...
+  auto start = std::chrono::steady_clock::now();
+  // (answered at accept, before any request: sending one could race the close)
+  std::string refused = ReadAll(ConnectTcp("127.0.0.1"));
+  EXPECT_LT(SecondsSince(start), 2.0);
+  EXPECT_EQ(StatusLine(refused), "HTTP/1.1 429 Too Many Requests") << refused;
+  EXPECT_NE(refused.find("Retry-After: "), std::string::npos) << refused;
+  EXPECT_NE(refused.find("address 127.0.0.1 already has 3 connections open"), std::string::npos)
+      << refused;
+  // ... while another address, and the Unix socket, are served.
+  EXPECT_EQ(StatusLine(Exchange(ConnectTcp("127.0.0.2"), kHello)), "HTTP/1.1 200 OK");
+  EXPECT_EQ(StatusLine(Exchange(kHello)), "HTTP/1.1 200 OK");
+  // A connection that closes gives its slot back.
+  ::shutdown(held[0], SHUT_RDWR);
+  bool served = false;
+  for (int i = 0; i < 50 && !served; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    served = StatusLine(TryExchange(ConnectTcp("127.0.0.1"), kHello)) == "HTTP/1.1 200 OK";
+  }
+  EXPECT_TRUE(served);
+}
+
+TEST_F(HttpTest, AUnixUserCannotTakeEveryConnectionOfTheSocket) {
+  http_.set_limits(
+      {.max_connections = 8, .max_connections_per_peer = 2, .header_deadline_ms = 5000});
+  ConnectUnix();
+  ConnectUnix();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::string refused = ReadAll(ConnectUnix());
+  EXPECT_EQ(StatusLine(refused), "HTTP/1.1 429 Too Many Requests") << refused;
+  EXPECT_NE(refused.find("user uid " + std::to_string(::getuid())), std::string::npos) << refused;
+}
+
+TEST_F(HttpTest, ASlowlorisWaveFromOneAddressLeavesOthersServed) {
+  // Many connections from one address, each trickling header bytes: the address's budget bounds
+  // how many the server holds, the header deadline frees those, and another address is served
+  // throughout.
+  http_.set_limits(
+      {.max_connections = 64, .max_connections_per_peer = 4, .header_deadline_ms = 800});
+  std::vector<int> wave;
+  for (int i = 0; i < 20; ++i) wave.push_back(ConnectTcp("127.0.0.1"));
+  const std::string partial = "GET /hello HTTP/1.1\r\nX-Slow: ";
+  auto start = std::chrono::steady_clock::now();
+  int answered = 0;
+  for (size_t step = 0; step < partial.size() && SecondsSince(start) < 2.5; ++step) {
+    for (int fd : wave) (void)!::send(fd, &partial[step], 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    auto asked = std::chrono::steady_clock::now();
+    std::string reply = Exchange(ConnectTcp("127.0.0.2"), kHello);
+    EXPECT_EQ(StatusLine(reply), "HTTP/1.1 200 OK");
+    EXPECT_LT(SecondsSince(asked), 1.0);
+    ++answered;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GE(answered, 5);
+  // Every connection of the wave was refused or cut off by now (the deadline is 0.8 s).
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  int cut = 0, refused = 0;
+  for (int fd : wave) {
+    std::string reply = ReadAll(fd);
+    if (StatusLine(reply) == "HTTP/1.1 408 Request Timeout") ++cut;
+    if (StatusLine(reply) == "HTTP/1.1 429 Too Many Requests") ++refused;
+  }
+  EXPECT_EQ(cut, 4);
+  EXPECT_EQ(refused, 16);
+  EXPECT_EQ(StatusLine(TryExchange(ConnectTcp("127.0.0.1"), kHello)), "HTTP/1.1 200 OK");
+}
+
+TEST_F(HttpTest, TheHeaderDeadlineRunsFromTheAccept) {
+  // A client that connects and sends nothing is closed at the header deadline (0.8 s), not after
+  // the idle timeout of a kept-alive connection (60 s here).
+  http_.set_limits({.max_connections = 4, .header_deadline_ms = 800, .idle_timeout_ms = 60000});
+  int silent = ConnectTcp();
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(ClosedWithin(silent, 4000));
+  EXPECT_GE(SecondsSince(start), 0.5);
+  // One that waits, then sends a first byte, does not get a new deadline from that byte: when it
+  // connected 1.5 s ago, it is already gone.
+  int late = ConnectUnix();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  (void)!::send(late, "G", 1, MSG_NOSIGNAL);
+  EXPECT_TRUE(ClosedWithin(late, 400));
+}
+
+TEST_F(HttpTest, AKeptAliveConnectionIsClosedWhenIdle) {
+  http_.set_limits({.max_connections = 4, .header_deadline_ms = 5000, .idle_timeout_ms = 500});
+  int fd = ConnectUnix();
+  Send(fd, "GET /hello HTTP/1.1\r\n\r\n");
+  char buf[4096];
+  ASSERT_GT(::recv(fd, buf, sizeof buf, 0), 0);  // the answer; the connection stays open
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(ClosedWithin(fd, 4000));
+  EXPECT_GE(SecondsSince(start), 0.3);
+}
+
+TEST_F(HttpTest, ABodyMustKeepArriving) {
+  // 0.5 s of grace, then 1,000 bytes a second: a body that claims 100 kB and trickles is cut off
+  // within about a second, not after the hundred its length would allow at that rate.
+  http_.set_limits({.max_connections = 4,
+                    .header_deadline_ms = 5000,
+                    .body_grace_ms = 500,
+                    .body_min_bytes_per_second = 1000});
+  int fd = ConnectUnix();
+  Send(fd, "POST /echo HTTP/1.1\r\nContent-Length: 100000\r\n\r\n0123456789");
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 30 && SecondsSince(start) < 3; ++i) {
+    if (::send(fd, "x", 1, MSG_NOSIGNAL) != 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::string reply = ReadAll(fd);
+  EXPECT_LT(SecondsSince(start), 4.0);
+  EXPECT_EQ(StatusLine(reply), "HTTP/1.1 408 Request Timeout") << reply;
+  EXPECT_NE(reply.find("arrived too slowly"), std::string::npos) << reply;
+  // A body that keeps up is read whole.
+  std::string body(20000, 'b');
+  reply =
+      Exchange("POST /echo HTTP/1.1\r\nConnection: close\r\nContent-Length: 20000\r\n\r\n" + body);
+  EXPECT_EQ(StatusLine(reply), "HTTP/1.1 200 OK");
+}
+
+TEST_F(HttpTest, StreamsAreCountedPerOwnerUntilTheyEnd) {
+  http_.set_limits({.max_connections = 16, .max_streams_per_owner = 2});
+  auto open_stream = [&](const std::string& owner) {
+    int fd = ConnectUnix();
+    Send(fd, "GET /stream?owner=" + owner + " HTTP/1.1\r\n\r\n");
+    char buf[4096];
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    return std::pair{fd, n > 0 ? StatusLine(std::string(buf, static_cast<size_t>(n))) : ""};
+  };
+  auto [a1, s1] = open_stream("a");
+  auto [a2, s2] = open_stream("a");
+  auto [a3, s3] = open_stream("a");
+  EXPECT_EQ(s1, "HTTP/1.1 200 OK");
+  EXPECT_EQ(s2, "HTTP/1.1 200 OK");
+  EXPECT_EQ(s3, "HTTP/1.1 429 Too Many Requests");
+  EXPECT_EQ(open_stream("b").second, "HTTP/1.1 200 OK");  // another owner has a budget of its own
+  // A stream that ends gives its place back.
+  ::shutdown(a1, SHUT_RDWR);
+  bool reopened = false;
+  for (int i = 0; i < 50 && !reopened; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    reopened = open_stream("a").second == "HTTP/1.1 200 OK";
+  }
+  EXPECT_TRUE(reopened);
 }
 
 TEST(HttpListenTest, APathThatIsNotASocketIsLeftAlone) {

@@ -394,11 +394,11 @@ std::string RenderAllMetrics(Controller* controller, store::Store* store,
 }
 
 void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* store,
-                 health::GpuMonitor* monitor, Metrics* metrics) {
+                 health::GpuMonitor* monitor, Metrics* metrics, RefusalAuditOptions refusals) {
   http->set_max_body_bytes(kMaxRequestBytes);
   // Owned by the routes' closures for the server's lifetime.
   static auto* routers = new std::vector<std::unique_ptr<SecureRouter>>();
-  routers->push_back(std::make_unique<SecureRouter>(http, controller, store));
+  routers->push_back(std::make_unique<SecureRouter>(http, controller, store, metrics, refusals));
   SecureRouter* api = routers->back().get();
   RegisterEvidenceApi(api, controller, store);
   RegisterIdentityApi(api, controller, store);

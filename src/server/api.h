@@ -17,7 +17,7 @@
 namespace tau::server {
 
 void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* store,
-                 health::GpuMonitor* monitor, Metrics* metrics);
+                 health::GpuMonitor* monitor, Metrics* metrics, RefusalAuditOptions refusals = {});
 // The evidence routes (api_evidence.cc): a run's record, its bundle, its metrics.
 void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store* store);
 // Identity routes (api_identity.cc): whoami, API tokens, the dashboard's session cookie, the audit

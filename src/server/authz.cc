@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <limits>
 #include <map>
 #include <mutex>
-
-#include <cstdio>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -73,7 +75,145 @@ std::string Describe(const auth::Identity& who) {
   return fmt::format("user '{}'", who.user);
 }
 
+bool IsRefusal(int status) {
+  return status == 401 || status == 403 || status == 429 || status == 503;
+}
+
+const char* RefusalAction(int status) {
+  switch (status) {
+    case 401:
+      return "unauthenticated";
+    case 403:
+      return "denied";
+    case 429:
+      return "throttled";
+    default:
+      return "unavailable";
+  }
+}
+
+// Who a refusal is counted against: the identity, or the address (uid) of an anonymous caller, who
+// may send any token.
+std::string CallerKey(const http::HttpRequest& req, const auth::Identity& who) {
+  if (who.signed_in()) return "user '" + who.user + "'";
+  return "an anonymous caller from " +
+         (req.peer.empty() ? std::string("an unknown peer") : req.peer);
+}
+
+// At most this many (caller, status, route) windows at once: callers who vary their address or
+// route past it share one overflow window.
+constexpr size_t kMaxRefusalWindows = 256;
+// Rows a window may hold, as multiples of rows_per_key: per caller, however many routes it tries,
+// and in all, however many callers there are.
+constexpr int kCallerRowsPerKeyRows = 6;
+constexpr int kAllRowsPerKeyRows = 60;
+
 }  // namespace
+
+// Decides which refusals are written one by one, and sums up the rest.
+class RefusalLog {
+ public:
+  explicit RefusalLog(RefusalAuditOptions options) : options_(options) {}
+
+  // Counts a refusal; true when it is to be written (and logged) one by one.
+  bool Admit(const std::string& caller, const store::AuditRecord& a, const std::string& route,
+             int64_t now) {
+    MutexLock lock(&mu_);
+    Key key{caller, a.status, a.method, route};
+    if (!windows_.count(key) && windows_.size() >= kMaxRefusalWindows)
+      key = Key{"many callers", a.status, a.method, "(routes past the limit of windows)"};
+    Window& w = Start(&windows_[key], now);
+    Window& of_caller = Start(&callers_[std::get<0>(key)], now);
+    Window& all = Start(&all_, now);
+    const int n = options_.rows_per_key;
+    if (w.written < n && of_caller.written < n * kCallerRowsPerKeyRows &&
+        all.written < n * kAllRowsPerKeyRows) {
+      ++w.written;
+      ++of_caller.written;
+      ++all.written;
+      return true;
+    }
+    if (w.suppressed++ == 0) w.sample = a;
+    return false;
+  }
+
+  // The summary rows of windows that ended with refusals not written; windows that ended are
+  // forgotten. Cheap (one atomic load) until the next window ends.
+  std::vector<store::AuditRecord> Due(int64_t now) {
+    if (now < next_sweep_ms_.load(std::memory_order_relaxed)) return {};
+    MutexLock lock(&mu_);
+    std::vector<store::AuditRecord> out;
+    int64_t next = std::numeric_limits<int64_t>::max();
+    for (auto it = windows_.begin(); it != windows_.end();) {
+      Window& w = it->second;
+      if (w.end_ms > now) {
+        next = std::min(next, w.end_ms);
+        ++it;
+        continue;
+      }
+      if (w.suppressed > 0) {
+        const auto& [caller, status, method, route] = it->first;
+        store::AuditRecord a = w.sample;
+        a.ts_ms = NowMillis();
+        a.path = route;
+        a.action = "refusals.suppressed";
+        a.detail = fmt::format(
+            "{} more {} refusal(s) ({}) of {} on {} {} within {} s were counted "
+            "(tau_http_refused_total), not recorded one by one; the first of them: {}",
+            w.suppressed, status, RefusalAction(status), caller, method, route,
+            options_.window_ms / 1000, w.sample.detail);
+        out.push_back(std::move(a));
+      }
+      it = windows_.erase(it);
+    }
+    for (auto it = callers_.begin(); it != callers_.end();) {
+      if (it->second.end_ms > now) {
+        next = std::min(next, it->second.end_ms);
+        ++it;
+      } else {
+        it = callers_.erase(it);
+      }
+    }
+    next_sweep_ms_.store(next);
+    return out;
+  }
+
+ private:
+  using Key = std::tuple<std::string, int, std::string, std::string>;  // caller, status, method,
+                                                                       // route
+  struct Window {
+    int64_t end_ms = 0;
+    int written = 0;
+    int64_t suppressed = 0;
+    store::AuditRecord sample;  // the first refusal not written
+  };
+  // A window that ended starts again; a new one is swept when it ends, so the maps keep only live
+  // windows.
+  Window& Start(Window* w, int64_t now) TAU_REQUIRES(mu_) {
+    if (w->end_ms != 0 && now < w->end_ms) return *w;
+    w->end_ms = now + options_.window_ms;
+    w->written = 0;
+    next_sweep_ms_.store(std::min(next_sweep_ms_.load(), w->end_ms));
+    return *w;
+  }
+
+  const RefusalAuditOptions options_;
+  Mutex mu_;
+  std::map<Key, Window> windows_ TAU_GUARDED_BY(mu_);
+  std::map<std::string, Window> callers_ TAU_GUARDED_BY(mu_);  // only end_ms and written
+  Window all_ TAU_GUARDED_BY(mu_);
+  std::atomic<int64_t> next_sweep_ms_{std::numeric_limits<int64_t>::max()};
+};
+
+SecureRouter::SecureRouter(http::HttpServer* http, Controller* controller, store::Store* store,
+                           Metrics* metrics, RefusalAuditOptions refusals)
+    : http_(http),
+      controller_(controller),
+      store_(store),
+      metrics_(metrics),
+      refusals_(std::make_unique<RefusalLog>(refusals)) {}
+
+SecureRouter::~SecureRouter() = default;
 
 const char* AccessName(Access access) {
   switch (access) {
@@ -168,11 +308,22 @@ void SecureRouter::Audit(const http::HttpRequest& req, const auth::Identity& who
   a.status = status;
   a.action = action;
   a.detail = detail;
+  const bool refusal = IsRefusal(status);
+  std::string caller;
+  if (refusal) {
+    const std::string route = req.route.empty() ? "unmatched" : req.route;
+    if (metrics_)
+      metrics_->Count("tau_http_refused_total",
+                      {{"route", route}, {"status", std::to_string(status)}});
+    caller = CallerKey(req, who);
+    if (!refusals_->Admit(caller, a, route, MonotonicMillis())) return;
+  }
   if (Status s = store_->AppendAudit(a); !s.ok())
     std::fprintf(stderr, "tau server: audit record not written: %s\n", s.ToString().c_str());
-  if (action == "denied" || action == "unauthenticated")
+  if (refusal)
     std::fprintf(stderr, "tau server: %s %s %s by %s: %s\n", action.c_str(), req.method.c_str(),
-                 req.path.c_str(), Describe(who).c_str(), detail.c_str());
+                 req.path.c_str(), who.signed_in() ? Describe(who).c_str() : caller.c_str(),
+                 detail.c_str());
 }
 
 void SecureRouter::Deny(const http::HttpRequest&, http::HttpResponse& res, const auth::Identity&,
@@ -199,18 +350,51 @@ void SecureRouter::Route(const std::string& method, const std::string& pattern, 
                                        const CallerContext&) { handler(req, res); });
 }
 
+void SecureRouter::BudgetStream(const http::HttpRequest& req, http::HttpResponse& res,
+                                const auth::Identity& who) const {
+  if (!res.stream || res.status >= 400) return;
+  // Per identity, however many tokens or connections it uses; an anonymous caller per address.
+  const std::string owner = who.signed_in() ? "user '" + who.user + "'" : "address " + req.peer;
+  int held = 0;
+  std::shared_ptr<void> hold = http_->HoldStream(owner, &held);
+  if (!hold) {
+    res = http::HttpResponse();
+    http::ReplyError(
+        res, ResourceExhausted(fmt::format(
+                 "{} already holds {} open streams (event streams, log follows, downloads), the "
+                 "most one {} may hold; close one first. The server's operator sets the limit "
+                 "(tau server --max-streams-per-identity)",
+                 owner, held, who.signed_in() ? "identity" : "address")));
+    res.status = 429;
+    res.headers_out.emplace_back("Retry-After", "30");
+    return;
+  }
+  res.stream = [hold = std::move(hold), stream = std::move(res.stream)](http::ChunkSink& sink) {
+    return stream(sink);
+  };
+}
+
 void SecureRouter::Route(const std::string& method, const std::string& pattern, Access access,
                          SecureHandler handler) {
   http_->Route(method, pattern,
                [this, access, handler = std::move(handler)](const http::HttpRequest& req,
                                                             http::HttpResponse& res) {
+                 // Refusals summed up over a window that has ended are written now, with any
+                 // request.
+                 for (const store::AuditRecord& a : refusals_->Due(MonotonicMillis())) {
+                   if (Status s = store_->AppendAudit(a); !s.ok())
+                     std::fprintf(stderr, "tau server: audit record not written: %s\n",
+                                  s.ToString().c_str());
+                   std::fprintf(stderr, "tau server: %s\n", a.detail.c_str());
+                 }
                  CallerContext caller;
                  caller.platform = controller_->CurrentPlatform().platform;
                  if (access == Access::kPublic) {
                    // A public route still knows a caller who shows good credentials.
                    auto who = Authenticate(req, *caller.platform);
                    if (who.ok()) caller.who = std::move(*who);
-                   return handler(req, res, caller);
+                   handler(req, res, caller);
+                   return BudgetStream(req, res, caller.who);
                  }
                  auto who = Authenticate(req, *caller.platform);
                  if (!who.ok()) {
@@ -255,15 +439,16 @@ void SecureRouter::Route(const std::string& method, const std::string& pattern, 
                      break;
                    }
                  }
-                 if (!denied.empty())
+                 if (!denied.empty()) {
                    Deny(req, res, caller.who, denied);
-                 else
+                 } else {
                    handler(req, res, caller);
-                 // Every refusal is audited, whoever decided it: this gate, a handler, or policy
-                 // resolution refusing a workspace.
-                 if (res.status == 401 || res.status == 403)
-                   Audit(req, caller.who, res.status,
-                         res.status == 401 ? "unauthenticated" : "denied", ErrorMessage(res));
+                   BudgetStream(req, res, caller.who);
+                 }
+                 // Every refusal is audited (sampled), whoever decided it: this gate, a handler,
+                 // policy resolution refusing a workspace, or the stream budget.
+                 if (IsRefusal(res.status))
+                   Audit(req, caller.who, res.status, RefusalAction(res.status), ErrorMessage(res));
                });
 }
 

@@ -6,7 +6,11 @@
 // (`Authorization: Bearer TOKEN`, or the dashboard's `tau_session` cookie); a token wins over the
 // socket's identity. A TCP caller without a token is anonymous and may reach only public routes.
 // An unknown, expired or revoked token is 401; a known caller without the role is 403; both are
-// audited.
+// audited. A streamed response counts against its caller's stream budget (429 past it).
+//
+// Refusals (401, 403, 429, 503) are each counted (tau_http_refused_total), but only sampled into
+// the audit trail and the log: a client that sends refused requests in a loop must not fill the
+// store. Other audited decisions are written one by one.
 #pragma once
 
 #include <functional>
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "auth/auth.h"
+#include "common/metrics.h"
 #include "controller/controller.h"
 #include "http/http.h"
 #include "store/store.h"
@@ -47,10 +52,22 @@ struct CallerContext {
 using SecureHandler =
     std::function<void(const http::HttpRequest&, http::HttpResponse&, const CallerContext& caller)>;
 
+// How refusals reach the audit trail: per (caller, status, method, route) and window, the first
+// `rows_per_key` are written (and no more than 6 times that per caller, 60 times in all); the rest
+// are summed into one row ("refusals.suppressed") once the window is over, written with the next
+// request. The caller is the identity, or the address (uid) of an anonymous one.
+struct RefusalAuditOptions {
+  int rows_per_key = 10;
+  int64_t window_ms = 60'000;
+};
+
+class RefusalLog;
+
 class SecureRouter {
  public:
-  SecureRouter(http::HttpServer* http, Controller* controller, store::Store* store)
-      : http_(http), controller_(controller), store_(store) {}
+  SecureRouter(http::HttpServer* http, Controller* controller, store::Store* store,
+               Metrics* metrics = nullptr, RefusalAuditOptions refusals = {});
+  ~SecureRouter();
 
   void Route(const std::string& method, const std::string& pattern, Access access,
              SecureHandler handler);
@@ -62,7 +79,7 @@ class SecureRouter {
   // for a bad token.
   Result<auth::Identity> Authenticate(const http::HttpRequest& req,
                                       const policy::Platform& platform) const;
-  // Records a decision in the audit trail (and the server's log for denials).
+  // Records a decision in the audit trail (and the server's log for refusals, which are sampled).
   void Audit(const http::HttpRequest& req, const auth::Identity& who, int status,
              const std::string& action, const std::string& detail) const;
   // Answers 403 with `why` and audits it.
@@ -72,9 +89,15 @@ class SecureRouter {
   http::HttpServer* http() const { return http_; }
 
  private:
+  // A streamed answer holds a place of its caller's stream budget for its life, or becomes a 429.
+  void BudgetStream(const http::HttpRequest& req, http::HttpResponse& res,
+                    const auth::Identity& who) const;
+
   http::HttpServer* http_;
   Controller* controller_;
   store::Store* store_;
+  Metrics* metrics_;
+  std::unique_ptr<RefusalLog> refusals_;
 };
 
 // The bearer token of a request (header or cookie); "" when none.

@@ -257,12 +257,25 @@ int RunServer(const ServerOptions& options) {
     return 1;
   }
   http::HttpServer http;
+  http::HttpServer::Limits limits;
+  limits.max_connections = options.max_connections;
+  limits.max_connections_per_peer = options.max_connections_per_address;
+  limits.max_streams_per_owner = options.max_streams_per_identity;
+  limits.header_deadline_ms = static_cast<int>(options.header_deadline_ms);
+  limits.idle_timeout_ms = static_cast<int>(options.idle_timeout_ms);
+  limits.body_grace_ms = static_cast<int>(options.body_grace_ms);
+  limits.body_min_bytes_per_second = options.body_min_bytes_per_second;
+  http.set_limits(limits);
+  http.set_refusal_observer([&metrics](const char* reason) {
+    metrics.Count("tau_http_connections_refused_total", {{"reason", reason}});
+  });
   http.set_observer(
       [&metrics](const std::string& method, const std::string& route, int status, double seconds) {
         metrics.Observe("tau_http_request_duration_seconds", {{"method", method}, {"route", route}},
                         seconds);
       });
-  RegisterApi(&http, &controller, store->get(), &monitor, &metrics);
+  RegisterApi(&http, &controller, store->get(), &monitor, &metrics,
+              {options.audit_refusals_per_minute, options.audit_refusal_window_ms});
   std::string socket_path =
       options.socket_path.empty() ? layout::SocketPath(options.home) : options.socket_path;
   // Other users reach a shared socket through the home directory: traversable, not listable.

@@ -38,6 +38,20 @@ struct ServerOptions {
   std::string kube_context;        // "" : the kubeconfig's current context
   std::string default_image;       // Kubernetes: the image of specs that name none
   bool kube_check_access = false;  // Kubernetes: SubjectAccessReview of each submitter
+  // Limits that keep one client from wedging the API for everyone (docs/security.md,
+  // "Hardening"). Connections are counted per kind of listener (the Unix socket, TCP) and per
+  // source: a TCP address (IPv6: its /64) or a Unix uid.
+  int max_connections = 512;
+  int max_connections_per_address = 64;
+  int max_streams_per_identity = 32;    // event streams, log follows, downloads
+  int64_t header_deadline_ms = 10'000;  // from the accept to the end of the first headers
+  int64_t idle_timeout_ms = 15'000;     // a kept-alive connection between requests
+  int64_t body_grace_ms = 10'000;       // then a body must keep up with body_min_bytes_per_second
+  int64_t body_min_bytes_per_second = 64 * 1024;
+  // Refusals (401, 403, 429, 503) written to the audit trail per caller, status and route and
+  // minute; every one is counted in tau_http_refused_total.
+  int audit_refusals_per_minute = 10;
+  int64_t audit_refusal_window_ms = 60'000;
 };
 
 // Runs until SIGTERM or SIGINT. Attempts that are running keep running and are re-adopted by the
