@@ -11,7 +11,8 @@
 //
 // The pieces (the server calls them in src/controller/evidence_worker.cc and
 // src/server/api_evidence.cc, the CLI in src/cli/evidence_commands.cc):
-//   metrics    ParseMetricLine / ReadMetrics / MetricHistory / MetricsCollector
+//   metrics    ParseMetricLine / ReadMetrics / MetricHistory / MetricsCollector /
+//              CompactMetricsFile (sorting in bounded memory) / MaskSecrets
 //   record     BuildRecord from RecordInput (ParseRecord back); ScanArtifacts, ScanSnapshot,
 //              IndexAttemptLogs, GPU samples
 //   chain      VerifyEventChain: recomputes the store's event hash chain
