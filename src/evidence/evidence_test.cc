@@ -1173,9 +1173,18 @@ TEST_F(BundleTest, MissingExtraAndUnsafeEntries) {
 TEST_F(BundleTest, CorruptArchive) {
   auto bytes = ReadFile(bundle_);
   ASSERT_TRUE(bytes.ok());
-  std::string damaged = *bytes;
-  damaged[damaged.size() / 2] ^= 0x40;
-  Write(f_.dir / "damaged.tar.gz", damaged);
+  // A flipped bit may fall where inflate does not look (deflate has such bits): the same content,
+  // no tampering. Flip the first byte from the middle on whose change inflate does see.
+  std::string damaged;
+  for (size_t at = bytes->size() / 2; at < bytes->size() / 2 + 64; ++at) {
+    damaged = *bytes;
+    damaged[at] ^= 0x40;
+    Write(f_.dir / "damaged.tar.gz", damaged);
+    Status read = internal::ReadTarGz(
+        f_.dir / "damaged.tar.gz", [](const internal::TarEntry&) { return Status::Ok(); },
+        [](std::string_view) { return Status::Ok(); });
+    if (!read.ok()) break;
+  }
   EXPECT_EQ(VerifyMessage(f_.dir / "damaged.tar.gz").rfind("the archive is corrupt", 0), 0u)
       << VerifyMessage(f_.dir / "damaged.tar.gz");
   Write(f_.dir / "short.tar.gz", bytes->substr(0, bytes->size() - 100));
