@@ -12,6 +12,9 @@
 //   record_save       BuildRecord + SaveRecord
 //   capture           the sum of the above but metrics_bulk: what evidence costs a run
 //   export / verify   ExportBundle and VerifyBundle of the whole (on demand, not part of a run)
+//   metrics_flood     a run writing TAU_BENCH_FLOOD_POINTS points (default 2,000,000) at once: read
+//                     4 MiB a poll and compacted, with points/s and this process's peak RSS before
+//                     and after (it must not grow with the points)
 // overhead_pct_vs_job_write is capture over the job's own write time: the worst case, a run that
 // does nothing but write its output. overhead_pct_vs_run_<N>s is capture over a run of N seconds
 // (the output spread over it), with N from argv[1] (default 600).
@@ -56,6 +59,18 @@ void Die(const tau::Status& s, const char* what) {
     std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
     std::exit(1);
   }
+}
+
+// This process's peak resident memory (VmHWM), in MiB.
+double PeakRssMiB() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  double kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmHWM: %lf kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib / 1024;
 }
 
 void AppendTo(std::FILE* f, const std::string& text) {
@@ -125,19 +140,25 @@ int main(int argc, char** argv) {
   out["log_bytes"] = kRanks * kLogBytesPerRank;
   out["job_write"] = {{"wall_s", job_wall}, {"cpu_s", job_cpu}};
   out["metrics_ingest"] = {{"wall_s", ingest_wall}, {"cpu_s", ingest_cpu}, {"polls", kPolls}};
-  out["distinct_points"] = (*collector)->history().size();
+  out["kept_points"] = (*collector)->kept_points();
 
   {
-    auto bulk = ev::MetricsCollector::Open(root + "/evidence-bulk");
+    ev::CollectorOptions all_at_once;
+    all_at_once.max_poll_bytes = 1u << 30;
+    auto bulk = ev::MetricsCollector::Open(root + "/evidence-bulk", all_at_once);
     Timer t;
     auto chunk = (*bulk)->Poll(metrics_file, 1);
     Die(chunk.ok() ? tau::Status::Ok() : chunk.status(), "bulk poll");
     out["metrics_bulk"] = t.Stop();
   }
+  ev::CompactReport compacted;
   {
     Timer t;
-    Die((*collector)->Compact(), "compact");
+    auto c = (*collector)->Compact();
+    Die(c.ok() ? tau::Status::Ok() : c.status(), "compact");
+    compacted = *c;
     out["metrics_compact"] = t.Stop();
+    out["distinct_points"] = compacted.distinct;
   }
   ev::RecordInput record;
   record.run.name = "bench-1";
@@ -156,7 +177,7 @@ int main(int argc, char** argv) {
   record.attempts.push_back(attempt);
   {
     Timer t;
-    record.metrics = ev::MetricsInfoFrom((*collector)->history(), (*collector)->stats());
+    record.metrics = ev::MetricsInfoFrom(compacted, (*collector)->stats());
     record.updated_ms = tau::NowMillis();
     Die(ev::SaveRecord(evidence_dir, ev::BuildRecord(record)), "save record");
     out["record_save"] = t.Stop();
@@ -188,6 +209,54 @@ int main(int argc, char** argv) {
     out["verify"] = t.Stop();
   }
   out["target_pct"] = 5;
+
+  // A flood: one run writes TAU_BENCH_FLOOD_POINTS points (default 2,000,000) as fast as it can;
+  // the collector reads them as the server does, 4 MiB a poll, then compacts them. Memory must not
+  // grow with the number of points.
+  {
+    const char* env = std::getenv("TAU_BENCH_FLOOD_POINTS");
+    const int64_t n = env ? std::atoll(env) : 2'000'000;
+    std::string file = root + "/flood.jsonl";
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    std::string block;
+    for (int64_t i = 0; i < n; ++i) {
+      block += fmt::format("{{\"name\":\"{}\",\"step\":{},\"value\":{}}}\n", names[i % 4], i / 4,
+                           0.5 + static_cast<double>(i % 1000) / 1000);
+      if (block.size() >= (4u << 20)) {
+        AppendTo(f, block);
+        block.clear();
+      }
+    }
+    AppendTo(f, block);
+    std::fclose(f);
+    double rss_before = PeakRssMiB();
+    ev::CollectorOptions options;
+    options.max_points = n;
+    auto c = ev::MetricsCollector::Open(root + "/evidence-flood", options);
+    Die(c.ok() ? tau::Status::Ok() : c.status(), "open flood collector");
+    Timer t;
+    int polls = 0;
+    for (bool more = true; more; ++polls) {
+      auto chunk = (*c)->Poll(file, 1);
+      Die(chunk.ok() ? tau::Status::Ok() : chunk.status(), "flood poll");
+      more = chunk->more;
+    }
+    nlohmann::json ingest = t.Stop();
+    Timer ct;
+    auto compacted = (*c)->Compact();
+    Die(compacted.ok() ? tau::Status::Ok() : compacted.status(), "flood compact");
+    nlohmann::json compact = ct.Stop();
+    out["metrics_flood"] = {
+        {"points", n},
+        {"polls", polls},
+        {"ingest", ingest},
+        {"ingest_points_per_s", static_cast<double>(n) / ingest["wall_s"].get<double>()},
+        {"compact", compact},
+        {"compact_points_per_s", static_cast<double>(n) / compact["wall_s"].get<double>()},
+        {"compact_spilled_runs", compacted->spilled_runs},
+        {"peak_rss_mib_before", rss_before},
+        {"peak_rss_mib_after", PeakRssMiB()}};
+  }
   std::printf("%s\n", out.dump(2).c_str());
   (void)tau::RemoveTree(root);
   return 0;

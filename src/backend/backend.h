@@ -82,8 +82,9 @@ class RunHost {
                               spec::RunSpec* resolved_spec) = 0;
   // Masks what the attempt printed of the run's secrets in its stored logs.
   virtual void MaskSecretsInLogs(const ActiveRun& run, const store::AttemptRecord& attempt) = 0;
-  // Reads the attempt's new metric points into the run's evidence.
-  virtual void PollMetrics(const std::string& run, int attempt) = 0;
+  // The attempt's processes are gone: the evidence worker reads the rest of its metric points
+  // (on its own thread), and the run's next attempt is not admitted before it has.
+  virtual void AttemptMetricsEnded(const std::string& run, int attempt) = 0;
 };
 
 // An attempt whose metrics and GPU samples the evidence worker follows.

@@ -56,6 +56,7 @@ InboxTake Inbox::TakeLocked() {
                    [&](GpuSamples& x) { take.samples.push_back(std::move(x)); },
                    [&](PlatformChanged& x) { take.platform = std::move(x); },
                    [&](RunNotice& x) { take.notices.push_back(std::move(x)); },
+                   [&](MetricsDrained& x) { take.drained.push_back(std::move(x)); },
                },
                m);
   queue_.clear();

@@ -65,8 +65,15 @@ struct RunNotice {
   nlohmann::json data = nlohmann::json::object();
 };
 
-using InboxMessage = std::variant<NewRun, CancelRequest, AttemptExited, GpuNews, ResumeRequest,
-                                  ClusterNews, GpuSamples, PlatformChanged, RunNotice>;
+// The evidence worker has read an ended attempt's last metric points: the run's next attempt,
+// held back until then (it appends to the same file), may start. Nothing to do but pass again.
+struct MetricsDrained {
+  std::string run;
+};
+
+using InboxMessage =
+    std::variant<NewRun, CancelRequest, AttemptExited, GpuNews, ResumeRequest, ClusterNews,
+                 GpuSamples, PlatformChanged, RunNotice, MetricsDrained>;
 
 // One pass's messages, by kind.
 struct InboxTake {
@@ -78,6 +85,7 @@ struct InboxTake {
   std::vector<ClusterNews> cluster_news;
   std::vector<GpuSamples> samples;
   std::vector<RunNotice> notices;
+  std::vector<MetricsDrained> drained;
   std::optional<PlatformChanged> platform;  // the newest, if any
 };
 

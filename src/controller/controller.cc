@@ -44,7 +44,8 @@ Controller::Controller(ControllerOptions options, store::Store* store, health::G
   evidence_ = std::make_unique<EvidenceWorker>(
       options_.home, store_, clock_, gpus_,
       [this](const RunRecord& r, bool final_save, const evidence::RecordInput* prev,
-             evidence::RuntimeInfo* rt) { backend_->DescribeRuntime(r, final_save, prev, rt); });
+             evidence::RuntimeInfo* rt) { backend_->DescribeRuntime(r, final_save, prev, rt); },
+      [this](InboxMessage m) { inbox_.Push(std::move(m)); });
   cpu_capacity_milli_ = options_.cpu_capacity_milli;
   memory_capacity_bytes_ = options_.memory_capacity_bytes;
   backend_ = options_.backend;
@@ -608,10 +609,10 @@ void Controller::Pass(InboxTake take) {
   backend_->Launched();
   std::vector<std::vector<evidence::GpuSample>> samples;
   for (GpuSamples& s : take.samples) samples.push_back(std::move(s.samples));
-  evidence_->Tick(backend_->RunningAttempts(), samples);
+  evidence_->Tick(backend_->RunningAttempts(), std::move(samples));
   // Terminal runs leave the active set once their final state is committed (the store has
-  // assigned the events' hashes their records hold): their records, and collectors, go to the
-  // evidence worker, which compacts the metrics and saves the final record.
+  // assigned the events' hashes their records hold): their records go to the evidence worker,
+  // which reads the rest of their metrics, compacts them and saves the final record.
   for (auto it = active_.begin(); it != active_.end();) {
     if (!store::IsTerminal(it->second.record.state)) {
       ++it;

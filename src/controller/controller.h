@@ -136,6 +136,10 @@ class Controller : private RunHost {
   }
   // The record: assembled now for a run that has not ended, else the one saved when it ended.
   Result<nlohmann::json> EvidenceRecord(const std::string& name) { return evidence_->Record(name); }
+  // The totals of a run's metric ingestion, refused points included.
+  Result<evidence::MetricsStats> MetricsStats(const std::string& name) {
+    return evidence_->MetricsStats(name);
+  }
   // What ExportBundle needs: the record's input and where the logs and metrics are.
   Status EvidenceSources(const std::string& name, evidence::RecordInput* input,
                          evidence::BundleSources* sources) {
@@ -178,8 +182,8 @@ class Controller : private RunHost {
   Status CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,
                       spec::RunSpec* resolved_spec) override;
   void MaskSecretsInLogs(const ActiveRun& run, const store::AttemptRecord& attempt) override;
-  void PollMetrics(const std::string& run, int attempt) override {
-    evidence_->PollMetrics(run, attempt);
+  void AttemptMetricsEnded(const std::string& run, int attempt) override {
+    evidence_->AttemptEnded(run, attempt);
   }
 
   void HandleResume(const ResumeRequest& request, store::Batch* batch);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <optional>
 #include <set>
@@ -12,7 +13,9 @@
 #include "common/files.h"
 #include "common/layout.h"
 #include "common/version.h"
+#include "controller/redact.h"
 #include "controller/run_storage.h"
+#include "policy/policy.h"
 
 namespace tau::server {
 
@@ -33,22 +36,33 @@ std::vector<std::string> StringList(const nlohmann::json& j) {
 }  // namespace
 
 EvidenceWorker::EvidenceWorker(std::string home, store::Store* store, Clock* clock,
-                               health::GpuInventory gpus, DescribeRuntime describe)
+                               health::GpuInventory gpus, DescribeRuntime describe, Post post)
     : home_(std::move(home)),
       store_(store),
       clock_(clock),
       gpus_(std::move(gpus)),
-      describe_(std::move(describe)) {}
+      describe_(std::move(describe)),
+      post_(std::move(post)) {}
 
 EvidenceWorker::~EvidenceWorker() { Stop(); }
 
-void EvidenceWorker::Start() { thread_ = std::thread(&EvidenceWorker::Work, this); }
+void EvidenceWorker::Start() {
+  thread_ = std::thread(&EvidenceWorker::Work, this);
+  metrics_thread_ = std::thread(&EvidenceWorker::MetricsWork, this);
+}
 
 void EvidenceWorker::Stop() {
   {
-    // The worker finishes the records already queued (ended runs) before it stops.
+    // The metrics thread reads what ended attempts and ended runs left, and hands the ended runs
+    // on; the final records' thread saves them all before it stops.
     MutexLock lock(&mu_);
     stopping_ = true;
+    metrics_cv_.SignalAll();
+  }
+  if (metrics_thread_.joinable()) metrics_thread_.join();
+  {
+    MutexLock lock(&mu_);
+    final_stopping_ = true;
     cv_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
@@ -58,34 +72,113 @@ std::string EvidenceWorker::Dir(const std::string& name) const {
   return layout::EvidenceDir(home_, name);
 }
 
-void EvidenceWorker::PollMetrics(const std::string& name, int attempt) {
+void EvidenceWorker::Tick(const std::vector<RunningAttempt>& running,
+                          std::vector<std::vector<evidence::GpuSample>> samples) {
+  MutexLock lock(&mu_);
+  running_ = running;
+  for (auto& batch : samples) {
+    if (batch.empty()) continue;
+    samples_.push_back(std::move(batch));
+    metrics_kick_ = true;
+  }
+  // A stalled metrics thread keeps the newest batches.
+  while (samples_.size() > Inbox::kMaxSampleBatches) samples_.pop_front();
+  if (metrics_kick_) metrics_cv_.Signal();
+}
+
+void EvidenceWorker::AttemptEnded(const std::string& name, int attempt) {
   if (attempt <= 0) return;
-  auto& collector = collectors_[name];
-  if (!collector) {
-    auto opened = evidence::MetricsCollector::Open(Dir(name));
+  MutexLock lock(&mu_);
+  ended_[name] = attempt;
+  metrics_kick_ = true;
+  metrics_cv_.Signal();
+}
+
+bool EvidenceWorker::Draining(const std::string& name) {
+  MutexLock lock(&mu_);
+  return ended_.count(name) > 0;
+}
+
+void EvidenceWorker::HandOff(const std::string& name, RunRecord ended) {
+  MutexLock lock(&mu_);
+  ending_.emplace_back(name, std::move(ended));
+  metrics_kick_ = true;
+  metrics_cv_.Signal();
+}
+
+Result<evidence::MetricsStats> EvidenceWorker::MetricsStats(const std::string& name) {
+  {
+    MutexLock lock(&mu_);
+    if (auto it = metrics_stats_.find(name); it != metrics_stats_.end()) return it->second;
+  }
+  return evidence::LoadMetricsStats(Dir(name));
+}
+
+bool EvidenceWorker::PollOnce(const std::string& name, int attempt, const RunRecord* r) {
+  if (attempt <= 0) return false;
+  Collector& c = collectors_[name];
+  if (!c.collector) {
+    std::optional<RunRecord> read;
+    if (r == nullptr) {
+      auto got = store_->GetRun(name);
+      if (!got.ok()) {
+        collectors_.erase(name);
+        return false;
+      }
+      read = std::move(*got);
+      r = &*read;
+    }
+    evidence::CollectorOptions options;
+    if (auto resolved = policy::ResolvedRunFromJson(r->resolved); resolved.ok()) {
+      options.max_points = resolved->max_metric_points;
+      options.max_series = resolved->max_metric_series;
+    }
+    // Masked before anything is kept: the evidence file, the record and bundles all come from it.
+    if (auto secrets = SecretValuesOf(store_, *r); secrets.ok())
+      options.secrets = std::move(*secrets);
+    auto opened = evidence::MetricsCollector::Open(Dir(name), std::move(options));
     if (!opened.ok()) {
       std::fprintf(stderr, "tau server: metrics of %s: %s\n", name.c_str(),
                    opened.status().ToString().c_str());
       collectors_.erase(name);
-      return;
+      return false;
     }
-    collector = std::move(*opened);
+    c.collector = std::move(*opened);
+    c.told_points = c.collector->stats().refused_points > 0;
+    c.told_series = c.collector->stats().refused_series > 0;
+    c.workspace = r->workspace;
+    c.max_points = c.collector->options().max_points;
+    c.max_series = c.collector->options().max_series;
   }
-  auto polled = collector->Poll(layout::MetricsFile(layout::RunDir(home_, name)), attempt);
+  auto polled = c.collector->Poll(layout::MetricsFile(layout::RunDir(home_, name)), attempt);
   if (!polled.ok())
     std::fprintf(stderr, "tau server: metrics of %s: %s\n", name.c_str(),
                  polled.status().ToString().c_str());
-  MutexLock lock(&mu_);
-  metrics_stats_[name] = collector->stats();
+  const evidence::MetricsStats& stats = c.collector->stats();
+  {
+    MutexLock lock(&mu_);
+    metrics_stats_[name] = stats;
+  }
+  // Once per run and cap: a run that floods would otherwise fill its events.
+  auto tell = [&](bool* told, int64_t refused, const char* limit, int64_t value, const char* what) {
+    if (*told || refused == 0) return;
+    *told = true;
+    post_(RunNotice{
+        name,
+        "MetricsLimited",
+        fmt::format("the run reached its limit of {} metric {} (limits.{}): more are refused "
+                    "and counted; an admin may raise limits.{} of workspace '{}' in platform.yaml",
+                    value, what, limit, limit, c.workspace),
+        {{"limit", limit}, {"value", value}, {"attempt", attempt}}});
+  };
+  tell(&c.told_points, stats.refused_points, "max_metric_points", c.max_points, "points");
+  tell(&c.told_series, stats.refused_series, "max_metric_series", c.max_series, "series");
+  return polled.ok() && polled->more;
 }
 
-void EvidenceWorker::Tick(const std::vector<RunningAttempt>& running,
-                          const std::vector<std::vector<evidence::GpuSample>>& samples) {
-  int64_t now = clock_->NowMillis();
-  bool poll = now - last_metrics_poll_ms_ >= kMetricsPollMs;
-  if (poll) last_metrics_poll_ms_ = now;
+void EvidenceWorker::AppendSamples(const std::vector<RunningAttempt>& running,
+                                   const std::vector<std::vector<evidence::GpuSample>>& samples) {
   for (const RunningAttempt& r : running) {
-    if (poll) PollMetrics(r.run, r.attempt);
     if (r.gpus.empty()) continue;
     std::vector<evidence::GpuSample> mine;
     for (const auto& batch : samples)
@@ -101,15 +194,81 @@ void EvidenceWorker::Tick(const std::vector<RunningAttempt>& running,
   }
 }
 
-void EvidenceWorker::HandOff(const std::string& name, RunRecord ended) {
-  FinalRecord f{name, nullptr, std::move(ended)};
-  if (auto it = collectors_.find(name); it != collectors_.end()) {
-    f.metrics = std::move(it->second);
-    collectors_.erase(it);
+// Each pass reads at most one bounded chunk of each run that has something to read (an ended
+// attempt, an ended run, a running attempt every 2 s, or at once while it is behind), so a run
+// that writes millions of points is read in turns with the others, never all at once.
+void EvidenceWorker::MetricsWork() {
+  using std::chrono::steady_clock;
+  steady_clock::time_point last_poll = steady_clock::now() - std::chrono::hours(1);
+  std::set<std::string> behind;  // a running attempt's last read stopped with more to read
+  while (true) {
+    std::vector<RunningAttempt> running;
+    std::map<std::string, int> ended;
+    std::vector<std::pair<std::string, RunRecord>> ending;
+    std::vector<std::vector<evidence::GpuSample>> samples;
+    bool stop = false;
+    {
+      MutexLock lock(&mu_);
+      if (behind.empty() && ended_.empty() && ending_.empty()) {
+        auto wait = std::chrono::milliseconds(kMetricsPollMs) - (steady_clock::now() - last_poll);
+        if (wait > std::chrono::milliseconds(0))
+          metrics_cv_.WaitFor(&mu_, wait,
+                              [&]() TAU_REQUIRES(mu_) { return stopping_ || metrics_kick_; });
+      }
+      metrics_kick_ = false;
+      running = running_;
+      ended = ended_;
+      for (const auto& e : ending_) ending.push_back(e);
+      for (auto& b : samples_) samples.push_back(std::move(b));
+      samples_.clear();
+      stop = stopping_;
+    }
+    if (stop && ended.empty() && ending.empty()) return;
+    bool due = steady_clock::now() - last_poll >= std::chrono::milliseconds(kMetricsPollMs);
+    if (due) last_poll = steady_clock::now();
+    // Ended attempts first: their runs' next attempts wait for them.
+    for (const auto& [name, attempt] : ended) {
+      if (PollOnce(name, attempt, nullptr)) continue;
+      {
+        MutexLock lock(&mu_);
+        if (auto it = ended_.find(name); it != ended_.end() && it->second == attempt)
+          ended_.erase(it);
+      }
+      post_(MetricsDrained{name});
+    }
+    for (auto& [name, record] : ending) {
+      if (ended.count(name)) continue;  // its last attempt's points first
+      if (PollOnce(name, record.attempts, &record)) continue;
+      FinalRecord f{name, nullptr, std::move(record)};
+      if (auto it = collectors_.find(name); it != collectors_.end()) {
+        f.metrics = std::move(it->second.collector);
+        collectors_.erase(it);
+      }
+      MutexLock lock(&mu_);
+      for (auto it = ending_.begin(); it != ending_.end(); ++it)
+        if (it->first == name) {
+          ending_.erase(it);
+          break;
+        }
+      metrics_stats_.erase(name);
+      queue_.push_back(std::move(f));
+      cv_.Signal();
+    }
+    for (const RunningAttempt& r : running) {
+      if (ended.count(r.run) || (!due && !behind.count(r.run))) continue;
+      if (PollOnce(r.run, r.attempt, nullptr))
+        behind.insert(r.run);
+      else
+        behind.erase(r.run);
+    }
+    // Runs that stopped running since (their ends are handled above).
+    for (auto it = behind.begin(); it != behind.end();)
+      it = std::any_of(running.begin(), running.end(),
+                       [&](const RunningAttempt& r) { return r.run == *it; })
+               ? std::next(it)
+               : behind.erase(it);
+    if (!samples.empty()) AppendSamples(running, samples);
   }
-  MutexLock lock(&mu_);
-  queue_.push_back(std::move(f));
-  cv_.Signal();
 }
 
 void EvidenceWorker::Work() {
@@ -117,28 +276,38 @@ void EvidenceWorker::Work() {
     FinalRecord f;
     {
       MutexLock lock(&mu_);
-      cv_.Wait(&mu_, [&]() TAU_REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
+      cv_.Wait(&mu_, [&]() TAU_REQUIRES(mu_) { return final_stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;
       f = std::move(queue_.front());
       queue_.pop_front();
     }
+    std::optional<evidence::MetricsInfo> metrics;
     if (f.metrics) {
-      if (Status s = f.metrics->Compact(); !s.ok())
+      auto compacted = f.metrics->Compact();
+      if (compacted.ok())
+        metrics = evidence::MetricsInfoFrom(*compacted, f.metrics->stats());
+      else
         std::fprintf(stderr, "tau server: metrics of %s: %s\n", f.name.c_str(),
-                     s.ToString().c_str());
+                     compacted.status().ToString().c_str());
     }
-    auto saved = SaveFinal(f.name, f.metrics.get(), &f.ended);
+    auto saved = SaveFinal(f.name, metrics ? &*metrics : nullptr, &f.ended);
     if (!saved.ok())
       std::fprintf(stderr, "tau server: evidence of %s: %s\n", f.name.c_str(),
                    saved.status().ToString().c_str());
-    MutexLock lock(&mu_);
-    metrics_stats_.erase(f.name);
   }
 }
 
+evidence::MetricsInfo EvidenceWorker::MetricsOf(const std::string& name) {
+  evidence::MetricsStats stats;
+  if (auto s = MetricsStats(name); s.ok()) stats = std::move(*s);
+  evidence::CompactReport summary;
+  auto summarised = evidence::CompactMetricsFile(layout::MetricsFile(Dir(name)), "");
+  if (summarised.ok()) summary = std::move(*summarised);
+  return evidence::MetricsInfoFrom(summary, stats);
+}
+
 Result<evidence::RecordInput> EvidenceWorker::Assemble(const RunRecord& r,
-                                                       const evidence::MetricHistory& history,
-                                                       const evidence::MetricsStats& stats,
+                                                       evidence::MetricsInfo metrics,
                                                        bool final_save) {
   const std::string dir = Dir(r.name);
   // What a previous record computed once (snapshot hashes, each ended attempt's log hashes,
@@ -249,8 +418,14 @@ Result<evidence::RecordInput> EvidenceWorker::Assemble(const RunRecord& r,
     if (!found.ok()) return found.status();
     for (auto& a : *found) in.artifacts.push_back(std::move(a));
   }
+  // A file named after a secret (a checkpoint tagged with a token, say) is listed masked: the
+  // record, describe and bundles (checkpoints.json) all take their names from here.
+  if (!in.artifacts.empty()) {
+    if (auto secrets = SecretValuesOf(store_, r); secrets.ok())
+      evidence::MaskArtifactPaths(&in.artifacts, *secrets);
+  }
 
-  in.metrics = evidence::MetricsInfoFrom(history, stats);
+  in.metrics = std::move(metrics);
   if (prev) in.retention = prev->retention;
   if (in.retention.samples_pruned_ms && prev) {
     in.gpu_samples = prev->gpu_samples;  // the samples are gone; their summaries stay
@@ -263,7 +438,7 @@ Result<evidence::RecordInput> EvidenceWorker::Assemble(const RunRecord& r,
 }
 
 Result<nlohmann::json> EvidenceWorker::SaveFinal(const std::string& name,
-                                                 const evidence::MetricsCollector* collector,
+                                                 const evidence::MetricsInfo* metrics,
                                                  const RunRecord* ended) {
   std::optional<RunRecord> read;
   if (ended == nullptr) {
@@ -271,22 +446,11 @@ Result<nlohmann::json> EvidenceWorker::SaveFinal(const std::string& name,
     ended = &*read;
   }
   const RunRecord& r = *ended;
-  std::optional<evidence::MetricHistory> loaded;
-  evidence::MetricsStats stats;
-  if (collector) {
-    stats = collector->stats();
-  } else {
-    // No collector (the run ended before a poll, or before this server started): what the
-    // evidence directory holds, with the ingestion totals the collector kept there.
-    auto c = evidence::MetricsCollector::Open(Dir(name));
-    if (c.ok()) stats = (*c)->stats();
-  }
-  if (!collector) {
-    TAU_ASSIGN_OR_RETURN(loaded, evidence::LoadMetricHistory(layout::MetricsFile(Dir(name))));
-  }
-  const evidence::MetricHistory& history = collector ? collector->history() : *loaded;
+  // No compaction (the run ended before its metrics were read, or before this server started):
+  // what the evidence directory holds, with the ingestion totals the collector kept there.
+  evidence::MetricsInfo info = metrics ? *metrics : MetricsOf(name);
   MutexLock lock(&record_save_mu_);
-  TAU_ASSIGN_OR_RETURN(evidence::RecordInput in, Assemble(r, history, stats, true));
+  TAU_ASSIGN_OR_RETURN(evidence::RecordInput in, Assemble(r, std::move(info), true));
   nlohmann::json record = evidence::BuildRecord(in);
   // Made again from the store and the run's files when lost, so not worth a disk flush per run;
   // unless it carries the hashes of files retention has pruned, which nothing can make again.
@@ -309,16 +473,9 @@ Result<nlohmann::json> EvidenceWorker::Record(const std::string& name) {
       return saved;
     return SaveFinal(name, nullptr);
   }
-  evidence::MetricsStats stats;
-  {
-    MutexLock lock(&mu_);
-    if (auto it = metrics_stats_.find(name); it != metrics_stats_.end()) stats = it->second;
-  }
-  // Read only: the loop's collector appends to this file while the run goes on (a partial last
-  // line is skipped).
-  TAU_ASSIGN_OR_RETURN(evidence::MetricHistory history,
-                       evidence::LoadMetricHistory(layout::MetricsFile(dir)));
-  TAU_ASSIGN_OR_RETURN(evidence::RecordInput in, Assemble(r, history, stats, false));
+  // Summarised from the file the metrics thread appends to (a partial last line is skipped), in
+  // bounded memory.
+  TAU_ASSIGN_OR_RETURN(evidence::RecordInput in, Assemble(r, MetricsOf(name), false));
   return evidence::BuildRecord(in);
 }
 

@@ -141,8 +141,10 @@ void Controller::SyncEngine() {
       const RunRecord& r = run.record;
       if (store::IsTerminal(r.state)) continue;
       const bool holds = r.flavors.is_object() && !r.flavors.empty();
+      // A run whose ended attempt's metric points are still being read waits: its next attempt
+      // would append to the same file.
       const bool waits = r.state == RunState::kQueued && !holds && !r.cancel_requested &&
-                         !(r.not_before_ms && *r.not_before_ms > now);
+                         !(r.not_before_ms && *r.not_before_ms > now) && !evidence_->Draining(name);
       auto it = quota_.in_engine.find(name);
       if (it != quota_.in_engine.end()) {
         // Gone from the queue, or (Kubernetes: Kueue admitted it) holding quota now while the

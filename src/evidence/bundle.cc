@@ -151,14 +151,30 @@ Result<ExportReport> ExportBundle(RecordInput record, const BundleSources& sourc
               [](const LogInfo& x, const LogInfo& y) { return x.rank < y.rank; });
   }
 
-  // Metrics: the deduplicated history, and summaries recomputed from exactly that.
-  MetricHistory history;
-  if (!sources.metrics_path.empty()) {
-    TAU_ASSIGN_OR_RETURN(history, LoadMetricHistory(sources.metrics_path));
+  // Metrics: the deduplicated history, and summaries recomputed from exactly that. Compacted into
+  // a file beside the bundle and streamed from there: a run's points may be far more than memory
+  // should hold.
+  CompactReport compacted;
+  if (!sources.metrics_path.empty() && PathExists(sources.metrics_path)) {
+    std::string points = tmp + ".metrics";
+    struct Unlink {
+      std::string path;
+      ~Unlink() { ::unlink(path.c_str()); }
+    } unlink_points{points};
+    TAU_ASSIGN_OR_RETURN(compacted, CompactMetricsFile(sources.metrics_path, points));
+    int64_t size = 0;
+    std::string sha;
+    if (PathExists(points)) {
+      TAU_RETURN_IF_ERROR(StreamFile(writer.get(), kMetrics, points, mtime_s, &size, &sha));
+      listed(kMetrics, size, sha);
+    } else {
+      TAU_RETURN_IF_ERROR(add(kMetrics, ""));
+    }
+  } else {
+    TAU_RETURN_IF_ERROR(add(kMetrics, ""));
   }
-  TAU_RETURN_IF_ERROR(add(kMetrics, history.ToJsonl()));
-  record.metrics.series = history.Summaries();
-  record.metrics.distinct_points = static_cast<int64_t>(history.size());
+  record.metrics.series = compacted.series;
+  record.metrics.distinct_points = compacted.distinct;
 
   if (!sources.gpu_samples_path.empty() && PathExists(sources.gpu_samples_path)) {
     int64_t size = 0;

@@ -11,7 +11,8 @@
 //
 // The pieces (the server calls them in src/controller/evidence_worker.cc and
 // src/server/api_evidence.cc, the CLI in src/cli/evidence_commands.cc):
-//   metrics    ParseMetricLine / ReadMetrics / MetricHistory / MetricsCollector
+//   metrics    ParseMetricLine / ReadMetrics / MetricHistory / MetricsCollector /
+//              CompactMetricsFile (sorting in bounded memory) / MaskSecrets
 //   record     BuildRecord from RecordInput (ParseRecord back); ScanArtifacts, ScanSnapshot,
 //              IndexAttemptLogs, GPU samples
 //   chain      VerifyEventChain: recomputes the store's event hash chain
@@ -26,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -100,6 +102,8 @@ struct MetricsChunk {
   int64_t point_count = 0;  // valid points parsed (MetricsCollector::Poll leaves `points` empty)
   int64_t lines = 0;        // complete lines consumed (blank lines included)
   bool restarted = false;   // the file shrank or was replaced, so it was read from its start
+  bool more = false;        // stopped at limits.max_read_bytes with more of the file there
+  size_t peak_buffer_bytes = 0;  // the largest read buffer held
 };
 
 // Pure: parses the complete lines of `data`, the bytes of a file from cursor->offset on, and
@@ -162,50 +166,112 @@ class MetricHistory {
 
 // Totals of a run's metric ingestion (kept in metrics-state.json, shown in the record).
 struct MetricsStats {
-  int64_t lines = 0;      // lines read from the job's files
-  int64_t points = 0;     // valid points read (before deduplication)
-  int64_t malformed = 0;  // bad lines
-  int64_t restarts = 0;   // times a source file shrank or was replaced
+  int64_t lines = 0;           // lines read from the job's files
+  int64_t points = 0;          // valid points read (before deduplication), refused ones included
+  int64_t malformed = 0;       // bad lines
+  int64_t restarts = 0;        // times a source file shrank or was replaced
+  int64_t refused_points = 0;  // past the run's max_points
+  int64_t refused_series = 0;  // points of a new series past the run's max_series
   std::vector<std::pair<std::string, MalformedLine>> first_malformed;  // (source, line), <= 20
 };
+
+// Sorting and deduplicating a file of tau's points in bounded memory.
+struct CompactOptions {
+  // Points held at once (an estimate of their bytes): more are sorted into temporary files beside
+  // the output (or the input) and merged.
+  size_t sort_buffer_bytes = 32u << 20;
+};
+struct CompactReport {
+  int64_t points_in = 0;              // valid lines read
+  int64_t distinct = 0;               // points written (one per (name, split, step))
+  int64_t replaced = 0;               // points a later one with the same key replaced
+  int64_t malformed = 0;              // bad lines skipped
+  std::vector<MetricSummary> series;  // sorted by (name, split), as MetricHistory::Summaries
+  size_t spilled_runs = 0;     // sorted runs written to temporary files (0: sorted in memory)
+  size_t peak_sort_bytes = 0;  // the most the sort held at once (estimate)
+};
+// Streams `in` (MetricPointJson lines; a missing file has none) into `out` ("" = only summarise),
+// sorted by (name, split, step) and deduplicated as MetricHistory does (the point of the latest
+// attempt wins, within one attempt the last line; each point carries its series' latest unit), in
+// memory bounded by options.sort_buffer_bytes whatever the file's size. `out` is written through a
+// temporary file and renamed; no file is made when `in` has no points.
+Result<CompactReport> CompactMetricsFile(const std::string& in, const std::string& out,
+                                         const CompactOptions& options = {});
+
+// What a run may make the collector keep, and what it must never show.
+struct CollectorOptions {
+  MetricLimits limits;  // of each line
+  // Points kept over all attempts (a re-emitted step counts again); more are refused and counted.
+  int64_t max_points = 5'000'000;
+  // Distinct series, a series being a metric's name, split and tags; a point of a new series past
+  // this is refused and counted.
+  int64_t max_series = 1'000;
+  // Bytes read per Poll: a run that writes faster than it is read is read in turns with the others.
+  size_t max_poll_bytes = 4u << 20;
+  // Values masked as "***" (MaskSecrets) in names, splits, units and tags before anything is kept.
+  std::vector<std::string> secrets;
+};
+
+// Each occurrence in `text` of a value of `secrets` at least kMinSecretBytes long becomes "***"
+// (the longest first, so a secret inside another is masked whole).
+inline constexpr size_t kMinSecretBytes = 3;
+std::string MaskSecrets(std::string_view text, const std::vector<std::string>& secrets);
 
 // Ingests a run's metrics into its evidence directory: appends each new point to
 // DIR/metrics.jsonl (tau's form, with its attempt) and keeps the cursors in
 // DIR/metrics-state.json, so a restarted server goes on where it stopped (points read twice after a
-// crash are deduplicated on load). One per run; not thread-safe.
+// crash are deduplicated by Compact). It holds no points: what it keeps in memory is its cursors,
+// the run's series (at most max_series) and buffers of at most about 1 MiB each, however large the
+// file. One per run; not thread-safe.
 class MetricsCollector {
  public:
   static Result<std::unique_ptr<MetricsCollector>> Open(const std::string& evidence_dir,
-                                                        MetricLimits limits = {});
+                                                        CollectorOptions options = {});
   // Reads the new complete lines of `source` (the attempt's $TAU_METRICS_FILE) as points of
-  // `attempt`. Call it every few seconds while the attempt runs and once more after it ended,
+  // `attempt`, at most options.max_poll_bytes of them (chunk.more says whether more is there). Call
+  // it every few seconds while the attempt runs and, after it ended, until nothing more is there,
   // before the next attempt starts (so a shared file's lines are attributed right). Cheap when
   // nothing changed: one stat. The result counts what was read; its `points` stay empty (they go
-  // to history() and the evidence file). A failed append leaves the cursor where it was.
+  // to the evidence file). A failed append leaves the cursor where it was.
   Result<MetricsChunk> Poll(const std::string& source, int attempt);
-  // Rewrites metrics.jsonl deduplicated (atomically). Call it when the run ends. A run that
-  // wrote no metrics gets no file (and the evidence directory is not made for it).
-  Status Compact();
-  const MetricHistory& history() const { return history_; }
+  // Rewrites metrics.jsonl sorted and deduplicated (CompactMetricsFile, atomically). Call it when
+  // the run ends. A run that wrote no metrics gets no file (and no evidence directory).
+  Result<CompactReport> Compact();
   const MetricsStats& stats() const { return stats_; }
+  const CollectorOptions& options() const { return options_; }
+  int64_t kept_points() const { return kept_; }
+  size_t series_count() const { return series_.size(); }
+  // The largest read or write buffer a Poll has held, in bytes: bounded by about
+  // 1 MiB + a line, whatever the file's size (tests check it).
+  size_t peak_buffer_bytes() const { return peak_buffer_; }
 
  private:
-  MetricsCollector(std::string dir, MetricLimits limits);
+  MetricsCollector(std::string dir, CollectorOptions options);
   Status SaveState();
   // The evidence directory, made when the first file goes into it: most runs' collectors never
   // write (no metrics), and a directory made for nothing costs every run an inode.
   Status MakeDir();
+  // Masks secrets, then applies the caps; false when the point is refused (and counted).
+  bool Admit(MetricPoint* point);
   std::string dir_;
   bool dir_made_ = false;
-  MetricLimits limits_;
-  MetricHistory history_;
+  CollectorOptions options_;
   MetricsStats stats_;
+  int64_t kept_ = 0;              // points in DIR/metrics.jsonl
+  std::set<std::string> series_;  // keys of the series kept (SeriesKey)
+  size_t peak_buffer_ = 0;
   std::map<std::string, MetricsCursor> cursors_;  // by source path
 };
 
-// Loads DIR/metrics.jsonl (or any file of MetricPointJson lines) into a history; a missing file
-// gives an empty history.
-Result<MetricHistory> LoadMetricHistory(const std::string& path, int64_t* malformed = nullptr);
+// The totals a collector kept in DIR/metrics-state.json (zero when there is none), without
+// opening the collector.
+Result<MetricsStats> LoadMetricsStats(const std::string& evidence_dir);
+
+// Loads DIR/metrics.jsonl (or any file of MetricPointJson lines) into a history, reading it in
+// blocks; a missing file gives an empty history. With `only_name`, only that metric's points are
+// kept (one series of a large file, without holding the others).
+Result<MetricHistory> LoadMetricHistory(const std::string& path, int64_t* malformed = nullptr,
+                                        const std::string& only_name = "");
 
 // =============================================================================================
 // GPU samples
@@ -356,6 +422,10 @@ Result<std::vector<Artifact>> ScanArtifacts(const std::string& root, const std::
                                             const std::vector<int64_t>& attempt_starts,
                                             const std::vector<Artifact>* previous = nullptr);
 
+// Masks secrets (MaskSecrets) in the artifacts' paths: a checkpoint named after a token is listed
+// as "ckpt-***.pt" in the record, its summary and a bundle's checkpoints.json.
+void MaskArtifactPaths(std::vector<Artifact>* artifacts, const std::vector<std::string>& secrets);
+
 struct MetricsInfo {
   MetricsStats stats;
   int64_t distinct_points = 0;  // after deduplication
@@ -363,8 +433,9 @@ struct MetricsInfo {
   int64_t dropped = 0;
   std::vector<MetricSummary> series;
 };
-// From a collector or a loaded history.
+// From a loaded history, or from a compaction (CompactMetricsFile) of the collector's file.
 MetricsInfo MetricsInfoFrom(const MetricHistory& history, const MetricsStats& stats);
+MetricsInfo MetricsInfoFrom(const CompactReport& compacted, const MetricsStats& stats);
 
 struct RetentionState {
   std::optional<int64_t> logs_pruned_ms, samples_pruned_ms;

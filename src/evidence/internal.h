@@ -24,6 +24,12 @@ void AppendJsonDouble(std::string* out, double v);
 // Reads "NaN"/"Infinity"/"-Infinity"/"inf"/"-inf"/"nan" (any case, optional '+').
 bool ParseNonFiniteWord(std::string_view s, double* out);
 
+// Reads the complete lines of `path` from cursor->offset on (at most limits.max_read_bytes, in
+// blocks of 1 MiB), handing each valid point to `sink` as it is parsed: nothing is collected.
+using PointSink = std::function<void(MetricPoint&&)>;
+Result<MetricsChunk> ReadPointLines(const std::string& path, MetricsCursor* cursor,
+                                    const MetricLimits& limits, const PointSink& sink);
+
 // "logs/attempt-N/rank-R.log": a log's path inside a bundle (and in the record).
 std::string LogPath(int attempt, int rank);
 nlohmann::json ArtifactJson(const Artifact& a);

@@ -313,7 +313,7 @@ std::string MetricPointJson(const MetricPoint& p) {
 
 namespace {
 
-using PointSink = std::function<void(MetricPoint&&)>;
+using internal::PointSink;
 
 // Parses the complete lines of `data` (the file's bytes from cursor->offset on), handing each
 // point to `sink` rather than collecting them: a vector of 100,000 points is ~20 MB of page faults.
@@ -360,10 +360,12 @@ void ParseLines(std::string_view data, MetricsCursor* cursor, const MetricLimits
   }
 }
 
-// Reads what was appended to `path` since the cursor, in blocks of at most 1 MiB (so memory stays
+}  // namespace
+
+// What was appended to `path` since the cursor, in blocks of at most 1 MiB (so memory stays
 // small whatever the file's size), up to limits.max_read_bytes.
-Result<MetricsChunk> ReadLines(const std::string& path, MetricsCursor* cursor,
-                               const MetricLimits& limits, const PointSink& sink) {
+Result<MetricsChunk> internal::ReadPointLines(const std::string& path, MetricsCursor* cursor,
+                                              const MetricLimits& limits, const PointSink& sink) {
   MetricsChunk chunk;
   // The run writes this file and could put a link (to a file outside its directory) or a FIFO
   // (which would block the controller's loop in open()) in its place: neither is read.
@@ -388,8 +390,9 @@ Result<MetricsChunk> ReadLines(const std::string& path, MetricsCursor* cursor,
   }
   cursor->dev = st.st_dev;
   cursor->ino = st.st_ino;
-  int64_t end = cursor->offset + std::min<int64_t>(st.st_size - cursor->offset,
-                                                   static_cast<int64_t>(limits.max_read_bytes));
+  const int64_t window =
+      static_cast<int64_t>(std::min<size_t>(limits.max_read_bytes, size_t{INT64_MAX}));
+  int64_t end = cursor->offset + std::min<int64_t>(st.st_size - cursor->offset, window);
   constexpr size_t kBlock = 1u << 20;
   std::string buf;
   // Bytes from `cursor->offset` on are in buf; a partial last line stays there for the next block.
@@ -410,13 +413,13 @@ Result<MetricsChunk> ReadLines(const std::string& path, MetricsCursor* cursor,
     if (n == 0) break;
     read_at += n;
     int64_t before = cursor->offset;
+    chunk.peak_buffer_bytes = std::max(chunk.peak_buffer_bytes, buf.capacity());
     ParseLines(buf, cursor, limits, &chunk, sink);
     buf.erase(0, static_cast<size_t>(cursor->offset - before));
   }
+  chunk.more = end < st.st_size;
   return chunk;
 }
-
-}  // namespace
 
 MetricsChunk ParseMetricsChunk(std::string_view data, MetricsCursor* cursor,
                                const MetricLimits& limits) {
@@ -429,8 +432,8 @@ MetricsChunk ParseMetricsChunk(std::string_view data, MetricsCursor* cursor,
 Result<MetricsChunk> ReadMetrics(const std::string& path, MetricsCursor* cursor,
                                  const MetricLimits& limits) {
   std::vector<MetricPoint> points;
-  auto chunk =
-      ReadLines(path, cursor, limits, [&](MetricPoint&& p) { points.push_back(std::move(p)); });
+  auto chunk = internal::ReadPointLines(path, cursor, limits,
+                                        [&](MetricPoint&& p) { points.push_back(std::move(p)); });
   if (chunk.ok()) chunk->points = std::move(points);
   return chunk;
 }
@@ -550,71 +553,161 @@ void MetricHistory::AddJsonl(std::string_view text, int64_t* malformed) {
   if (malformed) *malformed += chunk.malformed_count;
 }
 
-Result<MetricHistory> LoadMetricHistory(const std::string& path, int64_t* malformed) {
+Result<MetricHistory> LoadMetricHistory(const std::string& path, int64_t* malformed,
+                                        const std::string& only_name) {
   MetricHistory history;
-  auto text = ReadFile(path);
-  if (!text.ok()) {
-    if (text.status().code() == StatusCode::kNotFound) return history;
-    return text.status();
-  }
-  history.AddJsonl(*text, malformed);
+  MetricsCursor cursor;
+  MetricLimits limits;
+  limits.max_read_bytes = SIZE_MAX;
+  auto chunk = internal::ReadPointLines(path, &cursor, limits, [&](MetricPoint&& p) {
+    if (only_name.empty() || p.name == only_name) history.Add(p);
+  });
+  if (!chunk.ok()) return chunk.status();
+  if (malformed) *malformed += chunk->malformed_count;
   return history;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Collector
 
-MetricsCollector::MetricsCollector(std::string dir, MetricLimits limits)
-    : dir_(std::move(dir)), limits_(limits), history_(limits) {}
+// ---------------------------------------------------------------------------------------------
+// Collector
+
+std::string MaskSecrets(std::string_view text, const std::vector<std::string>& secrets) {
+  std::string out(text);
+  if (secrets.empty()) return out;
+  std::vector<const std::string*> order;
+  for (const std::string& s : secrets)
+    if (s.size() >= kMinSecretBytes) order.push_back(&s);
+  std::sort(order.begin(), order.end(),
+            [](const std::string* a, const std::string* b) { return a->size() > b->size(); });
+  for (const std::string* s : order) {
+    for (size_t at = out.find(*s); at != std::string::npos; at = out.find(*s, at + 3))
+      out.replace(at, s->size(), "***");
+  }
+  return out;
+}
+
+void MaskArtifactPaths(std::vector<Artifact>* artifacts, const std::vector<std::string>& secrets) {
+  if (secrets.empty()) return;
+  for (Artifact& a : *artifacts) a.path = MaskSecrets(a.path, secrets);
+}
+
+namespace {
+
+// A series: name, split and tags, each length-prefixed so that no two series share a key.
+std::string SeriesKey(const MetricPoint& p) {
+  std::string key;
+  auto add = [&](const std::string& s) {
+    key += std::to_string(s.size());
+    key += ':';
+    key += s;
+  };
+  add(p.name);
+  add(p.split);
+  for (const auto& [k, v] : p.tags) {
+    add(k);
+    add(v);
+  }
+  return key;
+}
+
+// tau's own lines are never longer than this (a job's line is at most 64 KiB by default; tau's
+// form of it adds its attempt and quotes).
+constexpr size_t kMaxOwnLineBytes = 1u << 20;
+
+// A crash in the middle of an append leaves a partial last line: cut it, so the next append does
+// not glue a good line to it (its point is read again: the cursor was not saved yet). Reads the
+// file's tail only.
+Status CutPartialLastLine(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? Status::Ok() : IoError("cannot open " + path, errno);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return IoError("cannot stat " + path, errno);
+  int64_t end = st.st_size;
+  std::string block(64 * 1024, '\0');
+  while (end > 0) {
+    int64_t from = std::max<int64_t>(0, end - static_cast<int64_t>(block.size()));
+    ssize_t n = ::pread(fd, block.data(), static_cast<size_t>(end - from), from);
+    if (n < 0) return IoError("cannot read " + path, errno);
+    std::string_view got(block.data(), static_cast<size_t>(n));
+    size_t nl = got.rfind('\n');
+    if (nl != std::string_view::npos) {
+      end = from + static_cast<int64_t>(nl) + 1;
+      break;
+    }
+    end = from;
+  }
+  if (end != st.st_size && ::ftruncate(fd, static_cast<off_t>(end)) != 0)
+    return IoError("cannot truncate " + path, errno);
+  return Status::Ok();
+}
+
+Status ParseState(const std::string& dir, std::map<std::string, MetricsCursor>* cursors,
+                  MetricsStats* stats) {
+  auto text = ReadFile(dir + "/metrics-state.json");
+  if (!text.ok())
+    return text.status().code() == StatusCode::kNotFound ? Status::Ok() : text.status();
+  json state = json::parse(*text, nullptr, false);
+  if (!state.is_object()) return InvalidArgument(dir + "/metrics-state.json is corrupt");
+  try {
+    for (const json& jc : state.value("cursors", json::array())) {
+      MetricsCursor cur;
+      cur.offset = jc.at("offset").get<int64_t>();
+      cur.line = jc.at("line").get<int64_t>();
+      cur.discarding = jc.value("discarding", false);
+      cur.dev = jc.value("dev", uint64_t{0});
+      cur.ino = jc.value("ino", uint64_t{0});
+      if (cursors) (*cursors)[jc.at("source").get<std::string>()] = cur;
+    }
+    const json& js = state.value("stats", json::object());
+    stats->lines = js.value("lines", int64_t{0});
+    stats->points = js.value("points", int64_t{0});
+    stats->malformed = js.value("malformed", int64_t{0});
+    stats->restarts = js.value("restarts", int64_t{0});
+    stats->refused_points = js.value("refused_points", int64_t{0});
+    stats->refused_series = js.value("refused_series", int64_t{0});
+    for (const json& jm : js.value("first_malformed", json::array()))
+      stats->first_malformed.push_back(
+          {jm.at("source").get<std::string>(),
+           {jm.at("line").get<int64_t>(), jm.at("error").get<std::string>()}});
+  } catch (const std::exception& e) {
+    return InvalidArgument(dir + "/metrics-state.json is corrupt: " + e.what());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<MetricsStats> LoadMetricsStats(const std::string& evidence_dir) {
+  MetricsStats stats;
+  TAU_RETURN_IF_ERROR(ParseState(evidence_dir, nullptr, &stats));
+  return stats;
+}
+
+MetricsCollector::MetricsCollector(std::string dir, CollectorOptions options)
+    : dir_(std::move(dir)), options_(std::move(options)) {}
 
 Result<std::unique_ptr<MetricsCollector>> MetricsCollector::Open(const std::string& evidence_dir,
-                                                                 MetricLimits limits) {
-  std::unique_ptr<MetricsCollector> c(new MetricsCollector(evidence_dir, limits));
+                                                                 CollectorOptions options) {
+  std::unique_ptr<MetricsCollector> c(new MetricsCollector(evidence_dir, std::move(options)));
   std::string points_path = layout::MetricsFile(evidence_dir);
-  auto text = ReadFile(points_path);
-  if (text.ok()) {
-    // A crash in the middle of an append leaves a partial last line: cut it, so the next append
-    // does not glue a good line to it. Its point is read again (the cursor was not saved yet).
-    size_t keep = text->rfind('\n');
-    keep = keep == std::string::npos ? 0 : keep + 1;
-    if (keep != text->size()) {
-      if (::truncate(points_path.c_str(), static_cast<off_t>(keep)) != 0)
-        return IoError("cannot truncate " + points_path, errno);
-      text->resize(keep);
-    }
-    c->history_.AddJsonl(*text);
-  } else if (text.status().code() != StatusCode::kNotFound) {
-    return text.status();
-  }
-  auto state_text = ReadFile(evidence_dir + "/metrics-state.json");
-  if (state_text.ok()) {
-    json state = json::parse(*state_text, nullptr, false);
-    if (!state.is_object()) return InvalidArgument(evidence_dir + "/metrics-state.json is corrupt");
-    try {
-      for (const json& jc : state.value("cursors", json::array())) {
-        MetricsCursor cur;
-        cur.offset = jc.at("offset").get<int64_t>();
-        cur.line = jc.at("line").get<int64_t>();
-        cur.discarding = jc.value("discarding", false);
-        cur.dev = jc.value("dev", uint64_t{0});
-        cur.ino = jc.value("ino", uint64_t{0});
-        c->cursors_[jc.at("source").get<std::string>()] = cur;
-      }
-      const json& js = state.value("stats", json::object());
-      c->stats_.lines = js.value("lines", int64_t{0});
-      c->stats_.points = js.value("points", int64_t{0});
-      c->stats_.malformed = js.value("malformed", int64_t{0});
-      c->stats_.restarts = js.value("restarts", int64_t{0});
-      for (const json& jm : js.value("first_malformed", json::array()))
-        c->stats_.first_malformed.push_back(
-            {jm.at("source").get<std::string>(),
-             {jm.at("line").get<int64_t>(), jm.at("error").get<std::string>()}});
-    } catch (const std::exception& e) {
-      return InvalidArgument(evidence_dir + "/metrics-state.json is corrupt: " + e.what());
-    }
-  } else if (state_text.status().code() != StatusCode::kNotFound) {
-    return state_text.status();
-  }
+  TAU_RETURN_IF_ERROR(CutPartialLastLine(points_path));
+  // What the caps count, from the points kept so far, read in blocks (never the file at once).
+  MetricsCursor cursor;
+  MetricLimits limits;
+  limits.max_read_bytes = SIZE_MAX;
+  limits.max_line_bytes = kMaxOwnLineBytes;
+  auto kept = internal::ReadPointLines(points_path, &cursor, limits, [&](MetricPoint&& p) {
+    c->series_.insert(SeriesKey(p));
+    ++c->kept_;
+  });
+  if (!kept.ok()) return kept.status();
+  TAU_RETURN_IF_ERROR(ParseState(evidence_dir, &c->cursors_, &c->stats_));
   return c;
 }
 
@@ -645,18 +738,50 @@ Status MetricsCollector::SaveState() {
                   {"points", stats_.points},
                   {"malformed", stats_.malformed},
                   {"restarts", stats_.restarts},
+                  {"refused_points", stats_.refused_points},
+                  {"refused_series", stats_.refused_series},
                   {"first_malformed", first}}}};
   return WriteFileAtomic(dir_ + "/metrics-state.json",
                          state.dump(-1, ' ', false, json::error_handler_t::replace), 0644,
                          Durability::kProcessCrash);
 }
 
+bool MetricsCollector::Admit(MetricPoint* p) {
+  const std::vector<std::string>& secrets = options_.secrets;
+  if (!secrets.empty()) {
+    // Before the key is made: a series named after a secret is kept (and counted) masked.
+    p->name = MaskSecrets(p->name, secrets);
+    p->split = MaskSecrets(p->split, secrets);
+    p->unit = MaskSecrets(p->unit, secrets);
+    std::map<std::string, std::string> tags;
+    for (const auto& [k, v] : p->tags) tags[MaskSecrets(k, secrets)] = MaskSecrets(v, secrets);
+    p->tags = std::move(tags);
+  }
+  if (kept_ >= options_.max_points) {
+    ++stats_.refused_points;
+    return false;
+  }
+  std::string key = SeriesKey(*p);
+  if (!series_.count(key)) {
+    if (static_cast<int64_t>(series_.size()) >= options_.max_series) {
+      ++stats_.refused_series;
+      return false;
+    }
+    series_.insert(std::move(key));
+  }
+  ++kept_;
+  return true;
+}
+
 Result<MetricsChunk> MetricsCollector::Poll(const std::string& source, int attempt) {
   MetricsCursor& cursor = cursors_[source];
-  MetricsCursor before = cursor;
-  // Points go to the evidence file and the history as they are parsed; the file is written in
-  // blocks. Append first, save the cursor after: a crash between the two reads the lines again
-  // and the history deduplicates them, where the other order would lose them.
+  const MetricsCursor before = cursor;
+  const MetricsStats stats_before = stats_;
+  const int64_t kept_before = kept_;
+  std::vector<std::string> series_added;
+  // Points go to the evidence file as they are parsed; the file is written in blocks. Append
+  // first, save the cursor after: a crash between the two reads the lines again and compaction
+  // deduplicates them, where the other order would lose them.
   std::string path = layout::MetricsFile(dir_);
   int fd = -1;
   struct Closer {
@@ -686,22 +811,29 @@ Result<MetricsChunk> MetricsCollector::Poll(const std::string& source, int attem
     pending.clear();
     return Status::Ok();
   };
-  auto chunk = ReadLines(source, &cursor, limits_, [&](MetricPoint&& p) {
+  MetricLimits limits = options_.limits;
+  // A window smaller than a line would never hold it whole.
+  limits.max_read_bytes = std::max(options_.max_poll_bytes, limits.max_line_bytes + 1);
+  auto chunk = internal::ReadPointLines(source, &cursor, limits, [&](MetricPoint&& p) {
     p.attempt = attempt;
+    size_t series = series_.size();
+    if (!Admit(&p)) return;
+    if (series_.size() != series) series_added.push_back(SeriesKey(p));
     pending += MetricPointJson(p);
     pending += '\n';
-    history_.Add(p);
+    peak_buffer_ = std::max(peak_buffer_, pending.capacity());
     if (pending.size() >= (1u << 20) && write_error.ok()) write_error = flush();
   });
-  if (!chunk.ok()) {
+  if (write_error.ok() && chunk.ok()) write_error = flush();
+  if (!chunk.ok() || !write_error.ok()) {
+    // Read these lines again next time (what was appended already is deduplicated later).
     cursor = before;
-    return chunk.status();
+    stats_ = stats_before;
+    kept_ = kept_before;
+    for (const std::string& key : series_added) series_.erase(key);
+    return chunk.ok() ? Result<MetricsChunk>(write_error) : chunk;
   }
-  if (write_error.ok()) write_error = flush();
-  if (!write_error.ok()) {
-    cursor = before;  // read these lines again next time
-    return write_error;
-  }
+  peak_buffer_ = std::max(peak_buffer_, chunk->peak_buffer_bytes);
   if (!chunk->restarted && cursor.offset == before.offset && cursor.line == before.line &&
       cursor.dev == before.dev && cursor.ino == before.ino &&
       cursor.discarding == before.discarding)
@@ -717,11 +849,11 @@ Result<MetricsChunk> MetricsCollector::Poll(const std::string& source, int attem
   return chunk;
 }
 
-Status MetricsCollector::Compact() {
+Result<CompactReport> MetricsCollector::Compact() {
   const std::string path = layout::MetricsFile(dir_);
-  if (history_.size() == 0 && !PathExists(path)) return Status::Ok();
+  if (kept_ == 0 && !PathExists(path)) return CompactReport{};
   TAU_RETURN_IF_ERROR(MakeDir());
-  return WriteFileAtomic(path, history_.ToJsonl());
+  return CompactMetricsFile(path, path);
 }
 
 MetricsInfo MetricsInfoFrom(const MetricHistory& history, const MetricsStats& stats) {
@@ -729,8 +861,18 @@ MetricsInfo MetricsInfoFrom(const MetricHistory& history, const MetricsStats& st
   info.stats = stats;
   info.distinct_points = static_cast<int64_t>(history.size());
   info.replaced = history.replaced();
-  info.dropped = history.dropped();
+  info.dropped = history.dropped() + stats.refused_points + stats.refused_series;
   info.series = history.Summaries();
+  return info;
+}
+
+MetricsInfo MetricsInfoFrom(const CompactReport& compacted, const MetricsStats& stats) {
+  MetricsInfo info;
+  info.stats = stats;
+  info.distinct_points = compacted.distinct;
+  info.replaced = compacted.replaced;
+  info.dropped = stats.refused_points + stats.refused_series;
+  info.series = compacted.series;
   return info;
 }
 

@@ -521,6 +521,8 @@ json BuildRecord(const RecordInput& in) {
                   {"distinct_points", mi.distinct_points},
                   {"replaced", mi.replaced},
                   {"dropped", mi.dropped},
+                  {"refused_points", mi.stats.refused_points},
+                  {"refused_series", mi.stats.refused_series},
                   {"malformed", mi.stats.malformed},
                   {"restarts", mi.stats.restarts},
                   {"first_malformed", first_malformed},
@@ -698,6 +700,9 @@ Result<RecordInput> ParseRecord(const json& j) {
     in.metrics.dropped = m.at("dropped").get<int64_t>();
     in.metrics.stats.malformed = m.at("malformed").get<int64_t>();
     in.metrics.stats.restarts = m.at("restarts").get<int64_t>();
+    // Absent from records saved before the caps existed.
+    in.metrics.stats.refused_points = m.value("refused_points", int64_t{0});
+    in.metrics.stats.refused_series = m.value("refused_series", int64_t{0});
     for (const json& f : m.at("first_malformed"))
       in.metrics.stats.first_malformed.push_back(
           {f.at("source").get<std::string>(),

@@ -99,13 +99,36 @@ void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store
                std::string name = req.matches[1];
                auto run = store->GetRun(name);
                if (!run.ok()) return http::ReplyError(res, run.status());
-               auto history =
-                   evidence::LoadMetricHistory(layout::MetricsFile(controller->EvidenceDir(name)));
-               if (!history.ok()) return http::ReplyError(res, history.status());
+               const std::string path = layout::MetricsFile(controller->EvidenceDir(name));
                std::string only = req.has_param("name") ? req.get_param_value("name") : "";
                bool by_split = req.has_param("split");
                std::string split = by_split ? req.get_param_value("split") : "";
-               if (req.get_param_value("format") == "jsonl") {
+               bool jsonl = req.get_param_value("format") == "jsonl";
+               json stats = json::object();
+               if (auto s = controller->MetricsStats(name); s.ok())
+                 stats = {{"points_read", s->points},
+                          {"refused_points", s->refused_points},
+                          {"refused_series", s->refused_series},
+                          {"malformed", s->malformed}};
+               if (only.empty() && !jsonl) {
+                 // Every series' summary, streamed through a bounded sort: a run may hold millions
+                 // of points.
+                 auto summary = evidence::CompactMetricsFile(path, "");
+                 if (!summary.ok()) return http::ReplyError(res, summary.status());
+                 json summaries = json::array();
+                 for (const auto& s : summary->series)
+                   if (!by_split || s.split == split) summaries.push_back(SummaryJson(s));
+                 return http::Reply(res, 200,
+                                    {{"run", name},
+                                     {"state", store::RunStateName(run->state)},
+                                     {"summaries", summaries},
+                                     {"series", json::array()},
+                                     {"stats", stats}});
+               }
+               // One metric's points (only its points are held), or all of them as JSONL.
+               auto history = evidence::LoadMetricHistory(path, nullptr, only);
+               if (!history.ok()) return http::ReplyError(res, history.status());
+               if (jsonl) {
                  // tau's form of each point, for `tau metrics` to render or pass on.
                  std::string out;
                  for (const auto& [n, s] : history->SeriesKeys()) {
@@ -129,7 +152,8 @@ void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store
                            {{"run", name},
                             {"state", store::RunStateName(run->state)},
                             {"summaries", summaries},
-                            {"series", series}});
+                            {"series", series},
+                            {"stats", stats}});
              });
 }
 

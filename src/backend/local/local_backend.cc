@@ -719,7 +719,7 @@ void LocalBackend::HandleExit(const std::string& name, Batch* batch) {
   if (!attempts.ok() || attempts->empty()) return;
   AttemptRecord a = attempts->back();
   // The attempt's last metric points, before another attempt may append to the same file.
-  host_->PollMetrics(name, a.number);
+  host_->AttemptMetricsEnded(name, a.number);
   // The shim masked the run's secrets as it wrote its logs (AttemptConfig::mask): nothing to
   // rewrite here.
   ReadNotices(run, a.number, a.dir, batch);
@@ -1006,7 +1006,7 @@ void LocalBackend::Recover(ActiveRun& run, Batch* batch) {
   }
   // Its supervisor is gone and left no result: the attempt's processes vanished.
   (void)runtime::StopAttempt(shim, last.dir);
-  host_->PollMetrics(record.name, last.number);  // its points, not the next attempt's
+  host_->AttemptMetricsEnded(record.name, last.number);  // its points, not the next attempt's
   Of(run).shim.reset();
   host_->LoseAttempt(run, last, "the attempt's processes vanished while the server was down",
                      batch);
