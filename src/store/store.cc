@@ -570,6 +570,51 @@ struct Store::Impl {
     });
   }
 
+  // Store::AssignRunUser, under the store's mutex.
+  Result<std::string> AssignRunUser(const std::string& workspace, const std::string& user,
+                                    const std::vector<std::string>& pool, int64_t now_ms)
+      TAU_REQUIRES(mu) {
+    std::string chosen;
+    Status s = InTransaction([&]() TAU_REQUIRES(mu) -> Status {
+      // The one this user already has, while it is still in the pool.
+      Stmt mine(db, &cache, "SELECT system_user FROM run_users WHERE workspace = ? AND user = ?");
+      if (!mine.ok()) return Error("preparing run user lookup");
+      mine.Bind(1, workspace);
+      mine.Bind(2, user);
+      int rc;
+      while ((rc = mine.Step()) == SQLITE_ROW) {
+        std::string held = mine.Text(0);
+        if (std::find(pool.begin(), pool.end(), held) != pool.end()) {
+          chosen = std::move(held);
+          return Status::Ok();
+        }
+      }
+      if (rc != SQLITE_DONE) return Error("reading run users");
+      // Else the first one nobody has been given: a system user, once given, is never another's.
+      for (const std::string& candidate : pool) {
+        Stmt take(db, &cache,
+                  "INSERT OR IGNORE INTO run_users (system_user, workspace, user, assigned_ms) "
+                  "VALUES (?, ?, ?, ?)");
+        if (!take.ok()) return Error("preparing run user assignment");
+        take.Bind(1, candidate);
+        take.Bind(2, workspace);
+        take.Bind(3, user);
+        take.Bind(4, now_ms);
+        if (take.Step() != SQLITE_DONE) return Error("assigning a run user");
+        if (sqlite3_changes(db) == 1) {
+          chosen = candidate;
+          return Status::Ok();
+        }
+      }
+      return Status::Ok();
+    });
+    TAU_RETURN_IF_ERROR(s);
+    if (chosen.empty())
+      return ResourceExhausted(
+          fmt::format("every system user of workspace '{}''s pool is taken", workspace));
+    return chosen;
+  }
+
   // Runs `body` inside BEGIN IMMEDIATE ... COMMIT, rolling back on error.
   template <typename F>
   Status InTransaction(F body) TAU_REQUIRES(mu) {
@@ -969,46 +1014,7 @@ Result<std::vector<SecretInfo>> Store::ListSecrets(const std::string& workspace)
 Result<std::string> Store::AssignRunUser(const std::string& workspace, const std::string& user,
                                          const std::vector<std::string>& pool, int64_t now_ms) {
   MutexLock lock(&impl_->mu);
-  std::string chosen;
-  Status s = impl_->InTransaction([&]() TAU_REQUIRES(impl_->mu) -> Status {
-    // The one this user already has, while it is still in the pool.
-    Stmt mine(impl_->db, &impl_->cache,
-              "SELECT system_user FROM run_users WHERE workspace = ? AND user = ?");
-    if (!mine.ok()) return impl_->Error("preparing run user lookup");
-    mine.Bind(1, workspace);
-    mine.Bind(2, user);
-    int rc;
-    while ((rc = mine.Step()) == SQLITE_ROW) {
-      std::string held = mine.Text(0);
-      if (std::find(pool.begin(), pool.end(), held) != pool.end()) {
-        chosen = std::move(held);
-        return Status::Ok();
-      }
-    }
-    if (rc != SQLITE_DONE) return impl_->Error("reading run users");
-    // Else the first one nobody has been given: a system user, once given, is never another's.
-    for (const std::string& candidate : pool) {
-      Stmt take(impl_->db, &impl_->cache,
-                "INSERT OR IGNORE INTO run_users (system_user, workspace, user, assigned_ms) "
-                "VALUES (?, ?, ?, ?)");
-      if (!take.ok()) return impl_->Error("preparing run user assignment");
-      take.Bind(1, candidate);
-      take.Bind(2, workspace);
-      take.Bind(3, user);
-      take.Bind(4, now_ms);
-      if (take.Step() != SQLITE_DONE) return impl_->Error("assigning a run user");
-      if (sqlite3_changes(impl_->db) == 1) {
-        chosen = candidate;
-        return Status::Ok();
-      }
-    }
-    return Status::Ok();
-  });
-  TAU_RETURN_IF_ERROR(s);
-  if (chosen.empty())
-    return ResourceExhausted(
-        fmt::format("every system user of workspace '{}''s pool is taken", workspace));
-  return chosen;
+  return impl_->AssignRunUser(workspace, user, pool, now_ms);
 }
 
 Result<std::vector<RunUserRecord>> Store::ListRunUsers() {
