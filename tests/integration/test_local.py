@@ -707,7 +707,9 @@ class RetryTest(ServerTestCase):
         first = datetime.datetime.fromisoformat(d["attempts"][0]["started"])
         for a in d["attempts"]:
             self.assertLessEqual((datetime.datetime.fromisoformat(a["started"]) - first).total_seconds(), 2.0)
-        self.assertIn("past resilience.max_retry_duration (2.0s)", d["run"]["message"])
+        # Either the next backoff would end past the window, or (a slow machine) the window has
+        # passed already when the second attempt ends: both say which limit stopped the retries.
+        self.assertIn("resilience.max_retry_duration (2.0s)", d["run"]["message"])
 
     def test_a_class_not_in_retry_on_is_not_retried(self):
         extra = "resilience:\n  max_retries: 3\n  backoff_initial: 100ms\n"
