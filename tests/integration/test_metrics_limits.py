@@ -35,6 +35,10 @@ TINY = "print('hi')\n"
 START_TARGET_MS = 100
 START_LIMIT_MS = int(os.environ.get("TAU_TEST_START_LIMIT_MS", "1000"))
 RSS_LIMIT_KB = 200 * 1024
+# Under ThreadSanitizer (scripts/tsan.sh) every memory access is checked and shadowed: the flood
+# is smaller there, and neither the memory nor the time figure means anything, so only the
+# threads' work is checked (the normal ctest run checks the figures).
+UNDER_TSAN = "TSAN_OPTIONS" in os.environ
 
 
 def spec(name, entrypoint, args=(), workspace=None):
@@ -73,7 +77,7 @@ class MetricsFloodTest(ServerTestCase):
         return ts["Running"] - ts["Submitted"]
 
     def test_a_flood_of_points_neither_stalls_scheduling_nor_grows_the_server(self):
-        points = 5_000_000
+        points = 200_000 if UNDER_TSAN else 5_000_000
         flood = self.submit(spec("flood", "flood.py", [points, 4]), {"flood.py": FLOOD})
         self.server.wait_state(flood, "Running", timeout=60)
         written = os.path.join(self.server.home, "runs", flood, "output", "written")
@@ -97,6 +101,8 @@ class MetricsFloodTest(ServerTestCase):
         self.assertEqual(m["distinct_points"], points)
         self.assertEqual(m["refused_points"], 0)
         self.assertEqual(m["series"][0]["count"], points)
+        if UNDER_TSAN:
+            return
         self.assertLess(rss, RSS_LIMIT_KB, f"server peak RSS {rss} kB")
         for ms in starts:
             self.assertLess(ms, START_LIMIT_MS, starts)
