@@ -80,8 +80,9 @@ class RunHost {
   // also puts the values in its env (for launching only).
   virtual Status CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,
                               spec::RunSpec* resolved_spec) = 0;
-  // Masks what the attempt printed of the run's secrets in its stored logs.
-  virtual void MaskSecretsInLogs(const ActiveRun& run, const store::AttemptRecord& attempt) = 0;
+  // The values of the secrets the run's env refers to, which its logs are masked of as they are
+  // written (empty when it refers to none).
+  virtual Result<std::vector<std::string>> LogSecrets(const store::RunRecord& run) = 0;
   // The attempt's processes are gone: the evidence worker reads the rest of its metric points
   // (on its own thread), and the run's next attempt is not admitted before it has.
   virtual void AttemptMetricsEnded(const std::string& run, int attempt) = 0;

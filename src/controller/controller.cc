@@ -671,13 +671,8 @@ void Controller::LoseAttempt(ActiveRun& run, AttemptRecord attempt, const std::s
   FailAttempt(run, FailureClass::kNodeLost, message, batch);
 }
 
-void Controller::MaskSecretsInLogs(const ActiveRun& run, const AttemptRecord& a) {
-  auto secrets = SecretValuesOf(store_, run.record);
-  if (!secrets.ok() || secrets->empty()) return;
-  for (size_t rank = 0; rank < std::max<size_t>(run.spec.compute.workers, 1); ++rank)
-    if (Status s = RedactFile(fmt::format("{}/logs/rank-{}.log", a.dir, rank), *secrets); !s.ok())
-      std::fprintf(stderr, "tau server: run %s: masking secrets in its logs failed: %s\n",
-                   run.record.name.c_str(), s.ToString().c_str());
+Result<std::vector<std::string>> Controller::LogSecrets(const RunRecord& run) {
+  return SecretValuesOf(store_, run);
 }
 
 void Controller::HandleCancel(const std::string& name, Batch* batch) {

@@ -181,7 +181,7 @@ class Controller : private RunHost {
   void Count(const std::string& name, const Labels& labels) override;
   Status CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,
                       spec::RunSpec* resolved_spec) override;
-  void MaskSecretsInLogs(const ActiveRun& run, const store::AttemptRecord& attempt) override;
+  Result<std::vector<std::string>> LogSecrets(const store::RunRecord& run) override;
   void AttemptMetricsEnded(const std::string& run, int attempt) override {
     evidence_->AttemptEnded(run, attempt);
   }

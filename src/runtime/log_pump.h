@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/redact.h"
+#include "common/log_file.h"
 #include "common/status.h"
 #include "runtime/proc.h"
 
@@ -25,10 +25,10 @@ namespace tau::runtime::internal {
 // DIR/notices.jsonl: one JSON object a line, appended. Created on the first notice (an attempt
 // without any leaves no file). What the disk refuses is kept and written by a later Flush, so a
 // line is never lost nor left half-written.
-class NoticeWriter {
+class NoticeWriter final : public LogNotices {
  public:
   explicit NoticeWriter(std::string path) : path_(std::move(path)) {}
-  void Add(const std::string& type, const std::string& message, nlohmann::json data);
+  void Add(const std::string& type, const std::string& message, nlohmann::json data) override;
   // Writes what is pending; true when nothing is left.
   bool Flush();
   bool pending() const { return !pending_.empty(); }
@@ -39,46 +39,9 @@ class NoticeWriter {
   std::string pending_;
 };
 
-// One rank's log file, written by one thread.
-class LogFile {
- public:
-  // `fd`: the open log at `path`. `cap_bytes` 0: no cap. `workers` and `attempt_cap` are for
-  // the marker's and the notice's words.
-  LogFile(int rank, std::string path, UniqueFd fd, int64_t cap_bytes, int64_t attempt_cap,
-          size_t workers, const std::vector<std::string>& secrets, NoticeWriter* notices);
-  void Write(std::string_view data);
-  // The end of the output: releases what the redactor held back and says what was dropped.
-  void Finish();
-  // Whether output is being dropped because the log cannot be written (a full disk).
-  bool dropping() const { return drop_errno_ != 0; }
-  int64_t size() const { return size_; }
-
- private:
-  void Append(std::string_view data);
-  // Writes all of `data` at the end of the file (size_ counts what went); false (errno set) when
-  // the disk refuses.
-  bool WriteOut(std::string_view data);
-  // Starts a new file holding the marker and the newest part of the old one.
-  bool Rotate(size_t incoming);
-  void Drop(size_t bytes, int err);
-  bool EndDropEpisode();
-
-  const int rank_;
-  const std::string path_;
-  UniqueFd fd_;
-  const int64_t cap_;
-  const int64_t attempt_cap_;
-  const size_t workers_;
-  Redactor redactor_;
-  NoticeWriter* const notices_;
-  int64_t size_ = 0;             // bytes in the file
-  int64_t header_ = 0;           // of which the marker line at its start
-  int64_t truncated_ = 0;        // bytes of output dropped to keep under the cap, in all
-  bool told_truncated_ = false;  // the LogTruncated notice is written once
-  int drop_errno_ = 0;           // set while the disk refuses our writes
-  int64_t dropped_now_ = 0;      // bytes dropped in the current episode
-  int64_t retry_at_ms_ = 0;      // when to try writing again
-};
+// A rank's log (its masking, cap and drops) is common/log_file.h's, shared with the Kubernetes
+// backend.
+using ::tau::LogFile;
 
 class LogPump {
  public:

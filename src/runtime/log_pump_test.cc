@@ -100,7 +100,7 @@ TEST_F(LogPumpTest, AFullDiskDropsOutputWithoutBlockingTheWriterAndSaysHowMuch) 
   ASSERT_TRUE(full.valid());
   auto notices = std::make_unique<NoticeWriter>(dir_ + "/" + kNoticesFile);
   std::vector<std::unique_ptr<LogFile>> files;
-  files.push_back(std::make_unique<LogFile>(0, "/dev/full", std::move(full), 0, 0, 1,
+  files.push_back(std::make_unique<LogFile>(0, "/dev/full", full.Release(), 0, 0, 1,
                                             std::vector<std::string>{}, notices.get()));
   auto pump = LogPump::ForFiles(std::move(files), std::move(notices));
   ASSERT_TRUE(pump.ok()) << pump.status().ToString();

@@ -286,10 +286,15 @@ json FakeApiServer::Commit(const Target& target, const std::string& type, json o
 
 void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res) {
   // Test control, not an API-server path: POST /fake/logs/NAMESPACE/POD appends the body to the
-  // pod's log (AppendLog), and ?end=true then ends it (EndLog), so that a test in another process
-  // (tests/fake_apiserver) can play the kubelet's logs. Neither recorded nor subject to the token
-  // or to injected failures.
+  // pod's log (AppendLog), and ?end=true then ends it (EndLog); POST /fake/cut-logs cuts the open
+  // log streams (CutLogStreams). So a test in another process (tests/fake_apiserver) can play the
+  // kubelet's logs. Neither recorded nor subject to the token or to injected failures.
   if (StartsWith(req.path, "/fake/")) {
+    if (req.method == "POST" && req.path == "/fake/cut-logs") {
+      CutLogStreams();
+      Reply(res, 200, json{{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Success"}});
+      return;
+    }
     std::vector<std::string> parts = Split(req.path.substr(1), '/');
     if (req.method != "POST" || parts.size() != 4 || parts[1] != "logs" || parts[2].empty() ||
         parts[3].empty()) {

@@ -19,7 +19,8 @@
 //   * test controls: failure injection (429/500/503 with Retry-After), a required bearer token,
 //     and a request log; and one over HTTP for tests in another process (tau-fake-apiserver,
 //     tests/fake_apiserver): POST /fake/logs/NAMESPACE/POD appends the body to the pod's log
-//     (AppendLog), with ?end=true ends it (EndLog). It is no API-server path.
+//     (AppendLog), with ?end=true ends it (EndLog); POST /fake/cut-logs cuts the open log streams
+//     (CutLogStreams). They are no API-server paths.
 #pragma once
 
 #include <condition_variable>

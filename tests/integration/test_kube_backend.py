@@ -14,7 +14,7 @@ import unittest
 import urllib.error
 import urllib.request
 
-from harness import BINARY_DIR, TauServer, wait_for
+from harness import BINARY_DIR, TAU, TauServer, wait_for
 
 FAKE_APISERVER = os.path.abspath(os.path.join(BINARY_DIR, "tests", "tau-fake-apiserver"))
 TOKEN = "e2e-t0ken"
@@ -167,6 +167,10 @@ class FakeKube:
     def end_log(self, pod):
         self.must("POST", f"/fake/logs/{NS}/{pod}?end=true", "", "text/plain")
 
+    def cut_log_streams(self):
+        """Ends the open log streams while the pods run on (as a kubelet restart would)."""
+        self.must("POST", "/fake/cut-logs", "", "text/plain")
+
 
 class KubeBackendTest(unittest.TestCase):
     def setUp(self):
@@ -185,12 +189,12 @@ class KubeBackendTest(unittest.TestCase):
         self.addCleanup(self.server.stop)
         self.server.start()
 
-    def submit(self, name="k8s-train"):
+    def submit(self, name="k8s-train", spec=SPEC):
         d = tempfile.mkdtemp(dir=self.work)
         with open(os.path.join(d, "train.py"), "w") as f:
             f.write("print('hello from the cluster')\n")
         with open(os.path.join(d, "tau.yaml"), "w") as f:
-            f.write(SPEC.format(name=name))
+            f.write(spec.format(name=name))
         run = self.server.tau("run", "--detach", os.path.join(d, "tau.yaml"), check=0).stdout.strip()
         self.assertRegex(run, r"^[a-z0-9-]+$")
         return run
@@ -342,6 +346,44 @@ class KubeBackendTest(unittest.TestCase):
         # The log is kept whole: what was written meanwhile, and nothing twice.
         self.wait(lambda: self.logs(run) == "step 1\nstep 2\n",
                   lambda: f"the whole log after the restart: {self.logs(run)!r}")
+
+    def test_a_secret_in_a_pod_log_is_masked_on_disk_while_it_runs(self):
+        p = subprocess.run([TAU, "secret", "set", "default", "api-key"], input="hunter2-4711",
+                           env=self.server.env, capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        run = self.submit(spec=SPEC + "  env:\n    K: SECRET:api-key\n")
+        job, pod = self.admit_and_start(run)
+        path = os.path.join(self.server.home, "runs", run, "attempts", "1", "logs", "rank-0.log")
+
+        def on_disk():
+            try:
+                with open(path) as f:
+                    return f.read()
+            except FileNotFoundError:
+                return ""
+
+        def wait_disk(text):
+            self.wait(lambda: on_disk() == text, lambda: f"{text!r} on disk, not {on_disk()!r}")
+
+        # The secret's start is held back (not on disk) until the rest comes, across a cut stream.
+        self.kube.append_log(pod, "key=hunter2-")
+        wait_disk("key=")
+        self.kube.cut_log_streams()
+        self.kube.append_log(pod, "4711 ok\n")
+        wait_disk("key=*** ok\n")
+        # The server stops in a secret's middle; the rest comes while it is away.
+        self.kube.append_log(pod, "again hunter2")
+        wait_disk("key=*** ok\nagain ")
+        self.server.kill(signal.SIGTERM)
+        self.kube.append_log(pod, "-4711 end\n")
+        self.kube.end_log(pod)
+        self.kube.set_pod_status(pod, {"phase": "Succeeded", "containerStatuses": [
+            {"name": "worker", "state": {"terminated": {"exitCode": 0}}}]})
+        self.kube.set_job_condition(job, "Complete", "Completed")
+        self.server.start()
+        self.wait_status(run, "Succeeded")
+        wait_disk("key=*** ok\nagain *** end\n")
+        self.assertEqual(self.logs(run), "key=*** ok\nagain *** end\n")
 
 
 if __name__ == "__main__":

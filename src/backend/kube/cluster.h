@@ -5,6 +5,7 @@
 // kube_cluster.h is the implementation on the Kubernetes API.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "backend/inbox.h"
 #include "common/status.h"
@@ -38,18 +40,34 @@ struct ClusterLaunch {
 
 using AttemptKey = std::pair<std::string, int>;  // run, attempt
 
+// How the cluster keeps an attempt's pod logs (Cluster::KeepLogs), as the shim keeps a local one.
+struct AttemptLogs {
+  // The values of the secrets the run's env refers to: masked as the logs are written.
+  std::vector<std::string> secrets;
+  // The attempt's cap for all its logs together (the resolved limits.max_log_bytes; 0: none),
+  // split evenly among its `workers` ranks; the newest output is kept.
+  int64_t max_bytes = 0;
+  int workers = 1;
+};
+
 class Cluster {
  public:
   virtual ~Cluster() = default;
 
-  // Reads what the cluster holds now and starts following it; news arrives on `on_news` from the
-  // cluster's threads (it must only queue it). An attempt's pod logs are kept under
-  // attempt_dir(run, attempt)/logs as rank-N.log. Returns the attempts that exist now, so that
-  // the controller can tell which of its recorded attempts vanished while it was away.
+  // Reads what the cluster holds now and starts following it; news (ClusterNews) and what the
+  // logs say of themselves (RunNotice: LogTruncated, OutputDropped) arrive on `post` from the
+  // cluster's threads (it must only queue them). An attempt's pod logs are kept under
+  // attempt_dir(run, attempt)/logs as rank-N.log once KeepLogs has said how. Returns the attempts
+  // that exist now, so that the controller can tell which of its recorded attempts vanished while
+  // it was away.
   virtual Result<std::set<AttemptKey>> Start(
-      std::function<void(ClusterNews)> on_news,
+      std::function<void(InboxMessage)> post,
       std::function<std::string(const std::string& run, int attempt)> attempt_dir) = 0;
   virtual void Stop() = 0;
+  // How to keep the attempt's pod logs: said before Launch, and for an attempt re-adopted after a
+  // restart. Until then its pods' logs are not followed (a log written unmasked, or uncapped,
+  // could not be taken back); they are from their start once it is.
+  virtual void KeepLogs(const std::string& run, int attempt, AttemptLogs logs) = 0;
   // Refuses, at submission, a run that cannot be created there (no image, code over the inline
   // limit, a volume without a claim, ...), with the renderer's message; and, where the cluster
   // is asked to, a caller whom its RBAC does not allow to create the run's objects there.

@@ -89,6 +89,8 @@ class KubeBackend final : public Backend {
   ClusterRun& Of(const ActiveRun& run) { return runs_[run.record.name]; }
 
   void LaunchOne(const std::string& name, Batch* batch);
+  // Tells the cluster how to keep the attempt's pod logs (masked of the run's secrets, capped).
+  Status KeepLogs(const ActiveRun& run, int attempt);
   void EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, Batch* batch);
 
   Cluster* const cluster_;
@@ -104,7 +106,7 @@ class KubeBackend final : public Backend {
 Status KubeBackend::Start(RunHost* host, const policy::Platform* applied) {
   host_ = host;
   auto existing = cluster_->Start(
-      [host](ClusterNews news) { host->Post(std::move(news)); },
+      [host](InboxMessage message) { host->Post(std::move(message)); },
       [host](const std::string& run, int attempt) { return host->AttemptDir(run, attempt); });
   if (!existing.ok()) return existing.status();
   existing_ = std::move(*existing);
@@ -139,6 +141,10 @@ void KubeBackend::Recover(ActiveRun& run, Batch* batch) {
   r.attempts = last.number;
   if (existing.count({r.name, last.number})) {
     Of(run).attempt = last.number;  // the watch's news brings it up to date
+    // Its logs are followed again from where they were kept.
+    if (Status s = KeepLogs(run, last.number); !s.ok())
+      std::fprintf(stderr, "tau server: run %s: its pod logs are not kept: %s\n", r.name.c_str(),
+                   s.ToString().c_str());
     return;
   }
   if (last.state == AttemptState::kStarting && r.state == RunState::kQueued) {
@@ -211,6 +217,7 @@ void KubeBackend::LaunchOne(const std::string& name, Batch* batch) {
       s = values.status();
     }
   }
+  if (s.ok()) s = KeepLogs(run, launch.attempt);
   if (s.ok()) s = cluster_->Launch(launch);
   if (s.ok()) {
     run.resume_from.clear();
@@ -255,6 +262,15 @@ void KubeBackend::LaunchOne(const std::string& name, Batch* batch) {
   host_->CountAttempt(a);
   Of(run).attempt = 0;
   host_->FailAttempt(run, FailureClass::kSetupError, a.message, batch);
+}
+
+Status KubeBackend::KeepLogs(const ActiveRun& run, int attempt) {
+  AttemptLogs logs;
+  TAU_ASSIGN_OR_RETURN(logs.secrets, host_->LogSecrets(run.record));
+  logs.max_bytes = run.resolved.max_log_bytes;
+  logs.workers = std::max(1, run.spec.compute.workers);
+  cluster_->KeepLogs(run.record.name, attempt, std::move(logs));
+  return Status::Ok();
 }
 
 void KubeBackend::HandleNews(const ClusterNews& news, Batch* batch) {
@@ -321,7 +337,6 @@ void KubeBackend::EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, 
   auto attempts = host_->store()->ListAttempts(r.name);
   if (!attempts.ok() || attempts->empty() || attempts->back().number != Of(run).attempt) return;
   AttemptRecord a = attempts->back();
-  host_->MaskSecretsInLogs(run, a);
   a.state = AttemptState::kFinished;
   a.ended_ms = host_->Now();
   a.exit_code = o.exit_code;

@@ -539,6 +539,130 @@ TEST_F(KubeBackendTest, WorkspaceSecretsReachTheNamespaceSecretNotTheJob) {
   EXPECT_NE(job.find("secretKeyRef"), std::string::npos);
 }
 
+// A secret the pod prints is masked as its log is written, not when the attempt ends: a value
+// split across two chunks, across a cut stream, and across a server restart in its middle, with
+// every byte kept once.
+TEST_F(KubeBackendTest, SecretsAreMaskedInPodLogsAsTheyAreWritten) {
+  store::SecretInfo info;
+  info.workspace = "default";
+  info.key = "api-token";
+  info.updated_by = "alice";
+  ASSERT_TRUE(store_->PutSecret(info, "s3cr3t-value").ok());
+  std::string spec = kSpec;
+  spec.replace(spec.find("  image: python:3.12\n"), 21,
+               "  image: python:3.12\n  env:\n    API_TOKEN: SECRET:api-token\n");
+  std::string name = Submit(spec);
+  ASSERT_TRUE(WaitForJob(name, 1));
+  MakeWorkload(name, 1);
+  Admit(name, 1);
+  StartPod(name, 1);
+  ASSERT_TRUE(WaitForState(name, RunState::kRunning));
+  const std::string pod = PodName(name, 1);
+
+  fake_.AppendLog("default", pod, "token=s3cr3t-value\n");
+  ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == "token=***\n"; })) << Log(name, 1);
+  // Split across two chunks: the start is held back (not on disk) until the rest comes.
+  fake_.AppendLog("default", pod, "split=s3cr");
+  ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == "token=***\nsplit="; })) << Log(name, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(Log(name, 1), "token=***\nsplit=");
+  fake_.AppendLog("default", pod, "3t-value ok\n");
+  ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == "token=***\nsplit=*** ok\n"; })) << Log(name, 1);
+  // Cut while a secret's start is held back: the next stream goes on after it.
+  fake_.AppendLog("default", pod, "cut=s3cr3t");
+  ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == "token=***\nsplit=*** ok\ncut="; }))
+      << Log(name, 1);
+  fake_.CutLogStreams();
+  fake_.AppendLog("default", pod, "-value after the cut\n");
+  const std::string before_restart = "token=***\nsplit=*** ok\ncut=*** after the cut\n";
+  ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == before_restart; })) << Log(name, 1);
+  // The server stops in a secret's middle; the rest is printed while it is away.
+  fake_.AppendLog("default", pod, "restart=s3cr3t-");
+  ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == before_restart + "restart="; })) << Log(name, 1);
+  StopController();
+  EXPECT_EQ(Log(name, 1), before_restart + "restart=");
+  fake_.AppendLog("default", pod, "value while away\n");
+  StartController();
+  const std::string all = before_restart + "restart=*** while away\n";
+  ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == all; })) << Log(name, 1);
+  // A last chunk that ends like a secret's start is no secret: it is written when the pod ends.
+  fake_.AppendLog("default", pod, "bye s3c");
+  fake_.EndLog("default", pod);
+  SetPodStatus(name, 1, {{"phase", "Succeeded"}});
+  SetJobCondition(name, 1, "Complete", "Completed");
+  ASSERT_TRUE(WaitForState(name, RunState::kSucceeded));
+  EXPECT_TRUE(WaitFor([&] { return Log(name, 1) == all + "bye s3c"; })) << Log(name, 1);
+  EXPECT_EQ(Log(name, 1).find("s3cr3t"), std::string::npos);
+}
+
+// The workspace's limits.max_log_bytes holds for pod logs as for local ones: the newest output is
+// kept, after a marker line, and a LogTruncated event says so once.
+TEST_F(KubeBackendTest, PodLogsAreKeptUnderTheWorkspacesCap) {
+  StopController();
+  ASSERT_TRUE(WriteFileAtomic(home_ + "/platform.yaml", R"(schema_version: 1
+flavors:
+  - name: default
+queues:
+  - name: default
+    resource_groups:
+      - covered_resources: [cpu, memory]
+        flavors:
+          - name: default
+            resources:
+              - {name: cpu, nominal: 64}
+              - {name: memory, nominal: 512Gi}
+priorities:
+  - {name: default, value: 0}
+workspaces:
+  - name: default
+    members: ["*"]
+    default_queue: default
+    default_priority: default
+    limits: {max_log_bytes: 8Ki}
+defaults:
+  workspace: default
+)")
+                  .ok());
+  StartController();
+  std::string name = Submit(kSpec);
+  ASSERT_TRUE(WaitForJob(name, 1));
+  MakeWorkload(name, 1);
+  Admit(name, 1);
+  StartPod(name, 1);
+  ASSERT_TRUE(WaitForState(name, RunState::kRunning));
+  const std::string line = std::string(99, 'x') + "\n";
+  for (int i = 0; i < 40; ++i) {
+    std::string block;
+    for (int j = 0; j < 5; ++j) block += line;
+    fake_.AppendLog("default", PodName(name, 1), block);
+  }
+  fake_.AppendLog("default", PodName(name, 1), "the very last line\n");
+  auto ends_well = [&] {
+    std::string log = Log(name, 1);
+    const std::string last = "the very last line\n";
+    return log.size() >= last.size() &&
+           log.compare(log.size() - last.size(), last.size(), last) == 0;
+  };
+  ASSERT_TRUE(WaitFor(ends_well)) << Log(name, 1).size();
+  std::string log = Log(name, 1);
+  EXPECT_LE(log.size(), 8192u);
+  EXPECT_EQ(log.rfind("[tau] ", 0), 0u) << log.substr(0, 200);
+  EXPECT_NE(log.find("raise limits.max_log_bytes"), std::string::npos);
+  ASSERT_TRUE(WaitFor([&] {
+    for (const store::Event& e : Events(name))
+      if (e.type == "LogTruncated") return true;
+    return false;
+  }));
+  int truncated = 0;
+  for (const store::Event& e : Events(name)) {
+    if (e.type != "LogTruncated") continue;
+    ++truncated;
+    EXPECT_EQ(e.data["attempt"], 1) << e.data.dump();
+    EXPECT_EQ(e.data["max_log_bytes"], 8192) << e.data.dump();
+  }
+  EXPECT_EQ(truncated, 1);
+}
+
 TEST_F(KubeBackendTest, SubjectAccessReviewDecidesWhoMaySubmitWhenAsked) {
   StopController();
   check_access_ = true;

@@ -3,7 +3,8 @@
 // Threads: one per watch (Jobs, RayJobs, Workloads, pods), one reconciler that turns what the
 // watches saw into ClusterNews, and one per followed pod log. The watches only record objects and
 // mark attempts dirty; the reconciler observes dirty attempts (and all of them every resync) and
-// sends news when an observation changes.
+// sends news when an observation changes. A pod log is written as the shim writes a local one
+// (common/log_file.h: masked, capped), with how far into the pod's log it has got kept beside it.
 #include "backend/kube/kube_cluster.h"
 
 #include <fcntl.h>
@@ -15,7 +16,9 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -25,6 +28,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/json_text.h"
+#include "common/log_file.h"
 #include "common/mutex.h"
 #include "recovery/failure_class.h"
 
@@ -94,16 +98,51 @@ bool PodStarted(const json& pod) {
   return phase == "Running" || phase == "Succeeded" || phase == "Failed";
 }
 
-// Appends all of `data` to `fd`; false on an error (a full disk, ...).
-bool AppendAll(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return true;
+// rank-R.log.offset, beside a kept pod log: which pod's log it holds, how many bytes of that log
+// it has taken (written, or dropped at the cap or on a full disk; not what the redactor still
+// holds back, which the next stream brings again) and the file's size then. A log's bytes are no
+// longer the pod's (masked, cut at the cap), so this, not the file's size, says where a new
+// stream goes on. One fixed-size record rewritten in place: a single small write at offset 0,
+// which a reader or a crash sees whole.
+struct LogOffset {
+  std::string pod;
+  int64_t taken = 0;
+  int64_t size = 0;
+};
+
+std::optional<LogOffset> ReadLogOffset(int fd) {
+  char buf[512];
+  ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  if (n <= 0) return std::nullopt;
+  buf[n] = '\0';
+  char pod[254];
+  long long taken = 0, size = 0;
+  if (std::sscanf(buf, "%253s %lld %lld", pod, &taken, &size) != 3 || taken < 0 || size < 0)
+    return std::nullopt;
+  return LogOffset{pod, taken, size};
 }
+
+bool WriteLogOffset(int fd, const LogOffset& o) {
+  // Pod names have at most 253 characters: every record has the same length.
+  std::string line = fmt::format("{:<253} {:>20} {:>20}\n", o.pod, o.taken, o.size);
+  return ::pwrite(fd, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size());
+}
+
+// What a kept log says of itself (LogTruncated, OutputDropped) becomes an event of its run.
+class PostedNotices final : public LogNotices {
+ public:
+  PostedNotices(std::function<void(InboxMessage)> post, std::string run, int attempt)
+      : post_(std::move(post)), run_(std::move(run)), attempt_(attempt) {}
+  void Add(const std::string& type, const std::string& message, json data) override {
+    data["attempt"] = attempt_;
+    if (post_) post_(RunNotice{run_, type, message, std::move(data)});
+  }
+
+ private:
+  const std::function<void(InboxMessage)> post_;
+  const std::string run_;
+  const int attempt_;
+};
 
 std::string Fingerprint(const kube::AttemptObservation& o, std::optional<int> position) {
   return fmt::format("{}|{}|{}|{}|{}|{}|{}", kube::PhaseName(o.phase), o.failure_class, o.reason,
@@ -118,9 +157,10 @@ class KubeCluster final : public Cluster {
   ~KubeCluster() override { Stop(); }
 
   Result<std::set<AttemptKey>> Start(
-      std::function<void(ClusterNews)> on_news,
+      std::function<void(InboxMessage)> post,
       std::function<std::string(const std::string&, int)> attempt_dir) override;
   void Stop() override;
+  void KeepLogs(const std::string& run, int attempt, AttemptLogs logs) override;
   Status Check(const spec::RunSpec& spec, const policy::ResolvedRun& resolved,
                const policy::Platform& platform, const std::string& snapshot_dir,
                const policy::Caller& caller) override;
@@ -137,6 +177,7 @@ class KubeCluster final : public Cluster {
     std::string last_news;             // fingerprint of the last news sent
     bool gone = false;                 // its object was deleted
     bool ended = false;                // its terminal news was sent: no more resyncs
+    std::optional<AttemptLogs> logs;   // how to keep its pods' logs; none followed before
   };
 
   Result<std::vector<CodeFile>> Code(const std::string& snapshot_dir);
@@ -144,14 +185,15 @@ class KubeCluster final : public Cluster {
   void OnEvent(const std::string& kind, const kubeapi::WatchEvent& event);
   void Reconcile();
   void ObserveAll(std::set<AttemptKey> keys);
+  // Keeps the pod's log as rank `rank`'s of the attempt `key`, at `path`.
   void FollowLog(const std::string& ns, const std::string& pod, const std::string& container,
-                 const std::string& path);
+                 const std::string& path, const AttemptKey& key, int rank, const AttemptLogs& logs);
   // Whether the watches last saw the pod Pending or Running (false for pods they do not follow).
   bool PodRunning(const std::string& ns, const std::string& pod);
 
   kubeapi::Client* const client_;
   const KubeClusterOptions options_;
-  std::function<void(ClusterNews)> on_news_;
+  std::function<void(InboxMessage)> post_;
   std::function<std::string(const std::string&, int)> attempt_dir_;
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
@@ -172,9 +214,9 @@ class KubeCluster final : public Cluster {
 };
 
 Result<std::set<AttemptKey>> KubeCluster::Start(
-    std::function<void(ClusterNews)> on_news,
+    std::function<void(InboxMessage)> post,
     std::function<std::string(const std::string&, int)> attempt_dir) {
-  on_news_ = std::move(on_news);
+  post_ = std::move(post);
   attempt_dir_ = std::move(attempt_dir);
   std::set<AttemptKey> existing;
   kubeapi::ListOptions list;
@@ -212,6 +254,14 @@ void KubeCluster::Stop() {
   }
   for (LogFollower& f : logs)
     if (f.thread.joinable()) f.thread.join();
+}
+
+void KubeCluster::KeepLogs(const std::string& run, int attempt, AttemptLogs logs) {
+  MutexLock lock(&mu_);
+  attempts_[{run, attempt}].logs = std::move(logs);
+  // Its pods that started meanwhile are followed on the next pass.
+  dirty_.insert({run, attempt});
+  cv_.SignalAll();
 }
 
 void KubeCluster::Watch(std::string api_version, std::string kind, std::string selector) {
@@ -318,6 +368,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
     bool find_submitter = false;
     bool gone = false;
     std::string last_news;
+    std::optional<AttemptLogs> logs;
   };
   std::vector<Todo> todo;
   std::vector<json> workloads;
@@ -328,13 +379,13 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
       auto it = attempts_.find(key);
       if (it == attempts_.end() || it->second.object.is_null()) continue;
       Attempt& a = it->second;
-      Todo t{key, a.object, {}, {}, false, a.gone, a.last_news};
+      Todo t{key, a.object, {}, {}, false, a.gone, a.last_news, a.logs};
       for (const auto& [pod_name, pod] : a.pods) {
         t.pods.push_back(pod);
-        if (PodStarted(pod) && a.followed.insert(pod_name).second)
+        if (a.logs && PodStarted(pod) && a.followed.insert(pod_name).second)
           t.follow.emplace_back(pod_name, RankOf(pod));
       }
-      if (Str(a.object, "kind") == "RayJob" && !a.submitter_followed) {
+      if (a.logs && Str(a.object, "kind") == "RayJob" && !a.submitter_followed) {
         const json& status = a.object.contains("status") ? a.object["status"] : json::object();
         std::string ds = status.is_object() ? Str(status, "jobDeploymentStatus") : "";
         if (ds == "Running" || ds == "Complete" || ds == "Failed") {
@@ -350,18 +401,23 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
     const std::string ns = Str(Meta(t.object), "namespace");
     const std::string dir = attempt_dir_ ? attempt_dir_(t.key.first, t.key.second) + "/logs" : "";
     bool ray = Str(t.object, "kind") == "RayJob";
-    if (!dir.empty()) {
+    if (!dir.empty() && t.logs) {
       // Jobs: each worker pod's log is its rank's. RayJobs: the submitter's (the driver's output)
       // is rank 0; the Ray head and workers keep theirs in Ray.
       if (!ray)
         for (const auto& [pod, rank] : t.follow)
-          FollowLog(ns, pod, "worker", fmt::format("{}/rank-{}.log", dir, rank));
+          FollowLog(ns, pod, "worker", fmt::format("{}/rank-{}.log", dir, rank), t.key, rank,
+                    *t.logs);
       if (t.find_submitter) {
         kubeapi::ListOptions list;
         list.label_selector = "batch.kubernetes.io/job-name=" + Str(Meta(t.object), "name");
         auto pods = client_->List("v1", "Pod", ns, list);
+        // The driver's is the attempt's one log: all of the cap is its.
+        AttemptLogs driver = *t.logs;
+        driver.workers = 1;
         if (pods.ok() && !pods->items.empty())
-          FollowLog(ns, Str(Meta(pods->items.back()), "name"), "", dir + "/rank-0.log");
+          FollowLog(ns, Str(Meta(pods->items.back()), "name"), "", dir + "/rank-0.log", t.key, 0,
+                    driver);
       }
     }
     ClusterNews news;
@@ -394,55 +450,105 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
         it->second.ended = news.observed.Terminal();
       }
     }
-    if (on_news_) on_news_(std::move(news));
+    if (post_) post_(std::move(news));
   }
 }
 
 void KubeCluster::FollowLog(const std::string& ns, const std::string& pod,
-                            const std::string& container, const std::string& path) {
+                            const std::string& container, const std::string& path,
+                            const AttemptKey& key, int rank, const AttemptLogs& logs) {
   auto done = std::make_shared<std::atomic<bool>>(false);
-  std::thread thread([this, ns, pod, container, path, done] {
+  std::thread thread([this, ns, pod, container, path, key, rank, logs, done] {
     struct MarkDone {
       std::atomic<bool>* flag;
       ~MarkDone() { *flag = true; }
     } mark{done.get()};
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      std::fprintf(stderr, "tau server: cannot keep the log of pod %s/%s in %s\n", ns.c_str(),
-                   pod.c_str(), path.c_str());
-      return;
+    auto cannot = [&](const char* what) {
+      std::fprintf(stderr, "tau server: cannot keep the log of pod %s/%s in %s: %s %s\n",
+                   ns.c_str(), pod.c_str(), path.c_str(), what, std::strerror(errno));
+    };
+    // Read and write: a cut at the cap copies the newest part out of it.
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) return cannot("opening it:");
+    const std::string offset_path = path + ".offset";
+    int offset_fd = ::open(offset_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (offset_fd < 0) {
+      ::close(fd);
+      return cannot("opening its offset:");
     }
+    // A stream can end while the container still runs (a kubelet or API server restart, a
+    // proxy's timeout; days-long runs see them), and the server can restart. Each new stream
+    // starts at the pod log's beginning and skips what was taken already: so every byte is kept
+    // once, and masked.
+    int64_t taken = 0;
+    std::optional<LogOffset> at = ReadLogOffset(offset_fd);
+    struct stat st;
+    const int64_t file_size = ::fstat(fd, &st) == 0 ? st.st_size : 0;
+    if (at && at->pod == pod) {
+      taken = at->taken;
+      // Written after the offset was last recorded (the server stopped between the two): cut
+      // off, and taken again from the pod. (A cut at the cap just then leaves the file smaller;
+      // what went after it may then be kept twice.)
+      if (file_size > at->size && ::ftruncate(fd, at->size) != 0) {
+        ::close(offset_fd);
+        ::close(fd);
+        return cannot("truncating it:");
+      }
+    } else if (!at) {
+      // Kept by a server that recorded no offsets: the file is a prefix of the pod's log.
+      taken = file_size;
+    }  // else another pod of the same rank (a replacement): its log follows the first one's.
+    const int workers = std::max(1, logs.workers);
+    PostedNotices notices(post_, key.first, key.second);
+    LogFile log(rank, path, fd, logs.max_bytes > 0 ? logs.max_bytes / workers : 0, logs.max_bytes,
+                static_cast<size_t>(workers), logs.secrets, &notices);
+    auto record = [&] {
+      const int64_t held = static_cast<int64_t>(log.held());
+      if (!WriteLogOffset(offset_fd, {pod, taken - held, log.size()}))
+        std::fprintf(stderr,
+                     "tau server: cannot record how far the log of pod %s/%s was kept: %s\n",
+                     ns.c_str(), pod.c_str(), std::strerror(errno));
+    };
     kubeapi::LogOptions options;
     options.container = container;
     options.follow = true;
-    // A stream can end while the container still runs (a kubelet or API server restart, a
-    // proxy's timeout; days-long runs see them). Each new stream starts at the log's beginning,
-    // and what the file already holds, a prefix of the same log, is skipped: so a restarted server
-    // and a cut stream both keep every byte exactly once.
-    bool disk_full = false;
-    while (!stop_ && !disk_full) {
-      struct stat st;
-      off_t skip = ::fstat(fd, &st) == 0 ? st.st_size : 0;
+    bool ended = false;
+    while (!stop_) {
+      // The redactor keeps what it holds back across streams of this thread: skip all of it.
+      int64_t skip = taken;
       Status s = client_->StreamLogs(
           ns, pod, options,
           [&](std::string_view chunk) {
             if (skip > 0) {
               size_t n = std::min<size_t>(static_cast<size_t>(skip), chunk.size());
               chunk.remove_prefix(n);
-              skip -= static_cast<off_t>(n);
+              skip -= static_cast<int64_t>(n);
             }
-            disk_full = !AppendAll(fd, chunk);  // stops keeping the log, not the server
-            return !disk_full;
+            if (chunk.empty()) return true;
+            log.Write(chunk);  // a full disk drops output (and says so), not the stream
+            taken += static_cast<int64_t>(chunk.size());
+            record();
+            return true;
           },
           &stop_);
-      if (stop_ || !PodRunning(ns, pod)) break;
+      if (stop_) break;
+      if (!PodRunning(ns, pod)) {
+        ended = true;
+        break;
+      }
       if (!s.ok())
         std::fprintf(stderr, "tau server: the log of pod %s/%s: %s (following it again)\n",
                      ns.c_str(), pod.c_str(), s.ToString().c_str());
       MutexLock lock(&mu_);
       cv_.WaitFor(&mu_, std::chrono::milliseconds(500), [&] { return stop_.load(); });
     }
-    ::close(fd);
+    // The pod's output has ended: what the redactor held back is no secret's start after all.
+    // A server that stops instead leaves it to the next one, which takes it from the pod again.
+    if (ended) {
+      log.Finish();
+      record();
+    }
+    ::close(offset_fd);
   });
   MutexLock lock(&mu_);
   log_threads_.push_back({std::move(thread), std::move(done)});
