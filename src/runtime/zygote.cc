@@ -254,8 +254,10 @@ int ZygoteMain(char* role_arg) {
       signalfd_siginfo info;
       while (::read(sigfd.get(), &info, sizeof info) > 0) {
       }
-      while (::waitpid(-1, nullptr, WNOHANG) > 0) {
-      }
+      // A spare reaped here is dead: forget it now, rather than rely on a message to it failing
+      // (it need not, while another process still holds its end of the socket).
+      for (pid_t reaped; (reaped = ::waitpid(-1, nullptr, WNOHANG)) > 0;)
+        if (spare && spare->pid == reaped) spare.reset();
     }
     if (fds[0].revents == 0) continue;
     ssize_t n = ::recv(sock, request.data(), request.size(), 0);
