@@ -51,10 +51,7 @@ Status StreamFile(internal::TarGzWriter* w, const std::string& name, const std::
                   int64_t mtime_s, int64_t* size, std::string* sha) {
   // Logs are files a run's processes can reach: never follow a link or wait on a FIFO there.
   TAU_ASSIGN_OR_RETURN(int fd, internal::OpenRunFile(path));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  internal::ClosesFd closer{fd};
   struct stat st;
   if (::fstat(fd, &st) != 0) return IoError("cannot stat " + path, errno);
   // A log still being written grows while we read: the entry holds the bytes up to this size.

@@ -15,6 +15,16 @@
 
 namespace tau::evidence::internal {
 
+// Closes a file descriptor when it goes out of scope (the evidence files opened by OpenRunFile and
+// their like).
+struct ClosesFd {
+  explicit ClosesFd(int f) : fd(f) {}
+  ~ClosesFd();
+  ClosesFd(const ClosesFd&) = delete;
+  ClosesFd& operator=(const ClosesFd&) = delete;
+  int fd;
+};
+
 // Appends `s` as a JSON string literal (quotes included). `s` must be valid UTF-8 (it came from a
 // JSON parser or from tau itself); control characters are escaped.
 void AppendJsonString(std::string* out, std::string_view s);

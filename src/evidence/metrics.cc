@@ -375,10 +375,7 @@ Result<MetricsChunk> internal::ReadPointLines(const std::string& path, MetricsCu
     return Status(opened.status().code(), "metrics file: " + opened.status().message());
   }
   int fd = *opened;
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  internal::ClosesFd closer{fd};
   struct stat st;
   if (::fstat(fd, &st) != 0) return IoError("cannot stat metrics file " + path, errno);
   bool same_file = cursor->ino == 0 || (cursor->dev == static_cast<uint64_t>(st.st_dev) &&
@@ -622,10 +619,7 @@ constexpr size_t kMaxOwnLineBytes = 1u << 20;
 Status CutPartialLastLine(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return errno == ENOENT ? Status::Ok() : IoError("cannot open " + path, errno);
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  internal::ClosesFd closer{fd};
   struct stat st;
   if (::fstat(fd, &st) != 0) return IoError("cannot stat " + path, errno);
   int64_t end = st.st_size;

@@ -15,6 +15,10 @@
 
 namespace tau::evidence::internal {
 
+ClosesFd::~ClosesFd() {
+  if (fd >= 0) ::close(fd);
+}
+
 void AppendJsonString(std::string* out, std::string_view s) {
   out->push_back('"');
   for (char c : s) {
