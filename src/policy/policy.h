@@ -38,8 +38,20 @@ using Diagnostic = spec::Diagnostic;
 inline constexpr const char* kCpuResource = "cpu";
 inline constexpr const char* kMemoryResource = "memory";
 inline constexpr const char* kGpuResource = "nvidia.com/gpu";
-// The flavor node label that names a flavor's GPU class (the spec's policy.gpu_class values).
+// The flavor node label that names a flavor's GPU class (the spec's policy.gpu_class values), by
+// default; a platform may choose TauGrid's keys instead (NodeLabels).
 inline constexpr const char* kGpuClassLabel = "tau.dev/gpu-class";
+inline constexpr const char* kGpuSeriesLabel = "tau.dev/gpu-series";
+// TauGrid's keys (`node_labels: taugrid` in platform.yaml).
+inline constexpr const char* kTauGridGpuClassLabel = "tau.azure.com/gpu-class";
+inline constexpr const char* kTauGridGpuSeriesLabel = "kueue.azure.com/gpu-series";
+
+// The node-label keys a platform's flavors, run selectors and workload labels use for a GPU's
+// class and series.
+struct NodeLabels {
+  std::string gpu_class = kGpuClassLabel;
+  std::string gpu_series = kGpuSeriesLabel;
+};
 // A member entry that admits every user.
 inline constexpr const char* kEveryone = "*";
 
@@ -89,6 +101,8 @@ struct Workspace {
   // System users the runs of its token users without a system account run as, one user each
   // (assigned on first submission and kept); a name is in one workspace's pool at most.
   std::vector<std::string> run_users;
+  // TauGrid's policy.lane: lane name -> the queue its runs go to.
+  std::map<std::string, std::string> lanes;
 };
 
 // A named run shape. Unset fields leave the run's own (or the platform's default) value.
@@ -145,6 +159,7 @@ struct Platform {
   Defaults defaults;
   Access access;
   std::vector<User> users;
+  NodeLabels node_labels;
 
   // Lookups by name; nullptr when absent.
   const Workspace* FindWorkspace(std::string_view name) const;
@@ -199,6 +214,13 @@ struct Mount {
   bool read_only = false;
 };
 
+// What one pod (or, locally, one worker process) of a run requests and is limited to.
+struct PodResources {
+  std::optional<Quantity> cpus, memory;             // requests; unset: none
+  std::optional<Quantity> cpu_limit, memory_limit;  // limits; unset: none
+  int gpus = 0;
+};
+
 struct ResolvedRun {
   std::string workspace;
   std::string queue;
@@ -207,15 +229,23 @@ struct ResolvedRun {
   std::string compute_profile;  // "" when none applied
   int workers = 1;
   int gpus_per_worker = 0;
-  std::optional<Quantity> cpus_per_worker;    // unset: no request
-  std::optional<Quantity> memory_per_worker;  // unset: no request
-  // Totals over all workers by Kubernetes resource name (cpu, memory, nvidia.com/gpu); a resource
-  // the run does not request is absent.
+  std::optional<Quantity> cpus_per_worker;    // unset: no request (= worker.cpus)
+  std::optional<Quantity> memory_per_worker;  // unset: no request (= worker.memory)
+  // Each worker's pod: compute.worker_* when given (both shapes), else the per-worker shape.
+  PodResources worker;
+  // A rayjob's head pod (control-only: no GPUs); unset for a job. Locally the driver process.
+  std::optional<PodResources> head;
+  // Totals over all pods (workers x worker, plus the head) by Kubernetes resource name (cpu,
+  // memory, nvidia.com/gpu); a resource the run does not request is absent.
   std::map<std::string, Quantity> total_requests;
   // Flavors the run may be admitted on (from the profile's flavor or the GPU class); empty: any
   // flavor of the queue.
   std::vector<std::string> flavors;
   std::map<std::string, std::string> node_selector;  // the spec's plus the GPU class label
+  std::string gpu_class;   // "" when any; the normalised policy.gpu_class or the profile's
+  NodeLabels node_labels;  // the platform's label keys (workload labels use them too)
+  std::string topology;    // TauGrid's placement word ("" unconstrained; see docs/platform.md)
+  std::string checkpoint_artifact;  // storage.checkpoint naming a file in the checkpoint dir
   std::optional<int64_t> max_runtime_ms;
   int64_t max_log_bytes = kDefaultMaxLogBytes;
   int64_t max_metric_points = kDefaultMaxMetricPoints;

@@ -180,7 +180,7 @@ TEST(PlanLaunchTest, NonPythonEntrypoints) {
 
 TEST(PlanLaunchTest, EnvOrderAndOverrides) {
   spec::RunSpec s = Job(1, 0);
-  s.runtime.env = {{"FOO", "spec", false}, {"TAU_ATTEMPT", "99", false}, {"BAR", "1", false}};
+  s.runtime.env = {{"FOO", "spec", false, ""}, {"TAU_ATTEMPT", "99", false, ""}, {"BAR", "1", false, ""}};
   LaunchContext ctx = Context({});
   ctx.extra_env = {{"TAU_FAILURE_REASON", "OOMKilled"}, {"BAR", "extra"}};
   auto plan = PlanLaunch(s, ctx);
@@ -202,7 +202,7 @@ TEST(PlanLaunchTest, EnvOrderAndOverrides) {
 
 TEST(PlanLaunchTest, SecretReferencesAreRejected) {
   spec::RunSpec s = Job(1, 0);
-  s.runtime.env = {{"TOKEN", "hf-token", true}};
+  s.runtime.env = {{"TOKEN", "hf-token", true, ""}};
   auto plan = PlanLaunch(s, Context({}));
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);

@@ -177,7 +177,7 @@ void SetEnv(Ctx& c, const Value& v) {
                                      v.path, Printable(p.key)));
       continue;
     }
-    EnvVar var{p.key, p.value, false};
+    EnvVar var{p.key, p.value, false, ""};
     if (StartsWith(p.value, "SECRET:")) {
       var.value = p.value.substr(7);
       var.secret_ref = true;

@@ -44,7 +44,39 @@ std::string Diagnostic::ToString() const {
     where += fmt::format("{}{}", where.empty() ? "" : ":", line);
     if (column > 0) where += fmt::format(":{}", column);
   }
-  return fmt::format("{}{}error: {}", where, where.empty() ? "" : ": ", message);
+  return fmt::format("{}{}{}: {}", where, where.empty() ? "" : ": ", warning ? "warning" : "error",
+                     message);
+}
+
+std::string SecretStoreKey(const EnvVar& var) {
+  return var.secret_name.empty() ? var.value : var.secret_name + "." + var.value;
+}
+
+std::string LocateFieldErrors(std::string_view message, std::string_view filename,
+                              const std::map<std::string, FieldPosition>& positions) {
+  std::vector<std::string> out;
+  for (const std::string& line : Split(std::string(message), '\n')) {
+    if (line.empty()) continue;
+    // "compute.gpus: ..." -> compute.gpus, else compute, else the file alone.
+    size_t colon = line.find(": ");
+    std::string field = colon == std::string::npos ? "" : line.substr(0, colon);
+    bool is_field = !field.empty() && field.find(' ') == std::string::npos;
+    Diagnostic d;
+    d.file = std::string(filename);
+    d.message = line;
+    while (is_field && !field.empty()) {
+      auto it = positions.find(field);
+      if (it != positions.end()) {
+        d.line = it->second.line;
+        d.column = it->second.column;
+        break;
+      }
+      size_t dot = field.rfind('.');
+      field = dot == std::string::npos ? "" : field.substr(0, dot);
+    }
+    out.push_back(d.ToString());
+  }
+  return Join(out, "\n");
 }
 
 std::string ParseOutcome::ErrorText() const {

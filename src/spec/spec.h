@@ -33,7 +33,8 @@ struct Diagnostic {
   int line = 0;    // 1-based; 0 when unknown
   int column = 0;  // 1-based; 0 when unknown
   std::string message;
-  // "file:line:col: error: message"
+  bool warning = false;  // a warning does not fail the parse
+  // "file:line:col: error: message" ("warning:" for a warning)
   std::string ToString() const;
 };
 
@@ -45,6 +46,9 @@ struct Compute {
   // Ray head sizing and per-worker overrides (both shapes; optional).
   std::optional<Quantity> worker_cpus, worker_memory, worker_cpu_limit, worker_memory_limit;
   std::optional<Quantity> head_cpus, head_memory, head_cpu_limit, head_memory_limit;
+  // Per-pod limits of a Job's pods (TauGrid's compute.cpu_limit / memory_limit); the local backend
+  // enforces them per worker with cgroup v2.
+  std::optional<Quantity> cpu_limit, memory_limit;
   std::string gpu_resource_mode;  // "" | "full" | "mig" ...
 };
 
@@ -52,7 +56,14 @@ struct EnvVar {
   std::string name;
   std::string value;        // literal value, or the reference when secret_ref is set
   bool secret_ref = false;  // value was "SECRET:KEY"; `value` then holds KEY
+  // runtime.env_secret (TauGrid's `VAR: "NAME:KEY"`): the Kubernetes Secret NAME holding KEY
+  // (`value`); "" for tau's own SECRET:KEY references. The local backend reads it from tau's
+  // secret store as "NAME.KEY" (SecretStoreKey).
+  std::string secret_name;
 };
+
+// The key tau's secret store holds a secret reference under: KEY, or NAME.KEY for env_secret.
+std::string SecretStoreKey(const EnvVar& var);
 
 struct Runtime {
   std::string image;             // recorded; not used by the local backend
@@ -106,10 +117,25 @@ struct Experiment {
   std::string project, name, group;
 };
 
+// TauGrid's execution block: how the entrypoint is launched.
+struct Execution {
+  std::string launcher;  // "" (tau chooses, see runtime.h) | "torchrun" | "python" | "ray-train" |
+                         // "ray-tune"
+  std::optional<int> nodes;               // torchrun nodes; sets compute.workers
+  std::optional<int> processes_per_node;  // torchrun --nproc_per_node (default: GPUs per worker)
+  // Ray Tune, handed to the driver as TAU_TUNE_* variables.
+  std::string tune_mode;    // "min" | "max"
+  std::string tune_metric;  // metric name
+  std::optional<int> num_samples, max_concurrent_trials;
+  nlohmann::json configs;            // launcher configs / Tune search space; null when not given
+  bool allow_nccl_override = false;  // runtime.env may set NCCL_* variables
+};
+
 struct Metrics {
   std::vector<std::string> history;  // JSONL globs relative to storage.output
   bool offload_enabled = false;
   std::string offload_out;
+  std::string offload_image;
 };
 
 struct RunSpec {
@@ -128,14 +154,26 @@ struct RunSpec {
   Resilience resilience;
   Experiment experiment;
   Metrics metrics;
+  Execution execution;
+  // run.working_dir_excludes: globs (relative to the code directory) left out of the snapshot.
+  std::vector<std::string> code_excludes;
   // Fields tau accepts and records but does not act on yet (profiler, workflow, eval, ...), as
   // JSON.
   nlohmann::json recorded_only = nlohmann::json::object();
 };
 
+// Where a field is in the file, by its canonical dotted name (the names resolution messages start
+// with: "compute.gpus", "compute.cpus", "policy.queue", ...), for diagnostics found after parsing.
+struct FieldPosition {
+  int line = 0;
+  int column = 0;
+};
+
 struct ParseOutcome {
   std::optional<RunSpec> spec;          // set when there are no errors
   std::vector<Diagnostic> diagnostics;  // every error found, in file order
+  std::vector<Diagnostic> warnings;  // accepted, but the author should know (deprecated, ignored)
+  std::map<std::string, FieldPosition> positions;  // canonical dotted name -> the key's position
   bool ok() const { return spec.has_value(); }
   // All diagnostics, one per line.
   std::string ErrorText() const;
@@ -163,6 +201,12 @@ std::string ConfigHash(const nlohmann::json& canonical);
 // A JSON Schema (draft 2020-12) describing both shapes (`oneOf`), for editors and `tau schema -o
 // json`.
 nlohmann::json JsonSchema();
+
+// Prefixes each line of `message` (resolution errors, one per line, each "FIELD: text") with the
+// file position of FIELD when `positions` has it (or its closest enclosing section): the same
+// file:line:col form as parse errors. Lines without a known field keep "FILE: error: ".
+std::string LocateFieldErrors(std::string_view message, std::string_view filename,
+                              const std::map<std::string, FieldPosition>& positions);
 
 // A secret reference's key ("SECRET:KEY"): letters, digits, '-', '_' and '.', as a Kubernetes
 // Secret key.
