@@ -519,6 +519,8 @@ Result<ActiveRun> Controller::Load(const RunRecord& record, spec::RunSpec spec) 
   wl.queue = run.resolved.queue;
   wl.priority = run.resolved.priority;
   wl.created_ms = record.seq;
+  // The engine's view, as Kueue sees a RayJob or a Job: the workers' pod set, and the head's when
+  // the resolution sized one.
   admission::PodSet ps;
   ps.count = std::max(1, run.resolved.workers);
   if (run.resolved.cpus_per_worker)
@@ -530,6 +532,15 @@ Result<ActiveRun> Controller::Load(const RunRecord& record, spec::RunSpec spec) 
   ps.node_selector = run.resolved.node_selector;
   ps.allowed_flavors = run.resolved.flavors;
   wl.pod_sets = {std::move(ps)};
+  if (const std::optional<policy::PodResources>& head = run.resolved.head) {
+    admission::PodSet hs;
+    hs.name = "head";
+    hs.count = 1;
+    if (head->cpus) hs.requests[policy::kCpuResource] = *head->cpus;
+    if (head->memory) hs.requests[policy::kMemoryResource] = *head->memory;
+    // No selector, as the rendered head has none: any flavor of the queue may hold it.
+    if (!hs.requests.empty()) wl.pod_sets.push_back(std::move(hs));
+  }
   return run;
 }
 

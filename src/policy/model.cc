@@ -177,7 +177,8 @@ nlohmann::json ToJson(const Platform& p) {
                           {"allowed_images", w.allowed_images},
                           {"limits", std::move(limits)},
                           {"storage", w.storage},
-                          {"run_users", w.run_users}});
+                          {"run_users", w.run_users},
+                          {"lanes", w.lanes}});
   }
   nlohmann::json profiles = nlohmann::json::array();
   for (const auto& cp : p.compute_profiles) {
@@ -211,6 +212,8 @@ nlohmann::json ToJson(const Platform& p) {
           {"storage", std::move(storage)},
           {"access", {{"admins", p.access.admins}, {"viewers", p.access.viewers}}},
           {"users", std::move(users)},
+          {"node_labels",
+           {{"gpu_class", p.node_labels.gpu_class}, {"gpu_series", p.node_labels.gpu_series}}},
           {"defaults",
            {{"workspace", p.defaults.workspace},
             {"queue", p.defaults.queue},

@@ -97,12 +97,14 @@ class PlatformParser {
     Fields top;
     if (!r_.Map(root, "", {1, 1},
                 {"schema_version", "flavors", "cohorts", "queues", "fair_sharing", "priorities",
-                 "defaults", "workspaces", "compute_profiles", "storage", "access", "users"},
+                 "defaults", "workspaces", "compute_profiles", "storage", "access", "users",
+                 "node_labels"},
                 {"queues", "workspaces"}, &top)) {
       return;
     }
     try {
       Admission(root, top);
+      if (auto it = top.find("node_labels"); it != top.end()) NodeLabelsSection(it->second);
       if (auto it = top.find("schema_version"); it != top.end()) {
         (void)r_.Int(it->second, 1, 1);  // only version 1 exists; the value needs no keeping
       }
@@ -247,6 +249,54 @@ class PlatformParser {
 
   // ---- policy sections ----------------------------------------------------------------------
 
+  // `node_labels: tau` (the default), `node_labels: taugrid` (TauGrid's keys, for clusters labelled
+  // the TauGrid way), or the keys themselves: {gpu_class: KEY, gpu_series: KEY}.
+  void NodeLabelsSection(const Entry& e) {
+    if (e.value.IsScalar()) {
+      std::optional<std::string> preset = r_.Str(e);
+      if (!preset) return;
+      if (*preset == "tau") {
+        p_.node_labels = NodeLabels{};
+      } else if (*preset == "taugrid") {
+        p_.node_labels = NodeLabels{kTauGridGpuClassLabel, kTauGridGpuSeriesLabel};
+      } else {
+        r_.Error(e.pos, fmt::format("{}: '{}' is not a label preset: write tau ({}, {}), taugrid "
+                                    "({}, {}) or a mapping {{gpu_class: KEY, gpu_series: KEY}}",
+                                    e.path, *preset, kGpuClassLabel, kGpuSeriesLabel,
+                                    kTauGridGpuClassLabel, kTauGridGpuSeriesLabel));
+      }
+      return;
+    }
+    Fields f;
+    if (!r_.Map(e.value, e.path, e.pos, {"gpu_class", "gpu_series"}, {}, &f)) return;
+    for (auto [key, out] : {std::pair{"gpu_class", &p_.node_labels.gpu_class},
+                            std::pair{"gpu_series", &p_.node_labels.gpu_series}}) {
+      auto it = f.find(key);
+      if (it == f.end()) continue;
+      std::optional<std::string> label = r_.Str(it->second);
+      if (!label) continue;
+      if (!IsLabelKey(*label)) {
+        r_.Error(it->second.pos, fmt::format("{}: '{}' is not a Kubernetes label key ([PREFIX/]NAME)",
+                                             it->second.path, *label));
+        continue;
+      }
+      *out = *label;
+    }
+  }
+
+  static bool IsLabelKey(const std::string& key) {
+    size_t slash = key.find('/');
+    std::string name = slash == std::string::npos ? key : key.substr(slash + 1);
+    if (slash != std::string::npos && !IsDnsSubdomain(key.substr(0, slash))) return false;
+    if (name.empty() || name.size() > 63) return false;
+    for (char c : name) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.')
+        return false;
+    }
+    return std::isalnum(static_cast<unsigned char>(name.front())) &&
+           std::isalnum(static_cast<unsigned char>(name.back()));
+  }
+
   void Priorities(const Entry& e) {
     EachItem(
         e, {"name", "value", "description"}, {"name", "value"}, [&](const Entry&, const Fields& f) {
@@ -335,7 +385,7 @@ class PlatformParser {
     EachItem(e,
              {"name", "description", "members", "viewers", "default_queue", "default_priority",
               "default_profile", "default_output", "default_checkpoint", "allowed_images", "limits",
-              "storage", "run_users"},
+              "storage", "run_users", "lanes"},
              {"name", "members"}, [&](const Entry& item, const Fields& f) {
                Workspace w;
                std::optional<std::string> name = Name(f, &workspace_names_, "workspace");
@@ -366,6 +416,7 @@ class PlatformParser {
                  }
                }
                if (auto it = f.find("run_users"); it != f.end()) RunUsers(it->second, &w.run_users);
+               if (auto it = f.find("lanes"); it != f.end()) Lanes(it->second, &w.lanes);
                for (const char* key : {"default_output", "default_checkpoint"}) {
                  std::string s = RefField(f, key, "storage volume");
                  if (s.empty()) continue;
@@ -383,6 +434,25 @@ class PlatformParser {
                w.name = *name;
                p_.workspaces.push_back(std::move(w));
              });
+  }
+
+  // TauGrid's lanes: lane name -> queue (policy.lane in a run picks the queue).
+  void Lanes(const Entry& e, std::map<std::string, std::string>* out) {
+    Fields f;
+    if (!e.value.IsMap()) {
+      r_.Error(e.pos, fmt::format("{}: must be a mapping of lane name to queue, such as "
+                                  "{{training: research}}, not {}",
+                                  e.path, internal::Describe(e.value)));
+      return;
+    }
+    for (const auto& kv : e.value) {
+      Entry item{kv.second, e.path + "." + kv.first.Scalar(), internal::PosOf(kv.first),
+                 internal::PosOf(kv.second)};
+      std::optional<std::string> queue = r_.Str(item);
+      if (!queue) continue;
+      refs_.push_back(Ref{item.pos, item.path, "queue", *queue});
+      (*out)[kv.first.Scalar()] = *queue;
+    }
   }
 
   // A pool of system accounts: POSIX user names, none in two pools (two workspaces sharing one
@@ -578,30 +648,31 @@ class PlatformParser {
       }
     }
     // gpu_class refs carry the profile's flavor in `kind`.
+    const std::string& class_label = p_.node_labels.gpu_class;
     for (const Ref& ref : gpu_class_refs_) {
       if (!ref.kind.empty()) {
         // A pinned flavor: its own label must agree (an unknown flavor is reported above).
         const admission::ResourceFlavor* f = p_.FindFlavor(ref.kind);
         if (f == nullptr) continue;
-        auto label = f->node_labels.find(kGpuClassLabel);
+        auto label = f->node_labels.find(class_label);
         if (label == f->node_labels.end()) {
           r_.Error(ref.pos, fmt::format("{}: flavor '{}' has no {} label, so it has no GPU class "
                                         "'{}'",
-                                        ref.path, ref.kind, kGpuClassLabel, ref.name));
+                                        ref.path, ref.kind, class_label, ref.name));
         } else if (label->second != ref.name) {
           r_.Error(ref.pos, fmt::format("{}: flavor '{}' has {}={}, not '{}'", ref.path, ref.kind,
-                                        kGpuClassLabel, label->second, ref.name));
+                                        class_label, label->second, ref.name));
         }
         continue;
       }
       std::vector<std::string> classes;
       for (const auto& fl : p_.admission.flavors) {
-        auto label = fl.node_labels.find(kGpuClassLabel);
+        auto label = fl.node_labels.find(class_label);
         if (label != fl.node_labels.end()) classes.push_back(label->second);
       }
       if (std::find(classes.begin(), classes.end(), ref.name) == classes.end()) {
         r_.Error(ref.pos, fmt::format("{}: no flavor has the node label {}={}{}", ref.path,
-                                      kGpuClassLabel, ref.name, internal::Hint(ref.name, classes)));
+                                      class_label, ref.name, internal::Hint(ref.name, classes)));
       }
     }
   }

@@ -87,6 +87,8 @@ class Resolver {
       const admission::ClusterQueue* queue = ResolveQueue(*w);
       ResolvePriority(*w);
       ResolveCompute(*w, profile);
+      out_.node_labels = p_.node_labels;
+      out_.topology = s_.policy.topology == "unconstrained" ? "" : s_.policy.topology;
       if (queue != nullptr) ResolveFlavors(*queue, profile);
       if (queue != nullptr) CheckQueueResources(*queue);
       ResolveImage(*w);
@@ -134,16 +136,29 @@ class Resolver {
     return w;
   }
 
+  // policy.profile, or TauGrid's policy.preset (a preset is a compute profile of the platform).
   const ComputeProfile* ResolveProfile(const Workspace& w) {
     const ComputeProfile* profile = nullptr;
-    if (!s_.policy.profile.empty()) {
-      profile = p_.FindProfile(s_.policy.profile);
+    const std::string& named = s_.policy.profile;
+    const std::string& preset = s_.policy.preset;
+    if (!named.empty() && !preset.empty() && named != preset) {
+      Fail(fmt::format("policy.preset: '{}' and policy.profile '{}' name different compute "
+                       "profiles; give one of them",
+                       preset, named));
+      return nullptr;
+    }
+    const std::string& asked = named.empty() ? preset : named;
+    const char* field = named.empty() ? "policy.preset" : "policy.profile";
+    if (!asked.empty()) {
+      profile = p_.FindProfile(asked);
       if (profile == nullptr) {
-        Fail(fmt::format("policy.profile: unknown compute profile '{}'{}", s_.policy.profile,
-                         internal::Hint(s_.policy.profile, Names(p_.compute_profiles))));
+        Fail(fmt::format("{}: unknown compute profile '{}'{}{}", field, asked,
+                         internal::Hint(asked, Names(p_.compute_profiles)),
+                         named.empty() ? " (a preset names one of the platform's compute_profiles)"
+                                       : ""));
         return nullptr;
       }
-      Add("policy.profile", profile->name, kSpec);
+      Add("policy.profile", profile->name, named.empty() ? "spec (policy.preset)" : kSpec);
     } else if (!w.default_profile.empty()) {
       profile = p_.FindProfile(w.default_profile);
       if (profile != nullptr) Add("policy.profile", profile->name, WorkspaceDefault(w));
@@ -157,7 +172,28 @@ class Resolver {
   const admission::ClusterQueue* ResolveQueue(const Workspace& w) {
     const admission::ClusterQueue* q = nullptr;
     std::string source;
-    if (!s_.policy.queue.empty()) {
+    const std::string& lane = s_.policy.lane;
+    if (!lane.empty()) {
+      // TauGrid's lane: the workspace maps it to a queue.
+      auto it = w.lanes.find(lane);
+      if (it == w.lanes.end()) {
+        std::vector<std::string> lanes;
+        for (const auto& [name, queue] : w.lanes) lanes.push_back(name);
+        Fail(fmt::format("policy.lane: workspace '{}' has no lane '{}' ({}){}", w.name, lane,
+                         lanes.empty() ? "it defines no lanes: see workspaces[].lanes"
+                                       : "its lanes: " + Join(lanes, ", "),
+                         internal::Hint(lane, lanes)));
+        return nullptr;
+      }
+      if (!s_.policy.queue.empty() && s_.policy.queue != it->second) {
+        Fail(fmt::format("policy.lane: lane '{}' goes to queue '{}', but policy.queue is '{}'; "
+                         "give one of them",
+                         lane, it->second, s_.policy.queue));
+        return nullptr;
+      }
+      q = p_.FindQueue(it->second);
+      source = fmt::format("workspace {} lane {}", w.name, lane);
+    } else if (!s_.policy.queue.empty()) {
       q = p_.FindQueue(s_.policy.queue);
       source = kSpec;
       if (q == nullptr) {
@@ -280,21 +316,68 @@ class Resolver {
                       "max_gpus_per_run: {}",
                       total_gpus, detail, from, w.name, *w.limits.max_gpus_per_run));
     }
-    out_.cpus_per_worker = PickQuantity("compute.cpus", s_.compute.cpus, profile,
-                                        &ComputeProfile::cpus, p_.defaults.cpus);
-    out_.memory_per_worker = PickQuantity("compute.memory", s_.compute.memory, profile,
-                                          &ComputeProfile::memory, p_.defaults.memory);
-    Total(kCpuResource, out_.cpus_per_worker, "compute.cpus");
-    Total(kMemoryResource, out_.memory_per_worker, "compute.memory");
+    std::optional<Quantity> cpus = PickQuantity("compute.cpus", s_.compute.cpus, profile,
+                                                &ComputeProfile::cpus, p_.defaults.cpus);
+    std::optional<Quantity> memory = PickQuantity("compute.memory", s_.compute.memory, profile,
+                                                  &ComputeProfile::memory, p_.defaults.memory);
+    ResolvePods(cpus, memory);
+    const PodResources& worker = out_.worker;
+    Total(kCpuResource, worker.cpus, out_.head ? out_.head->cpus : std::nullopt,
+          "compute.cpus");
+    Total(kMemoryResource, worker.memory, out_.head ? out_.head->memory : std::nullopt,
+          "compute.memory");
     if (total_gpus > 0) out_.total_requests[kGpuResource] = Quantity::FromUnits(total_gpus);
   }
 
-  void Total(const char* resource, const std::optional<Quantity>& per_worker, const char* field) {
-    if (!per_worker) return;
+  // The pods' sizes, one rule for every backend (TauGrid's): workers take compute.worker_* when
+  // given, else the per-worker shape; Job pods' limits are compute.cpu_limit / memory_limit. A
+  // rayjob's control-only head takes compute.head_*, else the per-worker shape when worker_* sized
+  // the workers apart (the manifest's rule: cpus and memory then size the head); it has no GPUs.
+  void ResolvePods(const std::optional<Quantity>& cpus, const std::optional<Quantity>& memory) {
+    const spec::Compute& c = s_.compute;
+    PodResources& w = out_.worker;
+    w.gpus = out_.gpus_per_worker;
+    w.cpus = c.worker_cpus ? c.worker_cpus : cpus;
+    w.memory = c.worker_memory ? c.worker_memory : memory;
+    w.cpu_limit = c.worker_cpu_limit ? c.worker_cpu_limit : c.cpu_limit;
+    w.memory_limit = c.worker_memory_limit ? c.worker_memory_limit : c.memory_limit;
+    if (c.worker_cpus) Add("compute.worker_cpus", c.worker_cpus->ToString(), kSpec);
+    if (c.worker_memory) Add("compute.worker_memory", c.worker_memory->ToString(), kSpec);
+    for (auto [field, limit] : {std::pair{"compute.cpu_limit", &w.cpu_limit},
+                                std::pair{"compute.memory_limit", &w.memory_limit}}) {
+      if (*limit) Add(field, (*limit)->ToString(), kSpec);
+    }
+    out_.cpus_per_worker = w.cpus;
+    out_.memory_per_worker = w.memory;
+    if (s_.kind != spec::WorkloadKind::kRayJob) return;
+    // A head the spec does not size is left to the backend (the Kubernetes renderer's small
+    // default; locally the driver is one process) and charged nothing here.
+    const bool from_workers = (c.worker_cpus && cpus) || (c.worker_memory && memory);
+    if (!c.head_cpus && !c.head_memory && !from_workers) return;
+    PodResources head;
+    head.cpus = c.head_cpus ? c.head_cpus : (c.worker_cpus ? cpus : std::nullopt);
+    head.memory = c.head_memory ? c.head_memory : (c.worker_memory ? memory : std::nullopt);
+    head.cpu_limit = c.head_cpu_limit;
+    head.memory_limit = c.head_memory_limit;
+    std::vector<std::string> parts;
+    if (head.cpus) parts.push_back("cpu=" + head.cpus->ToString());
+    if (head.memory) parts.push_back("memory=" + head.memory->ToString());
+    Add("compute.head", Join(parts, ", "), kSpec);
+    out_.head = head;
+  }
+
+  void Total(const char* resource, const std::optional<Quantity>& per_worker,
+             const std::optional<Quantity>& head, const char* field) {
+    if (!per_worker && !head) return;
     int64_t milli = 0;
-    if (__builtin_mul_overflow(per_worker->milli(), int64_t{out_.workers}, &milli)) {
+    if (per_worker &&
+        __builtin_mul_overflow(per_worker->milli(), int64_t{out_.workers}, &milli)) {
       Fail(fmt::format("{}: {} x {} workers is too large", field, per_worker->ToString(),
                        out_.workers));
+      return;
+    }
+    if (head && __builtin_add_overflow(milli, head->milli(), &milli)) {
+      Fail(fmt::format("{}: the head and the workers together are too large", field));
       return;
     }
     out_.total_requests[resource] = Quantity::FromMilli(milli);
@@ -302,6 +385,7 @@ class Resolver {
 
   void ResolveFlavors(const admission::ClusterQueue& queue, const ComputeProfile* profile) {
     for (const auto& [k, v] : s_.policy.node_selector) out_.node_selector[k] = v;
+    const std::string& class_label = p_.node_labels.gpu_class;
     std::string spec_class = s_.policy.gpu_class == "any" ? "" : s_.policy.gpu_class;
     std::string profile_class = profile != nullptr ? profile->gpu_class : "";
     const std::string profile_flavor = profile != nullptr ? profile->flavor : "";
@@ -320,7 +404,7 @@ class Resolver {
       const admission::ResourceFlavor* f = p_.FindFlavor(profile_flavor);
       bool has_class = false;
       if (f != nullptr) {
-        auto label = f->node_labels.find(kGpuClassLabel);
+        auto label = f->node_labels.find(class_label);
         has_class = label != f->node_labels.end() && label->second == spec_class;
       }
       if (!spec_class.empty() && !has_class) {
@@ -335,7 +419,7 @@ class Resolver {
     } else if (!gpu_class.empty()) {
       std::vector<std::string> classes;
       for (const auto& f : p_.admission.flavors) {
-        auto label = f.node_labels.find(kGpuClassLabel);
+        auto label = f.node_labels.find(class_label);
         if (label == f.node_labels.end()) continue;
         classes.push_back(label->second);
         if (label->second == gpu_class) flavors.push_back(f.name);
@@ -349,13 +433,14 @@ class Resolver {
       }
     }
     if (!gpu_class.empty()) {
-      auto it = out_.node_selector.find(kGpuClassLabel);
+      auto it = out_.node_selector.find(class_label);
       if (it != out_.node_selector.end() && it->second != gpu_class) {
         Fail(fmt::format("policy.node_selector: {}={} conflicts with GPU class '{}'",
-                         kGpuClassLabel, it->second, gpu_class));
+                         class_label, it->second, gpu_class));
         return;
       }
-      out_.node_selector[kGpuClassLabel] = gpu_class;
+      out_.node_selector[class_label] = gpu_class;
+      out_.gpu_class = gpu_class;
     }
     if (flavors.empty()) {
       Add("flavors", "any", kPlatformDefault);
@@ -437,7 +522,27 @@ class Resolver {
     for (const Use& use : uses) {
       std::string ref = use.asked.empty() ? use.fallback : use.asked;
       if (ref.empty()) continue;
+      if (std::string_view(use.role) == "checkpoint" && !out_.checkpoint_artifact.empty()) continue;
       std::string source = use.asked.empty() ? WorkspaceDefault(w) : std::string(kSpec);
+      if (StartsWith(ref, "/")) {
+        // TauGrid's form: a path inside the run, under one of the workspace's volumes.
+        std::optional<std::string> volume_ref = VolumeOfPath(w, use.field, ref);
+        if (!volume_ref) continue;
+        ref = *volume_ref;
+      } else if (std::string_view(use.role) == "checkpoint" && !use.asked.empty() &&
+                 ref.find('/') == std::string::npos && p_.FindStorage(ref) == nullptr) {
+        // TauGrid's form: the name of the artifact inside the run's checkpoint directory.
+        std::string hint = internal::Hint(ref, Names(p_.storage));
+        if (!hint.empty()) {
+          Fail(fmt::format("storage.checkpoint: '{}' is neither a storage volume nor clearly an "
+                           "artifact name{}",
+                           ref, hint));
+          continue;
+        }
+        out_.checkpoint_artifact = ref;
+        Add(use.field, fmt::format("artifact {} in the run's checkpoint directory", ref), source);
+        continue;
+      }
       std::string name = ref.substr(0, ref.find('/'));
       std::string sub = ref.size() > name.size() ? ref.substr(name.size() + 1) : "";
       while (!sub.empty() && sub.back() == '/') sub.pop_back();
@@ -476,6 +581,32 @@ class Resolver {
           source);
       out_.mounts.push_back(std::move(m));
     }
+  }
+
+  // "/data/projects/x" -> "data/projects/x" for the workspace volume mounted at /data (the longest
+  // mount path that holds the path); nullopt after reporting when none does.
+  std::optional<std::string> VolumeOfPath(const Workspace& w, const char* field,
+                                          const std::string& path) {
+    const StorageVolume* best = nullptr;
+    std::vector<std::string> mounts;
+    for (const std::string& name : w.storage) {
+      const StorageVolume* v = p_.FindStorage(name);
+      if (v == nullptr || v->mount_path.empty()) continue;
+      mounts.push_back(fmt::format("{} ({})", v->mount_path, v->name));
+      const std::string& m = v->mount_path;
+      bool under = path == m || (StartsWith(path, m) && (m.back() == '/' || path[m.size()] == '/'));
+      if (under && (best == nullptr || m.size() > best->mount_path.size())) best = v;
+    }
+    if (best == nullptr) {
+      Fail(fmt::format("{}: '{}' is under none of workspace '{}''s storage volumes (mount paths: "
+                       "{})",
+                       field, path, w.name, mounts.empty() ? "none" : Join(mounts, ", ")));
+      return std::nullopt;
+    }
+    std::string sub = path.substr(best->mount_path.size());
+    while (!sub.empty() && sub.front() == '/') sub.erase(0, 1);
+    while (!sub.empty() && sub.back() == '/') sub.pop_back();
+    return sub.empty() ? best->name : best->name + "/" + sub;
   }
 
   const spec::RunSpec& s_;
@@ -521,7 +652,22 @@ std::string ExplainText(const ResolvedRun& run) {
   for (const auto& [resource, amount] : run.total_requests) {
     requests.push_back(fmt::format("{}={}", resource, amount.ToString()));
   }
-  out += fmt::format("\nrequests ({} worker{}): {}\n", run.workers, run.workers == 1 ? "" : "s",
+  auto pod = [](const PodResources& p) {
+    std::vector<std::string> parts;
+    if (p.cpus) parts.push_back("cpu=" + p.cpus->ToString());
+    if (p.memory) parts.push_back("memory=" + p.memory->ToString());
+    if (p.gpus > 0) parts.push_back(fmt::format("{}={}", kGpuResource, p.gpus));
+    std::vector<std::string> limits;
+    if (p.cpu_limit) limits.push_back("cpu=" + p.cpu_limit->ToString());
+    if (p.memory_limit) limits.push_back("memory=" + p.memory_limit->ToString());
+    std::string text = parts.empty() ? "no requests" : Join(parts, ", ");
+    if (!limits.empty()) text += " (limits " + Join(limits, ", ") + ")";
+    return text;
+  };
+  out += fmt::format("\nper worker: {}\n", pod(run.worker));
+  if (run.head) out += fmt::format("ray head: {}\n", pod(*run.head));
+  out += fmt::format("requests ({} worker{}{}): {}\n", run.workers, run.workers == 1 ? "" : "s",
+                     run.head ? " and the head" : "",
                      requests.empty() ? "none" : Join(requests, ", "));
   return out;
 }

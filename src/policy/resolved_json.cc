@@ -20,6 +20,24 @@ Result<std::optional<Quantity>> ReadOptQuantity(const nlohmann::json& j, const c
   return std::optional<Quantity>(q);
 }
 
+nlohmann::json PodJson(const PodResources& p) {
+  return {{"cpus", OptQuantity(p.cpus)},
+          {"memory", OptQuantity(p.memory)},
+          {"cpu_limit", OptQuantity(p.cpu_limit)},
+          {"memory_limit", OptQuantity(p.memory_limit)},
+          {"gpus", p.gpus}};
+}
+
+Result<PodResources> PodFromJson(const nlohmann::json& j) {
+  PodResources p;
+  TAU_ASSIGN_OR_RETURN(p.cpus, ReadOptQuantity(j, "cpus"));
+  TAU_ASSIGN_OR_RETURN(p.memory, ReadOptQuantity(j, "memory"));
+  TAU_ASSIGN_OR_RETURN(p.cpu_limit, ReadOptQuantity(j, "cpu_limit"));
+  TAU_ASSIGN_OR_RETURN(p.memory_limit, ReadOptQuantity(j, "memory_limit"));
+  p.gpus = j.value("gpus", 0);
+  return p;
+}
+
 // The member `key` when present and not null. (Iterating a temporary from json::value() draws
 // g++ 12's false maybe-uninitialized warnings.)
 const nlohmann::json* Member(const nlohmann::json& j, const char* key) {
@@ -53,8 +71,15 @@ nlohmann::json ToJson(const ResolvedRun& r) {
           {"gpus_per_worker", r.gpus_per_worker},
           {"cpus_per_worker", OptQuantity(r.cpus_per_worker)},
           {"memory_per_worker", OptQuantity(r.memory_per_worker)},
+          {"worker", PodJson(r.worker)},
+          {"head", r.head ? PodJson(*r.head) : nlohmann::json(nullptr)},
           {"total_requests", std::move(totals)},
           {"flavors", r.flavors},
+          {"gpu_class", r.gpu_class},
+          {"node_labels",
+           {{"gpu_class", r.node_labels.gpu_class}, {"gpu_series", r.node_labels.gpu_series}}},
+          {"topology", r.topology},
+          {"checkpoint_artifact", r.checkpoint_artifact},
           {"node_selector", r.node_selector},
           {"max_runtime_ms",
            r.max_runtime_ms ? nlohmann::json(*r.max_runtime_ms) : nlohmann::json(nullptr)},
@@ -79,6 +104,24 @@ Result<ResolvedRun> ResolvedRunFromJson(const nlohmann::json& j) {
     r.gpus_per_worker = j.value("gpus_per_worker", 0);
     TAU_ASSIGN_OR_RETURN(r.cpus_per_worker, ReadOptQuantity(j, "cpus_per_worker"));
     TAU_ASSIGN_OR_RETURN(r.memory_per_worker, ReadOptQuantity(j, "memory_per_worker"));
+    if (const nlohmann::json* worker = Member(j, "worker")) {
+      TAU_ASSIGN_OR_RETURN(r.worker, PodFromJson(*worker));
+    } else {
+      // Recorded before pods were resolved: the worker pod is the per-worker shape.
+      r.worker = {r.cpus_per_worker, r.memory_per_worker, std::nullopt, std::nullopt,
+                  r.gpus_per_worker};
+    }
+    if (const nlohmann::json* head = Member(j, "head")) {
+      TAU_ASSIGN_OR_RETURN(PodResources h, PodFromJson(*head));
+      r.head = h;
+    }
+    r.gpu_class = j.value("gpu_class", "");
+    if (const nlohmann::json* labels = Member(j, "node_labels")) {
+      r.node_labels.gpu_class = labels->value("gpu_class", std::string(kGpuClassLabel));
+      r.node_labels.gpu_series = labels->value("gpu_series", std::string(kGpuSeriesLabel));
+    }
+    r.topology = j.value("topology", "");
+    r.checkpoint_artifact = j.value("checkpoint_artifact", "");
     if (const nlohmann::json* totals = Member(j, "total_requests"))
       for (const auto& [name, q] : totals->items()) {
         TAU_ASSIGN_OR_RETURN(r.total_requests[name], Quantity::Parse(q.get<std::string>()));

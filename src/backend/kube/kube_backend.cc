@@ -291,13 +291,19 @@ void KubeBackend::HandleNews(const ClusterNews& news, Batch* batch) {
   if (r.state == RunState::kQueued) {
     r.admitted_ms = host_->Now();
     // tau's view of the queues (`tau queues`) counts the run against its quota with Kueue's
-    // flavors, folded into tau's one pod set (a RayJob's head and worker groups are one there).
+    // flavors, folded into tau's pod sets: a RayJob's head group is tau's "head" pod set when the
+    // run has one, every other group (the workers) the first.
     admission::FlavorAssignment kueue = AssignmentFromJson(o.flavors);
     admission::FlavorAssignment folded;
+    const bool has_head = run.workload.pod_sets.size() > 1;
     if (!run.workload.pod_sets.empty())
       for (const auto& [pod_set, assigned] : kueue)
-        for (const auto& [resource, flavor] : assigned)
-          folded[run.workload.pod_sets.front().name].emplace(resource, flavor);
+        for (const auto& [resource, flavor] : assigned) {
+          const std::string& ours = has_head && pod_set == "head"
+                                        ? run.workload.pod_sets.back().name
+                                        : run.workload.pod_sets.front().name;
+          folded[ours].emplace(resource, flavor);
+        }
     r.flavors = AssignmentJson(folded);
     host_->Transition(run, RunState::kAdmitted, "Admitted",
                       fmt::format("admitted by Kueue (ClusterQueue {}{})", o.cluster_queue,
