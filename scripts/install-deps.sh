@@ -6,7 +6,7 @@ packages=(
   libyaml-cpp-dev nlohmann-json3-dev libsqlite3-dev libcli11-dev libfmt-dev libgtest-dev zlib1g-dev
   libssl-dev libcurl4-openssl-dev  # headers only: OpenSSL and libcurl are loaded with dlopen
   openssl curl  # the TLS tests make certificates and call the server with curl
-  python3 python3-venv procps
+  python3 python3-venv python3-yaml procps  # python3-yaml: the tests read rendered Kubernetes YAML
   prometheus  # the observability tests scrape a real tau server with it
   chromium nodejs  # the dashboard's end-to-end test (tests/e2e: playwright-core, installed with npm)
   clang-14 libclang-rt-14-dev

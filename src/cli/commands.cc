@@ -440,7 +440,8 @@ int CmdExplain(const std::string& spec_file, std::string platform_file, const st
   nlohmann::json prov = nlohmann::json::array();
   for (const auto& p : resolved->provenance)
     prov.push_back({{"field", p.field}, {"value", p.value}, {"source", p.source}});
-  nlohmann::json out = {{"provenance", prov}};
+  // The provenance, and the whole resolution (pod sizes, totals, mounts) as the server records it.
+  nlohmann::json out = {{"provenance", prov}, {"resolved", policy::ToJson(*resolved)}};
   if (format == Format::kYaml)
     PrintYaml(out);
   else

@@ -1,0 +1,108 @@
+"""TauGrid's run configs, as TauGrid documents them, through the real CLI: every file of
+tests/data/taugrid/specs validates (with exactly the warnings it declares, each at file:line:col),
+explains against a cluster labelled the TauGrid way (each `# check: POINTER = VALUE` line a fact of
+the resolution), and renders for Kubernetes."""
+import glob
+import json
+import os
+import re
+import subprocess
+import unittest
+
+import yaml
+
+from harness import TAU
+
+DATA = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "data", "taugrid"))
+PLATFORM = os.path.join(DATA, "platform.yaml")
+
+
+def pointer(doc, ptr):
+    for part in ptr.lstrip("/").split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        doc = doc[int(part)] if isinstance(doc, list) else doc[part]
+    return doc
+
+
+def header(path):
+    checks, warnings = [], []
+    with open(path) as f:
+        for line in f:
+            if not line.startswith("#"):
+                break
+            if m := re.match(r"# check: (\S+) = (.*)$", line.rstrip("\n")):
+                checks.append((m.group(1), m.group(2)))
+            elif m := re.match(r"# warning: (.*)$", line.rstrip("\n")):
+                warnings.append(m.group(1))
+    return checks, warnings
+
+
+class TauGridSpecsTest(unittest.TestCase):
+    files = sorted(glob.glob(os.path.join(DATA, "specs", "*.yaml")))
+
+    def run_tau(self, *args):
+        return subprocess.run([TAU, *args], capture_output=True, text=True,
+                              env={**os.environ, "TAU_HOME": "/tmp/tau-it-taugrid-home"})
+
+    def test_corpus_is_large(self):
+        self.assertGreaterEqual(len(self.files), 20)
+
+    def test_validate_with_declared_warnings(self):
+        for path in self.files:
+            with self.subTest(spec=os.path.basename(path)):
+                _, warnings = header(path)
+                p = self.run_tau("validate", path)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                got = [l for l in p.stderr.splitlines() if ": warning: " in l]
+                self.assertEqual(len(got), len(warnings), p.stderr)
+                for want in warnings:
+                    self.assertTrue(any(want in l for l in got), (want, got))
+                for line in got:
+                    self.assertRegex(line, re.escape(path) + r":\d+:\d+: warning: ")
+
+    def test_explain_resolves_each_fact(self):
+        for path in self.files:
+            with self.subTest(spec=os.path.basename(path)):
+                checks, _ = header(path)
+                p = self.run_tau("explain", path, "--platform", PLATFORM, "--user", "alice",
+                                 "-o", "json")
+                self.assertEqual(p.returncode, 0, p.stderr)
+                resolved = json.loads(p.stdout)["resolved"]
+                for ptr, want in checks:
+                    self.assertEqual(str(pointer(resolved, ptr)), want, ptr)
+
+    def test_renders_for_kubernetes(self):
+        for path in self.files:
+            with self.subTest(spec=os.path.basename(path)):
+                p = self.run_tau("plan", path, "--backend", "kubernetes", "--platform", PLATFORM,
+                                 "--user", "alice", "--namespace", "research",
+                                 "--image", "python:3.12-slim")
+                self.assertEqual(p.returncode, 0, p.stderr)
+                docs = [d for d in yaml.safe_load_all(p.stdout) if d]
+                kinds = {d["kind"] for d in docs}
+                self.assertTrue(kinds & {"Job", "RayJob"}, kinds)
+                for d in docs:
+                    if d["kind"] in ("Job", "RayJob"):
+                        self.assertIn("kueue.x-k8s.io/queue-name", d["metadata"]["labels"])
+
+    def test_gpu_class_uses_the_platforms_label_keys(self):
+        p = self.run_tau("plan", os.path.join(DATA, "specs", "topology-nvlink.yaml"), "--backend",
+                         "kubernetes", "--platform", PLATFORM, "--user", "alice")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("tau.azure.com/gpu-class: a100-80gb", p.stdout)
+        self.assertNotIn("tau.dev/gpu-class", p.stdout)
+
+    def test_resolution_errors_carry_positions(self):
+        path = "/tmp/tau-it-taugrid-bad.yaml"
+        with open(path, "w") as f:
+            f.write("name: bad-lane\nengine: job\nentrypoint: train.py\npolicy:\n  lane: trainnig\n")
+        p = self.run_tau("explain", path, "--platform", PLATFORM, "--user", "alice")
+        os.unlink(path)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(f"{path}:5:3: error: policy.lane: workspace 'research' has no lane 'trainnig'",
+                      p.stderr)
+        self.assertIn("did you mean 'training'?", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
