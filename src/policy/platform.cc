@@ -276,8 +276,9 @@ class PlatformParser {
       std::optional<std::string> label = r_.Str(it->second);
       if (!label) continue;
       if (!IsLabelKey(*label)) {
-        r_.Error(it->second.pos, fmt::format("{}: '{}' is not a Kubernetes label key ([PREFIX/]NAME)",
-                                             it->second.path, *label));
+        r_.Error(it->second.pos,
+                 fmt::format("{}: '{}' is not a Kubernetes label key ([PREFIX/]NAME)",
+                             it->second.path, *label));
         continue;
       }
       *out = *label;

@@ -142,9 +142,10 @@ class Resolver {
     const std::string& named = s_.policy.profile;
     const std::string& preset = s_.policy.preset;
     if (!named.empty() && !preset.empty() && named != preset) {
-      Fail(fmt::format("policy.preset: '{}' and policy.profile '{}' name different compute "
-                       "profiles; give one of them",
-                       preset, named));
+      Fail(
+          fmt::format("policy.preset: '{}' and policy.profile '{}' name different compute "
+                      "profiles; give one of them",
+                      preset, named));
       return nullptr;
     }
     const std::string& asked = named.empty() ? preset : named;
@@ -152,10 +153,10 @@ class Resolver {
     if (!asked.empty()) {
       profile = p_.FindProfile(asked);
       if (profile == nullptr) {
-        Fail(fmt::format("{}: unknown compute profile '{}'{}{}", field, asked,
-                         internal::Hint(asked, Names(p_.compute_profiles)),
-                         named.empty() ? " (a preset names one of the platform's compute_profiles)"
-                                       : ""));
+        Fail(fmt::format(
+            "{}: unknown compute profile '{}'{}{}", field, asked,
+            internal::Hint(asked, Names(p_.compute_profiles)),
+            named.empty() ? " (a preset names one of the platform's compute_profiles)" : ""));
         return nullptr;
       }
       Add("policy.profile", profile->name, named.empty() ? "spec (policy.preset)" : kSpec);
@@ -186,9 +187,10 @@ class Resolver {
         return nullptr;
       }
       if (!s_.policy.queue.empty() && s_.policy.queue != it->second) {
-        Fail(fmt::format("policy.lane: lane '{}' goes to queue '{}', but policy.queue is '{}'; "
-                         "give one of them",
-                         lane, it->second, s_.policy.queue));
+        Fail(
+            fmt::format("policy.lane: lane '{}' goes to queue '{}', but policy.queue is '{}'; "
+                        "give one of them",
+                        lane, it->second, s_.policy.queue));
         return nullptr;
       }
       q = p_.FindQueue(it->second);
@@ -322,8 +324,7 @@ class Resolver {
                                                   &ComputeProfile::memory, p_.defaults.memory);
     ResolvePods(cpus, memory);
     const PodResources& worker = out_.worker;
-    Total(kCpuResource, worker.cpus, out_.head ? out_.head->cpus : std::nullopt,
-          "compute.cpus");
+    Total(kCpuResource, worker.cpus, out_.head ? out_.head->cpus : std::nullopt, "compute.cpus");
     Total(kMemoryResource, worker.memory, out_.head ? out_.head->memory : std::nullopt,
           "compute.memory");
     if (total_gpus > 0) out_.total_requests[kGpuResource] = Quantity::FromUnits(total_gpus);
@@ -370,8 +371,7 @@ class Resolver {
              const std::optional<Quantity>& head, const char* field) {
     if (!per_worker && !head) return;
     int64_t milli = 0;
-    if (per_worker &&
-        __builtin_mul_overflow(per_worker->milli(), int64_t{out_.workers}, &milli)) {
+    if (per_worker && __builtin_mul_overflow(per_worker->milli(), int64_t{out_.workers}, &milli)) {
       Fail(fmt::format("{}: {} x {} workers is too large", field, per_worker->ToString(),
                        out_.workers));
       return;
@@ -435,8 +435,8 @@ class Resolver {
     if (!gpu_class.empty()) {
       auto it = out_.node_selector.find(class_label);
       if (it != out_.node_selector.end() && it->second != gpu_class) {
-        Fail(fmt::format("policy.node_selector: {}={} conflicts with GPU class '{}'",
-                         class_label, it->second, gpu_class));
+        Fail(fmt::format("policy.node_selector: {}={} conflicts with GPU class '{}'", class_label,
+                         it->second, gpu_class));
         return;
       }
       out_.node_selector[class_label] = gpu_class;
@@ -534,9 +534,10 @@ class Resolver {
         // TauGrid's form: the name of the artifact inside the run's checkpoint directory.
         std::string hint = internal::Hint(ref, Names(p_.storage));
         if (!hint.empty()) {
-          Fail(fmt::format("storage.checkpoint: '{}' is neither a storage volume nor clearly an "
-                           "artifact name{}",
-                           ref, hint));
+          Fail(
+              fmt::format("storage.checkpoint: '{}' is neither a storage volume nor clearly an "
+                          "artifact name{}",
+                          ref, hint));
           continue;
         }
         out_.checkpoint_artifact = ref;
@@ -598,9 +599,10 @@ class Resolver {
       if (under && (best == nullptr || m.size() > best->mount_path.size())) best = v;
     }
     if (best == nullptr) {
-      Fail(fmt::format("{}: '{}' is under none of workspace '{}''s storage volumes (mount paths: "
-                       "{})",
-                       field, path, w.name, mounts.empty() ? "none" : Join(mounts, ", ")));
+      Fail(
+          fmt::format("{}: '{}' is under none of workspace '{}''s storage volumes (mount paths: "
+                      "{})",
+                      field, path, w.name, mounts.empty() ? "none" : Join(mounts, ", ")));
       return std::nullopt;
     }
     std::string sub = path.substr(best->mount_path.size());

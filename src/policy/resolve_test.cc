@@ -402,8 +402,8 @@ TEST_F(ResolveTest, RayWorkerAndHeadSizesAreCharged) {
   spec_.kind = spec::WorkloadKind::kRayJob;
   spec_.compute.workers = 2;
   spec_.compute.gpus = 1;
-  spec_.compute.cpus = Quantity::FromUnits(2);                    // the head's (manifest rule)
-  spec_.compute.memory = Quantity::FromUnits(int64_t{8} << 30);   // the head's
+  spec_.compute.cpus = Quantity::FromUnits(2);                   // the head's (manifest rule)
+  spec_.compute.memory = Quantity::FromUnits(int64_t{8} << 30);  // the head's
   spec_.compute.worker_cpus = Quantity::FromUnits(16);
   spec_.compute.worker_memory = Quantity::FromUnits(int64_t{64} << 30);
   spec_.compute.worker_memory_limit = Quantity::FromUnits(int64_t{80} << 30);

@@ -171,6 +171,22 @@ class RunTest(ServerTestCase):
         self.assertIn("run.entrypoint 'nothere.py' is not among the 2 file(s)", p.stderr)
         self.assertEqual(json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"], [])
 
+    def test_what_only_a_cluster_can_do_is_refused_at_submission(self):
+        digest = "@sha256:" + "0" * 64
+        for extra, want in (
+                (f"run:\n  source:\n    image: ghcr.io/x/src{digest}\n    path: /workspace\n",
+                 "run.source: the local backend runs the code sent with the run"),
+                (f"storage:\n  image_assets:\n    - name: ref\n      image: ghcr.io/x/a{digest}\n"
+                 "      source_path: /opt/a\n      mount_path: /opt/ref\n",
+                 "storage.image_assets: the local backend runs no container images")):
+            with self.subTest(want=want):
+                spec = self.project("name: cluster-only\nengine: job\nentrypoint: main.py\n" + extra,
+                                    {"main.py": "print('hi')\n"})
+                p = self.server.tau("run", spec)
+                self.assertEqual(p.returncode, 125, p.stdout + p.stderr)
+                self.assertIn(want, p.stderr)
+        self.assertEqual(json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"], [])
+
     def test_mistyped_commands_and_options_get_a_suggestion_and_exit_125(self):
         for args, hint in ((["lsit"], "unknown command 'lsit' (did you mean 'list'?)"),
                            (["queue", "shwo"], "unknown command 'shwo' (did you mean 'show'?)"),

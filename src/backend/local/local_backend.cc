@@ -163,6 +163,7 @@ class LocalBackend final : public Backend {
   std::string Refusal(const Resources& need) const;
   Status RunAsSubmitter(const RunRecord& r, const runtime::LaunchContext& ctx,
                         runtime::AttemptConfig* config);
+  static Status CheckSupported(const SubmissionCheck& c);
   Status CheckEntrypoint(const SubmissionCheck& c);
   Result<std::string> DecideRunAs(const SubmissionCheck& c) const;
   Status CheckReachableFor(const std::string& run_as, const SubmissionCheck& c) const;
@@ -249,10 +250,26 @@ Status LocalBackend::CheckFits(const Resources& need) {
 }
 
 Status LocalBackend::Check(const SubmissionCheck& c) {
+  TAU_RETURN_IF_ERROR(CheckSupported(c));
   TAU_RETURN_IF_ERROR(CheckEntrypoint(c));
   TAU_ASSIGN_OR_RETURN(std::string run_as, DecideRunAs(c));
   if (!run_as.empty()) TAU_RETURN_IF_ERROR(CheckReachableFor(run_as, c));
   if (c.run_as != nullptr) *c.run_as = std::move(run_as);
+  return Status::Ok();
+}
+
+// What only a cluster can do is refused here, at submission, rather than accepted and ignored. Each
+// message starts with the field, so that the CLI prints it at the field's position.
+Status LocalBackend::CheckSupported(const SubmissionCheck& c) {
+  const nlohmann::json& recorded = c.spec->recorded_only;
+  if (recorded.contains("run") && recorded["run"].contains("source"))
+    return InvalidArgument(
+        "run.source: the local backend runs the code sent with the run; code inside a container "
+        "image needs the Kubernetes backend (remove run.source to run this directory's code)");
+  if (!c.spec->storage.image_assets.empty())
+    return InvalidArgument(
+        "storage.image_assets: the local backend runs no container images, so it cannot copy "
+        "files out of them; this needs the Kubernetes backend");
   return Status::Ok();
 }
 
