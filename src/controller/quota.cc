@@ -219,8 +219,8 @@ nlohmann::json Controller::PendingJson(const ActiveRun& run, int64_t now) {
     std::vector<std::string> short_of;
     auto usage = quota_.engine->Usage(r.queue);
     const admission::PodSet& ps = run.workload.pod_sets.front();
-    for (const auto& [resource, per_pod] : ps.requests) {
-      Quantity total = Quantity::FromMilli(per_pod.milli() * ps.count);
+    // Every pod set's (the workers' and a sized head's) together.
+    for (const auto& [resource, total] : run.resolved.total_requests) {
       if (total.IsZero() || !usage.ok()) continue;
       std::vector<std::string> offers;
       bool fits_somewhere = false;
