@@ -156,6 +156,7 @@ void SetEntrypoint(Ctx& c, const Value& v, const char* alias) {
     return;
   }
   c.spec.entrypoint = *normalized;
+  c.spelled[v.path] = {*normalized, v.pos};
 }
 
 void SetArgs(Ctx& c, const Value& v) { c.spec.args = v.list; }
@@ -177,6 +178,12 @@ void SetEnv(Ctx& c, const Value& v) {
                                      v.path, Printable(p.key)));
       continue;
     }
+    if (auto other = c.env_pos.find(p.key); other != c.env_pos.end()) {
+      c.Error(p.key_pos, fmt::format("{}: '{}' is also set in {} (line {}); set it in one place",
+                                     v.path, p.key, other->second.text, other->second.pos.line));
+      continue;
+    }
+    c.env_pos[p.key] = {v.path, p.key_pos};
     EnvVar var{p.key, p.value, false, ""};
     if (StartsWith(p.value, "SECRET:")) {
       var.value = p.value.substr(7);
@@ -200,6 +207,75 @@ void SetEnv(Ctx& c, const Value& v) {
     c.Error(v.pos,
             fmt::format("{}: values total {} bytes; at most {} allowed (use a secret or a file)",
                         v.path, total, kMaxEnvTotalBytes));
+  }
+}
+
+// TauGrid's env_secret: VAR: "SECRET_NAME:KEY", split at the first ':'.
+void SetEnvSecret(Ctx& c, const Value& v) {
+  for (const Pair& p : v.pairs) {
+    if (!IsEnvVarName(p.key)) {
+      c.Error(p.key_pos, fmt::format("{}: '{}' is not a valid environment variable name "
+                                     "([A-Za-z_][A-Za-z0-9_]*)",
+                                     v.path, Printable(p.key)));
+      continue;
+    }
+    std::string path = fmt::format("{}.{}", v.path, p.key);
+    size_t colon = p.value.find(':');
+    std::string name = colon == std::string::npos ? "" : p.value.substr(0, colon);
+    std::string key = colon == std::string::npos ? "" : p.value.substr(colon + 1);
+    if (name.empty() || key.empty() || Trim(name) != name || Trim(key) != key) {
+      c.Error(p.value_pos, fmt::format("{}: expected SECRET_NAME:KEY (a Kubernetes Secret and a "
+                                       "key in it), got '{}'",
+                                       path, Printable(p.value)));
+      continue;
+    }
+    if (!IsSubdomain(name)) {
+      c.Error(p.value_pos, fmt::format("{}: secret name '{}' is not a valid Kubernetes name "
+                                       "(lowercase letters, digits, '-' and '.')",
+                                       path, Printable(name)));
+      continue;
+    }
+    if (!IsSecretKey(key)) {
+      c.Error(p.value_pos, fmt::format("{}: secret key '{}' may hold only letters, digits, '-', "
+                                       "'_' and '.'",
+                                       path, Printable(key)));
+      continue;
+    }
+    if (auto other = c.env_pos.find(p.key); other != c.env_pos.end()) {
+      c.Error(p.key_pos, fmt::format("{}: '{}' is also set in {} (line {}); set it in one place",
+                                     v.path, p.key, other->second.text, other->second.pos.line));
+      continue;
+    }
+    c.env_pos[p.key] = {v.path, p.key_pos};
+    c.spec.runtime.env.push_back(EnvVar{p.key, key, true, name});
+  }
+}
+
+// Globs relative to the code directory: no absolute paths, no '..' parts.
+void SetCodeExcludes(Ctx& c, const Value& v) {
+  for (size_t i = 0; i < v.list.size(); ++i) {
+    const std::string& glob = v.list[i];
+    std::string path = fmt::format("{}[{}]", v.path, i);
+    if (!CheckNoNewline(c, path, glob, v.list_pos[i])) continue;
+    if (StartsWith(glob, "/") || StartsWith(glob, "~")) {
+      c.Error(v.list_pos[i], fmt::format("{}: '{}' is an absolute path; give a glob relative to "
+                                         "the code directory",
+                                         path, glob));
+      continue;
+    }
+    if (glob.find('\\') != std::string::npos) {
+      c.Error(v.list_pos[i],
+              fmt::format("{}: '{}' uses '\\'; separate path parts with '/'", path, glob));
+      continue;
+    }
+    std::vector<std::string> parts = Split(glob, '/');
+    if (std::find(parts.begin(), parts.end(), "..") != parts.end()) {
+      c.Error(v.list_pos[i],
+              fmt::format("{}: '{}' has a '..' part; excludes name files inside the code directory",
+                          path, glob));
+      continue;
+    }
+    c.spec.code_excludes.push_back(glob);
   }
 }
 

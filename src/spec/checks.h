@@ -29,5 +29,7 @@ void SetPip(Ctx& c, const Value& v);
 void SetNodeSelector(Ctx& c, const Value& v);
 void SetRetryOn(Ctx& c, const Value& v);
 void SetHistory(Ctx& c, const Value& v);
+void SetEnvSecret(Ctx& c, const Value& v);
+void SetCodeExcludes(Ctx& c, const Value& v);
 
 }  // namespace tau::spec::internal

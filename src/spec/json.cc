@@ -20,7 +20,7 @@ json Opt(const std::optional<T>& v) {
 }
 
 json ComputeJson(const Compute& c) {
-  return {
+  json out = {
       {"gpus", c.gpus},
       {"workers", c.workers},
       {"cpus", OptQuantity(c.cpus)},
@@ -35,13 +35,23 @@ json ComputeJson(const Compute& c) {
       {"head_memory_limit", OptQuantity(c.head_memory_limit)},
       {"gpu_resource_mode", c.gpu_resource_mode},
   };
+  // Only when given, so that specs without them keep their config hash.
+  if (c.cpu_limit) out["cpu_limit"] = c.cpu_limit->ToString();
+  if (c.memory_limit) out["memory_limit"] = c.memory_limit->ToString();
+  return out;
 }
 
 json RuntimeJson(const Runtime& r) {
   // Env as an object keyed by name: the order of variables in the file does not change the run.
   json env = json::object();
   for (const EnvVar& var : r.env) {
-    env[var.name] = var.secret_ref ? json{{"secret_ref", var.value}} : json(var.value);
+    if (!var.secret_ref) {
+      env[var.name] = var.value;
+    } else if (var.secret_name.empty()) {
+      env[var.name] = {{"secret_ref", var.value}};
+    } else {
+      env[var.name] = {{"secret_ref", var.value}, {"secret_name", var.secret_name}};
+    }
   }
   return {{"image", r.image},
           {"pip", r.pip},
@@ -144,6 +154,12 @@ json SchemaFor(const internal::FieldDef& f) {
       break;
     case Kind::kEnum:
       s = {{"type", "string"}, {"enum", f.enum_values}};
+      if (!f.deprecated_values.empty()) {
+        // Deprecated aliases are accepted (the parser warns and normalises them).
+        s = {{"oneOf", json::array({s, json{{"type", "string"},
+                                            {"enum", f.deprecated_values},
+                                            {"deprecated", true}}})}};
+      }
       break;
     case Kind::kStringList:
       s = {{"type", "array"}, {"items", {{"type", ScalarText(f)}, {"minLength", 1}}}};
@@ -154,11 +170,23 @@ json SchemaFor(const internal::FieldDef& f) {
            {"items", {{"type", "string"}, {"enum", f.enum_values}}}};
       break;
     case Kind::kStringMap:
-    case Kind::kEnv:
+    case Kind::kEnv: {
       s = {{"type", "object"}, {"additionalProperties", {{"type", ScalarText(f)}}}};
       if (!f.pattern.empty()) s["propertyNames"] = {{"pattern", f.pattern}};
       if (f.max) s["maxProperties"] = *f.max;
+      if (f.kind == Kind::kStringMap) break;
+      // runtime.env is a mapping or a list of {name, value}.
+      json name = {{"type", "string"}, {"minLength", 1}};
+      if (!f.pattern.empty()) name["pattern"] = f.pattern;
+      json item = {{"type", "object"},
+                   {"properties", {{"name", name}, {"value", {{"type", ScalarText(f)}}}}},
+                   {"required", json::array({"name", "value"})},
+                   {"additionalProperties", false}};
+      json list = {{"type", "array"}, {"items", item}};
+      if (f.max) list["maxItems"] = *f.max;
+      s = {{"oneOf", json::array({s, list})}};
       break;
+    }
     case Kind::kObject:
       s = ObjectSchema(f.children, f.required);
       break;
@@ -185,8 +213,30 @@ nlohmann::json SchemaForFields(const std::vector<FieldDef>& fields,
 
 }  // namespace internal
 
+namespace {
+
+json ExecutionJson(const Execution& e) {
+  return {{"launcher", e.launcher},
+          {"nodes", Opt(e.nodes)},
+          {"processes_per_node", Opt(e.processes_per_node)},
+          {"mode", e.tune_mode},
+          {"metric", e.tune_metric},
+          {"num_samples", Opt(e.num_samples)},
+          {"max_concurrent_trials", Opt(e.max_concurrent_trials)},
+          {"configs", e.configs},
+          {"allow_nccl_override", e.allow_nccl_override}};
+}
+
+bool IsDefault(const Execution& e) {
+  return e.launcher.empty() && !e.nodes && !e.processes_per_node && e.tune_mode.empty() &&
+         e.tune_metric.empty() && !e.num_samples && !e.max_concurrent_trials &&
+         e.configs.is_null() && !e.allow_nccl_override;
+}
+
+}  // namespace
+
 json ToJson(const RunSpec& spec) {
-  return {
+  json out = {
       {"shape", ShapeName(spec.shape)},
       {"name", spec.name},
       {"kind", WorkloadKindName(spec.kind)},
@@ -210,6 +260,13 @@ json ToJson(const RunSpec& spec) {
         {"offload_out", spec.metrics.offload_out}}},
       {"recorded_only", spec.recorded_only},
   };
+  // The newer fields appear only when given, so that specs without them keep their config hash.
+  if (!spec.metrics.offload_image.empty()) {
+    out["metrics"]["offload_image"] = spec.metrics.offload_image;
+  }
+  if (!IsDefault(spec.execution)) out["execution"] = ExecutionJson(spec.execution);
+  if (!spec.code_excludes.empty()) out["code_excludes"] = spec.code_excludes;
+  return out;
 }
 
 std::string ConfigHash(const RunSpec& spec) { return ConfigHash(ToJson(spec)); }
@@ -239,9 +296,18 @@ json JsonSchema() {
   manifest["title"] = "manifest shape (schema_version: 1)";
   json direct = internal::SchemaForFields(internal::DirectFields(), internal::DirectRequired());
   direct["title"] = "direct shape (engine: job|rayjob)";
-  // `script` is an alias of `entrypoint`: exactly one of them.
-  direct["oneOf"] = json::array({json{{"required", json::array({"entrypoint"})}},
-                                 json{{"required", json::array({"script"})}}});
+  // name, engine and the entrypoint (or its alias `script`) may each be at the top or under run:.
+  auto here_or_under_run = [](std::vector<std::string> names) {
+    json any = json::array();
+    for (const std::string& n : names) any.push_back({{"required", json::array({n})}});
+    for (const std::string& n : names) {
+      any.push_back({{"required", json::array({"run"})},
+                     {"properties", {{"run", {{"required", json::array({n})}}}}}});
+    }
+    return json{{"anyOf", any}};
+  };
+  direct["allOf"] = json::array({here_or_under_run({"name"}), here_or_under_run({"engine"}),
+                                 here_or_under_run({"entrypoint", "script"})});
   return {
       {"$schema", "https://json-schema.org/draft/2020-12/schema"},
       {"$id", "https://tau.dev/schemas/tau.yaml.json"},

@@ -8,6 +8,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <exception>
 #include <sstream>
@@ -21,6 +22,7 @@ namespace tau::spec {
 
 using internal::Ctx;
 using internal::Pos;
+using internal::Printable;
 
 const char* ShapeName(Shape shape) { return shape == Shape::kManifest ? "manifest" : "direct"; }
 
@@ -230,6 +232,13 @@ std::optional<Shape> DetectShape(Ctx& ctx, const YAML::Node& root) {
     if (key.Scalar() == "schema_version" && !version) version = internal::PosOf(key.Mark());
     if (key.Scalar() == "engine" && !engine) engine = internal::PosOf(key.Mark());
   }
+  // TauGrid's examples may give the engine under run: only.
+  if (!version && !engine && root["run"].IsMap()) {
+    for (const auto& entry : root["run"]) {
+      YAML::Node key = entry.first;
+      if (key.IsScalar() && key.Scalar() == "engine") engine = internal::PosOf(key.Mark());
+    }
+  }
   if (version && engine) {
     Pos later = version->line > engine->line ? *version : *engine;
     ctx.Error(
@@ -252,13 +261,60 @@ std::string Later(const Ctx& ctx, const std::string& a, const std::string& b) {
   return std::tie(pa.line, pa.column) > std::tie(pb.line, pb.column) ? a : b;
 }
 
-// Direct-shape aliases: `script` for `entrypoint`, top-level `image`, `gpus` vs `gpus_per_worker`.
+std::string At(Pos pos) { return fmt::format("{}:{}", pos.line, pos.column); }
+
+// One field given at two levels of the direct shape (`name` and `run.name`, ...): both must say the
+// same. Returns the value that applies, if either was given.
+std::optional<std::string> OneOf(Ctx& ctx, const std::vector<std::string>& top,
+                                 const std::vector<std::string>& nested, const char* what) {
+  auto first = [&](const std::vector<std::string>& paths)
+      -> std::optional<std::pair<std::string, Ctx::Spelled>> {
+    for (const std::string& p : paths) {
+      if (auto it = ctx.spelled.find(p); it != ctx.spelled.end()) return *it;
+    }
+    return std::nullopt;
+  };
+  auto a = first(top), b = first(nested);
+  if (a && b && a->second.text != b->second.text) {
+    ctx.Error(b->second.pos,
+              fmt::format("{} ('{}', at {}) and {} ('{}', at {}) disagree: both give the {}; keep "
+                          "one",
+                          b->first, Printable(b->second.text), At(b->second.pos), a->first,
+                          Printable(a->second.text), At(a->second.pos), what));
+  }
+  if (b) return b->second.text;
+  if (a) return a->second.text;
+  return std::nullopt;
+}
+
+// Direct-shape aliases: `script` for `entrypoint`, the run: spellings of name, engine, entrypoint
+// and image, top-level `image`, `gpus` vs `gpus_per_worker`.
 void ResolveDirectAliases(Ctx& ctx, Pos root) {
   RunSpec& spec = ctx.spec;
-  if (!ctx.Seen("entrypoint") && !ctx.Seen("script")) {
+  if (!ctx.Seen("name") && !ctx.Seen("run.name")) {
+    ctx.Error(root, "missing required field 'name' (or run.name)");
+  }
+  if (!ctx.Seen("entrypoint") && !ctx.Seen("script") && !ctx.Seen("run.entrypoint") &&
+      !ctx.Seen("run.script")) {
     ctx.Error(root, "missing required field 'entrypoint' (or its alias 'script')");
   }
-  if (spec.runtime.image.empty()) spec.runtime.image = ctx.top_level_image;
+  OneOf(ctx, {"name"}, {"run.name"}, "run's name");
+  OneOf(ctx, {"engine"}, {"run.engine"}, "engine");
+  if (auto entry =
+          OneOf(ctx, {"entrypoint", "script"}, {"run.entrypoint", "run.script"}, "entrypoint")) {
+    spec.entrypoint = *entry;
+  }
+  // runtime.image, then run.image, then the top-level image.
+  std::optional<std::string> image = OneOf(ctx, {"image"}, {"run.image"}, "image");
+  if (spec.runtime.image.empty()) {
+    spec.runtime.image = image.value_or("");
+  } else if (image && *image != spec.runtime.image) {
+    std::string path = ctx.Seen("run.image") ? "run.image" : "image";
+    ctx.Warn(ctx.ValuePos(path),
+             fmt::format("{}: '{}' is not used: runtime.image ('{}') takes "
+                         "precedence",
+                         path, Printable(*image), Printable(spec.runtime.image)));
+  }
   if (ctx.direct_gpus && ctx.direct_gpus_per_worker &&
       *ctx.direct_gpus != *ctx.direct_gpus_per_worker) {
     ctx.Error(
@@ -272,6 +328,11 @@ void ResolveDirectAliases(Ctx& ctx, Pos root) {
   } else if (ctx.direct_gpus) {
     spec.compute.gpus = static_cast<int>(*ctx.direct_gpus);
   }
+  if (ctx.Seen("run.source")) {
+    ctx.Warn(ctx.KeyPos("run.source"),
+             "run.source: tau runs the code snapshot uploaded with the run (the spec's "
+             "directory); the code in this image is not used");
+  }
   if (!ctx.kind_set) return;
   // Engine-specific fields (public TauGrid semantics): a Job takes its code from run.source and
   // runs in runtime.working_dir; a Ray job packs the local project named by run.working_dir.
@@ -284,6 +345,202 @@ void ResolveDirectAliases(Ctx& ctx, Pos root) {
   only_for("run.source", job, "job");
   only_for("runtime.working_dir", job, "job");
   only_for("run.working_dir", !job, "rayjob");
+}
+
+// Why tau refuses a variable in runtime.env / env_secret, or "" when it may be set. tau sets these
+// itself for every worker; TauGrid refuses MASTER_ADDR, MASTER_PORT, NCCL_* and TAU_* the same way
+// (case-insensitively); tau also owns the rendezvous and device variables it sets.
+std::string ReservedEnvReason(const std::string& name, bool allow_nccl) {
+  std::string upper = name;
+  for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (StartsWith(upper, "TAU_")) {
+    return "tau owns the TAU_ namespace and sets these variables itself (TAU_RUN_NAME, "
+           "TAU_CHECKPOINT_DIR, TAU_RESUME_FROM, TAU_METRICS_FILE, ...); rename the variable";
+  }
+  if (upper == "MASTER_ADDR" || upper == "MASTER_PORT") {
+    return "tau sets it for every worker (the torch.distributed rendezvous); remove it";
+  }
+  if (StartsWith(upper, "NCCL_") && !allow_nccl) {
+    return "tau leaves NCCL_* to its own network setup; set execution.allow_nccl_override: true "
+           "to set it yourself";
+  }
+  for (const char* exact : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK"}) {
+    if (name == exact) {
+      return "tau sets it for every worker process from compute.workers and compute.gpus; "
+             "remove it";
+    }
+  }
+  if (name == "CUDA_VISIBLE_DEVICES") {
+    return "tau sets it to the GPUs it assigns each worker; ask for GPUs with compute.gpus";
+  }
+  return "";
+}
+
+void CheckEnv(Ctx& ctx) {
+  for (const EnvVar& var : ctx.spec.runtime.env) {
+    std::string why = ReservedEnvReason(var.name, ctx.spec.execution.allow_nccl_override);
+    if (why.empty()) continue;
+    auto it = ctx.env_pos.find(var.name);
+    std::string source = it == ctx.env_pos.end() ? "runtime.env" : it->second.text;
+    ctx.Error(it == ctx.env_pos.end() ? Pos{} : it->second.pos,
+              fmt::format("{}: {} is reserved: {}", source, var.name, why));
+  }
+}
+
+// execution.* against the engine and compute (TauGrid's ValidateExecution, with tau's messages).
+void CheckExecution(Ctx& ctx) {
+  RunSpec& spec = ctx.spec;
+  Execution& e = spec.execution;
+  const std::string& launcher = e.launcher;
+  bool ray_launcher = launcher == "ray-train" || launcher == "ray-tune";
+  bool job_launcher = launcher == "python" || launcher == "torchrun";
+  std::string engine_path = ctx.Seen("run.workload_kind") ? "run.workload_kind"
+                            : ctx.Seen("run.engine")      ? "run.engine"
+                                                          : "engine";
+  if (!launcher.empty()) {
+    Pos pos = ctx.ValuePos("execution.launcher");
+    if (!ctx.kind_set && job_launcher) {
+      // The manifest's default engine is rayjob; python and torchrun say job.
+      spec.kind = WorkloadKind::kJob;
+    } else if (job_launcher && spec.kind != WorkloadKind::kJob) {
+      ctx.Error(pos, fmt::format("execution.launcher: '{}' needs engine job ({} is rayjob); Ray "
+                                 "jobs launch with ray-train or ray-tune",
+                                 launcher, engine_path));
+    } else if (ray_launcher && spec.kind != WorkloadKind::kRayJob) {
+      ctx.Error(pos, fmt::format("execution.launcher: '{}' needs engine rayjob ({} is job); Jobs "
+                                 "launch with python or torchrun",
+                                 launcher, ctx.kind_set ? engine_path : "the engine"));
+    }
+  }
+  bool job = spec.kind == WorkloadKind::kJob;
+  if (e.nodes) {
+    Pos pos = ctx.ValuePos("execution.nodes");
+    if (!job && *e.nodes > 1) {
+      ctx.Error(pos, "execution.nodes: a Ray job's size is compute.workers; use compute.workers");
+    } else if (*e.nodes > 1 && launcher == "python") {
+      ctx.Error(pos, "execution.nodes: more than one node needs execution.launcher: torchrun");
+    } else if (ctx.Seen("compute.workers") && spec.compute.workers != *e.nodes) {
+      ctx.Error(pos,
+                fmt::format("execution.nodes ({}) and compute.workers ({}, at {}) disagree: "
+                            "both give the number of workers; keep one",
+                            *e.nodes, spec.compute.workers, At(ctx.ValuePos("compute.workers"))));
+    } else if (job) {
+      spec.compute.workers = *e.nodes;
+    }
+  }
+  if (e.processes_per_node && *e.processes_per_node > 1) {
+    Pos pos = ctx.ValuePos("execution.processes_per_node");
+    if (launcher != "torchrun") {
+      ctx.Error(pos,
+                "execution.processes_per_node: more than one process per node needs "
+                "execution.launcher: torchrun");
+    } else if (spec.compute.gpus > 0 && *e.processes_per_node > spec.compute.gpus) {
+      ctx.Error(pos, fmt::format("execution.processes_per_node ({}) is more than the GPUs per "
+                                 "worker ({}): one process per GPU at most",
+                                 *e.processes_per_node, spec.compute.gpus));
+    }
+  }
+  for (const char* field : {"execution.metric", "execution.mode", "execution.num_samples",
+                            "execution.max_concurrent_trials"}) {
+    if (ctx.Seen(field) && launcher != "ray-tune") {
+      ctx.Error(
+          ctx.KeyPos(field),
+          fmt::format("{} is a Ray Tune setting: it needs execution.launcher: ray-tune", field));
+    }
+  }
+  if (launcher == "ray-tune") {
+    if (e.tune_metric.empty()) {
+      ctx.Error(ctx.KeyPos("execution.launcher"),
+                "execution.launcher: ray-tune needs execution.metric (the metric to optimise)");
+    }
+    if (!e.configs.is_object() || e.configs.empty()) {
+      ctx.Error(ctx.KeyPos("execution.launcher"),
+                "execution.launcher: ray-tune needs execution.configs (the search space)");
+    }
+  }
+  if (!e.configs.is_object() || e.configs.empty()) return;
+  // What configs means depends on the launcher (the engine's default when not given).
+  std::string effective = !launcher.empty() ? launcher : job ? "python" : "ray-train";
+  Pos pos = ctx.ValuePos("execution.configs");
+  if (effective == "python" || effective == "torchrun") {
+    static const std::vector<std::string> kTorchrunOwned = {
+        "standalone", "nnodes",      "nproc-per-node", "node-rank", "rdzv-backend", "rdzv-endpoint",
+        "rdzv-id",    "master-addr", "master-port",    "module",    "no-python",    "run-path"};
+    std::map<std::string, std::string> seen;
+    for (const auto& [key, value] : e.configs.items()) {
+      bool key_ok = !key.empty() && std::isalnum(static_cast<unsigned char>(key[0])) &&
+                    std::all_of(key.begin(), key.end(), [](char ch) {
+                      return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' ||
+                             ch == '.' || ch == '-';
+                    });
+      if (!key_ok) {
+        ctx.Error(pos, fmt::format("execution.configs: '{}' is not a flag name "
+                                   "([A-Za-z0-9][A-Za-z0-9_.-]*)",
+                                   Printable(key)));
+        continue;
+      }
+      if (!value.is_primitive() || value.is_null()) {
+        ctx.Error(pos, fmt::format("execution.configs.{}: {} flags take a string, number or "
+                                   "boolean",
+                                   key, effective));
+        continue;
+      }
+      if (effective != "torchrun") continue;
+      std::string flag = key;
+      for (char& ch : flag) {
+        ch = ch == '_' ? '-' : static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      }
+      if (std::find(kTorchrunOwned.begin(), kTorchrunOwned.end(), flag) != kTorchrunOwned.end()) {
+        ctx.Error(pos, fmt::format("execution.configs.{}: tau sets torchrun's --{} itself (from "
+                                   "execution.nodes, processes_per_node and the gang)",
+                                   key, flag));
+      } else if (auto dup = seen.find(flag); dup != seen.end()) {
+        ctx.Error(pos, fmt::format("execution.configs: '{}' and '{}' are the same torchrun flag",
+                                   dup->second, key));
+      } else {
+        seen[flag] = key;
+      }
+    }
+  } else if (effective == "ray-train") {
+    for (const auto& [key, value] : e.configs.items()) {
+      if (key != "torch_config" && key != "scaling_config" && key != "failure_config") {
+        ctx.Error(pos, fmt::format("execution.configs: '{}' is not a Ray Train section; allowed: "
+                                   "torch_config, scaling_config, failure_config",
+                                   Printable(key)));
+      } else if (!value.is_object()) {
+        ctx.Error(pos, fmt::format("execution.configs.{}: expected a mapping", key));
+      } else if (key == "scaling_config") {
+        for (const char* owned : {"num_workers", "resources_per_worker"}) {
+          if (value.contains(owned)) {
+            ctx.Error(pos, fmt::format("execution.configs.scaling_config.{}: tau sets it from "
+                                       "compute.workers and compute.gpus",
+                                       owned));
+          }
+        }
+      }
+    }
+  }
+}
+
+// policy.topology against the engine and the gang.
+void CheckTopology(Ctx& ctx) {
+  const RunSpec& spec = ctx.spec;
+  const std::string& topology = spec.policy.topology;
+  Pos pos = ctx.ValuePos("policy.topology");
+  bool job = spec.kind == WorkloadKind::kJob;
+  if (topology == "single-node-nvlink" && job && spec.compute.workers > 1) {
+    ctx.Error(pos, fmt::format("policy.topology: single-node-nvlink keeps every GPU on one node, "
+                               "but engine job with {} workers runs {} pods; use one worker with "
+                               "all {} GPUs (compute.workers: 1, compute.gpus: {})",
+                               spec.compute.workers, spec.compute.workers,
+                               spec.compute.workers * std::max(spec.compute.gpus, 1),
+                               spec.compute.workers * std::max(spec.compute.gpus, 1)));
+  }
+  if (topology == "elastic-workers" && job) {
+    ctx.Error(pos,
+              "policy.topology: elastic-workers is only for engine: rayjob (a Job's gang has "
+              "a fixed size)");
+  }
 }
 
 // A limit below its request can never be scheduled; say so at parse time.
@@ -309,6 +566,8 @@ void CheckCrossField(Ctx& ctx) {
              "head CPU request");
   CheckLimit(ctx, c.head_memory_limit, or_default(c.head_memory, c.memory),
              "compute.head_memory_limit", "head memory request");
+  CheckLimit(ctx, c.cpu_limit, c.cpus, "compute.cpu_limit", "CPU request");
+  CheckLimit(ctx, c.memory_limit, c.memory, "compute.memory_limit", "memory request");
   const Resilience& r = ctx.spec.resilience;
   if (r.backoff_initial_ms > r.backoff_max_ms) {
     std::string path = ctx.Seen("resilience.backoff_initial") ? "resilience.backoff_initial"
@@ -350,7 +609,44 @@ void Parse(Ctx& ctx, std::string_view text) {
       manifest ? internal::ManifestRequired() : internal::DirectRequired(), "", root_pos,
       manifest ? &internal::DirectFields() : &internal::ManifestFields());
   if (!manifest) ResolveDirectAliases(ctx, root_pos);
+  CheckExecution(ctx);
+  CheckTopology(ctx);
+  CheckEnv(ctx);
   CheckCrossField(ctx);
+}
+
+// The positions of every field present: as written, and under the canonical names resolution
+// messages use (the first spelling present wins, in the order the values take precedence).
+std::map<std::string, FieldPosition> Positions(const Ctx& ctx) {
+  std::map<std::string, FieldPosition> out;
+  for (const auto& [path, pos] : ctx.key_pos) out[path] = {pos.line, pos.column};
+  for (const auto& [name, where] : ctx.env_pos) {
+    out[where.text + "." + name] = {where.pos.line, where.pos.column};
+  }
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical = {
+      {"name", {"name", "run.name"}},
+      {"run.workload_kind", {"run.workload_kind", "run.engine", "engine"}},
+      {"run.entrypoint", {"run.entrypoint", "run.script", "entrypoint", "script"}},
+      {"runtime.image", {"runtime.image", "run.image", "image"}},
+      {"compute.gpus", {"compute.gpus_per_worker", "compute.gpus"}},
+      {"compute.workers", {"compute.workers", "execution.nodes"}},
+      {"compute.cpus", {"compute.cpu_request", "compute.cpus"}},
+      {"compute.memory", {"compute.memory_request", "compute.memory"}},
+      {"compute.worker_cpus", {"compute.worker_cpu_request", "compute.worker_cpus"}},
+      {"compute.worker_memory", {"compute.worker_memory_request", "compute.worker_memory"}},
+      {"compute.head_cpus", {"compute.head_cpu_request"}},
+      {"compute.head_memory", {"compute.head_memory_request"}},
+      {"run.code_excludes", {"run.working_dir_excludes"}},
+  };
+  for (const auto& [canonical, spellings] : kCanonical) {
+    for (const std::string& path : spellings) {
+      auto it = ctx.key_pos.find(path);
+      if (it == ctx.key_pos.end()) continue;
+      out[canonical] = {it->second.line, it->second.column};
+      break;
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -373,6 +669,9 @@ ParseOutcome ParseSpec(std::string_view text, std::string_view filename) {
         Diagnostic{ctx.file, 0, 0, fmt::format("{} more errors not shown", ctx.suppressed)});
   }
   outcome.diagnostics = std::move(ctx.diagnostics);
+  SortDiagnostics(ctx.warnings);
+  outcome.warnings = std::move(ctx.warnings);
+  outcome.positions = Positions(ctx);
   if (outcome.diagnostics.empty()) outcome.spec = std::move(ctx.spec);
   return outcome;
 }

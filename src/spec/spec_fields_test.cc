@@ -220,17 +220,19 @@ TEST(SpecCompute, GpuResourceMode) {
 }
 
 TEST(SpecPolicy, Enums) {
-  for (const char* gpu : {"any", "a10-4gb", "a10-24gb", "a100-40gb", "h100-95gb", "gb300-288gb"}) {
+  for (const char* gpu : {"any", "a10-4gb", "a10-24gb", "a100-40gb", "h100-95gb", "gb300-288gb",
+                          "a10", "a100", "h100", "h200", "gb200", "gb300"}) {
     EXPECT_EQ(
         MustParse(Direct(std::string("policy:\n  gpu_class: ") + gpu + "\n")).policy.gpu_class,
         gpu);
   }
-  for (const char* t : {"unconstrained", "same-host", "same-accelerator-domain",
-                        "same-network-domain", "same-site"}) {
+  for (const char* t :
+       {"independent", "single-node-nvlink", "multi-node-nccl", "unconstrained", "same-host",
+        "same-accelerator-domain", "same-network-domain", "same-site"}) {
     EXPECT_EQ(MustParse(Direct(std::string("policy:\n  topology: ") + t + "\n")).policy.topology,
               t);
   }
-  EXPECT_NE(Errors(Direct("policy:\n  gpu_class: H100-80GB\n")).find("(did you mean 'h100-80gb'?)"),
+  EXPECT_NE(Errors(Direct("policy:\n  gpu_class: a100-80g\n")).find("(did you mean 'a100-80gb'?)"),
             std::string::npos);
   EXPECT_NE(Errors(Direct("policy:\n  priority_tier: prio\n")).find("allowed: default, priority"),
             std::string::npos);

@@ -233,9 +233,24 @@ TEST(SpecSchema, IsWellFormedDraft202012) {
   EXPECT_EQ(manifest["properties"]["schema_version"]["const"], 1);
   EXPECT_EQ(manifest["required"], json::array({"schema_version", "name", "run"}));
   EXPECT_FALSE(direct["properties"].contains("schema_version"));
-  EXPECT_TRUE(direct["required"].get<std::vector<std::string>>() ==
-              (std::vector<std::string>{"name", "engine"}));
-  EXPECT_EQ(direct["properties"]["engine"]["enum"], json::array({"job", "rayjob"}));
+  // name, engine and the entrypoint may each be at the top or under run: (allOf of anyOf).
+  EXPECT_FALSE(direct.contains("required"));
+  ASSERT_EQ(direct["allOf"].size(), 3u);
+  EXPECT_EQ(direct["allOf"][0]["anyOf"].size(), 2u);
+  EXPECT_EQ(direct["allOf"][2]["anyOf"].size(), 4u);
+  EXPECT_EQ(direct["properties"]["engine"]["enum"], json::array({"job", "rayjob", "ray"}));
+  EXPECT_EQ(direct["properties"]["run"]["properties"]["engine"]["enum"],
+            json::array({"job", "rayjob", "ray"}));
+  // runtime.env: a mapping or a list of {name, value}.
+  const json& env = manifest["properties"]["runtime"]["properties"]["env"];
+  ASSERT_EQ(env["oneOf"].size(), 2u);
+  EXPECT_EQ(env["oneOf"][0]["type"], "object");
+  EXPECT_EQ(env["oneOf"][1]["type"], "array");
+  EXPECT_EQ(env["oneOf"][1]["items"]["required"], json::array({"name", "value"}));
+  // gpu_class: the classes, and the deprecated aliases in a branch of their own.
+  const json& gpu = direct["properties"]["policy"]["properties"]["gpu_class"];
+  ASSERT_EQ(gpu["oneOf"].size(), 2u);
+  EXPECT_EQ(gpu["oneOf"][1]["deprecated"], true);
   EXPECT_EQ(direct["properties"]["name"]["maxLength"], 53);
   EXPECT_TRUE(direct["properties"]["name"].contains("pattern"));
   EXPECT_TRUE(direct["properties"]["compute"]["properties"]["cpu_request"].contains("pattern"));
@@ -387,6 +402,16 @@ bool Validate(const json& v, const json& s) {
       }
     }
   }
+  if (s.contains("allOf")) {
+    for (const json& sub : s["allOf"]) {
+      if (!Validate(v, sub)) return false;
+    }
+  }
+  if (s.contains("anyOf")) {
+    bool any = false;
+    for (const json& sub : s["anyOf"]) any = any || Validate(v, sub);
+    if (!any) return false;
+  }
   if (s.contains("oneOf")) {
     int matches = 0;
     for (const json& sub : s["oneOf"]) matches += Validate(v, sub) ? 1 : 0;
@@ -445,6 +470,19 @@ TEST(SpecSchema, ValidCorpusValidatesAgainstTheSchema) {
                         schema));
   EXPECT_TRUE(
       Validate(json{{"schema_version", 1}, {"name", "a"}, {"run", {{"entrypoint", "a"}}}}, schema));
+  EXPECT_TRUE(
+      Validate(json{{"run", {{"name", "a"}, {"engine", "ray"}, {"script", "a.py"}}}}, schema));
+  EXPECT_FALSE(Validate(json{{"run", {{"name", "a"}, {"script", "a.py"}}}}, schema));  // no engine
+  EXPECT_TRUE(Validate(json{{"schema_version", 1},
+                            {"name", "a"},
+                            {"run", {{"entrypoint", "a"}}},
+                            {"runtime", {{"env", json::array({{{"name", "A"}, {"value", "1"}}})}}}},
+                       schema));
+  EXPECT_FALSE(Validate(json{{"schema_version", 1},
+                             {"name", "a"},
+                             {"run", {{"entrypoint", "a"}}},
+                             {"runtime", {{"env", json::array({{{"name", "A"}}})}}}},
+                        schema));
 }
 
 }  // namespace

@@ -370,6 +370,15 @@ class Walker {
     if (!Text(node, v->path, v->pos, /*allow_empty=*/true, &v->text)) return false;
     const auto& allowed = def.enum_values;
     if (std::find(allowed.begin(), allowed.end(), v->text) != allowed.end()) return true;
+    if (def.normalize) {
+      if (std::optional<std::string> mapped = def.normalize(v->text)) {
+        ctx_.Warn(v->pos, fmt::format("{}: '{}' is a deprecated spelling of '{}'; tau reads it as "
+                                      "'{}' (write '{}')",
+                                      v->path, v->text, *mapped, *mapped, *mapped));
+        v->text = *mapped;
+        return true;
+      }
+    }
     std::string close = Suggest(v->text, allowed);
     ctx_.Error(v->pos, fmt::format("{}: unknown value '{}'{}; allowed: {}", v->path, v->text,
                                    close.empty() ? "" : fmt::format(" (did you mean '{}'?)", close),
@@ -401,7 +410,11 @@ class Walker {
   // Entries that cannot be read are reported and left out; the rest still go to the field's
   // checks, so one bad value does not hide the errors of its neighbours.
   bool ReadPairs(const FieldDef& def, const YAML::Node& node, Value* v) {
-    if (!node.IsMap()) return TypeError(*v, "a mapping", node);
+    if (def.kind == Kind::kEnv && node.IsSequence()) return ReadEnvList(def, node, v);
+    if (!node.IsMap()) {
+      return TypeError(
+          *v, def.kind == Kind::kEnv ? "a mapping or a list of {name, value}" : "a mapping", node);
+    }
     std::map<std::string, int> seen;
     for (const auto& entry : node) {
       YAML::Node key = entry.first;
@@ -425,6 +438,68 @@ class Walker {
                 &pair.value)) {
         continue;
       }
+      v->pairs.push_back(std::move(pair));
+    }
+    return true;
+  }
+
+  // runtime.env as a list of {name, value} (the Kubernetes form): each item is read into a Pair
+  // with the positions of its name and value.
+  bool ReadEnvList(const FieldDef& def, const YAML::Node& node, Value* v) {
+    std::map<std::string, int> seen;
+    size_t i = 0;
+    for (const auto& element : node) {
+      YAML::Node item = element;
+      std::string path = fmt::format("{}[{}]", v->path, i++);
+      Pos pos = item.IsNull() ? v->pos : PosOf(item.Mark());
+      if (pos.line == 0) pos = v->pos;
+      if (!item.IsMap()) {
+        ctx_.Error(pos, fmt::format("{}: expected a mapping with 'name' and 'value', got {}", path,
+                                    Describe(item)));
+        continue;
+      }
+      Pair pair;
+      bool has_name = false, has_value = false, ok = true;
+      for (const auto& entry : item) {
+        YAML::Node key = entry.first;
+        YAML::Node value = entry.second;
+        Pos key_pos = PosOf(key.Mark());
+        std::string name = key.IsScalar() ? key.Scalar() : "";
+        Pos value_pos = ValuePos(value, key_pos);
+        if (name == "name" && !has_name) {
+          has_name = true;
+          pair.key_pos = value_pos;
+          ok = Text(value, path + ".name", value_pos, /*allow_empty=*/false, &pair.key) && ok;
+        } else if (name == "value" && !has_value) {
+          has_value = true;
+          pair.value_pos = value_pos;
+          ok = Text(value, path + ".value", value_pos, def.allow_empty, &pair.value) && ok;
+        } else if (name == "name" || name == "value") {
+          ctx_.Error(key_pos, fmt::format("duplicate field '{}' in '{}'", name, path));
+          ok = false;
+        } else {
+          std::string close = Suggest(name, {"name", "value"});
+          ctx_.Error(
+              key_pos,
+              fmt::format("unknown field '{}' in '{}'{}", Printable(name), path,
+                          name == "valueFrom" ? " (write secret references in runtime.env_secret)"
+                          : close.empty()     ? ""
+                                              : fmt::format(" (did you mean '{}'?)", close)));
+          ok = false;
+        }
+      }
+      if (!has_name || !has_value) {
+        ctx_.Error(pos, fmt::format("missing required field '{}' in '{}'",
+                                    has_name ? "value" : "name", path));
+        continue;
+      }
+      if (!ok) continue;
+      if (auto dup = seen.find(pair.key); dup != seen.end()) {
+        ctx_.Error(pair.key_pos, fmt::format("{}: '{}' is set twice (first on line {})", path,
+                                             Printable(pair.key), dup->second));
+        continue;
+      }
+      seen[pair.key] = pair.key_pos.line;
       v->pairs.push_back(std::move(pair));
     }
     return true;
@@ -529,6 +604,11 @@ void Ctx::Error(Pos pos, std::string message) {
     return;
   }
   diagnostics.push_back(Diagnostic{file, pos.line, pos.column, std::move(message)});
+}
+
+void Ctx::Warn(Pos pos, std::string message) {
+  if (warnings.size() >= kMaxDiagnostics) return;
+  warnings.push_back(Diagnostic{file, pos.line, pos.column, std::move(message), true});
 }
 
 Pos Ctx::KeyPos(const std::string& path) const {

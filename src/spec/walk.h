@@ -56,6 +56,8 @@ struct Value {
 struct Ctx {
   explicit Ctx(std::string file_name) : file(std::move(file_name)) {}
   void Error(Pos pos, std::string message);
+  // An accepted field the author should hear about (deprecated spelling, not acted on).
+  void Warn(Pos pos, std::string message);
   bool Seen(const std::string& path) const { return key_pos.count(path) > 0; }
   Pos KeyPos(const std::string& path) const;
   Pos ValuePos(const std::string& path) const;
@@ -65,6 +67,7 @@ struct Ctx {
 
   std::string file;
   std::vector<Diagnostic> diagnostics;
+  std::vector<Diagnostic> warnings;
   size_t suppressed = 0;  // errors beyond kMaxDiagnostics, counted but not kept
   RunSpec spec;
   std::map<std::string, Pos> key_pos;    // every field present in the file, by dotted path
@@ -73,7 +76,16 @@ struct Ctx {
   std::string top_level_image;
   std::optional<int64_t> direct_gpus;
   std::optional<int64_t> direct_gpus_per_worker;
-  bool kind_set = false;  // the direct shape's `engine` was read successfully
+  bool kind_set = false;  // `engine` / `run.engine` / `run.workload_kind` was read successfully
+  // Fields given at two levels of the direct shape (name / run.name, engine / run.engine,
+  // entrypoint / run.entrypoint, image / run.image): the value as read, by the path it was read at,
+  // compared after the walk.
+  struct Spelled {
+    std::string text;
+    Pos pos;
+  };
+  std::map<std::string, Spelled> spelled;
+  std::map<std::string, Spelled> env_pos;  // env variable -> {the field it is in, its position}
 };
 
 enum class Kind {
@@ -109,6 +121,17 @@ struct FieldDef {
   bool must_be_mapping = false;          // kAny: the value must be a mapping
   std::string pattern;                   // JSON Schema pattern (strings, or map keys)
   std::function<void(Ctx&, Pos)> on_item;  // kObjectList: before each item's fields are read
+  // kEnum: maps a spelling that is not one of enum_values to the value it stands for (a deprecated
+  // alias), or nullopt. The walker warns at the value and reads the mapped value instead.
+  std::function<std::optional<std::string>(const std::string&)> normalize;
+  std::vector<std::string> deprecated_values;  // kEnum: aliases, for the JSON Schema
+
+  // Compatibility with TauGrid's run config (docs/taugrid-compat.md, CompatibilityTable()): what
+  // each backend does with the field, in a few words. Every field must say; a section (kObject)
+  // says "section". tau_extension: TauGrid has no such field.
+  std::string local;
+  std::string kube;
+  bool tau_extension = false;
 };
 
 // Walks `node` (a mapping) against `fields`, reporting unknown, duplicate, mistyped and missing
@@ -140,6 +163,7 @@ nlohmann::json SchemaForFields(const std::vector<FieldDef>& fields,
 
 // Allowed values, shared by the trees, the validators and the tests.
 const std::vector<std::string>& GpuClasses();
+const std::vector<std::pair<std::string, std::string>>& GpuClassAliases();  // alias -> class
 const std::vector<std::string>& Topologies();
 const std::vector<std::string>& RetryableFailureClasses();
 
