@@ -119,6 +119,11 @@ class Resolver {
         Fail(fmt::format("policy.workspace: unknown workspace '{}'{}", asked,
                          internal::Hint(asked, Names(p_.workspaces))));
       }
+    } else if (!s_.policy.namespace_name.empty() &&
+               p_.FindWorkspace(s_.policy.namespace_name) != nullptr) {
+      // TauGrid's configs name the namespace; on Kubernetes a workspace's namespace is its name.
+      w = p_.FindWorkspace(s_.policy.namespace_name);
+      source = "spec (policy.namespace)";
     } else if (!p_.defaults.workspace.empty()) {
       w = p_.FindWorkspace(p_.defaults.workspace);
     } else if (p_.workspaces.size() == 1) {

@@ -360,6 +360,15 @@ TEST_F(ResolveTest, StorageCheckpointAsAnArtifactName) {
   EXPECT_EQ(back.checkpoint_artifact, "last.safetensors");
 }
 
+// TauGrid's configs name a namespace, not a workspace: the workspace of that name (its namespace on
+// Kubernetes) is chosen.
+TEST_F(ResolveTest, NamespaceChoosesTheWorkspaceOfThatName) {
+  spec_.policy.namespace_name = "product";
+  EXPECT_EQ(Of(MustResolve("carol"), "policy.workspace"), "product | spec (policy.namespace)");
+  spec_.policy.namespace_name = "elsewhere";  // no such workspace: the default, as before
+  EXPECT_EQ(Of(MustResolve(), "policy.workspace"), "research | platform default");
+}
+
 TEST_F(ResolveTest, PresetIsAComputeProfile) {
   spec_.policy.preset = "full-node";
   ResolvedRun r = MustResolve();
