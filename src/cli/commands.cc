@@ -83,10 +83,23 @@ static int ValidateFiles(
   return rc;
 }
 
+void PrintSpecWarnings(const spec::ParseOutcome& parsed) {
+  for (const spec::Diagnostic& w : parsed.warnings)
+    std::fprintf(stderr, "%s\n", w.ToString().c_str());
+}
+
+std::string LocatedErrors(const std::string& file, const spec::ParseOutcome& parsed,
+                          const std::string& message) {
+  // A message that already names the file (the server's parse errors) is left as it is.
+  if (StartsWith(message, file + ":")) return message;
+  return spec::LocateFieldErrors(message, file, parsed.positions);
+}
+
 static int CmdValidate(const std::vector<std::string>& files, bool quiet) {
   return ValidateFiles(files, quiet, spec::kMaxSpecBytes, "a spec",
                        [](const std::string& text, const std::string& file, std::string* summary) {
                          spec::ParseOutcome parsed = spec::ParseSpec(text, file);
+                         PrintSpecWarnings(parsed);
                          if (!parsed.ok()) return parsed.ErrorText();
                          *summary = fmt::format(
                              "{} shape, {} '{}'", spec::ShapeName(parsed.spec->shape),
@@ -398,6 +411,7 @@ int CmdExplain(const std::string& spec_file, std::string platform_file, const st
   auto text = ReadFileAtMost(spec_file, spec::kMaxSpecBytes, "a spec");
   if (!text.ok()) return Fail(text.status().message());
   spec::ParseOutcome spec = spec::ParseSpec(*text, spec_file);
+  PrintSpecWarnings(spec);
   if (!spec.ok()) {
     std::fprintf(stderr, "%s\n", spec.ErrorText().c_str());
     return kExitInvalid;
@@ -430,7 +444,8 @@ int CmdExplain(const std::string& spec_file, std::string platform_file, const st
   }
   auto resolved = policy::Resolve(*spec.spec, platform, who);
   if (!resolved.ok()) {
-    std::fprintf(stderr, "%s: error: %s\n", spec_file.c_str(), resolved.status().message().c_str());
+    std::fprintf(stderr, "%s\n",
+                 LocatedErrors(spec_file, spec, resolved.status().message()).c_str());
     return kExitInvalid;
   }
   if (format == Format::kTable) {

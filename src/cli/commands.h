@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/output.h"
+#include "spec/spec.h"
 
 namespace CLI {
 class App;
@@ -31,6 +32,13 @@ struct Context {
 // ctx->rc set, for an unknown format.
 std::function<std::optional<Format>()> AddOutput(
     CLI::App* cmd, Context* ctx, const char* help = "Output format: table, json or yaml");
+
+// A spec's warnings on stderr, one per line ("FILE:LINE:COL: warning: ...").
+void PrintSpecWarnings(const spec::ParseOutcome& parsed);
+// A resolution or submission error (one "FIELD: text" per line) with each line at its field's
+// position in the spec, in the form of parse errors ("FILE:LINE:COL: error: FIELD: text").
+std::string LocatedErrors(const std::string& file, const spec::ParseOutcome& parsed,
+                          const std::string& message);
 
 // commands.cc
 void RegisterBasicCommands(CLI::App* app, Context* ctx);      // version, validate, schema

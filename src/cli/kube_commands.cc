@@ -126,6 +126,7 @@ int CmdPlan(const PlanOptions& o) {
   auto text = ReadFileAtMost(o.file, spec::kMaxSpecBytes, "a spec");
   if (!text.ok()) return Fail(text.status().message());
   spec::ParseOutcome parsed = spec::ParseSpec(*text, o.file);
+  PrintSpecWarnings(parsed);
   if (!parsed.ok()) {
     std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
     return kExitInvalid;
@@ -137,7 +138,7 @@ int CmdPlan(const PlanOptions& o) {
   }
   auto run = policy::Resolve(*parsed.spec, *platform, o.user.empty() ? CurrentUser() : o.user);
   if (!run.ok()) {
-    std::fprintf(stderr, "%s: error: %s\n", o.file.c_str(), run.status().message().c_str());
+    std::fprintf(stderr, "%s\n", LocatedErrors(o.file, parsed, run.status().message()).c_str());
     return kExitInvalid;
   }
   std::string code_dir = fs::absolute(fs::path(o.file)).parent_path().string();
@@ -151,7 +152,7 @@ int CmdPlan(const PlanOptions& o) {
   ro.code = std::move(*code);
   auto objects = kube::RenderRun(*parsed.spec, *run, *platform, ro);
   if (!objects.ok()) {
-    std::fprintf(stderr, "%s: error: %s\n", o.file.c_str(), objects.status().message().c_str());
+    std::fprintf(stderr, "%s\n", LocatedErrors(o.file, parsed, objects.status().message()).c_str());
     return kExitInvalid;
   }
   std::fputs(kube::ToYaml(*objects).c_str(), stdout);

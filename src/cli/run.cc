@@ -59,6 +59,7 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
   auto text = ReadFileAtMost(file, spec::kMaxSpecBytes, "a spec");
   if (!text.ok()) return Fail(text.status().message());
   spec::ParseOutcome parsed = spec::ParseSpec(*text, file);
+  PrintSpecWarnings(parsed);
   if (!parsed.ok()) {
     std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
     return kExitInvalid;
@@ -100,7 +101,17 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
     *conn = std::move(*again);
     submitted = client::TauApi(conn->get()).Submit(request, key);
   }
-  if (!submitted.ok()) return Fail(submitted.status().message());
+  if (!submitted.ok()) {
+    // A refusal of the spec (resolution, the backend's checks) is printed at the fields it names.
+    if (submitted.status().code() == StatusCode::kInvalidArgument ||
+        submitted.status().code() == StatusCode::kFailedPrecondition ||
+        submitted.status().code() == StatusCode::kPermissionDenied) {
+      std::fprintf(stderr, "%s\n",
+                   LocatedErrors(file, parsed, submitted.status().message()).c_str());
+      return kExitTauError;  // as before: the run never existed
+    }
+    return Fail(submitted.status().message());
+  }
   client::TauApi tau(conn->get());
   api::Run run = std::move(submitted->run);
   std::string name = run.name;

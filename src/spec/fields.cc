@@ -214,14 +214,14 @@ FieldDef PolicyObject() {
             "resolved against platform.yaml's queues (Kueue LocalQueue on Kubernetes)"),
        Both(plain("profile", &Policy::profile),
             "resolved against platform.yaml's compute profiles"),
-       Both(plain("lane", &Policy::lane), kResolved),
+       Both(plain("lane", &Policy::lane),
+            "resolved to a queue by the workspace's lanes in platform.yaml"),
        warned(
            "team", &Policy::team,
            "policy.team: tau has no teams; the queue, quota and priority come from policy.queue, "
            "policy.workspace and platform.yaml"),
-       warned("preset", &Policy::preset,
-              "policy.preset: tau has no preset catalog; size the run with compute.* and choose "
-              "the queue with policy.queue or policy.profile"),
+       Both(plain("preset", &Policy::preset),
+            "resolved as a compute profile of platform.yaml (a TauGrid preset's shape)"),
        On(gpu_class, "resolved against platform.yaml's flavors",
           "flavor choice and the pods' gpu-class node selector"),
        On(Enum("topology", Topologies(), "How close the workers must be",

@@ -75,7 +75,7 @@ class TauGridSpecsTest(unittest.TestCase):
         for path in self.files:
             with self.subTest(spec=os.path.basename(path)):
                 p = self.run_tau("plan", path, "--backend", "kubernetes", "--platform", PLATFORM,
-                                 "--user", "alice", "--namespace", "research",
+                                 "--user", "alice",
                                  "--image", "python:3.12-slim")
                 self.assertEqual(p.returncode, 0, p.stderr)
                 docs = [d for d in yaml.safe_load_all(p.stdout) if d]
