@@ -649,23 +649,30 @@ int64_t Controller::NextWakeMillis() {
 
 Status Controller::CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,
                                 spec::RunSpec* resolved_spec) {
-  bool refers = std::any_of(spec.runtime.env.begin(), spec.runtime.env.end(),
-                            [](const spec::EnvVar& v) { return v.secret_ref; });
-  if (!refers) return Status::Ok();
+  // tau's store holds the values of SECRET:KEY references, and of runtime.env_secret's NAME:KEY
+  // as NAME.KEY, except on a cluster, where NAME is the namespace's own Kubernetes Secret.
+  const bool cluster = std::string_view(backend_->Name()) == "kubernetes";
+  auto in_store = [cluster](const spec::EnvVar& v) {
+    return v.secret_ref && (v.secret_name.empty() || !cluster);
+  };
+  if (std::none_of(spec.runtime.env.begin(), spec.runtime.env.end(), in_store)) return Status::Ok();
   TAU_ASSIGN_OR_RETURN(auto values, store_->SecretValues(workspace));
   std::vector<std::string> missing;
   for (const spec::EnvVar& var : spec.runtime.env)
-    if (var.secret_ref && !values.count(var.value)) missing.push_back(var.value);
+    if (in_store(var) && !values.count(spec::SecretStoreKey(var)))
+      missing.push_back(spec::SecretStoreKey(var));
   if (!missing.empty())
     return FailedPrecondition(fmt::format(
         "runtime.env refers to secret(s) {} that workspace '{}' does not have; set each with "
-        "`tau secret set {} KEY` (the value is read from the terminal or stdin)",
+        "`tau secret set {} KEY` (the value is read from the terminal or stdin; "
+        "runtime.env_secret's NAME:KEY is the secret NAME.KEY)",
         Join(missing, ", "), workspace, workspace));
   if (resolved_spec != nullptr)
     for (spec::EnvVar& var : resolved_spec->runtime.env)
-      if (var.secret_ref) {
-        var.value = values.at(var.value);
+      if (in_store(var)) {
+        var.value = values.at(spec::SecretStoreKey(var));
         var.secret_ref = false;
+        var.secret_name.clear();
       }
   return Status::Ok();
 }

@@ -12,8 +12,13 @@ std::vector<std::string> SecretKeysOf(const nlohmann::json& spec_json) {
   const nlohmann::json& env = (*runtime)["env"];
   if (!env.is_object()) return keys;
   for (const auto& [name, value] : env.items())
-    if (value.is_object() && value.contains("secret_ref") && value["secret_ref"].is_string())
-      keys.push_back(value["secret_ref"].get<std::string>());
+    if (value.is_object() && value.contains("secret_ref") && value["secret_ref"].is_string()) {
+      // runtime.env_secret's NAME:KEY is kept in tau's store as NAME.KEY (spec::SecretStoreKey).
+      std::string key = value["secret_ref"].get<std::string>();
+      if (value.contains("secret_name") && value["secret_name"].is_string())
+        key = value["secret_name"].get<std::string>() + "." + key;
+      keys.push_back(std::move(key));
+    }
   return keys;
 }
 

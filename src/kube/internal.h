@@ -67,6 +67,9 @@ json SetupContainer(const RunContext& ctx, bool pip, const json& resources);
 json ContainerEnv(const RunContext& ctx, bool literal_env, bool gpu_container,
                   const std::vector<json>& extra);
 
+// Resources() of a resolved pod.
+json PodResourcesJson(const policy::PodResources& p);
+
 // requests/limits; GPUs go into both, as Kubernetes requires of extended resources.
 json Resources(const std::optional<Quantity>& cpu, const std::optional<Quantity>& memory,
                const std::optional<Quantity>& cpu_limit,

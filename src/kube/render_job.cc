@@ -27,7 +27,7 @@ std::vector<json> RenderJob(const RunContext& ctx) {
   const policy::ResolvedRun& run = *ctx.run;
   const int workers = run.workers;
   const int gpus = run.gpus_per_worker;
-  const bool torchrun = gpus > 1 && EndsWith(s.entrypoint, ".py");
+  const bool torchrun = spec::UsesTorchrun(s);
   const bool pip = !s.runtime.pip.empty();
   std::vector<json> out;
 
@@ -43,7 +43,7 @@ std::vector<json> RenderJob(const RunContext& ctx) {
       argv.push_back("--master_addr=$(MASTER_ADDR)");
       argv.push_back("--master_port=$(MASTER_PORT)");
     }
-    argv.push_back(fmt::format("--nproc_per_node={}", gpus));
+    argv.push_back(fmt::format("--nproc_per_node={}", spec::ProcessesPerNode(s)));
     std::vector<std::string> entry = EntryArgv(ctx);
     argv.push_back(entry.back());
   } else {
@@ -84,10 +84,7 @@ std::vector<json> RenderJob(const RunContext& ctx) {
     extra.push_back(EnvEntry("PYTHONPATH", path));
   }
 
-  const spec::Compute& c = s.compute;
-  json resources = Resources(c.worker_cpus ? c.worker_cpus : run.cpus_per_worker,
-                             c.worker_memory ? c.worker_memory : run.memory_per_worker,
-                             c.worker_cpu_limit, c.worker_memory_limit, gpus);
+  json resources = PodResourcesJson(run.worker);
   json container = {{"name", "worker"},
                     {"image", ctx.image},
                     {"command", argv},

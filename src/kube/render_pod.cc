@@ -229,11 +229,11 @@ json ObjectMeta(const RunContext& ctx, bool kueue) {
     labels[kKueueQueueLabel] = ctx.run->queue;
     if (!ctx.run->priority_class.empty()) labels[kKueuePriorityLabel] = ctx.run->priority_class;
     const spec::RunSpec& s = *ctx.spec;
-    // Accepted and recorded: Kueue's topology-aware scheduling needs the platform's topology
-    // labels, which platform.yaml does not describe yet.
-    if (!s.policy.topology.empty() && s.policy.topology != "unconstrained") {
-      annotations["tau.dev/topology"] = s.policy.topology;
-    }
+    if (!ctx.run->gpu_class.empty()) labels[ctx.run->node_labels.gpu_class] = ctx.run->gpu_class;
+    // TauGrid's placements hold without Kueue's topology-aware scheduling (which needs flavors
+    // with a topology, and would leave the workload inadmissible without): single-node-nvlink is
+    // one pod (the parser refuses more), the others are unconstrained. Recorded for people.
+    if (!ctx.run->topology.empty()) annotations["tau.dev/topology"] = ctx.run->topology;
     if (!s.experiment.project.empty())
       annotations["tau.dev/experiment-project"] = s.experiment.project;
     if (!s.experiment.name.empty()) annotations["tau.dev/experiment-name"] = s.experiment.name;
@@ -243,6 +243,10 @@ json ObjectMeta(const RunContext& ctx, bool kueue) {
           {"namespace", ctx.namespace_name},
           {"labels", labels},
           {"annotations", annotations}};
+}
+
+json PodResourcesJson(const policy::PodResources& p) {
+  return Resources(p.cpus, p.memory, p.cpu_limit, p.memory_limit, p.gpus);
 }
 
 json PodLabels(const RunContext& ctx) {
@@ -263,10 +267,14 @@ json PodSpecBase(const RunContext& ctx, bool pip, bool gpu_pod) {
   volumes.push_back({{"name", kShmVolume}, {"emptyDir", {{"medium", "Memory"}}}});
   for (const json& v : ctx.storage_volumes) volumes.push_back(v);
   spec["volumes"] = volumes;
-  if (!ctx.node_selector.empty()) spec["nodeSelector"] = ctx.node_selector;
-  // Every pod of a GPU run may land on GPU nodes (the flavor's node labels pin them there), and GPU
-  // nodes are usually tainted nvidia.com/gpu.
-  if (gpu_pod || ctx.gpus) {
+  // A GPU run's pods without GPUs (its control-only Ray head) keep off the GPU nodes: only the
+  // spec's own selector applies to them, and they do not tolerate the GPU taint.
+  const bool head_of_gpu_run = ctx.gpus && !gpu_pod;
+  const std::map<std::string, std::string>& selector =
+      head_of_gpu_run ? ctx.spec->policy.node_selector : ctx.node_selector;
+  if (!selector.empty()) spec["nodeSelector"] = selector;
+  // GPU nodes are usually tainted nvidia.com/gpu.
+  if (gpu_pod) {
     spec["tolerations"] = json::array(
         {{{"key", policy::kGpuResource}, {"operator", "Exists"}, {"effect", "NoSchedule"}}});
   }
@@ -330,9 +338,11 @@ json ContainerEnv(const RunContext& ctx, bool literal_env, bool gpu_container,
   std::vector<json> env;
   for (const spec::EnvVar& var : ctx.spec->runtime.env) {
     if (var.secret_ref) {
-      SetEnv(env,
-             {{"name", var.name},
-              {"valueFrom", {{"secretKeyRef", {{"name", kRunSecretName}, {"key", var.value}}}}}});
+      SetEnv(env, {{"name", var.name},
+                   {"valueFrom",
+                    {{"secretKeyRef",
+                      {{"name", var.secret_name.empty() ? kRunSecretName : var.secret_name},
+                       {"key", var.value}}}}}});
     } else if (literal_env) {
       SetEnv(env, EnvEntry(var.name, var.value));
     }

@@ -29,6 +29,8 @@ json Container(const RunContext& ctx, const std::string& name, const json& resou
                bool gpu_container) {
   std::vector<json> extra = {
       {{"name", "TAU_RAY_WORKERS"}, {"value", std::to_string(ctx.run->workers)}}};
+  for (const auto& [k, v] : spec::LauncherEnv(*ctx.spec))
+    extra.push_back({{"name", k}, {"value", v}});
   if (!ctx.code_chunks.empty()) {
     // Ray's workers import the driver's modules from the same shipped code.
     std::string path = kCodeDir;
@@ -89,24 +91,19 @@ std::string RuntimeEnv(const RunContext& ctx) {
 
 json RenderRayJob(const RunContext& ctx) {
   const spec::RunSpec& s = *ctx.spec;
-  const spec::Compute& c = s.compute;
   const policy::ResolvedRun& run = *ctx.run;
   const int gpus = run.gpus_per_worker;
 
-  // Worker pods take compute.worker_* when given, else the run's per-worker shape; the head takes
-  // compute.head_*, else the run's shape when worker_* sized the workers (the manifest's rule),
-  // else a small default.
-  json worker_resources = Resources(c.worker_cpus ? c.worker_cpus : run.cpus_per_worker,
-                                    c.worker_memory ? c.worker_memory : run.memory_per_worker,
-                                    c.worker_cpu_limit, c.worker_memory_limit, gpus);
-  std::optional<Quantity> head_cpu =
-      c.head_cpus ? c.head_cpus
-                  : (c.worker_cpus && run.cpus_per_worker ? run.cpus_per_worker : kDefaultHeadCpu);
-  std::optional<Quantity> head_memory =
-      c.head_memory
-          ? c.head_memory
-          : (c.worker_memory && run.memory_per_worker ? run.memory_per_worker : kDefaultHeadMemory);
-  json head_resources = Resources(head_cpu, head_memory, c.head_cpu_limit, c.head_memory_limit, 0);
+  // The pods' sizes are the resolution's (policy::ResolvedRun::worker and head); a head the spec
+  // does not size gets a small default.
+  json worker_resources = PodResourcesJson(run.worker);
+  policy::PodResources head_pod = run.head
+                                      ? *run.head
+                                      : policy::PodResources{kDefaultHeadCpu, kDefaultHeadMemory,
+                                                             std::nullopt, std::nullopt, 0};
+  if (!head_pod.cpus) head_pod.cpus = kDefaultHeadCpu;
+  if (!head_pod.memory) head_pod.memory = kDefaultHeadMemory;
+  json head_resources = PodResourcesJson(head_pod);
 
   json head = {// Control-only: Ray schedules no task on the head, so every task runs on a worker.
                {"rayStartParams", {{"num-cpus", "0"}, {"num-gpus", "0"}}},

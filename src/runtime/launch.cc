@@ -86,6 +86,7 @@ Result<std::vector<WorkerLaunch>> PlanRayJob(const spec::RunSpec& spec, const La
   driver.argv = EntryCommand(spec, ctx);
   AppendArgs(driver.argv, spec.args);
   EnvList ray_env = {{"TAU_RAY_WORKERS", std::to_string(spec.compute.workers)}};
+  for (auto& kv : spec::LauncherEnv(spec)) ray_env.push_back(std::move(kv));
   TAU_ASSIGN_OR_RETURN(driver.env,
                        WorkerEnv(spec, ctx, ray_env, GpuList(ctx.gpus, 0, ctx.gpus.size())));
   return std::vector<WorkerLaunch>{std::move(driver)};
@@ -96,23 +97,23 @@ Result<std::vector<WorkerLaunch>> PlanJob(const spec::RunSpec& spec, const Launc
   const int gpus = spec.compute.gpus;
   // torchrun only launches Python; a non-Python entrypoint is executed as is (it may be its own
   // launcher).
-  const bool torchrun = gpus > 1 && EndsWith(spec.entrypoint, ".py");
+  const bool torchrun = spec::UsesTorchrun(spec);
+  const std::string nproc = "--nproc_per_node=" + std::to_string(spec::ProcessesPerNode(spec));
   std::vector<WorkerLaunch> out;
   for (int rank = 0; rank < workers; ++rank) {
     WorkerLaunch w;
     EnvList gang_env;
     if (workers == 1) {
-      w.argv = torchrun ? std::vector<std::string>{"torchrun", "--standalone",
-                                                   "--nproc_per_node=" + std::to_string(gpus),
-                                                   spec.entrypoint}
-                        : EntryCommand(spec, ctx);
+      w.argv = torchrun
+                   ? std::vector<std::string>{"torchrun", "--standalone", nproc, spec.entrypoint}
+                   : EntryCommand(spec, ctx);
     } else {
       const std::string port = std::to_string(ctx.master_port);
       if (torchrun) {
         w.argv = {"torchrun",
                   "--nnodes=" + std::to_string(workers),
                   "--node_rank=" + std::to_string(rank),
-                  "--nproc_per_node=" + std::to_string(gpus),
+                  nproc,
                   "--master_addr=127.0.0.1",
                   "--master_port=" + port,
                   spec.entrypoint};

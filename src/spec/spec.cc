@@ -50,6 +50,35 @@ std::string Diagnostic::ToString() const {
                      message);
 }
 
+std::vector<std::pair<std::string, std::string>> LauncherEnv(const RunSpec& spec) {
+  const Execution& e = spec.execution;
+  std::vector<std::pair<std::string, std::string>> env;
+  if (e.launcher == "ray-tune") {
+    if (!e.tune_metric.empty()) env.emplace_back("TAU_TUNE_METRIC", e.tune_metric);
+    if (!e.tune_mode.empty()) env.emplace_back("TAU_TUNE_MODE", e.tune_mode);
+    if (e.num_samples) env.emplace_back("TAU_TUNE_NUM_SAMPLES", std::to_string(*e.num_samples));
+    if (e.max_concurrent_trials)
+      env.emplace_back("TAU_TUNE_MAX_CONCURRENT_TRIALS", std::to_string(*e.max_concurrent_trials));
+    if (!e.configs.is_null()) env.emplace_back("TAU_TUNE_PARAM_SPACE", e.configs.dump());
+  } else if (e.launcher == "ray-train" && !e.configs.is_null()) {
+    env.emplace_back("TAU_RAY_TRAIN_CONFIG_JSON", e.configs.dump());
+  }
+  return env;
+}
+
+bool UsesTorchrun(const RunSpec& spec) {
+  const std::string& launcher = spec.execution.launcher;
+  if (launcher == "torchrun") return true;
+  if (!launcher.empty()) return false;
+  const std::string& entry = spec.entrypoint;
+  return spec.compute.gpus > 1 && entry.size() > 3 &&
+         entry.compare(entry.size() - 3, 3, ".py") == 0;
+}
+
+int ProcessesPerNode(const RunSpec& spec) {
+  return spec.execution.processes_per_node.value_or(std::max(spec.compute.gpus, 1));
+}
+
 std::string SecretStoreKey(const EnvVar& var) {
   return var.secret_name.empty() ? var.value : var.secret_name + "." + var.value;
 }

@@ -208,6 +208,18 @@ nlohmann::json JsonSchema();
 std::string LocateFieldErrors(std::string_view message, std::string_view filename,
                               const std::map<std::string, FieldPosition>& positions);
 
+// What the launcher hands the entrypoint of execution's settings, as TauGrid names them: Ray Tune's
+// TAU_TUNE_METRIC, TAU_TUNE_MODE, TAU_TUNE_NUM_SAMPLES, TAU_TUNE_MAX_CONCURRENT_TRIALS and
+// TAU_TUNE_PARAM_SPACE (execution.configs as JSON); Ray Train's TAU_RAY_TRAIN_CONFIG_JSON. Both
+// backends set them on the driver.
+std::vector<std::pair<std::string, std::string>> LauncherEnv(const RunSpec& spec);
+
+// Whether a job's workers start under torchrun: execution.launcher says so (torchrun or python),
+// else a Python entrypoint with more than one GPU per worker does; and with how many processes
+// per node (execution.processes_per_node, else the GPUs per worker, at least 1).
+bool UsesTorchrun(const RunSpec& spec);
+int ProcessesPerNode(const RunSpec& spec);
+
 // A secret reference's key ("SECRET:KEY"): letters, digits, '-', '_' and '.', as a Kubernetes
 // Secret key.
 bool IsSecretKey(std::string_view key);

@@ -206,8 +206,10 @@ void KubeBackend::LaunchOne(const std::string& name, Batch* batch) {
   }
   Status s = MakeDirs(attempt_dir + "/logs");
   if (s.ok()) s = host_->CheckSecrets(run.spec, r.workspace, nullptr);
-  bool refers = std::any_of(run.spec.runtime.env.begin(), run.spec.runtime.env.end(),
-                            [](const spec::EnvVar& v) { return v.secret_ref; });
+  // runtime.env_secret names the namespace's own Secrets; only SECRET:KEY comes from tau's store.
+  bool refers =
+      std::any_of(run.spec.runtime.env.begin(), run.spec.runtime.env.end(),
+                  [](const spec::EnvVar& v) { return v.secret_ref && v.secret_name.empty(); });
   if (s.ok() && refers) {
     // All of them: the namespace's Secret mirrors the workspace's secrets for every run there.
     auto values = host_->store()->SecretValues(r.workspace);
