@@ -60,6 +60,7 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 constexpr const char* kExamplePlatform = "examples/platform/platform.yaml";
 constexpr const char* kMultiPlatform = "tests/data/kube/platform-multi.yaml";
+constexpr const char* kTauGridPlatform = "tests/data/taugrid/platform.yaml";
 
 std::vector<Case> Cases() {
   return {
@@ -93,6 +94,15 @@ std::vector<Case> Cases() {
       {"ray-vision", "tests/data/kube/specs/ray-vision.yaml", kMultiPlatform, "carol"},
       {"ray-vision-attempt-3", "tests/data/kube/specs/ray-vision.yaml", kMultiPlatform, "carol", "",
        "", 3},
+      // TauGrid's documented forms, on a cluster labelled the TauGrid way.
+      {"taugrid-ray-worker-sizes", "tests/data/taugrid/specs/ray-worker-sizes.yaml",
+       kTauGridPlatform, "alice"},
+      {"taugrid-torchrun-2x8", "tests/data/taugrid/specs/torchrun-multinode.yaml", kTauGridPlatform,
+       "alice"},
+      {"taugrid-env-secret", "tests/data/taugrid/specs/env-secret.yaml", kTauGridPlatform, "alice"},
+      {"taugrid-image-assets", "tests/data/taugrid/specs/image-assets.yaml", kTauGridPlatform,
+       "alice"},
+      {"taugrid-ray-tune", "tests/data/taugrid/specs/ray-tune.yaml", kTauGridPlatform, "alice"},
   };
 }
 
@@ -149,6 +159,27 @@ INSTANTIATE_TEST_SUITE_P(Runs, GoldenTest, ::testing::ValuesIn(Cases()),
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+// Every run config of the TauGrid corpus renders, and each object validates against its schema.
+TEST(TauGridCorpus, EveryConfigRendersAndValidates) {
+  size_t rendered = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(SourceDir() / "tests/data/taugrid/specs")) {
+    const std::string file = "tests/data/taugrid/specs/" + entry.path().filename().string();
+    spec::RunSpec s = LoadSpec(file);
+    policy::Platform p = LoadPlatform(kTauGridPlatform);
+    auto run = policy::Resolve(s, p, "alice");
+    ASSERT_TRUE(run.ok()) << file << ": " << run.status().message();
+    RenderOptions o;
+    o.default_image = "python:3.12-slim";
+    o.code = FixedCode(s);
+    auto objects = RenderRun(s, *run, p, o);
+    ASSERT_TRUE(objects.ok()) << file << ": " << objects.status().message();
+    ExpectValid(*objects, file);
+    ++rendered;
+  }
+  EXPECT_GE(rendered, 20u);
+}
 
 TEST(Platform, GoldenAndValid) {
   for (const auto& [golden, file] : std::vector<std::pair<std::string, std::string>>{

@@ -100,6 +100,24 @@ std::vector<json> RenderJob(const RunContext& ctx) {
   json pod = PodSpecBase(ctx, pip, gpus > 0);
   pod["restartPolicy"] = "Never";
   pod["initContainers"] = json::array({SetupContainer(ctx, true, resources)});
+  // storage.image_assets: each asset's files copied out of its (pinned) image into a volume of
+  // their own by an init container, then mounted read-only where the spec says.
+  for (const spec::ImageAsset& a : s.storage.image_assets) {
+    const std::string volume = "tau-asset-" + a.name;
+    const std::string source = a.source_path.empty() ? "/" : a.source_path;
+    pod["volumes"].push_back({{"name", volume}, {"emptyDir", json::object()}});
+    json copy = {
+        {"name", volume},
+        {"image", a.image},
+        {"command", {"/bin/cp", "-a", source + (source.back() == '/' ? "." : "/."), "/tau/asset"}},
+        {"volumeMounts", {{{"name", volume}, {"mountPath", "/tau/asset"}}}}};
+    if (s.runtime.security_mode == "restricted")
+      copy["securityContext"] = {{"allowPrivilegeEscalation", false},
+                                 {"capabilities", {{"drop", {"ALL"}}}}};
+    pod["initContainers"].push_back(copy);
+    container["volumeMounts"].push_back(
+        {{"name", volume}, {"mountPath", a.mount_path}, {"readOnly", true}});
+  }
   pod["containers"] = json::array({container});
   if (workers > 1) pod["subdomain"] = ctx.name;
 

@@ -127,10 +127,18 @@ Result<RunContext> MakeContext(const spec::RunSpec& spec, const policy::Resolved
         "as nvidia.com/gpu); remove it or use 'full'",
         spec.compute.gpu_resource_mode));
   }
-  if (!spec.storage.image_assets.empty()) {
+  if (!spec.storage.image_assets.empty() && spec.kind != spec::WorkloadKind::kJob) {
     errors.push_back(
-        "storage.image_assets: not supported on Kubernetes yet; build the assets into "
-        "runtime.image or read them from a storage volume");
+        "storage.image_assets: only an engine job stages files from images (Ray ships code "
+        "through its runtime env); build the assets into runtime.image or use engine: job");
+  }
+  for (const spec::ImageAsset& a : spec.storage.image_assets) {
+    // An asset is meant to be the same on every attempt: a tag could move under it.
+    if (a.image.find("@sha256:") == std::string::npos)
+      errors.push_back(
+          fmt::format("storage.image_assets[{}].image: '{}' is not pinned; give it by digest "
+                      "(IMAGE@sha256:...), so that every attempt gets the same files",
+                      a.name, a.image));
   }
   for (const spec::EnvVar& var : spec.runtime.env) {
     if (var.secret_ref && !IsSecretKey(var.value)) {
