@@ -495,7 +495,7 @@ print("uid", os.getuid(), "gid", os.getgid())
 pathlib.Path("written-in-cwd").write_text("ok")
 pathlib.Path(os.environ["TAU_OUTPUT_DIR"], "out.txt").write_text("ok")
 try:
-    open(os.path.join(os.environ["TAU_HOME_PROBE"], "tau.db"), "rb")
+    open(os.path.join(os.environ["HOME_PROBE"], "tau.db"), "rb")
     print("store readable")
 except OSError:
     print("store not readable")
@@ -531,7 +531,7 @@ class MultiUserMachineTest(unittest.TestCase):
             f.write(RUN_AS_MAIN)
         with open(os.path.join(d, "tau.yaml"), "w") as f:
             f.write(f"name: mine\nengine: job\nentrypoint: main.py\nruntime:\n  env:\n"
-                    f"    TAU_HOME_PROBE: {self.server.home}\n")
+                    f"    HOME_PROBE: {self.server.home}\n")
         for name in os.listdir(d):
             os.chmod(os.path.join(d, name), 0o644)
         p = self.as_user("nobody", "whoami", "-o", "json")
