@@ -220,6 +220,14 @@ std::vector<std::pair<std::string, std::string>> LauncherEnv(const RunSpec& spec
 bool UsesTorchrun(const RunSpec& spec);
 int ProcessesPerNode(const RunSpec& spec);
 
+// The TauGrid compatibility table: one markdown row per run-config field of either shape (path,
+// the shapes it is in, what the local and the Kubernetes backend do with it), from the annotations
+// of the field trees. docs/taugrid-compat.md holds it below its marker line.
+std::string CompatibilityTable();
+// Fields of either shape ("manifest compute.gpus") that lack a compatibility annotation; empty
+// when every field has one.
+std::vector<std::string> UnannotatedFields();
+
 // A secret reference's key ("SECRET:KEY"): letters, digits, '-', '_' and '.', as a Kubernetes
 // Secret key.
 bool IsSecretKey(std::string_view key);
