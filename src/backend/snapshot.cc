@@ -26,7 +26,9 @@ std::string Shown(const std::string& path) {
   return out;
 }
 
-Status CheckPath(const std::string& path) {
+}  // namespace
+
+Status CheckCodePath(const std::string& path) {
   if (path.empty()) return InvalidArgument("a code file has an empty path");
   if (path.size() > kMaxCodePathBytes)
     return InvalidArgument(fmt::format("code file path '{}' is {} bytes long; at most {} allowed",
@@ -50,6 +52,8 @@ Status CheckPath(const std::string& path) {
   }
   return Status::Ok();
 }
+
+namespace {
 
 // Creates a new file in the private temporary tree: O_EXCL and O_NOFOLLOW so that nothing already
 // there (a link planted by anyone) is written through.
@@ -95,7 +99,7 @@ Result<Snapshot> StoreSnapshot(const std::string& root, std::vector<CodeFile> fi
                                          files.size(), kMaxSnapshotFiles));
   size_t total = 0;
   for (const CodeFile& f : files) {
-    TAU_RETURN_IF_ERROR(CheckPath(f.path));
+    TAU_RETURN_IF_ERROR(CheckCodePath(f.path));
     total += f.data.size();
   }
   if (total > kMaxSnapshotBytes)

@@ -20,6 +20,10 @@ struct Snapshot {
   nlohmann::json files;  // [{"path","size","sha256","mode"}]
 };
 
+// A code path is plain and relative: not empty or absolute, no '.', '..' or '//' parts, within the
+// length limits. The error says which rule it breaks.
+Status CheckCodePath(const std::string& path);
+
 // Checks every path (no escape from the snapshot directory) and the size limits, then stores the
 // files.
 Result<Snapshot> StoreSnapshot(const std::string& snapshots_root, std::vector<CodeFile> files);

@@ -175,7 +175,38 @@ Status Walk(Walker& w, const std::string& rel_dir) {
 
 }  // namespace
 
-Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes) {
+Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec& spec) {
+  fs::path spec_dir = fs::path(spec_file).parent_path();
+  if (spec_dir.empty()) spec_dir = ".";
+  CodeRoot out{spec_dir.string(), ""};
+  const std::string& entry = spec.entrypoint;
+  if (entry.empty() || entry[0] == '/' || entry.find(' ') != std::string::npos) return out;
+  // How many folders up the entrypoint reaches, once "a/../" pairs cancel.
+  int up = 0;
+  for (const fs::path& part : fs::path(entry).lexically_normal()) {
+    if (part != "..") break;
+    ++up;
+  }
+  if (up == 0) return out;
+  std::error_code ec;
+  fs::path dir = fs::weakly_canonical(fs::absolute(spec_dir), ec);
+  if (ec) return Status(StatusCode::kIo, "cannot read " + spec_dir.string() + ": " + ec.message());
+  fs::path root = dir;
+  for (int i = 0; i < up; ++i) {
+    if (root == root.root_path())
+      return InvalidArgument(fmt::format(
+          "{}: entrypoint '{}' leaves the file system's root; name it relative to the spec's "
+          "folder",
+          spec_file, entry));
+    root = root.parent_path();
+  }
+  out.root = root.string();
+  out.subdir = dir.lexically_relative(root).string();
+  return out;
+}
+
+Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes,
+                             const std::vector<std::string>& excludes) {
   Walker w;
   w.root = root;
   w.max_bytes = max_bytes;
@@ -184,6 +215,7 @@ Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes) {
   if (ec)
     return Status(StatusCode::kIo, "cannot read the code directory " + root + ": " + ec.message());
   if (auto ignore = ReadFile(root + "/.tauignore"); ignore.ok()) w.ignore = ParseIgnore(*ignore);
+  for (IgnoreRule& rule : ParseIgnore(Join(excludes, "\n"))) w.ignore.push_back(std::move(rule));
   TAU_RETURN_IF_ERROR(Walk(w, ""));
   return std::move(w.out);
 }

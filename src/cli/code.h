@@ -8,6 +8,7 @@
 
 #include "common/code_file.h"
 #include "common/status.h"
+#include "spec/spec.h"
 
 namespace tau::cli {
 
@@ -17,11 +18,24 @@ struct CodeWalk {
   std::vector<std::string> warnings;  // links skipped, and why
 };
 
+// Where a spec's code comes from. Normally the spec's own folder; an entrypoint that leaves it
+// (`../train.py`, TauGrid's `tau/` folder beside the project's code) makes the root the ancestor
+// that holds it, as TauGrid resolves entrypoints against the project. `subdir` is the spec's folder
+// inside the root ("" when they are one): the run starts there, so relative paths mean what they
+// mean on the user's machine.
+struct CodeRoot {
+  std::string root;
+  std::string subdir;
+};
+Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec& spec);
+
 // Reads the files under `root`. A symbolic link to a file inside `root` is stored as that file's
 // content; a link to a directory is skipped with a warning, and so is a dangling link. A link whose
 // target leaves `root` (through '..', an absolute path or another link), or a link loop, is an
 // error naming the link: tau never uploads files from outside the code directory. `max_bytes`
 // bounds the total: past it the error says how to keep data out of the code directory.
-Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes);
+// `excludes` (run.working_dir_excludes) are more .tauignore lines, applied after the file's.
+Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes,
+                             const std::vector<std::string>& excludes = {});
 
 }  // namespace tau::cli

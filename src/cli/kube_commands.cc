@@ -50,8 +50,9 @@ struct ClusterRenderOptions {
 
 // The spec's directory as code files for inlining: the walk `tau run` uses, stopped once far past
 // the inline limit (nearer it, the renderer measures the archive and reports).
-Result<std::vector<CodeFile>> CollectInlineCode(const std::string& root) {
-  auto walk = CollectCode(root, 4 * kube::kMaxInlineCodeBytes);
+Result<std::vector<CodeFile>> CollectInlineCode(const std::string& root,
+                                                const std::vector<std::string>& excludes) {
+  auto walk = CollectCode(root, 4 * kube::kMaxInlineCodeBytes, excludes);
   if (!walk.ok()) {
     if (walk.status().code() != StatusCode::kResourceExhausted) return walk.status();
     return ResourceExhausted(fmt::format(
@@ -141,13 +142,17 @@ int CmdPlan(const PlanOptions& o) {
     std::fprintf(stderr, "%s\n", LocatedErrors(o.file, parsed, run.status().message()).c_str());
     return kExitInvalid;
   }
-  std::string code_dir = fs::absolute(fs::path(o.file)).parent_path().string();
-  if (o.backend == "local") return PrintLocalPlan(*parsed.spec, *run, code_dir);
+  auto root = FindCodeRoot(o.file, *parsed.spec);
+  if (!root.ok()) return Fail(root.status().message());
+  run->code_subdir = root->subdir;
+  const std::string start_dir =
+      (fs::absolute(root->root) / root->subdir).lexically_normal().string();
+  if (o.backend == "local") return PrintLocalPlan(*parsed.spec, *run, start_dir);
 
   kube::RenderOptions ro;
   ro.namespace_name = o.namespace_name;
   ro.default_image = o.image;
-  auto code = CollectInlineCode(code_dir);
+  auto code = CollectInlineCode(root->root, parsed.spec->code_excludes);
   if (!code.ok()) return Fail(code.status().message());
   ro.code = std::move(*code);
   auto objects = kube::RenderRun(*parsed.spec, *run, *platform, ro);

@@ -64,11 +64,9 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
     std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
     return kExitInvalid;
   }
-  // Built in one step: gcc 12 at -O2 warns (-Wrestrict) of an overlap in `root = "."` that cannot
-  // happen.
-  const fs::path parent = fs::path(file).parent_path();
-  const std::string root = parent.empty() ? std::string(".") : parent.string();
-  auto code = CollectCode(root, kMaxSnapshotBytes);
+  auto root = FindCodeRoot(file, *parsed.spec);
+  if (!root.ok()) return Fail(root.status().message());
+  auto code = CollectCode(root->root, kMaxSnapshotBytes, parsed.spec->code_excludes);
   if (!code.ok()) return Fail(code.status().message());
   for (const std::string& w : code->warnings) std::fprintf(stderr, "tau: warning: %s\n", w.c_str());
   nlohmann::json files = nlohmann::json::array();
@@ -77,7 +75,7 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   nlohmann::json body = {{"spec", {{"file", file}, {"yaml", *text}}},
-                         {"code", {{"files", std::move(files)}}}};
+                         {"code", {{"files", std::move(files)}, {"dir", root->subdir}}}};
   const std::string request = JsonText(body);
   // One key for every try of this submission: a try the server got but did not answer (a timeout,
   // a lost connection) made the run, and the next try gets that run back instead of a second one.

@@ -132,6 +132,13 @@ Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* err
     error->status = resolved.status();
     return error->status;
   }
+  if (!request.code_dir.empty()) {
+    if (Status s = CheckCodePath(request.code_dir); !s.ok()) {
+      error->status = InvalidArgument("code.dir: " + s.message());
+      return error->status;
+    }
+    resolved->code_subdir = request.code_dir;
+  }
   if (Status s = CheckSecrets(spec, resolved->workspace, nullptr); !s.ok()) {
     error->status = s;
     return error->status;

@@ -57,6 +57,7 @@ struct SubmitRequest {
   std::string spec_file;  // for messages
   std::string spec_yaml;
   std::vector<CodeFile> code;
+  std::string code_dir;  // the spec's folder inside the code ("" at its root): the run starts there
   policy::Caller caller;    // who submits: resolution checks workspace membership
   bool token_user = false;  // signed in with a token, not known to the kernel as a local user
   // The client's idempotency key ("" for none): a submission by the same user with a key already

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <set>
 
 #include "common/strings.h"
@@ -399,21 +400,32 @@ json Resources(const std::optional<Quantity>& cpu, const std::optional<Quantity>
   return out;
 }
 
+// The spec's folder in the pod: the code directory, or the folder below it that an entrypoint such
+// as ../train.py shipped the code above.
+std::string SpecDir(const RunContext& ctx) {
+  return ctx.run->code_subdir.empty() ? std::string(kCodeDir)
+                                      : JoinDir(kCodeDir, ctx.run->code_subdir);
+}
+
 std::string WorkingDir(const RunContext& ctx) {
   if (!ctx.spec->runtime.working_dir.empty()) return ctx.spec->runtime.working_dir;
-  return ctx.code_chunks.empty() ? "" : kCodeDir;
+  return ctx.code_chunks.empty() ? "" : SpecDir(ctx);
 }
 
 std::vector<std::string> EntryArgv(const RunContext& ctx) {
   const std::string& entry = ctx.spec->entrypoint;
+  // The entrypoint is relative to the spec's folder; the code's paths to its root.
+  const std::string in_code =
+      (std::filesystem::path(ctx.run->code_subdir) / entry).lexically_normal().string();
   const bool shipped = std::any_of(ctx.options->code.begin(), ctx.options->code.end(),
-                                   [&](const CodeFile& f) { return f.path == entry; });
+                                   [&](const CodeFile& f) { return f.path == in_code; });
   // A shipped file is named by its absolute path when the container starts elsewhere.
-  std::string path = shipped && WorkingDir(ctx) != kCodeDir ? JoinDir(kCodeDir, entry) : entry;
+  std::string path =
+      shipped && WorkingDir(ctx) != SpecDir(ctx) ? JoinDir(kCodeDir, in_code) : entry;
   if (EndsWith(entry, ".py")) return {"python3", path};
   // Like the local backend: a shipped file runs from the code directory, anything else is a
   // command on PATH.
-  return {shipped ? JoinDir(kCodeDir, entry) : entry};
+  return {shipped ? JoinDir(kCodeDir, in_code) : entry};
 }
 
 }  // namespace tau::kube::internal

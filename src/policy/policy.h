@@ -246,6 +246,9 @@ struct ResolvedRun {
   NodeLabels node_labels;  // the platform's label keys (workload labels use them too)
   std::string topology;    // TauGrid's placement word ("" unconstrained; see docs/platform.md)
   std::string checkpoint_artifact;  // storage.checkpoint naming a file in the checkpoint dir
+  // The spec's folder inside the code snapshot ("" at its root), where the run starts: set from the
+  // submission (an entrypoint such as ../train.py ships the folder above), not by Resolve.
+  std::string code_subdir;
   std::optional<int64_t> max_runtime_ms;
   int64_t max_log_bytes = kDefaultMaxLogBytes;
   int64_t max_metric_points = kDefaultMaxMetricPoints;

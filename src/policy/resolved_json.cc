@@ -62,33 +62,36 @@ nlohmann::json ToJson(const ResolvedRun& r) {
   nlohmann::json provenance = nlohmann::json::array();
   for (const Provenance& p : r.provenance)
     provenance.push_back({{"field", p.field}, {"value", p.value}, {"source", p.source}});
-  return {{"workspace", r.workspace},
-          {"queue", r.queue},
-          {"priority_class", r.priority_class},
-          {"priority", r.priority},
-          {"compute_profile", r.compute_profile},
-          {"workers", r.workers},
-          {"gpus_per_worker", r.gpus_per_worker},
-          {"cpus_per_worker", OptQuantity(r.cpus_per_worker)},
-          {"memory_per_worker", OptQuantity(r.memory_per_worker)},
-          {"worker", PodJson(r.worker)},
-          {"head", r.head ? PodJson(*r.head) : nlohmann::json(nullptr)},
-          {"total_requests", std::move(totals)},
-          {"flavors", r.flavors},
-          {"gpu_class", r.gpu_class},
-          {"node_labels",
-           {{"gpu_class", r.node_labels.gpu_class}, {"gpu_series", r.node_labels.gpu_series}}},
-          {"topology", r.topology},
-          {"checkpoint_artifact", r.checkpoint_artifact},
-          {"node_selector", r.node_selector},
-          {"max_runtime_ms",
-           r.max_runtime_ms ? nlohmann::json(*r.max_runtime_ms) : nlohmann::json(nullptr)},
-          {"max_log_bytes", r.max_log_bytes},
-          {"max_metric_points", r.max_metric_points},
-          {"max_metric_series", r.max_metric_series},
-          {"image", r.image},
-          {"mounts", std::move(mounts)},
-          {"provenance", std::move(provenance)}};
+  nlohmann::json out = {
+      {"workspace", r.workspace},
+      {"queue", r.queue},
+      {"priority_class", r.priority_class},
+      {"priority", r.priority},
+      {"compute_profile", r.compute_profile},
+      {"workers", r.workers},
+      {"gpus_per_worker", r.gpus_per_worker},
+      {"cpus_per_worker", OptQuantity(r.cpus_per_worker)},
+      {"memory_per_worker", OptQuantity(r.memory_per_worker)},
+      {"worker", PodJson(r.worker)},
+      {"head", r.head ? PodJson(*r.head) : nlohmann::json(nullptr)},
+      {"total_requests", std::move(totals)},
+      {"flavors", r.flavors},
+      {"gpu_class", r.gpu_class},
+      {"node_labels",
+       {{"gpu_class", r.node_labels.gpu_class}, {"gpu_series", r.node_labels.gpu_series}}},
+      {"topology", r.topology},
+      {"checkpoint_artifact", r.checkpoint_artifact},
+      {"node_selector", r.node_selector},
+      {"max_runtime_ms",
+       r.max_runtime_ms ? nlohmann::json(*r.max_runtime_ms) : nlohmann::json(nullptr)},
+      {"max_log_bytes", r.max_log_bytes},
+      {"max_metric_points", r.max_metric_points},
+      {"max_metric_series", r.max_metric_series},
+      {"image", r.image},
+      {"mounts", std::move(mounts)},
+      {"provenance", std::move(provenance)}};
+  if (!r.code_subdir.empty()) out["code_subdir"] = r.code_subdir;
+  return out;
 }
 
 Result<ResolvedRun> ResolvedRunFromJson(const nlohmann::json& j) {
@@ -122,6 +125,7 @@ Result<ResolvedRun> ResolvedRunFromJson(const nlohmann::json& j) {
     }
     r.topology = j.value("topology", "");
     r.checkpoint_artifact = j.value("checkpoint_artifact", "");
+    r.code_subdir = j.value("code_subdir", "");
     if (const nlohmann::json* totals = Member(j, "total_requests"))
       for (const auto& [name, q] : totals->items()) {
         TAU_ASSIGN_OR_RETURN(r.total_requests[name], Quantity::Parse(q.get<std::string>()));

@@ -55,6 +55,7 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body) {
       TAU_ASSIGN_OR_RETURN(cf.data, Base64Decode(f["data"].get<std::string>()));
       req.code.push_back(std::move(cf));
     }
+    TAU_ASSIGN_OR_RETURN(req.code_dir, OptionalString(code, "dir", "code.", ""));
   }
   return req;
 }

@@ -99,7 +99,20 @@ Result<std::string> NormalizeEntrypoint(std::string_view text) {
   if (EndsWith(text, "/")) {
     return InvalidArgument(fmt::format("'{}' names a directory; name a script in it", text));
   }
-  return NormalizeRelative(text, "the code directory");
+  // Leading '..' parts are kept: TauGrid resolves `../train.py` against the project, and tau ships
+  // the folder such a path reaches (the CLI picks the code's root from it).
+  size_t up = 0;
+  std::string rest(text);
+  while (StartsWith(rest, "../") || StartsWith(rest, "./")) {
+    if (StartsWith(rest, "../")) ++up;
+    rest.erase(0, rest.find('/') + 1);
+    while (StartsWith(rest, "/")) rest.erase(0, 1);
+  }
+  if (up == 0) return NormalizeRelative(text, "the code directory");
+  TAU_ASSIGN_OR_RETURN(std::string inside, NormalizeRelative(rest, "the folder it reaches"));
+  std::string out;
+  for (size_t i = 0; i < up; ++i) out += "../";
+  return out + inside;
 }
 
 }  // namespace

@@ -47,23 +47,23 @@ TEST(SpecErrors, FileNameIsUsedVerbatim) {
 
 TEST(SpecErrors, AllErrorsInFileOrder) {
   ParseOutcome outcome = Parse(
-      "schema_version: 1\n"       // 1
-      "name: Bad_Name\n"          // 2
-      "run:\n"                    // 3
-      "  entrypoint: ../x.py\n"   // 4
-      "  workload_kind: ray\n"    // 5
-      "compute:\n"                // 6
-      "  worker: 2\n"             // 7
-      "  gpus: lots\n"            // 8
-      "  memory: 64GB\n"          // 9
-      "runtime:\n"                // 10
-      "  env:\n"                  // 11
-      "    1X: a\n"               // 12
-      "resilience:\n"             // 13
-      "  retry_on: [Unknown]\n"   // 14
-      "  backoff_initial: 10m\n"  // 15
-      "  backoff_max: 1m\n"       // 16
-      "polcy: {}\n");             // 17
+      "schema_version: 1\n"        // 1
+      "name: Bad_Name\n"           // 2
+      "run:\n"                     // 3
+      "  entrypoint: a/../../x\n"  // 4
+      "  workload_kind: ray\n"     // 5
+      "compute:\n"                 // 6
+      "  worker: 2\n"              // 7
+      "  gpus: lots\n"             // 8
+      "  memory: 64GB\n"           // 9
+      "runtime:\n"                 // 10
+      "  env:\n"                   // 11
+      "    1X: a\n"                // 12
+      "resilience:\n"              // 13
+      "  retry_on: [Unknown]\n"    // 14
+      "  backoff_initial: 10m\n"   // 15
+      "  backoff_max: 1m\n"        // 16
+      "polcy: {}\n");              // 17
   std::vector<std::pair<int, int>> where;
   for (const Diagnostic& d : outcome.diagnostics) where.emplace_back(d.line, d.column);
   EXPECT_EQ(

@@ -23,6 +23,9 @@ TEST(SpecEntrypoint, Normalisation) {
   EXPECT_EQ(entry("./train.py"), "train.py");
   EXPECT_EQ(entry("src//pkg/./main.py"), "src/pkg/main.py");
   EXPECT_EQ(entry("src/../main.py"), "main.py");
+  // TauGrid's layout: the script beside the spec's folder (the CLI ships the folder it reaches).
+  EXPECT_EQ(entry("../train.py"), "../train.py");
+  EXPECT_EQ(entry("./../..//lib/./run.py"), "../../lib/run.py");
   EXPECT_EQ(entry("python3"), "python3");  // a bare command
   EXPECT_EQ(entry("bash"), "bash");
   EXPECT_EQ(entry("scripts/run.sh"), "scripts/run.sh");
@@ -33,9 +36,12 @@ TEST(SpecEntrypoint, Rejections) {
   auto error = [](std::string_view e) {
     return Errors("name: a\nengine: job\nentrypoint: \"" + std::string(e) + "\"\n");
   };
-  EXPECT_NE(error("../x.py").find("3:13: error: entrypoint: '../x.py' leaves the code directory"),
+  EXPECT_NE(error("a/../../x.py")
+                .find("3:13: error: entrypoint: 'a/../../x.py' leaves the code "
+                      "directory"),
             std::string::npos);
-  EXPECT_NE(error("a/../../x.py").find("leaves the code directory"), std::string::npos);
+  EXPECT_NE(error("../a/../../x.py").find("leaves the folder it reaches"), std::string::npos);
+  EXPECT_NE(error("../.").find("names no file"), std::string::npos);
   EXPECT_NE(error("/abs/x.py").find("is an absolute path"), std::string::npos);
   EXPECT_NE(error("~/x.py").find("is an absolute path"), std::string::npos);
   EXPECT_NE(error("python train.py").find("its arguments in run.args"), std::string::npos);

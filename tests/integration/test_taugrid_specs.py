@@ -6,12 +6,14 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import unittest
 
 import yaml
 
-from harness import TAU
+from harness import TAU, ServerTestCase
 
 DATA = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "data", "taugrid"))
 PLATFORM = os.path.join(DATA, "platform.yaml")
@@ -102,6 +104,67 @@ class TauGridSpecsTest(unittest.TestCase):
         self.assertIn(f"{path}:5:3: error: policy.lane: workspace 'research' has no lane 'trainnig'",
                       p.stderr)
         self.assertIn("did you mean 'training'?", p.stderr)
+
+
+# TauGrid's layout: the run configs in tau/, the code beside it, an entrypoint that leaves the spec's
+# folder, and working_dir_excludes keeping data out of the snapshot.
+LAYOUT_SPEC = """name: layout-train
+engine: job
+run:
+  entrypoint: ../train.py
+  working_dir_excludes: ['data/', '*.ckpt']
+compute:
+  gpus: 0
+"""
+LAYOUT_TRAIN = """import os
+print("cwd", os.path.relpath(os.getcwd(), os.path.dirname(os.path.dirname(os.getcwd()))))
+print("util", open("../lib/util.txt").read().strip())
+print("data shipped", os.path.exists("../data"))
+print("ckpt shipped", os.path.exists("../old.ckpt"))
+"""
+
+
+class TauGridLayoutTest(ServerTestCase):
+    def layout(self):
+        root = tempfile.mkdtemp(prefix="layout-", dir=self.work)
+        files = {"tau/train.yaml": LAYOUT_SPEC, "train.py": LAYOUT_TRAIN,
+                 "lib/util.txt": "helpers\n", "data/big.bin": "x" * 1000, "old.ckpt": "weights"}
+        for name, content in files.items():
+            os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
+            with open(os.path.join(root, name), "w") as f:
+                f.write(content)
+        return root, os.path.join(root, "tau", "train.yaml")
+
+    def test_entrypoint_outside_the_spec_folder_runs_from_the_project(self):
+        root, spec = self.layout()
+        p = self.server.tau("run", spec, check=0, timeout=120)
+        lines = p.stdout.splitlines()
+        base = os.path.basename(root)
+        # The run starts in the spec's folder inside the shipped project, as on the user's machine.
+        self.assertIn(f"cwd {os.path.join('work', 'tau')}", lines, p.stdout)
+        self.assertIn("util helpers", lines)
+        self.assertIn("data shipped False", lines)
+        self.assertIn("ckpt shipped False", lines)
+        self.assertNotIn(base, p.stdout)
+
+    def test_the_spec_folders_code_alone_ships_without_a_parent_entrypoint(self):
+        root, spec = self.layout()
+        with open(spec, "w") as f:
+            f.write(LAYOUT_SPEC.replace("../train.py", "train.py"))
+        p = self.server.tau("run", spec, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("run.entrypoint 'train.py' is not among the 1 file(s)", p.stderr)
+
+    def test_renders_for_kubernetes_from_the_spec_folder(self):
+        root, spec = self.layout()
+        p = subprocess.run([TAU, "plan", spec, "--backend", "kubernetes", "--platform", PLATFORM,
+                            "--user", "alice", "--image", "python:3.12-slim"],
+                           capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        job = next(d for d in yaml.safe_load_all(p.stdout) if d and d["kind"] == "Job")
+        main = job["spec"]["template"]["spec"]["containers"][0]
+        self.assertEqual(main["workingDir"], "/tau/code/tau")
+        self.assertEqual(main["command"][-2:], ["python3", "../train.py"])
 
 
 if __name__ == "__main__":

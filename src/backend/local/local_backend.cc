@@ -161,8 +161,9 @@ class LocalBackend final : public Backend {
   QuotaBook& quota() { return host_->quota(); }
   // Why a run can never fit on this machine, or "" when it can.
   std::string Refusal(const Resources& need) const;
-  Status RunAsSubmitter(const RunRecord& r, const runtime::LaunchContext& ctx,
-                        runtime::AttemptConfig* config);
+  // Gives the run's directories (the code's copy from `code_root` down) to the submitter.
+  Status RunAsSubmitter(const RunRecord& r, const std::string& code_root,
+                        const runtime::LaunchContext& ctx, runtime::AttemptConfig* config);
   static Status CheckSupported(const SubmissionCheck& c);
   Status CheckEntrypoint(const SubmissionCheck& c);
   Result<std::string> DecideRunAs(const SubmissionCheck& c) const;
@@ -280,9 +281,12 @@ Status LocalBackend::CheckEntrypoint(const SubmissionCheck& c) {
   if (!EndsWith(entrypoint, ".py") &&
       (entrypoint.find('/') == std::string::npos || entrypoint[0] == '/'))
     return Status::Ok();
+  // Relative to the spec's folder, which may sit below the snapshot's root (../train.py).
+  const std::string wanted =
+      (std::filesystem::path(c.resolved->code_subdir) / entrypoint).lexically_normal().string();
   for (const nlohmann::json& f : *c.snapshot_files) {
     auto path = f.is_object() ? f.find("path") : f.end();
-    if (path != f.end() && *path == entrypoint) return Status::Ok();
+    if (path != f.end() && *path == wanted) return Status::Ok();
   }
   return InvalidArgument(fmt::format(
       "{}: run.entrypoint '{}' is not among the {} file(s) of the code directory sent with "
@@ -417,7 +421,8 @@ std::string LocalBackend::VenvCacheDir(
   return ids ? layout::VenvsDir(options_.home, ids->uid) : layout::VenvsDir(options_.home);
 }
 
-Status LocalBackend::RunAsSubmitter(const RunRecord& r, const runtime::LaunchContext& ctx,
+Status LocalBackend::RunAsSubmitter(const RunRecord& r, const std::string& code_root,
+                                    const runtime::LaunchContext& ctx,
                                     runtime::AttemptConfig* config) {
   TAU_ASSIGN_OR_RETURN(std::optional<runtime::AttemptConfig::RunAs> run_as, SubmitterIds(r));
   if (!run_as) return Status::Ok();
@@ -426,7 +431,7 @@ Status LocalBackend::RunAsSubmitter(const RunRecord& r, const runtime::LaunchCon
   // What the run writes is its user's, and no one else's: another user who knows the run's name
   // finds every entry of its directory closed (the attempts' logs and the evidence stay the
   // server's, mode 0700).
-  for (const std::string& dir : {ctx.work_dir, ctx.checkpoint_dir, ctx.output_dir}) {
+  for (const std::string& dir : {code_root, ctx.checkpoint_dir, ctx.output_dir}) {
     TAU_RETURN_IF_ERROR(ChownTree(dir, uid, gid));
     if (::chmod(dir.c_str(), 0700) != 0) return IoError("chmod " + dir, errno);
   }
@@ -633,7 +638,10 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
   runtime::LaunchContext ctx;
   ctx.run_name = name;
   ctx.attempt = number;
-  ctx.work_dir = layout::WorkDir(run_dir);
+  // The snapshot's copy; the run starts in the spec's folder inside it.
+  const std::string code_root = layout::WorkDir(run_dir);
+  ctx.work_dir =
+      run.resolved.code_subdir.empty() ? code_root : code_root + "/" + run.resolved.code_subdir;
   ctx.checkpoint_dir = host_->StorageDir(r, "checkpoint");
   ctx.output_dir = host_->StorageDir(r, "output");
   for (const policy::Mount& m : run.resolved.mounts)
@@ -666,10 +674,13 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
   for (const std::string& dir : {ctx.checkpoint_dir, ctx.output_dir, a.dir}) {
     if (Status s = MakeDirs(dir); !s.ok()) return fail(FailureClass::kSetupError, s.message());
   }
-  if (!PathExists(ctx.work_dir)) {
-    if (Status s = CopySnapshot(r.snapshot_dir, ctx.work_dir); !s.ok())
+  if (!PathExists(code_root)) {
+    if (Status s = CopySnapshot(r.snapshot_dir, code_root); !s.ok())
       return fail(FailureClass::kSetupError, s.message());
   }
+  // The spec's folder holds no file when .tauignore leaves the spec out.
+  if (Status s = MakeDirs(ctx.work_dir); !s.ok())
+    return fail(FailureClass::kSetupError, s.message());
   // Secret values exist only in the workers' environment (and the attempt's config, in memory, or
   // in a file of mode 0600 for a shim that is exec'd): never in the spec, the store's run records,
   // events or evidence.
@@ -686,7 +697,7 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
   config.workers = std::move(*workers);
   config.pip = run.spec.runtime.pip;
   config.venv_cache_dir = VenvCacheDir(std::nullopt);
-  if (Status s = RunAsSubmitter(r, ctx, &config); !s.ok())
+  if (Status s = RunAsSubmitter(r, code_root, ctx, &config); !s.ok())
     return fail(FailureClass::kSetupError, s.message());
   if (run.need.memory_bytes > 0) config.memory_limit_bytes = run.need.memory_bytes;
   if (run.need.cpu_milli > 0) config.cpu_limit_milli = run.need.cpu_milli;
