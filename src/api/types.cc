@@ -603,6 +603,8 @@ void ReadInventoryMembers(Reader& r, GpuInventory* out) {
   r.Str("nvml_version", &out->nvml_version);
   r.Str("library", &out->library);
   r.Str("note", &out->note);
+  // Servers before it did not send it.
+  if (r.Has("error")) r.Str("error", &out->error);
 }
 
 Status ReadInventory(const json& j, const std::string& path, GpuInventory* out) {
@@ -612,14 +614,15 @@ Status ReadInventory(const json& j, const std::string& path, GpuInventory* out) 
 }
 
 json InventoryJson(const GpuInventory& i) {
-  return WithExtra({{"devices", Array(i.devices, GpuDeviceJson)},
-                    {"driver_loaded", i.driver_loaded},
-                    {"driver_version", i.driver_version},
-                    {"cuda_driver_version", i.cuda_driver_version},
-                    {"nvml_version", i.nvml_version},
-                    {"library", i.library},
-                    {"note", i.note}},
-                   i.extra);
+  json j = {{"devices", Array(i.devices, GpuDeviceJson)},
+            {"driver_loaded", i.driver_loaded},
+            {"driver_version", i.driver_version},
+            {"cuda_driver_version", i.cuda_driver_version},
+            {"nvml_version", i.nvml_version},
+            {"library", i.library},
+            {"note", i.note}};
+  if (!i.error.empty()) j["error"] = i.error;
+  return WithExtra(std::move(j), i.extra);
 }
 
 Status ReadProbeResult(const json& j, const std::string& path, ProbeResult* out) {

@@ -422,7 +422,8 @@ struct GpuInventory {
   std::string cuda_driver_version;
   std::string nvml_version;
   std::string library;
-  std::string note;  // why there are no GPUs, when there are none
+  std::string note;   // why there are no GPUs, when there are none
+  std::string error;  // the driver is there but unusable: a failed health check ("" when fine)
   nlohmann::json extra = nlohmann::json::object();
 };
 

@@ -33,7 +33,8 @@ struct AttemptExited {
 };
 struct GpuNews {
   int gpu = -1;
-  bool placeable = false;
+  bool placeable = false;     // may be given to new work
+  bool stop_running = false;  // the work running on it must stop (an Unhealthy GPU)
   std::string why;
 };
 struct ResumeRequest {

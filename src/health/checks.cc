@@ -18,8 +18,8 @@ constexpr const char* kSrcRef = "tau reference gpu-health.md §5";
 
 class Checks {
  public:
-  Checks(const GpuSample& now, const GpuSample* prev, const Thresholds& t)
-      : now_(now), prev_(prev), t_(t) {}
+  Checks(const GpuSample& now, const GpuSample* prev, const GpuSample* window, const Thresholds& t)
+      : now_(now), prev_(prev), window_(window ? window : prev), t_(t) {}
 
   std::vector<CheckResult> Run() {
     // Add() hands out references into out_ that must survive later Add() calls: no reallocation.
@@ -105,9 +105,13 @@ class Checks {
         r.message.clear();
         break;
       case 1:
-      case 4:
         r.status = CheckStatus::kFail;
         r.action = Action::kResetGpu;
+        r.clear = ClearRule::kOnGpuReset;
+        break;
+      case 4:  // the GPU works on, degraded, until drained and reset
+        r.status = CheckStatus::kFail;
+        r.action = Action::kResetWhenIdle;
         r.clear = ClearRule::kOnGpuReset;
         break;
       case 2:
@@ -154,7 +158,7 @@ class Checks {
     CheckResult& pending = Add("ecc_mode_pending", CheckStatus::kNotSupported,
                                "ECC mode current ≠ pending (a reset is needed to apply it)",
                                "DCGM r1 software checks; NVML pending-mode semantics");
-    pending.action = Action::kResetGpu;
+    pending.action = Action::kResetWhenIdle;
     if (now_.ecc_enabled && now_.ecc_pending) {
       pending.status =
           *now_.ecc_enabled == *now_.ecc_pending ? CheckStatus::kPass : CheckStatus::kWarn;
@@ -181,7 +185,7 @@ class Checks {
     CheckResult& pending = Add("retired_pages_pending", CheckStatus::kNotSupported,
                                "a page retirement is pending (applies at the next reset)",
                                fmt::format("{} row 13; DCGM MEM (WARN)", kSrcRef));
-    pending.action = Action::kResetGpu;
+    pending.action = Action::kResetWhenIdle;
     pending.clear = ClearRule::kOnGpuReset;
     pending.debounce = 1;
     if (now_.retired_pages_pending) {
@@ -202,7 +206,7 @@ class Checks {
         Add("row_remap_pending", CheckStatus::kNotSupported,
             "a row remap is pending (a GPU reset applies it)",
             fmt::format("nvml doc (reset required); {} (pending > 0 fails)", kSrcAzureEcc));
-    pending.action = Action::kResetGpu;
+    pending.action = Action::kResetWhenIdle;
     pending.clear = ClearRule::kOnGpuReset;
     pending.debounce = 1;
     CheckResult& unc =
@@ -345,19 +349,23 @@ class Checks {
                               "DCGM PCIE watch (GetExpectedPcieReplayRate, BER 1e-12)");
     replay.action = Action::kWatch;
     replay.debounce = 1;
-    if (prev_ && now_.pcie_replay_counter && prev_->pcie_replay_counter && now_.pcie_gen &&
-        now_.pcie_width && now_.at_ms > prev_->at_ms) {
+    const GpuSample* w = window_;
+    if (w && now_.pcie_replay_counter && w->pcie_replay_counter && now_.pcie_gen &&
+        now_.pcie_width && now_.at_ms > w->at_ms) {
       static constexpr double kPerLanePerMinute[] = {0, 0.15, 0.3, 0.48, 0.96, 1.92, 3.84};
       unsigned g = std::min(*now_.pcie_gen, 6u);
       double allowed = std::ceil(kPerLanePerMinute[g] * *now_.pcie_width);
-      double delta = *now_.pcie_replay_counter >= *prev_->pcie_replay_counter
-                         ? double(*now_.pcie_replay_counter - *prev_->pcie_replay_counter)
-                         : 0.0;
-      double per_minute = delta * 60000.0 / double(now_.at_ms - prev_->at_ms);
+      double rise = *now_.pcie_replay_counter >= *w->pcie_replay_counter
+                        ? double(*now_.pcie_replay_counter - *w->pcie_replay_counter)
+                        : 0.0;
+      // DCGM compares the rise over a full minute. Over a shorter history the rise itself is all
+      // that is known of the last minute: never extrapolated from a few seconds.
+      int64_t span = now_.at_ms - w->at_ms;
+      double per_minute = span >= 60'000 ? rise * 60000.0 / double(span) : rise;
       replay.status = per_minute > allowed ? CheckStatus::kWarn : CheckStatus::kPass;
       if (replay.status == CheckStatus::kWarn) {
-        replay.message =
-            fmt::format("{:.0f} PCIe replays/min (allowed {:.0f})", per_minute, allowed);
+        replay.message = fmt::format("{:.0f} PCIe replays/min over the last {} s (allowed {:.0f})",
+                                     per_minute, span / 1000, allowed);
       }
     }
   }
@@ -394,25 +402,31 @@ class Checks {
       errors.status = CheckStatus::kPass;
       return;
     }
-    uint64_t rise = 0, crc_rise = 0;
-    for (const NvLinkSample& l : now_.nvlinks) {
-      for (const NvLinkSample& p : prev_->nvlinks) {
-        if (p.link != l.link) continue;
-        auto delta = [](const std::optional<uint64_t>& a, const std::optional<uint64_t>& b) {
-          return a && b && *a > *b ? *a - *b : uint64_t{0};
-        };
-        rise += delta(l.replay, p.replay) + delta(l.recovery, p.recovery);
-        crc_rise += delta(l.crc_flit, p.crc_flit) + delta(l.crc_data, p.crc_data);
-      }
-    }
-    double seconds = double(std::max<int64_t>(now_.at_ms - prev_->at_ms, 1)) / 1000.0;
-    double crc_rate = double(crc_rise) / seconds;
+    auto delta = [](const std::optional<uint64_t>& a, const std::optional<uint64_t>& b) {
+      return a && b && *a > *b ? *a - *b : uint64_t{0};
+    };
+    // Any rise since the last pass warns; the CRC rate that fails is averaged over the window (at
+    // least rate_window_ms), as DCGM rates it, so a sub-second burst does not take a GPU out.
+    auto rises = [&](const GpuSample& from, uint64_t* other, uint64_t* crc) {
+      for (const NvLinkSample& l : now_.nvlinks)
+        for (const NvLinkSample& p : from.nvlinks) {
+          if (p.link != l.link) continue;
+          *other += delta(l.replay, p.replay) + delta(l.recovery, p.recovery);
+          *crc += delta(l.crc_flit, p.crc_flit) + delta(l.crc_data, p.crc_data);
+        }
+    };
+    uint64_t rise = 0, crc_rise = 0, window_other = 0, window_crc = 0;
+    rises(*prev_, &rise, &crc_rise);
+    rises(*window_, &window_other, &window_crc);
+    int64_t span = std::max<int64_t>(now_.at_ms - window_->at_ms, t_.rate_window_ms);
+    double crc_rate = double(window_crc) / (double(std::max<int64_t>(span, 1)) / 1000.0);
     if (crc_rate >= t_.nvlink_crc_per_second_max) {
       errors.status = CheckStatus::kFail;
       errors.action = Action::kHardware;
       errors.clear = ClearRule::kOnReboot;
       errors.debounce = 0;  // a rate: must hold for the policy's debounce
-      errors.message = fmt::format("NVLink CRC errors at {:.0f}/s", crc_rate);
+      errors.message =
+          fmt::format("NVLink CRC errors at {:.0f}/s over the last {} s", crc_rate, span / 1000);
     } else if (rise + crc_rise > t_.nvlink_error_delta_max) {
       errors.status = CheckStatus::kWarn;
       errors.message = fmt::format("NVLink error counters rose by {} (replay/recovery {}, CRC {})",
@@ -450,7 +464,7 @@ class Checks {
     CheckResult& pending = Add("mig_mode_pending", CheckStatus::kNotSupported,
                                "MIG mode current ≠ pending (a GPU reset is needed to apply it)",
                                fmt::format("{} row 22 (NVML pending-mode semantics)", kSrcRef));
-    pending.action = Action::kResetGpu;
+    pending.action = Action::kResetWhenIdle;
     if (now_.mig_enabled && now_.mig_pending) {
       pending.status =
           *now_.mig_enabled == *now_.mig_pending ? CheckStatus::kPass : CheckStatus::kWarn;
@@ -464,6 +478,7 @@ class Checks {
 
   const GpuSample& now_;
   const GpuSample* prev_;
+  const GpuSample* window_;  // where the rate window begins
   const Thresholds& t_;
   std::vector<CheckResult> out_;
 };
@@ -491,8 +506,9 @@ std::vector<CheckResult> CheckXids(int gpu_index, const std::vector<XidEvent>& x
 }
 
 std::vector<CheckResult> RunPassiveChecks(const GpuSample& now, const GpuSample* previous,
-                                          const Thresholds& thresholds) {
-  return Checks(now, previous, thresholds).Run();
+                                          const Thresholds& thresholds,
+                                          const GpuSample* window_start) {
+  return Checks(now, previous, window_start, thresholds).Run();
 }
 
 }  // namespace tau::health

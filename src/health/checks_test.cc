@@ -122,22 +122,70 @@ TEST(ChecksTest, PcieReplayRateFollowsGenerationAndWidth) {
       << "a rate needs a previous sample";
 }
 
-TEST(ChecksTest, NvLinkCrcStormFailsAndSmallRisesWarn) {
+TEST(ChecksTest, PcieReplaysAreCountedOverAMinuteNeverExtrapolated) {
+  GpuSample prev = Healthy();
+  prev.pcie_gen = 4;  // Gen4 x16: 16 per minute
+  GpuSample now = prev;
+  now.at_ms = prev.at_ms + 10'000;
+  now.pcie_replay_counter = 10;  // 10 in 10 s: not 60 per minute, 10 in the last minute
+  EXPECT_EQ(Find(RunPassiveChecks(now, &prev, {}), "pcie_replay").status, CheckStatus::kPass);
+  now.pcie_replay_counter = 17;  // at least 17 in the last minute, whatever comes next
+  EXPECT_EQ(Find(RunPassiveChecks(now, &prev, {}), "pcie_replay").status, CheckStatus::kWarn);
+  // Over a window longer than a minute, the rise per minute.
+  GpuSample start = prev;
+  start.at_ms = now.at_ms - 120'000;
+  now.pcie_replay_counter = 32;  // 16 per minute over 2 minutes: allowed
+  EXPECT_EQ(Find(RunPassiveChecks(now, &prev, {}, &start), "pcie_replay").status,
+            CheckStatus::kPass);
+  now.pcie_replay_counter = 34;
+  const CheckResult warn = Find(RunPassiveChecks(now, &prev, {}, &start), "pcie_replay");
+  EXPECT_EQ(warn.status, CheckStatus::kWarn);
+  EXPECT_NE(warn.message.find("17 PCIe replays/min over the last 120 s"), std::string::npos)
+      << warn.message;
+}
+
+TEST(ChecksTest, NvLinkCrcFailsOnlyAtASustainedRateAndAnyRiseWarns) {
   GpuSample prev = Healthy();
   GpuSample now = Healthy();
-  now.at_ms = prev.at_ms + 10'000;
-  now.nvlinks[1].crc_flit = 999;  // < 100/s over 10 s
-  const CheckResult warn = Find(RunPassiveChecks(now, &prev, {}), "nvlink_errors");
-  EXPECT_EQ(warn.status, CheckStatus::kWarn);
-  now.nvlinks[1].crc_flit = 1000;
-  const CheckResult fail = Find(RunPassiveChecks(now, &prev, {}), "nvlink_errors");
+  now.at_ms = prev.at_ms + 700;
+  now.nvlinks[1].crc_flit = 5000;  // a 0.7 s burst: 83/s averaged over the minute
+  const CheckResult burst = Find(RunPassiveChecks(now, &prev, {}), "nvlink_errors");
+  EXPECT_EQ(burst.status, CheckStatus::kWarn) << burst.message;
+  // The window begins a minute back: 6000 in it is 100/s, sustained.
+  GpuSample start = Healthy();
+  start.at_ms = now.at_ms - 60'000;
+  now.nvlinks[1].crc_flit = 5999;
+  EXPECT_EQ(Find(RunPassiveChecks(now, &prev, {}, &start), "nvlink_errors").status,
+            CheckStatus::kWarn);
+  now.nvlinks[1].crc_flit = 6000;
+  prev = now;  // nothing new since the last pass: the window still holds the storm
+  prev.at_ms -= 10'000;
+  const CheckResult fail = Find(RunPassiveChecks(now, &prev, {}, &start), "nvlink_errors");
   EXPECT_EQ(fail.status, CheckStatus::kFail);
   EXPECT_EQ(fail.action, Action::kHardware);
   EXPECT_EQ(fail.debounce, 0) << "a rate must hold for the policy's debounce";
+  EXPECT_NE(fail.message.find("100/s over the last 60 s"), std::string::npos) << fail.message;
+  // No rise since the last pass and a quiet window: pass.
+  EXPECT_EQ(Find(RunPassiveChecks(now, &prev, {}, &prev), "nvlink_errors").status,
+            CheckStatus::kPass);
   now.nvlinks[2].active = false;
   const CheckResult down = Find(RunPassiveChecks(now, &prev, {}), "nvlink_inactive");
   EXPECT_EQ(down.status, CheckStatus::kFail);
   EXPECT_NE(down.message.find("links 2"), std::string::npos) << down.message;
+}
+
+TEST(ChecksTest, RepairsPendingUntilAResetWaitForTheGpuToBeIdle) {
+  GpuSample s = Healthy();
+  s.remap = RemapSample{0, 0, /*pending=*/true, false};
+  s.retired_pages_pending = true;
+  s.recovery_action = 4;  // DRAIN_AND_RESET
+  auto results = RunPassiveChecks(s, nullptr, {});
+  for (const char* check : {"row_remap_pending", "retired_pages_pending", "recovery_action"}) {
+    EXPECT_EQ(Find(results, check).status, CheckStatus::kFail) << check;
+    EXPECT_EQ(Find(results, check).action, Action::kResetWhenIdle) << check;
+  }
+  s.recovery_action = 1;  // GPU_RESET: the GPU cannot go on
+  EXPECT_EQ(Find(RunPassiveChecks(s, nullptr, {}), "recovery_action").action, Action::kResetGpu);
 }
 
 TEST(ChecksTest, AggregateEccAndRetiredPageLimits) {

@@ -25,6 +25,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -64,6 +65,10 @@ struct GpuInventory {
   std::string nvml_version;
   std::string library;  // the NVML library that answered
   std::string note;     // why there are no GPUs, in plain words, when there are none
+  // The driver is there but NVML cannot be used (not loaded, a library/kernel version mismatch
+  // after an update, the GPUs not countable): a node that needs attention, so a health check fails.
+  // Empty on a machine with no NVIDIA driver at all, which is simply a machine without GPUs.
+  std::string error;
 };
 
 // The NVML library tau loads: $TAU_NVML_LIBRARY when set, else libnvidia-ml.so.1.
@@ -164,6 +169,9 @@ enum class Action {
   kWatch,       // warning only
   kFixConfig,   // a configuration the GPU cannot be used in (MIG without instances)
   kResetGpu,    // drain the GPU, reset it (nvidia-smi -r), re-check
+  // The GPU still works, and a reset applies a pending repair (row remap, page retirement): no new
+  // work, the running work finishes, then reset. Never a reason to stop what runs.
+  kResetWhenIdle,
   kRebootNode,  // drain, reboot the machine
   kHardware,    // drain, keep out, field diagnostics / RMA
 };
@@ -212,8 +220,11 @@ struct Thresholds {
   unsigned remapped_rows_uncorrectable_max = 512;  // fail at or above
   unsigned nvlink_inactive_max = 0;                // fail above
   uint64_t nvlink_error_delta_max = 0;             // warn above, per pass
-  double nvlink_crc_per_second_max = 100;          // fail at or above
+  double nvlink_crc_per_second_max = 100;          // fail at or above, averaged over the window
   double power_limit_min_fraction = 0.9;  // warn when enforced limit < this × default limit
+  // Counter rates (PCIe replays, NVLink CRC) are the rise over this window, as DCGM compares them,
+  // never one poll interval extrapolated: a short burst is not a sustained rate.
+  int64_t rate_window_ms = 60'000;
 };
 
 // The XID table (docs/gpu-health.md; NVIDIA's XID catalog buckets as copied by NVSentinel, with
@@ -228,9 +239,12 @@ struct XidClass {
 XidClass ClassifyXid(uint64_t xid);
 
 // Runs every passive check on `now`. `previous` (may be null) is the GPU's sample of the previous
-// pass, for counters that must be compared (rising NVLink errors, PCIe replay rate). Pure.
+// pass, for counters that must not rise at all (NVLink errors). `window_start` (null: `previous`)
+// begins the rate window: the newest sample at least Thresholds::rate_window_ms old, or the oldest
+// one kept while the history is shorter. Pure.
 std::vector<CheckResult> RunPassiveChecks(const GpuSample& now, const GpuSample* previous,
-                                          const Thresholds& thresholds);
+                                          const Thresholds& thresholds,
+                                          const GpuSample* window_start = nullptr);
 // The checks for XID events alone (the event thread uses this to act before the next poll).
 std::vector<CheckResult> CheckXids(int gpu_index, const std::vector<XidEvent>& xids);
 
@@ -241,6 +255,12 @@ enum class Verdict { kHealthy, kDegraded, kUnhealthy, kUnknown };
 const char* VerdictName(Verdict verdict);
 // Healthy and Degraded GPUs may be given to runs; Unhealthy and Unknown may not (fail closed).
 inline bool Placeable(Verdict v) { return v == Verdict::kHealthy || v == Verdict::kDegraded; }
+
+struct Reason;
+// Whether the work running on a GPU must stop now: only when it is Unhealthy with a failing
+// condition whose remedy does not wait for the GPU to be idle. An Unknown GPU (a read that failed)
+// and a repair pending until the next reset keep new work off and leave running work alone.
+bool StopsRunningWork(Verdict verdict, const std::vector<Reason>& reasons);
 
 struct Reason {
   std::string check;
@@ -428,6 +448,9 @@ class GpuMonitor {
   mutable Mutex mu_;
   GpuInventory inventory_ TAU_GUARDED_BY(mu_);
   std::vector<GpuSample> samples_ TAU_GUARDED_BY(mu_);
+  // Per GPU, earlier samples back to the newest one at least rate_window_ms old: where the rate
+  // window of the next pass begins (RunPassiveChecks' window_start).
+  std::vector<std::deque<GpuSample>> history_ TAU_GUARDED_BY(mu_);
   std::vector<std::vector<XidEvent>> pending_xids_
       TAU_GUARDED_BY(mu_);  // for the next sample's record
   std::vector<uint64_t> last_xid_ TAU_GUARDED_BY(mu_);

@@ -27,6 +27,7 @@ GpuInventory ReadInventory(const Nvml& nvml, std::vector<nvml::Device>* handles)
   unsigned count = 0;
   if (nvml::Return rc = f.device_count(&count); rc != nvml::kSuccess) {
     inv.note = fmt::format("NVML could not count the GPUs ({})", nvml.ErrorString(rc));
+    inv.error = inv.note;
     count = 0;
   }
   for (unsigned i = 0; i < count; ++i) {
@@ -71,7 +72,10 @@ GpuInventory DiscoverGpus() {
   if (!nvml.ok()) {
     GpuInventory inv;
     inv.note = nvml.status().message();
-    if (nvml.status().code() != StatusCode::kNotFound) inv.library = path;
+    if (nvml.status().code() != StatusCode::kNotFound) {
+      inv.library = path;
+      inv.error = inv.note;
+    }
     return inv;
   }
   return ReadInventory(**nvml, nullptr);
@@ -90,13 +94,15 @@ nlohmann::json ToJson(const GpuInventory& inv) {
     j["mig_pending"] = d.mig_pending ? nlohmann::json(*d.mig_pending) : nlohmann::json();
     devices.push_back(std::move(j));
   }
-  return {{"devices", devices},
-          {"driver_loaded", inv.driver_loaded},
-          {"driver_version", inv.driver_version},
-          {"cuda_driver_version", inv.cuda_driver_version},
-          {"nvml_version", inv.nvml_version},
-          {"library", inv.library},
-          {"note", inv.note}};
+  nlohmann::json out = {{"devices", devices},
+                        {"driver_loaded", inv.driver_loaded},
+                        {"driver_version", inv.driver_version},
+                        {"cuda_driver_version", inv.cuda_driver_version},
+                        {"nvml_version", inv.nvml_version},
+                        {"library", inv.library},
+                        {"note", inv.note}};
+  if (!inv.error.empty()) out["error"] = inv.error;  // only when the driver is there but unusable
+  return out;
 }
 
 }  // namespace tau::health

@@ -42,6 +42,8 @@ const char* ActionName(Action action) {
       return "fix_config";
     case Action::kResetGpu:
       return "reset_gpu";
+    case Action::kResetWhenIdle:
+      return "reset_when_idle";
     case Action::kRebootNode:
       return "reboot_node";
     case Action::kHardware:

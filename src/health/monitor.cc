@@ -31,7 +31,10 @@ Status GpuMonitor::Start(bool start_threads) {
     // No driver is a normal machine without GPUs, not an error of the monitor.
     MutexLock lock(&mu_);
     inventory_.note = loaded.status().message();
-    if (loaded.status().code() != StatusCode::kNotFound) inventory_.library = path;
+    if (loaded.status().code() != StatusCode::kNotFound) {
+      inventory_.library = path;
+      inventory_.error = inventory_.note;
+    }
     return Status::Ok();
   }
   nvml_ = std::move(loaded).value();
@@ -43,6 +46,7 @@ Status GpuMonitor::Start(bool start_threads) {
     MutexLock lock(&mu_);
     inventory_ = std::move(inventory);
     samples_.resize(handles_.size());
+    history_.assign(handles_.size(), {});
     pending_xids_.resize(handles_.size());
     last_xid_.assign(handles_.size(), 0);
   }
@@ -111,6 +115,8 @@ void GpuMonitor::PollLoop() {
   }
 }
 
+constexpr size_t kMaxHistory = 600;
+
 void GpuMonitor::PollOnce() {
   int64_t now = NowMillis();
   std::vector<GpuSample> fresh;
@@ -140,7 +146,16 @@ void GpuMonitor::PollOnce() {
       s.xid_events_supported = events_supported_[i];
       const GpuSample* prev = passes_ > 0 ? &samples_[i] : nullptr;
       if (!s.inforom_valid && prev) s.inforom_valid = prev->inforom_valid;
-      std::vector<CheckResult> results = RunPassiveChecks(s, prev, options_.thresholds);
+      std::deque<GpuSample>& history = history_[i];
+      if (prev) history.push_back(*prev);
+      // Keep one sample at least a window old (the window's start); drop the ones before it.
+      // A bound for very short poll intervals: the window then starts a little later.
+      while (history.size() > 1 &&
+             (s.at_ms - history[1].at_ms >= options_.thresholds.rate_window_ms ||
+              history.size() > kMaxHistory))
+        history.pop_front();
+      const GpuSample* window = history.empty() ? nullptr : &history.front();
+      std::vector<CheckResult> results = RunPassiveChecks(s, prev, options_.thresholds, window);
       // The event thread has already fed these XIDs to the tracker; the sample keeps them on
       // record.
       std::erase_if(results, [](const CheckResult& r) { return r.xid != 0; });

@@ -210,9 +210,9 @@ TEST(MonitorTest, MemoryErrors) {
       1);  // latched driver facts count at the first observation
   ExpectVerdicts(snap, {{0, Verdict::kUnhealthy, "ecc_dbe_volatile", Action::kResetGpu},
                         {1, Verdict::kHealthy, nullptr},
-                        {2, Verdict::kUnhealthy, "retired_pages_pending", Action::kResetGpu},
+                        {2, Verdict::kUnhealthy, "retired_pages_pending", Action::kResetWhenIdle},
                         {3, Verdict::kUnhealthy, "retired_pages", Action::kHardware},
-                        {4, Verdict::kUnhealthy, "row_remap_pending", Action::kResetGpu},
+                        {4, Verdict::kUnhealthy, "row_remap_pending", Action::kResetWhenIdle},
                         {5, Verdict::kUnhealthy, "row_remap_failure", Action::kHardware},
                         {6, Verdict::kUnhealthy, "row_remap_uncorrectable", Action::kHardware}});
   EXPECT_EQ(FindReason(snap.verdicts[5], "row_remap_failure")->clear, ClearRule::kOnReboot);
@@ -321,7 +321,7 @@ TEST(MonitorTest, DriverRecoveryAction) {
   ExpectVerdicts(snap, {{0, Verdict::kUnhealthy, "recovery_action", Action::kResetGpu},
                         {1, Verdict::kUnhealthy, "recovery_action", Action::kRebootNode},
                         {2, Verdict::kDegraded, "recovery_action", Action::kWatch},
-                        {3, Verdict::kUnhealthy, "recovery_action", Action::kResetGpu}});
+                        {3, Verdict::kUnhealthy, "recovery_action", Action::kResetWhenIdle}});
 }
 
 TEST(MonitorTest, MigEnabledWithoutInstancesIsUnusable) {
@@ -335,7 +335,7 @@ TEST(MonitorTest, MigEnabledWithoutInstancesIsUnusable) {
   EXPECT_FALSE(snap.samples[0].remap.has_value());
   // A pending MIG change is a warning once debounced.
   HealthSnapshot later = Observe("gpus 1\ngpu 0 mig_mode 0 1\n", 2);
-  ExpectVerdicts(later, {{0, Verdict::kDegraded, "mig_mode_pending", Action::kResetGpu}});
+  ExpectVerdicts(later, {{0, Verdict::kDegraded, "mig_mode_pending", Action::kResetWhenIdle}});
 }
 
 TEST(MonitorTest, CorruptedInforomIsAWarning) {

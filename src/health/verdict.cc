@@ -32,6 +32,13 @@ constexpr uint64_t kXidCtxswTimeout = 109;
 
 }  // namespace
 
+bool StopsRunningWork(Verdict verdict, const std::vector<Reason>& reasons) {
+  if (verdict != Verdict::kUnhealthy) return false;
+  return std::any_of(reasons.begin(), reasons.end(), [](const Reason& r) {
+    return r.status == CheckStatus::kFail && r.action != Action::kResetWhenIdle;
+  });
+}
+
 VerdictTracker::VerdictTracker(VerdictPolicy policy) : policy_(policy) {}
 
 void VerdictTracker::Apply(GpuState& state, int64_t now_ms, const CheckResult& r) {

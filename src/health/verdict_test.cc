@@ -34,6 +34,26 @@ TEST(VerdictTest, UnobservedGpuIsUnknown) {
   EXPECT_FALSE(Placeable(v.verdict));
 }
 
+TEST(VerdictTest, OnlyAnUnhealthyGpuStopsRunningWorkAndNotForARepairPendingUntilIdle) {
+  VerdictTracker t;
+  // A read that failed: Unknown keeps new work off, and leaves what runs alone.
+  t.Observe(0, kT0, {Result("nvml_read", CheckStatus::kError, {}, 1)});
+  EXPECT_EQ(t.Get(0).verdict, Verdict::kUnknown);
+  EXPECT_FALSE(StopsRunningWork(t.Get(0).verdict, t.Get(0).reasons));
+  // A row remap pending: Unhealthy (not placeable), yet the running job finishes.
+  CheckResult remap = Result("row_remap_pending", CheckStatus::kFail, ClearRule::kOnGpuReset, 1);
+  remap.action = Action::kResetWhenIdle;
+  t.Observe(1, kT0, {remap});
+  EXPECT_EQ(t.Get(1).verdict, Verdict::kUnhealthy);
+  EXPECT_FALSE(Placeable(t.Get(1).verdict));
+  EXPECT_FALSE(StopsRunningWork(t.Get(1).verdict, t.Get(1).reasons));
+  // The GPU falling off the bus as well: now it must stop.
+  t.Observe(1, kT0 + kStep,
+            {remap, Result("gpu_lost", CheckStatus::kFail, ClearRule::kOnReboot, 1)});
+  EXPECT_TRUE(StopsRunningWork(t.Get(1).verdict, t.Get(1).reasons));
+  EXPECT_FALSE(StopsRunningWork(Verdict::kDegraded, t.Get(1).reasons));
+}
+
 TEST(VerdictTest, FirstObservationReportsAChange) {
   VerdictTracker t;
   auto change = t.Observe(0, kT0, {Result("temperature", CheckStatus::kPass)});

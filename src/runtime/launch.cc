@@ -75,6 +75,9 @@ Result<EnvList> WorkerEnv(const spec::RunSpec& spec, const LaunchContext& ctx,
   // Always set, even to "": an unset variable would let a CPU run see every GPU of a shared
   // machine.
   SetEnv(env, "CUDA_VISIBLE_DEVICES", visible_gpus);
+  // The indices are NVML's, which count in PCI bus order; CUDA's default order (fastest first)
+  // can name another GPU on a machine of mixed GPUs.
+  SetEnv(env, "CUDA_DEVICE_ORDER", "PCI_BUS_ID");
   SetEnv(env, "PYTHONUNBUFFERED", "1");
   for (const auto& [name, value] : ctx.extra_env) SetEnv(env, name, value);
   return env;

@@ -83,6 +83,8 @@ TEST(PlanLaunchTest, SingleGpuWorkerSeesItsGpu) {
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ((*plan)[0].argv[0], "python3");
   EXPECT_EQ(Get((*plan)[0].env, "CUDA_VISIBLE_DEVICES"), "3");
+  // NVML's indices, which count in PCI bus order: CUDA must count the same way.
+  EXPECT_EQ(Get((*plan)[0].env, "CUDA_DEVICE_ORDER"), "PCI_BUS_ID");
 }
 
 TEST(PlanLaunchTest, MultiGpuSingleWorkerUsesStandaloneTorchrun) {
@@ -180,7 +182,8 @@ TEST(PlanLaunchTest, NonPythonEntrypoints) {
 
 TEST(PlanLaunchTest, EnvOrderAndOverrides) {
   spec::RunSpec s = Job(1, 0);
-  s.runtime.env = {{"FOO", "spec", false, ""}, {"TAU_ATTEMPT", "99", false, ""}, {"BAR", "1", false, ""}};
+  s.runtime.env = {
+      {"FOO", "spec", false, ""}, {"TAU_ATTEMPT", "99", false, ""}, {"BAR", "1", false, ""}};
   LaunchContext ctx = Context({});
   ctx.extra_env = {{"TAU_FAILURE_REASON", "OOMKilled"}, {"BAR", "extra"}};
   auto plan = PlanLaunch(s, ctx);

@@ -181,7 +181,8 @@ int RunServer(const ServerOptions& options) {
                                             const std::vector<health::Reason>& reasons) {
     std::string why = health::VerdictName(now);
     if (!reasons.empty()) why += ": " + reasons.front().message;
-    if (Controller* c = verdict_sink.load()) c->OnGpuVerdict(gpu, health::Placeable(now), why);
+    if (Controller* c = verdict_sink.load())
+      c->OnGpuVerdict(gpu, health::Placeable(now), health::StopsRunningWork(now, reasons), why);
   };
   health::GpuMonitor monitor(mopts);
   if (Status s = monitor.Start(); !s.ok()) log("GPU monitor: " + s.ToString());
@@ -248,7 +249,7 @@ int RunServer(const ServerOptions& options) {
   // Verdicts from the first pass (and any change since) decide which GPUs placement may use.
   for (const health::GpuVerdict& v : monitor.Snapshot().verdicts) {
     if (!health::Placeable(v.verdict))
-      controller.OnGpuVerdict(v.gpu_index, false,
+      controller.OnGpuVerdict(v.gpu_index, false, health::StopsRunningWork(v.verdict, v.reasons),
                               std::string(health::VerdictName(v.verdict)) +
                                   (v.reasons.empty() ? "" : ": " + v.reasons.front().message));
   }

@@ -399,8 +399,12 @@ std::string ReservedEnvReason(const std::string& name, bool allow_nccl) {
              "remove it";
     }
   }
-  if (name == "CUDA_VISIBLE_DEVICES") {
-    return "tau sets it to the GPUs it assigns each worker; ask for GPUs with compute.gpus";
+  if (name == "CUDA_VISIBLE_DEVICES" || name == "NVIDIA_VISIBLE_DEVICES") {
+    return "tau (or the cluster's device plugin) sets it to the GPUs assigned to each worker; ask "
+           "for GPUs with compute.gpus";
+  }
+  if (name == "CUDA_DEVICE_ORDER") {
+    return "tau sets it to PCI_BUS_ID so that GPU indices mean what tau's health checks mean";
   }
   return "";
 }

@@ -132,7 +132,8 @@ TEST(SpecTauGrid, EnvListAndSecrets) {
 TEST(SpecTauGrid, ReservedEnvNames) {
   for (const char* name :
        {"TAU_X", "Tau_Run_Name", "MASTER_ADDR", "master_port", "WORLD_SIZE", "RANK", "LOCAL_RANK",
-        "NODE_RANK", "CUDA_VISIBLE_DEVICES", "NCCL_IB_HCA", "nccl_debug"}) {
+        "NODE_RANK", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+        "NCCL_IB_HCA", "nccl_debug"}) {
     EXPECT_NE(Errors(Direct(std::string("runtime:\n  env:\n    ") + name + ": x\n"))
                   .find(std::string("runtime.env: ") + name + " is reserved: tau "),
               std::string::npos)

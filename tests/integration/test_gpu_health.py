@@ -72,5 +72,65 @@ class GpuHealthTest(ServerTestCase):
             what="the pending reason")
 
 
+class ScenarioTestCase(ServerTestCase):
+    gpus = 2
+    scenario_text = ""
+
+    def setUp(self):
+        fd, self.scenario = tempfile.mkstemp(prefix="tau-it-scn-", suffix=".scn")
+        os.write(fd, self.scenario_text.encode())
+        os.close(fd)
+        self.extra_env = {"TAU_FAKE_NVML_SCENARIO": self.scenario}
+        super().setUp()
+
+    def tearDown(self):
+        super().tearDown()
+        os.unlink(self.scenario)
+
+
+class RepairPendingTest(ScenarioTestCase):
+    # A row remap pending: the GPU needs a reset once idle. New work stays off it; the job running
+    # there is not killed for it.
+    scenario_text = "gpus 2\nat 4s gpu 0 remap_pending 1\n"
+
+    def test_running_job_finishes_and_new_work_goes_elsewhere(self):
+        flag = os.path.join(self.work, "go")
+        code = ("import os, time\nprint('gpu', os.environ['CUDA_VISIBLE_DEVICES'],"
+                " os.environ['CUDA_DEVICE_ORDER'], flush=True)\n"
+                f"while not os.path.exists({flag!r}):\n    time.sleep(0.05)\n")
+        name = self.submit(job_spec("remap", gpus=1), {"main.py": code})
+        d = self.server.wait_state(name, "Running")
+        self.assertEqual(d["attempts"][0]["gpus"], [0], "started after the fault: rerun the test")
+        wait_for(lambda: json.loads(self.server.tau("gpus", "-o", "json", check=0).stdout)
+                 ["devices"][0]["health"]["verdict"] == "Unhealthy", what="GPU 0 unhealthy")
+        inv = json.loads(self.server.tau("gpus", "-o", "json", check=0).stdout)
+        reasons = inv["devices"][0]["health"]["reasons"]
+        self.assertEqual([r["action"] for r in reasons], ["reset_when_idle"])
+        # A new run is placed on GPU 1, not on the GPU waiting for its reset.
+        other = self.submit(job_spec("other", gpus=1), {"main.py": "print('ok')\n"})
+        o = self.server.wait_state(other, "Succeeded")
+        self.assertEqual(o["attempts"][0]["gpus"], [1])
+        # The first run is still running on GPU 0, and ends as it would have.
+        self.assertEqual(self.server.run_json(name)["run"]["state"], "Running")
+        open(flag, "w").close()
+        d = self.server.wait_state(name, "Succeeded")
+        self.assertEqual([a["reason"] for a in d["attempts"]], ["Succeeded"])
+        self.assertNotIn("GPUError", [e["type"] for e in d["events"]])
+        self.assertIn("gpu 0 PCI_BUS_ID", self.server.tau("logs", name).stdout)
+
+
+class DriverNotLoadedTest(ScenarioTestCase):
+    # The library is there and nvmlInit answers DRIVER_NOT_LOADED: a node that needs attention.
+    scenario_text = "init_error 9\n"
+
+    def test_health_check_fails(self):
+        check = self.server.tau("health", "check")
+        self.assertEqual(check.returncode, 1, check.stdout + check.stderr)
+        self.assertIn("unhealthy: the NVIDIA driver cannot be used: NVML failed to initialise",
+                      check.stdout)
+        body = json.loads(self.server.tau("health", "check", "-o", "json").stdout)
+        self.assertIn("NVML failed to initialise", body["inventory"]["error"])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -518,6 +518,8 @@ void LocalBackend::HandleGpuNews(const GpuNews& news, Batch* batch) {
   }
   unplaceable_gpus_[news.gpu] = news.why;
   free_gpus_.erase(news.gpu);
+  // Unknown (a read that failed), or a repair pending until the next reset: what runs finishes.
+  if (!news.stop_running) return;
   for (auto& [name, local] : runs_) {
     auto it = host_->active().find(name);
     if (!local.shim || it == host_->active().end()) continue;
