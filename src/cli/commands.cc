@@ -265,7 +265,9 @@ static int CmdLogs(const Global& g, const std::string& name, bool follow, int at
   if (!status.ok()) return Fail(status.status().message());
   if (*status != 200)
     return Fail(fmt::format("the server refused the log request (HTTP {})", *status));
-  return 0;
+  // Followed to its end, the run's own status: `tau logs -f RUN && next-step` must not go on
+  // after a failure.
+  return follow ? CmdLogsExitStatus(g, name) : 0;
 }
 
 static int CmdCancel(const Global& g, const std::vector<std::string>& runs) {
@@ -343,7 +345,8 @@ static int CmdHealthCheck(const Global& g, bool active, Format format) {
   if (!conn.ok()) return Fail(conn.status().message());
   auto got = client::TauApi(conn->get()).CheckHealth(active);
   if (!got.ok()) return Fail(got.status().message());
-  bool healthy = true;
+  // A driver that is there but unusable fails the check; a machine with no driver has no GPUs.
+  bool healthy = got->inventory.error.empty();
   for (const api::GpuHealth& v : got->gpus) healthy = healthy && v.placeable;
   const std::optional<api::ActiveProbe>& probe = got->active;
   if (active && probe && probe->ran)
@@ -353,7 +356,11 @@ static int CmdHealthCheck(const Global& g, bool active, Format format) {
   } else if (format == Format::kYaml) {
     PrintYaml(got->ToJson());
   } else {
-    if (got->gpus.empty()) std::printf("no GPUs: %s\n", got->inventory.note.c_str());
+    if (!got->inventory.error.empty())
+      std::printf("unhealthy: the NVIDIA driver cannot be used: %s\n",
+                  got->inventory.error.c_str());
+    else if (got->gpus.empty())
+      std::printf("no GPUs: %s\n", got->inventory.note.c_str());
     std::vector<std::vector<std::string>> rows;
     for (const api::GpuHealth& v : got->gpus) {
       std::string why;
@@ -677,6 +684,11 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
       app->add_subcommand("cancel", "Cancel runs (SIGTERM, then SIGKILL after a grace period)");
   cancel->add_option("runs", a->names, "Run names")->required();
   cancel->callback([=, &g] { ctx->rc = CmdCancel(g, a->names); });
+
+  auto* wait = app->add_subcommand(
+      "wait", "Wait until runs end; exit 0 when all succeeded, else the first failed run's status");
+  wait->add_option("runs", a->names, "Run names")->required();
+  wait->callback([=, &g] { ctx->rc = CmdWait(g, a->names); });
 
   auto* rerun = app->add_subcommand(
       "rerun", "Start a new run from a run's recorded spec and code snapshot; print its name");

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "api/types.h"
 #include "cli/output.h"
 #include "spec/spec.h"
 
@@ -68,6 +69,13 @@ int CmdExplain(const std::string& spec_file, std::string platform_file, const st
 // watch_commands.cc: the live views over the server's event stream (GET /api/v1/events).
 // Prints the run's status, then again on each change, until it reaches a terminal state.
 int CmdStatusWatch(const Global& g, const std::string& run, Format format);
+// Waits for every run to end, printing each as it does; the first unsuccessful run's status.
+int CmdWait(const Global& g, const std::vector<std::string>& runs);
+// The exit status a shell gets for an ended run (run.cc): 0 when it succeeded, its exit code when
+// it has one, else 1.
+int RunExitStatus(const api::Run& run);
+// RunExitStatus of `run`, fetched now (after `tau logs -f` has seen it end).
+int CmdLogsExitStatus(const Global& g, const std::string& run);
 // A live terminal view of queues, runs and GPUs; q or Ctrl-C quits. `once`: one frame, no ANSI.
 int CmdTop(const Global& g, bool once);
 

@@ -115,6 +115,16 @@ static int CmdMetrics(const Global& g, const std::string& run, const std::string
       client::TauApi(conn->get())
           .GetMetricsJsonl(run, name, has_split ? std::optional<std::string>(split) : std::nullopt);
   if (!jsonl.ok()) return Fail(jsonl.status().message());
+  // A name with no points is a mistake (a typo, a metric never written) in every format, not an
+  // empty answer: a script must not read it as "no data yet" and go on.
+  if (!name.empty() && jsonl->find_first_not_of(" \t\r\n") == std::string::npos) {
+    std::fprintf(stderr,
+                 "tau: run %s has no points of metric '%s'%s; `tau metrics %s` lists the metrics "
+                 "it has\n",
+                 run.c_str(), name.c_str(), has_split ? (" in split '" + split + "'").c_str() : "",
+                 run.c_str());
+    return kExitInvalid;
+  }
   if (mode == "jsonl") {
     std::fputs(jsonl->c_str(), stdout);
     return 0;
@@ -136,9 +146,8 @@ static int CmdMetrics(const Global& g, const std::string& run, const std::string
     return 0;
   }
   if (history.size() == 0) {
-    std::printf("run %s has no metric points%s\n", run.c_str(),
-                name.empty() ? "" : (" named " + name).c_str());
-    return name.empty() ? 0 : kExitInvalid;
+    std::printf("run %s has no metric points\n", run.c_str());
+    return 0;
   }
   if (name.empty()) {
     std::fputs(evidence::FormatSummaryTable(history.Summaries(), &history).c_str(), stdout);

@@ -47,13 +47,13 @@ std::string StatusLine(const api::Run& run) {
   return run.state;
 }
 
-int ExitCodeOf(const api::Run& run) {
+}  // namespace
+
+int RunExitStatus(const api::Run& run) {
   if (run.state == "Succeeded") return 0;
   if (run.exit_code && *run.exit_code > 0 && *run.exit_code < 256) return *run.exit_code;
   return kExitInvalid;
 }
-
-}  // namespace
 
 int CmdRun(const Global& g, const std::string& file, bool detach) {
   auto text = ReadFileAtMost(file, spec::kMaxSpecBytes, "a spec");
@@ -169,7 +169,7 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
                    "tau: this terminal showed rank 0; each rank's log: tau logs %s --rank R\n",
                    name.c_str());
   }
-  return ExitCodeOf(run);
+  return RunExitStatus(run);
 }
 
 }  // namespace tau::cli

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/connect.h"
 #include "client/tau_api.h"
@@ -77,38 +78,82 @@ std::string FetchRunState(const Global& g, const std::string& run, std::string* 
 std::atomic<bool> g_quit{false};
 void OnSignal(int) { g_quit = true; }
 
-}  // namespace
-
-int CmdStatusWatch(const Global& g, const std::string& run, Format format) {
-  if (!IsRunName(run)) return NoSuchRun(run);
-  int rc = CmdStatus(g, run, format);
-  if (rc != 0) return rc;
+// Follows `run`'s events until it ends, calling `on_change` at each; "" or the error. A stream can
+// end (a server restart): it reconnects until the run is done.
+template <typename F>
+std::string WaitUntilEnded(const Global& g, const std::string& run, F on_change) {
   std::string state;
-  if (std::string err = FetchRunState(g, run, &state); !err.empty()) return Fail(err);
-  // A stream can end (server restart); reconnect until the run is done.
+  if (std::string err = FetchRunState(g, run, &state); !err.empty()) return err;
   while (!IsTerminalState(state)) {
     auto conn = ConnectToServer(g.server);
-    if (!conn.ok()) return Fail(conn.status().message());
+    if (!conn.ok()) return conn.status().message();
     SseParser parser;
     auto status = client::TauApi(conn->get()).StreamEvents(run, [&](std::string_view d) {
       return parser.Feed(d, [&](const std::string& type, const std::string& data) {
         if (type != "run") return true;
         auto ev = api::RunEvent::FromJson(json::parse(data, nullptr, false));
         if (!ev.ok()) return true;
-        std::printf("\n");
-        std::fflush(stdout);
-        CmdStatus(g, run, format);
+        on_change();
         state = ev->state;
         return !IsTerminalState(state);
       });
     });
     if (!status.ok() && !IsTerminalState(state)) {
       std::this_thread::sleep_for(std::chrono::seconds(1));
-      if (std::string err = FetchRunState(g, run, &state); !err.empty()) return Fail(err);
+      if (std::string err = FetchRunState(g, run, &state); !err.empty()) return err;
     }
   }
-  return 0;
+  return "";
 }
+
+// The ended run's exit status for the shell.
+int EndedRunStatus(const Global& g, const std::string& run, api::Run* out = nullptr) {
+  api::RunDetail detail;
+  if (std::string err = Fetch(g, &detail, [&](client::TauApi& tau) { return tau.GetRun(run); });
+      !err.empty())
+    return Fail(err);
+  if (out) *out = detail.run;
+  return RunExitStatus(detail.run);
+}
+
+}  // namespace
+
+int CmdStatusWatch(const Global& g, const std::string& run, Format format) {
+  if (!IsRunName(run)) return NoSuchRun(run);
+  int rc = CmdStatus(g, run, format);
+  if (rc != 0) return rc;
+  std::string err = WaitUntilEnded(g, run, [&] {
+    std::printf("\n");
+    std::fflush(stdout);
+    CmdStatus(g, run, format);
+  });
+  if (!err.empty()) return Fail(err);
+  return EndedRunStatus(g, run);
+}
+
+int CmdWait(const Global& g, const std::vector<std::string>& runs) {
+  int rc = 0;
+  for (const std::string& run : runs) {
+    if (!IsRunName(run)) {
+      if (rc == 0) rc = NoSuchRun(run);
+      continue;
+    }
+    if (std::string err = WaitUntilEnded(g, run, [] {}); !err.empty()) {
+      std::fprintf(stderr, "tau: error: %s\n", err.c_str());
+      if (rc == 0) rc = kExitTauError;
+      continue;
+    }
+    api::Run ended;
+    int status = EndedRunStatus(g, run, &ended);
+    std::printf("%s: %s%s\n", run.c_str(), ended.state.c_str(),
+                ended.exit_code ? fmt::format(" (exit {})", *ended.exit_code).c_str() : "");
+    std::fflush(stdout);
+    if (rc == 0) rc = status;
+  }
+  return rc;
+}
+
+int CmdLogsExitStatus(const Global& g, const std::string& run) { return EndedRunStatus(g, run); }
 
 namespace {
 

@@ -1,10 +1,29 @@
 #include "client/tau_api.h"
 
+#include <cctype>
+
 #include <fmt/format.h>
 
 #include "common/json_text.h"
 
 namespace tau::client {
+namespace {
+
+// A name as one part of a URL (a path segment or a query value): everything but RFC 3986's
+// unreserved characters percent-encoded, so a name with a space, '?', '#' or '/' reaches the server
+// as that name, and the server's own validation answers it, never the request line's parser.
+std::string E(std::string_view text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~')
+      out += static_cast<char>(c);
+    else
+      out += fmt::format("%{:02X}", c);
+  }
+  return out;
+}
+
+}  // namespace
 
 Result<nlohmann::json> TauApi::CallJson(const std::string& method, const std::string& path,
                                         const std::string& body, const Headers& headers) {
@@ -31,14 +50,14 @@ Result<api::Version> TauApi::Version() { return Typed<api::Version>("GET", "/api
 Result<api::RunList> TauApi::ListRuns(const RunQuery& query) {
   std::string path = fmt::format("/api/v1/runs?limit={}", query.limit);
   if (!query.state.empty())
-    path += "&state=" + query.state;
+    path += "&state=" + E(query.state);
   else if (query.active)
     path += "&active=1";
   return Typed<api::RunList>("GET", path);
 }
 
 Result<api::RunDetail> TauApi::GetRun(const std::string& name) {
-  return Typed<api::RunDetail>("GET", "/api/v1/runs/" + name);
+  return Typed<api::RunDetail>("GET", "/api/v1/runs/" + E(name));
 }
 
 Result<api::Submitted> TauApi::Submit(const std::string& body, const std::string& idempotency_key) {
@@ -48,24 +67,24 @@ Result<api::Submitted> TauApi::Submit(const std::string& body, const std::string
 }
 
 Result<api::Submitted> TauApi::Rerun(const std::string& name) {
-  return Typed<api::Submitted>("POST", "/api/v1/runs/" + name + "/rerun");
+  return Typed<api::Submitted>("POST", "/api/v1/runs/" + E(name) + "/rerun");
 }
 
 Status TauApi::Cancel(const std::string& name) {
-  return CallJson("POST", "/api/v1/runs/" + name + "/cancel").status();
+  return CallJson("POST", "/api/v1/runs/" + E(name) + "/cancel").status();
 }
 
 Status TauApi::Resume(const std::string& name, const std::string& from, bool force) {
   nlohmann::json body = {{"force", force}};
   if (!from.empty()) body["from"] = from;
-  return CallJson("POST", "/api/v1/runs/" + name + "/resume", JsonText(body)).status();
+  return CallJson("POST", "/api/v1/runs/" + E(name) + "/resume", JsonText(body)).status();
 }
 
 Result<api::Queues> TauApi::GetQueues() { return Typed<api::Queues>("GET", "/api/v1/queues"); }
 
 Result<api::Queue> TauApi::GetQueue(const std::string& name) {
   TAU_ASSIGN_OR_RETURN(api::QueueReply reply,
-                       Typed<api::QueueReply>("GET", "/api/v1/queues/" + name));
+                       Typed<api::QueueReply>("GET", "/api/v1/queues/" + E(name)));
   return std::move(reply.queue);
 }
 
@@ -91,7 +110,7 @@ Result<api::HealthCheck> TauApi::CheckHealth(bool active) {
 
 Result<int> TauApi::StreamLog(const std::string& run, const LogQuery& query,
                               const OnData& on_data) {
-  std::string path = fmt::format("/api/v1/runs/{}/logs?rank={}", run, query.rank);
+  std::string path = fmt::format("/api/v1/runs/{}/logs?rank={}", E(run), query.rank);
   if (query.attempt > 0) path += fmt::format("&attempt={}", query.attempt);
   if (query.follow) path += "&follow=1";
   if (query.skip > 0) path += fmt::format("&skip={}", query.skip);
@@ -99,34 +118,34 @@ Result<int> TauApi::StreamLog(const std::string& run, const LogQuery& query,
 }
 
 Result<int> TauApi::StreamEvents(const std::string& run, const OnData& on_data) {
-  return conn_->Stream("GET", run.empty() ? "/api/v1/events" : "/api/v1/events?run=" + run,
+  return conn_->Stream("GET", run.empty() ? "/api/v1/events" : "/api/v1/events?run=" + E(run),
                        on_data);
 }
 
 Result<std::string> TauApi::GetMetricsJsonl(const std::string& run, const std::string& name,
                                             const std::optional<std::string>& split) {
-  std::string path = "/api/v1/runs/" + run + "/metrics?format=jsonl";
-  if (!name.empty()) path += "&name=" + name;
-  if (split) path += "&split=" + *split;
+  std::string path = "/api/v1/runs/" + E(run) + "/metrics?format=jsonl";
+  if (!name.empty()) path += "&name=" + E(name);
+  if (split) path += "&split=" + E(*split);
   TAU_ASSIGN_OR_RETURN(Response res, conn_->Call("GET", path));
   if (res.status != 200) return ErrorFromResponse(res);
   return std::move(res.body);
 }
 
 Result<nlohmann::json> TauApi::GetEvidence(const std::string& run) {
-  return CallJson("GET", "/api/v1/runs/" + run + "/evidence");
+  return CallJson("GET", "/api/v1/runs/" + E(run) + "/evidence");
 }
 
 Status TauApi::ExportEvidence(const std::string& run,
                               const std::function<bool(std::string_view)>& on_data) {
   // The start of the body is kept: when the answer is not 200, it is the server's error.
   Response answer;
-  TAU_ASSIGN_OR_RETURN(
-      answer.status,
-      conn_->Stream("GET", "/api/v1/runs/" + run + "/evidence/bundle", [&](std::string_view data) {
-        if (answer.body.size() < 65536) answer.body.append(data);
-        return on_data(data);
-      }));
+  TAU_ASSIGN_OR_RETURN(answer.status,
+                       conn_->Stream("GET", "/api/v1/runs/" + E(run) + "/evidence/bundle",
+                                     [&](std::string_view data) {
+                                       if (answer.body.size() < 65536) answer.body.append(data);
+                                       return on_data(data);
+                                     }));
   if (answer.status == 200) return Status::Ok();
   auto j = nlohmann::json::parse(answer.body, nullptr, false);
   if (j.is_object() && j.contains("error")) return ErrorFromResponse(answer);
@@ -145,11 +164,11 @@ Result<api::Token> TauApi::CreateToken(const std::string& user,
 }
 
 Result<api::TokenList> TauApi::ListTokens(const std::string& user) {
-  return Typed<api::TokenList>("GET", "/api/v1/tokens" + (user.empty() ? "" : "?user=" + user));
+  return Typed<api::TokenList>("GET", "/api/v1/tokens" + (user.empty() ? "" : "?user=" + E(user)));
 }
 
 Status TauApi::RevokeToken(const std::string& id) {
-  return CallJson("DELETE", "/api/v1/tokens/" + id).status();
+  return CallJson("DELETE", "/api/v1/tokens/" + E(id)).status();
 }
 
 Result<api::AuditList> TauApi::GetAudit(int limit) {
@@ -159,17 +178,17 @@ Result<api::AuditList> TauApi::GetAudit(int limit) {
 Status TauApi::SetSecret(const std::string& workspace, const std::string& key,
                          const std::string& value) {
   nlohmann::json body = {{"value", value}};
-  return CallJson("PUT", fmt::format("/api/v1/workspaces/{}/secrets/{}", workspace, key),
+  return CallJson("PUT", fmt::format("/api/v1/workspaces/{}/secrets/{}", E(workspace), E(key)),
                   JsonText(body))
       .status();
 }
 
 Result<api::SecretList> TauApi::ListSecrets(const std::string& workspace) {
-  return Typed<api::SecretList>("GET", fmt::format("/api/v1/workspaces/{}/secrets", workspace));
+  return Typed<api::SecretList>("GET", fmt::format("/api/v1/workspaces/{}/secrets", E(workspace)));
 }
 
 Status TauApi::DeleteSecret(const std::string& workspace, const std::string& key) {
-  return CallJson("DELETE", fmt::format("/api/v1/workspaces/{}/secrets/{}", workspace, key))
+  return CallJson("DELETE", fmt::format("/api/v1/workspaces/{}/secrets/{}", E(workspace), E(key)))
       .status();
 }
 

@@ -323,6 +323,12 @@ Status Controller::Resume(const std::string& name, const std::string& from, bool
     if (ec || !StartsWith(real, root) || !PathExists(real))
       return InvalidArgument(fmt::format(
           "checkpoint '{}' is not in run '{}''s checkpoint directory {}", from, name, dir));
+    root.pop_back();
+    if (std::string why = recovery::IncompleteCheckpointReason(root, real); !why.empty())
+      return InvalidArgument(fmt::format(
+          "checkpoint '{}' is not complete: {}; name a complete one, or leave out --from for the "
+          "newest complete checkpoint",
+          from, why));
     checkpoint = real;
   }
   inbox_.Push(ResumeRequest{name, checkpoint});
@@ -352,8 +358,8 @@ void Controller::HandleResume(const ResumeRequest& request, Batch* batch) {
   batch->runs.push_back(r);
 }
 
-void Controller::OnGpuVerdict(int gpu, bool placeable, const std::string& why) {
-  inbox_.Push(GpuNews{gpu, placeable, why});
+void Controller::OnGpuVerdict(int gpu, bool placeable, bool stop_running, const std::string& why) {
+  inbox_.Push(GpuNews{gpu, placeable, stop_running, why});
 }
 
 void Controller::OnGpuSamples(std::vector<evidence::GpuSample> samples) {

@@ -101,8 +101,9 @@ class Controller : private RunHost {
   // `force`.
   Status Resume(const std::string& name, const std::string& from, bool force);
   // A GPU's health verdict changed (called from the GPU monitor's threads; only queues the news). A
-  // GPU that is not placeable is given to no run, and attempts using it are stopped as GPUError.
-  void OnGpuVerdict(int gpu, bool placeable, const std::string& why);
+  // GPU that is not placeable is given to no run; attempts using it are stopped as GPUError only
+  // when `stop_running` (health::StopsRunningWork).
+  void OnGpuVerdict(int gpu, bool placeable, bool stop_running, const std::string& why);
 
   // For queued runs: {"position": n (1 = next), "reason": "..."}; null when the run is not pending.
   nlohmann::json PendingInfo(const std::string& name);

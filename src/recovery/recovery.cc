@@ -40,4 +40,23 @@ std::string NewestCompleteCheckpoint(const std::string& dir) {
   return best;
 }
 
+std::string IncompleteCheckpointReason(const std::string& dir, const std::string& path) {
+  std::filesystem::path rel = std::filesystem::path(path).lexically_relative(dir);
+  if (rel.empty() || rel == ".")
+    return "it is the checkpoint directory itself; name a checkpoint in it";
+  for (const auto& part : rel) {
+    if (IsTemporaryName(part.string()))
+      return "'" + part.string() +
+             "' is a temporary name (.tmp, .partial, .incomplete or a leading '.'): the checkpoint "
+             "is still being written, or its writer died";
+  }
+  const std::string top = dir + "/" + rel.begin()->string();
+  struct stat st;
+  if (::stat(top.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+      ::stat((top + "/COMPLETE").c_str(), &st) != 0)
+    return "the checkpoint directory " + rel.begin()->string() +
+           " has no COMPLETE file: it was not finished";
+  return "";
+}
+
 }  // namespace tau::recovery

@@ -38,4 +38,9 @@ Diagnosis Diagnose(const std::vector<std::string>& logs);
 // The newest complete checkpoint in `dir` (absolute path), or "" when there is none.
 std::string NewestCompleteCheckpoint(const std::string& dir);
 
+// Why `path` (inside the checkpoint directory `dir`, both canonical) is not a complete checkpoint
+// by the protocol above, or "" when it is: a part of it under a temporary name, or a checkpoint
+// directory without COMPLETE. `tau resume --from` refuses what this names.
+std::string IncompleteCheckpointReason(const std::string& dir, const std::string& path);
+
 }  // namespace tau::recovery

@@ -44,6 +44,33 @@ TEST(CheckpointTest, NewestCompleteWins) {
   ASSERT_TRUE(RemoveTree(dir).ok());
 }
 
+TEST(CheckpointTest, AResumeIsRefusedWhatTheProtocolCallsIncomplete) {
+  std::string dir = ::testing::TempDir() + "/tau_ckpt_from_" + std::to_string(::getpid());
+  ASSERT_TRUE(RemoveTree(dir).ok());
+  ASSERT_TRUE(MakeDirs(dir + "/step-1").ok());
+  ASSERT_TRUE(MakeDirs(dir + "/step-2.partial").ok());
+  Touch(dir + "/ckpt.pt", 1000);
+  Touch(dir + "/ckpt-2.pt.tmp", 1000);
+  Touch(dir + "/step-1/model.bin", 1000);
+  Touch(dir + "/step-2.partial/model.bin", 1000);
+  EXPECT_EQ(IncompleteCheckpointReason(dir, dir + "/ckpt.pt"), "");
+  EXPECT_NE(IncompleteCheckpointReason(dir, dir + "/ckpt-2.pt.tmp").find("temporary name"),
+            std::string::npos);
+  EXPECT_NE(
+      IncompleteCheckpointReason(dir, dir + "/step-2.partial/model.bin").find("'step-2.partial'"),
+      std::string::npos);
+  EXPECT_NE(IncompleteCheckpointReason(dir, dir + "/step-1").find("no COMPLETE file"),
+            std::string::npos);
+  EXPECT_NE(IncompleteCheckpointReason(dir, dir + "/step-1/model.bin").find("no COMPLETE file"),
+            std::string::npos);
+  Touch(dir + "/step-1/COMPLETE", 1000);
+  EXPECT_EQ(IncompleteCheckpointReason(dir, dir + "/step-1"), "");
+  EXPECT_EQ(IncompleteCheckpointReason(dir, dir + "/step-1/model.bin"), "");
+  EXPECT_NE(IncompleteCheckpointReason(dir, dir).find("the checkpoint directory itself"),
+            std::string::npos);
+  ASSERT_TRUE(RemoveTree(dir).ok());
+}
+
 }  // namespace
 }  // namespace tau::recovery
 

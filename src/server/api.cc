@@ -490,15 +490,15 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
       [controller](const http::HttpRequest&, http::HttpResponse& res, const CallerContext& caller) {
         http::Reply(res, 200, FilterQueues(controller->Queues(), caller));
       });
-  api->Route("GET", R"(/api/v1/queues/([A-Za-z0-9._-]+))", Access::kSignedIn,
+  api->Route("GET", R"(/api/v1/queues/([^/]+))", Access::kSignedIn,
              [controller](const http::HttpRequest& req, http::HttpResponse& res,
                           const CallerContext& caller) {
                json all = FilterQueues(controller->Queues(), caller);
                for (const json& q : all.value("queues", json::array()))
                  if (q.value("name", "") == req.matches[1])
                    return http::Reply(res, 200, {{"queue", q}});
-               http::ReplyError(
-                   res, NotFound(fmt::format("no queue '{}'", std::string(req.matches[1]))));
+               http::ReplyError(res, NotFound(fmt::format("no queue '{}'",
+                                                          Printable(std::string(req.matches[1])))));
              });
 
   api->Route("POST", "/api/v1/runs", Access::kSignedIn,

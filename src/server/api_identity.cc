@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "common/strings.h"
 #include "http/reply.h"
 #include "server/api.h"
 #include "spec/spec.h"
@@ -185,7 +186,7 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
                                const CallerContext& caller, auth::Role need) {
     std::string ws = req.matches[1];
     if (caller.platform->FindWorkspace(ws) == nullptr) {
-      http::ReplyError(res, NotFound(fmt::format("no workspace '{}'", ws)));
+      http::ReplyError(res, NotFound(fmt::format("no workspace '{}'", Printable(ws))));
       return false;
     }
     if (caller.RoleIn(ws) < need) {
@@ -197,7 +198,7 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
     return true;
   };
   api->Route(
-      "GET", R"(/api/v1/workspaces/([a-z0-9-]+)/secrets)", Access::kSignedIn,
+      "GET", R"(/api/v1/workspaces/([^/]+)/secrets)", Access::kSignedIn,
       [store, check_workspace](const http::HttpRequest& req, http::HttpResponse& res,
                                const CallerContext& caller) {
         if (!check_workspace(req, res, caller, auth::Role::kViewer)) return;
@@ -212,14 +213,17 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
         http::Reply(res, 200, {{"workspace", std::string(req.matches[1])}, {"secrets", list}});
       });
   api->Route(
-      "PUT", R"(/api/v1/workspaces/([a-z0-9-]+)/secrets/([A-Za-z0-9._-]+))", Access::kSignedIn,
+      "PUT", R"(/api/v1/workspaces/([^/]+)/secrets/([^/]+))", Access::kSignedIn,
       [api, store, check_workspace](const http::HttpRequest& req, http::HttpResponse& res,
                                     const CallerContext& caller) {
         if (!check_workspace(req, res, caller, auth::Role::kResearcher)) return;
         std::string key = req.matches[2];
         if (!spec::IsSecretKey(key))
-          return http::ReplyError(res,
-                                  InvalidArgument(fmt::format("'{}' is not a secret key", key)));
+          return http::ReplyError(
+              res,
+              InvalidArgument(fmt::format("'{}' is not a secret key (letters, digits, '.', '_' and "
+                                          "'-')",
+                                          Printable(key))));
         auto value = ParseSingleStringBody(req.body, "value");
         if (!value.ok()) return http::ReplyError(res, value.status());
         if (value->size() > kMaxSecretBytes)
@@ -232,8 +236,7 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
         api->Audit(req, caller.who, 200, "secret.set", info.workspace + "/" + key);
         http::Reply(res, 200, {{"workspace", info.workspace}, {"key", key}, {"size", info.size}});
       });
-  api->Route("DELETE", R"(/api/v1/workspaces/([a-z0-9-]+)/secrets/([A-Za-z0-9._-]+))",
-             Access::kSignedIn,
+  api->Route("DELETE", R"(/api/v1/workspaces/([^/]+)/secrets/([^/]+))", Access::kSignedIn,
              [api, store, check_workspace](const http::HttpRequest& req, http::HttpResponse& res,
                                            const CallerContext& caller) {
                if (!check_workspace(req, res, caller, auth::Role::kResearcher)) return;

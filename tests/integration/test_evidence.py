@@ -179,6 +179,12 @@ class EvidenceTest(ServerTestCase):
         jsonl = self.server.tau("metrics", name, "loss", check=0).stdout.splitlines()
         self.assertEqual(len(jsonl), 30)
         self.assertEqual(json.loads(jsonl[0])["step"], 1)
+        # A metric the run never wrote is an error in every format, not an empty answer.
+        for fmt in ("jsonl", "json", "table"):
+            typo = self.server.tau("metrics", name, "lossx", "-o", fmt)
+            self.assertEqual(typo.returncode, 1, (fmt, typo.stdout, typo.stderr))
+            self.assertEqual(typo.stdout, "")
+            self.assertIn(f"run {name} has no points of metric 'lossx'", typo.stderr)
 
     def test_a_final_record_lost_with_the_machine_is_made_again(self):
         # The final record is saved without a disk flush: after a crash of the machine it may be

@@ -164,6 +164,18 @@ class RunTest(ServerTestCase):
         self.assertIn("key=***", p.stdout)
         self.assertNotIn("hunte", p.stdout)
 
+    def test_names_with_spaces_reach_the_server_as_names(self):
+        p = subprocess.run([TAU, "secret", "set", "default", "api key"], input="x",
+                           env=self.server.env, capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertNotIn("malformed", p.stderr)
+        self.assertIn("'api key'", p.stderr)
+        for args in (("queue", "show", "my queue"), ("secret", "list", "my ws"),
+                     ("metrics", "nope-00000000", "a b")):
+            q = self.server.tau(*args)
+            self.assertNotEqual(q.returncode, 0, args)
+            self.assertNotIn("malformed", q.stderr, args)
+
     def test_an_entrypoint_missing_from_the_code_is_refused_at_submission(self):
         spec = self.project(job_spec("missing", entry="nothere.py"), {"main.py": "print('hi')\n"})
         p = self.server.tau("run", spec)
@@ -214,6 +226,35 @@ class RunTest(ServerTestCase):
         p.wait(timeout=20)
         self.assertEqual(p.returncode, 0)
         self.assertIn("tick 4", rest)
+
+    def test_waiting_commands_exit_with_the_runs_status(self):
+        gate = os.path.join(self.work, "gate")
+        wait_code = f"import os, sys, time\nwhile not os.path.exists({gate!r}):\n    time.sleep(0.05)\n"
+        ok = self.submit(job_spec("w-ok"), {"main.py": wait_code})
+        bad = self.submit(job_spec("w-bad"), {"main.py": wait_code + "sys.exit(7)\n"})
+        waiters = {
+            "wait": subprocess.Popen([TAU, "wait", ok, bad], env=self.server.env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+            "logs": subprocess.Popen([TAU, "logs", "-f", bad], env=self.server.env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+            "status": subprocess.Popen([TAU, "status", "-w", bad], env=self.server.env,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+        }
+        time.sleep(0.5)
+        for name, p in waiters.items():
+            self.assertIsNone(p.poll(), f"tau {name} returned before the runs ended")
+        open(gate, "w").close()
+        out = {name: p.communicate(timeout=30) for name, p in waiters.items()}
+        self.assertEqual(waiters["wait"].returncode, 7, out["wait"])
+        self.assertEqual(out["wait"][0].splitlines(), [f"{ok}: Succeeded (exit 0)",
+                                                       f"{bad}: Failed (exit 7)"])
+        self.assertEqual(waiters["logs"].returncode, 7, out["logs"])
+        self.assertEqual(waiters["status"].returncode, 7, out["status"])
+        self.assertEqual(self.server.tau("wait", ok).returncode, 0)
+        self.assertEqual(self.server.tau("logs", "-f", ok).returncode, 0)
+        missing = self.server.tau("wait", ok, "nope-00000000")
+        self.assertEqual(missing.returncode, 125)
+        self.assertIn("no run named 'nope-00000000'", missing.stderr)
 
     def test_names_that_are_no_run_names_and_log_options_out_of_range_are_told_plainly(self):
         name = self.submit(job_spec("opts"), {"main.py": "print('x')\n"})
@@ -661,10 +702,6 @@ class AutostartTest(unittest.TestCase):
             server.stop()
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class RetryTest(ServerTestCase):
     RESILIENT = ("resilience:\n  max_retries: 2\n  retry_on: [UserError]\n  backoff_initial: 100ms\n"
                  "  backoff_max: 1s\n")
@@ -807,8 +844,9 @@ class ManualControlTest(ServerTestCase):
     def test_resume_from_a_chosen_checkpoint(self):
         code = ("import os, sys\nck = os.environ['TAU_CHECKPOINT_DIR']\n"
                 "if os.environ['TAU_ATTEMPT'] == '1':\n"
-                "    for n in ('ckpt-a.json', 'ckpt-b.json'):\n"
+                "    for n in ('ckpt-a.json', 'ckpt-b.json', 'ckpt-c.json.tmp'):\n"
                 "        open(os.path.join(ck, n), 'w').write('{}')\n"
+                "    os.makedirs(os.path.join(ck, 'step-9'))\n"
                 "    sys.exit(3)\n"
                 "print('resumed from', os.path.basename(os.environ['TAU_RESUME_FROM']),"
                 " 'after', os.environ['TAU_FAILURE_REASON'])\n")
@@ -817,6 +855,13 @@ class ManualControlTest(ServerTestCase):
         escape = self.server.tau("resume", name, "--from", "../../../etc/passwd")
         self.assertEqual(escape.returncode, 125)
         self.assertIn("not in run", escape.stderr)
+        # Half-written checkpoints, by the protocol, are refused with the reason.
+        tmp = self.server.tau("resume", name, "--from", "ckpt-c.json.tmp")
+        self.assertEqual(tmp.returncode, 125)
+        self.assertIn("is not complete: 'ckpt-c.json.tmp' is a temporary name", tmp.stderr)
+        unfinished = self.server.tau("resume", name, "--from", "step-9")
+        self.assertEqual(unfinished.returncode, 125)
+        self.assertIn("step-9 has no COMPLETE file", unfinished.stderr)
         self.server.tau("resume", name, "--from", "ckpt-a.json", check=0)
         d = self.server.wait_state(name, "Succeeded")
         self.assertEqual(len(d["attempts"]), 2)
@@ -826,3 +871,7 @@ class ManualControlTest(ServerTestCase):
         again = self.server.tau("resume", name)
         self.assertEqual(again.returncode, 125)
         self.assertIn("tau rerun", again.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
