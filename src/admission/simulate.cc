@@ -147,6 +147,30 @@ class Loader {
     return *q;
   }
 
+  // What Kueue's ClusterQueue validation refuses, refused here too rather than applied: a
+  // negative quota, a lending limit above the nominal quota, and a fraction of a resource that
+  // exists only in whole units (GPUs and other extended resources).
+  void CheckQuota(const YAML::Node& r, const ResourceQuota& rq) {
+    const bool whole_units = rq.name.find('/') != std::string::npos;  // nvidia.com/gpu, ...
+    auto check = [&](const char* key, const std::optional<Quantity>& q) {
+      if (!q) return;
+      if (q->milli() < 0) {
+        Error(r[key], fmt::format("{} of '{}' is negative ({})", key, rq.name, q->ToString()));
+      } else if (whole_units && q->milli() % 1000 != 0) {
+        Error(r[key], fmt::format("{} of '{}' is {}: an extended resource comes in whole units",
+                                  key, rq.name, q->ToString()));
+      }
+    };
+    check("nominal", r["nominal"] ? std::optional<Quantity>(rq.nominal) : std::nullopt);
+    check("borrowing_limit", rq.borrowing_limit);
+    check("lending_limit", rq.lending_limit);
+    if (rq.lending_limit && *rq.lending_limit > rq.nominal)
+      Error(r["lending_limit"],
+            fmt::format("lending_limit of '{}' ({}) is above its nominal quota ({}): a queue can "
+                        "lend at most what it has (Kueue refuses it too)",
+                        rq.name, rq.lending_limit->ToString(), rq.nominal.ToString()));
+  }
+
   std::optional<int64_t> Time(const YAML::Node& node, std::string_view what) {
     if (!node.IsScalar()) {
       Error(node, fmt::format("{} must be an RFC 3339 time", what));
@@ -243,6 +267,7 @@ class Loader {
               if (r["borrowing_limit"])
                 rq.borrowing_limit = Qty(r["borrowing_limit"], "borrowing_limit");
               if (r["lending_limit"]) rq.lending_limit = Qty(r["lending_limit"], "lending_limit");
+              CheckQuota(r, rq);
               fq.resources.push_back(std::move(rq));
             }
           }

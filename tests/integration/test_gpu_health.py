@@ -13,12 +13,13 @@ at 3s gpu 0 xid 79
 """
 
 
-class GpuHealthTest(ServerTestCase):
+class ScenarioTestCase(ServerTestCase):
     gpus = 2
+    scenario_text = ""
 
     def setUp(self):
         fd, self.scenario = tempfile.mkstemp(prefix="tau-it-scn-", suffix=".scn")
-        os.write(fd, SCENARIO.encode())
+        os.write(fd, self.scenario_text.encode())
         os.close(fd)
         self.extra_env = {"TAU_FAKE_NVML_SCENARIO": self.scenario}
         super().setUp()
@@ -26,6 +27,10 @@ class GpuHealthTest(ServerTestCase):
     def tearDown(self):
         super().tearDown()
         os.unlink(self.scenario)
+
+
+class GpuHealthTest(ScenarioTestCase):
+    scenario_text = SCENARIO
 
     def test_xid_79_stops_the_attempt_and_the_retry_runs_on_another_gpu(self):
         code = ("import os, time\nprint('attempt', os.environ['TAU_ATTEMPT'], 'gpu',"
@@ -70,22 +75,6 @@ class GpuHealthTest(ServerTestCase):
         wait_for(lambda: "kept out by health checks" in json.dumps(
             json.loads(self.server.tau("status", wide, "-o", "json").stdout).get("pending")),
             what="the pending reason")
-
-
-class ScenarioTestCase(ServerTestCase):
-    gpus = 2
-    scenario_text = ""
-
-    def setUp(self):
-        fd, self.scenario = tempfile.mkstemp(prefix="tau-it-scn-", suffix=".scn")
-        os.write(fd, self.scenario_text.encode())
-        os.close(fd)
-        self.extra_env = {"TAU_FAKE_NVML_SCENARIO": self.scenario}
-        super().setUp()
-
-    def tearDown(self):
-        super().tearDown()
-        os.unlink(self.scenario)
 
 
 class RepairPendingTest(ScenarioTestCase):

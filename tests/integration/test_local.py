@@ -176,6 +176,23 @@ class RunTest(ServerTestCase):
             self.assertNotEqual(q.returncode, 0, args)
             self.assertNotIn("malformed", q.stderr, args)
 
+    def test_an_entrypoint_that_cannot_start_is_refused_at_submission(self):
+        cases = [
+            ("src", {"src/run.sh": "#!/bin/sh\necho hi\n"}, "'src' is a directory of the code"),
+            ("run.sh", {"run.sh": "echo hi\n"}, "'run.sh' is not executable (mode 0644)"),
+            ("no-such-tool", {"main.py": ""},
+             "'no-such-tool' is neither a file of the code nor a command on the run's PATH"),
+        ]
+        for entry, files, message in cases:
+            with self.subTest(entry=entry):
+                p = self.server.tau("run", self.project(job_spec("cannot", entry=entry), files))
+                self.assertEqual(p.returncode, 125, p.stdout + p.stderr)
+                self.assertIn(message, p.stderr)
+        self.assertEqual(json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"], [])
+        # A command on PATH, and an executable script, start.
+        ok = self.server.tau("run", self.project(job_spec("onpath", entry="true"), {}))
+        self.assertEqual(ok.returncode, 0, ok.stderr)
+
     def test_an_entrypoint_missing_from_the_code_is_refused_at_submission(self):
         spec = self.project(job_spec("missing", entry="nothere.py"), {"main.py": "print('hi')\n"})
         p = self.server.tau("run", spec)
@@ -473,18 +490,12 @@ class GpuPlacementTest(ServerTestCase):
         if shutil.which("torchrun"):
             self.skipTest("torchrun is installed here")
         spec = self.project(job_spec("torchless", gpus=2), {"main.py": "print('hi')\n"})
-        # Without torchrun: a clear SetupError, never a silent CPU run.
+        # Without torchrun the run could never start: refused at submission, before it is admitted
+        # (and could preempt others), never a silent CPU run.
         p = self.server.tau("run", spec)
-        self.assertEqual(p.returncode, 1, p.stderr)
-        name = json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"][0]["name"]
-        d = self.server.run_json(name)
-        self.assertEqual(d["run"]["reason"], "SetupError")
-        self.assertIn("torchrun", d["run"]["message"])
-        # The job never ran: no exit code, which a script would read as a success if it were 0.
-        self.assertIsNone(d["run"]["exit_code"])
-        self.assertIsNone(d["attempts"][0]["exit_code"])
-        listed = json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"][0]
-        self.assertIsNone(listed["exit_code"])
+        self.assertEqual(p.returncode, 125, p.stderr)
+        self.assertIn("compute.gpus: 2 GPUs per worker are launched with torchrun", p.stderr)
+        self.assertEqual(json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"], [])
 
     def test_gpus_command(self):
         inv = json.loads(self.server.tau("gpus", "-o", "json", check=0).stdout)
