@@ -203,8 +203,11 @@ ZygoteReply StartShim(const std::string& request, std::optional<Spare>* spare) {
   if (spare->has_value()) {
     std::optional<Spare> taken = std::move(*spare);
     spare->reset();
-    // A spare that is gone (someone killed it) refuses the message; a fresh fork does the job.
-    if (SendAttempt(taken->sock.get(), request, devnull.get(), log)) {
+    // A spare that is gone (someone killed it) is not handed out: one killed since the last
+    // SIGCHLD was read is a zombie, reaped here (waitpid answers its pid, or -1 once reaped), and
+    // one that died otherwise refuses the message. A fresh fork does the job.
+    if (::waitpid(taken->pid, nullptr, WNOHANG) == 0 &&
+        SendAttempt(taken->sock.get(), request, devnull.get(), log)) {
       reply.pid = taken->pid;
       reply.start_time = taken->start_time;
       return reply;
