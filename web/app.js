@@ -155,7 +155,7 @@ async function viewRun(name) {
         <div class="card"><div class="k">Exit</div>${r.exit_code ?? (r.signal ? "signal " + r.signal : "—")}</div>
       </div>
       ${r.pending ? raw(html`<p class="reason" id="pending-reason">Waiting: ${pendingText(r.pending)}</p>`) : ""}
-      ${r.reason || r.message ? raw(html`<p>${r.reason}${r.message ? " — " + r.message : ""}</p>`) : ""}
+      ${r.reason || r.message ? raw(html`<p id="run-reason">${r.reason}${r.message ? " — " + r.message : ""}</p>`) : ""}
       <h2>Lifecycle</h2>
       <ul class="timeline" id="timeline">
         ${d.events.length ? "" : milestones.map(([k, t]) => raw(html`<li><time>${time(t)}</time><b>${k}</b></li>`))}
@@ -166,7 +166,7 @@ async function viewRun(name) {
         <thead><tr><th>#</th><th>State</th><th>Outcome</th><th>Failure class</th><th>Exit</th><th>Started</th><th>Ended</th><th>Diagnosis</th></tr></thead>
         <tbody>${d.attempts.map((a) => raw(html`<tr><td>${a.number}</td><td>${a.state}</td><td>${a.outcome}</td><td>${a.reason}</td>
           <td>${a.exit_code ?? (a.signal ? "signal " + a.signal : "")}</td><td>${time(a.started)}</td><td>${time(a.ended)}</td>
-          <td>${a.message}${typeof a.diagnosis === "object" && a.diagnosis && Object.keys(a.diagnosis).length ? raw(html`<pre>${JSON.stringify(a.diagnosis, null, 1)}</pre>`) : a.diagnosis && typeof a.diagnosis !== "object" ? " " + a.diagnosis : ""}</td></tr>`))}</tbody></table>`)}`;
+          <td>${a.message}${raw(diagnosisHtml(a.diagnosis))}</td></tr>`))}</tbody></table>`)}`;
     return r;
   };
   const r = await renderDetail();
@@ -325,6 +325,28 @@ async function viewQueues() {
   onLive = (type, data) => { if (type === "queues") box.innerHTML = renderQueues(data); };
 }
 
+// An attempt's diagnosis as a reader wants it: the phase, the summary, and the log lines that
+// gave it away (rank and line), never the JSON it travels in.
+function diagnosisHtml(d) {
+  if (!d || typeof d !== "object" || !Object.keys(d).length) return "";
+  const lines = (d.evidence || []).map((e) => html`<li><span class="muted">rank ${e.rank}, ${e.signature}:</span> <code>${e.line}</code></li>`);
+  return html`<div class="diagnosis"><b>${d.phase || ""}</b>${d.summary ? ": " + d.summary : ""}${lines.length ? raw(html`<ul>${lines.map((l) => raw(l))}</ul>`) : ""}</div>`;
+}
+
+// The latest sample of one GPU, in the units `tau gpus` uses.
+function sampleText(s) {
+  if (!s || typeof s !== "object") return "";
+  const parts = [];
+  if (s.lost) parts.push("lost");
+  if (s.error) parts.push(s.error);
+  if (s.gpu_util_pct != null) parts.push(`util ${s.gpu_util_pct}%`);
+  if (s.memory_used_bytes != null) parts.push(`mem ${(s.memory_used_bytes / 2 ** 30).toFixed(1)} GiB${s.memory_total_bytes ? " of " + (s.memory_total_bytes / 2 ** 30).toFixed(0) : ""}`);
+  if (s.temperature_c != null) parts.push(`${s.temperature_c} °C`);
+  if (s.power_mw != null) parts.push(`${Math.round(s.power_mw / 1000)} W`);
+  if (s.at) parts.push(`at ${time(s.at)}`);
+  return parts.join(", ");
+}
+
 // ---- GPUs --------------------------------------------------------------------------------------
 
 async function viewGpus() {
@@ -334,16 +356,16 @@ async function viewGpus() {
     let body;
     try { body = await api("/api/v1/gpus"); } catch (e) { box.innerHTML = html`<p class="error">${e.message}</p>`; return; }
     const devices = body.devices || [];
-    const samples = (body.snapshot && body.snapshot.samples) || [];
+    // The monitor's snapshot has one entry per GPU: {device, sample, health}.
+    const latest = ((body.snapshot && body.snapshot.gpus) || []).map((g) => g.sample);
     box.innerHTML = devices.length === 0
       ? html`<p class="muted">No GPUs on this machine${body.note ? ": " + body.note : body.error ? ": " + body.error : ""}.</p>`
       : html`<table id="gpu-table"><thead><tr><th>#</th><th>Name</th><th>UUID</th><th>Memory</th><th>Health</th><th>Reasons</th><th>Latest sample</th></tr></thead><tbody>
         ${devices.map((d, i) => {
           const h = d.health || {};
-          const s = samples[i] || {};
-          const sample = Object.entries(s).filter(([, v]) => typeof v === "number").slice(0, 6).map(([k, v]) => `${k}=${v}`).join(" ");
+          const sample = sampleText(latest[i]);
           return raw(html`<tr><td>${d.index ?? i}</td><td>${d.name}</td><td class="muted">${d.uuid}</td><td>${d.memory_total_bytes ? (d.memory_total_bytes / 2 ** 30).toFixed(0) + " GiB" : ""}</td>
-            <td>${state(h.verdict || h.state || "unknown")}</td><td>${(h.reasons || []).map((r) => (typeof r === "string" ? r : r.message || JSON.stringify(r))).join("; ")}</td><td class="muted">${sample}</td></tr>`);
+            <td>${state(h.verdict || h.state || "unknown")}</td><td>${(h.reasons || []).map((r) => (typeof r === "string" ? r : r.message || JSON.stringify(r))).join("; ")}</td><td class="muted gpu-sample">${sample}</td></tr>`);
         })}</tbody></table>`;
   };
   await load();

@@ -189,6 +189,9 @@ struct ResourceUsage {
   Quantity nominal;
   Quantity usage;     // quota held by admitted workloads (victims included until evicted)
   Quantity borrowed;  // max(0, usage - nominal)
+  // What one more workload could take now: the unused nominal quota plus what the cohort can still
+  // lend (within borrowing and lending limits), never negative.
+  Quantity available;
 };
 
 enum class WorkloadState { kPending, kAdmitted, kPreempted /* admitted, eviction pending */ };

@@ -559,6 +559,7 @@ int64_t UsageOf(const Result<std::vector<ResourceUsage>>& u, const char* what) {
   const ResourceUsage& r = u->front();
   if (std::string(what) == "nominal") return r.nominal.milli() / 1000;
   if (std::string(what) == "usage") return r.usage.milli() / 1000;
+  if (std::string(what) == "available") return r.available.milli() / 1000;
   return r.borrowed.milli() / 1000;
 }
 
@@ -576,6 +577,9 @@ TEST(AdmissionEngineTest, CohortTreeArithmeticWithLendingAndBorrowingLimits) {
   // left's subtree = 4 + (10 - 7 kept by a) = 7; the root sees all of it.
   EXPECT_EQ(UsageOf(engine->CohortUsage("left"), "nominal"), 7);
   EXPECT_EQ(UsageOf(engine->CohortUsage("root"), "nominal"), 7);
+  // b has no quota of its own: what it can take is what it may borrow.
+  EXPECT_EQ(UsageOf(engine->Usage("b"), "available"), 5);
+  EXPECT_EQ(UsageOf(engine->Usage("a"), "available"), 14);  // its 10 and left's 4
   // b can borrow at most 5 (its borrowing limit) although 7 are lendable.
   ASSERT_TRUE(engine->AddWorkload(MakeWorkload("b6", "b", 6)).ok());
   CycleResult r = engine->RunCycle({});
@@ -587,6 +591,7 @@ TEST(AdmissionEngineTest, CohortTreeArithmeticWithLendingAndBorrowingLimits) {
   r = engine->RunCycle({});
   ASSERT_EQ(r.admitted.size(), 1u);
   EXPECT_EQ(UsageOf(engine->Usage("b"), "borrowed"), 5);
+  EXPECT_EQ(UsageOf(engine->Usage("b"), "available"), 0);  // at its borrowing limit
   EXPECT_EQ(UsageOf(engine->CohortUsage("right"), "usage"), 5);
   EXPECT_EQ(UsageOf(engine->CohortUsage("left"), "usage"), 0);
   // a keeps 7 for itself, and 2 of its lendable 3 are still free (left's 4 + a's 3 - 5 used).

@@ -478,6 +478,7 @@ std::vector<ResourceUsage> NodeUsage(const Engine::Impl& m, int node) {
     u.nominal = Quantity::FromMilli(n.subtree[fr]);
     u.usage = Quantity::FromMilli(n.usage[fr]);
     u.borrowed = Quantity::FromMilli(std::max<int64_t>(0, n.usage[fr] - n.subtree[fr]));
+    u.available = Quantity::FromMilli(std::max<int64_t>(0, m.tree.Available(node, fr)));
     out.push_back(std::move(u));
   }
   return out;

@@ -10,6 +10,14 @@
 
 namespace tau::server {
 
+std::string PreviousAttemptReason(store::Store* store, const std::string& run, int attempt) {
+  auto attempts = store->ListAttempts(run);
+  if (!attempts.ok()) return "";
+  for (const store::AttemptRecord& a : *attempts)
+    if (a.number == attempt - 1) return a.reason;
+  return "";
+}
+
 nlohmann::json AssignmentJson(const admission::FlavorAssignment& a) {
   nlohmann::json out = nlohmann::json::object();
   for (const auto& [podset, resources] : a) out[podset] = resources;

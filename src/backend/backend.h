@@ -171,6 +171,10 @@ class Backend {
   virtual void FillCapacity(MachineCapacity* capacity) const = 0;
 };
 
+// Why the attempt before `attempt` of `run` ended (its failure class: TAU_FAILURE_REASON of the
+// next one), or "" when there is none.
+std::string PreviousAttemptReason(store::Store* store, const std::string& run, int attempt);
+
 // A run's flavor assignment ({"POD_SET": {"RESOURCE": "FLAVOR"}}, as RunRecord.flavors keeps it)
 // and its text ("cpu on default, nvidia.com/gpu on h200").
 nlohmann::json AssignmentJson(const admission::FlavorAssignment& a);

@@ -413,64 +413,6 @@ int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet) {
                        });
 }
 
-int CmdExplain(const std::string& spec_file, std::string platform_file, const std::string& user,
-               Format format) {
-  auto text = ReadFileAtMost(spec_file, spec::kMaxSpecBytes, "a spec");
-  if (!text.ok()) return Fail(text.status().message());
-  spec::ParseOutcome spec = spec::ParseSpec(*text, spec_file);
-  PrintSpecWarnings(spec);
-  if (!spec.ok()) {
-    std::fprintf(stderr, "%s\n", spec.ErrorText().c_str());
-    return kExitInvalid;
-  }
-  policy::Platform platform;
-  std::string applied = layout::PlatformFile(TauHome());
-  if (platform_file.empty() && PathExists(applied)) {
-    // The platform the local server uses (`tau platform apply` wrote it there).
-    platform_file = applied;
-  }
-  if (platform_file.empty()) {
-    // Without a platform file: the default a local server uses, sized to this machine.
-    health::GpuInventory gpus = health::DiscoverGpus();
-    int64_t memory = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
-    platform = policy::DefaultPlatform(static_cast<int>(gpus.devices.size()),
-                                       ::sysconf(_SC_NPROCESSORS_ONLN) * 1000, memory);
-  } else {
-    auto ptext = ReadFile(platform_file);
-    if (!ptext.ok()) return Fail(ptext.status().message());
-    policy::PlatformOutcome parsed = policy::ParsePlatform(*ptext, platform_file);
-    if (!parsed.ok()) {
-      std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
-      return kExitInvalid;
-    }
-    platform = std::move(*parsed.platform);
-  }
-  std::string who = user;
-  if (who.empty()) {
-    if (const struct passwd* pw = ::getpwuid(::getuid())) who = pw->pw_name;
-  }
-  auto resolved = policy::Resolve(*spec.spec, platform, who);
-  if (!resolved.ok()) {
-    std::fprintf(stderr, "%s\n",
-                 LocatedErrors(spec_file, spec, resolved.status().message()).c_str());
-    return kExitInvalid;
-  }
-  if (format == Format::kTable) {
-    std::fputs(policy::ExplainText(*resolved).c_str(), stdout);
-    return 0;
-  }
-  nlohmann::json prov = nlohmann::json::array();
-  for (const auto& p : resolved->provenance)
-    prov.push_back({{"field", p.field}, {"value", p.value}, {"source", p.source}});
-  // The provenance, and the whole resolution (pod sizes, totals, mounts) as the server records it.
-  nlohmann::json out = {{"provenance", prov}, {"resolved", policy::ToJson(*resolved)}};
-  if (format == Format::kYaml)
-    PrintYaml(out);
-  else
-    PrintJson(out);
-  return 0;
-}
-
 std::function<std::optional<Format>()> AddOutput(CLI::App* cmd, Context* ctx, const char* help) {
   // Owned by the returned function, which CLI11 keeps in the command's callback.
   auto output = std::make_shared<std::string>("table");

@@ -64,8 +64,6 @@ int CmdVersion(const Global& g, bool with_server);
 int CmdRun(const Global& g, const std::string& file, bool detach);  // run.cc
 int CmdStatus(const Global& g, const std::string& run, Format format);
 int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet);
-int CmdExplain(const std::string& spec_file, std::string platform_file, const std::string& user,
-               Format format);
 // watch_commands.cc: the live views over the server's event stream (GET /api/v1/events).
 // Prints the run's status, then again on each change, until it reaches a terminal state.
 int CmdStatusWatch(const Global& g, const std::string& run, Format format);

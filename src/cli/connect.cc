@@ -15,6 +15,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/layout.h"
+#include "common/mutex.h"
 #include "runtime/runtime.h"
 
 extern char** environ;
@@ -125,7 +126,17 @@ Result<std::unique_ptr<client::Connection>> ConnectWith(const std::string& addre
   return conn;
 }
 
-Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& server_flag) {
+bool SignsInWithAToken(const std::string& server_flag) {
+  auto set = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0';
+  };
+  return !server_flag.empty() || set("TAU_SERVER") || set("TAU_TOKEN") ||
+         !LoadClientConfig().current.empty();
+}
+
+Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& server_flag,
+                                                            bool start_local) {
   std::string address = server_flag;
   if (address.empty())
     if (const char* env = std::getenv("TAU_SERVER"); env && *env) address = env;
@@ -165,6 +176,7 @@ Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& s
       }
     }
   }
+  if (!start_local) return conn.status();
   TAU_RETURN_IF_ERROR(SpawnLocalServer(home));
   int64_t deadline = MonotonicMillis() + kStartTimeoutMs;
   int sleep_ms = 2;
@@ -182,8 +194,94 @@ Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& s
                   local.path, kStartTimeoutMs / 1000, layout::ServerLog(home)));
 }
 
+namespace {
+
+// A line for a queued run that says where it stands, or "" when it has no pending reason.
+std::string QueuedLine(const api::Run& run) {
+  if (run.state != "Queued" || !run.pending) return "";
+  const api::Pending& p = *run.pending;
+  return fmt::format("queued{}: {}", p.position ? fmt::format(" (position {})", *p.position) : "",
+                     p.reason);
+}
+
+// Says on stderr what a followed run does while its log is silent: where it waits in the queue,
+// an attempt that failed and when it is retried, a preemption, a resume. Its own connection and
+// thread, polling the run about once a second; stdout stays the log's alone.
+class RunNarrator {
+ public:
+  // `from_start`: what happened since the run was submitted; else from now on.
+  RunNarrator(std::string server_flag, std::string run, bool from_start)
+      : server_flag_(std::move(server_flag)),
+        run_(std::move(run)),
+        from_start_(from_start),
+        thread_([this] { Loop(); }) {}
+  ~RunNarrator() {
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    cv_.SignalAll();
+    thread_.join();
+  }
+
+ private:
+  // False once stopped.
+  bool Sleep(int ms) {
+    MutexLock lock(&mu_);
+    return !cv_.WaitFor(&mu_, std::chrono::milliseconds(ms),
+                        [this]() TAU_REQUIRES(mu_) { return stop_; });
+  }
+  void Loop() {
+    auto conn = ConnectToServer(server_flag_, /*start_local=*/false);
+    if (!conn.ok()) return;  // the log stream says what is wrong with the server
+    size_t seen = 0;
+    bool first = true;
+    std::string said_queued;  // the code and position last said, not the countdown in the text
+    do {
+      auto got = client::TauApi(conn->get()).GetRun(run_);
+      if (!got.ok()) continue;
+      // The run's earlier history is `tau describe`'s.
+      if (first && !from_start_) seen = got->events.size();
+      first = false;
+      for (; seen < got->events.size(); ++seen) {
+        const api::Event& e = got->events[seen];
+        if (!e.message.empty() && !Routine(e.type))
+          std::fprintf(stderr, "tau: %s\n", e.message.c_str());
+      }
+      const api::Run& r = got->run;
+      std::string key = r.pending ? fmt::format("{}/{}", r.pending->code.value_or(""),
+                                                r.pending->position.value_or(0))
+                                  : "";
+      if (r.state == "Queued" && r.pending && key != said_queued) {
+        std::fprintf(stderr, "tau: %s\n", QueuedLine(r).c_str());
+        said_queued = key;
+      } else if (r.state != "Queued") {
+        said_queued.clear();
+      }
+      if (r.IsTerminal()) return;
+    } while (Sleep(1000));
+  }
+
+  // What every run does, or what the log and the command's last line say already.
+  static bool Routine(const std::string& type) {
+    for (const char* t : {"Submitted", "Admitted", "Running", "Succeeded", "Failed", "Cancelled"})
+      if (type == t) return true;
+    return false;
+  }
+
+  const std::string server_flag_, run_;
+  const bool from_start_;
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ TAU_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: started once the rest is ready
+};
+
+}  // namespace
+
 Result<int> FollowLog(const std::string& server_flag, std::unique_ptr<client::Connection>* conn,
-                      const std::string& run, client::LogQuery query) {
+                      const std::string& run, client::LogQuery query, bool since_submitted) {
+  RunNarrator narrator(server_flag, run, since_submitted);
   while (true) {
     auto streamed = client::TauApi(conn->get()).StreamLog(run, query, [&](std::string_view data) {
       std::fwrite(data.data(), 1, data.size(), stdout);

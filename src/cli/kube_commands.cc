@@ -19,7 +19,10 @@
 #include "cli/cli.h"
 #include "cli/code.h"
 #include "cli/commands.h"
+#include "cli/connect.h"
+#include "client/tau_api.h"
 #include "common/files.h"
+#include "common/layout.h"
 #include "common/strings.h"
 #include "health/health.h"
 #include "kube/kube.h"
@@ -65,23 +68,94 @@ Result<std::vector<CodeFile>> CollectInlineCode(const std::string& root,
   return std::move(walk->files);
 }
 
-Result<policy::Platform> LoadPlatform(const std::string& file) {
-  if (file.empty()) {
-    // Without a platform file: the default a local server uses, sized to this machine.
-    health::GpuInventory gpus = health::DiscoverGpus();
-    int64_t memory = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
-    return policy::DefaultPlatform(static_cast<int>(gpus.devices.size()),
-                                   ::sysconf(_SC_NPROCESSORS_ONLN) * 1000, memory);
-  }
+Result<policy::Platform> ParsePlatformFile(const std::string& file) {
   TAU_ASSIGN_OR_RETURN(std::string text, ReadFile(file));
   policy::PlatformOutcome parsed = policy::ParsePlatform(text, file);
   if (!parsed.ok()) return InvalidArgument(parsed.ErrorText());
   return std::move(*parsed.platform);
 }
 
-std::string CurrentUser() {
-  if (const struct passwd* pw = ::getpwuid(::getuid())) return pw->pw_name;
-  return "";
+// The platform and user a spec is resolved with, as `tau run` would have them. The platform:
+// --platform FILE, else the one applied to this machine's server (`tau platform apply` keeps it
+// under TAU_HOME), else the machine's default platform. The user: --user, else whom the server
+// signs the caller in as when it is signed in to with a token (`tau login`, TAU_TOKEN), else the
+// Unix user, as the local socket does.
+struct ResolveInputs {
+  policy::Platform platform;
+  policy::Caller caller;
+};
+
+Result<ResolveInputs> LoadResolveInputs(const Global& g, std::string platform_file,
+                                        const std::string& user) {
+  ResolveInputs in;
+  if (platform_file.empty() && PathExists(layout::PlatformFile(TauHome())))
+    platform_file = layout::PlatformFile(TauHome());
+  if (platform_file.empty()) {
+    health::GpuInventory gpus = health::DiscoverGpus();
+    int64_t memory = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
+    in.platform = policy::DefaultPlatform(static_cast<int>(gpus.devices.size()),
+                                          ::sysconf(_SC_NPROCESSORS_ONLN) * 1000, memory);
+  } else {
+    TAU_ASSIGN_OR_RETURN(in.platform, ParsePlatformFile(platform_file));
+  }
+  in.caller.user = user;
+  if (in.caller.user.empty() && SignsInWithAToken(g.server)) {
+    auto conn = ConnectToServer(g.server, /*start_local=*/false);
+    if (!conn.ok())
+      return Unavailable(
+          fmt::format("cannot ask the server who you are ({}); name the user with --user",
+                      conn.status().message()));
+    auto me = client::TauApi(conn->get()).Whoami();
+    if (!me.ok())
+      return Unavailable(
+          fmt::format("cannot ask the server who you are ({}); name the user with --user",
+                      me.status().message()));
+    in.caller = {me->user, me->groups};
+  }
+  if (in.caller.user.empty()) {
+    if (const struct passwd* pw = ::getpwuid(::getuid())) in.caller.user = pw->pw_name;
+  }
+  return in;
+}
+
+// A LoadResolveInputs failure: 1 for a platform file that is not valid, else 125.
+int FailInputs(const Status& s) {
+  std::fprintf(stderr, "%s\n", s.message().c_str());
+  return s.code() == StatusCode::kInvalidArgument ? kExitInvalid : kExitTauError;
+}
+
+int CmdExplain(const Global& g, const std::string& spec_file, const std::string& platform_file,
+               const std::string& user, Format format) {
+  auto text = ReadFileAtMost(spec_file, spec::kMaxSpecBytes, "a spec");
+  if (!text.ok()) return Fail(text.status().message());
+  spec::ParseOutcome spec = spec::ParseSpec(*text, spec_file);
+  PrintSpecWarnings(spec);
+  if (!spec.ok()) {
+    std::fprintf(stderr, "%s\n", spec.ErrorText().c_str());
+    return kExitInvalid;
+  }
+  auto in = LoadResolveInputs(g, platform_file, user);
+  if (!in.ok()) return FailInputs(in.status());
+  auto resolved = policy::Resolve(*spec.spec, in->platform, in->caller);
+  if (!resolved.ok()) {
+    std::fprintf(stderr, "%s\n",
+                 LocatedErrors(spec_file, spec, resolved.status().message()).c_str());
+    return kExitInvalid;
+  }
+  if (format == Format::kTable) {
+    std::fputs(policy::ExplainText(*resolved).c_str(), stdout);
+    return 0;
+  }
+  nlohmann::json prov = nlohmann::json::array();
+  for (const auto& p : resolved->provenance)
+    prov.push_back({{"field", p.field}, {"value", p.value}, {"source", p.source}});
+  // The provenance, and the whole resolution (pod sizes, totals, mounts) as the server records it.
+  nlohmann::json out = {{"provenance", prov}, {"resolved", policy::ToJson(*resolved)}};
+  if (format == Format::kYaml)
+    PrintYaml(out);
+  else
+    PrintJson(out);
+  return 0;
 }
 
 int PrintLocalPlan(spec::RunSpec spec, const policy::ResolvedRun& run,
@@ -120,7 +194,7 @@ int PrintLocalPlan(spec::RunSpec spec, const policy::ResolvedRun& run,
 
 // local: the resolved run and the launch plan (one line per worker); kubernetes: the Job or RayJob
 // (and a gang's Service) as YAML, the code directory shipped inline.
-int CmdPlan(const PlanOptions& o) {
+int CmdPlan(const Global& g, const PlanOptions& o) {
   if (o.backend != "local" && o.backend != "kubernetes") {
     return Fail("unknown backend '" + o.backend + "' (local or kubernetes)");
   }
@@ -132,12 +206,10 @@ int CmdPlan(const PlanOptions& o) {
     std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
     return kExitInvalid;
   }
-  auto platform = LoadPlatform(o.platform);
-  if (!platform.ok()) {
-    std::fprintf(stderr, "%s\n", platform.status().message().c_str());
-    return platform.status().code() == StatusCode::kInvalidArgument ? kExitInvalid : kExitTauError;
-  }
-  auto run = policy::Resolve(*parsed.spec, *platform, o.user.empty() ? CurrentUser() : o.user);
+  auto in = LoadResolveInputs(g, o.platform, o.user);
+  if (!in.ok()) return FailInputs(in.status());
+  const policy::Platform* platform = &in->platform;
+  auto run = policy::Resolve(*parsed.spec, *platform, in->caller);
   if (!run.ok()) {
     std::fprintf(stderr, "%s\n", LocatedErrors(o.file, parsed, run.status().message()).c_str());
     return kExitInvalid;
@@ -166,11 +238,8 @@ int CmdPlan(const PlanOptions& o) {
 
 // The platform's Kueue objects, namespaces and RBAC as YAML.
 int CmdPlatformRender(const std::string& file) {
-  auto platform = LoadPlatform(file);
-  if (!platform.ok()) {
-    std::fprintf(stderr, "%s\n", platform.status().message().c_str());
-    return platform.status().code() == StatusCode::kInvalidArgument ? kExitInvalid : kExitTauError;
-  }
+  auto platform = ParsePlatformFile(file);
+  if (!platform.ok()) return FailInputs(platform.status());
   auto objects = kube::RenderPlatform(*platform);
   if (!objects.ok()) return Fail(objects.status().message());
   if (platform->admission.fair_sharing) {
@@ -268,11 +337,11 @@ void RegisterPlanCommands(CLI::App* app, Context* ctx) {
       "platform.yaml to resolve against (default: the one applied to this machine's server, "
       "else the machine's default platform)");
   explain->add_option("--user", a->explain_user,
-                      "Resolve as this user (default: the current user)");
+                      "Resolve as this user (default: the signed-in user, else the current user)");
   auto format = AddOutput(explain, ctx);
   explain->callback([=] {
     if (auto f = format())
-      ctx->rc = CmdExplain(a->explain_file, a->explain_platform, a->explain_user, *f);
+      ctx->rc = CmdExplain(ctx->g, a->explain_file, a->explain_platform, a->explain_user, *f);
   });
 
   auto* plan = app->add_subcommand(
@@ -281,13 +350,16 @@ void RegisterPlanCommands(CLI::App* app, Context* ctx) {
   plan->add_option("file", p.file, "The spec (default ./tau.yaml)");
   plan->add_option("--backend", p.backend, "local (default) or kubernetes")
       ->check(CLI::IsMember({"local", "kubernetes"}));
-  plan->add_option("--platform", p.platform,
-                   "platform.yaml to resolve against (default: this machine's default platform)");
-  plan->add_option("--user", p.user, "Resolve as this user (default: the current user)");
+  plan->add_option(
+      "--platform", p.platform,
+      "platform.yaml to resolve against (default: the one applied to this machine's server, "
+      "else the machine's default platform)");
+  plan->add_option("--user", p.user,
+                   "Resolve as this user (default: the signed-in user, else the current user)");
   plan->add_option("--namespace", p.namespace_name,
                    "kubernetes: namespace (default: the run's workspace namespace)");
   plan->add_option("--image", p.image, "kubernetes: image for a spec without runtime.image");
-  plan->callback([=] { ctx->rc = CmdPlan(a->plan); });
+  plan->callback([=] { ctx->rc = CmdPlan(ctx->g, a->plan); });
   // Under the `platform` of RegisterQueueCommands, which comes first.
   auto* prender =
       app->get_subcommand("platform")

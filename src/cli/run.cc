@@ -125,8 +125,9 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
       "Stop it: tau cancel %s\n",
       name.c_str(), name.c_str(), name.c_str());
   ::signal(SIGINT, OnInterrupt);
-  // While it waits for admission, show where it stands (on a terminal only).
-  std::string last_line;
+  // While it waits for admission, show where it stands: one line kept up to date on a terminal,
+  // a line per change (of its place or reason code) otherwise.
+  std::string last_line, last_key;
   int64_t started = MonotonicMillis();
   while (true) {
     auto now = tau.GetRun(name);
@@ -138,13 +139,19 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
       std::fprintf(stderr, "\r\033[Ktau: %s", line.c_str());
       last_line = line;
     }
+    std::string key = run.state;
+    if (run.pending)
+      key +=
+          fmt::format("/{}/{}", run.pending->code.value_or(""), run.pending->position.value_or(0));
+    if (!tty && key != last_key && run.pending) std::fprintf(stderr, "tau: %s\n", line.c_str());
+    last_key = key;
     int64_t waited = MonotonicMillis() - started;
     std::this_thread::sleep_for(std::chrono::milliseconds(waited < 1000 ? 20 : 250));
   }
   if (tty && !last_line.empty()) std::fprintf(stderr, "\r\033[K");
   client::LogQuery follow;
   follow.follow = true;
-  auto streamed = FollowLog(g.server, &*conn, name, follow);
+  auto streamed = FollowLog(g.server, &*conn, name, follow, /*since_submitted=*/true);
   if (!streamed.ok()) return Fail("lost the log stream: " + streamed.status().message());
   // The stream ends when the run does; the final state may take a moment to be recorded.
   for (int i = 0; i < 600; ++i) {

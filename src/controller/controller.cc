@@ -345,10 +345,9 @@ void Controller::HandleResume(const ResumeRequest& request, Batch* batch) {
   ActiveRun& run = active_[request.name] = std::move(*loaded);
   RunRecord& r = run.record;
   r.cancel_requested = false;
-  r.finished_ms.reset();
   r.not_before_ms.reset();
-  r.exit_code.reset();
-  r.signal.reset();
+  r.reason.clear();  // how it ended is history now, kept in its events and attempts
+  r.message.clear();
   run.resume_from = request.from;
   run.queued_since_ms = Now();
   Transition(
@@ -418,8 +417,21 @@ void Controller::CommitOrDie(Batch batch) {
 void Controller::Transition(ActiveRun& run, RunState state, const std::string& event_type,
                             const std::string& message, Batch* batch, nlohmann::json data) {
   int64_t now = Now();
-  run.record.state = state;
-  run.record.updated_ms = now;
+  RunRecord& r = run.record;
+  r.state = state;
+  r.updated_ms = now;
+  // What describes an ending, or the last wait, is stale once the run is back in play: a run
+  // queued again has no exit code, and one admitted or running has no reason to wait (callers
+  // that queue a run set the reason it waits for after this).
+  if (!store::IsTerminal(state)) {
+    r.finished_ms.reset();
+    r.exit_code.reset();
+    r.signal.reset();
+    if (state != RunState::kQueued) {
+      r.reason.clear();
+      r.message.clear();
+    }
+  }
   batch->events.push_back({0, run.record.name, now, event_type, message, std::move(data), "", ""});
 }
 
@@ -455,6 +467,7 @@ void Controller::ReleaseResources(ActiveRun& run) {
 void Controller::FailAttempt(ActiveRun& run, FailureClass failure_class, const std::string& message,
                              Batch* batch) {
   RunRecord& r = run.record;
+  const std::optional<int> exit_code = r.exit_code;  // the failed attempt's, gone once requeued
   const recovery::RetryPolicy policy = spec::RetryPolicyOf(run.spec.resilience);
   // Earlier attempts preempted and requeued used no retry (the failing one is in `batch`).
   int preempted = 0;
@@ -476,7 +489,7 @@ void Controller::FailAttempt(ActiveRun& run, FailureClass failure_class, const s
   r.not_before_ms = now + decision.backoff_ms;
   run.queued_since_ms = *r.not_before_ms;
   Transition(run, RunState::kQueued, "Retrying",
-             recovery::RetryingMessage(policy, history, failure_class, decision), batch,
+             recovery::RetryingMessage(policy, history, failure_class, decision, exit_code), batch,
              {{"failure_class", recovery::FailureClassName(failure_class)},
               {"backoff_ms", decision.backoff_ms}});
   batch->runs.push_back(r);

@@ -402,7 +402,10 @@ TEST_F(ControllerTest, PreemptedAttemptsUseNoRetry) {
   EXPECT_EQ(EventTypes(name).back(), "Retrying");
   auto events = Events(name);
   EXPECT_EQ(events.back().message,
-            "attempt 3 failed (UserError); retry 1 of 1 after 30.0s backoff");
+            "attempt 3 failed (UserError, exit 1); retrying in 30.0s (retry 1 of 1)");
+  // Queued again for its retry: the failed attempt's exit code is the attempt's, not the run's.
+  EXPECT_FALSE(r.exit_code.has_value());
+  EXPECT_EQ(r.reason, "UserError");
   clock_.Advance(30'000);
   controller_->RunOnce();
   ASSERT_EQ(backend_.launches[name], 4);

@@ -231,9 +231,17 @@ nlohmann::json Controller::PendingJson(const ActiveRun& run, int64_t now) {
                 ps.allowed_flavors.end())
           continue;
         Quantity free = u.usage < u.nominal ? u.nominal - u.usage : Quantity();
-        fits_somewhere = fits_somewhere || total <= free;
-        offers.push_back(fmt::format("{} of {} free on flavor {}", free.ToString(),
-                                     u.nominal.ToString(), u.flavor));
+        fits_somewhere = fits_somewhere || total <= u.available;
+        if (u.available == free && u.usage <= u.nominal) {
+          offers.push_back(fmt::format("{} of {} free on flavor {}", free.ToString(),
+                                       u.nominal.ToString(), u.flavor));
+        } else {
+          // Borrowing (or able to): the limit is the cohort's, not the queue's own quota.
+          offers.push_back(fmt::format(
+              "{} available on flavor {} (uses {} of its nominal {}; the rest of what it can take "
+              "is borrowed from its cohort, within the other queues' lending limits)",
+              u.available.ToString(), u.flavor, u.usage.ToString(), u.nominal.ToString()));
+        }
       }
       if (!fits_somewhere && !offers.empty())
         short_of.push_back(fmt::format("needs {} {}; queue {} has {}", total.ToString(), resource,

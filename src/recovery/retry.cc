@@ -76,10 +76,12 @@ std::string StopMessage(const RetryPolicy& policy, const RetryDecision& decision
 }
 
 std::string RetryingMessage(const RetryPolicy& policy, const AttemptHistory& history,
-                            FailureClass failure_class, const RetryDecision& decision) {
-  return fmt::format("attempt {} failed ({}); retry {} of {} after {} backoff", history.attempts,
-                     FailureClassName(failure_class), decision.retry_number, policy.max_retries,
-                     FormatDuration(decision.backoff_ms));
+                            FailureClass failure_class, const RetryDecision& decision,
+                            std::optional<int> exit_code) {
+  return fmt::format(
+      "attempt {} failed ({}{}); retrying in {} (retry {} of {})", history.attempts,
+      FailureClassName(failure_class), exit_code ? fmt::format(", exit {}", *exit_code) : "",
+      FormatDuration(decision.backoff_ms), decision.retry_number, policy.max_retries);
 }
 
 bool PreemptionRequeues(const RetryPolicy& policy) {

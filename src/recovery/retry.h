@@ -53,10 +53,11 @@ RetryDecision Decide(const RetryPolicy& policy, const AttemptHistory& history,
 std::string StopMessage(const RetryPolicy& policy, const RetryDecision& decision,
                         std::string_view message);
 
-// The message of the Retrying event: "attempt 2 failed (NodeLost); retry 2 of 3 after 1m0s
-// backoff".
+// The message of the Retrying event: "attempt 2 failed (UserError, exit 1); retrying in 1m0s
+// (retry 2 of 3)"; the exit code when the attempt has one.
 std::string RetryingMessage(const RetryPolicy& policy, const AttemptHistory& history,
-                            FailureClass failure_class, const RetryDecision& decision);
+                            FailureClass failure_class, const RetryDecision& decision,
+                            std::optional<int> exit_code = std::nullopt);
 
 // A preempted run goes back to its queue, as in Kueue, without using up max_retries: preemption is
 // the platform's decision, not the run's failure. Only a policy whose retry_on leaves Preempted

@@ -308,7 +308,9 @@ TEST(RetryDecideTest, Messages) {
   RetryDecision retry = Decide(p, {2, 0}, C::kNodeLost, 0);
   ASSERT_TRUE(retry.retry);
   EXPECT_EQ(RetryingMessage(p, {2, 0}, C::kNodeLost, retry),
-            "attempt 2 failed (NodeLost); retry 2 of 3 after 1m0s backoff");
+            "attempt 2 failed (NodeLost); retrying in 1m0s (retry 2 of 3)");
+  EXPECT_EQ(RetryingMessage(p, {2, 0}, C::kUserError, retry, 3),
+            "attempt 2 failed (UserError, exit 3); retrying in 1m0s (retry 2 of 3)");
 }
 
 TEST(RetryDecideTest, PreemptedAttemptsUseNoRetry) {
@@ -320,7 +322,7 @@ TEST(RetryDecideTest, PreemptedAttemptsUseNoRetry) {
   EXPECT_EQ(d.retry_number, 1);
   EXPECT_EQ(d.backoff_ms, 1'000);
   EXPECT_EQ(RetryingMessage(p, {3, 0, 2}, C::kNodeLost, d),
-            "attempt 3 failed (NodeLost); retry 1 of 1 after 1.0s backoff");
+            "attempt 3 failed (NodeLost); retrying in 1.0s (retry 1 of 1)");
   // The same history without the preemptions has used its one retry.
   d = Decide(p, {3, 0, 0}, C::kNodeLost, 0);
   EXPECT_FALSE(d.retry);

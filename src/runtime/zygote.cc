@@ -12,6 +12,7 @@
 //   zygote -> server   ZygoteReply: the shim's pid and start time, or an errno
 //   zygote -> spare    the same request, with the shim's stdin and stdout/stderr descriptors
 //                      (SCM_RIGHTS)
+//   spare -> zygote    one byte: taken
 // The zygote exits when the server's end closes, including when the server dies, and its spare
 // with it; shims it forked live on (own session), re-parented like any orphan.
 #include <fcntl.h>
@@ -102,6 +103,14 @@ bool SendAttempt(int sock, std::string request, int stdin_fd, int log_fd) {
   return ::sendmsg(sock, m.msg(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size());
 }
 
+// A shim forked before its attempt exists, waiting for it: taking one off the shelf puts neither a
+// fork nor the new process's first page faults on the path from admission to the workload.
+struct Spare {
+  int pid = 0;
+  uint64_t start_time = 0;
+  UniqueFd sock;  // the zygote's end of the spare's request socket
+};
+
 // The spare's side of SendAttempt. False when the zygote closed the socket instead.
 bool ReceiveAttempt(int sock, std::string* request, int fds[2]) {
   std::string buf(kMaxRequestBytes, '\0');
@@ -113,7 +122,31 @@ bool ReceiveAttempt(int sock, std::string* request, int fds[2]) {
   if (received == nullptr) return false;
   std::memcpy(fds, received, sizeof(int[2]));
   request->assign(buf.data(), static_cast<size_t>(n));
-  return true;
+  // Taken: the zygote hands this attempt to no one else (see HandToSpare).
+  const char ack = 1;
+  return ::send(sock, &ack, 1, MSG_NOSIGNAL) == 1;
+}
+
+// How long the zygote waits for a spare to say it took an attempt before it gives up on it: well
+// inside the server's wait for the zygote (kAnswerTimeoutMs), which must still see the fresh fork.
+constexpr int kSpareAckTimeoutMs = 1'000;
+static_assert(kSpareAckTimeoutMs < kAnswerTimeoutMs);
+
+// Gives the attempt to the spare; true once the spare said it took it. A spare that is dead (killed
+// while it waited) may still accept the message, so a sent message is not enough: only its answer
+// proves it alive. One that does not answer is killed, so that the attempt runs once at most.
+bool HandToSpare(const Spare& spare, const std::string& request, int stdin_fd, int log_fd) {
+  if (!SendAttempt(spare.sock.get(), request, stdin_fd, log_fd)) return false;
+  pollfd p{spare.sock.get(), POLLIN, 0};
+  int ready;
+  while ((ready = ::poll(&p, 1, kSpareAckTimeoutMs)) < 0 && errno == EINTR) {
+  }
+  char ack = 0;
+  if (ready == 1 && ::recv(spare.sock.get(), &ack, 1, MSG_DONTWAIT) == 1 && ack == 1) return true;
+  // Dead before the fresh fork starts, so that the two never run the attempt side by side.
+  ::kill(spare.pid, SIGKILL);
+  ::waitpid(spare.pid, nullptr, 0);
+  return false;
 }
 
 char* g_role_arg = nullptr;  // the zygote's argv[1], rewritten in each shim it forks
@@ -159,14 +192,6 @@ char* g_role_arg = nullptr;  // the zygote's argv[1], rewritten in each shim it 
   ::_exit(code);
 }
 
-// A shim forked before its attempt exists, waiting for it: taking one off the shelf puts neither a
-// fork nor the new process's first page faults on the path from admission to the workload.
-struct Spare {
-  int pid = 0;
-  uint64_t start_time = 0;
-  UniqueFd sock;  // the zygote's end of the spare's request socket
-};
-
 std::optional<Spare> ForkSpare() {
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) return std::nullopt;
@@ -203,11 +228,8 @@ ZygoteReply StartShim(const std::string& request, std::optional<Spare>* spare) {
   if (spare->has_value()) {
     std::optional<Spare> taken = std::move(*spare);
     spare->reset();
-    // A spare that is gone (someone killed it) is not handed out: one killed since the last
-    // SIGCHLD was read is a zombie, reaped here (waitpid answers its pid, or -1 once reaped), and
-    // one that died otherwise refuses the message. A fresh fork does the job.
-    if (::waitpid(taken->pid, nullptr, WNOHANG) == 0 &&
-        SendAttempt(taken->sock.get(), request, devnull.get(), log)) {
+    // A spare that is gone (someone killed it) does not take the attempt; a fresh fork does.
+    if (HandToSpare(*taken, request, devnull.get(), log)) {
       reply.pid = taken->pid;
       reply.start_time = taken->start_time;
       return reply;

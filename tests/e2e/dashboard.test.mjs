@@ -1,7 +1,8 @@
 // Drives tau's dashboard in headless Chromium (the system browser, through playwright-core).
 //   node dashboard.test.mjs --url http://127.0.0.1:PORT --token TOKEN --train RUN --pending RUN
-//                           [--screenshots DIR]
-// `train` is a run that writes loss points and succeeds; `pending` is a run that waits for quota.
+//                           [--resumed RUN] [--screenshots DIR]
+// `train` is a run that writes loss points and succeeds; `pending` is a run that waits for quota;
+// `resumed` one that was cancelled and resumed, and runs again.
 // Exits non-zero on the first failed check; prints one line per check.
 import { chromium } from "playwright-core";
 import fs from "node:fs";
@@ -12,6 +13,7 @@ const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
   return acc;
 }, []));
 const url = args.url, train = args.train, pending = args.pending, token = args.token;
+const resumed = args.resumed || "";
 const shots = args.screenshots || "";
 const browserPath = process.env.CHROMIUM || "/usr/bin/chromium";
 if (!url || !train || !pending || !token) {
@@ -105,10 +107,24 @@ try {
   await page.waitForSelector(`#runs tr[data-run="${pending}"]`, { timeout: 15000 });
   await shot(page, "dashboard-runs.png");
 
+  // A resumed run is Running again, and shows no trace of its cancel as its reason.
+  if (resumed) {
+    await page.goto(`${url}/#/runs/${resumed}`);
+    await page.waitForSelector('#run-state [data-state="Running"]', { timeout: 15000 });
+    const why = await page.$("#run-reason");
+    const text = why ? (await why.textContent()).trim() : "";
+    if (/cancel/i.test(text)) throw new Error(`a resumed run still shows its cancel: ${text}`);
+    ok("resumed run: Running, no stale reason");
+  }
+
+  // The GPU page: each GPU with its health and its latest sample from the monitor.
   await page.goto(`${url}/#/gpus`);
-  await page.waitForSelector("#gpus table, #gpus p:not(.muted:first-child)", { timeout: 15000 });
-  await page.waitForFunction(() => !document.getElementById("gpus").textContent.includes("Loading"), null, { timeout: 15000 });
-  ok("GPU page");
+  await page.waitForSelector("#gpu-table td.gpu-sample", { timeout: 15000 });
+  await page.waitForFunction(() => /at \S/.test(document.querySelector("#gpu-table td.gpu-sample").textContent), null, { timeout: 15000 });
+  const sample = (await page.textContent("#gpu-table td.gpu-sample")).trim();
+  const api = await page.evaluate(async () => (await (await fetch("/api/v1/gpus")).json()).snapshot.gpus[0].sample);
+  if (api.temperature_c != null && !/\d °C/.test(sample)) throw new Error(`the latest sample lacks the temperature: ${sample}`);
+  ok(`GPU page: latest sample ${sample}`);
   await shot(page, "dashboard-gpus.png");
 
   if (errors.length) throw new Error("page errors: " + errors.join("; "));

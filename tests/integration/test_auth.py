@@ -307,6 +307,33 @@ class AuthTest(unittest.TestCase):
         out = self.server.tau("whoami", check=0).stdout
         self.assertIn("admin", out)
 
+    def test_explain_and_plan_resolve_as_the_signed_in_user(self):
+        import subprocess
+        from harness import TAU
+        d = os.path.join(self.work, "explain-as")
+        os.makedirs(d)
+        with open(os.path.join(d, "main.py"), "w") as f:
+            f.write(MAIN)
+        spec = os.path.join(d, "tau.yaml")
+
+        def resolve(user, workspace, *command):
+            with open(spec, "w") as f:
+                f.write(PLAIN_SPEC.format(name="explain-as", workspace=workspace))
+            env = dict(self.server.env, TAU_TOKEN=self.tokens[user])
+            return subprocess.run([TAU, *command, spec], env=env, capture_output=True, text=True,
+                                  timeout=60)
+
+        # With the applied platform and as the token's user, not the Unix account's.
+        for command in (("explain",), ("plan",), ("explain", "-o", "json")):
+            p = resolve("bob", "speech", *command)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("speech", p.stdout)
+        # carol is a member of vision through her group only: the server's groups count too.
+        self.assertEqual(resolve("carol", "vision", "plan").returncode, 0)
+        p = resolve("eve", "speech", "explain")
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("user 'eve' is not a member of workspace 'speech'", p.stderr)
+
     def test_submission_needs_a_researcher_role(self):
         # dave only views vision; bob is not in vision at all: both refused, and both audited.
         for who in ("dave", "bob"):

@@ -148,10 +148,17 @@ class DashboardTest(unittest.TestCase):
         waiter = self.submit(spec("waiter", 1, [self.release]), HOLD)
         wait_for(lambda: (self.server.run_json(waiter)["run"].get("pending") or {}).get("reason"),
                  what="the waiting run's reason")
+        # Cancelled, then resumed: running again, with nothing of the cancel left in its state.
+        resumed = self.submit(spec("resumed", 0, [self.release]), HOLD)
+        self.server.wait_state(resumed, "Running")
+        self.server.tau("cancel", resumed, check=0)
+        self.server.wait_state(resumed, "Cancelled")
+        self.server.tau("resume", resumed, check=0)
+        self.server.wait_state(resumed, "Running")
         shots = os.environ.get("TAU_SCREENSHOT_DIR") or os.path.join(self.work, "shots")
         p = subprocess.run(["node", os.path.join(E2E, "dashboard.test.mjs"), "--url", self.url,
                             "--train", train, "--pending", waiter, "--screenshots", shots,
-                            "--token", self.token],
+                            "--token", self.token, "--resumed", resumed],
                            capture_output=True, text=True, timeout=180,
                            env=dict(os.environ, CHROMIUM=CHROMIUM))
         print(p.stdout, p.stderr)

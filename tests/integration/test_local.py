@@ -109,6 +109,21 @@ class RunTest(ServerTestCase):
         self.assertIn("Diagnosis of attempt 1", text)
         self.assertIn("CUDA out of memory (rank 0)", text)
 
+    def test_an_attached_run_says_why_it_is_silent_between_attempts(self):
+        # Attempt 1 exits 3; after a second's backoff attempt 2 succeeds. Off a terminal the
+        # attached `tau run` says so on stderr, while stdout holds the log alone.
+        code = ("import os, sys\nn = os.environ['TAU_ATTEMPT']\nprint('attempt', n, flush=True)\n"
+                "sys.exit(3 if n == '1' else 0)\n")
+        extra = "resilience:\n  max_retries: 1\n  retry_on: [UserError]\n  backoff_initial: 1s\n"
+        spec = self.project(job_spec("retried", extra=extra), {"main.py": code})
+        p = self.server.tau("run", spec)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("tau: attempt 1 failed (UserError, exit 3); retrying in 1.0s (retry 1 of 1)",
+                      p.stderr)
+        self.assertIn("attempt 1\n", p.stdout)
+        self.assertIn("attempt 2\n", p.stdout)
+        self.assertNotIn("retrying", p.stdout)
+
     def test_signal_death_is_128_plus_signal(self):
         spec = self.project(job_spec("sig"), {"main.py": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"})
         p = self.server.tau("run", spec)

@@ -140,6 +140,13 @@ class QueueTest(ServerTestCase):
         self.assertEqual([q["name"] for q in shown["platform"]["queues"]], ["vision", "speech"])
         table = self.server.tau("queues", check=0).stdout
         self.assertRegex(table, r"vision\s+lab\s+0\s+0")
+        # plan resolves against the applied platform, as explain and run do.
+        planned = self.project(spec("planned", "speech"), {"run.sh": "#!/bin/sh\n"})
+        plan = self.server.tau("plan", planned)
+        explain = self.server.tau("explain", planned)
+        self.assertEqual((plan.returncode, explain.returncode), (0, 0), plan.stderr + explain.stderr)
+        self.assertIn("speech", explain.stdout)
+        self.assertIn(explain.stdout, plan.stdout)
         # Membership is checked at submission, naming the workspace.
         p = self.server.tau("run", "--detach",
                             self.project(spec("nope", "closed", gpus=0), {"main.py": "print(1)\n"}))
@@ -213,6 +220,29 @@ class QueueTest(ServerTestCase):
         admitted = next(e for e in d["events"] if e["type"] == "Admitted")
         self.assertIn("admitted by queue vision", admitted["message"])
 
+    def test_a_borrowing_queue_says_the_cohort_is_the_limit(self):
+        # speech lends one of its 2 GPUs: vision can run 3, and then a 4th waits for the cohort.
+        head, speech = PLATFORM.split("  - name: speech\n", 1)
+        platform = head + "  - name: speech\n" + speech.replace("lending_limit: 0", "lending_limit: 1", 1)
+        with open(self.platform_file, "w") as f:
+            f.write(platform)
+        self.apply()
+        big = self.waiter("big", "vision", "big", gpus=3)
+        self.server.wait_state(big, "Running")
+        gpu = next(u for u in self.queue("vision")["usage"] if u["resource"] == "nvidia.com/gpu")
+        self.assertEqual((gpu["usage"], gpu["nominal"], gpu["borrowed"]), ("3", "2", "1"))
+        small = self.waiter("small", "vision", "small")
+        p = wait_for(lambda: (self.pending(small) or {}).get("code") == "WaitingForQuota"
+                     and self.pending(small), what="the small run's pending reason")
+        # Not "0 of 2 free" (it uses 3 of 2): the limit is what speech lends.
+        self.assertIn("needs 1 nvidia.com/gpu; queue vision has 0 available on flavor gpu "
+                      "(uses 3 of its nominal 2;", p["reason"])
+        self.assertIn("lending limits", p["reason"])
+        self.release("big")
+        self.release("small")
+        for name in (big, small):
+            self.server.wait_state(name, "Succeeded", timeout=30)
+
     def test_high_priority_preempts_low_and_low_resumes_later(self):
         self.apply()
         low = self.waiter("low", "vision", "low", gpus=2, checkpoint=True)
@@ -223,6 +253,10 @@ class QueueTest(ServerTestCase):
         self.server.wait_state(high, "Running", timeout=30)
         d = self.server.run_json(low)
         self.assertEqual(d["run"]["state"], "Queued")
+        self.assertEqual(d["run"]["reason"], "Preempted")
+        # Queued again, it has not exited: the attempt's exit (143) is the attempt's, not the run's.
+        self.assertIsNone(d["run"]["exit_code"])
+        self.assertIsNone(d["run"]["finished"])
         self.assertEqual(d["attempts"][0]["reason"], "Preempted")
         self.assertIn(high, d["attempts"][0]["message"])
         types = [e["type"] for e in d["events"]]
@@ -238,7 +272,10 @@ class QueueTest(ServerTestCase):
         # resilience.max_retries is 0: preemption is not the run's failure.
         self.release("high")
         self.server.wait_state(high, "Succeeded")
-        self.server.wait_state(low, "Running", timeout=30)
+        d = self.server.wait_state(low, "Running", timeout=30)
+        # Running again: the reason it waited is history (its events and first attempt keep it).
+        self.assertEqual((d["run"]["reason"], d["run"]["message"]), ("", ""))
+        self.assertNotIn("Preempted", self.server.tau("status", low).stdout)
         self.release("low")
         d = self.server.wait_state(low, "Succeeded")
         self.assertEqual([a["reason"] for a in d["attempts"]], ["Preempted", "Succeeded"])
@@ -265,10 +302,17 @@ class QueueTest(ServerTestCase):
         self.server.wait_state(high, "Running", timeout=30)
         d = self.server.run_json(low)
         self.assertEqual(d["run"]["state"], "Queued")
+        self.assertEqual(d["run"]["reason"], "Preempted")
+        # Queued again, it has not exited: the attempt's exit (143) is the attempt's, not the run's.
+        self.assertIsNone(d["run"]["exit_code"])
+        self.assertIsNone(d["run"]["finished"])
         self.assertEqual(d["attempts"][0]["reason"], "Preempted")
         self.assertIn(high, d["attempts"][0]["message"])
         self.release("high")
-        self.server.wait_state(low, "Running", timeout=30)
+        d = self.server.wait_state(low, "Running", timeout=30)
+        # Running again: the reason it waited is history (its events and first attempt keep it).
+        self.assertEqual((d["run"]["reason"], d["run"]["message"]), ("", ""))
+        self.assertNotIn("Preempted", self.server.tau("status", low).stdout)
         self.release("low")
         d = self.server.wait_state(low, "Succeeded")
         self.assertEqual([a["reason"] for a in d["attempts"]], ["Preempted", "Succeeded"])

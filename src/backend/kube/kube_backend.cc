@@ -201,7 +201,7 @@ void KubeBackend::LaunchOne(const std::string& name, Batch* batch) {
   launch.snapshot_dir = r.snapshot_dir;
   const std::string attempt_dir = host_->AttemptDir(name, launch.attempt);
   if (launch.attempt > 1) {
-    launch.failure_reason = r.reason;
+    launch.failure_reason = PreviousAttemptReason(host_->store(), name, launch.attempt);
     launch.resume_from = run.resume_from;  // on a cluster the job finds its newest checkpoint
   }
   Status s = MakeDirs(attempt_dir + "/logs");

@@ -705,7 +705,8 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
   ctx.base_env = BaseEnv();
   if (number > 1) {
     // What the next attempt needs to recover: why the last one failed, and where to resume from.
-    ctx.extra_env.emplace_back("TAU_FAILURE_REASON", r.reason);
+    ctx.extra_env.emplace_back("TAU_FAILURE_REASON",
+                               PreviousAttemptReason(host_->store(), name, number));
     std::string resume = run.resume_from.empty()
                              ? recovery::NewestCompleteCheckpoint(ctx.checkpoint_dir)
                              : run.resume_from;
@@ -1008,6 +1009,27 @@ void LocalBackend::HandlePreemption(const admission::PreemptedInfo& p, Batch* ba
   }
   ActiveRun& run = it->second;
   RunRecord& r = run.record;
+  if (r.state == RunState::kQueued) {
+    // Quota reserved in an earlier cycle of this pass (or waiting for the machine) and taken back
+    // before the run was admitted: to the user it never left the queue, so it was not preempted.
+    (void)quota().engine->RemoveWorkload(p.name);
+    quota().in_engine.erase(p.name);
+    r.flavors = nlohmann::json::object();
+    r.updated_ms = host_->Now();
+    batch->events.push_back(
+        {0,
+         r.name,
+         r.updated_ms,
+         "QuotaWithdrawn",
+         fmt::format("the quota reserved in queue {} went to {} ({}) before this run was admitted; "
+                     "still queued",
+                     p.queue, p.preemptor, p.reason),
+         {{"preemptor", p.preemptor}, {"reason", p.reason}},
+         "",
+         ""});
+    batch->runs.push_back(r);
+    return;
+  }
   // Already being stopped for a preemption that the engine, rebuilt after a restart, has just
   // decided again.
   if (Of(run).shim && !run.preempted_by.empty()) return;
