@@ -285,6 +285,7 @@ Status ReadRun(const json& j, const std::string& path, Run* out) {
   r.NullableInt("signal", &out->signal);
   r.Int("attempts", &out->attempts);
   r.Str("workspace", &out->workspace);
+  r.Str("user", &out->user);
   r.Str("queue", &out->queue);
   r.Int("priority", &out->priority);
   r.IntList("gpus", &out->gpus);
@@ -711,6 +712,7 @@ json Run::ToJson() const {
             {"signal", Nullable(signal)},
             {"attempts", attempts},
             {"workspace", workspace},
+            {"user", user},
             {"queue", queue},
             {"priority", priority},
             {"gpus", gpus},

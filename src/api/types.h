@@ -49,6 +49,7 @@ struct Run {
   std::optional<int> signal;
   int attempts = 0;
   std::string workspace;
+  std::string user;  // who submitted it
   std::string queue;
   int64_t priority = 0;
   std::vector<int> gpus;

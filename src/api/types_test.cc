@@ -13,7 +13,7 @@ json QueuedRun() {
   return json::parse(R"({
     "name": "train-abc12", "spec_name": "train", "spec_file": "/w/tau.yaml", "state": "Queued",
     "reason": "", "message": "", "exit_code": null, "signal": null, "attempts": 0,
-    "workspace": "team", "queue": "main", "priority": 10, "gpus": [],
+    "workspace": "team", "user": "ada", "queue": "main", "priority": 10, "gpus": [],
     "resources": {"cpu_milli": 1000, "gpus": 0, "memory_bytes": 268435456, "workers": 2},
     "config_hash": "c0", "snapshot_digest": "d1", "cancel_requested": false,
     "created": "2026-12-02T07:56:44.754Z", "admitted": null, "started": null, "finished": null,

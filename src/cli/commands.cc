@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -43,45 +44,81 @@ int NoSuchRun(const std::string& name) {
                   Printable(name)));
 }
 
-int CmdVersion(const Global& g, bool with_server) {
+int CmdVersion(const Global& g, bool with_server, Format format) {
+  nlohmann::json out = {{"client", {{"version", Version()}}}};
+  if (with_server) {
+    auto conn = ConnectToServer(g.server);
+    if (!conn.ok()) return Fail(conn.status().message());
+    auto v = client::TauApi(conn->get()).Version();
+    if (!v.ok()) return Fail(v.status().message());
+    out["server"] = v->ToJson();
+  }
+  if (IsData(format)) return PrintData(out, format);
   std::printf("tau %s\n", Version());
   if (!with_server) return 0;
-  auto conn = ConnectToServer(g.server);
-  if (!conn.ok()) return Fail(conn.status().message());
-  auto v = client::TauApi(conn->get()).Version();
-  if (!v.ok()) return Fail(v.status().message());
-  std::printf("server %s (api %s, backend %s)\n", v->version.c_str(), v->api.c_str(),
-              v->backend.c_str());
+  const nlohmann::json& v = out["server"];
+  std::printf("server %s (api %s, backend %s)\n", v.value("version", "").c_str(),
+              v.value("api", "").c_str(), v.value("backend", "").c_str());
   return 0;
 }
 
-// Checks each file with `check`, which returns the errors (one per line) or "" and fills `summary`.
-static int ValidateFiles(
-    const std::vector<std::string>& files, bool quiet, size_t max_bytes, const char* what,
-    const std::function<std::string(const std::string& text, const std::string& file,
-                                    std::string* summary)>& check) {
+namespace {
+
+// What checking one file found: its errors (none when it is valid), its warnings, and a summary.
+struct FileCheck {
+  std::vector<spec::Diagnostic> errors, warnings;
+  std::string summary;
+};
+
+nlohmann::json DiagnosticsJson(const std::vector<spec::Diagnostic>& ds) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const spec::Diagnostic& d : ds)
+    out.push_back(
+        {{"line", d.line}, {"column", d.column}, {"message", d.message}, {"text", d.ToString()}});
+  return out;
+}
+
+// Checks each file with `check`. A table says "FILE: ok (summary)" on stdout and each diagnostic on
+// stderr; JSON and YAML give one entry a file: {file, valid, summary, errors, warnings}.
+int ValidateFiles(
+    const std::vector<std::string>& files, bool quiet, Format format, size_t max_bytes,
+    const char* what,
+    const std::function<FileCheck(const std::string& text, const std::string& file)>& check) {
   int rc = 0;
+  nlohmann::json results = nlohmann::json::array();
   for (const std::string& file : files) {
     auto text = ReadFileAtMost(file, max_bytes, what);
-    std::string summary;
-    std::string errors;
+    FileCheck found;
     if (text.ok()) {
-      errors = check(*text, file, &summary);
+      found = check(*text, file);
     } else {
       // "FILE: error: the file is over ..." rather than naming the file twice.
       const std::string& m = text.status().message();
-      errors = file + ": error: " +
-               (m.rfind(file + " ", 0) == 0 ? "the file " + m.substr(file.size() + 1) : m);
+      found.errors.push_back(
+          {file, 0, 0, m.rfind(file + " ", 0) == 0 ? "the file " + m.substr(file.size() + 1) : m,
+           false});
     }
-    if (!errors.empty()) {
-      std::fprintf(stderr, "%s\n", errors.c_str());
-      rc = kExitInvalid;
-    } else if (!quiet) {
-      std::printf("%s: ok (%s)\n", file.c_str(), summary.c_str());
+    const bool valid = found.errors.empty();
+    if (!valid) rc = kExitInvalid;
+    if (IsData(format)) {
+      results.push_back({{"file", file},
+                         {"valid", valid},
+                         {"summary", valid ? nlohmann::json(found.summary) : nlohmann::json()},
+                         {"errors", DiagnosticsJson(found.errors)},
+                         {"warnings", DiagnosticsJson(found.warnings)}});
+      continue;
     }
+    for (const spec::Diagnostic& w : found.warnings)
+      std::fprintf(stderr, "%s\n", w.ToString().c_str());
+    for (const spec::Diagnostic& e : found.errors)
+      std::fprintf(stderr, "%s\n", e.ToString().c_str());
+    if (valid && !quiet) std::printf("%s: ok (%s)\n", file.c_str(), found.summary.c_str());
   }
+  if (IsData(format)) PrintData(results, format);
   return rc;
 }
+
+}  // namespace
 
 void PrintSpecWarnings(const spec::ParseOutcome& parsed) {
   for (const spec::Diagnostic& w : parsed.warnings)
@@ -95,54 +132,71 @@ std::string LocatedErrors(const std::string& file, const spec::ParseOutcome& par
   return spec::LocateFieldErrors(message, file, parsed.positions);
 }
 
-static int CmdValidate(const std::vector<std::string>& files, bool quiet) {
-  return ValidateFiles(files, quiet, spec::kMaxSpecBytes, "a spec",
-                       [](const std::string& text, const std::string& file, std::string* summary) {
+static int CmdValidate(const std::vector<std::string>& files, bool quiet, Format format) {
+  return ValidateFiles(files, quiet, format, spec::kMaxSpecBytes, "a spec",
+                       [](const std::string& text, const std::string& file) {
                          spec::ParseOutcome parsed = spec::ParseSpec(text, file);
-                         PrintSpecWarnings(parsed);
-                         if (!parsed.ok()) return parsed.ErrorText();
-                         *summary = fmt::format(
-                             "{} shape, {} '{}'", spec::ShapeName(parsed.spec->shape),
-                             spec::WorkloadKindName(parsed.spec->kind), parsed.spec->name);
-                         return std::string();
+                         FileCheck found{parsed.diagnostics, parsed.warnings, ""};
+                         if (parsed.ok())
+                           found.summary = fmt::format(
+                               "{} shape, {} '{}'", spec::ShapeName(parsed.spec->shape),
+                               spec::WorkloadKindName(parsed.spec->kind), parsed.spec->name);
+                         return found;
                        });
 }
 
-static int CmdSchema(Format format) {
-  if (format == Format::kYaml)
-    PrintYaml(spec::JsonSchema());
-  else
-    PrintJson(spec::JsonSchema());
-  return 0;
+static int CmdSchema(Format format) { return PrintData(spec::JsonSchema(), format); }
+
+// How long a run has run: to its end, or to now while it runs; "-" before it started.
+static std::string RunDuration(const api::Run& r) {
+  if (!r.started || r.started->empty()) return "-";
+  auto start = ParseRfc3339(*r.started);
+  if (!start.ok()) return "-";
+  int64_t end = SystemClock()->NowMillis();
+  if (r.finished && !r.finished->empty())
+    if (auto f = ParseRfc3339(*r.finished); f.ok()) end = *f;
+  return FormatDuration(std::max<int64_t>(0, end - *start));
 }
 
-static void PrintRuns(const std::vector<api::Run>& runs) {
+// The runs as a table; `wide` adds who, where and for how long.
+static void PrintRuns(const std::vector<api::Run>& runs, bool wide = false) {
   std::vector<std::vector<std::string>> rows;
   for (const api::Run& r : runs) {
     std::string state = r.state;
     if ((state == "Failed" || state == "Cancelled") && !r.reason.empty() && r.reason != state)
       state += " (" + r.reason + ")";
-    rows.push_back({r.name, state, Cell(r.exit_code), std::to_string(r.attempts), r.queue,
-                    std::to_string(r.Gpus()), Age(r.created)});
+    std::vector<std::string> row = {r.name,
+                                    state,
+                                    Cell(r.exit_code),
+                                    std::to_string(r.attempts),
+                                    r.queue,
+                                    std::to_string(r.Gpus()),
+                                    Age(r.created)};
+    if (wide) {
+      row.insert(row.begin() + 5, {Cell(r.workspace), Cell(r.user), std::to_string(r.priority)});
+      row.push_back(RunDuration(r));
+    }
+    rows.push_back(std::move(row));
   }
-  PrintTable({"NAME", "STATE", "EXIT", "ATTEMPTS", "QUEUE", "GPUS", "CREATED"}, rows);
+  if (wide)
+    PrintTable({"NAME", "STATE", "EXIT", "ATTEMPTS", "QUEUE", "WORKSPACE", "USER", "PRIORITY",
+                "GPUS", "CREATED", "DURATION"},
+               rows);
+  else
+    PrintTable({"NAME", "STATE", "EXIT", "ATTEMPTS", "QUEUE", "GPUS", "CREATED"}, rows);
 }
 
-static int CmdList(const Global& g, const std::string& state, bool all, int limit, Format format) {
+static int CmdList(const Global& g, const client::RunQuery& query, bool all, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  client::RunQuery query;
-  query.limit = limit;
-  query.state = state;
-  query.active = !all;
   auto list = client::TauApi(conn->get()).ListRuns(query);
   if (!list.ok()) return Fail(list.status().message());
-  if (format == Format::kJson)
-    PrintJson(list->ToJson());
-  else if (format == Format::kYaml)
-    PrintYaml(list->ToJson());
-  else {
-    PrintRuns(list->runs);
+  const std::string& state = query.state;
+  if (IsData(format)) return PrintData(list->ToJson(), format);
+  if (format == Format::kName) {
+    for (const api::Run& r : list->runs) std::printf("%s\n", r.name.c_str());
+  } else {
+    PrintRuns(list->runs, format == Format::kWide);
     int64_t total = list->total;
     int64_t shown = static_cast<int64_t>(list->runs.size());
     if (total > shown)
@@ -162,11 +216,8 @@ int CmdStatus(const Global& g, const std::string& name, Format format) {
   if (!got.ok()) return Fail(got.status().message());
   api::Run run = std::move(got->run);
   run.spec.reset();
-  if (format == Format::kJson)
-    PrintJson(run.ToJson());
-  else if (format == Format::kYaml)
-    PrintYaml(run.ToJson());
-  else {
+  if (IsData(format)) return PrintData(run.ToJson(), format);
+  {
     PrintRuns({run});
     if (run.pending) {
       const api::Pending& p = *run.pending;
@@ -182,20 +233,38 @@ int CmdStatus(const Global& g, const std::string& name, Format format) {
   return 0;
 }
 
+// A run's resources as people read them: "2 workers, each 1 GPU, 4 CPUs, 16Gi memory".
+static std::string ResourcesText(const nlohmann::json& r) {
+  if (!r.is_object() || r.empty()) return "-";
+  auto number = [&](const char* key) -> std::optional<int64_t> {
+    auto it = r.find(key);
+    if (it == r.end() || !it->is_number_integer()) return std::nullopt;
+    return it->get<int64_t>();
+  };
+  std::vector<std::string> each;
+  if (auto gpus = number("gpus"); gpus && *gpus > 0)
+    each.push_back(fmt::format("{} GPU{}", *gpus, *gpus == 1 ? "" : "s"));
+  if (auto cpu = number("cpu_milli"))
+    each.push_back(*cpu % 1000 == 0 ? fmt::format("{} CPU{}", *cpu / 1000, *cpu == 1000 ? "" : "s")
+                                    : fmt::format("{}m CPU", *cpu));
+  if (auto memory = number("memory_bytes"))
+    each.push_back(HumanQuantity(std::to_string(*memory / 1024) + "Ki") + " memory");
+  for (const auto& [key, value] : r.items())
+    if (key != "gpus" && key != "cpu_milli" && key != "memory_bytes" && key != "workers")
+      each.push_back(
+          fmt::format("{} {}", value.is_string() ? value.get<std::string>() : value.dump(), key));
+  const int64_t workers = number("workers").value_or(1);
+  std::string text = each.empty() ? "nothing" : Join(each, ", ");
+  return workers == 1 ? text : fmt::format("{} workers, each {}", workers, text);
+}
+
 static int CmdDescribe(const Global& g, const std::string& name, Format format) {
   if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   auto got = client::TauApi(conn->get()).GetRun(name);
   if (!got.ok()) return Fail(got.status().message());
-  if (format == Format::kJson) {
-    PrintJson(got->ToJson());
-    return 0;
-  }
-  if (format == Format::kYaml) {
-    PrintYaml(got->ToJson());
-    return 0;
-  }
+  if (IsData(format)) return PrintData(got->ToJson(), format);
   const api::Run& run = got->run;
   std::printf("Name:        %s\n", run.name.c_str());
   std::printf("State:       %s\n", run.state.c_str());
@@ -206,7 +275,7 @@ static int CmdDescribe(const Global& g, const std::string& name, Format format) 
   std::printf("Spec:        %s (%s)\n", run.spec_file.c_str(), run.spec_name.c_str());
   std::printf("Kind:        %s\n", run.kind.c_str());
   std::printf("Queue:       %s (workspace %s)\n", run.queue.c_str(), run.workspace.c_str());
-  std::printf("Resources:   %s\n", JsonText(run.resources).c_str());
+  std::printf("Resources:   %s\n", ResourcesText(run.resources).c_str());
   std::printf("Config hash: %s\n", run.config_hash.c_str());
   std::printf("Code:        sha256 %s\n", run.snapshot_digest.c_str());
   if (!run.Image().empty())
@@ -318,11 +387,8 @@ static int CmdGpus(const Global& g, Format format) {
   auto got = client::TauApi(conn->get()).GetGpus();
   if (!got.ok()) return Fail(got.status().message());
   const api::GpuInventory& inv = got->inventory;
-  if (format == Format::kJson)
-    PrintJson(got->ToJson());
-  else if (format == Format::kYaml)
-    PrintYaml(got->ToJson());
-  else if (inv.devices.empty())
+  if (IsData(format)) return PrintData(got->ToJson(), format);
+  if (inv.devices.empty())
     std::printf("no GPUs: %s\n", inv.note.c_str());
   else {
     std::vector<std::vector<std::string>> rows;
@@ -351,10 +417,8 @@ static int CmdHealthCheck(const Global& g, bool active, Format format) {
   const std::optional<api::ActiveProbe>& probe = got->active;
   if (active && probe && probe->ran)
     for (const api::ProbeResult& p : probe->gpus) healthy = healthy && p.passed;
-  if (format == Format::kJson) {
-    PrintJson(got->ToJson());
-  } else if (format == Format::kYaml) {
-    PrintYaml(got->ToJson());
+  if (IsData(format)) {
+    PrintData(got->ToJson(), format);
   } else {
     if (!got->inventory.error.empty())
       std::printf("unhealthy: the NVIDIA driver cannot be used: %s\n",
@@ -392,35 +456,49 @@ static int CmdAdmissionSimulate(const std::string& file, int cycles, Format form
     for (const auto& d : diagnostics) std::fprintf(stderr, "%s\n", d.ToString().c_str());
     return kExitInvalid;
   }
-  if (format == Format::kYaml)
-    PrintYaml(*result);
-  else
-    PrintJson(*result);
-  return 0;
+  return PrintData(*result, format);
 }
 
-int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet) {
-  return ValidateFiles(files, quiet, policy::kMaxPlatformBytes, "a platform file",
-                       [](const std::string& text, const std::string& file, std::string* summary) {
+int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet, Format format) {
+  return ValidateFiles(files, quiet, format, policy::kMaxPlatformBytes, "a platform file",
+                       [](const std::string& text, const std::string& file) {
                          policy::PlatformOutcome parsed = policy::ParsePlatform(text, file);
-                         if (!parsed.ok()) return parsed.ErrorText();
-                         *summary =
-                             fmt::format("{} queue(s), {} workspace(s), {} priority class(es)",
-                                         parsed.platform->admission.queues.size(),
-                                         parsed.platform->workspaces.size(),
-                                         parsed.platform->priorities.size());
-                         return std::string();
+                         FileCheck found{parsed.diagnostics, {}, ""};
+                         if (parsed.ok())
+                           found.summary =
+                               fmt::format("{} queue(s), {} workspace(s), {} priority class(es)",
+                                           parsed.platform->admission.queues.size(),
+                                           parsed.platform->workspaces.size(),
+                                           parsed.platform->priorities.size());
+                         return found;
                        });
 }
 
-std::function<std::optional<Format>()> AddOutput(CLI::App* cmd, Context* ctx, const char* help) {
+std::function<std::optional<Format>()> AddOutput(CLI::App* cmd, Context* ctx,
+                                                 std::vector<Format> formats) {
+  std::vector<std::string> names;
+  for (Format f : formats) names.push_back(FormatName(f));
+  std::string list = names.size() == 1
+                         ? names[0]
+                         : Join(std::vector<std::string>(names.begin(), names.end() - 1), ", ") +
+                               " or " + names.back();
   // Owned by the returned function, which CLI11 keeps in the command's callback.
-  auto output = std::make_shared<std::string>("table");
-  cmd->add_option("-o,--output", *output, help);
-  return [output, ctx]() {
+  auto output = std::make_shared<std::string>(names.front());
+  cmd->add_option("-o,--output", *output,
+                  fmt::format("Output format: {} (default {})", list, names.front()));
+  std::string path = cmd->get_name();
+  for (const CLI::App* p = cmd->get_parent(); p != nullptr && p->get_parent() != nullptr;
+       p = p->get_parent())
+    path = p->get_name() + " " + path;
+  return [output, ctx, formats, list, path]() {
     Format f;
     if (!ParseFormat(*output, &f)) {
-      ctx->rc = Fail("unknown output format '" + *output + "' (table, json or yaml)");
+      ctx->rc =
+          Fail(fmt::format("unknown output format '{}': `tau {}` prints {}", *output, path, list));
+      return std::optional<Format>();
+    }
+    if (std::find(formats.begin(), formats.end(), f) == formats.end()) {
+      ctx->rc = Fail(fmt::format("`tau {}` has no -o {}: it prints {}", path, *output, list));
       return std::optional<Format>();
     }
     return std::optional<Format>(f);
@@ -435,18 +513,24 @@ void RegisterBasicCommands(CLI::App* app, Context* ctx) {
   auto a = std::make_shared<Args>();
   auto* version = app->add_subcommand("version", "Print tau's version");
   version->add_flag("--server-version", a->with_server, "Also ask the server for its version");
-  version->callback([=] { ctx->rc = CmdVersion(ctx->g, a->with_server); });
+  auto version_format = AddOutput(version, ctx);
+  version->callback([=] {
+    if (auto f = version_format()) ctx->rc = CmdVersion(ctx->g, a->with_server, *f);
+  });
 
   auto* validate =
       app->add_subcommand("validate", "Check tau.yaml files; exit 0 when all are valid");
   validate->add_option("files", a->files, "Spec files")->required();
   validate->add_flag("-q,--quiet", a->quiet, "Print errors only");
-  validate->callback([=] { ctx->rc = CmdValidate(a->files, a->quiet); });
+  auto validate_format = AddOutput(validate, ctx);
+  validate->callback([=] {
+    if (auto f = validate_format()) ctx->rc = CmdValidate(a->files, a->quiet, *f);
+  });
 
   auto* schema = app->add_subcommand("schema", "Print the JSON Schema of tau.yaml");
-  auto format = AddOutput(schema, ctx);
+  auto format = AddOutput(schema, ctx, {Format::kJson, Format::kYaml});
   schema->callback([=] {
-    if (auto f = format()) ctx->rc = CmdSchema(*f == Format::kYaml ? Format::kYaml : Format::kJson);
+    if (auto f = format()) ctx->rc = CmdSchema(*f);
   });
 }
 
@@ -573,6 +657,7 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
     bool detach = false, all = false, watch = false, top_once = false, follow = false,
          force = false;
     int limit = 100, attempt = 0, rank = 0;
+    client::RunQuery query;  // tau list's filters
   };
   auto a = std::make_shared<Args>();
   const Global& g = ctx->g;
@@ -585,11 +670,21 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
 
   auto* list = app->add_subcommand("list", "List runs (active ones unless --all)");
   list->add_option("--state", a->state, "Only runs in this state (Queued, Running, Failed, ...)");
+  list->add_option("--workspace", a->query.workspace, "Only runs of this workspace");
+  list->add_option("--queue", a->query.queue, "Only runs of this queue");
+  list->add_option("--user", a->query.user, "Only runs this user submitted");
   list->add_flag("-a,--all", a->all, "Include finished runs");
   list->add_option("--limit", a->limit, "At most this many runs")->check(CLI::Range(1, 1000));
-  auto list_format = AddOutput(list, ctx);
+  auto list_format = AddOutput(
+      list, ctx, {Format::kTable, Format::kWide, Format::kName, Format::kJson, Format::kYaml});
   list->callback([=, &g] {
-    if (auto f = list_format()) ctx->rc = CmdList(g, a->state, a->all, a->limit, *f);
+    if (auto f = list_format()) {
+      client::RunQuery query = a->query;
+      query.limit = a->limit;
+      query.state = a->state;
+      query.active = !a->all;
+      ctx->rc = CmdList(g, query, a->all, *f);
+    }
   });
 
   auto* status =
@@ -604,7 +699,10 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
 
   auto* top = app->add_subcommand("top", "A live view of queues, runs and GPUs (q quits)");
   top->add_flag("--once", a->top_once, "Print one frame and exit");
-  top->callback([=, &g] { ctx->rc = CmdTop(g, a->top_once); });
+  auto top_format = AddOutput(top, ctx);
+  top->callback([=, &g] {
+    if (auto f = top_format()) ctx->rc = CmdTop(g, a->top_once, *f);
+  });
 
   auto* describe = app->add_subcommand("describe", "Show a run's lifecycle, attempts and config");
   describe->add_option("run", a->run_name, "Run name")->required();
@@ -684,7 +782,7 @@ void RegisterAdmissionCommands(CLI::App* app, Context* ctx) {
       ->required();
   simulate->add_option("--cycles", a->cycles, "Scheduling cycles to run")
       ->check(CLI::Range(1, 1000000));
-  auto format = AddOutput(simulate, ctx);
+  auto format = AddOutput(simulate, ctx, {Format::kJson, Format::kYaml});
   simulate->callback([=] {
     if (auto f = format()) ctx->rc = CmdAdmissionSimulate(a->file, a->cycles, *f);
   });

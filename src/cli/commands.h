@@ -29,10 +29,12 @@ struct Context {
   int rc = 0;
 };
 
-// Adds -o/--output to `cmd`. The function returned reads it when the command runs: nullopt, with
-// ctx->rc set, for an unknown format.
-std::function<std::optional<Format>()> AddOutput(
-    CLI::App* cmd, Context* ctx, const char* help = "Output format: table, json or yaml");
+// Adds -o/--output to `cmd`, taking `formats` (the first is the default). The function returned
+// reads it when the command runs: nullopt, with ctx->rc set, for a format the command does not
+// print, which is refused with the ones it does.
+inline const std::vector<Format> kTableJsonYaml = {Format::kTable, Format::kJson, Format::kYaml};
+std::function<std::optional<Format>()> AddOutput(CLI::App* cmd, Context* ctx,
+                                                 std::vector<Format> formats = kTableJsonYaml);
 
 // A spec's warnings on stderr, one per line ("FILE:LINE:COL: warning: ...").
 void PrintSpecWarnings(const spec::ParseOutcome& parsed);
@@ -60,10 +62,10 @@ void RegisterIdentityCommands(CLI::App* app, Context* ctx);
 void RegisterHealthAgentCommand(CLI::App* health, Context* ctx);
 
 // The commands that other files of the module call.
-int CmdVersion(const Global& g, bool with_server);
+int CmdVersion(const Global& g, bool with_server, Format format = Format::kTable);
 int CmdRun(const Global& g, const std::string& file, bool detach);  // run.cc
 int CmdStatus(const Global& g, const std::string& run, Format format);
-int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet);
+int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet, Format format);
 // watch_commands.cc: the live views over the server's event stream (GET /api/v1/events).
 // Prints the run's status, then again on each change, until it reaches a terminal state.
 int CmdStatusWatch(const Global& g, const std::string& run, Format format);
@@ -74,8 +76,9 @@ int CmdWait(const Global& g, const std::vector<std::string>& runs);
 int RunExitStatus(const api::Run& run);
 // RunExitStatus of `run`, fetched now (after `tau logs -f` has seen it end).
 int CmdLogsExitStatus(const Global& g, const std::string& run);
-// A live terminal view of queues, runs and GPUs; q or Ctrl-C quits. `once`: one frame, no ANSI.
-int CmdTop(const Global& g, bool once);
+// A live terminal view of queues, runs and GPUs, cut to the terminal's size; q or Ctrl-C quits.
+// `once`: one frame, no ANSI; JSON or YAML: what one frame shows, as the API's objects.
+int CmdTop(const Global& g, bool once, Format format = Format::kTable);
 
 // Prints "tau: error: <message>" to stderr and returns kExitTauError.
 int Fail(const std::string& message);

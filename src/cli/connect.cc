@@ -264,7 +264,8 @@ class RunNarrator {
 
   // What every run does, or what the log and the command's last line say already.
   static bool Routine(const std::string& type) {
-    for (const char* t : {"Submitted", "Admitted", "Running", "Succeeded", "Failed", "Cancelled"})
+    for (const char* t :
+         {"Submitted", "Queued", "Admitted", "Running", "Succeeded", "Failed", "Cancelled"})
       if (type == t) return true;
     return false;
   }

@@ -26,13 +26,8 @@ static int CmdEvidence(const Global& g, const std::string& run, Format format) {
   if (!conn.ok()) return Fail(conn.status().message());
   auto record = client::TauApi(conn->get()).GetEvidence(run);
   if (!record.ok()) return Fail(record.status().message());
-  if (format == Format::kJson) {
-    PrintJson(*record);
-  } else if (format == Format::kYaml) {
-    PrintYaml(*record);
-  } else {
-    std::fputs(evidence::FormatRecordSummary(*record).c_str(), stdout);
-  }
+  if (IsData(format)) return PrintData(*record, format);
+  std::fputs(evidence::FormatRecordSummary(*record).c_str(), stdout);
   return 0;
 }
 
@@ -107,8 +102,13 @@ static int CmdMetrics(const Global& g, const std::string& run, const std::string
   if (!IsRunName(run)) return NoSuchRun(run);
   std::string mode = output;
   if (mode.empty()) mode = StdoutIsTerminal() ? "table" : "jsonl";
-  if (mode != "table" && mode != "json" && mode != "jsonl")
-    return Fail("unknown output format '" + output + "' (table, json or jsonl)");
+  if (mode != "table" && mode != "json" && mode != "yaml" && mode != "jsonl") {
+    Format other;
+    const char* formats = "table, json, yaml or jsonl";
+    if (ParseFormat(mode, &other))
+      return Fail(fmt::format("`tau metrics` has no -o {}: it prints {}", mode, formats));
+    return Fail(fmt::format("unknown output format '{}': `tau metrics` prints {}", mode, formats));
+  }
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   auto jsonl =
@@ -131,7 +131,7 @@ static int CmdMetrics(const Global& g, const std::string& run, const std::string
   }
   evidence::MetricHistory history;
   history.AddJsonl(*jsonl);
-  if (mode == "json") {
+  if (mode == "json" || mode == "yaml") {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& [n, s] : history.SeriesKeys()) {
       nlohmann::json points = nlohmann::json::array();
@@ -142,8 +142,7 @@ static int CmdMetrics(const Global& g, const std::string& run, const std::string
       }
       out.push_back({{"name", n}, {"split", s}, {"points", points}});
     }
-    PrintJson(out);
-    return 0;
+    return PrintData(out, mode == "yaml" ? Format::kYaml : Format::kJson);
   }
   if (history.size() == 0) {
     std::printf("run %s has no metric points\n", run.c_str());
@@ -201,7 +200,8 @@ void RegisterEvidenceCommands(CLI::App* app, Context* ctx) {
   metrics->add_option("name", a->metric_name, "Metric name (default: a summary of every metric)");
   auto* split_opt = metrics->add_option("--split", a->metric_split, "Only this split");
   metrics->add_option("-o,--output", a->metric_output,
-                      "table, json or jsonl (default: table on a terminal, else jsonl)");
+                      "Output format: table, json, yaml or jsonl (default table on a terminal, "
+                      "else jsonl)");
   metrics->callback([=, &g] {
     ctx->rc = CmdMetrics(g, a->run_name, a->metric_name, a->metric_split, split_opt->count() > 0,
                          a->metric_output);

@@ -106,10 +106,7 @@ static int CmdLogout(const Global& g, const std::string& server) {
 static int CmdWhoami(const Global& g, Format format) {
   auto me = Call(g, [](client::TauApi& tau) { return tau.Whoami(); });
   if (!me.ok()) return Fail(me.status().message());
-  if (format != Format::kTable) {
-    PrintJson(me->ToJson());
-    return 0;
-  }
+  if (IsData(format)) return PrintData(me->ToJson(), format);
   std::printf("user:     %s (%s%s)\n", me->user.c_str(), me->via.c_str(),
               me->token_id.empty() ? "" : (" " + me->token_id).c_str());
   std::printf("groups:   %s\n", me->groups.empty() ? "-" : Join(me->groups, ", ").c_str());
@@ -139,8 +136,9 @@ static int CmdTokenCreate(const Global& g, const std::string& user,
 static int CmdTokenList(const Global& g, const std::string& user, Format format) {
   auto got = Call(g, [&](client::TauApi& tau) { return tau.ListTokens(user); });
   if (!got.ok()) return Fail(got.status().message());
-  if (format != Format::kTable) {
-    PrintJson(got->ToJson());
+  if (IsData(format)) return PrintData(got->ToJson(), format);
+  if (format == Format::kName) {
+    for (const api::Token& t : got->tokens) std::printf("%s\n", t.id.c_str());
     return 0;
   }
   std::vector<std::vector<std::string>> rows;
@@ -170,10 +168,7 @@ static int CmdTokenHash() {
 static int CmdAudit(const Global& g, int limit, Format format) {
   auto got = Call(g, [&](client::TauApi& tau) { return tau.GetAudit(limit); });
   if (!got.ok()) return Fail(got.status().message());
-  if (format != Format::kTable) {
-    PrintJson(got->ToJson());
-    return 0;
-  }
+  if (IsData(format)) return PrintData(got->ToJson(), format);
   std::vector<std::vector<std::string>> rows;
   for (const api::AuditRecord& a : got->audit)
     rows.push_back({a.time, a.user.empty() ? "(anonymous)" : a.user, a.action,
@@ -211,8 +206,9 @@ static int CmdSecretSet(const Global& g, const std::string& workspace, const std
 static int CmdSecretList(const Global& g, const std::string& workspace, Format format) {
   auto got = Call(g, [&](client::TauApi& tau) { return tau.ListSecrets(workspace); });
   if (!got.ok()) return Fail(got.status().message());
-  if (format != Format::kTable) {
-    PrintJson(got->ToJson());
+  if (IsData(format)) return PrintData(got->ToJson(), format);
+  if (format == Format::kName) {
+    for (const api::SecretInfo& s : got->secrets) std::printf("%s\n", s.key.c_str());
     return 0;
   }
   std::vector<std::vector<std::string>> rows;
@@ -240,8 +236,10 @@ void RegisterIdentityCommands(CLI::App* app, Context* ctx) {
   auto a = std::make_shared<Args>();
   const Global* g = &ctx->g;
   int* rc = &ctx->rc;
-  auto add_output = [ctx](CLI::App* cmd) {
-    return AddOutput(cmd, ctx, "Output format: table or json");
+  auto add_output = [ctx](CLI::App* cmd) { return AddOutput(cmd, ctx); };
+  // Lists whose items have names: -o name too.
+  auto add_list_output = [ctx](CLI::App* cmd) {
+    return AddOutput(cmd, ctx, {Format::kTable, Format::kName, Format::kJson, Format::kYaml});
   };
 
   auto* login = app->add_subcommand(
@@ -273,7 +271,7 @@ void RegisterIdentityCommands(CLI::App* app, Context* ctx) {
       [=] { *rc = CmdTokenCreate(*g, a->user, a->groups, a->expires, a->description); });
   auto* list = token->add_subcommand("list", "List tokens (admins: all, or --user)");
   list->add_option("--user", a->user, "Only this user's");
-  auto list_format = add_output(list);
+  auto list_format = add_list_output(list);
   list->callback([=] {
     if (auto f = list_format()) *rc = CmdTokenList(*g, a->user, *f);
   });
@@ -301,7 +299,7 @@ void RegisterIdentityCommands(CLI::App* app, Context* ctx) {
   set->callback([=] { *rc = CmdSecretSet(*g, a->workspace, a->key, a->from_file); });
   auto* slist = secret->add_subcommand("list", "A workspace's secret keys (never values)");
   slist->add_option("workspace", a->workspace, "Workspace")->required();
-  auto slist_format = add_output(slist);
+  auto slist_format = add_list_output(slist);
   slist->callback([=] {
     if (auto f = slist_format()) *rc = CmdSecretList(*g, a->workspace, *f);
   });

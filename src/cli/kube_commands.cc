@@ -151,19 +151,15 @@ int CmdExplain(const Global& g, const std::string& spec_file, const std::string&
     prov.push_back({{"field", p.field}, {"value", p.value}, {"source", p.source}});
   // The provenance, and the whole resolution (pod sizes, totals, mounts) as the server records it.
   nlohmann::json out = {{"provenance", prov}, {"resolved", policy::ToJson(*resolved)}};
-  if (format == Format::kYaml)
-    PrintYaml(out);
-  else
-    PrintJson(out);
-  return 0;
+  return PrintData(out, format);
 }
 
-int PrintLocalPlan(spec::RunSpec spec, const policy::ResolvedRun& run,
-                   const std::string& code_dir) {
+int PrintLocalPlan(spec::RunSpec spec, const policy::ResolvedRun& run, const std::string& code_dir,
+                   Format format) {
   // The launch follows the resolved shape (a compute profile may give the GPUs).
   spec.compute.gpus = run.gpus_per_worker;
   spec.compute.workers = run.workers;
-  std::fputs(policy::ExplainText(run).c_str(), stdout);
+  if (!IsData(format)) std::fputs(policy::ExplainText(run).c_str(), stdout);
   runtime::LaunchContext ctx;
   ctx.run_name = spec.name;
   ctx.work_dir = code_dir;
@@ -174,6 +170,16 @@ int PrintLocalPlan(spec::RunSpec spec, const policy::ResolvedRun& run,
   for (int i = 0; i < spec.compute.gpus * spec.compute.workers; ++i) ctx.gpus.push_back(i);
   auto plan = runtime::PlanLaunch(spec, ctx);
   if (!plan.ok()) return Fail(plan.status().message());
+  if (IsData(format)) {
+    nlohmann::json launch = nlohmann::json::array();
+    for (const runtime::WorkerLaunch& w : *plan) {
+      nlohmann::json env = nlohmann::json::object();
+      for (const auto& [k, v] : w.env) env[k] = v;
+      launch.push_back({{"argv", w.argv}, {"env", env}});
+    }
+    return PrintData(
+        {{"resolved", policy::ToJson(run)}, {"launch", launch}, {"pip", spec.runtime.pip}}, format);
+  }
   std::printf("\nlaunch (%zu process%s; GPU indices as the server would hand them out):\n",
               plan->size(), plan->size() == 1 ? "" : "es");
   for (size_t i = 0; i < plan->size(); ++i) {
@@ -194,7 +200,7 @@ int PrintLocalPlan(spec::RunSpec spec, const policy::ResolvedRun& run,
 
 // local: the resolved run and the launch plan (one line per worker); kubernetes: the Job or RayJob
 // (and a gang's Service) as YAML, the code directory shipped inline.
-int CmdPlan(const Global& g, const PlanOptions& o) {
+int CmdPlan(const Global& g, const PlanOptions& o, Format format) {
   if (o.backend != "local" && o.backend != "kubernetes") {
     return Fail("unknown backend '" + o.backend + "' (local or kubernetes)");
   }
@@ -219,7 +225,7 @@ int CmdPlan(const Global& g, const PlanOptions& o) {
   run->code_subdir = root->subdir;
   const std::string start_dir =
       (fs::absolute(root->root) / root->subdir).lexically_normal().string();
-  if (o.backend == "local") return PrintLocalPlan(*parsed.spec, *run, start_dir);
+  if (o.backend == "local") return PrintLocalPlan(*parsed.spec, *run, start_dir, format);
 
   kube::RenderOptions ro;
   ro.namespace_name = o.namespace_name;
@@ -232,6 +238,9 @@ int CmdPlan(const Global& g, const PlanOptions& o) {
     std::fprintf(stderr, "%s\n", LocatedErrors(o.file, parsed, objects.status().message()).c_str());
     return kExitInvalid;
   }
+  // A table is what `kubectl apply -f -` takes; JSON and YAML are a v1 List, as kubectl prints.
+  if (IsData(format))
+    return PrintData({{"apiVersion", "v1"}, {"kind", "List"}, {"items", *objects}}, format);
   std::fputs(kube::ToYaml(*objects).c_str(), stdout);
   return 0;
 }
@@ -359,7 +368,10 @@ void RegisterPlanCommands(CLI::App* app, Context* ctx) {
   plan->add_option("--namespace", p.namespace_name,
                    "kubernetes: namespace (default: the run's workspace namespace)");
   plan->add_option("--image", p.image, "kubernetes: image for a spec without runtime.image");
-  plan->callback([=] { ctx->rc = CmdPlan(ctx->g, a->plan); });
+  auto plan_format = AddOutput(plan, ctx);
+  plan->callback([=] {
+    if (auto f = plan_format()) ctx->rc = CmdPlan(ctx->g, a->plan, *f);
+  });
   // Under the `platform` of RegisterQueueCommands, which comes first.
   auto* prender =
       app->get_subcommand("platform")

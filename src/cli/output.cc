@@ -14,16 +14,69 @@
 
 namespace tau::cli {
 
+namespace {
+constexpr Format kFormats[] = {Format::kTable, Format::kWide, Format::kName, Format::kJson,
+                               Format::kYaml};
+}  // namespace
+
+const char* FormatName(Format format) {
+  switch (format) {
+    case Format::kTable:
+      return "table";
+    case Format::kWide:
+      return "wide";
+    case Format::kName:
+      return "name";
+    case Format::kJson:
+      return "json";
+    case Format::kYaml:
+      return "yaml";
+  }
+  return "table";
+}
+
 bool ParseFormat(const std::string& text, Format* out) {
-  if (text == "table" || text == "wide")
-    *out = Format::kTable;
-  else if (text == "json")
-    *out = Format::kJson;
-  else if (text == "yaml")
-    *out = Format::kYaml;
+  for (Format f : kFormats) {
+    if (text == FormatName(f)) {
+      *out = f;
+      return true;
+    }
+  }
+  return false;
+}
+
+int PrintData(const nlohmann::json& value, Format format) {
+  if (format == Format::kYaml)
+    PrintYaml(value);
   else
-    return false;
-  return true;
+    PrintJson(value);
+  return 0;
+}
+
+void PrintNames(const std::vector<std::string>& names) {
+  for (const std::string& n : names) std::printf("%s\n", n.c_str());
+}
+
+std::string HumanQuantity(const std::string& quantity) {
+  static constexpr const char* kUnits[] = {"Ki", "Mi", "Gi", "Ti", "Pi", "Ei"};
+  constexpr size_t kCount = sizeof kUnits / sizeof kUnits[0];
+  if (quantity.size() < 3) return quantity;
+  const std::string suffix = quantity.substr(quantity.size() - 2);
+  size_t unit = 0;
+  while (unit < kCount && suffix != kUnits[unit]) ++unit;
+  if (unit == kCount) return quantity;
+  const std::string digits = quantity.substr(0, quantity.size() - 2);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
+    return quantity;
+  double value = std::stod(digits);
+  if (value < 1024) return quantity;
+  while (value >= 1024 && unit + 1 < kCount) {
+    value /= 1024;
+    ++unit;
+  }
+  std::string text = fmt::format("{:.1f}", value);
+  if (text.size() > 2 && text.compare(text.size() - 2, 2, ".0") == 0) text.resize(text.size() - 2);
+  return text + kUnits[unit];
 }
 
 void PrintTable(const std::vector<std::string>& header,

@@ -9,10 +9,21 @@
 
 namespace tau::cli {
 
-enum class Format { kTable, kJson, kYaml };
+// The -o values, as kubectl users know them: a table for people (wide: with more columns), the
+// names alone (one a line, for xargs), and the API's objects as JSON or YAML for scripts. Which of
+// them a command takes is its own (commands.h: AddOutput); the rest it refuses.
+enum class Format { kTable, kWide, kName, kJson, kYaml };
 
-// Parses -o values: table|json|yaml. Returns false for anything else.
+// "table", "wide", "name", "json", "yaml".
+const char* FormatName(Format format);
+// Parses an -o value. Returns false for anything else.
 bool ParseFormat(const std::string& text, Format* out);
+// JSON or YAML: the formats whose output is the API object itself.
+inline bool IsData(Format f) { return f == Format::kJson || f == Format::kYaml; }
+// `value` as JSON or YAML (IsData(format)); returns 0, for `return PrintData(...)`.
+int PrintData(const nlohmann::json& value, Format format);
+// One name a line.
+void PrintNames(const std::vector<std::string>& names);
 
 void PrintTable(const std::vector<std::string>& header,
                 const std::vector<std::vector<std::string>>& rows);
@@ -25,6 +36,9 @@ bool StderrIsTerminal();
 // "3s ago", "2h ago"; "" for null.
 std::string Age(const nlohmann::json& rfc3339);
 std::string Age(const std::string& rfc3339);
+// A Kubernetes quantity for people: a binary-suffixed one in its largest unit, one decimal at
+// most ("24683584Ki" is "23.5Gi"); anything else as it is. JSON and YAML keep the exact value.
+std::string HumanQuantity(const std::string& quantity);
 // A JSON value as a short cell: strings bare, null and "" as "-".
 std::string Cell(const nlohmann::json& value);
 std::string Cell(const std::string& value);

@@ -19,22 +19,15 @@
 namespace tau::cli {
 namespace {
 
-int Print(const nlohmann::json& value, Format format) {
-  if (format == Format::kYaml)
-    PrintYaml(value);
-  else
-    PrintJson(value);
-  return 0;
-}
-
 // "nvidia.com/gpu 2/8 on h100" for each flavor and resource with quota or usage.
 std::string UsageText(const std::vector<api::Usage>& usage) {
   std::vector<std::string> parts;
   for (const api::Usage& u : usage) {
     if (u.usage == "0" && u.nominal == "0") continue;
     std::string borrowed = u.borrowed.value_or("0");
-    parts.push_back(fmt::format("{} {}/{} on {}{}", u.resource, u.usage, u.nominal, u.flavor,
-                                borrowed == "0" ? "" : fmt::format(" (borrowing {})", borrowed)));
+    parts.push_back(fmt::format(
+        "{} {}/{} on {}{}", u.resource, HumanQuantity(u.usage), HumanQuantity(u.nominal), u.flavor,
+        borrowed == "0" ? "" : fmt::format(" (borrowing {})", HumanQuantity(borrowed))));
   }
   return parts.empty() ? "-" : Join(parts, ", ");
 }
@@ -73,7 +66,7 @@ static int CmdPlatformShow(const Global& g, Format format) {
   if (!conn.ok()) return Fail(conn.status().message());
   auto got = client::TauApi(conn->get()).GetPlatform();
   if (!got.ok()) return Fail(got.status().message());
-  if (format != Format::kTable) return Print(got->ToJson(), format);
+  if (IsData(format)) return PrintData(got->ToJson(), format);
   std::printf("# platform in force: %s (applied %s)\n", got->source.c_str(), got->applied.c_str());
   PrintYaml(got->platform);
   return 0;
@@ -84,7 +77,11 @@ static int CmdQueues(const Global& g, Format format) {
   if (!conn.ok()) return Fail(conn.status().message());
   auto got = client::TauApi(conn->get()).GetQueues();
   if (!got.ok()) return Fail(got.status().message());
-  if (format != Format::kTable) return Print(got->ToJson(), format);
+  if (IsData(format)) return PrintData(got->ToJson(), format);
+  if (format == Format::kName) {
+    for (const api::Queue& q : got->queues) std::printf("%s\n", q.name.c_str());
+    return 0;
+  }
   std::vector<std::vector<std::string>> rows;
   for (const api::Queue& q : got->queues)
     rows.push_back({q.name, q.cohort.empty() ? "-" : q.cohort, std::to_string(q.admitted),
@@ -101,12 +98,13 @@ static int CmdQueueShow(const Global& g, const std::string& name, Format format)
   auto got = client::TauApi(conn->get()).GetQueue(name);
   if (!got.ok()) return Fail(got.status().message());
   const api::Queue& q = *got;
-  if (format != Format::kTable) return Print(q.ToJson(), format);
+  if (IsData(format)) return PrintData(q.ToJson(), format);
   std::printf("queue %s (%s%s)\n\n", name.c_str(), q.queueing_strategy.c_str(),
               q.cohort.empty() ? "" : (", cohort " + q.cohort).c_str());
   std::vector<std::vector<std::string>> usage;
   for (const api::Usage& u : q.usage)
-    usage.push_back({u.flavor, u.resource, u.usage, u.nominal, u.borrowed.value_or("")});
+    usage.push_back({u.flavor, u.resource, HumanQuantity(u.usage), HumanQuantity(u.nominal),
+                     HumanQuantity(u.borrowed.value_or(""))});
   PrintTable({"FLAVOR", "RESOURCE", "USED", "NOMINAL", "BORROWED"}, usage);
   std::printf("\nadmitted (%lld):\n", static_cast<long long>(q.admitted));
   std::vector<std::vector<std::string>> admitted;
@@ -131,7 +129,10 @@ void RegisterQueueCommands(CLI::App* app, Context* ctx) {
   auto* pvalidate = platform->add_subcommand("validate", "Check platform files; exit 0 when valid");
   pvalidate->add_option("files", a->platform_files, "platform.yaml files")->required();
   pvalidate->add_flag("-q,--quiet", a->quiet, "Print errors only");
-  pvalidate->callback([=] { ctx->rc = CmdPlatformValidate(a->platform_files, a->quiet); });
+  auto pvalidate_format = AddOutput(pvalidate, ctx);
+  pvalidate->callback([=] {
+    if (auto f = pvalidate_format()) ctx->rc = CmdPlatformValidate(a->platform_files, a->quiet, *f);
+  });
   auto* papply = platform->add_subcommand(
       "apply", "Make a platform file the server's policy (validated first; no restart)");
   papply->add_option("file", a->apply_file, "platform.yaml")->required();
@@ -143,7 +144,8 @@ void RegisterQueueCommands(CLI::App* app, Context* ctx) {
   });
 
   auto* queues = app->add_subcommand("queues", "Queues: usage against quota, admitted and pending");
-  auto queues_format = AddOutput(queues, ctx);
+  auto queues_format =
+      AddOutput(queues, ctx, {Format::kTable, Format::kName, Format::kJson, Format::kYaml});
   queues->callback([=, &g] {
     if (auto f = queues_format()) ctx->rc = CmdQueues(g, *f);
   });

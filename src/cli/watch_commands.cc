@@ -2,6 +2,7 @@
 // `tau top`.
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <termios.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include "cli/commands.h"
 #include "cli/connect.h"
 #include "client/tau_api.h"
+#include "common/strings.h"
 
 namespace tau::cli {
 namespace {
@@ -157,21 +159,68 @@ int CmdLogsExitStatus(const Global& g, const std::string& run) { return EndedRun
 
 namespace {
 
-std::string Frame(const Global& g) {
+// What one frame of `tau top` shows, fetched from the server; `error` when that failed.
+struct TopData {
   api::Queues queues;
   api::RunList active, recent;
   api::Gpus gpus;
-  std::string err = Fetch(g, &queues, [](client::TauApi& tau) { return tau.GetQueues(); });
-  if (err.empty())
-    err = Fetch(g, &active, [](client::TauApi& tau) {
-      return tau.ListRuns({.limit = 15, .state = "", .active = true});
+  std::string error;
+};
+
+TopData FetchTop(const Global& g) {
+  TopData d;
+  d.error = Fetch(g, &d.queues, [](client::TauApi& tau) { return tau.GetQueues(); });
+  if (d.error.empty())
+    d.error = Fetch(g, &d.active, [](client::TauApi& tau) {
+      client::RunQuery active;
+      active.limit = 15;
+      active.active = true;
+      return tau.ListRuns(active);
     });
-  if (err.empty())
-    err = Fetch(g, &recent, [](client::TauApi& tau) {
-      return tau.ListRuns({.limit = 8, .state = "", .active = false});
+  if (d.error.empty())
+    d.error = Fetch(g, &d.recent, [](client::TauApi& tau) {
+      client::RunQuery recent;
+      recent.limit = 8;
+      return tau.ListRuns(recent);
     });
-  if (err.empty()) err = Fetch(g, &gpus, [](client::TauApi& tau) { return tau.GetGpus(); });
-  if (!err.empty()) return fmt::format("tau top: {}\n", err);
+  if (d.error.empty())
+    d.error = Fetch(g, &d.gpus, [](client::TauApi& tau) { return tau.GetGpus(); });
+  return d;
+}
+
+// Cuts a frame to a terminal of `rows` x `cols` (0: no limit): long lines end in "…", and the
+// lines past the last row are counted on it instead.
+std::string FitToTerminal(const std::string& frame, int rows, int cols) {
+  std::vector<std::string> lines = Split(frame, '\n');
+  if (!lines.empty() && lines.back().empty()) lines.pop_back();
+  std::string out;
+  const size_t max_rows = rows > 0 ? static_cast<size_t>(rows) : lines.size();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    std::string line = lines[i];
+    const bool last = i + 1 == max_rows && lines.size() > max_rows;
+    if (last)
+      line = fmt::format("… {} more lines (a taller terminal shows them)", lines.size() - i);
+    // Columns are counted in code points: the frame is UTF-8 ("—").
+    if (cols > 0) {
+      size_t points = 0, cut = std::string::npos;
+      for (size_t b = 0; b < line.size(); ++b) {
+        if ((static_cast<unsigned char>(line[b]) & 0xC0) == 0x80) continue;
+        if (++points == static_cast<size_t>(cols)) cut = b;
+      }
+      if (points > static_cast<size_t>(cols) && cut != std::string::npos)
+        line = line.substr(0, cut) + "…";
+    }
+    out += line + "\n";
+    if (last) break;
+  }
+  return out;
+}
+
+std::string Frame(const TopData& d) {
+  if (!d.error.empty()) return fmt::format("tau top: {}\n", d.error);
+  const api::Queues& queues = d.queues;
+  const api::RunList &active = d.active, &recent = d.recent;
+  const api::Gpus& gpus = d.gpus;
   auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   char when[32];
   std::strftime(when, sizeof when, "%H:%M:%S", std::localtime(&now));
@@ -208,9 +257,18 @@ std::string Frame(const Global& g) {
 
 }  // namespace
 
-int CmdTop(const Global& g, bool once) {
+int CmdTop(const Global& g, bool once, Format format) {
+  if (IsData(format)) {
+    TopData d = FetchTop(g);
+    if (!d.error.empty()) return Fail(d.error);
+    return PrintData({{"queues", d.queues.ToJson()},
+                      {"active", d.active.ToJson()},
+                      {"recent", d.recent.ToJson()},
+                      {"gpus", d.gpus.ToJson()}},
+                     format);
+  }
   if (once || !::isatty(STDOUT_FILENO)) {
-    std::fputs(Frame(g).c_str(), stdout);
+    std::fputs(Frame(FetchTop(g)).c_str(), stdout);
     return 0;
   }
   // Redraw on each event from the stream, and at least every 2 s (GPU samples are not in it).
@@ -251,7 +309,10 @@ int CmdTop(const Global& g, bool once) {
     auto now = std::chrono::steady_clock::now();
     if (dirty.exchange(false) || now - last >= std::chrono::seconds(2)) {
       last = now;
-      std::string frame = Frame(g);
+      winsize ws{};
+      const bool sized = ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0;
+      std::string frame =
+          FitToTerminal(Frame(FetchTop(g)), sized ? ws.ws_row : 0, sized ? ws.ws_col : 0);
       std::fputs("\x1b[H\x1b[2J", stdout);
       std::fputs(frame.c_str(), stdout);
       std::fflush(stdout);

@@ -134,7 +134,10 @@ TEST(TauApiTest, AReplyOfTheWrongShapeNamesTheRequestAndTheMember) {
   EXPECT_EQ(version.status().message(),
             "the server's reply to GET /api/v1/version is not what this tau reads: member "
             "'version' is missing");
-  auto runs = tau.ListRuns({.limit = 5, .state = "Failed", .active = false});
+  RunQuery failed;
+  failed.limit = 5;
+  failed.state = "Failed";
+  auto runs = tau.ListRuns(failed);
   ASSERT_FALSE(runs.ok());
   EXPECT_NE(runs.status().message().find("GET /api/v1/runs?limit=5&state=Failed"),
             std::string::npos)

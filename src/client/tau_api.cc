@@ -53,6 +53,9 @@ Result<api::RunList> TauApi::ListRuns(const RunQuery& query) {
     path += "&state=" + E(query.state);
   else if (query.active)
     path += "&active=1";
+  if (!query.workspace.empty()) path += "&workspace=" + E(query.workspace);
+  if (!query.queue.empty()) path += "&queue=" + E(query.queue);
+  if (!query.user.empty()) path += "&user=" + E(query.user);
   return Typed<api::RunList>("GET", path);
 }
 

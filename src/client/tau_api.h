@@ -22,6 +22,7 @@ struct RunQuery {
   int limit = 100;
   std::string state;
   bool active = false;
+  std::string workspace, queue, user;  // "" : any
 };
 
 // GET /api/v1/runs/NAME/logs: one rank's log of one attempt (0: the latest); with `follow` the

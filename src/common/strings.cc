@@ -45,6 +45,29 @@ bool IsDns1123Label(std::string_view s, size_t max_len) {
   return std::all_of(s.begin(), s.end(), [&](char c) { return alnum(c) || c == '-'; });
 }
 
+bool IsDnsSubdomain(std::string_view s) {
+  if (s.empty() || s.size() > 253) return false;
+  for (const std::string& label : Split(s, '.'))
+    if (!IsDns1123Label(label)) return false;
+  return true;
+}
+
+bool IsLabelValue(std::string_view s) {
+  if (s.empty()) return true;
+  if (s.size() > 63) return false;
+  auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
+  if (!alnum(s.front()) || !alnum(s.back())) return false;
+  return std::all_of(s.begin(), s.end(),
+                     [&](char c) { return alnum(c) || c == '-' || c == '_' || c == '.'; });
+}
+
+bool IsLabelKey(std::string_view s) {
+  const size_t slash = s.find('/');
+  const std::string_view name = slash == std::string_view::npos ? s : s.substr(slash + 1);
+  if (slash != std::string_view::npos && !IsDnsSubdomain(s.substr(0, slash))) return false;
+  return !name.empty() && IsLabelValue(name);
+}
+
 bool IsEnvVarName(std::string_view s) {
   if (s.empty()) return false;
   if (!(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;

@@ -15,6 +15,13 @@ size_t EditDistance(std::string_view a, std::string_view b);
 std::string ClosestMatch(std::string_view word, const std::vector<std::string>& candidates);
 // RFC 1123 label (DNS-1123): lowercase alphanumerics and '-', starts and ends alphanumeric.
 bool IsDns1123Label(std::string_view s, size_t max_len = 63);
+// DNS-1123 subdomain: dot-separated labels, at most 253 characters.
+bool IsDnsSubdomain(std::string_view s);
+// A Kubernetes label value: at most 63 alphanumerics, '-', '_' or '.', alphanumeric at both ends;
+// empty is a value too.
+bool IsLabelValue(std::string_view s);
+// A Kubernetes label key: an optional "SUBDOMAIN/" prefix, then a non-empty label name.
+bool IsLabelKey(std::string_view s);
 // POSIX-portable environment variable name: [A-Za-z_][A-Za-z0-9_]*
 bool IsEnvVarName(std::string_view s);
 std::vector<std::string> Split(std::string_view s, char sep);

@@ -13,6 +13,7 @@
 
 #include "admission/simulate.h"
 #include "common/strings.h"
+#include "common/yaml_text.h"
 #include "policy/policy.h"
 #include "policy/reader.h"
 
@@ -40,18 +41,10 @@ bool IsCleanAbsolutePath(std::string_view p) {
   return true;
 }
 
-bool IsDnsSubdomain(std::string_view s) {
-  if (s.empty() || s.size() > 253) return false;
-  for (const std::string& label : Split(s, '.')) {
-    if (!IsDns1123Label(label)) return false;
-  }
-  return true;
-}
-
 class PlatformParser {
  public:
   PlatformParser(std::string_view text, std::string_view file)
-      : text_(text), r_(std::string(file)) {}
+      : text_(text), file_(file), r_(std::string(file)) {}
 
   PlatformOutcome Run() {
     PlatformOutcome out;
@@ -71,6 +64,11 @@ class PlatformParser {
       r_.Error({1, 1}, fmt::format("the platform file is larger than {} bytes", kMaxPlatformBytes));
       return;
     }
+    // The text checks every YAML file gets (common/yaml_text.h), UTF-16 first.
+    if (std::optional<TextProblem> wrong = WrongEncoding(text_)) {
+      r_.Error({wrong->line, wrong->column}, wrong->message);
+      return;
+    }
     // yaml-cpp passes bytes through unchecked, and names that are not UTF-8 cannot be printed as
     // JSON (`tau platform show -o json`: nlohmann throws). Found by fuzz/platform_fuzz.cc.
     if (size_t bad = FindInvalidUtf8(text_); bad != std::string_view::npos) {
@@ -80,11 +78,23 @@ class PlatformParser {
                            static_cast<unsigned char>(text_[bad])));
       return;
     }
+    normalized_ = std::string(text_);
+    NormalizeLineBreaks(&normalized_);
+    text_ = normalized_;  // what the admission section is read from too
+    const YamlOpenings open = FindUnclosed(text_);
+    if (open.quote) {
+      r_.Error({open.quote->line, open.quote->column}, open.quote->message);
+      return;
+    }
     YAML::Node root;
     try {
-      root = YAML::Load(std::string(text_));
+      root = YAML::Load(normalized_);
     } catch (const YAML::Exception& e) {
-      r_.Error({e.mark.line + 1, e.mark.column + 1}, e.msg);
+      std::string note;
+      if (open.flow && e.msg.find("flow") != std::string::npos)
+        note = fmt::format("\n{}:{}:{}: note: {}", file_, open.flow->line, open.flow->column,
+                           open.flow->message);
+      r_.Error({e.mark.line + 1, e.mark.column + 1}, e.msg + note);
       return;
     } catch (const std::exception& e) {
       r_.Error({1, 1}, e.what());
@@ -124,11 +134,39 @@ class PlatformParser {
 
   // ---- admission sections -------------------------------------------------------------------
 
+  // A flavor's node labels become a nodeSelector on the cluster: Kubernetes refuses a key or value
+  // that is not a label's, so they are refused here, where the platform team can fix them.
+  void FlavorLabels(const YAML::Node& root) {
+    const YAML::Node flavors = root["flavors"];
+    if (!flavors.IsDefined() || !flavors.IsSequence()) return;
+    for (size_t i = 0; i < flavors.size(); ++i) {
+      const YAML::Node labels = flavors[i].IsMap() ? flavors[i]["node_labels"] : YAML::Node();
+      if (!labels.IsDefined() || !labels.IsMap()) continue;
+      for (const auto& label : labels) {
+        if (!label.first.IsScalar() || !label.second.IsScalar()) continue;
+        const std::string key = label.first.Scalar(), value = label.second.Scalar();
+        const std::string path = fmt::format("flavors[{}].node_labels", i);
+        if (!IsLabelKey(key)) {
+          r_.Error({label.first.Mark().line + 1, label.first.Mark().column + 1},
+                   fmt::format("{}: '{}' is not a Kubernetes label key ([PREFIX/]NAME: at most 63 "
+                               "letters, digits, '-', '_' or '.', a letter or digit at both ends)",
+                               path, key));
+        } else if (!IsLabelValue(value)) {
+          r_.Error({label.second.Mark().line + 1, label.second.Mark().column + 1},
+                   fmt::format("{}.{}: '{}' is not a Kubernetes label value (at most 63 letters, "
+                               "digits, '-', '_' or '.', a letter or digit at both ends)",
+                               path, key, value));
+        }
+      }
+    }
+  }
+
   void Admission(const YAML::Node& root, const Fields& top) {
     // Only const access below: a non-const operator[] would add the keys it looks up.
     std::vector<admission::Diagnostic> diags;
     Result<admission::Config> config = admission::ParseAdmissionConfig(text_, "", &diags);
     for (const admission::Diagnostic& d : diags) r_.Error({d.line, d.column}, d.message);
+    FlavorLabels(root);
     if (config.ok()) {
       p_.admission = std::move(*config);
     } else {
@@ -283,19 +321,6 @@ class PlatformParser {
       }
       *out = *label;
     }
-  }
-
-  static bool IsLabelKey(const std::string& key) {
-    size_t slash = key.find('/');
-    std::string name = slash == std::string::npos ? key : key.substr(slash + 1);
-    if (slash != std::string::npos && !IsDnsSubdomain(key.substr(0, slash))) return false;
-    if (name.empty() || name.size() > 63) return false;
-    for (char c : name) {
-      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.')
-        return false;
-    }
-    return std::isalnum(static_cast<unsigned char>(name.front())) &&
-           std::isalnum(static_cast<unsigned char>(name.back()));
   }
 
   void Priorities(const Entry& e) {
@@ -679,6 +704,8 @@ class PlatformParser {
   }
 
   std::string_view text_;
+  std::string normalized_;  // the text with its line breaks made LF
+  std::string file_;
   internal::Reader r_;
   Platform p_;
   std::vector<Ref> refs_;

@@ -54,6 +54,7 @@ api::Run RunOf(const RunRecord& r, Controller* controller) {
   run.signal = r.signal;
   run.attempts = r.attempts;
   run.workspace = r.workspace;
+  run.user = r.owner;
   run.queue = r.queue;
   run.priority = r.priority;
   run.gpus = r.gpus;
@@ -547,6 +548,7 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                            fmt::format("user '{}' may not read workspace '{}'", caller.who.user,
                                        filter.workspace));
         if (req.has_param("queue")) filter.queue = req.get_param_value("queue");
+        if (req.has_param("user")) filter.owner = req.get_param_value("user");
         auto limit = IntParam(req, "limit", 100, 1, 1000);
         if (!limit.ok()) return http::ReplyError(res, limit.status());
         auto offset = IntParam(req, "offset", 0, 0, INT64_MAX);

@@ -13,24 +13,6 @@
 namespace tau::spec::internal {
 namespace {
 
-// A Kubernetes label name or value: at most 63 alphanumerics, '-', '_' or '.', alphanumeric at both
-// ends.
-bool IsLabelName(std::string_view s, bool allow_empty) {
-  if (s.empty()) return allow_empty;
-  if (s.size() > 63) return false;
-  auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
-  if (!alnum(s.front()) || !alnum(s.back())) return false;
-  return std::all_of(s.begin(), s.end(),
-                     [&](char c) { return alnum(c) || c == '-' || c == '_' || c == '.'; });
-}
-
-// A Kubernetes label key: an optional "subdomain/" prefix, then a label name.
-bool IsLabelKey(std::string_view s) {
-  size_t slash = s.find('/');
-  if (slash == std::string_view::npos) return IsLabelName(s, false);
-  return IsSubdomain(s.substr(0, slash)) && IsLabelName(s.substr(slash + 1), false);
-}
-
 // Lowercases and replaces what a DNS label cannot hold, for the hint on a bad name.
 std::string LabelSuggestion(std::string_view s, size_t max_len) {
   std::string out;
@@ -117,14 +99,6 @@ Result<std::string> NormalizeEntrypoint(std::string_view text) {
 
 }  // namespace
 
-bool IsSubdomain(std::string_view s) {
-  if (s.empty() || s.size() > kMaxSubdomainChars) return false;
-  for (const std::string& part : Split(s, '.')) {
-    if (!IsDns1123Label(part)) return false;
-  }
-  return true;
-}
-
 bool CheckLabel(Ctx& c, const Value& v, size_t max_len, std::string_view what) {
   if (IsDns1123Label(v.text, max_len)) return true;
   if (v.text.size() > max_len) {
@@ -143,7 +117,7 @@ bool CheckLabel(Ctx& c, const Value& v, size_t max_len, std::string_view what) {
 }
 
 bool CheckSubdomain(Ctx& c, const Value& v) {
-  if (IsSubdomain(v.text)) return true;
+  if (IsDnsSubdomain(v.text)) return true;
   c.Error(v.pos,
           fmt::format("{}: '{}' is not a valid Kubernetes name (lowercase letters, digits, '-' "
                       "and '.')",
@@ -242,7 +216,7 @@ void SetEnvSecret(Ctx& c, const Value& v) {
                                        path, Printable(p.value)));
       continue;
     }
-    if (!IsSubdomain(name)) {
+    if (!IsDnsSubdomain(name)) {
       c.Error(p.value_pos, fmt::format("{}: secret name '{}' is not a valid Kubernetes name "
                                        "(lowercase letters, digits, '-' and '.')",
                                        path, Printable(name)));
@@ -313,7 +287,7 @@ void SetNodeSelector(Ctx& c, const Value& v) {
     if (!IsLabelKey(p.key)) {
       c.Error(p.key_pos,
               fmt::format("{}: '{}' is not a valid label key", v.path, Printable(p.key)));
-    } else if (!IsLabelName(p.value, /*allow_empty=*/true)) {
+    } else if (!IsLabelValue(p.value)) {
       c.Error(p.value_pos, fmt::format("{}.{}: '{}' is not a valid label value", v.path, p.key,
                                        Printable(p.value)));
     } else {

@@ -14,8 +14,6 @@ namespace tau::spec::internal {
 inline constexpr size_t kMaxNameChars = 53;
 inline constexpr size_t kMaxSubdomainChars = 253;
 
-// DNS-1123 subdomain: dot-separated labels, at most 253 characters.
-bool IsSubdomain(std::string_view s);
 // Report an error (with a suggested fix) and return false when v.text is not a DNS-1123 label.
 bool CheckLabel(Ctx& c, const Value& v, size_t max_len, std::string_view what);
 bool CheckSubdomain(Ctx& c, const Value& v);

@@ -16,6 +16,7 @@
 
 #include "common/clock.h"
 #include "common/strings.h"
+#include "common/yaml_text.h"
 #include "spec/walk.h"
 
 namespace tau::spec {
@@ -189,13 +190,19 @@ class DocumentCounter : public YAML::EventHandler {
   std::vector<YAML::Mark> starts;
 };
 
-void ReportYamlError(Ctx& ctx, std::string_view text, const YAML::Exception& e) {
+void ReportYamlError(Ctx& ctx, std::string_view text, const YAML::Exception& e,
+                     const std::optional<TextProblem>& open_flow) {
   Pos pos = internal::PosOf(e.mark);
   std::optional<Pos> tab = FirstIndentTab(text);
   if (tab && (pos.line == 0 || tab->line <= pos.line)) {
     ctx.Error(*tab, "tab character in indentation: YAML indents with spaces");
   } else {
-    ctx.Error(pos, fmt::format("YAML syntax error: {}", e.msg));
+    // Where the parser gave up, and (as a compiler's note) where the bracket it missed opened.
+    std::string note;
+    if (open_flow && e.msg.find("flow") != std::string::npos)
+      note = fmt::format("\n{}:{}:{}: note: {}", ctx.file, open_flow->line, open_flow->column,
+                         open_flow->message);
+    ctx.Error(pos, fmt::format("YAML syntax error: {}{}", e.msg, note));
   }
 }
 
@@ -212,7 +219,8 @@ bool MayHoldMoreDocuments(std::string_view text, const YAML::Node& root) {
   return false;
 }
 
-std::optional<YAML::Node> LoadDocument(Ctx& ctx, std::string_view text) {
+std::optional<YAML::Node> LoadDocument(Ctx& ctx, std::string_view text,
+                                       const std::optional<TextProblem>& open_flow) {
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));
@@ -234,7 +242,7 @@ std::optional<YAML::Node> LoadDocument(Ctx& ctx, std::string_view text) {
     ctx.Error(internal::PosOf(e.mark), "the YAML is nested too deeply");
     return std::nullopt;
   } catch (const YAML::Exception& e) {
-    ReportYamlError(ctx, text, e);
+    ReportYamlError(ctx, text, e, open_flow);
     return std::nullopt;
   }
   if (!root.IsDefined() || root.IsNull()) {
@@ -628,8 +636,20 @@ void Parse(Ctx& ctx, std::string_view text) {
                               kMaxSpecBytes));
     return;
   }
+  if (std::optional<TextProblem> wrong = WrongEncoding(text)) {
+    ctx.Error({wrong->line, wrong->column}, wrong->message);
+    return;
+  }
+  std::string normalized(text);
+  NormalizeLineBreaks(&normalized);
+  text = normalized;
   if (!CheckBytes(ctx, text)) return;
-  std::optional<YAML::Node> root = LoadDocument(ctx, text);
+  const YamlOpenings open = FindUnclosed(text);
+  if (open.quote) {
+    ctx.Error({open.quote->line, open.quote->column}, open.quote->message);
+    return;
+  }
+  std::optional<YAML::Node> root = LoadDocument(ctx, text, open.flow);
   if (!root) return;
   std::optional<Shape> shape = DetectShape(ctx, *root);
   if (!shape) return;

@@ -251,7 +251,19 @@ TEST(SpecErrors, YamlLevelProblems) {
             std::string::npos);
   EXPECT_NE(Errors("engine: job\nname: a: b\n").find("tau.yaml:2:8: error: YAML syntax error"),
             std::string::npos);
-  EXPECT_FALSE(Parse("name: 'unterminated\n").ok());  // yaml-cpp accepts this; the spec still fails
+  // yaml-cpp ends an unclosed quote at the end of the file; the spec says where it opened.
+  EXPECT_NE(Errors("schema_version: 1\nname: \"unterminated\n")
+                .find("tau.yaml:2:7: error: this double-quoted string is never closed"),
+            std::string::npos);
+  EXPECT_EQ(Errors("schema_version: 1\nname: x\nrun:\n  entrypoint: 'main.py\n"),
+            "tau.yaml:4:15: error: this single-quoted string is never closed: add its closing ' "
+            "(YAML would end it at the end of the file)");
+  // An unclosed bracket: where the parser gave up, and where the bracket opened.
+  const std::string bracket = Errors(
+      "schema_version: 1\nname: x\nrun:\n  entrypoint: main.py\n  args: [a, b\ncompute:\n"
+      "  gpus: 1\n");
+  EXPECT_NE(bracket.find("tau.yaml:6:8: error: YAML syntax error"), std::string::npos) << bracket;
+  EXPECT_NE(bracket.find("\ntau.yaml:5:9: note: to match this '['"), std::string::npos) << bracket;
   EXPECT_NE(
       Errors("engine: job\nname:\ta\n\tentrypoint: x\n").find("tau.yaml:3:1: error: tab character"),
       std::string::npos);
@@ -271,12 +283,27 @@ TEST(SpecErrors, YamlLevelProblems) {
       std::string::npos);
 }
 
+TEST(SpecErrors, LineBreaksAndEncodingsAreThoseOfEveryOtherSpec) {
+  // Lone CRs (old Mac line ends) are line breaks: the error is at the right line.
+  EXPECT_EQ(Errors("schema_version: 1\rname: x\rrun:\r  entrypoint: main.py\r  bogus: 1\r"),
+            "tau.yaml:5:3: error: unknown field 'bogus' in 'run'");
+  EXPECT_EQ(
+      Errors("schema_version: 1\r\nname: x\r\nrun:\r\n  entrypoint: main.py\r\n  bogus: 1\r\n"),
+      "tau.yaml:5:3: error: unknown field 'bogus' in 'run'");
+  EXPECT_EQ(
+      Errors("\xef\xbb\xbfschema_version: 1\nname: x\nrun:\n  entrypoint: main.py\n  bogus: 1"),
+      "tau.yaml:5:3: error: unknown field 'bogus' in 'run'");
+  const std::string utf16("\xff\xfes\0c\0h\0", 8);
+  EXPECT_NE(Errors(utf16).find("tau.yaml:1:1: error: the file is UTF-16 text"), std::string::npos);
+}
+
 TEST(SpecErrors, BytesThatAreNotText) {
   EXPECT_EQ(Errors(std::string("name: a\0b\n", 10)),
             "tau.yaml:1:8: error: control character 0x00 in the file (is it a binary file?)");
   EXPECT_EQ(Errors("name: caf\xc3\x28\n"),
             "tau.yaml:1:10: error: invalid UTF-8 byte 0xc3: tau.yaml must be UTF-8 text");
-  EXPECT_NE(Errors("\xff\xfe\x6e\x00").find("invalid UTF-8"), std::string::npos);   // UTF-16
+  EXPECT_NE(Errors("\xff\xfe\x6e\x00").find("the file is UTF-16 text"),
+            std::string::npos);                                                     // UTF-16
   EXPECT_NE(Errors("a: \xed\xa0\x80\n").find("invalid UTF-8"), std::string::npos);  // surrogate
   EXPECT_NE(Errors("a: \xc0\xaf\n").find("invalid UTF-8"), std::string::npos);      // overlong
   EXPECT_NE(Errors("a: \x1b[31m\n").find("control character 0x1b"), std::string::npos);

@@ -733,6 +733,7 @@ static std::string WhereClause(const RunFilter& f) {
   if (!f.workspace.empty()) conds.push_back("workspace = ?2");
   if (!f.queue.empty()) conds.push_back("queue = ?3");
   if (f.workspaces_in) conds.push_back("workspace IN (SELECT value FROM json_each(?4))");
+  if (!f.owner.empty()) conds.push_back("owner = ?7");
   std::string out;
   for (size_t i = 0; i < conds.size(); ++i) out += (i ? " AND " : " WHERE ") + conds[i];
   return out;
@@ -743,6 +744,7 @@ static void BindFilter(Stmt& s, const RunFilter& f) {
   if (!f.workspace.empty()) s.Bind(2, f.workspace);
   if (!f.queue.empty()) s.Bind(3, f.queue);
   if (f.workspaces_in) s.Bind(4, JsonText(nlohmann::json(*f.workspaces_in)));
+  if (!f.owner.empty()) s.Bind(7, f.owner);
 }
 
 Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {

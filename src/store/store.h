@@ -150,6 +150,7 @@ struct RunFilter {
   // When set, only runs of these workspaces (what the caller may see).
   std::optional<std::vector<std::string>> workspaces_in;
   std::string queue;
+  std::string owner;  // the user who submitted them
   int64_t limit = 0;  // 0 = no limit
   int64_t offset = 0;
   bool newest_first = true;
