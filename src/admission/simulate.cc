@@ -523,10 +523,16 @@ Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
     L.Error(root, "empty simulation file");
     return InvalidArgument("empty");
   }
-  if (!L.Map(root, "the simulation",
-             {"flavors", "cohorts", "queues", "fair_sharing", "workloads"})) {
-    return InvalidArgument("not a mapping");
-  }
+  // A platform file's other sections may stay in a copy of it (docs/platform.md): they are platform
+  // policy, not admission, and the result says that they were not simulated.
+  static const char* const kPlatformOnly[] = {
+      "schema_version", "priorities", "workspaces", "defaults", "compute_profiles",
+      "storage",        "access",     "users",      "node_labels"};
+  std::vector<std::string> keys = {"flavors", "cohorts", "queues", "fair_sharing", "workloads"};
+  keys.insert(keys.end(), std::begin(kPlatformOnly), std::end(kPlatformOnly));
+  if (!L.Map(root, "the simulation", keys)) return InvalidArgument("not a mapping");
+  for (const char* section : kPlatformOnly)
+    if (root[section]) in.platform_sections.push_back(section);
   Defined defined;
   in.config = ParseConfigSections(root, L, &defined);
   const std::map<std::string, YAML::Node>& flavor_nodes = defined.flavors;
@@ -765,7 +771,10 @@ Result<nlohmann::json> Simulate(std::string_view yaml, std::string_view filename
                          {"inadmissible", p.inadmissible},
                          {"position", p.position}});
     }
-    return nlohmann::json{{"admitted", admitted}, {"preempted", preempted}, {"pending", pending}};
+    nlohmann::json out = {{"admitted", admitted}, {"preempted", preempted}, {"pending", pending}};
+    if (!in.platform_sections.empty())
+      out["not_simulated"] = in.platform_sections;  // platform policy, not admission
+    return out;
   } catch (const nlohmann::json::exception& e) {
     return Internal(std::string("building the simulation result: ") + e.what());
   }

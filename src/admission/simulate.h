@@ -45,6 +45,8 @@ struct Diagnostic {
 struct SimulationInput {
   Config config;
   std::vector<Workload> workloads;  // in file order
+  // Sections of a platform file left in (workspaces, priorities, ...): accepted, not simulated.
+  std::vector<std::string> platform_sections;
 };
 
 // Parses the YAML; on failure returns InvalidArgument whose message is every diagnostic, one per
@@ -63,7 +65,8 @@ Result<Config> ParseAdmissionConfig(std::string_view yaml, std::string_view file
 // are evicted (quota released, requeued), so their preemptor can be admitted later. Returns
 //   {"admitted": [{"name","queue","flavors": {podset: {res: flavor}}}],
 //    "preempted": [{"name","reason","preemptor"}],
-//    "pending": [{"name","reason","message","inadmissible","position"}]}
+//    "pending": [{"name","reason","message","inadmissible","position"}],
+//    "not_simulated": [section, ...]}  (only when a platform file's other sections are there)
 // where `admitted` lists admissions made in those cycles and `pending` every workload still
 // waiting (by queue, in queue order).
 Result<nlohmann::json> Simulate(std::string_view yaml, std::string_view filename, int cycles = 1,

@@ -73,6 +73,30 @@ TEST(SimulateTest, OutputShape) {
   EXPECT_TRUE((*got)["preempted"].empty());
 }
 
+TEST(SimulateTest, ACopyOfAPlatformFileSimulatesAndSaysWhatItLeftOut) {
+  // docs/platform.md: a platform file with workloads added is a simulation.
+  Result<nlohmann::json> got = Simulate(
+      "schema_version: 1\n"
+      "flavors: [{name: default}]\n"
+      "queues:\n"
+      "  - name: main\n"
+      "    resource_groups: [{covered_resources: [cpu], flavors: [{name: default, resources: "
+      "[{name: cpu, nominal: 4}]}]}]\n"
+      "priorities: [{name: high, value: 100}]\n"
+      "workspaces: [{name: w, members: ['*'], default_queue: main}]\n"
+      "workloads:\n"
+      "  - {name: a, queue: main, requests: {cpu: 3}}\n",
+      "platform-copy.yaml", 1);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ((*got)["admitted"][0]["name"], "a");
+  EXPECT_EQ((*got)["not_simulated"],
+            nlohmann::json::array({"schema_version", "priorities", "workspaces"}));
+  // A file that is only a simulation says nothing of the kind.
+  got = Simulate("flavors: [{name: f}]\nqueues: []\n", "sim.yaml", 1);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_FALSE(got->contains("not_simulated"));
+}
+
 struct BadInput {
   std::string name;
   std::string yaml;

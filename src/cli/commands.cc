@@ -456,6 +456,10 @@ static int CmdAdmissionSimulate(const std::string& file, int cycles, Format form
     for (const auto& d : diagnostics) std::fprintf(stderr, "%s\n", d.ToString().c_str());
     return kExitInvalid;
   }
+  if (auto skipped = result->find("not_simulated"); skipped != result->end())
+    std::fprintf(stderr,
+                 "tau: note: %s: platform policy, not admission; the simulation leaves it out\n",
+                 Join(skipped->get<std::vector<std::string>>(), ", ").c_str());
   return PrintData(*result, format);
 }
 

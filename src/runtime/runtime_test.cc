@@ -900,10 +900,14 @@ TEST_F(ZygoteTest, AForkedShimGetsItsConfigInMemory) {
 }
 
 TEST_F(ZygoteTest, AConfigTooLargeToSendGoesThroughTheFile) {
-  AttemptConfig c = Config({Shell("echo \"${#TAU_TEST_BIG}\"")});
+  // The worker takes a moment: a shim that had ended would be reaped by the zygote, and its pid
+  // could name another process by the time it is looked at.
+  AttemptConfig c = Config({Shell("sleep 1; echo \"${#TAU_TEST_BIG}\"")});
   c.workers[0].env.emplace_back("TAU_TEST_BIG", std::string(kMaxInlineConfigBytes, 'x'));
   ProcessId shim = StartForked(c);
-  EXPECT_EQ(internal::ReadProcStat(shim.pid)->ppid, zygote_->pid());  // forked all the same
+  auto st = internal::ReadProcStat(shim.pid);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->ppid, zygote_->pid());  // forked all the same
   AttemptOutcome o = WaitForked(shim, c.attempt_dir);
   EXPECT_EQ(o.kind, OutcomeKind::kSucceeded) << o.message;
   EXPECT_EQ(Log(c.attempt_dir, 0), std::to_string(kMaxInlineConfigBytes) + "\n");

@@ -104,7 +104,7 @@ FieldDef TauOnly(FieldDef f, std::string local, std::string kube) {
   return f;
 }
 
-constexpr const char* kRecordedNote = "recorded in the run config; not acted on";
+constexpr const char* kRecordedNote = "recorded in the run config; not acted on (warns)";
 constexpr const char* kResolved = "resolved against platform.yaml";
 
 // Accepted and kept in RunSpec::recorded_only at `pointer` (e.g. "/profiler/mode"), not acted on.
@@ -113,6 +113,10 @@ FieldDef Recorded(std::string name, std::string pointer, std::string doc) {
                    doc + " (accepted and recorded; tau does not act on it yet)",
                    [pointer](Ctx& c, const Value& v) {
                      c.spec.recorded_only[nlohmann::json::json_pointer(pointer)] = v.any;
+                     // Never ignored in silence: said at validate, run and plan.
+                     c.Warn(v.key_pos, fmt::format("{}: accepted and recorded in the run's config, "
+                                                   "but tau does not act on it yet",
+                                                   v.path));
                    }),
               kRecordedNote);
 }

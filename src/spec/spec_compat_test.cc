@@ -59,6 +59,20 @@ TEST(SpecCompat, DocMatchesTheGeneratedTable) {
 
 // ---- direct shape: run.* spellings, engine ray ----
 
+TEST(SpecCompat, AFieldRecordedButNotActedOnWarnsAtItsKey) {
+  ParseOutcome out = Parse(Manifest("eval:\n  suite: mmlu\nprofiler:\n  mode: torch\n"));
+  ASSERT_TRUE(out.ok()) << out.ErrorText();
+  std::vector<std::string> warnings;
+  for (const Diagnostic& w : out.warnings) warnings.push_back(w.ToString());
+  EXPECT_EQ(warnings, (std::vector<std::string>{
+                          "tau.yaml:5:1: warning: eval: accepted and recorded in the run's config, "
+                          "but tau does not act on it yet",
+                          "tau.yaml:8:3: warning: profiler.mode: accepted and recorded in the run's "
+                          "config, but tau does not act on it yet"}));
+  // Still recorded, for the evidence record.
+  EXPECT_EQ(out.spec->recorded_only["eval"]["suite"], "mmlu");
+}
+
 TEST(SpecTauGrid, NestedRunFields) {
   RunSpec spec =
       MustParse("run:\n  name: nested\n  engine: ray\n  script: src/train.py\n  image: img:1\n");
