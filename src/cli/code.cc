@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include "common/files.h"
 #include "common/limits.h"
 #include "common/strings.h"
+#include "runtime/runtime.h"
 
 namespace tau::cli {
 namespace {
@@ -218,6 +220,32 @@ Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes,
   for (IgnoreRule& rule : ParseIgnore(Join(excludes, "\n"))) w.ignore.push_back(std::move(rule));
   TAU_RETURN_IF_ERROR(Walk(w, ""));
   return std::move(w.out);
+}
+
+std::optional<spec::Diagnostic> CannotStartWarning(const std::string& spec_file,
+                                                   const spec::ParseOutcome& parsed,
+                                                   int gpus_per_worker) {
+  if (!parsed.ok()) return std::nullopt;
+  auto root = FindCodeRoot(spec_file, *parsed.spec);
+  if (!root.ok()) return std::nullopt;
+  auto code = CollectCode(root->root, kMaxSnapshotBytes, parsed.spec->code_excludes);
+  if (!code.ok()) return std::nullopt;
+  std::vector<runtime::ShippedFile> files;
+  for (const CodeFile& f : code->files) files.push_back({f.path, f.mode});
+  const char* path = std::getenv("PATH");
+  Status s =
+      runtime::CheckStartable(*parsed.spec, gpus_per_worker, root->subdir, files, path ? path : "");
+  if (s.ok()) return std::nullopt;
+  // The message starts with the field it is about: the warning is put at that field.
+  const std::string& message = s.message();
+  spec::Diagnostic d{spec_file, 0, 0, message + " (tau run would refuse it on the local backend)",
+                     true};
+  if (auto at = parsed.positions.find(message.substr(0, message.find_first_of(": ")));
+      at != parsed.positions.end()) {
+    d.line = at->second.line;
+    d.column = at->second.column;
+  }
+  return d;
 }
 
 }  // namespace tau::cli

@@ -3,6 +3,7 @@
 // things (version control, caches, virtualenvs, .tauignore patterns).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,5 +38,13 @@ Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec&
 // `excludes` (run.working_dir_excludes) are more .tauignore lines, applied after the file's.
 Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes,
                              const std::vector<std::string>& excludes = {});
+
+// What the local backend would refuse at submission because the run could not start on this
+// machine (runtime::CheckStartable over the code `tau run` would ship), as a warning at the field
+// it names: `validate` and `plan` say it before `run` refuses. nullopt when the run can start, or
+// when the code cannot be read (`tau run` says why).
+std::optional<spec::Diagnostic> CannotStartWarning(const std::string& spec_file,
+                                                   const spec::ParseOutcome& parsed,
+                                                   int gpus_per_worker);
 
 }  // namespace tau::cli

@@ -14,6 +14,7 @@
 
 #include "admission/simulate.h"
 #include "cli/cli.h"
+#include "cli/code.h"
 #include "cli/connect.h"
 #include "client/tau_api.h"
 #include "common/clock.h"
@@ -133,16 +134,20 @@ std::string LocatedErrors(const std::string& file, const spec::ParseOutcome& par
 }
 
 static int CmdValidate(const std::vector<std::string>& files, bool quiet, Format format) {
-  return ValidateFiles(files, quiet, format, spec::kMaxSpecBytes, "a spec",
-                       [](const std::string& text, const std::string& file) {
-                         spec::ParseOutcome parsed = spec::ParseSpec(text, file);
-                         FileCheck found{parsed.diagnostics, parsed.warnings, ""};
-                         if (parsed.ok())
-                           found.summary = fmt::format(
-                               "{} shape, {} '{}'", spec::ShapeName(parsed.spec->shape),
-                               spec::WorkloadKindName(parsed.spec->kind), parsed.spec->name);
-                         return found;
-                       });
+  return ValidateFiles(
+      files, quiet, format, spec::kMaxSpecBytes, "a spec",
+      [](const std::string& text, const std::string& file) {
+        spec::ParseOutcome parsed = spec::ParseSpec(text, file);
+        FileCheck found{parsed.diagnostics, parsed.warnings, ""};
+        // The GPUs a platform's profile may give are not known here: the spec's.
+        if (parsed.ok())
+          if (auto cannot = CannotStartWarning(file, parsed, parsed.spec->compute.gpus))
+            found.warnings.push_back(*cannot);
+        if (parsed.ok())
+          found.summary = fmt::format("{} shape, {} '{}'", spec::ShapeName(parsed.spec->shape),
+                                      spec::WorkloadKindName(parsed.spec->kind), parsed.spec->name);
+        return found;
+      });
 }
 
 static int CmdSchema(Format format) { return PrintData(spec::JsonSchema(), format); }

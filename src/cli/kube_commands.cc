@@ -225,7 +225,11 @@ int CmdPlan(const Global& g, const PlanOptions& o, Format format) {
   run->code_subdir = root->subdir;
   const std::string start_dir =
       (fs::absolute(root->root) / root->subdir).lexically_normal().string();
-  if (o.backend == "local") return PrintLocalPlan(*parsed.spec, *run, start_dir, format);
+  if (o.backend == "local") {
+    if (auto cannot = CannotStartWarning(o.file, parsed, run->gpus_per_worker))
+      std::fprintf(stderr, "%s\n", cannot->ToString().c_str());
+    return PrintLocalPlan(*parsed.spec, *run, start_dir, format);
+  }
 
   kube::RenderOptions ro;
   ro.namespace_name = o.namespace_name;

@@ -1,9 +1,13 @@
 // PlanLaunch: from a run spec and a placement to the exact argv and environment of every worker.
 // Pure apart from one stat() (whether a non-Python entrypoint names a file in the code directory).
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "common/strings.h"
 #include "runtime/runtime.h"
@@ -159,6 +163,74 @@ Result<std::vector<WorkerLaunch>> PlanLaunch(const spec::RunSpec& spec, const La
                            " workers needs a master port; got " + std::to_string(ctx.master_port));
   }
   return PlanJob(spec, ctx);
+}
+
+namespace {
+
+// Whether `command` is an executable file in one of the directories of `path_value`.
+bool OnPath(const std::string& command, const std::string& path_value) {
+  for (const std::string& dir : Split(path_value, ':')) {
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + command;
+    struct stat st;
+    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+        ::access(candidate.c_str(), X_OK) == 0)
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Status CheckStartable(const spec::RunSpec& spec, int gpus_per_worker,
+                      const std::string& code_subdir, const std::vector<ShippedFile>& files,
+                      const std::string& system_path) {
+  const std::string& entrypoint = spec.entrypoint;
+  if (entrypoint.empty()) return Status::Ok();
+  const bool python = EndsWith(entrypoint, ".py");
+  const bool as_path = entrypoint.find('/') != std::string::npos;
+  // Relative to the spec's folder, which may sit below the snapshot's root (../train.py).
+  const std::string wanted =
+      (std::filesystem::path(code_subdir) / entrypoint).lexically_normal().string();
+  const ShippedFile* shipped = nullptr;
+  bool directory = false;
+  for (const ShippedFile& f : files) {
+    if (f.path == wanted) shipped = &f;
+    if (StartsWith(f.path, wanted + "/")) directory = true;
+  }
+  if (entrypoint[0] != '/') {
+    if (!shipped && directory)
+      return InvalidArgument(fmt::format(
+          "run.entrypoint '{}' is a directory of the code; name the script in it", entrypoint));
+    if (shipped && !python && (shipped->mode & 0111) == 0)
+      return InvalidArgument(fmt::format(
+          "run.entrypoint '{}' is not executable (mode {:04o}); `chmod +x` it, or make its "
+          "interpreter the entrypoint (bash) and the script run.args",
+          entrypoint, shipped->mode));
+    if (!shipped && (python || as_path))
+      return InvalidArgument(fmt::format(
+          "run.entrypoint '{}' is not among the {} file(s) of the code directory sent with the "
+          "run; check the path (relative to the directory of the spec) and .tauignore",
+          entrypoint, files.size()));
+  }
+  if (!spec.runtime.pip.empty()) return Status::Ok();
+  std::string path_value = system_path;
+  for (const spec::EnvVar& var : spec.runtime.env)
+    if (var.name == "PATH" && !var.secret_ref) path_value = var.value;
+  spec::RunSpec shaped = spec;  // as launched: a compute profile may give the GPUs
+  shaped.compute.gpus = gpus_per_worker;
+  if (spec.kind == spec::WorkloadKind::kJob && spec::UsesTorchrun(shaped) &&
+      !OnPath("torchrun", path_value))
+    return InvalidArgument(fmt::format(
+        "compute.gpus: {} GPUs per worker are launched with torchrun (one process per GPU), "
+        "which is not on the run's PATH; install PyTorch there, list torch in runtime.pip, or ask "
+        "for one GPU per worker",
+        shaped.compute.gpus));
+  if (!shipped && !as_path && !python && entrypoint[0] != '/' && !OnPath(entrypoint, path_value))
+    return InvalidArgument(fmt::format(
+        "run.entrypoint '{}' is neither a file of the code nor a command on the run's PATH; "
+        "check the name, ship the script with the code, or install the command",
+        entrypoint));
+  return Status::Ok();
 }
 
 }  // namespace tau::runtime

@@ -75,6 +75,20 @@ struct LaunchContext {
 // and extra_env; the shim adds TAU_ATTEMPT_DIR (the marker that finds the attempt's processes).
 Result<std::vector<WorkerLaunch>> PlanLaunch(const spec::RunSpec& spec, const LaunchContext& ctx);
 
+// A file of the code a run ships, relative to the code's root.
+struct ShippedFile {
+  std::string path;
+  int mode = 0644;
+};
+// What a launch on this machine needs and would not find, known before the run is admitted: an
+// entrypoint that is a directory of the code, not executable, not shipped or not on the PATH, and
+// torchrun for a multi-GPU worker. `gpus_per_worker` is the resolved one (a profile may give it),
+// `code_subdir` the spec's folder inside the code. A run with runtime.pip gets a virtualenv that
+// may bring the programs, so its PATH is not judged. InvalidArgument names the field and the fix.
+Status CheckStartable(const spec::RunSpec& spec, int gpus_per_worker,
+                      const std::string& code_subdir, const std::vector<ShippedFile>& files,
+                      const std::string& path_value);
+
 struct AttemptConfig {
   std::string run_name;
   int attempt = 1;

@@ -511,6 +511,12 @@ class GpuPlacementTest(ServerTestCase):
         self.assertEqual(p.returncode, 125, p.stderr)
         self.assertIn("compute.gpus: 2 GPUs per worker are launched with torchrun", p.stderr)
         self.assertEqual(json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"], [])
+        # validate and plan say so first, as a warning at the field (the spec itself is valid).
+        for command in ("validate", "plan"):
+            p = self.server.tau(command, spec)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertRegex(p.stderr, r"tau\.yaml:7:3: warning: compute\.gpus: 2 GPUs per worker are "
+                             r"launched with torchrun.*\(tau run would refuse it on the local backend\)")
 
     def test_gpus_command(self):
         inv = json.loads(self.server.tau("gpus", "-o", "json", check=0).stdout)

@@ -55,7 +55,10 @@ class TauGridSpecsTest(unittest.TestCase):
                 _, warnings = header(path)
                 p = self.run_tau("validate", path)
                 self.assertEqual(p.returncode, 0, p.stderr)
-                got = [l for l in p.stderr.splitlines() if ": warning: " in l]
+                # The corpus is specs without their code: that the local backend would refuse a
+                # missing entrypoint is said, and is not what these files test.
+                got = [l for l in p.stderr.splitlines() if ": warning: " in l
+                       and "tau run would refuse it on the local backend" not in l]
                 self.assertEqual(len(got), len(warnings), p.stderr)
                 for want in warnings:
                     self.assertTrue(any(want in l for l in got), (want, got))

@@ -274,73 +274,18 @@ Status LocalBackend::CheckSupported(const SubmissionCheck& c) {
   return Status::Ok();
 }
 
-// Whether `command` is an executable file in one of the directories of `path_value`.
-bool OnPath(const std::string& command, const std::string& path_value) {
-  for (const std::string& dir : Split(path_value, ':')) {
-    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + command;
-    struct stat st;
-    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-        ::access(candidate.c_str(), X_OK) == 0)
-      return true;
-  }
-  return false;
-}
-
 Status LocalBackend::CheckEntrypoint(const SubmissionCheck& c) {
   // What is known before admission is refused before admission: a run whose entrypoint cannot
   // start would otherwise be admitted, perhaps preempt others, and fail a moment later. (On a
   // cluster the image may hold what the snapshot lacks, so this is the local backend's check.)
-  const spec::RunSpec& spec = *c.spec;
-  const std::string& entrypoint = spec.entrypoint;
-  const bool python = EndsWith(entrypoint, ".py");
-  const bool as_path = entrypoint.find('/') != std::string::npos;
-  // Relative to the spec's folder, which may sit below the snapshot's root (../train.py).
-  const std::string wanted =
-      (std::filesystem::path(c.resolved->code_subdir) / entrypoint).lexically_normal().string();
-  const nlohmann::json* shipped = nullptr;
-  bool directory = false;
+  std::vector<runtime::ShippedFile> files;
   for (const nlohmann::json& f : *c.snapshot_files) {
     if (!f.is_object() || !f.contains("path") || !f["path"].is_string()) continue;
-    const std::string& path = f["path"].get_ref<const std::string&>();
-    if (path == wanted) shipped = &f;
-    if (StartsWith(path, wanted + "/")) directory = true;
+    files.push_back({f["path"].get<std::string>(), f.value("mode", 0644)});
   }
-  if (entrypoint[0] != '/') {
-    if (!shipped && directory)
-      return InvalidArgument(
-          fmt::format("{}: run.entrypoint '{}' is a directory of the code; name the script in it",
-                      c.spec_file, entrypoint));
-    if (shipped && !python && (shipped->value("mode", 0644) & 0111) == 0)
-      return InvalidArgument(fmt::format(
-          "{}: run.entrypoint '{}' is not executable (mode {:04o}); `chmod +x` it, or make its "
-          "interpreter the entrypoint (bash) and the script run.args",
-          c.spec_file, entrypoint, shipped->value("mode", 0644)));
-    if (!shipped && (python || as_path))
-      return InvalidArgument(fmt::format(
-          "{}: run.entrypoint '{}' is not among the {} file(s) of the code directory sent with "
-          "the run; check the path (relative to the directory of the spec) and .tauignore",
-          c.spec_file, entrypoint, c.snapshot_files->size()));
-  }
-  // The programs the launch needs must be on the run's PATH. A run with runtime.pip gets a
-  // virtualenv whose bin comes first and may bring them, so it is not judged here.
-  if (!spec.runtime.pip.empty()) return Status::Ok();
-  std::string path_value = std::getenv("PATH") ? std::getenv("PATH") : "";
-  for (const spec::EnvVar& var : spec.runtime.env)
-    if (var.name == "PATH" && !var.secret_ref) path_value = var.value;
-  spec::RunSpec shaped = spec;  // as launched: a compute profile may give the GPUs
-  shaped.compute.gpus = c.resolved->gpus_per_worker;
-  if (spec.kind == spec::WorkloadKind::kJob && spec::UsesTorchrun(shaped) &&
-      !OnPath("torchrun", path_value))
-    return InvalidArgument(fmt::format(
-        "{}: compute.gpus: {} GPUs per worker are launched with torchrun (one process per GPU), "
-        "which is not on the run's PATH; install PyTorch there, list torch in runtime.pip, or ask "
-        "for one GPU per worker",
-        c.spec_file, shaped.compute.gpus));
-  if (!shipped && !as_path && !python && entrypoint[0] != '/' && !OnPath(entrypoint, path_value))
-    return InvalidArgument(fmt::format(
-        "{}: run.entrypoint '{}' is neither a file of the code nor a command on the run's PATH; "
-        "check the name, ship the script with the code, or install the command",
-        c.spec_file, entrypoint));
+  Status s = runtime::CheckStartable(*c.spec, c.resolved->gpus_per_worker, c.resolved->code_subdir,
+                                     files, std::getenv("PATH") ? std::getenv("PATH") : "");
+  if (!s.ok()) return Status(s.code(), fmt::format("{}: {}", c.spec_file, s.message()));
   return Status::Ok();
 }
 
