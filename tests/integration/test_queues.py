@@ -243,6 +243,38 @@ class QueueTest(ServerTestCase):
         for name in (big, small):
             self.server.wait_state(name, "Succeeded", timeout=30)
 
+    def test_quota_taken_back_before_admission_is_no_preemption(self):
+        # vision's quota (6 GPUs) is larger than the machine (4): a run can hold quota and still
+        # wait for the machine. A high-priority run then takes that quota back: the waiting run
+        # never started, so it was not preempted, and no preemption is counted.
+        head, rest = PLATFORM.split("  - name: speech\n", 1)
+        head = head.replace("nvidia.com/gpu, nominal: 2, lending_limit: 0", "nvidia.com/gpu, nominal: 6")
+        with open(self.platform_file, "w") as f:
+            f.write(head + "  - name: speech\n" + rest)
+        self.apply()
+        big = self.waiter("big", "vision", "big", gpus=4)
+        self.server.wait_state(big, "Running")
+        held = self.waiter("held", "vision", "held", gpus=2)
+        wait_for(lambda: "QuotaReserved" in [e["type"] for e in self.server.run_json(held)["events"]],
+                 what="the held run's quota reservation")
+        high = self.waiter("urgent", "vision", "urgent", gpus=2, priority="high")
+        d = wait_for(lambda: (lambda d: d if "QuotaWithdrawn" in [e["type"] for e in d["events"]]
+                              else None)(self.server.run_json(held)),
+                     what="the held run's reservation to be taken back")
+        self.assertEqual(d["run"]["state"], "Queued")
+        types = [e["type"] for e in d["events"]]
+        self.assertNotIn("Preempted", types)
+        self.assertNotIn("Requeued", types)
+        self.assertEqual(d["attempts"], [])
+        withdrawn = next(e for e in d["events"] if e["type"] == "QuotaWithdrawn")
+        self.assertIn(high, withdrawn["message"])
+        metrics = self.server.tau_http("/metrics")
+        self.assertNotRegex(metrics, r"tau_preemptions_total\{[^}]*\} [1-9]")
+        for tag in ("big", "held", "urgent"):
+            self.release(tag)
+        for name in (big, held, high):
+            self.server.wait_state(name, "Succeeded", timeout=30)
+
     def test_high_priority_preempts_low_and_low_resumes_later(self):
         self.apply()
         low = self.waiter("low", "vision", "low", gpus=2, checkpoint=True)
