@@ -3,7 +3,9 @@ unit tests use, here through the real CLI)."""
 import glob
 import json
 import os
+import re
 import subprocess
+import tempfile
 import unittest
 
 from harness import TAU
@@ -28,15 +30,16 @@ class AdmissionSimulateCliTest(unittest.TestCase):
                 self.assertEqual(json.loads(p.stdout), want)
 
     def test_bad_input_reports_positions(self):
-        path = "/tmp/tau-it-sim-bad.yaml"
-        with open(path, "w") as f:
+        # A file of its own: two copies of the suite may run at once.
+        fd, path = tempfile.mkstemp(prefix="tau-it-sim-bad-", suffix=".yaml")
+        with os.fdopen(fd, "w") as f:
             f.write("flavors: [{name: default}]\nqueues:\n  - name: q\n    resource_groups:\n"
                     "      - covered_resources: [cpu]\n        flavors:\n          - name: default\n"
                     "            resources: [{name: cpu, nominl: 1}]\n")
         p = subprocess.run([TAU, "admission", "simulate", path], capture_output=True, text=True)
         os.unlink(path)
         self.assertEqual(p.returncode, 1)
-        self.assertRegex(p.stderr, r"tau-it-sim-bad\.yaml:8:\d+: error: .*nominl.*did you mean 'nominal'")
+        self.assertRegex(p.stderr, re.escape(path) + r":8:\d+: error: .*nominl.*did you mean 'nominal'")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import unittest
 
@@ -32,8 +33,8 @@ class ValidateTest(unittest.TestCase):
                             capture_output=True, text=True)
         self.assertEqual(ok.returncode, 0, ok.stderr)
         self.assertIn("ok", ok.stdout)
-        bad_path = "/tmp/tau-it-bad.yaml"
-        with open(bad_path, "w") as f:
+        fd, bad_path = tempfile.mkstemp(prefix="tau-it-bad-", suffix=".yaml")
+        with os.fdopen(fd, "w") as f:
             f.write("schema_version: 1\nname: x\nrun:\n  entrypoint: a.py\ncompute:\n  worker: 2\n")
         bad = subprocess.run([TAU, "validate", bad_path], capture_output=True, text=True)
         self.assertEqual(bad.returncode, 1)

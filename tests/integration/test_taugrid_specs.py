@@ -42,9 +42,15 @@ def header(path):
 class TauGridSpecsTest(unittest.TestCase):
     files = sorted(glob.glob(os.path.join(DATA, "specs", "*.yaml")))
 
+    @classmethod
+    def setUpClass(cls):
+        # A home of its own: two copies of the suite may run at once.
+        cls.home = tempfile.mkdtemp(prefix="tau-it-taugrid-home-")
+        cls.addClassCleanup(shutil.rmtree, cls.home, True)
+
     def run_tau(self, *args):
         return subprocess.run([TAU, *args], capture_output=True, text=True,
-                              env={**os.environ, "TAU_HOME": "/tmp/tau-it-taugrid-home"})
+                              env={**os.environ, "TAU_HOME": self.home})
 
     def test_corpus_is_large(self):
         self.assertGreaterEqual(len(self.files), 20)
@@ -98,8 +104,8 @@ class TauGridSpecsTest(unittest.TestCase):
         self.assertNotIn("tau.dev/gpu-class", p.stdout)
 
     def test_resolution_errors_carry_positions(self):
-        path = "/tmp/tau-it-taugrid-bad.yaml"
-        with open(path, "w") as f:
+        fd, path = tempfile.mkstemp(prefix="tau-it-taugrid-bad-", suffix=".yaml")
+        with os.fdopen(fd, "w") as f:
             f.write("name: bad-lane\nengine: job\nentrypoint: train.py\npolicy:\n  lane: trainnig\n")
         p = self.run_tau("explain", path, "--platform", PLATFORM, "--user", "alice")
         os.unlink(path)
