@@ -88,12 +88,22 @@ Status KillOrphanedWorkers(const ProcessId& shim, const std::string& attempt_dir
   // died before it recorded them.
   const int group = pgid.ok() && shim.pid > 0 ? *pgid : 0;
   const std::string marker = std::string(internal::kAttemptMarker) + "=" + attempt_dir;
-  for (int pid : internal::ListPids()) {
-    if (pid == ::getpid()) continue;
-    std::optional<internal::ProcStat> st;
-    if (group > 0) st = internal::ReadProcStat(pid);
-    if ((st && st->pgrp == group && st->session == shim.pid) || internal::EnvironHas(pid, marker))
-      ::kill(pid, SIGKILL);
+  // Again while a pass finds one: a process forked during a pass may take a pid the pass has gone
+  // by (pids come round), and is found by the next.
+  bool found = true;
+  for (int pass = 0; pass < 3 && found; ++pass) {
+    found = false;
+    for (int pid : internal::ListPids()) {
+      if (pid == ::getpid()) continue;
+      std::optional<internal::ProcStat> st;
+      if (group > 0) st = internal::ReadProcStat(pid);
+      if (st && st->state == 'Z') continue;  // dead already, waiting for its parent
+      if ((st && st->pgrp == group && st->session == shim.pid) ||
+          internal::EnvironHas(pid, marker)) {
+        ::kill(pid, SIGKILL);
+        found = true;
+      }
+    }
   }
   return pgid.ok() ? Status::Ok() : pgid.status();
 }

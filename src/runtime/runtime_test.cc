@@ -517,6 +517,13 @@ TEST_F(RuntimeTest, KilledShimTakesWorkersAlongAndStopCleansUp) {
       WaitUntil([&] { return State(c.attempt_dir).value("phase", "") == "running"; }, 5'000));
   std::vector<ProcessId> workers = Workers(c.attempt_dir);
   ASSERT_EQ(workers.size(), 2u);
+  // Who escaped, with their start times, read while they surely live: read later, a pid could name
+  // another process by then.
+  std::vector<ProcessId> escaped;
+  for (int r = 0; r < 2; ++r) {
+    escaped.push_back(PidFromLog(c.attempt_dir, r, "escaped"));
+    ASSERT_TRUE(IsAlive(escaped.back())) << escaped.back().pid;
+  }
 
   ASSERT_EQ(::kill(shim.pid, SIGKILL), 0);
   ::waitpid(shim.pid, nullptr, 0);
@@ -529,11 +536,9 @@ TEST_F(RuntimeTest, KilledShimTakesWorkersAlongAndStopCleansUp) {
   EXPECT_EQ(ReadOutcome(c.attempt_dir).status().code(), StatusCode::kNotFound);
   // Those that escaped into a session of their own (setsid) are found by the attempt's marker in
   // their environment.
-  for (int r = 0; r < 2; ++r) {
-    ProcessId escaped = PidFromLog(c.attempt_dir, r, "escaped");
-    ASSERT_GT(escaped.pid, 0);
-    EXPECT_TRUE(WaitUntil([&] { return !IsAlive(escaped); }, 3'000)) << escaped.pid;
-    if (IsAlive(escaped)) ::kill(escaped.pid, SIGKILL);
+  for (const ProcessId& e : escaped) {
+    EXPECT_TRUE(WaitUntil([&] { return !IsAlive(e); }, 3'000)) << e.pid;
+    if (IsAlive(e)) ::kill(e.pid, SIGKILL);
   }
 }
 
