@@ -54,7 +54,7 @@ void RegisterAdmissionCommands(CLI::App* app, Context* ctx);  // admission simul
 void RegisterEvidenceCommands(CLI::App* app, Context* ctx);
 // queue_commands.cc: platform validate|apply|show, queues, queue show
 void RegisterQueueCommands(CLI::App* app, Context* ctx);
-// kube_commands.cc: explain, plan, platform render, cluster render (local; nothing is submitted)
+// kube_commands.cc: explain, plan, platform render, cluster render (nothing is submitted)
 void RegisterPlanCommands(CLI::App* app, Context* ctx);
 // identity_commands.cc: login, logout, whoami, admin token|audit, secret
 void RegisterIdentityCommands(CLI::App* app, Context* ctx);

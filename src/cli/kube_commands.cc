@@ -1,6 +1,7 @@
 // `tau explain`, `tau plan FILE [--backend local|kubernetes]`, `tau platform render FILE` and
 // `tau cluster render`: what a run, a platform or the cluster install becomes, printed without
-// submitting anything (local commands; no server involved).
+// submitting anything. Only explain and plan may ask a server: whom it signs a token in as, or (for
+// a server that is not this machine's own) the resolution itself.
 #include <fnmatch.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -118,6 +119,29 @@ Result<ResolveInputs> LoadResolveInputs(const Global& g, std::string platform_fi
   return in;
 }
 
+// Whether the server resolves the spec: when it is not this machine's own server, or is signed in
+// to with a token, and neither --platform nor --user says otherwise. It knows its platform and whom
+// the caller is; this machine may know neither.
+bool ServerResolves(const Global& g, const std::string& platform_file, const std::string& user) {
+  return platform_file.empty() && user.empty() && SignsInWithAToken(g.server);
+}
+
+// The spec resolved by the server for the caller, as `tau run` would have it (POST
+// /api/v1/resolve). A refusal keeps its code and message ("FIELD: text" lines).
+Result<policy::ResolvedRun> ResolveOnServer(const Global& g, const std::string& text,
+                                            const std::string& file) {
+  auto conn = ConnectToServer(g.server, /*start_local=*/false);
+  if (!conn.ok())
+    return Unavailable(
+        fmt::format("cannot reach the server to resolve the spec as it would ({}); "
+                    "resolve here with --platform FILE --user NAME",
+                    conn.status().message()));
+  TAU_ASSIGN_OR_RETURN(nlohmann::json reply, client::TauApi(conn->get()).Resolve(text, file));
+  if (!reply.is_object() || !reply.contains("resolved"))
+    return Internal("the server's answer to POST /api/v1/resolve has no 'resolved'");
+  return policy::ResolvedRunFromJson(reply["resolved"]);
+}
+
 // A LoadResolveInputs failure: 1 for a platform file that is not valid, else 125.
 int FailInputs(const Status& s) {
   std::fprintf(stderr, "%s\n", s.message().c_str());
@@ -134,9 +158,17 @@ int CmdExplain(const Global& g, const std::string& spec_file, const std::string&
     std::fprintf(stderr, "%s\n", spec.ErrorText().c_str());
     return kExitInvalid;
   }
-  auto in = LoadResolveInputs(g, platform_file, user);
-  if (!in.ok()) return FailInputs(in.status());
-  auto resolved = policy::Resolve(*spec.spec, in->platform, in->caller);
+  Result<policy::ResolvedRun> resolved = InvalidArgument("");
+  if (ServerResolves(g, platform_file, user)) {
+    resolved = ResolveOnServer(g, *text, spec_file);
+    if (!resolved.ok() && resolved.status().code() != StatusCode::kInvalidArgument &&
+        resolved.status().code() != StatusCode::kPermissionDenied)
+      return Fail(resolved.status().message());
+  } else {
+    auto in = LoadResolveInputs(g, platform_file, user);
+    if (!in.ok()) return FailInputs(in.status());
+    resolved = policy::Resolve(*spec.spec, in->platform, in->caller);
+  }
   if (!resolved.ok()) {
     std::fprintf(stderr, "%s\n",
                  LocatedErrors(spec_file, spec, resolved.status().message()).c_str());
@@ -212,11 +244,19 @@ int CmdPlan(const Global& g, const PlanOptions& o, Format format) {
     std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
     return kExitInvalid;
   }
-  auto in = LoadResolveInputs(g, o.platform, o.user);
+  // The local plan of a server that resolves (ServerResolves) is its resolution; a Kubernetes plan
+  // renders with a platform file, so it resolves here.
+  const bool on_server = o.backend == "local" && ServerResolves(g, o.platform, o.user);
+  Result<ResolveInputs> in =
+      on_server ? Result<ResolveInputs>(ResolveInputs{}) : LoadResolveInputs(g, o.platform, o.user);
   if (!in.ok()) return FailInputs(in.status());
   const policy::Platform* platform = &in->platform;
-  auto run = policy::Resolve(*parsed.spec, *platform, in->caller);
+  auto run = on_server ? ResolveOnServer(g, *text, o.file)
+                       : policy::Resolve(*parsed.spec, *platform, in->caller);
   if (!run.ok()) {
+    const StatusCode code = run.status().code();
+    if (code != StatusCode::kInvalidArgument && code != StatusCode::kPermissionDenied)
+      return Fail(run.status().message());
     std::fprintf(stderr, "%s\n", LocatedErrors(o.file, parsed, run.status().message()).c_str());
     return kExitInvalid;
   }

@@ -99,6 +99,11 @@ Result<api::PlatformView> TauApi::GetPlatform() {
   return Typed<api::PlatformView>("GET", "/api/v1/platform");
 }
 
+Result<nlohmann::json> TauApi::Resolve(const std::string& yaml, const std::string& file) {
+  nlohmann::json body = {{"yaml", yaml}, {"file", file}};
+  return CallJson("POST", "/api/v1/resolve", JsonText(body));
+}
+
 Status TauApi::ApplyPlatform(const std::string& yaml, const std::string& file) {
   nlohmann::json body = {{"yaml", yaml}, {"file", file}};
   return CallJson("PUT", "/api/v1/platform", JsonText(body)).status();

@@ -58,6 +58,9 @@ class TauApi {
 
   // Platform policy. `yaml` is checked again by the server; `file` names it in the record.
   Result<api::PlatformView> GetPlatform();
+  // POST /api/v1/resolve: the spec resolved for the caller with the platform in force,
+  // {"resolved": policy::ToJson's form, "platform": its source}; nothing is submitted.
+  Result<nlohmann::json> Resolve(const std::string& yaml, const std::string& file);
   Status ApplyPlatform(const std::string& yaml, const std::string& file);
 
   // GPUs and their health; `active` also runs the active probe (admins only).

@@ -222,6 +222,10 @@ class AuthTest(unittest.TestCase):
             ("GET", "/api/v1/queues/main", None, False, everyone),
             ("GET", "/api/v1/platform", None, False, everyone),
             ("POST", "/api/v1/validate", {"yaml": "name: x\nengine: job\nentrypoint: a.py\n"}, False, everyone),
+            # Anyone signed in may ask; the resolution itself refuses who is not a member of the
+            # workspace (vision, the default), as a submission would.
+            ("POST", "/api/v1/resolve", {"yaml": "name: x\nengine: job\nentrypoint: a.py\n"}, False,
+             {"alice", "carol"}),
             ("GET", "/api/v1/runs", None, False, everyone),
             ("GET", "/api/v1/tokens", None, False, everyone),
             ("GET", "/metrics", None, False, platform_readers),
@@ -333,6 +337,26 @@ class AuthTest(unittest.TestCase):
         p = resolve("eve", "speech", "explain")
         self.assertEqual(p.returncode, 1, p.stderr)
         self.assertIn("user 'eve' is not a member of workspace 'speech'", p.stderr)
+        # Against the server over TCP, from a home with no platform of its own: the server resolves
+        # with the platform in force (this machine's default has no workspace 'speech').
+        import tempfile
+        home = tempfile.mkdtemp(prefix="tau-it-elsewhere-")
+        self.addCleanup(__import__("shutil").rmtree, home, True)
+        remote = dict(self.server.env, TAU_TOKEN=self.tokens["bob"], TAU_HOME=home,
+                      TAU_SERVER=f"http://127.0.0.1:{self.port}")
+        for command in (("explain",), ("plan",), ("explain", "-o", "json")):
+            p = subprocess.run([TAU, *command, spec], env=remote, capture_output=True, text=True,
+                               timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("speech", p.stdout)
+        resolved = json.loads(subprocess.run([TAU, "explain", spec, "-o", "json"], env=remote,
+                                             capture_output=True, text=True, timeout=60).stdout)
+        self.assertEqual(resolved["resolved"]["workspace"], "speech")
+        # --platform resolves here instead, with that file.
+        p = subprocess.run([TAU, "explain", spec, "--platform",
+                            os.path.join(self.work, "platform.yaml")], env=remote,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
 
     def test_submission_needs_a_researcher_role(self):
         # dave only views vision; bob is not in vision at all: both refused, and both audited.
