@@ -325,6 +325,26 @@ Result<std::vector<json>> RenderText(const std::string& spec_text, const std::st
   return RenderRun(*parsed.spec, run, p, o);
 }
 
+TEST(RenderJob, TheSpecsWordsReachTheProcessAsWritten) {
+  // The kubelet expands $(VAR) and reads $$ as $ in a command: the spec's words are escaped, tau's
+  // own $(RANK) of a gang's torchrun is not.
+  auto r = RenderText(
+      "schema_version: 1\nname: q\nrun:\n  entrypoint: train.py\n  workload_kind: job\n"
+      "  args: ['$(HOME)', 'cost$5', '$$']\nruntime: {image: x}\n",
+      kMultiPlatform, "alice");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const json& job = r->back();
+  const json& cmd = job["spec"]["template"]["spec"]["containers"][0]["command"];
+  ASSERT_GE(cmd.size(), 3u);
+  EXPECT_EQ(cmd[cmd.size() - 3], "$$(HOME)");
+  EXPECT_EQ(cmd[cmd.size() - 2], "cost$$5");
+  EXPECT_EQ(cmd[cmd.size() - 1], "$$$$");
+  auto gang = RenderCase(FindCase("torchrun-multinode"));
+  ASSERT_TRUE(gang.ok()) << gang.status().message();
+  const json& torchrun = (*gang)[1]["spec"]["template"]["spec"]["containers"][0]["command"];
+  EXPECT_NE(std::find(torchrun.begin(), torchrun.end(), "--node_rank=$(RANK)"), torchrun.end());
+}
+
 TEST(Errors, RefusesImageTheWorkspaceDoesNotAllow) {
   spec::RunSpec s = LoadSpec("examples/gpu-quickstart/tau.yaml");
   auto run = policy::Resolve(s, LoadPlatform(kExamplePlatform), "alice");

@@ -14,6 +14,16 @@
 namespace tau::kube::internal {
 namespace {
 
+// A word the kubelet passes on as it is: every '$' doubled (it reads "$$" as a literal "$").
+std::string KubeLiteral(const std::string& word) {
+  std::string out;
+  for (char c : word) {
+    out += c;
+    if (c == '$') out += '$';
+  }
+  return out;
+}
+
 constexpr int kRendezvousPort = 29500;
 
 json EnvEntry(const std::string& name, const std::string& value) {
@@ -45,11 +55,13 @@ std::vector<json> RenderJob(const RunContext& ctx) {
     }
     argv.push_back(fmt::format("--nproc_per_node={}", spec::ProcessesPerNode(s)));
     std::vector<std::string> entry = EntryArgv(ctx);
-    argv.push_back(entry.back());
+    argv.push_back(KubeLiteral(entry.back()));
   } else {
-    argv = EntryArgv(ctx);
+    for (const std::string& word : EntryArgv(ctx)) argv.push_back(KubeLiteral(word));
   }
-  argv.insert(argv.end(), s.args.begin(), s.args.end());
+  // The kubelet expands $(VAR) (and turns $$ into $) in a container's command: the spec's words are
+  // escaped, so they reach the process as written, as on the local backend and in a RayJob.
+  for (const std::string& word : s.args) argv.push_back(KubeLiteral(word));
 
   if (workers > 1) {
     // Pod I of an Indexed Job is named NAME-I; with subdomain NAME and a headless Service NAME it
