@@ -526,7 +526,7 @@ Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
   // A platform file's other sections may stay in a copy of it (docs/platform.md): they are platform
   // policy, not admission, and the result says that they were not simulated.
   static const char* const kPlatformOnly[] = {
-      "schema_version", "priorities", "workspaces", "defaults", "compute_profiles",
+      "schema_version", "priorities", "workspaces", "defaults",   "compute_profiles",
       "storage",        "access",     "users",      "node_labels"};
   std::vector<std::string> keys = {"flavors", "cohorts", "queues", "fair_sharing", "workloads"};
   keys.insert(keys.end(), std::begin(kPlatformOnly), std::end(kPlatformOnly));

@@ -83,6 +83,7 @@ struct Walker {
   std::vector<IgnoreRule> ignore;  // .tauignore
   std::string canonical_root;      // `root` with its own links resolved, to compare link targets
   size_t max_bytes = 0;
+  bool contents = true;  // false: paths and modes only (ListCode)
   CodeWalk out;
 };
 
@@ -169,7 +170,10 @@ Status Walk(Walker& w, const std::string& rel_dir) {
                       "checkpoints out of it or "
                       "list them in .tauignore (gitignore-style patterns)",
                       w.root, w.max_bytes >> 20));
-    TAU_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
+    std::string data;
+    if (w.contents) {
+      TAU_ASSIGN_OR_RETURN(data, ReadFile(path));
+    }
     w.out.files.push_back({rel, static_cast<int>(st.st_mode & 0777), std::move(data)});
   }
   return Status::Ok();
@@ -207,11 +211,14 @@ Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec&
   return out;
 }
 
-Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes,
-                             const std::vector<std::string>& excludes) {
+namespace {
+
+Result<CodeWalk> WalkCode(const std::string& root, size_t max_bytes,
+                          const std::vector<std::string>& excludes, bool contents) {
   Walker w;
   w.root = root;
   w.max_bytes = max_bytes;
+  w.contents = contents;
   std::error_code ec;
   w.canonical_root = fs::canonical(root, ec).string();
   if (ec)
@@ -222,13 +229,24 @@ Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes,
   return std::move(w.out);
 }
 
+}  // namespace
+
+Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes,
+                             const std::vector<std::string>& excludes) {
+  return WalkCode(root, max_bytes, excludes, /*contents=*/true);
+}
+
+Result<CodeWalk> ListCode(const std::string& root, const std::vector<std::string>& excludes) {
+  return WalkCode(root, kMaxSnapshotBytes, excludes, /*contents=*/false);
+}
+
 std::optional<spec::Diagnostic> CannotStartWarning(const std::string& spec_file,
                                                    const spec::ParseOutcome& parsed,
                                                    int gpus_per_worker) {
   if (!parsed.ok()) return std::nullopt;
   auto root = FindCodeRoot(spec_file, *parsed.spec);
   if (!root.ok()) return std::nullopt;
-  auto code = CollectCode(root->root, kMaxSnapshotBytes, parsed.spec->code_excludes);
+  auto code = ListCode(root->root, parsed.spec->code_excludes);
   if (!code.ok()) return std::nullopt;
   std::vector<runtime::ShippedFile> files;
   for (const CodeFile& f : code->files) files.push_back({f.path, f.mode});

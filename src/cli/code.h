@@ -38,6 +38,9 @@ Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec&
 // `excludes` (run.working_dir_excludes) are more .tauignore lines, applied after the file's.
 Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes,
                              const std::vector<std::string>& excludes = {});
+// The same walk, within `tau run`'s limits, without reading the files: paths and modes only (each
+// file's data is empty).
+Result<CodeWalk> ListCode(const std::string& root, const std::vector<std::string>& excludes = {});
 
 // What the local backend would refuse at submission because the run could not start on this
 // machine (runtime::CheckStartable over the code `tau run` would ship), as a warning at the field

@@ -126,6 +126,24 @@ void PrintSpecWarnings(const spec::ParseOutcome& parsed) {
     std::fprintf(stderr, "%s\n", w.ToString().c_str());
 }
 
+std::optional<spec::ParseOutcome> ReadSpecFile(const std::string& file, std::string* text,
+                                               int* rc) {
+  auto read = ReadFileAtMost(file, spec::kMaxSpecBytes, "a spec");
+  if (!read.ok()) {
+    *rc = Fail(read.status().message());
+    return std::nullopt;
+  }
+  *text = std::move(*read);
+  spec::ParseOutcome parsed = spec::ParseSpec(*text, file);
+  PrintSpecWarnings(parsed);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
+    *rc = kExitInvalid;
+    return std::nullopt;
+  }
+  return parsed;
+}
+
 std::string LocatedErrors(const std::string& file, const spec::ParseOutcome& parsed,
                           const std::string& message) {
   // A message that already names the file (the server's parse errors) is left as it is.
@@ -139,13 +157,12 @@ static int CmdValidate(const std::vector<std::string>& files, bool quiet, Format
       [](const std::string& text, const std::string& file) {
         spec::ParseOutcome parsed = spec::ParseSpec(text, file);
         FileCheck found{parsed.diagnostics, parsed.warnings, ""};
+        if (!parsed.ok()) return found;
         // The GPUs a platform's profile may give are not known here: the spec's.
-        if (parsed.ok())
-          if (auto cannot = CannotStartWarning(file, parsed, parsed.spec->compute.gpus))
-            found.warnings.push_back(*cannot);
-        if (parsed.ok())
-          found.summary = fmt::format("{} shape, {} '{}'", spec::ShapeName(parsed.spec->shape),
-                                      spec::WorkloadKindName(parsed.spec->kind), parsed.spec->name);
+        if (auto cannot = CannotStartWarning(file, parsed, parsed.spec->compute.gpus))
+          found.warnings.push_back(*cannot);
+        found.summary = fmt::format("{} shape, {} '{}'", spec::ShapeName(parsed.spec->shape),
+                                    spec::WorkloadKindName(parsed.spec->kind), parsed.spec->name);
         return found;
       });
 }
@@ -222,18 +239,15 @@ int CmdStatus(const Global& g, const std::string& name, Format format) {
   api::Run run = std::move(got->run);
   run.spec.reset();
   if (IsData(format)) return PrintData(run.ToJson(), format);
-  {
-    PrintRuns({run});
-    if (run.pending) {
-      const api::Pending& p = *run.pending;
-      std::printf("\npending: %s%s\n",
-                  p.position
-                      ? fmt::format("position {} in queue {}; ", *p.position, run.queue).c_str()
-                      : "",
-                  p.reason.c_str());
-    } else if (!run.message.empty()) {
-      std::printf("\n%s\n", run.message.c_str());
-    }
+  PrintRuns({run});
+  if (run.pending) {
+    const api::Pending& p = *run.pending;
+    std::printf(
+        "\npending: %s%s\n",
+        p.position ? fmt::format("position {} in queue {}; ", *p.position, run.queue).c_str() : "",
+        p.reason.c_str());
+  } else if (!run.message.empty()) {
+    std::printf("\n%s\n", run.message.c_str());
   }
   return 0;
 }

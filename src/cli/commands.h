@@ -38,6 +38,9 @@ std::function<std::optional<Format>()> AddOutput(CLI::App* cmd, Context* ctx,
 
 // A spec's warnings on stderr, one per line ("FILE:LINE:COL: warning: ...").
 void PrintSpecWarnings(const spec::ParseOutcome& parsed);
+// A spec file read (into `text`) and parsed, its warnings printed. nullopt when it cannot be read
+// or is not valid: what is wrong is printed and `*rc` is the exit status.
+std::optional<spec::ParseOutcome> ReadSpecFile(const std::string& file, std::string* text, int* rc);
 // A resolution or submission error (one "FIELD: text" per line) with each line at its field's
 // position in the spec, in the form of parse errors ("FILE:LINE:COL: error: FIELD: text").
 std::string LocatedErrors(const std::string& file, const spec::ParseOutcome& parsed,

@@ -194,15 +194,19 @@ Result<std::unique_ptr<client::Connection>> ConnectToServer(const std::string& s
                   local.path, kStartTimeoutMs / 1000, layout::ServerLog(home)));
 }
 
-namespace {
-
-// A line for a queued run that says where it stands, or "" when it has no pending reason.
 std::string QueuedLine(const api::Run& run) {
   if (run.state != "Queued" || !run.pending) return "";
   const api::Pending& p = *run.pending;
   return fmt::format("queued{}: {}", p.position ? fmt::format(" (position {})", *p.position) : "",
                      p.reason);
 }
+
+std::string QueuedKey(const api::Run& run) {
+  if (run.state != "Queued" || !run.pending) return "";
+  return fmt::format("{}/{}", run.pending->code.value_or(""), run.pending->position.value_or(0));
+}
+
+namespace {
 
 // Says on stderr what a followed run does while its log is silent: where it waits in the queue,
 // an attempt that failed and when it is retried, a preemption, a resume. Its own connection and
@@ -249,10 +253,8 @@ class RunNarrator {
           std::fprintf(stderr, "tau: %s\n", e.message.c_str());
       }
       const api::Run& r = got->run;
-      std::string key = r.pending ? fmt::format("{}/{}", r.pending->code.value_or(""),
-                                                r.pending->position.value_or(0))
-                                  : "";
-      if (r.state == "Queued" && r.pending && key != said_queued) {
+      const std::string key = QueuedKey(r);
+      if (!key.empty() && key != said_queued) {
         std::fprintf(stderr, "tau: %s\n", QueuedLine(r).c_str());
         said_queued = key;
       } else if (r.state != "Queued") {

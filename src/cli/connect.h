@@ -33,6 +33,13 @@ int ClientTimeoutMillis();
 Result<int> FollowLog(const std::string& server_flag, std::unique_ptr<client::Connection>* conn,
                       const std::string& run, client::LogQuery query, bool since_submitted = false);
 
+// Where a queued run stands ("queued (position 2): needs 1 nvidia.com/gpu; ..."), or "" when it is
+// not queued with a pending reason.
+std::string QueuedLine(const api::Run& run);
+// What that line is said again for: its pending code and position, not a countdown its reason may
+// hold; "" when QueuedLine is.
+std::string QueuedKey(const api::Run& run);
+
 // The client config: $TAU_CONFIG, else $XDG_CONFIG_HOME/tau/config.json, else
 // ~/.config/tau/config.json. Mode 0600: it holds tokens.
 struct ServerEntry {

@@ -148,32 +148,48 @@ int FailInputs(const Status& s) {
   return s.code() == StatusCode::kInvalidArgument ? kExitInvalid : kExitTauError;
 }
 
-int CmdExplain(const Global& g, const std::string& spec_file, const std::string& platform_file,
-               const std::string& user, Format format) {
-  auto text = ReadFileAtMost(spec_file, spec::kMaxSpecBytes, "a spec");
-  if (!text.ok()) return Fail(text.status().message());
-  spec::ParseOutcome spec = spec::ParseSpec(*text, spec_file);
-  PrintSpecWarnings(spec);
-  if (!spec.ok()) {
-    std::fprintf(stderr, "%s\n", spec.ErrorText().c_str());
-    return kExitInvalid;
-  }
+// The spec resolved as `tau run` would have it: by the server when `server_may` and ServerResolves,
+// else here, against LoadResolveInputs (whose platform is left in `platform`). nullopt when it
+// cannot be: the error is printed, at the spec's fields it names, and `*rc` is the exit status.
+std::optional<policy::ResolvedRun> ResolveSpec(const Global& g, const std::string& file,
+                                               const std::string& text,
+                                               const spec::ParseOutcome& parsed,
+                                               const std::string& platform_file,
+                                               const std::string& user, bool server_may,
+                                               policy::Platform* platform, int* rc) {
   Result<policy::ResolvedRun> resolved = InvalidArgument("");
-  if (ServerResolves(g, platform_file, user)) {
-    resolved = ResolveOnServer(g, *text, spec_file);
-    if (!resolved.ok() && resolved.status().code() != StatusCode::kInvalidArgument &&
-        resolved.status().code() != StatusCode::kPermissionDenied)
-      return Fail(resolved.status().message());
+  if (server_may && ServerResolves(g, platform_file, user)) {
+    resolved = ResolveOnServer(g, text, file);
   } else {
     auto in = LoadResolveInputs(g, platform_file, user);
-    if (!in.ok()) return FailInputs(in.status());
-    resolved = policy::Resolve(*spec.spec, in->platform, in->caller);
+    if (!in.ok()) {
+      *rc = FailInputs(in.status());
+      return std::nullopt;
+    }
+    resolved = policy::Resolve(*parsed.spec, in->platform, in->caller);
+    *platform = std::move(in->platform);
   }
-  if (!resolved.ok()) {
-    std::fprintf(stderr, "%s\n",
-                 LocatedErrors(spec_file, spec, resolved.status().message()).c_str());
-    return kExitInvalid;
+  if (resolved.ok()) return std::move(*resolved);
+  const StatusCode code = resolved.status().code();
+  if (code != StatusCode::kInvalidArgument && code != StatusCode::kPermissionDenied) {
+    *rc = Fail(resolved.status().message());  // the server could not be asked
+  } else {
+    std::fprintf(stderr, "%s\n", LocatedErrors(file, parsed, resolved.status().message()).c_str());
+    *rc = kExitInvalid;
   }
+  return std::nullopt;
+}
+
+int CmdExplain(const Global& g, const std::string& spec_file, const std::string& platform_file,
+               const std::string& user, Format format) {
+  std::string text;
+  int rc = 0;
+  std::optional<spec::ParseOutcome> spec = ReadSpecFile(spec_file, &text, &rc);
+  if (!spec) return rc;
+  policy::Platform platform;
+  std::optional<policy::ResolvedRun> resolved = ResolveSpec(
+      g, spec_file, text, *spec, platform_file, user, /*server_may=*/true, &platform, &rc);
+  if (!resolved) return rc;
   if (format == Format::kTable) {
     std::fputs(policy::ExplainText(*resolved).c_str(), stdout);
     return 0;
@@ -236,30 +252,18 @@ int CmdPlan(const Global& g, const PlanOptions& o, Format format) {
   if (o.backend != "local" && o.backend != "kubernetes") {
     return Fail("unknown backend '" + o.backend + "' (local or kubernetes)");
   }
-  auto text = ReadFileAtMost(o.file, spec::kMaxSpecBytes, "a spec");
-  if (!text.ok()) return Fail(text.status().message());
-  spec::ParseOutcome parsed = spec::ParseSpec(*text, o.file);
-  PrintSpecWarnings(parsed);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
-    return kExitInvalid;
-  }
+  std::string text;
+  int rc = 0;
+  std::optional<spec::ParseOutcome> read = ReadSpecFile(o.file, &text, &rc);
+  if (!read) return rc;
+  const spec::ParseOutcome& parsed = *read;
   // The local plan of a server that resolves (ServerResolves) is its resolution; a Kubernetes plan
   // renders with a platform file, so it resolves here.
-  const bool on_server = o.backend == "local" && ServerResolves(g, o.platform, o.user);
-  Result<ResolveInputs> in =
-      on_server ? Result<ResolveInputs>(ResolveInputs{}) : LoadResolveInputs(g, o.platform, o.user);
-  if (!in.ok()) return FailInputs(in.status());
-  const policy::Platform* platform = &in->platform;
-  auto run = on_server ? ResolveOnServer(g, *text, o.file)
-                       : policy::Resolve(*parsed.spec, *platform, in->caller);
-  if (!run.ok()) {
-    const StatusCode code = run.status().code();
-    if (code != StatusCode::kInvalidArgument && code != StatusCode::kPermissionDenied)
-      return Fail(run.status().message());
-    std::fprintf(stderr, "%s\n", LocatedErrors(o.file, parsed, run.status().message()).c_str());
-    return kExitInvalid;
-  }
+  policy::Platform platform_here;
+  std::optional<policy::ResolvedRun> run =
+      ResolveSpec(g, o.file, text, parsed, o.platform, o.user,
+                  /*server_may=*/o.backend == "local", &platform_here, &rc);
+  if (!run) return rc;
   auto root = FindCodeRoot(o.file, *parsed.spec);
   if (!root.ok()) return Fail(root.status().message());
   run->code_subdir = root->subdir;
@@ -277,7 +281,7 @@ int CmdPlan(const Global& g, const PlanOptions& o, Format format) {
   auto code = CollectInlineCode(root->root, parsed.spec->code_excludes);
   if (!code.ok()) return Fail(code.status().message());
   ro.code = std::move(*code);
-  auto objects = kube::RenderRun(*parsed.spec, *run, *platform, ro);
+  auto objects = kube::RenderRun(*parsed.spec, *run, platform_here, ro);
   if (!objects.ok()) {
     std::fprintf(stderr, "%s\n", LocatedErrors(o.file, parsed, objects.status().message()).c_str());
     return kExitInvalid;

@@ -53,10 +53,6 @@ int PrintData(const nlohmann::json& value, Format format) {
   return 0;
 }
 
-void PrintNames(const std::vector<std::string>& names) {
-  for (const std::string& n : names) std::printf("%s\n", n.c_str());
-}
-
 std::string HumanQuantity(const std::string& quantity) {
   static constexpr const char* kUnits[] = {"Ki", "Mi", "Gi", "Ti", "Pi", "Ei"};
   constexpr size_t kCount = sizeof kUnits / sizeof kUnits[0];

@@ -22,8 +22,6 @@ bool ParseFormat(const std::string& text, Format* out);
 inline bool IsData(Format f) { return f == Format::kJson || f == Format::kYaml; }
 // `value` as JSON or YAML (IsData(format)); returns 0, for `return PrintData(...)`.
 int PrintData(const nlohmann::json& value, Format format);
-// One name a line.
-void PrintNames(const std::vector<std::string>& names);
 
 void PrintTable(const std::vector<std::string>& header,
                 const std::vector<std::vector<std::string>>& rows);

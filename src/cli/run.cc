@@ -39,12 +39,8 @@ void OnInterrupt(int) {
 }
 
 std::string StatusLine(const api::Run& run) {
-  if (run.state == "Queued" && run.pending) {
-    const api::Pending& p = *run.pending;
-    std::string pos = p.position ? fmt::format(" (position {})", *p.position) : "";
-    return fmt::format("queued{}: {}", pos, p.reason);
-  }
-  return run.state;
+  std::string queued = QueuedLine(run);
+  return queued.empty() ? run.state : queued;
 }
 
 }  // namespace
@@ -56,14 +52,11 @@ int RunExitStatus(const api::Run& run) {
 }
 
 int CmdRun(const Global& g, const std::string& file, bool detach) {
-  auto text = ReadFileAtMost(file, spec::kMaxSpecBytes, "a spec");
-  if (!text.ok()) return Fail(text.status().message());
-  spec::ParseOutcome parsed = spec::ParseSpec(*text, file);
-  PrintSpecWarnings(parsed);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
-    return kExitInvalid;
-  }
+  std::string spec_text;
+  int rc = 0;
+  std::optional<spec::ParseOutcome> read = ReadSpecFile(file, &spec_text, &rc);
+  if (!read) return rc;
+  const spec::ParseOutcome& parsed = *read;
   auto root = FindCodeRoot(file, *parsed.spec);
   if (!root.ok()) return Fail(root.status().message());
   auto code = CollectCode(root->root, kMaxSnapshotBytes, parsed.spec->code_excludes);
@@ -74,7 +67,7 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
     files.push_back({{"path", f.path}, {"mode", f.mode}, {"data", Base64Encode(f.data)}});
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  nlohmann::json body = {{"spec", {{"file", file}, {"yaml", *text}}},
+  nlohmann::json body = {{"spec", {{"file", file}, {"yaml", spec_text}}},
                          {"code", {{"files", std::move(files)}, {"dir", root->subdir}}}};
   const std::string request = JsonText(body);
   // One key for every try of this submission: a try the server got but did not answer (a timeout,
@@ -139,11 +132,8 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
       std::fprintf(stderr, "\r\033[Ktau: %s", line.c_str());
       last_line = line;
     }
-    std::string key = run.state;
-    if (run.pending)
-      key +=
-          fmt::format("/{}/{}", run.pending->code.value_or(""), run.pending->position.value_or(0));
-    if (!tty && key != last_key && run.pending) std::fprintf(stderr, "tau: %s\n", line.c_str());
+    std::string key = QueuedKey(run);
+    if (!tty && !key.empty() && key != last_key) std::fprintf(stderr, "tau: %s\n", line.c_str());
     last_key = key;
     int64_t waited = MonotonicMillis() - started;
     std::this_thread::sleep_for(std::chrono::milliseconds(waited < 1000 ? 20 : 250));

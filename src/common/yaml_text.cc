@@ -77,8 +77,12 @@ class Scanner {
       ++column_;
     }
   }
-  void SkipLine() {
+  // To the line's end (its '\n' is left for the next step).
+  void SkipRestOfLine() {
     while (i_ < t_.size() && t_[i_] != '\n') Step();
+  }
+  void SkipLine() {
+    SkipRestOfLine();
     if (i_ < t_.size()) Step();
   }
   // At the start of a line: skips the lines of a block scalar, directives and blank lines; false
@@ -135,7 +139,7 @@ class Scanner {
         break;
       case '#':
         if (after_space) {
-          while (i_ < t_.size() && t_[i_] != '\n') Step();
+          SkipRestOfLine();
           return;
         }
         at_start_ = false;
@@ -172,7 +176,7 @@ class Scanner {
       case '>':
         if (at_start_ && !in_flow) {
           block_indent_ = line_indent_;
-          while (i_ < t_.size() && t_[i_] != '\n') Step();
+          SkipRestOfLine();
           return;
         }
         at_start_ = false;
@@ -211,5 +215,11 @@ class Scanner {
 }  // namespace
 
 YamlOpenings FindUnclosed(std::string_view text) { return Scanner(text).Run(); }
+
+std::string FlowNote(std::string_view file, const YamlOpenings& open, std::string_view message) {
+  if (!open.flow || message.find("flow") == std::string_view::npos) return "";
+  return fmt::format("\n{}:{}:{}: note: {}", file, open.flow->line, open.flow->column,
+                     open.flow->message);
+}
 
 }  // namespace tau

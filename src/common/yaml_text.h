@@ -33,4 +33,9 @@ struct YamlOpenings {
 };
 YamlOpenings FindUnclosed(std::string_view text);
 
+// What follows a YAML parser's message about a flow collection it found no end of, as a compiler's
+// note where the bracket opened ("\nFILE:5:9: note: to match this '['"); "" for other messages, or
+// when no bracket is open.
+std::string FlowNote(std::string_view file, const YamlOpenings& open, std::string_view message);
+
 }  // namespace tau

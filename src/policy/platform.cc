@@ -90,11 +90,7 @@ class PlatformParser {
     try {
       root = YAML::Load(normalized_);
     } catch (const YAML::Exception& e) {
-      std::string note;
-      if (open.flow && e.msg.find("flow") != std::string::npos)
-        note = fmt::format("\n{}:{}:{}: note: {}", file_, open.flow->line, open.flow->column,
-                           open.flow->message);
-      r_.Error({e.mark.line + 1, e.mark.column + 1}, e.msg + note);
+      r_.Error({e.mark.line + 1, e.mark.column + 1}, e.msg + FlowNote(file_, open, e.msg));
       return;
     } catch (const std::exception& e) {
       r_.Error({1, 1}, e.what());

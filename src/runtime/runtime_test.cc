@@ -864,6 +864,17 @@ class ZygoteTest : public RuntimeTest {
     return out;
   }
 
+  // The zygote's one spare, once it has forked it, with its start time; {} when there is none.
+  ProcessId TheSpare() const {
+    std::vector<int> spares;
+    EXPECT_TRUE(WaitUntil([&] { return !(spares = Spares()).empty(); }, 3'000));
+    EXPECT_EQ(spares.size(), 1u);
+    if (spares.size() != 1) return {};
+    std::optional<uint64_t> start = ProcessStartTime(spares[0]);
+    EXPECT_TRUE(start.has_value());
+    return start ? ProcessId{spares[0], *start} : ProcessId{};
+  }
+
   std::unique_ptr<Zygote> zygote_;
 };
 
@@ -1013,34 +1024,28 @@ TEST_F(ZygoteTest, AnAttemptDirectoryThatCannotHoldTheLogIsAnError) {
 }
 
 TEST_F(ZygoteTest, AKilledSpareIsReplacedByAFork) {
-  std::vector<int> spares;
-  ASSERT_TRUE(WaitUntil([&] { return !(spares = Spares()).empty(); }, 3'000));
-  ASSERT_EQ(spares.size(), 1u);
-  std::optional<uint64_t> spare_start = ProcessStartTime(spares[0]);
-  ASSERT_TRUE(spare_start.has_value());
-  ASSERT_EQ(::kill(spares[0], SIGKILL), 0);
-  ASSERT_TRUE(WaitUntil([&] { return !ProcessStartTime(spares[0]).has_value(); }, 3'000));
+  const ProcessId spare = TheSpare();
+  ASSERT_GT(spare.pid, 0);
+  ASSERT_EQ(::kill(spare.pid, SIGKILL), 0);
+  ASSERT_TRUE(WaitUntil([&] { return !ProcessStartTime(spare.pid).has_value(); }, 3'000));
   AttemptConfig c = Config({Python("print('after the spare died')")});
   ProcessId shim = StartForked(c);
   // Another process (a pid may come round again on a busy machine; its start time does not).
-  EXPECT_FALSE(shim.pid == spares[0] && shim.start_time == *spare_start);
+  EXPECT_FALSE(shim.pid == spare.pid && shim.start_time == spare.start_time);
   EXPECT_EQ(WaitForked(shim, c.attempt_dir).kind, OutcomeKind::kSucceeded);
   EXPECT_TRUE(Contains(Log(c.attempt_dir, 0), "after the spare died"));
 }
 
 TEST_F(ZygoteTest, AStoppedSpareIsKilledAndTheAttemptRunsOnce) {
-  std::vector<int> spares;
-  ASSERT_TRUE(WaitUntil([&] { return !(spares = Spares()).empty(); }, 3'000));
-  ASSERT_EQ(spares.size(), 1u);
-  std::optional<uint64_t> spare_start = ProcessStartTime(spares[0]);
-  ASSERT_TRUE(spare_start.has_value());
-  ASSERT_EQ(::kill(spares[0], SIGSTOP), 0);
+  const ProcessId spare = TheSpare();
+  ASSERT_GT(spare.pid, 0);
+  ASSERT_EQ(::kill(spare.pid, SIGSTOP), 0);
   AttemptConfig c = Config({Python("print('run once')")});
   ProcessId shim = StartForked(c);
-  EXPECT_FALSE(shim.pid == spares[0] && shim.start_time == *spare_start);
+  EXPECT_FALSE(shim.pid == spare.pid && shim.start_time == spare.start_time);
   EXPECT_EQ(WaitForked(shim, c.attempt_dir).kind, OutcomeKind::kSucceeded);
   EXPECT_EQ(Log(c.attempt_dir, 0), "run once\n");
-  EXPECT_FALSE(ProcessStartTime(spares[0]).has_value());  // killed and reaped, not left stopped
+  EXPECT_FALSE(IsAlive(spare));  // killed and reaped, not left stopped
 }
 
 TEST_F(ZygoteTest, AttemptsInQuickSuccessionAllRun) {

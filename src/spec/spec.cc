@@ -191,18 +191,14 @@ class DocumentCounter : public YAML::EventHandler {
 };
 
 void ReportYamlError(Ctx& ctx, std::string_view text, const YAML::Exception& e,
-                     const std::optional<TextProblem>& open_flow) {
+                     const YamlOpenings& open) {
   Pos pos = internal::PosOf(e.mark);
   std::optional<Pos> tab = FirstIndentTab(text);
   if (tab && (pos.line == 0 || tab->line <= pos.line)) {
     ctx.Error(*tab, "tab character in indentation: YAML indents with spaces");
   } else {
     // Where the parser gave up, and (as a compiler's note) where the bracket it missed opened.
-    std::string note;
-    if (open_flow && e.msg.find("flow") != std::string::npos)
-      note = fmt::format("\n{}:{}:{}: note: {}", ctx.file, open_flow->line, open_flow->column,
-                         open_flow->message);
-    ctx.Error(pos, fmt::format("YAML syntax error: {}{}", e.msg, note));
+    ctx.Error(pos, fmt::format("YAML syntax error: {}{}", e.msg, FlowNote(ctx.file, open, e.msg)));
   }
 }
 
@@ -219,8 +215,7 @@ bool MayHoldMoreDocuments(std::string_view text, const YAML::Node& root) {
   return false;
 }
 
-std::optional<YAML::Node> LoadDocument(Ctx& ctx, std::string_view text,
-                                       const std::optional<TextProblem>& open_flow) {
+std::optional<YAML::Node> LoadDocument(Ctx& ctx, std::string_view text, const YamlOpenings& open) {
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));
@@ -242,7 +237,7 @@ std::optional<YAML::Node> LoadDocument(Ctx& ctx, std::string_view text,
     ctx.Error(internal::PosOf(e.mark), "the YAML is nested too deeply");
     return std::nullopt;
   } catch (const YAML::Exception& e) {
-    ReportYamlError(ctx, text, e, open_flow);
+    ReportYamlError(ctx, text, e, open);
     return std::nullopt;
   }
   if (!root.IsDefined() || root.IsNull()) {
@@ -649,7 +644,7 @@ void Parse(Ctx& ctx, std::string_view text) {
     ctx.Error({open.quote->line, open.quote->column}, open.quote->message);
     return;
   }
-  std::optional<YAML::Node> root = LoadDocument(ctx, text, open.flow);
+  std::optional<YAML::Node> root = LoadDocument(ctx, text, open);
   if (!root) return;
   std::optional<Shape> shape = DetectShape(ctx, *root);
   if (!shape) return;

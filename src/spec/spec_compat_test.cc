@@ -64,11 +64,12 @@ TEST(SpecCompat, AFieldRecordedButNotActedOnWarnsAtItsKey) {
   ASSERT_TRUE(out.ok()) << out.ErrorText();
   std::vector<std::string> warnings;
   for (const Diagnostic& w : out.warnings) warnings.push_back(w.ToString());
-  EXPECT_EQ(warnings, (std::vector<std::string>{
-                          "tau.yaml:5:1: warning: eval: accepted and recorded in the run's config, "
-                          "but tau does not act on it yet",
-                          "tau.yaml:8:3: warning: profiler.mode: accepted and recorded in the run's "
-                          "config, but tau does not act on it yet"}));
+  EXPECT_EQ(warnings,
+            (std::vector<std::string>{
+                "tau.yaml:5:1: warning: eval: accepted and recorded in the run's config, "
+                "but tau does not act on it yet",
+                "tau.yaml:8:3: warning: profiler.mode: accepted and recorded in the run's "
+                "config, but tau does not act on it yet"}));
   // Still recorded, for the evidence record.
   EXPECT_EQ(out.spec->recorded_only["eval"]["suite"], "mmlu");
 }
