@@ -48,12 +48,17 @@ struct PlatformChanged {
   std::shared_ptr<const policy::Platform> platform;
   int64_t generation = 0;
 };
-// What a cluster (the Kubernetes backend) says of an attempt; sent when it changes.
+// What a cluster (the Kubernetes backend) says of an attempt: what it observed, sent when that
+// changes; or how a call the backend asked for (creating the attempt's objects, deleting them)
+// ended, as those calls are made off the decision thread.
 struct ClusterNews {
+  enum class Call { kNone, kLaunched, kDeleted };
   std::string run;
   int attempt = 0;
   kube::AttemptObservation observed;
   std::optional<int> position;  // while pending: its place in its LocalQueue (1 = next)
+  Call call = Call::kNone;      // kNone: an observation
+  Status result;                // the call's
 };
 
 // Something a run should say in its events that a thread other than the loop noticed (a log cut

@@ -14,6 +14,24 @@
 
 namespace tau::kubeapi {
 
+namespace {
+thread_local int64_t call_deadline_ms = 0;  // CallBudget's, monotonic; 0: none
+thread_local const std::atomic<bool>* call_stop = nullptr;
+}  // namespace
+
+CallBudget::CallBudget(int64_t budget_ms, const std::atomic<bool>* stop)
+    : saved_(call_deadline_ms), saved_stop_(call_stop) {
+  int64_t deadline = MonotonicMillis() + std::max<int64_t>(budget_ms, 0);
+  call_deadline_ms = saved_ == 0 ? deadline : std::min(saved_, deadline);
+  if (stop != nullptr) call_stop = stop;
+}
+CallBudget::~CallBudget() {
+  call_deadline_ms = saved_;
+  call_stop = saved_stop_;
+}
+int64_t CallBudget::Deadline() { return call_deadline_ms; }
+const std::atomic<bool>* CallBudget::Stop() { return call_stop; }
+
 struct Client::Credentials {
   std::string token;
   std::string client_cert_data;
@@ -208,8 +226,17 @@ Status Client::Perform(const Request& request, Transfer* transfer,
   curl->easy_setopt(easy, CURLOPT_USERAGENT, options_.user_agent.c_str());
   curl->easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS,
                     static_cast<long>(options_.connect_timeout_ms));
-  if (!request.streaming)
-    curl->easy_setopt(easy, CURLOPT_TIMEOUT_MS, static_cast<long>(options_.request_timeout_ms));
+  int64_t timeout_ms = request.streaming ? request.stream_timeout_ms : options_.request_timeout_ms;
+  if (!request.streaming && call_deadline_ms != 0) {
+    int64_t left = call_deadline_ms - MonotonicMillis();
+    if (left <= 0) {
+      curl->easy_cleanup(easy);
+      return Unavailable(
+          fmt::format("{} {}: the call's time budget ran out", request.method, request.path));
+    }
+    timeout_ms = std::min(timeout_ms, left);
+  }
+  if (timeout_ms > 0) curl->easy_setopt(easy, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_ms));
   curl->easy_setopt(easy, CURLOPT_TCP_KEEPALIVE, 1L);
   curl->easy_setopt(easy, CURLOPT_WRITEFUNCTION, &OnWrite);
   curl->easy_setopt(easy, CURLOPT_WRITEDATA, &ctx);
@@ -263,11 +290,16 @@ Status Client::Perform(const Request& request, Transfer* transfer,
   CURLM* multi = curl->multi_init();
   curl->multi_add_handle(multi, easy);
   int running = 1;
+  bool abandoned = false;  // the CallBudget's stop flag was raised
   while (running > 0) {
     if (curl->multi_perform(multi, &running) != CURLM_OK) break;
     if (running == 0) break;
     if (stop != nullptr && stop->load()) {
       transfer->stopped = true;
+      break;
+    }
+    if (!request.streaming && call_stop != nullptr && call_stop->load()) {
+      abandoned = true;
       break;
     }
     curl->multi_poll(multi, nullptr, 0, 50, nullptr);
@@ -284,6 +316,8 @@ Status Client::Perform(const Request& request, Transfer* transfer,
   curl->easy_cleanup(easy);
   curl->slist_free_all(headers);
 
+  if (abandoned)
+    return Unavailable(fmt::format("{} {}: abandoned (stopping)", request.method, request.path));
   if (transfer->stopped || ctx.consumer_done || result == CURLE_ABORTED_BY_CALLBACK) {
     transfer->stopped = true;
     return Status::Ok();
@@ -330,8 +364,15 @@ Status Client::Exchange(const Request& request, Transfer* transfer,
       return Status(status.code(),
                     fmt::format("{} (gave up after {} attempts)", status.message(), attempt));
     int wait_ms = BackoffMs(options_, attempt, RetryAfterMs(transfer->retry_after, transfer->body));
+    if (!request.streaming && call_deadline_ms != 0 &&
+        MonotonicMillis() + wait_ms >= call_deadline_ms)
+      return Unavailable(
+          fmt::format("{} (gave up after {} attempts: the call's time budget ran out)",
+                      status.message(), attempt));
     for (int waited = 0; waited < wait_ms; waited += 10) {
       if (stop != nullptr && stop->load()) return Status::Ok();
+      if (!request.streaming && call_stop != nullptr && call_stop->load())
+        return Unavailable(fmt::format("{} (abandoned: stopping)", status.message()));
       std::this_thread::sleep_for(std::chrono::milliseconds(std::min(10, wait_ms - waited)));
     }
   }

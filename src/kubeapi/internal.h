@@ -39,7 +39,11 @@ struct Client::Request {
   std::string path;  // with the query
   std::string body;
   std::string content_type;  // "" : no body
-  bool streaming = false;    // no overall timeout
+  bool streaming = false;    // no request_timeout_ms
+  // A stream's own deadline (a watch: its timeoutSeconds and a margin, so that a watch the server
+  // or a proxy holds open without a word is given up); 0: none (a pod's log may be silent for
+  // days).
+  int64_t stream_timeout_ms = 0;
 };
 
 struct Client::Transfer {

@@ -104,6 +104,11 @@ struct ClientOptions {
   int max_backoff_ms = 10000;  // also caps Retry-After
   int connect_timeout_ms = 10000;
   int request_timeout_ms = 60000;  // not for watches and log streams
+  // A watch is given up (Unavailable) when it has not ended this long after its timeoutSeconds:
+  // the API server ends every watch then, so one still open is held by a stalled connection or a
+  // proxy, and would hide every later change. (Bookmarks do not help: they only come while the
+  // watch is alive.)
+  int watch_deadline_margin_ms = 30000;
   std::string field_manager = "tau";
   std::string user_agent = "tau";
 };
@@ -153,6 +158,27 @@ struct LogOptions {
 // True for a 409 other than AlreadyExists: the object changed since it was read.
 bool IsConflict(const Status& status);
 
+// A budget for the calls the current thread makes while it lives (not watches and log streams):
+// each request's timeout is cut to what is left, no retry starts after it, and a call past it
+// fails as Unavailable, saying so. For callers that must not wait on a cluster for long, whatever
+// ClientOptions allow (the Kubernetes backend's calls: a held webhook must not hold a namespace's
+// runs for minutes). A call also ends, as Unavailable, once `stop` (when given) becomes true.
+// Budgets nest: the inner one cannot extend the outer.
+class CallBudget {
+ public:
+  explicit CallBudget(int64_t budget_ms, const std::atomic<bool>* stop = nullptr);
+  ~CallBudget();
+  CallBudget(const CallBudget&) = delete;
+  CallBudget& operator=(const CallBudget&) = delete;
+  // The monotonic deadline in force on this thread (0: none), and its stop flag (or null).
+  static int64_t Deadline();
+  static const std::atomic<bool>* Stop();
+
+ private:
+  int64_t saved_;
+  const std::atomic<bool>* saved_stop_;
+};
+
 class Client {
  public:
   // Fails when libcurl cannot be loaded or the configuration is unusable.
@@ -165,7 +191,8 @@ class Client {
 
   Result<nlohmann::json> Get(std::string_view api_version, std::string_view kind,
                              std::string_view ns, std::string_view name);
-  // One page when options.limit > 0 (see continue_token), else everything.
+  // One page when options.limit > 0 (see continue_token), else everything. Items come back with
+  // their apiVersion and kind, which the API server leaves out of a List's items.
   Result<ObjectList> List(std::string_view api_version, std::string_view kind, std::string_view ns,
                           const ListOptions& options = {});
   // POST; the namespace comes from the object's metadata.

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -312,6 +313,61 @@ TEST_F(FakeServerTest, GetAndListWithPagination) {
   ASSERT_TRUE(everywhere.ok());
   EXPECT_EQ(everywhere->items.size(), 4u);
   EXPECT_EQ(everywhere->resource_version, std::to_string(fake_.resource_version()));
+  // The API server leaves apiVersion and kind out of a List's items; the client puts them back,
+  // so that an item can be deleted or applied as it is.
+  for (const json& item : everywhere->items) {
+    EXPECT_EQ(item["apiVersion"], "v1");
+    EXPECT_EQ(item["kind"], "ConfigMap");
+  }
+}
+
+TEST_F(FakeServerTest, AWatchHeldOpenPastItsTimeoutIsGivenUp) {
+  // The server (or a proxy) holds the watch open without a word, past its timeoutSeconds: a
+  // client that waited on it would miss every later change.
+  ClusterConfig config;
+  config.server = fake_.url();
+  ClientOptions options;
+  options.watch_deadline_margin_ms = 300;
+  options.max_attempts = 1;  // one watch, not a fresh one after it
+  auto client = Client::Create(config, options);
+  ASSERT_TRUE(client.ok());
+  fake_.StallWatches(true);
+  std::atomic<bool> stop{false};
+  std::thread guard([&] {
+    for (int i = 0; i < 1000 && !stop; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    stop = true;  // a hung watch ends here, as Ok: the test then fails below
+  });
+  WatchOptions watch;
+  watch.timeout_seconds = 1;
+  int64_t start = MonotonicMillis();
+  Status s = (*client)->Watch(
+      "v1", "ConfigMap", "ns", watch, [](const WatchEvent&) { return true; }, &stop);
+  int64_t took = MonotonicMillis() - start;
+  stop = true;
+  guard.join();
+  fake_.StallWatches(false);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_GE(took, 1000);
+  EXPECT_LT(took, 6000);
+}
+
+TEST_F(FakeServerTest, ACallBudgetCutsAHeldCallShort) {
+  fake_.HoldWrites("held", true);
+  int64_t start = MonotonicMillis();
+  Status s;
+  {
+    CallBudget budget(300);
+    s = client_->Create(ConfigMap("held", "cm", "a")).status();
+  }
+  int64_t took = MonotonicMillis() - start;
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("budget"), std::string::npos) << s.message();
+  EXPECT_LT(took, 5000);
+  // Other namespaces are not held; outside the budget, calls have their usual timeouts.
+  EXPECT_TRUE(client_->Create(ConfigMap("free", "cm", "a")).ok());
+  EXPECT_EQ(CallBudget::Deadline(), 0);
+  fake_.HoldWrites("held", false);
 }
 
 TEST_F(FakeServerTest, CreateConflictAndStaleUpdate) {

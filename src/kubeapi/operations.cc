@@ -54,7 +54,16 @@ Result<ObjectList> Client::List(std::string_view api_version, std::string_view k
     if (!page.is_object()) return Internal(fmt::format("GET {}: the answer is not a List", path));
     const nlohmann::json items = page.value("items", nlohmann::json::array());
     if (items.is_array())
-      for (size_t i = 0; i < items.size(); ++i) out.items.push_back(items[i]);
+      for (size_t i = 0; i < items.size(); ++i) {
+        // A List's items carry no apiVersion and kind (built-in kinds; the List has them): put
+        // them back, so that every caller holds whole objects it can act on (delete, apply).
+        nlohmann::json item = items[i];
+        if (item.is_object()) {
+          item["apiVersion"] = std::string(api_version);
+          item["kind"] = std::string(kind);
+        }
+        out.items.push_back(std::move(item));
+      }
     const nlohmann::json metadata = page.value("metadata", nlohmann::json::object());
     out.resource_version = metadata.value("resourceVersion", "");
     continue_token = metadata.value("continue", "");

@@ -61,7 +61,10 @@ Status Client::Watch(std::string_view api_version, std::string_view kind, std::s
     return true;
   };
   Transfer transfer;
-  TAU_RETURN_IF_ERROR(Exchange(Request{"GET", path, "", "", true}, &transfer, &on_data, stop));
+  const int64_t deadline_ms =
+      static_cast<int64_t>(options.timeout_seconds) * 1000 + options_.watch_deadline_margin_ms;
+  TAU_RETURN_IF_ERROR(
+      Exchange(Request{"GET", path, "", "", true, deadline_ms}, &transfer, &on_data, stop));
   return event_error;
 }
 
@@ -131,9 +134,7 @@ Status WatchLoop::Relist(const std::function<void(const WatchEvent&)>& on_event)
   // applies events sees the same state as the list.
   std::map<std::string, nlohmann::json> fresh;
   for (nlohmann::json& item : all.items) {
-    // Lists omit apiVersion and kind on items; events carry them, so add them back.
-    item["apiVersion"] = api_version_;
-    item["kind"] = kind_;
+    // (Client::List has given items back their apiVersion and kind, as events carry them.)
     std::string key = KeyOf(item);  // before the move: json's operator= takes its argument by value
     fresh[key] = std::move(item);
   }

@@ -218,6 +218,26 @@ void FakeApiServer::PauseWatches(bool paused) {
   changed_.SignalAll();
 }
 
+void FakeApiServer::StallWatches(bool stalled) {
+  {
+    MutexLock lock(&mu_);
+    watches_stalled_ = stalled;
+  }
+  changed_.SignalAll();
+}
+
+void FakeApiServer::HoldWrites(const std::string& ns, bool held) {
+  {
+    MutexLock lock(&mu_);
+    if (held) {
+      held_namespaces_.insert(ns);
+    } else {
+      held_namespaces_.erase(ns);
+    }
+  }
+  changed_.SignalAll();
+}
+
 void FakeApiServer::set_bookmark_interval_ms(int ms) {
   MutexLock lock(&mu_);
   bookmark_interval_ms_ = ms;
@@ -295,6 +315,11 @@ void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res
       Reply(res, 200, json{{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Success"}});
       return;
     }
+    if (req.method == "POST" && req.path == "/fake/hold-writes") {
+      HoldWrites(req.get_param_value("namespace"), req.get_param_value("held") != "false");
+      Reply(res, 200, json{{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Success"}});
+      return;
+    }
     std::vector<std::string> parts = Split(req.path.substr(1), '/');
     if (req.method != "POST" || parts.size() != 4 || parts[1] != "logs" || parts[2].empty() ||
         parts[3].empty()) {
@@ -363,6 +388,12 @@ void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res
     Fail(res, 404, "NotFound",
          fmt::format("the server could not find the requested resource ({})", target.collection));
     return;
+  }
+  if (req.method != "GET") {
+    // A held namespace's writes wait (as behind a webhook that does not answer) until released.
+    MutexLock lock(&mu_);
+    while (!stopping_ && held_namespaces_.count(target.ns))
+      changed_.WaitFor(&mu_, std::chrono::milliseconds(50));
   }
   try {
     if (target.collection == "authorization.k8s.io/v1/subjectaccessreviews" && req.method == "POST")
@@ -500,6 +531,8 @@ bool FakeApiServer::StreamWatch(WatchCursor* cursor, http::ChunkSink& sink) {
       json error = StatusBody(410, "Expired", "too old resource version");
       out += json{{"type", "ERROR"}, {"object", error}}.dump() + "\n";
       end = true;
+    } else if (watches_stalled_) {
+      // Held open without a word, past its timeout (a stalled connection or proxy).
     } else if (cursor->end_epoch != end_epoch_ || now >= cursor->deadline_ms) {
       end = true;
     } else if (!watches_paused_) {

@@ -20,7 +20,8 @@
 //     and a request log; and one over HTTP for tests in another process (tau-fake-apiserver,
 //     tests/fake_apiserver): POST /fake/logs/NAMESPACE/POD appends the body to the pod's log
 //     (AppendLog), with ?end=true ends it (EndLog); POST /fake/cut-logs cuts the open log streams
-//     (CutLogStreams). They are no API-server paths.
+//     (CutLogStreams); POST /fake/hold-writes?namespace=NS[&held=false] holds or releases a
+//     namespace's writes (HoldWrites). They are no API-server paths.
 #pragma once
 
 #include <condition_variable>
@@ -77,6 +78,11 @@ class FakeApiServer {
   void EndWatches();
   // Paused watches deliver nothing (events stay in the history) until resumed.
   void PauseWatches(bool paused);
+  // Stalled watches write nothing, not even their end at timeoutSeconds, until un-stalled.
+  void StallWatches(bool stalled);
+  // Writes (POST, PUT, PATCH, DELETE) in namespace `ns` wait until released, as behind an
+  // admission webhook that does not answer.
+  void HoldWrites(const std::string& ns, bool held);
   void set_bookmark_interval_ms(int ms);
   void set_history_limit(size_t events);
   // SubjectAccessReviews allow exactly what was granted.
@@ -142,6 +148,8 @@ class FakeApiServer {
   int end_epoch_ TAU_GUARDED_BY(mu_) = 0;
   int log_cut_epoch_ TAU_GUARDED_BY(mu_) = 0;
   bool watches_paused_ TAU_GUARDED_BY(mu_) = false;
+  bool watches_stalled_ TAU_GUARDED_BY(mu_) = false;
+  std::set<std::string> held_namespaces_ TAU_GUARDED_BY(mu_);
   int bookmark_interval_ms_ TAU_GUARDED_BY(mu_) = 1000;
   std::map<std::string, LogStream> logs_ TAU_GUARDED_BY(mu_);  // "ns/pod" -> its log
   std::string required_token_ TAU_GUARDED_BY(mu_);

@@ -74,17 +74,20 @@ class Cluster {
   virtual Status Check(const spec::RunSpec& spec, const policy::ResolvedRun& resolved,
                        const policy::Platform& platform, const std::string& snapshot_dir,
                        const policy::Caller& caller) = 0;
-  // Creates the attempt's objects, suspended for Kueue to admit. Unavailable when the API server
-  // cannot be reached (the controller tries again later); other errors fail the attempt.
+  // Renders the attempt's objects (an error here fails the attempt) and has them created,
+  // suspended for Kueue to admit, off the caller's thread (one lane per namespace, each call with
+  // a time budget; see call_lanes.h): the result comes as ClusterNews (Call::kLaunched),
+  // Unavailable when the API server could not be reached in time (try again later).
   virtual Status Launch(const ClusterLaunch& launch) = 0;
   // Applies the platform's cluster objects (kube::RenderPlatform: workspace namespaces and RBAC,
   // Kueue's flavors, cohorts, queues and priority classes) with server-side apply. Objects a
   // later platform no longer names are left in place: removing a queue or a namespace is an
   // administrator's decision.
   virtual Status ApplyPlatform(const policy::Platform& platform) = 0;
-  // Deletes the attempt's objects and their pods (background propagation), which frees the quota
-  // it holds. Deleting what is already gone is not an error.
-  virtual Status Delete(const std::string& run, int attempt) = 0;
+  // Has the attempt's objects and their pods deleted (background propagation), which frees the
+  // quota it holds, off the caller's thread and after the attempt's earlier calls: the result
+  // comes as ClusterNews (Call::kDeleted). Deleting what is already gone is not an error.
+  virtual void Delete(const std::string& run, int attempt) = 0;
 };
 
 }  // namespace tau::server

@@ -85,10 +85,20 @@ class KubeBackend final : public Backend {
     int attempt = 0;         // the attempt whose objects exist on the cluster (0: none)
     bool relaunch = false;   // its last attempt was recorded but never created: create it
     nlohmann::json pending;  // what Kueue says while it waits
+    // A cancel's delete: the attempt whose delete is in flight (0: none), when a failed one is
+    // tried again, and the failure last told in the run's events (each new one is told once).
+    int deleting = 0;
+    int64_t delete_not_before = 0;
+    std::string delete_error;
   };
   ClusterRun& Of(const ActiveRun& run) { return runs_[run.record.name]; }
 
   void LaunchOne(const std::string& name, Batch* batch);
+  // How creating the attempt's objects ended (at once, or as the cluster's news).
+  void Launched(ActiveRun& run, int attempt, const Status& s, Batch* batch);
+  void HandleCall(ActiveRun& run, const ClusterNews& news, Batch* batch);
+  // The cancel's delete is done: the attempt ends as cancelled, and the run with it.
+  void FinishCancel(ActiveRun& run, Batch* batch);
   // Tells the cluster how to keep the attempt's pod logs (masked of the run's secrets, capped).
   Status KeepLogs(const ActiveRun& run, int attempt);
   void EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, Batch* batch);
@@ -221,16 +231,25 @@ void KubeBackend::LaunchOne(const std::string& name, Batch* batch) {
   }
   if (s.ok()) s = KeepLogs(run, launch.attempt);
   if (s.ok()) s = cluster_->Launch(launch);
-  if (s.ok()) {
+  // Created off this thread: the cluster's news says how it went (HandleCall).
+  if (!s.ok()) Launched(run, launch.attempt, s, batch);
+}
+
+void KubeBackend::Launched(ActiveRun& run, int attempt, const Status& s, Batch* batch) {
+  RunRecord& r = run.record;
+  const std::string& name = r.name;
+  // The watches may have seen the objects before the call's answer came (an answer lost on the
+  // way): the attempt exists whatever the call said.
+  if (s.ok() || r.state != RunState::kQueued) {
     run.resume_from.clear();
     batch->events.push_back(
         {0,
          name,
          host_->Now(),
          "Created",
-         fmt::format("attempt {} created on the cluster; Kueue admits it from queue {}",
-                     launch.attempt, r.queue),
-         {{"attempt", launch.attempt}},
+         fmt::format("attempt {} created on the cluster; Kueue admits it from queue {}", attempt,
+                     r.queue),
+         {{"attempt", attempt}},
          "",
          ""});
     return;
@@ -253,8 +272,8 @@ void KubeBackend::LaunchOne(const std::string& name, Batch* batch) {
   AttemptRecord a;
   if (attempts.ok() && !attempts->empty()) a = attempts->back();
   a.run = name;
-  a.number = launch.attempt;
-  a.dir = attempt_dir;
+  a.number = attempt;
+  a.dir = host_->AttemptDir(name, attempt);
   a.state = AttemptState::kFinished;
   a.ended_ms = host_->Now();
   a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
@@ -280,6 +299,7 @@ void KubeBackend::HandleNews(const ClusterNews& news, Batch* batch) {
   if (it == host_->active().end()) return;
   ActiveRun& run = it->second;
   RunRecord& r = run.record;
+  if (news.call != ClusterNews::Call::kNone) return HandleCall(run, news, batch);
   if (store::IsTerminal(r.state) || r.cancel_requested || news.attempt != Of(run).attempt) return;
   const kube::AttemptObservation& o = news.observed;
   if (o.phase == Phase::kPending) {
@@ -377,9 +397,7 @@ void KubeBackend::EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, 
   if (o.phase == Phase::kEvicted) {
     // Kueue would admit the same Job again later; tau makes each attempt a Job of its own, so
     // this one goes (its pods are being stopped anyway) and the next attempt is a new one.
-    if (Status s = cluster_->Delete(r.name, number); !s.ok())
-      std::fprintf(stderr, "tau server: run %s: deleting evicted attempt %d: %s\n", r.name.c_str(),
-                   number, s.ToString().c_str());
+    cluster_->Delete(r.name, number);
   }
   if (cls == FailureClass::kPreempted &&
       recovery::PreemptionRequeues(spec::RetryPolicyOf(run.spec.resilience))) {
@@ -389,35 +407,78 @@ void KubeBackend::EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, 
   }
 }
 
+void KubeBackend::HandleCall(ActiveRun& run, const ClusterNews& news, Batch* batch) {
+  RunRecord& r = run.record;
+  ClusterRun& c = Of(run);
+  if (news.call == ClusterNews::Call::kLaunched) {
+    // A cancel deletes what the create made: its delete comes after it in the namespace's lane.
+    if (store::IsTerminal(r.state) || r.cancel_requested || news.attempt != c.attempt) return;
+    return Launched(run, news.attempt, news.result, batch);
+  }
+  if (!r.cancel_requested || news.attempt != c.deleting) {
+    // An evicted attempt's delete: its run has gone on already.
+    if (!news.result.ok())
+      std::fprintf(stderr, "tau server: run %s: deleting attempt %d on the cluster: %s\n",
+                   r.name.c_str(), news.attempt, news.result.ToString().c_str());
+    return;
+  }
+  c.deleting = 0;
+  if (news.result.ok()) return FinishCancel(run, batch);
+  // Kept cancel-requested: Schedule deletes again after a pause; each new failure is told once.
+  c.delete_not_before = host_->Now() + 5000;
+  if (news.result.message() == c.delete_error) return;
+  c.delete_error = news.result.message();
+  batch->events.push_back(
+      {0, r.name, host_->Now(), "CancelRequested",
+       fmt::format("deleting its Kubernetes objects failed ({}); tau tries again every 5s",
+                   news.result.message()),
+       nlohmann::json::object(), "", ""});
+}
+
 void KubeBackend::Cancel(ActiveRun& run, Batch* batch) {
   RunRecord& r = run.record;
-  if (Of(run).attempt > 0) {
-    if (Status s = cluster_->Delete(r.name, Of(run).attempt); !s.ok()) {
-      // Kept cancel-requested: the next pass deletes again (Schedule).
+  ClusterRun& c = Of(run);
+  if (c.attempt > 0) {
+    // In flight, or waiting to be tried again.
+    if (c.deleting == c.attempt || host_->Now() < c.delete_not_before) return;
+    if (c.delete_error.empty() && c.delete_not_before == 0) {
+      // The first try: the request is recorded before it is acted on.
       batch->runs.push_back(r);
-      batch->events.push_back(
-          {0, r.name, host_->Now(), "CancelRequested",
-           fmt::format("deleting its Kubernetes objects failed ({}); trying again", s.message()),
-           nlohmann::json::object(), "", ""});
-      return;
+      batch->events.push_back({0,
+                               r.name,
+                               host_->Now(),
+                               "CancelRequested",
+                               fmt::format("deleting attempt {}'s Kubernetes objects", c.attempt),
+                               {{"attempt", c.attempt}},
+                               "",
+                               ""});
     }
-    auto attempts = host_->store()->ListAttempts(r.name);
-    if (attempts.ok() && !attempts->empty() && attempts->back().number == Of(run).attempt &&
-        attempts->back().state != AttemptState::kFinished) {
-      AttemptRecord a = attempts->back();
-      a.state = AttemptState::kFinished;
-      a.ended_ms = host_->Now();
-      a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kStopped);
-      a.reason = recovery::FailureClassName(FailureClass::kCancelled);
-      a.message = "cancelled: its Kubernetes objects were deleted";
-      batch->attempts.push_back(a);
-      host_->CountAttempt(a);
-    }
-    Of(run).attempt = 0;
+    c.deleting = c.attempt;
+    cluster_->Delete(r.name, c.attempt);
+    return;
   }
   host_->Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
+                "cancelled before it started", batch);
+}
+
+void KubeBackend::FinishCancel(ActiveRun& run, Batch* batch) {
+  RunRecord& r = run.record;
+  auto attempts = host_->store()->ListAttempts(r.name);
+  if (attempts.ok() && !attempts->empty() && attempts->back().number == Of(run).attempt &&
+      attempts->back().state != AttemptState::kFinished) {
+    AttemptRecord a = attempts->back();
+    a.state = AttemptState::kFinished;
+    a.ended_ms = host_->Now();
+    a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kStopped);
+    a.reason = recovery::FailureClassName(FailureClass::kCancelled);
+    a.message = "cancelled: its Kubernetes objects were deleted";
+    batch->attempts.push_back(a);
+    host_->CountAttempt(a);
+  }
+  Of(run).attempt = 0;
+  host_->Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
                 r.started_ms ? "cancelled by request; its Kubernetes objects were deleted"
-                             : "cancelled before it started",
+                             : "cancelled before it started; its Kubernetes objects were deleted",
                 batch);
 }
 

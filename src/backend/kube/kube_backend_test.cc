@@ -388,6 +388,92 @@ TEST_F(KubeBackendTest, CancelDeletesTheJobAndPendingRunsKnowTheirPlace) {
       << controller_->PendingInfo(second).dump();
 }
 
+TEST_F(KubeBackendTest, CancelBeforeTheWatchSawTheJobDeletesItOnce) {
+  // The watches have not delivered the Job yet: the delete finds it by listing, whose items carry
+  // no apiVersion or kind in the API's JSON. It must still be deleted, once, and said once.
+  fake_.PauseWatches(true);
+  std::string name = Submit(kSpec);
+  ASSERT_TRUE(WaitForJob(name, 1));
+  ASSERT_TRUE(controller_->Cancel(name).ok());
+  ASSERT_TRUE(WaitForState(name, RunState::kCancelled));
+  EXPECT_TRUE(Job(name, 1).is_null());
+  fake_.PauseWatches(false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  int requested = 0;
+  for (const store::Event& e : Events(name)) requested += e.type == "CancelRequested";
+  EXPECT_EQ(requested, 1);
+  EXPECT_EQ(Run(name).state, RunState::kCancelled);
+}
+
+TEST_F(KubeBackendTest, ACancelWhoseDeleteFailsIsToldOnceAndTriedAgain) {
+  std::string name = Submit(kSpec);
+  ASSERT_TRUE(WaitForJob(name, 1));
+  fake_.InjectFailures(1000, 500, 0);
+  ASSERT_TRUE(controller_->Cancel(name).ok());
+  // Tried (2 tries a call here) and told once, while the run stays cancel-requested.
+  ASSERT_TRUE(WaitFor([&] {
+    int failed = 0;
+    for (const store::Event& e : Events(name))
+      failed += e.type == "CancelRequested" && e.message.find("failed") != std::string::npos;
+    return failed == 1;
+  }));
+  EXPECT_NE(Run(name).state, RunState::kCancelled);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  int failed = 0;
+  for (const store::Event& e : Events(name))
+    failed += e.type == "CancelRequested" && e.message.find("failed") != std::string::npos;
+  EXPECT_EQ(failed, 1) << "the same failure is not told again on every pass";
+  fake_.InjectFailures(0, 500, 0);
+  // The next try (5 s after the failure) deletes it.
+  int64_t deadline = MonotonicMillis() + 15'000;
+  while (Run(name).state != RunState::kCancelled && MonotonicMillis() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(Run(name).state, RunState::kCancelled);
+  EXPECT_TRUE(Job(name, 1).is_null());
+}
+
+TEST_F(KubeBackendTest, AHeldNamespaceDoesNotHoldUpAnothersRuns) {
+  StopController();
+  ASSERT_TRUE(WriteFileAtomic(home_ + "/platform.yaml", R"(schema_version: 1
+flavors: [{name: default}]
+queues:
+  - name: q
+    resource_groups:
+      - covered_resources: [cpu, memory]
+        flavors: [{name: default, resources: [{name: cpu, nominal: 64}, {name: memory, nominal: 256Gi}]}]
+workspaces:
+  - {name: team-a, members: [alice], default_queue: q}
+  - {name: team-b, members: [alice], default_queue: q}
+)")
+                  .ok());
+  StartController();
+  // team-a's namespace takes no writes (its webhook hangs): its run's create waits there.
+  fake_.HoldWrites("team-a", true);
+  std::string held = Submit(std::string(kSpec) + "policy:\n  workspace: team-a\n");
+  ASSERT_TRUE(WaitFor([&] {
+    for (const auto& req : fake_.Requests())
+      if (req.method == "PATCH" && req.path.find("/namespaces/team-a/") != std::string::npos)
+        return true;
+    return false;
+  }));
+  int64_t submitted = MonotonicMillis();
+  std::string other = Submit(std::string(kSpec) + "policy:\n  workspace: team-b\n");
+  ASSERT_TRUE(WaitFor(
+      [&] { return !fake_.Object("batch/v1/jobs", "team-b", JobName(other, 1)).is_null(); }));
+  int64_t took = MonotonicMillis() - submitted;
+  EXPECT_TRUE(fake_.Object("batch/v1/jobs", "team-a", JobName(held, 1)).is_null())
+      << "team-a's create is still held";
+  // While one namespace's call is held, the decision thread goes on: a cancel is recorded.
+  ASSERT_TRUE(controller_->Cancel(other).ok());
+  ASSERT_TRUE(WaitForState(other, RunState::kCancelled));
+  fake_.HoldWrites("team-a", false);
+  ASSERT_TRUE(WaitFor(
+      [&] { return !fake_.Object("batch/v1/jobs", "team-a", JobName(held, 1)).is_null(); }));
+  EXPECT_LT(took, 5000) << "team-b's Job came " << took << " ms after its submission";
+  std::printf("team-b's Job was created %lld ms after its submission\n",
+              static_cast<long long>(took));
+}
+
 TEST_F(KubeBackendTest, RestartReadoptsRunningAttemptsAndNoticesVanishedOnes) {
   std::string kept = Submit(kSpec);
   std::string lost = Submit(WithResilience("NodeLost", 0));

@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/kube/call_lanes.h"
 #include "backend/snapshot.h"
 #include "common/clock.h"
 #include "common/files.h"
@@ -153,7 +154,9 @@ std::string Fingerprint(const kube::AttemptObservation& o, std::optional<int> po
 class KubeCluster final : public Cluster {
  public:
   KubeCluster(kubeapi::Client* client, KubeClusterOptions options)
-      : client_(client), options_(std::move(options)) {}
+      : client_(client),
+        options_(std::move(options)),
+        lanes_(CallLanes::Options{options_.call_budget_ms, 3, options_.breaker_open_ms, {}}) {}
   ~KubeCluster() override { Stop(); }
 
   Result<std::set<AttemptKey>> Start(
@@ -166,7 +169,7 @@ class KubeCluster final : public Cluster {
                const policy::Caller& caller) override;
   Status Launch(const ClusterLaunch& launch) override;
   Status ApplyPlatform(const policy::Platform& platform) override;
-  Status Delete(const std::string& run, int attempt) override;
+  void Delete(const std::string& run, int attempt) override;
 
  private:
   struct Attempt {
@@ -190,6 +193,10 @@ class KubeCluster final : public Cluster {
                  const std::string& path, const AttemptKey& key, int rank, const AttemptLogs& logs);
   // Whether the watches last saw the pod Pending or Running (false for pods they do not follow).
   bool PodRunning(const std::string& ns, const std::string& pod);
+  // Deletes the attempt's objects (`targets`, else those the API lists) and its gang Service.
+  Status DeleteObjects(const std::string& run, int attempt, std::vector<json> targets);
+  // Tells the decision thread how a call it asked for ended.
+  void PostCall(const AttemptKey& key, ClusterNews::Call call, const Status& result);
 
   kubeapi::Client* const client_;
   const KubeClusterOptions options_;
@@ -197,6 +204,7 @@ class KubeCluster final : public Cluster {
   std::function<std::string(const std::string&, int)> attempt_dir_;
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
+  CallLanes lanes_;  // creates and deletes, off the decision thread
 
   Mutex mu_;
   CondVar cv_;
@@ -204,7 +212,8 @@ class KubeCluster final : public Cluster {
   std::map<std::string, json> workloads_ TAU_GUARDED_BY(mu_);     // "ns/name" -> Workload
   std::map<std::string, AttemptKey> by_uid_ TAU_GUARDED_BY(mu_);  // object uid -> attempt
   std::set<AttemptKey> dirty_ TAU_GUARDED_BY(mu_);
-  std::set<std::string> deleted_ TAU_GUARDED_BY(mu_);  // "run/attempt" tau deleted
+  std::set<std::string> deleted_ TAU_GUARDED_BY(mu_);                   // "run/attempt" tau deleted
+  std::map<AttemptKey, std::string> namespace_of_ TAU_GUARDED_BY(mu_);  // attempts created here
   struct LogFollower {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
@@ -242,6 +251,7 @@ Result<std::set<AttemptKey>> KubeCluster::Start(
 }
 
 void KubeCluster::Stop() {
+  lanes_.Stop();
   stop_ = true;
   cv_.SignalAll();
   for (std::thread& t : threads_)
@@ -316,6 +326,7 @@ void KubeCluster::OnEvent(const std::string& kind, const kubeapi::WatchEvent& ev
       // Its end was told; its object is gone (a TTL, a user): nothing left to follow.
       by_uid_.erase(Str(Meta(o), "uid"));
       attempts_.erase(key);
+      namespace_of_.erase(key);
       return;
     }
     a.gone = true;
@@ -609,6 +620,7 @@ Status KubeCluster::Launch(const ClusterLaunch& launch) {
   TAU_ASSIGN_OR_RETURN(std::vector<json> objects,
                        kube::RenderRun(*launch.spec, *launch.resolved, *launch.platform, options));
   if (objects.empty()) return Internal("the run rendered to no objects");
+  const std::string ns = Str(Meta(objects.front()), "namespace");
   if (!launch.secrets.empty()) {
     json data = json::object();
     for (const auto& [key, value] : launch.secrets) data[key] = value;
@@ -616,18 +628,35 @@ Status KubeCluster::Launch(const ClusterLaunch& launch) {
                    {"kind", "Secret"},
                    {"metadata",
                     {{"name", kube::kRunSecretName},
-                     {"namespace", Str(Meta(objects.front()), "namespace")},
+                     {"namespace", ns},
                      {"labels", {{kube::kLabelManagedBy, "tau"}}}}},
                    {"type", "Opaque"},
                    {"stringData", data}};
-    TAU_RETURN_IF_ERROR(client_->Apply(secret).status());
+    objects.insert(objects.begin(), std::move(secret));
   }
+  const AttemptKey key{launch.run, launch.attempt};
   {
     MutexLock lock(&mu_);
     deleted_.erase(fmt::format("{}/{}", launch.run, launch.attempt));
+    namespace_of_[key] = ns;
   }
-  for (const json& object : objects) TAU_RETURN_IF_ERROR(client_->Apply(object).status());
+  lanes_.Submit(
+      ns,
+      [this, objects = std::move(objects)] {
+        for (const json& object : objects) TAU_RETURN_IF_ERROR(client_->Apply(object).status());
+        return Status::Ok();
+      },
+      [this, key](const Status& s) { PostCall(key, ClusterNews::Call::kLaunched, s); });
   return Status::Ok();
+}
+
+void KubeCluster::PostCall(const AttemptKey& key, ClusterNews::Call call, const Status& result) {
+  ClusterNews news;
+  news.run = key.first;
+  news.attempt = key.second;
+  news.call = call;
+  news.result = result;
+  if (post_) post_(std::move(news));
 }
 
 Status KubeCluster::ApplyPlatform(const policy::Platform& platform) {
@@ -642,17 +671,34 @@ Status KubeCluster::ApplyPlatform(const policy::Platform& platform) {
   return Status::Ok();
 }
 
-Status KubeCluster::Delete(const std::string& run, int attempt) {
+void KubeCluster::Delete(const std::string& run, int attempt) {
   std::vector<json> targets;
+  std::string lane;  // the attempt's namespace; "" when not known (right after a restart)
+  const AttemptKey key{run, attempt};
   {
     MutexLock lock(&mu_);
     deleted_.insert(fmt::format("{}/{}", run, attempt));
-    auto it = attempts_.find({run, attempt});
+    auto it = attempts_.find(key);
     if (it != attempts_.end()) {
       if (!it->second.object.is_null()) targets.push_back(it->second.object);
       attempts_.erase(it);
     }
+    if (auto ns = namespace_of_.find(key); ns != namespace_of_.end()) {
+      lane = ns->second;
+      namespace_of_.erase(ns);
+    } else if (!targets.empty()) {
+      lane = Str(Meta(targets.front()), "namespace");
+    }
   }
+  lanes_.Submit(
+      lane,
+      [this, run, attempt, targets = std::move(targets)]() mutable {
+        return DeleteObjects(run, attempt, std::move(targets));
+      },
+      [this, key](const Status& s) { PostCall(key, ClusterNews::Call::kDeleted, s); });
+}
+
+Status KubeCluster::DeleteObjects(const std::string& run, int attempt, std::vector<json> targets) {
   kubeapi::ListOptions list;
   list.label_selector =
       fmt::format("{}={},{}={}", kube::kLabelRun, run, kube::kLabelAttempt, attempt);
@@ -660,18 +706,21 @@ Status KubeCluster::Delete(const std::string& run, int attempt) {
     // Not seen by the watches yet (just created, or right after a restart): ask.
     for (const auto& [api, kind] : {std::pair{kJobApi, "Job"}, std::pair{kRayJobApi, "RayJob"}}) {
       auto found = client_->List(api, kind, "", list);
-      if (found.ok()) targets.insert(targets.end(), found->items.begin(), found->items.end());
+      if (found.ok()) {
+        targets.insert(targets.end(), found->items.begin(), found->items.end());
+      } else if (found.status().code() != StatusCode::kNotFound) {  // NotFound: no KubeRay
+        return found.status();
+      }
     }
   }
   for (const json& t : targets) {
-    std::string api = Str(t, "apiVersion"), kind = Str(t, "kind");
     std::string ns = Str(Meta(t), "namespace");
-    TAU_RETURN_IF_ERROR(client_->Delete(api, kind, ns, Str(Meta(t), "name")));
+    TAU_RETURN_IF_ERROR(
+        client_->Delete(Str(t, "apiVersion"), Str(t, "kind"), ns, Str(Meta(t), "name")));
     // The gang's headless Service goes with it.
-    auto services = client_->List("v1", "Service", ns, list);
-    if (services.ok())
-      for (const json& s : services->items)
-        TAU_RETURN_IF_ERROR(client_->Delete("v1", "Service", ns, Str(Meta(s), "name")));
+    TAU_ASSIGN_OR_RETURN(kubeapi::ObjectList services, client_->List("v1", "Service", ns, list));
+    for (const json& svc : services.items)
+      TAU_RETURN_IF_ERROR(client_->Delete("v1", "Service", ns, Str(Meta(svc), "name")));
   }
   return Status::Ok();
 }

@@ -5,6 +5,7 @@
 // they are written, so they outlive the pods.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -25,6 +26,10 @@ struct KubeClusterOptions {
   // create the run's Job or RayJob in its namespace, and refuse the run when not. For clusters
   // whose users are tau's users (the same names, e.g. through the same identity provider).
   bool check_access = false;
+  // Each create or delete of an attempt's objects, all its tries together, and how long a
+  // namespace's calls fail at once after three in a row could not reach the API server.
+  int64_t call_budget_ms = 30'000;
+  int64_t breaker_open_ms = 30'000;
 };
 
 // `client` must outlive the cluster.
