@@ -72,11 +72,12 @@ json Rule(std::vector<std::string> groups, std::vector<std::string> resources,
 }
 
 // What the server does with the API: submit, follow and cancel runs (Jobs, RayJobs, a gang's
-// headless Service, Kueue's Workloads), apply the platform (namespaces, the members' Role and
-// RoleBinding, Kueue's queue objects), read node health, and ask the API server whether a user
-// may act in a namespace. It holds every permission of the member Role it creates, so it needs
-// neither `escalate` nor `bind`. No `delete` on namespaces: removing a workspace from the
-// platform must not delete its runs' history; an administrator does that.
+// headless Service, Kueue's Workloads, a RayJob's driver log through the service proxy), apply the
+// platform (namespaces, the members' Role and RoleBinding, Kueue's queue objects), read node
+// health, and ask the API server whether a user may act in a namespace. It holds every permission
+// of the member Role it creates, so it needs neither `escalate` nor `bind`. No `delete` on
+// namespaces: removing a workspace from the platform must not delete its runs' history; an
+// administrator does that.
 json ServerRules() {
   // Runs are created with server-side apply (a PATCH).
   const std::vector<std::string> submit = {"get", "list", "watch", "create", "patch", "delete"};
@@ -89,6 +90,8 @@ json ServerRules() {
       Rule({""}, {"services"}, submit),
       Rule({"ray.io"}, {"rayclusters"}, read),
       Rule({""}, {"pods", "pods/log", "events"}, read),
+      // A RayJob's driver log: Ray's job API on the head's dashboard, through the API server.
+      Rule({""}, {"services/proxy"}, {"get"}),
       Rule({"kueue.x-k8s.io"}, {"workloads"}, read),
       Rule(
           {"kueue.x-k8s.io"},

@@ -222,6 +222,11 @@ class Client {
                     const std::function<bool(std::string_view)>& on_chunk,
                     const std::atomic<bool>* stop = nullptr);
 
+  // GET through the API server's proxy to a Service's port: /api/v1/namespaces/NS/services/
+  // SERVICE:PORT/proxy/PATH (a dashboard inside the cluster, reached with the client's own
+  // credentials; RBAC: get on services/proxy). The answer's body as it came.
+  Result<std::string> ServiceProxyGet(std::string_view ns, std::string_view service,
+                                      std::string_view port, std::string_view path);
   // SubjectAccessReview: may `user` (in `groups`) `verb` the `resource` of API `group` ("" for
   // core) in `ns` ("" for cluster scope)?
   Result<bool> CheckAccess(const std::string& user, const std::vector<std::string>& groups,

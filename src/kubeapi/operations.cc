@@ -74,6 +74,18 @@ Result<ObjectList> Client::List(std::string_view api_version, std::string_view k
   return out;
 }
 
+Result<std::string> Client::ServiceProxyGet(std::string_view ns, std::string_view service,
+                                            std::string_view port, std::string_view path) {
+  TAU_ASSIGN_OR_RETURN(std::string base,
+                       ResourcePath("v1", "Service", ns, fmt::format("{}:{}", service, port)));
+  std::string full = base + "/proxy";
+  if (path.empty() || path.front() != '/') full += "/";
+  full += path;
+  Transfer transfer;
+  TAU_RETURN_IF_ERROR(Exchange(Request{"GET", full, "", "", false}, &transfer, nullptr, nullptr));
+  return std::move(transfer.body);
+}
+
 Result<nlohmann::json> Client::Create(const nlohmann::json& object) {
   TAU_ASSIGN_OR_RETURN(ObjectRef ref, RefOf(object));
   TAU_ASSIGN_OR_RETURN(std::string path, ResourcePath(ref.api_version, ref.kind, ref.ns, ""));

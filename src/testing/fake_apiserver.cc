@@ -315,6 +315,12 @@ void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res
       Reply(res, 200, json{{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Success"}});
       return;
     }
+    if (req.method == "POST" && req.path == "/fake/proxy") {
+      SetProxied(req.get_param_value("namespace"), req.get_param_value("service"),
+                 req.get_param_value("path"), req.body);
+      Reply(res, 200, json{{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Success"}});
+      return;
+    }
     if (req.method == "POST" && req.path == "/fake/hold-writes") {
       HoldWrites(req.get_param_value("namespace"), req.get_param_value("held") != "false");
       Reply(res, 200, json{{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Success"}});
@@ -360,6 +366,11 @@ void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res
   std::vector<std::string> rest;
   if (!ParseTarget(req.path, &target.group_version, &rest)) {
     Fail(res, 404, "NotFound", fmt::format("the server could not find the requested resource"));
+    return;
+  }
+  if (target.group_version == "v1" && rest.size() >= 5 && rest[0] == "namespaces" &&
+      rest[2] == "services" && rest[4] == "proxy") {
+    HandleServiceProxy(req, rest, res);
     return;
   }
   // [namespaces NS] RESOURCE [NAME [SUBRESOURCE]]; /api/v1/namespaces[/NAME] is the Namespace
@@ -802,6 +813,41 @@ void FakeApiServer::HandleDelete(const Target& target, const http::HttpRequest& 
   json object = it->second;
   object["metadata"]["deletionTimestamp"] = FormatRfc3339(NowMillis() / 1000 * 1000);
   Reply(res, 200, Commit(target, "DELETED", std::move(object)));
+}
+
+void FakeApiServer::SetProxied(const std::string& ns, const std::string& service_port,
+                               const std::string& path, const std::string& body) {
+  MutexLock lock(&mu_);
+  proxied_[fmt::format("{}/{}{}", ns, service_port, path)] = body;
+}
+
+void FakeApiServer::HandleServiceProxy(const http::HttpRequest& req,
+                                       const std::vector<std::string>& rest,
+                                       http::HttpResponse& res) {
+  // rest: namespaces NS services NAME[:PORT] proxy PATH...
+  const std::string& ns = rest[1];
+  // [SCHEME:]NAME[:PORT]
+  std::vector<std::string> parts = Split(rest[3], ':');
+  const std::string service = parts.size() == 3 ? parts[1] : parts[0];
+  if (req.method != "GET") {
+    Fail(res, 405, "MethodNotAllowed", "the stand-in proxies GET only");
+    return;
+  }
+  if (Object("v1/services", ns, service).is_null()) {
+    Fail(res, 404, "NotFound", fmt::format("services \"{}\" not found", service));
+    return;
+  }
+  std::string path;
+  for (size_t i = 5; i < rest.size(); ++i) path += "/" + rest[i];
+  MutexLock lock(&mu_);
+  auto it = proxied_.find(fmt::format("{}/{}{}", ns, rest[3], path));
+  if (it == proxied_.end()) {
+    // What the API server says when nothing behind the Service answers.
+    Fail(res, 503, "ServiceUnavailable",
+         fmt::format("no endpoints available for service \"{}\"", service));
+    return;
+  }
+  res.set_content(it->second, "application/json");
 }
 
 void FakeApiServer::HandleAccessReview(const http::HttpRequest& req, http::HttpResponse& res) {

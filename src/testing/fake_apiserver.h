@@ -15,6 +15,7 @@
 //     history; a version older than the history gets an ERROR event with code 410 (Expired);
 //     BOOKMARK events when allowWatchBookmarks=true; timeoutSeconds;
 //   * pod logs (/log, follow=true streams what tests append), SubjectAccessReviews from grants;
+//   * the service proxy (GET .../services/NAME:PORT/proxy/PATH) answering what tests set;
 //   * legacy discovery (/api, /apis, resource lists) for the kinds tau knows, so kubectl works;
 //   * test controls: failure injection (429/500/503 with Retry-After), a required bearer token,
 //     and a request log; and one over HTTP for tests in another process (tau-fake-apiserver,
@@ -83,6 +84,11 @@ class FakeApiServer {
   // Writes (POST, PUT, PATCH, DELETE) in namespace `ns` wait until released, as behind an
   // admission webhook that does not answer.
   void HoldWrites(const std::string& ns, bool held);
+  // What GET /api/v1/namespaces/NS/services/SERVICE_PORT/proxy/PATH answers (200, `body`), as
+  // the program behind the Service would (a Ray head's dashboard). The Service must exist (404);
+  // a path never set answers 503, as the API server does when nothing behind a Service answers.
+  void SetProxied(const std::string& ns, const std::string& service_port, const std::string& path,
+                  const std::string& body);
   void set_bookmark_interval_ms(int ms);
   void set_history_limit(size_t events);
   // SubjectAccessReviews allow exactly what was granted.
@@ -123,6 +129,8 @@ class FakeApiServer {
   void HandlePatch(const Target& target, const http::HttpRequest& req, http::HttpResponse& res);
   void HandleDelete(const Target& target, const http::HttpRequest& req, http::HttpResponse& res);
   void HandleAccessReview(const http::HttpRequest& req, http::HttpResponse& res);
+  void HandleServiceProxy(const http::HttpRequest& req, const std::vector<std::string>& rest,
+                          http::HttpResponse& res);
   // /api, /apis, /api/v1 and /apis/G/V, enough for kubectl; false for other paths.
   bool HandleDiscovery(const http::HttpRequest& req, http::HttpResponse& res);
   bool StreamWatch(WatchCursor* cursor, http::ChunkSink& sink);
@@ -150,6 +158,7 @@ class FakeApiServer {
   bool watches_paused_ TAU_GUARDED_BY(mu_) = false;
   bool watches_stalled_ TAU_GUARDED_BY(mu_) = false;
   std::set<std::string> held_namespaces_ TAU_GUARDED_BY(mu_);
+  std::map<std::string, std::string> proxied_ TAU_GUARDED_BY(mu_);  // "ns/svc:port/path" -> body
   int bookmark_interval_ms_ TAU_GUARDED_BY(mu_) = 1000;
   std::map<std::string, LogStream> logs_ TAU_GUARDED_BY(mu_);  // "ns/pod" -> its log
   std::string required_token_ TAU_GUARDED_BY(mu_);

@@ -10,7 +10,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 import unittest
+import urllib.parse
 import urllib.error
 import urllib.request
 
@@ -170,6 +172,18 @@ class FakeKube:
     def cut_log_streams(self):
         """Ends the open log streams while the pods run on (as a kubelet restart would)."""
         self.must("POST", "/fake/cut-logs", "", "text/plain")
+
+    def hold_writes(self, namespace, held=True):
+        """The namespace's writes wait, as behind an admission webhook that does not answer."""
+        query = urllib.parse.urlencode({"namespace": namespace, "held": str(held).lower()})
+        self.must("POST", f"/fake/hold-writes?{query}", "", "text/plain")
+
+    # ---- KubeRay's and Ray's part ----
+    def serve_ray_job_logs(self, service, job_id, text):
+        """What the Ray head's dashboard answers for the job's logs, through the service proxy."""
+        query = urllib.parse.urlencode({"namespace": NS, "service": f"{service}:8265",
+                                        "path": f"/api/jobs/{job_id}/logs"})
+        self.must("POST", f"/fake/proxy?{query}", json.dumps({"logs": text}))
 
 
 class KubeBackendTest(unittest.TestCase):
@@ -346,6 +360,67 @@ class KubeBackendTest(unittest.TestCase):
         # The log is kept whole: what was written meanwhile, and nothing twice.
         self.wait(lambda: self.logs(run) == "step 1\nstep 2\n",
                   lambda: f"the whole log after the restart: {self.logs(run)!r}")
+
+    def test_a_held_namespace_does_not_delay_another_namespaces_run(self):
+        platform = os.path.join(self.work, "platform.yaml")
+        with open(platform, "w") as f:
+            f.write("schema_version: 1\nflavors: [{name: default}]\nqueues:\n  - name: q\n"
+                    "    resource_groups:\n      - covered_resources: [cpu, memory]\n"
+                    "        flavors: [{name: default, resources: [{name: cpu, nominal: 64}, "
+                    "{name: memory, nominal: 256Gi}]}]\n"
+                    "workspaces:\n  - {name: team-a, members: [\"*\"], default_queue: q}\n"
+                    "  - {name: team-b, members: [\"*\"], default_queue: q}\n")
+        self.server.tau("platform", "apply", platform, check=0)
+        # team-a's admission webhook hangs: its run's create waits on the API server.
+        self.kube.hold_writes("team-a")
+        self.addCleanup(self.kube.hold_writes, "team-a", False)
+        held = self.submit(name="held", spec=SPEC + "policy:\n  workspace: team-a\n")
+        other = self.submit(name="other", spec=SPEC + "policy:\n  workspace: team-b\n")
+        queued = time.monotonic()
+        path = f"/apis/batch/v1/namespaces/team-b/jobs/{other}-1"
+        self.wait(lambda: self.kube.get(path), lambda: f"the Job {other}-1 in team-b")
+        took = time.monotonic() - queued
+        self.assertIsNone(self.kube.get(f"/apis/batch/v1/namespaces/team-a/jobs/{held}-1"))
+        self.assertLess(took, 1.0, f"team-b's Job came {took:.2f}s after its run was queued")
+        # Released, the held create goes through.
+        self.kube.hold_writes("team-a", False)
+        self.wait(lambda: self.kube.get(f"/apis/batch/v1/namespaces/team-a/jobs/{held}-1"),
+                  lambda: f"the Job {held}-1 in team-a")
+
+    def test_a_rayjobs_driver_log_comes_from_rays_job_api(self):
+        run = self.submit(spec=SPEC.replace("workload_kind: job", "workload_kind: rayjob"))
+        path = f"/apis/ray.io/v1/namespaces/{NS}/rayjobs/{run}-1"
+        rayjob = self.wait(lambda: self.kube.get(path), lambda: f"the RayJob {run}-1")
+        self.assertEqual(rayjob["spec"]["submissionMode"], "HTTPMode")
+        # Kueue admits it; KubeRay makes the cluster and its head Service and submits the job to
+        # the dashboard itself (HTTPMode: no submitter pod); Ray keeps the driver's output.
+        self.kube.must("POST", self.kube.workload_path(), {
+            "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+            "metadata": {"name": f"rayjob-{run}-1", "namespace": NS, "ownerReferences": [
+                {"apiVersion": "ray.io/v1", "kind": "RayJob", "name": f"{run}-1",
+                 "uid": rayjob["metadata"]["uid"], "controller": True}]},
+            "spec": {"queueName": "default"},
+            "status": {"conditions": [{"type": "QuotaReserved", "status": "True"},
+                                      {"type": "Admitted", "status": "True"}],
+                       "admission": {"clusterQueue": CLUSTER_QUEUE}}})
+        self.kube.merge_patch(path, {"spec": {"suspend": False}})
+        cluster, job_id = f"{run}-1-raycluster-k8p2x", f"{run}-1-zq4v7"
+        self.kube.must("POST", f"/api/v1/namespaces/{NS}/services", {
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": f"{cluster}-head-svc", "namespace": NS},
+            "spec": {"ports": [{"name": "dashboard", "port": 8265}]}})
+        self.kube.serve_ray_job_logs(f"{cluster}-head-svc", job_id, "epoch 1\n")
+        self.kube.merge_patch(path + "/status", {"status": {
+            "jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "jobId": job_id,
+            "rayClusterName": cluster}})
+        self.wait_status(run, "Running")
+        self.wait(lambda: self.logs(run) == "epoch 1\n", lambda: f"the log: {self.logs(run)!r}")
+        self.kube.serve_ray_job_logs(f"{cluster}-head-svc", job_id, "epoch 1\nepoch 2\ndone\n")
+        self.kube.merge_patch(path + "/status", {"status": {
+            "jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}})
+        self.wait_status(run, "Succeeded")
+        self.wait(lambda: self.logs(run) == "epoch 1\nepoch 2\ndone\n",
+                  lambda: f"the whole driver log: {self.logs(run)!r}")
 
     def test_a_secret_in_a_pod_log_is_masked_on_disk_while_it_runs(self):
         p = subprocess.run([TAU, "secret", "set", "default", "api-key"], input="hunter2-4711",

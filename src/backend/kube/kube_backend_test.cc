@@ -72,6 +72,7 @@ class KubeBackendTest : public testutil::ControllerFixture {
     KubeClusterOptions kopts;
     kopts.resync_ms = 500;
     kopts.watch_timeout_seconds = 5;
+    kopts.driver_log_poll_ms = 100;
     kopts.check_access = check_access_;
     cluster_ = NewKubeCluster(cluster_client_.get(), kopts);
     ControllerOptions options = Options();
@@ -544,7 +545,7 @@ TEST_F(KubeBackendTest, GangKeepsEachRanksLogAndCancelDeletesItsService) {
   EXPECT_TRUE(fake_.Object("v1/services", "default", JobName(name, 1)).is_null());
 }
 
-TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromItsSubmitterPod) {
+TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromRaysJobApi) {
   std::string spec = kSpec;
   spec.replace(spec.find("workload_kind: job"), 18, "workload_kind: rayjob");
   std::string name = Submit(spec);
@@ -554,8 +555,10 @@ TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromItsSubmitterPod) {
     return !rayjob.is_null();
   }));
   EXPECT_EQ(rayjob["spec"]["suspend"], true);
-  // Kueue admits the RayJob; KubeRay starts the cluster and the submitter Job, whose pod (not
-  // labelled by tau) prints the driver's output.
+  EXPECT_EQ(rayjob["spec"]["submissionMode"], "HTTPMode");
+  // Kueue admits the RayJob; KubeRay starts the cluster with its head Service and (HTTPMode)
+  // submits the Ray job to the head's dashboard itself: no submitter pod exists. The driver's
+  // output is Ray's job log, which the dashboard serves.
   json owner = {{"apiVersion", "ray.io/v1"},
                 {"kind", "RayJob"},
                 {"name", JobName(name, 1)},
@@ -578,24 +581,34 @@ TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromItsSubmitterPod) {
                                   {"admission", {{"clusterQueue", "default"}}}}}},
                                "status")
                   .ok());
-  json submitter = {{"apiVersion", "v1"},
-                    {"kind", "Pod"},
-                    {"metadata",
-                     {{"name", JobName(name, 1) + "-submitter"},
-                      {"namespace", "default"},
-                      {"labels", {{"batch.kubernetes.io/job-name", JobName(name, 1)}}}}},
-                    {"status", {{"phase", "Running"}}}};
-  ASSERT_TRUE(kube_->Create(submitter).ok());
-  fake_.AppendLog("default", JobName(name, 1) + "-submitter", "ray driver: epoch 1\n");
-  ASSERT_TRUE(
-      kube_
-          ->MergePatch("ray.io/v1", "RayJob", "default", JobName(name, 1),
-                       {{"status", {{"jobDeploymentStatus", "Running"}, {"jobStatus", "RUNNING"}}}},
-                       "status")
-          .ok());
+  const std::string cluster = JobName(name, 1) + "-raycluster-x7k2p";
+  const std::string job_id = JobName(name, 1) + "-q9z4m";
+  json head_svc = {{"apiVersion", "v1"},
+                   {"kind", "Service"},
+                   {"metadata", {{"name", cluster + "-head-svc"}, {"namespace", "default"}}},
+                   {"spec", {{"ports", {{{"name", "dashboard"}, {"port", 8265}}}}}}};
+  ASSERT_TRUE(kube_->Create(head_svc).ok());
+  const std::string logs_path = "/api/jobs/" + job_id + "/logs";
+  fake_.SetProxied("default", cluster + "-head-svc:8265", logs_path,
+                   json{{"logs", "ray driver: epoch 1\n"}}.dump());
+  ASSERT_TRUE(kube_
+                  ->MergePatch("ray.io/v1", "RayJob", "default", JobName(name, 1),
+                               {{"status",
+                                 {{"jobDeploymentStatus", "Running"},
+                                  {"jobStatus", "RUNNING"},
+                                  {"jobId", job_id},
+                                  {"rayClusterName", cluster}}}},
+                               "status")
+                  .ok());
   ASSERT_TRUE(WaitForState(name, RunState::kRunning));
   ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == "ray driver: epoch 1\n"; })) << Log(name, 1);
-  fake_.EndLog("default", JobName(name, 1) + "-submitter");
+  fake_.SetProxied("default", cluster + "-head-svc:8265", logs_path,
+                   json{{"logs", "ray driver: epoch 1\nray driver: epoch 2\n"}}.dump());
+  ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == "ray driver: epoch 1\nray driver: epoch 2\n"; }))
+      << Log(name, 1);
+  // The job ends with output the last poll has not seen: the fetch after the end has it.
+  fake_.SetProxied("default", cluster + "-head-svc:8265", logs_path,
+                   json{{"logs", "ray driver: epoch 1\nray driver: epoch 2\ndone\n"}}.dump());
   ASSERT_TRUE(
       kube_
           ->MergePatch(
@@ -604,6 +617,15 @@ TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromItsSubmitterPod) {
               "status")
           .ok());
   ASSERT_TRUE(WaitForState(name, RunState::kSucceeded));
+  ASSERT_TRUE(WaitFor([&] {
+    return Log(name, 1) == "ray driver: epoch 1\nray driver: epoch 2\ndone\n";
+  })) << Log(name, 1);
+  // The dashboard was asked through the API server's service proxy.
+  bool proxied = false;
+  for (const auto& req : fake_.Requests())
+    proxied |= req.path == "/api/v1/namespaces/default/services/" + cluster +
+                               "-head-svc:8265/proxy" + logs_path;
+  EXPECT_TRUE(proxied);
 }
 
 TEST_F(KubeBackendTest, WorkspaceSecretsReachTheNamespaceSecretNotTheJob) {

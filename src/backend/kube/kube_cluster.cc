@@ -151,6 +151,21 @@ std::string Fingerprint(const kube::AttemptObservation& o, std::optional<int> po
                      o.exit_code.value_or(-1000));
 }
 
+// Where a kept log comes from: a pod's log stream, or a RayJob's driver log, which Ray keeps on
+// the head and serves whole through its dashboard's job API.
+struct LogSource {
+  std::string id;    // recorded beside the kept log: which log its bytes are of
+  std::string what;  // in messages: "pod NS/NAME"
+  // Reads the log from its beginning, handing what arrives to `on_chunk`.
+  std::function<Status(const std::function<bool(std::string_view)>& on_chunk)> read;
+  // Whether the log may still grow.
+  std::function<bool()> live;
+  // A stream (a pod's) ends when its container does, so `live` is asked after it. A fetch (Ray's)
+  // has what there is now, so `live` is asked before it: the fetch after the end is the last.
+  bool fetched = false;
+  int64_t pause_ms = 500;  // between reads (a fetch: more as the log grows, see FollowLog)
+};
+
 class KubeCluster final : public Cluster {
  public:
   KubeCluster(kubeapi::Client* client, KubeClusterOptions options)
@@ -176,7 +191,7 @@ class KubeCluster final : public Cluster {
     json object;                       // the Job or RayJob; null until seen
     std::map<std::string, json> pods;  // name -> pod
     std::set<std::string> followed;    // pods whose logs are being (or were) kept
-    bool submitter_followed = false;   // RayJob: the submitter pod's log
+    bool driver_followed = false;      // RayJob: the driver's log
     std::string last_news;             // fingerprint of the last news sent
     bool gone = false;                 // its object was deleted
     bool ended = false;                // its terminal news was sent: no more resyncs
@@ -188,11 +203,17 @@ class KubeCluster final : public Cluster {
   void OnEvent(const std::string& kind, const kubeapi::WatchEvent& event);
   void Reconcile();
   void ObserveAll(std::set<AttemptKey> keys);
-  // Keeps the pod's log as rank `rank`'s of the attempt `key`, at `path`.
-  void FollowLog(const std::string& ns, const std::string& pod, const std::string& container,
-                 const std::string& path, const AttemptKey& key, int rank, const AttemptLogs& logs);
+  // Keeps the log `source` reads as rank `rank`'s of the attempt `key`, at `path`.
+  void FollowLog(LogSource source, const std::string& path, const AttemptKey& key, int rank,
+                 const AttemptLogs& logs);
+  LogSource PodLog(const std::string& ns, const std::string& pod, const std::string& container);
+  // A RayJob's driver log: Ray's job log, through the API server's proxy to the head's dashboard.
+  LogSource DriverLog(const AttemptKey& key, const std::string& ns, const std::string& job_id,
+                      const std::string& ray_cluster);
   // Whether the watches last saw the pod Pending or Running (false for pods they do not follow).
   bool PodRunning(const std::string& ns, const std::string& pod);
+  // Whether the attempt's RayJob may still run (not Complete or Failed, not deleted).
+  bool RayJobLive(const AttemptKey& key);
   // Deletes the attempt's objects (`targets`, else those the API lists) and its gang Service.
   Status DeleteObjects(const std::string& run, int attempt, std::vector<json> targets);
   // Tells the decision thread how a call it asked for ended.
@@ -376,7 +397,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
     json object;
     std::vector<json> pods;
     std::vector<std::pair<std::string, int>> follow;  // pod, rank
-    bool find_submitter = false;
+    std::string driver_job, driver_cluster;           // RayJob: its Ray job and cluster
     bool gone = false;
     std::string last_news;
     std::optional<AttemptLogs> logs;
@@ -390,18 +411,23 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
       auto it = attempts_.find(key);
       if (it == attempts_.end() || it->second.object.is_null()) continue;
       Attempt& a = it->second;
-      Todo t{key, a.object, {}, {}, false, a.gone, a.last_news, a.logs};
+      Todo t{key, a.object, {}, {}, "", "", a.gone, a.last_news, a.logs};
       for (const auto& [pod_name, pod] : a.pods) {
         t.pods.push_back(pod);
         if (a.logs && PodStarted(pod) && a.followed.insert(pod_name).second)
           t.follow.emplace_back(pod_name, RankOf(pod));
       }
-      if (a.logs && Str(a.object, "kind") == "RayJob" && !a.submitter_followed) {
+      if (a.logs && Str(a.object, "kind") == "RayJob" && !a.driver_followed) {
+        // Once KubeRay has submitted the Ray job (HTTPMode: no submitter pod) and said where.
         const json& status = a.object.contains("status") ? a.object["status"] : json::object();
         std::string ds = status.is_object() ? Str(status, "jobDeploymentStatus") : "";
-        if (ds == "Running" || ds == "Complete" || ds == "Failed") {
-          t.find_submitter = true;
-          a.submitter_followed = true;
+        std::string job = status.is_object() ? Str(status, "jobId") : "";
+        std::string cluster = status.is_object() ? Str(status, "rayClusterName") : "";
+        if ((ds == "Running" || ds == "Complete" || ds == "Failed") && !job.empty() &&
+            !cluster.empty()) {
+          t.driver_job = job;
+          t.driver_cluster = cluster;
+          a.driver_followed = true;
         }
       }
       todo.push_back(std::move(t));
@@ -413,22 +439,18 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
     const std::string dir = attempt_dir_ ? attempt_dir_(t.key.first, t.key.second) + "/logs" : "";
     bool ray = Str(t.object, "kind") == "RayJob";
     if (!dir.empty() && t.logs) {
-      // Jobs: each worker pod's log is its rank's. RayJobs: the submitter's (the driver's output)
+      // Jobs: each worker pod's log is its rank's. RayJobs: the driver's output (Ray's job log)
       // is rank 0; the Ray head and workers keep theirs in Ray.
       if (!ray)
         for (const auto& [pod, rank] : t.follow)
-          FollowLog(ns, pod, "worker", fmt::format("{}/rank-{}.log", dir, rank), t.key, rank,
-                    *t.logs);
-      if (t.find_submitter) {
-        kubeapi::ListOptions list;
-        list.label_selector = "batch.kubernetes.io/job-name=" + Str(Meta(t.object), "name");
-        auto pods = client_->List("v1", "Pod", ns, list);
+          FollowLog(PodLog(ns, pod, "worker"), fmt::format("{}/rank-{}.log", dir, rank), t.key,
+                    rank, *t.logs);
+      if (!t.driver_job.empty()) {
         // The driver's is the attempt's one log: all of the cap is its.
         AttemptLogs driver = *t.logs;
         driver.workers = 1;
-        if (pods.ok() && !pods->items.empty())
-          FollowLog(ns, Str(Meta(pods->items.back()), "name"), "", dir + "/rank-0.log", t.key, 0,
-                    driver);
+        FollowLog(DriverLog(t.key, ns, t.driver_job, t.driver_cluster), dir + "/rank-0.log", t.key,
+                  0, driver);
       }
     }
     ClusterNews news;
@@ -465,18 +487,55 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
   }
 }
 
-void KubeCluster::FollowLog(const std::string& ns, const std::string& pod,
-                            const std::string& container, const std::string& path,
-                            const AttemptKey& key, int rank, const AttemptLogs& logs) {
+LogSource KubeCluster::PodLog(const std::string& ns, const std::string& pod,
+                              const std::string& container) {
+  LogSource source;
+  source.id = pod;
+  source.what = fmt::format("pod {}/{}", ns, pod);
+  source.read = [this, ns, pod, container](const std::function<bool(std::string_view)>& on_chunk) {
+    kubeapi::LogOptions options;
+    options.container = container;
+    options.follow = true;
+    return client_->StreamLogs(ns, pod, options, on_chunk, &stop_);
+  };
+  source.live = [this, ns, pod] { return PodRunning(ns, pod); };
+  return source;
+}
+
+LogSource KubeCluster::DriverLog(const AttemptKey& key, const std::string& ns,
+                                 const std::string& job_id, const std::string& ray_cluster) {
+  LogSource source;
+  source.id = "ray-job:" + job_id;
+  source.what = fmt::format("Ray job {} of RayJob {}/{}-{}", job_id, ns, key.first, key.second);
+  source.fetched = true;
+  source.pause_ms = options_.driver_log_poll_ms;
+  source.read = [this, ns, job_id,
+                 ray_cluster](const std::function<bool(std::string_view)>& on_chunk) -> Status {
+    // KubeRay's head Service, and the dashboard's port on it.
+    TAU_ASSIGN_OR_RETURN(std::string body,
+                         client_->ServiceProxyGet(ns, ray_cluster + "-head-svc", "8265",
+                                                  "/api/jobs/" + job_id + "/logs"));
+    json doc = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (!doc.is_object() || !doc.contains("logs") || !doc["logs"].is_string())
+      return Internal("Ray's job API answered something else than {\"logs\": ...}");
+    on_chunk(doc["logs"].get_ref<const std::string&>());
+    return Status::Ok();
+  };
+  source.live = [this, key] { return RayJobLive(key); };
+  return source;
+}
+
+void KubeCluster::FollowLog(LogSource source, const std::string& path, const AttemptKey& key,
+                            int rank, const AttemptLogs& logs) {
   auto done = std::make_shared<std::atomic<bool>>(false);
-  std::thread thread([this, ns, pod, container, path, key, rank, logs, done] {
+  std::thread thread([this, source = std::move(source), path, key, rank, logs, done] {
     struct MarkDone {
       std::atomic<bool>* flag;
       ~MarkDone() { *flag = true; }
     } mark{done.get()};
     auto cannot = [&](const char* what) {
-      std::fprintf(stderr, "tau server: cannot keep the log of pod %s/%s in %s: %s %s\n",
-                   ns.c_str(), pod.c_str(), path.c_str(), what, std::strerror(errno));
+      std::fprintf(stderr, "tau server: cannot keep the log of %s in %s: %s %s\n",
+                   source.what.c_str(), path.c_str(), what, std::strerror(errno));
     };
     // Read and write: a cut at the cap copies the newest part out of it.
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
@@ -495,7 +554,7 @@ void KubeCluster::FollowLog(const std::string& ns, const std::string& pod,
     std::optional<LogOffset> at = ReadLogOffset(offset_fd);
     struct stat st;
     const int64_t file_size = ::fstat(fd, &st) == 0 ? st.st_size : 0;
-    if (at && at->pod == pod) {
+    if (at && at->pod == source.id) {
       taken = at->taken;
       // Written after the offset was last recorded (the server stopped between the two): cut
       // off, and taken again from the pod. (A cut at the cap just then leaves the file smaller;
@@ -515,45 +574,54 @@ void KubeCluster::FollowLog(const std::string& ns, const std::string& pod,
                 static_cast<size_t>(workers), logs.secrets, &notices);
     auto record = [&] {
       const int64_t held = static_cast<int64_t>(log.held());
-      if (!WriteLogOffset(offset_fd, {pod, taken - held, log.size()}))
-        std::fprintf(stderr,
-                     "tau server: cannot record how far the log of pod %s/%s was kept: %s\n",
-                     ns.c_str(), pod.c_str(), std::strerror(errno));
+      if (!WriteLogOffset(offset_fd, {source.id, taken - held, log.size()}))
+        std::fprintf(stderr, "tau server: cannot record how far the log of %s was kept: %s\n",
+                     source.what.c_str(), std::strerror(errno));
     };
-    kubeapi::LogOptions options;
-    options.container = container;
-    options.follow = true;
+    std::string last_error;
+    int final_failures = 0;
     bool ended = false;
     while (!stop_) {
-      // The redactor keeps what it holds back across streams of this thread: skip all of it.
+      const bool more = !source.fetched || source.live();
+      // The redactor keeps what it holds back across reads of this thread: skip all of it.
       int64_t skip = taken;
-      Status s = client_->StreamLogs(
-          ns, pod, options,
-          [&](std::string_view chunk) {
-            if (skip > 0) {
-              size_t n = std::min<size_t>(static_cast<size_t>(skip), chunk.size());
-              chunk.remove_prefix(n);
-              skip -= static_cast<int64_t>(n);
-            }
-            if (chunk.empty()) return true;
-            log.Write(chunk);  // a full disk drops output (and says so), not the stream
-            taken += static_cast<int64_t>(chunk.size());
-            record();
-            return true;
-          },
-          &stop_);
+      Status s = source.read([&](std::string_view chunk) {
+        if (skip > 0) {
+          size_t n = std::min<size_t>(static_cast<size_t>(skip), chunk.size());
+          chunk.remove_prefix(n);
+          skip -= static_cast<int64_t>(n);
+        }
+        if (chunk.empty()) return true;
+        log.Write(chunk);  // a full disk drops output (and says so), not the stream
+        taken += static_cast<int64_t>(chunk.size());
+        record();
+        return true;
+      });
       if (stop_) break;
-      if (!PodRunning(ns, pod)) {
-        ended = true;
-        break;
+      if (source.fetched ? !more : !source.live()) {
+        // A fetch after the end that failed is tried again a little (the RayCluster goes
+        // ttlSecondsAfterFinished after its job).
+        if (s.ok() || !source.fetched || ++final_failures >= 3) {
+          ended = true;
+          if (!s.ok())
+            std::fprintf(stderr, "tau server: the end of the log of %s is lost: %s\n",
+                         source.what.c_str(), s.ToString().c_str());
+          break;
+        }
       }
-      if (!s.ok())
-        std::fprintf(stderr, "tau server: the log of pod %s/%s: %s (following it again)\n",
-                     ns.c_str(), pod.c_str(), s.ToString().c_str());
+      if (!s.ok() && s.message() != last_error) {
+        // Said once per failure, not on every try.
+        last_error = s.message();
+        std::fprintf(stderr, "tau server: the log of %s: %s (following it again)\n",
+                     source.what.c_str(), s.ToString().c_str());
+      }
+      // A fetch brings the whole log every time: the longer it is, the less often.
+      int64_t pause_ms = source.pause_ms;
+      if (source.fetched) pause_ms = std::min<int64_t>(pause_ms + taken / (1 << 20) * 1000, 60'000);
       MutexLock lock(&mu_);
-      cv_.WaitFor(&mu_, std::chrono::milliseconds(500), [&] { return stop_.load(); });
+      cv_.WaitFor(&mu_, std::chrono::milliseconds(pause_ms), [&] { return stop_.load(); });
     }
-    // The pod's output has ended: what the redactor held back is no secret's start after all.
+    // The output has ended: what the redactor held back is no secret's start after all.
     // A server that stops instead leaves it to the next one, which takes it from the pod again.
     if (ended) {
       log.Finish();
@@ -576,6 +644,17 @@ bool KubeCluster::PodRunning(const std::string& ns, const std::string& pod) {
     return phase == "Running" || phase == "Pending";
   }
   return false;
+}
+
+bool KubeCluster::RayJobLive(const AttemptKey& key) {
+  MutexLock lock(&mu_);
+  auto it = attempts_.find(key);
+  if (it == attempts_.end() || it->second.gone) return false;
+  const json& object = it->second.object;
+  auto status = object.find("status");
+  std::string ds =
+      status != object.end() && status->is_object() ? Str(*status, "jobDeploymentStatus") : "";
+  return ds != "Complete" && ds != "Failed";
 }
 
 Result<std::vector<CodeFile>> KubeCluster::Code(const std::string& snapshot_dir) {

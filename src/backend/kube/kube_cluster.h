@@ -29,6 +29,8 @@ struct KubeClusterOptions {
   // Each create or delete of an attempt's objects, all its tries together, and how long a
   // namespace's calls fail at once after three in a row could not reach the API server.
   int64_t call_budget_ms = 30'000;
+  // How often a RayJob's driver log is fetched from Ray while it runs (more seldom as it grows).
+  int64_t driver_log_poll_ms = 2000;
   int64_t breaker_open_ms = 30'000;
 };
 
