@@ -169,19 +169,46 @@ void FakeApiServer::InjectFailures(int count, int http_status, int retry_after_s
   failure_retry_after_ = retry_after_seconds;
 }
 
+namespace {
+// The names of a pod's containers and init containers.
+std::vector<std::string> ContainerNames(const json& pod, const char* field) {
+  std::vector<std::string> names;
+  if (!pod.is_object() || !pod.contains("spec") || !pod["spec"].is_object()) return names;
+  const json list = pod["spec"].value(field, json::array());
+  if (list.is_array())
+    for (const json& c : list)
+      if (c.is_object()) names.push_back(c.value("name", ""));
+  return names;
+}
+}  // namespace
+
+std::string FakeApiServer::LogKey(const std::string& ns, const std::string& pod,
+                                  const std::string& container) {
+  std::string c = container;
+  if (c.empty()) {
+    // The pod's one container (the API server's default), when the pod says which.
+    std::vector<std::string> names = ContainerNames(
+        objects_["v1/pods"].count(Key(ns, pod)) ? objects_["v1/pods"][Key(ns, pod)] : json(),
+        "containers");
+    if (!names.empty()) c = names.front();
+  }
+  return Key(ns, pod) + "/" + c;
+}
+
 void FakeApiServer::AppendLog(const std::string& ns, const std::string& pod,
-                              const std::string& text) {
+                              const std::string& text, const std::string& container) {
   {
     MutexLock lock(&mu_);
-    logs_[Key(ns, pod)].chunks.emplace_back(NowMillis(), text);
+    logs_[LogKey(ns, pod, container)].chunks.emplace_back(NowMillis(), text);
   }
   changed_.SignalAll();
 }
 
-void FakeApiServer::EndLog(const std::string& ns, const std::string& pod) {
+void FakeApiServer::EndLog(const std::string& ns, const std::string& pod,
+                           const std::string& container) {
   {
     MutexLock lock(&mu_);
-    logs_[Key(ns, pod)].ended = true;
+    logs_[LogKey(ns, pod, container)].ended = true;
   }
   changed_.SignalAll();
 }
@@ -332,8 +359,9 @@ void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res
       Fail(res, 404, "NotFound", "unknown test control");
       return;
     }
-    if (!req.body.empty()) AppendLog(parts[2], parts[3], req.body);
-    if (req.get_param_value("end") == "true") EndLog(parts[2], parts[3]);
+    const std::string container = req.get_param_value("container");
+    if (!req.body.empty()) AppendLog(parts[2], parts[3], req.body, container);
+    if (req.get_param_value("end") == "true") EndLog(parts[2], parts[3], container);
     Reply(res, 200, json{{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Success"}});
     return;
   }
@@ -575,9 +603,46 @@ bool FakeApiServer::StreamWatch(WatchCursor* cursor, http::ChunkSink& sink) {
 
 void FakeApiServer::HandleLog(const Target& target, const http::HttpRequest& req,
                               http::HttpResponse& res) {
-  if (Object(target.collection, target.ns, target.name).is_null()) {
+  const json pod = Object(target.collection, target.ns, target.name);
+  if (pod.is_null()) {
     Fail(res, 404, "NotFound", fmt::format("pods \"{}\" not found", target.name));
     return;
+  }
+  // As the API server: the container must be named when the pod has several, must be one of the
+  // pod's (or its init containers), and must have started.
+  std::string container = req.get_param_value("container");
+  std::vector<std::string> containers = ContainerNames(pod, "containers");
+  std::vector<std::string> inits = ContainerNames(pod, "initContainers");
+  if (container.empty() && containers.size() > 1) {
+    Fail(res, 400, "BadRequest",
+         fmt::format("a container name must be specified for pod {}, choose one of: [{}]",
+                     target.name, Join(containers, " ")));
+    return;
+  }
+  if (container.empty() && !containers.empty()) container = containers.front();
+  if (!container.empty() && !(containers.empty() && inits.empty()) &&
+      std::find(containers.begin(), containers.end(), container) == containers.end() &&
+      std::find(inits.begin(), inits.end(), container) == inits.end()) {
+    Fail(res, 400, "BadRequest",
+         fmt::format("container {} is not valid for pod {}", container, target.name));
+    return;
+  }
+  const json status = pod.value("status", json::object());
+  for (const char* field : {"containerStatuses", "initContainerStatuses"}) {
+    const json statuses = status.is_object() ? status.value(field, json::array()) : json::array();
+    if (!statuses.is_array()) continue;
+    for (const json& cs : statuses) {
+      if (!cs.is_object() || cs.value("name", "") != container) continue;
+      const json state = cs.value("state", json::object());
+      if (state.is_object() && state.contains("waiting")) {
+        const json waiting = state["waiting"];
+        Fail(res, 400, "BadRequest",
+             fmt::format("container \"{}\" in pod \"{}\" is waiting to start: {}", container,
+                         target.name,
+                         waiting.is_object() ? waiting.value("reason", "") : std::string()));
+        return;
+      }
+    }
   }
   int64_t since_ms = 0;
   if (std::string since = req.get_param_value("sinceTime"); !since.empty()) {
@@ -588,7 +653,7 @@ void FakeApiServer::HandleLog(const Target& target, const http::HttpRequest& req
     }
     since_ms = *ms;
   }
-  std::string key = Key(target.ns, target.name);
+  std::string key = Key(target.ns, target.name) + "/" + container;
   if (req.get_param_value("follow") != "true") {
     MutexLock lock(&mu_);
     std::string text;

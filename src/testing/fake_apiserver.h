@@ -14,13 +14,15 @@
 //   * watches (?watch=true): JSON lines, chunked, events after resourceVersion from a bounded
 //     history; a version older than the history gets an ERROR event with code 410 (Expired);
 //     BOOKMARK events when allowWatchBookmarks=true; timeoutSeconds;
-//   * pod logs (/log, follow=true streams what tests append), SubjectAccessReviews from grants;
+//   * pod logs per container (/log, follow=true streams what tests append; container= as the API
+//     server takes it: required with several containers, 400 for one the pod lacks or one still
+//     waiting to start), SubjectAccessReviews from grants;
 //   * the service proxy (GET .../services/NAME:PORT/proxy/PATH) answering what tests set;
 //   * legacy discovery (/api, /apis, resource lists) for the kinds tau knows, so kubectl works;
 //   * test controls: failure injection (429/500/503 with Retry-After), a required bearer token,
 //     and a request log; and one over HTTP for tests in another process (tau-fake-apiserver,
-//     tests/fake_apiserver): POST /fake/logs/NAMESPACE/POD appends the body to the pod's log
-//     (AppendLog), with ?end=true ends it (EndLog); POST /fake/cut-logs cuts the open log streams
+//     tests/fake_apiserver): POST /fake/logs/NAMESPACE/POD[?container=C] appends the body to the
+//     container's log (AppendLog), with ?end=true ends it (EndLog); POST /fake/cut-logs cuts the open log streams
 //     (CutLogStreams); POST /fake/hold-writes?namespace=NS[&held=false] holds or releases a
 //     namespace's writes (HoldWrites). They are no API-server paths.
 #pragma once
@@ -67,8 +69,11 @@ class FakeApiServer {
   void RequireToken(const std::string& token);  // "" : no authentication
   // The next `count` requests answer `http_status` with Retry-After (seconds) when > 0.
   void InjectFailures(int count, int http_status, int retry_after_seconds);
-  void AppendLog(const std::string& ns, const std::string& pod, const std::string& text);
-  void EndLog(const std::string& ns, const std::string& pod);  // the container exited
+  // A container's log (`container` "": the pod's first container, as the API server's default).
+  void AppendLog(const std::string& ns, const std::string& pod, const std::string& text,
+                 const std::string& container = "");
+  void EndLog(const std::string& ns, const std::string& pod,
+              const std::string& container = "");  // the container exited
   // Open log streams end now although their containers still run (as a kubelet or API server
   // restart, or a proxy's timeout, cuts them); the logs go on.
   void CutLogStreams();
@@ -134,6 +139,9 @@ class FakeApiServer {
   // /api, /apis, /api/v1 and /apis/G/V, enough for kubectl; false for other paths.
   bool HandleDiscovery(const http::HttpRequest& req, http::HttpResponse& res);
   bool StreamWatch(WatchCursor* cursor, http::ChunkSink& sink);
+  // "ns/pod/container" of a container's log; "" names the pod's first container.
+  std::string LogKey(const std::string& ns, const std::string& pod, const std::string& container)
+      TAU_REQUIRES(mu_);
   // Stamps a new resourceVersion, stores, records the event. Caller holds mu_.
   nlohmann::json Commit(const Target& target, const std::string& type, nlohmann::json object)
       TAU_REQUIRES(mu_);
@@ -160,7 +168,7 @@ class FakeApiServer {
   std::set<std::string> held_namespaces_ TAU_GUARDED_BY(mu_);
   std::map<std::string, std::string> proxied_ TAU_GUARDED_BY(mu_);  // "ns/svc:port/path" -> body
   int bookmark_interval_ms_ TAU_GUARDED_BY(mu_) = 1000;
-  std::map<std::string, LogStream> logs_ TAU_GUARDED_BY(mu_);  // "ns/pod" -> its log
+  std::map<std::string, LogStream> logs_ TAU_GUARDED_BY(mu_);  // "ns/pod/container" -> its log
   std::string required_token_ TAU_GUARDED_BY(mu_);
   int failures_left_ TAU_GUARDED_BY(mu_) = 0;
   int failure_status_ TAU_GUARDED_BY(mu_) = 500;

@@ -525,6 +525,7 @@ TEST_F(KubeBackendTest, GangKeepsEachRanksLogAndCancelDeletesItsService) {
                    {{"tau.dev/run", name},
                     {"tau.dev/attempt", "1"},
                     {"batch.kubernetes.io/job-completion-index", std::to_string(rank)}}}}},
+                {"spec", {{"containers", {{{"name", "worker"}, {"image", "python:3.12"}}}}}},
                 {"status", {{"phase", "Running"}}}};
     ASSERT_TRUE(kube_->Create(pod).ok());
     fake_.AppendLog("default", fmt::format("{}-{}-abc", JobName(name, 1), rank),
@@ -626,6 +627,47 @@ TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromRaysJobApi) {
     proxied |= req.path == "/api/v1/namespaces/default/services/" + cluster +
                                "-head-svc:8265/proxy" + logs_path;
   EXPECT_TRUE(proxied);
+}
+
+TEST_F(KubeBackendTest, AFailedSetupKeepsPipsOutputAsTheRanksLog) {
+  std::string name = Submit(kSpec);
+  ASSERT_TRUE(WaitForJob(name, 1));
+  MakeWorkload(name, 1);
+  Admit(name, 1);
+  // The kubelet: the init container that installs the run's packages fails; the worker
+  // container never starts, so its log cannot be read (the API server answers 400).
+  json pod = {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata",
+       {{"name", PodName(name, 1)},
+        {"namespace", "default"},
+        {"labels", {{"tau.dev/run", name}, {"tau.dev/attempt", "1"}}}}},
+      {"spec",
+       {{"initContainers", {{{"name", "tau-setup"}, {"image", "python:3.12"}}}},
+        {"containers", {{{"name", "worker"}, {"image", "python:3.12"}}}}}},
+      {"status",
+       {{"phase", "Failed"},
+        {"initContainerStatuses",
+         {{{"name", "tau-setup"},
+           {"state", {{"terminated", {{"exitCode", 1}, {"reason", "Error"}}}}}}}},
+        {"containerStatuses",
+         {{{"name", "worker"}, {"state", {{"waiting", {{"reason", "PodInitializing"}}}}}}}}}}};
+  fake_.AppendLog("default", PodName(name, 1),
+                  "ERROR: No matching distribution found for torch==9.9\n", "tau-setup");
+  fake_.EndLog("default", PodName(name, 1), "tau-setup");
+  ASSERT_TRUE(kube_->Create(pod).ok());
+  SetJobCondition(name, 1, "Failed", "BackoffLimitExceeded");
+  ASSERT_TRUE(WaitForState(name, RunState::kFailed));
+  EXPECT_EQ(Run(name).reason, "SetupError");
+  ASSERT_TRUE(WaitFor([&] {
+    return Log(name, 1) == "ERROR: No matching distribution found for torch==9.9\n";
+  })) << Log(name, 1);
+  bool asked = false;
+  for (const auto& req : fake_.Requests())
+    asked |= req.path == "/api/v1/namespaces/default/pods/" + PodName(name, 1) + "/log" &&
+             req.params.count("container") && req.params.at("container") == "tau-setup";
+  EXPECT_TRUE(asked);
 }
 
 TEST_F(KubeBackendTest, WorkspaceSecretsReachTheNamespaceSecretNotTheJob) {

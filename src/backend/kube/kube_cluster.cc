@@ -92,6 +92,24 @@ int RankOf(const json& pod) {
   return n;
 }
 
+// The init container that installs the run's pip packages ended in failure: its output (pip's
+// error) is what the rank has to say, as its worker container never starts.
+bool SetupFailed(const json& pod) {
+  auto status = pod.find("status");
+  if (status == pod.end() || !status->is_object()) return false;
+  auto inits = status->find("initContainerStatuses");
+  if (inits == status->end() || !inits->is_array()) return false;
+  for (const json& cs : *inits) {
+    if (!cs.is_object() || Str(cs, "name") != "tau-setup") continue;
+    auto state = cs.find("state");
+    if (state == cs.end() || !state->is_object()) return false;
+    auto terminated = state->find("terminated");
+    return terminated != state->end() && terminated->is_object() &&
+           terminated->value("exitCode", 0) != 0;
+  }
+  return false;
+}
+
 bool PodStarted(const json& pod) {
   auto status = pod.find("status");
   if (status == pod.end() || !status->is_object()) return false;
@@ -396,7 +414,11 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
     AttemptKey key;
     json object;
     std::vector<json> pods;
-    std::vector<std::pair<std::string, int>> follow;  // pod, rank
+    struct Follow {
+      std::string pod, container;
+      int rank;
+    };
+    std::vector<Follow> follow;
     std::string driver_job, driver_cluster;           // RayJob: its Ray job and cluster
     bool gone = false;
     std::string last_news;
@@ -415,7 +437,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
       for (const auto& [pod_name, pod] : a.pods) {
         t.pods.push_back(pod);
         if (a.logs && PodStarted(pod) && a.followed.insert(pod_name).second)
-          t.follow.emplace_back(pod_name, RankOf(pod));
+          t.follow.push_back({pod_name, SetupFailed(pod) ? "tau-setup" : "worker", RankOf(pod)});
       }
       if (a.logs && Str(a.object, "kind") == "RayJob" && !a.driver_followed) {
         // Once KubeRay has submitted the Ray job (HTTPMode: no submitter pod) and said where.
@@ -439,12 +461,12 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
     const std::string dir = attempt_dir_ ? attempt_dir_(t.key.first, t.key.second) + "/logs" : "";
     bool ray = Str(t.object, "kind") == "RayJob";
     if (!dir.empty() && t.logs) {
-      // Jobs: each worker pod's log is its rank's. RayJobs: the driver's output (Ray's job log)
+      // Jobs: each worker pod's log is its rank's (its setup's, when that failed). RayJobs: the driver's output (Ray's job log)
       // is rank 0; the Ray head and workers keep theirs in Ray.
       if (!ray)
-        for (const auto& [pod, rank] : t.follow)
-          FollowLog(PodLog(ns, pod, "worker"), fmt::format("{}/rank-{}.log", dir, rank), t.key,
-                    rank, *t.logs);
+        for (const auto& f : t.follow)
+          FollowLog(PodLog(ns, f.pod, f.container), fmt::format("{}/rank-{}.log", dir, f.rank),
+                    t.key, f.rank, *t.logs);
       if (!t.driver_job.empty()) {
         // The driver's is the attempt's one log: all of the cap is its.
         AttemptLogs driver = *t.logs;
