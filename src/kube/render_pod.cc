@@ -323,7 +323,10 @@ json SetupContainer(const RunContext& ctx, bool pip, const json& resources) {
   std::vector<std::string> dirs = {ctx.checkpoint_dir, ctx.output_dir};
   json args = json::array({"-c", kSetupScript, "tau-setup"});
   for (const std::string& chunk : ctx.code_chunks) args.push_back(chunk);
-  json env = json::array({EnvEntry("TAU_MAKE_DIRS", Join(dirs, "\n"))});
+  // No GPUs: it asks for none, and an image that says NVIDIA_VISIBLE_DEVICES=all (CUDA's do)
+  // would otherwise see every GPU of the node while it runs pip, next to other runs' work.
+  json env = json::array({EnvEntry("TAU_MAKE_DIRS", Join(dirs, "\n")),
+                          EnvEntry("NVIDIA_VISIBLE_DEVICES", "void")});
   if (has_pip) env.push_back(EnvEntry("TAU_PIP_REQUIREMENTS", Join(ctx.spec->runtime.pip, "\n")));
   json c = {{"name", "tau-setup"}, {"image", ctx.image},
             {"command", {"sh"}},   {"args", args},
