@@ -511,8 +511,15 @@ TEST_F(KubeBackendTest, GangKeepsEachRanksLogAndCancelDeletesItsService) {
   std::string name = Submit(spec);
   ASSERT_TRUE(WaitForJob(name, 1));
   EXPECT_EQ(Job(name, 1)["spec"]["completionMode"], "Indexed");
-  EXPECT_FALSE(fake_.Object("v1/services", "default", JobName(name, 1)).is_null())
-      << "the gang's headless Service";
+  json service = fake_.Object("v1/services", "default", JobName(name, 1));
+  ASSERT_FALSE(service.is_null()) << "the gang's headless Service";
+  // Owned by its Job, so that the garbage collector deletes it with the Job (its TTL).
+  ASSERT_TRUE(WaitFor([&] {
+    service = fake_.Object("v1/services", "default", JobName(name, 1));
+    return service["metadata"].contains("ownerReferences");
+  }));
+  EXPECT_EQ(service["metadata"]["ownerReferences"][0]["kind"], "Job");
+  EXPECT_EQ(service["metadata"]["ownerReferences"][0]["uid"], Job(name, 1)["metadata"]["uid"]);
   MakeWorkload(name, 1);
   Admit(name, 1);
   for (int rank = 0; rank < 2; ++rank) {
@@ -548,7 +555,8 @@ TEST_F(KubeBackendTest, GangKeepsEachRanksLogAndCancelDeletesItsService) {
 
 TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromRaysJobApi) {
   std::string spec = kSpec;
-  spec.replace(spec.find("workload_kind: job"), 18, "workload_kind: rayjob");
+  spec.replace(spec.find("workload_kind: job"), 18,
+               "workload_kind: rayjob\n  ttl_seconds_after_finished: 1");
   std::string name = Submit(spec);
   json rayjob;
   ASSERT_TRUE(WaitFor([&] {
@@ -621,6 +629,11 @@ TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromRaysJobApi) {
   ASSERT_TRUE(WaitFor([&] {
     return Log(name, 1) == "ray driver: epoch 1\nray driver: epoch 2\ndone\n";
   })) << Log(name, 1);
+  // KubeRay deletes the RayCluster after ttlSecondsAfterFinished but keeps the RayJob, which
+  // holds the code: tau deletes it then.
+  ASSERT_TRUE(WaitFor(
+      [&] { return fake_.Object("ray.io/v1/rayjobs", "default", JobName(name, 1)).is_null(); }));
+  EXPECT_EQ(Log(name, 1), "ray driver: epoch 1\nray driver: epoch 2\ndone\n");
   // The dashboard was asked through the API server's service proxy.
   bool proxied = false;
   for (const auto& req : fake_.Requests())

@@ -214,6 +214,9 @@ class KubeCluster final : public Cluster {
     bool gone = false;                 // its object was deleted
     bool ended = false;                // its terminal news was sent: no more resyncs
     std::optional<AttemptLogs> logs;   // how to keep its pods' logs; none followed before
+    // A finished RayJob (its code inline, twice) is deleted then: its ttlSecondsAfterFinished
+    // after its end, when KubeRay deletes its RayCluster (KubeRay keeps the RayJob itself).
+    int64_t retire_at_ms = 0;
   };
 
   Result<std::vector<CodeFile>> Code(const std::string& snapshot_dir);
@@ -234,6 +237,8 @@ class KubeCluster final : public Cluster {
   bool RayJobLive(const AttemptKey& key);
   // Deletes the attempt's objects (`targets`, else those the API lists) and its gang Service.
   Status DeleteObjects(const std::string& run, int attempt, std::vector<json> targets);
+  // Applies an attempt's objects in order; a gang's Service is then owned by its Job.
+  Status ApplyObjects(const std::vector<json>& objects);
   // Tells the decision thread how a call it asked for ended.
   void PostCall(const AttemptKey& key, ClusterNews::Call call, const Status& result);
 
@@ -383,6 +388,7 @@ void KubeCluster::Reconcile() {
   while (!stop_) {
     std::set<AttemptKey> keys;
     std::vector<LogFollower> finished;
+    std::vector<AttemptKey> retire;
     {
       MutexLock lock(&mu_);
       cv_.WaitFor(&mu_, std::chrono::milliseconds(200),
@@ -396,6 +402,8 @@ void KubeCluster::Reconcile() {
           ++it;
         }
       }
+      for (const auto& [key, a] : attempts_)
+        if (a.retire_at_ms != 0 && MonotonicMillis() >= a.retire_at_ms) retire.push_back(key);
       if (MonotonicMillis() >= next_resync) {
         next_resync = MonotonicMillis() + options_.resync_ms;
         for (const auto& [key, a] : attempts_)
@@ -405,6 +413,7 @@ void KubeCluster::Reconcile() {
       dirty_.clear();
     }
     for (LogFollower& f : finished) f.thread.join();
+    for (const AttemptKey& key : retire) Delete(key.first, key.second);
     if (!keys.empty()) ObserveAll(std::move(keys));
   }
 }
@@ -419,7 +428,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
       int rank;
     };
     std::vector<Follow> follow;
-    std::string driver_job, driver_cluster;           // RayJob: its Ray job and cluster
+    std::string driver_job, driver_cluster;  // RayJob: its Ray job and cluster
     bool gone = false;
     std::string last_news;
     std::optional<AttemptLogs> logs;
@@ -461,8 +470,8 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
     const std::string dir = attempt_dir_ ? attempt_dir_(t.key.first, t.key.second) + "/logs" : "";
     bool ray = Str(t.object, "kind") == "RayJob";
     if (!dir.empty() && t.logs) {
-      // Jobs: each worker pod's log is its rank's (its setup's, when that failed). RayJobs: the driver's output (Ray's job log)
-      // is rank 0; the Ray head and workers keep theirs in Ray.
+      // Jobs: each worker pod's log is its rank's (its setup's, when that failed). RayJobs: the
+      // driver's output (Ray's job log) is rank 0; the Ray head and workers keep theirs in Ray.
       if (!ray)
         for (const auto& f : t.follow)
           FollowLog(PodLog(ns, f.pod, f.container), fmt::format("{}/rank-{}.log", dir, f.rank),
@@ -503,6 +512,12 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
       if (it != attempts_.end()) {
         it->second.last_news = fp;
         it->second.ended = news.observed.Terminal();
+        if (it->second.ended && Str(t.object, "kind") == "RayJob" && !t.gone &&
+            it->second.retire_at_ms == 0) {
+          const json& spec = t.object.contains("spec") ? t.object["spec"] : json::object();
+          int64_t ttl = spec.is_object() ? spec.value("ttlSecondsAfterFinished", 15) : 15;
+          it->second.retire_at_ms = MonotonicMillis() + std::max<int64_t>(ttl, 0) * 1000;
+        }
       }
     }
     if (post_) post_(std::move(news));
@@ -639,7 +654,11 @@ void KubeCluster::FollowLog(LogSource source, const std::string& path, const Att
       }
       // A fetch brings the whole log every time: the longer it is, the less often.
       int64_t pause_ms = source.pause_ms;
-      if (source.fetched) pause_ms = std::min<int64_t>(pause_ms + taken / (1 << 20) * 1000, 60'000);
+      // At most 10 s: the fetch after the end must come before KubeRay deletes the RayCluster
+      // (ttlSecondsAfterFinished, 15 s unless the spec says).
+      if (source.fetched)
+        pause_ms =
+            std::max(pause_ms, std::min<int64_t>(pause_ms + taken / (1 << 20) * 1000, 10'000));
       MutexLock lock(&mu_);
       cv_.WaitFor(&mu_, std::chrono::milliseconds(pause_ms), [&] { return stop_.load(); });
     }
@@ -742,12 +761,31 @@ Status KubeCluster::Launch(const ClusterLaunch& launch) {
     namespace_of_[key] = ns;
   }
   lanes_.Submit(
-      ns,
-      [this, objects = std::move(objects)] {
-        for (const json& object : objects) TAU_RETURN_IF_ERROR(client_->Apply(object).status());
-        return Status::Ok();
-      },
+      ns, [this, objects = std::move(objects)] { return ApplyObjects(objects); },
       [this, key](const Status& s) { PostCall(key, ClusterNews::Call::kLaunched, s); });
+  return Status::Ok();
+}
+
+Status KubeCluster::ApplyObjects(const std::vector<json>& objects) {
+  json owner;  // the Job, once applied: a gang's Service goes with it (garbage collection)
+  for (const json& object : objects) {
+    TAU_ASSIGN_OR_RETURN(json applied, client_->Apply(object));
+    if (Str(object, "kind") == "Job")
+      owner = {{"apiVersion", kJobApi},
+               {"kind", "Job"},
+               {"name", Str(Meta(applied), "name")},
+               {"uid", Str(Meta(applied), "uid")}};
+  }
+  if (owner.is_null() || Str(owner, "uid").empty()) return Status::Ok();
+  for (const json& object : objects) {
+    if (Str(object, "kind") != "Service") continue;
+    // Its UID is known only now: the Service is rendered, and applied, before its Job.
+    json patch = {{"metadata", {{"ownerReferences", json::array({owner})}}}};
+    TAU_RETURN_IF_ERROR(client_
+                            ->MergePatch("v1", "Service", Str(Meta(object), "namespace"),
+                                         Str(Meta(object), "name"), patch)
+                            .status());
+  }
   return Status::Ok();
 }
 
