@@ -141,7 +141,7 @@ TEST(ClusterRender, ServerRunsTheKubernetesBackendWithItsStoreOnAVolume) {
                   "/etc/tau/tls/tls.key"}));
   // Resources merge into the defaults as Helm merges maps; numbers become quantities.
   EXPECT_EQ(container["resources"], json({{"requests", {{"cpu", "2"}, {"memory", "4Gi"}}},
-                                          {"limits", {{"cpu", "4"}, {"memory", "2Gi"}}}}));
+                                          {"limits", {{"cpu", "4"}, {"memory", "8Gi"}}}}));
   const json& claim = (*set)["spec"]["volumeClaimTemplates"][0];
   EXPECT_EQ(claim["metadata"]["name"], "data");
   EXPECT_EQ(claim["spec"]["resources"]["requests"]["storage"], "50Gi");
@@ -276,6 +276,9 @@ TEST(ClusterRender, RefusesValuesTheServerCouldNotRunWith) {
       {[](ClusterValues& v) { v.health_agent_poll_interval = "soon"; }, "pollInterval"},
       {[](ClusterValues& v) { v.server_resources["limits"]["memory"] = "lots"; },
        "server.resources.limits.memory"},
+      // A request above its limit: the API server would refuse the pod.
+      {[](ClusterValues& v) { v.server_resources["requests"]["memory"] = "4Gi"; },
+       "the memory request (4Gi) is above its limit (2Gi)"},
   };
   for (const Bad& c : cases) {
     ClusterValues v;

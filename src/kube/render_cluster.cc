@@ -314,6 +314,23 @@ Status CheckValues(const ClusterValues& v) {
                                         quantity.get<std::string>()));
     }
   }
+  // The API server refuses a pod whose request is above its limit; Helm merges a values file's
+  // requests into the defaults' limits, which makes one easily (a 4Gi request, the default 2Gi
+  // limit). Said here, where it can be fixed, not at install time by a StatefulSet that never
+  // gets its pod.
+  if (v.server_resources.contains("requests") && v.server_resources.contains("limits")) {
+    for (const auto& [resource, text] : v.server_resources["requests"].items()) {
+      auto limit = v.server_resources["limits"].find(resource);
+      if (limit == v.server_resources["limits"].end()) continue;
+      auto want = Quantity::Parse(text.get<std::string>());
+      auto most = Quantity::Parse(limit->get<std::string>());
+      if (want.ok() && most.ok() && *want > *most)
+        return InvalidArgument(fmt::format(
+            "server.resources: the {} request ({}) is above its limit ({}); the API server would "
+            "refuse the server's pod. Raise server.resources.limits.{} or lower the request",
+            resource, text.get<std::string>(), limit->get<std::string>(), resource));
+    }
+  }
   auto poll = ParseDurationMillis(v.health_agent_poll_interval);
   if (!poll.ok() || *poll <= 0) {
     return InvalidArgument(fmt::format("healthAgent.pollInterval '{}': a duration like 10s",
