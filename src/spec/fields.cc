@@ -289,9 +289,15 @@ FieldDef StorageObject() {
               Both(Str("output", "Where outputs go",
                        [](Ctx& c, const Value& v) { c.spec.storage.output = v.text; }),
                    "TAU_OUTPUT_DIR of every attempt"),
-              On(Enum("publish", {"staged"}, "How outputs are published",
-                      [](Ctx& c, const Value& v) { c.spec.storage.publish = v.text; }),
-                 "outputs are staged, then published on success", "staged publish"),
+              Both(Enum("publish", {"staged"}, "How outputs are published",
+                        [](Ctx& c, const Value& v) {
+                          c.spec.storage.publish = v.text;
+                          // Never ignored in silence: no backend stages outputs yet.
+                          c.Warn(v.key_pos,
+                                 "storage.publish: recorded, but tau does not stage outputs yet: "
+                                 "a run writes them in place (TAU_OUTPUT_DIR), a failed one too");
+                        }),
+                   "recorded; warns: outputs are written in place, not staged"),
               Both(Str("checkpoint", "Checkpoint location",
                        [](Ctx& c, const Value& v) { c.spec.storage.checkpoint = v.text; }),
                    "artifact under the run's checkpoint directory"),

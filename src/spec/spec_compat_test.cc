@@ -74,6 +74,17 @@ TEST(SpecCompat, AFieldRecordedButNotActedOnWarnsAtItsKey) {
   EXPECT_EQ(out.spec->recorded_only["eval"]["suite"], "mmlu");
 }
 
+TEST(SpecCompat, StagedPublishWarnsThatOutputsAreWrittenInPlace) {
+  ParseOutcome out = Parse(Manifest("storage:\n  publish: staged\n"));
+  ASSERT_TRUE(out.ok()) << out.ErrorText();
+  ASSERT_EQ(out.warnings.size(), 1u);
+  EXPECT_NE(out.warnings[0].ToString().find("storage.publish: recorded, but tau does not stage "
+                                            "outputs yet"),
+            std::string::npos)
+      << out.warnings[0].ToString();
+  EXPECT_EQ(out.spec->storage.publish, "staged");
+}
+
 TEST(SpecTauGrid, NestedRunFields) {
   RunSpec spec =
       MustParse("run:\n  name: nested\n  engine: ray\n  script: src/train.py\n  image: img:1\n");
