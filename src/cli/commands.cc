@@ -598,6 +598,15 @@ void RegisterServerCommand(CLI::App* app, Context* ctx) {
   server->add_flag("--kube-check-access", sopts.kube_check_access,
                    "kubernetes: refuse submitters whom the cluster's RBAC does not allow to "
                    "create the run's Job or RayJob in its namespace (SubjectAccessReview)");
+  server
+      ->add_option("--kube-installation", sopts.kube_installation,
+                   "kubernetes: this installation's name, labelled on what it creates; it "
+                   "never adopts another installation's objects (the chart: its release name)")
+      ->check([](const std::string& name) {
+        return name.empty() || tau::IsLabelValue(name)
+                   ? std::string()
+                   : "a label value: at most 63 letters, digits, '-', '_' or '.'";
+      });
   server->add_flag("--quiet", sopts.quiet, "Log nothing");
   // Limits against a client that would wedge the API for everyone (docs/security.md, Hardening).
   server

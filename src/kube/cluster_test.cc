@@ -138,7 +138,7 @@ TEST(ClusterRender, ServerRunsTheKubernetesBackendWithItsStoreOnAVolume) {
   EXPECT_EQ(container["command"],
             json({"tau", "server", "--backend", "kubernetes", "--home", "/var/lib/tau", "--listen",
                   "0.0.0.0:8443", "--tls-cert", "/etc/tau/tls/tls.crt", "--tls-key",
-                  "/etc/tau/tls/tls.key"}));
+                  "/etc/tau/tls/tls.key", "--kube-installation", "taugrid"}));
   // Resources merge into the defaults as Helm merges maps; numbers become quantities.
   EXPECT_EQ(container["resources"], json({{"requests", {{"cpu", "2"}, {"memory", "4Gi"}}},
                                           {"limits", {{"cpu", "4"}, {"memory", "8Gi"}}}}));

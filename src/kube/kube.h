@@ -52,6 +52,10 @@ inline constexpr const char* kLabelRun = "tau.dev/run";
 inline constexpr const char* kLabelAttempt = "tau.dev/attempt";
 inline constexpr const char* kLabelWorkspace = "tau.dev/workspace";
 inline constexpr const char* kLabelManagedBy = "app.kubernetes.io/managed-by";
+// Which tau installation (`tau server --kube-installation`) made an object or pod: a server
+// adopts objects of its own installation and unlabelled ones (made before installations had
+// names), never another's.
+inline constexpr const char* kLabelInstallation = "tau.dev/installation";
 inline constexpr const char* kAnnotationConfigHash = "tau.dev/config-hash";
 inline constexpr const char* kKueueQueueLabel = "kueue.x-k8s.io/queue-name";
 inline constexpr const char* kKueuePriorityLabel = "kueue.x-k8s.io/priority-class";
@@ -67,6 +71,8 @@ struct RenderOptions {
   // Set by recovery on later attempts (TAU_RESUME_FROM, TAU_FAILURE_REASON).
   std::string resume_from;
   std::string failure_reason;
+  // The installation's name (kLabelInstallation) on every object and pod; "" : no label.
+  std::string installation;
 };
 
 // The namespace of a workspace's runs and LocalQueues: the workspace's name.

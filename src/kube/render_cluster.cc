@@ -170,12 +170,12 @@ json RestrictedContainerSecurity() {
 }
 
 json ServerStatefulSet(const ClusterValues& v, const Names& n) {
-  std::vector<std::string> command = {"tau",        "server",
-                                      "--backend",  "kubernetes",
-                                      "--home",     kServerHome,
-                                      "--listen",   fmt::format("0.0.0.0:{}", kServerPort),
-                                      "--tls-cert", fmt::format("{}/tls.crt", kTlsDir),
-                                      "--tls-key",  fmt::format("{}/tls.key", kTlsDir)};
+  std::vector<std::string> command = {
+      "tau", "server", "--backend", "kubernetes", "--home", kServerHome, "--listen",
+      fmt::format("0.0.0.0:{}", kServerPort), "--tls-cert", fmt::format("{}/tls.crt", kTlsDir),
+      "--tls-key", fmt::format("{}/tls.key", kTlsDir),
+      // Two releases on one cluster never adopt each other's runs.
+      "--kube-installation", v.release_name};
   json mounts = json::array({{{"name", "data"}, {"mountPath", kServerHome}},
                              {{"name", "tls"}, {"mountPath", kTlsDir}, {"readOnly", true}}});
   json volumes = json::array(

@@ -233,6 +233,7 @@ json ObjectMeta(const RunContext& ctx, bool kueue) {
                  {kLabelRun, ctx.run_name},
                  {kLabelAttempt, std::to_string(ctx.options->attempt)},
                  {kLabelWorkspace, ctx.run->workspace}};
+  if (!ctx.options->installation.empty()) labels[kLabelInstallation] = ctx.options->installation;
   json annotations = {{kAnnotationConfigHash, spec::ConfigHash(*ctx.spec)}};
   if (kueue) {
     labels[kKueueQueueLabel] = ctx.run->queue;
@@ -259,9 +260,11 @@ json PodResourcesJson(const policy::PodResources& p) {
 }
 
 json PodLabels(const RunContext& ctx) {
-  return {{kLabelRun, ctx.run_name},
-          {kLabelAttempt, std::to_string(ctx.options->attempt)},
-          {kLabelWorkspace, ctx.run->workspace}};
+  json labels = {{kLabelRun, ctx.run_name},
+                 {kLabelAttempt, std::to_string(ctx.options->attempt)},
+                 {kLabelWorkspace, ctx.run->workspace}};
+  if (!ctx.options->installation.empty()) labels[kLabelInstallation] = ctx.options->installation;
+  return labels;
 }
 
 json PodSpecBase(const RunContext& ctx, bool pip, bool gpu_pod) {
@@ -325,8 +328,8 @@ json SetupContainer(const RunContext& ctx, bool pip, const json& resources) {
   for (const std::string& chunk : ctx.code_chunks) args.push_back(chunk);
   // No GPUs: it asks for none, and an image that says NVIDIA_VISIBLE_DEVICES=all (CUDA's do)
   // would otherwise see every GPU of the node while it runs pip, next to other runs' work.
-  json env = json::array({EnvEntry("TAU_MAKE_DIRS", Join(dirs, "\n")),
-                          EnvEntry("NVIDIA_VISIBLE_DEVICES", "void")});
+  json env = json::array(
+      {EnvEntry("TAU_MAKE_DIRS", Join(dirs, "\n")), EnvEntry("NVIDIA_VISIBLE_DEVICES", "void")});
   if (has_pip) env.push_back(EnvEntry("TAU_PIP_REQUIREMENTS", Join(ctx.spec->runtime.pip, "\n")));
   json c = {{"name", "tau-setup"}, {"image", ctx.image},
             {"command", {"sh"}},   {"args", args},

@@ -229,6 +229,7 @@ int RunServer(const ServerOptions& options) {
     KubeClusterOptions kopts;
     kopts.default_image = options.default_image;
     kopts.check_access = options.kube_check_access;
+    kopts.installation = options.kube_installation;
     cluster = NewKubeCluster(kube_client.get(), kopts);
     backend = NewKubeBackend(cluster.get());
     log(fmt::format("kubernetes backend: API server {}", kube_client->config().server));

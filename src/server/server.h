@@ -38,6 +38,7 @@ struct ServerOptions {
   std::string kube_context;        // "" : the kubeconfig's current context
   std::string default_image;       // Kubernetes: the image of specs that name none
   bool kube_check_access = false;  // Kubernetes: SubjectAccessReview of each submitter
+  std::string kube_installation;   // Kubernetes: this installation's name (KubeClusterOptions)
   // Limits that keep one client from wedging the API for everyone (docs/security.md,
   // "Hardening"). Connections are counted per kind of listener (the Unix socket, TCP) and per
   // source: a TCP address (IPv6: its /64) or a Unix uid.

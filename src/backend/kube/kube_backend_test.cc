@@ -74,6 +74,7 @@ class KubeBackendTest : public testutil::ControllerFixture {
     kopts.watch_timeout_seconds = 5;
     kopts.driver_log_poll_ms = 100;
     kopts.check_access = check_access_;
+    kopts.installation = installation_;
     cluster_ = NewKubeCluster(cluster_client_.get(), kopts);
     ControllerOptions options = Options();
     backend_ = NewKubeBackend(cluster_.get());
@@ -224,6 +225,7 @@ class KubeBackendTest : public testutil::ControllerFixture {
   std::unique_ptr<Cluster> cluster_;
   std::unique_ptr<Backend> backend_;
   bool check_access_ = false;
+  std::string installation_;
 };
 
 TEST_F(KubeBackendTest, RunGoesThroughKueueAndKeepsItsLogs) {
@@ -473,6 +475,45 @@ workspaces:
   EXPECT_LT(took, 5000) << "team-b's Job came " << took << " ms after its submission";
   std::printf("team-b's Job was created %lld ms after its submission\n",
               static_cast<long long>(took));
+}
+
+TEST_F(KubeBackendTest, AnInstallationNeverAdoptsAnothersPods) {
+  StopController();
+  installation_ = "lab-a";
+  StartController();
+  std::string name = Submit(kSpec);
+  ASSERT_TRUE(WaitForJob(name, 1));
+  json job = Job(name, 1);
+  EXPECT_EQ(job["metadata"]["labels"]["tau.dev/installation"], "lab-a");
+  EXPECT_EQ(job["spec"]["template"]["metadata"]["labels"]["tau.dev/installation"], "lab-a");
+  MakeWorkload(name, 1);
+  Admit(name, 1);
+  // Another installation's pod with the same run and attempt (its run has the same name): it
+  // fails, and must not fail this run.
+  json foreign = {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata",
+       {{"name", "foreign-pod"},
+        {"namespace", "default"},
+        {"labels",
+         {{"tau.dev/run", name}, {"tau.dev/attempt", "1"}, {"tau.dev/installation", "lab-b"}}}}},
+      {"spec", {{"containers", {{{"name", "worker"}, {"image", "python:3.12"}}}}}},
+      {"status",
+       {{"phase", "Failed"},
+        {"containerStatuses",
+         {{{"name", "worker"},
+           {"state", {{"terminated", {{"exitCode", 137}, {"reason", "OOMKilled"}}}}}}}}}}};
+  ASSERT_TRUE(kube_->Create(foreign).ok());
+  fake_.AppendLog("default", "foreign-pod", "not this run's output\n");
+  StartPod(name, 1);
+  ASSERT_TRUE(WaitForState(name, RunState::kRunning));
+  fake_.AppendLog("default", PodName(name, 1), "this run's output\n");
+  ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == "this run's output\n"; })) << Log(name, 1);
+  SetPodStatus(name, 1, {{"phase", "Succeeded"}});
+  SetJobCondition(name, 1, "Complete", "Completed");
+  ASSERT_TRUE(WaitForState(name, RunState::kSucceeded));
+  EXPECT_EQ(Log(name, 1), "this run's output\n");
 }
 
 TEST_F(KubeBackendTest, RestartReadoptsRunningAttemptsAndNoticesVanishedOnes) {

@@ -63,8 +63,11 @@ std::string NsName(const json& object) {
   return Str(Meta(object), "namespace") + "/" + Str(Meta(object), "name");
 }
 
-// The attempt an object or pod belongs to, from tau's labels; attempt 0 when it is not tau's.
-AttemptKey KeyOf(const json& object) {
+// The attempt an object or pod belongs to, from tau's labels; attempt 0 when it is not tau's, or
+// another installation's (`installation`: this one's name; unlabelled objects are adopted).
+AttemptKey KeyOf(const json& object, const std::string& installation) {
+  std::string theirs = Label(object, kube::kLabelInstallation);
+  if (!theirs.empty() && theirs != installation) return {"", 0};
   std::string run = Label(object, kube::kLabelRun);
   std::string attempt = Label(object, kube::kLabelAttempt);
   int n = 0;
@@ -284,7 +287,7 @@ Result<std::set<AttemptKey>> KubeCluster::Start(
                                                          objects.status().message()));
     }
     for (const json& o : objects->items)
-      if (AttemptKey key = KeyOf(o); key.second > 0) existing.insert(key);
+      if (AttemptKey key = KeyOf(o, options_.installation); key.second > 0) existing.insert(key);
   }
   threads_.emplace_back(&KubeCluster::Watch, this, kJobApi, "Job", list.label_selector);
   threads_.emplace_back(&KubeCluster::Watch, this, kRayJobApi, "RayJob", list.label_selector);
@@ -355,7 +358,7 @@ void KubeCluster::OnEvent(const std::string& kind, const kubeapi::WatchEvent& ev
     cv_.SignalAll();
     return;
   }
-  AttemptKey key = KeyOf(o);
+  AttemptKey key = KeyOf(o, options_.installation);
   if (key.second == 0) return;
   if (deleted_.count(fmt::format("{}/{}", key.first, key.second))) return;
   Attempt& a = attempts_[key];
@@ -708,6 +711,7 @@ Status KubeCluster::Check(const spec::RunSpec& spec, const policy::ResolvedRun& 
   kube::RenderOptions options;
   options.run_name = spec.name + "-0000";  // as long as the names tau gives runs
   options.default_image = options_.default_image;
+  options.installation = options_.installation;
   TAU_ASSIGN_OR_RETURN(options.code, Code(snapshot_dir));
   TAU_ASSIGN_OR_RETURN(std::vector<json> objects,
                        kube::RenderRun(spec, resolved, platform, options));
@@ -734,6 +738,7 @@ Status KubeCluster::Launch(const ClusterLaunch& launch) {
   options.run_name = launch.run;
   options.attempt = launch.attempt;
   options.default_image = options_.default_image;
+  options.installation = options_.installation;
   options.resume_from = launch.resume_from;
   options.failure_reason = launch.failure_reason;
   TAU_ASSIGN_OR_RETURN(options.code, Code(launch.snapshot_dir));
@@ -846,7 +851,8 @@ Status KubeCluster::DeleteObjects(const std::string& run, int attempt, std::vect
     for (const auto& [api, kind] : {std::pair{kJobApi, "Job"}, std::pair{kRayJobApi, "RayJob"}}) {
       auto found = client_->List(api, kind, "", list);
       if (found.ok()) {
-        targets.insert(targets.end(), found->items.begin(), found->items.end());
+        for (const json& item : found->items)  // another installation's run of the same name
+          if (KeyOf(item, options_.installation).second > 0) targets.push_back(item);
       } else if (found.status().code() != StatusCode::kNotFound) {  // NotFound: no KubeRay
         return found.status();
       }
@@ -859,7 +865,8 @@ Status KubeCluster::DeleteObjects(const std::string& run, int attempt, std::vect
     // The gang's headless Service goes with it.
     TAU_ASSIGN_OR_RETURN(kubeapi::ObjectList services, client_->List("v1", "Service", ns, list));
     for (const json& svc : services.items)
-      TAU_RETURN_IF_ERROR(client_->Delete("v1", "Service", ns, Str(Meta(svc), "name")));
+      if (KeyOf(svc, options_.installation).second > 0)
+        TAU_RETURN_IF_ERROR(client_->Delete("v1", "Service", ns, Str(Meta(svc), "name")));
   }
   return Status::Ok();
 }

@@ -26,6 +26,10 @@ struct KubeClusterOptions {
   // create the run's Job or RayJob in its namespace, and refuse the run when not. For clusters
   // whose users are tau's users (the same names, e.g. through the same identity provider).
   bool check_access = false;
+  // This installation's name (kube::kLabelInstallation) on what it creates; it adopts its own
+  // objects and unlabelled ones, never another installation's. "" : no label, and every tau
+  // object on the cluster is adopted (one installation per cluster).
+  std::string installation;
   // Each create or delete of an attempt's objects, all its tries together, and how long a
   // namespace's calls fail at once after three in a row could not reach the API server.
   int64_t call_budget_ms = 30'000;
