@@ -360,13 +360,6 @@ int CmdClusterRender(const ClusterRenderOptions& o) {
     std::fprintf(stderr, "error: %s\n", objects.status().message().c_str());
     return kExitInvalid;
   }
-  if (values.kueue_enabled || values.kuberay_enabled) {
-    // Kueue and KubeRay are the chart's dependencies (their own charts), not tau's objects.
-    std::fputs(
-        "# kueue.enabled / kuberay.enabled: install Kueue and KubeRay from their own releases; "
-        "these are tau's objects only.\n",
-        stdout);
-  }
   if (platform && platform->admission.fair_sharing) {
     std::fputs(
         "# fair_sharing is on: set `fairSharing: {enable: true}` in Kueue's Configuration "

@@ -315,11 +315,14 @@ TEST(ClusterValuesParse, MapsMergeIntoTheDefaultsAsHelmMergesThem) {
   ASSERT_TRUE(v.ok()) << v.status().message();
   EXPECT_EQ(v->health_agent_node_selector, (std::map<std::string, std::string>{{"pool", "gpu"}}));
   EXPECT_EQ(v->server_resources, json({{"requests", {{"cpu", "500m"}, {"memory", "1Gi"}}}}));
-  // Subcharts' own values pass through; only `enabled` is read.
-  auto deps = ParseClusterValues("kueue: {enabled: true, controllerManager: {replicas: 2}}\n");
-  ASSERT_TRUE(deps.ok()) << deps.status().message();
-  EXPECT_TRUE(deps->kueue_enabled);
-  EXPECT_FALSE(deps->kuberay_enabled);
+  // The chart installs neither Kueue nor KubeRay: a values file that asks is told so.
+  for (const char* key : {"kueue", "kuberay"}) {
+    auto deps = ParseClusterValues(std::string(key) + ": {enabled: true}\n");
+    ASSERT_FALSE(deps.ok()) << key;
+    EXPECT_NE(deps.status().message().find("install it from its own chart first"),
+              std::string::npos)
+        << deps.status().message();
+  }
 }
 
 // ---- The chart itself ----
@@ -334,19 +337,15 @@ TEST(HelmChart, ValuesYamlIsTheRenderersDefaults) {
   EXPECT_EQ(*from_file, *defaults);
 }
 
-TEST(HelmChart, ChartYamlNamesAppVersionAndOptionalDependencies) {
+TEST(HelmChart, ChartYamlNamesAppVersionAndNoDependencies) {
   auto docs = ParseYaml(ReadAll(SourceDir() / kChart / "Chart.yaml"));
   ASSERT_TRUE(docs.ok()) << docs.status().message();
   const json& chart = docs->at(0);
   EXPECT_EQ(chart["apiVersion"], "v2");
   EXPECT_EQ(chart["name"], "taugrid");
   EXPECT_EQ(chart["appVersion"], kChartAppVersion);
-  std::map<std::string, std::string> conditions;
-  for (const json& d : chart["dependencies"]) {
-    conditions[d.value("alias", d["name"].get<std::string>())] = d["condition"].get<std::string>();
-  }
-  EXPECT_EQ(conditions, (std::map<std::string, std::string>{{"kueue", "kueue.enabled"},
-                                                            {"kuberay", "kuberay.enabled"}}));
+  // None: the chart lints and renders with no network (Kueue and KubeRay have their own charts).
+  EXPECT_FALSE(chart.contains("dependencies"));
 }
 
 // values.schema.json (draft-07) read by SchemaSet: the subset it uses (type, properties,

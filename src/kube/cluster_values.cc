@@ -30,6 +30,8 @@ class Section {
     return Status::Ok();
   }
 
+  bool Has(const std::string& key) const { return node_.contains(key); }
+
   Result<Section> Map(const std::string& key) const {
     static const json kEmpty = json::object();
     if (!node_.contains(key) || node_[key].is_null()) return Section(kEmpty, Path(key));
@@ -98,11 +100,14 @@ class Section {
   std::string path_;
 };
 
-// The chart's subcharts take their own values under these keys (and Helm's `global`, shared with
-// them); only `enabled` is ours.
-Status Dependency(const Section& root, const std::string& key, bool* enabled) {
-  TAU_ASSIGN_OR_RETURN(Section s, root.Map(key));
-  return s.Bool("enabled", enabled);
+// The chart once installed Kueue and KubeRay as subcharts under these keys; it no longer does
+// (it would not lint or render without the network). Said, not ignored.
+Status NoDependency(const Section& root, const std::string& key, const char* what) {
+  if (!root.Has(key)) return Status::Ok();
+  return InvalidArgument(fmt::format(
+      "{}: the chart does not install {}; install it from its own chart first "
+      "(docs/kubernetes.md, Quickstart) and remove this key",
+      key, what));
 }
 
 }  // namespace
@@ -162,8 +167,8 @@ Result<ClusterValues> ParseClusterValues(std::string_view yaml) {
   TAU_RETURN_IF_ERROR(agent.String("runtimeClassName", &v.health_agent_runtime_class));
   TAU_RETURN_IF_ERROR(agent.String("pollInterval", &v.health_agent_poll_interval));
 
-  TAU_RETURN_IF_ERROR(Dependency(root, "kueue", &v.kueue_enabled));
-  TAU_RETURN_IF_ERROR(Dependency(root, "kuberay", &v.kuberay_enabled));
+  TAU_RETURN_IF_ERROR(NoDependency(root, "kueue", "Kueue"));
+  TAU_RETURN_IF_ERROR(NoDependency(root, "kuberay", "KubeRay"));
 
   TAU_ASSIGN_OR_RETURN(Section rbac, root.Map("rbac"));
   TAU_RETURN_IF_ERROR(rbac.OnlyKeys({"create"}));

@@ -210,8 +210,6 @@ struct ClusterValues {
   std::vector<nlohmann::json> health_agent_tolerations;  // besides the two the agent always has
   std::string health_agent_runtime_class = "nvidia";     // "" : the node's default runtime
   std::string health_agent_poll_interval = "10s";
-  bool kueue_enabled = false;    // chart dependencies only: nothing to render here
-  bool kuberay_enabled = false;  // chart dependencies only: nothing to render here
   bool rbac_create = true;
   bool service_account_create = true;
   std::string server_service_account;        // "" : FULLNAME-server
