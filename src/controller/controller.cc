@@ -66,8 +66,10 @@ Status Controller::Start() {
     return InvalidArgument("the controller needs a backend (ControllerOptions::backend)");
   TAU_RETURN_IF_ERROR(LoadPlatformFile());
   RebuildEngine();
-  // An applied platform, not the built-in default (which describes this machine).
-  const bool applied = !options_.platform_file.empty() && PathExists(options_.platform_file);
+  // An applied platform, not the built-in default (which describes this machine), unless the
+  // default was sized to the backend's cluster.
+  const bool applied = (!options_.platform_file.empty() && PathExists(options_.platform_file)) ||
+                       options_.default_platform_size.has_value();
   TAU_RETURN_IF_ERROR(backend_->Start(this, applied ? CurrentPlatform().platform.get() : nullptr));
   Batch batch;
   Recover(&batch);

@@ -42,6 +42,15 @@ struct ControllerOptions {
   // The platform file `tau platform apply` writes and a restarted server reads; when it does not
   // exist the server uses policy::DefaultPlatform sized to this machine.
   std::string platform_file;
+  // When set, the default platform is sized to this instead (the Kubernetes backend: the cluster's
+  // schedulable nodes), and the backend applies it at start as it does a platform file, so that
+  // the cluster has the queue and priority class that runs name (a bare cluster has none).
+  struct DefaultSize {
+    int gpus = 0;
+    int64_t cpu_milli = 0;
+    int64_t memory_bytes = 0;
+  };
+  std::optional<DefaultSize> default_platform_size;
   Metrics* metrics = nullptr;  // counters and histograms to feed; may be null
   // Where runs are admitted and run (local_backend.h: this machine; kube_backend.h: a Kubernetes
   // cluster). Required.

@@ -56,8 +56,11 @@ Status Controller::LoadPlatformFile() {
       }
     }
   } else {
-    platform = std::make_shared<const policy::Platform>(policy::DefaultPlatform(
-        static_cast<int>(gpus_.devices.size()), cpu_capacity_milli_, memory_capacity_bytes_));
+    const auto& size = options_.default_platform_size;
+    platform = std::make_shared<const policy::Platform>(
+        size ? policy::DefaultPlatform(size->gpus, size->cpu_milli, size->memory_bytes)
+             : policy::DefaultPlatform(static_cast<int>(gpus_.devices.size()), cpu_capacity_milli_,
+                                       memory_capacity_bytes_));
   }
   MutexLock lock(&mu_);
   platform_ = {platform, source, applied_ms};

@@ -93,6 +93,17 @@ Result<std::vector<nlohmann::json>> RenderRun(const spec::RunSpec& spec,
 // WorkloadPriorityClasses, and in each workspace namespace a LocalQueue per ClusterQueue.
 Result<std::vector<nlohmann::json>> RenderPlatform(const policy::Platform& platform);
 
+// What the schedulable nodes (not cordoned) can hold together: the sum of their
+// status.allocatable cpu, memory and nvidia.com/gpu. The Kubernetes backend sizes its baseline
+// platform to it when none is given.
+struct ClusterSize {
+  int64_t cpu_milli = 0;
+  int64_t memory_bytes = 0;
+  int gpus = 0;
+  int nodes = 0;
+};
+ClusterSize NodesAllocatable(const std::vector<nlohmann::json>& nodes);
+
 // Multi-document YAML ("---" between objects). Keys are ordered apiVersion, kind, metadata, then
 // alphabetically; strings that YAML 1.1 readers could take for something else are quoted.
 std::string ToYaml(const std::vector<nlohmann::json>& objects);

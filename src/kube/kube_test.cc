@@ -181,6 +181,23 @@ TEST(TauGridCorpus, EveryConfigRendersAndValidates) {
   EXPECT_GE(rendered, 20u);
 }
 
+TEST(Platform, TheBaselineIsSizedToTheSchedulableNodes) {
+  auto node = [](const char* cpu, const char* memory, const char* gpus, bool cordoned) {
+    json n = {{"kind", "Node"}, {"status", {{"allocatable", {{"cpu", cpu}, {"memory", memory}}}}}};
+    if (gpus != nullptr) n["status"]["allocatable"]["nvidia.com/gpu"] = gpus;
+    if (cordoned) n["spec"] = {{"unschedulable", true}};
+    return n;
+  };
+  ClusterSize size =
+      NodesAllocatable({node("7910m", "63Gi", "8", false), node("4", "16Gi", nullptr, false),
+                        node("96", "1Ti", "8", true),            // cordoned: not counted
+                        node("lots", "16Gi", nullptr, false)});  // unreadable cpu
+  EXPECT_EQ(size.nodes, 3);
+  EXPECT_EQ(size.cpu_milli, 7910 + 4000);
+  EXPECT_EQ(size.memory_bytes, (63LL + 16 + 16) << 30);
+  EXPECT_EQ(size.gpus, 8);
+}
+
 TEST(Platform, GoldenAndValid) {
   for (const auto& [golden, file] : std::vector<std::pair<std::string, std::string>>{
            {"platform-example.yaml", kExamplePlatform}, {"platform-multi.yaml", kMultiPlatform}}) {

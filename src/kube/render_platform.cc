@@ -3,6 +3,7 @@
 // version), and per workspace a Namespace with RBAC for its members.
 #include <fmt/format.h>
 
+#include "common/quantity.h"
 #include "common/strings.h"
 #include "kube/internal.h"
 
@@ -178,6 +179,30 @@ Result<std::vector<nlohmann::json>> RenderPlatform(const policy::Platform& platf
     }
   }
   return out;
+}
+
+ClusterSize NodesAllocatable(const std::vector<json>& nodes) {
+  ClusterSize size;
+  for (const json& node : nodes) {
+    if (!node.is_object()) continue;
+    const json spec = node.value("spec", json::object());
+    if (spec.is_object() && spec.value("unschedulable", false)) continue;  // cordoned
+    const json status = node.value("status", json::object());
+    const json allocatable =
+        status.is_object() ? status.value("allocatable", json::object()) : json::object();
+    if (!allocatable.is_object()) continue;
+    auto quantity = [&](const char* resource) {
+      auto it = allocatable.find(resource);
+      if (it == allocatable.end() || !it->is_string()) return Quantity();
+      auto q = Quantity::Parse(it->get<std::string>());
+      return q.ok() ? *q : Quantity();
+    };
+    size.cpu_milli += quantity(policy::kCpuResource).milli();
+    size.memory_bytes += quantity(policy::kMemoryResource).milli() / 1000;
+    size.gpus += static_cast<int>(quantity(policy::kGpuResource).milli() / 1000);
+    ++size.nodes;
+  }
+  return size;
 }
 
 }  // namespace tau::kube

@@ -29,6 +29,7 @@
 #include "evidence/evidence.h"
 #include "health/health.h"
 #include "http/http.h"
+#include "kube/kube.h"
 #include "policy/policy.h"
 #include "server/api.h"
 #include "store/store.h"
@@ -213,9 +214,8 @@ int RunServer(const ServerOptions& options) {
       log("kubernetes backend: " + config.status().message());
       return 2;
     }
-    // Creating and deleting objects happens on the controller's decision thread: an API server
-    // that does not answer may hold it for at most a few seconds per call (then the attempt is
-    // tried again later, or the cancel on the next pass).
+    // Creating and deleting objects happens off the decision thread, one lane per namespace with
+    // a budget per call (call_lanes.h); a request still waits at most this long.
     kubeapi::ClientOptions client_options;
     client_options.max_attempts = 3;
     client_options.connect_timeout_ms = 3000;
@@ -245,6 +245,22 @@ int RunServer(const ServerOptions& options) {
   copts.platform_file = layout::PlatformFile(options.home);
   copts.metrics = &metrics;
   copts.backend = backend.get();
+  if (kube_client && !PathExists(copts.platform_file)) {
+    // No platform: a baseline the size of the cluster's schedulable nodes, applied at start (a
+    // bare cluster has no queue for runs to name).
+    auto nodes = kube_client->List("v1", "Node", "");
+    if (nodes.ok()) {
+      kube::ClusterSize size = kube::NodesAllocatable(nodes->items);
+      copts.default_platform_size = {size.gpus, size.cpu_milli, size.memory_bytes};
+      log(
+          fmt::format("kubernetes backend: no platform given; the baseline (one queue `default`) "
+                      "is sized to the cluster's {} schedulable nodes: {} CPUs, {} GPUs",
+                      size.nodes, size.cpu_milli / 1000, size.gpus));
+    } else {
+      log("kubernetes backend: no platform given, and the cluster's nodes cannot be read (" +
+          nodes.status().message() + "): give one with --platform or `tau platform apply`");
+    }
+  }
   Controller controller(copts, store->get(), gpus);
   verdict_sink = &controller;
   // Verdicts from the first pass (and any change since) decide which GPUs placement may use.

@@ -77,6 +77,7 @@ class KubeBackendTest : public testutil::ControllerFixture {
     kopts.installation = installation_;
     cluster_ = NewKubeCluster(cluster_client_.get(), kopts);
     ControllerOptions options = Options();
+    options.default_platform_size = default_size_;
     backend_ = NewKubeBackend(cluster_.get());
     options.backend = backend_.get();
     ControllerFixture::StartController(options);
@@ -226,6 +227,7 @@ class KubeBackendTest : public testutil::ControllerFixture {
   std::unique_ptr<Backend> backend_;
   bool check_access_ = false;
   std::string installation_;
+  std::optional<ControllerOptions::DefaultSize> default_size_;
 };
 
 TEST_F(KubeBackendTest, RunGoesThroughKueueAndKeepsItsLogs) {
@@ -475,6 +477,26 @@ workspaces:
   EXPECT_LT(took, 5000) << "team-b's Job came " << took << " ms after its submission";
   std::printf("team-b's Job was created %lld ms after its submission\n",
               static_cast<long long>(took));
+}
+
+TEST_F(KubeBackendTest, ABareClusterGetsABaselineQueueSizedToItsNodes) {
+  // No platform given, and the cluster has no queues: the default platform, sized to the
+  // cluster's nodes, is applied at start, so the queue and priority class runs name exist.
+  StopController();
+  EXPECT_TRUE(fake_.Object("kueue.x-k8s.io/v1beta2/clusterqueues", "", "default").is_null());
+  default_size_ = ControllerOptions::DefaultSize{16, 512'000, int64_t{2048} << 30};
+  StartController();
+  json cq = fake_.Object("kueue.x-k8s.io/v1beta2/clusterqueues", "", "default");
+  ASSERT_FALSE(cq.is_null());
+  json resources = cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"];
+  std::map<std::string, std::string> nominal;
+  for (const json& r : resources) nominal[r["name"]] = r["nominalQuota"].get<std::string>();
+  EXPECT_EQ(nominal["cpu"], "512");
+  EXPECT_EQ(nominal["nvidia.com/gpu"], "16");
+  EXPECT_FALSE(fake_.Object("kueue.x-k8s.io/v1beta2/localqueues", "default", "default").is_null());
+  EXPECT_FALSE(
+      fake_.Object("kueue.x-k8s.io/v1beta2/workloadpriorityclasses", "", "default").is_null());
+  EXPECT_EQ(controller_->CurrentPlatform().source, "default");
 }
 
 TEST_F(KubeBackendTest, AnInstallationNeverAdoptsAnothersPods) {
