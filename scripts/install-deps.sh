@@ -10,7 +10,11 @@ packages=(
   prometheus  # the observability tests scrape a real tau server with it
   chromium nodejs  # the dashboard's end-to-end test (tests/e2e: playwright-core, installed with npm)
   clang-14 libclang-rt-14-dev
+  python3-kubernetes  # the official Python client: tests/integration/test_kube_conformance.py
 )
+# kubectl, the other real client of that test: Debian's unless one is installed already (a newer
+# one from pkgs.k8s.io is package `kubectl`, which would conflict).
+command -v kubectl >/dev/null || packages+=(kubernetes-client)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

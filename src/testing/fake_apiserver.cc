@@ -115,6 +115,27 @@ bool Matches(const json& object, const std::map<std::string, std::string>& equal
   return true;
 }
 
+// The fields a patch sets, as managedFields' fieldsV1 writes them ("f:KEY" maps; a list is owned
+// whole, where the API server would name its items): real clients decode it (kubectl's
+// server-side apply reads every entry's fieldsV1, and crashed on entries without one).
+json FieldsV1(const json& value) {
+  json out = json::object();
+  if (!value.is_object()) return out;
+  for (const auto& [key, child] : value.items()) {
+    if (key == "apiVersion" || key == "kind") continue;
+    out["f:" + key] = FieldsV1(child);
+  }
+  return out;
+}
+
+// A boolean query parameter as the API server reads it (Go's strconv.ParseBool): the Python
+// client sends watch=True.
+bool QueryBool(const std::string& value) {
+  for (const char* yes : {"1", "t", "T", "true", "TRUE", "True"})
+    if (value == yes) return true;
+  return false;
+}
+
 json WithoutMetadataAndStatus(json object) {
   object.erase("metadata");
   object.erase("status");
@@ -148,14 +169,17 @@ FakeApiServer::~FakeApiServer() {
   if (serve_thread_.joinable()) serve_thread_.join();
 }
 
-Status FakeApiServer::Start() {
-  TAU_RETURN_IF_ERROR(http_.ListenTcp("127.0.0.1", 0));
+Status FakeApiServer::Start(const http::TlsServerConfig* tls) {
+  TAU_RETURN_IF_ERROR(http_.ListenTcp("127.0.0.1", 0, tls));
+  tls_ = tls != nullptr;
   port_ = http_.tcp_port();
   serve_thread_ = std::thread([this] { http_.Serve(); });
   return Status::Ok();
 }
 
-std::string FakeApiServer::url() const { return fmt::format("http://127.0.0.1:{}", port_); }
+std::string FakeApiServer::url() const {
+  return fmt::format("{}://127.0.0.1:{}", tls_ ? "https" : "http", port_);
+}
 
 void FakeApiServer::RequireToken(const std::string& token) {
   MutexLock lock(&mu_);
@@ -348,6 +372,11 @@ void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res
       Reply(res, 200, json{{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Success"}});
       return;
     }
+    if (req.method == "POST" && req.path == "/fake/expire-watches") {
+      ExpireWatches();
+      Reply(res, 200, json{{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Success"}});
+      return;
+    }
     if (req.method == "POST" && req.path == "/fake/hold-writes") {
       HoldWrites(req.get_param_value("namespace"), req.get_param_value("held") != "false");
       Reply(res, 200, json{{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Success"}});
@@ -440,7 +469,7 @@ void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res
     else if (req.method == "GET" && target.subresource == "log" && target.resource == "pods")
       HandleLog(target, req, res);
     else if (req.method == "GET" && target.name.empty() &&
-             (req.get_param_value("watch") == "true" || req.get_param_value("watch") == "1"))
+             QueryBool(req.get_param_value("watch")))
       HandleWatch(target, req, res);
     else if (req.method == "GET" && target.name.empty())
       HandleList(target, req, res);
@@ -525,7 +554,7 @@ void FakeApiServer::HandleWatch(const Target& target, const http::HttpRequest& r
                 &cursor->exists);
   int64_t timeout_s = ParseVersion(req.get_param_value("timeoutSeconds"));
   cursor->deadline_ms = MonotonicMillis() + (timeout_s > 0 ? timeout_s : 1800) * 1000;
-  cursor->bookmarks = req.get_param_value("allowWatchBookmarks") == "true";
+  cursor->bookmarks = QueryBool(req.get_param_value("allowWatchBookmarks"));
   int64_t from = ParseVersion(req.get_param_value("resourceVersion"));
   {
     MutexLock lock(&mu_);
@@ -791,10 +820,17 @@ void FakeApiServer::HandlePatch(const Target& target, const http::HttpRequest& r
   MutexLock lock(&mu_);
   auto& objects = objects_[target.collection];
   auto it = objects.find(Key(target.ns, target.name));
+  json owned = patch;
+  if (owned.contains("metadata") && owned["metadata"].is_object())
+    for (const char* field : {"name", "namespace", "resourceVersion", "uid", "creationTimestamp",
+                              "generation", "managedFields"})
+      owned["metadata"].erase(field);
   json managed = {{"manager", manager.empty() ? "unknown" : manager},
                   {"operation", apply ? "Apply" : "Update"},
                   {"apiVersion", target.group_version},
-                  {"time", FormatRfc3339(NowMillis() / 1000 * 1000)}};
+                  {"time", FormatRfc3339(NowMillis() / 1000 * 1000)},
+                  {"fieldsType", "FieldsV1"},
+                  {"fieldsV1", FieldsV1(owned)}};
   if (it == objects.end()) {
     if (!apply) {
       Fail(res, 404, "NotFound", fmt::format("{} \"{}\" not found", target.resource, target.name));

@@ -22,9 +22,12 @@
 //   * test controls: failure injection (429/500/503 with Retry-After), a required bearer token,
 //     and a request log; and one over HTTP for tests in another process (tau-fake-apiserver,
 //     tests/fake_apiserver): POST /fake/logs/NAMESPACE/POD[?container=C] appends the body to the
-//     container's log (AppendLog), with ?end=true ends it (EndLog); POST /fake/cut-logs cuts the open log streams
-//     (CutLogStreams); POST /fake/hold-writes?namespace=NS[&held=false] holds or releases a
-//     namespace's writes (HoldWrites). They are no API-server paths.
+//     container's log (AppendLog), with ?end=true ends it (EndLog); POST /fake/cut-logs cuts
+//     the open log streams (CutLogStreams); POST /fake/hold-writes?namespace=NS[&held=false]
+//     holds or releases a namespace's writes (HoldWrites); POST /fake/proxy?namespace=NS&
+//     service=NAME:PORT&path=P sets what the service proxy answers (SetProxied); POST
+//     /fake/expire-watches (ExpireWatches). They are no API-server paths.
+//   * HTTPS when started with a certificate (Start(tls)).
 #pragma once
 
 #include <condition_variable>
@@ -61,9 +64,10 @@ class FakeApiServer {
   FakeApiServer(const FakeApiServer&) = delete;
   FakeApiServer& operator=(const FakeApiServer&) = delete;
 
-  // Listens on 127.0.0.1 on a free port and serves on a thread.
-  Status Start();
-  std::string url() const;  // "http://127.0.0.1:PORT"
+  // Listens on 127.0.0.1 on a free port and serves on a thread; with `tls`, HTTPS only (real
+  // clients refuse to send a bearer token over plain HTTP).
+  Status Start(const http::TlsServerConfig* tls = nullptr);
+  std::string url() const;  // "http[s]://127.0.0.1:PORT"
 
   // Test controls.
   void RequireToken(const std::string& token);  // "" : no authentication
@@ -149,6 +153,7 @@ class FakeApiServer {
   http::HttpServer http_;
   std::thread serve_thread_;
   int port_ = 0;
+  bool tls_ = false;
 
   mutable Mutex mu_;
   CondVar changed_;  // signalled on every commit, log append and control change

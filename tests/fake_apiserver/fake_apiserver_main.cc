@@ -5,7 +5,8 @@
 // Listens on 127.0.0.1 on a free port, prints its URL ("http://127.0.0.1:PORT") as one line on
 // stdout, and serves until SIGTERM or SIGINT, or, when stdin is a pipe, until it closes (so it
 // does not outlive a test that dies). `--require-token TOKEN`: requests must carry it as a bearer
-// token (FakeApiServer::RequireToken). Tests write pod logs with POST
+// token (FakeApiServer::RequireToken); `--tls-cert PEM --tls-key PEM`: HTTPS only (the URL says
+// https://), as real clients send tokens over TLS only. Tests write pod logs with POST
 // /fake/logs/NAMESPACE/POD[?end=true].
 #include <poll.h>
 #include <pthread.h>
@@ -29,15 +30,22 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   tau::testutil::FakeApiServer fake;
+  tau::http::TlsServerConfig tls;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--require-token") == 0 && i + 1 < argc) {
       fake.RequireToken(argv[++i]);
+    } else if (std::strcmp(argv[i], "--tls-cert") == 0 && i + 1 < argc) {
+      tls.cert_file = argv[++i];
+    } else if (std::strcmp(argv[i], "--tls-key") == 0 && i + 1 < argc) {
+      tls.key_file = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: tau-fake-apiserver [--require-token TOKEN]\n");
+      std::fprintf(stderr,
+                   "usage: tau-fake-apiserver [--require-token TOKEN] [--tls-cert PEM "
+                   "--tls-key PEM]\n");
       return 2;
     }
   }
-  tau::Status started = fake.Start();
+  tau::Status started = fake.Start(tls.cert_file.empty() ? nullptr : &tls);
   if (!started.ok()) {
     std::fprintf(stderr, "tau-fake-apiserver: %s\n", started.ToString().c_str());
     return 1;
