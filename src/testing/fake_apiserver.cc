@@ -468,8 +468,7 @@ void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res
       HandleAccessReview(req, res);
     else if (req.method == "GET" && target.subresource == "log" && target.resource == "pods")
       HandleLog(target, req, res);
-    else if (req.method == "GET" && target.name.empty() &&
-             QueryBool(req.get_param_value("watch")))
+    else if (req.method == "GET" && target.name.empty() && QueryBool(req.get_param_value("watch")))
       HandleWatch(target, req, res);
     else if (req.method == "GET" && target.name.empty())
       HandleList(target, req, res);
