@@ -176,7 +176,7 @@ struct AttemptObservation {
 const char* PhaseName(AttemptObservation::Phase phase);
 
 // `object` is the attempt's batch/v1 Job or ray.io/v1 RayJob as the API server returns it;
-// `workload` the kueue.x-k8s.io/v1beta1 Workload owned by it (null when Kueue has not made one
+// `workload` the kueue.x-k8s.io/v1beta2 Workload owned by it (null when Kueue has not made one
 // yet); `pods` the pods of the attempt (for a RayJob: its head, workers and submitter pods), in any
 // order.
 AttemptObservation ObserveAttempt(const nlohmann::json& object, const nlohmann::json* workload,

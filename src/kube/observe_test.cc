@@ -1,6 +1,6 @@
 // Tests of observe.cc: an attempt's phase from its Job or RayJob, Kueue Workload and pods, one test
 // (at least) per rule of docs/kubernetes.md ("How tau reads a run's state back"), with objects
-// shaped as the API server, Kueue v1beta1 and KubeRay v1 return them.
+// shaped as the API server, Kueue v1beta2 and KubeRay v1 return them.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -46,7 +46,7 @@ json RayJob(json status) {
 // An admitted Workload (QuotaReserved and Admitted True), with its assignment.
 json AdmittedWorkload() {
   return Parse(R"({
-    "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+    "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
     "metadata": {"name": "job-train-1-4f2a1", "namespace": "team-a",
                  "creationTimestamp": "2026-11-30T10:00:00Z",
                  "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train-1",
@@ -496,7 +496,7 @@ TEST(ObserveAttempt, NoWorkloadIsWaitingForKueue) {
 
 TEST(ObserveAttempt, QuotaNotReservedGivesKueuesReason) {
   json workload = Parse(R"({
-    "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+    "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
     "metadata": {"name": "job-train-1-4f2a1", "namespace": "team-a"},
     "spec": {"queueName": "default"},
     "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
@@ -568,7 +568,7 @@ TEST(ObserveAttempt, MalformedPodsOfAFailedJobGiveUserError) {
 
 json QueuedWorkload(const std::string& ns, const std::string& name, const std::string& queue,
                     std::optional<int> priority, const std::string& created) {
-  json w = {{"apiVersion", "kueue.x-k8s.io/v1beta1"},
+  json w = {{"apiVersion", "kueue.x-k8s.io/v1beta2"},
             {"kind", "Workload"},
             {"metadata", {{"name", name}, {"namespace", ns}, {"creationTimestamp", created}}},
             {"spec", {{"queueName", queue}}},

@@ -119,7 +119,7 @@ class FakeKube:
 
     @staticmethod
     def workload_path(workload=""):
-        return f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{NS}/workloads" + (
+        return f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{NS}/workloads" + (
             f"/{workload}" if workload else "")
 
     def job(self, job):
@@ -129,7 +129,7 @@ class FakeKube:
     def make_pending_workload(self, job):
         uid = self.job(job)["metadata"]["uid"]
         self.must("POST", self.workload_path(), {
-            "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
             "metadata": {"name": f"job-{job}-1a2b3", "namespace": NS, "ownerReferences": [
                 {"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": uid,
                  "controller": True}]},
@@ -395,7 +395,7 @@ class KubeBackendTest(unittest.TestCase):
         # Kueue admits it; KubeRay makes the cluster and its head Service and submits the job to
         # the dashboard itself (HTTPMode: no submitter pod); Ray keeps the driver's output.
         self.kube.must("POST", self.kube.workload_path(), {
-            "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
             "metadata": {"name": f"rayjob-{run}-1", "namespace": NS, "ownerReferences": [
                 {"apiVersion": "ray.io/v1", "kind": "RayJob", "name": f"{run}-1",
                  "uid": rayjob["metadata"]["uid"], "controller": True}]},

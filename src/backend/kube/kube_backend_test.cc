@@ -156,7 +156,7 @@ class KubeBackendTest : public testutil::ControllerFixture {
                     {"message",
                      "couldn't assign flavors to pod set main: insufficient unused quota for cpu "
                      "in flavor default, 1 more needed"}};
-    json wl = {{"apiVersion", "kueue.x-k8s.io/v1beta1"}, {"kind", "Workload"}};
+    json wl = {{"apiVersion", "kueue.x-k8s.io/v1beta2"}, {"kind", "Workload"}};
     wl["metadata"] = {{"name", WorkloadName(run, attempt)},
                       {"namespace", "default"},
                       {"ownerReferences", json::array({owner})}};
@@ -166,7 +166,7 @@ class KubeBackendTest : public testutil::ControllerFixture {
     ASSERT_TRUE(created_wl.ok()) << created_wl.status().ToString();
   }
   void SetWorkloadStatus(const std::string& run, int attempt, const json& status) {
-    auto patched = kube_->MergePatch("kueue.x-k8s.io/v1beta1", "Workload", "default",
+    auto patched = kube_->MergePatch("kueue.x-k8s.io/v1beta2", "Workload", "default",
                                      WorkloadName(run, attempt), {{"status", status}}, "status");
     ASSERT_TRUE(patched.ok()) << patched.status().ToString();
   }
@@ -388,7 +388,7 @@ TEST_F(KubeBackendTest, CancelDeletesTheJobAndPendingRunsKnowTheirPlace) {
   EXPECT_TRUE(Job(first, 1).is_null()) << "deleting the Job frees its quota in Kueue";
   // Kueue would delete the Workload with its owner; the fake has no garbage collector.
   ASSERT_TRUE(
-      kube_->Delete("kueue.x-k8s.io/v1beta1", "Workload", "default", WorkloadName(first, 1)).ok());
+      kube_->Delete("kueue.x-k8s.io/v1beta2", "Workload", "default", WorkloadName(first, 1)).ok());
   ASSERT_TRUE(WaitFor([&] { return Position(second) == 1; }))
       << controller_->PendingInfo(second).dump();
 }
@@ -635,7 +635,7 @@ TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromRaysJobApi) {
                 {"kind", "RayJob"},
                 {"name", JobName(name, 1)},
                 {"uid", rayjob["metadata"]["uid"]}};
-  json wl = {{"apiVersion", "kueue.x-k8s.io/v1beta1"},
+  json wl = {{"apiVersion", "kueue.x-k8s.io/v1beta2"},
              {"kind", "Workload"},
              {"metadata",
               {{"name", "rayjob-" + JobName(name, 1)},
@@ -644,7 +644,7 @@ TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromRaysJobApi) {
              {"spec", {{"queueName", "default"}}}};
   ASSERT_TRUE(kube_->Create(wl).ok());
   ASSERT_TRUE(kube_
-                  ->MergePatch("kueue.x-k8s.io/v1beta1", "Workload", "default",
+                  ->MergePatch("kueue.x-k8s.io/v1beta2", "Workload", "default",
                                "rayjob-" + JobName(name, 1),
                                {{"status",
                                  {{"conditions",

@@ -40,7 +40,7 @@ using nlohmann::json;
 
 constexpr const char* kJobApi = "batch/v1";
 constexpr const char* kRayJobApi = "ray.io/v1";
-constexpr const char* kWorkloadApi = "kueue.x-k8s.io/v1beta1";
+constexpr const char* kWorkloadApi = "kueue.x-k8s.io/v1beta2";
 
 std::string Str(const json& j, const char* key) {
   auto it = j.find(key);
