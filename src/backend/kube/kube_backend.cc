@@ -52,7 +52,10 @@ class KubeBackend final : public Backend {
   void HandleGpuNews(const GpuNews&, Batch*) override {}
   void Cancel(ActiveRun& run, Batch* batch) override;
   void Schedule(Batch* batch) override;
-  void Committed() override {}
+  // Deletes are acted on once the pass that decided them (a cancel, an eviction) is committed.
+  void Committed() override {
+    for (const auto& [run, attempt] : std::exchange(to_delete_, {})) cluster_->Delete(run, attempt);
+  }
   void Launch(Batch* batch) override {
     for (const std::string& name : std::exchange(to_launch_, {})) LaunchOne(name, batch);
   }
@@ -108,6 +111,7 @@ class KubeBackend final : public Backend {
   bool stopped_ = false;
   std::set<AttemptKey> existing_;  // the attempts on the cluster when the server started
   std::vector<std::string> to_launch_;
+  std::vector<AttemptKey> to_delete_;       // decided this pass; asked for in Committed
   std::map<std::string, ClusterRun> runs_;  // by run name, until the run ends (Forget)
 };
 
@@ -397,7 +401,7 @@ void KubeBackend::EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, 
   if (o.phase == Phase::kEvicted) {
     // Kueue would admit the same Job again later; tau makes each attempt a Job of its own, so
     // this one goes (its pods are being stopped anyway) and the next attempt is a new one.
-    cluster_->Delete(r.name, number);
+    to_delete_.emplace_back(r.name, number);
   }
   if (cls == FailureClass::kPreempted &&
       recovery::PreemptionRequeues(spec::RetryPolicyOf(run.spec.resilience))) {
@@ -454,7 +458,7 @@ void KubeBackend::Cancel(ActiveRun& run, Batch* batch) {
                                ""});
     }
     c.deleting = c.attempt;
-    cluster_->Delete(r.name, c.attempt);
+    to_delete_.emplace_back(r.name, c.attempt);
     return;
   }
   host_->Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
