@@ -159,6 +159,15 @@ Result<std::unique_ptr<Client>> Client::Create(ClusterConfig config, ClientOptio
   if (!StartsWith(config.server, "https://") && !StartsWith(config.server, "http://"))
     return InvalidArgument(fmt::format(
         "Kubernetes API server '{}' must start with https:// (or http://)", config.server));
+  // client-go leaves credentials out of plain-http requests; a token sent there could be read on
+  // the way. Refused, so that the reason is said rather than a 401 from an unsent token.
+  const bool credentials =
+      !config.token.empty() || !config.token_file.empty() || !config.exec.command.empty();
+  if (credentials && StartsWith(config.server, "http://"))
+    return FailedPrecondition(fmt::format(
+        "Kubernetes API server {}: plain http, and the kubeconfig's user has a token; Kubernetes "
+        "clients send credentials over https only: use the server's https:// address",
+        config.server));
   if (options.max_attempts < 1) options.max_attempts = 1;
   return std::unique_ptr<Client>(new Client(std::move(config), std::move(options)));
 }

@@ -181,7 +181,8 @@ class CallBudget {
 
 class Client {
  public:
-  // Fails when libcurl cannot be loaded or the configuration is unusable.
+  // Fails when libcurl cannot be loaded or the configuration is unusable, and for a token (or an
+  // exec plugin) with a plain http:// server: credentials go over https only.
   static Result<std::unique_ptr<Client>> Create(ClusterConfig config, ClientOptions options = {});
   ~Client();
   Client(const Client&) = delete;

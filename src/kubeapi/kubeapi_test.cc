@@ -17,6 +17,7 @@
 #include "common/files.h"
 #include "common/hash.h"
 #include "testing/fake_apiserver.h"
+#include "testing/test_certs.h"
 
 namespace tau::kubeapi {
 namespace {
@@ -194,11 +195,15 @@ TEST(KubeconfigTest, InCluster) {
   EXPECT_EQ(config->ca_file, dir + "/ca.crt");
   EXPECT_EQ(config->namespace_name, "team-b");
 
-  // The service account token is what the client sends.
+  // The service account token is what the client sends (over https: the only way it is sent).
+  ASSERT_TRUE(testutil::MakeCa(dir, "ca"));
+  ASSERT_TRUE(testutil::MakeCert(dir, "ca", "server", "IP:127.0.0.1,DNS:localhost"));
+  http::TlsServerConfig tls{dir + "/server.pem", dir + "/server.key"};
   FakeApiServer fake;
-  ASSERT_TRUE(fake.Start().ok());
+  ASSERT_TRUE(fake.Start(&tls).ok());
   fake.RequireToken("sa-token");
   config->server = fake.url();
+  config->ca_file = dir + "/ca.pem";
   auto client = Client::Create(*config);
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   EXPECT_TRUE((*client)->List("v1", "Pod", "team-b").ok());
@@ -210,12 +215,14 @@ TEST(KubeconfigTest, InCluster) {
 class FakeServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(fake_.Start().ok());
+    ASSERT_TRUE(StartFake().ok());
     client_ = NewClient(ClusterConfig());
   }
+  virtual Status StartFake() { return fake_.Start(); }
   std::unique_ptr<Client> NewClient(ClusterConfig config, int max_attempts = 5,
                                     int max_backoff_ms = 50) {
     config.server = fake_.url();
+    if (!ca_file_.empty()) config.ca_file = ca_file_;
     ClientOptions options;
     options.max_attempts = max_attempts;
     options.initial_backoff_ms = 5;
@@ -232,7 +239,43 @@ class FakeServerTest : public ::testing::Test {
 
   FakeApiServer fake_;
   std::unique_ptr<Client> client_;
+  std::string ca_file_;  // the CA a TLS fake's certificate is signed by
 };
+
+// The same over https, for what carries a token: clients send credentials over TLS only.
+class FakeTlsServerTest : public FakeServerTest {
+ protected:
+  Status StartFake() override {
+    dir_ = MakeTempDir();
+    if (!testutil::MakeCa(dir_, "ca") ||
+        !testutil::MakeCert(dir_, "ca", "server", "IP:127.0.0.1,DNS:localhost"))
+      return Internal("openssl could not make the test certificates");
+    tls_ = {dir_ + "/server.pem", dir_ + "/server.key"};
+    ca_file_ = dir_ + "/ca.pem";
+    return fake_.Start(&tls_);
+  }
+  void TearDown() override { (void)RemoveTree(dir_); }
+  std::string dir_;
+  http::TlsServerConfig tls_;
+};
+
+TEST(ClientTest, ATokenIsNeverSentOverPlainHttp) {
+  for (int which = 0; which < 3; ++which) {
+    ClusterConfig config;
+    config.server = "http://127.0.0.1:1";
+    if (which == 0) config.token = "secret";
+    if (which == 1) config.token_file = "/var/run/secrets/token";
+    if (which == 2) config.exec.command = "/bin/true";
+    auto client = Client::Create(config);
+    ASSERT_FALSE(client.ok()) << which;
+    EXPECT_EQ(client.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(client.status().message().find("credentials over https only"), std::string::npos)
+        << client.status().message();
+  }
+  ClusterConfig anonymous;
+  anonymous.server = "http://127.0.0.1:1";
+  EXPECT_TRUE(Client::Create(anonymous).ok()) << "no credentials: plain http is allowed";
+}
 
 TEST_F(FakeServerTest, ApplyCreatesThenUpdates) {
   json job = {{"apiVersion", "batch/v1"},
@@ -715,7 +758,7 @@ TEST(ClientTest, ConnectionErrorsAreRetriedThenReported) {
   EXPECT_EQ(Client::Create(ClusterConfig(), options).status().code(), StatusCode::kInvalidArgument);
 }
 
-TEST_F(FakeServerTest, UnauthorizedWithoutToken) {
+TEST_F(FakeTlsServerTest, UnauthorizedWithoutToken) {
   fake_.RequireToken("secret");
   Status refused = client_->Get("v1", "Pod", "ns", "p").status();
   EXPECT_EQ(refused.code(), StatusCode::kUnauthenticated) << refused.ToString();
@@ -773,12 +816,13 @@ int Count(const std::string& path) {
   return text.ok() ? std::atoi(text->c_str()) : 0;
 }
 
-TEST_F(FakeServerTest, ExecPluginIsCachedAndRerunOnUnauthorized) {
+TEST_F(FakeTlsServerTest, ExecPluginIsCachedAndRerunOnUnauthorized) {
   std::string dir = MakeTempDir();
   Write(dir + "/plugin.sh", kPlugin, 0755);
   Write(dir + "/config", PluginKubeconfig(fake_.url(), dir + "/count", "2999-01-01T00:00:00Z"));
   Result<ClusterConfig> config = LoadKubeconfig(dir + "/config");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
+  config->ca_file = ca_file_;
   EXPECT_EQ(config->exec.command, dir + "/./plugin.sh");
   fake_.RequireToken("tok-1");
   auto client = Client::Create(*config);
@@ -809,7 +853,7 @@ TEST(ExecCredentialTest, RejectsOutputWithoutCredentials) {
   exec.command = "/bin/echo";
   exec.args = {"{\"kind\":\"ExecCredential\",\"status\":{}}"};
   ClusterConfig config;
-  config.server = "http://127.0.0.1:1";
+  config.server = "https://127.0.0.1:1";
   config.exec = exec;
   auto client = Client::Create(config);
   ASSERT_TRUE(client.ok());

@@ -4,10 +4,12 @@ test plays Kueue (it makes the Workload, reserves quota, unsuspends the Job) and
 makes the pods, writes their logs through the fake's test control POST /fake/logs/NS/POD, ends
 them) with plain API calls, as those controllers would; src/backend/kube/kube_backend_test.cc does the
 same inside one process."""
+import base64
 import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import time
@@ -17,6 +19,7 @@ import urllib.error
 import urllib.request
 
 from harness import BINARY_DIR, TAU, TauServer, wait_for
+from test_tls import make_certs
 
 FAKE_APISERVER = os.path.abspath(os.path.join(BINARY_DIR, "tests", "tau-fake-apiserver"))
 TOKEN = "e2e-t0ken"
@@ -41,14 +44,20 @@ runtime:
 
 
 class FakeKube:
-    """The fake API server process, and Kueue's and the kubelet's part, over plain HTTP."""
+    """The fake API server process over https (a token goes over TLS only), and Kueue's and the
+    kubelet's part."""
 
-    def __init__(self):
+    def __init__(self, work):
+        make_certs(work)
+        self.ca = os.path.join(work, "ca.pem")
+        self.context = ssl.create_default_context(cafile=self.ca)
         # stdin is a pipe the fake watches: it goes when this process does, however that happens.
-        self.proc = subprocess.Popen([FAKE_APISERVER, "--require-token", TOKEN],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [FAKE_APISERVER, "--require-token", TOKEN, "--tls-cert",
+             os.path.join(work, "server.pem"), "--tls-key", os.path.join(work, "server.key")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.url = self.proc.stdout.readline().strip()
-        if not self.url.startswith("http://127.0.0.1:"):
+        if not self.url.startswith("https://127.0.0.1:"):
             self.stop()
             raise AssertionError(f"tau-fake-apiserver printed {self.url!r}")
 
@@ -64,9 +73,12 @@ class FakeKube:
         self.proc.stdout.close()
 
     def kubeconfig(self, path):
+        with open(self.ca, "rb") as f:
+            ca_data = base64.b64encode(f.read()).decode()
         with open(path, "w") as f:
             f.write("apiVersion: v1\nkind: Config\n"
                     f"clusters:\n- name: fake\n  cluster:\n    server: {self.url}\n"
+                    f"    certificate-authority-data: {ca_data}\n"
                     f"users:\n- name: tester\n  user:\n    token: {TOKEN}\n"
                     "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: tester\n"
                     "current-context: fake\n")
@@ -81,7 +93,7 @@ class FakeKube:
         if data is not None:
             req.add_header("Content-Type", content_type)
         try:
-            with urllib.request.urlopen(req, timeout=10) as res:
+            with urllib.request.urlopen(req, timeout=10, context=self.context) as res:
                 status, text = res.status, res.read().decode()
         except urllib.error.HTTPError as e:
             status, text = e.code, e.read().decode()
@@ -191,10 +203,10 @@ class KubeBackendTest(unittest.TestCase):
         # Built with the tests (tests/CMakeLists.txt), as the suite is: missing is a failure.
         self.assertTrue(os.path.exists(FAKE_APISERVER),
                         f"{FAKE_APISERVER} is missing: build the tau_fake_apiserver target")
-        self.kube = FakeKube()
-        self.addCleanup(self.kube.stop)
         self.work = tempfile.mkdtemp(prefix="tau-it-kube-")
         self.addCleanup(shutil.rmtree, self.work, True)
+        self.kube = FakeKube(self.work)
+        self.addCleanup(self.kube.stop)
         kubeconfig = os.path.join(self.work, "kubeconfig")
         self.kube.kubeconfig(kubeconfig)
         self.server = TauServer(extra_args=[
