@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -57,7 +58,8 @@ namespace {
   X(crypto, ERR_clear_error)                 \
   X(crypto, ERR_reason_error_string)         \
   X(crypto, ERR_error_string_n)              \
-  X(crypto, X509_verify_cert_error_string)
+  X(crypto, X509_verify_cert_error_string)   \
+  X(crypto, OPENSSL_init_crypto)
 
 struct Api {
 #define TAU_TLS_DECLARE(lib, name) decltype(&::name) name = nullptr;
@@ -87,10 +89,16 @@ void Load() {
   if (!g_api.name) missing += (missing.empty() ? "" : ", ") + std::string(#name);
   TAU_TLS_FUNCTIONS(TAU_TLS_RESOLVE)
 #undef TAU_TLS_RESOLVE
-  if (!missing.empty())
+  if (!missing.empty()) {
     g_load_status = FailedPrecondition(
         fmt::format("the OpenSSL found ({}, {}) lacks entry points tau needs: {}", kLibSsl,
                     kLibCrypto, missing));
+    return;
+  }
+  // No clean-up at exit: it frees OpenSSL's global locks while a connection thread (detached,
+  // its connection already closed) may still be ending and releasing one (ThreadSanitizer saw
+  // it in a server's exit). The process's memory goes with it anyway.
+  g_api.OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr);
 }
 
 const Api& api() { return g_api; }
