@@ -104,10 +104,10 @@ class Section {
 // (it would not lint or render without the network). Said, not ignored.
 Status NoDependency(const Section& root, const std::string& key, const char* what) {
   if (!root.Has(key)) return Status::Ok();
-  return InvalidArgument(fmt::format(
-      "{}: the chart does not install {}; install it from its own chart first "
-      "(docs/kubernetes.md, Quickstart) and remove this key",
-      key, what));
+  return InvalidArgument(
+      fmt::format("{}: the chart does not install {}; install it from its own chart first "
+                  "(docs/kubernetes.md, Quickstart) and remove this key",
+                  key, what));
 }
 
 }  // namespace

@@ -72,7 +72,10 @@ class FakeKube:
         self.proc.stdin.close()
         self.proc.stdout.close()
 
-    def kubeconfig(self, path):
+    def kubeconfig(self, path, namespace=None):
+        """A kubeconfig that trusts the fake's CA and carries the token (`namespace`: the
+        context's)."""
+        context_ns = f"    namespace: {namespace}\n" if namespace else ""
         with open(self.ca, "rb") as f:
             ca_data = base64.b64encode(f.read()).decode()
         with open(path, "w") as f:
@@ -81,7 +84,7 @@ class FakeKube:
                     f"    certificate-authority-data: {ca_data}\n"
                     f"users:\n- name: tester\n  user:\n    token: {TOKEN}\n"
                     "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: tester\n"
-                    "current-context: fake\n")
+                    f"{context_ns}current-context: fake\n")
 
     def request(self, method, path, body=None, content_type="application/json"):
         """(HTTP status, decoded JSON body or None)."""

@@ -8,19 +8,13 @@ its test and the table in docs/kubernetes-client.md is updated with it."""
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import unittest
-import urllib.request
-import ssl
-import base64
 
-from harness import BINARY_DIR
-from test_tls import OPENSSL, make_certs
+from test_kube_backend import FAKE_APISERVER, TOKEN, FakeKube
+from test_tls import OPENSSL
 
-FAKE_APISERVER = os.path.abspath(os.path.join(BINARY_DIR, "tests", "tau-fake-apiserver"))
-TOKEN = "conformance-t0ken"
 KUBECTL = shutil.which("kubectl")
 SYSTEM_PYTHON = "/usr/bin/python3"
 
@@ -32,61 +26,24 @@ def python_client_available():
                           capture_output=True).returncode == 0
 
 
-class Fake:
-    """tau-fake-apiserver over HTTPS, with a kubeconfig that trusts its CA and carries the token."""
-
-    def __init__(self, work):
-        make_certs(work)
-        self.ca = os.path.join(work, "ca.pem")
-        self.proc = subprocess.Popen(
-            [FAKE_APISERVER, "--require-token", TOKEN, "--tls-cert",
-             os.path.join(work, "server.pem"), "--tls-key", os.path.join(work, "server.key")],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.url = self.proc.stdout.readline().strip()
-        if not self.url.startswith("https://127.0.0.1:"):
-            self.stop()
-            raise AssertionError(f"tau-fake-apiserver printed {self.url!r}")
-        self.kubeconfig = os.path.join(work, "kubeconfig")
-        with open(self.ca, "rb") as f:
-            ca_data = base64.b64encode(f.read()).decode()
-        with open(self.kubeconfig, "w") as f:
-            f.write("apiVersion: v1\nkind: Config\n"
-                    f"clusters:\n- name: fake\n  cluster:\n    server: {self.url}\n"
-                    f"    certificate-authority-data: {ca_data}\n"
-                    f"users:\n- name: tester\n  user:\n    token: {TOKEN}\n"
-                    "contexts:\n- name: fake\n  context: {cluster: fake, user: tester, "
-                    "namespace: conf}\ncurrent-context: fake\n")
-        self.context = ssl.create_default_context(cafile=self.ca)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdin.close()
-        self.proc.stdout.close()
-
-    def control(self, path, body=b""):
-        """A test control of the stand-in (POST /fake/...)."""
-        req = urllib.request.Request(self.url + path, data=body, method="POST")
-        with urllib.request.urlopen(req, context=self.context, timeout=10) as r:
-            return r.status
-
-
 @unittest.skipUnless(OPENSSL, "needs the openssl command-line tool")
 class ConformanceBase(unittest.TestCase):
     def setUp(self):
         self.assertTrue(os.path.exists(FAKE_APISERVER), f"{FAKE_APISERVER} is missing")
         self.work = tempfile.mkdtemp(prefix="tau-it-conformance-")
         self.addCleanup(shutil.rmtree, self.work, True)
-        self.fake = Fake(self.work)
+        # The fake over https with a token, as test_kube_backend runs it.
+        self.fake = FakeKube(self.work)
         self.addCleanup(self.fake.stop)
+        self.kubeconfig = os.path.join(self.work, "kubeconfig")
+        self.fake.kubeconfig(self.kubeconfig, namespace="conf")
+
+    def control(self, path, body=""):
+        """A test control of the stand-in (POST /fake/...)."""
+        self.fake.must("POST", path, body, "text/plain")
 
     def kubectl(self, *args, stdin=None, check=True):
-        p = subprocess.run([KUBECTL, "--kubeconfig", self.fake.kubeconfig, "--cache-dir",
+        p = subprocess.run([KUBECTL, "--kubeconfig", self.kubeconfig, "--cache-dir",
                             os.path.join(self.work, "cache"), *args],
                            input=stdin, capture_output=True, text=True, timeout=60)
         if check and p.returncode != 0:
@@ -97,7 +54,7 @@ class ConformanceBase(unittest.TestCase):
         """Runs `script` with the official client configured from the kubeconfig; its stdout."""
         prelude = ("import json, sys\nfrom kubernetes import client, config, watch\n"
                    "from kubernetes.client.rest import ApiException\n"
-                   f"config.load_kube_config({self.fake.kubeconfig!r})\n"
+                   f"config.load_kube_config({self.kubeconfig!r})\n"
                    "v1 = client.CoreV1Api()\n")
         p = subprocess.run([SYSTEM_PYTHON, "-c", prelude + script], capture_output=True,
                            text=True, timeout=60)
@@ -151,8 +108,8 @@ class KubectlTest(ConformanceBase):
 
     def test_logs_name_their_container(self):
         self.kubectl("create", "--validate=false", "-f", "-", stdin=POD)
-        self.fake.control("/fake/logs/conf/p1?container=main", b"from main\n")
-        self.fake.control("/fake/logs/conf/p1?container=setup", b"from setup\n")
+        self.control("/fake/logs/conf/p1?container=main", "from main\n")
+        self.control("/fake/logs/conf/p1?container=setup", "from setup\n")
         self.assertEqual(self.kubectl("logs", "p1", "-c", "main").stdout, "from main\n")
         self.assertEqual(self.kubectl("logs", "p1", "-c", "setup").stdout, "from setup\n")
         # Two containers and none named: newer kubectl names the first (or the default-container
@@ -206,7 +163,7 @@ class PythonClientTest(ConformanceBase):
         lines = out.splitlines()
         self.assertEqual(json.loads(lines[0]), [["MODIFIED", {"k": "2"}], ["DELETED", {"k": "2"}]])
         # etcd compacted the history: a watch from the old version is told 410 Gone.
-        self.fake.control("/fake/expire-watches")
+        self.control("/fake/expire-watches")
         out = self.python(
             "try:\n"
             f"    for e in watch.Watch().stream(v1.list_namespaced_config_map, 'conf', "
@@ -220,7 +177,7 @@ class PythonClientTest(ConformanceBase):
             "pod = client.V1Pod(metadata=client.V1ObjectMeta(name='lp'), spec=client.V1PodSpec("
             "containers=[client.V1Container(name='main', image='busybox')]))\n"
             "v1.create_namespaced_pod('conf', pod)\n")
-        self.fake.control("/fake/logs/conf/lp", b"hello\n")
+        self.control("/fake/logs/conf/lp", "hello\n")
         out = self.python("print(repr(v1.read_namespaced_pod_log('lp', 'conf')))\n")
         self.assertEqual(out.strip(), repr("hello\n"))
 
