@@ -46,6 +46,10 @@ inline constexpr const char* kScratchDir = "/tau/scratch";
 // Secret references in the spec's env ("SECRET:KEY") read key KEY of this Secret in the run's
 // namespace.
 inline constexpr const char* kRunSecretName = "tau-secrets";
+// The containers of a Job's pod: the init container that unpacks the code and installs pip
+// packages, and the one that runs the entrypoint (whose logs are the rank's).
+inline constexpr const char* kSetupContainer = "tau-setup";
+inline constexpr const char* kWorkerContainer = "worker";
 
 // Labels and annotations tau puts on what it renders.
 inline constexpr const char* kLabelRun = "tau.dev/run";

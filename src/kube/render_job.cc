@@ -97,7 +97,7 @@ std::vector<json> RenderJob(const RunContext& ctx) {
   }
 
   json resources = PodResourcesJson(run.worker);
-  json container = {{"name", "worker"},
+  json container = {{"name", kWorkerContainer},
                     {"image", ctx.image},
                     {"command", argv},
                     {"env", ContainerEnv(ctx, true, gpus > 0, extra)},

@@ -324,16 +324,19 @@ json ContainerSecurity(const RunContext& ctx) {
 json SetupContainer(const RunContext& ctx, bool pip, const json& resources) {
   const bool has_pip = pip && !ctx.spec->runtime.pip.empty();
   std::vector<std::string> dirs = {ctx.checkpoint_dir, ctx.output_dir};
-  json args = json::array({"-c", kSetupScript, "tau-setup"});
+  json args = json::array({"-c", kSetupScript, kSetupContainer});
   for (const std::string& chunk : ctx.code_chunks) args.push_back(chunk);
   // No GPUs: it asks for none, and an image that says NVIDIA_VISIBLE_DEVICES=all (CUDA's do)
   // would otherwise see every GPU of the node while it runs pip, next to other runs' work.
   json env = json::array(
       {EnvEntry("TAU_MAKE_DIRS", Join(dirs, "\n")), EnvEntry("NVIDIA_VISIBLE_DEVICES", "void")});
   if (has_pip) env.push_back(EnvEntry("TAU_PIP_REQUIREMENTS", Join(ctx.spec->runtime.pip, "\n")));
-  json c = {{"name", "tau-setup"}, {"image", ctx.image},
-            {"command", {"sh"}},   {"args", args},
-            {"env", env},          {"volumeMounts", VolumeMounts(ctx, has_pip)}};
+  json c = {{"name", kSetupContainer},
+            {"image", ctx.image},
+            {"command", {"sh"}},
+            {"args", args},
+            {"env", env},
+            {"volumeMounts", VolumeMounts(ctx, has_pip)}};
   // The same CPU and memory as the workload: Kueue and the scheduler charge a pod the larger of
   // its init and regular containers, so this adds nothing to the run's quota.
   json setup_resources = resources;

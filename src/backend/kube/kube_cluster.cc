@@ -103,7 +103,7 @@ bool SetupFailed(const json& pod) {
   auto inits = status->find("initContainerStatuses");
   if (inits == status->end() || !inits->is_array()) return false;
   for (const json& cs : *inits) {
-    if (!cs.is_object() || Str(cs, "name") != "tau-setup") continue;
+    if (!cs.is_object() || Str(cs, "name") != kube::kSetupContainer) continue;
     auto state = cs.find("state");
     if (state == cs.end() || !state->is_object()) return false;
     auto terminated = state->find("terminated");
@@ -449,7 +449,9 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
       for (const auto& [pod_name, pod] : a.pods) {
         t.pods.push_back(pod);
         if (a.logs && PodStarted(pod) && a.followed.insert(pod_name).second)
-          t.follow.push_back({pod_name, SetupFailed(pod) ? "tau-setup" : "worker", RankOf(pod)});
+          t.follow.push_back({pod_name,
+                              SetupFailed(pod) ? kube::kSetupContainer : kube::kWorkerContainer,
+                              RankOf(pod)});
       }
       if (a.logs && Str(a.object, "kind") == "RayJob" && !a.driver_followed) {
         // Once KubeRay has submitted the Ray job (HTTPMode: no submitter pod) and said where.
