@@ -1,5 +1,7 @@
 // The client's transport: one libcurl transfer per request, driven through a multi handle so a
-// stream can be stopped from another thread within ~50 ms; retries with backoff; credentials.
+// stream can be stopped from another thread within ~50 ms, on connections kept open between
+// requests (a few idle handles, each with its multi's connection cache: no TCP and TLS handshake
+// per request); retries with backoff; credentials.
 #include <chrono>
 #include <random>
 #include <thread>
@@ -149,10 +151,84 @@ curl_blob Blob(const std::string& data) {
 
 }  // namespace
 
+// An easy handle stays in its own multi handle's connection cache between transfers: added
+// again, it finds the connection the last request left open.
+struct Client::Handle {
+  CURL* easy = nullptr;
+  CURLM* multi = nullptr;
+};
+
+namespace {
+constexpr size_t kIdleHandles = 8;  // kept open for later requests; more concurrent ones close
+
+// "https://HOST:PORT" -> HOST (brackets kept for IPv6) and PORT (443 when not given).
+void SplitServer(const std::string& server, std::string* host, std::string* port) {
+  std::string rest = server.substr(server.find("://") + 3);
+  size_t colon = rest.rfind(':');
+  if (colon != std::string::npos && rest.find(']', colon) == std::string::npos) {
+    *host = rest.substr(0, colon);
+    *port = rest.substr(colon + 1);
+  } else {
+    *host = rest;
+    *port = StartsWith(server, "https://") ? "443" : "80";
+  }
+}
+}  // namespace
+
 Client::Client(ClusterConfig config, ClientOptions options)
     : config_(std::move(config)), options_(std::move(options)) {}
 
-Client::~Client() = default;
+Client::~Client() {
+  Result<const CurlLib*> curl = LoadCurl();
+  MutexLock lock(&mu_);
+  for (Handle* h : idle_) {
+    if (curl.ok()) {
+      (*curl)->multi_cleanup(h->multi);
+      (*curl)->easy_cleanup(h->easy);
+    }
+    delete h;
+  }
+}
+
+Client::Handle* Client::TakeHandle() {
+  {
+    MutexLock lock(&mu_);
+    if (!idle_.empty()) {
+      Handle* h = idle_.back();
+      idle_.pop_back();
+      return h;
+    }
+  }
+  Result<const CurlLib*> curl = LoadCurl();
+  if (!curl.ok()) return nullptr;
+  auto* h = new Handle{(*curl)->easy_init(), (*curl)->multi_init()};
+  if (h->easy == nullptr || h->multi == nullptr) {
+    if (h->multi != nullptr) (*curl)->multi_cleanup(h->multi);
+    if (h->easy != nullptr) (*curl)->easy_cleanup(h->easy);
+    delete h;
+    return nullptr;
+  }
+  return h;
+}
+
+void Client::GiveBack(Handle* h, bool performed) {
+  const CurlLib* curl = *LoadCurl();  // loaded: the handle came from it
+  long opened = 0;
+  if (performed && curl->easy_getinfo(h->easy, CURLINFO_NUM_CONNECTS, &opened) == CURLE_OK)
+    connections_opened_ += opened;
+  // Options go (they point at this request's buffers); the connection stays in the multi.
+  curl->easy_reset(h->easy);
+  {
+    MutexLock lock(&mu_);
+    if (idle_.size() < kIdleHandles) {
+      idle_.push_back(h);
+      return;
+    }
+  }
+  curl->multi_cleanup(h->multi);
+  curl->easy_cleanup(h->easy);
+  delete h;
+}
 
 Result<std::unique_ptr<Client>> Client::Create(ClusterConfig config, ClientOptions options) {
   TAU_RETURN_IF_ERROR(LoadCurl().status());
@@ -217,8 +293,16 @@ Status Client::Perform(const Request& request, Transfer* transfer,
                        const std::atomic<bool>* stop) {
   TAU_ASSIGN_OR_RETURN(const CurlLib* curl, LoadCurl());
   TAU_ASSIGN_OR_RETURN(Credentials creds, CurrentCredentials());
-  CURL* easy = curl->easy_init();
-  if (easy == nullptr) return Internal("curl_easy_init failed");
+  Handle* handle = TakeHandle();
+  if (handle == nullptr) return Internal("curl_easy_init failed");
+  struct Lease {
+    Client* client;
+    Handle* handle;
+    bool performed = false;
+    ~Lease() { client->GiveBack(handle, performed); }
+  } lease{this, handle};
+  CURL* easy = handle->easy;
+  CURLM* multi = handle->multi;
   TransferContext ctx{curl,
                       easy,
                       &transfer->body,
@@ -230,6 +314,24 @@ Status Client::Perform(const Request& request, Transfer* transfer,
                       false,
                       false};
   std::string url = config_.server + request.path;
+  curl_slist* connect_to = nullptr;
+  if (!config_.tls_server_name.empty() && StartsWith(config_.server, "https://")) {
+    // The certificate is checked against (and SNI names) tls-server-name, while the connection
+    // goes to the server's own address.
+    std::string host, port;
+    SplitServer(config_.server, &host, &port);
+    url = fmt::format("https://{}:{}{}", config_.tls_server_name, port, request.path);
+    connect_to = curl->slist_append(
+        nullptr, fmt::format("{}:{}:{}:{}", config_.tls_server_name, port, host, port).c_str());
+    curl->easy_setopt(easy, CURLOPT_CONNECT_TO, connect_to);
+  }
+  struct FreeList {
+    const CurlLib* curl;
+    curl_slist* list;
+    ~FreeList() {
+      if (list != nullptr) curl->slist_free_all(list);
+    }
+  } free_connect_to{curl, connect_to};
   curl->easy_setopt(easy, CURLOPT_URL, url.c_str());
   curl->easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
   curl->easy_setopt(easy, CURLOPT_USERAGENT, options_.user_agent.c_str());
@@ -239,7 +341,6 @@ Status Client::Perform(const Request& request, Transfer* transfer,
   if (!request.streaming && call_deadline_ms != 0) {
     int64_t left = call_deadline_ms - MonotonicMillis();
     if (left <= 0) {
-      curl->easy_cleanup(easy);
       return Unavailable(
           fmt::format("{} {}: the call's time budget ran out", request.method, request.path));
     }
@@ -296,8 +397,8 @@ Status Client::Perform(const Request& request, Transfer* transfer,
 
   // The multi interface instead of curl_easy_perform, which waits up to a second between checks
   // of the progress callback: a watch must stop promptly when asked.
-  CURLM* multi = curl->multi_init();
   curl->multi_add_handle(multi, easy);
+  lease.performed = true;
   int running = 1;
   bool abandoned = false;  // the CallBudget's stop flag was raised
   while (running > 0) {
@@ -321,8 +422,6 @@ Status Client::Perform(const Request& request, Transfer* transfer,
   curl->easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &code);
   transfer->http_status = static_cast<int>(code);
   curl->multi_remove_handle(multi, easy);
-  curl->multi_cleanup(multi);
-  curl->easy_cleanup(easy);
   curl->slist_free_all(headers);
 
   if (abandoned)

@@ -45,6 +45,7 @@ Result<const CurlLib*> Load() {
   Bind(lib, "curl_easy_setopt", &table.easy_setopt, &missing);
   Bind(lib, "curl_easy_getinfo", &table.easy_getinfo, &missing);
   Bind(lib, "curl_easy_cleanup", &table.easy_cleanup, &missing);
+  Bind(lib, "curl_easy_reset", &table.easy_reset, &missing);
   Bind(lib, "curl_easy_strerror", &table.easy_strerror, &missing);
   Bind(lib, "curl_slist_append", &table.slist_append, &missing);
   Bind(lib, "curl_slist_free_all", &table.slist_free_all, &missing);

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -46,13 +47,21 @@ Result<ExecCredential> RunExecPlugin(const ExecConfig& exec) {
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
 
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
-  for (const auto& [name, value] : exec.env) env.push_back(name + "=" + value);
   nlohmann::json info = {{"apiVersion", exec.api_version},
                          {"kind", "ExecCredential"},
                          {"spec", {{"interactive", false}}}};
-  env.push_back("KUBERNETES_EXEC_INFO=" + info.dump());
+  std::vector<std::pair<std::string, std::string>> set = exec.env;
+  set.emplace_back("KUBERNETES_EXEC_INFO", info.dump());
+  // The kubeconfig's variables replace inherited ones of the same name (a second entry would not:
+  // most programs read the first).
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view entry(*e);
+    std::string_view name = entry.substr(0, entry.find('='));
+    if (std::none_of(set.begin(), set.end(), [&](const auto& kv) { return kv.first == name; }))
+      env.emplace_back(entry);
+  }
+  for (const auto& [name, value] : set) env.push_back(name + "=" + value);
   std::vector<char*> envp;
   for (std::string& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);

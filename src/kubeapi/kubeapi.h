@@ -53,6 +53,10 @@ struct ClusterConfig {
   std::string ca_file;
   std::string ca_data;  // PEM
   bool insecure_skip_tls_verify = false;
+  // The name the server's certificate is checked against (and sent as SNI), when it is not the
+  // host of `server` (kubeconfig tls-server-name: an API server reached by IP or through a
+  // tunnel).
+  std::string tls_server_name;
   std::string token;
   std::string token_file;  // re-read at most once a minute (service account tokens rotate)
   std::string client_cert_file;
@@ -189,6 +193,9 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   const ClusterConfig& config() const { return config_; }
+  // The connections this client has opened (each with its TLS handshake): requests reuse them
+  // while they stay open.
+  int64_t connections_opened() const { return connections_opened_.load(); }
 
   Result<nlohmann::json> Get(std::string_view api_version, std::string_view kind,
                              std::string_view ns, std::string_view name);
@@ -252,9 +259,15 @@ class Client {
   Result<Credentials> CurrentCredentials();
   void ForgetExecCredentials();
 
+  struct Handle;  // a libcurl transfer and the connections it keeps open (client.cc)
+  Handle* TakeHandle();
+  void GiveBack(Handle* handle, bool performed);  // `performed`: a transfer ran on it
+
   ClusterConfig config_;
   ClientOptions options_;
+  std::atomic<int64_t> connections_opened_{0};
   Mutex mu_;
+  std::vector<Handle*> idle_ TAU_GUARDED_BY(mu_);  // at most kIdleHandles, ready for a request
   std::unique_ptr<Credentials> exec_cache_ TAU_GUARDED_BY(mu_);
   std::string file_token_ TAU_GUARDED_BY(mu_);
   int64_t file_token_read_ms_ TAU_GUARDED_BY(mu_) = 0;

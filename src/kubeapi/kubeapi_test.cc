@@ -16,6 +16,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/hash.h"
+#include "kubeapi/internal.h"
 #include "testing/fake_apiserver.h"
 #include "testing/test_certs.h"
 
@@ -258,6 +259,57 @@ class FakeTlsServerTest : public FakeServerTest {
   std::string dir_;
   http::TlsServerConfig tls_;
 };
+
+TEST_F(FakeTlsServerTest, RequestsReuseOneConnectionAndItsTlsSession) {
+  ClusterConfig config;
+  config.server = fake_.url();
+  config.ca_file = ca_file_;
+  auto client = Client::Create(config);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  for (int i = 0; i < 10; ++i)
+    EXPECT_EQ((*client)->Get("v1", "Pod", "ns", "p").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ((*client)->connections_opened(), 1) << "one TCP connection and TLS handshake";
+  // Concurrent requests each need a connection of their own; they are kept for later ones.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 5; ++i) (void)(*client)->Get("v1", "Pod", "ns", "p");
+    });
+  for (std::thread& t : threads) t.join();
+  EXPECT_LE((*client)->connections_opened(), 5);
+}
+
+TEST(ClientTest, TlsServerNameIsWhatTheCertificateIsCheckedAgainst) {
+  // The server's certificate names api.internal.example only, and it is reached by IP.
+  std::string dir = MakeTempDir();
+  ASSERT_TRUE(testutil::MakeCa(dir, "ca") &&
+              testutil::MakeCert(dir, "ca", "server", "DNS:api.internal.example"));
+  http::TlsServerConfig tls{dir + "/server.pem", dir + "/server.key"};
+  FakeApiServer fake;
+  ASSERT_TRUE(fake.Start(&tls).ok());
+  ClusterConfig config;
+  config.server = fake.url();
+  config.ca_file = dir + "/ca.pem";
+  auto by_ip = Client::Create(config);
+  ASSERT_TRUE(by_ip.ok());
+  Status refused = (*by_ip)->Get("v1", "Pod", "ns", "p").status();
+  EXPECT_NE(refused.code(), StatusCode::kNotFound) << "the name does not match: no answer";
+  config.tls_server_name = "api.internal.example";
+  auto named = Client::Create(config);
+  ASSERT_TRUE(named.ok());
+  Status answered = (*named)->Get("v1", "Pod", "ns", "p").status();
+  EXPECT_EQ(answered.code(), StatusCode::kNotFound) << answered.ToString();
+  // Read from a kubeconfig, as kubectl does.
+  auto parsed = ParseKubeconfig(
+      "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+      "contexts: [{name: c, context: {cluster: k}}]\n"
+      "clusters: [{name: k, cluster: {server: 'https://10.0.0.1:6443', tls-server-name: "
+      "api.internal.example}}]\n",
+      "", "/");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->tls_server_name, "api.internal.example");
+  ASSERT_TRUE(RemoveTree(dir).ok());
+}
 
 TEST(ClientTest, ATokenIsNeverSentOverPlainHttp) {
   for (int which = 0; which < 3; ++which) {
@@ -846,6 +898,23 @@ TEST_F(FakeTlsServerTest, ExecPluginIsCachedAndRerunOnUnauthorized) {
   (void)(*short_lived)->Get("v1", "Pod", "ns", "p");
   EXPECT_EQ(Count(dir + "/count"), 4);
   ASSERT_TRUE(RemoveTree(dir).ok());
+}
+
+TEST(ExecCredentialTest, TheKubeconfigsEnvReplacesInheritedVariables) {
+  // The plugin sees the first TAU_TEST_PLUGIN_TOKEN of its environment, as Go's os.Getenv (and
+  // most programs) read a duplicated variable: it must be the kubeconfig's.
+  ASSERT_EQ(::setenv("TAU_TEST_PLUGIN_TOKEN", "inherited", 1), 0);
+  ExecConfig exec;
+  exec.command = "/bin/sh";
+  exec.args = {"-c",
+               "t=$(env | grep '^TAU_TEST_PLUGIN_TOKEN=' | head -n 1 | cut -d= -f2-); printf "
+               "'{\"apiVersion\":\"client.authentication.k8s.io/v1\",\"kind\":"
+               "\"ExecCredential\",\"status\":{\"token\":\"%s\"}}' \"$t\""};
+  exec.env = {{"TAU_TEST_PLUGIN_TOKEN", "from-kubeconfig"}};
+  Result<ExecCredential> cred = RunExecPlugin(exec);
+  ::unsetenv("TAU_TEST_PLUGIN_TOKEN");
+  ASSERT_TRUE(cred.ok()) << cred.status().ToString();
+  EXPECT_EQ(cred->token, "from-kubeconfig");
 }
 
 TEST(ExecCredentialTest, RejectsOutputWithoutCredentials) {

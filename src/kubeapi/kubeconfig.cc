@@ -66,6 +66,7 @@ Result<ClusterConfig> ParseNode(const YAML::Node& root, const std::string& conte
     TAU_ASSIGN_OR_RETURN(config.ca_data, DecodeData(data, "certificate-authority-data"));
   }
   config.insecure_skip_tls_verify = Scalar(cluster, "insecure-skip-tls-verify") == "true";
+  config.tls_server_name = Scalar(cluster, "tls-server-name");
 
   if (user_name.empty()) return config;  // no credentials: anonymous
   TAU_ASSIGN_OR_RETURN(YAML::Node user, Named(root, "users", "user", user_name));
