@@ -121,6 +121,9 @@ FieldDef Recorded(std::string name, std::string pointer, std::string doc) {
               kRecordedNote);
 }
 
+constexpr const char* kSourceLocal = "refused: the local backend runs the submitted code";
+constexpr const char* kSourceKube = "copied from the image into the pods (engine job)";
+
 // A recorded string field (direct shape's run.source, run.working_dir). `warning`, when given, is
 // said once at the field: what tau does instead.
 FieldDef RecordedString(std::string name, std::string pointer, std::string doc,
@@ -630,8 +633,12 @@ std::vector<FieldDef> BuildDirect() {
            EntrypointField("entrypoint", "run.script"), EntrypointField("script", "run.entrypoint"),
            ImageField("Same as the top-level image", spelled_image), TtlField(),
            Obj("source", "Where a Job's code comes from (engine job)",
-               {RecordedString("image", "/run/source/image", "Image holding the code"),
-                RecordedString("path", "/run/source/path", "Path of the code in that image")}),
+               {On(Str("image", "Image holding the code",
+                       [](Ctx& c, const Value& v) { c.spec.source.image = v.text; }),
+                   kSourceLocal, kSourceKube),
+                On(Str("path", "Absolute path of the code in that image",
+                       [](Ctx& c, const Value& v) { c.spec.source.path = v.text; }),
+                   kSourceLocal, kSourceKube)}),
            RecordedString("working_dir", "/run/working_dir",
                           "Local project directory packed for a Ray job (engine rayjob)"),
            ExcludesField(), ArgsField(), MaxRuntimeField()}),

@@ -266,6 +266,8 @@ json ToJson(const RunSpec& spec) {
   }
   if (!IsDefault(spec.execution)) out["execution"] = ExecutionJson(spec.execution);
   if (!spec.code_excludes.empty()) out["code_excludes"] = spec.code_excludes;
+  if (!spec.source.image.empty() || !spec.source.path.empty())
+    out["source"] = {{"image", spec.source.image}, {"path", spec.source.path}};
   return out;
 }
 

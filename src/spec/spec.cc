@@ -361,9 +361,19 @@ void ResolveDirectAliases(Ctx& ctx, Pos root) {
     spec.compute.gpus = static_cast<int>(*ctx.direct_gpus);
   }
   if (ctx.Seen("run.source")) {
-    ctx.Warn(ctx.KeyPos("run.source"),
-             "run.source: tau runs the code snapshot uploaded with the run (the spec's "
-             "directory); the code in this image is not used");
+    // The code is copied out of the image at that path (the Kubernetes backend; the local one
+    // refuses run.source at submission).
+    if (spec.source.image.empty())
+      ctx.Error(ctx.KeyPos("run.source"),
+                "run.source: give run.source.image, the image that holds the code");
+    if (spec.source.path.empty()) {
+      ctx.Error(ctx.KeyPos("run.source"),
+                "run.source: give run.source.path, where the code is inside run.source.image");
+    } else if (spec.source.path.front() != '/') {
+      ctx.Error(ctx.ValuePos("run.source.path"),
+                fmt::format("run.source.path: '{}' must be an absolute path inside the image",
+                            spec.source.path));
+    }
   }
   if (!ctx.kind_set) return;
   // Engine-specific fields (public TauGrid semantics): a Job takes its code from run.source and

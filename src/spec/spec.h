@@ -145,6 +145,11 @@ struct RunSpec {
   std::string entrypoint;         // path relative to the code directory, or a command
   std::vector<std::string> args;  // appended to the entrypoint
   std::optional<int64_t> ttl_seconds_after_finished;
+  // run.source (engine job): the code is in this image at this path, not in the submitted
+  // directory. The Kubernetes backend copies it into the pods; the local backend refuses it.
+  struct CodeSource {
+    std::string image, path;
+  } source;
   std::optional<int64_t> max_runtime_ms;  // run.max_runtime (tau extension)
   std::string resource_prefix;            // resource_naming.prefix
   Compute compute;

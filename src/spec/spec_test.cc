@@ -211,8 +211,8 @@ TEST(SpecDirect, EveryField) {
   EXPECT_EQ(spec.entrypoint, "train.py");                    // from the `script` alias
   EXPECT_EQ(spec.runtime.image, "ghcr.io/example/train:2");  // runtime.image beats top-level image
   EXPECT_EQ(spec.ttl_seconds_after_finished, 28800);
-  EXPECT_EQ(spec.recorded_only["run"]["source"]["image"], "ghcr.io/example/code:1");
-  EXPECT_EQ(spec.recorded_only["run"]["source"]["path"], "/code");
+  EXPECT_EQ(spec.source.image, "ghcr.io/example/code:1");
+  EXPECT_EQ(spec.source.path, "/code");
   EXPECT_EQ(spec.args, (std::vector<std::string>{"--lr", "0.001"}));
   EXPECT_EQ(spec.max_runtime_ms, 45 * 60'000);
   EXPECT_EQ(spec.runtime.working_dir, "/workspace");

@@ -262,8 +262,7 @@ Status LocalBackend::Check(const SubmissionCheck& c) {
 // What only a cluster can do is refused here, at submission, rather than accepted and ignored. Each
 // message starts with the field, so that the CLI prints it at the field's position.
 Status LocalBackend::CheckSupported(const SubmissionCheck& c) {
-  const nlohmann::json& recorded = c.spec->recorded_only;
-  if (recorded.contains("run") && recorded["run"].contains("source"))
+  if (!c.spec->source.image.empty() || !c.spec->source.path.empty())
     return InvalidArgument(
         "run.source: the local backend runs the code sent with the run; code inside a container "
         "image needs the Kubernetes backend (remove run.source to run this directory's code)");
