@@ -112,6 +112,45 @@ class HelmChartTest(unittest.TestCase):
             with self.subTest(object=key):
                 self.assertEqual(helm[key], tau[key])
 
+    def test_kueue_values_hold_every_workspace_job_without_a_queue(self):
+        # deploy/kueue/values.yaml, for Kueue's own chart: Jobs without a queue name in tau's
+        # workspace namespaces are Kueue's too (a member's Role may create Jobs there), and those
+        # namespaces only: the selector must match the labels tau gives them, and no other.
+        with open(os.path.join(REPO, "deploy", "kueue", "values.yaml")) as f:
+            values = self.objects(f.read())[0]
+        config = self.objects(values["managerConfig"]["controllerManagerConfigYaml"])[0]
+        self.assertEqual(config["kind"], "Configuration")
+        self.assertIs(config["manageJobsWithoutQueueName"], True)
+        self.assertEqual(sorted(config["integrations"]["frameworks"]),
+                         ["batch/job", "ray.io/raycluster", "ray.io/rayjob"])
+        selector = config["managedJobsNamespaceSelector"]
+
+        def selects(labels):
+            for k, v in selector.get("matchLabels", {}).items():
+                if labels.get(k) != v:
+                    return False
+            for e in selector.get("matchExpressions", []):
+                present = e["key"] in labels
+                if e["operator"] == "Exists" and not present:
+                    return False
+                if e["operator"] == "DoesNotExist" and present:
+                    return False
+                if e["operator"] == "In" and labels.get(e["key"]) not in e["values"]:
+                    return False
+                if e["operator"] == "NotIn" and labels.get(e["key"]) in e["values"]:
+                    return False
+            return True
+
+        p = run([TAU, "platform", "render", PLATFORM])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        namespaces = [o for o in self.objects(p.stdout) if o["kind"] == "Namespace"]
+        self.assertGreaterEqual(len(namespaces), 2)
+        for ns in namespaces:
+            self.assertTrue(selects(ns["metadata"].get("labels", {})), ns["metadata"])
+        for other in ({}, {"kubernetes.io/metadata.name": NAMESPACE},
+                      {"app.kubernetes.io/managed-by": "tau"}):
+            self.assertFalse(selects(other), other)
+
     def test_lint(self):
         # The chart as shipped, strictly, with no network: with the defaults and with a values file.
         for extra in ([], ["-f", CUSTOM_VALUES, "--set-file", "platform=" + PLATFORM]):
