@@ -53,6 +53,7 @@ class RunHost {
   virtual store::Store* store() = 0;
   virtual Metrics* metrics() = 0;                                  // may be null
   virtual std::shared_ptr<const policy::Platform> platform() = 0;  // the one the loop decides with
+  virtual std::string RunDir(const std::string& run) const = 0;
   virtual std::string AttemptDir(const std::string& run, int attempt) const = 0;
   virtual std::string StorageDir(const store::RunRecord& run, const std::string& role) const = 0;
   // News for the decision thread (callable from any thread).

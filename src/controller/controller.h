@@ -135,7 +135,9 @@ class Controller : private RunHost {
   const health::GpuInventory& gpus() const { return gpus_; }
   // "local" or "kubernetes": where this server's runs run.
   const char* BackendName() const { return backend_->Name(); }
-  std::string RunDir(const std::string& name) const { return layout::RunDir(options_.home, name); }
+  std::string RunDir(const std::string& name) const override {
+    return layout::RunDir(options_.home, name);
+  }
   std::string AttemptDir(const std::string& name, int attempt) const override;
   // Where a run's checkpoints ("checkpoint") or outputs ("output") go.
   std::string StorageDir(const store::RunRecord& run, const std::string& role) const override;

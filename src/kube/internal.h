@@ -34,6 +34,7 @@ struct RunContext {
   std::string namespace_name;
   std::string image;
   std::vector<std::string> code_chunks;  // the base64 code archive in pieces; empty: no code
+  bool code_from_image = false;          // run.source: the code is copied out of an image instead
   std::map<std::string, std::string> node_selector;
   bool gpus = false;  // whether the run's workers use GPUs
   std::string checkpoint_dir, output_dir, data_dir;
@@ -60,6 +61,13 @@ json VolumeMounts(const RunContext& ctx, bool pip);
 // The init container that unpacks the code, makes the checkpoint and output directories and (for
 // Jobs) installs pip requirements; null when there is nothing to do.
 json SetupContainer(const RunContext& ctx, bool pip, const json& resources);
+// The native sidecar that prints what the worker appends to kMetricsFile (its log is the pod's
+// metrics), the volume it shares with the worker, and the worker's mount of it.
+json MetricsSidecar(const RunContext& ctx);
+// run.source: the init container that copies the code out of its image into the code volume.
+json SourceContainer(const RunContext& ctx);
+json MetricsVolume();
+json MetricsMount();
 
 // Container env: the spec's env (secret references become secretKeyRef), then tau's variables,
 // then `extra` (launcher variables). `literal_env` false leaves the spec's literal values out (Ray

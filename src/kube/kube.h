@@ -43,13 +43,22 @@ inline constexpr size_t kMaxObjectNameLength = 47;
 inline constexpr const char* kCodeDir = "/tau/code";
 inline constexpr const char* kPipDir = "/tau/pip";
 inline constexpr const char* kScratchDir = "/tau/scratch";
+// A Job pod's $TAU_METRICS_FILE: on a volume of the pod's own, so ranks that share an output
+// volume never write (or are read) into one file.
+inline constexpr const char* kMetricsDir = "/tau/metrics";
+inline constexpr const char* kMetricsFile = "/tau/metrics/metrics.jsonl";
 // Secret references in the spec's env ("SECRET:KEY") read key KEY of this Secret in the run's
 // namespace.
 inline constexpr const char* kRunSecretName = "tau-secrets";
 // The containers of a Job's pod: the init container that unpacks the code and installs pip
-// packages, and the one that runs the entrypoint (whose logs are the rank's).
+// packages, the one that runs the entrypoint (whose logs are the rank's), and a native sidecar
+// (an init container that restarts Always, Kubernetes 1.29+) whose log is what the worker writes
+// to $TAU_METRICS_FILE: the server follows it into the run's metrics.
 inline constexpr const char* kSetupContainer = "tau-setup";
 inline constexpr const char* kWorkerContainer = "worker";
+inline constexpr const char* kMetricsContainer = "tau-metrics";
+// run.source: the init container that copies the code out of its image, before the setup.
+inline constexpr const char* kSourceContainer = "tau-source";
 
 // Labels and annotations tau puts on what it renders.
 inline constexpr const char* kLabelRun = "tau.dev/run";

@@ -362,6 +362,32 @@ TEST(RenderJob, TheSpecsWordsReachTheProcessAsWritten) {
   EXPECT_NE(std::find(torchrun.begin(), torchrun.end(), "--node_rank=$(RANK)"), torchrun.end());
 }
 
+TEST(RenderJob, CodeFromAnImageIsCopiedIntoThePodsInsteadOfTheSubmittedCode) {
+  RenderOptions o;
+  o.code = {{"train.py", 0644, "print('the submitted copy')\n"}};
+  auto r = RenderText(
+      "name: q\nengine: job\nrun:\n  entrypoint: train.py\n"
+      "  source: {image: 'ghcr.io/lab/code:7', path: /app/src}\nruntime: {image: x}\n",
+      kMultiPlatform, "alice", o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ExpectValid(*r, "run.source");
+  const json& pod = r->back()["spec"]["template"]["spec"];
+  ASSERT_GE(pod["initContainers"].size(), 2u);
+  const json& copy = pod["initContainers"][0];
+  EXPECT_EQ(copy["name"], "tau-source");
+  EXPECT_EQ(copy["image"], "ghcr.io/lab/code:7");
+  EXPECT_EQ(copy["command"], json({"/bin/cp", "-a", "/app/src/.", "/tau/code"}));
+  const json& setup = pod["initContainers"][1];
+  EXPECT_EQ(setup["name"], "tau-setup");
+  EXPECT_EQ(setup["args"].size(), 3u) << "no code archive: the submitted copy is not shipped";
+  const json& worker = pod["containers"][0];
+  EXPECT_EQ(worker["workingDir"], "/tau/code");
+  EXPECT_EQ(worker["command"], json({"python3", "train.py"}));
+  bool mounted = false;
+  for (const json& m : worker["volumeMounts"]) mounted |= m["mountPath"] == "/tau/code";
+  EXPECT_TRUE(mounted);
+}
+
 TEST(Errors, RefusesImageTheWorkspaceDoesNotAllow) {
   spec::RunSpec s = LoadSpec("examples/gpu-quickstart/tau.yaml");
   auto run = policy::Resolve(s, LoadPlatform(kExamplePlatform), "alice");

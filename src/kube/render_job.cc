@@ -96,6 +96,8 @@ std::vector<json> RenderJob(const RunContext& ctx) {
     extra.push_back(EnvEntry("PYTHONPATH", path));
   }
 
+  // Metrics go to a volume of the pod's own, which the metrics sidecar prints (its log).
+  extra.push_back(EnvEntry("TAU_METRICS_FILE", kMetricsFile));
   json resources = PodResourcesJson(run.worker);
   json container = {{"name", kWorkerContainer},
                     {"image", ctx.image},
@@ -111,7 +113,9 @@ std::vector<json> RenderJob(const RunContext& ctx) {
 
   json pod = PodSpecBase(ctx, pip, gpus > 0);
   pod["restartPolicy"] = "Never";
-  pod["initContainers"] = json::array({SetupContainer(ctx, true, resources)});
+  pod["initContainers"] = json::array();
+  if (ctx.code_from_image) pod["initContainers"].push_back(SourceContainer(ctx));
+  pod["initContainers"].push_back(SetupContainer(ctx, true, resources));
   // storage.image_assets: each asset's files copied out of its (pinned) image into a volume of
   // their own by an init container, then mounted read-only where the spec says.
   for (const spec::ImageAsset& a : s.storage.image_assets) {
@@ -130,6 +134,10 @@ std::vector<json> RenderJob(const RunContext& ctx) {
     container["volumeMounts"].push_back(
         {{"name", volume}, {"mountPath", a.mount_path}, {"readOnly", true}});
   }
+  pod["volumes"].push_back(MetricsVolume());
+  container["volumeMounts"].push_back(MetricsMount());
+  // After the setup (and asset copies): it runs beside the worker only.
+  pod["initContainers"].push_back(MetricsSidecar(ctx));
   pod["containers"] = json::array({container});
   if (workers > 1) pod["subdomain"] = ctx.name;
 

@@ -17,6 +17,7 @@ constexpr const char* kCodeVolume = "tau-code";
 constexpr const char* kPipVolume = "tau-pip";
 constexpr const char* kScratchVolume = "tau-scratch";
 constexpr const char* kShmVolume = "tau-shm";
+constexpr const char* kMetricsVolume = "tau-metrics";
 
 // The setup script of the init container. Its inputs come as arguments (the code archive, in
 // pieces) and env (directories, requirements), never spliced into the script, so no quoting of
@@ -32,6 +33,15 @@ if [ -n "${TAU_PIP_REQUIREMENTS:-}" ]; then
   printf '%s\n' "$TAU_PIP_REQUIREMENTS" > /tau/pip/requirements.txt
   python3 -m pip install --no-cache-dir --target /tau/pip -r /tau/pip/requirements.txt
 fi
+)";
+
+// The metrics sidecar's script: it prints the metrics file as it grows. Asked to stop (the
+// worker has ended), it gives tail a moment to print the worker's last lines first.
+constexpr const char* kMetricsScript = R"(: >> "$TAU_METRICS_FILE"
+tail -n +1 -F "$TAU_METRICS_FILE" 2>/dev/null &
+trap 'sleep 2; kill "$!" 2>/dev/null' TERM
+wait
+wait
 )";
 
 bool IsDns1035Label(std::string_view s) {
@@ -216,7 +226,11 @@ Result<RunContext> MakeContext(const spec::RunSpec& spec, const policy::Resolved
     ctx.uses_scratch = true;
   }
 
-  if (!options.code.empty()) {
+  if (!spec.source.image.empty()) {
+    // The code is the image's: the submitted directory is not shipped.
+    // The parser has checked it: an engine job's, with an image and an absolute path.
+    ctx.code_from_image = true;
+  } else if (!options.code.empty()) {
     auto chunks = CodeArchive(options.code);
     if (!chunks.ok()) {
       errors.push_back(chunks.status().message());
@@ -270,7 +284,7 @@ json PodLabels(const RunContext& ctx) {
 json PodSpecBase(const RunContext& ctx, bool pip, bool gpu_pod) {
   json spec = json::object();
   json volumes = json::array();
-  if (!ctx.code_chunks.empty())
+  if (!ctx.code_chunks.empty() || ctx.code_from_image)
     volumes.push_back({{"name", kCodeVolume}, {"emptyDir", json::object()}});
   if (pip) volumes.push_back({{"name", kPipVolume}, {"emptyDir", json::object()}});
   if (ctx.uses_scratch) volumes.push_back({{"name", kScratchVolume}, {"emptyDir", json::object()}});
@@ -302,7 +316,8 @@ json PodSpecBase(const RunContext& ctx, bool pip, bool gpu_pod) {
 
 json VolumeMounts(const RunContext& ctx, bool pip) {
   json mounts = json::array();
-  if (!ctx.code_chunks.empty()) mounts.push_back({{"name", kCodeVolume}, {"mountPath", kCodeDir}});
+  if (!ctx.code_chunks.empty() || ctx.code_from_image)
+    mounts.push_back({{"name", kCodeVolume}, {"mountPath", kCodeDir}});
   if (pip) mounts.push_back({{"name", kPipVolume}, {"mountPath", kPipDir}});
   if (ctx.uses_scratch) mounts.push_back({{"name", kScratchVolume}, {"mountPath", kScratchDir}});
   mounts.push_back({{"name", kShmVolume}, {"mountPath", "/dev/shm"}});
@@ -346,6 +361,38 @@ json SetupContainer(const RunContext& ctx, bool pip, const json& resources) {
       setup_resources.erase(part);
   }
   if (!setup_resources.empty()) c["resources"] = setup_resources;
+  if (ctx.spec->runtime.security_mode == "restricted")
+    c["securityContext"] = ContainerSecurity(ctx);
+  return c;
+}
+
+json MetricsVolume() { return {{"name", kMetricsVolume}, {"emptyDir", json::object()}}; }
+
+json MetricsMount() { return {{"name", kMetricsVolume}, {"mountPath", kMetricsDir}}; }
+
+json MetricsSidecar(const RunContext& ctx) {
+  // No requests: a sidecar's would add to the pod's, so to what Kueue charges the run's quota.
+  json c = {
+      {"name", kMetricsContainer},
+      {"image", ctx.image},
+      {"restartPolicy", "Always"},
+      {"command", {"sh"}},
+      {"args", {"-c", kMetricsScript, kMetricsContainer}},
+      {"env",
+       {EnvEntry("TAU_METRICS_FILE", kMetricsFile), EnvEntry("NVIDIA_VISIBLE_DEVICES", "void")}},
+      {"volumeMounts", {MetricsMount()}}};
+  if (ctx.spec->runtime.security_mode == "restricted")
+    c["securityContext"] = ContainerSecurity(ctx);
+  return c;
+}
+
+json SourceContainer(const RunContext& ctx) {
+  const std::string& path = ctx.spec->source.path;
+  json c = {{"name", kSourceContainer},
+            {"image", ctx.spec->source.image},
+            {"command", {"/bin/cp", "-a", path + (path.back() == '/' ? "." : "/."), kCodeDir}},
+            {"env", {EnvEntry("NVIDIA_VISIBLE_DEVICES", "void")}},
+            {"volumeMounts", {{{"name", kCodeVolume}, {"mountPath", kCodeDir}}}}};
   if (ctx.spec->runtime.security_mode == "restricted")
     c["securityContext"] = ContainerSecurity(ctx);
   return c;
@@ -418,6 +465,7 @@ std::string SpecDir(const RunContext& ctx) {
 
 std::string WorkingDir(const RunContext& ctx) {
   if (!ctx.spec->runtime.working_dir.empty()) return ctx.spec->runtime.working_dir;
+  if (ctx.code_from_image) return kCodeDir;
   return ctx.code_chunks.empty() ? "" : SpecDir(ctx);
 }
 
@@ -426,8 +474,10 @@ std::vector<std::string> EntryArgv(const RunContext& ctx) {
   // The entrypoint is relative to the spec's folder; the code's paths to its root.
   const std::string in_code =
       (std::filesystem::path(ctx.run->code_subdir) / entry).lexically_normal().string();
-  const bool shipped = std::any_of(ctx.options->code.begin(), ctx.options->code.end(),
-                                   [&](const CodeFile& f) { return f.path == in_code; });
+  // run.source: the image's code, not the submitted directory's, runs.
+  const bool shipped =
+      !ctx.code_from_image && std::any_of(ctx.options->code.begin(), ctx.options->code.end(),
+                                          [&](const CodeFile& f) { return f.path == in_code; });
   // A shipped file is named by its absolute path when the container starts elsewhere.
   std::string path =
       shipped && WorkingDir(ctx) != SpecDir(ctx) ? JoinDir(kCodeDir, in_code) : entry;

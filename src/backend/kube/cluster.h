@@ -48,6 +48,9 @@ struct AttemptLogs {
   // split evenly among its `workers` ranks; the newest output is kept.
   int64_t max_bytes = 0;
   int workers = 1;
+  // Where the lines a Job's pods write to $TAU_METRICS_FILE are appended (the run's
+  // metrics.jsonl, which the evidence worker reads); "": not collected.
+  std::string metrics_file;
 };
 
 class Cluster {

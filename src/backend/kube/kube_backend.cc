@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "common/files.h"
+#include "common/layout.h"
 #include "recovery/failure_class.h"
 #include "recovery/retry.h"
 #include "runtime/runtime.h"
@@ -71,8 +72,9 @@ class KubeBackend final : public Backend {
   // On a cluster the job finds its newest checkpoint itself.
   std::string RequeueNote(const ActiveRun&) override { return ""; }
   int64_t NextWakeMillis(int64_t, int64_t limit) const override { return limit; }
-  // The pods' metrics and GPUs are the cluster's to watch.
-  std::vector<RunningAttempt> RunningAttempts() const override { return {}; }
+  // The attempts whose pods' metrics the cluster appends to their runs' metrics files (their
+  // GPUs are the cluster's to watch).
+  std::vector<RunningAttempt> RunningAttempts() const override;
   void DescribeRuntime(const RunRecord&, bool, const evidence::RecordInput*,
                        evidence::RuntimeInfo* rt) const override {
     // The run's pods ran on the cluster's nodes, in its image: nothing of this machine describes
@@ -116,6 +118,19 @@ class KubeBackend final : public Backend {
 };
 
 }  // namespace
+
+std::vector<RunningAttempt> KubeBackend::RunningAttempts() const {
+  std::vector<RunningAttempt> running;
+  for (const auto& [name, cluster_run] : runs_) {
+    if (cluster_run.attempt == 0) continue;
+    auto it = host_->active().find(name);
+    if (it == host_->active().end()) continue;
+    const RunRecord& r = it->second.record;
+    if (r.state == RunState::kRunning && r.attempts == cluster_run.attempt)
+      running.push_back({name, r.attempts, {}});
+  }
+  return running;
+}
 
 Status KubeBackend::Start(RunHost* host, const policy::Platform* applied) {
   host_ = host;
@@ -294,6 +309,7 @@ Status KubeBackend::KeepLogs(const ActiveRun& run, int attempt) {
   TAU_ASSIGN_OR_RETURN(logs.secrets, host_->LogSecrets(run.record));
   logs.max_bytes = run.resolved.max_log_bytes;
   logs.workers = std::max(1, run.spec.compute.workers);
+  logs.metrics_file = layout::MetricsFile(host_->RunDir(run.record.name));
   cluster_->KeepLogs(run.record.name, attempt, std::move(logs));
   return Status::Ok();
 }

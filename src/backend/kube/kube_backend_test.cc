@@ -7,6 +7,7 @@
 #include <chrono>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -15,7 +16,10 @@
 #include "backend/kube/kube_cluster.h"
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/layout.h"
+#include "common/strings.h"
 #include "controller/controller.h"
+#include "evidence/evidence.h"
 #include "kubeapi/kubeapi.h"
 #include "store/store.h"
 #include "testing/controller_test_util.h"
@@ -614,6 +618,92 @@ TEST_F(KubeBackendTest, GangKeepsEachRanksLogAndCancelDeletesItsService) {
   ASSERT_TRUE(WaitForState(name, RunState::kCancelled));
   EXPECT_TRUE(Job(name, 1).is_null());
   EXPECT_TRUE(fake_.Object("v1/services", "default", JobName(name, 1)).is_null());
+}
+
+TEST_F(KubeBackendTest, MetricsWrittenInEachRanksPodReachTheRunsEvidence) {
+  std::string spec = kSpec;
+  spec.replace(spec.find("workers: 1"), 10, "workers: 2");
+  std::string name = Submit(spec);
+  ASSERT_TRUE(WaitForJob(name, 1));
+  // The worker writes to a file on a volume of its pod's own, which the sidecar prints.
+  const json pod_spec = Job(name, 1)["spec"]["template"]["spec"];
+  json sidecar;
+  for (const json& c : pod_spec["initContainers"])
+    if (c["name"] == "tau-metrics") sidecar = c;
+  ASSERT_FALSE(sidecar.is_null()) << pod_spec.dump();
+  EXPECT_EQ(sidecar["restartPolicy"], "Always") << "a native sidecar: the Job ends with its worker";
+  EXPECT_FALSE(sidecar.contains("resources")) << "nothing added to what Kueue charges the quota";
+  bool worker_env = false;
+  for (const json& e : pod_spec["containers"][0]["env"])
+    if (e["name"] == "TAU_METRICS_FILE") worker_env = e["value"] == "/tau/metrics/metrics.jsonl";
+  EXPECT_TRUE(worker_env) << pod_spec["containers"][0]["env"].dump();
+  MakeWorkload(name, 1);
+  Admit(name, 1);
+  // The Job controller makes each rank's pod from the Job's template.
+  auto pod_name = [&](int rank) { return fmt::format("{}-{}-m9q", JobName(name, 1), rank); };
+  for (int rank = 0; rank < 2; ++rank) {
+    json pod = {{"apiVersion", "v1"},
+                {"kind", "Pod"},
+                {"metadata",
+                 {{"name", pod_name(rank)},
+                  {"namespace", "default"},
+                  {"labels",
+                   {{"tau.dev/run", name},
+                    {"tau.dev/attempt", "1"},
+                    {"batch.kubernetes.io/job-completion-index", std::to_string(rank)}}}}},
+                {"spec", pod_spec},
+                {"status", {{"phase", "Running"}}}};
+    ASSERT_TRUE(kube_->Create(pod).ok());
+  }
+  auto point = [](const char* name, int step, double value) {
+    return json{{"name", name}, {"step", step}, {"value", value}}.dump() + "\n";
+  };
+  fake_.AppendLog("default", pod_name(0), point("loss", 1, 0.5), "tau-metrics");
+  fake_.AppendLog("default", pod_name(1), point("rank1_loss", 1, 0.75), "tau-metrics");
+  // A line still being written is kept once it ends.
+  std::string second = point("loss", 2, 0.25);
+  fake_.AppendLog("default", pod_name(0), second.substr(0, 10), "tau-metrics");
+  ASSERT_TRUE(WaitForState(name, RunState::kRunning));
+  const std::string run_file = layout::MetricsFile(layout::RunDir(home_, name));
+  auto lines = [&] {
+    auto text = ReadFile(run_file);
+    std::multiset<std::string> out;
+    if (!text.ok()) return out;
+    for (const std::string& line : Split(*text, '\n'))
+      if (!line.empty()) out.insert(line + "\n");
+    return out;
+  };
+  ASSERT_TRUE(WaitFor([&] { return lines().size() == 2; }));
+  EXPECT_EQ(lines(),
+            (std::multiset<std::string>{point("loss", 1, 0.5), point("rank1_loss", 1, 0.75)}));
+  // A cut stream is followed again: nothing kept twice.
+  fake_.CutLogStreams();
+  fake_.AppendLog("default", pod_name(0), second.substr(10), "tau-metrics");
+  ASSERT_TRUE(WaitFor([&] { return lines().size() == 3; }));
+  // The last point, written just before the worker ends, is in the record all the same: the
+  // run's end waits for its pods' metrics.
+  fake_.AppendLog("default", pod_name(0), point("loss", 3, 0.125), "tau-metrics");
+  for (int rank = 0; rank < 2; ++rank) {
+    for (const char* c : {"worker", "tau-metrics"}) fake_.EndLog("default", pod_name(rank), c);
+    auto patched = kube_->MergePatch("v1", "Pod", "default", pod_name(rank),
+                                     {{"status", {{"phase", "Succeeded"}}}}, "status");
+    ASSERT_TRUE(patched.ok()) << patched.status().ToString();
+  }
+  SetJobCondition(name, 1, "Complete", "Completed");
+  ASSERT_TRUE(WaitForState(name, RunState::kSucceeded));
+  EXPECT_EQ(lines(),
+            (std::multiset<std::string>{point("loss", 1, 0.5), point("loss", 2, 0.25),
+                                        point("loss", 3, 0.125), point("rank1_loss", 1, 0.75)}));
+  std::vector<int64_t> steps;
+  ASSERT_TRUE(WaitFor([&] {
+    auto history =
+        evidence::LoadMetricHistory(layout::MetricsFile(layout::EvidenceDir(home_, name)));
+    steps.clear();
+    if (history.ok())
+      for (const auto& p : history->Series("loss", "")) steps.push_back(p.step);
+    return steps.size() == 3;
+  }));
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3}));
 }
 
 TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromRaysJobApi) {

@@ -113,6 +113,20 @@ bool SetupFailed(const json& pod) {
   return false;
 }
 
+// How long an attempt's end waits for its metrics followers to finish reading.
+constexpr int64_t kMetricsDrainMs = 30'000;
+
+// Whether the pod has tau's metrics sidecar (pods rendered before it existed do not).
+bool HasMetricsSidecar(const json& pod) {
+  auto spec = pod.find("spec");
+  if (spec == pod.end() || !spec->is_object()) return false;
+  auto inits = spec->find("initContainers");
+  if (inits == spec->end() || !inits->is_array()) return false;
+  return std::any_of(inits->begin(), inits->end(), [](const json& c) {
+    return c.is_object() && Str(c, "name") == kube::kMetricsContainer;
+  });
+}
+
 bool PodStarted(const json& pod) {
   auto status = pod.find("status");
   if (status == pod.end() || !status->is_object()) return false;
@@ -187,6 +201,66 @@ struct LogSource {
   int64_t pause_ms = 500;  // between reads (a fetch: more as the log grows, see FollowLog)
 };
 
+// Where a follower puts what it reads.
+class KeptOutput {
+ public:
+  virtual ~KeptOutput() = default;
+  virtual void Write(std::string_view chunk) = 0;
+  // Bytes read but not written yet (a partial line, a possible secret's start): a restarted
+  // server takes them from the source again.
+  virtual int64_t held() const = 0;
+  // The kept file's size as written (recorded, so a restarted server cuts off what went after).
+  virtual int64_t size() const = 0;
+  virtual void Finish() = 0;  // the source has ended: what is held is written
+};
+
+class KeptLog final : public KeptOutput {
+ public:
+  template <typename... Args>
+  explicit KeptLog(Args&&... args) : log_(std::forward<Args>(args)...) {}
+  void Write(std::string_view chunk) override { log_.Write(chunk); }
+  int64_t held() const override { return static_cast<int64_t>(log_.held()); }
+  int64_t size() const override { return log_.size(); }
+  void Finish() override { log_.Finish(); }
+
+ private:
+  LogFile log_;
+};
+
+// Metrics lines, appended whole (one write each batch) to a file other pods of the run append
+// to as well; a partial line waits for its end.
+class KeptMetrics final : public KeptOutput {
+ public:
+  explicit KeptMetrics(int fd, std::string what) : fd_(fd), what_(std::move(what)) {}
+  ~KeptMetrics() override { ::close(fd_); }
+  void Write(std::string_view chunk) override {
+    pending_.append(chunk);
+    size_t end = pending_.rfind('\n');
+    if (end == std::string::npos) return;
+    Append(std::string_view(pending_).substr(0, end + 1));
+    pending_.erase(0, end + 1);
+  }
+  int64_t held() const override { return static_cast<int64_t>(pending_.size()); }
+  int64_t size() const override { return 0; }
+  void Finish() override {
+    if (pending_.empty()) return;
+    pending_ += '\n';
+    Append(pending_);
+    pending_.clear();
+  }
+
+ private:
+  void Append(std::string_view lines) {
+    // O_APPEND: each write lands whole at the end, whatever the other pods' followers write.
+    if (::write(fd_, lines.data(), lines.size()) != static_cast<ssize_t>(lines.size()))
+      std::fprintf(stderr, "tau server: cannot keep the metrics of %s: %s\n", what_.c_str(),
+                   std::strerror(errno));
+  }
+  const int fd_;
+  const std::string what_;
+  std::string pending_;
+};
+
 class KubeCluster final : public Cluster {
  public:
   KubeCluster(kubeapi::Client* client, KubeClusterOptions options)
@@ -209,14 +283,18 @@ class KubeCluster final : public Cluster {
 
  private:
   struct Attempt {
-    json object;                       // the Job or RayJob; null until seen
-    std::map<std::string, json> pods;  // name -> pod
-    std::set<std::string> followed;    // pods whose logs are being (or were) kept
-    bool driver_followed = false;      // RayJob: the driver's log
-    std::string last_news;             // fingerprint of the last news sent
-    bool gone = false;                 // its object was deleted
-    bool ended = false;                // its terminal news was sent: no more resyncs
-    std::optional<AttemptLogs> logs;   // how to keep its pods' logs; none followed before
+    json object;                             // the Job or RayJob; null until seen
+    std::map<std::string, json> pods;        // name -> pod
+    std::set<std::string> followed;          // pods whose logs are being (or were) kept
+    bool driver_followed = false;            // RayJob: the driver's log
+    std::set<std::string> metrics_followed;  // pods whose metrics are being (or were) kept
+    int metrics_following = 0;               // metrics followers still reading
+    // When its end was first seen while its metrics were still being read (0: not yet).
+    int64_t end_seen_ms = 0;
+    std::string last_news;            // fingerprint of the last news sent
+    bool gone = false;                // its object was deleted
+    bool ended = false;               // its terminal news was sent: no more resyncs
+    std::optional<AttemptLogs> logs;  // how to keep its pods' logs; none followed before
     // A finished RayJob (its code inline, twice) is deleted then: its ttlSecondsAfterFinished
     // after its end, when KubeRay deletes its RayCluster (KubeRay keeps the RayJob itself).
     int64_t retire_at_ms = 0;
@@ -230,6 +308,15 @@ class KubeCluster final : public Cluster {
   // Keeps the log `source` reads as rank `rank`'s of the attempt `key`, at `path`.
   void FollowLog(LogSource source, const std::string& path, const AttemptKey& key, int rank,
                  const AttemptLogs& logs);
+  // Appends the metrics lines `source` reads (a pod's metrics sidecar's log) to the run's
+  // metrics file; `offset_path` keeps how far it got.
+  void FollowMetrics(LogSource source, const std::string& offset_path, const AttemptKey& key,
+                     const std::string& metrics_file);
+  // Reads `source` into `out` until it ends or the cluster stops, skipping the `taken` bytes
+  // kept already and recording how far it got in `offset_fd`.
+  void Follow(const LogSource& source, int offset_fd, int64_t taken, KeptOutput* out);
+  // Runs `body` on a thread of its own, joined once done.
+  void Spawn(std::function<void()> body);
   LogSource PodLog(const std::string& ns, const std::string& pod, const std::string& container);
   // A RayJob's driver log: Ray's job log, through the API server's proxy to the head's dashboard.
   LogSource DriverLog(const AttemptKey& key, const std::string& ns, const std::string& job_id,
@@ -431,6 +518,8 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
       int rank;
     };
     std::vector<Follow> follow;
+    std::vector<Follow> metrics;  // pods whose metrics sidecar to follow
+    int metrics_following = 0;
     std::string driver_job, driver_cluster;  // RayJob: its Ray job and cluster
     bool gone = false;
     std::string last_news;
@@ -445,14 +534,23 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
       auto it = attempts_.find(key);
       if (it == attempts_.end() || it->second.object.is_null()) continue;
       Attempt& a = it->second;
-      Todo t{key, a.object, {}, {}, "", "", a.gone, a.last_news, a.logs};
+      Todo t;
+      t.key = key;
+      t.object = a.object;
+      t.gone = a.gone;
+      t.last_news = a.last_news;
+      t.logs = a.logs;
       for (const auto& [pod_name, pod] : a.pods) {
         t.pods.push_back(pod);
         if (a.logs && PodStarted(pod) && a.followed.insert(pod_name).second)
           t.follow.push_back({pod_name,
                               SetupFailed(pod) ? kube::kSetupContainer : kube::kWorkerContainer,
                               RankOf(pod)});
+        if (a.logs && !a.logs->metrics_file.empty() && PodStarted(pod) && HasMetricsSidecar(pod) &&
+            a.metrics_followed.insert(pod_name).second)
+          t.metrics.push_back({pod_name, kube::kMetricsContainer, RankOf(pod)});
       }
+      t.metrics_following = a.metrics_following + static_cast<int>(t.metrics.size());
       if (a.logs && Str(a.object, "kind") == "RayJob" && !a.driver_followed) {
         // Once KubeRay has submitted the Ray job (HTTPMode: no submitter pod) and said where.
         const json& status = a.object.contains("status") ? a.object["status"] : json::object();
@@ -481,6 +579,10 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
         for (const auto& f : t.follow)
           FollowLog(PodLog(ns, f.pod, f.container), fmt::format("{}/rank-{}.log", dir, f.rank),
                     t.key, f.rank, *t.logs);
+      for (const auto& f : t.metrics)
+        FollowMetrics(PodLog(ns, f.pod, f.container),
+                      fmt::format("{}/metrics-{}.offset", dir, f.rank), t.key,
+                      t.logs->metrics_file);
       if (!t.driver_job.empty()) {
         // The driver's is the attempt's one log: all of the cap is its.
         AttemptLogs driver = *t.logs;
@@ -511,6 +613,17 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
     }
     std::string fp = Fingerprint(news.observed, news.position);
     if (fp == t.last_news) continue;
+    if (news.observed.Terminal() && t.metrics_following > 0) {
+      // The end is told once its pods' metrics are all kept (the evidence worker reads the
+      // run's file to its end then), or kMetricsDrainMs after it was seen, whichever is first.
+      const int64_t now = MonotonicMillis();
+      MutexLock lock(&mu_);
+      auto it = attempts_.find(t.key);
+      if (it != attempts_.end()) {
+        if (it->second.end_seen_ms == 0) it->second.end_seen_ms = now;
+        if (now - it->second.end_seen_ms < kMetricsDrainMs) continue;
+      }
+    }
     {
       MutexLock lock(&mu_);
       auto it = attempts_.find(t.key);
@@ -567,14 +680,22 @@ LogSource KubeCluster::DriverLog(const AttemptKey& key, const std::string& ns,
   return source;
 }
 
-void KubeCluster::FollowLog(LogSource source, const std::string& path, const AttemptKey& key,
-                            int rank, const AttemptLogs& logs) {
+void KubeCluster::Spawn(std::function<void()> body) {
   auto done = std::make_shared<std::atomic<bool>>(false);
-  std::thread thread([this, source = std::move(source), path, key, rank, logs, done] {
+  std::thread thread([body = std::move(body), done] {
     struct MarkDone {
       std::atomic<bool>* flag;
       ~MarkDone() { *flag = true; }
     } mark{done.get()};
+    body();
+  });
+  MutexLock lock(&mu_);
+  log_threads_.push_back({std::move(thread), std::move(done)});
+}
+
+void KubeCluster::FollowLog(LogSource source, const std::string& path, const AttemptKey& key,
+                            int rank, const AttemptLogs& logs) {
+  Spawn([this, source = std::move(source), path, key, rank, logs] {
     auto cannot = [&](const char* what) {
       std::fprintf(stderr, "tau server: cannot keep the log of %s in %s: %s %s\n",
                    source.what.c_str(), path.c_str(), what, std::strerror(errno));
@@ -612,71 +733,109 @@ void KubeCluster::FollowLog(LogSource source, const std::string& path, const Att
     }  // else another pod of the same rank (a replacement): its log follows the first one's.
     const int workers = std::max(1, logs.workers);
     PostedNotices notices(post_, key.first, key.second);
-    LogFile log(rank, path, fd, logs.max_bytes > 0 ? logs.max_bytes / workers : 0, logs.max_bytes,
+    KeptLog log(rank, path, fd, logs.max_bytes > 0 ? logs.max_bytes / workers : 0, logs.max_bytes,
                 static_cast<size_t>(workers), logs.secrets, &notices);
-    auto record = [&] {
-      const int64_t held = static_cast<int64_t>(log.held());
-      if (!WriteLogOffset(offset_fd, {source.id, taken - held, log.size()}))
-        std::fprintf(stderr, "tau server: cannot record how far the log of %s was kept: %s\n",
-                     source.what.c_str(), std::strerror(errno));
-    };
-    std::string last_error;
-    int final_failures = 0;
-    bool ended = false;
-    while (!stop_) {
-      const bool more = !source.fetched || source.live();
-      // The redactor keeps what it holds back across reads of this thread: skip all of it.
-      int64_t skip = taken;
-      Status s = source.read([&](std::string_view chunk) {
-        if (skip > 0) {
-          size_t n = std::min<size_t>(static_cast<size_t>(skip), chunk.size());
-          chunk.remove_prefix(n);
-          skip -= static_cast<int64_t>(n);
-        }
-        if (chunk.empty()) return true;
-        log.Write(chunk);  // a full disk drops output (and says so), not the stream
-        taken += static_cast<int64_t>(chunk.size());
-        record();
-        return true;
-      });
-      if (stop_) break;
-      if (source.fetched ? !more : !source.live()) {
-        // A fetch after the end that failed is tried again a little (the RayCluster goes
-        // ttlSecondsAfterFinished after its job).
-        if (s.ok() || !source.fetched || ++final_failures >= 3) {
-          ended = true;
-          if (!s.ok())
-            std::fprintf(stderr, "tau server: the end of the log of %s is lost: %s\n",
-                         source.what.c_str(), s.ToString().c_str());
-          break;
-        }
-      }
-      if (!s.ok() && s.message() != last_error) {
-        // Said once per failure, not on every try.
-        last_error = s.message();
-        std::fprintf(stderr, "tau server: the log of %s: %s (following it again)\n",
-                     source.what.c_str(), s.ToString().c_str());
-      }
-      // A fetch brings the whole log every time: the longer it is, the less often.
-      int64_t pause_ms = source.pause_ms;
-      // At most 10 s: the fetch after the end must come before KubeRay deletes the RayCluster
-      // (ttlSecondsAfterFinished, 15 s unless the spec says).
-      if (source.fetched)
-        pause_ms =
-            std::max(pause_ms, std::min<int64_t>(pause_ms + taken / (1 << 20) * 1000, 10'000));
-      MutexLock lock(&mu_);
-      cv_.WaitFor(&mu_, std::chrono::milliseconds(pause_ms), [&] { return stop_.load(); });
-    }
-    // The output has ended: what the redactor held back is no secret's start after all.
-    // A server that stops instead leaves it to the next one, which takes it from the pod again.
-    if (ended) {
-      log.Finish();
-      record();
-    }
+    Follow(source, offset_fd, taken, &log);
     ::close(offset_fd);
   });
-  MutexLock lock(&mu_);
-  log_threads_.push_back({std::move(thread), std::move(done)});
+}
+
+void KubeCluster::FollowMetrics(LogSource source, const std::string& offset_path,
+                                const AttemptKey& key, const std::string& metrics_file) {
+  {
+    MutexLock lock(&mu_);
+    ++attempts_[key].metrics_following;
+  }
+  Spawn([this, source = std::move(source), offset_path, key, metrics_file] {
+    struct Done {
+      KubeCluster* self;
+      AttemptKey key;
+      ~Done() {
+        // The attempt's end may be told once its metrics are all kept.
+        MutexLock lock(&self->mu_);
+        if (auto it = self->attempts_.find(key); it != self->attempts_.end())
+          --it->second.metrics_following;
+        self->dirty_.insert(key);
+        self->cv_.SignalAll();
+      }
+    } done{this, key};
+    int fd =
+        ::open(metrics_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int offset_fd =
+        fd < 0 ? -1 : ::open(offset_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (offset_fd < 0) {
+      std::fprintf(stderr, "tau server: cannot keep the metrics of %s in %s: %s\n",
+                   source.what.c_str(), metrics_file.c_str(), std::strerror(errno));
+      if (fd >= 0) ::close(fd);
+      return;
+    }
+    // Other pods append to the same file, so nothing is cut off after a restart: a line kept
+    // twice is one point twice, which the collector's compaction drops.
+    std::optional<LogOffset> at = ReadLogOffset(offset_fd);
+    KeptMetrics out(fd, source.what);
+    Follow(source, offset_fd, at && at->pod == source.id ? at->taken : 0, &out);
+    ::close(offset_fd);
+  });
+}
+
+void KubeCluster::Follow(const LogSource& source, int offset_fd, int64_t taken, KeptOutput* out) {
+  auto record = [&] {
+    if (!WriteLogOffset(offset_fd, {source.id, taken - out->held(), out->size()}))
+      std::fprintf(stderr, "tau server: cannot record how far the log of %s was kept: %s\n",
+                   source.what.c_str(), std::strerror(errno));
+  };
+  std::string last_error;
+  int final_failures = 0;
+  bool ended = false;
+  while (!stop_) {
+    const bool more = !source.fetched || source.live();
+    // The output keeps what it holds back across reads of this thread: skip all of it.
+    int64_t skip = taken;
+    Status s = source.read([&](std::string_view chunk) {
+      if (skip > 0) {
+        size_t n = std::min<size_t>(static_cast<size_t>(skip), chunk.size());
+        chunk.remove_prefix(n);
+        skip -= static_cast<int64_t>(n);
+      }
+      if (chunk.empty()) return true;
+      out->Write(chunk);  // a full disk drops output (and says so), not the stream
+      taken += static_cast<int64_t>(chunk.size());
+      record();
+      return true;
+    });
+    if (stop_) break;
+    if (source.fetched ? !more : !source.live()) {
+      // A fetch after the end that failed is tried again a little (the RayCluster goes
+      // ttlSecondsAfterFinished after its job).
+      if (s.ok() || !source.fetched || ++final_failures >= 3) {
+        ended = true;
+        if (!s.ok())
+          std::fprintf(stderr, "tau server: the end of the log of %s is lost: %s\n",
+                       source.what.c_str(), s.ToString().c_str());
+        break;
+      }
+    }
+    if (!s.ok() && s.message() != last_error) {
+      // Said once per failure, not on every try.
+      last_error = s.message();
+      std::fprintf(stderr, "tau server: the log of %s: %s (following it again)\n",
+                   source.what.c_str(), s.ToString().c_str());
+    }
+    // A fetch brings the whole log every time: the longer it is, the less often.
+    int64_t pause_ms = source.pause_ms;
+    // At most 10 s: the fetch after the end must come before KubeRay deletes the RayCluster
+    // (ttlSecondsAfterFinished, 15 s unless the spec says).
+    if (source.fetched)
+      pause_ms = std::max(pause_ms, std::min<int64_t>(pause_ms + taken / (1 << 20) * 1000, 10'000));
+    MutexLock lock(&mu_);
+    cv_.WaitFor(&mu_, std::chrono::milliseconds(pause_ms), [&] { return stop_.load(); });
+  }
+  // The output has ended: what was held back is no secret's start (or partial line) after all.
+  // A server that stops instead leaves it to the next one, which takes it from the pod again.
+  if (ended) {
+    out->Finish();
+    record();
+  }
 }
 
 bool KubeCluster::PodRunning(const std::string& ns, const std::string& pod) {
