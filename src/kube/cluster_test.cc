@@ -213,6 +213,7 @@ TEST(ClusterRender, RbacGrantsWhatTauDoesAndNoMore) {
       {"Role", {"rbac.authorization.k8s.io", "roles"}},
       {"RoleBinding", {"rbac.authorization.k8s.io", "rolebindings"}},
       {"ResourceFlavor", {"kueue.x-k8s.io", "resourceflavors"}},
+      {"Topology", {"kueue.x-k8s.io", "topologies"}},
       {"Cohort", {"kueue.x-k8s.io", "cohorts"}},
       {"ClusterQueue", {"kueue.x-k8s.io", "clusterqueues"}},
       {"WorkloadPriorityClass", {"kueue.x-k8s.io", "workloadpriorityclasses"}},

@@ -41,7 +41,14 @@ struct RunContext {
   std::vector<json> storage_volumes;  // pod volumes of platform storage
   std::vector<MountUse> storage_mounts;
   bool uses_scratch = false;  // checkpoints or outputs without a storage volume
+  // policy.topology as Kueue topology-aware scheduling of the workers' pod set: the pod template
+  // annotation (podset-required-topology or podset-preferred-topology) and its value, the node
+  // label of the platform's level; "" when the placement asks nothing of the cluster.
+  std::string topology_annotation, topology_label;
 };
+
+// The workers' pod template metadata: their labels, and the topology annotation when there is one.
+json WorkerTemplateMeta(const RunContext& ctx);
 
 // Checks what rendering needs beyond resolution and gathers the common parts.
 Result<RunContext> MakeContext(const spec::RunSpec& spec, const policy::ResolvedRun& run,

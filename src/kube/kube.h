@@ -60,6 +60,15 @@ inline constexpr const char* kMetricsContainer = "tau-metrics";
 // run.source: the init container that copies the code out of its image, before the setup.
 inline constexpr const char* kSourceContainer = "tau-source";
 
+// Kueue's topology-aware scheduling: a pod template annotation whose value is the node label of
+// the level its pod set must (or should) share, and the Topology object (its levels) that the
+// platform's flavors with node labels name.
+inline constexpr const char* kAnnotationRequiredTopology =
+    "kueue.x-k8s.io/podset-required-topology";
+inline constexpr const char* kAnnotationPreferredTopology =
+    "kueue.x-k8s.io/podset-preferred-topology";
+inline constexpr const char* kTopologyName = "tau";
+
 // Labels and annotations tau puts on what it renders.
 inline constexpr const char* kLabelRun = "tau.dev/run";
 inline constexpr const char* kLabelAttempt = "tau.dev/attempt";

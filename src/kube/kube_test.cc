@@ -7,6 +7,8 @@
 #include <cstring>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "common/hash.h"
 #include "kube/kube.h"
 #include "kube/kube_test_util.h"
@@ -386,6 +388,83 @@ TEST(RenderJob, CodeFromAnImageIsCopiedIntoThePodsInsteadOfTheSubmittedCode) {
   bool mounted = false;
   for (const json& m : worker["volumeMounts"]) mounted |= m["mountPath"] == "/tau/code";
   EXPECT_TRUE(mounted);
+}
+
+// A direct-shape Job of `workers` pods with `topology`, against platform-multi.yaml
+// (network-domain, accelerator-domain, host) or, with `platform_without_topology`, the example
+// platform, which defines none.
+Result<std::vector<json>> RenderPlaced(const std::string& topology, int workers,
+                                       bool platform_without_topology = false) {
+  return RenderText(fmt::format("name: q\nengine: job\nentrypoint: train.py\ncompute: {{workers: "
+                                "{}}}\npolicy: {{topology: {}}}\n"
+                                "runtime: {{image: 'nvcr.io/nvidia/pytorch:24.05-py3'}}\n",
+                                workers, topology),
+                    platform_without_topology ? kExamplePlatform : kMultiPlatform, "alice");
+}
+
+json TemplateAnnotations(const std::vector<json>& objects) {
+  return objects.back()["spec"]["template"]["metadata"].value("annotations", json::object());
+}
+
+TEST(RenderJob, PlacementsBecomeKueueTopologyRequestsAgainstThePlatformsLevels) {
+  struct Case {
+    std::string topology;
+    json annotations;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"same-host", {{"kueue.x-k8s.io/podset-required-topology", "kubernetes.io/hostname"}}},
+           {"same-accelerator-domain",
+            {{"kueue.x-k8s.io/podset-required-topology", "nvidia.com/gpu.clique"}}},
+           {"same-network-domain",
+            {{"kueue.x-k8s.io/podset-required-topology", "tau.dev/network-block"}}},
+           // As close as the cluster allows: the narrowest level above the host, preferred.
+           {"multi-node-nccl",
+            {{"kueue.x-k8s.io/podset-preferred-topology", "nvidia.com/gpu.clique"}}},
+           {"independent", json::object()},
+       }) {
+    auto r = RenderPlaced(c.topology, 4);
+    ASSERT_TRUE(r.ok()) << c.topology << ": " << r.status().message();
+    ExpectValid(*r, c.topology);
+    EXPECT_EQ(TemplateAnnotations(*r), c.annotations) << c.topology;
+  }
+  // The platform's Topology, named by its flavors with node labels.
+  policy::Platform p = LoadPlatform(kMultiPlatform);
+  auto objects = RenderPlatform(p);
+  ASSERT_TRUE(objects.ok());
+  const json* topology = nullptr;
+  for (const json& o : *objects) {
+    if (o["kind"] == "Topology") topology = &o;
+    if (o["kind"] == "ResourceFlavor" && o["spec"].contains("nodeLabels")) {
+      EXPECT_EQ(o["spec"]["topologyName"], "tau") << o.dump();
+    }
+  }
+  ASSERT_NE(topology, nullptr);
+  EXPECT_EQ((*topology)["spec"]["levels"], json::parse(R"([{"nodeLabel": "tau.dev/network-block"},
+                            {"nodeLabel": "nvidia.com/gpu.clique"},
+                            {"nodeLabel": "kubernetes.io/hostname"}])"));
+}
+
+TEST(Errors, PlacementsThePlatformCannotHoldAreRefused) {
+  // No topology at all: a gang's placement cannot be honoured, so it is refused, with what to do.
+  auto r = RenderPlaced("same-host", 2, true);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("policy.topology: 'same-host' needs the cluster's 'host' "
+                                      "level, and the platform defines no topology"),
+            std::string::npos)
+      << r.status().message();
+  r = RenderPlaced("multi-node-nccl", 2, true);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("policy.topology: 'multi-node-nccl'"), std::string::npos);
+  // A level the platform lacks.
+  r = RenderPlaced("same-site", 2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("defines only network-domain, accelerator-domain, host"),
+            std::string::npos)
+      << r.status().message();
+  // One pod is in one domain at every level: nothing to ask, nothing to refuse.
+  r = RenderPlaced("same-site", 1, true);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(TemplateAnnotations(*r), json::object());
 }
 
 TEST(Errors, RefusesImageTheWorkspaceDoesNotAllow) {

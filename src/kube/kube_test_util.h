@@ -50,6 +50,11 @@ inline const SchemaSet& Schemas() {
     EXPECT_FALSE(core.is_discarded()) << "kubernetes-core.json is not JSON";
     Status s = set->AddSchemas(core);
     EXPECT_TRUE(s.ok()) << s.message();
+    nlohmann::json topology =
+        nlohmann::json::parse(ReadAll(dir / "kueue-topology.json"), nullptr, false);
+    EXPECT_FALSE(topology.is_discarded()) << "kueue-topology.json is not JSON";
+    s = set->AddSchemas(topology);
+    EXPECT_TRUE(s.ok()) << s.message();
     return set;
   }();
   return *schemas;

@@ -93,10 +93,10 @@ json ServerRules() {
       // A RayJob's driver log: Ray's job API on the head's dashboard, through the API server.
       Rule({""}, {"services/proxy"}, {"get"}),
       Rule({"kueue.x-k8s.io"}, {"workloads"}, read),
-      Rule(
-          {"kueue.x-k8s.io"},
-          {"localqueues", "clusterqueues", "resourceflavors", "cohorts", "workloadpriorityclasses"},
-          apply),
+      Rule({"kueue.x-k8s.io"},
+           {"localqueues", "clusterqueues", "resourceflavors", "cohorts", "workloadpriorityclasses",
+            "topologies"},
+           apply),
       Rule({""}, {"namespaces"}, {"get", "list", "watch", "create", "update", "patch"}),
       Rule({"rbac.authorization.k8s.io"}, {"roles", "rolebindings"}, apply),
       // The workspace secrets of runs are written to each namespace's tau-secrets (server-side

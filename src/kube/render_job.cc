@@ -150,7 +150,7 @@ std::vector<json> RenderJob(const RunContext& ctx) {
       // tau's retry policy decides about another attempt; a Kubernetes retry would bypass it.
       {"backoffLimit", 0},
       {"ttlSecondsAfterFinished", s.ttl_seconds_after_finished.value_or(28800)},
-      {"template", {{"metadata", {{"labels", PodLabels(ctx)}}}, {"spec", pod}}}};
+      {"template", {{"metadata", WorkerTemplateMeta(ctx)}, {"spec", pod}}}};
   if (workers > 1) spec["completionMode"] = "Indexed";
   if (run.max_runtime_ms) spec["activeDeadlineSeconds"] = (*run.max_runtime_ms + 999) / 1000;
 

@@ -1,4 +1,4 @@
-// The platform's cluster objects: Kueue's ResourceFlavors, Cohorts,
+// The platform's cluster objects: Kueue's Topology, ResourceFlavors, Cohorts,
 // ClusterQueues, WorkloadPriorityClasses and LocalQueues (kueue.x-k8s.io/v1beta2, the storage
 // version), and per workspace a Namespace with RBAC for its members.
 #include <fmt/format.h>
@@ -140,9 +140,21 @@ Result<std::vector<nlohmann::json>> RenderPlatform(const policy::Platform& platf
           {{"apiGroup", "rbac.authorization.k8s.io"}, {"kind", "Role"}, {"name", kMemberRole}}},
          {"subjects", subjects}});
   }
+  if (!platform.topology.empty()) {
+    // The cluster's levels for Kueue's topology-aware scheduling (policy.topology), named by
+    // every flavor with node labels (Kueue places pods by topology only on such flavors).
+    json levels = json::array();
+    for (const policy::TopologyLevel& t : platform.topology)
+      levels.push_back({{"nodeLabel", t.node_label}});
+    out.push_back({{"apiVersion", kKueueApi},
+                   {"kind", "Topology"},
+                   {"metadata", Meta(kTopologyName)},
+                   {"spec", {{"levels", levels}}}});
+  }
   for (const admission::ResourceFlavor& f : platform.admission.flavors) {
     json spec = json::object();
     if (!f.node_labels.empty()) spec["nodeLabels"] = f.node_labels;
+    if (!f.node_labels.empty() && !platform.topology.empty()) spec["topologyName"] = kTopologyName;
     out.push_back({{"apiVersion", kKueueApi},
                    {"kind", "ResourceFlavor"},
                    {"metadata", Meta(f.name)},

@@ -75,6 +75,49 @@ std::string JoinDir(const std::string& base, const std::string& sub) {
   return base.back() == '/' ? base + sub : base + "/" + sub;
 }
 
+// policy.topology against the platform's topology levels: which level the workers' pods must
+// (or should) share, as Kueue's topology-aware scheduling places them.
+Status PlaceTopology(const policy::Platform& platform, RunContext* ctx) {
+  const std::string& placement = ctx->run->topology;
+  // One pod is in one domain at every level, whatever the cluster: nothing to ask of it.
+  if (ctx->run->workers <= 1) return Status::Ok();
+  std::string level;
+  bool required = true;
+  if (placement == "single-node-nvlink" || placement == "same-host") {
+    level = "host";
+  } else if (placement == "same-accelerator-domain") {
+    level = "accelerator-domain";
+  } else if (placement == "same-network-domain") {
+    level = "network-domain";
+  } else if (placement == "same-site") {
+    level = "site";
+  } else if (placement == "multi-node-nccl") {
+    // As close as the cluster allows: the narrowest level above the host, preferred (Kueue
+    // widens the domain when the pods do not fit in one).
+    required = false;
+    for (const policy::TopologyLevel& t : platform.topology)
+      if (t.level != "host" || level.empty()) level = t.level;
+  } else {
+    return Status::Ok();  // independent, elastic-workers, unconstrained
+  }
+  std::vector<std::string> defined;
+  for (const policy::TopologyLevel& t : platform.topology) {
+    defined.push_back(t.level);
+    if (t.level != level) continue;
+    ctx->topology_annotation =
+        required ? kAnnotationRequiredTopology : kAnnotationPreferredTopology;
+    ctx->topology_label = t.node_label;
+    return Status::Ok();
+  }
+  return InvalidArgument(fmt::format(
+      "policy.topology: '{}' needs the cluster's {} level, and the platform {}; an admin adds it "
+      "to platform.yaml's topology (levels and their node labels, for Kueue's topology-aware "
+      "scheduling), or the run uses policy.topology: independent",
+      placement, level.empty() ? std::string("topology") : "'" + level + "'",
+      defined.empty() ? std::string("defines no topology")
+                      : "defines only " + Join(defined, ", ")));
+}
+
 }  // namespace
 
 Result<RunContext> MakeContext(const spec::RunSpec& spec, const policy::ResolvedRun& run,
@@ -238,8 +281,16 @@ Result<RunContext> MakeContext(const spec::RunSpec& spec, const policy::Resolved
       ctx.code_chunks = std::move(*chunks);
     }
   }
+  if (Status s = PlaceTopology(platform, &ctx); !s.ok()) errors.push_back(s.message());
   if (!errors.empty()) return InvalidArgument(Join(errors, "\n"));
   return ctx;
+}
+
+json WorkerTemplateMeta(const RunContext& ctx) {
+  json meta = {{"labels", PodLabels(ctx)}};
+  if (!ctx.topology_annotation.empty())
+    meta["annotations"] = {{ctx.topology_annotation, ctx.topology_label}};
+  return meta;
 }
 
 json ObjectMeta(const RunContext& ctx, bool kueue) {
@@ -254,9 +305,7 @@ json ObjectMeta(const RunContext& ctx, bool kueue) {
     if (!ctx.run->priority_class.empty()) labels[kKueuePriorityLabel] = ctx.run->priority_class;
     const spec::RunSpec& s = *ctx.spec;
     if (!ctx.run->gpu_class.empty()) labels[ctx.run->node_labels.gpu_class] = ctx.run->gpu_class;
-    // TauGrid's placements hold without Kueue's topology-aware scheduling (which needs flavors
-    // with a topology, and would leave the workload inadmissible without): single-node-nvlink is
-    // one pod (the parser refuses more), the others are unconstrained. Recorded for people.
+    // The placement as written, for people; Kueue reads it from the pod template (PlaceTopology).
     if (!ctx.run->topology.empty()) annotations["tau.dev/topology"] = ctx.run->topology;
     if (!s.experiment.project.empty())
       annotations["tau.dev/experiment-project"] = s.experiment.project;

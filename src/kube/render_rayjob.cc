@@ -26,9 +26,12 @@ std::string RayVersion(const std::string& image) {
 }
 
 json Container(const RunContext& ctx, const std::string& name, const json& resources,
-               bool gpu_container) {
+               bool gpu_container, bool head) {
   std::vector<json> extra = {
       {{"name", "TAU_RAY_WORKERS"}, {"value", std::to_string(ctx.run->workers)}}};
+  // The driver runs on the head, under its env: its metrics go to the head's metrics volume,
+  // which the metrics sidecar prints.
+  if (head) extra.push_back({{"name", "TAU_METRICS_FILE"}, {"value", kMetricsFile}});
   for (const auto& [k, v] : spec::LauncherEnv(*ctx.spec))
     extra.push_back({{"name", k}, {"value", v}});
   if (!ctx.code_chunks.empty()) {
@@ -43,6 +46,7 @@ json Container(const RunContext& ctx, const std::string& name, const json& resou
             {"image", ctx.image},
             {"env", ContainerEnv(ctx, false, gpu_container, extra)},
             {"volumeMounts", VolumeMounts(ctx, false)}};
+  if (head) c["volumeMounts"].push_back(MetricsMount());
   if (!resources.empty()) c["resources"] = resources;
   if (ctx.spec->runtime.security_mode == "restricted") {
     c["securityContext"] = {{"allowPrivilegeEscalation", false},
@@ -51,13 +55,19 @@ json Container(const RunContext& ctx, const std::string& name, const json& resou
   return c;
 }
 
-json PodTemplate(const RunContext& ctx, const json& container, const json& resources,
-                 bool gpu_pod) {
+json PodTemplate(const RunContext& ctx, const json& container, const json& resources, bool gpu_pod,
+                 bool workers) {
   json pod = PodSpecBase(ctx, false, gpu_pod);
   json setup = SetupContainer(ctx, false, resources);
   pod["initContainers"] = json::array({setup});
+  if (!workers) {
+    pod["volumes"].push_back(MetricsVolume());
+    pod["initContainers"].push_back(MetricsSidecar(ctx));
+  }
   pod["containers"] = json::array({container});
-  return {{"metadata", {{"labels", PodLabels(ctx)}}}, {"spec", pod}};
+  // The placement is the workers' (the head only coordinates).
+  json meta = workers ? WorkerTemplateMeta(ctx) : json{{"labels", PodLabels(ctx)}};
+  return {{"metadata", meta}, {"spec", pod}};
 }
 
 std::string Entrypoint(const RunContext& ctx) {
@@ -105,18 +115,19 @@ json RenderRayJob(const RunContext& ctx) {
   if (!head_pod.memory) head_pod.memory = kDefaultHeadMemory;
   json head_resources = PodResourcesJson(head_pod);
 
-  json head = {// Control-only: Ray schedules no task on the head, so every task runs on a worker.
-               {"rayStartParams", {{"num-cpus", "0"}, {"num-gpus", "0"}}},
-               {"template", PodTemplate(ctx, Container(ctx, "ray-head", head_resources, false),
-                                        head_resources, false)}};
+  json head = {
+      // Control-only: Ray schedules no task on the head, so every task runs on a worker.
+      {"rayStartParams", {{"num-cpus", "0"}, {"num-gpus", "0"}}},
+      {"template", PodTemplate(ctx, Container(ctx, "ray-head", head_resources, false, true),
+                               head_resources, false, false)}};
   json worker_group = {
       {"groupName", "workers"},
       {"replicas", run.workers},
       {"minReplicas", run.workers},
       {"maxReplicas", run.workers},
       {"rayStartParams", {{"num-gpus", std::to_string(gpus)}}},
-      {"template", PodTemplate(ctx, Container(ctx, "ray-worker", worker_resources, gpus > 0),
-                               worker_resources, gpus > 0)}};
+      {"template", PodTemplate(ctx, Container(ctx, "ray-worker", worker_resources, gpus > 0, false),
+                               worker_resources, gpus > 0, true)}};
   json cluster = {{"headGroupSpec", head}, {"workerGroupSpecs", json::array({worker_group})}};
   if (std::string version = RayVersion(ctx.image); !version.empty()) {
     cluster["rayVersion"] = version;

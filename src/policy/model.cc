@@ -77,6 +77,12 @@ nlohmann::json QueueJson(const admission::ClusterQueue& q) {
 
 }  // namespace
 
+const std::vector<std::string>& TopologyLevelNames() {
+  static const auto* names =
+      new std::vector<std::string>{"site", "network-domain", "accelerator-domain", "host"};
+  return *names;
+}
+
 const Workspace* Platform::FindWorkspace(std::string_view name) const {
   return FindByName(workspaces, name);
 }
@@ -202,24 +208,29 @@ nlohmann::json ToJson(const Platform& p) {
   nlohmann::json users = nlohmann::json::array();
   for (const auto& u : p.users)
     users.push_back({{"name", u.name}, {"groups", u.groups}, {"tokens", u.token_sha256.size()}});
-  return {{"flavors", std::move(flavors)},
-          {"cohorts", std::move(cohorts)},
-          {"queues", std::move(queues)},
-          {"fair_sharing", p.admission.fair_sharing},
-          {"priorities", std::move(priorities)},
-          {"workspaces", std::move(workspaces)},
-          {"compute_profiles", std::move(profiles)},
-          {"storage", std::move(storage)},
-          {"access", {{"admins", p.access.admins}, {"viewers", p.access.viewers}}},
-          {"users", std::move(users)},
-          {"node_labels",
-           {{"gpu_class", p.node_labels.gpu_class}, {"gpu_series", p.node_labels.gpu_series}}},
-          {"defaults",
-           {{"workspace", p.defaults.workspace},
-            {"queue", p.defaults.queue},
-            {"priority", p.defaults.priority},
-            {"cpus", OptQty(p.defaults.cpus)},
-            {"memory", OptQty(p.defaults.memory)}}}};
+  nlohmann::json out = {
+      {"flavors", std::move(flavors)},
+      {"cohorts", std::move(cohorts)},
+      {"queues", std::move(queues)},
+      {"fair_sharing", p.admission.fair_sharing},
+      {"priorities", std::move(priorities)},
+      {"workspaces", std::move(workspaces)},
+      {"compute_profiles", std::move(profiles)},
+      {"storage", std::move(storage)},
+      {"access", {{"admins", p.access.admins}, {"viewers", p.access.viewers}}},
+      {"users", std::move(users)},
+      {"node_labels",
+       {{"gpu_class", p.node_labels.gpu_class}, {"gpu_series", p.node_labels.gpu_series}}},
+      {"defaults",
+       {{"workspace", p.defaults.workspace},
+        {"queue", p.defaults.queue},
+        {"priority", p.defaults.priority},
+        {"cpus", OptQty(p.defaults.cpus)},
+        {"memory", OptQty(p.defaults.memory)}}}};
+  // Shown when set, so that platforms without one read as before.
+  for (const TopologyLevel& t : p.topology)
+    out["topology"].push_back({{"level", t.level}, {"node_label", t.node_label}});
+  return out;
 }
 
 }  // namespace tau::policy

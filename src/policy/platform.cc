@@ -104,13 +104,14 @@ class PlatformParser {
     if (!r_.Map(root, "", {1, 1},
                 {"schema_version", "flavors", "cohorts", "queues", "fair_sharing", "priorities",
                  "defaults", "workspaces", "compute_profiles", "storage", "access", "users",
-                 "node_labels"},
+                 "node_labels", "topology"},
                 {"queues", "workspaces"}, &top)) {
       return;
     }
     try {
       Admission(root, top);
       if (auto it = top.find("node_labels"); it != top.end()) NodeLabelsSection(it->second);
+      if (auto it = top.find("topology"); it != top.end()) TopologySection(it->second);
       if (auto it = top.find("schema_version"); it != top.end()) {
         (void)r_.Int(it->second, 1, 1);  // only version 1 exists; the value needs no keeping
       }
@@ -317,6 +318,51 @@ class PlatformParser {
       }
       *out = *label;
     }
+  }
+
+  // `topology: [{level: LEVEL, node_label: KEY}, ...]`, broadest level first, as Kueue's
+  // Topology lists them.
+  void TopologySection(const Entry& e) {
+    const std::vector<std::string>& names = TopologyLevelNames();
+    int last_rank = -1;
+    EachItem(
+        e, {"level", "node_label"}, {"level", "node_label"}, [&](const Entry&, const Fields& f) {
+          const Entry& level = f.at("level");
+          const Entry& label = f.at("node_label");
+          TopologyLevel t;
+          t.level = OptStr(f, "level");
+          t.node_label = OptStr(f, "node_label");
+          auto at = std::find(names.begin(), names.end(), t.level);
+          if (at == names.end()) {
+            r_.Error(
+                level.pos,
+                fmt::format("{}: '{}' is not a topology level; write one of {} (broadest first)",
+                            level.path, t.level, Join(names, ", ")));
+            return;
+          }
+          const int rank = static_cast<int>(at - names.begin());
+          if (rank <= last_rank) {
+            r_.Error(level.pos, fmt::format("{}: '{}' comes after a narrower or equal level; list "
+                                            "the levels broadest first ({})",
+                                            level.path, t.level, Join(names, ", ")));
+            return;
+          }
+          last_rank = rank;
+          if (!IsLabelKey(t.node_label)) {
+            r_.Error(label.pos,
+                     fmt::format("{}: '{}' is not a Kubernetes label key ([PREFIX/]NAME)",
+                                 label.path, t.node_label));
+            return;
+          }
+          // Kueue honours taints only when the hostname is the lowest level, and allows it nowhere
+          // else.
+          if (t.node_label == "kubernetes.io/hostname" && t.level != "host") {
+            r_.Error(label.pos, fmt::format("{}: kubernetes.io/hostname names the host level only",
+                                            label.path));
+            return;
+          }
+          p_.topology.push_back(std::move(t));
+        });
   }
 
   void Priorities(const Entry& e) {

@@ -150,6 +150,16 @@ struct Access {
   std::vector<std::string> viewers;
 };
 
+// One level of the cluster's topology, for Kueue's topology-aware scheduling: the node label
+// whose value names a node's domain at that level (its rack, its NVLink domain, ...).
+struct TopologyLevel {
+  std::string level;  // one of TopologyLevelNames(), broadest first
+  std::string node_label;
+};
+// The levels a platform's topology may name, broadest first; policy.topology's placements are
+// held to them (same-site, same-network-domain, same-accelerator-domain, same-host).
+const std::vector<std::string>& TopologyLevelNames();
+
 struct Platform {
   admission::Config admission;  // flavors, cohorts, queues, fair_sharing
   std::vector<PriorityClass> priorities;
@@ -160,6 +170,7 @@ struct Platform {
   Access access;
   std::vector<User> users;
   NodeLabels node_labels;
+  std::vector<TopologyLevel> topology;  // broadest first; empty: none (no placements on a cluster)
 
   // Lookups by name; nullptr when absent.
   const Workspace* FindWorkspace(std::string_view name) const;

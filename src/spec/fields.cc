@@ -233,7 +233,9 @@ FieldDef PolicyObject() {
           "flavor choice and the pods' gpu-class node selector"),
        On(Enum("topology", Topologies(), "How close the workers must be",
                [](Ctx& c, const Value& v) { c.spec.policy.topology = v.text; }),
-          "checked; one machine satisfies every placement", "Kueue topology annotations"),
+          "checked; one machine satisfies every placement",
+          "Kueue topology-aware scheduling at platform.yaml's topology levels (refused where it "
+          "has not the level)"),
        Both(Enum("priority_tier", {"default", "priority"}, "Priority tier",
                  [](Ctx& c, const Value& v) { c.spec.policy.priority_tier = v.text; }),
             "resolved against platform.yaml's priorities"),

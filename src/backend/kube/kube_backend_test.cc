@@ -762,6 +762,22 @@ TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromRaysJobApi) {
                                   {"rayClusterName", cluster}}}},
                                "status")
                   .ok());
+  // KubeRay makes the head pod from the RayJob's head template; the driver writes its metrics
+  // there, which the head's metrics sidecar prints.
+  const json head_template = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"];
+  json head_labels = head_template["metadata"]["labels"];
+  head_labels["ray.io/node-type"] = "head";
+  json head_pod = {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata",
+       {{"name", cluster + "-head-8h2kd"}, {"namespace", "default"}, {"labels", head_labels}}},
+      {"spec", head_template["spec"]},
+      {"status", {{"phase", "Running"}}}};
+  ASSERT_TRUE(kube_->Create(head_pod).ok());
+  fake_.AppendLog("default", cluster + "-head-8h2kd",
+                  json{{"name", "reward"}, {"step", 1}, {"value", 0.5}}.dump() + "\n",
+                  "tau-metrics");
   ASSERT_TRUE(WaitForState(name, RunState::kRunning));
   ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == "ray driver: epoch 1\n"; })) << Log(name, 1);
   fake_.SetProxied("default", cluster + "-head-svc:8265", logs_path,
@@ -778,10 +794,25 @@ TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromRaysJobApi) {
               {{"status", {{"jobDeploymentStatus", "Complete"}, {"jobStatus", "SUCCEEDED"}}}},
               "status")
           .ok());
+  // The driver's last point, printed as the job ends: the head outlives the job (until KubeRay
+  // deletes the cluster), so its end waits a moment for the sidecar, not for the pod.
+  fake_.AppendLog("default", cluster + "-head-8h2kd",
+                  json{{"name", "reward"}, {"step", 2}, {"value", 0.75}}.dump() + "\n",
+                  "tau-metrics");
   ASSERT_TRUE(WaitForState(name, RunState::kSucceeded));
   ASSERT_TRUE(WaitFor([&] {
     return Log(name, 1) == "ray driver: epoch 1\nray driver: epoch 2\ndone\n";
   })) << Log(name, 1);
+  std::vector<int64_t> steps;
+  ASSERT_TRUE(WaitFor([&] {
+    auto history =
+        evidence::LoadMetricHistory(layout::MetricsFile(layout::EvidenceDir(home_, name)));
+    steps.clear();
+    if (history.ok())
+      for (const auto& p : history->Series("reward", "")) steps.push_back(p.step);
+    return steps.size() == 2;
+  }));
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2}));
   // KubeRay deletes the RayCluster after ttlSecondsAfterFinished but keeps the RayJob, which
   // holds the code: tau deletes it then.
   ASSERT_TRUE(WaitFor(

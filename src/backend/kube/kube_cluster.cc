@@ -113,8 +113,15 @@ bool SetupFailed(const json& pod) {
   return false;
 }
 
-// How long an attempt's end waits for its metrics followers to finish reading.
+// How long an attempt's end waits for its metrics followers to finish reading: a Job's pods end
+// with it (their sidecars' logs then end); a RayJob's head outlives its driver until KubeRay
+// deletes its cluster, so its sidecar is given the moment tail needs to print the last lines.
 constexpr int64_t kMetricsDrainMs = 30'000;
+constexpr int64_t kRayMetricsDrainMs = 3'000;
+
+int64_t MetricsDrainMs(const json& object) {
+  return Str(object, "kind") == "RayJob" ? kRayMetricsDrainMs : kMetricsDrainMs;
+}
 
 // Whether the pod has tau's metrics sidecar (pods rendered before it existed do not).
 bool HasMetricsSidecar(const json& pod) {
@@ -492,8 +499,13 @@ void KubeCluster::Reconcile() {
           ++it;
         }
       }
-      for (const auto& [key, a] : attempts_)
+      for (const auto& [key, a] : attempts_) {
         if (a.retire_at_ms != 0 && MonotonicMillis() >= a.retire_at_ms) retire.push_back(key);
+        // An end held for its metrics is told once the wait is over, not at the next resync.
+        if (!a.ended && a.end_seen_ms != 0 &&
+            MonotonicMillis() - a.end_seen_ms >= MetricsDrainMs(a.object))
+          keys.insert(key);
+      }
       if (MonotonicMillis() >= next_resync) {
         next_resync = MonotonicMillis() + options_.resync_ms;
         for (const auto& [key, a] : attempts_)
@@ -621,7 +633,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
       auto it = attempts_.find(t.key);
       if (it != attempts_.end()) {
         if (it->second.end_seen_ms == 0) it->second.end_seen_ms = now;
-        if (now - it->second.end_seen_ms < kMetricsDrainMs) continue;
+        if (now - it->second.end_seen_ms < MetricsDrainMs(t.object)) continue;
       }
     }
     {
