@@ -2,9 +2,12 @@
 // the example platform and a multi-workspace one; every rendered object validated against the
 // Kueue and KubeRay CRDs and the built-in kinds' schemas; the YAML read back; error cases.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include <fmt/format.h>
@@ -465,6 +468,33 @@ TEST(Errors, PlacementsThePlatformCannotHoldAreRefused) {
   r = RenderPlaced("same-site", 1, true);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(TemplateAnnotations(*r), json::object());
+}
+
+TEST(MetricsSidecar, ItsScriptPrintsTheFileAndTheLastLinesWrittenBeforeItIsStopped) {
+  auto r = RenderText("name: q\nengine: job\nentrypoint: train.py\nruntime: {image: x}\n",
+                      kMultiPlatform, "bob");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  json sidecar;
+  for (const json& c : r->back()["spec"]["template"]["spec"]["initContainers"])
+    if (c["name"] == "tau-metrics") sidecar = c;
+  ASSERT_EQ(sidecar["command"], json({"sh"}));
+  const std::string script = sidecar["args"][1];
+  std::string dir = (std::filesystem::temp_directory_path() /
+                     fmt::format("tau-sidecar-{}", static_cast<long>(::getpid())))
+                        .string();
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/script.sh") << script;
+  // As the kubelet runs it: started before the worker writes, stopped (TERM) once it has ended,
+  // the last line written just before the stop. Its tail goes with it (no process left).
+  const std::string harness = fmt::format(
+      "cd {0} && export TAU_METRICS_FILE={0}/metrics.jsonl && "
+      "(sh ./script.sh tau-metrics > out.txt 2>&1 & p=$!; sleep 0.5; "
+      "echo first >> \"$TAU_METRICS_FILE\"; sleep 0.5; echo last >> \"$TAU_METRICS_FILE\"; "
+      "kill -TERM $p; wait $p; sleep 0.2; ! pgrep -f \"[F] {0}/metrics.jsonl\" >/dev/null)",
+      dir);
+  ASSERT_EQ(std::system(harness.c_str()), 0);
+  EXPECT_EQ(ReadAll(dir + "/out.txt"), "first\nlast\n");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Errors, RefusesImageTheWorkspaceDoesNotAllow) {
