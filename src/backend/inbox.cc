@@ -47,16 +47,29 @@ InboxTake Inbox::TakeLocked() {
   InboxTake take;
   for (InboxMessage& m : queue_)
     std::visit(Overloaded{
-                   [&](NewRun& x) { take.new_runs.push_back(std::move(x)); },
-                   [&](CancelRequest& x) { take.cancels.push_back(std::move(x)); },
+                   [&](NewRun& x) {
+                     ++take.writes;
+                     take.new_runs.push_back(std::move(x));
+                   },
+                   [&](CancelRequest& x) {
+                     ++take.writes;
+                     take.cancels.push_back(std::move(x));
+                   },
                    [&](AttemptExited& x) { take.exits.push_back(std::move(x)); },
                    [&](GpuNews& x) { take.gpu_news.push_back(std::move(x)); },
-                   [&](ResumeRequest& x) { take.resumes.push_back(std::move(x)); },
+                   [&](ResumeRequest& x) {
+                     ++take.writes;
+                     take.resumes.push_back(std::move(x));
+                   },
                    [&](ClusterNews& x) { take.cluster_news.push_back(std::move(x)); },
                    [&](GpuSamples& x) { take.samples.push_back(std::move(x)); },
-                   [&](PlatformChanged& x) { take.platform = std::move(x); },
+                   [&](PlatformChanged& x) {
+                     ++take.writes;
+                     take.platform = std::move(x);
+                   },
                    [&](RunNotice& x) { take.notices.push_back(std::move(x)); },
                    [&](MetricsDrained& x) { take.drained.push_back(std::move(x)); },
+                   [&](ViewsWanted&) {},
                },
                m);
   queue_.clear();

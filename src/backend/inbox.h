@@ -77,9 +77,13 @@ struct MetricsDrained {
   std::string run;
 };
 
+// An API call wants the loop's views (pending runs, queues, capacity) built: nothing to do but
+// pass again, and build them at its end.
+struct ViewsWanted {};
+
 using InboxMessage =
     std::variant<NewRun, CancelRequest, AttemptExited, GpuNews, ResumeRequest, ClusterNews,
-                 GpuSamples, PlatformChanged, RunNotice, MetricsDrained>;
+                 GpuSamples, PlatformChanged, RunNotice, MetricsDrained, ViewsWanted>;
 
 // One pass's messages, by kind.
 struct InboxTake {
@@ -93,6 +97,9 @@ struct InboxTake {
   std::vector<RunNotice> notices;
   std::vector<MetricsDrained> drained;
   std::optional<PlatformChanged> platform;  // the newest, if any
+  // How many of the messages were an API call's writes (new runs, cancels, resumes, platforms),
+  // counted before platforms collapse into the newest: the views say which they include.
+  int64_t writes = 0;
 };
 
 class Inbox {

@@ -74,7 +74,8 @@ Status Controller::Start() {
   Batch batch;
   Recover(&batch);
   CommitOrDie(std::move(batch));
-  RefreshPending();
+  RefreshPending(0);
+  BuildViews();  // the views of what was recovered, before the loop runs
   evidence_->Start();
   if (options_.loop_thread) thread_ = std::thread(&Controller::Loop, this);
   return Status::Ok();
@@ -86,6 +87,7 @@ void Controller::Stop() {
     if (stopping_) return;
     stopping_ = true;
     platform_cv_.SignalAll();
+    views_cv_.SignalAll();
   }
   inbox_.Close();
   if (thread_.joinable()) thread_.join();
@@ -237,8 +239,8 @@ Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* err
     MutexLock lock(&mu_);
     pending_info_[r.name] = {{"position", nullptr}, {"reason", "waiting for the scheduler"}};
   }
-  inbox_.Push(NewRun{r.name, prepared.ok() ? std::make_optional(std::move(*prepared))
-                                           : std::optional<ActiveRun>()});
+  PostWrite(NewRun{r.name, prepared.ok() ? std::make_optional(std::move(*prepared))
+                                         : std::optional<ActiveRun>()});
   return SubmitOutcome{std::move(r), false};
 }
 
@@ -247,7 +249,7 @@ Status Controller::Cancel(const std::string& name) {
   if (store::IsTerminal(r.state))
     return FailedPrecondition(
         fmt::format("run '{}' has already finished ({})", name, store::RunStateName(r.state)));
-  inbox_.Push(CancelRequest{name});
+  PostWrite(CancelRequest{name});
   return Status::Ok();
 }
 
@@ -296,7 +298,7 @@ Result<RunRecord> Controller::Rerun(const std::string& name, std::string* warnin
         {0, run, r.created_ms, "Queued", "queued in " + r.queue, nlohmann::json::object(), "", ""}};
   });
   TAU_RETURN_IF_ERROR(inserted);
-  inbox_.Push(NewRun{r.name, std::nullopt});
+  PostWrite(NewRun{r.name, std::nullopt});
   return r;
 }
 
@@ -333,7 +335,7 @@ Status Controller::Resume(const std::string& name, const std::string& from, bool
           from, why));
     checkpoint = real;
   }
-  inbox_.Push(ResumeRequest{name, checkpoint});
+  PostWrite(ResumeRequest{name, checkpoint});
   return Status::Ok();
 }
 
@@ -369,12 +371,19 @@ void Controller::OnGpuSamples(std::vector<evidence::GpuSample> samples) {
 
 nlohmann::json Controller::PendingInfo(const std::string& name) {
   MutexLock lock(&mu_);
+  FreshViews();
   auto it = pending_info_.find(name);
+  if (it == pending_info_.end()) {
+    // Queued since the views were built (the caller read it so from the store): build them now.
+    FreshViews(/*now=*/true);
+    it = pending_info_.find(name);
+  }
   return it == pending_info_.end() ? nlohmann::json() : it->second;
 }
 
 nlohmann::json Controller::Capacity() {
   MutexLock lock(&mu_);
+  FreshViews();
   return capacity_info_;
 }
 
@@ -607,6 +616,7 @@ void Controller::Loop() {
 void Controller::RunOnce() { Pass(inbox_.TakeNow()); }
 
 void Controller::Pass(InboxTake take) {
+  const int64_t take_writes = take.writes;
   if (take.platform) {
     loop_platform_ = take.platform->platform;
     loop_generation_ = take.platform->generation;
@@ -661,7 +671,7 @@ void Controller::Pass(InboxTake take) {
     backend_->Forget(it->first);
     it = active_.erase(it);
   }
-  RefreshPending();
+  RefreshPending(take_writes);
 }
 
 // How long the loop may sleep: until the earliest retry's backoff ends or stop request expires, at

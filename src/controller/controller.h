@@ -210,7 +210,19 @@ class Controller : private RunHost {
       const std::function<std::vector<store::Event>(const std::string&)>& events);
   void Recover(store::Batch* batch);
   int64_t NextWakeMillis();
-  void RefreshPending();
+  // At the end of a pass that took `writes` of the API's writes: the views change (they are built
+  // when an API call wants them).
+  void RefreshPending(int64_t writes);
+  // Posts an API call's write (a new run, a cancel, a resume): views read after it include it.
+  void PostWrite(InboxMessage message);
+  // Builds the views API calls read (pending_info_, capacity_info_, queues_info_): O(queued
+  // runs), so the loop builds them when asked (or, driven by hand, on every pass), never on every
+  // pass of a running server: that made a deep queue's drain quadratic.
+  void BuildViews();
+  // On an API thread: makes the views at most kViewsMaxAgeMs old (or current, when nothing has
+  // changed since they were built; with `now`, built after this call), asking the loop and
+  // waiting for it (at most 2 s: else the last ones).
+  void FreshViews(bool now = false) TAU_REQUIRES(mu_);
   Result<ActiveRun> Load(const store::RunRecord& record);
   // The same, with the record's spec already parsed (by Submit).
   Result<ActiveRun> Load(const store::RunRecord& record, spec::RunSpec spec);
@@ -244,6 +256,16 @@ class Controller : private RunHost {
   std::map<std::string, nlohmann::json> pending_info_ TAU_GUARDED_BY(mu_);
   nlohmann::json capacity_info_ TAU_GUARDED_BY(mu_);
   nlohmann::json queues_info_ TAU_GUARDED_BY(mu_);
+  int64_t views_generation_ TAU_GUARDED_BY(mu_) = 0;  // bumped at the end of every pass
+  int64_t views_built_generation_ TAU_GUARDED_BY(mu_) = -1;
+  int64_t views_built_ms_ TAU_GUARDED_BY(mu_) = 0;  // monotonic
+  bool views_wanted_ TAU_GUARDED_BY(mu_) = false;
+  // API writes posted, taken by passes, and included in the views built last: a caller reads its
+  // own writes, whatever the views' age.
+  int64_t writes_posted_ TAU_GUARDED_BY(mu_) = 0;
+  int64_t writes_taken_ TAU_GUARDED_BY(mu_) = 0;
+  int64_t views_built_writes_ TAU_GUARDED_BY(mu_) = 0;
+  CondVar views_cv_;
   PlatformView platform_ TAU_GUARDED_BY(mu_);
   // ApplyPlatform returns once the loop decides with the new platform (and its queue view is
   // fresh).

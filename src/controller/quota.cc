@@ -100,6 +100,7 @@ Status Controller::ApplyPlatform(const std::string& yaml, const std::string& fil
   MutexLock lock(&mu_);
   platform_ = {platform, filename, now};
   int64_t generation = ++platform_generation_;
+  ++writes_posted_;
   inbox_.Push(PlatformChanged{platform, generation});
   // The file is durable, so the policy holds from here on; waiting only makes `tau queues` right
   // after `tau platform apply` show the new queues.
@@ -111,6 +112,7 @@ Status Controller::ApplyPlatform(const std::string& yaml, const std::string& fil
 
 nlohmann::json Controller::Queues() {
   MutexLock lock(&mu_);
+  FreshViews();
   return queues_info_;
 }
 
@@ -347,7 +349,55 @@ nlohmann::json Controller::QueuesJson(int64_t now,
           {"unqueued_runs", std::move(orphans)}};
 }
 
-void Controller::RefreshPending() {
+namespace {
+// How old the views may be when an API call reads them while the loop keeps changing them: at
+// most this many builds a second, whatever the callers.
+constexpr int64_t kViewsMaxAgeMs = 200;
+}  // namespace
+
+void Controller::PostWrite(InboxMessage message) {
+  {
+    MutexLock lock(&mu_);
+    ++writes_posted_;
+  }
+  inbox_.Push(std::move(message));
+}
+
+void Controller::FreshViews(bool now) {
+  // Driven by hand, every pass builds them; stopping, no pass will.
+  if (!options_.loop_thread || stopping_) return;
+  // The caller's own writes (and everyone's before them) are in; then a view at most
+  // kViewsMaxAgeMs old will do, and one built since the last change is current.
+  if (!now && views_built_writes_ >= writes_posted_ &&
+      (views_built_generation_ == views_generation_ ||
+       MonotonicMillis() - views_built_ms_ < kViewsMaxAgeMs))
+    return;
+  const int64_t asked_at = views_generation_, writes = writes_posted_;
+  views_wanted_ = true;
+  inbox_.Push(ViewsWanted{});
+  views_cv_.WaitFor(&mu_, std::chrono::seconds(2), [&]() TAU_REQUIRES(mu_) {
+    return stopping_ || (views_built_generation_ > asked_at && views_built_writes_ >= writes);
+  });
+}
+
+void Controller::RefreshPending(int64_t writes) {
+  bool build = !options_.loop_thread;
+  {
+    MutexLock lock(&mu_);
+    ++views_generation_;
+    writes_taken_ += writes;
+    build = build || views_wanted_;
+    if (platform_in_use_ != loop_generation_) {
+      // ApplyPlatform's caller may go on: the loop decides with the new platform, and the next
+      // view it reads is built from it.
+      platform_in_use_ = loop_generation_;
+      platform_cv_.SignalAll();
+    }
+  }
+  if (build) BuildViews();
+}
+
+void Controller::BuildViews() {
   int64_t now = Now();
   std::map<std::string, nlohmann::json> info;
   size_t queued = 0;
@@ -378,10 +428,12 @@ void Controller::RefreshPending() {
   pending_info_ = std::move(info);
   capacity_info_ = std::move(capacity);
   queues_info_ = std::move(queues);
-  if (platform_in_use_ != loop_generation_) {
-    platform_in_use_ = loop_generation_;
-    platform_cv_.SignalAll();
-  }
+  views_built_generation_ = views_generation_;
+  views_built_ms_ = MonotonicMillis();
+  views_built_writes_ = writes_taken_;
+  // Still wanted while a posted write is not taken yet: its pass builds them again.
+  views_wanted_ = views_built_writes_ < writes_posted_;
+  views_cv_.SignalAll();
 }
 
 }  // namespace tau::server
