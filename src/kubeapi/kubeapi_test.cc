@@ -218,6 +218,16 @@ class FakeServerTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(StartFake().ok());
     client_ = NewClient(ClusterConfig());
+    ASSERT_NE(client_, nullptr);
+    // The namespaces the tests write in, made first as on a real cluster (the API server refuses
+    // objects in a namespace that does not exist); the tests count their own requests only.
+    for (const char* ns : {"bm", "elsewhere", "free", "held", "ns", "ns1", "ns2", "other", "team-a",
+                           "team-k", "w"}) {
+      Result<json> made = client_->Create(
+          {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", ns}}}});
+      ASSERT_TRUE(made.ok()) << made.status().ToString();
+    }
+    fake_.ClearRequests();
   }
   virtual Status StartFake() { return fake_.Start(); }
   std::unique_ptr<Client> NewClient(ClusterConfig config, int max_attempts = 5,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -24,14 +25,30 @@ struct FakeApiServer::Target {
   std::string ns;
   std::string name;
   std::string subresource;  // "status", "log"
+  bool namespaced = false;
+};
+
+// A LIST's or a watch's labelSelector and fieldSelector.
+struct FakeApiServer::Selector {
+  std::string collection;
+  std::map<std::string, std::string> equal;  // label selector requirements
+  std::map<std::string, std::string> not_equal;
+  std::vector<std::string> exists;
+  struct Field {
+    std::string name;
+    std::string value;
+    bool negated;
+  };
+  std::vector<Field> fields;
+  // False with the 400's message for a field selector the API server would refuse.
+  bool Parse(const std::string& collection, const http::HttpRequest& req, std::string* error);
+  bool Matches(const nlohmann::json& object) const;
 };
 
 struct FakeApiServer::WatchCursor {
   std::string collection;
   std::string ns;
-  std::map<std::string, std::string> equal;  // label selector requirements
-  std::map<std::string, std::string> not_equal;
-  std::vector<std::string> exists;
+  Selector selector;
   int64_t sent_rv = 0;
   int64_t deadline_ms = 0;
   bool bookmarks = false;
@@ -100,9 +117,9 @@ void ParseSelector(const std::string& selector, std::map<std::string, std::strin
   }
 }
 
-bool Matches(const json& object, const std::map<std::string, std::string>& equal,
-             const std::map<std::string, std::string>& not_equal,
-             const std::vector<std::string>& exists) {
+bool MatchesLabels(const json& object, const std::map<std::string, std::string>& equal,
+                   const std::map<std::string, std::string>& not_equal,
+                   const std::vector<std::string>& exists) {
   json labels = object.contains("metadata") ? object["metadata"].value("labels", json::object())
                                             : json::object();
   if (!labels.is_object()) labels = json::object();
@@ -149,9 +166,639 @@ int64_t ParseVersion(const std::string& text) {
   return end != nullptr && *end == '\0' ? v : -1;
 }
 
+// ---- field selectors ----
+
+// A field a selector may name beyond metadata.name and metadata.namespace: per collection, where
+// it is in the object, and its value when absent (what the API server would have defaulted).
+struct SelectableField {
+  const char* collection;
+  const char* field;
+  const char* path;
+  const char* absent;
+};
+
+constexpr SelectableField kSelectableFields[] = {
+    {"v1/pods", "spec.nodeName", "spec.nodeName", ""},
+    {"v1/pods", "spec.restartPolicy", "spec.restartPolicy", "Always"},
+    {"v1/pods", "spec.schedulerName", "spec.schedulerName", "default-scheduler"},
+    {"v1/pods", "spec.serviceAccountName", "spec.serviceAccountName", "default"},
+    {"v1/pods", "spec.hostNetwork", "spec.hostNetwork", "false"},
+    {"v1/pods", "status.phase", "status.phase", "Pending"},
+    {"v1/pods", "status.podIP", "status.podIP", ""},
+    {"v1/pods", "status.nominatedNodeName", "status.nominatedNodeName", ""},
+    {"v1/events", "involvedObject.kind", "involvedObject.kind", ""},
+    {"v1/events", "involvedObject.namespace", "involvedObject.namespace", ""},
+    {"v1/events", "involvedObject.name", "involvedObject.name", ""},
+    {"v1/events", "involvedObject.uid", "involvedObject.uid", ""},
+    {"v1/events", "involvedObject.apiVersion", "involvedObject.apiVersion", ""},
+    {"v1/events", "involvedObject.resourceVersion", "involvedObject.resourceVersion", ""},
+    {"v1/events", "involvedObject.fieldPath", "involvedObject.fieldPath", ""},
+    {"v1/events", "reason", "reason", ""},
+    {"v1/events", "reportingComponent", "reportingComponent", ""},
+    {"v1/events", "source", "source.component", ""},
+    {"v1/events", "type", "type", ""},
+    {"batch/v1/jobs", "status.successful", "status.succeeded", "0"},
+    {"v1/nodes", "spec.unschedulable", "spec.unschedulable", "false"},
+    {"v1/namespaces", "status.phase", "status.phase", ""},
+    {"v1/secrets", "type", "type", ""},
+};
+
+// The kinds whose field selectors the API server converts itself (and so words an unknown field
+// "field label not supported"); for the others it has the generic metadata-only answer.
+bool HasFieldConversion(const std::string& collection) {
+  for (const SelectableField& f : kSelectableFields)
+    if (collection == f.collection) return true;
+  return false;
+}
+
+std::string FieldText(const json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  return value.dump();
+}
+
+// The value a field selector compares, or null when the collection has no such field.
+std::optional<std::string> FieldValue(const std::string& collection, const json& object,
+                                      const std::string& field) {
+  const json metadata = object.value("metadata", json::object());
+  if (field == "metadata.name") return metadata.value("name", "");
+  if (field == "metadata.namespace") return metadata.value("namespace", "");
+  for (const SelectableField& f : kSelectableFields) {
+    if (collection != f.collection || field != f.field) continue;
+    const json* node = &object;
+    for (const std::string& key : Split(f.path, '.')) {
+      if (!node->is_object() || !node->contains(key)) return std::string(f.absent);
+      node = &(*node)[key];
+    }
+    return node->is_null() ? std::string(f.absent) : FieldText(*node);
+  }
+  return std::nullopt;
+}
+
+// ---- server-side apply's field sets ----
+
+// A field's path from the object's top ("spec", "template", ...); lists are owned whole.
+using FieldPath = std::vector<std::string>;
+using FieldSet = std::set<FieldPath>;
+
+void CollectLeaves(const json& value, FieldPath* prefix, FieldSet* out) {
+  if (value.is_object() && !value.empty()) {
+    for (const auto& [key, child] : value.items()) {
+      prefix->push_back(key);
+      CollectLeaves(child, prefix, out);
+      prefix->pop_back();
+    }
+  } else if (!prefix->empty()) {
+    out->insert(*prefix);
+  }
+}
+
+// The fields a write to the object (or its /status) sets, as managedFields counts them: identity
+// and what the server sets are nobody's; the main resource never writes status, /status nothing
+// else.
+FieldSet WrittenFields(json object, const std::string& subresource) {
+  object.erase("apiVersion");
+  object.erase("kind");
+  if (subresource == "status") {
+    json only = json::object();
+    if (object.contains("status")) only["status"] = object["status"];
+    object = only;
+  } else {
+    object.erase("status");
+  }
+  if (object.contains("metadata") && object["metadata"].is_object()) {
+    for (const char* field :
+         {"name", "namespace", "uid", "resourceVersion", "generation", "creationTimestamp",
+          "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"})
+      object["metadata"].erase(field);
+    if (object["metadata"].empty()) object.erase("metadata");
+  }
+  FieldSet out;
+  FieldPath prefix;
+  CollectLeaves(object, &prefix, &out);
+  return out;
+}
+
+json ToFieldsV1(const FieldSet& fields) {
+  json out = json::object();
+  for (const FieldPath& path : fields) {
+    json* node = &out;
+    for (const std::string& key : path) node = &(*node)["f:" + key];
+    if (node->is_null()) *node = json::object();
+  }
+  return out;
+}
+
+// "k:", "v:" and "i:" entries (list items, as the API server names them) own their list whole here.
+void ReadFieldsV1(const json& node, FieldPath* prefix, FieldSet* out) {
+  bool leaf = true;
+  if (node.is_object())
+    for (const auto& [key, child] : node.items()) {
+      if (!StartsWith(key, "f:")) continue;
+      leaf = false;
+      prefix->push_back(key.substr(2));
+      ReadFieldsV1(child, prefix, out);
+      prefix->pop_back();
+    }
+  if (leaf && !prefix->empty()) out->insert(*prefix);
+}
+
+const json* At(const json& object, const FieldPath& path) {
+  const json* node = &object;
+  for (const std::string& key : path) {
+    if (!node->is_object()) return nullptr;
+    auto it = node->find(key);
+    if (it == node->end()) return nullptr;
+    node = &*it;
+  }
+  return node;
+}
+
+void SetAt(json& object, const FieldPath& path, const json& value) {
+  json* node = &object;
+  for (const std::string& key : path) {
+    if (!node->is_object()) *node = json::object();
+    node = &(*node)[key];
+  }
+  // An empty map applied claims the map, not the removal of what others put in it.
+  if (value.is_object() && value.empty() && node->is_object()) return;
+  *node = value;
+}
+
+// Removes the field, then the maps it leaves empty (which only it kept there).
+void EraseAt(json& object, const FieldPath& path) {
+  for (size_t depth = path.size(); depth > 1 || (depth == 1 && path[0] != "metadata"); --depth) {
+    json* parent = &object;
+    for (size_t i = 0; i + 1 < depth && parent != nullptr; ++i) {
+      auto it = parent->find(path[i]);
+      parent = it == parent->end() || !it->is_object() ? nullptr : &*it;
+    }
+    if (parent == nullptr) return;
+    auto it = parent->find(path[depth - 1]);
+    if (it == parent->end()) return;
+    if (depth < path.size() && !(it->is_object() && it->empty())) return;
+    parent->erase(it);
+    if (depth == 1) return;
+  }
+}
+
+bool Overlap(const FieldPath& a, const FieldPath& b) {
+  size_t n = std::min(a.size(), b.size());
+  return std::equal(a.begin(), a.begin() + static_cast<long>(n), b.begin());
+}
+
+std::string PathText(const FieldPath& path) { return "." + Join(path, "."); }
+
+// One managedFields entry.
+struct Manager {
+  std::string manager;
+  std::string operation;  // "Apply", "Update"
+  std::string api_version;
+  std::string time;
+  std::string subresource;
+  FieldSet fields;
+};
+
+std::vector<Manager> ReadManagers(const json& object) {
+  std::vector<Manager> out;
+  const json metadata = object.value("metadata", json::object());
+  const json entries =
+      metadata.is_object() ? metadata.value("managedFields", json::array()) : json::array();
+  if (!entries.is_array()) return out;
+  for (const json& e : entries) {
+    if (!e.is_object()) continue;
+    Manager m{e.value("manager", ""), e.value("operation", ""),   e.value("apiVersion", ""),
+              e.value("time", ""),    e.value("subresource", ""), {}};
+    FieldPath prefix;
+    if (e.contains("fieldsV1")) ReadFieldsV1(e["fieldsV1"], &prefix, &m.fields);
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+// Entries that own nothing are dropped, as the API server does.
+json WriteManagers(const std::vector<Manager>& managers) {
+  json out = json::array();
+  for (const Manager& m : managers) {
+    if (m.fields.empty()) continue;
+    json e = {{"manager", m.manager},        {"operation", m.operation},
+              {"apiVersion", m.api_version}, {"time", m.time},
+              {"fieldsType", "FieldsV1"},    {"fieldsV1", ToFieldsV1(m.fields)}};
+    if (!m.subresource.empty()) e["subresource"] = m.subresource;
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+// How a conflict names a manager, as the API server words it.
+std::string ManagerText(const Manager& m) {
+  std::string text = fmt::format("\"{}\"", m.manager);
+  if (!m.subresource.empty()) text += fmt::format(" with subresource \"{}\"", m.subresource);
+  text += " using " + m.api_version;
+  if (m.operation == "Update" && !m.time.empty()) text += " at " + m.time;
+  return text;
+}
+
+std::string NowText() { return FormatRfc3339(NowMillis() / 1000 * 1000); }
+
+Manager* FindManager(std::vector<Manager>* managers, const std::string& manager,
+                     const std::string& operation, const std::string& subresource) {
+  for (Manager& m : *managers)
+    if (m.manager == manager && m.operation == operation && m.subresource == subresource) return &m;
+  return nullptr;
+}
+
+// A write that is no apply (POST, PUT, merge patch) by `manager`: it owns the fields it set or
+// changed, taken from whoever owned them; fields that are gone are nobody's. `before` is null for a
+// create.
+void RecordUpdate(const json& before, json* after, const std::string& manager,
+                  const std::string& subresource, const std::string& api_version) {
+  std::vector<Manager> managers = ReadManagers(before.is_null() ? json::object() : before);
+  FieldSet changed;
+  for (const FieldPath& p : WrittenFields(*after, subresource)) {
+    const json* old = before.is_null() ? nullptr : At(before, p);
+    if (old == nullptr || *old != *At(*after, p)) changed.insert(p);
+  }
+  for (Manager& m : managers)
+    for (auto it = m.fields.begin(); it != m.fields.end();) {
+      bool lost = At(*after, *it) == nullptr;
+      for (const FieldPath& p : changed) lost = lost || Overlap(p, *it);
+      it = lost ? m.fields.erase(it) : std::next(it);
+    }
+  Manager* self = FindManager(&managers, manager, "Update", subresource);
+  if (self == nullptr && !changed.empty()) {
+    managers.push_back(Manager{manager, "Update", api_version, "", subresource, {}});
+    self = &managers.back();
+  }
+  if (self != nullptr && !changed.empty()) {
+    self->fields.insert(changed.begin(), changed.end());
+    self->time = NowText();
+    self->api_version = api_version;
+  }
+  (*after)["metadata"]["managedFields"] = WriteManagers(managers);
+}
+
+// Server-side apply of `patch` by `manager` onto `current` (null: a create). False with the 409's
+// body in *conflict when another manager owns a field this apply changes and `force` is false.
+bool ApplyFields(const json& current, const json& patch, const std::string& manager,
+                 const std::string& subresource, const std::string& api_version, bool force,
+                 json* out, json* conflict) {
+  const json base = current.is_null() ? json::object() : current;
+  std::vector<Manager> managers = ReadManagers(base);
+  const FieldSet applied = WrittenFields(patch, subresource);
+  auto is_self = [&](const Manager& m) {
+    return m.manager == manager && m.operation == "Apply" && m.subresource == subresource;
+  };
+  // (manager index, the field it owns) for every field this apply would change under another.
+  std::vector<std::pair<size_t, FieldPath>> conflicts;
+  for (size_t i = 0; i < managers.size(); ++i) {
+    if (is_self(managers[i])) continue;
+    for (const FieldPath& owned : managers[i].fields)
+      for (const FieldPath& p : applied) {
+        if (!Overlap(owned, p)) continue;
+        const json* have = At(base, p);
+        if (have != nullptr && *have == *At(patch, p)) continue;  // the same value: shared
+        conflicts.emplace_back(i, owned);
+        break;
+      }
+  }
+  if (!conflicts.empty() && !force) {
+    std::map<std::string, std::vector<std::string>> by_manager;
+    json causes = json::array();
+    for (const auto& [i, path] : conflicts) {
+      by_manager[ManagerText(managers[i])].push_back(PathText(path));
+      causes.push_back({{"type", "FieldManagerConflict"},
+                        {"message", "conflict with " + ManagerText(managers[i])},
+                        {"field", PathText(path)}});
+    }
+    std::string detail;
+    if (conflicts.size() == 1) {
+      detail = fmt::format("conflict with {}: {}", ManagerText(managers[conflicts[0].first]),
+                           PathText(conflicts[0].second));
+    } else {
+      std::vector<std::string> lines;
+      for (const auto& [who, paths] : by_manager) {
+        lines.push_back(fmt::format("conflicts with {}:", who));
+        for (const std::string& p : paths) lines.push_back("- " + p);
+      }
+      detail = Join(lines, "\n");
+    }
+    *conflict = StatusBody(409, "Conflict",
+                           fmt::format("Apply failed with {} conflict{}: {}", conflicts.size(),
+                                       conflicts.size() == 1 ? "" : "s", detail));
+    (*conflict)["details"] = {{"causes", causes}};
+    return false;
+  }
+  // Forced: the conflicting fields are this manager's alone now.
+  for (const auto& [i, path] : conflicts) managers[i].fields.erase(path);
+  FieldSet before;
+  if (Manager* self = FindManager(&managers, manager, "Apply", subresource); self != nullptr)
+    before = self->fields;
+  json object = base;
+  for (const FieldPath& p : applied) SetAt(object, p, *At(patch, p));
+  // What this manager applied before and no longer does goes, unless another manager owns it.
+  for (const FieldPath& gone : before) {
+    bool kept = false;
+    for (const FieldPath& p : applied) kept = kept || Overlap(p, gone);
+    for (const Manager& m : managers)
+      if (!is_self(m))
+        for (const FieldPath& q : m.fields) kept = kept || Overlap(q, gone);
+    if (!kept) EraseAt(object, gone);
+  }
+  Manager* self = FindManager(&managers, manager, "Apply", subresource);
+  if (self == nullptr) {
+    managers.push_back(Manager{manager, "Apply", api_version, "", subresource, {}});
+    self = &managers.back();
+  }
+  self->fields = applied;
+  self->api_version = api_version;
+  self->time = NowText();
+  object["metadata"]["managedFields"] = WriteManagers(managers);
+  *out = std::move(object);
+  return true;
+}
+
+// ---- the rest ----
+
+// The manager a write that is no apply records: fieldManager, else the client's User-Agent up to
+// its first '/' (as the API server takes it), else "unknown".
+std::string UpdateManager(const http::HttpRequest& req) {
+  std::string manager = req.get_param_value("fieldManager");
+  if (!manager.empty()) return manager;
+  auto it = req.headers.find("user-agent");
+  if (it != req.headers.end() && !it->second.empty()) {
+    std::string prefix = it->second.substr(0, it->second.find('/'));
+    if (!prefix.empty()) return prefix;
+  }
+  return "unknown";
+}
+
+// dryRun as the API server takes it: absent, or "All" (true). Anything else: false with the 422 in
+// *error (the options' validation fails, `options_kind` naming them).
+bool ParseDryRun(const std::vector<std::string>& values, const std::string& options_kind,
+                 bool* dry_run, json* error) {
+  *dry_run = false;
+  for (const std::string& v : values) {
+    if (v == "All") {
+      *dry_run = true;
+      continue;
+    }
+    std::vector<std::string> quoted;
+    for (const std::string& each : values) quoted.push_back(fmt::format("\"{}\"", each));
+    std::string cause = fmt::format("Unsupported value: []string{{{}}}: supported values: \"All\"",
+                                    Join(quoted, ", "));
+    *error =
+        StatusBody(422, "Invalid",
+                   fmt::format("{}.meta.k8s.io \"\" is invalid: dryRun: {}", options_kind, cause));
+    (*error)["details"] = {
+        {"group", "meta.k8s.io"},
+        {"kind", options_kind},
+        {"causes",
+         json::array(
+             {{{"reason", "FieldValueNotSupported"}, {"message", cause}, {"field", "dryRun"}}})}};
+    return false;
+  }
+  return true;
+}
+
+// Whether a Job has finished (a Complete or Failed condition "True"); *at_ms is the condition's
+// lastTransitionTime, or -1 without one.
+bool JobFinished(const json& job, int64_t* at_ms) {
+  *at_ms = -1;
+  const json status = job.value("status", json::object());
+  const json conditions =
+      status.is_object() ? status.value("conditions", json::array()) : json::array();
+  if (!conditions.is_array()) return false;
+  for (const json& c : conditions) {
+    if (!c.is_object() || c.value("status", "") != "True") continue;
+    const std::string type = c.value("type", "");
+    if (type != "Complete" && type != "Failed") continue;
+    if (Result<int64_t> ms = ParseRfc3339(c.value("lastTransitionTime", "")); ms.ok()) *at_ms = *ms;
+    return true;
+  }
+  return false;
+}
+
+bool HasFinalizer(const json& object, const std::string& finalizer) {
+  const json list = object["metadata"].value("finalizers", json::array());
+  if (list.is_array())
+    for (const json& f : list)
+      if (f == finalizer) return true;
+  return false;
+}
+
+// ---- protobuf, as far as kubectl needs it ----
+
+// kubectl's typed clients (`kubectl create namespace`) send built-in kinds as protobuf: the k8s
+// envelope ("k8s\0", then runtime.Unknown) around the object. This reads that envelope and a
+// Namespace's metadata (name, generateName, labels, annotations), nothing more.
+class ProtoReader {
+ public:
+  explicit ProtoReader(std::string_view data) : data_(data) {}
+  bool done() const { return pos_ >= data_.size(); }
+  // The next field: its number, and for a length-delimited one its bytes. False at a malformed one.
+  bool Next(uint64_t* field, std::string_view* bytes) {
+    uint64_t tag = 0;
+    if (!Varint(&tag)) return false;
+    *field = tag >> 3;
+    *bytes = {};
+    uint64_t skip = 0;
+    switch (tag & 7) {
+      case 0:
+        return Varint(&skip);
+      case 1:
+        skip = 8;
+        break;
+      case 5:
+        skip = 4;
+        break;
+      case 2: {
+        uint64_t length = 0;
+        if (!Varint(&length) || length > data_.size() - pos_) return false;
+        *bytes = data_.substr(pos_, length);
+        skip = length;
+        break;
+      }
+      default:
+        return false;
+    }
+    if (skip > data_.size() - pos_) return false;
+    pos_ += skip;
+    return true;
+  }
+
+ private:
+  bool Varint(uint64_t* value) {
+    *value = 0;
+    for (int shift = 0; shift < 64 && pos_ < data_.size(); shift += 7) {
+      uint8_t byte = static_cast<uint8_t>(data_[pos_++]);
+      *value |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) return true;
+    }
+    return false;
+  }
+  std::string_view data_;
+  size_t pos_ = 0;
+};
+
+// A map<string,string> entry (key 1, value 2) into `out`.
+bool ReadProtoMapEntry(std::string_view entry, json* out) {
+  ProtoReader r(entry);
+  std::string key, value;
+  while (!r.done()) {
+    uint64_t field = 0;
+    std::string_view bytes;
+    if (!r.Next(&field, &bytes)) return false;
+    if (field == 1) key = bytes;
+    if (field == 2) value = bytes;
+  }
+  (*out)[key] = value;
+  return true;
+}
+
+// The JSON of a protobuf-encoded Namespace; null for anything else (or anything malformed).
+json DecodeProtobufNamespace(std::string_view body) {
+  if (body.substr(0, 4) != std::string_view("k8s\0", 4)) return nullptr;
+  ProtoReader envelope(body.substr(4));
+  std::string api_version, kind;
+  std::string_view raw;
+  while (!envelope.done()) {
+    uint64_t field = 0;
+    std::string_view bytes;
+    if (!envelope.Next(&field, &bytes)) return nullptr;
+    if (field == 2) raw = bytes;
+    if (field != 1) continue;
+    ProtoReader type_meta(bytes);
+    while (!type_meta.done()) {
+      uint64_t f = 0;
+      std::string_view b;
+      if (!type_meta.Next(&f, &b)) return nullptr;
+      if (f == 1) api_version = b;
+      if (f == 2) kind = b;
+    }
+  }
+  if (api_version != "v1" || kind != "Namespace") return nullptr;
+  json metadata = json::object();
+  ProtoReader object(raw);
+  while (!object.done()) {
+    uint64_t field = 0;
+    std::string_view bytes;
+    if (!object.Next(&field, &bytes)) return nullptr;
+    if (field != 1) continue;  // spec and status: the server sets them
+    ProtoReader meta(bytes);
+    while (!meta.done()) {
+      uint64_t f = 0;
+      std::string_view b;
+      if (!meta.Next(&f, &b)) return nullptr;
+      if (f == 1) metadata["name"] = std::string(b);
+      if (f == 2) metadata["generateName"] = std::string(b);
+      if ((f == 11 && !ReadProtoMapEntry(b, &metadata["labels"])) ||
+          (f == 12 && !ReadProtoMapEntry(b, &metadata["annotations"])))
+        return nullptr;
+    }
+  }
+  return {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", metadata}};
+}
+
+std::string GroupOf(const std::string& group_version) {
+  size_t slash = group_version.find('/');
+  return slash == std::string::npos ? "" : group_version.substr(0, slash);
+}
+
+// A 404 as the API server writes it, with details naming what was not found.
+void NotFound(http::HttpResponse& res, const std::string& resource, const std::string& group,
+              const std::string& name) {
+  json body = StatusBody(
+      404, "NotFound",
+      fmt::format("{}{} \"{}\" not found", resource, group.empty() ? "" : "." + group, name));
+  body["details"] = {{"name", name}, {"kind", resource}};
+  if (!group.empty()) body["details"]["group"] = group;
+  Reply(res, 404, body);
+}
+
+}  // namespace
+
+bool FakeApiServer::Selector::Parse(const std::string& in, const http::HttpRequest& req,
+                                    std::string* error) {
+  collection = in;
+  ParseSelector(req.get_param_value("labelSelector"), &equal, &not_equal, &exists);
+  for (std::string term : Split(req.get_param_value("fieldSelector"), ',')) {
+    term.erase(0, term.find_first_not_of(' '));
+    while (!term.empty() && term.back() == ' ') term.pop_back();
+    if (term.empty()) continue;
+    Field field;
+    size_t at = term.find("!=");
+    size_t width = 2;
+    field.negated = at != std::string::npos;
+    if (at == std::string::npos) at = term.find("==");
+    if (at == std::string::npos) {
+      at = term.find('=');
+      width = 1;
+    }
+    if (at == std::string::npos) {
+      *error = fmt::format("invalid selector: '{}'; can't understand '{}'", term, term);
+      return false;
+    }
+    field.name = term.substr(0, at);
+    field.value = term.substr(at + width);
+    if (!FieldValue(collection, json::object(), field.name)) {
+      *error = HasFieldConversion(collection)
+                   ? fmt::format("field label not supported: {}", field.name)
+                   : fmt::format(
+                         "\"{}\" is not a known field selector: only \"metadata.name\", "
+                         "\"metadata.namespace\"",
+                         field.name);
+      return false;
+    }
+    fields.push_back(std::move(field));
+  }
+  return true;
+}
+
+bool FakeApiServer::Selector::Matches(const json& object) const {
+  if (!MatchesLabels(object, equal, not_equal, exists)) return false;
+  for (const Field& field : fields) {
+    std::optional<std::string> value = FieldValue(collection, object, field.name);
+    if (!value || (*value == field.value) == field.negated) return false;
+  }
+  return true;
+}
+
+namespace {
+// What the fake serves: the kinds tau's client knows, and Events (for their field selectors).
+const std::vector<kubeapi::ResourceInfo>& ServedResources() {
+  static const std::vector<kubeapi::ResourceInfo> served = [] {
+    std::vector<kubeapi::ResourceInfo> all = kubeapi::KnownResources();
+    all.push_back({"v1", "Event", "events", true});
+    return all;
+  }();
+  return served;
+}
+
+json NewNamespace(const std::string& name) {
+  return {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", name}}}};
+}
+
+// What the API server sets on a namespace it creates.
+void DefaultNamespace(json* ns) {
+  (*ns)["metadata"]["labels"]["kubernetes.io/metadata.name"] = (*ns)["metadata"]["name"];
+  (*ns)["spec"]["finalizers"] = json::array({"kubernetes"});
+  (*ns)["status"] = {{"phase", "Active"}};
+}
 }  // namespace
 
 FakeApiServer::FakeApiServer() {
+  {
+    // The namespaces every cluster starts with; resourceVersion 100 once they are there.
+    MutexLock lock(&mu_);
+    resource_version_ = 96;
+    for (const char* name : {"default", "kube-system", "kube-public", "kube-node-lease"}) {
+      json ns = NewNamespace(name);
+      ns["metadata"]["uid"] = fmt::format("00000000-0000-4000-8000-{:012d}", next_uid_++);
+      ns["metadata"]["creationTimestamp"] = NowText();
+      DefaultNamespace(&ns);
+      Commit("v1/namespaces", "ADDED", std::move(ns));
+    }
+  }
   http_.set_max_body_bytes(16 << 20);
   for (const char* method : {"GET", "POST", "PUT", "PATCH", "DELETE"})
     http_.Route(method, "/.*", [this](const http::HttpRequest& req, http::HttpResponse& res) {
@@ -167,6 +814,7 @@ FakeApiServer::~FakeApiServer() {
   changed_.SignalAll();
   http_.Shutdown(3000);
   if (serve_thread_.joinable()) serve_thread_.join();
+  if (sweeper_.joinable()) sweeper_.join();
 }
 
 Status FakeApiServer::Start(const http::TlsServerConfig* tls) {
@@ -174,6 +822,7 @@ Status FakeApiServer::Start(const http::TlsServerConfig* tls) {
   tls_ = tls != nullptr;
   port_ = http_.tcp_port();
   serve_thread_ = std::thread([this] { http_.Serve(); });
+  sweeper_ = std::thread([this] { SweepFinishedJobs(); });
   return Status::Ok();
 }
 
@@ -336,23 +985,211 @@ size_t FakeApiServer::ObjectCount(const std::string& collection) const {
   return c == objects_.end() ? 0 : c->second.size();
 }
 
-json FakeApiServer::Commit(const Target& target, const std::string& type, json object) {
-  ++resource_version_;
-  if (type != "DELETED") {
-    object["metadata"]["resourceVersion"] = std::to_string(resource_version_);
-    objects_[target.collection][Key(target.ns, object["metadata"].value("name", ""))] = object;
-  } else {
-    // A deleted object's last state carries the deletion's resourceVersion, as in the API.
-    object["metadata"]["resourceVersion"] = std::to_string(resource_version_);
-    objects_[target.collection].erase(Key(target.ns, object["metadata"].value("name", "")));
+json FakeApiServer::Commit(const std::string& collection, const std::string& type, json object,
+                           bool dry_run) {
+  const std::string ns = object["metadata"].value("namespace", "");
+  const std::string key = Key(ns, object["metadata"].value("name", ""));
+  if (dry_run) {
+    // Nothing stored, no resourceVersion spent: a create has none yet, an update keeps its own.
+    if (type == "ADDED") object["metadata"].erase("resourceVersion");
+    return object;
   }
-  history_.push_back(Event{resource_version_, target.collection, target.ns, type, object});
+  ++resource_version_;
+  // A deleted object's last state carries the deletion's resourceVersion too, as in the API.
+  object["metadata"]["resourceVersion"] = std::to_string(resource_version_);
+  auto& objects = objects_[collection];
+  json previous;
+  if (auto it = objects.find(key); it != objects.end() && type == "MODIFIED") previous = it->second;
+  if (type == "DELETED") {
+    objects.erase(key);
+  } else {
+    objects[key] = object;
+  }
+  if (collection == "batch/v1/jobs") {
+    const std::string uid = object["metadata"].value("uid", "");
+    int64_t at_ms = 0;
+    if (type == "DELETED" || !JobFinished(object, &at_ms))
+      finished_seen_ms_.erase(uid);
+    else
+      finished_seen_ms_.emplace(uid, NowMillis());
+  }
+  history_.push_back(Event{resource_version_, collection, ns, type, object, previous});
   while (history_.size() > history_limit_) {
     compacted_rv_ = history_.front().resource_version;
     history_.pop_front();
   }
   changed_.SignalAll();
   return object;
+}
+
+bool FakeApiServer::NamespaceExists(const std::string& ns) const {
+  auto c = objects_.find("v1/namespaces");
+  return c != objects_.end() && c->second.count(Key("", ns)) > 0;
+}
+
+bool FakeApiServer::UidExists(const std::string& uid) const {
+  for (const auto& [collection, objects] : objects_)
+    for (const auto& [key, object] : objects)
+      if (object["metadata"].value("uid", "") == uid) return true;
+  return false;
+}
+
+std::vector<std::pair<std::string, std::string>> FakeApiServer::Dependents(
+    const std::string& uid) const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [collection, objects] : objects_)
+    for (const auto& [key, object] : objects) {
+      const json refs = object["metadata"].value("ownerReferences", json::array());
+      if (!refs.is_array()) continue;
+      for (const json& ref : refs)
+        if (ref.is_object() && ref.value("uid", "") == uid) {
+          out.emplace_back(collection, key);
+          break;
+        }
+    }
+  return out;
+}
+
+json FakeApiServer::DeleteLocked(const std::string& collection, const std::string& key,
+                                 std::string policy, std::set<std::string>* deleting) {
+  auto found = objects_[collection].find(key);
+  if (found == objects_[collection].end()) return nullptr;
+  json object = found->second;
+  const std::string uid = object["metadata"].value("uid", "");
+  if (!deleting->insert(uid).second) return object;  // on its way already (a cycle of owners)
+  if (object["metadata"].value("deletionTimestamp", "").empty())
+    object["metadata"]["deletionTimestamp"] = NowText();
+  if (collection == "v1/namespaces") {
+    // The namespace controller: Terminating, then what is in it goes, then the namespace.
+    object["status"]["phase"] = "Terminating";
+    json answer = Commit(collection, "MODIFIED", object);
+    const std::string ns = object["metadata"].value("name", "");
+    std::vector<std::pair<std::string, std::string>> inside;
+    for (const auto& [c, objects] : objects_)
+      for (const auto& [k, o] : objects)
+        if (o["metadata"].value("namespace", "") == ns) inside.emplace_back(c, k);
+    for (const auto& [c, k] : inside) DeleteLocked(c, k, "Background", deleting);
+    json last = objects_[collection][key];
+    last["spec"]["finalizers"] = json::array();
+    Commit(collection, "DELETED", last);
+    return answer;
+  }
+  if (policy.empty()) {
+    // The object's own finalizers say, else the resource's default: batch/v1 Jobs orphan their
+    // pods (kept so for compatibility), the rest are deleted in the background.
+    if (HasFinalizer(object, "orphan"))
+      policy = "Orphan";
+    else if (HasFinalizer(object, "foregroundDeletion"))
+      policy = "Foreground";
+    else
+      policy = collection == "batch/v1/jobs" ? "Orphan" : "Background";
+  }
+  if (policy == "Background") {
+    json answer = Commit(collection, "DELETED", object);
+    for (const auto& [c, k] : Dependents(uid)) {
+      if (!objects_[c].count(k)) continue;
+      if (HasOtherOwner(objects_[c][k], uid, *deleting))
+        DropOwnerReference(c, k, uid);
+      else
+        CollectDependent(c, k, false, deleting);
+    }
+    return answer;
+  }
+  // Foreground and Orphan: the owner stays, marked with the garbage collector's finalizer, until
+  // its dependents are gone or orphaned; then the finalizer goes and so does the owner.
+  const std::string finalizer = policy == "Orphan" ? "orphan" : "foregroundDeletion";
+  json finalizers = object["metadata"].value("finalizers", json::array());
+  if (!HasFinalizer(object, finalizer)) finalizers.push_back(finalizer);
+  object["metadata"]["finalizers"] = finalizers;
+  json answer = Commit(collection, "MODIFIED", object);
+  for (const auto& [c, k] : Dependents(uid)) {
+    if (!objects_[c].count(k)) continue;
+    if (policy == "Orphan" || HasOtherOwner(objects_[c][k], uid, *deleting))
+      DropOwnerReference(c, k, uid);
+    else
+      CollectDependent(c, k, true, deleting);
+  }
+  json last = objects_[collection][key];
+  json left = json::array();
+  for (const json& f : last["metadata"].value("finalizers", json::array()))
+    if (f != finalizer) left.push_back(f);
+  if (left.empty())
+    last["metadata"].erase("finalizers");
+  else
+    last["metadata"]["finalizers"] = left;
+  Commit(collection, "DELETED", last);
+  return answer;
+}
+
+bool FakeApiServer::HasOtherOwner(const json& dependent, const std::string& uid,
+                                  const std::set<std::string>& deleting) const {
+  for (const json& ref : dependent["metadata"].value("ownerReferences", json::array())) {
+    const std::string other = ref.is_object() ? ref.value("uid", "") : "";
+    if (other != uid && !deleting.count(other) && UidExists(other)) return true;
+  }
+  return false;
+}
+
+void FakeApiServer::DropOwnerReference(const std::string& collection, const std::string& key,
+                                       const std::string& uid) {
+  json dependent = objects_[collection][key];
+  json kept = json::array();
+  for (const json& ref : dependent["metadata"].value("ownerReferences", json::array()))
+    if (!ref.is_object() || ref.value("uid", "") != uid) kept.push_back(ref);
+  if (kept.empty())
+    dependent["metadata"].erase("ownerReferences");
+  else
+    dependent["metadata"]["ownerReferences"] = kept;
+  Commit(collection, "MODIFIED", dependent);
+}
+
+void FakeApiServer::CollectDependent(const std::string& collection, const std::string& key,
+                                     bool foreground, std::set<std::string>* deleting) {
+  // The garbage collector deletes with the dependent's finalizers' policy, else Background; in
+  // a foreground deletion, one with dependents of its own goes in the foreground too.
+  const json& dependent = objects_[collection][key];
+  std::string policy = "Background";
+  if (HasFinalizer(dependent, "orphan"))
+    policy = "Orphan";
+  else if (HasFinalizer(dependent, "foregroundDeletion") ||
+           (foreground && !Dependents(dependent["metadata"].value("uid", "")).empty()))
+    policy = "Foreground";
+  DeleteLocked(collection, key, policy, deleting);
+}
+
+void FakeApiServer::SweepFinishedJobs() {
+  MutexLock lock(&mu_);
+  while (!stopping_) {
+    const int64_t now = NowMillis();
+    int64_t next = now + 1000;
+    std::vector<std::string> due;
+    for (const auto& [key, job] : objects_["batch/v1/jobs"]) {
+      const json spec = job.value("spec", json::object());
+      if (!spec.is_object() || !spec.contains("ttlSecondsAfterFinished") ||
+          !spec["ttlSecondsAfterFinished"].is_number_integer())
+        continue;
+      if (!job["metadata"].value("deletionTimestamp", "").empty()) continue;
+      int64_t finished_ms = 0;
+      if (!JobFinished(job, &finished_ms)) continue;
+      if (finished_ms < 0) {
+        auto seen = finished_seen_ms_.find(job["metadata"].value("uid", ""));
+        if (seen == finished_seen_ms_.end()) continue;
+        finished_ms = seen->second;
+      }
+      const int64_t due_ms = finished_ms + spec["ttlSecondsAfterFinished"].get<int64_t>() * 1000;
+      if (due_ms <= now)
+        due.push_back(key);
+      else
+        next = std::min(next, due_ms);
+    }
+    // As the TTL controller deletes: Foreground, so the Job goes after its pods.
+    for (const std::string& key : due) {
+      std::set<std::string> deleting;
+      DeleteLocked("batch/v1/jobs", key, "Foreground", &deleting);
+    }
+    if (!due.empty()) continue;
+    changed_.WaitFor(&mu_, std::chrono::milliseconds(std::clamp<int64_t>(next - now, 10, 1000)));
+  }
 }
 
 void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res) {
@@ -446,10 +1283,11 @@ void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res
   }
   target.collection = target.group_version + "/" + target.resource;
   bool known = false;
-  for (const kubeapi::ResourceInfo& info : kubeapi::KnownResources()) {
+  for (const kubeapi::ResourceInfo& info : ServedResources()) {
     if (info.api_version != target.group_version || info.resource != target.resource) continue;
     target.kind = info.kind;
     known = true;
+    target.namespaced = info.namespaced;
     if (!info.namespaced) target.ns.clear();
   }
   if (!known) {
@@ -462,6 +1300,37 @@ void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res
     MutexLock lock(&mu_);
     while (!stopping_ && held_namespaces_.count(target.ns))
       changed_.WaitFor(&mu_, std::chrono::milliseconds(50));
+  }
+  if (req.method == "POST" || req.method == "PUT" || req.method == "PATCH") {
+    // dryRun is validated with the request's options, before anything else.
+    bool dry_run = false;
+    json error;
+    std::string value = req.get_param_value("dryRun");
+    const char* options = req.method == "POST"  ? "CreateOptions"
+                          : req.method == "PUT" ? "UpdateOptions"
+                                                : "PatchOptions";
+    if (!ParseDryRun(value.empty() ? std::vector<std::string>{} : std::vector<std::string>{value},
+                     options, &dry_run, &error)) {
+      Reply(res, 422, error);
+      return;
+    }
+  }
+  auto content_type = req.headers.find("content-type");
+  if (content_type != req.headers.end() &&
+      StartsWith(content_type->second, "application/vnd.kubernetes.protobuf")) {
+    json decoded = req.method == "POST" && target.collection == "v1/namespaces"
+                       ? DecodeProtobufNamespace(req.body)
+                       : json();
+    if (decoded.is_null()) {
+      Fail(res, 415, "UnsupportedMediaType",
+           "the stand-in reads protobuf bodies of Namespaces only; send JSON");
+      return;
+    }
+    http::HttpRequest as_json = req;
+    as_json.body = decoded.dump();
+    as_json.headers["content-type"] = "application/json";
+    HandleCreate(target, as_json, res);
+    return;
   }
   try {
     if (target.collection == "authorization.k8s.io/v1/subjectaccessreviews" && req.method == "POST")
@@ -493,7 +1362,7 @@ void FakeApiServer::HandleGet(const Target& target, const http::HttpRequest& req
                               http::HttpResponse& res) {
   json object = Object(target.collection, target.ns, target.name);
   if (object.is_null()) {
-    Fail(res, 404, "NotFound", fmt::format("{} \"{}\" not found", target.resource, target.name));
+    NotFound(res, target.resource, GroupOf(target.group_version), target.name);
     return;
   }
   Reply(res, 200, object);
@@ -501,9 +1370,11 @@ void FakeApiServer::HandleGet(const Target& target, const http::HttpRequest& req
 
 void FakeApiServer::HandleList(const Target& target, const http::HttpRequest& req,
                                http::HttpResponse& res) {
-  std::map<std::string, std::string> equal, not_equal;
-  std::vector<std::string> exists;
-  ParseSelector(req.get_param_value("labelSelector"), &equal, &not_equal, &exists);
+  Selector selector;
+  if (std::string error; !selector.Parse(target.collection, req, &error)) {
+    Fail(res, 400, "BadRequest", error);
+    return;
+  }
   int64_t limit = ParseVersion(req.get_param_value("limit"));
   std::string after;
   if (std::string token = req.get_param_value("continue"); !token.empty()) {
@@ -523,7 +1394,7 @@ void FakeApiServer::HandleList(const Target& target, const http::HttpRequest& re
        ++it) {
     const std::string& ns = it->second["metadata"].value("namespace", "");
     if (!target.ns.empty() && ns != target.ns) continue;
-    if (!Matches(it->second, equal, not_equal, exists)) continue;
+    if (!selector.Matches(it->second)) continue;
     if (limit > 0 && static_cast<int64_t>(items.size()) == limit) {
       continue_token = Base64Encode(last_key);
       break;
@@ -549,8 +1420,10 @@ void FakeApiServer::HandleWatch(const Target& target, const http::HttpRequest& r
   auto cursor = std::make_shared<WatchCursor>();
   cursor->collection = target.collection;
   cursor->ns = target.ns;
-  ParseSelector(req.get_param_value("labelSelector"), &cursor->equal, &cursor->not_equal,
-                &cursor->exists);
+  if (std::string error; !cursor->selector.Parse(target.collection, req, &error)) {
+    Fail(res, 400, "BadRequest", error);
+    return;
+  }
   int64_t timeout_s = ParseVersion(req.get_param_value("timeoutSeconds"));
   cursor->deadline_ms = MonotonicMillis() + (timeout_s > 0 ? timeout_s : 1800) * 1000;
   cursor->bookmarks = QueryBool(req.get_param_value("allowWatchBookmarks"));
@@ -568,7 +1441,7 @@ void FakeApiServer::HandleWatch(const Target& target, const http::HttpRequest& r
       // "Start at the most recent": synthetic ADDED events for what exists.
       for (const auto& [key, object] : objects_[target.collection]) {
         if (!target.ns.empty() && object["metadata"].value("namespace", "") != target.ns) continue;
-        if (!Matches(object, cursor->equal, cursor->not_equal, cursor->exists)) continue;
+        if (!cursor->selector.Matches(object)) continue;
         cursor->pending += json{{"type", "ADDED"}, {"object", object}}.dump() + "\n";
       }
       cursor->sent_rv = resource_version_;
@@ -607,8 +1480,15 @@ bool FakeApiServer::StreamWatch(WatchCursor* cursor, http::ChunkSink& sink) {
         if (event.resource_version <= cursor->sent_rv || event.collection != cursor->collection)
           continue;
         if (!cursor->ns.empty() && event.ns != cursor->ns) continue;
-        if (!Matches(event.object, cursor->equal, cursor->not_equal, cursor->exists)) continue;
-        out += json{{"type", event.type}, {"object", event.object}}.dump() + "\n";
+        // As the watch cache: an object that leaves the selection is DELETED for this watch, one
+        // that enters it ADDED.
+        bool selected = cursor->selector.Matches(event.object);
+        bool was = event.type == "MODIFIED" && !event.previous.is_null() &&
+                   cursor->selector.Matches(event.previous);
+        std::string type = event.type;
+        if (event.type == "MODIFIED" && selected != was) type = selected ? "ADDED" : "DELETED";
+        if (!selected && !was) continue;
+        out += json{{"type", type}, {"object", event.object}}.dump() + "\n";
       }
       cursor->sent_rv = resource_version_;
       if (cursor->bookmarks && now >= cursor->next_bookmark_ms) {
@@ -722,9 +1602,15 @@ void FakeApiServer::HandleCreate(const Target& target, const http::HttpRequest& 
     Fail(res, 400, "BadRequest", "the object has no metadata");
     return;
   }
+  const bool dry_run = req.get_param_value("dryRun") == "All";
   json& metadata = object["metadata"];
   std::string name = metadata.value("name", "");
   MutexLock lock(&mu_);
+  // Admission (NamespaceLifecycle): a namespaced object needs its namespace.
+  if (target.namespaced && !NamespaceExists(target.ns)) {
+    NotFound(res, "namespaces", "", target.ns);
+    return;
+  }
   if (name.empty() && metadata.contains("generateName"))
     name = metadata.value("generateName", "") + std::to_string(next_uid_);
   if (name.empty()) {
@@ -732,17 +1618,29 @@ void FakeApiServer::HandleCreate(const Target& target, const http::HttpRequest& 
     return;
   }
   if (objects_[target.collection].count(Key(target.ns, name))) {
-    Fail(res, 409, "AlreadyExists", fmt::format("{} \"{}\" already exists", target.resource, name));
+    std::string group = GroupOf(target.group_version);
+    json body = StatusBody(409, "AlreadyExists",
+                           fmt::format("{}{} \"{}\" already exists", target.resource,
+                                       group.empty() ? "" : "." + group, name));
+    body["details"] = {{"name", name}, {"kind", target.resource}};
+    if (!group.empty()) body["details"]["group"] = group;
+    Reply(res, 409, body);
     return;
   }
   metadata["name"] = name;
-  if (!target.ns.empty()) metadata["namespace"] = target.ns;
+  if (target.namespaced)
+    metadata["namespace"] = target.ns;
+  else
+    metadata.erase("namespace");
   metadata["uid"] = fmt::format("00000000-0000-4000-8000-{:012d}", next_uid_++);
-  metadata["creationTimestamp"] = FormatRfc3339(NowMillis() / 1000 * 1000);
+  metadata["creationTimestamp"] = NowText();
   metadata["generation"] = 1;
+  metadata.erase("managedFields");
   object["apiVersion"] = target.group_version;
   object["kind"] = target.kind;
-  Reply(res, 201, Commit(target, "ADDED", std::move(object)));
+  if (target.collection == "v1/namespaces") DefaultNamespace(&object);
+  RecordUpdate(nullptr, &object, UpdateManager(req), "", target.group_version);
+  Reply(res, 201, Commit(target.collection, "ADDED", std::move(object), dry_run));
 }
 
 void FakeApiServer::HandleReplace(const Target& target, const http::HttpRequest& req,
@@ -752,14 +1650,15 @@ void FakeApiServer::HandleReplace(const Target& target, const http::HttpRequest&
     Fail(res, 400, "BadRequest", "the body is not an object");
     return;
   }
+  const bool dry_run = req.get_param_value("dryRun") == "All";
   MutexLock lock(&mu_);
   auto& objects = objects_[target.collection];
   auto it = objects.find(Key(target.ns, target.name));
   if (it == objects.end()) {
-    Fail(res, 404, "NotFound", fmt::format("{} \"{}\" not found", target.resource, target.name));
+    NotFound(res, target.resource, GroupOf(target.group_version), target.name);
     return;
   }
-  const json& current = it->second;
+  const json current = it->second;
   std::string sent_rv =
       object.contains("metadata") ? object["metadata"].value("resourceVersion", "") : "";
   if (!sent_rv.empty() && sent_rv != current["metadata"].value("resourceVersion", "")) {
@@ -790,7 +1689,8 @@ void FakeApiServer::HandleReplace(const Target& target, const http::HttpRequest&
   }
   updated["apiVersion"] = target.group_version;
   updated["kind"] = target.kind;
-  Reply(res, 200, Commit(target, "MODIFIED", std::move(updated)));
+  RecordUpdate(current, &updated, UpdateManager(req), target.subresource, target.group_version);
+  Reply(res, 200, Commit(target.collection, "MODIFIED", std::move(updated), dry_run));
 }
 
 void FakeApiServer::HandlePatch(const Target& target, const http::HttpRequest& req,
@@ -810,6 +1710,12 @@ void FakeApiServer::HandlePatch(const Target& target, const http::HttpRequest& r
          "PATCH, fieldManager: Required value: is required for apply patch");
     return;
   }
+  const bool force = QueryBool(req.get_param_value("force"));
+  if (!apply && req.has_param("force")) {
+    Fail(res, 422, "Invalid", "force: Forbidden: may not be specified for non-apply patch");
+    return;
+  }
+  const bool dry_run = req.get_param_value("dryRun") == "All";
   // The fake takes the apply body as JSON (what tau sends); YAML is not parsed.
   json patch = json::parse(req.body);
   if (!patch.is_object()) {
@@ -819,33 +1725,29 @@ void FakeApiServer::HandlePatch(const Target& target, const http::HttpRequest& r
   MutexLock lock(&mu_);
   auto& objects = objects_[target.collection];
   auto it = objects.find(Key(target.ns, target.name));
-  json owned = patch;
-  if (owned.contains("metadata") && owned["metadata"].is_object())
-    for (const char* field : {"name", "namespace", "resourceVersion", "uid", "creationTimestamp",
-                              "generation", "managedFields"})
-      owned["metadata"].erase(field);
-  json managed = {{"manager", manager.empty() ? "unknown" : manager},
-                  {"operation", apply ? "Apply" : "Update"},
-                  {"apiVersion", target.group_version},
-                  {"time", FormatRfc3339(NowMillis() / 1000 * 1000)},
-                  {"fieldsType", "FieldsV1"},
-                  {"fieldsV1", FieldsV1(owned)}};
   if (it == objects.end()) {
-    if (!apply) {
-      Fail(res, 404, "NotFound", fmt::format("{} \"{}\" not found", target.resource, target.name));
+    if (!apply || !target.subresource.empty()) {
+      NotFound(res, target.resource, GroupOf(target.group_version), target.name);
       return;
     }
-    json object = patch;
-    json& metadata = object["metadata"];
-    metadata["name"] = target.name;
-    if (!target.ns.empty()) metadata["namespace"] = target.ns;
-    metadata["uid"] = fmt::format("00000000-0000-4000-8000-{:012d}", next_uid_++);
-    metadata["creationTimestamp"] = FormatRfc3339(NowMillis() / 1000 * 1000);
-    metadata["generation"] = 1;
-    metadata["managedFields"] = json::array({managed});
-    object["apiVersion"] = target.group_version;
-    object["kind"] = target.kind;
-    Reply(res, 201, Commit(target, "ADDED", std::move(object)));
+    if (target.namespaced && !NamespaceExists(target.ns)) {
+      NotFound(res, "namespaces", "", target.ns);
+      return;
+    }
+    // An apply that creates: what the server sets, then the applied fields (status is not
+    // written through the main resource).
+    json skeleton = {{"apiVersion", target.group_version},
+                     {"kind", target.kind},
+                     {"metadata",
+                      {{"name", target.name},
+                       {"uid", fmt::format("00000000-0000-4000-8000-{:012d}", next_uid_++)},
+                       {"creationTimestamp", NowText()},
+                       {"generation", 1}}}};
+    if (target.namespaced) skeleton["metadata"]["namespace"] = target.ns;
+    json object, conflict;
+    ApplyFields(skeleton, patch, manager, "", target.group_version, force, &object, &conflict);
+    if (target.collection == "v1/namespaces") DefaultNamespace(&object);
+    Reply(res, 201, Commit(target.collection, "ADDED", std::move(object), dry_run));
     return;
   }
   const json current = it->second;
@@ -861,58 +1763,119 @@ void FakeApiServer::HandlePatch(const Target& target, const http::HttpRequest& r
                      target.resource, target.name));
     return;
   }
-  json updated = current;
-  if (target.subresource == "status") {
+  json updated;
+  if (apply) {
+    json conflict;
+    if (!ApplyFields(current, patch, manager, target.subresource, target.group_version, force,
+                     &updated, &conflict)) {
+      Reply(res, 409, conflict);
+      return;
+    }
+  } else if (target.subresource == "status") {
+    updated = current;
     json status = updated.value("status", json::object());
     status.merge_patch(patch.value("status", json::object()));
     updated["status"] = status;
+    RecordUpdate(current, &updated, UpdateManager(req), "status", target.group_version);
   } else {
-    // Both apply and merge patch merge the sent fields here; real apply also removes fields
-    // this manager applied before and no longer sends.
+    updated = current;
     patch.erase("status");
     if (patch.contains("metadata") && patch["metadata"].is_object())
-      for (const char* field : {"resourceVersion", "uid", "creationTimestamp", "generation"})
+      for (const char* field : {"name", "namespace", "resourceVersion", "uid", "creationTimestamp",
+                                "generation", "managedFields"})
         patch["metadata"].erase(field);
     updated.merge_patch(patch);
-    if (WithoutMetadataAndStatus(updated) != WithoutMetadataAndStatus(current))
-      updated["metadata"]["generation"] = current["metadata"].value("generation", 1) + 1;
+    RecordUpdate(current, &updated, UpdateManager(req), "", target.group_version);
   }
-  json fields = updated["metadata"].value("managedFields", json::array());
-  json kept = json::array();
-  for (const json& entry : fields)
-    if (entry.value("manager", "") != managed["manager"] ||
-        entry.value("operation", "") != managed["operation"])
-      kept.push_back(entry);
-  kept.push_back(managed);
-  updated["metadata"]["managedFields"] = kept;
+  if (WithoutMetadataAndStatus(updated) != WithoutMetadataAndStatus(current))
+    updated["metadata"]["generation"] = current["metadata"].value("generation", 1) + 1;
   updated["apiVersion"] = target.group_version;
   updated["kind"] = target.kind;
-  Reply(res, 200, Commit(target, "MODIFIED", std::move(updated)));
+  Reply(res, 200, Commit(target.collection, "MODIFIED", std::move(updated), dry_run));
 }
 
 void FakeApiServer::HandleDelete(const Target& target, const http::HttpRequest& req,
                                  http::HttpResponse& res) {
-  std::string policy = req.get_param_value("propagationPolicy");
-  if (policy.empty() && !req.body.empty()) {
+  // DeleteOptions come in the body when there is one, else in the query, as the API server
+  // reads them (kubectl and the Python client send a body).
+  std::string policy;
+  std::vector<std::string> dry_run_values;
+  std::optional<bool> orphan;
+  json preconditions = json::object();
+  if (!req.body.empty()) {
     json options = json::parse(req.body);
-    if (options.is_object()) policy = options.value("propagationPolicy", "");
+    if (!options.is_object()) {
+      Fail(res, 400, "BadRequest", "the DeleteOptions are not an object");
+      return;
+    }
+    policy = options.value("propagationPolicy", "");
+    if (options.contains("orphanDependents") && options["orphanDependents"].is_boolean())
+      orphan = options["orphanDependents"].get<bool>();
+    if (options.contains("dryRun") && options["dryRun"].is_array())
+      for (const json& v : options["dryRun"])
+        if (v.is_string()) dry_run_values.push_back(v.get<std::string>());
+    if (options.contains("preconditions") && options["preconditions"].is_object())
+      preconditions = options["preconditions"];
+  } else {
+    policy = req.get_param_value("propagationPolicy");
+    if (std::string v = req.get_param_value("dryRun"); !v.empty()) dry_run_values.push_back(v);
+    if (req.has_param("orphanDependents"))
+      orphan = QueryBool(req.get_param_value("orphanDependents"));
+  }
+  bool dry_run = false;
+  if (json error; !ParseDryRun(dry_run_values, "DeleteOptions", &dry_run, &error)) {
+    Reply(res, 422, error);
+    return;
   }
   if (!policy.empty() && policy != "Foreground" && policy != "Background" && policy != "Orphan") {
-    Fail(res, 400, "BadRequest", fmt::format("invalid propagationPolicy {}", policy));
+    Fail(res, 422, "Invalid",
+         fmt::format("DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Unsupported "
+                     "value: \"{}\": supported values: \"Foreground\", \"Background\", \"Orphan\"",
+                     policy));
     return;
   }
+  if (orphan && !policy.empty()) {
+    Fail(res, 422, "Invalid",
+         "DeleteOptions.meta.k8s.io \"\" is invalid: orphanDependents: Invalid value: "
+         "OrphanDependents and DeletionPropagation cannot be both set");
+    return;
+  }
+  if (orphan) policy = *orphan ? "Orphan" : "Background";
   MutexLock lock(&mu_);
-  auto& objects = objects_[target.collection];
-  auto it = objects.find(Key(target.ns, target.name));
-  if (it == objects.end()) {
-    Fail(res, 404, "NotFound", fmt::format("{} \"{}\" not found", target.resource, target.name));
+  const std::string key = Key(target.ns, target.name);
+  auto it = objects_[target.collection].find(key);
+  if (it == objects_[target.collection].end()) {
+    NotFound(res, target.resource, GroupOf(target.group_version), target.name);
     return;
   }
-  // No garbage collector runs here: the object goes at once whatever the policy (a real server
-  // keeps a Foreground-deleted owner, with deletionTimestamp, until its dependents are gone).
-  json object = it->second;
-  object["metadata"]["deletionTimestamp"] = FormatRfc3339(NowMillis() / 1000 * 1000);
-  Reply(res, 200, Commit(target, "DELETED", std::move(object)));
+  const json& metadata = it->second["metadata"];
+  for (const char* field : {"uid", "resourceVersion"}) {
+    std::string want = preconditions.value(field, "");
+    std::string have = metadata.value(field, "");
+    if (!want.empty() && want != have) {
+      std::string name = field == std::string("uid") ? "UID" : "ResourceVersion";
+      Fail(res, 409, "Conflict",
+           fmt::format("Operation cannot be fulfilled on {} \"{}\": Precondition failed: {} in "
+                       "precondition: {}, {} in object meta: {}",
+                       target.resource, target.name, name, want, name, have));
+      return;
+    }
+  }
+  if (policy.empty() && target.collection == "batch/v1/jobs")
+    // The API server's own warning: a Job deleted without a policy leaves its pods.
+    res.headers_out.emplace_back(
+        "Warning",
+        "299 - \"child pods are preserved by default when jobs are deleted; set "
+        "propagationPolicy=Background to remove them or set propagationPolicy=Orphan to suppress "
+        "this warning\"");
+  if (dry_run) {
+    json object = it->second;
+    object["metadata"]["deletionTimestamp"] = NowText();
+    Reply(res, 200, object);
+    return;
+  }
+  std::set<std::string> deleting;
+  Reply(res, 200, DeleteLocked(target.collection, key, policy, &deleting));
 }
 
 void FakeApiServer::SetProxied(const std::string& ns, const std::string& service_port,
@@ -984,7 +1947,7 @@ bool FakeApiServer::HandleDiscovery(const http::HttpRequest& req, http::HttpResp
     // Group -> versions in table order; the first is the preferred one.
     std::vector<std::string> order;
     std::map<std::string, std::vector<std::string>> versions;
-    for (const kubeapi::ResourceInfo& info : kubeapi::KnownResources()) {
+    for (const kubeapi::ResourceInfo& info : ServedResources()) {
       size_t slash = info.api_version.find('/');
       if (slash == std::string::npos) continue;  // the core group is under /api
       std::string group = info.api_version.substr(0, slash);
@@ -1014,7 +1977,7 @@ bool FakeApiServer::HandleDiscovery(const http::HttpRequest& req, http::HttpResp
     return false;
   }
   json resources = json::array();
-  for (const kubeapi::ResourceInfo& info : kubeapi::KnownResources()) {
+  for (const kubeapi::ResourceInfo& info : ServedResources()) {
     if (info.api_version != group_version) continue;
     std::string singular = info.kind;
     for (char& c : singular) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

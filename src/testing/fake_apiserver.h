@@ -1,24 +1,43 @@
 // A stand-in Kubernetes API server for tests: in-process, real HTTP on 127.0.0.1 (tau's own
 // HttpServer), following the API conventions the client relies on. It is not a real API server
-// (none can run on the project's machines): no schemas, no admission, no garbage collection, no
-// field ownership beyond recording the applying manager. What it does:
+// (none can run on the project's machines): no admission beyond namespace existence, no pod
+// grace periods, no finalizers other than the garbage collector's. What it does:
 //   * objects per (group/version/resource, namespace, name) with metadata.resourceVersion from
 //     one global counter, uid, creationTimestamp and generation (bumped when anything outside
 //     metadata and status changes);
+//   * the namespaces a new cluster has (default, kube-system, kube-public, kube-node-lease);
+//     creating an object in a namespace that does not exist answers 404 (namespaces "X" not
+//     found), and deleting a namespace deletes what is in it;
 //   * GET, LIST (kind XList, metadata.resourceVersion, labelSelector with =, ==, != and
-//     existence, limit + continue), POST (409 AlreadyExists), PUT (409 Conflict on a stale
+//     existence, fieldSelector with =, ==, != on the fields the API server supports per kind,
+//     400 for others, limit + continue), POST (409 AlreadyExists), PUT (409 Conflict on a stale
 //     resourceVersion), PATCH (409 Conflict on a stale metadata.resourceVersion in the patch, a
-//     precondition as in the API server) as server-side apply (fieldManager required; creates, or
-//     merges the applied fields; records managedFields) or as JSON merge patch, DELETE
-//     (propagationPolicy recorded; the object is removed at once), the status subresource;
+//     precondition as in the API server) as server-side apply (fieldManager required; creates or
+//     merges; field ownership per manager in managedFields, leaf fields with lists owned whole:
+//     409 Conflict when another manager owns a field the apply changes, unless force=true; a field
+//     the manager stopped applying and nobody else owns is removed) or as JSON merge patch, the
+//     status subresource; every write records its manager (Update) and the fields it changed;
+//   * DELETE with propagationPolicy (query or DeleteOptions body; the default per resource,
+//   batch/v1
+//     Jobs orphaning their pods) and owner references, as the garbage collector would, at once:
+//     Background (the owner goes, then its dependents), Foreground (the owner gets
+//     deletionTimestamp and the foregroundDeletion finalizer, its dependents go, then it does),
+//     Orphan (the dependents lose the owner reference); each change its own watch event;
+//   * batch/v1 Jobs' ttlSecondsAfterFinished, as the TTL controller (a thread here): a finished
+//     Job (condition Complete or Failed, "True") is deleted, Foreground, that long after the
+//     condition's lastTransitionTime (else after the write that finished it);
+//   * dryRun=All on POST, PUT, PATCH and DELETE: the answer as if done, nothing stored;
 //   * watches (?watch=true): JSON lines, chunked, events after resourceVersion from a bounded
-//     history; a version older than the history gets an ERROR event with code 410 (Expired);
-//     BOOKMARK events when allowWatchBookmarks=true; timeoutSeconds;
+//     history, with label and field selectors (an object that leaves the selection is a DELETED
+//     event, one that enters it ADDED); a version older than the history gets an ERROR event with
+//     code 410 (Expired); BOOKMARK events when allowWatchBookmarks=true; timeoutSeconds;
 //   * pod logs per container (/log, follow=true streams what tests append; container= as the API
 //     server takes it: required with several containers, 400 for one the pod lacks or one still
 //     waiting to start), SubjectAccessReviews from grants;
 //   * the service proxy (GET .../services/NAME:PORT/proxy/PATH) answering what tests set;
-//   * legacy discovery (/api, /apis, resource lists) for the kinds tau knows, so kubectl works;
+//   * legacy discovery (/api, /apis, resource lists) for the kinds tau knows and Events, so
+//     kubectl works; JSON bodies, and a Namespace in protobuf (as `kubectl create namespace`
+//     sends it; other protobuf bodies answer 415);
 //   * test controls: failure injection (429/500/503 with Retry-After), a required bearer token,
 //     and a request log; and one over HTTP for tests in another process (tau-fake-apiserver,
 //     tests/fake_apiserver): POST /fake/logs/NAMESPACE/POD[?container=C] appends the body to the
@@ -121,12 +140,14 @@ class FakeApiServer {
     std::string ns;
     std::string type;
     nlohmann::json object;
+    nlohmann::json previous;  // a MODIFIED object's state before: selectors see it leave or enter
   };
   struct LogStream {
     std::vector<std::pair<int64_t, std::string>> chunks;  // (epoch ms, text)
     bool ended = false;
   };
   struct WatchCursor;
+  struct Selector;
 
   void Handle(const http::HttpRequest& req, http::HttpResponse& res);
   void HandleGet(const Target& target, const http::HttpRequest& req, http::HttpResponse& res);
@@ -146,12 +167,35 @@ class FakeApiServer {
   // "ns/pod/container" of a container's log; "" names the pod's first container.
   std::string LogKey(const std::string& ns, const std::string& pod, const std::string& container)
       TAU_REQUIRES(mu_);
-  // Stamps a new resourceVersion, stores, records the event. Caller holds mu_.
-  nlohmann::json Commit(const Target& target, const std::string& type, nlohmann::json object)
+  // Stamps a new resourceVersion, stores, records the event; the object's collection and
+  // namespace name where. With `dry_run`, the object as it would be, nothing stored.
+  nlohmann::json Commit(const std::string& collection, const std::string& type,
+                        nlohmann::json object, bool dry_run = false) TAU_REQUIRES(mu_);
+  bool NamespaceExists(const std::string& ns) const TAU_REQUIRES(mu_);
+  // Deletes an object as the API server and the garbage collector would (see the header comment);
+  // its state as the DELETE answers it. `policy` "": the object's finalizers', else the
+  // resource's default.
+  nlohmann::json DeleteLocked(const std::string& collection, const std::string& key,
+                              std::string policy, std::set<std::string>* deleting)
       TAU_REQUIRES(mu_);
+  // The objects (collection, key) with an owner reference to `uid`.
+  std::vector<std::pair<std::string, std::string>> Dependents(const std::string& uid) const
+      TAU_REQUIRES(mu_);
+  bool UidExists(const std::string& uid) const TAU_REQUIRES(mu_);
+  // Whether a dependent has an owner other than `uid` that exists and is not being deleted.
+  bool HasOtherOwner(const nlohmann::json& dependent, const std::string& uid,
+                     const std::set<std::string>& deleting) const TAU_REQUIRES(mu_);
+  void DropOwnerReference(const std::string& collection, const std::string& key,
+                          const std::string& uid) TAU_REQUIRES(mu_);
+  // The garbage collector deleting a dependent whose owners are gone.
+  void CollectDependent(const std::string& collection, const std::string& key, bool foreground,
+                        std::set<std::string>* deleting) TAU_REQUIRES(mu_);
+  // The TTL-after-finished controller: deletes finished Jobs whose time is up, until stopping.
+  void SweepFinishedJobs();
 
   http::HttpServer http_;
   std::thread serve_thread_;
+  std::thread sweeper_;
   int port_ = 0;
   bool tls_ = false;
 
@@ -174,6 +218,8 @@ class FakeApiServer {
   std::map<std::string, std::string> proxied_ TAU_GUARDED_BY(mu_);  // "ns/svc:port/path" -> body
   int bookmark_interval_ms_ TAU_GUARDED_BY(mu_) = 1000;
   std::map<std::string, LogStream> logs_ TAU_GUARDED_BY(mu_);  // "ns/pod/container" -> its log
+  // Job uid -> when a write first showed it finished (a condition without lastTransitionTime).
+  std::map<std::string, int64_t> finished_seen_ms_ TAU_GUARDED_BY(mu_);
   std::string required_token_ TAU_GUARDED_BY(mu_);
   int failures_left_ TAU_GUARDED_BY(mu_) = 0;
   int failure_status_ TAU_GUARDED_BY(mu_) = 500;
