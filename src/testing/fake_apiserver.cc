@@ -2,14 +2,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <optional>
 
 #include <fmt/format.h>
 
 #include "common/clock.h"
+#include "common/files.h"
 #include "common/hash.h"
 #include "common/mutex.h"
 #include "common/strings.h"
+#include "kube/kube.h"
 #include "kubeapi/kubeapi.h"
 
 namespace tau::testutil {
@@ -938,6 +941,69 @@ void FakeApiServer::HoldWrites(const std::string& ns, bool held) {
   changed_.SignalAll();
 }
 
+void FakeApiServer::SetSchemas(std::shared_ptr<const kube::SchemaSet> schemas) {
+  MutexLock lock(&mu_);
+  schemas_ = std::move(schemas);
+}
+
+Status FakeApiServer::LoadCrds(const std::string& dir) {
+  auto set = std::make_shared<kube::SchemaSet>();
+  std::error_code ec;
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
+    if (entry.path().extension() == ".yaml") files.push_back(entry.path().string());
+  if (ec) return InvalidArgument(fmt::format("{}: {}", dir, ec.message()));
+  std::sort(files.begin(), files.end());
+  for (const std::string& file : files) {
+    TAU_ASSIGN_OR_RETURN(std::string text, ReadFile(file));
+    Result<std::vector<json>> docs = kube::ParseYaml(text);
+    if (!docs.ok()) return InvalidArgument(fmt::format("{}: {}", file, docs.status().message()));
+    for (const json& doc : *docs)
+      if (doc.is_object() && doc.value("kind", "") == "CustomResourceDefinition")
+        if (Status s = set->AddCrd(doc); !s.ok())
+          return InvalidArgument(fmt::format("{}: {}", file, s.message()));
+  }
+  SetSchemas(std::move(set));
+  return Status::Ok();
+}
+
+bool FakeApiServer::SchemaValid(const Target& target, const json& object,
+                                http::HttpResponse& res) const {
+  // Custom resources only: built-in kinds are the API server's own code, not a schema here.
+  const std::string group = GroupOf(target.group_version);
+  if (schemas_ == nullptr || group.find('.') == std::string::npos ||
+      (EndsWith(group, "k8s.io") && !EndsWith(group, ".x-k8s.io")) || !schemas_->Knows(object))
+    return true;
+  // The validator knows the metadata a client sets; what the server set is checked by nobody.
+  json checked = object;
+  for (const char* field : {"uid", "resourceVersion", "generation", "creationTimestamp",
+                            "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields"})
+    checked["metadata"].erase(field);
+  Status valid = schemas_->Validate(checked);
+  if (valid.ok()) return true;
+  // Each line: "Kind/name: path: what is wrong".
+  const std::string name = object["metadata"].value("name", "");
+  json causes = json::array();
+  std::vector<std::string> errors;
+  for (std::string line : Split(valid.message(), '\n')) {
+    if (size_t p = line.find(": ");
+        p != std::string::npos && line.compare(0, p, target.kind + "/" + name) == 0)
+      line = line.substr(p + 2);
+    size_t p = line.find(": ");
+    std::string field = p == std::string::npos ? "" : line.substr(0, p);
+    std::string message = p == std::string::npos ? line : line.substr(p + 2);
+    causes.push_back({{"reason", "FieldValueInvalid"}, {"message", message}, {"field", field}});
+    errors.push_back(line);
+  }
+  json body =
+      StatusBody(422, "Invalid",
+                 fmt::format("{}.{} \"{}\" is invalid: {}", target.kind, group, name,
+                             errors.size() == 1 ? errors[0] : "[" + Join(errors, ", ") + "]"));
+  body["details"] = {{"name", name}, {"group", group}, {"kind", target.kind}, {"causes", causes}};
+  Reply(res, 422, body);
+  return false;
+}
+
 void FakeApiServer::set_bookmark_interval_ms(int ms) {
   MutexLock lock(&mu_);
   bookmark_interval_ms_ = ms;
@@ -1640,6 +1706,7 @@ void FakeApiServer::HandleCreate(const Target& target, const http::HttpRequest& 
   object["kind"] = target.kind;
   if (target.collection == "v1/namespaces") DefaultNamespace(&object);
   RecordUpdate(nullptr, &object, UpdateManager(req), "", target.group_version);
+  if (!SchemaValid(target, object, res)) return;
   Reply(res, 201, Commit(target.collection, "ADDED", std::move(object), dry_run));
 }
 
@@ -1690,6 +1757,7 @@ void FakeApiServer::HandleReplace(const Target& target, const http::HttpRequest&
   updated["apiVersion"] = target.group_version;
   updated["kind"] = target.kind;
   RecordUpdate(current, &updated, UpdateManager(req), target.subresource, target.group_version);
+  if (!SchemaValid(target, updated, res)) return;
   Reply(res, 200, Commit(target.collection, "MODIFIED", std::move(updated), dry_run));
 }
 
@@ -1747,6 +1815,7 @@ void FakeApiServer::HandlePatch(const Target& target, const http::HttpRequest& r
     json object, conflict;
     ApplyFields(skeleton, patch, manager, "", target.group_version, force, &object, &conflict);
     if (target.collection == "v1/namespaces") DefaultNamespace(&object);
+    if (!SchemaValid(target, object, res)) return;
     Reply(res, 201, Commit(target.collection, "ADDED", std::move(object), dry_run));
     return;
   }
@@ -1791,6 +1860,7 @@ void FakeApiServer::HandlePatch(const Target& target, const http::HttpRequest& r
     updated["metadata"]["generation"] = current["metadata"].value("generation", 1) + 1;
   updated["apiVersion"] = target.group_version;
   updated["kind"] = target.kind;
+  if (!SchemaValid(target, updated, res)) return;
   Reply(res, 200, Commit(target.collection, "MODIFIED", std::move(updated), dry_run));
 }
 

@@ -46,6 +46,9 @@
 //     holds or releases a namespace's writes (HoldWrites); POST /fake/proxy?namespace=NS&
 //     service=NAME:PORT&path=P sets what the service proxy answers (SetProxied); POST
 //     /fake/expire-watches (ExpireWatches). They are no API-server paths.
+//   * custom resources validated against their CRDs' schemas when given them (SetSchemas,
+//     LoadCrds; tau-fake-apiserver loads the repository's copies): 422 Invalid naming the fields
+//     (unknown fields included, which a real server prunes unless fieldValidation=Strict);
 //   * HTTPS when started with a certificate (Start(tls)).
 #pragma once
 
@@ -65,6 +68,10 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "http/http.h"
+
+namespace tau::kube {
+class SchemaSet;
+}  // namespace tau::kube
 
 namespace tau::testutil {
 
@@ -117,6 +124,12 @@ class FakeApiServer {
   // a path never set answers 503, as the API server does when nothing behind a Service answers.
   void SetProxied(const std::string& ns, const std::string& service_port, const std::string& path,
                   const std::string& body);
+  // Custom resources (kueue.x-k8s.io, ray.io, ...) whose kind `schemas` knows are validated on
+  // every write, as the API server validates them against their CRD's schema: 422 Invalid with
+  // details.causes naming the fields. Null: no validation.
+  void SetSchemas(std::shared_ptr<const kube::SchemaSet> schemas);
+  // SetSchemas with every CustomResourceDefinition in the directory's *.yaml files.
+  Status LoadCrds(const std::string& dir);
   void set_bookmark_interval_ms(int ms);
   void set_history_limit(size_t events);
   // SubjectAccessReviews allow exactly what was granted.
@@ -172,6 +185,9 @@ class FakeApiServer {
   nlohmann::json Commit(const std::string& collection, const std::string& type,
                         nlohmann::json object, bool dry_run = false) TAU_REQUIRES(mu_);
   bool NamespaceExists(const std::string& ns) const TAU_REQUIRES(mu_);
+  // False, with the 422 written, when a custom resource fails its CRD's schema.
+  bool SchemaValid(const Target& target, const nlohmann::json& object,
+                   http::HttpResponse& res) const TAU_REQUIRES(mu_);
   // Deletes an object as the API server and the garbage collector would (see the header comment);
   // its state as the DELETE answers it. `policy` "": the object's finalizers', else the
   // resource's default.
@@ -220,6 +236,7 @@ class FakeApiServer {
   std::map<std::string, LogStream> logs_ TAU_GUARDED_BY(mu_);  // "ns/pod/container" -> its log
   // Job uid -> when a write first showed it finished (a condition without lastTransitionTime).
   std::map<std::string, int64_t> finished_seen_ms_ TAU_GUARDED_BY(mu_);
+  std::shared_ptr<const kube::SchemaSet> schemas_ TAU_GUARDED_BY(mu_);
   std::string required_token_ TAU_GUARDED_BY(mu_);
   int failures_left_ TAU_GUARDED_BY(mu_) = 0;
   int failure_status_ TAU_GUARDED_BY(mu_) = 500;

@@ -4,6 +4,7 @@
 #include "testing/fake_apiserver.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <thread>
@@ -516,6 +517,39 @@ TEST_F(FakeApiServerTest, UpdatesOwnWhatTheyChangeAndApplyConflictsWithThem) {
   EXPECT_NE(r.body.value("message", "").find("conflict with \"editor\" using v1 at "),
             std::string::npos)
       << r.body.dump();
+}
+
+// ---- custom resources against their CRDs ----
+
+TEST_F(FakeApiServerTest, CustomResourcesAreValidatedAgainstTheirCrds) {
+  const char* src = std::getenv("TAU_SOURCE_DIR");
+  ASSERT_TRUE(fake_
+                  .LoadCrds(std::string(src != nullptr ? src : TAU_TEST_SOURCE_DIR) +
+                            "/tests/data/kube/schemas")
+                  .ok());
+  const std::string path = "/apis/kueue.x-k8s.io/v1beta2/clusterqueues";
+  json cq = {{"apiVersion", "kueue.x-k8s.io/v1beta2"},
+             {"kind", "ClusterQueue"},
+             {"metadata", {{"name", "cq"}}},
+             {"spec", {{"namespaceSelector", json::object()}, {"cohortName", 5}}}};
+  Answer a = Call("POST", path, cq);
+  EXPECT_EQ(a.status, 422) << a.body.dump();
+  EXPECT_EQ(a.body["reason"], "Invalid");
+  EXPECT_EQ(a.body["details"]["kind"], "ClusterQueue");
+  EXPECT_EQ(a.body["details"]["group"], "kueue.x-k8s.io");
+  ASSERT_FALSE(a.body["details"]["causes"].empty());
+  EXPECT_EQ(a.body["details"]["causes"][0]["field"], "spec.cohortName") << a.body.dump();
+  EXPECT_TRUE(fake_.Object("kueue.x-k8s.io/v1beta2/clusterqueues", "", "cq").is_null());
+  // An apply is checked as the object it would make.
+  a = Call("PATCH", path + "/cq?fieldManager=tau", cq, kApply);
+  EXPECT_EQ(a.status, 422) << a.body.dump();
+  cq["spec"]["cohortName"] = "team";
+  a = Call("PATCH", path + "/cq?fieldManager=tau", cq, kApply);
+  EXPECT_EQ(a.status, 201) << a.body.dump();
+  a = Call("PATCH", path + "/cq", json{{"spec", {{"stopPolicy", "Sometimes"}}}}, kMerge);
+  EXPECT_EQ(a.status, 422) << a.body.dump();
+  // Built-in kinds are not the CRDs' business.
+  EXPECT_EQ(Call("POST", kConfigMaps, ConfigMap("c", {{"k", "v"}})).status, 201);
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 // stdout, and serves until SIGTERM or SIGINT, or, when stdin is a pipe, until it closes (so it
 // does not outlive a test that dies). `--require-token TOKEN`: requests must carry it as a bearer
 // token (FakeApiServer::RequireToken); `--tls-cert PEM --tls-key PEM`: HTTPS only (the URL says
-// https://), as real clients send tokens over TLS only. Tests write pod logs with POST
+// https://), as real clients send tokens over TLS only; `--crds DIR`: validate custom resources
+// against the CRDs in DIR's *.yaml (FakeApiServer::LoadCrds; by default the repository's copies,
+// tests/data/kube/schemas, "" for none). Tests write pod logs with POST
 // /fake/logs/NAMESPACE/POD[?end=true].
 #include <poll.h>
 #include <pthread.h>
@@ -17,6 +19,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "testing/fake_apiserver.h"
 
@@ -31,6 +34,7 @@ int main(int argc, char** argv) {
 
   tau::testutil::FakeApiServer fake;
   tau::http::TlsServerConfig tls;
+  std::string crds = TAU_FAKE_CRD_DIR;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--require-token") == 0 && i + 1 < argc) {
       fake.RequireToken(argv[++i]);
@@ -38,11 +42,19 @@ int main(int argc, char** argv) {
       tls.cert_file = argv[++i];
     } else if (std::strcmp(argv[i], "--tls-key") == 0 && i + 1 < argc) {
       tls.key_file = argv[++i];
+    } else if (std::strcmp(argv[i], "--crds") == 0 && i + 1 < argc) {
+      crds = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: tau-fake-apiserver [--require-token TOKEN] [--tls-cert PEM "
-                   "--tls-key PEM]\n");
+                   "--tls-key PEM] [--crds DIR]\n");
       return 2;
+    }
+  }
+  if (!crds.empty()) {
+    if (tau::Status loaded = fake.LoadCrds(crds); !loaded.ok()) {
+      std::fprintf(stderr, "tau-fake-apiserver: %s\n", loaded.ToString().c_str());
+      return 1;
     }
   }
   tau::Status started = fake.Start(tls.cert_file.empty() ? nullptr : &tls);

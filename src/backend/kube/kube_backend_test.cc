@@ -55,6 +55,12 @@ class KubeBackendTest : public testutil::ControllerFixture {
  protected:
   void SetUp() override {
     ControllerFixture::SetUp();
+    // The Kueue and KubeRay objects tau writes are checked against the CRDs, as a cluster would.
+    const char* src = std::getenv("TAU_SOURCE_DIR");
+    ASSERT_TRUE(fake_
+                    .LoadCrds(std::string(src != nullptr ? src : TAU_TEST_SOURCE_DIR) +
+                              "/tests/data/kube/schemas")
+                    .ok());
     ASSERT_TRUE(fake_.Start().ok());
     kube_ = NewClient();
     cluster_client_ = NewClient();
