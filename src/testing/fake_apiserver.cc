@@ -135,19 +135,6 @@ bool MatchesLabels(const json& object, const std::map<std::string, std::string>&
   return true;
 }
 
-// The fields a patch sets, as managedFields' fieldsV1 writes them ("f:KEY" maps; a list is owned
-// whole, where the API server would name its items): real clients decode it (kubectl's
-// server-side apply reads every entry's fieldsV1, and crashed on entries without one).
-json FieldsV1(const json& value) {
-  json out = json::object();
-  if (!value.is_object()) return out;
-  for (const auto& [key, child] : value.items()) {
-    if (key == "apiVersion" || key == "kind") continue;
-    out["f:" + key] = FieldsV1(child);
-  }
-  return out;
-}
-
 // A boolean query parameter as the API server reads it (Go's strconv.ParseBool): the Python
 // client sends watch=True.
 bool QueryBool(const std::string& value) {
@@ -281,6 +268,8 @@ FieldSet WrittenFields(json object, const std::string& subresource) {
   return out;
 }
 
+// managedFields' fieldsV1: "f:KEY" maps, {} at a leaf. Real clients decode it (kubectl's
+// server-side apply reads every entry's, and crashed on entries without one).
 json ToFieldsV1(const FieldSet& fields) {
   json out = json::object();
   for (const FieldPath& path : fields) {
