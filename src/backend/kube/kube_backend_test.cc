@@ -1082,5 +1082,44 @@ TEST_F(KubeBackendTest, UnrenderableRunsAreRefusedAtSubmission) {
   EXPECT_EQ(fake_.ObjectCount("batch/v1/jobs"), 0u);
 }
 
+TEST_F(KubeBackendTest, AFinishedJobGoneWithItsTtlLeavesTheRunSucceeded) {
+  // The TTL-after-finished controller (the fake plays it) deletes the Job and, Foreground, its
+  // pods a second after it completes: the run stays Succeeded, with its log.
+  std::string spec = kSpec;
+  spec.insert(spec.find("compute:"), "  ttl_seconds_after_finished: 1\n");
+  std::string name = Submit(spec);
+  ASSERT_TRUE(WaitForJob(name, 1));
+  EXPECT_EQ(Job(name, 1)["spec"]["ttlSecondsAfterFinished"], 1);
+  MakeWorkload(name, 1);
+  Admit(name, 1);
+  StartPod(name, 1);
+  // As the Job controller makes it: owned by the Job.
+  json owner = {{"apiVersion", "batch/v1"},
+                {"kind", "Job"},
+                {"name", JobName(name, 1)},
+                {"uid", Job(name, 1)["metadata"]["uid"]},
+                {"controller", true}};
+  ASSERT_TRUE(kube_
+                  ->MergePatch("v1", "Pod", "default", PodName(name, 1),
+                               {{"metadata", {{"ownerReferences", json::array({owner})}}}})
+                  .ok());
+  ASSERT_TRUE(WaitForState(name, RunState::kRunning));
+  fake_.AppendLog("default", PodName(name, 1), "hello\n");
+  fake_.EndLog("default", PodName(name, 1));
+  SetPodStatus(name, 1,
+               {{"phase", "Succeeded"},
+                {"containerStatuses",
+                 {{{"name", "worker"}, {"state", {{"terminated", {{"exitCode", 0}}}}}}}}});
+  SetJobCondition(name, 1, "Complete", "Completed");
+  ASSERT_TRUE(WaitForState(name, RunState::kSucceeded));
+  ASSERT_TRUE(WaitFor([&] {
+    return Job(name, 1).is_null() && fake_.Object("v1/pods", "default", PodName(name, 1)).is_null();
+  }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // a resync after the deletion
+  EXPECT_EQ(Run(name).state, RunState::kSucceeded) << Run(name).message;
+  EXPECT_EQ(EventTypes(name).back(), "Succeeded");
+  EXPECT_EQ(Log(name, 1), "hello\n");
+}
+
 }  // namespace
 }  // namespace tau::server
