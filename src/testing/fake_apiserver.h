@@ -25,7 +25,8 @@
 //     Orphan (the dependents lose the owner reference); each change its own watch event;
 //   * batch/v1 Jobs' ttlSecondsAfterFinished, as the TTL controller (a thread here): a finished
 //     Job (condition Complete or Failed, "True") is deleted, Foreground, that long after the
-//     condition's lastTransitionTime (else after the write that finished it);
+//     condition's lastTransitionTime (else after the write that finished it, where the real
+//     controller, finding no time, never deletes it);
 //   * dryRun=All on POST, PUT, PATCH and DELETE: the answer as if done, nothing stored;
 //   * watches (?watch=true): JSON lines, chunked, events after resourceVersion from a bounded
 //     history, with label and field selectors (an object that leaves the selection is a DELETED
