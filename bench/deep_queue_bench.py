@@ -13,11 +13,9 @@ platform is this machine (one slot per CPU), and drain. For each depth it report
 Usage: bench/deep_queue_bench.py [--tau build/bin/tau] [--depths 300,3000] [--sleep 0.05]
 """
 import argparse
-import http.client
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,15 +23,7 @@ import tempfile
 import threading
 import time
 
-
-class UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path):
-        super().__init__("localhost")
-        self.path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(self.path)
+from local_bench import UnixConnection  # the API over its Unix socket
 
 
 def cpu_seconds(pid):

@@ -225,6 +225,15 @@ class KubeBackendTest : public testutil::ControllerFixture {
         "status");
     ASSERT_TRUE(patched.ok()) << patched.status().ToString();
   }
+  // The steps of metric `metric` in the run's evidence (what the evidence worker collected).
+  std::vector<int64_t> EvidenceSteps(const std::string& run, const std::string& metric) {
+    std::vector<int64_t> steps;
+    auto history =
+        evidence::LoadMetricHistory(layout::MetricsFile(layout::EvidenceDir(home_, run)));
+    if (history.ok())
+      for (const auto& p : history->Series(metric, "")) steps.push_back(p.step);
+    return steps;
+  }
   std::string Log(const std::string& run, int attempt) {
     auto text =
         ReadFile(fmt::format("{}/runs/{}/attempts/{}/logs/rank-0.log", home_, run, attempt));
@@ -700,16 +709,8 @@ TEST_F(KubeBackendTest, MetricsWrittenInEachRanksPodReachTheRunsEvidence) {
   EXPECT_EQ(lines(),
             (std::multiset<std::string>{point("loss", 1, 0.5), point("loss", 2, 0.25),
                                         point("loss", 3, 0.125), point("rank1_loss", 1, 0.75)}));
-  std::vector<int64_t> steps;
-  ASSERT_TRUE(WaitFor([&] {
-    auto history =
-        evidence::LoadMetricHistory(layout::MetricsFile(layout::EvidenceDir(home_, name)));
-    steps.clear();
-    if (history.ok())
-      for (const auto& p : history->Series("loss", "")) steps.push_back(p.step);
-    return steps.size() == 3;
-  }));
-  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(WaitFor([&] { return EvidenceSteps(name, "loss").size() == 3; }));
+  EXPECT_EQ(EvidenceSteps(name, "loss"), (std::vector<int64_t>{1, 2, 3}));
 }
 
 TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromRaysJobApi) {
@@ -809,16 +810,8 @@ TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromRaysJobApi) {
   ASSERT_TRUE(WaitFor([&] {
     return Log(name, 1) == "ray driver: epoch 1\nray driver: epoch 2\ndone\n";
   })) << Log(name, 1);
-  std::vector<int64_t> steps;
-  ASSERT_TRUE(WaitFor([&] {
-    auto history =
-        evidence::LoadMetricHistory(layout::MetricsFile(layout::EvidenceDir(home_, name)));
-    steps.clear();
-    if (history.ok())
-      for (const auto& p : history->Series("reward", "")) steps.push_back(p.step);
-    return steps.size() == 2;
-  }));
-  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2}));
+  EXPECT_TRUE(WaitFor([&] { return EvidenceSteps(name, "reward").size() == 2; }));
+  EXPECT_EQ(EvidenceSteps(name, "reward"), (std::vector<int64_t>{1, 2}));
   // KubeRay deletes the RayCluster after ttlSecondsAfterFinished but keeps the RayJob, which
   // holds the code: tau deletes it then.
   ASSERT_TRUE(WaitFor(
