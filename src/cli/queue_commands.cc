@@ -75,7 +75,8 @@ static int CmdPlatformShow(const Global& g, Format format) {
 static int CmdQueues(const Global& g, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto got = client::TauApi(conn->get()).GetQueues();
+  // The table and the names need the counts only: a deep queue's runs are most of the reply.
+  auto got = client::TauApi(conn->get()).GetQueues(/*summary=*/!IsData(format));
   if (!got.ok()) return Fail(got.status().message());
   if (IsData(format)) return PrintData(got->ToJson(), format);
   if (format == Format::kName) {

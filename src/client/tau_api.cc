@@ -83,7 +83,9 @@ Status TauApi::Resume(const std::string& name, const std::string& from, bool for
   return CallJson("POST", "/api/v1/runs/" + E(name) + "/resume", JsonText(body)).status();
 }
 
-Result<api::Queues> TauApi::GetQueues() { return Typed<api::Queues>("GET", "/api/v1/queues"); }
+Result<api::Queues> TauApi::GetQueues(bool summary) {
+  return Typed<api::Queues>("GET", summary ? "/api/v1/queues?summary=1" : "/api/v1/queues");
+}
 
 Result<api::Queue> TauApi::GetQueue(const std::string& name) {
   TAU_ASSIGN_OR_RETURN(api::QueueReply reply,

@@ -52,7 +52,8 @@ class TauApi {
   Result<api::Submitted> Rerun(const std::string& name);
   Status Cancel(const std::string& name);
   Status Resume(const std::string& name, const std::string& from, bool force);
-  Result<api::Queues> GetQueues();
+  // `summary`: without each queue's runs (their counts stay).
+  Result<api::Queues> GetQueues(bool summary = false);
   Result<api::Queue> GetQueue(const std::string& name);
   Result<api::Capacity> GetCapacity();
 

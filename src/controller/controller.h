@@ -118,8 +118,9 @@ class Controller : private RunHost {
   nlohmann::json PendingInfo(const std::string& name);
   nlohmann::json Capacity();
   // Queues: usage against quota per flavor and resource, admitted and pending runs with their
-  // positions and reasons, as of the last scheduling pass.
-  nlohmann::json Queues();
+  // positions and reasons, as of the last scheduling pass. `summary`: without the runs (their
+  // counts stay), what `tau queues` and the metrics need: a deep queue's runs are most of it.
+  nlohmann::json Queues(bool summary = false);
 
   // The platform in force and where it came from.
   struct PlatformView {

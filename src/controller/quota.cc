@@ -110,10 +110,24 @@ Status Controller::ApplyPlatform(const std::string& yaml, const std::string& fil
   return Status::Ok();
 }
 
-nlohmann::json Controller::Queues() {
+nlohmann::json Controller::Queues(bool summary) {
   MutexLock lock(&mu_);
   FreshViews();
-  return queues_info_;
+  if (!summary) return queues_info_;
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, value] : queues_info_.items()) {
+    if (key != "queues") {
+      out[key] = value;
+      continue;
+    }
+    nlohmann::json& queues = out[key] = nlohmann::json::array();
+    for (const nlohmann::json& q : value) {
+      nlohmann::json& copy = queues.emplace_back(nlohmann::json::object());
+      for (const auto& [field, v] : q.items())
+        if (field != "pending_runs" && field != "admitted_runs") copy[field] = v;
+    }
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -360,7 +360,7 @@ std::string RenderAllMetrics(Controller* controller, store::Store* store,
       runs.push_back(
           {{{"state", c.state}, {"workspace", c.workspace}}, static_cast<double>(c.runs)});
   out += RenderGauge("tau_runs", "Runs in the store by state and workspace.", runs);
-  json queues = controller->Queues();
+  json queues = controller->Queues(/*summary=*/true);
   std::vector<std::pair<Labels, double>> pending, admitted, usage, nominal, borrowed;
   for (const json& q : queues.value("queues", json::array())) {
     std::string name = q.value("name", "");
@@ -501,11 +501,13 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                api->Audit(req, caller.who, 200, "platform.apply", body->file);
                http::Reply(res, 200, {{"applied", body->file}});
              });
-  api->Route(
-      "GET", "/api/v1/queues", Access::kSignedIn,
-      [controller](const http::HttpRequest&, http::HttpResponse& res, const CallerContext& caller) {
-        http::Reply(res, 200, FilterQueues(controller->Queues(), caller));
-      });
+  api->Route("GET", "/api/v1/queues", Access::kSignedIn,
+             [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                          const CallerContext& caller) {
+               // ?summary=1: the queues without their runs (counts stay), for `tau queues`.
+               const bool summary = req.get_param_value("summary") == "1";
+               http::Reply(res, 200, FilterQueues(controller->Queues(summary), caller));
+             });
   api->Route("GET", R"(/api/v1/queues/([^/]+))", Access::kSignedIn,
              [controller](const http::HttpRequest& req, http::HttpResponse& res,
                           const CallerContext& caller) {

@@ -320,6 +320,8 @@ class ApiGoldenTest(ServerTestCase):
         self.reply("run_waiting", f"/api/v1/runs/{waiting}")
         self.reply("run_holder", f"/api/v1/runs/{holder}")
         self.reply("queues_busy", "/api/v1/queues")
+        # What `tau queues` asks: the same queues without their runs, the counts kept.
+        self.reply("queues_busy_summary", "/api/v1/queues?summary=1")
         self.reply("queue_main_busy", "/api/v1/queues/main")
         self.reply("capacity_busy", "/api/v1/capacity")
         self.reply("runs_active", "/api/v1/runs?active=1")
