@@ -173,8 +173,8 @@ class Reader {
   }
   // `read(item_json, item_path, &item)` for each element.
   template <typename T, typename F>
-  void List(const char* key, std::vector<T>* out, F read) {
-    const json* v = Member(key);
+  void List(const char* key, std::vector<T>* out, F read, bool required = true) {
+    const json* v = Member(key, required);
     if (v == nullptr) return;
     if (!v->is_array()) return Wrong(key, *v, "an array");
     out->clear();
@@ -439,8 +439,9 @@ Status ReadQueue(const json& j, const std::string& path, Queue* out) {
   r.List("usage", &out->usage, ReadUsage);
   r.Int("admitted", &out->admitted);
   r.Int("pending", &out->pending);
-  r.List("admitted_runs", &out->admitted_runs, ReadAdmittedRun);
-  r.List("pending_runs", &out->pending_runs, ReadPendingRun);
+  // Left out of a summary (GET /api/v1/queues?summary=1).
+  r.List("admitted_runs", &out->admitted_runs, ReadAdmittedRun, /*required=*/false);
+  r.List("pending_runs", &out->pending_runs, ReadPendingRun, /*required=*/false);
   return r.Finish(&out->extra);
 }
 

@@ -147,6 +147,18 @@ TEST(ApiTypes, QueuesRoundTripWithHiddenRuns) {
   EXPECT_FALSE(main.pending_runs.at(0).pending.detail.has_value());
 }
 
+TEST(ApiTypes, AQueueSummaryHasItsCountsWithoutItsRuns) {
+  nlohmann::json summary = QueuesReply();
+  for (nlohmann::json& q : summary["queues"]) {
+    q.erase("admitted_runs");
+    q.erase("pending_runs");
+  }
+  Result<Queues> q = Queues::FromJson(summary);
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(q->queues.at(0).pending, QueuesReply()["queues"][0]["pending"].get<int64_t>());
+  EXPECT_TRUE(q->queues.at(0).pending_runs.empty());
+}
+
 TEST(ApiTypes, CapacityAndVersionRoundTrip) {
   ExpectRoundTrip<Capacity>({{"gpus_total", 8},
                              {"gpus_free", 6},
