@@ -41,6 +41,9 @@ struct QuotaBook {
   std::map<std::string, bool> in_engine;                  // run -> holds quota (else pending in it)
   std::map<std::string, std::string> outside;             // run -> why the engine cannot take it
   std::map<std::string, admission::PendingInfo> pending;  // as of the last cycle
+  // `pending` is to be read again from the engine before it is used: a cycle ran since. Read only
+  // when the views are built (O(pending runs)), not after every cycle.
+  bool pending_stale = false;
 };
 
 // The controller as its backend sees it.

@@ -160,14 +160,13 @@ void Controller::SyncEngine() {
       const RunRecord& r = run.record;
       if (store::IsTerminal(r.state)) continue;
       const bool holds = r.flavors.is_object() && !r.flavors.empty();
-      // A run whose ended attempt's metric points are still being read waits: its next attempt
-      // would append to the same file.
       const bool waits = r.state == RunState::kQueued && !holds && !r.cancel_requested &&
-                         !(r.not_before_ms && *r.not_before_ms > now) && !evidence_->Draining(name);
+                         !(r.not_before_ms && *r.not_before_ms > now);
       auto it = quota_.in_engine.find(name);
       if (it != quota_.in_engine.end()) {
         // Gone from the queue, or (Kubernetes: Kueue admitted it) holding quota now while the
-        // engine has it pending: taken out, and a holder is added again below.
+        // engine has it pending: taken out, and a holder is added again below. (One waiting in
+        // the engine has had no attempt since it was added, so it has not begun draining.)
         bool stale = holders && ((!holds && !waits) || (holds && !it->second));
         if (!stale) continue;
         (void)quota_.engine->RemoveWorkload(name);
@@ -175,6 +174,9 @@ void Controller::SyncEngine() {
         if (!holds) continue;
       }
       if (holds != holders || (!holds && !waits) || quota_.outside.count(name)) continue;
+      // A run whose ended attempt's metric points are still being read waits: its next attempt
+      // would append to the same file. (Asked last: it takes the evidence worker's lock.)
+      if (!holds && evidence_->Draining(name)) continue;
       admission::Workload w = run.workload;
       if (holds) {
         w.admission = AssignmentFromJson(r.flavors);
@@ -413,6 +415,12 @@ void Controller::RefreshPending(int64_t writes) {
 
 void Controller::BuildViews() {
   int64_t now = Now();
+  if (quota_.pending_stale && quota_.engine) {
+    quota_.pending.clear();
+    for (admission::PendingInfo& p : quota_.engine->Pending())
+      quota_.pending[p.name] = std::move(p);
+    quota_.pending_stale = false;
+  }
   std::map<std::string, nlohmann::json> info;
   size_t queued = 0;
   for (const auto& [name, run] : active_) {

@@ -873,9 +873,7 @@ void LocalBackend::AdmitQueued(Batch* batch, std::vector<std::string>* to_start)
     }
     if (result.admitted.empty() && result.preempted.empty()) break;
   }
-  quota().pending.clear();
-  for (admission::PendingInfo& p : quota().engine->Pending())
-    quota().pending[p.name] = std::move(p);
+  quota().pending_stale = true;
 
   // Placement, in submission order: every run that holds quota and is not yet on the machine.
   std::vector<ActiveRun*> holding;
