@@ -71,6 +71,10 @@ json SetupContainer(const RunContext& ctx, bool pip, const json& resources);
 // The native sidecar that prints what the worker appends to kMetricsFile (its log is the pod's
 // metrics), the volume it shares with the worker, and the worker's mount of it.
 json MetricsSidecar(const RunContext& ctx);
+// An init container `name` that copies the files under `from` in `image` into `volume`, mounted
+// at `into` (storage.image_assets, run.source's code).
+json CopyContainer(const RunContext& ctx, const std::string& name, const std::string& image,
+                   const std::string& from, const std::string& volume, const std::string& into);
 // run.source: the init container that copies the code out of its image into the code volume.
 json SourceContainer(const RunContext& ctx);
 json MetricsVolume();

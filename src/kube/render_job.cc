@@ -120,17 +120,9 @@ std::vector<json> RenderJob(const RunContext& ctx) {
   // their own by an init container, then mounted read-only where the spec says.
   for (const spec::ImageAsset& a : s.storage.image_assets) {
     const std::string volume = "tau-asset-" + a.name;
-    const std::string source = a.source_path.empty() ? "/" : a.source_path;
     pod["volumes"].push_back({{"name", volume}, {"emptyDir", json::object()}});
-    json copy = {
-        {"name", volume},
-        {"image", a.image},
-        {"command", {"/bin/cp", "-a", source + (source.back() == '/' ? "." : "/."), "/tau/asset"}},
-        {"volumeMounts", {{{"name", volume}, {"mountPath", "/tau/asset"}}}}};
-    if (s.runtime.security_mode == "restricted")
-      copy["securityContext"] = {{"allowPrivilegeEscalation", false},
-                                 {"capabilities", {{"drop", {"ALL"}}}}};
-    pod["initContainers"].push_back(copy);
+    pod["initContainers"].push_back(
+        CopyContainer(ctx, volume, a.image, a.source_path, volume, "/tau/asset"));
     container["volumeMounts"].push_back(
         {{"name", volume}, {"mountPath", a.mount_path}, {"readOnly", true}});
   }

@@ -435,15 +435,22 @@ json MetricsSidecar(const RunContext& ctx) {
   return c;
 }
 
-json SourceContainer(const RunContext& ctx) {
-  const std::string& path = ctx.spec->source.path;
-  json c = {{"name", kSourceContainer},
-            {"image", ctx.spec->source.image},
-            {"command", {"/bin/cp", "-a", path + (path.back() == '/' ? "." : "/."), kCodeDir}},
-            {"env", {EnvEntry("NVIDIA_VISIBLE_DEVICES", "void")}},
-            {"volumeMounts", {{{"name", kCodeVolume}, {"mountPath", kCodeDir}}}}};
+json CopyContainer(const RunContext& ctx, const std::string& name, const std::string& image,
+                   const std::string& from, const std::string& volume, const std::string& into) {
+  const std::string source = from.empty() ? "/" : from;
+  json c = {{"name", name},
+            {"image", image},
+            {"command", {"/bin/cp", "-a", source + (source.back() == '/' ? "." : "/."), into}},
+            {"volumeMounts", {{{"name", volume}, {"mountPath", into}}}}};
   if (ctx.spec->runtime.security_mode == "restricted")
     c["securityContext"] = ContainerSecurity(ctx);
+  return c;
+}
+
+json SourceContainer(const RunContext& ctx) {
+  json c = CopyContainer(ctx, kSourceContainer, ctx.spec->source.image, ctx.spec->source.path,
+                         kCodeVolume, kCodeDir);
+  c["env"] = {EnvEntry("NVIDIA_VISIBLE_DEVICES", "void")};
   return c;
 }
 

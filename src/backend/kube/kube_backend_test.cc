@@ -234,6 +234,14 @@ class KubeBackendTest : public testutil::ControllerFixture {
       for (const auto& p : history->Series(metric, "")) steps.push_back(p.step);
     return steps;
   }
+  // The kubelet and the Job controller: the worker exited 0, the Job is Complete.
+  void Succeed(const std::string& run, int attempt) {
+    SetPodStatus(run, attempt,
+                 {{"phase", "Succeeded"},
+                  {"containerStatuses",
+                   {{{"name", "worker"}, {"state", {{"terminated", {{"exitCode", 0}}}}}}}}});
+    SetJobCondition(run, attempt, "Complete", "Completed");
+  }
   std::string Log(const std::string& run, int attempt) {
     auto text =
         ReadFile(fmt::format("{}/runs/{}/attempts/{}/logs/rank-0.log", home_, run, attempt));
@@ -297,11 +305,7 @@ TEST_F(KubeBackendTest, RunGoesThroughKueueAndKeepsItsLogs) {
       << Log(name, 1);
 
   fake_.EndLog("default", PodName(name, 1));
-  SetPodStatus(name, 1,
-               {{"phase", "Succeeded"},
-                {"containerStatuses",
-                 {{{"name", "worker"}, {"state", {{"terminated", {{"exitCode", 0}}}}}}}}});
-  SetJobCondition(name, 1, "Complete", "Completed");
+  Succeed(name, 1);
   ASSERT_TRUE(WaitForState(name, RunState::kSucceeded));
   EXPECT_EQ(Run(name).exit_code, 0);
   // The pod may go; the log stays with the run.
@@ -1099,11 +1103,7 @@ TEST_F(KubeBackendTest, AFinishedJobGoneWithItsTtlLeavesTheRunSucceeded) {
   ASSERT_TRUE(WaitForState(name, RunState::kRunning));
   fake_.AppendLog("default", PodName(name, 1), "hello\n");
   fake_.EndLog("default", PodName(name, 1));
-  SetPodStatus(name, 1,
-               {{"phase", "Succeeded"},
-                {"containerStatuses",
-                 {{{"name", "worker"}, {"state", {{"terminated", {{"exitCode", 0}}}}}}}}});
-  SetJobCondition(name, 1, "Complete", "Completed");
+  Succeed(name, 1);
   ASSERT_TRUE(WaitForState(name, RunState::kSucceeded));
   ASSERT_TRUE(WaitFor([&] {
     return Job(name, 1).is_null() && fake_.Object("v1/pods", "default", PodName(name, 1)).is_null();
