@@ -632,17 +632,24 @@ class ProtoReader {
   size_t pos_ = 0;
 };
 
-// A map<string,string> entry (key 1, value 2) into `out`.
-bool ReadProtoMapEntry(std::string_view entry, json* out) {
-  ProtoReader r(entry);
-  std::string key, value;
+// The string fields 1 and 2 of a message (a map entry's key and value, TypeMeta's apiVersion and
+// kind); false when it is malformed.
+bool ReadProtoFields12(std::string_view message, std::string* one, std::string* two) {
+  ProtoReader r(message);
   while (!r.done()) {
     uint64_t field = 0;
     std::string_view bytes;
     if (!r.Next(&field, &bytes)) return false;
-    if (field == 1) key = bytes;
-    if (field == 2) value = bytes;
+    if (field == 1) *one = bytes;
+    if (field == 2) *two = bytes;
   }
+  return true;
+}
+
+// A map<string,string> entry (key 1, value 2) into `out`.
+bool ReadProtoMapEntry(std::string_view entry, json* out) {
+  std::string key, value;
+  if (!ReadProtoFields12(entry, &key, &value)) return false;
   (*out)[key] = value;
   return true;
 }
@@ -658,15 +665,7 @@ json DecodeProtobufNamespace(std::string_view body) {
     std::string_view bytes;
     if (!envelope.Next(&field, &bytes)) return nullptr;
     if (field == 2) raw = bytes;
-    if (field != 1) continue;
-    ProtoReader type_meta(bytes);
-    while (!type_meta.done()) {
-      uint64_t f = 0;
-      std::string_view b;
-      if (!type_meta.Next(&f, &b)) return nullptr;
-      if (f == 1) api_version = b;
-      if (f == 2) kind = b;
-    }
+    if (field == 1 && !ReadProtoFields12(bytes, &api_version, &kind)) return nullptr;
   }
   if (api_version != "v1" || kind != "Namespace") return nullptr;
   json metadata = json::object();
