@@ -450,7 +450,7 @@ json CopyContainer(const RunContext& ctx, const std::string& name, const std::st
 json SourceContainer(const RunContext& ctx) {
   json c = CopyContainer(ctx, kSourceContainer, ctx.spec->source.image, ctx.spec->source.path,
                          kCodeVolume, kCodeDir);
-  c["env"] = {EnvEntry("NVIDIA_VISIBLE_DEVICES", "void")};
+  c["env"] = json::array({EnvEntry("NVIDIA_VISIBLE_DEVICES", "void")});
   return c;
 }
 
