@@ -238,6 +238,9 @@ class Engine {
   std::vector<std::string> Admitted() const;
   // Workloads chosen as victims and not yet evicted.
   std::vector<std::string> PreemptedAwaitingEviction() const;
+  // How many workloads' room the engine holds: the most it has had at once, not how many it has
+  // had in all (a removed workload's room is reused).
+  size_t WorkloadSlots() const;
 
   struct Impl;
 

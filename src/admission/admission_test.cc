@@ -717,6 +717,58 @@ TEST(AdmissionEngineTest, BestEffortFifoParksEquivalentWorkloadsUntilQuotaIsRele
   EXPECT_EQ(r.admitted[0].name, "big0");
 }
 
+TEST(AdmissionEngineTest, RemovedWorkloadsGiveTheirRoomBack) {
+  Config config;
+  config.flavors = {{"default", {}}};
+  config.queues = {MakeQueue("q", "", CpuGroup("default", 2))};
+  Engine engine = std::move(Engine::Create(config)).value();
+  // A long life of short runs, three at a time: the engine keeps room for the three.
+  for (int i = 0; i < 3000; ++i) {
+    ASSERT_TRUE(engine.AddWorkload(MakeWorkload("w" + std::to_string(i), "q", 1, 0, i)).ok());
+    engine.RunCycle({});
+    if (i >= 2) {
+      ASSERT_TRUE(engine.RemoveWorkload("w" + std::to_string(i - 2)).ok());
+    }
+  }
+  EXPECT_LE(engine.WorkloadSlots(), 3u);
+  ASSERT_EQ(engine.RunCycle({}).admitted.size(), 1u);  // the last one, in the room w2997 left
+  EXPECT_EQ(engine.Admitted(), (std::vector<std::string>{"w2998", "w2999"}));
+}
+
+TEST(AdmissionEngineTest, AReusedSlotIsNotWokenFromTheParkedListOfItsLastWorkload) {
+  Config config;
+  config.flavors = {{"default", {}}};
+  ClusterQueue a = MakeQueue("a", "", CpuGroup("default", 1));
+  a.preemption.within_cluster_queue = WithinClusterQueue::kLowerPriority;
+  ClusterQueue b = MakeQueue("b", "", CpuGroup("default", 1));
+  b.preemption.within_cluster_queue = WithinClusterQueue::kLowerPriority;
+  config.queues = {a, b};
+  Engine engine = std::move(Engine::Create(config)).value();
+  ASSERT_TRUE(engine.AddWorkload(MakeWorkload("a-high", "a", 1, 10)).ok());
+  ASSERT_TRUE(engine.AddWorkload(MakeWorkload("b-high", "b", 1, 10)).ok());
+  ASSERT_EQ(engine.RunCycle({}).admitted.size(), 2u);
+  // A lower priority run could only preempt, and finds nothing to preempt: parked in a.
+  ASSERT_TRUE(engine.AddWorkload(MakeWorkload("a-low", "a", 1, 0)).ok());
+  CycleResult r = engine.RunCycle({});
+  ASSERT_EQ(r.pending.size(), 1u);
+  ASSERT_TRUE(r.pending[0].inadmissible);
+  // Removed while parked: a's parked list still names its slot, which b-low now takes, and b-low
+  // is parked in b the same way.
+  ASSERT_TRUE(engine.RemoveWorkload("a-low").ok());
+  ASSERT_TRUE(engine.AddWorkload(MakeWorkload("b-low", "b", 1, 0)).ok());
+  ASSERT_EQ(engine.WorkloadSlots(), 3u);
+  r = engine.RunCycle({});
+  ASSERT_EQ(r.pending.size(), 1u);
+  ASSERT_TRUE(r.pending[0].inadmissible);
+  // Quota released in a wakes a's parked list: b-low stays parked, as nothing changed in b.
+  ASSERT_TRUE(engine.FinishWorkload("a-high").ok());
+  r = engine.RunCycle({});
+  EXPECT_EQ(r.heads, 0);
+  ASSERT_EQ(r.pending.size(), 1u);
+  EXPECT_EQ(r.pending[0].name, "b-low");
+  EXPECT_TRUE(r.pending[0].inadmissible);
+}
+
 TEST(AdmissionEngineTest, VictimsKeepQuotaUntilEvicted) {
   Config config;
   config.flavors = {{"default", {}}};

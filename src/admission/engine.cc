@@ -392,8 +392,18 @@ Status Engine::AddWorkload(const Workload& workload) {
     w.state = WorkloadState::kAdmitted;
   }
   w.eq_hash = EquivalenceHash(w);
-  int id = static_cast<int>(m.wls.size());
-  m.wls.push_back(std::move(w));
+  int id;
+  if (m.free_wls.empty()) {
+    id = static_cast<int>(m.wls.size());
+    m.wls.push_back(std::move(w));
+  } else {
+    id = m.free_wls.back();
+    m.free_wls.pop_back();
+    // A queue's parked list may still name the slot with a sequence number of the workload that
+    // had it: numbering goes on from there, so such an entry never matches the new one.
+    w.park_seq = m.wls[id].park_seq;
+    m.wls[id] = std::move(w);
+  }
   m.wl_by_name[workload.name] = id;
   if (m.wls[id].state == WorkloadState::kAdmitted) {
     m.Charge(id, +1);
@@ -422,6 +432,12 @@ Status Engine::RemoveWorkload(const std::string& name) {
   }
   w.alive = false;
   m.wl_by_name.erase(name);
+  // Only the parked-list bookkeeping outlives it (see AddWorkload).
+  Wl freed;
+  freed.alive = false;
+  freed.park_seq = w.park_seq;
+  w = std::move(freed);
+  m.free_wls.push_back(id);
   return Status::Ok();
 }
 
@@ -500,6 +516,8 @@ Result<std::vector<ResourceUsage>> Engine::CohortUsage(const std::string& cohort
   }
   return NodeUsage(*impl_, it->second);
 }
+
+size_t Engine::WorkloadSlots() const { return impl_->wls.size(); }
 
 std::vector<std::string> Engine::Admitted() const {
   std::vector<std::string> out;

@@ -160,6 +160,9 @@ struct Engine::Impl {
   std::vector<int> fr_flavor, fr_resource;
   std::vector<uint64_t> epoch;  // per root node: bumps when quota is released in the tree
   std::vector<Wl> wls;
+  // Slots of removed workloads, reused by the next ones: the engine's memory follows the
+  // workloads it has, not every workload it ever had.
+  std::vector<int> free_wls;
   std::unordered_map<std::string, int> wl_by_name;
   // Per root node: ClusterQueues of the tree (for candidate search).
   std::vector<std::vector<int>> tree_cqs;
