@@ -311,6 +311,7 @@ function renderQueues(body) {
     ${(q.pending_runs || []).length === 0 ? raw('<p class="muted">None.</p>') : raw(html`<table class="pending"><thead><tr><th>Position</th><th>Run</th><th>Priority</th><th>Reason</th></tr></thead><tbody>
       ${q.pending_runs.map((p) => raw(html`<tr data-run="${p.name}"><td>${p.position ?? "—"}</td><td><a href="#/runs/${p.name}">${p.name}</a></td><td>${p.priority}</td>
         <td class="reason">${p.code ? p.code + ": " : ""}${p.reason}${p.detail ? " (" + p.detail + ")" : ""}</td></tr>`))}</tbody></table>`)}
+    ${q.pending > (q.pending_runs || []).length ? raw(html`<p class="muted more">and ${q.pending - (q.pending_runs || []).length} more behind them</p>`) : ""}
     <h3>Admitted</h3>
     ${(q.admitted_runs || []).length === 0 ? raw('<p class="muted">None.</p>') : raw(html`<table><thead><tr><th>Run</th><th>State</th><th>Priority</th></tr></thead><tbody>
       ${q.admitted_runs.map((a) => raw(html`<tr><td><a href="#/runs/${a.name}">${a.name}</a></td><td>${state(a.state)}</td><td>${a.priority}</td></tr>`))}</tbody></table>`)}
@@ -320,8 +321,8 @@ function renderQueues(body) {
 async function viewQueues() {
   $view.innerHTML = '<h1>Queues</h1><div id="queues"><p class="muted">Loading…</p></div>';
   const box = document.getElementById("queues");
-  try { box.innerHTML = renderQueues(await api("/api/v1/queues")); } catch (e) { box.innerHTML = html`<p class="error">${e.message}</p>`; }
-  // The stream sends the whole queue view whenever it changes.
+  try { box.innerHTML = renderQueues(await api("/api/v1/queues?limit=100")); } catch (e) { box.innerHTML = html`<p class="error">${e.message}</p>`; }
+  // The stream sends the queue view (each queue's first 100 pending runs) whenever it changes.
   onLive = (type, data) => { if (type === "queues") box.innerHTML = renderQueues(data); };
 }
 

@@ -38,12 +38,35 @@ namespace tau::server {
 // it mirrors what Kueue admitted, for `tau queues`.
 struct QuotaBook {
   std::optional<admission::Engine> engine;
-  std::map<std::string, bool> in_engine;                  // run -> holds quota (else pending in it)
+  // The engine's workloads: run -> holds quota (else pending in it). Changed only through
+  // SetInEngine and EraseFromEngine, which keep `holders()` in step: the runs holding quota, few
+  // whatever the queues' depth, so what looks at them costs no walk of the queued runs.
+  const std::map<std::string, bool>& in_engine() const { return in_engine_; }
+  const std::set<std::string>& holders() const { return holders_; }
+  void SetInEngine(const std::string& run, bool holds) {
+    in_engine_[run] = holds;
+    if (holds)
+      holders_.insert(run);
+    else
+      holders_.erase(run);
+  }
+  bool EraseFromEngine(const std::string& run) {  // true when the engine had it
+    holders_.erase(run);
+    return in_engine_.erase(run) > 0;
+  }
+  void ClearEngine() {
+    in_engine_.clear();
+    holders_.clear();
+  }
   std::map<std::string, std::string> outside;             // run -> why the engine cannot take it
   std::map<std::string, admission::PendingInfo> pending;  // as of the last cycle
   // `pending` is to be read again from the engine before it is used: a cycle ran since. Read only
   // when the views are built (O(pending runs)), not after every cycle.
   bool pending_stale = false;
+
+ private:
+  std::map<std::string, bool> in_engine_;
+  std::set<std::string> holders_;
 };
 
 // The controller as its backend sees it.

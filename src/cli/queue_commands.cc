@@ -93,10 +93,19 @@ static int CmdQueues(const Global& g, Format format) {
   return 0;
 }
 
-static int CmdQueueShow(const Global& g, const std::string& name, Format format) {
+// A page of the pending line: a deep queue's whole line is most of the reply and none of what a
+// reader takes in.
+struct QueuePage {
+  int64_t offset = 0;
+  int64_t limit = 50;
+  bool all = false;
+};
+
+static int CmdQueueShow(const Global& g, const std::string& name, const QueuePage& page,
+                        Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto got = client::TauApi(conn->get()).GetQueue(name);
+  auto got = client::TauApi(conn->get()).GetQueue(name, page.offset, page.all ? -1 : page.limit);
   if (!got.ok()) return Fail(got.status().message());
   const api::Queue& q = *got;
   if (IsData(format)) return PrintData(q.ToJson(), format);
@@ -114,6 +123,14 @@ static int CmdQueueShow(const Global& g, const std::string& name, Format format)
   if (!admitted.empty()) PrintTable({"RUN", "STATE", "PRIORITY"}, admitted);
   std::printf("\npending (%lld):\n", static_cast<long long>(q.pending));
   if (!q.pending_runs.empty()) PrintPending(q.pending_runs);
+  const int64_t shown_to = page.offset + static_cast<int64_t>(q.pending_runs.size());
+  if (q.pending > static_cast<int64_t>(q.pending_runs.size()))
+    std::printf(
+        "(positions %lld to %lld of %lld shown: --offset %lld for the next page, --all for "
+        "every run)\n",
+        static_cast<long long>(q.pending_runs.empty() ? 0 : page.offset + 1),
+        static_cast<long long>(shown_to), static_cast<long long>(q.pending),
+        static_cast<long long>(shown_to));
   return 0;
 }
 
@@ -122,6 +139,7 @@ void RegisterQueueCommands(CLI::App* app, Context* ctx) {
     std::vector<std::string> platform_files;
     std::string apply_file, queue_name;
     bool quiet = false;
+    QueuePage page;
   };
   auto a = std::make_shared<Args>();
   const Global& g = ctx->g;
@@ -154,9 +172,14 @@ void RegisterQueueCommands(CLI::App* app, Context* ctx) {
   queue->require_subcommand(1);
   auto* qshow = queue->add_subcommand("show", "A queue's usage, admitted runs and pending line");
   qshow->add_option("name", a->queue_name, "Queue name")->required();
+  qshow->add_option("--limit", a->page.limit, "Show at most this many pending runs (default 50)")
+      ->check(CLI::Range(int64_t{0}, int64_t{INT32_MAX}));
+  qshow->add_option("--offset", a->page.offset, "Skip this many pending runs from the head")
+      ->check(CLI::Range(int64_t{0}, int64_t{INT32_MAX}));
+  qshow->add_flag("--all", a->page.all, "Show every pending run");
   auto qshow_format = AddOutput(qshow, ctx);
   qshow->callback([=, &g] {
-    if (auto f = qshow_format()) ctx->rc = CmdQueueShow(g, a->queue_name, *f);
+    if (auto f = qshow_format()) ctx->rc = CmdQueueShow(g, a->queue_name, a->page, *f);
   });
 }
 

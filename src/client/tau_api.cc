@@ -87,9 +87,10 @@ Result<api::Queues> TauApi::GetQueues(bool summary) {
   return Typed<api::Queues>("GET", summary ? "/api/v1/queues?summary=1" : "/api/v1/queues");
 }
 
-Result<api::Queue> TauApi::GetQueue(const std::string& name) {
-  TAU_ASSIGN_OR_RETURN(api::QueueReply reply,
-                       Typed<api::QueueReply>("GET", "/api/v1/queues/" + E(name)));
+Result<api::Queue> TauApi::GetQueue(const std::string& name, int64_t offset, int64_t limit) {
+  std::string path = "/api/v1/queues/" + E(name) + "?offset=" + std::to_string(offset);
+  if (limit >= 0) path += "&limit=" + std::to_string(limit);
+  TAU_ASSIGN_OR_RETURN(api::QueueReply reply, Typed<api::QueueReply>("GET", path));
   return std::move(reply.queue);
 }
 

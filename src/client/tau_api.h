@@ -54,7 +54,9 @@ class TauApi {
   Status Resume(const std::string& name, const std::string& from, bool force);
   // `summary`: without each queue's runs (their counts stay).
   Result<api::Queues> GetQueues(bool summary = false);
-  Result<api::Queue> GetQueue(const std::string& name);
+  // A queue with its pending runs from position `offset` + 1, at most `limit` of them (the counts
+  // are the whole queue's); `limit` < 0: all of them.
+  Result<api::Queue> GetQueue(const std::string& name, int64_t offset = 0, int64_t limit = -1);
   Result<api::Capacity> GetCapacity();
 
   // Platform policy. `yaml` is checked again by the server; `file` names it in the record.

@@ -74,6 +74,7 @@ Status Controller::Start() {
   Batch batch;
   Recover(&batch);
   CommitOrDie(std::move(batch));
+  sync_all_ = true;  // the first pass gives the engine every recovered run
   RefreshPending(0);
   BuildViews();  // the views of what was recovered, before the loop runs
   evidence_->Start();
@@ -471,7 +472,7 @@ void Controller::ReleaseResources(ActiveRun& run) {
   // for a new one.
   if (!store::IsTerminal(r.state)) r.admitted_ms.reset();
   r.flavors = nlohmann::json::object();
-  if (quota_.in_engine.erase(r.name)) (void)quota_.engine->RemoveWorkload(r.name);
+  if (quota_.EraseFromEngine(r.name)) (void)quota_.engine->RemoveWorkload(r.name);
   quota_.outside.erase(r.name);
 }
 
@@ -623,8 +624,19 @@ void Controller::Pass(InboxTake take) {
     RebuildEngine();
   }
   Batch batch;
+  // The runs this pass changes (each change is in a batch, to be committed): the engine's view of
+  // them is checked (those changed after SyncEngine, in the next pass), and those that ended
+  // leave the active set.
+  std::set<std::string> touched;
+  auto changed = [&](const Batch& b) {
+    for (const store::RunProgress& r : b.runs) {
+      touched.insert(r.name);
+      sync_changed_.insert(r.name);
+    }
+  };
   for (NewRun& n : take.new_runs) {
     if (active_.count(n.name)) continue;
+    sync_changed_.insert(n.name);
     if (n.run) {
       active_[n.name] = std::move(*n.run);
       continue;
@@ -646,14 +658,17 @@ void Controller::Pass(InboxTake take) {
   for (const AttemptExited& e : take.exits) backend_->HandleExit(e.name, &batch);
   for (const ClusterNews& n : take.cluster_news) backend_->HandleNews(n, &batch);
   for (const CancelRequest& c : take.cancels) HandleCancel(c.name, &batch);
+  changed(batch);
   SyncEngine();
   backend_->Schedule(&batch);
+  changed(batch);
   // Durable first: admissions, exits, cancels and new attempts are committed before any process
   // is started or stopped, or any object created on the cluster.
   CommitOrDie(std::move(batch));
   backend_->Committed();
   Batch started;
   backend_->Launch(&started);
+  changed(started);
   CommitOrDie(std::move(started));
   backend_->Launched();
   std::vector<std::vector<evidence::GpuSample>> samples;
@@ -662,14 +677,19 @@ void Controller::Pass(InboxTake take) {
   // Terminal runs leave the active set once their final state is committed (the store has
   // assigned the events' hashes their records hold): their records go to the evidence worker,
   // which reads the rest of their metrics, compacts them and saves the final record.
-  for (auto it = active_.begin(); it != active_.end();) {
-    if (!store::IsTerminal(it->second.record.state)) {
-      ++it;
+  for (const std::string& name : touched) {
+    auto it = active_.find(name);
+    if (it == active_.end()) continue;
+    const RunRecord& r = it->second.record;
+    if (!store::IsTerminal(r.state)) {
+      // Backing off since SyncEngine looked: the loop wakes when the backoff ends.
+      if (r.state == RunState::kQueued && r.not_before_ms)
+        sync_backoff_.insert({*r.not_before_ms, name});
       continue;
     }
     evidence_->HandOff(it->first, std::move(it->second.record));
     backend_->Forget(it->first);
-    it = active_.erase(it);
+    active_.erase(it);
   }
   RefreshPending(take_writes);
 }
@@ -679,9 +699,8 @@ void Controller::Pass(InboxTake take) {
 int64_t Controller::NextWakeMillis() {
   int64_t now = Now();
   int64_t wake = 1000;
-  for (const auto& [name, run] : active_)
-    if (run.record.state == RunState::kQueued && run.record.not_before_ms)
-      wake = std::min(wake, std::max<int64_t>(0, *run.record.not_before_ms - now));
+  if (!sync_backoff_.empty())
+    wake = std::min(wake, std::max<int64_t>(0, sync_backoff_.begin()->first - now));
   return backend_->NextWakeMillis(now, wake);
 }
 

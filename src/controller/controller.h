@@ -87,6 +87,14 @@ struct SubmitOutcome {
   bool replayed = false;
 };
 
+// Which part of the queues view a caller wants (Controller::Queues).
+struct QueuesQuery {
+  bool summary = false;     // without the runs (their counts stay): `tau queues`, the metrics
+  std::string queue;        // only this queue ("": every queue)
+  size_t offset = 0;        // each queue's pending runs from this position (0: the head) ...
+  size_t limit = SIZE_MAX;  // ... and at most this many of them
+};
+
 class Controller : private RunHost {
  public:
   Controller(ControllerOptions options, store::Store* store, health::GpuInventory gpus);
@@ -118,9 +126,9 @@ class Controller : private RunHost {
   nlohmann::json PendingInfo(const std::string& name);
   nlohmann::json Capacity();
   // Queues: usage against quota per flavor and resource, admitted and pending runs with their
-  // positions and reasons, as of the last scheduling pass. `summary`: without the runs (their
-  // counts stay), what `tau queues` and the metrics need: a deep queue's runs are most of it.
-  nlohmann::json Queues(bool summary = false);
+  // positions and reasons, as of the last scheduling pass. A deep queue's runs are most of it, so
+  // a caller asks for the part it shows (QueuesQuery).
+  nlohmann::json Queues(const QueuesQuery& query = {});
 
   // The platform in force and where it came from.
   struct PlatformView {
@@ -233,9 +241,33 @@ class Controller : private RunHost {
   // its workloads are kept in step with the runs.
   void RebuildEngine();
   void SyncEngine();
-  nlohmann::json PendingJson(const ActiveRun& run, int64_t now);
-  // `pending` holds PendingJson of every queued run, as RefreshPending computed it.
-  nlohmann::json QueuesJson(int64_t now, const std::map<std::string, nlohmann::json>& pending);
+  // One run's step of SyncEngine, in its pass for runs holding quota (`holders`) or for the
+  // others. Returns whether it changed the engine's workloads (`dry`: whether it would, doing
+  // nothing).
+  bool SyncRun(ActiveRun& run, bool holders, int64_t now, bool dry);
+  // The queues view as BuildViews keeps it: each queue's fields apart from its runs, so that
+  // reading a page of a deep queue costs that page, not the queue.
+  struct QueueView {
+    nlohmann::json fields;  // name, cohort, queueing_strategy, usage, and the counts
+    nlohmann::json admitted_runs = nlohmann::json::array();
+    struct Waiting {
+      std::string name, workspace;
+      int64_t priority = 0;
+      nlohmann::json pending;  // why it waits, when it is not queued (a queued run's is in
+                               // pending_info_)
+    };
+    std::vector<Waiting> pending_runs;  // by position
+  };
+  struct QueuesView {
+    std::vector<QueueView> queues;
+    nlohmann::json cohorts = nlohmann::json::array();
+    nlohmann::json unqueued_runs = nlohmann::json::array();
+  };
+  // Why `run` waits. `usage` caches the engine's usage of each queue for one build.
+  nlohmann::json PendingJson(const ActiveRun& run, int64_t now,
+                             std::map<std::string, std::vector<admission::ResourceUsage>>* usage);
+  // `pending` holds PendingJson of every queued run.
+  QueuesView BuildQueuesView(int64_t now, const std::map<std::string, nlohmann::json>& pending);
   Status LoadPlatformFile();
 
   const ControllerOptions options_;
@@ -249,6 +281,14 @@ class Controller : private RunHost {
   Inbox inbox_;
   std::unique_ptr<EvidenceWorker> evidence_;
 
+  // SyncEngine's work (decision thread only): runs changed since it last looked, runs backing off
+  // (by the time their backoff ends), runs whose last attempt's metrics are still being read, and
+  // whether to look at every run (the engine was rebuilt).
+  std::set<std::string> sync_changed_;
+  std::set<std::pair<int64_t, std::string>> sync_backoff_;
+  std::set<std::string> sync_draining_;
+  bool sync_all_ = true;
+
   Mutex mu_;
   // Held across a keyed submission's lookup and insert, so that two submissions with one key make
   // one run.
@@ -256,7 +296,8 @@ class Controller : private RunHost {
   bool stopping_ TAU_GUARDED_BY(mu_) = false;
   std::map<std::string, nlohmann::json> pending_info_ TAU_GUARDED_BY(mu_);
   nlohmann::json capacity_info_ TAU_GUARDED_BY(mu_);
-  nlohmann::json queues_info_ TAU_GUARDED_BY(mu_);
+  QueuesView queues_info_ TAU_GUARDED_BY(mu_);
+  int64_t views_build_ms_ TAU_GUARDED_BY(mu_) = 0;    // how long the last build took
   int64_t views_generation_ TAU_GUARDED_BY(mu_) = 0;  // bumped at the end of every pass
   int64_t views_built_generation_ TAU_GUARDED_BY(mu_) = -1;
   int64_t views_built_ms_ TAU_GUARDED_BY(mu_) = 0;  // monotonic

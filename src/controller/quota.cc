@@ -110,24 +110,32 @@ Status Controller::ApplyPlatform(const std::string& yaml, const std::string& fil
   return Status::Ok();
 }
 
-nlohmann::json Controller::Queues(bool summary) {
+nlohmann::json Controller::Queues(const QueuesQuery& query) {
   MutexLock lock(&mu_);
   FreshViews();
-  if (!summary) return queues_info_;
-  nlohmann::json out = nlohmann::json::object();
-  for (const auto& [key, value] : queues_info_.items()) {
-    if (key != "queues") {
-      out[key] = value;
-      continue;
-    }
-    nlohmann::json& queues = out[key] = nlohmann::json::array();
-    for (const nlohmann::json& q : value) {
-      nlohmann::json& copy = queues.emplace_back(nlohmann::json::object());
-      for (const auto& [field, v] : q.items())
-        if (field != "pending_runs" && field != "admitted_runs") copy[field] = v;
+  nlohmann::json queues = nlohmann::json::array();
+  for (const QueueView& q : queues_info_.queues) {
+    if (!query.queue.empty() && q.fields.value("name", "") != query.queue) continue;
+    nlohmann::json& j = queues.emplace_back(q.fields);
+    if (query.summary) continue;
+    j["admitted_runs"] = q.admitted_runs;
+    nlohmann::json& waiting = j["pending_runs"] = nlohmann::json::array();
+    for (size_t i = query.offset; i < q.pending_runs.size() && i - query.offset < query.limit;
+         ++i) {
+      const QueueView::Waiting& w = q.pending_runs[i];
+      auto known = pending_info_.find(w.name);
+      nlohmann::json& e = waiting.emplace_back(
+          w.pending.is_object()                                       ? w.pending
+          : known != pending_info_.end() && known->second.is_object() ? known->second
+                                                                      : nlohmann::json::object());
+      e["name"] = w.name;
+      e["workspace"] = w.workspace;
+      e["priority"] = w.priority;
     }
   }
-  return out;
+  return {{"queues", std::move(queues)},
+          {"cohorts", queues_info_.cohorts},
+          {"unqueued_runs", queues_info_.unqueued_runs}};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -143,55 +151,97 @@ void Controller::RebuildEngine() {
     std::_Exit(70);
   }
   quota_.engine = std::move(*engine);
-  quota_.in_engine.clear();
+  quota_.ClearEngine();
   quota_.outside.clear();
   quota_.pending.clear();
+  sync_all_ = true;
   SyncEngine();
 }
 
 // Makes the engine's workloads match the runs: runs holding quota (admitted, running, or reserved
 // and waiting for the machine) are added with their recorded flavors first, so the quota they hold
 // is accounted before anything new is admitted; queued runs past their backoff are added pending.
+// Only runs that may need it are looked at (a deep queue's other runs are as the engine has them):
+// those whose records changed since (every change is committed, so the batches name them), those
+// whose backoff has ended, and those that waited for their metrics to be read; after the engine is
+// rebuilt, every run.
 void Controller::SyncEngine() {
-  int64_t now = Now();
-  for (int pass = 0; pass < 2; ++pass) {
-    const bool holders = pass == 0;
-    for (auto& [name, run] : active_) {
-      const RunRecord& r = run.record;
-      if (store::IsTerminal(r.state)) continue;
-      const bool holds = r.flavors.is_object() && !r.flavors.empty();
-      const bool waits = r.state == RunState::kQueued && !holds && !r.cancel_requested &&
-                         !(r.not_before_ms && *r.not_before_ms > now);
-      auto it = quota_.in_engine.find(name);
-      if (it != quota_.in_engine.end()) {
-        // Gone from the queue, or (Kubernetes: Kueue admitted it) holding quota now while the
-        // engine has it pending: taken out, and a holder is added again below. (One waiting in
-        // the engine has had no attempt since it was added, so it has not begun draining.)
-        bool stale = holders && ((!holds && !waits) || (holds && !it->second));
-        if (!stale) continue;
-        (void)quota_.engine->RemoveWorkload(name);
-        quota_.in_engine.erase(it);
-        if (!holds) continue;
-      }
-      if (holds != holders || (!holds && !waits) || quota_.outside.count(name)) continue;
-      // A run whose ended attempt's metric points are still being read waits: its next attempt
-      // would append to the same file. (Asked last: it takes the evidence worker's lock.)
-      if (!holds && evidence_->Draining(name)) continue;
-      admission::Workload w = run.workload;
-      if (holds) {
-        w.admission = AssignmentFromJson(r.flavors);
-        w.admitted_ms = r.admitted_ms.value_or(r.updated_ms);
-      }
-      Status s = quota_.engine->AddWorkload(w);
-      if (s.ok()) {
-        quota_.in_engine[name] = holds;
-      } else {
-        quota_.outside[name] = s.code() == StatusCode::kNotFound
-                                   ? fmt::format("the platform has no queue '{}' any more", w.queue)
-                                   : s.message();
-      }
+  const int64_t now = Now();
+  std::vector<ActiveRun*> runs;
+  if (sync_all_) {
+    for (auto& [name, run] : active_) runs.push_back(&run);
+    sync_all_ = false;
+  } else {
+    while (!sync_backoff_.empty() && sync_backoff_.begin()->first <= now) {
+      sync_changed_.insert(sync_backoff_.begin()->second);
+      sync_backoff_.erase(sync_backoff_.begin());
     }
+    sync_changed_.merge(sync_draining_);
+    for (const std::string& name : sync_changed_)
+      if (auto it = active_.find(name); it != active_.end()) runs.push_back(&it->second);
   }
+  sync_changed_.clear();
+  sync_draining_.clear();
+  for (bool holders : {true, false})
+    for (ActiveRun* run : runs) SyncRun(*run, holders, now, /*dry=*/false);
+  if (!options_.loop_thread) {
+    // Driven by hand (the tests): a sync of every run would change nothing, or a change reached
+    // no batch and a run would wait forever.
+    for (bool holders : {true, false})
+      for (auto& [name, run] : active_)
+        if (SyncRun(run, holders, now, /*dry=*/true)) {
+          std::fprintf(stderr, "tau server: fatal: run %s changed without a record of it\n",
+                       name.c_str());
+          std::abort();
+        }
+  }
+}
+
+bool Controller::SyncRun(ActiveRun& run, bool holders, int64_t now, bool dry) {
+  const RunRecord& r = run.record;
+  const std::string& name = r.name;
+  if (store::IsTerminal(r.state)) return false;
+  const bool holds = r.flavors.is_object() && !r.flavors.empty();
+  const bool queued = r.state == RunState::kQueued && !holds && !r.cancel_requested;
+  const bool backing_off = queued && r.not_before_ms && *r.not_before_ms > now;
+  const bool waits = queued && !backing_off;
+  auto it = quota_.in_engine().find(name);
+  if (it != quota_.in_engine().end()) {
+    // Gone from the queue, or (Kubernetes: Kueue admitted it) holding quota now while the
+    // engine has it pending: taken out, and a holder is added again below. (One waiting in
+    // the engine has had no attempt since it was added, so it has not begun draining.)
+    bool stale = holders && ((!holds && !waits) || (holds && !it->second));
+    if (!stale) return false;
+    if (dry) return true;
+    (void)quota_.engine->RemoveWorkload(name);
+    quota_.EraseFromEngine(name);
+    if (!holds) return true;
+  }
+  if (holds != holders || (!holds && !waits) || quota_.outside.count(name)) {
+    if (backing_off && !dry) sync_backoff_.insert({*r.not_before_ms, name});
+    return false;
+  }
+  // A run whose ended attempt's metric points are still being read waits: its next attempt
+  // would append to the same file. (Asked last: it takes the evidence worker's lock.)
+  if (!holds && evidence_->Draining(name)) {
+    if (!dry) sync_draining_.insert(name);
+    return false;
+  }
+  if (dry) return true;
+  admission::Workload w = run.workload;
+  if (holds) {
+    w.admission = AssignmentFromJson(r.flavors);
+    w.admitted_ms = r.admitted_ms.value_or(r.updated_ms);
+  }
+  Status s = quota_.engine->AddWorkload(w);
+  if (s.ok()) {
+    quota_.SetInEngine(name, holds);
+  } else {
+    quota_.outside[name] = s.code() == StatusCode::kNotFound
+                               ? fmt::format("the platform has no queue '{}' any more", w.queue)
+                               : s.message();
+  }
+  return true;
 }
 
 void Controller::Requeue(ActiveRun& run, const std::string& message, Batch* batch) {
@@ -213,7 +263,9 @@ void Controller::Requeue(ActiveRun& run, const std::string& message, Batch* batc
 // ---------------------------------------------------------------------------------------------
 // Why runs wait, and the queues.
 
-nlohmann::json Controller::PendingJson(const ActiveRun& run, int64_t now) {
+nlohmann::json Controller::PendingJson(
+    const ActiveRun& run, int64_t now,
+    std::map<std::string, std::vector<admission::ResourceUsage>>* usage_of) {
   const RunRecord& r = run.record;
   auto out = [&](int position, const std::string& code, const std::string& reason,
                  const std::string& detail) {
@@ -238,14 +290,22 @@ nlohmann::json Controller::PendingJson(const ActiveRun& run, int64_t now) {
   if (info.reason == admission::kReasonWaitingForQuota) {
     // Which requested resources the queue's flavors cannot give now.
     std::vector<std::string> short_of;
-    auto usage = quota_.engine->Usage(r.queue);
+    auto cached = usage_of->find(r.queue);
+    if (cached == usage_of->end()) {
+      auto read = quota_.engine->Usage(r.queue);
+      cached = usage_of
+                   ->emplace(r.queue,
+                             read.ok() ? std::move(*read) : std::vector<admission::ResourceUsage>())
+                   .first;
+    }
+    const std::vector<admission::ResourceUsage>& usage = cached->second;
     const admission::PodSet& ps = run.workload.pod_sets.front();
     // Every pod set's (the workers' and a sized head's) together.
     for (const auto& [resource, total] : run.resolved.total_requests) {
-      if (total.IsZero() || !usage.ok()) continue;
+      if (total.IsZero()) continue;
       std::vector<std::string> offers;
       bool fits_somewhere = false;
-      for (const admission::ResourceUsage& u : *usage) {
+      for (const admission::ResourceUsage& u : usage) {
         if (u.resource != resource) continue;
         if (!ps.allowed_flavors.empty() &&
             std::find(ps.allowed_flavors.begin(), ps.allowed_flavors.end(), u.flavor) ==
@@ -287,17 +347,28 @@ nlohmann::json Controller::PendingJson(const ActiveRun& run, int64_t now) {
   return out(position, info.reason, reason, info.message);
 }
 
-nlohmann::json Controller::QueuesJson(int64_t now,
-                                      const std::map<std::string, nlohmann::json>& pending_info) {
-  nlohmann::json queues = nlohmann::json::array();
-  std::map<std::string, std::vector<const ActiveRun*>> pending, admitted;
+Controller::QueuesView Controller::BuildQueuesView(
+    int64_t now, const std::map<std::string, nlohmann::json>& info) {
+  QueuesView view;
+  std::map<std::string, std::vector<admission::ResourceUsage>> usage_of;
+  // Each queue's waiting runs with their place in it (runs the engine does not have pending go
+  // last, in submission order), and its holders.
+  struct Entry {
+    int position;
+    int64_t seq;
+    const ActiveRun* run;
+  };
+  std::map<std::string, std::vector<Entry>> pending;
+  std::map<std::string, std::vector<const ActiveRun*>> admitted;
   for (const auto& [name, run] : active_) {
     if (store::IsTerminal(run.record.state)) continue;
-    auto h = quota_.in_engine.find(name);
-    if (h != quota_.in_engine.end() && h->second)
+    if (quota_.holders().count(name)) {
       admitted[run.record.queue].push_back(&run);
-    else
-      pending[run.record.queue].push_back(&run);
+      continue;
+    }
+    auto p = quota_.pending.find(name);
+    pending[run.record.queue].push_back(
+        {p == quota_.pending.end() ? 1 << 30 : p->second.position, run.record.seq, &run});
   }
   for (const admission::ClusterQueue& q : loop_platform_->admission.queues) {
     nlohmann::json usage = nlohmann::json::array();
@@ -309,39 +380,31 @@ nlohmann::json Controller::QueuesJson(int64_t now,
                          {"usage", x.usage.ToString()},
                          {"borrowed", x.borrowed.ToString()}});
     }
-    nlohmann::json waiting = nlohmann::json::array();
-    auto& mine = pending[q.name];
-    std::sort(mine.begin(), mine.end(), [&](const ActiveRun* a, const ActiveRun* b) {
-      auto pa = quota_.pending.find(a->record.name), pb = quota_.pending.find(b->record.name);
-      int xa = pa == quota_.pending.end() ? 1 << 30 : pa->second.position;
-      int xb = pb == quota_.pending.end() ? 1 << 30 : pb->second.position;
-      return xa != xb ? xa < xb : a->record.seq < b->record.seq;
+    QueueView& out = view.queues.emplace_back();
+    std::vector<Entry>& mine = pending[q.name];
+    std::sort(mine.begin(), mine.end(), [](const Entry& a, const Entry& b) {
+      return a.position != b.position ? a.position < b.position : a.seq < b.seq;
     });
-    for (const ActiveRun* run : mine) {
-      auto known = pending_info.find(run->record.name);
-      nlohmann::json j = known != pending_info.end() ? known->second : PendingJson(*run, now);
-      j["name"] = run->record.name;
-      j["workspace"] = run->record.workspace;
-      j["priority"] = run->record.priority;
-      waiting.push_back(std::move(j));
-    }
-    nlohmann::json holding = nlohmann::json::array();
+    out.pending_runs.reserve(mine.size());
+    for (const Entry& e : mine)
+      out.pending_runs.push_back({e.run->record.name, e.run->record.workspace,
+                                  static_cast<int64_t>(e.run->record.priority),
+                                  info.count(e.run->record.name)
+                                      ? nlohmann::json()
+                                      : PendingJson(*e.run, now, &usage_of)});
     for (const ActiveRun* run : admitted[q.name])
-      holding.push_back({{"name", run->record.name},
-                         {"workspace", run->record.workspace},
-                         {"state", store::RunStateName(run->record.state)},
-                         {"priority", run->record.priority},
-                         {"flavors", run->record.flavors}});
-    queues.push_back({{"name", q.name},
-                      {"cohort", q.cohort},
-                      {"queueing_strategy", admission::QueueingStrategyName(q.queueing_strategy)},
-                      {"usage", std::move(usage)},
-                      {"admitted", holding.size()},
-                      {"pending", waiting.size()},
-                      {"admitted_runs", std::move(holding)},
-                      {"pending_runs", std::move(waiting)}});
+      out.admitted_runs.push_back({{"name", run->record.name},
+                                   {"workspace", run->record.workspace},
+                                   {"state", store::RunStateName(run->record.state)},
+                                   {"priority", run->record.priority},
+                                   {"flavors", run->record.flavors}});
+    out.fields = {{"name", q.name},
+                  {"cohort", q.cohort},
+                  {"queueing_strategy", admission::QueueingStrategyName(q.queueing_strategy)},
+                  {"usage", std::move(usage)},
+                  {"admitted", out.admitted_runs.size()},
+                  {"pending", out.pending_runs.size()}};
   }
-  nlohmann::json cohorts = nlohmann::json::array();
   std::set<std::string> cohort_names;
   for (const auto& c : loop_platform_->admission.cohorts) cohort_names.insert(c.name);
   for (const auto& q : loop_platform_->admission.queues)
@@ -355,20 +418,20 @@ nlohmann::json Controller::QueuesJson(int64_t now,
                          {"nominal", x.nominal.ToString()},
                          {"usage", x.usage.ToString()}});
     }
-    cohorts.push_back({{"name", name}, {"usage", std::move(usage)}});
+    view.cohorts.push_back({{"name", name}, {"usage", std::move(usage)}});
   }
   // Runs whose queue is not in the platform (it was removed by a later apply).
-  nlohmann::json orphans = nlohmann::json::array();
-  for (const auto& [name, why] : quota_.outside) orphans.push_back({{"name", name}, {"why", why}});
-  return {{"queues", std::move(queues)},
-          {"cohorts", std::move(cohorts)},
-          {"unqueued_runs", std::move(orphans)}};
+  for (const auto& [name, why] : quota_.outside)
+    view.unqueued_runs.push_back({{"name", name}, {"why", why}});
+  return view;
 }
 
 namespace {
 // How old the views may be when an API call reads them while the loop keeps changing them: at
-// most this many builds a second, whatever the callers.
+// most this many builds a second, whatever the callers; and a build that takes long (a deep
+// queue) makes them older still, so that building them never takes more than a tenth of the loop.
 constexpr int64_t kViewsMaxAgeMs = 200;
+constexpr int64_t kViewsAgePerBuildMs = 10;
 }  // namespace
 
 void Controller::PostWrite(InboxMessage message) {
@@ -386,7 +449,8 @@ void Controller::FreshViews(bool now) {
   // kViewsMaxAgeMs old will do, and one built since the last change is current.
   if (!now && views_built_writes_ >= writes_posted_ &&
       (views_built_generation_ == views_generation_ ||
-       MonotonicMillis() - views_built_ms_ < kViewsMaxAgeMs))
+       MonotonicMillis() - views_built_ms_ <
+           std::max(kViewsMaxAgeMs, kViewsAgePerBuildMs * views_build_ms_)))
     return;
   const int64_t asked_at = views_generation_, writes = writes_posted_;
   views_wanted_ = true;
@@ -414,6 +478,7 @@ void Controller::RefreshPending(int64_t writes) {
 }
 
 void Controller::BuildViews() {
+  const int64_t started_ms = MonotonicMillis();
   int64_t now = Now();
   if (quota_.pending_stale && quota_.engine) {
     quota_.pending.clear();
@@ -422,11 +487,12 @@ void Controller::BuildViews() {
     quota_.pending_stale = false;
   }
   std::map<std::string, nlohmann::json> info;
+  std::map<std::string, std::vector<admission::ResourceUsage>> usage_of;
   size_t queued = 0;
   for (const auto& [name, run] : active_) {
     if (run.record.state != RunState::kQueued) continue;
     ++queued;
-    info[name] = PendingJson(run, now);
+    info.emplace_hint(info.end(), name, PendingJson(run, now, &usage_of));
   }
   MachineCapacity c;
   c.gpus_total = c.gpus_free = static_cast<int64_t>(gpus_.devices.size());
@@ -442,7 +508,7 @@ void Controller::BuildViews() {
                              {"memory_bytes_free", c.memory_bytes_free},
                              {"queued", queued},
                              {"active", active_.size()}};
-  nlohmann::json queues = QueuesJson(now, info);
+  QueuesView queues = BuildQueuesView(now, info);
   MutexLock lock(&mu_);
   // Keep placeholders for runs submitted after this pass started; they are not in active_ yet.
   for (const std::string& name : inbox_.NewRunNames())
@@ -452,6 +518,7 @@ void Controller::BuildViews() {
   queues_info_ = std::move(queues);
   views_built_generation_ = views_generation_;
   views_built_ms_ = MonotonicMillis();
+  views_build_ms_ = views_built_ms_ - started_ms;
   views_built_writes_ = writes_taken_;
   // Still wanted while a posted write is not taken yet: its pass builds them again.
   views_wanted_ = views_built_writes_ < writes_posted_;

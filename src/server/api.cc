@@ -360,7 +360,9 @@ std::string RenderAllMetrics(Controller* controller, store::Store* store,
       runs.push_back(
           {{{"state", c.state}, {"workspace", c.workspace}}, static_cast<double>(c.runs)});
   out += RenderGauge("tau_runs", "Runs in the store by state and workspace.", runs);
-  json queues = controller->Queues(/*summary=*/true);
+  QueuesQuery counts;
+  counts.summary = true;
+  json queues = controller->Queues(counts);
   std::vector<std::pair<Labels, double>> pending, admitted, usage, nominal, borrowed;
   for (const json& q : queues.value("queues", json::array())) {
     std::string name = q.value("name", "");
@@ -501,20 +503,34 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                api->Audit(req, caller.who, 200, "platform.apply", body->file);
                http::Reply(res, 200, {{"applied", body->file}});
              });
+  // ?summary=1: the queues without their runs (their counts stay), for `tau queues`; ?offset=O
+  // and ?limit=K: of each queue's pending runs, K from position O + 1 (the counts are the
+  // queue's).
+  auto query = [](const http::HttpRequest& req) -> Result<QueuesQuery> {
+    QueuesQuery q;
+    q.summary = req.get_param_value("summary") == "1";
+    TAU_ASSIGN_OR_RETURN(int64_t offset, IntParam(req, "offset", 0, 0, INT32_MAX));
+    TAU_ASSIGN_OR_RETURN(int64_t limit, IntParam(req, "limit", INT32_MAX, 0, INT32_MAX));
+    q.offset = static_cast<size_t>(offset);
+    q.limit = static_cast<size_t>(limit);
+    return q;
+  };
   api->Route("GET", "/api/v1/queues", Access::kSignedIn,
-             [controller](const http::HttpRequest& req, http::HttpResponse& res,
-                          const CallerContext& caller) {
-               // ?summary=1: the queues without their runs (counts stay), for `tau queues`.
-               const bool summary = req.get_param_value("summary") == "1";
-               http::Reply(res, 200, FilterQueues(controller->Queues(summary), caller));
+             [controller, query](const http::HttpRequest& req, http::HttpResponse& res,
+                                 const CallerContext& caller) {
+               auto q = query(req);
+               if (!q.ok()) return http::ReplyError(res, q.status());
+               http::Reply(res, 200, FilterQueues(controller->Queues(*q), caller));
              });
   api->Route("GET", R"(/api/v1/queues/([^/]+))", Access::kSignedIn,
-             [controller](const http::HttpRequest& req, http::HttpResponse& res,
-                          const CallerContext& caller) {
-               json all = FilterQueues(controller->Queues(), caller);
-               for (const json& q : all.value("queues", json::array()))
-                 if (q.value("name", "") == req.matches[1])
-                   return http::Reply(res, 200, {{"queue", q}});
+             [controller, query](const http::HttpRequest& req, http::HttpResponse& res,
+                                 const CallerContext& caller) {
+               auto q = query(req);
+               if (!q.ok()) return http::ReplyError(res, q.status());
+               q->queue = req.matches[1];
+               json one = FilterQueues(controller->Queues(*q), caller);
+               for (const json& found : one.value("queues", json::array()))
+                 return http::Reply(res, 200, {{"queue", found}});
                http::ReplyError(res, NotFound(fmt::format("no queue '{}'",
                                                           Printable(std::string(req.matches[1])))));
              });

@@ -30,6 +30,12 @@ constexpr int kPollMs = 250;
 constexpr int kHeartbeatMs = 15000;
 constexpr int64_t kRecentRuns = 200;  // terminal runs this recent are watched too
 constexpr int64_t kActiveRuns = 5000;
+// Of each queue's pending runs, the dashboard's queue page shows the head (the counts are whole).
+QueuesQuery HeadOfEachQueue() {
+  QueuesQuery q;
+  q.limit = 100;
+  return q;
+}
 
 std::string SseEvent(std::string_view type, const json& data) {
   // json::dump escapes newlines, so the data is always one `data:` line.
@@ -124,7 +130,7 @@ class EventStreamer {
         if (!seen.count(name))
           if (auto r = store_->GetRun(name); r.ok() && Fingerprint(*r) != fp)
             *out += SseEvent("run", RunEventJson(*r));
-      json queues = FilterQueues(controller_->Queues(), caller_);
+      json queues = FilterQueues(controller_->Queues(HeadOfEachQueue()), caller_);
       std::string text = JsonText(queues);
       if (text != last_queues_) {
         last_queues_ = std::move(text);

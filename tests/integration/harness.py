@@ -191,8 +191,9 @@ class TauServer:
                 f"stdout: {p.stdout}\nstderr: {p.stderr}")
         return p
 
-    def tau_http(self, path):
-        """GET a path of the server over its Unix socket; returns the body as text."""
+    def tau_http(self, path, status=200):
+        """GET a path of the server over its Unix socket; returns the body as text. The answer's
+        status must be `status`."""
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(os.path.join(self.home, "tau.sock"))
         s.sendall(f"GET {path} HTTP/1.1\r\nHost: tau\r\nConnection: close\r\n\r\n".encode())
@@ -201,7 +202,7 @@ class TauServer:
             data += chunk
         s.close()
         head, _, body = data.partition(b"\r\n\r\n")
-        assert b" 200 " in head.split(b"\r\n")[0], head
+        assert f" {status} ".encode() in head.split(b"\r\n")[0], head
         return body.decode()
 
     def run_json(self, name):

@@ -220,6 +220,44 @@ class QueueTest(ServerTestCase):
         admitted = next(e for e in d["events"] if e["type"] == "Admitted")
         self.assertIn("admitted by queue vision", admitted["message"])
 
+    def test_queue_show_pages_a_deep_line_and_the_counts_stay_whole(self):
+        self.apply()
+        holders = [self.waiter(f"h{i}", "vision", f"h{i}") for i in range(2)]
+        for name in holders:
+            self.server.wait_state(name, "Running")
+        waiting = [self.waiter(f"w{i}", "vision", f"w{i}") for i in range(7)]
+        wait_for(lambda: self.queue("vision")["pending"] == 7 and all(
+            p.get("position") for p in self.queue("vision")["pending_runs"]), what="7 positions")
+        # The whole line, by position, as the default page of the API (no limit) gives it.
+        line = [p["name"] for p in self.queue("vision")["pending_runs"]]
+        self.assertEqual(line, waiting)
+        # Positions 3 to 5: the counts are the queue's, the runs the page's.
+        page = json.loads(self.server.tau("queue", "show", "vision", "--offset", "2", "--limit",
+                                          "3", "-o", "json", check=0).stdout)
+        self.assertEqual((page["pending"], page["admitted"]), (7, 2))
+        self.assertEqual([p["name"] for p in page["pending_runs"]], waiting[2:5])
+        self.assertEqual([p["position"] for p in page["pending_runs"]], [3, 4, 5])
+        table = self.server.tau("queue", "show", "vision", "--limit", "2", check=0).stdout
+        self.assertIn("positions 1 to 2 of 7 shown: --offset 2 for the next page", table)
+        self.assertIn(waiting[1], table)
+        self.assertNotIn(waiting[2], table)
+        every = self.server.tau("queue", "show", "vision", "--all", check=0).stdout
+        self.assertTrue(all(name in every for name in waiting))
+        self.assertNotIn("shown:", every)
+        # The queues' summary carries the counts only; the list pages each queue the same way.
+        summary = json.loads(self.server.tau_http("/api/v1/queues?summary=1"))
+        vision = next(q for q in summary["queues"] if q["name"] == "vision")
+        self.assertEqual((vision["pending"], "pending_runs" in vision), (7, False))
+        head = json.loads(self.server.tau_http("/api/v1/queues?limit=1"))
+        vision = next(q for q in head["queues"] if q["name"] == "vision")
+        self.assertEqual([p["name"] for p in vision["pending_runs"]], waiting[:1])
+        body = self.server.tau_http("/api/v1/queues/vision?limit=many", status=400)
+        self.assertIn("query parameter 'limit' must be an integer", body)
+        for tag in [f"h{i}" for i in range(2)] + [f"w{i}" for i in range(7)]:
+            self.release(tag)
+        for name in holders + waiting:
+            self.server.wait_state(name, "Succeeded", timeout=60)
+
     def test_a_borrowing_queue_says_the_cohort_is_the_limit(self):
         # speech lends one of its 2 GPUs: vision can run 3, and then a 4th waits for the cohort.
         head, speech = PLATFORM.split("  - name: speech\n", 1)

@@ -852,8 +852,11 @@ void LocalBackend::HandleExit(const std::string& name, Batch* batch) {
 }
 
 void LocalBackend::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
-  for (auto& [name, run] : host_->active()) {
-    if (run.record.state == RunState::kAdmitted && !Of(run).shim)
+  // Only runs holding quota are placed or started: few, whatever the queues' depth.
+  for (const std::string& name : quota().holders()) {
+    auto it = host_->active().find(name);
+    if (it != host_->active().end() && it->second.record.state == RunState::kAdmitted &&
+        !Of(it->second).shim)
       to_start->push_back(name);  // recovered: admitted before the restart, never started
   }
   std::set<std::string> reserved_now;
@@ -868,7 +871,7 @@ void LocalBackend::AdmitQueued(Batch* batch, std::vector<std::string>* to_start)
         continue;
       }
       it->second.record.flavors = AssignmentJson(a.flavors);
-      quota().in_engine[a.name] = true;
+      quota().SetInEngine(a.name, true);
       reserved_now.insert(a.name);
     }
     if (result.admitted.empty() && result.preempted.empty()) break;
@@ -877,10 +880,10 @@ void LocalBackend::AdmitQueued(Batch* batch, std::vector<std::string>* to_start)
 
   // Placement, in submission order: every run that holds quota and is not yet on the machine.
   std::vector<ActiveRun*> holding;
-  for (auto& [name, run] : host_->active()) {
-    auto it = quota().in_engine.find(name);
-    if (run.record.state == RunState::kQueued && it != quota().in_engine.end() && it->second)
-      holding.push_back(&run);
+  for (const std::string& name : quota().holders()) {
+    auto it = host_->active().find(name);
+    if (it != host_->active().end() && it->second.record.state == RunState::kQueued)
+      holding.push_back(&it->second);
   }
   std::sort(holding.begin(), holding.end(),
             [](const ActiveRun* a, const ActiveRun* b) { return a->record.seq < b->record.seq; });
@@ -946,7 +949,7 @@ void LocalBackend::HandlePreemption(const admission::PreemptedInfo& p, Batch* ba
   auto it = host_->active().find(p.name);
   if (it == host_->active().end()) {
     (void)quota().engine->RemoveWorkload(p.name);
-    quota().in_engine.erase(p.name);
+    quota().EraseFromEngine(p.name);
     return;
   }
   ActiveRun& run = it->second;
@@ -955,7 +958,7 @@ void LocalBackend::HandlePreemption(const admission::PreemptedInfo& p, Batch* ba
     // Quota reserved in an earlier cycle of this pass (or waiting for the machine) and taken back
     // before the run was admitted: to the user it never left the queue, so it was not preempted.
     (void)quota().engine->RemoveWorkload(p.name);
-    quota().in_engine.erase(p.name);
+    quota().EraseFromEngine(p.name);
     r.flavors = nlohmann::json::object();
     r.updated_ms = host_->Now();
     batch->events.push_back(
@@ -1095,8 +1098,7 @@ void LocalBackend::Release(ActiveRun& run) {
 nlohmann::json LocalBackend::PendingReason(const ActiveRun& run, int64_t) {
   // Holds quota, but waits for this machine.
   const RunRecord& r = run.record;
-  auto h = quota().in_engine.find(r.name);
-  if (h == quota().in_engine.end() || !h->second) return nullptr;
+  if (!quota().holders().count(r.name)) return nullptr;
   const Resources& need = run.need;
   std::vector<std::string> short_of;
   if (need.gpus > static_cast<int>(free_gpus_.size()))
