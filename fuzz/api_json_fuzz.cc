@@ -1,5 +1,6 @@
 // The API's JSON request bodies on arbitrary bytes: POST /api/v1/runs (ParseSubmitBody, with the
-// base64 code files), POST /api/v1/validate (ParseValidateBody) and POST /api/v1/runs/NAME/resume
+// base64 code files or a code manifest), POST /api/v1/code/missing (ParseManifestBody), POST
+// /api/v1/validate (ParseValidateBody) and POST /api/v1/runs/NAME/resume
 // (ParseResumeBody), POST /api/v1/tokens (ParseTokenBody), and the one-member bodies of
 // /api/v1/session and workspace secrets (ParseSingleStringBody). Every input goes to all of them;
 // they must refuse, never throw.
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -22,12 +24,34 @@ namespace {
 using nlohmann::json;
 using tau::server::SubmitRequest;
 
+json Encode(const std::vector<tau::CodeManifestEntry>& manifest) {
+  json out = json::array();
+  for (const tau::CodeManifestEntry& e : manifest)
+    out.push_back({{"path", e.path}, {"mode", e.mode}, {"size", e.size}, {"sha256", e.sha256}});
+  return out;
+}
+
 json Encode(const SubmitRequest& req) {
-  json files = json::array();
-  for (const tau::CodeFile& f : req.code)
-    files.push_back({{"path", f.path}, {"mode", f.mode}, {"data", tau::Base64Encode(f.data)}});
-  return {{"spec", {{"yaml", req.spec_yaml}, {"file", req.spec_file}}},
-          {"code", {{"files", files}}}};
+  json code = json::object();
+  if (req.manifest) {
+    code["manifest"] = Encode(*req.manifest);
+  } else {
+    json files = json::array();
+    for (const tau::CodeFile& f : req.code)
+      files.push_back({{"path", f.path}, {"mode", f.mode}, {"data", tau::Base64Encode(f.data)}});
+    code["files"] = files;
+  }
+  return {{"spec", {{"yaml", req.spec_yaml}, {"file", req.spec_file}}}, {"code", code}};
+}
+
+bool Same(const std::vector<tau::CodeManifestEntry>& a,
+          const std::vector<tau::CodeManifestEntry>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].path != b[i].path || a[i].mode != b[i].mode || a[i].size != b[i].size ||
+        a[i].sha256 != b[i].sha256)
+      return false;
+  return true;
 }
 
 }  // namespace
@@ -44,6 +68,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto again = tau::server::ParseSubmitBody(Encode(*submit).dump());
     TAU_FUZZ_CHECK(again.ok());
     TAU_FUZZ_CHECK(again->spec_yaml == submit->spec_yaml && again->spec_file == submit->spec_file);
+    TAU_FUZZ_CHECK(again->manifest.has_value() == submit->manifest.has_value());
+    if (submit->manifest) TAU_FUZZ_CHECK(Same(*again->manifest, *submit->manifest));
     TAU_FUZZ_CHECK(again->code.size() == submit->code.size());
     for (size_t i = 0; i < again->code.size(); ++i) {
       TAU_FUZZ_CHECK(again->code[i].path == submit->code[i].path);
@@ -52,6 +78,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   } else {
     TAU_FUZZ_CHECK(!submit.status().message().empty());
+  }
+
+  auto manifest = tau::server::ParseManifestBody(body);
+  if (manifest.ok()) {
+    auto again = tau::server::ParseManifestBody(json{{"files", Encode(*manifest)}}.dump());
+    TAU_FUZZ_CHECK(again.ok() && Same(*again, *manifest));
+  } else {
+    TAU_FUZZ_CHECK(!manifest.status().message().empty());
   }
 
   auto validate = tau::server::ParseValidateBody(body);

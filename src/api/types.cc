@@ -951,6 +951,20 @@ Result<Version> Version::FromJson(const json& j) {
   });
 }
 
+json CodeMissing::ToJson() const {
+  return WithExtra({{"digest", digest}, {"stored", stored}, {"missing", missing}}, extra);
+}
+
+Result<CodeMissing> CodeMissing::FromJson(const json& j) {
+  return FromTop<CodeMissing>(j, [](const json& j, const std::string& path, CodeMissing* out) {
+    Reader r(j, path);
+    r.Str("digest", &out->digest);
+    r.Bool("stored", &out->stored);
+    r.StrList("missing", &out->missing);
+    return r.Finish(&out->extra);
+  });
+}
+
 json Whoami::ToJson() const {
   return WithExtra(
       {{"user", user},

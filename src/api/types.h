@@ -281,6 +281,18 @@ struct Version {
   static Result<Version> FromJson(const nlohmann::json& j);
 };
 
+// POST /api/v1/code/missing: the digest of a manifest's snapshot, whether the server stores it,
+// and the sha256 of each blob it lacks (none when the snapshot is stored).
+struct CodeMissing {
+  std::string digest;
+  bool stored = false;
+  std::vector<std::string> missing;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<CodeMissing> FromJson(const nlohmann::json& j);
+};
+
 // GET /api/v1/whoami: who the server thinks the caller is, and their roles.
 struct WorkspaceRole {
   std::string name;

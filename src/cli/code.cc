@@ -78,12 +78,18 @@ bool RuleMatches(const IgnoreRule& rule, const std::string& rel, const std::stri
   return SegmentsMatch(rule.segments, 0, Split(rel, '/'), 0);
 }
 
+Status TooBig(const std::string& root, size_t max_bytes) {
+  return ResourceExhausted(
+      fmt::format("the code directory {} holds more than {} MiB; keep data sets and checkpoints "
+                  "out of it or list them in .tauignore (gitignore-style patterns)",
+                  root, max_bytes >> 20));
+}
+
 struct Walker {
   std::string root;
   std::vector<IgnoreRule> ignore;  // .tauignore
   std::string canonical_root;      // `root` with its own links resolved, to compare link targets
   size_t max_bytes = 0;
-  bool contents = true;  // false: paths and modes only (ListCode)
   CodeWalk out;
 };
 
@@ -164,17 +170,9 @@ Status Walk(Walker& w, const std::string& rel_dir) {
           ".tauignore",
           w.root, kMaxSnapshotFiles));
     w.out.bytes += static_cast<size_t>(st.st_size);
-    if (w.out.bytes > w.max_bytes)
-      return ResourceExhausted(
-          fmt::format("the code directory {} holds more than {} MiB; keep data sets and "
-                      "checkpoints out of it or "
-                      "list them in .tauignore (gitignore-style patterns)",
-                      w.root, w.max_bytes >> 20));
-    std::string data;
-    if (w.contents) {
-      TAU_ASSIGN_OR_RETURN(data, ReadFile(path));
-    }
-    w.out.files.push_back({rel, static_cast<int>(st.st_mode & 0777), std::move(data)});
+    if (w.out.bytes > w.max_bytes) return TooBig(w.root, w.max_bytes);
+    w.out.files.push_back({rel, static_cast<int>(st.st_mode & 0777), ""});
+    w.out.sizes.push_back(static_cast<size_t>(st.st_size));
   }
   return Status::Ok();
 }
@@ -213,12 +211,12 @@ Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec&
 
 namespace {
 
+// Paths, modes and sizes from lstat and stat: the limits are checked before any file is read.
 Result<CodeWalk> WalkCode(const std::string& root, size_t max_bytes,
-                          const std::vector<std::string>& excludes, bool contents) {
+                          const std::vector<std::string>& excludes) {
   Walker w;
   w.root = root;
   w.max_bytes = max_bytes;
-  w.contents = contents;
   std::error_code ec;
   w.canonical_root = fs::canonical(root, ec).string();
   if (ec)
@@ -233,11 +231,23 @@ Result<CodeWalk> WalkCode(const std::string& root, size_t max_bytes,
 
 Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes,
                              const std::vector<std::string>& excludes) {
-  return WalkCode(root, max_bytes, excludes, /*contents=*/true);
+  TAU_ASSIGN_OR_RETURN(CodeWalk walk, WalkCode(root, max_bytes, excludes));
+  size_t total = 0;
+  for (CodeFile& f : walk.files) {
+    // A file that grew since the walk is held to what is left of the limit.
+    auto data = ReadFileAtMost(root + "/" + f.path, max_bytes - total, "the code directory");
+    if (!data.ok() && data.status().code() == StatusCode::kResourceExhausted)
+      return TooBig(root, max_bytes);
+    if (!data.ok()) return data.status();
+    total += data->size();
+    f.data = std::move(*data);
+  }
+  walk.bytes = total;
+  return walk;
 }
 
 Result<CodeWalk> ListCode(const std::string& root, const std::vector<std::string>& excludes) {
-  return WalkCode(root, kMaxSnapshotBytes, excludes, /*contents=*/false);
+  return WalkCode(root, kMaxSnapshotBytes, excludes);
 }
 
 std::optional<spec::Diagnostic> CannotStartWarning(const std::string& spec_file,

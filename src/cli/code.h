@@ -15,6 +15,7 @@ namespace tau::cli {
 
 struct CodeWalk {
   std::vector<CodeFile> files;  // in a stable (sorted) order
+  std::vector<size_t> sizes;    // each file's size when it was walked
   size_t bytes = 0;
   std::vector<std::string> warnings;  // links skipped, and why
 };
@@ -34,12 +35,13 @@ Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec&
 // content; a link to a directory is skipped with a warning, and so is a dangling link. A link whose
 // target leaves `root` (through '..', an absolute path or another link), or a link loop, is an
 // error naming the link: tau never uploads files from outside the code directory. `max_bytes`
-// bounds the total: past it the error says how to keep data out of the code directory.
+// bounds the total: past it the error says how to keep data out of the code directory. The limits
+// are checked from the files' sizes before any is read.
 // `excludes` (run.working_dir_excludes) are more .tauignore lines, applied after the file's.
 Result<CodeWalk> CollectCode(const std::string& root, size_t max_bytes,
                              const std::vector<std::string>& excludes = {});
-// The same walk, within `tau run`'s limits, without reading the files: paths and modes only (each
-// file's data is empty).
+// The same walk, within `tau run`'s limits, without reading the files: paths, modes and sizes
+// (each file's data is empty).
 Result<CodeWalk> ListCode(const std::string& root, const std::vector<std::string>& excludes = {});
 
 // What the local backend would refuse at submission because the run could not start on this

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <thread>
 
 #include <fmt/format.h>
@@ -43,6 +44,56 @@ std::string StatusLine(const api::Run& run) {
   return queued.empty() ? run.state : queued;
 }
 
+// The manifest of a walked code directory: each file's size and sha256, read in chunks. A file
+// that grew since the walk is held to what is left of the limit.
+Result<nlohmann::json> HashCode(const std::string& root, const CodeWalk& code) {
+  nlohmann::json manifest = nlohmann::json::array();
+  size_t total = 0;
+  for (const CodeFile& f : code.files) {
+    Sha256 hash;
+    size_t size = 0;
+    TAU_RETURN_IF_ERROR(ReadFileChunks(root + "/" + f.path, [&](std::string_view chunk) {
+      hash.Update(chunk);
+      size += chunk.size();
+    }));
+    total += size;
+    if (total > kMaxSnapshotBytes)
+      return ResourceExhausted(fmt::format(
+          "the code directory {} holds more than {} MiB; keep data sets and checkpoints out of it "
+          "or list them in .tauignore (gitignore-style patterns)",
+          root, kMaxSnapshotBytes >> 20));
+    manifest.push_back(
+        {{"path", f.path}, {"mode", f.mode}, {"size", size}, {"sha256", hash.HexDigest()}});
+  }
+  return manifest;
+}
+
+// Sends the server the blobs of `manifest` it lacks (none when it holds the snapshot). False when
+// the server predates code upload (it answers the manifest's route with 404).
+Result<bool> UploadCode(const std::string& root, const CodeWalk& code,
+                        const nlohmann::json& manifest, client::Connection* conn) {
+  client::TauApi tau(conn);
+  auto missing = tau.CodeMissing(JsonText({{"files", manifest}}));
+  if (!missing.ok() && missing.status().code() == StatusCode::kNotFound) return false;
+  if (!missing.ok()) return missing.status();
+  if (missing->missing.empty()) return true;
+  std::map<std::string, size_t> by_digest;
+  for (size_t i = 0; i < manifest.size(); ++i)
+    by_digest.emplace(manifest[i]["sha256"].get<std::string>(), i);
+  for (const std::string& digest : missing->missing) {
+    auto at = by_digest.find(digest);
+    if (at == by_digest.end())
+      return Internal("the server asked for blob " + digest + ", which is not in the manifest");
+    const std::string path = root + "/" + code.files[at->second].path;
+    TAU_ASSIGN_OR_RETURN(std::string data, ReadFileAtMost(path, kMaxSnapshotBytes, "a code file"));
+    if (Sha256Hex(data) != digest)
+      return FailedPrecondition(
+          fmt::format("{} changed while tau run read it; run it again", path));
+    TAU_RETURN_IF_ERROR(tau.PutBlob(digest, data));
+  }
+  return true;
+}
+
 }  // namespace
 
 int RunExitStatus(const api::Run& run) {
@@ -59,16 +110,29 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
   const spec::ParseOutcome& parsed = *read;
   auto root = FindCodeRoot(file, *parsed.spec);
   if (!root.ok()) return Fail(root.status().message());
-  auto code = CollectCode(root->root, kMaxSnapshotBytes, parsed.spec->code_excludes);
+  // The limits are checked from the files' sizes before any is read; then each file is hashed.
+  auto code = ListCode(root->root, parsed.spec->code_excludes);
   if (!code.ok()) return Fail(code.status().message());
   for (const std::string& w : code->warnings) std::fprintf(stderr, "tau: warning: %s\n", w.c_str());
-  nlohmann::json files = nlohmann::json::array();
-  for (const CodeFile& f : code->files)
-    files.push_back({{"path", f.path}, {"mode", f.mode}, {"data", Base64Encode(f.data)}});
+  auto manifest = HashCode(root->root, *code);
+  if (!manifest.ok()) return Fail(manifest.status().message());
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
+  auto uploaded = UploadCode(root->root, *code, *manifest, conn->get());
+  if (!uploaded.ok()) return Fail(uploaded.status().message());
   nlohmann::json body = {{"spec", {{"file", file}, {"yaml", spec_text}}},
-                         {"code", {{"files", std::move(files)}, {"dir", root->subdir}}}};
+                         {"code", {{"dir", root->subdir}}}};
+  if (*uploaded) {
+    body["code"]["manifest"] = std::move(*manifest);
+  } else {
+    // A server older than code upload: the files inline, as it reads them.
+    auto collected = CollectCode(root->root, kMaxSnapshotBytes, parsed.spec->code_excludes);
+    if (!collected.ok()) return Fail(collected.status().message());
+    nlohmann::json files = nlohmann::json::array();
+    for (const CodeFile& f : collected->files)
+      files.push_back({{"path", f.path}, {"mode", f.mode}, {"data", Base64Encode(f.data)}});
+    body["code"]["files"] = std::move(files);
+  }
   const std::string request = JsonText(body);
   // One key for every try of this submission: a try the server got but did not answer (a timeout,
   // a lost connection) made the run, and the next try gets that run back instead of a second one.

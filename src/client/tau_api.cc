@@ -69,6 +69,17 @@ Result<api::Submitted> TauApi::Submit(const std::string& body, const std::string
   return Typed<api::Submitted>("POST", "/api/v1/runs", body, headers);
 }
 
+Result<api::CodeMissing> TauApi::CodeMissing(const std::string& manifest_body) {
+  return Typed<api::CodeMissing>("POST", "/api/v1/code/missing", manifest_body);
+}
+
+Status TauApi::PutBlob(const std::string& sha256, std::string_view data) {
+  TAU_ASSIGN_OR_RETURN(Response resp, conn_->Call("PUT", "/api/v1/blobs/" + E(sha256), data,
+                                                  "application/octet-stream"));
+  if (resp.status < 200 || resp.status >= 300) return ErrorFromResponse(resp);
+  return Status::Ok();
+}
+
 Result<api::Submitted> TauApi::Rerun(const std::string& name) {
   return Typed<api::Submitted>("POST", "/api/v1/runs/" + E(name) + "/rerun");
 }

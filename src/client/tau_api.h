@@ -49,6 +49,10 @@ class TauApi {
   // POST /api/v1/runs. With an idempotency key, a submission sent again (after a timeout or a lost
   // connection) answers with the run the first one made instead of making another.
   Result<api::Submitted> Submit(const std::string& body, const std::string& idempotency_key = "");
+  // Code upload: which blobs of a manifest ({"files": [{path, mode, size, sha256}]}) the server
+  // lacks, then each of them, its raw bytes under its sha256.
+  Result<api::CodeMissing> CodeMissing(const std::string& manifest_body);
+  Status PutBlob(const std::string& sha256, std::string_view data);
   Result<api::Submitted> Rerun(const std::string& name);
   Status Cancel(const std::string& name);
   Status Resume(const std::string& name, const std::string& from, bool force);

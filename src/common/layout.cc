@@ -9,6 +9,7 @@ std::string PidFile(const std::string& home) { return home + "/server.pid"; }
 std::string ServerLog(const std::string& home) { return home + "/server.log"; }
 std::string PlatformFile(const std::string& home) { return home + "/platform.yaml"; }
 std::string SnapshotsDir(const std::string& home) { return home + "/snapshots"; }
+std::string BlobsDir(const std::string& home) { return home + "/blobs"; }
 std::string VenvsDir(const std::string& home) { return home + "/venvs"; }
 std::string VenvsDir(const std::string& home, unsigned uid) {
   return VenvsDir(home) + "/uid-" + std::to_string(uid);

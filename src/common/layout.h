@@ -9,6 +9,7 @@
 //   HOME/server.log                  the output of a server the CLI started
 //   HOME/platform.yaml               the applied platform
 //   HOME/snapshots/SHA256            code snapshots, one per content digest
+//   HOME/blobs/SHA256                code file contents, one per digest (snapshots link them)
 //   HOME/venvs[/uid-UID]             the virtualenv cache (per submitter when runs run as them)
 //   HOME/runs/RUN                    one run
 //   HOME/runs/RUN/work               its working directory
@@ -28,6 +29,7 @@ std::string PidFile(const std::string& home);
 std::string ServerLog(const std::string& home);
 std::string PlatformFile(const std::string& home);
 std::string SnapshotsDir(const std::string& home);
+std::string BlobsDir(const std::string& home);
 std::string VenvsDir(const std::string& home);
 std::string VenvsDir(const std::string& home, unsigned uid);
 std::string RunsDir(const std::string& home);

@@ -63,6 +63,12 @@ Metrics::Metrics() {
   counter("tau_attempts_total", "Attempts that ended, by failure class (Succeeded included).");
   counter("tau_preemptions_total", "Runs preempted by the admission engine, by queue and reason.");
   counter("tau_runs_submitted_total", "Runs accepted at submission, by workspace and queue.");
+  counter("tau_code_blobs_uploaded_total",
+          "Code file contents (blobs) uploaded and stored; one the server held already is not "
+          "counted.");
+  counter("tau_code_blob_bytes_uploaded_total",
+          "Bytes of the blobs counted in "
+          "tau_code_blobs_uploaded_total.");
   counter("tau_http_refused_total",
           "API requests refused (401, 403, 429, 503) by status and route pattern; each is counted, "
           "the audit trail holds a sample.");

@@ -123,6 +123,26 @@ Status Controller::InsertWithUniqueName(
   return inserted;
 }
 
+Result<Controller::CodeCheck> Controller::CheckCode(std::vector<CodeManifestEntry> manifest) {
+  TAU_ASSIGN_OR_RETURN(Manifest checked, CheckManifest(std::move(manifest)));
+  const std::string snapshots = layout::SnapshotsDir(options_.home);
+  CodeCheck out;
+  out.digest = checked.digest;
+  out.stored = PathExists(snapshots + "/" + checked.digest);
+  out.missing = MissingBlobs(snapshots, layout::BlobsDir(options_.home), checked);
+  return out;
+}
+
+Result<bool> Controller::StoreCodeBlob(const std::string& sha256, std::string_view data) {
+  TAU_ASSIGN_OR_RETURN(bool added, StoreBlob(layout::BlobsDir(options_.home), sha256, data));
+  if (added && options_.metrics) {
+    options_.metrics->Count("tau_code_blobs_uploaded_total", {});
+    options_.metrics->Count("tau_code_blob_bytes_uploaded_total", {},
+                            static_cast<double>(data.size()));
+  }
+  return added;
+}
+
 Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* error) {
   spec::ParseOutcome parsed = spec::ParseSpec(request.spec_yaml, request.spec_file);
   if (!parsed.ok()) {
@@ -153,7 +173,13 @@ Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* err
     error->status = s;
     return error->status;
   }
-  auto snapshot = StoreSnapshot(layout::SnapshotsDir(options_.home), std::move(request.code));
+  const std::string snapshots = layout::SnapshotsDir(options_.home);
+  const std::string blobs = layout::BlobsDir(options_.home);
+  auto snapshot = [&]() -> Result<Snapshot> {
+    if (!request.manifest) return StoreSnapshot(snapshots, blobs, std::move(request.code));
+    TAU_ASSIGN_OR_RETURN(Manifest manifest, CheckManifest(std::move(*request.manifest)));
+    return StoreSnapshot(snapshots, blobs, manifest);
+  }();
   if (!snapshot.ok()) {
     error->status = snapshot.status();
     return error->status;

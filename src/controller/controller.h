@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -65,7 +66,9 @@ struct ControllerOptions {
 struct SubmitRequest {
   std::string spec_file;  // for messages
   std::string spec_yaml;
+  // The code: its files inline, or (`manifest` set) a manifest whose blobs the server holds.
   std::vector<CodeFile> code;
+  std::optional<std::vector<CodeManifestEntry>> manifest;
   std::string code_dir;  // the spec's folder inside the code ("" at its root): the run starts there
   policy::Caller caller;    // who submits: resolution checks workspace membership
   bool token_user = false;  // signed in with a token, not known to the kernel as a local user
@@ -109,6 +112,16 @@ class Controller : private RunHost {
 
   // Validates, snapshots and records a new run; it is queued when this returns.
   Result<SubmitOutcome> Submit(SubmitRequest request, SubmitError* error);
+  // Code upload (POST /api/v1/code/missing, PUT /api/v1/blobs/SHA256): the digest of a manifest's
+  // snapshot and the blobs of it the server lacks (none when the snapshot is stored); a blob
+  // checked against its digest and stored (true when it was new).
+  struct CodeCheck {
+    std::string digest;
+    bool stored = false;
+    std::vector<std::string> missing;
+  };
+  Result<CodeCheck> CheckCode(std::vector<CodeManifestEntry> manifest);
+  Result<bool> StoreCodeBlob(const std::string& sha256, std::string_view data);
   Status Cancel(const std::string& name);
   // A new run from a finished run's recorded spec and code snapshot. `warning` is set when the
   // recorded spec no longer gives the recorded config hash (tau changed how it reads it).

@@ -34,7 +34,9 @@ namespace {
 using nlohmann::json;
 using store::RunRecord;
 
-constexpr size_t kMaxRequestBytes = 128u << 20;  // code snapshots travel inside submissions
+// An inline submission carries its code in base64 (64 MiB is 86 MiB of it); a blob is at most
+// kMaxSnapshotBytes, which its route checks.
+constexpr size_t kMaxRequestBytes = 128u << 20;
 constexpr int kLogPollMs = 100;
 
 std::optional<std::string> OptionalTime(const std::optional<int64_t>& ms) {
@@ -535,6 +537,28 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                                                           Printable(std::string(req.matches[1])))));
              });
 
+  // Code upload, before a submission that names a manifest: which blobs the server lacks, then
+  // each of them as raw bytes. Blobs are content-addressed, so one user's upload serves any user
+  // with the same content; what a run sees is decided by its manifest, checked at submission.
+  api->Route("POST", "/api/v1/code/missing", Access::kSignedIn,
+             [controller](const http::HttpRequest& req, http::HttpResponse& res) {
+               auto manifest = ParseManifestBody(req.body);
+               if (!manifest.ok()) return http::ReplyError(res, manifest.status());
+               auto check = controller->CheckCode(std::move(*manifest));
+               if (!check.ok()) return http::ReplyError(res, check.status());
+               api::CodeMissing reply;
+               reply.digest = check->digest;
+               reply.stored = check->stored;
+               reply.missing = std::move(check->missing);
+               http::Reply(res, 200, reply.ToJson());
+             });
+  api->Route("PUT", R"(/api/v1/blobs/([^/]+))", Access::kSignedIn,
+             [controller](const http::HttpRequest& req, http::HttpResponse& res) {
+               auto added = controller->StoreCodeBlob(req.matches[1], req.body);
+               if (!added.ok()) return http::ReplyError(res, added.status());
+               http::Reply(res, *added ? 201 : 200,
+                           {{"sha256", req.matches[1]}, {"size", req.body.size()}});
+             });
   api->Route("POST", "/api/v1/runs", Access::kSignedIn,
              [controller](const http::HttpRequest& req, http::HttpResponse& res,
                           const CallerContext& caller) {

@@ -34,8 +34,13 @@ std::string RenderAllMetrics(Controller* controller, store::Store* store,
 // throw.
 
 // POST /api/v1/runs: {"spec": {"yaml", "file"?}, "code"?: {"files": [{"path", "data" (base64),
-// "mode"?}]}}. The spec and the paths are checked later, by the controller.
+// "mode"?}] | "manifest": [{"path", "size", "sha256", "mode"?}], "dir"?}}: the code inline, or a
+// manifest of blobs uploaded before. The spec, the paths and the sizes are checked later, by the
+// controller.
 Result<SubmitRequest> ParseSubmitBody(std::string_view body);
+
+// POST /api/v1/code/missing: {"files": [{"path", "size", "sha256", "mode"?}]}, a manifest.
+Result<std::vector<CodeManifestEntry>> ParseManifestBody(std::string_view body);
 
 // POST /api/v1/validate: {"yaml", "file"?}.
 struct ValidateBody {

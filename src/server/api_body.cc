@@ -29,7 +29,46 @@ Result<std::string> OptionalString(const json& object, const char* key, const ch
   return it->get<std::string>();
 }
 
+Result<std::vector<CodeManifestEntry>> ParseManifest(const json& files, const char* where) {
+  if (!files.is_array())
+    return InvalidArgument(
+        fmt::format("{} must be an array of {{path, mode, size, sha256}}", where));
+  std::vector<CodeManifestEntry> out;
+  out.reserve(files.size());
+  for (const json& f : files) {
+    auto member = [&](const char* key, json::value_t type) {
+      auto it = f.find(key);
+      return it != f.end() && (it->type() == type ||
+                               (type == json::value_t::number_integer && it->is_number_unsigned()));
+    };
+    if (!f.is_object() || !member("path", json::value_t::string) ||
+        !member("sha256", json::value_t::string) || !member("size", json::value_t::number_integer))
+      return InvalidArgument(
+          fmt::format("each entry of {} needs 'path' and 'sha256' strings and an integer 'size' "
+                      "('mode' optional)",
+                      where));
+    CodeManifestEntry e;
+    e.path = f["path"].get<std::string>();
+    e.sha256 = f["sha256"].get<std::string>();
+    // An unsigned size past int64 reads as -1: refused by the size check, never wrapped.
+    e.size = f["size"].is_number_unsigned() && f["size"].get<uint64_t>() > INT64_MAX
+                 ? -1
+                 : f["size"].get<int64_t>();
+    e.mode = f.contains("mode") && f["mode"].is_number_integer() ? f["mode"].get<int>() : 0644;
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
 }  // namespace
+
+Result<std::vector<CodeManifestEntry>> ParseManifestBody(std::string_view body) {
+  json j = ParseObject(body);
+  if (j.is_discarded() || !j.is_object() || !j.contains("files"))
+    return InvalidArgument(
+        "request needs {\"files\": [{\"path\", \"mode\", \"size\", \"sha256\"}]}");
+  return ParseManifest(j["files"], "files");
+}
 
 Result<SubmitRequest> ParseSubmitBody(std::string_view body) {
   json j = ParseObject(body);
@@ -43,9 +82,16 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body) {
   TAU_ASSIGN_OR_RETURN(req.spec_file, OptionalString(j["spec"], "file", "spec.", "tau.yaml"));
   if (j.contains("code")) {
     const json& code = j["code"];
-    if (!code.is_object() || !code.contains("files") || !code["files"].is_array())
-      return InvalidArgument("code must be an object with a 'files' array");
-    for (const json& f : code["files"]) {
+    if (!code.is_object() || code.contains("files") == code.contains("manifest"))
+      return InvalidArgument(
+          "code must be an object with a 'files' array (the contents inline) or a 'manifest' "
+          "array (blobs uploaded first), not both");
+    if (code.contains("manifest")) {
+      TAU_ASSIGN_OR_RETURN(req.manifest, ParseManifest(code["manifest"], "code.manifest"));
+    } else if (!code["files"].is_array()) {
+      return InvalidArgument("code.files must be an array");
+    }
+    for (const json& f : code.value("files", json::array())) {
       if (!f.is_object() || !f.contains("path") || !f["path"].is_string() || !f.contains("data") ||
           !f["data"].is_string())
         return InvalidArgument("each code file needs 'path' and 'data' (base64) strings");

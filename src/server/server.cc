@@ -19,6 +19,7 @@
 #include "backend/kube/kube_backend.h"
 #include "backend/kube/kube_cluster.h"
 #include "backend/local/local_backend.h"
+#include "backend/snapshot.h"
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/json_text.h"
@@ -159,7 +160,7 @@ int RunServer(const ServerOptions& options) {
     return lock.status().code() == StatusCode::kFailedPrecondition ? 3 : 1;
   }
   for (const std::string& dir : {layout::RunsDir(options.home), layout::SnapshotsDir(options.home),
-                                 layout::VenvsDir(options.home)})
+                                 layout::BlobsDir(options.home), layout::VenvsDir(options.home)})
     (void)MakeDirs(dir, 0700);
   if (!options.platform_source.empty()) {
     if (Status s = AdoptPlatformFile(options.platform_source, layout::PlatformFile(options.home));
@@ -331,8 +332,15 @@ int RunServer(const ServerOptions& options) {
     // second nor less than once a minute.
     int64_t retention_every = std::clamp<int64_t>(shortest / 2, 1000, 60'000);
     int64_t sample_every = std::max<int64_t>(options.gpu_poll_ms, 200);
-    int64_t last_pass = -1, next_retention = 0;
+    int64_t last_pass = -1, next_retention = 0, next_blob_sweep = 0;
     while (true) {
+      // Uploaded code no snapshot took (a submission refused or never sent) is kept a day, for a
+      // submission that may still come.
+      if (NowMillis() >= next_blob_sweep) {
+        int removed = RemoveUnreferencedBlobs(layout::BlobsDir(options.home), 24 * 3600);
+        if (removed > 0) log(fmt::format("removed {} unreferenced code blobs", removed));
+        next_blob_sweep = NowMillis() + 3600 * 1000;
+      }
       if (!gpus.devices.empty()) {
         health::HealthSnapshot snap = monitor.Snapshot();
         if (snap.passes != last_pass) {

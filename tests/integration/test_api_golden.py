@@ -8,6 +8,7 @@ renamed or retyped field fails.
 TAU_UPDATE_GOLDENS=1 rewrites the golden files (review the diff)."""
 import base64
 import getpass
+import hashlib
 import json
 import os
 import re
@@ -292,6 +293,22 @@ class ApiGoldenTest(ServerTestCase):
         ok = submitted["run"]["name"]
         self.names[ok] = "<run:golden-ok>"
         self.golden("submit", {"status": status, "body": self.settled(submitted)})
+        # Code upload, as `tau run` does it: the manifest, the blob it lacks, the submission by
+        # manifest (the same code: the stored snapshot serves it).
+        content = METRICS.encode()
+        digest = hashlib.sha256(content).hexdigest()
+        manifest = [{"path": "main.py", "mode": 0o644, "size": len(content), "sha256": digest}]
+        self.reply("code_missing_stored", "/api/v1/code/missing", method="POST",
+                   body=json.dumps({"files": manifest}))
+        other = b"print('other')\n"
+        other_digest = hashlib.sha256(other).hexdigest()
+        self.reply("code_missing", "/api/v1/code/missing", method="POST",
+                   body=json.dumps({"files": [{"path": "other.py", "size": len(other),
+                                               "sha256": other_digest}]}))
+        self.reply("blob_put", f"/api/v1/blobs/{other_digest}", status=201, method="PUT",
+                   body=other.decode())
+        self.reply("blob_put_wrong_digest", f"/api/v1/blobs/{digest}", status=400, method="PUT",
+                   body=other.decode())
         self.wait_state(ok, "Succeeded")
 
         # A run that fails, is retried once, and fails again.

@@ -99,6 +99,27 @@ print(json.dumps(results))
 """
 
 
+# Reports what it found of its code, then tries to change it in every way a worker could.
+TAMPER = r"""import json, os
+report = {"main": open("main.py").read(), "extra": os.path.exists("extra.py")}
+def attempt(what):
+    try:
+        what()
+        return "ok"
+    except OSError as e:
+        return type(e).__name__
+report["write"] = attempt(lambda: open("main.py", "a").write("# changed"))
+report["chmod"] = attempt(lambda: os.chmod("main.py", 0o644))
+def replace():
+    with open("main.py.new", "w") as f:
+        f.write("# replaced")
+    os.replace("main.py.new", "main.py")
+report["replace"] = attempt(replace)
+report["create"] = attempt(lambda: open("extra.py", "w").write("x = 1"))
+print(json.dumps(report), flush=True)
+"""
+
+
 def write_project(directory, spec, main):
     os.makedirs(directory, exist_ok=True)
     os.chmod(directory, 0o755)
@@ -230,6 +251,37 @@ class SharedMachineTest(unittest.TestCase):
         p = as_user(b, ["python3", "-c", SNOOP, json.dumps({
             "evidence_dir": evidence, "record": os.path.join(evidence, "record.json")})])
         self.assertNotIn("allowed", json.loads(p.stdout).values(), p.stdout)
+
+    def test_a_run_cannot_change_the_code_another_users_run_of_it_gets(self):
+        # The same code from two users is one snapshot; A's work directory links its read-only
+        # files. A's run tries every way to change them: the next run, B's, must not see it.
+        a, b = self.people["a"], self.people["b"]
+        project = os.path.join(self.scratch, "same-code")
+        write_project(project, spec("tamper", "wa"), TAMPER)
+        os.chmod(project, 0o755)
+        p = self.tau_as(a, "run", "--detach", os.path.join(project, "tau.yaml"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        first = p.stdout.strip()
+        self.assertEqual(self.server.wait_state(first, ["Succeeded", "Failed"], timeout=60)["run"]["state"],
+                         "Succeeded")
+        tried = json.loads([line for line in self.server.tau("logs", first, check=0).stdout.splitlines()
+                            if line.startswith("{")][0])
+        self.assertEqual(tried["write"], "PermissionError", tried)
+        self.assertEqual(tried["chmod"], "PermissionError", tried)
+        # Its directories are its own: replacing a file and adding one work.
+        self.assertEqual((tried["replace"], tried["create"]), ("ok", "ok"), tried)
+        with open(os.path.join(project, "tau.yaml"), "w") as f:
+            f.write(spec("tamper", "wb"))
+        os.chmod(os.path.join(project, "tau.yaml"), 0o644)
+        p = self.tau_as(b, "run", "--detach", os.path.join(project, "tau.yaml"))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        second = p.stdout.strip()
+        self.server.wait_state(second, ["Succeeded", "Failed"], timeout=60)
+        seen = json.loads([line for line in self.server.tau("logs", second, check=0).stdout.splitlines()
+                           if line.startswith("{")][0])
+        with open(os.path.join(project, "main.py")) as f:
+            self.assertEqual(seen["main"], f.read(), "B's run got code A's run changed")
+        self.assertFalse(seen["extra"], "a file A's run made is in B's code")
 
     def test_token_users_of_two_workspaces_run_as_different_users(self):
         release = os.path.join(self.scratch, "release-tok")

@@ -1,0 +1,171 @@
+"""Code upload: `tau run` sends a manifest, uploads only the blobs the server lacks, and the run's
+work directory is made from the stored snapshot without letting the run change it."""
+import hashlib
+import json
+import os
+import re
+import socket
+import unittest
+
+from harness import ServerTestCase
+
+LISTING = r'''import hashlib, os, sys
+out = {}
+for root, dirs, files in os.walk("."):
+    for f in files:
+        p = os.path.relpath(os.path.join(root, f), ".")
+        out[p] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+# A worker that writes into a code file: refused (a read-only link) or its own copy.
+try:
+    with open("data.txt", "a") as f:
+        f.write("changed by the run\n")
+    wrote = "yes"
+except OSError as e:
+    wrote = type(e).__name__
+with open(os.path.join(os.environ["TAU_OUTPUT_DIR"], "listing.json"), "w") as f:
+    import json
+    json.dump({"files": out, "wrote": wrote}, f)
+'''
+
+SPEC = """schema_version: 1
+name: {name}
+run:
+  entrypoint: main.py
+  workload_kind: job
+compute:
+  gpus: 0
+"""
+
+
+def request(home, method, path, body=b"", content_type="application/json"):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(os.path.join(home, "tau.sock"))
+    s.sendall(f"{method} {path} HTTP/1.1\r\nHost: tau\r\nConnection: close\r\n"
+              f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    raw = b""
+    while chunk := s.recv(65536):
+        raw += chunk
+    s.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    return int(head.split(b"\r\n")[0].split()[1]), json.loads(payload)
+
+
+class CodeUploadTest(ServerTestCase):
+    def blobs_uploaded(self):
+        metrics = self.server.tau_http("/metrics")
+        m = re.search(r"^tau_code_blobs_uploaded_total(?:\{\})? (\S+)$", metrics, re.M)
+        return int(float(m.group(1))) if m else 0
+
+    def run_listing(self, spec_path):
+        p = self.server.tau("run", "--detach", spec_path, check=0)
+        name = p.stdout.strip()
+        self.server.wait_state(name, "Succeeded")
+        with open(os.path.join(self.server.home, "runs", name, "output", "listing.json")) as f:
+            return name, json.load(f)
+
+    def expected(self, d):
+        out = {}
+        for root, _, files in os.walk(d):
+            for f in files:
+                p = os.path.join(root, f)
+                out[os.path.relpath(p, d)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+        return out
+
+    def test_unchanged_code_uploads_nothing_and_a_changed_file_one_blob(self):
+        spec = self.project(SPEC.format(name="upload"),
+                            {"main.py": LISTING, "data.txt": "original\n",
+                             "pkg/util.py": "x = 1\n", "pkg/same.py": "x = 1\n"})
+        d = os.path.dirname(spec)
+        before = self.blobs_uploaded()
+        _, first = self.run_listing(spec)
+        # Five files, four distinct contents (two files share one).
+        self.assertEqual(self.blobs_uploaded() - before, 4)
+        # The run sees exactly its code (what it wrote into data.txt came after the listing).
+        self.assertEqual(first["files"], self.expected(d))
+
+        _, second = self.run_listing(spec)
+        self.assertEqual(self.blobs_uploaded() - before, 4, "unchanged code uploaded a blob")
+        # What the first run did to its data.txt is not in the next run's code.
+        self.assertEqual(second["files"], self.expected(d))
+
+        with open(os.path.join(d, "pkg", "util.py"), "w") as f:
+            f.write("x = 2\n")
+        _, third = self.run_listing(spec)
+        self.assertEqual(self.blobs_uploaded() - before, 5)
+        self.assertEqual(third["files"], self.expected(d))
+        self.assertNotEqual(third["files"]["pkg/util.py"], second["files"]["pkg/util.py"])
+        # Every snapshot's data.txt is the user's, whatever the runs wrote.
+        snapshots = os.path.join(self.server.home, "snapshots")
+        for digest in os.listdir(snapshots):
+            with open(os.path.join(snapshots, digest, "data.txt")) as f:
+                self.assertEqual(f.read(), "original\n")
+            self.assertEqual(os.stat(os.path.join(snapshots, digest, "data.txt")).st_mode & 0o777,
+                             0o444)
+
+    def test_a_blob_is_refused_unless_it_is_its_digests_content(self):
+        home = self.server.home
+        content = b"print('hello')\n"
+        digest = hashlib.sha256(content).hexdigest()
+        status, body = request(home, "PUT", f"/api/v1/blobs/{hashlib.sha256(b'x').hexdigest()}",
+                               content, "application/octet-stream")
+        self.assertEqual(status, 400, body)
+        self.assertIn(digest, body["error"]["message"])
+        # A name that is not a digest is refused (one with a '/' matches no route at all).
+        for name in ("..%2F..%2Ftau.db", "..", "ABC", digest.upper()):
+            status, body = request(home, "PUT", f"/api/v1/blobs/{name}", content)
+            self.assertIn(status, (400, 404), (name, body))
+        self.assertEqual(sorted(os.listdir(os.path.join(home, "blobs"))), [])
+        manifest = json.dumps({"files": [{"path": "a.py", "size": len(content),
+                                          "sha256": digest}]}).encode()
+        status, body = request(home, "POST", "/api/v1/code/missing", manifest)
+        self.assertEqual((status, body["missing"], body["stored"]), (200, [digest], False))
+        # A submission naming a blob never uploaded is refused, and says what to do.
+        submit = json.dumps({"spec": {"yaml": SPEC.replace("main.py", "a.py").format(name="m")},
+                             "code": {"manifest": json.loads(manifest)["files"]}}).encode()
+        status, body = request(home, "POST", "/api/v1/runs", submit)
+        self.assertEqual(status, 412, body)
+        self.assertIn("upload it", body["error"]["message"])
+        status, _ = request(home, "PUT", f"/api/v1/blobs/{digest}", content)
+        self.assertEqual(status, 201)
+        status, body = request(home, "POST", "/api/v1/code/missing", manifest)
+        self.assertEqual(body["missing"], [])
+        status, body = request(home, "POST", "/api/v1/runs", submit)
+        self.assertEqual(status, 201, body)
+        # Both bodies at once is not a shape the server guesses at.
+        both = json.loads(submit)
+        both["code"]["files"] = []
+        status, body = request(home, "POST", "/api/v1/runs", json.dumps(both).encode())
+        self.assertEqual(status, 400, body)
+
+    def test_an_oversized_directory_is_refused_before_any_file_is_read(self):
+        d = os.path.dirname(self.project(SPEC.format(name="big"), {"main.py": "print(1)\n"}))
+        # A real file first (in walk order), then a sparse one past the limit: the old walk read
+        # the first before it met the second. Reading a file moves its atime where atime is
+        # before mtime (relatime), which is how the test sees a read.
+        first = os.path.join(d, "a_first.bin")
+        with open(first, "wb") as f:
+            f.write(b"x" * 4096)
+        with open(os.path.join(d, "z_sparse.bin"), "wb") as f:
+            f.truncate(200 << 20)
+        st = os.stat(first)
+        os.utime(first, ns=(st.st_mtime_ns - 10**10, st.st_mtime_ns))
+        probe = os.path.join(self.work, "probe")
+        with open(probe, "wb") as f:
+            f.write(b"p")
+        pst = os.stat(probe)
+        os.utime(probe, ns=(pst.st_mtime_ns - 10**10, pst.st_mtime_ns))
+        open(probe, "rb").read()
+        if os.stat(probe).st_atime_ns == pst.st_mtime_ns - 10**10:
+            self.skipTest("this file system does not record reads in atime")
+        before = self.blobs_uploaded()
+        p = self.server.tau("run", "--detach", os.path.join(d, "tau.yaml"))
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("holds more than 64 MiB", p.stderr)
+        self.assertIn(".tauignore", p.stderr)
+        self.assertEqual(os.stat(first).st_atime_ns, st.st_mtime_ns - 10**10,
+                         "tau run read a file of a directory it refused")
+        self.assertEqual(self.blobs_uploaded(), before)
+
+
+if __name__ == "__main__":
+    unittest.main()
