@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <thread>
@@ -94,6 +95,32 @@ Result<bool> UploadCode(const std::string& root, const CodeWalk& code,
   return true;
 }
 
+constexpr int kTries = 4;
+
+// `call` on the connection, and again on a new one (kTries in all, waiting 1, 2, 4 s between)
+// while no answer comes (a timeout, a lost connection): only for calls that are safe to repeat.
+// `again` says so before each new try.
+template <typename Call>
+auto Retrying(const Global& g, std::unique_ptr<client::Connection>* conn, Call call,
+              const std::function<void(const Status&, int)>& again) -> decltype(call(nullptr)) {
+  auto got = call(conn->get());
+  for (int tried = 1;
+       tried < kTries && !got.ok() &&
+       (got.status().code() == StatusCode::kUnavailable || got.status().code() == StatusCode::kIo);
+       ++tried) {
+    again(got.status(), tried);
+    std::this_thread::sleep_for(std::chrono::seconds(1 << (tried - 1)));
+    auto reconnected = ConnectToServer(g.server);
+    if (!reconnected.ok()) {
+      got = reconnected.status();
+      continue;
+    }
+    *conn = std::move(*reconnected);
+    got = call(conn->get());
+  }
+  return got;
+}
+
 }  // namespace
 
 int RunExitStatus(const api::Run& run) {
@@ -118,7 +145,16 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
   if (!manifest.ok()) return Fail(manifest.status().message());
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto uploaded = UploadCode(root->root, *code, *manifest, conn->get());
+  // Sent again when no answer came, like the submission: blobs are named by their content, so a
+  // repeat changes nothing.
+  auto uploaded = Retrying(
+      g, &*conn, [&](client::Connection* c) { return UploadCode(root->root, *code, *manifest, c); },
+      [](const Status& s, int tried) {
+        std::fprintf(stderr,
+                     "tau: no answer to the code upload (%s); sending it again, which changes "
+                     "nothing the server has (try %d of %d)\n",
+                     s.message().c_str(), tried + 1, kTries);
+      });
   if (!uploaded.ok()) return Fail(uploaded.status().message());
   nlohmann::json body = {{"spec", {{"file", file}, {"yaml", spec_text}}},
                          {"code", {{"dir", root->subdir}}}};
@@ -137,25 +173,14 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
   // One key for every try of this submission: a try the server got but did not answer (a timeout,
   // a lost connection) made the run, and the next try gets that run back instead of a second one.
   const std::string key = RandomHex(32);
-  auto submitted = client::TauApi(conn->get()).Submit(request, key);
-  constexpr int kTries = 4;
-  for (int tried = 1; tried < kTries && !submitted.ok() &&
-                      (submitted.status().code() == StatusCode::kUnavailable ||
-                       submitted.status().code() == StatusCode::kIo);
-       ++tried) {
-    std::fprintf(stderr,
-                 "tau: no answer to the submission (%s); sending it again with the same key, "
-                 "which never makes a second run (try %d of %d)\n",
-                 submitted.status().message().c_str(), tried + 1, kTries);
-    std::this_thread::sleep_for(std::chrono::seconds(1 << (tried - 1)));
-    auto again = ConnectToServer(g.server);
-    if (!again.ok()) {
-      submitted = again.status();
-      continue;
-    }
-    *conn = std::move(*again);
-    submitted = client::TauApi(conn->get()).Submit(request, key);
-  }
+  auto submitted = Retrying(
+      g, &*conn, [&](client::Connection* c) { return client::TauApi(c).Submit(request, key); },
+      [](const Status& s, int tried) {
+        std::fprintf(stderr,
+                     "tau: no answer to the submission (%s); sending it again with the same key, "
+                     "which never makes a second run (try %d of %d)\n",
+                     s.message().c_str(), tried + 1, kTries);
+      });
   if (!submitted.ok()) {
     // A refusal of the spec (resolution, the backend's checks) is printed at the fields it names.
     if (submitted.status().code() == StatusCode::kInvalidArgument ||

@@ -249,7 +249,8 @@ class MalformedInputTest(HardeningCase):
             ('{"spec": {"yaml": 5}}', "request needs spec.yaml"),
             (json.dumps({"spec": {"yaml": good, "file": 7}}), "spec.file must be a string"),
             (json.dumps({"spec": {"yaml": good}, "code": []}), "code must be an object"),
-            (json.dumps({"spec": {"yaml": good}, "code": {"files": {}}}), "code must be an object"),
+            (json.dumps({"spec": {"yaml": good}, "code": {"files": {}}}),
+             "code.files must be an array"),
             (json.dumps({"spec": {"yaml": good}, "code": {"files": [{"path": 1, "data": ""}]}}),
              "each code file needs 'path' and 'data'"),
             (json.dumps({"spec": {"yaml": good}, "code": {"files": [["main.py", ""]]}}),
@@ -563,19 +564,20 @@ class IdempotentSubmissionTest(HardeningCase):
         self.assertEqual(len(self.runs()), 2)
 
     def test_the_cli_sends_an_unanswered_submission_again_and_makes_one_run(self):
-        # A proxy in front of the server loses the answer to the first submission: the server
-        # made the run, the CLI hears nothing within its 1 s timeout and tries again. The key
-        # must make the second try find that run, not make a second one.
+        # A proxy in front of the server loses the answer to the first submission (and to the
+        # first code upload before it, which the CLI sends again too): the server made the run,
+        # the CLI hears nothing within its 1 s timeout and tries again. The key must make the
+        # second try find that run, not make a second one.
         proxy_path = os.path.join(self.work, "proxy.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(proxy_path)
         listener.listen(8)
         served = []
+        lost = set()  # the routes whose first answer was lost
 
         def pipe(client):
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             upstream.connect(self.sock_path())
-            first = not served
             served.append(client)
             request = b""
             while b"\r\n\r\n" not in request:
@@ -588,6 +590,9 @@ class IdempotentSubmissionTest(HardeningCase):
             upstream.sendall(head + b"\r\n\r\n" + body)
             answer = upstream.recv(65536)  # the server has answered: the run exists
             upstream.close()
+            route = head.split(b" ")[1].split(b"?")[0]
+            first = route not in lost
+            lost.add(route)
             if not first:
                 client.sendall(answer)
                 client.close()
@@ -611,6 +616,7 @@ class IdempotentSubmissionTest(HardeningCase):
             listener.close()
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("sending it again with the same key", p.stderr)
+        self.assertIn("no answer to the code upload", p.stderr)
         self.assertGreaterEqual(len(served), 2)
         name = p.stdout.strip()
         self.assertTrue(name.startswith("lost-answer-"), p.stdout)
