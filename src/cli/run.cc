@@ -19,6 +19,7 @@
 #include "cli/code.h"
 #include "cli/commands.h"
 #include "cli/connect.h"
+#include "cli/digest_cache.h"
 #include "client/tau_api.h"
 #include "common/clock.h"
 #include "common/files.h"
@@ -45,27 +46,38 @@ std::string StatusLine(const api::Run& run) {
   return queued.empty() ? run.state : queued;
 }
 
-// The manifest of a walked code directory: each file's size and sha256, read in chunks. A file
+// The manifest of a walked code directory: each file's size and sha256, read in chunks unless the
+// digest cache knows the file as it is. A file
 // that grew since the walk is held to what is left of the limit.
 Result<nlohmann::json> HashCode(const std::string& root, const CodeWalk& code) {
   nlohmann::json manifest = nlohmann::json::array();
   size_t total = 0;
+  DigestCache cache = DigestCache::Open(root);
   for (const CodeFile& f : code.files) {
-    Sha256 hash;
-    size_t size = 0;
-    TAU_RETURN_IF_ERROR(ReadFileChunks(root + "/" + f.path, [&](std::string_view chunk) {
-      hash.Update(chunk);
-      size += chunk.size();
-    }));
+    const std::string path = root + "/" + f.path;
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return IoError("cannot read " + path, errno);
+    std::string digest = cache.Find(f.path, st);
+    size_t size = static_cast<size_t>(st.st_size);
+    if (digest.empty()) {
+      Sha256 hash;
+      size = 0;
+      TAU_RETURN_IF_ERROR(ReadFileChunks(path, [&](std::string_view chunk) {
+        hash.Update(chunk);
+        size += chunk.size();
+      }));
+      digest = hash.HexDigest();
+      if (size == static_cast<size_t>(st.st_size)) cache.Record(f.path, st, digest);
+    }
     total += size;
     if (total > kMaxSnapshotBytes)
       return ResourceExhausted(fmt::format(
           "the code directory {} holds more than {} MiB; keep data sets and checkpoints out of it "
           "or list them in .tauignore (gitignore-style patterns)",
           root, kMaxSnapshotBytes >> 20));
-    manifest.push_back(
-        {{"path", f.path}, {"mode", f.mode}, {"size", size}, {"sha256", hash.HexDigest()}});
+    manifest.push_back({{"path", f.path}, {"mode", f.mode}, {"size", size}, {"sha256", digest}});
   }
+  cache.Save();
   return manifest;
 }
 

@@ -122,6 +122,7 @@ class TauServer:
         self.home = home or tempfile.mkdtemp(prefix="tau-it-", dir="/tmp")
         self.env = dict(os.environ)
         self.env["TAU_HOME"] = self.home
+        self.env["XDG_CACHE_HOME"] = self.home + "-cache"  # the CLI's digest cache
         self.env.pop("TAU_SERVER", None)
         self.env["PIP_NO_INDEX"] = "1"
         self.env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
@@ -181,6 +182,7 @@ class TauServer:
             except ProcessLookupError:
                 pass
         shutil.rmtree(self.home, ignore_errors=True)
+        shutil.rmtree(self.home + "-cache", ignore_errors=True)
 
     def tau(self, *args, check=None, timeout=60, input=None):
         p = subprocess.run([TAU, *args], env=self.env, capture_output=True, text=True,

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import socket
+import time
 import unittest
 
 from harness import ServerTestCase
@@ -26,6 +27,8 @@ with open(os.path.join(os.environ["TAU_OUTPUT_DIR"], "listing.json"), "w") as f:
     import json
     json.dump({"files": out, "wrote": wrote}, f)
 '''
+
+DIGEST_SETTLED_S = 2  # DigestCache::kSettledSeconds
 
 SPEC = """schema_version: 1
 name: {name}
@@ -68,7 +71,8 @@ class CodeUploadTest(ServerTestCase):
         for root, _, files in os.walk(d):
             for f in files:
                 p = os.path.join(root, f)
-                out[os.path.relpath(p, d)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+                with open(p, "rb") as f:
+                    out[os.path.relpath(p, d)] = hashlib.sha256(f.read()).hexdigest()
         return out
 
     def test_unchanged_code_uploads_nothing_and_a_changed_file_one_blob(self):
@@ -101,6 +105,38 @@ class CodeUploadTest(ServerTestCase):
                 self.assertEqual(f.read(), "original\n")
             self.assertEqual(os.stat(os.path.join(snapshots, digest, "data.txt")).st_mode & 0o777,
                              0o444)
+
+    def test_the_cli_reads_only_files_changed_since_it_hashed_them(self):
+        spec = self.project(SPEC.format(name="cache"),
+                            {"main.py": LISTING, "data.txt": "original\n", "b.txt": "other!!!\n"})
+        d = os.path.dirname(spec)
+        # The digest cache keeps only files whose change time had settled when it hashed them.
+        time.sleep(DIGEST_SETTLED_S + 0.5)
+        _, first = self.run_listing(spec)
+        self.assertEqual(first["files"], self.expected(d))
+        caches = os.path.join(self.server.env["XDG_CACHE_HOME"], "tau", "code-digests")
+        [cache_file] = os.listdir(caches)
+        with open(os.path.join(caches, cache_file)) as f:
+            cache = json.load(f)
+        self.assertEqual(cache["root"], os.path.realpath(d))
+        self.assertEqual(sorted(cache["files"]), ["b.txt", "data.txt", "main.py", "tau.yaml"])
+        # A file known as it is is not read again: told that data.txt holds b.txt's content (a
+        # blob the server has), the CLI believes it, which is how the test sees no read.
+        cache["files"]["data.txt"][4] = cache["files"]["b.txt"][4]
+        with open(os.path.join(caches, cache_file), "w") as f:
+            json.dump(cache, f)
+        _, second = self.run_listing(spec)
+        self.assertEqual(second["files"]["data.txt"], first["files"]["b.txt"])
+        # A change of the same size with the old mtime put back still moves the file's ctime:
+        # read again, and the run gets the new content.
+        path = os.path.join(d, "data.txt")
+        st = os.stat(path)
+        with open(path, "w") as f:
+            f.write("ORIGINAL\n")
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        _, third = self.run_listing(spec)
+        self.assertEqual(third["files"], self.expected(d))
+        self.assertEqual(third["files"]["data.txt"], hashlib.sha256(b"ORIGINAL\n").hexdigest())
 
     def test_a_blob_is_refused_unless_it_is_its_digests_content(self):
         home = self.server.home
