@@ -6,9 +6,12 @@ platform is this machine (one slot per CPU), and drain. For each depth it report
 
   drain_s / ideal_s   from the first submission to the last run's end, against N * S / slots
   server_cpu_ms_per_run  the server process's CPU time (user + system, /proc) per run, over the drain
-  queue_show_ms       GET /api/v1/queues/default (what `tau queue show` asks) while the queue is
-                      deepest, median of 5
-  queues_ms           GET /api/v1/queues, the same way
+  queue_show_ms       GET /api/v1/queues/default?limit=50 (what `tau queue show` asks: the head of
+                      the line and the counts) while the queue is deepest, median of 5
+  queue_show_all_ms   GET /api/v1/queues/default (every pending run), the same way
+  cli_queue_show_ms   `tau queue show default` (the process, its connection and the table), the
+                      same way
+  queues_ms           GET /api/v1/queues?summary=1 (what `tau queues` asks), the same way
 
 Usage: bench/deep_queue_bench.py [--tau build/bin/tau] [--depths 300,3000] [--sleep 0.05]
 """
@@ -78,8 +81,15 @@ def one_depth(tau, depth, sleep_s):
         for th in threads:
             th.join()
         submitted_s = time.perf_counter() - t0
-        show = [get_ms(sock, "/api/v1/queues/default") for _ in range(5)]
-        queues = [get_ms(sock, "/api/v1/queues") for _ in range(5)]
+        show = [get_ms(sock, "/api/v1/queues/default?limit=50") for _ in range(5)]
+        show_all = [get_ms(sock, "/api/v1/queues/default") for _ in range(5)]
+        cli = []
+        for _ in range(5):
+            t = time.perf_counter()
+            subprocess.run([tau, "queue", "show", "default"], env=env, check=True,
+                           stdout=subprocess.DEVNULL)
+            cli.append((time.perf_counter() - t) * 1000)
+        queues = [get_ms(sock, "/api/v1/queues?summary=1") for _ in range(5)]
         while True:
             conn = UnixConnection(sock)
             conn.request("GET", "/api/v1/runs?active=1&limit=1")
@@ -96,6 +106,9 @@ def one_depth(tau, depth, sleep_s):
                 "server_cpu_ms_per_run": round(cpu * 1000 / depth, 2),
                 "queue_show_ms": round(statistics.median(ms for ms, _ in show), 2),
                 "queue_show_bytes": show[0][1],
+                "queue_show_all_ms": round(statistics.median(ms for ms, _ in show_all), 2),
+                "queue_show_all_bytes": show_all[0][1],
+                "cli_queue_show_ms": round(statistics.median(cli), 2),
                 "queues_ms": round(statistics.median(ms for ms, _ in queues), 2),
                 "queues_bytes": queues[0][1]}
     finally:

@@ -264,7 +264,7 @@ Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* err
   auto prepared = Load(r, std::move(*parsed.spec));
   {
     MutexLock lock(&mu_);
-    pending_info_[r.name] = {{"position", nullptr}, {"reason", "waiting for the scheduler"}};
+    pending_info_[r.name] = WaitingForScheduler();
   }
   PostWrite(NewRun{r.name, prepared.ok() ? std::make_optional(std::move(*prepared))
                                          : std::optional<ActiveRun>()});
@@ -398,13 +398,12 @@ void Controller::OnGpuSamples(std::vector<evidence::GpuSample> samples) {
 
 nlohmann::json Controller::PendingInfo(const std::string& name) {
   MutexLock lock(&mu_);
-  FreshViews();
+  // One run's entry needs no wait for the caller's writes: a run submitted since the views were
+  // built has its placeholder, and waiting for a build after every submission made a burst of N
+  // submissions cost N builds of O(N).
+  FreshViews(/*now=*/false, /*own_writes=*/false);
   auto it = pending_info_.find(name);
-  if (it == pending_info_.end()) {
-    // Queued since the views were built (the caller read it so from the store): build them now.
-    FreshViews(/*now=*/true);
-    it = pending_info_.find(name);
-  }
+  // Not queued, or queued since the views were built: a pass will say.
   return it == pending_info_.end() ? nlohmann::json() : it->second;
 }
 

@@ -244,7 +244,10 @@ class Controller : private RunHost {
   // On an API thread: makes the views at most kViewsMaxAgeMs old (or current, when nothing has
   // changed since they were built; with `now`, built after this call), asking the loop and
   // waiting for it (at most 2 s: else the last ones).
-  void FreshViews(bool now = false) TAU_REQUIRES(mu_);
+  // `own_writes`: the views include the writes posted before this call.
+  void FreshViews(bool now = false, bool own_writes = true) TAU_REQUIRES(mu_);
+  // The pending entry of a run the views have not seen yet.
+  static nlohmann::json WaitingForScheduler();
   Result<ActiveRun> Load(const store::RunRecord& record);
   // The same, with the record's spec already parsed (by Submit).
   Result<ActiveRun> Load(const store::RunRecord& record, spec::RunSpec spec);

@@ -442,17 +442,21 @@ void Controller::PostWrite(InboxMessage message) {
   inbox_.Push(std::move(message));
 }
 
-void Controller::FreshViews(bool now) {
+nlohmann::json Controller::WaitingForScheduler() {
+  return {{"position", nullptr}, {"reason", "waiting for the scheduler"}};
+}
+
+void Controller::FreshViews(bool now, bool own_writes) {
   // Driven by hand, every pass builds them; stopping, no pass will.
   if (!options_.loop_thread || stopping_) return;
   // The caller's own writes (and everyone's before them) are in; then a view at most
   // kViewsMaxAgeMs old will do, and one built since the last change is current.
-  if (!now && views_built_writes_ >= writes_posted_ &&
+  if (!now && (!own_writes || views_built_writes_ >= writes_posted_) &&
       (views_built_generation_ == views_generation_ ||
        MonotonicMillis() - views_built_ms_ <
            std::max(kViewsMaxAgeMs, kViewsAgePerBuildMs * views_build_ms_)))
     return;
-  const int64_t asked_at = views_generation_, writes = writes_posted_;
+  const int64_t asked_at = views_generation_, writes = own_writes ? writes_posted_ : 0;
   views_wanted_ = true;
   inbox_.Push(ViewsWanted{});
   views_cv_.WaitFor(&mu_, std::chrono::seconds(2), [&]() TAU_REQUIRES(mu_) {

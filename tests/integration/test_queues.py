@@ -337,7 +337,9 @@ class QueueTest(ServerTestCase):
         # Never two runs on the same GPUs: the preemptor started after the victim's attempt ended.
         h = self.server.run_json(high)
         self.assertLessEqual(d["attempts"][0]["ended"], h["attempts"][0]["started"])
-        self.assertIn("queue vision has 0 of 2 free", self.pending(low)["reason"])
+        # Requeued in one pass, back in the engine in the next: the reason follows.
+        wait_for(lambda: "queue vision has 0 of 2 free" in (self.pending(low) or {}).get(
+            "reason", ""), what="the low run's reason")
         # When the high run is done, the low one runs again and resumes from its checkpoint, though
         # resilience.max_retries is 0: preemption is not the run's failure.
         self.release("high")
