@@ -393,6 +393,34 @@ TEST(RenderJob, CodeFromAnImageIsCopiedIntoThePodsInsteadOfTheSubmittedCode) {
   EXPECT_TRUE(mounted);
 }
 
+// Init containers run before the worker and hold no GPU: none may be handed the node's GPUs by an
+// image that says NVIDIA_VISIBLE_DEVICES=all (CUDA images do), however many GPUs the worker asks.
+TEST(RenderJob, NoInitContainerIsGivenTheNodesGpus) {
+  auto r = RenderText(
+      "name: q\nengine: job\nrun:\n  entrypoint: train.py\n"
+      "  source: {image: 'ghcr.io/lab/code:7', path: /app/src}\n"
+      "runtime: {image: 'nvcr.io/nvidia/pytorch:24.01-py3'}\ncompute: {gpus: 1}\n"
+      "storage:\n  image_assets:\n    - name: ref\n"
+      "      image: ghcr.io/x/assets@sha256:"
+      "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n"
+      "      source_path: /opt/a\n      mount_path: /opt/ref\n",
+      kMultiPlatform, "alice", {});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const json& pod = r->back()["spec"]["template"]["spec"];
+  std::set<std::string> seen;
+  for (const json& c : pod["initContainers"]) {
+    std::string name = c["name"];
+    seen.insert(name);
+    std::string value = "(unset)";
+    for (const json& e : c.value("env", json::array())) {
+      if (e["name"] == "NVIDIA_VISIBLE_DEVICES") value = e["value"];
+    }
+    EXPECT_EQ(value, "void") << name;
+  }
+  EXPECT_TRUE(seen.count("tau-source")) << "the code copy was rendered";
+  EXPECT_TRUE(seen.count("tau-asset-ref")) << "the asset copy was rendered";
+}
+
 // A direct-shape Job of `workers` pods with `topology`, against platform-multi.yaml
 // (network-domain, accelerator-domain, host) or, with `platform_without_topology`, the example
 // platform, which defines none.

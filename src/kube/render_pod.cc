@@ -442,16 +442,17 @@ json CopyContainer(const RunContext& ctx, const std::string& name, const std::st
             {"image", image},
             {"command", {"/bin/cp", "-a", source + (source.back() == '/' ? "." : "/."), into}},
             {"volumeMounts", {{{"name", volume}, {"mountPath", into}}}}};
+  // It copies files and needs no GPU, which an image that says NVIDIA_VISIBLE_DEVICES=all would
+  // still be given by the NVIDIA runtime.
+  c["env"] = json::array({EnvEntry("NVIDIA_VISIBLE_DEVICES", "void")});
   if (ctx.spec->runtime.security_mode == "restricted")
     c["securityContext"] = ContainerSecurity(ctx);
   return c;
 }
 
 json SourceContainer(const RunContext& ctx) {
-  json c = CopyContainer(ctx, kSourceContainer, ctx.spec->source.image, ctx.spec->source.path,
-                         kCodeVolume, kCodeDir);
-  c["env"] = json::array({EnvEntry("NVIDIA_VISIBLE_DEVICES", "void")});
-  return c;
+  return CopyContainer(ctx, kSourceContainer, ctx.spec->source.image, ctx.spec->source.path,
+                       kCodeVolume, kCodeDir);
 }
 
 json ContainerEnv(const RunContext& ctx, bool literal_env, bool gpu_container,
