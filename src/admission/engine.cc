@@ -285,6 +285,7 @@ Result<Engine> Engine::Create(const Config& config) {
   }
   m.tree.Finalize();
   m.epoch.assign(m.tree.nodes.size(), 1);
+  m.version.assign(m.tree.nodes.size(), 1);
   m.tree_cqs.assign(m.tree.nodes.size(), {});
   for (size_t i = 0; i < m.cqs.size(); ++i) {
     m.tree_cqs[m.tree.nodes[m.cqs[i].node].root].push_back(static_cast<int>(i));
@@ -296,6 +297,7 @@ void Engine::Impl::Charge(int id, int sign) {
   Wl& w = wls[id];
   Cq& cq = cqs[w.cq];
   tree.AddUsage(cq.node, w.usage, sign);
+  ++version[tree.nodes[cq.node].root];
   if (sign > 0) {
     w.admitted_index = static_cast<int>(cq.admitted.size());
     cq.admitted.push_back(id);
@@ -464,6 +466,7 @@ Status Engine::EvictWorkload(const std::string& name) {
   w.considered = true;
   w.reason = kReasonPending;
   w.message = "evicted and requeued";
+  w.why.clear();
   m.QueuePush(id);
   return Status::Ok();
 }

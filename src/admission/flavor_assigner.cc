@@ -7,7 +7,6 @@
 #include <map>
 
 #include "admission/internal.h"
-#include "common/strings.h"
 
 namespace tau::admission {
 namespace {
@@ -16,7 +15,7 @@ struct FlavorTry {
   int flavor = -1;
   FrMode mode = FrMode::kFit;
   int borrow = 0;
-  std::vector<std::string> messages;
+  Whys whys;
   std::string reason;  // for kNoFit
   std::vector<int> preempt_frs;
   std::vector<Target> targets;
@@ -55,15 +54,14 @@ WlAssignment Engine::Impl::Assign(int id) {
     acc.emplace_back(fr, 0);
     return acc.back().second;
   };
-  std::vector<std::string> preempt_messages;
   bool no_targets = false;
 
-  auto no_fit = [&](const std::string& podset, const std::string& reason,
-                    const std::vector<std::string>& messages) {
+  auto no_fit = [&](const std::string& podset, const std::string& reason, const Whys& whys) {
     a.mode = WlMode::kNoFit;
     a.reason = reason;
-    a.message =
-        fmt::format("couldn't assign flavors to pod set {}: {}", podset, Join(messages, ", "));
+    a.why.clear();
+    a.why.emplace_back(podset);
+    a.why.insert(a.why.end(), whys.begin(), whys.end());
     return a;
   };
 
@@ -74,8 +72,7 @@ WlAssignment Engine::Impl::Assign(int id) {
     for (const auto& [r, v] : w.podset_requests[i]) {
       auto g = cq.group_of_resource.find(r);
       if (g == cq.group_of_resource.end()) {
-        return no_fit(ps.name, kReasonNoMatchingFlavor,
-                      {fmt::format("resource {} unavailable in ClusterQueue", resource_names[r])});
+        return no_fit(ps.name, kReasonNoMatchingFlavor, {Why(Why::kUnavailable, r, -1)});
       }
       auto slot = std::find_if(by_group.begin(), by_group.end(),
                                [&](const auto& e) { return e.first == g->second; });
@@ -89,7 +86,7 @@ WlAssignment Engine::Impl::Assign(int id) {
               [](const auto& x, const auto& y) { return x.first < y.first; });
     std::vector<std::pair<int, int>> chosen_flavors;
     for (const auto& [g, requests] : by_group) {
-      std::vector<std::string> reasons;
+      Whys reasons;
       bool any_waiting = false, any_exceeds = false;
       FlavorTry best;
       bool have_best = false;
@@ -102,11 +99,11 @@ WlAssignment Engine::Impl::Assign(int id) {
         if (!ps.allowed_flavors.empty() &&
             std::find(ps.allowed_flavors.begin(), ps.allowed_flavors.end(), flavor_names[f]) ==
                 ps.allowed_flavors.end()) {
-          reasons.push_back(fmt::format("flavor {} is not one this run may use", flavor_names[f]));
+          reasons.emplace_back(Why::kNotAllowed, -1, f);
           continue;
         }
         if (!matches) {
-          reasons.push_back(fmt::format("flavor {} doesn't match node affinity", flavor_names[f]));
+          reasons.emplace_back(Why::kNoAffinity, -1, f);
           continue;
         }
         FlavorTry t;
@@ -114,15 +111,12 @@ WlAssignment Engine::Impl::Assign(int id) {
         for (const auto& [r, v] : requests) {
           int fr = fr_of[f][r];
           int64_t val = acc_get(fr) + v;
-          const std::string& rname = resource_names[r];
           int64_t cap = tree.PotentialAvailable(node, fr);
           if (val > cap) {
             t.mode = FrMode::kNoFit;
             t.reason = kReasonExceedsMaxQuota;
             any_exceeds = true;
-            t.messages.push_back(fmt::format(
-                "insufficient quota for {} in flavor {}, request {} > maximum capacity {}", rname,
-                flavor_names[f], Qty(val), Qty(cap)));
+            t.whys.emplace_back(Why::kOverCapacity, r, f, val, cap);
             continue;
           }
           int64_t avail = std::max<int64_t>(0, tree.Available(node, fr));
@@ -130,10 +124,7 @@ WlAssignment Engine::Impl::Assign(int id) {
             t.borrow = std::max(t.borrow, tree.BorrowLevel(node, fr, val));
             continue;
           }
-          std::string msg =
-              fmt::format("insufficient unused quota for {} in flavor {}, {} more needed", rname,
-                          flavor_names[f], Qty(val - avail));
-          t.messages.push_back(msg);
+          t.whys.emplace_back(Why::kShortOf, r, f, val - avail);
           const Node& n = tree.nodes[node];
           if (n.nominal[fr] >= val || tree.MayReclaimInHierarchy(node, fr, val) ||
               can_preempt_while_borrowing) {
@@ -163,7 +154,7 @@ WlAssignment Engine::Impl::Assign(int id) {
           }
         }
         if (t.mode == FrMode::kNoFit) {
-          reasons.insert(reasons.end(), t.messages.begin(), t.messages.end());
+          reasons.insert(reasons.end(), t.whys.begin(), t.whys.end());
           continue;
         }
         bool stop = false;
@@ -173,8 +164,7 @@ WlAssignment Engine::Impl::Assign(int id) {
         } else if (t.mode == FrMode::kPreempt || t.mode == FrMode::kReclaim) {
           stop = cq.spec.flavor_fungibility.when_can_preempt == WhenCanPreempt::kPreempt;
         }
-        if (t.mode != FrMode::kFit)
-          reasons.insert(reasons.end(), t.messages.begin(), t.messages.end());
+        if (t.mode != FrMode::kFit) reasons.insert(reasons.end(), t.whys.begin(), t.whys.end());
         if (!have_best || Preferred(t, best) || stop) {
           best = std::move(t);
           have_best = true;
@@ -197,8 +187,8 @@ WlAssignment Engine::Impl::Assign(int id) {
         if (best.mode == FrMode::kNoCandidates) no_targets = true;
         a.preempt_frs.insert(a.preempt_frs.end(), best.preempt_frs.begin(), best.preempt_frs.end());
         a.oracle_targets = best.targets;
-        preempt_messages.push_back(
-            fmt::format("couldn't assign flavors to pod set {}: {}", ps.name, Join(reasons, ", ")));
+        a.why.emplace_back(ps.name);
+        a.why.insert(a.why.end(), reasons.begin(), reasons.end());
       }
     }
     std::sort(chosen_flavors.begin(), chosen_flavors.end());
@@ -208,13 +198,50 @@ WlAssignment Engine::Impl::Assign(int id) {
   a.usage = std::move(acc);
   if (a.mode == WlMode::kPreempt) {
     a.reason = kReasonWaitingForQuota;
-    a.message = Join(preempt_messages, "; ");
     // The oracle ran per FR; its result stands for the workload only when there is one FR and
     // it found nothing or something.
     a.oracle_valid = a.usage.size() == 1 && a.preempt_frs.size() == 1;
     if (no_targets && a.oracle_valid) a.oracle_targets.clear();
   }
   return a;
+}
+
+std::string Engine::Impl::Explain(const Whys& why) const {
+  std::string out;
+  bool first_in_podset = true;
+  for (const Why& w : why) {
+    if (w.kind == Why::kPodSet) {
+      if (!out.empty()) out += "; ";
+      out += fmt::format("couldn't assign flavors to pod set {}: ", w.podset);
+      first_in_podset = true;
+      continue;
+    }
+    if (!first_in_podset) out += ", ";
+    first_in_podset = false;
+    switch (w.kind) {
+      case Why::kUnavailable:
+        out += fmt::format("resource {} unavailable in ClusterQueue", resource_names[w.resource]);
+        break;
+      case Why::kNotAllowed:
+        out += fmt::format("flavor {} is not one this run may use", flavor_names[w.flavor]);
+        break;
+      case Why::kNoAffinity:
+        out += fmt::format("flavor {} doesn't match node affinity", flavor_names[w.flavor]);
+        break;
+      case Why::kOverCapacity:
+        out +=
+            fmt::format("insufficient quota for {} in flavor {}, request {} > maximum capacity {}",
+                        resource_names[w.resource], flavor_names[w.flavor], Qty(w.a), Qty(w.b));
+        break;
+      case Why::kShortOf:
+        out += fmt::format("insufficient unused quota for {} in flavor {}, {} more needed",
+                           resource_names[w.resource], flavor_names[w.flavor], Qty(w.a));
+        break;
+      case Why::kPodSet:
+        break;
+    }
+  }
+  return out;
 }
 
 }  // namespace tau::admission

@@ -61,6 +61,28 @@ struct QuotaTree {
   double DominantShare(int node, const std::vector<int>& fr_resource) const;
 };
 
+// Why a flavor assignment failed, as data, put into words (Engine::Impl::Explain) only when
+// someone asks (Engine::Pending): a cycle nominates a head in every queue, and most of their
+// messages are never read.
+struct Why {
+  enum Kind : uint8_t {
+    kPodSet,        // starts the words of a pod set: "couldn't assign flavors to pod set P: "
+    kUnavailable,   // resource not in the queue
+    kNotAllowed,    // flavor not one the run may use
+    kNoAffinity,    // flavor's labels against the node selector
+    kOverCapacity,  // request (a) over the maximum capacity (b)
+    kShortOf,       // unused quota short by (a)
+  };
+  Why(Kind kind, int resource, int flavor, int64_t a = 0, int64_t b = 0)
+      : kind(kind), resource(resource), flavor(flavor), a(a), b(b) {}
+  explicit Why(std::string podset) : kind(kPodSet), podset(std::move(podset)) {}
+  Kind kind;
+  int resource = -1, flavor = -1;
+  int64_t a = 0, b = 0;
+  std::string podset;  // kPodSet
+};
+using Whys = std::vector<Why>;
+
 struct Wl;
 
 // A queue's pending workloads of one scheduling-equivalence class (same requests, selectors and
@@ -75,7 +97,8 @@ struct EqClass {
   explicit EqClass(WlLess less) : members(less) {}
   WlSet members;
   bool blocked = false;  // NoFit head: the whole class is inadmissible until quota is released
-  std::string reason, message;
+  std::string reason, message;  // `message` when `why` is empty
+  Whys why;
 };
 
 struct Cq {
@@ -100,33 +123,6 @@ struct Cq {
   std::vector<int> admitted;
 };
 
-struct Wl {
-  Workload spec;
-  bool alive = true;
-  int cq = -1;
-  WorkloadState state = WorkloadState::kPending;
-  uint64_t eq_hash = 0;
-  bool parked = false;
-  uint64_t park_seq = 0;
-  bool considered = false;
-  std::string reason, message;
-  // Holding quota.
-  FlavorAssignment assignment;
-  FrAmounts usage;
-  int admitted_index = -1;  // position in Cq::admitted
-  // Requests per pod set, resource id -> total (count x per pod), zero requests dropped.
-  std::vector<std::vector<std::pair<int, int64_t>>> podset_requests;
-};
-
-inline bool WlLess::operator()(int a, int b) const {
-  const Workload& x = (*wls)[a].spec;
-  const Workload& y = (*wls)[b].spec;
-  if (x.priority != y.priority) return x.priority > y.priority;
-  if (x.created_ms != y.created_ms) return x.created_ms < y.created_ms;
-  if (x.name != y.name) return x.name < y.name;
-  return a < b;
-}
-
 // A preemption victim and the reason it is preempted for (a kPreemptIn... constant).
 struct Target {
   int wl;
@@ -143,11 +139,46 @@ struct WlAssignment {
   std::vector<std::vector<std::pair<int, int>>> podset_flavors;  // per pod set: (resource, flavor)
   FrAmounts usage;                                               // total over pod sets
   std::vector<int> preempt_frs;                                  // FRs that need preemption
-  std::string reason, message;  // for NoFit / Preempt without targets
+  std::string reason;  // for NoFit / Preempt without targets, with `why`
+  Whys why;
   // Targets found by the per-FR preemption oracle; reusable when the workload uses one FR.
   std::vector<Target> oracle_targets;
   bool oracle_valid = false;
 };
+
+struct Wl {
+  Workload spec;
+  bool alive = true;
+  int cq = -1;
+  WorkloadState state = WorkloadState::kPending;
+  uint64_t eq_hash = 0;
+  bool parked = false;
+  uint64_t park_seq = 0;
+  bool considered = false;
+  std::string reason, message;  // `message` when `why` is empty
+  Whys why;
+  // Holding quota.
+  FlavorAssignment assignment;
+  FrAmounts usage;
+  int admitted_index = -1;  // position in Cq::admitted
+  // Its last nomination (flavor assignment and preemption targets) and the tree version it was
+  // made at: while nothing it reads has changed, a head that stays pending (waiting for its
+  // victims to go, say) is nominated again from here instead of searching again.
+  uint64_t nominated_version = 0;
+  WlAssignment nomination;
+  std::vector<Target> nomination_targets;
+  // Requests per pod set, resource id -> total (count x per pod), zero requests dropped.
+  std::vector<std::vector<std::pair<int, int64_t>>> podset_requests;
+};
+
+inline bool WlLess::operator()(int a, int b) const {
+  const Workload& x = (*wls)[a].spec;
+  const Workload& y = (*wls)[b].spec;
+  if (x.priority != y.priority) return x.priority > y.priority;
+  if (x.created_ms != y.created_ms) return x.created_ms < y.created_ms;
+  if (x.name != y.name) return x.name < y.name;
+  return a < b;
+}
 
 struct Engine::Impl {
   Config config;
@@ -159,6 +190,9 @@ struct Engine::Impl {
   std::vector<std::vector<int>> fr_of;  // [flavor][resource] -> fr or -1
   std::vector<int> fr_flavor, fr_resource;
   std::vector<uint64_t> epoch;  // per root node: bumps when quota is released in the tree
+  // Per root node: bumps on every change a nomination reads (usage charged or released, a
+  // workload marked preempted), so an unchanged version means an unchanged nomination.
+  std::vector<uint64_t> version;
   std::vector<Wl> wls;
   // Slots of removed workloads, reused by the next ones: the engine's memory follows the
   // workloads it has, not every workload it ever had.
@@ -180,8 +214,9 @@ struct Engine::Impl {
   void Charge(int id, int sign);
   void Release(int id);  // removes usage and wakes the tree's inadmissible workloads
 
-  // Flavor assignment (flavor_assigner.cc).
+  // Flavor assignment (flavor_assigner.cc), and the words for why it failed.
   WlAssignment Assign(int id);
+  std::string Explain(const Whys& why) const;
   // Preemption (preemption.cc). `request` is what the preemptor needs in total; `need` the FRs
   // that lack room. Returns victims (empty: no preemption possible).
   std::vector<Target> GetTargets(int id, const FrAmounts& request, const std::vector<int>& need);

@@ -46,10 +46,13 @@ void Engine::Impl::QueueErase(int id) {
   }
   auto it = cq.classes.find(w.eq_hash);
   EqClass& c = it->second;
+  // Erase by position: the workload leaving is most often the class's first and the queue's
+  // head, and a lookup by key costs two descents comparing Wl keys far apart in memory.
   bool first = *c.members.begin() == id;
-  c.members.erase(id);
+  c.members.erase(first ? c.members.begin() : c.members.find(id));
   if (!c.blocked && first) {
-    cq.heads.erase(id);
+    auto head = cq.heads.begin();
+    cq.heads.erase(*head == id ? head : cq.heads.find(id));
     if (!c.members.empty()) cq.heads.insert(*c.members.begin());
   }
 }
@@ -71,7 +74,10 @@ void Engine::Impl::QueueBlockClass(int id) {
   c.blocked = true;
   c.reason = w.reason;
   c.message = w.message;
-  cq.heads.erase(*c.members.begin());
+  c.why = w.why;
+  int first = *c.members.begin();
+  auto head = cq.heads.begin();
+  cq.heads.erase(*head == first ? head : cq.heads.find(first));
   cq.blocked.push_back(w.eq_hash);
 }
 
@@ -116,8 +122,9 @@ namespace {
 struct Entry {
   int wl = -1;
   int cq = -1;
-  WlAssignment assignment;
-  std::vector<Target> targets;
+  // The head's nomination, kept in its Wl (so a later cycle may reuse it).
+  const WlAssignment* assignment = nullptr;
+  const std::vector<Target>* targets = nullptr;
   bool done = false;
 };
 
@@ -142,27 +149,41 @@ CycleResult Engine::RunCycle(const CycleOptions& options) {
     Entry e;
     e.wl = head;
     e.cq = static_cast<int>(i);
-    e.assignment = m.Assign(head);
-    if (e.assignment.mode == WlMode::kPreempt) {
-      if (e.assignment.oracle_valid && e.assignment.usage.size() == 1) {
-        // One FR: the oracle already ran the same search.
-        e.targets = e.assignment.oracle_targets;
-      } else {
-        e.targets = m.GetTargets(head, e.assignment.usage, e.assignment.preempt_frs);
+    Wl& w = m.wls[head];
+    const uint64_t version = m.version[m.tree.nodes[m.cqs[i].node].root];
+    if (w.nominated_version != version) {
+      w.nomination = m.Assign(head);
+      w.nomination_targets.clear();
+      const WlAssignment& a = w.nomination;
+      if (a.mode == WlMode::kPreempt) {
+        if (a.oracle_valid && a.usage.size() == 1) {
+          // One FR: the oracle already ran the same search.
+          w.nomination_targets = a.oracle_targets;
+        } else {
+          w.nomination_targets = m.GetTargets(head, a.usage, a.preempt_frs);
+        }
       }
+      w.nominated_version = version;
     }
-    entries.push_back(std::move(e));
+    e.assignment = &w.nomination;
+    e.targets = &w.nomination_targets;
+    entries.push_back(e);
   }
   result.heads = static_cast<int>(entries.size());
 
   std::unordered_set<int> preempted_now;
   std::vector<std::pair<int, FrAmounts>> reserved;  // (node, usage) to undo at the end
-  auto requeue = [&](Entry& e, const std::string& reason, const std::string& message, bool park,
-                     bool block_class) {
+  auto requeue = [&](Entry& e, const std::string& reason, const std::string& message,
+                     const Whys* why, bool park, bool block_class) {
     Wl& w = m.wls[e.wl];
     w.considered = true;
     w.reason = reason;
     w.message = message;
+    if (why) {
+      w.why = *why;
+    } else {
+      w.why.clear();
+    }
     if (m.cqs[e.cq].spec.queueing_strategy == QueueingStrategy::kStrictFifo || !park) return;
     if (block_class) {
       m.QueueBlockClass(e.wl);
@@ -173,12 +194,13 @@ CycleResult Engine::RunCycle(const CycleOptions& options) {
   auto process = [&](Entry& e) {
     Wl& w = m.wls[e.wl];
     Cq& cq = m.cqs[e.cq];
-    const WlAssignment& a = e.assignment;
+    const WlAssignment& a = *e.assignment;
+    const std::vector<Target>& targets = *e.targets;
     if (a.mode == WlMode::kNoFit) {
-      requeue(e, a.reason, a.message, true, true);
+      requeue(e, a.reason, "", &a.why, true, true);
       return;
     }
-    if (a.mode == WlMode::kPreempt && e.targets.empty()) {
+    if (a.mode == WlMode::kPreempt && targets.empty()) {
       // Hold back capacity the workload could reclaim later unless its queue can always
       // reclaim, so lower-ranked entries of the cohort can't take it in this cycle.
       if (cq.spec.preemption.reclaim_within_cohort != ReclaimWithinCohort::kAny) {
@@ -195,42 +217,43 @@ CycleResult Engine::RunCycle(const CycleOptions& options) {
         m.tree.AddUsage(cq.node, hold, +1);
         reserved.emplace_back(cq.node, std::move(hold));
       }
-      requeue(e, kReasonWaitingForQuota, a.message, true, false);
+      requeue(e, kReasonWaitingForQuota, "", &a.why, true, false);
       return;
     }
-    for (const Target& t : e.targets) {
+    for (const Target& t : targets) {
       if (preempted_now.count(t.wl)) {
         requeue(e, kReasonWaitingForQuota,
-                "Workload has overlapping preemption targets with another workload", false, false);
+                "Workload has overlapping preemption targets with another workload", nullptr, false,
+                false);
         return;
       }
     }
     // Re-check against the snapshot as modified by the entries processed before, assuming every
     // victim chosen so far (and this entry's own) is gone.
     std::vector<int> gone(preempted_now.begin(), preempted_now.end());
-    for (const Target& t : e.targets) gone.push_back(t.wl);
+    for (const Target& t : targets) gone.push_back(t.wl);
     for (int v : gone) m.tree.AddUsage(m.cqs[m.wls[v].cq].node, m.wls[v].usage, -1);
     bool fits = m.Fits(e.cq, a.usage, true);
     for (int v : gone) m.tree.AddUsage(m.cqs[m.wls[v].cq].node, m.wls[v].usage, +1);
     if (!fits) {
       requeue(e, kReasonWaitingForQuota,
-              "Workload no longer fits after processing another workload", false, false);
+              "Workload no longer fits after processing another workload", nullptr, false, false);
       return;
     }
     if (a.mode == WlMode::kPreempt) {
       m.tree.AddUsage(cq.node, a.usage, +1);
       reserved.emplace_back(cq.node, a.usage);
-      for (const Target& t : e.targets) {
+      for (const Target& t : targets) {
         preempted_now.insert(t.wl);
         Wl& v = m.wls[t.wl];
         if (v.state == WorkloadState::kPreempted) continue;  // already being evicted
         v.state = WorkloadState::kPreempted;
+        ++m.version[m.tree.nodes[m.cqs[v.cq].node].root];
         result.preempted.push_back({v.spec.name, m.cqs[v.cq].spec.name, t.reason, w.spec.name});
       }
-      requeue(
-          e, kReasonWaitingForPreemptedWorkloads,
-          fmt::format("Waiting for {} preempted workload(s) to release quota", e.targets.size()),
-          false, false);
+      requeue(e, kReasonWaitingForPreemptedWorkloads,
+              fmt::format("Waiting for {} preempted workload(s) to release quota", targets.size()),
+              nullptr, false, false);
       return;
     }
     // Fit: admit.
@@ -247,16 +270,22 @@ CycleResult Engine::RunCycle(const CycleOptions& options) {
     w.usage = a.usage;
     w.reason.clear();
     w.message.clear();
+    w.why.clear();
     m.Charge(e.wl, +1);
     result.admitted.push_back({w.spec.name, cq.spec.name, w.assignment});
+    // A nomination is for a pending workload: drop it (`a` refers to it).
+    w.nominated_version = 0;
+    w.nomination = {};
+    w.nomination_targets.clear();
   };
 
   // 3. Order and process.
   if (!m.config.fair_sharing) {
     std::vector<Entry*> order;
     for (Entry& e : entries) order.push_back(&e);
-    std::stable_sort(order.begin(), order.end(), [&](const Entry* a, const Entry* b) {
-      bool ba = a->assignment.borrow_level > 0, bb = b->assignment.borrow_level > 0;
+    // WlLess orders any two workloads, so no two entries tie: sort is stable_sort here.
+    std::sort(order.begin(), order.end(), [&](const Entry* a, const Entry* b) {
+      bool ba = a->assignment->borrow_level > 0, bb = b->assignment->borrow_level > 0;
       if (ba != bb) return !ba;
       return WlLess{&m.wls}(a->wl, b->wl);
     });
@@ -280,7 +309,7 @@ CycleResult Engine::RunCycle(const CycleOptions& options) {
       double share;
     };
     auto score_at = [&](Entry* e, int subtree) {
-      const FrAmounts& u = e->assignment.usage;
+      const FrAmounts& u = e->assignment->usage;
       int cq_node = m.cqs[e->cq].node;
       m.tree.AddUsage(cq_node, u, +1);
       Score s{false, m.Drs(subtree)};
@@ -354,11 +383,11 @@ std::vector<PendingInfo> Engine::Pending() const {
       p.position = position++;
       if (w.considered) {
         p.reason = w.reason;
-        p.message = w.message;
+        p.message = w.why.empty() ? w.message : m.Explain(w.why);
       } else if (p.inadmissible) {
         const EqClass& c = cq.classes.at(w.eq_hash);
         p.reason = c.reason;
-        p.message = c.message;
+        p.message = c.why.empty() ? c.message : m.Explain(c.why);
       } else {
         p.reason = kReasonPending;
         p.message = fmt::format("waiting in ClusterQueue {} behind {} workload(s)", cq.spec.name,
