@@ -176,15 +176,23 @@ CycleResult Engine::RunCycle(const CycleOptions& options) {
   auto requeue = [&](Entry& e, const std::string& reason, const std::string& message,
                      const Whys* why, bool park, bool block_class) {
     Wl& w = m.wls[e.wl];
+    const bool parks = park && m.cqs[e.cq].spec.queueing_strategy != QueueingStrategy::kStrictFifo;
     w.considered = true;
     w.reason = reason;
     w.message = message;
-    if (why) {
-      w.why = *why;
-    } else {
+    if (!why) {
       w.why.clear();
+    } else if (parks && why == &w.nomination.why) {
+      w.why = std::move(w.nomination.why);
+    } else {
+      w.why = *why;
     }
-    if (m.cqs[e.cq].spec.queueing_strategy == QueueingStrategy::kStrictFifo || !park) return;
+    if (!parks) return;
+    // A parked workload comes back when quota is released in its tree, which changes the tree's
+    // version: its nomination can never be reused, so it is not kept.
+    w.nominated_version = 0;
+    w.nomination = {};
+    w.nomination_targets.clear();
     if (block_class) {
       m.QueueBlockClass(e.wl);
     } else {
