@@ -901,6 +901,13 @@ void Controller::Pass(InboxTake take) {
   Batch started;
   backend_->Launch(&started);
   changed(started);
+  // Attempts that started (Running, a supervisor's pid) are committed without an fsync of their
+  // own: nothing is done on them, and the next commit's fsync makes them durable (a restart finds
+  // a live supervisor by its lock even without its pid). A run that ended here is told to anyone
+  // who asks, and its resources go to others: then it is fsynced.
+  started.sync =
+      std::any_of(started.runs.begin(), started.runs.end(),
+                  [](const store::RunProgress& r) { return store::IsTerminal(r.state); });
   CommitOrDie(std::move(started));
   backend_->Launched();
   std::vector<std::vector<evidence::GpuSample>> samples;

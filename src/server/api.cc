@@ -590,7 +590,8 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                  return http::ReplyError(res, outcome.status(), {{"diagnostics", diags}});
                }
                api::Submitted reply;
-               reply.run = RunOf(outcome->run, controller);
+               // A new run waits for the scheduler: the reply does not wait for the loop's views.
+               reply.run = RunOf(outcome->run, controller, !outcome->replayed);
                // A repeated submission gets the run its key made, as it is now.
                if (outcome->replayed) res.headers_out.emplace_back("Idempotent-Replayed", "true");
                http::Reply(res, outcome->replayed ? 200 : 201, reply.ToJson());
