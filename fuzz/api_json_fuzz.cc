@@ -1,5 +1,6 @@
 // The API's JSON request bodies on arbitrary bytes: POST /api/v1/runs (ParseSubmitBody, with the
-// base64 code files or a code manifest), POST /api/v1/code/missing (ParseManifestBody), POST
+// base64 code files or a code manifest), POST /api/v1/runs/batch (ParseBatchBody: every item's
+// code is an index it holds), POST /api/v1/code/missing (ParseManifestBody), POST
 // /api/v1/validate (ParseValidateBody) and POST /api/v1/runs/NAME/resume
 // (ParseResumeBody), POST /api/v1/tokens (ParseTokenBody), and the one-member bodies of
 // /api/v1/session and workspace secrets (ParseSingleStringBody). Every input goes to all of them;
@@ -78,6 +79,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   } else {
     TAU_FUZZ_CHECK(!submit.status().message().empty());
+  }
+
+  auto batch = tau::server::ParseBatchBody(body);
+  if (batch.ok()) {
+    TAU_FUZZ_CHECK(!batch->items.empty() && batch->items.size() <= tau::server::kMaxBatchRuns);
+    for (const tau::server::BatchItem& item : batch->items)
+      TAU_FUZZ_CHECK(item.code < batch->codes.size());
+  } else {
+    TAU_FUZZ_CHECK(!batch.status().message().empty());
   }
 
   auto manifest = tau::server::ParseManifestBody(body);

@@ -273,6 +273,16 @@ Status ReadPending(const json& j, const std::string& path, Pending* out) {
   return r.Finish(&out->extra);
 }
 
+Status ReadRunArray(const json& j, const std::string& path, RunArray* out) {
+  Reader r(j, path);
+  r.Str("name", &out->name);
+  r.Int("index", &out->index);
+  r.Int("first", &out->first);
+  r.Int("last", &out->last);
+  r.Int("step", &out->step);
+  return r.Finish(&out->extra);
+}
+
 Status ReadRun(const json& j, const std::string& path, Run* out) {
   Reader r(j, path);
   r.Str("name", &out->name);
@@ -307,6 +317,11 @@ Status ReadRun(const json& j, const std::string& path, Run* out) {
     out->pending = std::move(pending);
   }
   if (const json* s = r.Member("spec", /*required=*/false)) out->spec = *s;
+  if (const json* a = r.Member("array", /*required=*/false)) {
+    RunArray array;
+    TAU_RETURN_IF_ERROR(ReadRunArray(*a, r.path().empty() ? "array" : r.path() + ".array", &array));
+    out->array = std::move(array);
+  }
   return r.Finish(&out->extra);
 }
 
@@ -729,7 +744,34 @@ json Run::ToJson() const {
             {"backend", backend}};
   if (has_pending) j["pending"] = pending ? pending->ToJson() : json(nullptr);
   if (spec) j["spec"] = *spec;
+  if (array) j["array"] = array->ToJson();
   return WithExtra(std::move(j), extra);
+}
+
+std::string RunArray::Range() const {
+  std::string range = std::to_string(first) + "-" + std::to_string(last);
+  if (step != 1) range += ":" + std::to_string(step);
+  return range;
+}
+
+json RunArray::ToJson() const {
+  return WithExtra(
+      {{"name", name}, {"index", index}, {"first", first}, {"last", last}, {"step", step}}, extra);
+}
+
+Result<RunArray> RunArray::FromJson(const json& j) { return FromTop<RunArray>(j, ReadRunArray); }
+
+json SubmittedBatch::ToJson() const {
+  return WithExtra({{"runs", Array(runs, [](const Run& r) { return r.ToJson(); })}}, extra);
+}
+
+Result<SubmittedBatch> SubmittedBatch::FromJson(const json& j) {
+  return FromTop<SubmittedBatch>(j,
+                                 [](const json& j, const std::string& path, SubmittedBatch* out) {
+                                   Reader r(j, path);
+                                   r.List("runs", &out->runs, ReadRun);
+                                   return r.Finish(&out->extra);
+                                 });
 }
 
 Result<Run> Run::FromJson(const json& j) { return FromTop<Run>(j, ReadRun); }

@@ -38,6 +38,19 @@ struct Pending {
   static Result<Pending> FromJson(const nlohmann::json& j);
 };
 
+// A run's place in an array (`tau run --array A-B[:S]`): the array's name (the runs' names are it
+// and the index), the run's index, and the range.
+struct RunArray {
+  std::string name;
+  int64_t index = 0;
+  int64_t first = 0, last = 0, step = 1;
+  nlohmann::json extra = nlohmann::json::object();
+
+  std::string Range() const;  // "0-99", or "0-99:2" with a step
+  nlohmann::json ToJson() const;
+  static Result<RunArray> FromJson(const nlohmann::json& j);
+};
+
 struct Run {
   std::string name;
   std::string spec_name;
@@ -65,6 +78,7 @@ struct Run {
   bool has_pending = false;
   std::optional<Pending> pending;
   std::optional<nlohmann::json> spec;  // the canonical spec, in the reply of one run only
+  std::optional<RunArray> array;       // only for a run of an array
   nlohmann::json extra = nlohmann::json::object();
 
   bool IsTerminal() const;  // Succeeded, Failed or Cancelled
@@ -158,6 +172,15 @@ struct Submitted {
 
   nlohmann::json ToJson() const;
   static Result<Submitted> FromJson(const nlohmann::json& j);
+};
+
+// POST /api/v1/runs/batch: the runs, in the order of the request's items.
+struct SubmittedBatch {
+  std::vector<Run> runs;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<SubmittedBatch> FromJson(const nlohmann::json& j);
 };
 
 // A `run` event of GET /api/v1/events.

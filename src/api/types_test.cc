@@ -107,6 +107,24 @@ TEST(ApiTypes, RunsRoundTrip) {
                              {"updated", "2026-12-02T07:56:44.754Z"}});
 }
 
+TEST(ApiTypes, ABatchsRunsCarryTheirArray) {
+  json run = QueuedRun();
+  run["array"] = {{"name", "a-1f2e3d4c"}, {"index", 6}, {"first", 0}, {"last", 8}, {"step", 2}};
+  ExpectRoundTrip<api::Run>(run);
+  ExpectRoundTrip<SubmittedBatch>({{"runs", {run, QueuedRun()}}});
+  Result<SubmittedBatch> b = SubmittedBatch::FromJson({{"runs", {run, QueuedRun()}}});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_TRUE(b->runs[0].array.has_value());
+  EXPECT_EQ(b->runs[0].array->index, 6);
+  EXPECT_EQ(b->runs[0].array->Range(), "0-8:2");
+  EXPECT_FALSE(b->runs[1].array.has_value());
+  run["array"]["index"] = "six";
+  Result<api::Run> wrong = api::Run::FromJson(run);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("array.index"), std::string::npos)
+      << wrong.status().message();
+}
+
 TEST(ApiTypes, RunMembersAreTyped) {
   Result<RunDetail> d = RunDetail::FromJson(Detail());
   ASSERT_TRUE(d.ok()) << d.status().ToString();

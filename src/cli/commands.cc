@@ -197,12 +197,13 @@ static void PrintRuns(const std::vector<api::Run>& runs, bool wide = false) {
     if (wide) {
       row.insert(row.begin() + 5, {Cell(r.workspace), Cell(r.user), std::to_string(r.priority)});
       row.push_back(RunDuration(r));
+      row.push_back(r.array ? fmt::format("{}[{}]", r.array->name, r.array->index) : "-");
     }
     rows.push_back(std::move(row));
   }
   if (wide)
     PrintTable({"NAME", "STATE", "EXIT", "ATTEMPTS", "QUEUE", "WORKSPACE", "USER", "PRIORITY",
-                "GPUS", "CREATED", "DURATION"},
+                "GPUS", "CREATED", "DURATION", "ARRAY"},
                rows);
   else
     PrintTable({"NAME", "STATE", "EXIT", "ATTEMPTS", "QUEUE", "GPUS", "CREATED"}, rows);
@@ -292,6 +293,9 @@ static int CmdDescribe(const Global& g, const std::string& name, Format format) 
   if (run.exit_code) std::printf("Exit code:   %d\n", *run.exit_code);
   if (run.signal) std::printf("Signal:      %d\n", *run.signal);
   std::printf("Spec:        %s (%s)\n", run.spec_file.c_str(), run.spec_name.c_str());
+  if (run.array)
+    std::printf("Array:       %s, index %lld of %s\n", run.array->name.c_str(),
+                static_cast<long long>(run.array->index), run.array->Range().c_str());
   std::printf("Kind:        %s\n", run.kind.c_str());
   std::printf("Queue:       %s (workspace %s)\n", run.queue.c_str(), run.workspace.c_str());
   std::printf("Resources:   %s\n", ResourcesText(run.resources).c_str());
@@ -685,6 +689,7 @@ void RegisterServerCommand(CLI::App* app, Context* ctx) {
 void RegisterRunCommands(CLI::App* app, Context* ctx) {
   struct Args {
     std::string run_file = "tau.yaml", state, run_name, resume_from;
+    std::string array;  // tau run --array, when given (even empty: it is refused then)
     std::vector<std::string> names;
     bool detach = false, all = false, watch = false, top_once = false, follow = false,
          force = false;
@@ -698,7 +703,14 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
       app->add_subcommand("run", "Submit a run, stream its logs, exit with its exit status");
   run->add_option("file", a->run_file, "The spec (default ./tau.yaml)");
   run->add_flag("-d,--detach", a->detach, "Print the run name and return at once");
-  run->callback([=, &g] { ctx->rc = CmdRun(g, a->run_file, a->detach); });
+  CLI::Option* array =
+      run->add_option("--array", a->array,
+                      "One run per index of FIRST-LAST[:STEP] (at most 10000), each with "
+                      "TAU_ARRAY_INDEX, submitted together");
+  run->callback([=, &g] {
+    ctx->rc = array->count() > 0 ? CmdRunArray(g, a->run_file, a->array, a->detach)
+                                 : CmdRun(g, a->run_file, a->detach);
+  });
 
   auto* list = app->add_subcommand("list", "List runs (active ones unless --all)");
   list->add_option("--state", a->state, "Only runs in this state (Queued, Running, Failed, ...)");

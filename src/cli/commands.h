@@ -67,6 +67,15 @@ void RegisterHealthAgentCommand(CLI::App* health, Context* ctx);
 // The commands that other files of the module call.
 int CmdVersion(const Global& g, bool with_server, Format format = Format::kTable);
 int CmdRun(const Global& g, const std::string& file, bool detach);  // run.cc
+// `tau run --array FIRST-LAST[:STEP]`: one run per index, submitted as one batch, each with
+// TAU_ARRAY_INDEX; with `detach` the names are printed, else it waits for all of them to end.
+struct ArrayRange {
+  int64_t first = 0, last = 0, step = 1;
+};
+inline constexpr int64_t kMaxArrayRuns = 10'000;
+// InvalidArgument naming --array for an empty, malformed, reversed or too large range.
+Result<ArrayRange> ParseArrayRange(const std::string& text);
+int CmdRunArray(const Global& g, const std::string& file, const std::string& range, bool detach);
 int CmdStatus(const Global& g, const std::string& run, Format format);
 int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet, Format format);
 // watch_commands.cc: the live views over the server's event stream (GET /api/v1/events).

@@ -67,10 +67,13 @@ void DigestCache::Record(const std::string& path, const struct stat& st,
   if (static_cast<int64_t>(st.st_ctim.tv_sec) > std::time(nullptr) - kSettledSeconds) return;
   used_[path] = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
                  static_cast<int64_t>(st.st_size), CtimeNs(st), sha256};
+  recorded_ = true;
 }
 
 void DigestCache::Save() const {
   if (file_.empty() || used_.empty()) return;
+  // Every entry used was found as the file holds it, and none is left out: nothing to write.
+  if (!recorded_ && used_.size() == known_.size()) return;
   nlohmann::json files = nlohmann::json::object();
   for (const auto& [path, e] : used_)
     files[path] = nlohmann::json::array({e.dev, e.ino, e.size, e.ctime_ns, e.sha256});

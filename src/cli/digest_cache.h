@@ -27,8 +27,9 @@ class DigestCache {
   // Records the digest of `path`'s content, read while it was as `st` describes it (unless it
   // had changed too recently to be told apart from a later change).
   void Record(const std::string& path, const struct stat& st, const std::string& sha256);
-  // Keeps what was found or recorded since Open (files no longer in the directory are dropped).
-  // Best effort: a cache that cannot be written costs only a slower next run.
+  // Keeps what was found or recorded since Open (files no longer in the directory are dropped);
+  // writes nothing when that is what the file holds already (an unchanged directory). Best
+  // effort: a cache that cannot be written costs only a slower next run.
   void Save() const;
 
  private:
@@ -41,6 +42,7 @@ class DigestCache {
   std::string file_;  // "" when there is nowhere to keep it
   std::map<std::string, Entry> known_;
   mutable std::map<std::string, Entry> used_;
+  bool recorded_ = false;  // Record added or changed an entry
 };
 
 }  // namespace tau::cli

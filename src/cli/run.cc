@@ -141,69 +141,200 @@ int RunExitStatus(const api::Run& run) {
   return kExitInvalid;
 }
 
+namespace {
+
+// What a submission's `code` member says: the manifest of the uploaded blobs, or (a server older
+// than code upload) the files inline; and the spec's folder inside the code.
+Result<nlohmann::json> SubmitCode(const Global& g, const std::string& file,
+                                  const spec::ParseOutcome& parsed,
+                                  std::unique_ptr<client::Connection>* conn) {
+  TAU_ASSIGN_OR_RETURN(auto root, FindCodeRoot(file, *parsed.spec));
+  // The limits are checked from the files' sizes before any is read; then each file is hashed.
+  TAU_ASSIGN_OR_RETURN(CodeWalk code, ListCode(root.root, parsed.spec->code_excludes));
+  for (const std::string& w : code.warnings) std::fprintf(stderr, "tau: warning: %s\n", w.c_str());
+  TAU_ASSIGN_OR_RETURN(nlohmann::json manifest, HashCode(root.root, code));
+  TAU_ASSIGN_OR_RETURN(*conn, ConnectToServer(g.server));
+  // Sent again when no answer came, like the submission: blobs are named by their content, so a
+  // repeat changes nothing.
+  TAU_ASSIGN_OR_RETURN(
+      bool uploaded,
+      Retrying(
+          g, conn, [&](client::Connection* c) { return UploadCode(root.root, code, manifest, c); },
+          [](const Status& s, int tried) {
+            std::fprintf(stderr,
+                         "tau: no answer to the code upload (%s); sending it again, which changes "
+                         "nothing the server has (try %d of %d)\n",
+                         s.message().c_str(), tried + 1, kTries);
+          }));
+  nlohmann::json out = {{"dir", root.subdir}};
+  if (uploaded) {
+    out["manifest"] = std::move(manifest);
+    return out;
+  }
+  // A server older than code upload: the files inline, as it reads them.
+  TAU_ASSIGN_OR_RETURN(auto collected,
+                       CollectCode(root.root, kMaxSnapshotBytes, parsed.spec->code_excludes));
+  nlohmann::json files = nlohmann::json::array();
+  for (const CodeFile& f : collected.files)
+    files.push_back({{"path", f.path}, {"mode", f.mode}, {"data", Base64Encode(f.data)}});
+  out["files"] = std::move(files);
+  return out;
+}
+
+// A refusal of the spec (resolution, the backend's checks) is printed at the fields it names.
+int SubmitFailed(const std::string& file, const spec::ParseOutcome& parsed, const Status& status) {
+  if (status.code() == StatusCode::kInvalidArgument ||
+      status.code() == StatusCode::kFailedPrecondition ||
+      status.code() == StatusCode::kPermissionDenied) {
+    std::fprintf(stderr, "%s\n", LocatedErrors(file, parsed, status.message()).c_str());
+    return kExitTauError;  // as before: the run never existed
+  }
+  return Fail(status.message());
+}
+
+}  // namespace
+
+Result<ArrayRange> ParseArrayRange(const std::string& text) {
+  auto refuse = [&](const std::string& why) {
+    return InvalidArgument(fmt::format(
+        "--array {}: {}; give FIRST-LAST or FIRST-LAST:STEP, such as 0-99 or 0-98:2 (at most {} "
+        "runs)",
+        text.empty() ? "''" : "'" + text + "'", why, kMaxArrayRuns));
+  };
+  // Digits only, at most 9 of them: no signs, spaces or overflow.
+  auto number = [](std::string_view digits, int64_t* out) {
+    if (digits.empty() || digits.size() > 9) return false;
+    int64_t v = 0;
+    for (char c : digits) {
+      if (c < '0' || c > '9') return false;
+      v = v * 10 + (c - '0');
+    }
+    *out = v;
+    return true;
+  };
+  std::string_view rest = text;
+  ArrayRange r;
+  const size_t colon = rest.find(':');
+  if (colon != std::string_view::npos) {
+    if (!number(rest.substr(colon + 1), &r.step)) return refuse("the step is not a whole number");
+    if (r.step < 1) return refuse("the step must be at least 1");
+    rest = rest.substr(0, colon);
+  }
+  const size_t dash = rest.find('-');
+  if (dash == std::string_view::npos) return refuse("it is not a range");
+  if (!number(rest.substr(0, dash), &r.first) || !number(rest.substr(dash + 1), &r.last))
+    return refuse("its ends are not whole numbers");
+  if (r.last < r.first) return refuse("it is reversed (the last index is below the first)");
+  const int64_t count = (r.last - r.first) / r.step + 1;
+  if (count > kMaxArrayRuns) return refuse(fmt::format("it makes {} runs", count));
+  return r;
+}
+
+int CmdRunArray(const Global& g, const std::string& file, const std::string& range_text,
+                bool detach) {
+  // The range is checked before the spec is read or anything is sent.
+  auto range = ParseArrayRange(range_text);
+  if (!range.ok()) return Fail(range.status().message());
+  std::string spec_text;
+  int rc = 0;
+  std::optional<spec::ParseOutcome> read = ReadSpecFile(file, &spec_text, &rc);
+  if (!read) return rc;
+  const spec::ParseOutcome& parsed = *read;
+  std::unique_ptr<client::Connection> conn;
+  auto code = SubmitCode(g, file, parsed, &conn);
+  if (!code.ok()) return Fail(code.status().message());
+  // One code for every run: the server checks and snapshots it once.
+  nlohmann::json runs = nlohmann::json::array();
+  const nlohmann::json spec = {{"file", file}, {"yaml", spec_text}};
+  for (int64_t i = range->first; i <= range->last; i += range->step)
+    runs.push_back({{"spec", spec}, {"code", 0}, {"array_index", i}});
+  const std::string request = JsonText(
+      {{"codes", nlohmann::json::array({std::move(*code)})},
+       {"runs", std::move(runs)},
+       {"array", {{"first", range->first}, {"last", range->last}, {"step", range->step}}}});
+  // One key for the whole batch: a try the server got but did not answer made the runs, and the
+  // next try gets those runs back instead of a second array.
+  const std::string key = RandomHex(32);
+  auto submitted = Retrying(
+      g, &conn, [&](client::Connection* c) { return client::TauApi(c).SubmitBatch(request, key); },
+      [](const Status& s, int tried) {
+        std::fprintf(stderr,
+                     "tau: no answer to the submission (%s); sending it again with the same key, "
+                     "which never makes a second array (try %d of %d)\n",
+                     s.message().c_str(), tried + 1, kTries);
+      });
+  if (!submitted.ok()) return SubmitFailed(file, parsed, submitted.status());
+  std::vector<api::Run>& made = submitted->runs;
+  if (detach) {
+    std::string names;
+    for (const api::Run& r : made) (names += r.name) += '\n';
+    std::fputs(names.c_str(), stdout);
+    return 0;
+  }
+  const std::string array = made.empty() || !made[0].array ? "" : made[0].array->name;
+  std::fprintf(stderr, "tau: array %s submitted: %zu runs (%s-INDEX)\n", array.c_str(), made.size(),
+               array.c_str());
+  std::snprintf(g_detach_message, sizeof g_detach_message,
+                "\ntau: detached; the runs of array %s go on without this terminal. See them: tau "
+                "list\n",
+                array.c_str());
+  ::signal(SIGINT, OnInterrupt);
+  // Waits for every run to end, saying so as each does; exits 0 when all succeeded.
+  std::vector<std::string> waiting;
+  for (const api::Run& r : made) waiting.push_back(r.name);
+  size_t failed = 0;
+  int status = 0;
+  while (!waiting.empty()) {
+    std::vector<std::string> still;
+    for (const std::string& name : waiting) {
+      auto now = client::TauApi(conn.get()).GetRun(name);
+      if (!now.ok()) return Fail(now.status().message());
+      const api::Run& run = now->run;
+      if (!run.IsTerminal()) {
+        still.push_back(name);
+        continue;
+      }
+      if (run.state != "Succeeded") {
+        ++failed;
+        if (status == 0) status = RunExitStatus(run);
+        std::fprintf(stderr, "tau: run %s %s (%s): %s\n", name.c_str(),
+                     run.state == "Cancelled" ? "was cancelled" : "failed", run.reason.c_str(),
+                     run.message.c_str());
+      }
+    }
+    waiting = std::move(still);
+    if (!waiting.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  std::fprintf(stderr, "tau: array %s: %zu of %zu runs succeeded\n", array.c_str(),
+               made.size() - failed, made.size());
+  return status;
+}
+
 int CmdRun(const Global& g, const std::string& file, bool detach) {
   std::string spec_text;
   int rc = 0;
   std::optional<spec::ParseOutcome> read = ReadSpecFile(file, &spec_text, &rc);
   if (!read) return rc;
   const spec::ParseOutcome& parsed = *read;
-  auto root = FindCodeRoot(file, *parsed.spec);
-  if (!root.ok()) return Fail(root.status().message());
-  // The limits are checked from the files' sizes before any is read; then each file is hashed.
-  auto code = ListCode(root->root, parsed.spec->code_excludes);
+  std::unique_ptr<client::Connection> owned;
+  auto code = SubmitCode(g, file, parsed, &owned);
   if (!code.ok()) return Fail(code.status().message());
-  for (const std::string& w : code->warnings) std::fprintf(stderr, "tau: warning: %s\n", w.c_str());
-  auto manifest = HashCode(root->root, *code);
-  if (!manifest.ok()) return Fail(manifest.status().message());
-  auto conn = ConnectToServer(g.server);
-  if (!conn.ok()) return Fail(conn.status().message());
-  // Sent again when no answer came, like the submission: blobs are named by their content, so a
-  // repeat changes nothing.
-  auto uploaded = Retrying(
-      g, &*conn, [&](client::Connection* c) { return UploadCode(root->root, *code, *manifest, c); },
-      [](const Status& s, int tried) {
-        std::fprintf(stderr,
-                     "tau: no answer to the code upload (%s); sending it again, which changes "
-                     "nothing the server has (try %d of %d)\n",
-                     s.message().c_str(), tried + 1, kTries);
-      });
-  if (!uploaded.ok()) return Fail(uploaded.status().message());
+  auto* conn = &owned;
   nlohmann::json body = {{"spec", {{"file", file}, {"yaml", spec_text}}},
-                         {"code", {{"dir", root->subdir}}}};
-  if (*uploaded) {
-    body["code"]["manifest"] = std::move(*manifest);
-  } else {
-    // A server older than code upload: the files inline, as it reads them.
-    auto collected = CollectCode(root->root, kMaxSnapshotBytes, parsed.spec->code_excludes);
-    if (!collected.ok()) return Fail(collected.status().message());
-    nlohmann::json files = nlohmann::json::array();
-    for (const CodeFile& f : collected->files)
-      files.push_back({{"path", f.path}, {"mode", f.mode}, {"data", Base64Encode(f.data)}});
-    body["code"]["files"] = std::move(files);
-  }
+                         {"code", std::move(*code)}};
   const std::string request = JsonText(body);
   // One key for every try of this submission: a try the server got but did not answer (a timeout,
   // a lost connection) made the run, and the next try gets that run back instead of a second one.
   const std::string key = RandomHex(32);
   auto submitted = Retrying(
-      g, &*conn, [&](client::Connection* c) { return client::TauApi(c).Submit(request, key); },
+      g, conn, [&](client::Connection* c) { return client::TauApi(c).Submit(request, key); },
       [](const Status& s, int tried) {
         std::fprintf(stderr,
                      "tau: no answer to the submission (%s); sending it again with the same key, "
                      "which never makes a second run (try %d of %d)\n",
                      s.message().c_str(), tried + 1, kTries);
       });
-  if (!submitted.ok()) {
-    // A refusal of the spec (resolution, the backend's checks) is printed at the fields it names.
-    if (submitted.status().code() == StatusCode::kInvalidArgument ||
-        submitted.status().code() == StatusCode::kFailedPrecondition ||
-        submitted.status().code() == StatusCode::kPermissionDenied) {
-      std::fprintf(stderr, "%s\n",
-                   LocatedErrors(file, parsed, submitted.status().message()).c_str());
-      return kExitTauError;  // as before: the run never existed
-    }
-    return Fail(submitted.status().message());
-  }
+  if (!submitted.ok()) return SubmitFailed(file, parsed, submitted.status());
   client::TauApi tau(conn->get());
   api::Run run = std::move(submitted->run);
   std::string name = run.name;

@@ -69,6 +69,13 @@ Result<api::Submitted> TauApi::Submit(const std::string& body, const std::string
   return Typed<api::Submitted>("POST", "/api/v1/runs", body, headers);
 }
 
+Result<api::SubmittedBatch> TauApi::SubmitBatch(const std::string& body,
+                                                const std::string& idempotency_key) {
+  Headers headers;
+  if (!idempotency_key.empty()) headers.emplace_back("Idempotency-Key", idempotency_key);
+  return Typed<api::SubmittedBatch>("POST", "/api/v1/runs/batch", body, headers);
+}
+
 Result<api::CodeMissing> TauApi::CodeMissing(const std::string& manifest_body) {
   return Typed<api::CodeMissing>("POST", "/api/v1/code/missing", manifest_body);
 }

@@ -49,6 +49,11 @@ class TauApi {
   // POST /api/v1/runs. With an idempotency key, a submission sent again (after a timeout or a lost
   // connection) answers with the run the first one made instead of making another.
   Result<api::Submitted> Submit(const std::string& body, const std::string& idempotency_key = "");
+  // POST /api/v1/runs/batch: many submissions ({"codes"?, "runs": [...], "array"?}, see
+  // docs/api.md), all made or none; the key is the whole batch's, so a batch sent again answers
+  // with the runs the first one made.
+  Result<api::SubmittedBatch> SubmitBatch(const std::string& body,
+                                          const std::string& idempotency_key = "");
   // Code upload: which blobs of a manifest ({"files": [{path, mode, size, sha256}]}) the server
   // lacks, then each of them, its raw bytes under its sha256.
   Result<api::CodeMissing> CodeMissing(const std::string& manifest_body);

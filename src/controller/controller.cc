@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
@@ -143,67 +144,51 @@ Result<bool> Controller::StoreCodeBlob(const std::string& sha256, std::string_vi
   return added;
 }
 
-Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* error) {
-  spec::ParseOutcome parsed = spec::ParseSpec(request.spec_yaml, request.spec_file);
+Result<Controller::PreparedRun> Controller::PrepareRun(
+    const std::string& spec_yaml, const std::string& spec_file, const std::string& code_dir,
+    const policy::Caller& caller, bool token_user,
+    const std::function<Result<Snapshot>()>& make_snapshot, SubmitError* error) {
+  auto refuse = [error](Status s) {
+    error->status = std::move(s);
+    return error->status;
+  };
+  spec::ParseOutcome parsed = spec::ParseSpec(spec_yaml, spec_file);
   if (!parsed.ok()) {
     error->diagnostics = parsed.diagnostics;
-    error->status = InvalidArgument(parsed.ErrorText());
-    return error->status;
+    return refuse(InvalidArgument(parsed.ErrorText()));
   }
   const spec::RunSpec& spec = *parsed.spec;
   std::shared_ptr<const policy::Platform> platform = CurrentPlatform().platform;
-  auto resolved = policy::Resolve(spec, *platform, request.caller);
-  if (!resolved.ok()) {
-    error->status = resolved.status();
-    return error->status;
+  auto resolved = policy::Resolve(spec, *platform, caller);
+  if (!resolved.ok()) return refuse(resolved.status());
+  if (!code_dir.empty()) {
+    if (Status s = CheckCodePath(code_dir); !s.ok())
+      return refuse(InvalidArgument("code.dir: " + s.message()));
+    resolved->code_subdir = code_dir;
   }
-  if (!request.code_dir.empty()) {
-    if (Status s = CheckCodePath(request.code_dir); !s.ok()) {
-      error->status = InvalidArgument("code.dir: " + s.message());
-      return error->status;
-    }
-    resolved->code_subdir = request.code_dir;
-  }
-  if (Status s = CheckSecrets(spec, resolved->workspace, nullptr); !s.ok()) {
-    error->status = s;
-    return error->status;
-  }
+  if (Status s = CheckSecrets(spec, resolved->workspace, nullptr); !s.ok()) return refuse(s);
   Resources need = Needs(*resolved);
-  if (Status s = backend_->CheckFits(need); !s.ok()) {
-    error->status = s;
-    return error->status;
-  }
-  const std::string snapshots = layout::SnapshotsDir(options_.home);
-  const std::string blobs = layout::BlobsDir(options_.home);
-  auto snapshot = [&]() -> Result<Snapshot> {
-    if (!request.manifest) return StoreSnapshot(snapshots, blobs, std::move(request.code));
-    TAU_ASSIGN_OR_RETURN(Manifest manifest, CheckManifest(std::move(*request.manifest)));
-    return StoreSnapshot(snapshots, blobs, manifest);
-  }();
-  if (!snapshot.ok()) {
-    error->status = snapshot.status();
-    return error->status;
-  }
+  if (Status s = backend_->CheckFits(need); !s.ok()) return refuse(s);
+  auto snapshot = make_snapshot();
+  if (!snapshot.ok()) return refuse(snapshot.status());
   SubmissionCheck check;
   check.spec = &spec;
   check.resolved = &*resolved;
   check.platform = platform.get();
   check.need = need;
-  check.spec_file = request.spec_file;
+  check.spec_file = spec_file;
   check.snapshot_dir = snapshot->dir;
   check.snapshot_files = &snapshot->files;
-  check.caller = &request.caller;
-  check.token_user = request.token_user;
+  check.caller = &caller;
+  check.token_user = token_user;
   std::optional<std::string> run_as;
   check.run_as = &run_as;
-  if (Status s = backend_->Check(check); !s.ok()) {
-    error->status = s;
-    return error->status;
-  }
-  RunRecord r;
+  if (Status s = backend_->Check(check); !s.ok()) return refuse(s);
+  PreparedRun out;
+  RunRecord& r = out.record;
   r.spec_name = spec.name;
-  r.spec_file = request.spec_file;
-  r.spec_yaml = request.spec_yaml;
+  r.spec_file = spec_file;
+  r.spec_yaml = spec_yaml;
   r.spec_json = spec::ToJson(spec);
   r.config_hash = spec::ConfigHash(r.spec_json);
   r.snapshot_digest = snapshot->digest;
@@ -211,24 +196,62 @@ Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* err
   r.workspace = resolved->workspace;
   r.queue = resolved->queue;
   r.priority = resolved->priority;
-  r.owner = request.caller.user;
+  r.owner = caller.user;
   r.resolved = policy::ToJson(*resolved);
   r.resources = {{"gpus", need.gpus},
                  {"cpu_milli", need.cpu_milli},
                  {"memory_bytes", need.memory_bytes},
                  {"workers", spec.compute.workers}};
   r.created_ms = r.updated_ms = Now();
-  r.submit_key = request.idempotency_key;
   r.run_as = std::move(run_as);
-  nlohmann::json submitted = {{"config_hash", r.config_hash},
-                              {"snapshot_digest", r.snapshot_digest},
-                              {"files", snapshot->files.size()}};
+  out.submitted = {{"config_hash", r.config_hash},
+                   {"snapshot_digest", r.snapshot_digest},
+                   {"files", snapshot->files.size()}};
+  out.spec = std::move(*parsed.spec);
+  return out;
+}
+
+namespace {
+
+std::vector<Event> SubmissionEvents(const RunRecord& r, const nlohmann::json& submitted) {
+  return {
+      {0, r.name, r.created_ms, "Submitted", "submitted from " + r.spec_file, submitted, "", ""},
+      {0, r.name, r.created_ms, "Queued", "queued in " + r.queue, nlohmann::json::object(), "",
+       ""}};
+}
+
+}  // namespace
+
+void Controller::Accepted(const RunRecord& r, spec::RunSpec spec) {
+  Count("tau_runs_submitted_total", {{"workspace", r.workspace}, {"queue", r.queue}});
+  // The loop's view of the run is made here, from the spec just parsed, exactly as Load would make
+  // it from the store after a restart: the decision loop, which every run passes through, neither
+  // reads the run back nor parses its spec again.
+  auto prepared = Load(r, std::move(spec));
+  {
+    MutexLock lock(&mu_);
+    pending_info_[r.name] = WaitingForScheduler();
+  }
+  PostWrite(NewRun{r.name, prepared.ok() ? std::make_optional(std::move(*prepared))
+                                         : std::optional<ActiveRun>()});
+}
+
+Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* error) {
+  const std::string snapshots = layout::SnapshotsDir(options_.home);
+  const std::string blobs = layout::BlobsDir(options_.home);
+  auto snapshot = [&]() -> Result<Snapshot> {
+    if (!request.manifest) return StoreSnapshot(snapshots, blobs, std::move(request.code));
+    TAU_ASSIGN_OR_RETURN(Manifest manifest, CheckManifest(std::move(*request.manifest)));
+    return StoreSnapshot(snapshots, blobs, manifest);
+  };
+  TAU_ASSIGN_OR_RETURN(PreparedRun prepared,
+                       PrepareRun(request.spec_yaml, request.spec_file, request.code_dir,
+                                  request.caller, request.token_user, snapshot, error));
+  RunRecord& r = prepared.record;
+  r.submit_key = request.idempotency_key;
   auto insert = [&] {
-    return InsertWithUniqueName(&r, spec.name, [&](const std::string& name) {
-      return std::vector<Event>{
-          {0, name, r.created_ms, "Submitted", "submitted from " + r.spec_file, submitted, "", ""},
-          {0, name, r.created_ms, "Queued", "queued in " + r.queue, nlohmann::json::object(), "",
-           ""}};
+    return InsertWithUniqueName(&r, r.spec_name, [&](const std::string&) {
+      return SubmissionEvents(r, prepared.submitted);
     });
   };
   Status inserted;
@@ -257,18 +280,202 @@ Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* err
     error->status = inserted;
     return inserted;
   }
-  Count("tau_runs_submitted_total", {{"workspace", r.workspace}, {"queue", r.queue}});
-  // The loop's view of the run is made here, from the spec just parsed, exactly as Load would make
-  // it from the store after a restart: the decision loop, which every run passes through, neither
-  // reads the run back nor parses its spec again.
-  auto prepared = Load(r, std::move(*parsed.spec));
-  {
-    MutexLock lock(&mu_);
-    pending_info_[r.name] = WaitingForScheduler();
-  }
-  PostWrite(NewRun{r.name, prepared.ok() ? std::make_optional(std::move(*prepared))
-                                         : std::optional<ActiveRun>()});
+  Accepted(r, std::move(prepared.spec));
   return SubmitOutcome{std::move(r), false};
+}
+
+Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* error) {
+  auto refuse = [error](Status s, std::optional<size_t> index = std::nullopt) {
+    error->index = index;
+    error->status = std::move(s);
+    return error->status;
+  };
+  const size_t n = request.items.size();
+  if (n == 0) return refuse(InvalidArgument("a batch needs at least one run in 'runs'"));
+  if (n > kMaxBatchRuns)
+    return refuse(ResourceExhausted(fmt::format(
+        "a batch holds at most {} runs; this one has {}: send it as several", kMaxBatchRuns, n)));
+  if (request.array) {
+    const BatchArray& a = *request.array;
+    if (a.step < 1 || a.first < 0 || a.last < a.first)
+      return refuse(InvalidArgument(
+          fmt::format("array: first {} and last {} must be 0 <= first <= last, step {} at least 1",
+                      a.first, a.last, a.step)));
+    const int64_t count = (a.last - a.first) / a.step + 1;
+    if (static_cast<uint64_t>(count) != n)
+      return refuse(
+          InvalidArgument(fmt::format("array: {}-{}:{} has {} indices, but the batch has {} runs",
+                                      a.first, a.last, a.step, count, n)));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const BatchItem& item = request.items[i];
+    if (item.code >= request.codes.size())
+      return refuse(InvalidArgument(fmt::format("runs[{}].code: {} is not an index of 'codes' "
+                                                "(it has {})",
+                                                i, item.code, request.codes.size())),
+                    i);
+    if (!request.array && item.array_index)
+      return refuse(InvalidArgument(fmt::format(
+                        "runs[{}].array_index: only the runs of an array (the batch's 'array') "
+                        "have one",
+                        i)),
+                    i);
+    if (request.array) {
+      const int64_t want = request.array->first + static_cast<int64_t>(i) * request.array->step;
+      if (!item.array_index || *item.array_index != want)
+        return refuse(InvalidArgument(fmt::format(
+                          "runs[{}].array_index: the array's run {} has index {}", i, i, want)),
+                      i);
+    }
+  }
+  // Each code once: checked and snapshotted when the first item that uses it gets that far.
+  const std::string snapshots = layout::SnapshotsDir(options_.home);
+  const std::string blobs = layout::BlobsDir(options_.home);
+  std::vector<std::optional<Result<Snapshot>>> stored(request.codes.size());
+  // Items with the same spec and code are the same submission but for their place: checked once.
+  std::map<std::tuple<std::string_view, std::string_view, size_t>, size_t> seen;
+  std::vector<PreparedRun> distinct;
+  std::vector<size_t> which(n);
+  for (size_t i = 0; i < n; ++i) {
+    const BatchItem& item = request.items[i];
+    auto key = std::make_tuple(std::string_view(item.spec_yaml), std::string_view(item.spec_file),
+                               item.code);
+    if (auto at = seen.find(key); at != seen.end()) {
+      which[i] = at->second;
+      continue;
+    }
+    BatchCode& code = request.codes[item.code];
+    auto snapshot = [&]() -> Result<Snapshot> {
+      std::optional<Result<Snapshot>>& s = stored[item.code];
+      if (!s) {
+        if (!code.manifest) {
+          s = StoreSnapshot(snapshots, blobs, std::move(code.files));
+        } else {
+          auto manifest = CheckManifest(std::move(*code.manifest));
+          s = manifest.ok() ? StoreSnapshot(snapshots, blobs, *manifest)
+                            : Result<Snapshot>(manifest.status());
+        }
+      }
+      return *s;
+    };
+    SubmitError one;
+    auto prepared = PrepareRun(item.spec_yaml, item.spec_file, code.dir, request.caller,
+                               request.token_user, snapshot, &one);
+    if (!prepared.ok()) {
+      error->diagnostics = std::move(one.diagnostics);
+      return refuse(Status(prepared.status().code(),
+                           fmt::format("runs[{}]: {}", i, prepared.status().message())),
+                    i);
+    }
+    which[i] = distinct.size();
+    seen.emplace(key, distinct.size());
+    distinct.push_back(std::move(*prepared));
+  }
+  std::vector<RunRecord> runs(n);
+  for (size_t i = 0; i < n; ++i) {
+    runs[i] = distinct[which[i]].record;
+    if (!request.idempotency_key.empty())
+      runs[i].submit_key = fmt::format("{}/{}", request.idempotency_key, i);
+  }
+  const std::string owner = request.caller.user;
+  // Names drawn again, all of them, while one is taken (32 random bits each, as
+  // InsertWithUniqueName draws). An array's runs share one draw: "<spec name>-<hex>-<index>".
+  auto insert = [&]() -> Status {
+    Status inserted;
+    for (int attempt = 0; attempt < 8; ++attempt) {
+      std::string array_name;
+      if (request.array) array_name = fmt::format("{}-{}", runs[0].spec_name, RandomHex(8));
+      std::vector<std::vector<Event>> events(n);
+      for (size_t i = 0; i < n; ++i) {
+        RunRecord& r = runs[i];
+        if (request.array) {
+          const int64_t index = *request.items[i].array_index;
+          r.name = fmt::format("{}-{}", array_name, index);
+          r.array = {{"name", array_name},
+                     {"index", index},
+                     {"first", request.array->first},
+                     {"last", request.array->last},
+                     {"step", request.array->step}};
+        } else {
+          r.name = fmt::format("{}-{}", r.spec_name, RandomHex(8));
+        }
+        events[i] = SubmissionEvents(r, distinct[which[i]].submitted);
+        if (!r.array.is_null()) events[i][0].data["array"] = r.array;
+      }
+      inserted = store_->InsertRuns(&runs, std::move(events));
+      if (inserted.code() != StatusCode::kAlreadyExists) break;
+    }
+    return inserted;
+  };
+  Status inserted;
+  if (request.idempotency_key.empty()) {
+    inserted = insert();
+  } else {
+    MutexLock lock(&submit_mu_);
+    auto first = store_->FindRunBySubmitKey(owner, runs[0].submit_key);
+    if (first.ok()) {
+      // Sent before: the same runs, when it was the same batch.
+      BatchOutcome replay;
+      replay.replayed = true;
+      for (size_t i = 0; i < n; ++i) {
+        auto earlier =
+            i == 0 ? std::move(first) : store_->FindRunBySubmitKey(owner, runs[i].submit_key);
+        if (!earlier.ok() && earlier.status().code() != StatusCode::kNotFound)
+          return refuse(earlier.status());
+        if (!earlier.ok() || earlier->config_hash != runs[i].config_hash ||
+            earlier->snapshot_digest != runs[i].snapshot_digest ||
+            earlier->array.is_null() != !request.array ||
+            (request.array &&
+             earlier->array.value("index", int64_t{-1}) != *request.items[i].array_index))
+          return refuse(AlreadyExists(fmt::format(
+              "idempotency key '{}' was used for another batch (its run {} differs from this "
+              "one's); a new batch needs a new key",
+              request.idempotency_key, i)));
+        replay.runs.push_back(std::move(*earlier));
+      }
+      auto more =
+          store_->FindRunBySubmitKey(owner, fmt::format("{}/{}", request.idempotency_key, n));
+      if (more.ok())
+        return refuse(AlreadyExists(fmt::format(
+            "idempotency key '{}' was used for a batch of more than {} runs; a new batch needs a "
+            "new key",
+            request.idempotency_key, n)));
+      return replay;
+    }
+    if (first.status().code() != StatusCode::kNotFound) return refuse(first.status());
+    inserted = insert();
+  }
+  if (!inserted.ok()) return refuse(inserted);
+  // Handed to the loop as Accepted hands one run, but each distinct submission is loaded once: its
+  // runs' views differ only in what Load takes from the record itself (its name and sequence).
+  std::vector<std::optional<ActiveRun>> views(distinct.size());
+  std::vector<bool> loaded(distinct.size(), false);
+  for (size_t i = 0; i < n; ++i) {
+    const RunRecord& r = runs[i];
+    const size_t d = which[i];
+    if (!loaded[d]) {
+      loaded[d] = true;
+      if (auto view = Load(r, distinct[d].spec); view.ok()) {
+        views[d] = std::move(*view);
+        views[d]->record = RunRecord();  // each copy gets its own
+      }
+    }
+    std::optional<ActiveRun> view = views[d];
+    if (view) {
+      view->record = r;
+      view->workload.name = r.name;
+      view->workload.created_ms = r.seq;
+    }
+    Count("tau_runs_submitted_total", {{"workspace", r.workspace}, {"queue", r.queue}});
+    {
+      MutexLock lock(&mu_);
+      pending_info_[r.name] = WaitingForScheduler();
+    }
+    PostWrite(NewRun{r.name, std::move(view)});
+  }
+  BatchOutcome out;
+  out.runs = std::move(runs);
+  return out;
 }
 
 Status Controller::Cancel(const std::string& name) {
@@ -694,6 +901,13 @@ void Controller::Pass(InboxTake take) {
   Batch started;
   backend_->Launch(&started);
   changed(started);
+  // Attempts that started (Running, a supervisor's pid) are committed without an fsync of their
+  // own: nothing is done on them, and the next commit's fsync makes them durable (a restart finds
+  // a live supervisor by its lock even without its pid). A run that ended here is told to anyone
+  // who asks, and its resources go to others: then it is fsynced.
+  started.sync =
+      std::any_of(started.runs.begin(), started.runs.end(),
+                  [](const store::RunProgress& r) { return store::IsTerminal(r.state); });
   CommitOrDie(std::move(started));
   backend_->Launched();
   std::vector<std::vector<evidence::GpuSample>> samples;

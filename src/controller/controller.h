@@ -90,6 +90,43 @@ struct SubmitOutcome {
   bool replayed = false;
 };
 
+// A batch of submissions (POST /api/v1/runs/batch): validated whole before anything is written,
+// then inserted in one transaction, all or none.
+constexpr size_t kMaxBatchRuns = 10'000;
+struct BatchCode {  // one code directory that items share: checked and snapshotted once
+  std::vector<CodeFile> files;
+  std::optional<std::vector<CodeManifestEntry>> manifest;
+  std::string dir;  // as SubmitRequest::code_dir
+};
+struct BatchItem {
+  std::string spec_file, spec_yaml;
+  size_t code = 0;                     // index into BatchRequest::codes
+  std::optional<int64_t> array_index;  // required in an array, refused outside one
+};
+struct BatchArray {  // the items are one array: item i has index first + i * step
+  int64_t first = 0, last = 0, step = 1;
+};
+struct BatchRequest {
+  std::vector<BatchCode> codes;
+  std::vector<BatchItem> items;
+  std::optional<BatchArray> array;
+  policy::Caller caller;
+  bool token_user = false;
+  // For the whole batch: run i is recorded with the key "KEY/i" (a client's key never holds a
+  // '/'), so a batch sent again gets its runs back, and a single submission's key is another.
+  std::string idempotency_key;
+};
+// A batch that was refused: `index` is the item at fault (none: the batch as a whole).
+struct BatchError {
+  std::optional<size_t> index;
+  Status status;
+  std::vector<spec::Diagnostic> diagnostics;
+};
+struct BatchOutcome {
+  std::vector<store::RunRecord> runs;  // in the order of the items
+  bool replayed = false;
+};
+
 // Which part of the queues view a caller wants (Controller::Queues).
 struct QueuesQuery {
   bool summary = false;     // without the runs (their counts stay): `tau queues`, the metrics
@@ -112,6 +149,10 @@ class Controller : private RunHost {
 
   // Validates, snapshots and records a new run; it is queued when this returns.
   Result<SubmitOutcome> Submit(SubmitRequest request, SubmitError* error);
+  // Many submissions at once (BatchRequest): every item is checked as Submit checks one (an item
+  // that repeats an earlier one's spec and code is checked once), then all are inserted in one
+  // transaction, or none when one is refused (`error` names it).
+  Result<BatchOutcome> SubmitBatch(BatchRequest request, BatchError* error);
   // Code upload (POST /api/v1/code/missing, PUT /api/v1/blobs/SHA256): the digest of a manifest's
   // snapshot and the blobs of it the server lacks (none when the snapshot is stored); a blob
   // checked against its digest and stored (true when it was new).
@@ -137,6 +178,8 @@ class Controller : private RunHost {
 
   // For queued runs: {"position": n (1 = next), "reason": "..."}; null when the run is not pending.
   nlohmann::json PendingInfo(const std::string& name);
+  // The pending entry of a run the views have not seen yet (one just submitted).
+  static nlohmann::json WaitingForScheduler();
   nlohmann::json Capacity();
   // Queues: usage against quota per flavor and resource, admitted and pending runs with their
   // positions and reasons, as of the last scheduling pass. A deep queue's runs are most of it, so
@@ -221,6 +264,21 @@ class Controller : private RunHost {
     evidence_->AttemptEnded(run, attempt);
   }
 
+  // A submission checked and ready to insert: its record (without a name), its spec, the data of
+  // its Submitted event.
+  struct PreparedRun {
+    store::RunRecord record;
+    spec::RunSpec spec;
+    nlohmann::json submitted;
+  };
+  // Everything Submit does before the insert: parse, resolve, the checks, the snapshot
+  // (`snapshot` makes it, once the checks that need no code have passed).
+  Result<PreparedRun> PrepareRun(const std::string& spec_yaml, const std::string& spec_file,
+                                 const std::string& code_dir, const policy::Caller& caller,
+                                 bool token_user, const std::function<Result<Snapshot>()>& snapshot,
+                                 SubmitError* error);
+  // After a run's insert: counted, and handed to the loop with its view already made.
+  void Accepted(const store::RunRecord& r, spec::RunSpec spec);
   void HandleResume(const ResumeRequest& request, store::Batch* batch);
   void HandleCancel(const std::string& name, store::Batch* batch);
   void Loop();
@@ -246,8 +304,6 @@ class Controller : private RunHost {
   // waiting for it (at most 2 s: else the last ones).
   // `own_writes`: the views include the writes posted before this call.
   void FreshViews(bool now = false, bool own_writes = true) TAU_REQUIRES(mu_);
-  // The pending entry of a run the views have not seen yet.
-  static nlohmann::json WaitingForScheduler();
   Result<ActiveRun> Load(const store::RunRecord& record);
   // The same, with the record's spec already parsed (by Submit).
   Result<ActiveRun> Load(const store::RunRecord& record, spec::RunSpec spec);

@@ -467,6 +467,143 @@ TEST_F(ControllerTest, ASubmissionRepeatedWithItsIdempotencyKeyIsTheSameRun) {
   EXPECT_EQ(later->run.name, first->run.name);
 }
 
+// A batch of `n` runs of one spec sharing one code; an array of first..last when `array`.
+BatchRequest MakeBatch(size_t n, std::optional<BatchArray> array = std::nullopt) {
+  BatchRequest b;
+  BatchCode code;
+  code.files.push_back({"train.py", 0644, "print('hi')\n"});
+  b.codes.push_back(std::move(code));
+  for (size_t i = 0; i < n; ++i) {
+    BatchItem item;
+    item.spec_file = "tau.yaml";
+    item.spec_yaml = "schema_version: 1\nname: many\nrun:\n  entrypoint: train.py\n";
+    if (array) item.array_index = array->first + static_cast<int64_t>(i) * array->step;
+    b.items.push_back(std::move(item));
+  }
+  b.array = array;
+  b.caller.user = "alice";
+  return b;
+}
+
+TEST_F(ControllerTest, ABatchIsInsertedInOneTransactionAndEveryRunIsQueued) {
+  const int64_t before = store_->TransactionsCommitted();
+  BatchError error;
+  auto made = controller_->SubmitBatch(MakeBatch(50), &error);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  EXPECT_EQ(store_->TransactionsCommitted(), before + 1);
+  ASSERT_EQ(made->runs.size(), 50u);
+  std::set<std::string> names;
+  for (const store::RunRecord& r : made->runs) {
+    names.insert(r.name);
+    EXPECT_TRUE(r.array.is_null());
+    EXPECT_EQ(EventTypes(r.name), (std::vector<std::string>{"Submitted", "Queued"}));
+    EXPECT_EQ(r.snapshot_digest, made->runs[0].snapshot_digest);  // one code, one snapshot
+  }
+  EXPECT_EQ(names.size(), 50u);
+  // The loop took them all: those the quota (4 CPUs) lets in start, the others wait in line.
+  controller_->RunOnce();
+  size_t running = 0;
+  for (const std::string& name : names) {
+    const RunState state = Run(name).state;
+    EXPECT_TRUE(state == RunState::kQueued || state == RunState::kRunning) << name;
+    running += state == RunState::kRunning;
+    if (state == RunState::kQueued) {
+      EXPECT_FALSE(controller_->PendingInfo(name).is_null()) << name;
+    }
+  }
+  EXPECT_GE(running, 1u);
+  EXPECT_EQ(backend_.launches.size(), running);
+}
+
+TEST_F(ControllerTest, AnArrayNamesItsRunsByIndexAndRecordsThePlace) {
+  BatchError error;
+  auto made = controller_->SubmitBatch(MakeBatch(4, BatchArray{10, 16, 2}), &error);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  ASSERT_EQ(made->runs.size(), 4u);
+  const std::string array = made->runs[0].array["name"].get<std::string>();
+  EXPECT_EQ(array.rfind("many-", 0), 0u) << array;
+  for (size_t i = 0; i < 4; ++i) {
+    const int64_t index = 10 + 2 * static_cast<int64_t>(i);
+    store::RunRecord r = Run(made->runs[i].name);
+    EXPECT_EQ(r.name, fmt::format("{}-{}", array, index));
+    EXPECT_EQ(r.array,
+              (nlohmann::json{
+                  {"name", array}, {"index", index}, {"first", 10}, {"last", 16}, {"step", 2}}));
+  }
+  // After a restart the loop's view is read from the store: the place is kept.
+  StopController();
+  StartController();
+  EXPECT_EQ(Run(made->runs[3].name).array["index"], 16);
+}
+
+TEST_F(ControllerTest, OneBadItemRefusesTheBatchAndLeavesNothing) {
+  BatchRequest b = MakeBatch(5);
+  b.items[3].spec_yaml = "schema_version: 1\nname: many\nrun:\n  entrypointt: train.py\n";
+  const int64_t before = store_->TransactionsCommitted();
+  BatchError error;
+  auto made = controller_->SubmitBatch(std::move(b), &error);
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(error.index.has_value());
+  EXPECT_EQ(*error.index, 3u);
+  EXPECT_EQ(made.status().message().rfind("runs[3]: ", 0), 0u) << made.status().message();
+  EXPECT_FALSE(error.diagnostics.empty());
+  EXPECT_EQ(store_->TransactionsCommitted(), before);
+  EXPECT_TRUE(store_->ListRuns(store::RunFilter{})->empty());
+
+  // An array's indices must be the range's, in order; an index outside an array is refused.
+  BatchRequest wrong = MakeBatch(3, BatchArray{0, 2, 1});
+  wrong.items[1].array_index = 5;
+  auto refused = controller_->SubmitBatch(std::move(wrong), &error);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(*error.index, 1u);
+  BatchRequest stray = MakeBatch(2);
+  stray.items[1].array_index = 1;
+  EXPECT_FALSE(controller_->SubmitBatch(std::move(stray), &error).ok());
+  EXPECT_EQ(*error.index, 1u);
+  BatchRequest short_array = MakeBatch(2, BatchArray{0, 2, 1});
+  EXPECT_FALSE(controller_->SubmitBatch(std::move(short_array), &error).ok());
+  EXPECT_FALSE(error.index.has_value());
+  EXPECT_FALSE(controller_->SubmitBatch(MakeBatch(kMaxBatchRuns + 1), &error).ok());
+  EXPECT_EQ(error.status.code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(store_->ListRuns(store::RunFilter{})->empty());
+}
+
+TEST_F(ControllerTest, ABatchSentAgainWithItsKeyGetsTheSameRuns) {
+  auto send = [&](BatchRequest b, const std::string& key) {
+    b.idempotency_key = key;
+    BatchError error;
+    return controller_->SubmitBatch(std::move(b), &error);
+  };
+  auto first = send(MakeBatch(3, BatchArray{0, 2, 1}), "batch-key");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_FALSE(first->replayed);
+  auto again = send(MakeBatch(3, BatchArray{0, 2, 1}), "batch-key");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(again->replayed);
+  ASSERT_EQ(again->runs.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again->runs[i].name, first->runs[i].name);
+  EXPECT_EQ(store_->ListRuns(store::RunFilter{})->size(), 3u);
+  // The same key for a batch of another size, or of other code, is refused and makes nothing.
+  auto shorter = send(MakeBatch(2, BatchArray{0, 1, 1}), "batch-key");
+  EXPECT_EQ(shorter.status().code(), StatusCode::kAlreadyExists) << shorter.status().ToString();
+  BatchRequest other = MakeBatch(3, BatchArray{0, 2, 1});
+  other.codes[0].files[0].data = "print('other')\n";
+  EXPECT_EQ(send(std::move(other), "batch-key").status().code(), StatusCode::kAlreadyExists);
+  // A single submission with the same key is another thing.
+  SubmitRequest single;
+  single.spec_file = "tau.yaml";
+  single.spec_yaml = "schema_version: 1\nname: many\nrun:\n  entrypoint: train.py\n";
+  single.code.push_back({"train.py", 0644, "print('hi')\n"});
+  single.caller.user = "alice";
+  single.idempotency_key = "batch-key";
+  SubmitError error;
+  auto one = controller_->Submit(std::move(single), &error);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_FALSE(one->replayed);
+  EXPECT_EQ(store_->ListRuns(store::RunFilter{})->size(), 4u);
+}
+
 TEST_F(ControllerTest, RestartReadoptsALiveAttemptAndLosesAVanishedOne) {
   const std::string kept = Submit("kept");
   const std::string lost = Submit("lost", kRetriesNodeLost);

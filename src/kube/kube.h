@@ -93,6 +93,8 @@ struct RenderOptions {
   // Set by recovery on later attempts (TAU_RESUME_FROM, TAU_FAILURE_REASON).
   std::string resume_from;
   std::string failure_reason;
+  // A run of an array (`tau run --array`): its index, as TAU_ARRAY_INDEX.
+  std::optional<int64_t> array_index;
   // The installation's name (kLabelInstallation) on every object and pod; "" : no label.
   std::string installation;
 };

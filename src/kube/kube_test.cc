@@ -367,6 +367,25 @@ TEST(RenderJob, TheSpecsWordsReachTheProcessAsWritten) {
   EXPECT_NE(std::find(torchrun.begin(), torchrun.end(), "--node_rank=$(RANK)"), torchrun.end());
 }
 
+TEST(RenderJob, ARunOfAnArrayGetsItsIndexAsTauArrayIndex) {
+  const std::string spec =
+      "schema_version: 1\nname: q\nrun:\n  entrypoint: train.py\n  workload_kind: job\n"
+      "runtime: {image: x}\n";
+  auto index_of = [](const std::vector<json>& objects) -> std::optional<std::string> {
+    for (const json& e : objects.back()["spec"]["template"]["spec"]["containers"][0]["env"])
+      if (e["name"] == "TAU_ARRAY_INDEX") return e["value"].get<std::string>();
+    return std::nullopt;
+  };
+  RenderOptions o;
+  o.array_index = 42;
+  auto in_array = RenderText(spec, kMultiPlatform, "alice", o);
+  ASSERT_TRUE(in_array.ok()) << in_array.status().message();
+  EXPECT_EQ(index_of(*in_array), std::optional<std::string>("42"));
+  auto alone = RenderText(spec, kMultiPlatform, "alice");
+  ASSERT_TRUE(alone.ok()) << alone.status().message();
+  EXPECT_EQ(index_of(*alone), std::nullopt);
+}
+
 TEST(RenderJob, CodeFromAnImageIsCopiedIntoThePodsInsteadOfTheSubmittedCode) {
   RenderOptions o;
   o.code = {{"train.py", 0644, "print('the submitted copy')\n"}};

@@ -475,6 +475,8 @@ json ContainerEnv(const RunContext& ctx, bool literal_env, bool gpu_container,
   SetEnv(env, EnvEntry("TAU_OUTPUT_DIR", ctx.output_dir));
   SetEnv(env, EnvEntry("TAU_METRICS_FILE", ctx.output_dir + "/metrics.jsonl"));
   if (!ctx.data_dir.empty()) SetEnv(env, EnvEntry("TAU_DATA_DIR", ctx.data_dir));
+  if (ctx.options->array_index)
+    SetEnv(env, EnvEntry("TAU_ARRAY_INDEX", std::to_string(*ctx.options->array_index)));
   for (const json& e : extra) SetEnv(env, e);
   // Images built on NVIDIA's base images expose every GPU of the node unless told otherwise; a
   // container without GPUs must not see (and use) other pods' GPUs.

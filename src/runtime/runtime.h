@@ -59,7 +59,8 @@ struct LaunchContext {
   std::vector<int> gpus;  // GPU indices handed to this attempt (workers * gpus-per-worker of them)
   int master_port = 0;    // for gangs and torchrun
   EnvList base_env;       // the server's pass-through environment (PATH, HOME, LANG, ...)
-  EnvList extra_env;      // TAU_* variables added by recovery (TAU_FAILURE_REASON, TAU_RESUME_FROM)
+  EnvList extra_env;  // TAU_* variables of the run (TAU_ARRAY_INDEX, TAU_DATA_DIR) and of recovery
+                      // (TAU_FAILURE_REASON, TAU_RESUME_FROM)
 };
 
 // Chooses the launcher (see docs/architecture.md and the spec reference):

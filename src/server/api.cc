@@ -44,7 +44,10 @@ std::optional<std::string> OptionalTime(const std::optional<int64_t>& ms) {
   return FormatRfc3339(*ms);
 }
 
-api::Run RunOf(const RunRecord& r, Controller* controller) {
+// `just_inserted`: a run this request made, which no pass has seen yet: its pending entry is the
+// placeholder Submit set, without a wait for the loop's views (a submission in a busy loop waited
+// for a pass every 200 ms; a batch's thousands of runs are not looked up one by one).
+api::Run RunOf(const RunRecord& r, Controller* controller, bool just_inserted = false) {
   api::Run run;
   run.name = r.name;
   run.spec_name = r.spec_name;
@@ -70,9 +73,15 @@ api::Run RunOf(const RunRecord& r, Controller* controller) {
   run.finished = OptionalTime(r.finished_ms);
   run.kind = r.spec_json.value("kind", "");
   run.backend = controller->BackendName();
+  if (r.array.is_object()) {
+    auto array = api::RunArray::FromJson(r.array);
+    if (array.ok()) run.array = std::move(*array);
+  }
   if (r.state == store::RunState::kQueued) {
     run.has_pending = true;
-    json pending = controller->PendingInfo(r.name);  // null until a pass has seen the run
+    // null until a pass has seen the run
+    json pending =
+        just_inserted ? Controller::WaitingForScheduler() : controller->PendingInfo(r.name);
     if (!pending.is_null()) {
       auto typed = api::Pending::FromJson(pending);
       if (typed.ok())
@@ -581,8 +590,42 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                  return http::ReplyError(res, outcome.status(), {{"diagnostics", diags}});
                }
                api::Submitted reply;
-               reply.run = RunOf(outcome->run, controller);
+               // A new run waits for the scheduler: the reply does not wait for the loop's views.
+               reply.run = RunOf(outcome->run, controller, !outcome->replayed);
                // A repeated submission gets the run its key made, as it is now.
+               if (outcome->replayed) res.headers_out.emplace_back("Idempotent-Replayed", "true");
+               http::Reply(res, outcome->replayed ? 200 : 201, reply.ToJson());
+             });
+
+  // Many submissions in one request: checked whole, then inserted in one transaction (one fsync),
+  // all or none; a refusal names the item at fault (`index`) with its diagnostics.
+  api->Route("POST", "/api/v1/runs/batch", Access::kSignedIn,
+             [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                          const CallerContext& caller) {
+               auto batch = ParseBatchBody(req.body);
+               if (!batch.ok()) return http::ReplyError(res, batch.status());
+               batch->caller = caller.who.AsCaller();
+               batch->token_user = caller.who.via == "token";
+               if (auto key = req.headers.find("idempotency-key"); key != req.headers.end()) {
+                 if (!IsIdempotencyKey(key->second))
+                   return http::ReplyError(
+                       res, InvalidArgument("the Idempotency-Key header takes 1 to 128 letters, "
+                                            "digits and . _ : - (a client's random key)"));
+                 batch->idempotency_key = key->second;
+               }
+               BatchError error;
+               auto outcome = controller->SubmitBatch(std::move(*batch), &error);
+               if (!outcome.ok()) {
+                 json diags = json::array();
+                 for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
+                 json extra = {{"diagnostics", diags}};
+                 if (error.index) extra["index"] = *error.index;
+                 return http::ReplyError(res, outcome.status(), extra);
+               }
+               api::SubmittedBatch reply;
+               reply.runs.reserve(outcome->runs.size());
+               for (const RunRecord& r : outcome->runs)
+                 reply.runs.push_back(RunOf(r, controller, !outcome->replayed));
                if (outcome->replayed) res.headers_out.emplace_back("Idempotent-Replayed", "true");
                http::Reply(res, outcome->replayed ? 200 : 201, reply.ToJson());
              });

@@ -39,6 +39,12 @@ std::string RenderAllMetrics(Controller* controller, store::Store* store,
 // controller.
 Result<SubmitRequest> ParseSubmitBody(std::string_view body);
 
+// POST /api/v1/runs/batch: {"codes"?: [code objects as above], "runs": [{"spec": {"yaml",
+// "file"?}, "code"?: an index into "codes" | a code object, "array_index"?}], "array"?: {"first",
+// "last", "step"?}}. Unknown members are refused; so is a batch over kMaxBatchRuns runs. The
+// specs, the code and the array's indices are checked later, by the controller.
+Result<BatchRequest> ParseBatchBody(std::string_view body);
+
 // POST /api/v1/code/missing: {"files": [{"path", "size", "sha256", "mode"?}]}, a manifest.
 Result<std::vector<CodeManifestEntry>> ParseManifestBody(std::string_view body);
 

@@ -60,7 +60,139 @@ Result<std::vector<CodeManifestEntry>> ParseManifest(const json& files, const ch
   return out;
 }
 
+// Members of `object` other than `known` are refused, named by their path: a batch never takes a
+// member and ignores it.
+Status OnlyMembers(const json& object, std::initializer_list<const char*> known,
+                   const std::string& where) {
+  for (auto it = object.begin(); it != object.end(); ++it) {
+    bool ok = false;
+    for (const char* k : known) ok = ok || it.key() == k;
+    if (!ok)
+      return InvalidArgument(fmt::format("{}{}: unknown member (known: {})", where, it.key(), [&] {
+        std::string names;
+        for (const char* k : known) names += (names.empty() ? "" : ", ") + std::string(k);
+        return names;
+      }()));
+  }
+  return Status::Ok();
+}
+
+// A code object as a single submission's `code`, at `where` ("codes[0]."): {"files"} or
+// {"manifest"}, and "dir".
+Result<BatchCode> ParseBatchCode(const json& code, const std::string& where) {
+  if (!code.is_object() || code.contains("files") == code.contains("manifest"))
+    return InvalidArgument(fmt::format(
+        "{}: must be an object with a 'files' array (the contents inline) or a 'manifest' array "
+        "(blobs uploaded first), not both",
+        where.substr(0, where.size() - 1)));
+  TAU_RETURN_IF_ERROR(OnlyMembers(code, {"files", "manifest", "dir"}, where));
+  BatchCode out;
+  if (code.contains("manifest")) {
+    const std::string at = where + "manifest";
+    TAU_ASSIGN_OR_RETURN(out.manifest, ParseManifest(code["manifest"], at.c_str()));
+  } else {
+    if (!code["files"].is_array()) return InvalidArgument(where + "files must be an array");
+    for (const json& f : code["files"]) {
+      if (!f.is_object() || !f.contains("path") || !f["path"].is_string() || !f.contains("data") ||
+          !f["data"].is_string())
+        return InvalidArgument(where + "files: each file needs 'path' and 'data' (base64) strings");
+      CodeFile cf;
+      cf.path = f["path"].get<std::string>();
+      cf.mode = f.contains("mode") && f["mode"].is_number_integer() ? f["mode"].get<int>() : 0644;
+      TAU_ASSIGN_OR_RETURN(cf.data, Base64Decode(f["data"].get<std::string>()));
+      out.files.push_back(std::move(cf));
+    }
+  }
+  TAU_ASSIGN_OR_RETURN(out.dir, OptionalString(code, "dir", where.c_str(), ""));
+  return out;
+}
+
+Result<int64_t> IntegerMember(const json& object, const char* key, const std::string& where) {
+  const json& v = object[key];
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX))
+    return InvalidArgument(fmt::format("{}{} must be an integer", where, key));
+  return v.get<int64_t>();
+}
+
 }  // namespace
+
+Result<BatchRequest> ParseBatchBody(std::string_view body) {
+  json j = ParseObject(body);
+  if (j.is_discarded() || !j.is_object())
+    return InvalidArgument("request body is not a JSON object");
+  TAU_RETURN_IF_ERROR(OnlyMembers(j, {"codes", "runs", "array"}, ""));
+  if (!j.contains("runs") || !j["runs"].is_array())
+    return InvalidArgument(
+        "request needs 'runs': an array of {\"spec\": {\"yaml\", \"file\"?}, \"code\"?, "
+        "\"array_index\"?}");
+  const json& runs = j["runs"];
+  if (runs.empty()) return InvalidArgument("runs: a batch needs at least one run");
+  if (runs.size() > kMaxBatchRuns)
+    return ResourceExhausted(
+        fmt::format("runs: a batch holds at most {} runs; this one has {}: send it as several",
+                    kMaxBatchRuns, runs.size()));
+  BatchRequest out;
+  if (j.contains("codes")) {
+    if (!j["codes"].is_array()) return InvalidArgument("codes must be an array of code objects");
+    for (size_t i = 0; i < j["codes"].size(); ++i) {
+      TAU_ASSIGN_OR_RETURN(BatchCode code,
+                           ParseBatchCode(j["codes"][i], fmt::format("codes[{}].", i)));
+      out.codes.push_back(std::move(code));
+    }
+  }
+  const size_t shared = out.codes.size();
+  std::optional<size_t> no_code;  // the one empty code that items without code share
+  out.items.reserve(runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const json& run = runs[i];
+    const std::string where = fmt::format("runs[{}].", i);
+    if (!run.is_object()) return InvalidArgument(fmt::format("runs[{}] must be an object", i));
+    TAU_RETURN_IF_ERROR(OnlyMembers(run, {"spec", "code", "array_index"}, where));
+    if (!run.contains("spec") || !run["spec"].is_object() || !run["spec"].contains("yaml") ||
+        !run["spec"]["yaml"].is_string())
+      return InvalidArgument(where + "spec.yaml (the tau.yaml text) must be a string");
+    TAU_RETURN_IF_ERROR(OnlyMembers(run["spec"], {"yaml", "file"}, where + "spec."));
+    BatchItem item;
+    item.spec_yaml = run["spec"]["yaml"].get<std::string>();
+    TAU_ASSIGN_OR_RETURN(
+        item.spec_file, OptionalString(run["spec"], "file", (where + "spec.").c_str(), "tau.yaml"));
+    if (!run.contains("code")) {
+      if (!no_code) {
+        no_code = out.codes.size();
+        out.codes.emplace_back();
+      }
+      item.code = *no_code;
+    } else if (run["code"].is_number_integer()) {
+      TAU_ASSIGN_OR_RETURN(int64_t index, IntegerMember(run, "code", where));
+      if (index < 0 || static_cast<size_t>(index) >= shared)
+        return InvalidArgument(
+            fmt::format("{}code: {} is not an index of 'codes' (it has {})", where, index, shared));
+      item.code = static_cast<size_t>(index);
+    } else {
+      TAU_ASSIGN_OR_RETURN(BatchCode code, ParseBatchCode(run["code"], where + "code."));
+      item.code = out.codes.size();
+      out.codes.push_back(std::move(code));
+    }
+    if (run.contains("array_index")) {
+      TAU_ASSIGN_OR_RETURN(item.array_index, IntegerMember(run, "array_index", where));
+    }
+    out.items.push_back(std::move(item));
+  }
+  if (j.contains("array")) {
+    const json& a = j["array"];
+    if (!a.is_object() || !a.contains("first") || !a.contains("last"))
+      return InvalidArgument("array must be {\"first\", \"last\", \"step\"?} (integers)");
+    TAU_RETURN_IF_ERROR(OnlyMembers(a, {"first", "last", "step"}, "array."));
+    BatchArray array;
+    TAU_ASSIGN_OR_RETURN(array.first, IntegerMember(a, "first", "array."));
+    TAU_ASSIGN_OR_RETURN(array.last, IntegerMember(a, "last", "array."));
+    if (a.contains("step")) {
+      TAU_ASSIGN_OR_RETURN(array.step, IntegerMember(a, "step", "array."));
+    }
+    out.array = array;
+  }
+  return out;
+}
 
 Result<std::vector<CodeManifestEntry>> ParseManifestBody(std::string_view body) {
   json j = ParseObject(body);

@@ -143,6 +143,9 @@ CREATE TABLE run_users (
 );
 CREATE INDEX run_users_by_user ON run_users(workspace, user);
 )sql",
+    // 8: a run of an array (`tau run --array`): the array's name, the run's index and the range,
+    // as JSON; NULL for a run of its own.
+    "ALTER TABLE runs ADD COLUMN array_place TEXT;",
 };
 
 // Prepared statements kept for the next use of the same SQL text: preparing one costs more than
@@ -259,7 +262,8 @@ constexpr const char* kRunColumns =
     "name, seq, spec_name, spec_file, spec_yaml, spec_json, config_hash, snapshot_digest, "
     "snapshot_dir, workspace, queue, priority, resources, state, reason, message, exit_code, "
     "signal, attempts, gpus, cancel_requested, created_ms, updated_ms, admitted_ms, started_ms, "
-    "finished_ms, not_before_ms, owner, resolved, flavors, preemptions, submit_key, run_as";
+    "finished_ms, not_before_ms, owner, resolved, flavors, preemptions, submit_key, run_as, "
+    "array_place";
 
 RunRecord ReadRun(Stmt& s) {
   RunRecord r;
@@ -296,6 +300,8 @@ RunRecord ReadRun(Stmt& s) {
   r.preemptions = static_cast<int>(s.Int(30));
   r.submit_key = s.Text(31);
   r.run_as = s.OptText(32);
+  if (std::optional<std::string> place = s.OptText(33))
+    r.array = ParseJsonColumn(*place, nlohmann::json());
   return r;
 }
 
@@ -324,13 +330,26 @@ void BindProgress(Stmt& s, const RunProgress& p) {
   s.Bind(":preemptions", static_cast<int64_t>(p.preemptions));
 }
 
-void BindRun(Stmt& s, const RunRecord& r) {
+// The largest JSON columns as text, kept from the run inserted before: a batch's runs of one
+// submission share them, and comparing is cheaper than writing them out again.
+struct RunTexts {
+  const RunRecord* previous = nullptr;
+  std::string spec_json, resolved;
+};
+
+void BindRun(Stmt& s, const RunRecord& r, RunTexts* texts) {
+  if (texts->previous == nullptr || texts->previous->spec_json != r.spec_json ||
+      texts->previous->resolved != r.resolved) {
+    texts->spec_json = JsonText(r.spec_json);
+    texts->resolved = JsonText(r.resolved);
+  }
+  texts->previous = &r;
   s.Bind(":name", r.name);
   s.Bind(":seq", r.seq);
   s.Bind(":spec_name", r.spec_name);
   s.Bind(":spec_file", r.spec_file);
   s.Bind(":spec_yaml", r.spec_yaml);
-  s.Bind(":spec_json", JsonText(r.spec_json));
+  s.Bind(":spec_json", texts->spec_json);
   s.Bind(":config_hash", r.config_hash);
   s.Bind(":snapshot_digest", r.snapshot_digest);
   s.Bind(":snapshot_dir", r.snapshot_dir);
@@ -340,9 +359,11 @@ void BindRun(Stmt& s, const RunRecord& r) {
   s.Bind(":resources", JsonText(r.resources));
   s.Bind(":created_ms", r.created_ms);
   s.Bind(":owner", r.owner);
-  s.Bind(":resolved", JsonText(r.resolved));
+  s.Bind(":resolved", texts->resolved);
   s.Bind(":submit_key", r.submit_key);
   s.Bind(":run_as", r.run_as);
+  s.Bind(":array_place",
+         r.array.is_null() ? std::optional<std::string>() : std::optional(JsonText(r.array)));
   BindProgress(s, r);
 }
 
@@ -433,7 +454,7 @@ struct Store::Impl {
     return Status::Ok();
   }
 
-  Status InsertRun(const RunRecord& r) TAU_REQUIRES(mu) {
+  Status InsertRun(const RunRecord& r, RunTexts* texts) TAU_REQUIRES(mu) {
     static const std::string sql = [] {
       std::vector<std::string> names;
       for (const std::string& c : Split(kRunColumns, ',')) {
@@ -446,7 +467,7 @@ struct Store::Impl {
     }();
     Stmt s(db, &cache, sql);
     if (!s.ok()) return Error("preparing run insert");
-    BindRun(s, r);
+    BindRun(s, r, texts);
     if (s.Step() != SQLITE_DONE) return Error("writing run");
     return Status::Ok();
   }
@@ -513,41 +534,67 @@ struct Store::Impl {
     return Status::Ok();
   }
 
-  // A run waiting to be inserted by Store::InsertRun's group commit.
+  // What waits for the group commit: runs to insert (one, or a batch's: all or none of them), or
+  // a Batch of changes (`batch` set) to commit.
   struct PendingInsert {
-    RunRecord* run;
-    std::vector<Event>* events;
+    RunRecord* runs;
+    std::vector<Event>* events;  // runs[i]'s
+    size_t count;
     Status result;
-    bool done = false;  // guarded by Impl::group_mu
+    bool done = false;             // guarded by Impl::group_mu
+    const Batch* batch = nullptr;  // a commit instead of inserts
   };
-  Mutex group_mu;  // before `mu` when both are held
+  int64_t transactions TAU_GUARDED_BY(mu) = 0;  // committed by InTransaction
+  Mutex group_mu;                               // before `mu` when both are held
   CondVar group_cv;
   std::vector<PendingInsert*> pending TAU_GUARDED_BY(group_mu);
   bool group_leader TAU_GUARDED_BY(group_mu) = false;  // a thread is committing a group
 
   Status InsertOne(PendingInsert& p) TAU_REQUIRES(mu) {
-    Stmt exists(db, &cache, "SELECT 1 FROM runs WHERE name = ?");
-    exists.Bind(1, p.run->name);
-    if (exists.Step() == SQLITE_ROW)
-      return AlreadyExists("run '" + p.run->name + "' already exists");
-    Stmt seq(db, &cache, "SELECT COALESCE(MAX(seq), 0) + 1 FROM runs");
-    if (!seq.ok() || seq.Step() != SQLITE_ROW) return Error("assigning run sequence");
-    p.run->seq = seq.Int(0);
-    TAU_RETURN_IF_ERROR(InsertRun(*p.run));
-    for (Event& e : *p.events) TAU_RETURN_IF_ERROR(AppendEvent(&e));
+    // A batch's runs take consecutive numbers after the largest there is.
+    int64_t first_seq = 0;
+    {
+      Stmt seq(db, &cache, "SELECT COALESCE(MAX(seq), 0) + 1 FROM runs");
+      if (!seq.ok() || seq.Step() != SQLITE_ROW) return Error("assigning run sequence");
+      first_seq = seq.Int(0);
+    }
+    RunTexts texts;
+    for (size_t i = 0; i < p.count; ++i) {
+      RunRecord& run = p.runs[i];
+      Stmt exists(db, &cache, "SELECT 1 FROM runs WHERE name = ?");
+      exists.Bind(1, run.name);
+      if (exists.Step() == SQLITE_ROW)
+        return AlreadyExists("run '" + run.name + "' already exists");
+      run.seq = first_seq + static_cast<int64_t>(i);
+      TAU_RETURN_IF_ERROR(InsertRun(run, &texts));
+      for (Event& e : p.events[i]) TAU_RETURN_IF_ERROR(AppendEvent(&e));
+    }
     return Status::Ok();
   }
 
   // One transaction for the group; each insert inside a savepoint of its own, so that one that
   // fails leaves no trace while the others go on. A transaction that fails (to begin or to commit)
   // fails them all.
+  // The decision loop's commits and the API's inserts share it: a submission that arrives while
+  // the loop commits rides in the loop's next transaction, not in one (and one fsync) of its own.
   void CommitInserts(const std::vector<PendingInsert*>& group) {
     MutexLock lock(&mu);
+    // In WAL mode synchronous=NORMAL appends the commit without an fsync; the next FULL commit's
+    // fsync makes it durable too. Only a group of batches that asked for none goes without.
+    const bool sync = std::any_of(group.begin(), group.end(), [](const PendingInsert* p) {
+      return p->batch == nullptr || p->batch->sync;
+    });
+    if (!sync) {
+      if (Status s = Exec("PRAGMA synchronous=NORMAL"); !s.ok()) {
+        for (PendingInsert* p : group) p->result = s;
+        return;
+      }
+    }
     Status committed = InTransaction([&]() TAU_REQUIRES(mu) {
       for (PendingInsert* p : group) {
         Status s = Exec("SAVEPOINT run_insert");
         if (s.ok()) {
-          s = InsertOne(*p);
+          s = p->batch ? ApplyBatch(*p->batch) : InsertOne(*p);
           if (!s.ok()) (void)Exec("ROLLBACK TO run_insert");
           Status released = Exec("RELEASE run_insert");
           if (s.ok()) s = released;
@@ -556,18 +603,46 @@ struct Store::Impl {
       }
       return Status::Ok();
     });
+    // Every later commit must be FULL again; a store that cannot say so must not go on.
+    if (!sync) {
+      Status full = Exec("PRAGMA synchronous=FULL");
+      if (committed.ok()) committed = full;
+    }
     if (committed.ok()) return;
     for (PendingInsert* p : group)
       if (p->result.ok()) p->result = committed;
   }
 
-  Status CommitBatch(const Batch& batch) TAU_REQUIRES(mu) {
-    return InTransaction([&]() TAU_REQUIRES(mu) -> Status {
-      for (const RunProgress& r : batch.runs) TAU_RETURN_IF_ERROR(UpdateRun(r));
-      for (const AttemptRecord& a : batch.attempts) TAU_RETURN_IF_ERROR(UpsertAttempt(a));
-      for (Event e : batch.events) TAU_RETURN_IF_ERROR(AppendEvent(&e));
-      return Status::Ok();
-    });
+  // Inside a savepoint: all of `batch` or, on an error, none of it.
+  Status ApplyBatch(const Batch& batch) TAU_REQUIRES(mu) {
+    for (const RunProgress& r : batch.runs) TAU_RETURN_IF_ERROR(UpdateRun(r));
+    for (const AttemptRecord& a : batch.attempts) TAU_RETURN_IF_ERROR(UpsertAttempt(a));
+    for (Event e : batch.events) TAU_RETURN_IF_ERROR(AppendEvent(&e));
+    return Status::Ok();
+  }
+
+  // Adds `me` to the group commit and returns once its group is committed: the first to find no
+  // group being committed commits everything waiting, the others wait for it.
+  Status Enqueue(PendingInsert* me) {
+    group_mu.Lock();
+    pending.push_back(me);
+    while (!me->done) {
+      if (group_leader) {
+        group_cv.Wait(&group_mu);
+        continue;
+      }
+      group_leader = true;
+      std::vector<PendingInsert*> group;
+      group.swap(pending);
+      group_mu.Unlock();
+      CommitInserts(group);
+      group_mu.Lock();
+      group_leader = false;
+      for (PendingInsert* p : group) p->done = true;
+      group_cv.SignalAll();
+    }
+    group_mu.Unlock();
+    return me->result;
   }
 
   // Store::AssignRunUser, under the store's mutex.
@@ -621,6 +696,7 @@ struct Store::Impl {
     TAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
     Status s = body();
     if (s.ok()) s = Exec("COMMIT");
+    if (s.ok()) ++transactions;
     // A COMMIT that failed (a full disk) can leave the transaction open; the next one must not find
     // it so.
     if (!s.ok() && sqlite3_get_autocommit(db) == 0) (void)Exec("ROLLBACK");
@@ -666,36 +742,35 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
 }
 
 Status Store::InsertRun(RunRecord* run, std::vector<Event> events) {
+  return InsertRuns(run, &events, 1);
+}
+
+Status Store::InsertRuns(std::vector<RunRecord>* runs, std::vector<std::vector<Event>> events) {
+  if (runs->size() != events.size())
+    return InvalidArgument(
+        fmt::format("InsertRuns: {} runs but {} lists of events", runs->size(), events.size()));
+  if (runs->empty()) return Status::Ok();
+  return InsertRuns(runs->data(), events.data(), runs->size());
+}
+
+Status Store::InsertRuns(RunRecord* runs, std::vector<Event>* events, size_t count) {
   // Group commit: submissions that arrive while another group is being committed (its fsync is
   // most of the wait) are committed together in the next transaction, one fsync for all of them.
   // Each returns only once its group is durable; each keeps its own outcome (a taken name refuses
   // that insert alone).
-  Impl::PendingInsert me{run, &events, Status::Ok(), false};
-  impl_->group_mu.Lock();
-  impl_->pending.push_back(&me);
-  while (!me.done) {
-    if (impl_->group_leader) {
-      impl_->group_cv.Wait(&impl_->group_mu);
-      continue;
-    }
-    impl_->group_leader = true;
-    std::vector<Impl::PendingInsert*> group;
-    group.swap(impl_->pending);
-    impl_->group_mu.Unlock();
-    impl_->CommitInserts(group);
-    impl_->group_mu.Lock();
-    impl_->group_leader = false;
-    for (Impl::PendingInsert* p : group) p->done = true;
-    impl_->group_cv.SignalAll();
-  }
-  impl_->group_mu.Unlock();
-  return me.result;
+  Impl::PendingInsert me{runs, events, count, Status::Ok(), false};
+  return impl_->Enqueue(&me);
+}
+
+int64_t Store::TransactionsCommitted() {
+  MutexLock lock(&impl_->mu);
+  return impl_->transactions;
 }
 
 Status Store::Commit(const Batch& batch) {
   if (batch.empty()) return Status::Ok();
-  MutexLock lock(&impl_->mu);
-  return impl_->CommitBatch(batch);
+  Impl::PendingInsert me{nullptr, nullptr, 0, Status::Ok(), false, &batch};
+  return impl_->Enqueue(&me);
 }
 
 Result<RunRecord> Store::GetRun(const std::string& name) {

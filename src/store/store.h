@@ -62,6 +62,9 @@ struct RunRecord {
   // The system user its processes run as, decided at submission: "" for the server's own user;
   // unset for a run recorded before tau decided it then (the backend decides as it did).
   std::optional<std::string> run_as;
+  // Its place in an array (`tau run --array`): {"name", "index", "first", "last", "step"}; null
+  // for a run of its own.
+  nlohmann::json array;
 };
 
 // A system user of a workspace's pool given to one token user (Store::AssignRunUser).
@@ -140,6 +143,10 @@ struct Batch {
   std::vector<RunProgress> runs;        // updated; NotFound for a run that does not exist
   std::vector<AttemptRecord> attempts;  // upserted
   std::vector<Event> events;            // appended, in order
+  // False: committed without an fsync of its own, durable with the next commit that has one (WAL
+  // frames reach the disk in order). Only for changes nothing is done on and no caller is told of
+  // before that (a started attempt's pid: a restart finds a live supervisor by its lock anyway).
+  bool sync = true;
   bool empty() const { return runs.empty() && attempts.empty() && events.empty(); }
 };
 
@@ -207,9 +214,15 @@ class Store {
   // Returns once the run is durable. Inserts from threads that call at the same time share a
   // transaction (group commit: one fsync for them all), each with its own outcome.
   Status InsertRun(RunRecord* run, std::vector<Event> events);
+  // A batch's runs, each with its events (`events[i]` are `(*runs)[i]`'s): all of them or none
+  // (AlreadyExists when a name is taken, naming it), in one transaction shared with the inserts
+  // of other threads like InsertRun's, so one fsync. Returns once they are durable.
+  Status InsertRuns(std::vector<RunRecord>* runs, std::vector<std::vector<Event>> events);
   // All or nothing. Unavailable when the disk is full (nothing is written; the same batch may be
   // committed again once there is space).
   Status Commit(const Batch& batch);
+  // Write transactions committed since Open (each one fsync), for tests and benchmarks.
+  int64_t TransactionsCommitted();
 
   Result<RunRecord> GetRun(const std::string& name);
   // The run `owner` submitted with idempotency key `key`; NotFound when there is none.
@@ -243,6 +256,7 @@ class Store {
  private:
   struct Impl;
   explicit Store(std::unique_ptr<Impl> impl);
+  Status InsertRuns(RunRecord* runs, std::vector<Event>* events, size_t count);
   std::unique_ptr<Impl> impl_;
 };
 

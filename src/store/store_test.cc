@@ -241,6 +241,54 @@ TEST_F(StoreTest, ConcurrentInsertsEachGetTheirOwnOutcome) {
   }
 }
 
+TEST_F(StoreTest, InsertRunsIsOneTransactionAndAllOrNothing) {
+  std::vector<RunRecord> runs;
+  std::vector<std::vector<Event>> events;
+  for (int i = 0; i < 100; ++i) {
+    runs.push_back(MakeRun("arr-" + std::to_string(i)));
+    runs.back().array = {{"name", "arr"}, {"index", i}, {"first", 0}, {"last", 99}, {"step", 1}};
+    events.push_back({Event{0, runs.back().name, 1, "Submitted", "", {{"i", i}}, "", ""},
+                      Event{0, runs.back().name, 1, "Queued", "", {}, "", ""}});
+  }
+  const int64_t before = store_->TransactionsCommitted();
+  ASSERT_TRUE(store_->InsertRuns(&runs, events).ok());
+  EXPECT_EQ(store_->TransactionsCommitted(), before + 1);  // one fsync for the hundred
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(runs[i].seq, i + 1);
+    auto got = store_->GetRun("arr-" + std::to_string(i));
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(got->array["index"], i);
+    auto chain = store_->ListEvents(got->name);
+    ASSERT_TRUE(chain.ok());
+    ASSERT_EQ(chain->size(), 2u);
+    EXPECT_EQ((*chain)[1].prev_hash, (*chain)[0].hash);
+  }
+  EXPECT_TRUE(store_->GetRun("demo-x").status().code() == StatusCode::kNotFound);
+  // The third name is taken: none of the three is written, nor any of their events.
+  std::vector<RunRecord> clash = {MakeRun("new-1"), MakeRun("new-2"), MakeRun("arr-7")};
+  std::vector<std::vector<Event>> clash_events(3);
+  for (int i = 0; i < 3; ++i)
+    clash_events[i] = {Event{0, clash[i].name, 1, "Submitted", "", {}, "", ""}};
+  Status s = store_->InsertRuns(&clash, clash_events);
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists) << s.ToString();
+  EXPECT_NE(s.message().find("arr-7"), std::string::npos) << s.message();
+  for (const char* name : {"new-1", "new-2"}) {
+    EXPECT_EQ(store_->GetRun(name).status().code(), StatusCode::kNotFound) << name;
+    EXPECT_TRUE(store_->ListEvents(name)->empty()) << name;
+  }
+  EXPECT_EQ(store_->ListEvents("arr-7")->size(), 2u);  // the run that held the name is untouched
+  RunFilter all;
+  EXPECT_EQ(store_->ListRuns(all)->size(), 100u);
+  // A run of its own has no array.
+  RunRecord single = MakeRun("single");
+  ASSERT_TRUE(store_->InsertRun(&single, {}).ok());
+  EXPECT_TRUE(store_->GetRun("single")->array.is_null());
+  // Two lists that do not match are refused, writing nothing.
+  std::vector<RunRecord> odd = {MakeRun("odd-1")};
+  EXPECT_EQ(store_->InsertRuns(&odd, {}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->GetRun("odd-1").status().code(), StatusCode::kNotFound);
+}
+
 TEST_F(StoreTest, EventsAreHashChained) {
   RunRecord r = MakeRun("c");
   ASSERT_TRUE(store_

@@ -433,6 +433,33 @@ class ApiGoldenTest(ServerTestCase):
         self.cli_json("cli_health_check", "health", "check")
         self.cli_json("cli_token_list", "admin", "token", "list")
 
+        # A batch (POST /api/v1/runs/batch): an array of two runs sharing one code, made in one
+        # transaction; then batches refused whole: a bad item (named by its index, with its
+        # diagnostics) and one over the size limit.
+        code = {"files": [{"path": "main.py", "mode": 0o644,
+                           "data": base64.b64encode(METRICS.encode()).decode()}]}
+        array_spec = {"file": "golden/tau.yaml", "yaml": spec("golden-array", "main.py")}
+        batch = {"codes": [code],
+                 "runs": [{"spec": array_spec, "code": 0, "array_index": i} for i in range(2)],
+                 "array": {"first": 0, "last": 1}}
+        status, made = http(self.server.home, "POST", "/api/v1/runs/batch", json.dumps(batch))
+        self.assertEqual(status, 201, made)
+        self.names[made["runs"][0]["array"]["name"]] = "<array:golden-array>"
+        for i, run in enumerate(made["runs"]):
+            self.names[run["name"]] = f"<run:golden-array-{i}>"
+        self.golden("batch_array", {"status": status, "body": {
+            "runs": [self.settled({"run": r})["run"] for r in made["runs"]]}})
+        for run in made["runs"]:
+            self.wait_state(run["name"], "Succeeded")
+        self.reply("run_array", f"/api/v1/runs/{made['runs'][1]['name']}")
+        bad = {"runs": [{"spec": array_spec, "code": code},
+                        {"spec": {"file": "x.yaml", "yaml": "schema_version: 1\nname: x\n"}}]}
+        self.reply("error_batch_bad_item", "/api/v1/runs/batch", status=400, method="POST",
+                   body=json.dumps(bad))
+        huge = {"runs": [{"spec": {"yaml": "x"}}] * 10001}
+        self.reply("error_batch_too_large", "/api/v1/runs/batch", status=413, method="POST",
+                   body=json.dumps(huge))
+
         if not UPDATE:
             # Every golden file is checked: one left behind by a removed check is stale.
             on_disk = sorted(f[:-5] for f in os.listdir(GOLDEN_DIR) if f.endswith(".json"))

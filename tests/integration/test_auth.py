@@ -372,6 +372,39 @@ class AuthTest(unittest.TestCase):
                   and a["method"] == "POST"]
         self.assertTrue({"dave", "bob"} <= {a["user"] for a in denied}, denied)
 
+    def test_a_batch_needs_a_researcher_role_for_every_run(self):
+        def batch(*workspaces):
+            code = {"files": [{"path": "main.py", "data": "cHJpbnQoMSkK"}]}  # print(1)
+            return {"codes": [code],
+                    "runs": [{"spec": {"yaml": PLAIN_SPEC.format(name=f"batch{i}", workspace=w),
+                                       "file": "tau.yaml"}, "code": 0}
+                             for i, w in enumerate(workspaces)]}
+
+        def run_count():
+            return json.loads(self.call("ops", "GET", "/api/v1/runs?limit=1000")[2])["total"]
+
+        before = run_count()
+        # alice researches vision, not speech: the batch is refused whole, at its second run.
+        status, _, body = self.call("alice", "POST", "/api/v1/runs/batch",
+                                    batch("vision", "speech"))
+        self.assertEqual(status, 403, body)
+        err = json.loads(body)["error"]
+        self.assertEqual(err["index"], 1, err)
+        self.assertIn("speech", err["message"])
+        # dave only views vision, bob is not in it: refused as a single submission is.
+        for who in ("dave", "bob"):
+            status, _, body = self.call(who, "POST", "/api/v1/runs/batch", batch("vision"))
+            self.assertEqual(status, 403, body)
+            self.assertIn("vision", body)
+        status, _, body = self.call("anonymous", "POST", "/api/v1/runs/batch", batch("vision"),
+                                    via="tcp")
+        self.assertEqual(status, 401, body)
+        self.assertEqual(run_count(), before)
+        audit = json.loads(self.call("ops", "GET", "/api/v1/audit?limit=1000")[2])["audit"]
+        denied = {a["user"] for a in audit if a["action"] == "denied" and
+                  a["path"] == "/api/v1/runs/batch" and a["method"] == "POST"}
+        self.assertTrue({"alice", "dave", "bob"} <= denied, denied)
+
     def test_denials_are_audited(self):
         self.call("bob", "POST", f"/api/v1/runs/{self.vision_run}/cancel")
         self.call("bogus", "GET", "/api/v1/runs")

@@ -34,8 +34,9 @@ struct ClusterLaunch {
   // The workspace's secrets, when the spec's env refers to any (SECRET:KEY): the cluster keeps
   // them in the namespace's Secret that the pods read.
   std::map<std::string, std::string> secrets;
-  std::string resume_from;     // TAU_RESUME_FROM of a later attempt
-  std::string failure_reason;  // TAU_FAILURE_REASON of a later attempt
+  std::string resume_from;             // TAU_RESUME_FROM of a later attempt
+  std::string failure_reason;          // TAU_FAILURE_REASON of a later attempt
+  std::optional<int64_t> array_index;  // TAU_ARRAY_INDEX of a run of an array
 };
 
 using AttemptKey = std::pair<std::string, int>;  // run, attempt

@@ -228,6 +228,8 @@ void KubeBackend::LaunchOne(const std::string& name, Batch* batch) {
   launch.resolved = &run.resolved;
   launch.platform = host_->platform();
   launch.snapshot_dir = r.snapshot_dir;
+  if (r.array.is_object() && r.array.value("index", nlohmann::json()).is_number_integer())
+    launch.array_index = r.array["index"].get<int64_t>();
   const std::string attempt_dir = host_->AttemptDir(name, launch.attempt);
   if (launch.attempt > 1) {
     launch.failure_reason = PreviousAttemptReason(host_->store(), name, launch.attempt);

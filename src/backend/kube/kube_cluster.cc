@@ -914,6 +914,7 @@ Status KubeCluster::Launch(const ClusterLaunch& launch) {
   options.installation = options_.installation;
   options.resume_from = launch.resume_from;
   options.failure_reason = launch.failure_reason;
+  options.array_index = launch.array_index;
   TAU_ASSIGN_OR_RETURN(options.code, Code(launch.snapshot_dir));
   TAU_ASSIGN_OR_RETURN(std::vector<json> objects,
                        kube::RenderRun(*launch.spec, *launch.resolved, *launch.platform, options));

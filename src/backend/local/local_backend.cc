@@ -650,6 +650,8 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
     if (m.role == "data" && !m.host_path.empty())
       ctx.extra_env.emplace_back("TAU_DATA_DIR", m.host_path);
   ctx.metrics_file = layout::MetricsFile(run_dir);
+  if (r.array.is_object() && r.array.value("index", nlohmann::json()).is_number_integer())
+    ctx.extra_env.emplace_back("TAU_ARRAY_INDEX", std::to_string(r.array["index"].get<int64_t>()));
   ctx.gpus = r.gpus;
   if (run.spec.compute.workers > 1) ctx.master_port = PickFreePort();  // only gangs rendezvous
   ctx.base_env = BaseEnv();
