@@ -186,7 +186,7 @@ class ArrayTest(ServerTestCase):
 
         threading.Thread(target=accept, daemon=True).start()
         try:
-            env = dict(self.server.env, TAU_TIMEOUT="1s", TAU_SERVER="unix://" + proxy_path)
+            env = dict(self.server.env, TAU_TIMEOUT="4s", TAU_SERVER="unix://" + proxy_path)
             p = subprocess.run([TAU, "run", "--array", "0-4", "--detach",
                                 self.array_project("lost")],
                                env=env, capture_output=True, text=True, timeout=60)
