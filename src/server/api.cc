@@ -68,7 +68,8 @@ api::Run RunOf(const RunRecord& r, Controller* controller) {
   run.admitted = OptionalTime(r.admitted_ms);
   run.started = OptionalTime(r.started_ms);
   run.finished = OptionalTime(r.finished_ms);
-  run.kind = r.spec_json.value("kind", "");
+  // A list page's rows carry no spec: the kind is a column of its own.
+  run.kind = !r.kind.empty() ? r.kind : r.spec_json.value("kind", "");
   run.backend = controller->BackendName();
   if (r.state == store::RunState::kQueued) {
     run.has_pending = true;
@@ -612,6 +613,7 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
         if (!offset.ok()) return http::ReplyError(res, offset.status());
         filter.limit = *limit;
         filter.offset = *offset;
+        filter.summary = true;  // a page shows no spec nor resolution
         auto runs = store->ListRuns(filter);
         if (!runs.ok()) return http::ReplyError(res, runs.status());
         auto total = store->CountRuns(filter);
