@@ -14,6 +14,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "common/files.h"
+#include "common/layout.h"
+#include "evidence/evidence.h"
 #include "recovery/failure_class.h"
 #include "testing/controller_test_util.h"
 #include "testing/fake_clock.h"
@@ -667,6 +670,111 @@ TEST_F(ControllerTest, EndedRunsGetTheirFinalEvidenceRecord) {
   auto record = controller_->EvidenceRecord(name);
   ASSERT_TRUE(record.ok()) << record.status().ToString();
   EXPECT_EQ((*record)["run"].value("state", ""), "Succeeded");
+}
+
+// Retention reads the store's queue of what is due, a page (kRetentionBatch runs) at a time: every
+// due run is pruned however many pages they fill, a run with no final record yet is skipped
+// without stopping the pass, a run the store says is pruned is never read again, and one an older
+// tau pruned (its record says so, the store does not) is marked with its record's time.
+TEST_F(ControllerTest, RetentionPrunesWhatIsDueAPageAtATimeAndReadsNothingElse) {
+  const int64_t now = 100'000'000;
+  const int64_t keep = 1000;
+  auto log_of = [&](const std::string& name) {
+    return layout::AttemptDir(home_, name, 1) + "/logs/rank-0.log";
+  };
+  auto samples_of = [&](const std::string& name) {
+    return layout::EvidenceDir(home_, name) + "/gpu-samples.jsonl";
+  };
+  auto save_record = [&](const std::string& name, int64_t finished_ms,
+                         std::optional<int64_t> logs_pruned_ms) {
+    evidence::RecordInput in;
+    in.run.name = name;
+    in.run.state = "Succeeded";
+    in.run.finished_ms = finished_ms;
+    evidence::AttemptInfo a;
+    a.number = 1;
+    a.state = "Finished";
+    a.ended_ms = finished_ms;
+    a.logs.push_back({0, 6, std::string(64, 'a'),
+                      logs_pruned_ms ? evidence::LogState::kPruned : evidence::LogState::kKept});
+    in.attempts.push_back(a);
+    in.retention.logs_pruned_ms = logs_pruned_ms;
+    ASSERT_TRUE(
+        evidence::SaveRecord(layout::EvidenceDir(home_, name), evidence::BuildRecord(in)).ok());
+  };
+  // An ended run with its logs, its samples and (unless told) its final record.
+  auto make = [&](const std::string& name, int64_t finished_ms, bool record = true,
+                  std::optional<int64_t> logs_pruned_in_record = std::nullopt) {
+    store::RunRecord r;
+    r.name = name;
+    r.spec_name = "old";
+    r.created_ms = r.updated_ms = finished_ms - 10;
+    ASSERT_TRUE(store_->InsertRun(&r, {}).ok());
+    r.state = RunState::kSucceeded;
+    r.finished_ms = finished_ms;
+    store::Batch b;
+    b.runs.push_back(r);
+    ASSERT_TRUE(store_->Commit(b).ok());
+    ASSERT_TRUE(MakeDirs(layout::AttemptDir(home_, name, 1) + "/logs").ok());
+    ASSERT_TRUE(MakeDirs(layout::EvidenceDir(home_, name)).ok());
+    ASSERT_TRUE(WriteFileAtomic(log_of(name), "hello\n").ok());
+    ASSERT_TRUE(WriteFileAtomic(samples_of(name), "{}\n").ok());
+    if (record) save_record(name, finished_ms, logs_pruned_in_record);
+  };
+  const int kDue = static_cast<int>(EvidenceWorker::kRetentionBatch) + 7;  // more than a page
+  for (int i = 0; i < kDue; ++i) make(fmt::format("due-{}", i), now - keep - kDue + i);
+  make("no-record", now - keep - kDue - 1, /*record=*/false);  // first in the queue
+  make("pruned-before", now - keep - 5, true, /*logs_pruned_in_record=*/now - 500'000);
+  make("recent", now - keep + 1);
+  // The store says it is pruned; its files say otherwise. A pass that read it would prune it.
+  make("marked", now - keep - 3);
+  ASSERT_TRUE(store_->MarkPruned(store::PruneKind::kLogs, {"marked"}, now - 2000).ok());
+  ASSERT_TRUE(store_->MarkPruned(store::PruneKind::kGpuSamples, {"marked"}, now - 2000).ok());
+
+  evidence::RetentionPolicy policy;
+  policy.keep_logs_ms = keep;
+  policy.keep_samples_ms = keep;
+  ASSERT_TRUE(controller_->ApplyRetention(policy, now).ok());
+
+  for (int i = 0; i < kDue; ++i) {
+    const std::string name = fmt::format("due-{}", i);
+    SCOPED_TRACE(name);
+    EXPECT_FALSE(std::filesystem::exists(log_of(name)));
+    EXPECT_FALSE(std::filesystem::exists(samples_of(name)));
+    store::RunRecord r = Run(name);
+    EXPECT_EQ(r.logs_pruned_ms, std::optional<int64_t>(now));
+    EXPECT_EQ(r.samples_pruned_ms, std::optional<int64_t>(now));
+    auto saved = evidence::LoadRecord(layout::EvidenceDir(home_, name) + "/record.json");
+    ASSERT_TRUE(saved.ok());
+    auto in = evidence::ParseRecord(*saved);
+    ASSERT_TRUE(in.ok());
+    EXPECT_EQ(in->retention.logs_pruned_ms, std::optional<int64_t>(now));
+    EXPECT_EQ(in->retention.samples_pruned_ms, std::optional<int64_t>(now));
+    ASSERT_EQ(in->attempts.size(), 1u);
+    ASSERT_EQ(in->attempts[0].logs.size(), 1u);
+    EXPECT_EQ(in->attempts[0].logs[0].state, evidence::LogState::kPruned);
+    EXPECT_EQ(in->attempts[0].logs[0].sha256, std::string(64, 'a')) << "the hash stays";
+  }
+  for (const char* kept : {"recent", "marked", "no-record"}) {
+    SCOPED_TRACE(kept);
+    EXPECT_TRUE(std::filesystem::exists(log_of(kept)));
+    EXPECT_TRUE(std::filesystem::exists(samples_of(kept)));
+  }
+  EXPECT_FALSE(Run("recent").logs_pruned_ms.has_value());
+  EXPECT_FALSE(Run("no-record").logs_pruned_ms.has_value());
+  EXPECT_EQ(Run("pruned-before").logs_pruned_ms, std::optional<int64_t>(now - 500'000));
+  EXPECT_EQ(Run("pruned-before").samples_pruned_ms, std::optional<int64_t>(now));
+
+  // Nothing is due any more but the run without a record; once it has one, it goes too.
+  auto due = store_->ListRetentionDue(store::PruneKind::kLogs, now - keep, std::nullopt, 0);
+  ASSERT_TRUE(due.ok());
+  ASSERT_EQ(due->size(), 1u);
+  EXPECT_EQ(due->front().name, "no-record");
+  save_record("no-record", now - keep - kDue - 1, std::nullopt);
+  ASSERT_TRUE(controller_->ApplyRetention(policy, now).ok());
+  EXPECT_FALSE(std::filesystem::exists(log_of("no-record")));
+  EXPECT_EQ(Run("no-record").logs_pruned_ms, std::optional<int64_t>(now));
+  EXPECT_TRUE(std::filesystem::exists(log_of("recent")));
 }
 
 }  // namespace

@@ -496,48 +496,64 @@ Status EvidenceWorker::Sources(const std::string& name, evidence::RecordInput* i
 }
 
 Status EvidenceWorker::ApplyRetention(const evidence::RetentionPolicy& policy, int64_t now_ms) {
-  if (policy.keep_logs_ms <= 0 && policy.keep_samples_ms <= 0) return Status::Ok();
-  store::RunFilter filter;
-  filter.newest_first = false;
-  TAU_ASSIGN_OR_RETURN(auto runs, store_->ListRuns(filter));
-  std::vector<evidence::RunRetentionInput> inputs;
-  for (const RunRecord& r : runs) {
-    if (!store::IsTerminal(r.state)) continue;
-    evidence::RunRetentionInput in;
-    in.name = r.name;
-    in.terminal = true;
-    in.finished_ms = r.finished_ms;
-    auto saved = evidence::LoadRecord(Dir(r.name) + "/record.json");
-    if (!saved.ok()) continue;  // its final record is not saved yet: prune nothing before it is
-    auto parsed = evidence::ParseRecord(*saved);
-    if (!parsed.ok()) continue;
-    in.state = parsed->retention;
-    inputs.push_back(std::move(in));
-  }
-  for (const evidence::PruneAction& action : evidence::PlanRetention(inputs, policy, now_ms)) {
-    // The record first (durable: it says the files are pruned, with their hashes), then the files.
-    MutexLock lock(&record_save_mu_);
-    auto saved = evidence::LoadRecord(Dir(action.run) + "/record.json");
-    if (!saved.ok()) continue;
-    auto in = evidence::ParseRecord(*saved);
-    if (!in.ok()) continue;
-    if (action.what == evidence::PruneWhat::kLogs) {
-      in->retention.logs_pruned_ms = now_ms;
-      for (auto& a : in->attempts)
-        for (auto& l : a.logs)
-          if (l.state == evidence::LogState::kKept) l.state = evidence::LogState::kPruned;
-    } else {
-      in->retention.samples_pruned_ms = now_ms;
-    }
-    TAU_RETURN_IF_ERROR(evidence::SaveRecord(Dir(action.run), evidence::BuildRecord(*in)));
-    if (action.what == evidence::PruneWhat::kLogs) {
-      for (const auto& a : in->attempts)
-        (void)RemoveTree(layout::AttemptDir(home_, action.run, a.number) + "/logs");
-    } else {
-      ::unlink((Dir(action.run) + "/gpu-samples.jsonl").c_str());
+  const std::pair<store::PruneKind, int64_t> kinds[] = {
+      {store::PruneKind::kLogs, policy.keep_logs_ms},
+      {store::PruneKind::kGpuSamples, policy.keep_samples_ms}};
+  for (const auto& [kind, keep_ms] : kinds) {
+    if (keep_ms <= 0) continue;
+    // The store's queue of what is due, a page at a time: what was pruned or is not due is never
+    // read, memory holds one page, and the store's lock is held only to read a page and to mark
+    // it, so API calls go on between pages.
+    std::optional<store::RetentionDue> after;
+    while (true) {
+      TAU_ASSIGN_OR_RETURN(
+          auto due, store_->ListRetentionDue(kind, now_ms - keep_ms, after, kRetentionBatch));
+      if (due.empty()) break;
+      after = due.back();
+      std::vector<std::string> pruned;
+      for (const store::RetentionDue& d : due) {
+        TAU_ASSIGN_OR_RETURN(std::optional<int64_t> when, PruneRun(d.name, kind, now_ms));
+        if (!when) continue;  // no final record yet: due again next pass
+        if (*when == now_ms) {
+          pruned.push_back(d.name);
+        } else {
+          // Pruned by a tau from before the store kept it: the store learns the record's time.
+          TAU_RETURN_IF_ERROR(store_->MarkPruned(kind, {d.name}, *when));
+        }
+      }
+      TAU_RETURN_IF_ERROR(store_->MarkPruned(kind, pruned, now_ms));
+      if (static_cast<int64_t>(due.size()) < kRetentionBatch) break;
     }
   }
   return Status::Ok();
+}
+
+Result<std::optional<int64_t>> EvidenceWorker::PruneRun(const std::string& name,
+                                                        store::PruneKind kind, int64_t now_ms) {
+  MutexLock lock(&record_save_mu_);
+  auto saved = evidence::LoadRecord(Dir(name) + "/record.json");
+  if (!saved.ok()) return std::optional<int64_t>();  // prune nothing before the record is saved
+  auto in = evidence::ParseRecord(*saved);
+  if (!in.ok()) return std::optional<int64_t>();
+  const bool logs = kind == store::PruneKind::kLogs;
+  std::optional<int64_t>& when =
+      logs ? in->retention.logs_pruned_ms : in->retention.samples_pruned_ms;
+  if (when) return std::optional<int64_t>(when);
+  // The record first (durable: it says the files are pruned, with their hashes), then the files;
+  // the store's mark comes last, so a crash before it finds the run due again and finishes.
+  when = now_ms;
+  if (logs)
+    for (auto& a : in->attempts)
+      for (auto& l : a.logs)
+        if (l.state == evidence::LogState::kKept) l.state = evidence::LogState::kPruned;
+  TAU_RETURN_IF_ERROR(evidence::SaveRecord(Dir(name), evidence::BuildRecord(*in)));
+  if (logs) {
+    for (const auto& a : in->attempts)
+      (void)RemoveTree(layout::AttemptDir(home_, name, a.number) + "/logs");
+  } else {
+    ::unlink((Dir(name) + "/gpu-samples.jsonl").c_str());
+  }
+  return std::optional<int64_t>(now_ms);
 }
 
 }  // namespace tau::server

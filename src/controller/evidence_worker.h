@@ -65,8 +65,10 @@ class EvidenceWorker {
   Status Sources(const std::string& name, evidence::RecordInput* input,
                  evidence::BundleSources* sources);
   // Prunes the logs and GPU samples of runs that ended longer ago than the policy keeps them; the
-  // record keeps their hashes.
+  // record keeps their hashes. Reads only the runs due (the store's queue), kRetentionBatch at a
+  // time.
   Status ApplyRetention(const evidence::RetentionPolicy& policy, int64_t now_ms);
+  static constexpr int64_t kRetentionBatch = 64;
   // The ingestion totals of a run's metrics (refused points included): the metrics thread's while
   // it reads them, else the ones it saved.
   Result<evidence::MetricsStats> MetricsStats(const std::string& name);
@@ -88,6 +90,10 @@ class EvidenceWorker {
   Result<nlohmann::json> SaveFinal(const std::string& name, const evidence::MetricsInfo* metrics,
                                    const store::RunRecord* ended = nullptr);
   std::string Dir(const std::string& name) const;
+  // Prunes `kind` of one ended run: its record says so first, then the files go. When it was
+  // pruned (now, or before, as its record says); nullopt while it has no final record.
+  Result<std::optional<int64_t>> PruneRun(const std::string& name, store::PruneKind kind,
+                                          int64_t now_ms);
 
   const std::string home_;
   store::Store* const store_;

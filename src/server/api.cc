@@ -71,7 +71,8 @@ api::Run RunOf(const RunRecord& r, Controller* controller, bool just_inserted = 
   run.admitted = OptionalTime(r.admitted_ms);
   run.started = OptionalTime(r.started_ms);
   run.finished = OptionalTime(r.finished_ms);
-  run.kind = r.spec_json.value("kind", "");
+  // A list page's rows carry no spec: the kind is a column of its own.
+  run.kind = !r.kind.empty() ? r.kind : r.spec_json.value("kind", "");
   run.backend = controller->BackendName();
   if (r.array.is_object()) {
     auto array = api::RunArray::FromJson(r.array);
@@ -655,6 +656,7 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
         if (!offset.ok()) return http::ReplyError(res, offset.status());
         filter.limit = *limit;
         filter.offset = *offset;
+        filter.summary = true;  // a page shows no spec nor resolution
         auto runs = store->ListRuns(filter);
         if (!runs.ok()) return http::ReplyError(res, runs.status());
         auto total = store->CountRuns(filter);

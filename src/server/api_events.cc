@@ -114,10 +114,12 @@ class EventStreamer {
       if (auto r = store_->GetRun(only_run_); r.ok()) note(*r);
     } else {
       store::RunFilter active;
+      active.summary = true;  // a run event shows no spec
       active.active_only = true;
       active.limit = kActiveRuns;
       active.workspaces_in = visible_;
       store::RunFilter recent;
+      recent.summary = true;
       recent.limit = kRecentRuns;
       recent.workspaces_in = visible_;
       for (const store::RunFilter& f : {active, recent})

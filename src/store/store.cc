@@ -146,7 +146,25 @@ CREATE INDEX run_users_by_user ON run_users(workspace, user);
     // 8: a run of an array (`tau run --array`): the array's name, the run's index and the range,
     // as JSON; NULL for a run of its own.
     "ALTER TABLE runs ADD COLUMN array_place TEXT;",
+    // 9: a store that stays flat as ended runs pile up. The spec's kind as a column (list pages
+    // read no spec); when retention pruned a run's logs and samples, with partial indexes of the
+    // ended runs not pruned yet, by finished time, so a retention pass reads only what is due; and
+    // the active runs by seq, so a restart reads only those. A run pruned before this version is
+    // found due once, and marked then from its record.
+    R"sql(
+ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT '';
+UPDATE runs SET kind = COALESCE(json_extract(spec_json, '$.kind'), '') WHERE json_valid(spec_json);
+ALTER TABLE runs ADD COLUMN logs_pruned_ms INTEGER;
+ALTER TABLE runs ADD COLUMN samples_pruned_ms INTEGER;
+CREATE INDEX runs_logs_due ON runs(finished_ms, seq)
+  WHERE logs_pruned_ms IS NULL AND state IN ('Succeeded','Failed','Cancelled');
+CREATE INDEX runs_samples_due ON runs(finished_ms, seq)
+  WHERE samples_pruned_ms IS NULL AND state IN ('Succeeded','Failed','Cancelled');
+CREATE INDEX runs_active ON runs(seq) WHERE state IN ('Queued','Admitted','Running');
+)sql",
 };
+
+constexpr int64_t kLatestSchema = sizeof(kMigrations) / sizeof(kMigrations[0]);
 
 // Prepared statements kept for the next use of the same SQL text: preparing one costs more than
 // running most of the store's statements. Used under the store's mutex.
@@ -263,16 +281,27 @@ constexpr const char* kRunColumns =
     "snapshot_dir, workspace, queue, priority, resources, state, reason, message, exit_code, "
     "signal, attempts, gpus, cancel_requested, created_ms, updated_ms, admitted_ms, started_ms, "
     "finished_ms, not_before_ms, owner, resolved, flavors, preemptions, submit_key, run_as, "
-    "array_place";
+    "array_place, kind, logs_pruned_ms, samples_pruned_ms";
+// The same columns for a list page: the heavy ones (spec_yaml, spec_json, resolved, flavors) are
+// NULL, so SQLite neither copies nor we parse them.
+constexpr const char* kSummaryColumns =
+    "name, seq, spec_name, spec_file, NULL, NULL, config_hash, snapshot_digest, "
+    "snapshot_dir, workspace, queue, priority, resources, state, reason, message, exit_code, "
+    "signal, attempts, gpus, cancel_requested, created_ms, updated_ms, admitted_ms, started_ms, "
+    "finished_ms, not_before_ms, owner, NULL, NULL, preemptions, submit_key, run_as, "
+    "array_place, kind, logs_pruned_ms, samples_pruned_ms";
 
-RunRecord ReadRun(Stmt& s) {
+// `summary`: read from kSummaryColumns (the heavy columns are left empty).
+RunRecord ReadRun(Stmt& s, bool summary = false) {
   RunRecord r;
   r.name = s.Text(0);
   r.seq = s.Int(1);
   r.spec_name = s.Text(2);
   r.spec_file = s.Text(3);
-  r.spec_yaml = s.Text(4);
-  r.spec_json = ParseJsonColumn(s.Text(5), nlohmann::json::object());
+  if (!summary) {
+    r.spec_yaml = s.Text(4);
+    r.spec_json = ParseJsonColumn(s.Text(5), nlohmann::json::object());
+  }
   r.config_hash = s.Text(6);
   r.snapshot_digest = s.Text(7);
   r.snapshot_dir = s.Text(8);
@@ -295,14 +324,26 @@ RunRecord ReadRun(Stmt& s) {
   r.finished_ms = s.OptInt(25);
   r.not_before_ms = s.OptInt(26);
   r.owner = s.Text(27);
-  r.resolved = ParseJsonColumn(s.Text(28), nlohmann::json::object());
-  r.flavors = ParseJsonColumn(s.Text(29), nlohmann::json::object());
+  if (!summary) {
+    r.resolved = ParseJsonColumn(s.Text(28), nlohmann::json::object());
+    r.flavors = ParseJsonColumn(s.Text(29), nlohmann::json::object());
+  }
   r.preemptions = static_cast<int>(s.Int(30));
   r.submit_key = s.Text(31);
   r.run_as = s.OptText(32);
   if (std::optional<std::string> place = s.OptText(33))
     r.array = ParseJsonColumn(*place, nlohmann::json());
+  r.kind = s.Text(34);
+  r.logs_pruned_ms = s.OptInt(35);
+  r.samples_pruned_ms = s.OptInt(36);
   return r;
+}
+
+// The spec's workload kind, as the kind column keeps it.
+std::string KindOf(const nlohmann::json& spec_json) {
+  if (!spec_json.is_object()) return "";
+  auto it = spec_json.find("kind");
+  return it != spec_json.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
 // The columns of a run that commits change (RunProgress), as named parameters (":state" binds
@@ -364,6 +405,9 @@ void BindRun(Stmt& s, const RunRecord& r, RunTexts* texts) {
   s.Bind(":run_as", r.run_as);
   s.Bind(":array_place",
          r.array.is_null() ? std::optional<std::string>() : std::optional(JsonText(r.array)));
+  s.Bind(":kind", r.kind.empty() ? KindOf(r.spec_json) : r.kind);
+  s.Bind(":logs_pruned_ms", r.logs_pruned_ms);
+  s.Bind(":samples_pruned_ms", r.samples_pruned_ms);
   BindProgress(s, r);
 }
 
@@ -436,12 +480,16 @@ struct Store::Impl {
     Stmt v(db, &cache, "PRAGMA user_version");
     if (!v.ok() || v.Step() != SQLITE_ROW) return Error("reading schema version");
     int64_t version = v.Int(0);
-    constexpr int64_t kLatest = sizeof(kMigrations) / sizeof(kMigrations[0]);
-    if (version > kLatest)
+    return MigrateTo(version, kLatestSchema);
+  }
+
+  // Applies the migrations after `version` up to `target`.
+  Status MigrateTo(int64_t version, int64_t target) TAU_REQUIRES(mu) {
+    if (version > kLatestSchema)
       return FailedPrecondition(
           fmt::format("the store's schema version {} is newer than this tau ({}); upgrade tau",
-                      version, kLatest));
-    for (int64_t i = version; i < kLatest; ++i) {
+                      version, kLatestSchema));
+    for (int64_t i = version; i < target; ++i) {
       TAU_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
       Status s = Exec(kMigrations[i]);
       if (s.ok()) s = Exec(fmt::format("PRAGMA user_version = {}", i + 1).c_str());
@@ -645,6 +693,24 @@ struct Store::Impl {
     return me->result;
   }
 
+  // Store::MarkPruned, under the store's mutex.
+  Status MarkPruned(PruneKind kind, const std::vector<std::string>& runs, int64_t pruned_ms)
+      TAU_REQUIRES(mu) {
+    const char* column = kind == PruneKind::kLogs ? "logs_pruned_ms" : "samples_pruned_ms";
+    return InTransaction([&]() TAU_REQUIRES(mu) -> Status {
+      Stmt s(db, &cache,
+             fmt::format("UPDATE runs SET {0} = COALESCE({0}, ?1) WHERE name = ?2", column));
+      if (!s.ok()) return Error("preparing a retention mark");
+      for (const std::string& name : runs) {
+        sqlite3_reset(s.get());
+        s.Bind(1, pruned_ms);
+        s.Bind(2, name);
+        if (s.Step() != SQLITE_DONE) return Error("marking a run pruned");
+      }
+      return Status::Ok();
+    });
+  }
+
   // Store::AssignRunUser, under the store's mutex.
   Result<std::string> AssignRunUser(const std::string& workspace, const std::string& user,
                                     const std::vector<std::string>& pool, int64_t now_ms)
@@ -741,6 +807,23 @@ Result<std::unique_ptr<Store>> Store::Open(const std::string& path) {
   return std::unique_ptr<Store>(new Store(std::move(impl)));
 }
 
+Status Store::CreateSchemaForTest(const std::string& path, int64_t version) {
+  if (version < 1 || version > kLatestSchema)
+    return InvalidArgument(fmt::format("no schema version {}", version));
+  Impl impl;
+  MutexLock lock(&impl.mu);
+  if (sqlite3_open_v2(path.c_str(), &impl.db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
+                      nullptr) != SQLITE_OK) {
+    sqlite3_close_v2(impl.db);
+    return Status(StatusCode::kIo, fmt::format("cannot open store {}", path));
+  }
+  Status s = impl.MigrateTo(0, version);
+  for (auto& [sql, c] : impl.cache) sqlite3_finalize(c.stmt);
+  sqlite3_close_v2(impl.db);
+  impl.db = nullptr;
+  return s;
+}
+
 Status Store::InsertRun(RunRecord* run, std::vector<Event> events) {
   return InsertRuns(run, &events, 1);
 }
@@ -825,9 +908,9 @@ static void BindFilter(Stmt& s, const RunFilter& f) {
 Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {
   MutexLock lock(&impl_->mu);
   // The page is bound, not written into the text, so that the statement is prepared once.
-  std::string sql =
-      fmt::format("SELECT {} FROM runs{} ORDER BY seq {} LIMIT ?5 OFFSET ?6", kRunColumns,
-                  WhereClause(filter), filter.newest_first ? "DESC" : "ASC");
+  std::string sql = fmt::format("SELECT {} FROM runs{} ORDER BY seq {} LIMIT ?5 OFFSET ?6",
+                                filter.summary ? kSummaryColumns : kRunColumns, WhereClause(filter),
+                                filter.newest_first ? "DESC" : "ASC");
   Stmt s(impl_->db, &impl_->cache, sql);
   if (!s.ok()) return impl_->Error("preparing run list");
   BindFilter(s, filter);
@@ -835,7 +918,7 @@ Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {
   s.Bind(6, static_cast<int64_t>(filter.offset));
   std::vector<RunRecord> out;
   int rc;
-  while ((rc = s.Step()) == SQLITE_ROW) out.push_back(ReadRun(s));
+  while ((rc = s.Step()) == SQLITE_ROW) out.push_back(ReadRun(s, filter.summary));
   if (rc != SQLITE_DONE) return impl_->Error("listing runs");
   return out;
 }
@@ -918,6 +1001,39 @@ Result<std::vector<Event>> Store::ListEvents(const std::string& run) {
   }
   if (rc != SQLITE_DONE) return impl_->Error("listing events");
   return out;
+}
+
+// ---- retention -------------------------------------------------------------------------------
+
+Result<std::vector<RetentionDue>> Store::ListRetentionDue(PruneKind kind, int64_t cutoff_ms,
+                                                          const std::optional<RetentionDue>& after,
+                                                          int64_t limit) {
+  MutexLock lock(&impl_->mu);
+  // The WHERE repeats the partial index's own condition word for word (so SQLite may use it), and
+  // INDEXED BY makes sure it does: without statistics it could prefer a scan of every run.
+  const char* column = kind == PruneKind::kLogs ? "logs_pruned_ms" : "samples_pruned_ms";
+  const char* index = kind == PruneKind::kLogs ? "runs_logs_due" : "runs_samples_due";
+  Stmt s(impl_->db, &impl_->cache,
+         fmt::format("SELECT name, finished_ms, seq FROM runs INDEXED BY {} WHERE {} IS NULL AND "
+                     "state IN ('Succeeded','Failed','Cancelled') AND finished_ms <= ?1 AND "
+                     "(finished_ms, seq) > (?2, ?3) ORDER BY finished_ms, seq LIMIT ?4",
+                     index, column));
+  if (!s.ok()) return impl_->Error("preparing the retention due list");
+  s.Bind(1, cutoff_ms);
+  s.Bind(2, after ? after->finished_ms : INT64_MIN);
+  s.Bind(3, after ? after->seq : INT64_MIN);
+  s.Bind(4, limit > 0 ? limit : int64_t{-1});
+  std::vector<RetentionDue> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) out.push_back({s.Text(0), s.Int(1), s.Int(2)});
+  if (rc != SQLITE_DONE) return impl_->Error("reading the retention due list");
+  return out;
+}
+
+Status Store::MarkPruned(PruneKind kind, const std::vector<std::string>& runs, int64_t pruned_ms) {
+  if (runs.empty()) return Status::Ok();
+  MutexLock lock(&impl_->mu);
+  return impl_->MarkPruned(kind, runs, pruned_ms);
 }
 
 // ---- identity ---------------------------------------------------------------------------------

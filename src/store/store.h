@@ -65,6 +65,12 @@ struct RunRecord {
   // Its place in an array (`tau run --array`): {"name", "index", "first", "last", "step"}; null
   // for a run of its own.
   nlohmann::json array;
+  // The spec's workload kind ("job", "rayjob"), a column of its own so that list pages need not
+  // parse the spec.
+  std::string kind;
+  // When retention pruned the run's logs and its GPU samples (unset until then). Written by
+  // MarkPruned only, never by a commit.
+  std::optional<int64_t> logs_pruned_ms, samples_pruned_ms;
 };
 
 // A system user of a workspace's pool given to one token user (Store::AssignRunUser).
@@ -161,6 +167,20 @@ struct RunFilter {
   int64_t limit = 0;  // 0 = no limit
   int64_t offset = 0;
   bool newest_first = true;
+  // Rows for a list page: spec_yaml, spec_json, resolved and flavors are left empty (neither read
+  // nor parsed); everything else, `kind` included, is filled from the row's typed columns.
+  bool summary = false;
+};
+
+// What retention prunes of an ended run.
+enum class PruneKind { kLogs, kGpuSamples };
+
+// An ended run whose files retention may prune, and where a walk of the due list stands: the list
+// is ordered by (finished_ms, seq), so the last one handled is where the next page starts.
+struct RetentionDue {
+  std::string name;
+  int64_t finished_ms = 0;
+  int64_t seq = 0;
 };
 
 struct RunCount {
@@ -204,6 +224,10 @@ struct SecretInfo {
 
 class Store {
  public:
+  // For tests of migrations: creates the database at `path` with the schema of `version` (an
+  // older tau's store) and nothing else.
+  static Status CreateSchemaForTest(const std::string& path, int64_t version);
+
   // Opens (creating when missing) the database at `path` and migrates its schema.
   static Result<std::unique_ptr<Store>> Open(const std::string& path);
   ~Store();
@@ -233,6 +257,17 @@ class Store {
   Result<std::vector<RunCount>> CountRunsByStateAndWorkspace();
   Result<std::vector<AttemptRecord>> ListAttempts(const std::string& run);
   Result<std::vector<Event>> ListEvents(const std::string& run);
+
+  // Retention's queue: ended runs whose `kind` is not pruned yet, finished at or before
+  // `cutoff_ms`, oldest first, after `after` (the last one of the previous page; nullopt for the
+  // first page), at most `limit`. Read from a partial index of exactly those runs: what has been
+  // pruned, or is not due, is never read.
+  Result<std::vector<RetentionDue>> ListRetentionDue(PruneKind kind, int64_t cutoff_ms,
+                                                     const std::optional<RetentionDue>& after,
+                                                     int64_t limit);
+  // Records that `kind` of these runs was pruned at `pruned_ms` (one transaction); they leave the
+  // due list. A run already marked keeps its first time.
+  Status MarkPruned(PruneKind kind, const std::vector<std::string>& runs, int64_t pruned_ms);
 
   // Identity: tokens, the audit trail and workspace secrets.
   Status InsertToken(const TokenRecord& token);              // AlreadyExists on a repeated digest

@@ -1,5 +1,7 @@
 #include "store/store.h"
 
+#include <sqlite3.h>
+
 #include <atomic>
 #include <set>
 #include <thread>
@@ -40,9 +42,30 @@ class StoreTest : public ::testing::Test {
     r.updated_ms = 1;
     return r;
   }
+  // Ends run `name` (inserted before) in `state` at `finished_ms`.
+  void End(const std::string& name, RunState state, int64_t finished_ms) {
+    RunRecord r = *store_->GetRun(name);
+    r.state = state;
+    r.finished_ms = finished_ms;
+    Batch b;
+    b.runs.push_back(r);
+    ASSERT_TRUE(store_->Commit(b).ok());
+  }
+  std::vector<std::string> Due(PruneKind kind, int64_t cutoff_ms,
+                               std::optional<RetentionDue> after = std::nullopt,
+                               int64_t limit = 0) {
+    auto due = store_->ListRetentionDue(kind, cutoff_ms, after, limit);
+    EXPECT_TRUE(due.ok()) << due.status().ToString();
+    std::vector<std::string> names;
+    if (due.ok())
+      for (const RetentionDue& d : *due) names.push_back(d.name);
+    return names;
+  }
   std::string dir_;
   std::unique_ptr<Store> store_;
 };
+
+using Names = std::vector<std::string>;
 
 TEST_F(StoreTest, InsertGetAndDuplicate) {
   RunRecord r = MakeRun("demo-1");
@@ -353,6 +376,162 @@ TEST_F(StoreTest, RunAsIsKeptAndUnsetForOlderRuns) {
   EXPECT_EQ(store_->GetRun("a")->run_as, std::optional<std::string>("tau-a1"));
   EXPECT_EQ(store_->GetRun("b")->run_as, std::optional<std::string>(""));
   EXPECT_FALSE(store_->GetRun("c")->run_as.has_value());
+}
+
+TEST_F(StoreTest, RetentionDueListsEndedRunsNotPrunedOldestFirst) {
+  for (const char* name : {"a", "b", "c", "d", "e", "live"}) {
+    RunRecord r = MakeRun(name);
+    ASSERT_TRUE(store_->InsertRun(&r, {}).ok());
+  }
+  End("a", RunState::kSucceeded, 300);
+  End("b", RunState::kFailed, 100);
+  End("c", RunState::kCancelled, 200);
+  End("d", RunState::kSucceeded, 200);  // same time as c: seq orders them
+  End("e", RunState::kSucceeded, 900);  // not due yet
+  // "live" is still queued: never due, however old.
+  EXPECT_EQ(Due(PruneKind::kLogs, 500), (Names{"b", "c", "d", "a"}));
+  EXPECT_EQ(Due(PruneKind::kLogs, 200), (Names{"b", "c", "d"}));
+  EXPECT_EQ(Due(PruneKind::kLogs, 99), Names{});
+
+  // Pages: each starts after the last run of the one before.
+  auto first = store_->ListRetentionDue(PruneKind::kLogs, 500, std::nullopt, 2);
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->size(), 2u);
+  EXPECT_EQ(first->back().name, "c");
+  EXPECT_EQ(first->back().finished_ms, 200);
+  EXPECT_EQ(Due(PruneKind::kLogs, 500, first->back(), 2), (Names{"d", "a"}));
+  EXPECT_EQ(Due(PruneKind::kLogs, 500, RetentionDue{"a", 300, 1}), Names{});
+
+  // Marked runs leave that kind's list (and only that kind's); a second mark keeps the first time.
+  ASSERT_TRUE(store_->MarkPruned(PruneKind::kLogs, {"b", "d"}, 1000).ok());
+  EXPECT_EQ(Due(PruneKind::kLogs, 500), (Names{"c", "a"}));
+  EXPECT_EQ(Due(PruneKind::kGpuSamples, 500), (Names{"b", "c", "d", "a"}));
+  ASSERT_TRUE(store_->MarkPruned(PruneKind::kLogs, {"b"}, 2000).ok());
+  EXPECT_EQ(store_->GetRun("b")->logs_pruned_ms, std::optional<int64_t>(1000));
+  EXPECT_FALSE(store_->GetRun("b")->samples_pruned_ms.has_value());
+  ASSERT_TRUE(store_->MarkPruned(PruneKind::kGpuSamples, {"a"}, 1500).ok());
+  EXPECT_EQ(Due(PruneKind::kGpuSamples, 500), (Names{"b", "c", "d"}));
+  EXPECT_EQ(store_->GetRun("a")->samples_pruned_ms, std::optional<int64_t>(1500));
+
+  // A commit (progress) never clears a mark.
+  RunRecord b = *store_->GetRun("b");
+  b.logs_pruned_ms.reset();
+  b.message = "touched";
+  Batch batch;
+  batch.runs.push_back(b);
+  ASSERT_TRUE(store_->Commit(batch).ok());
+  EXPECT_EQ(store_->GetRun("b")->logs_pruned_ms, std::optional<int64_t>(1000));
+  EXPECT_EQ(Due(PruneKind::kLogs, 500), (Names{"c", "a"}));
+}
+
+TEST_F(StoreTest, SummaryRowsLeaveTheHeavyColumnsAndKeepWhatAPageShows) {
+  RunRecord r = MakeRun("big");
+  r.spec_json = {{"name", "demo"}, {"kind", "rayjob"}};
+  r.resolved = {{"queue", "default"}, {"provenance", nlohmann::json::array()}};
+  r.resources = {{"gpus", 2}, {"workers", 1}};
+  r.owner = "alice";
+  r.priority = 7;
+  ASSERT_TRUE(store_->InsertRun(&r, {}).ok());
+  RunRecord ended = *store_->GetRun("big");
+  ended.state = RunState::kFailed;
+  ended.reason = "UserError";
+  ended.exit_code = 3;
+  ended.gpus = {0, 1};
+  ended.flavors = {{"main", {{"nvidia.com/gpu", "h100"}}}};
+  ended.finished_ms = 50;
+  Batch b;
+  b.runs.push_back(ended);
+  ASSERT_TRUE(store_->Commit(b).ok());
+
+  RunFilter filter;
+  filter.summary = true;
+  auto rows = store_->ListRuns(filter);
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_EQ(rows->size(), 1u);
+  const RunRecord& s = rows->front();
+  RunRecord full = *store_->GetRun("big");
+  EXPECT_EQ(full.kind, "rayjob");
+  EXPECT_EQ(full.spec_json["kind"], "rayjob");
+  // Left empty.
+  EXPECT_EQ(s.spec_yaml, "");
+  EXPECT_TRUE(s.spec_json.is_null() || s.spec_json.empty());
+  EXPECT_TRUE(s.resolved.empty());
+  EXPECT_TRUE(s.flavors.empty());
+  // Filled as the full row has them.
+  EXPECT_EQ(s.name, full.name);
+  EXPECT_EQ(s.seq, full.seq);
+  EXPECT_EQ(s.kind, "rayjob");
+  EXPECT_EQ(s.spec_name, full.spec_name);
+  EXPECT_EQ(s.spec_file, full.spec_file);
+  EXPECT_EQ(s.state, RunState::kFailed);
+  EXPECT_EQ(s.reason, "UserError");
+  EXPECT_EQ(s.exit_code, std::optional<int>(3));
+  EXPECT_EQ(s.gpus, (std::vector<int>{0, 1}));
+  EXPECT_EQ(s.resources, full.resources);
+  EXPECT_EQ(s.owner, "alice");
+  EXPECT_EQ(s.priority, 7);
+  EXPECT_EQ(s.config_hash, full.config_hash);
+  EXPECT_EQ(s.finished_ms, std::optional<int64_t>(50));
+  EXPECT_EQ(s.created_ms, full.created_ms);
+}
+
+// A store made by the tau before version 9, with runs in it, opens migrated: the kind comes from
+// each run's spec, its ended runs are due for retention (none marked pruned), the rest is kept.
+TEST_F(StoreTest, MigratesAVersion7StoreWithItsRuns) {
+  store_.reset();
+  const std::string path = dir_ + "/old.db";
+  ASSERT_TRUE(Store::CreateSchemaForTest(path, 7).ok());
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  const char* rows = R"sql(
+INSERT INTO runs (name, seq, spec_name, spec_file, spec_yaml, spec_json, config_hash,
+  snapshot_digest, snapshot_dir, workspace, queue, priority, resources, state, reason, message,
+  attempts, gpus, cancel_requested, created_ms, updated_ms, finished_ms, owner, resolved)
+VALUES
+  ('old-1', 1, 'old', 'tau.yaml', 'name: old', '{"kind":"job","name":"old"}', 'h1', 'd', '/s',
+   'default', 'default', 0, '{"gpus":1}', 'Succeeded', 'Succeeded', '', 1, '[]', 0, 1, 2, 10,
+   'alice', '{}'),
+  ('old-2', 2, 'old', 'tau.yaml', 'name: old', '{"kind":"rayjob","name":"old"}', 'h2', 'd', '/s',
+   'default', 'default', 0, '{}', 'Queued', '', '', 0, '[]', 0, 3, 3, NULL, 'bob', '{}'),
+  ('old-3', 3, 'old', 'tau.yaml', 'name: old', 'not json', 'h3', 'd', '/s',
+   'default', 'default', 0, '{}', 'Failed', 'UserError', '', 1, '[]', 0, 4, 5, 20, 'bob', '{}');
+INSERT INTO events (run, ts_ms, type, message, data, prev_hash, hash)
+  VALUES ('old-1', 1, 'Submitted', '', '{}', '', 'x');
+)sql";
+  char* err = nullptr;
+  ASSERT_EQ(sqlite3_exec(db, rows, nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "");
+  sqlite3_close(db);
+
+  auto opened = Store::Open(path);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  store_ = std::move(*opened);
+  auto one = store_->GetRun("old-1");
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->kind, "job");
+  EXPECT_EQ(one->owner, "alice");
+  EXPECT_EQ(one->resources["gpus"], 1);
+  EXPECT_FALSE(one->logs_pruned_ms.has_value());
+  EXPECT_EQ(store_->GetRun("old-2")->kind, "rayjob");
+  EXPECT_EQ(store_->GetRun("old-3")->kind, "") << "a spec that is not JSON has no kind";
+  EXPECT_EQ(store_->ListEvents("old-1")->size(), 1u);
+  EXPECT_EQ(Due(PruneKind::kLogs, 100), (Names{"old-1", "old-3"}));
+  EXPECT_EQ(Due(PruneKind::kGpuSamples, 15), Names{"old-1"});
+  RunFilter active;
+  active.active_only = true;
+  auto live = store_->ListRuns(active);
+  ASSERT_TRUE(live.ok());
+  ASSERT_EQ(live->size(), 1u);
+  EXPECT_EQ(live->front().name, "old-2");
+  // New runs go on after the old ones.
+  RunRecord r = MakeRun("new-1");
+  ASSERT_TRUE(store_->InsertRun(&r, {}).ok());
+  EXPECT_EQ(r.seq, 4);
+  // Opened again, nothing is migrated twice.
+  store_.reset();
+  opened = Store::Open(path);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  store_ = std::move(*opened);
+  EXPECT_EQ(store_->GetRun("old-1")->kind, "job");
 }
 
 }  // namespace tau::store
