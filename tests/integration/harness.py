@@ -29,6 +29,27 @@ def wait_for(predicate, timeout=20.0, interval=0.05, what="condition"):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def read_http_message(sock):
+    """One whole HTTP/1.1 message from `sock`: its head, then as much body as Content-Length says
+    (a server may write the two apart; a message cut short reads as a broken connection). What
+    came before the connection closed, when it closes early."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next((l.split(b":")[1] for l in head.split(b"\r\n")
+                       if l.lower().startswith(b"content-length:")), b"0"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 def free_port():
     """A TCP port on the loopback interface that nothing listens on right now."""
     s = socket.socket()

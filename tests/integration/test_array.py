@@ -9,7 +9,7 @@ import subprocess
 import threading
 import unittest
 
-from harness import TAU, ServerTestCase, wait_for
+from harness import TAU, ServerTestCase, read_http_message, wait_for
 
 # A shell script, not Python: a hundred runs on two cores should not wait on interpreters.
 SPEC = ("schema_version: 1\nname: {name}\nrun:\n  entrypoint: main.sh\n  workload_kind: job\n"
@@ -143,30 +143,16 @@ class ArrayTest(ServerTestCase):
         batches = []
         held = []  # the proxy's sockets, closed when the test ends
 
-        def read_message(sock, buffered=b""):
-            data = buffered
-            while b"\r\n\r\n" not in data:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    return data
-                data += chunk
-            head, _, body = data.partition(b"\r\n\r\n")
-            length = int(next((l.split(b":")[1] for l in head.split(b"\r\n")
-                               if l.lower().startswith(b"content-length:")), b"0"))
-            while len(body) < length:
-                body += sock.recv(65536)
-            return head + b"\r\n\r\n" + body
-
         def pipe(client):
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             upstream.connect(os.path.join(self.server.home, "tau.sock"))
             held.extend([client, upstream])
             while True:
-                request = read_message(client)
+                request = read_http_message(client)
                 if not request:
                     break
                 upstream.sendall(request)
-                answer = read_message(upstream)  # the server has answered
+                answer = read_http_message(upstream)  # the server has answered
                 path = request.split(b" ")[1]
                 if path == b"/api/v1/runs/batch":
                     batches.append(answer)

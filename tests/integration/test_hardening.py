@@ -20,7 +20,7 @@ import threading
 import time
 import unittest
 
-from harness import TAU, ServerTestCase, TauServer, pid_alive, wait_for
+from harness import TAU, ServerTestCase, TauServer, pid_alive, read_http_message, wait_for
 
 
 def job_spec(name, entry="main.py", extra=""):
@@ -580,16 +580,10 @@ class IdempotentSubmissionTest(HardeningCase):
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             upstream.connect(self.sock_path())
             served.append(client)
-            request = b""
-            while b"\r\n\r\n" not in request:
-                request += client.recv(65536)
-            head, _, body = request.partition(b"\r\n\r\n")
-            length = int(next((l.split(b":")[1] for l in head.split(b"\r\n")
-                               if l.lower().startswith(b"content-length:")), b"0"))
-            while len(body) < length:
-                body += client.recv(65536)
-            upstream.sendall(head + b"\r\n\r\n" + body)
-            answer = upstream.recv(65536)  # the server has answered: the run exists
+            request = read_http_message(client)
+            head = request.partition(b"\r\n\r\n")[0]
+            upstream.sendall(request)
+            answer = read_http_message(upstream)  # the server has answered: the run exists
             upstream.close()
             route = head.split(b" ")[1].split(b"?")[0]
             first = route not in lost
