@@ -11,7 +11,9 @@
 // Cycle (Kueue's schedule()): one head per queue, flavor assignment and preemption targets
 // against the same snapshot, ordering (classic: non-borrowing first, priority, FIFO; fair
 // sharing: a DRS tournament per cohort tree), then each entry in order is admitted, issues its
-// preemptions, or stays pending with a reason.
+// preemptions, or stays pending with a reason. A head's nomination is kept in its Wl with the
+// version of its cohort tree (bumped by every charge, release and preemption) and reused while that
+// is unchanged; why it failed is kept as data (Why) and put into words only by Pending().
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -1,4 +1,5 @@
 """Test harness: a real `tau server` in a temporary TAU_HOME, driven through the real `tau` CLI."""
+import http.client
 import json
 import os
 import shutil
@@ -27,6 +28,19 @@ def wait_for(predicate, timeout=20.0, interval=0.05, what="condition"):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over the server's Unix socket."""
+
+    def __init__(self, path, timeout=60):
+        super().__init__("tau", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
 
 
 def read_http_message(sock):

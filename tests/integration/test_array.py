@@ -1,7 +1,6 @@
 """Batch submission (POST /api/v1/runs/batch) and `tau run --array`, with real processes: an array
 runs one process per index, each seeing its own TAU_ARRAY_INDEX; a batch with one bad item makes
 nothing; a batch whose answer was lost and is sent again gives the same runs."""
-import http.client
 import json
 import os
 import socket
@@ -9,23 +8,12 @@ import subprocess
 import threading
 import unittest
 
-from harness import TAU, ServerTestCase, read_http_message, wait_for
+from harness import TAU, ServerTestCase, UnixHTTPConnection, read_http_message, wait_for
 
 # A shell script, not Python: a hundred runs on two cores should not wait on interpreters.
 SPEC = ("schema_version: 1\nname: {name}\nrun:\n  entrypoint: main.sh\n  workload_kind: job\n"
         "compute:\n  gpus: 0\n  workers: 1\n  cpus: 100m\n  memory: 16Mi\n")
 SCRIPT = "#!/bin/sh\necho \"index=$TAU_ARRAY_INDEX\"\n"
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path, timeout=60):
-        super().__init__("tau", timeout=timeout)
-        self.socket_path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.socket_path)
 
 
 class ArrayTest(ServerTestCase):

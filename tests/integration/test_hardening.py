@@ -7,7 +7,6 @@ cannot hide a server that trusts its clients; after each hostile request the tes
 server process is alive and still answers."""
 import base64
 import hashlib
-import http.client
 import json
 import os
 import signal
@@ -20,7 +19,8 @@ import threading
 import time
 import unittest
 
-from harness import TAU, ServerTestCase, TauServer, pid_alive, read_http_message, wait_for
+from harness import (TAU, ServerTestCase, TauServer, UnixHTTPConnection, pid_alive,
+                     read_http_message, wait_for)
 
 
 def job_spec(name, entry="main.py", extra=""):
@@ -32,17 +32,6 @@ def submit_body(spec, files=(), raw_files=None):
     code = raw_files if raw_files is not None else [
         {"path": p, "data": base64.b64encode(d).decode()} for p, d in files]
     return json.dumps({"spec": {"file": "tau.yaml", "yaml": spec}, "code": {"files": code}})
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path, timeout=30):
-        super().__init__("tau", timeout=timeout)
-        self.socket_path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.socket_path)
 
 
 class HardeningCase(ServerTestCase):
