@@ -140,6 +140,9 @@ struct SubmissionCheck {
   const nlohmann::json* snapshot_files = nullptr;  // [{"path": ...}]: the files of the code
   const policy::Caller* caller = nullptr;
   bool token_user = false;  // the caller signed in with a token (not known to the kernel)
+  // A name as long as the longest its runs will get (their random digits are drawn at the insert,
+  // after the checks): a backend that derives object names from it checks their length with it.
+  std::string run_name;
   // Out: the system user the run's processes will run as ("" for the server's own user), when
   // the backend runs them on this machine; kept with the run.
   std::optional<std::string>* run_as = nullptr;

@@ -110,6 +110,18 @@ Resources Controller::Needs(const policy::ResolvedRun& resolved) {
   return r;
 }
 
+namespace {
+
+// What the insert appends to a spec's name, as long as it can be: "-" and 8 random hex digits,
+// then, for a run of an array, "-" and its index (up to `max_index`).
+std::string NameSuffixLike(std::optional<int64_t> max_index) {
+  std::string suffix = "-" + std::string(8, 'f');
+  if (max_index) suffix += "-" + std::to_string(*max_index);
+  return suffix;
+}
+
+}  // namespace
+
 Status Controller::InsertWithUniqueName(
     RunRecord* r, const std::string& base,
     const std::function<std::vector<Event>(const std::string& name)>& events) {
@@ -147,7 +159,8 @@ Result<bool> Controller::StoreCodeBlob(const std::string& sha256, std::string_vi
 Result<Controller::PreparedRun> Controller::PrepareRun(
     const std::string& spec_yaml, const std::string& spec_file, const std::string& code_dir,
     const policy::Caller& caller, bool token_user,
-    const std::function<Result<Snapshot>()>& make_snapshot, SubmitError* error) {
+    const std::function<Result<Snapshot>()>& make_snapshot, const std::string& name_suffix,
+    SubmitError* error) {
   auto refuse = [error](Status s) {
     error->status = std::move(s);
     return error->status;
@@ -181,6 +194,7 @@ Result<Controller::PreparedRun> Controller::PrepareRun(
   check.snapshot_files = &snapshot->files;
   check.caller = &caller;
   check.token_user = token_user;
+  check.run_name = spec.name + name_suffix;
   std::optional<std::string> run_as;
   check.run_as = &run_as;
   if (Status s = backend_->Check(check); !s.ok()) return refuse(s);
@@ -244,9 +258,10 @@ Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* err
     TAU_ASSIGN_OR_RETURN(Manifest manifest, CheckManifest(std::move(*request.manifest)));
     return StoreSnapshot(snapshots, blobs, manifest);
   };
-  TAU_ASSIGN_OR_RETURN(PreparedRun prepared,
-                       PrepareRun(request.spec_yaml, request.spec_file, request.code_dir,
-                                  request.caller, request.token_user, snapshot, error));
+  TAU_ASSIGN_OR_RETURN(
+      PreparedRun prepared,
+      PrepareRun(request.spec_yaml, request.spec_file, request.code_dir, request.caller,
+                 request.token_user, snapshot, NameSuffixLike(std::nullopt), error));
   RunRecord& r = prepared.record;
   r.submit_key = request.idempotency_key;
   auto insert = [&] {
@@ -334,6 +349,13 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
   std::vector<std::optional<Result<Snapshot>>> stored(request.codes.size());
   // Items with the same spec and code are the same submission but for their place: checked once.
   std::map<std::tuple<std::string_view, std::string_view, size_t>, size_t> seen;
+  // Checked once for items alike: with the longest index's name.
+  std::optional<int64_t> longest_index;
+  if (request.array) {
+    const int64_t first = request.array->first, last = request.array->last;
+    longest_index = std::to_string(first).size() > std::to_string(last).size() ? first : last;
+  }
+  const std::string name_suffix = NameSuffixLike(longest_index);
   std::vector<PreparedRun> distinct;
   std::vector<size_t> which(n);
   for (size_t i = 0; i < n; ++i) {
@@ -360,7 +382,7 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
     };
     SubmitError one;
     auto prepared = PrepareRun(item.spec_yaml, item.spec_file, code.dir, request.caller,
-                               request.token_user, snapshot, &one);
+                               request.token_user, snapshot, name_suffix, &one);
     if (!prepared.ok()) {
       error->diagnostics = std::move(one.diagnostics);
       return refuse(Status(prepared.status().code(),

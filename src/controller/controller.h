@@ -276,7 +276,7 @@ class Controller : private RunHost {
   Result<PreparedRun> PrepareRun(const std::string& spec_yaml, const std::string& spec_file,
                                  const std::string& code_dir, const policy::Caller& caller,
                                  bool token_user, const std::function<Result<Snapshot>()>& snapshot,
-                                 SubmitError* error);
+                                 const std::string& name_suffix, SubmitError* error);
   // After a run's insert: counted, and handed to the loop with its view already made.
   void Accepted(const store::RunRecord& r, spec::RunSpec spec);
   void HandleResume(const ResumeRequest& request, store::Batch* batch);

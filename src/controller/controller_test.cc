@@ -51,7 +51,11 @@ class FakeBackend final : public Backend {
     if (need.gpus > 0) return FailedPrecondition("the fake backend has no GPUs");
     return Status::Ok();
   }
-  Status Check(const SubmissionCheck&) override { return Status::Ok(); }
+  Status Check(const SubmissionCheck& c) override {
+    checked_names.push_back(c.run_name);
+    return Status::Ok();
+  }
+  std::vector<std::string> checked_names;  // SubmissionCheck::run_name, in order
   Status ApplyPlatform(const policy::Platform&) override { return Status::Ok(); }
   void Recover(ActiveRun& run, store::Batch* batch) override {
     store::RunRecord& r = run.record;
@@ -516,6 +520,23 @@ TEST_F(ControllerTest, ABatchIsInsertedInOneTransactionAndEveryRunIsQueued) {
   }
   EXPECT_GE(running, 1u);
   EXPECT_EQ(backend_.launches.size(), running);
+}
+
+// A backend checks names it derives (Kubernetes object names) before the insert draws the
+// run's: the name it is shown is never shorter than the one a run then gets.
+TEST_F(ControllerTest, TheNameABackendChecksIsAsLongAsTheRunsOwn) {
+  const std::string single =
+      SubmitYaml("schema_version: 1\nname: one\nrun:\n  entrypoint: train.py\n");
+  ASSERT_EQ(backend_.checked_names.size(), 1u);
+  EXPECT_EQ(backend_.checked_names[0].size(), single.size()) << backend_.checked_names[0];
+  EXPECT_EQ(backend_.checked_names[0].rfind("one-", 0), 0u);
+  BatchError error;
+  auto made = controller_->SubmitBatch(MakeBatch(3, BatchArray{99998, 100002, 2}), &error);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  ASSERT_EQ(backend_.checked_names.size(), 2u) << "the array's runs alike are checked once";
+  size_t longest = 0;
+  for (const store::RunRecord& r : made->runs) longest = std::max(longest, r.name.size());
+  EXPECT_EQ(backend_.checked_names[1].size(), longest) << backend_.checked_names[1];
 }
 
 TEST_F(ControllerTest, AnArrayNamesItsRunsByIndexAndRecordsThePlace) {

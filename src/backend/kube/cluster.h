@@ -75,9 +75,10 @@ class Cluster {
   // Refuses, at submission, a run that cannot be created there (no image, code over the inline
   // limit, a volume without a claim, ...), with the renderer's message; and, where the cluster
   // is asked to, a caller whom its RBAC does not allow to create the run's objects there.
+  // `run_name` is as long as the longest name the run may get.
   virtual Status Check(const spec::RunSpec& spec, const policy::ResolvedRun& resolved,
                        const policy::Platform& platform, const std::string& snapshot_dir,
-                       const policy::Caller& caller) = 0;
+                       const policy::Caller& caller, const std::string& run_name) = 0;
   // Renders the attempt's objects (an error here fails the attempt) and has them created,
   // suspended for Kueue to admit, off the caller's thread (one lane per namespace, each call with
   // a time budget; see call_lanes.h): the result comes as ClusterNews (Call::kLaunched),

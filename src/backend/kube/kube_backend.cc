@@ -41,7 +41,8 @@ class KubeBackend final : public Backend {
   // On a cluster, Kueue's quota and the nodes decide what fits; this machine's size does not.
   Status CheckFits(const Resources&) override { return Status::Ok(); }
   Status Check(const SubmissionCheck& c) override {
-    return cluster_->Check(*c.spec, *c.resolved, *c.platform, c.snapshot_dir, *c.caller);
+    return cluster_->Check(*c.spec, *c.resolved, *c.platform, c.snapshot_dir, *c.caller,
+                           c.run_name);
   }
   Status ApplyPlatform(const policy::Platform& platform) override {
     return cluster_->ApplyPlatform(platform);

@@ -257,6 +257,24 @@ class KubeBackendTest : public testutil::ControllerFixture {
   std::optional<ControllerOptions::DefaultSize> default_size_;
 };
 
+// The object names come from the run's name, whose random part is drawn after the checks: a
+// spec name that leaves no room for it is refused at submission, not when the attempt renders.
+TEST_F(KubeBackendTest, ANameWithNoRoomForTheRunsSuffixIsRefusedAtSubmission) {
+  std::string spec = kSpec;
+  const std::string long_name(38, 'a');  // 38 + "-" + 8 hex + "-1": 49 > 47 characters
+  spec.replace(spec.find("name: k8s-train"), std::string("name: k8s-train").size(),
+               "name: " + long_name);
+  server::SubmitRequest request;
+  request.spec_file = "tau.yaml";
+  request.spec_yaml = spec;
+  request.code.push_back({"train.py", 0644, "print('hi')\n"});
+  request.caller.user = "alice";
+  server::SubmitError error;
+  auto r = controller_->Submit(std::move(request), &error);
+  ASSERT_FALSE(r.ok()) << "made " << r->run.name;
+  EXPECT_NE(r.status().message().find("would be named"), std::string::npos) << r.status().message();
+}
+
 TEST_F(KubeBackendTest, RunGoesThroughKueueAndKeepsItsLogs) {
   std::string name = Submit(kSpec);
   ASSERT_TRUE(WaitForJob(name, 1));

@@ -283,7 +283,7 @@ class KubeCluster final : public Cluster {
   void KeepLogs(const std::string& run, int attempt, AttemptLogs logs) override;
   Status Check(const spec::RunSpec& spec, const policy::ResolvedRun& resolved,
                const policy::Platform& platform, const std::string& snapshot_dir,
-               const policy::Caller& caller) override;
+               const policy::Caller& caller, const std::string& run_name) override;
   Status Launch(const ClusterLaunch& launch) override;
   Status ApplyPlatform(const policy::Platform& platform) override;
   void Delete(const std::string& run, int attempt) override;
@@ -880,9 +880,9 @@ Result<std::vector<CodeFile>> KubeCluster::Code(const std::string& snapshot_dir)
 
 Status KubeCluster::Check(const spec::RunSpec& spec, const policy::ResolvedRun& resolved,
                           const policy::Platform& platform, const std::string& snapshot_dir,
-                          const policy::Caller& caller) {
+                          const policy::Caller& caller, const std::string& run_name) {
   kube::RenderOptions options;
-  options.run_name = spec.name + "-0000";  // as long as the names tau gives runs
+  options.run_name = run_name;
   options.default_image = options_.default_image;
   options.installation = options_.installation;
   TAU_ASSIGN_OR_RETURN(options.code, Code(snapshot_dir));
