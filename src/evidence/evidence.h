@@ -18,7 +18,7 @@
 //   chain      VerifyEventChain: recomputes the store's event hash chain
 //   bundle     ExportBundle (.tar.gz with a manifest) and VerifyBundle
 //   rendering  Sparkline, FormatMetricTable, FormatSummaryTable for `tau metrics`
-//   retention  PlanRetention: which runs' logs and samples to prune; the record and hashes stay
+//   retention  ParseRetentionPolicy (the store's due list says which runs to prune)
 //
 // Nothing here throws: nlohmann::json exceptions are caught inside and returned as Status.
 #pragma once
@@ -561,21 +561,5 @@ struct RetentionPolicy {
 };
 // "logs=30d,samples=7d" (durations as in common/clock.h; "forever" or "0" keeps).
 Result<RetentionPolicy> ParseRetentionPolicy(std::string_view text);
-
-struct RunRetentionInput {
-  std::string name;
-  bool terminal = false;
-  std::optional<int64_t> finished_ms;
-  RetentionState state;  // what was pruned already
-};
-enum class PruneWhat { kLogs, kGpuSamples };
-struct PruneAction {
-  std::string run;
-  PruneWhat what;
-};
-// What to prune now. Never a run that has not ended. The caller deletes the files (attempt logs,
-// gpu-samples.jsonl), marks the record's logs kPruned and sets RetentionState.
-std::vector<PruneAction> PlanRetention(const std::vector<RunRetentionInput>& runs,
-                                       const RetentionPolicy& policy, int64_t now_ms);
 
 }  // namespace tau::evidence

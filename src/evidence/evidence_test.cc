@@ -1342,7 +1342,7 @@ TEST(Render, Tables) {
   EXPECT_EQ(FormatValue(-HUGE_VAL), "-Inf");
 }
 
-TEST(Retention, PolicyAndPlan) {
+TEST(Retention, Policy) {
   auto p = ParseRetentionPolicy("logs=30d,samples=7d");
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   EXPECT_EQ(p->keep_logs_ms, int64_t{30} * 86'400'000);
@@ -1351,24 +1351,6 @@ TEST(Retention, PolicyAndPlan) {
   EXPECT_FALSE(ParseRetentionPolicy("logs").ok());
   EXPECT_FALSE(ParseRetentionPolicy("metrics=1d").ok());
   EXPECT_FALSE(ParseRetentionPolicy("logs=soon").ok());
-
-  int64_t day = 86'400'000, now = 100 * day;
-  std::vector<RunRetentionInput> runs = {
-      {"old", true, now - 40 * day, {}},
-      {"week", true, now - 8 * day, {}},
-      {"fresh", true, now - day, {}},
-      {"running", false, std::nullopt, {}},
-      {"pruned", true, now - 40 * day, {now - day, now - day}},
-  };
-  auto plan = PlanRetention(runs, *p, now);
-  ASSERT_EQ(plan.size(), 3u);
-  EXPECT_EQ(plan[0].run, "old");
-  EXPECT_EQ(plan[0].what, PruneWhat::kLogs);
-  EXPECT_EQ(plan[1].run, "old");
-  EXPECT_EQ(plan[1].what, PruneWhat::kGpuSamples);
-  EXPECT_EQ(plan[2].run, "week");
-  EXPECT_EQ(plan[2].what, PruneWhat::kGpuSamples);
-  EXPECT_TRUE(PlanRetention(runs, RetentionPolicy{}, now).empty());
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Retention: which ended runs' bulky artifacts (logs, GPU samples) to prune. The record, with the
+// Retention: the policy saying when ended runs' bulky artifacts (logs, GPU samples) are pruned
+// (Store::ListRetentionDue says which are due). The record, with the
 // size and sha256 of every pruned log, the metric history, the checkpoint index and the event chain
 // are never pruned here: they are the evidence.
 #include <fmt/format.h>
@@ -35,20 +36,6 @@ Result<RetentionPolicy> ParseRetentionPolicy(std::string_view text) {
     }
   }
   return policy;
-}
-
-std::vector<PruneAction> PlanRetention(const std::vector<RunRetentionInput>& runs,
-                                       const RetentionPolicy& policy, int64_t now_ms) {
-  std::vector<PruneAction> out;
-  for (const RunRetentionInput& r : runs) {
-    if (!r.terminal || !r.finished_ms) continue;  // a live run's files are still being written
-    int64_t age = now_ms - *r.finished_ms;
-    if (policy.keep_logs_ms > 0 && age >= policy.keep_logs_ms && !r.state.logs_pruned_ms)
-      out.push_back({r.name, PruneWhat::kLogs});
-    if (policy.keep_samples_ms > 0 && age >= policy.keep_samples_ms && !r.state.samples_pruned_ms)
-      out.push_back({r.name, PruneWhat::kGpuSamples});
-  }
-  return out;
 }
 
 }  // namespace tau::evidence

@@ -122,7 +122,7 @@ class ArrayTest(ServerTestCase):
 
     def test_a_lost_answer_sent_again_gives_the_same_runs(self):
         # A proxy in front of the server loses the first answer to the batch: the server made the
-        # runs, the CLI hears nothing within its 1 s timeout and sends the batch again with the
+        # runs, the CLI hears nothing within its timeout and sends the batch again with the
         # same key, which must answer with those runs, not make a second array.
         proxy_path = os.path.join(self.work, "proxy.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
