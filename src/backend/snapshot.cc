@@ -1,8 +1,6 @@
 #include "backend/snapshot.h"
 
 #include <fcntl.h>
-#include <linux/fs.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -318,82 +316,6 @@ Result<std::vector<CodeFile>> ReadSnapshot(const std::string& snapshot_dir) {
   std::sort(files.begin(), files.end(),
             [](const CodeFile& a, const CodeFile& b) { return a.path < b.path; });
   return files;
-}
-
-namespace {
-
-// A reflink of `src` at `dst` (a new file of `mode`): OK, or false in `*supported` when this file
-// system cannot clone (nothing is left at `dst` then).
-Status CloneFile(const std::string& src, const std::string& dst, int mode, bool* supported) {
-  int in = ::open(src.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (in < 0) return IoError("cannot open " + src, errno);
-  int out = ::open(dst.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (out < 0) {
-    int err = errno;
-    ::close(in);
-    return IoError("cannot create " + dst, err);
-  }
-  int rc = ::ioctl(out, FICLONE, in);
-  int err = errno;
-  ::close(in);
-  ::close(out);
-  if (rc == 0) return Status::Ok();
-  ::unlink(dst.c_str());
-  if (err == EOPNOTSUPP || err == ENOTTY || err == EXDEV || err == EINVAL || err == EPERM) {
-    *supported = false;
-    return Status::Ok();
-  }
-  return IoError("cannot clone " + src, err);
-}
-
-}  // namespace
-
-Status MaterialiseSnapshot(const std::string& snapshot_dir, const std::string& work_dir,
-                           WorkFiles how) {
-  // Made beside it and renamed into place: a server killed half-way leaves no work directory
-  // that looks complete (the next try starts again), only a partial one it removes.
-  const std::string partial = work_dir + ".partial";
-  std::error_code ec;
-  std::filesystem::remove_all(partial, ec);
-  if (ec) return Status(StatusCode::kIo, "cannot remove " + partial + ": " + ec.message());
-  std::filesystem::create_directories(partial, ec);
-  if (ec) return Status(StatusCode::kIo, "cannot create " + partial + ": " + ec.message());
-  bool clones = true;  // until the file system says it has none
-  std::string from = snapshot_dir;
-  while (from.size() > 1 && from.back() == '/') from.pop_back();
-  std::filesystem::recursive_directory_iterator it(from, ec), end;
-  for (; !ec && it != end; it.increment(ec)) {
-    const std::string src = it->path().string();
-    // The entry's path below snapshot_dir, by its prefix: filesystem::relative resolves every
-    // component with readlink, which costs more than the link itself.
-    const std::string dst = partial + src.substr(from.size());
-    struct stat st;
-    if (::lstat(src.c_str(), &st) != 0) return IoError("cannot read " + src, errno);
-    if (S_ISDIR(st.st_mode)) {
-      if (::mkdir(dst.c_str(), st.st_mode & 07777) != 0)
-        return IoError("cannot create " + dst, errno);
-      continue;
-    }
-    if (!S_ISREG(st.st_mode)) continue;  // StoreSnapshot writes only directories and files
-    // The run's own copy is writable, as the user's file was.
-    const int writable = (st.st_mode & 0111) ? 0755 : 0644;
-    if (clones) {
-      TAU_RETURN_IF_ERROR(CloneFile(src, dst, writable, &clones));
-      if (clones) continue;
-    }
-    // A shared inode only while nobody can write it: the run could otherwise change the snapshot
-    // under every later run of it.
-    if (how == WorkFiles::kLinkReadOnly && (st.st_mode & 0222) == 0 &&
-        ::link(src.c_str(), dst.c_str()) == 0)
-      continue;
-    std::filesystem::copy_file(src, dst, ec);
-    if (ec) return Status(StatusCode::kIo, "cannot copy " + src + ": " + ec.message());
-    if (::chmod(dst.c_str(), writable) != 0) return IoError("chmod " + dst, errno);
-  }
-  if (ec) return Status(StatusCode::kIo, "cannot copy the code snapshot: " + ec.message());
-  std::filesystem::rename(partial, work_dir, ec);
-  if (ec) return Status(StatusCode::kIo, "cannot create " + work_dir + ": " + ec.message());
-  return Status::Ok();
 }
 
 }  // namespace tau::server

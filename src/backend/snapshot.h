@@ -64,20 +64,4 @@ Result<Snapshot> StoreSnapshot(const std::string& snapshots_root, const std::str
 // The files of a stored snapshot (the Kubernetes backend ships them inside the run's object).
 Result<std::vector<CodeFile>> ReadSnapshot(const std::string& snapshot_dir);
 
-// How a run's work directory gets the snapshot's files. Each way gives the run its own
-// directories (it may add, remove and rename files); they differ in what a file is.
-enum class WorkFiles {
-  // A reflink (copy-on-write clone, writable) where the file system has them, else a hard link to
-  // the snapshot's read-only file (shared: the run cannot write it, only replace it), else a copy.
-  // Only for a run whose processes do not run as root, whom read-only modes do not stop.
-  kLinkReadOnly,
-  // A reflink where the file system has them, else a copy: each file the run's own, writable.
-  kCopy,
-};
-// Makes a run's work directory from a snapshot. It appears complete or not at all (a copy cut
-// short by a crash is redone). A snapshot file that is writable (stored by an older tau) is
-// copied, never linked.
-Status MaterialiseSnapshot(const std::string& snapshot_dir, const std::string& work_dir,
-                           WorkFiles how);
-
 }  // namespace tau::server

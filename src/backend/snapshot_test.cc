@@ -31,7 +31,7 @@ TEST(CopySnapshotTest, APartialCopyLeftByAKilledServerIsRedone) {
   ASSERT_TRUE(WriteFileAtomic(dir + "/run/work.partial/stale", "junk").ok());
 
   const std::string work = dir + "/run/work";
-  ASSERT_TRUE(MaterialiseSnapshot(dir + "/snap", work, WorkFiles::kCopy).ok());
+  ASSERT_TRUE(CloneTree(dir + "/snap", work, TreeFiles::kCopy).ok());
   EXPECT_EQ(*ReadFile(work + "/main.py"), "print('hi')\n");
   EXPECT_EQ(*ReadFile(work + "/pkg/util.py"), "x = 1\n");
   EXPECT_FALSE(PathExists(work + "/stale"));
@@ -187,7 +187,7 @@ TEST_F(BlobStoreTest, AWorkDirectoryLinksReadOnlyFilesButIsTheRunsOwn) {
   ASSERT_TRUE(snap.ok());
   const std::string work = dir_ + "/run/work";
   ASSERT_TRUE(MakeDirs(dir_ + "/run").ok());
-  ASSERT_TRUE(MaterialiseSnapshot(snap->dir, work, WorkFiles::kLinkReadOnly).ok());
+  ASSERT_TRUE(CloneTree(snap->dir, work, TreeFiles::kLinkReadOnly).ok());
   struct stat linked = Stat(work + "/main.py");
   if (linked.st_nlink > 1) {
     // Linked (this file system has no reflinks): the snapshot's inode, which nobody may write.
@@ -204,7 +204,7 @@ TEST_F(BlobStoreTest, AWorkDirectoryLinksReadOnlyFilesButIsTheRunsOwn) {
 
   // A copy gives every file an inode of its own, writable.
   const std::string copy = dir_ + "/run/copy";
-  ASSERT_TRUE(MaterialiseSnapshot(snap->dir, copy, WorkFiles::kCopy).ok());
+  ASSERT_TRUE(CloneTree(snap->dir, copy, TreeFiles::kCopy).ok());
   struct stat copied = Stat(copy + "/main.py");
   EXPECT_NE(copied.st_ino, Stat(snap->dir + "/main.py").st_ino);
   EXPECT_EQ(copied.st_nlink, 1u);
@@ -218,7 +218,7 @@ TEST_F(BlobStoreTest, AWritableSnapshotFileOfAnOlderServerIsCopiedNotLinked) {
   ASSERT_TRUE(MakeDirs(old).ok());
   ASSERT_TRUE(WriteFileAtomic(old + "/main.py", "print(1)\n", 0644).ok());
   const std::string work = dir_ + "/work";
-  ASSERT_TRUE(MaterialiseSnapshot(old, work, WorkFiles::kLinkReadOnly).ok());
+  ASSERT_TRUE(CloneTree(old, work, TreeFiles::kLinkReadOnly).ok());
   EXPECT_NE(Stat(work + "/main.py").st_ino, Stat(old + "/main.py").st_ino);
   EXPECT_EQ(Stat(old + "/main.py").st_nlink, 1u);
 }

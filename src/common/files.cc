@@ -1,7 +1,9 @@
 #include "common/files.h"
 
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -175,6 +177,95 @@ std::string TauHome() {
   // own home directory (mode 0700) is not. A home root already has keeps being used.
   if (::geteuid() == 0 && !PathExists(own + "/tau.db")) return kMachineHome;
   return own;
+}
+
+namespace {
+
+// A reflink of `src` at `dst` (a new file of `mode`): OK, or false in `*supported` when this file
+// system cannot clone (nothing is left at `dst` then).
+Status CloneFile(const std::string& src, const std::string& dst, int mode, bool* supported) {
+  int in = ::open(src.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (in < 0) return IoError("cannot open " + src, errno);
+  int out = ::open(dst.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (out < 0) {
+    int err = errno;
+    ::close(in);
+    return IoError("cannot create " + dst, err);
+  }
+  int rc = ::ioctl(out, FICLONE, in);
+  int err = errno;
+  ::close(in);
+  ::close(out);
+  if (rc == 0) return Status::Ok();
+  ::unlink(dst.c_str());
+  if (err == EOPNOTSUPP || err == ENOTTY || err == EXDEV || err == EINVAL || err == EPERM) {
+    *supported = false;
+    return Status::Ok();
+  }
+  return IoError("cannot clone " + src, err);
+}
+
+}  // namespace
+
+Status CloneTree(const std::string& from_dir, const std::string& to, TreeFiles how) {
+  // Made beside it and renamed into place: a process killed half-way leaves no copy that looks
+  // complete (the next try starts again), only a partial one it removes.
+  const std::string partial = to + ".partial";
+  std::error_code ec;
+  std::filesystem::remove_all(partial, ec);
+  if (ec) return Status(StatusCode::kIo, "cannot remove " + partial + ": " + ec.message());
+  std::filesystem::create_directories(partial, ec);
+  if (ec) return Status(StatusCode::kIo, "cannot create " + partial + ": " + ec.message());
+  bool clones = true;  // until the file system says it has none
+  std::string from = from_dir;
+  while (from.size() > 1 && from.back() == '/') from.pop_back();
+  std::filesystem::recursive_directory_iterator it(from, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string src = it->path().string();
+    // The entry's path below `from`, by its prefix: filesystem::relative resolves every
+    // component with readlink, which costs more than the link itself.
+    const std::string dst = partial + src.substr(from.size());
+    struct stat st;
+    if (::lstat(src.c_str(), &st) != 0) return IoError("cannot read " + src, errno);
+    if (S_ISDIR(st.st_mode)) {
+      if (::mkdir(dst.c_str(), st.st_mode & 07777) != 0)
+        return IoError("cannot create " + dst, errno);
+      continue;
+    }
+    if (!S_ISREG(st.st_mode)) continue;  // nothing else is copied
+    // The copy's file is writable, as the file the source was made from was.
+    const int writable = (st.st_mode & 0111) ? 0755 : 0644;
+    if (clones) {
+      TAU_RETURN_IF_ERROR(CloneFile(src, dst, writable, &clones));
+      if (clones) continue;
+    }
+    // A shared inode only while nobody can write it: the copy's user could otherwise change the
+    // source under every other copy.
+    if (how == TreeFiles::kLinkReadOnly && (st.st_mode & 0222) == 0 &&
+        ::link(src.c_str(), dst.c_str()) == 0)
+      continue;
+    std::filesystem::copy_file(src, dst, ec);
+    if (ec) return Status(StatusCode::kIo, "cannot copy " + src + ": " + ec.message());
+    if (::chmod(dst.c_str(), writable) != 0) return IoError("chmod " + dst, errno);
+  }
+  if (ec) return Status(StatusCode::kIo, "cannot copy " + from + ": " + ec.message());
+  std::filesystem::rename(partial, to, ec);
+  if (ec) return Status(StatusCode::kIo, "cannot create " + to + ": " + ec.message());
+  return Status::Ok();
+}
+
+Status ChownTree(const std::string& root, unsigned uid, unsigned gid) {
+  if (::lchown(root.c_str(), uid, gid) != 0) return IoError("chown " + root, errno);
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(root, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    struct stat st;
+    if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink > 1) continue;
+    if (::lchown(it->path().c_str(), uid, gid) != 0)
+      return IoError("chown " + it->path().string(), errno);
+  }
+  if (ec) return Internal("walking " + root + ": " + ec.message());
+  return Status::Ok();
 }
 
 }  // namespace tau

@@ -40,6 +40,26 @@ Status MakeDirs(const std::string& path, int mode = 0700);
 // Removes a tree; a missing path is not an error.
 Status RemoveTree(const std::string& path);
 bool PathExists(const std::string& path);
+
+// How CloneTree makes each file of the copy. Either way the copy's directories are its own (files
+// may be added, removed and renamed there); they differ in what a file is.
+enum class TreeFiles {
+  // A reflink (copy-on-write clone, writable) where the file system has them, else a hard link to
+  // the source's file when that is read-only (shared: the copy's owner cannot write it, only
+  // replace
+  // it), else a copy. Only for a copy whose users are not root, whom read-only modes do not stop.
+  kLinkReadOnly,
+  // A reflink where the file system has them, else a copy: each file the copy's own, writable.
+  kCopy,
+};
+// Makes `to` a copy of the tree `from` (directories and regular files; a file is writable in the
+// copy, 0755 or 0644 by its owner's execute bit). It appears complete or not at all: made at
+// `to`.partial and renamed, so a copy cut short by a crash is redone.
+Status CloneTree(const std::string& from, const std::string& to, TreeFiles how);
+// Hands a tree to a user (symlinks themselves, never their targets). A file with more than one
+// link is left as it is: in a CloneTree copy it is the source's read-only file, which the user
+// must never own, or it would be theirs to change under every other copy.
+Status ChownTree(const std::string& root, unsigned uid, unsigned gid);
 // The home of the machine's shared server (one run by root): other users' CLIs find it there.
 inline constexpr const char* kMachineHome = "/var/lib/tau";
 // $TAU_HOME, else ~/.tau; for root, kMachineHome unless ~/.tau already holds a store.

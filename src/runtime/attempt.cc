@@ -131,24 +131,27 @@ json AttemptConfig::ToJson() const {
   for (const WorkerLaunch& w : workers) {
     workers_json.push_back({{"argv", w.argv}, {"env", EnvToJson(w.env)}});
   }
-  return {{"run_name", run_name},
-          {"attempt", attempt},
-          {"attempt_dir", attempt_dir},
-          {"work_dir", work_dir},
-          {"workers", workers_json},
-          {"pip", pip},
-          {"venv_cache_dir", venv_cache_dir},
-          {"memory_limit_bytes", OptionalToJson(memory_limit_bytes)},
-          {"cpu_limit_milli", OptionalToJson(cpu_limit_milli)},
-          {"max_runtime_ms", OptionalToJson(max_runtime_ms)},
-          {"stop_grace_ms", stop_grace_ms},
-          {"run_as", run_as ? json{{"uid", run_as->uid},
-                                   {"gid", run_as->gid},
-                                   {"groups", run_as->groups},
-                                   {"user", run_as->user}}
-                            : json(nullptr)},
-          {"mask", mask},
-          {"max_log_bytes", max_log_bytes}};
+  return {
+      {"run_name", run_name},
+      {"attempt", attempt},
+      {"attempt_dir", attempt_dir},
+      {"work_dir", work_dir},
+      {"code", code ? json{{"snapshot", code->snapshot}, {"root", code->root}, {"copy", code->copy}}
+                    : json(nullptr)},
+      {"workers", workers_json},
+      {"pip", pip},
+      {"venv_cache_dir", venv_cache_dir},
+      {"memory_limit_bytes", OptionalToJson(memory_limit_bytes)},
+      {"cpu_limit_milli", OptionalToJson(cpu_limit_milli)},
+      {"max_runtime_ms", OptionalToJson(max_runtime_ms)},
+      {"stop_grace_ms", stop_grace_ms},
+      {"run_as", run_as ? json{{"uid", run_as->uid},
+                               {"gid", run_as->gid},
+                               {"groups", run_as->groups},
+                               {"user", run_as->user}}
+                        : json(nullptr)},
+      {"mask", mask},
+      {"max_log_bytes", max_log_bytes}};
 }
 
 Result<AttemptConfig> AttemptConfig::FromJson(const json& j) {
@@ -159,6 +162,13 @@ Result<AttemptConfig> AttemptConfig::FromJson(const json& j) {
     c.attempt = j.at("attempt").get<int>();
     c.attempt_dir = j.at("attempt_dir").get<std::string>();
     c.work_dir = ValueOr<std::string>(j, "work_dir", "");
+    if (auto it = j.find("code"); it != j.end() && it->is_object()) {
+      AttemptConfig::Code code;
+      code.snapshot = it->at("snapshot").get<std::string>();
+      code.root = it->at("root").get<std::string>();
+      code.copy = ValueOr<bool>(*it, "copy", false);
+      c.code = std::move(code);
+    }
     for (const json& w : j.at("workers")) {
       WorkerLaunch launch;
       launch.argv = w.at("argv").get<std::vector<std::string>>();

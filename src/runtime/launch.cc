@@ -1,5 +1,5 @@
 // PlanLaunch: from a run spec and a placement to the exact argv and environment of every worker.
-// Pure apart from one stat() (whether a non-Python entrypoint names a file in the code directory).
+// Pure apart from one stat() (whether a non-Python entrypoint names a file shipped with the code).
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -46,7 +46,8 @@ std::vector<std::string> EntryCommand(const spec::RunSpec& spec, const LaunchCon
   // A file shipped with the code runs from the code directory; anything else is a command on PATH.
   // The path is absolute so that resolving argv[0] never depends on PATH or on the cwd of whoever
   // execs it.
-  if (!ctx.work_dir.empty() && entry[0] != '/' && IsRegularFile(ctx.work_dir + "/" + entry)) {
+  const std::string& shipped = ctx.shipped_dir.empty() ? ctx.work_dir : ctx.shipped_dir;
+  if (!ctx.work_dir.empty() && entry[0] != '/' && IsRegularFile(shipped + "/" + entry)) {
     return {ctx.work_dir + "/" + entry};
   }
   return {entry};

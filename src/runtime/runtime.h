@@ -52,7 +52,10 @@ struct WorkerLaunch {
 struct LaunchContext {
   std::string run_name;
   int attempt = 1;
-  std::string work_dir;        // the run's copy of the code snapshot; workers' cwd
+  std::string work_dir;  // the run's copy of the code snapshot; workers' cwd
+  // Where PlanLaunch looks for an entrypoint shipped with the code: the snapshot that work_dir is
+  // made from (the shim makes it later), in the same folder. Empty: work_dir itself.
+  std::string shipped_dir;
   std::string checkpoint_dir;  // stable across attempts
   std::string output_dir;
   std::string metrics_file;
@@ -95,6 +98,16 @@ struct AttemptConfig {
   int attempt = 1;
   std::string attempt_dir;  // created by StartAttempt when missing
   std::string work_dir;
+  // The run's code: the shim makes a tree at `root` from the read-only `snapshot` first thing in
+  // setup (CloneTree), unless a former attempt made it, then creates work_dir in it and hands the
+  // tree to run_as. In the shim, not the server: a large tree costs as long as its files, and the
+  // server's decision thread waits for nothing of the kind.
+  struct Code {
+    std::string snapshot;
+    std::string root;
+    bool copy = false;  // each file a copy of its own (workers that run as root), not a link
+  };
+  std::optional<Code> code;
   std::vector<WorkerLaunch> workers;
   std::vector<std::string> pip;  // requirements; empty means no virtualenv
   std::string venv_cache_dir;    // where cached virtualenvs live, keyed by the requirement set

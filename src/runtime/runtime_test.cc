@@ -416,6 +416,51 @@ TEST_F(RuntimeTest, ExecFailureIsASetupFailure) {
   EXPECT_TRUE(Contains(Log(root_ + "/denied", 0), "[tau] setup failed"));
 }
 
+TEST_F(RuntimeTest, TheShimMakesTheRunsCodeTreeOnceFromItsSnapshot) {
+  // A snapshot as the server stores it: read-only files.
+  const std::string snapshot = root_ + "/snapshot";
+  ASSERT_TRUE(MakeDirs(snapshot + "/sub").ok());
+  ASSERT_TRUE(WriteFileAtomic(snapshot + "/sub/run.sh", "#!/bin/sh\ncat data.txt\n", 0555).ok());
+  ASSERT_TRUE(WriteFileAtomic(snapshot + "/sub/data.txt", "from the snapshot\n", 0444).ok());
+  const std::string code_root = root_ + "/run/work";
+  ASSERT_TRUE(MakeDirs(root_ + "/run").ok());
+  LaunchContext ctx = Context();
+  ctx.work_dir = code_root + "/sub";
+  ctx.shipped_dir = snapshot + "/sub";  // the tree does not exist yet: the snapshot says it ships
+  auto plan = PlanLaunch(Job(1, 0, "run.sh"), ctx);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ((*plan)[0].argv[0], code_root + "/sub/run.sh");
+  AttemptConfig c = Config(*plan, "first");
+  c.work_dir = ctx.work_dir;
+  c.code.emplace();
+  c.code->snapshot = snapshot;
+  c.code->root = code_root;
+  c.code->copy = true;
+  AttemptOutcome o = Run(c);
+  ASSERT_EQ(o.kind, OutcomeKind::kSucceeded) << o.message;
+  EXPECT_TRUE(Contains(Log(c.attempt_dir, 0), "from the snapshot"));
+  struct stat st;
+  ASSERT_EQ(::stat((code_root + "/sub/data.txt").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0644u);  // the run's own, writable copy
+
+  // A later attempt finds the tree made, with what the run changed in it: it is not made again.
+  ASSERT_TRUE(WriteFileAtomic(code_root + "/sub/data.txt", "changed by the run\n").ok());
+  c.attempt_dir = root_ + "/second";
+  o = Run(c);
+  ASSERT_EQ(o.kind, OutcomeKind::kSucceeded) << o.message;
+  EXPECT_TRUE(Contains(Log(c.attempt_dir, 0), "changed by the run"));
+
+  // A snapshot that is gone fails the attempt's setup, and says what it was making.
+  AttemptConfig lost = Config({Worker({"/bin/true"})}, "lost");
+  lost.code.emplace();
+  lost.code->snapshot = root_ + "/no-such-snapshot";
+  lost.code->root = root_ + "/run/lost-work";
+  o = Run(lost);
+  EXPECT_EQ(o.kind, OutcomeKind::kSetupFailed);
+  EXPECT_TRUE(Contains(o.message, "the run's code: ")) << o.message;
+  EXPECT_FALSE(PathExists(root_ + "/run/lost-work"));
+}
+
 TEST_F(RuntimeTest, GangStartsAllOrNone) {
   AttemptConfig c = Config({Python("import time; print('started', flush=True); time.sleep(60)"),
                             Worker({"/nonexistent/tau-no-such-binary"})});

@@ -2,8 +2,8 @@
 // (log_pump.h), so the code between fork and exec in its children makes only plain system calls;
 // everything it learns goes to files in the attempt directory.
 //
-//   setup     venv + pip (cached, flock-guarded), resolve every worker's argv[0]
-//   start     fork all workers into one process group, hold them at a barrier, release them
+//   setup     the run's code tree, venv + pip (cached, flock-guarded), resolve every worker's
+//   argv[0] start     fork all workers into one process group, hold them at a barrier, release them
 //   together supervise first failure / stop request / deadline -> SIGTERM the group, SIGKILL after
 //   the grace period cleanup   kill and reap every descendant (the shim is a child subreaper),
 //   write result.json
@@ -468,6 +468,8 @@ class Shim {
   // ---- setup ----
 
   std::optional<SetupError> Setup() {
+    if (Status s = MakeCodeTree(); !s.ok())
+      return SetupError{OutcomeKind::kSetupFailed, "the run's code: " + s.message()};
     std::string venv;
     if (!config_.pip.empty()) {
       auto built = EnsureVenv();
@@ -500,6 +502,21 @@ class Shim {
       }
     }
     return std::nullopt;
+  }
+
+  Status MakeCodeTree() {
+    if (!config_.code) return Status::Ok();
+    const AttemptConfig::Code& code = *config_.code;
+    if (!PathExists(code.root))
+      TAU_RETURN_IF_ERROR(CloneTree(code.snapshot, code.root,
+                                    code.copy ? TreeFiles::kCopy : TreeFiles::kLinkReadOnly));
+    // The spec's folder holds no file when .tauignore leaves the spec out.
+    if (!config_.work_dir.empty()) TAU_RETURN_IF_ERROR(MakeDirs(config_.work_dir));
+    if (!config_.run_as) return Status::Ok();
+    // What the run writes is its user's, and no one else's.
+    TAU_RETURN_IF_ERROR(ChownTree(code.root, config_.run_as->uid, config_.run_as->gid));
+    if (::chmod(code.root.c_str(), 0700) != 0) return IoError("chmod " + code.root, errno);
+    return Status::Ok();
   }
 
   const AttemptConfig::RunAs* RunAs() const { return config_.run_as ? &*config_.run_as : nullptr; }

@@ -43,24 +43,6 @@ namespace {
 // scheduler does; the loop runs again right away when work is left.
 constexpr int kMaxCyclesPerPass = 256;
 
-// Hands a directory tree to the user a run runs as (symlinks themselves, never their targets). A
-// file with more than one link is left as it is: in a work directory it is the code snapshot's
-// read-only file (MaterialiseSnapshot), which the user must never own, or it would be theirs to
-// change under every later run of the same code, anyone's.
-Status ChownTree(const std::string& root, uid_t uid, gid_t gid) {
-  if (::lchown(root.c_str(), uid, gid) != 0) return IoError("chown " + root, errno);
-  std::error_code ec;
-  for (auto it = std::filesystem::recursive_directory_iterator(root, ec);
-       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-    struct stat st;
-    if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink > 1) continue;
-    if (::lchown(it->path().c_str(), uid, gid) != 0)
-      return IoError("chown " + it->path().string(), errno);
-  }
-  if (ec) return Internal("walking " + root + ": " + ec.message());
-  return Status::Ok();
-}
-
 // Appends a newline to a file that does not end with one (a missing or empty file is left alone).
 void EndPartialLine(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
@@ -167,9 +149,10 @@ class LocalBackend final : public Backend {
   QuotaBook& quota() { return host_->quota(); }
   // Why a run can never fit on this machine, or "" when it can.
   std::string Refusal(const Resources& need) const;
-  // Gives the run's directories (the code's copy from `code_root` down) to the submitter.
-  Status RunAsSubmitter(const RunRecord& r, const std::string& code_root,
-                        const runtime::LaunchContext& ctx, runtime::AttemptConfig* config);
+  // Gives the run's storage directories to the submitter, and the attempt's processes their ids
+  // (the shim hands over the code tree it makes).
+  Status RunAsSubmitter(const RunRecord& r, const runtime::LaunchContext& ctx,
+                        runtime::AttemptConfig* config);
   static Status CheckSupported(const SubmissionCheck& c);
   Status CheckEntrypoint(const SubmissionCheck& c);
   Result<std::string> DecideRunAs(const SubmissionCheck& c) const;
@@ -421,8 +404,7 @@ std::string LocalBackend::VenvCacheDir(
   return ids ? layout::VenvsDir(options_.home, ids->uid) : layout::VenvsDir(options_.home);
 }
 
-Status LocalBackend::RunAsSubmitter(const RunRecord& r, const std::string& code_root,
-                                    const runtime::LaunchContext& ctx,
+Status LocalBackend::RunAsSubmitter(const RunRecord& r, const runtime::LaunchContext& ctx,
                                     runtime::AttemptConfig* config) {
   TAU_ASSIGN_OR_RETURN(std::optional<runtime::AttemptConfig::RunAs> run_as, SubmitterIds(r));
   if (!run_as) return Status::Ok();
@@ -430,8 +412,8 @@ Status LocalBackend::RunAsSubmitter(const RunRecord& r, const std::string& code_
   gid_t gid = run_as->gid;
   // What the run writes is its user's, and no one else's: another user who knows the run's name
   // finds every entry of its directory closed (the attempts' logs and the evidence stay the
-  // server's, mode 0700).
-  for (const std::string& dir : {code_root, ctx.checkpoint_dir, ctx.output_dir}) {
+  // server's, mode 0700). The shim hands the code tree over when it has made it.
+  for (const std::string& dir : {ctx.checkpoint_dir, ctx.output_dir}) {
     TAU_RETURN_IF_ERROR(ChownTree(dir, uid, gid));
     if (::chmod(dir.c_str(), 0700) != 0) return IoError("chmod " + dir, errno);
   }
@@ -644,6 +626,9 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
   const std::string code_root = layout::WorkDir(run_dir);
   ctx.work_dir =
       run.resolved.code_subdir.empty() ? code_root : code_root + "/" + run.resolved.code_subdir;
+  ctx.shipped_dir = run.resolved.code_subdir.empty()
+                        ? r.snapshot_dir
+                        : r.snapshot_dir + "/" + run.resolved.code_subdir;
   ctx.checkpoint_dir = host_->StorageDir(r, "checkpoint");
   ctx.output_dir = host_->StorageDir(r, "output");
   for (const policy::Mount& m : run.resolved.mounts)
@@ -679,20 +664,6 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
   for (const std::string& dir : {ctx.checkpoint_dir, ctx.output_dir, a.dir}) {
     if (Status s = MakeDirs(dir); !s.ok()) return fail(FailureClass::kSetupError, s.message());
   }
-  if (!PathExists(code_root)) {
-    // Hard links to the snapshot's read-only files, unless the run's processes run as root, whom
-    // file modes do not stop: they get copies. This runs on the decision thread; linking 2,000
-    // files takes a few milliseconds (docs/performance.md, "Code upload").
-    auto ids = SubmitterIds(r);
-    const bool as_root = ids.ok() ? (*ids ? (*ids)->uid == 0 : ::geteuid() == 0) : true;
-    if (Status s = MaterialiseSnapshot(r.snapshot_dir, code_root,
-                                       as_root ? WorkFiles::kCopy : WorkFiles::kLinkReadOnly);
-        !s.ok())
-      return fail(FailureClass::kSetupError, s.message());
-  }
-  // The spec's folder holds no file when .tauignore leaves the spec out.
-  if (Status s = MakeDirs(ctx.work_dir); !s.ok())
-    return fail(FailureClass::kSetupError, s.message());
   // Secret values exist only in the workers' environment (and the attempt's config, in memory, or
   // in a file of mode 0600 for a shim that is exec'd): never in the spec, the store's run records,
   // events or evidence.
@@ -706,10 +677,17 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
   config.attempt = number;
   config.attempt_dir = a.dir;
   config.work_dir = ctx.work_dir;
+  // Hard links to the snapshot's read-only files, unless the run's processes run as root, whom file
+  // modes do not stop: they get copies. The shim makes them (docs/performance.md, "Code upload").
+  auto ids = SubmitterIds(r);
+  config.code.emplace();
+  config.code->snapshot = r.snapshot_dir;
+  config.code->root = code_root;
+  config.code->copy = ids.ok() ? (*ids ? (*ids)->uid == 0 : ::geteuid() == 0) : true;
   config.workers = std::move(*workers);
   config.pip = run.spec.runtime.pip;
   config.venv_cache_dir = VenvCacheDir(std::nullopt);
-  if (Status s = RunAsSubmitter(r, code_root, ctx, &config); !s.ok())
+  if (Status s = RunAsSubmitter(r, ctx, &config); !s.ok())
     return fail(FailureClass::kSetupError, s.message());
   if (run.need.memory_bytes > 0) config.memory_limit_bytes = run.need.memory_bytes;
   if (run.need.cpu_milli > 0) config.cpu_limit_milli = run.need.cpu_milli;
