@@ -40,6 +40,17 @@ Status MakeDirs(const std::string& path, int mode = 0700);
 // Removes a tree; a missing path is not an error.
 Status RemoveTree(const std::string& path);
 bool PathExists(const std::string& path);
+// A path a client named inside a directory (a run's output file): relative, '/'-separated, at
+// most 4096 bytes, no NUL, no empty, "." or ".." component. InvalidArgument says what is wrong
+// (the caller prefixes what the path is).
+Status CheckRelativePath(std::string_view path);
+// Opens `rel` (CheckRelativePath) under the directory `root` for reading without ever leaving it:
+// a symbolic link on the way that resolves outside `root` is refused (openat2's RESOLVE_BENEATH;
+// on a kernel without openat2, no symbolic link is followed at all), and so is anything but a
+// regular file (a FIFO is not waited on). NotFound when it is not there; PermissionDenied for a
+// path that leaves `root`; InvalidArgument for a directory, FIFO or device. The caller closes it.
+Result<int> OpenBeneath(const std::string& root, std::string_view rel);
+
 // The home of the machine's shared server (one run by root): other users' CLIs find it there.
 inline constexpr const char* kMachineHome = "/var/lib/tau";
 // $TAU_HOME, else ~/.tau; for root, kMachineHome unless ~/.tau already holds a store.

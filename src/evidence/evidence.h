@@ -450,6 +450,13 @@ Result<std::vector<Artifact>> ScanArtifacts(const std::string& root, const std::
                                             const std::vector<int64_t>& attempt_starts,
                                             const std::vector<Artifact>* previous = nullptr);
 
+// The files ScanArtifacts would find under `root`, without reading them: at most `max_files`
+// (*truncated says whether more were there; which ones are listed then depends on the walk), sorted
+// by path. sha256 is set only where `previous` has the file with the same path, size and mtime.
+Result<std::vector<Artifact>> ListArtifacts(const std::string& root, const std::string& kind,
+                                            size_t max_files, const std::vector<Artifact>* previous,
+                                            bool* truncated);
+
 // Masks secrets (MaskSecrets) in the artifacts' paths: a checkpoint named after a token is listed
 // as "ckpt-***.pt" in the record, its summary and a bundle's checkpoints.json.
 void MaskArtifactPaths(std::vector<Artifact>* artifacts, const std::vector<std::string>& secrets);

@@ -248,6 +248,41 @@ Result<std::vector<Artifact>> ScanArtifacts(const std::string& root, const std::
   return out;
 }
 
+Result<std::vector<Artifact>> ListArtifacts(const std::string& root, const std::string& kind,
+                                            size_t max_files, const std::vector<Artifact>* previous,
+                                            bool* truncated) {
+  *truncated = false;
+  std::map<std::string, const Artifact*> known;
+  if (previous)
+    for (const Artifact& a : *previous)
+      if (a.kind == kind) known[a.path] = &a;
+  std::vector<Artifact> out;
+  std::error_code ec;
+  if (!fs::exists(root, ec)) return out;
+  Status walked = Walk(
+      root, false, [](const std::string& name) { return internal::IsTemporaryName(name); },
+      [&](const std::string& rel, const std::string&, const struct stat& st) -> Status {
+        if (out.size() >= max_files) {
+          *truncated = true;
+          return ResourceExhausted("enough");  // stops the walk
+        }
+        Artifact a;
+        a.kind = kind;
+        a.path = rel;
+        a.size = static_cast<int64_t>(st.st_size);
+        a.mtime_ms = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
+        auto it = known.find(rel);
+        if (it != known.end() && it->second->size == a.size && it->second->mtime_ms == a.mtime_ms)
+          a.sha256 = it->second->sha256;
+        out.push_back(std::move(a));
+        return Status::Ok();
+      });
+  if (!walked.ok() && !*truncated) return walked;
+  std::sort(out.begin(), out.end(),
+            [](const Artifact& a, const Artifact& b) { return a.path < b.path; });
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // GPU samples
 
