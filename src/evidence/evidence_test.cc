@@ -1006,6 +1006,38 @@ TEST(Record, SnapshotScanMatchesTheServersDigest) {
   EXPECT_FALSE(ScanSnapshot(dir / "snap").ok());
 }
 
+TEST(Record, ListArtifactsIsBoundedAndReadsNoFile) {
+  TempDir dir;
+  std::string root = dir / "out";
+  for (int i = 0; i < 30; ++i) Write(root + fmt::format("/many/f{:02}.txt", i), "x");
+  Write(root + "/a.txt", "alpha");
+  Write(root + "/.tmp-partial", "skipped");
+  fs::create_symlink(dir / "elsewhere", root + "/link");
+  bool truncated = true;
+  auto all = ListArtifacts(root, "output", 100, nullptr, &truncated);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_FALSE(truncated);
+  ASSERT_EQ(all->size(), 31u);  // the link and the temporary name are no artifacts
+  EXPECT_EQ((*all)[0].path, "a.txt");
+  EXPECT_EQ((*all)[0].size, 5);
+  EXPECT_EQ((*all)[0].sha256, "");  // not read
+  // A digest known for the same size and mtime is reused; a stale one is not.
+  std::vector<Artifact> known = {(*all)[0], (*all)[1]};
+  known[0].sha256 = "cached";
+  known[1].sha256 = "stale";
+  known[1].mtime_ms -= 1;
+  auto again = ListArtifacts(root, "output", 100, &known, &truncated);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)[0].sha256, "cached");
+  EXPECT_EQ((*again)[1].sha256, "");
+  auto few = ListArtifacts(root, "output", 10, nullptr, &truncated);
+  ASSERT_TRUE(few.ok());
+  EXPECT_TRUE(truncated);
+  EXPECT_EQ(few->size(), 10u);
+  EXPECT_TRUE(ListArtifacts(dir / "missing", "output", 10, nullptr, &truncated)->empty());
+  EXPECT_FALSE(truncated);
+}
+
 TEST(Record, ArtifactsSkipTemporaryNamesAndLinksAndKnowTheirAttempt) {
   TempDir dir;
   Write(dir / "ck/a.pt", "a");
