@@ -133,6 +133,7 @@ async function viewRun(name) {
     <h2>Metrics</h2><div id="metrics" class="charts"><p class="muted">Loading…</p></div>
     <h2>GPU samples</h2><div id="gpu-samples"><p class="muted">Loading…</p></div>
     <h2>Evidence</h2><div id="evidence"><p class="muted">Loading…</p></div>
+    <h2>Artifacts</h2><div id="artifacts"><p class="muted">Loading…</p></div>
     <h2>Log <span class="muted">(rank 0, live tail)</span></h2><pre class="log" id="log"></pre>`;
   const stops = [];
   let lastState = null;
@@ -176,13 +177,14 @@ async function viewRun(name) {
     const now = await renderDetail();
     if (now && now.state !== lastState) {
       lastState = now.state;
-      if (TERMINAL.has(now.state)) { loadMetrics(name, stops); loadEvidence(name); }
+      if (TERMINAL.has(now.state)) { loadMetrics(name, stops); loadEvidence(name); loadArtifacts(name); }
     }
   }, 200);
   onLive = (type, data) => { if (type === "run" && data.name === name) refresh(); };
   stops.push(tailLog(name));
   loadMetrics(name, stops);
   loadEvidence(name);
+  loadArtifacts(name);
   return () => stops.forEach((s) => s && s());
 }
 
@@ -291,6 +293,32 @@ async function loadEvidence(name) {
     ? html`<table id="gpu-samples-table"><thead><tr><th>GPU</th><th>Samples</th><th>Mean util %</th><th>Max util %</th><th>Max temp °C</th><th>Max power W</th><th>Max memory</th></tr></thead>
       <tbody>${samples.map((s) => raw(html`<tr><td>${s.gpu} <span class="muted">${s.uuid || ""}</span></td><td>${s.count}</td><td>${s.mean_util_pct != null ? s.mean_util_pct.toFixed(1) : ""}</td><td>${s.max_util_pct ?? ""}</td><td>${s.max_temperature_c ?? ""}</td><td>${s.max_power_w ?? ""}</td><td>${s.max_memory_used_bytes ? (s.max_memory_used_bytes / 2 ** 20).toFixed(0) + " MiB" : ""}</td></tr>`))}</tbody></table>`
     : '<p class="muted">No GPU samples.</p>';
+}
+
+function bytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return i === 0 ? `${n} B` : `${n.toFixed(1)} ${units[i]}`;
+}
+
+async function loadArtifacts(name) {
+  // The run's checkpoints and outputs (GET .../artifacts): digests only where the server knows
+  // them already, so that opening the page never makes it read a large checkpoint.
+  const box = document.getElementById("artifacts");
+  if (!box) return;
+  let list;
+  try { list = await api(`/api/v1/runs/${encodeURIComponent(name)}/artifacts?limit=200`); } catch (e) {
+    box.innerHTML = html`<p class="muted">${e.message}</p>`;
+    return;
+  }
+  const files = list.artifacts || [];
+  if (!files.length) { box.innerHTML = '<p class="muted">No checkpoints or outputs.</p>'; return; }
+  const more = list.total > files.length ? html`<p class="muted">${files.length} of ${list.total} files shown; \`tau artifacts ${name} --offset ${files.length}\` lists the rest.</p>` : "";
+  const cut = list.truncated ? html`<p class="muted">A directory holds more than ${list.max_listed} files: the list is not complete.</p>` : "";
+  box.innerHTML = html`<table id="artifacts-table"><thead><tr><th>Path</th><th>Size</th><th>SHA-256</th><th>Modified</th></tr></thead>
+    <tbody>${files.map((a) => raw(html`<tr data-path="${a.path}"><td><a class="artifact-download" href="/api/v1/runs/${encodeURIComponent(name)}/artifacts/file?path=${encodeURIComponent(a.path)}" download="${a.path.split("/").pop()}">${a.path}</a></td>
+      <td title="${a.size} bytes">${bytes(a.size)}</td><td><code>${a.sha256 ? a.sha256.slice(0, 16) + "…" : "—"}</code></td><td>${time(a.modified)}</td></tr>`))}</tbody></table>${raw(more)}${raw(cut)}`;
 }
 
 // ---- queues ------------------------------------------------------------------------------------

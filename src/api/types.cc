@@ -474,6 +474,16 @@ Status ReadUnqueued(const json& j, const std::string& path, UnqueuedRun* out) {
   return r.Finish(&out->extra);
 }
 
+Status ReadArtifactEntry(const json& j, const std::string& path, ArtifactEntry* out) {
+  Reader r(j, path);
+  r.Str("path", &out->path);
+  r.Str("kind", &out->kind);
+  r.Int("size", &out->size);
+  r.NullableStr("sha256", &out->sha256);
+  r.Str("modified", &out->modified);
+  return r.Finish(&out->extra);
+}
+
 Status ReadWorkspaceRole(const json& j, const std::string& path, WorkspaceRole* out) {
   Reader r(j, path);
   r.Str("name", &out->name);
@@ -1003,6 +1013,41 @@ Result<CodeMissing> CodeMissing::FromJson(const json& j) {
     r.Str("digest", &out->digest);
     r.Bool("stored", &out->stored);
     r.StrList("missing", &out->missing);
+    return r.Finish(&out->extra);
+  });
+}
+
+json ArtifactList::ToJson() const {
+  return WithExtra({{"run", run},
+                    {"artifacts", Array(artifacts,
+                                        [](const ArtifactEntry& a) {
+                                          return WithExtra({{"path", a.path},
+                                                            {"kind", a.kind},
+                                                            {"size", a.size},
+                                                            {"sha256", Nullable(a.sha256)},
+                                                            {"modified", a.modified}},
+                                                           a.extra);
+                                        })},
+                    {"total", total},
+                    {"offset", offset},
+                    {"limit", limit},
+                    {"truncated", truncated},
+                    {"max_listed", max_listed},
+                    {"undigested", undigested}},
+                   extra);
+}
+
+Result<ArtifactList> ArtifactList::FromJson(const json& j) {
+  return FromTop<ArtifactList>(j, [](const json& j, const std::string& path, ArtifactList* out) {
+    Reader r(j, path);
+    r.Str("run", &out->run);
+    r.List("artifacts", &out->artifacts, ReadArtifactEntry);
+    r.Int("total", &out->total);
+    r.Int("offset", &out->offset);
+    r.Int("limit", &out->limit);
+    r.Bool("truncated", &out->truncated);
+    r.Int("max_listed", &out->max_listed);
+    r.Int("undigested", &out->undigested);
     return r.Finish(&out->extra);
   });
 }

@@ -316,6 +316,31 @@ struct CodeMissing {
   static Result<CodeMissing> FromJson(const nlohmann::json& j);
 };
 
+// GET /api/v1/runs/NAME/artifacts: the run's checkpoints and outputs, a page of them.
+struct ArtifactEntry {
+  std::string path;  // "checkpoint/REL" or "output/REL": what GET .../artifacts/file?path= takes
+  std::string kind;  // "checkpoint" or "output"
+  int64_t size = 0;
+  std::optional<std::string> sha256;  // null: not computed (ask with ?digest=1)
+  std::string modified;               // RFC 3339
+  nlohmann::json extra = nlohmann::json::object();
+};
+struct ArtifactList {
+  std::string run;
+  std::vector<ArtifactEntry> artifacts;
+  int64_t total = 0;  // files listed over every page
+  int64_t offset = 0;
+  int64_t limit = 0;
+  // The walk stopped at `max_listed` files of a directory: more are there, not listed.
+  bool truncated = false;
+  int64_t max_listed = 0;
+  int64_t undigested = 0;  // files of this page without a digest (not asked, or past the budget)
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<ArtifactList> FromJson(const nlohmann::json& j);
+};
+
 // GET /api/v1/whoami: who the server thinks the caller is, and their roles.
 struct WorkspaceRole {
   std::string name;

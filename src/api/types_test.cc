@@ -259,6 +259,26 @@ json Inventory() {
           {"note", ""}};
 }
 
+TEST(ApiTypes, ArtifactListRoundTrips) {
+  json list = json::parse(R"({
+    "run": "train-1a2b3c4d", "total": 2, "offset": 0, "limit": 1000, "truncated": false,
+    "max_listed": 10000, "undigested": 1, "artifacts": [
+      {"path": "checkpoint/step-10/model.pt", "kind": "checkpoint", "size": 7000,
+       "sha256": null, "modified": "2026-12-04T21:00:00.000Z"},
+      {"path": "output/result.bin", "kind": "output", "size": 3, "modified":
+       "2026-12-04T21:00:01.000Z", "sha256": "ab12", "future": 1}]})");
+  ExpectRoundTrip<ArtifactList>(list);
+  auto typed = ArtifactList::FromJson(list);
+  ASSERT_TRUE(typed.ok());
+  EXPECT_FALSE(typed->artifacts[0].sha256.has_value());
+  EXPECT_EQ(typed->artifacts[1].sha256.value_or(""), "ab12");
+  list["artifacts"][0]["size"] = "7000";
+  Status wrong = ArtifactList::FromJson(list).status();
+  EXPECT_EQ(wrong.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("member 'artifacts[0].size'"), std::string::npos)
+      << wrong.message();
+}
+
 TEST(ApiTypes, IdentityRepliesRoundTrip) {
   ExpectRoundTrip<Whoami>(json::parse(R"({
     "admin": false, "groups": ["lab", "users"], "platform_viewer": true, "token_id": "0a1b2c3d4e5f",

@@ -165,6 +165,89 @@ static int CmdMetrics(const Global& g, const std::string& run, const std::string
   return 0;
 }
 
+static int CmdArtifacts(const Global& g, const std::string& run, bool digests, int64_t offset,
+                        int64_t limit, Format format) {
+  if (!IsRunName(run)) return NoSuchRun(run);
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  auto list = client::TauApi(conn->get()).ListArtifacts(run, digests, offset, limit);
+  if (!list.ok()) return Fail(list.status().message());
+  if (IsData(format)) return PrintData(list->ToJson(), format);
+  if (list->total == 0) {
+    std::printf("run %s has no checkpoints or outputs\n", run.c_str());
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const api::ArtifactEntry& a : list->artifacts)
+    rows.push_back({a.path, std::to_string(a.size), a.sha256.value_or("-"), Age(a.modified)});
+  PrintTable({"PATH", "SIZE", "SHA256", "MODIFIED"}, rows);
+  // What the table leaves out is said, on stderr so that the table stays a table.
+  const int64_t shown_to = list->offset + static_cast<int64_t>(list->artifacts.size());
+  if (list->offset > 0 || shown_to < list->total)
+    std::fprintf(stderr, "files %lld to %lld of %lld; --offset %lld for the next page\n",
+                 static_cast<long long>(list->offset + 1), static_cast<long long>(shown_to),
+                 static_cast<long long>(list->total), static_cast<long long>(shown_to));
+  if (list->truncated)
+    std::fprintf(stderr,
+                 "the listing stopped at %lld files of a directory: more are there, not listed\n",
+                 static_cast<long long>(list->max_listed));
+  if (list->undigested > 0)
+    std::fprintf(stderr, "%lld file(s) without a digest (-): %s\n",
+                 static_cast<long long>(list->undigested),
+                 digests ? "more than the server hashes in one request; run it again to go on"
+                         : "--digest computes them");
+  return 0;
+}
+
+static int CmdGet(const Global& g, const std::string& run, const std::string& path,
+                  std::string file) {
+  if (!IsRunName(run)) return NoSuchRun(run);
+  if (file.empty()) {
+    file = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
+    if (file.empty() || file == "." || file == "..")
+      return Fail(
+          fmt::format("'{}' names no file: give a path as `tau artifacts {}` lists it, or "
+                      "-o FILE",
+                      path, run));
+  }
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  client::TauApi api(conn->get());
+  if (file == "-") {
+    bool write_failed = false;
+    Status got = api.GetArtifact(run, path, [&](std::string_view data) {
+      write_failed = std::fwrite(data.data(), 1, data.size(), stdout) != data.size();
+      return !write_failed;
+    });
+    if (!got.ok()) return Fail(got.message());
+    if (write_failed || std::fflush(stdout) != 0) return Fail("cannot write to stdout");
+    return 0;
+  }
+  // Written beside the target and renamed when complete: a failed download leaves no partial
+  // file under the name asked for.
+  std::string tmp = file + ".part-" + RandomHex(6);
+  FILE* out = std::fopen(tmp.c_str(), "wb");
+  if (!out) return Fail(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+  bool write_failed = false;
+  int64_t bytes = 0;
+  Status got = api.GetArtifact(run, path, [&](std::string_view data) {
+    if (std::fwrite(data.data(), 1, data.size(), out) != data.size()) write_failed = true;
+    bytes += static_cast<int64_t>(data.size());
+    return !write_failed;
+  });
+  bool closed = std::fclose(out) == 0;
+  auto cleanup = [&](const std::string& message) {
+    std::remove(tmp.c_str());
+    return Fail(message);
+  };
+  if (!got.ok()) return cleanup(got.message());
+  if (write_failed || !closed) return cleanup("cannot write " + tmp);
+  if (std::rename(tmp.c_str(), file.c_str()) != 0)
+    return cleanup(fmt::format("cannot rename {} to {}: {}", tmp, file, std::strerror(errno)));
+  std::printf("wrote %s (%lld bytes)\n", file.c_str(), static_cast<long long>(bytes));
+  return 0;
+}
+
 void RegisterEvidenceCommands(CLI::App* app, Context* ctx) {
   struct Args {
     std::string run_name, bundle_file, metric_name, metric_split, metric_output;
@@ -194,6 +277,36 @@ void RegisterEvidenceCommands(CLI::App* app, Context* ctx) {
     }
     if (auto f = format()) ctx->rc = CmdEvidence(g, a->run_name, *f);
   });
+
+  struct ArtifactArgs {
+    std::string run, path, file;
+    bool no_digest = false;
+    int64_t offset = 0, limit = 1000;
+  };
+  auto art = std::make_shared<ArtifactArgs>();
+  auto* artifacts = app->add_subcommand(
+      "artifacts", "A run's checkpoints and outputs: path, size, sha256 (`tau get` fetches one)");
+  artifacts->add_option("run", art->run, "Run name")->required();
+  artifacts->add_flag("--no-digest", art->no_digest,
+                      "Only the digests known already (the run's record, earlier listings): "
+                      "read no file");
+  artifacts->add_option("--offset", art->offset, "Skip this many files (pages of --limit)")
+      ->check(CLI::NonNegativeNumber);
+  artifacts->add_option("--limit", art->limit, "At most this many files (1 to 10000)")
+      ->check(CLI::Range(int64_t{1}, int64_t{10000}));
+  auto art_format = AddOutput(artifacts, ctx);
+  artifacts->callback([=, &g] {
+    if (auto f = art_format())
+      ctx->rc = CmdArtifacts(g, art->run, !art->no_digest, art->offset, art->limit, *f);
+  });
+  auto* get = app->add_subcommand("get", "Download one checkpoint or output file of a run");
+  get->add_option("run", art->run, "Run name")->required();
+  get->add_option("path", art->path,
+                  "The file as `tau artifacts` lists it: output/... or checkpoint/...")
+      ->required();
+  get->add_option("-o,--output", art->file,
+                  "Where to write it (default: its name in this directory; - for stdout)");
+  get->callback([=, &g] { ctx->rc = CmdGet(g, art->run, art->path, art->file); });
 
   auto* metrics = app->add_subcommand("metrics", "A run's metric history (sparkline and table)");
   metrics->add_option("run", a->run_name, "Run name")->required();

@@ -208,7 +208,8 @@ Result<size_t> Connection::Fill() {
   }
 }
 
-Result<Response> Connection::ReadResponse(const std::function<bool(std::string_view)>* on_data) {
+Result<Response> Connection::ReadResponse(const std::function<bool(std::string_view)>* on_data,
+                                          const OnHead* on_head) {
   Response resp;
   size_t header_end;
   closed_before_answer_ = reset_before_answer_ = false;
@@ -236,6 +237,7 @@ Result<Response> Connection::ReadResponse(const std::function<bool(std::string_v
     resp.headers[name] = lines[i].substr(v);
   }
   buf_.erase(0, header_end + 4);
+  if (on_head && *on_head) (*on_head)(resp.status, resp.headers);
   auto deliver = [&](std::string_view data) {
     if (on_data) return (*on_data)(data);
     resp.body.append(data);
@@ -319,12 +321,13 @@ Result<Response> Connection::Call(std::string_view method, std::string_view path
 }
 
 Result<int> Connection::Stream(std::string_view method, std::string_view path,
-                               const std::function<bool(std::string_view)>& on_data) {
+                               const std::function<bool(std::string_view)>& on_data,
+                               const OnHead& on_head) {
   if (fd_ < 0) TAU_RETURN_IF_ERROR(Reconnect());
   int saved_timeout = timeout_ms_;
   TAU_RETURN_IF_ERROR(SendRequest(method, path, {}, "application/json", {}));
   timeout_ms_ = 0;  // a followed stream can be quiet for a long time
-  auto resp = ReadResponse(&on_data);
+  auto resp = ReadResponse(&on_data, &on_head);
   timeout_ms_ = saved_timeout;
   if (!resp.ok()) return resp.status();
   return resp->status;

@@ -66,9 +66,12 @@ class Connection {
                         std::string_view content_type = "application/json",
                         const Headers& headers = {});
   // Sends one request and hands the body to `on_data` as it arrives (chunked streams such as logs).
-  // `on_data` returns false to stop early. Returns the status code.
+  // `on_data` returns false to stop early. Returns the status code. `on_head`, when set, is told
+  // the status and the headers (lowercase names) before the body's first byte.
+  using OnHead = std::function<void(int status, const std::map<std::string, std::string>& headers)>;
   Result<int> Stream(std::string_view method, std::string_view path,
-                     const std::function<bool(std::string_view)>& on_data);
+                     const std::function<bool(std::string_view)>& on_data,
+                     const OnHead& on_head = nullptr);
 
   // Sent as `Authorization: Bearer TOKEN` with every request from now on; empty: none.
   void set_bearer_token(std::string token) { bearer_token_ = std::move(token); }
@@ -80,7 +83,8 @@ class Connection {
   Status SendAll(std::string_view data);
   Status SendRequest(std::string_view method, std::string_view path, std::string_view body,
                      std::string_view content_type, const Headers& headers);
-  Result<Response> ReadResponse(const std::function<bool(std::string_view)>* on_data);
+  Result<Response> ReadResponse(const std::function<bool(std::string_view)>* on_data,
+                                const OnHead* on_head = nullptr);
   Result<size_t> Fill();  // reads more bytes into buf_
 
   Endpoint endpoint_;

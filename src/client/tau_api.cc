@@ -181,6 +181,43 @@ Status TauApi::ExportEvidence(const std::string& run,
   return Internal(fmt::format("the server refused the export (HTTP {})", answer.status));
 }
 
+Result<api::ArtifactList> TauApi::ListArtifacts(const std::string& run, bool digests,
+                                                int64_t offset, int64_t limit) {
+  return Typed<api::ArtifactList>(
+      "GET", fmt::format("/api/v1/runs/{}/artifacts?offset={}&limit={}{}", E(run), offset, limit,
+                         digests ? "&digest=1" : ""));
+}
+
+Status TauApi::GetArtifact(const std::string& run, const std::string& path, const OnData& on_data) {
+  Response answer;
+  int64_t announced = -1, got = 0;
+  bool stopped = false;
+  auto on_head = [&](int status, const std::map<std::string, std::string>& headers) {
+    answer.status = status;
+    if (auto it = headers.find("x-tau-size"); it != headers.end())
+      announced = std::strtoll(it->second.c_str(), nullptr, 10);
+  };
+  TAU_ASSIGN_OR_RETURN(answer.status,
+                       conn_->Stream(
+                           "GET", "/api/v1/runs/" + E(run) + "/artifacts/file?path=" + E(path),
+                           [&](std::string_view data) {
+                             if (answer.status != 200) {
+                               if (answer.body.size() < 65536)
+                                 answer.body.append(data);  // the server's error
+                               return true;
+                             }
+                             got += static_cast<int64_t>(data.size());
+                             if (!on_data(data)) stopped = true;
+                             return !stopped;
+                           },
+                           on_head));
+  if (answer.status != 200) return ErrorFromResponse(answer);
+  if (!stopped && announced >= 0 && got != announced)
+    return Unavailable(fmt::format("the download of {} stopped after {} of {} bytes; try again",
+                                   path, got, announced));
+  return Status::Ok();
+}
+
 Result<api::Whoami> TauApi::Whoami() { return Typed<api::Whoami>("GET", "/api/v1/whoami"); }
 
 Result<api::Token> TauApi::CreateToken(const std::string& user,

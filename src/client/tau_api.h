@@ -87,6 +87,13 @@ class TauApi {
   Status ExportEvidence(const std::string& run,
                         const std::function<bool(std::string_view)>& on_data);
 
+  // A run's checkpoints and outputs: a page of them, with digests computed where `digests`.
+  Result<api::ArtifactList> ListArtifacts(const std::string& run, bool digests, int64_t offset,
+                                          int64_t limit);
+  // One of them ("output/REL" or "checkpoint/REL"), handed to `on_data` as it arrives; nothing is
+  // handed on when the server refuses it. Fails when fewer bytes came than the server announced.
+  Status GetArtifact(const std::string& run, const std::string& path, const OnData& on_data);
+
   // Identity (docs/security.md). `expires_in` "" is a token that does not expire.
   Result<int> StreamLog(const std::string& run, const LogQuery& query, const OnData& on_data);
   // GET /api/v1/events (of one run, or every run when `run` is empty): server-sent events.

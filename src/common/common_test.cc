@@ -160,6 +160,57 @@ TEST(FilesTest, AtomicWriteAndRead) {
   EXPECT_FALSE(PathExists(dir));
 }
 
+TEST(FilesTest, RelativePathsThatLeaveTheirDirectoryAreRefused) {
+  EXPECT_TRUE(CheckRelativePath("a.txt").ok());
+  EXPECT_TRUE(CheckRelativePath("sub/dir/a..b").ok());
+  EXPECT_TRUE(CheckRelativePath(".hidden/x").ok());
+  EXPECT_EQ(CheckRelativePath("").message(), "the path is empty");
+  EXPECT_EQ(CheckRelativePath("/etc/passwd").message(),
+            "the path is absolute: name it relative to its directory");
+  EXPECT_EQ(CheckRelativePath("..").message(), "the path leaves its directory ('..')");
+  EXPECT_EQ(CheckRelativePath("a/../../b").message(), "the path leaves its directory ('..')");
+  EXPECT_EQ(CheckRelativePath("a/..").message(), "the path leaves its directory ('..')");
+  EXPECT_EQ(CheckRelativePath("a//b").message(), "the path has an empty or '.' component");
+  EXPECT_EQ(CheckRelativePath("a/./b").message(), "the path has an empty or '.' component");
+  EXPECT_EQ(CheckRelativePath("a/").message(), "the path has an empty or '.' component");
+  EXPECT_EQ(CheckRelativePath(std::string("a\0b", 3)).message(), "the path holds a NUL byte");
+  EXPECT_EQ(CheckRelativePath(std::string(4097, 'a')).message(),
+            "the path is longer than 4096 bytes");
+}
+
+TEST(FilesTest, OpenBeneathStaysInsideItsDirectory) {
+  namespace fs = std::filesystem;
+  const std::string base = ::testing::TempDir() + "/tau_open_beneath_" + std::to_string(::getpid());
+  (void)RemoveTree(base);
+  const std::string root = base + "/out";
+  ASSERT_TRUE(MakeDirs(root + "/sub").ok());
+  ASSERT_TRUE(WriteFileAtomic(root + "/sub/a.txt", "inside").ok());
+  ASSERT_TRUE(WriteFileAtomic(base + "/secret.txt", "outside").ok());
+  fs::create_symlink(base + "/secret.txt", root + "/escape");  // absolute, leaves
+  fs::create_symlink("../../secret.txt", root + "/sub/up");    // relative, leaves
+  fs::create_symlink(base, root + "/dir-escape");              // a directory outside
+  ASSERT_EQ(::mkfifo((root + "/fifo").c_str(), 0600), 0);
+  auto read_all = [](int fd) {
+    std::string text;
+    EXPECT_TRUE(ReadChunksAndClose(fd, "f", [&](std::string_view c) { text.append(c); }).ok());
+    return text;
+  };
+  auto inside = OpenBeneath(root, "sub/a.txt");
+  ASSERT_TRUE(inside.ok()) << inside.status().ToString();
+  EXPECT_EQ(read_all(*inside), "inside");
+  for (const char* escaping : {"escape", "sub/up", "dir-escape/secret.txt"}) {
+    auto refused = OpenBeneath(root, escaping);
+    EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied) << escaping;
+  }
+  EXPECT_EQ(OpenBeneath(root, "../secret.txt").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenBeneath(root, base + "/secret.txt").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(OpenBeneath(root, "missing.txt").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(OpenBeneath(root, "sub").status().message(), "sub: is a directory, not a file");
+  // A FIFO is refused at once, not waited on.
+  EXPECT_EQ(OpenBeneath(root, "fifo").status().message(), "fifo: is not a regular file");
+  (void)RemoveTree(base);
+}
+
 TEST(FilesTest, AbandonedTemporariesOfDeadWritersAreRemoved) {
   std::string dir = ::testing::TempDir() + "/tau_files_temporaries";
   ASSERT_TRUE(MakeDirs(dir).ok());

@@ -2,14 +2,17 @@
 
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <linux/openat2.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -155,6 +158,98 @@ Status MakeDirs(const std::string& path, int mode) {
   }
   ::chmod(path.c_str(), static_cast<mode_t>(mode));
   return Status::Ok();
+}
+
+Status CheckRelativePath(std::string_view path) {
+  if (path.empty()) return InvalidArgument("the path is empty");
+  if (path.size() > 4096) return InvalidArgument("the path is longer than 4096 bytes");
+  if (path.find('\0') != std::string_view::npos)
+    return InvalidArgument("the path holds a NUL byte");
+  if (path.front() == '/')
+    return InvalidArgument("the path is absolute: name it relative to its directory");
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string_view::npos) end = path.size();
+    std::string_view part = path.substr(start, end - start);
+    if (part == "..") return InvalidArgument("the path leaves its directory ('..')");
+    if (part.empty() || part == ".")
+      return InvalidArgument("the path has an empty or '.' component");
+    start = end + 1;
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// Without openat2 (kernels before 5.6, or a seccomp filter that refuses it): one component at a
+// time, following no symbolic link at all.
+Result<int> OpenNoLinks(int dir, const std::string& rel, const std::string& shown) {
+  int at = ::dup(dir);
+  if (at < 0) return IoError("cannot duplicate a descriptor", errno);
+  size_t start = 0;
+  while (true) {
+    size_t end = rel.find('/', start);
+    const bool last = end == std::string::npos;
+    std::string part = rel.substr(start, last ? std::string::npos : end - start);
+    int flags = O_RDONLY | O_CLOEXEC | O_NOFOLLOW | (last ? O_NONBLOCK : O_DIRECTORY);
+    int next = ::openat(at, part.c_str(), flags);
+    const int err = errno;
+    ::close(at);
+    if (next < 0) {
+      if (err == ENOENT) return NotFound(shown + ": no such file");
+      if (err == ELOOP || err == ENOTDIR)
+        return PermissionDenied(shown +
+                                ": is or goes through a symbolic link, which is not "
+                                "followed here");
+      return IoError("cannot open " + shown, err);
+    }
+    if (last) return next;
+    at = next;
+    start = end + 1;
+  }
+}
+
+}  // namespace
+
+Result<int> OpenBeneath(const std::string& root, std::string_view rel) {
+  TAU_RETURN_IF_ERROR(CheckRelativePath(rel));
+  const std::string shown(rel);
+  int dir = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) {
+    if (errno == ENOENT) return NotFound(shown + ": no such file (the directory is not there)");
+    return IoError("cannot open " + root, errno);
+  }
+  struct open_how how;
+  std::memset(&how, 0, sizeof how);
+  how.flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK;  // a FIFO must not block the open
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  long fd = ::syscall(SYS_openat2, dir, shown.c_str(), &how, sizeof how);
+  int err = errno;
+  Result<int> opened = static_cast<int>(fd);
+  if (fd < 0 && (err == ENOSYS || err == EPERM)) {
+    opened = OpenNoLinks(dir, shown, shown);
+  } else if (fd < 0) {
+    if (err == ENOENT)
+      opened = NotFound(shown + ": no such file");
+    else if (err == EXDEV)
+      opened = PermissionDenied(shown + ": leaves its directory through a symbolic link");
+    else if (err == ELOOP)
+      opened = PermissionDenied(shown + ": too many symbolic links, or a link tau does not follow");
+    else
+      opened = IoError("cannot open " + shown, err);
+  }
+  ::close(dir);
+  if (!opened.ok()) return opened;
+  struct stat st {};
+  if (::fstat(*opened, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(*opened);
+    return InvalidArgument(
+        shown + (S_ISDIR(st.st_mode) ? ": is a directory, not a file" : ": is not a regular file"));
+  }
+  // Reads of a regular file never block; clear the flag all the same for the caller's reads.
+  ::fcntl(*opened, F_SETFL, ::fcntl(*opened, F_GETFL) & ~O_NONBLOCK);
+  return opened;
 }
 
 Status RemoveTree(const std::string& path) {

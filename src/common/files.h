@@ -46,8 +46,8 @@ bool PathExists(const std::string& path);
 enum class TreeFiles {
   // A reflink (copy-on-write clone, writable) where the file system has them, else a hard link to
   // the source's file when that is read-only (shared: the copy's owner cannot write it, only
-  // replace
-  // it), else a copy. Only for a copy whose users are not root, whom read-only modes do not stop.
+  // replace it), else a copy. Only for a copy whose users are not root, whom read-only modes do not
+  // stop.
   kLinkReadOnly,
   // A reflink where the file system has them, else a copy: each file the copy's own, writable.
   kCopy,
@@ -60,6 +60,17 @@ Status CloneTree(const std::string& from, const std::string& to, TreeFiles how);
 // link is left as it is: in a CloneTree copy it is the source's read-only file, which the user
 // must never own, or it would be theirs to change under every other copy.
 Status ChownTree(const std::string& root, unsigned uid, unsigned gid);
+// A path a client named inside a directory (a run's output file): relative, '/'-separated, at
+// most 4096 bytes, no NUL, no empty, "." or ".." component. InvalidArgument says what is wrong
+// (the caller prefixes what the path is).
+Status CheckRelativePath(std::string_view path);
+// Opens `rel` (CheckRelativePath) under the directory `root` for reading without ever leaving it:
+// a symbolic link on the way that resolves outside `root` is refused (openat2's RESOLVE_BENEATH;
+// on a kernel without openat2, no symbolic link is followed at all), and so is anything but a
+// regular file (a FIFO is not waited on). NotFound when it is not there; PermissionDenied for a
+// path that leaves `root`; InvalidArgument for a directory, FIFO or device. The caller closes it.
+Result<int> OpenBeneath(const std::string& root, std::string_view rel);
+
 // The home of the machine's shared server (one run by root): other users' CLIs find it there.
 inline constexpr const char* kMachineHome = "/var/lib/tau";
 // $TAU_HOME, else ~/.tau; for root, kMachineHome unless ~/.tau already holds a store.

@@ -1,5 +1,6 @@
 #include "controller/evidence_worker.h"
 
+#include <glob.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "common/files.h"
 #include "common/layout.h"
+#include "common/strings.h"
 #include "common/version.h"
 #include "controller/redact.h"
 #include "controller/run_storage.h"
@@ -149,11 +151,15 @@ bool EvidenceWorker::PollOnce(const std::string& name, int attempt, const RunRec
     c.workspace = r->workspace;
     c.max_points = c.collector->options().max_points;
     c.max_series = c.collector->options().max_series;
+    if (auto m = r->spec_json.find("metrics"); m != r->spec_json.end() && m->is_object())
+      c.history = StringList(m->value("history", nlohmann::json::array()));
+    if (!c.history.empty()) c.output_dir = StorageDir(home_, *r, "output");
   }
   auto polled = c.collector->Poll(layout::MetricsFile(layout::RunDir(home_, name)), attempt);
   if (!polled.ok())
     std::fprintf(stderr, "tau server: metrics of %s: %s\n", name.c_str(),
                  polled.status().ToString().c_str());
+  const bool history_more = PollHistory(name, c, attempt);
   const evidence::MetricsStats& stats = c.collector->stats();
   {
     MutexLock lock(&mu_);
@@ -173,7 +179,58 @@ bool EvidenceWorker::PollOnce(const std::string& name, int attempt, const RunRec
   };
   tell(&c.told_points, stats.refused_points, "max_metric_points", c.max_points, "points");
   tell(&c.told_series, stats.refused_series, "max_metric_series", c.max_series, "series");
-  return polled.ok() && polled->more;
+  return (polled.ok() && polled->more) || history_more;
+}
+
+bool EvidenceWorker::PollHistory(const std::string& name, Collector& c, int attempt) {
+  if (c.history.empty() || !PathExists(c.output_dir)) return false;
+  // Only files inside the output directory are read: a glob that crosses a link the run made
+  // (output/x -> /etc) must not make the server read what the run cannot show otherwise.
+  char* real_root = ::realpath(c.output_dir.c_str(), nullptr);
+  if (real_root == nullptr) return false;
+  const std::string root = std::string(real_root) + "/";
+  std::free(real_root);
+  std::set<std::string> files;
+  bool capped = false;
+  for (const std::string& pattern : c.history) {
+    glob_t g;
+    const std::string full = c.output_dir + "/" + pattern;
+    if (::glob(full.c_str(), GLOB_NOSORT, nullptr, &g) == 0) {
+      for (size_t i = 0; i < g.gl_pathc; ++i) {
+        if (files.size() >= kMaxHistoryFiles) {
+          capped = true;
+          break;
+        }
+        char* real = ::realpath(g.gl_pathv[i], nullptr);
+        if (real == nullptr) continue;
+        std::string resolved = real;
+        std::free(real);
+        if (StartsWith(resolved, root)) files.insert(g.gl_pathv[i]);
+      }
+    }
+    ::globfree(&g);
+  }
+  if (capped && !c.told_history_cap) {
+    c.told_history_cap = true;
+    post_(RunNotice{name,
+                    "MetricsLimited",
+                    fmt::format("metrics.history matches more than {} files: only {} are read",
+                                kMaxHistoryFiles, kMaxHistoryFiles),
+                    {{"limit", "history_files"},
+                     {"value", static_cast<int64_t>(kMaxHistoryFiles)},
+                     {"attempt", attempt}}});
+  }
+  bool more = false;
+  for (const std::string& file : files) {
+    auto polled = c.collector->Poll(file, attempt, evidence::MetricsFormat::kHistory);
+    if (!polled.ok()) {
+      std::fprintf(stderr, "tau server: metrics.history of %s: %s\n", name.c_str(),
+                   polled.status().ToString().c_str());
+      continue;
+    }
+    more = more || polled->more;
+  }
+  return more;
 }
 
 void EvidenceWorker::AppendSamples(const std::vector<RunningAttempt>& running,

@@ -129,7 +129,15 @@ class EvidenceWorker {
     bool told_points = false, told_series = false;  // MetricsLimited posted (or was, before)
     std::string workspace;
     int64_t max_points = 0, max_series = 0;  // the run's limits, for its notice
+    // The spec's metrics.history globs and the output directory they are relative to.
+    std::vector<std::string> history;
+    std::string output_dir;
+    bool told_history_cap = false;  // the run's globs matched more than kMaxHistoryFiles
   };
+  // Files of one run's metrics.history followed at once; more are left out (and said once).
+  static constexpr size_t kMaxHistoryFiles = 64;
+  // Polls the files matching the run's metrics.history globs; true when one has more to read.
+  bool PollHistory(const std::string& name, Collector& c, int attempt);
   std::map<std::string, Collector> collectors_;
 };
 

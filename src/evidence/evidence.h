@@ -67,7 +67,14 @@ struct MetricPoint {
   int attempt = 0;  // which attempt wrote it (set by the caller of the readers)
 };
 
+// How a metrics source's lines are written.
+enum class MetricsFormat {
+  kTau,      // one point per line, as above ($TAU_METRICS_FILE)
+  kHistory,  // TauGrid's metrics.history: one object per line, many series (ParseHistoryLine)
+};
+
 struct MetricLimits {
+  MetricsFormat format = MetricsFormat::kTau;  // of the lines read
   size_t max_line_bytes = 64 * 1024;  // a longer line is malformed (and skipped to its end)
   size_t max_read_bytes = 64u << 20;  // read per ReadMetrics call; the rest waits for the next
   size_t max_points = 10'000'000;     // distinct points per run; more are dropped and counted
@@ -77,6 +84,20 @@ struct MetricLimits {
 // One line (without its '\n'); the error says what is wrong. `attempt` is read from an "attempt"
 // field (tau's own lines have one), else 0; the collector sets it for the job's lines.
 Result<MetricPoint> ParseMetricLine(std::string_view line, const MetricLimits& limits = {});
+
+// One line of a TauGrid metrics.history file (the run's output directory, files matching the
+// spec's globs): a JSON object such as {"_step": 100, "_timestamp": 1733300000.5, "loss": 0.25,
+// "train/acc": 0.9}. "_step" (an integer >= 0) is required; each other key whose value is a number
+// (or NaN/Infinity as ParseMetricLine reads them) becomes a point of the series of that name at
+// that step. Keys that start with '_' are the format's own ("_timestamp", "_runtime") and are not
+// series; a value of another type (string, boolean, null, object, array) or a key longer than 256
+// bytes is ignored and counted in `ignored`. Points are keyed by step, so "_timestamp" is read but
+// not kept.
+struct HistoryLine {
+  std::vector<MetricPoint> points;  // in key order
+  int64_t ignored = 0;              // values that were not numbers
+};
+Result<HistoryLine> ParseHistoryLine(std::string_view line, const MetricLimits& limits = {});
 
 // tau's own form of a point: one JSON object, no newline, with "attempt"; the value is a number or
 // one of the strings "NaN", "Infinity", "-Infinity". ParseMetricLine reads it back.
@@ -93,16 +114,20 @@ struct MetricsCursor {
   int64_t line = 0;           // lines consumed
   bool discarding = false;    // inside an over-long line: skip to its end
   uint64_t dev = 0, ino = 0;  // the file read so far; another file (replaced) restarts at 0
+  // The last bytes consumed (at most 32): a file truncated and written again past the offset (a
+  // retried attempt that opens it with "w") no longer has them there, and is read from its start.
+  std::string tail;
 };
 
 struct MetricsChunk {
   std::vector<MetricPoint> points;       // in file order; attempt as the line says (else 0)
   std::vector<MalformedLine> malformed;  // the first 100 of this chunk
   int64_t malformed_count = 0;
-  int64_t point_count = 0;  // valid points parsed (MetricsCollector::Poll leaves `points` empty)
-  int64_t lines = 0;        // complete lines consumed (blank lines included)
-  bool restarted = false;   // the file shrank or was replaced, so it was read from its start
-  bool more = false;        // stopped at limits.max_read_bytes with more of the file there
+  int64_t point_count = 0;     // valid points parsed (MetricsCollector::Poll leaves `points` empty)
+  int64_t ignored_values = 0;  // kHistory: values that were not numbers
+  int64_t lines = 0;           // complete lines consumed (blank lines included)
+  bool restarted = false;      // the file shrank or was replaced, so it was read from its start
+  bool more = false;           // stopped at limits.max_read_bytes with more of the file there
   size_t peak_buffer_bytes = 0;  // the largest read buffer held
 };
 
@@ -169,6 +194,7 @@ struct MetricsStats {
   int64_t lines = 0;           // lines read from the job's files
   int64_t points = 0;          // valid points read (before deduplication), refused ones included
   int64_t malformed = 0;       // bad lines
+  int64_t ignored_values = 0;  // metrics.history values that were not numbers
   int64_t restarts = 0;        // times a source file shrank or was replaced
   int64_t refused_points = 0;  // past the run's max_points
   int64_t refused_series = 0;  // points of a new series past the run's max_series
@@ -233,7 +259,9 @@ class MetricsCollector {
   // before the next attempt starts (so a shared file's lines are attributed right). Cheap when
   // nothing changed: one stat. The result counts what was read; its `points` stay empty (they go
   // to the evidence file). A failed append leaves the cursor where it was.
-  Result<MetricsChunk> Poll(const std::string& source, int attempt);
+  // `format`: how the source's lines are written (kHistory: a metrics.history file).
+  Result<MetricsChunk> Poll(const std::string& source, int attempt,
+                            MetricsFormat format = MetricsFormat::kTau);
   // Rewrites metrics.jsonl sorted and deduplicated (CompactMetricsFile, atomically). Call it when
   // the run ends. A run that wrote no metrics gets no file (and no evidence directory).
   Result<CompactReport> Compact();
@@ -421,6 +449,13 @@ struct Artifact {
 Result<std::vector<Artifact>> ScanArtifacts(const std::string& root, const std::string& kind,
                                             const std::vector<int64_t>& attempt_starts,
                                             const std::vector<Artifact>* previous = nullptr);
+
+// The files ScanArtifacts would find under `root`, without reading them: at most `max_files`
+// (*truncated says whether more were there; which ones are listed then depends on the walk), sorted
+// by path. sha256 is set only where `previous` has the file with the same path, size and mtime.
+Result<std::vector<Artifact>> ListArtifacts(const std::string& root, const std::string& kind,
+                                            size_t max_files, const std::vector<Artifact>* previous,
+                                            bool* truncated);
 
 // Masks secrets (MaskSecrets) in the artifacts' paths: a checkpoint named after a token is listed
 // as "ckpt-***.pt" in the record, its summary and a bundle's checkpoints.json.

@@ -357,11 +357,119 @@ TEST(MetricHistory, Limits) {
   EXPECT_EQ(h.size(), 3u);
 }
 
+TEST(HistoryLine, EachNumericKeyIsAPointAtStep) {
+  auto row = ParseHistoryLine(
+      R"({"_step": 7, "_timestamp": 1733300000.5, "_runtime": 3, "loss": 0.25, "train/acc": 1,)"
+      R"( "grad": NaN, "lr": "Infinity", "phase": "warmup", "done": false, "none": null,)"
+      R"( "cfg": {"a": 1}, "hist": [1, 2]})");
+  ASSERT_TRUE(row.ok()) << row.status().ToString();
+  ASSERT_EQ(row->points.size(), 4u);
+  std::map<std::string, double> got;
+  for (const MetricPoint& p : row->points) {
+    EXPECT_EQ(p.step, 7);
+    EXPECT_EQ(p.split, "");
+    got[p.name] = p.value;
+  }
+  EXPECT_EQ(got.at("loss"), 0.25);
+  EXPECT_EQ(got.at("train/acc"), 1.0);
+  EXPECT_TRUE(std::isnan(got.at("grad")));
+  EXPECT_TRUE(std::isinf(got.at("lr")));
+  EXPECT_EQ(got.count("_timestamp"), 0u);  // the format's own keys are no series
+  // "warmup", false, null, an object and an array: ignored and counted.
+  EXPECT_EQ(row->ignored, 5);
+  EXPECT_EQ(ParseHistoryLine(R"({"_step": 3.0, "x": 1})")->points.at(0).step, 3);
+  EXPECT_TRUE(ParseHistoryLine(R"({"_step": 0})")->points.empty());
+}
+
+TEST(HistoryLine, BadLinesSayWhy) {
+  auto message = [](std::string_view line) { return ParseHistoryLine(line).status().message(); };
+  EXPECT_EQ(message(R"({"loss": 1, "_timestamp": 5})"), "missing \"_step\"");
+  EXPECT_EQ(message(R"({"_step": -1, "loss": 1})"), "\"_step\" must be an integer >= 0");
+  EXPECT_EQ(message(R"({"_step": 1.5, "loss": 1})"), "\"_step\" must be an integer >= 0");
+  EXPECT_EQ(message(R"({"_step": "3", "loss": 1})"), "\"_step\" must be an integer >= 0");
+  EXPECT_EQ(message("[1, 2]"), "not a JSON object");
+  EXPECT_EQ(message("{\"_step\": 1, \"loss\": "), "not valid JSON");
+  MetricLimits limits;
+  limits.max_line_bytes = 20;
+  EXPECT_EQ(ParseHistoryLine(R"({"_step": 1, "loss": 0.123456})", limits).status().message(),
+            "line longer than 20 bytes");
+}
+
+TEST(HistoryLine, ChunksCountBadLinesAndKeepAPartialLastLine) {
+  MetricLimits limits;
+  limits.format = MetricsFormat::kHistory;
+  MetricsCursor cur;
+  std::string data =
+      "{\"_step\": 0, \"loss\": 2.0, \"acc\": 0.1, \"tag\": \"x\"}\n"
+      "not json\n"
+      "{\"loss\": 1.5}\n"
+      "{\"_step\": 1, \"loss\": 1.0, \"acc\": 0.2}\n"
+      "{\"_step\": 2, \"lo";
+  MetricsChunk c = ParseMetricsChunk(data, &cur, limits);
+  EXPECT_EQ(c.points.size(), 4u);
+  EXPECT_EQ(c.point_count, 4);
+  EXPECT_EQ(c.ignored_values, 1);
+  EXPECT_EQ(c.malformed_count, 2);
+  ASSERT_EQ(c.malformed.size(), 2u);
+  EXPECT_EQ(c.malformed[0].line, 2);
+  EXPECT_EQ(c.malformed[1].line, 3);
+  EXPECT_EQ(c.malformed[1].error, "missing \"_step\"");
+  EXPECT_EQ(cur.line, 4);
+  MetricsChunk d = ParseMetricsChunk(data.substr(cur.offset) + "ss\": 0.5}\n", &cur, limits);
+  ASSERT_EQ(d.points.size(), 1u);
+  EXPECT_EQ(d.points[0].name, "loss");
+  EXPECT_EQ(d.points[0].step, 2);
+  // The same bytes in tau's own format are all malformed: the format is the source's.
+  MetricsCursor own;
+  EXPECT_EQ(ParseMetricsChunk("{\"_step\": 0, \"loss\": 2.0}\n", &own).malformed_count, 1);
+}
+
 // The distinct points of a collector's file, as compaction counts them.
 int64_t Distinct(const std::string& evidence_dir) {
   auto report = CompactMetricsFile(evidence_dir + "/metrics.jsonl", "");
   EXPECT_TRUE(report.ok()) << report.status().ToString();
   return report.ok() ? report->distinct : -1;
+}
+
+TEST(MetricsCollector, HistoryFileRewrittenByARetryIsNotDoubled) {
+  TempDir dir;
+  std::string source = dir / "run/output/history.jsonl";
+  std::string ev = dir / "run/evidence";
+  auto row = [](int step, double loss) {
+    return fmt::format("{{\"_step\":{},\"_timestamp\":{},\"loss\":{},\"acc\":{}}}\n", step,
+                       1733300000 + step, loss, step / 10.0);
+  };
+  std::string first;
+  for (int s = 0; s < 6; ++s) first += row(s, 10 - s);
+  Write(source, first + "{\"_step\":6,");  // a partial last line waits
+  auto c = MetricsCollector::Open(ev);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto one = (*c)->Poll(source, 1, MetricsFormat::kHistory);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->point_count, 12);
+  EXPECT_EQ(Distinct(ev), 12);
+  // Attempt 2 resumes from step 3 and rewrites the file in place (open with "w": the same inode),
+  // past the offset read so far: the bytes before the offset are not the ones read.
+  std::string second;
+  for (int s = 3; s < 12; ++s) second += row(s, 100 + s);
+  ASSERT_GT(second.size(), first.size());
+  std::ofstream(source, std::ios::binary | std::ios::trunc) << second;
+  auto two = (*c)->Poll(source, 2, MetricsFormat::kHistory);
+  ASSERT_TRUE(two.ok());
+  EXPECT_TRUE(two->restarted);
+  EXPECT_EQ(two->malformed_count, 0);
+  EXPECT_EQ(two->point_count, 18);
+  ASSERT_TRUE((*c)->Compact().ok());
+  auto history = LoadMetricHistory(ev + "/metrics.jsonl");
+  ASSERT_TRUE(history.ok());
+  std::vector<MetricPoint> loss = history->Series("loss", "");
+  ASSERT_EQ(loss.size(), 12u);  // steps 0..11 once each
+  EXPECT_EQ(loss[2].value, 8);
+  EXPECT_EQ(loss[2].attempt, 1);
+  EXPECT_EQ(loss[3].value, 103);  // the later attempt's
+  EXPECT_EQ(loss[3].attempt, 2);
+  EXPECT_EQ(history->Series("acc", "").size(), 12u);
+  EXPECT_EQ(history->SeriesKeys().size(), 2u);
 }
 
 TEST(MetricsCollector, SharedFileAcrossAttemptsAndRestart) {
@@ -896,6 +1004,38 @@ TEST(Record, SnapshotScanMatchesTheServersDigest) {
   EXPECT_EQ(snap->digest, tree.HexDigest());
   ASSERT_EQ(::symlink("/etc/passwd", (dir / "snap/link").c_str()), 0);
   EXPECT_FALSE(ScanSnapshot(dir / "snap").ok());
+}
+
+TEST(Record, ListArtifactsIsBoundedAndReadsNoFile) {
+  TempDir dir;
+  std::string root = dir / "out";
+  for (int i = 0; i < 30; ++i) Write(root + fmt::format("/many/f{:02}.txt", i), "x");
+  Write(root + "/a.txt", "alpha");
+  Write(root + "/.tmp-partial", "skipped");
+  fs::create_symlink(dir / "elsewhere", root + "/link");
+  bool truncated = true;
+  auto all = ListArtifacts(root, "output", 100, nullptr, &truncated);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_FALSE(truncated);
+  ASSERT_EQ(all->size(), 31u);  // the link and the temporary name are no artifacts
+  EXPECT_EQ((*all)[0].path, "a.txt");
+  EXPECT_EQ((*all)[0].size, 5);
+  EXPECT_EQ((*all)[0].sha256, "");  // not read
+  // A digest known for the same size and mtime is reused; a stale one is not.
+  std::vector<Artifact> known = {(*all)[0], (*all)[1]};
+  known[0].sha256 = "cached";
+  known[1].sha256 = "stale";
+  known[1].mtime_ms -= 1;
+  auto again = ListArtifacts(root, "output", 100, &known, &truncated);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)[0].sha256, "cached");
+  EXPECT_EQ((*again)[1].sha256, "");
+  auto few = ListArtifacts(root, "output", 10, nullptr, &truncated);
+  ASSERT_TRUE(few.ok());
+  EXPECT_TRUE(truncated);
+  EXPECT_EQ(few->size(), 10u);
+  EXPECT_TRUE(ListArtifacts(dir / "missing", "output", 10, nullptr, &truncated)->empty());
+  EXPECT_FALSE(truncated);
 }
 
 TEST(Record, ArtifactsSkipTemporaryNamesAndLinksAndKnowTheirAttempt) {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/files.h"
+#include "common/hash.h"
 #include "common/layout.h"
 #include "evidence/evidence.h"
 #include "evidence/internal.h"
@@ -276,6 +277,55 @@ Result<MetricPoint> ParseMetricLine(std::string_view line, const MetricLimits& l
   return std::move(sax.point);
 }
 
+Result<HistoryLine> ParseHistoryLine(std::string_view line, const MetricLimits& limits) {
+  if (line.size() > limits.max_line_bytes)
+    return InvalidArgument(fmt::format("line longer than {} bytes", limits.max_line_bytes));
+  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    std::string quoted;
+    if (QuoteBareNonFinite(line, &quoted)) j = json::parse(quoted, nullptr, false);
+    if (j.is_discarded()) return InvalidArgument("not valid JSON");
+  }
+  if (!j.is_object()) return InvalidArgument("not a JSON object");
+  auto step = j.find("_step");
+  if (step == j.end()) return InvalidArgument("missing \"_step\"");
+  int64_t at = 0;
+  if (step->is_number_unsigned() && step->get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)) {
+    at = static_cast<int64_t>(step->get<uint64_t>());
+  } else if (step->is_number_integer() && step->get<int64_t>() >= 0) {
+    at = step->get<int64_t>();
+  } else if (step->is_number_float() && step->get<double>() >= 0 && step->get<double>() < 9.2e18 &&
+             std::floor(step->get<double>()) == step->get<double>()) {
+    at = static_cast<int64_t>(step->get<double>());  // 100.0: an integer written as a float
+  } else {
+    return InvalidArgument("\"_step\" must be an integer >= 0");
+  }
+  HistoryLine out;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    if (!key.empty() && key[0] == '_') continue;  // the format's own: _step, _timestamp, _runtime
+    double value = 0;
+    const json& v = it.value();
+    bool numeric = false;
+    if (v.is_number()) {
+      value = v.get<double>();
+      numeric = true;
+    } else if (v.is_string()) {
+      numeric = internal::ParseNonFiniteWord(v.get_ref<const std::string&>(), &value);
+    }
+    if (!numeric || key.empty() || key.size() > kMaxNameBytes) {
+      ++out.ignored;
+      continue;
+    }
+    MetricPoint p;
+    p.name = key;
+    p.step = at;
+    p.value = value;
+    out.points.push_back(std::move(p));
+  }
+  return out;
+}
+
 std::string MetricPointJson(const MetricPoint& p) {
   std::string out;
   out.reserve(64 + p.name.size());
@@ -350,6 +400,19 @@ void ParseLines(std::string_view data, MetricsCursor* cursor, const MetricLimits
     }
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+    if (limits.format == MetricsFormat::kHistory) {
+      auto row = ParseHistoryLine(line, limits);
+      if (!row.ok()) {
+        malformed(cursor->line, row.status().message());
+        continue;
+      }
+      chunk->ignored_values += row->ignored;
+      for (MetricPoint& p : row->points) {
+        ++chunk->point_count;
+        sink(std::move(p));
+      }
+      continue;
+    }
     auto point = ParseMetricLine(line, limits);
     if (!point.ok()) {
       malformed(cursor->line, point.status().message());
@@ -380,7 +443,16 @@ Result<MetricsChunk> internal::ReadPointLines(const std::string& path, MetricsCu
   if (::fstat(fd, &st) != 0) return IoError("cannot stat metrics file " + path, errno);
   bool same_file = cursor->ino == 0 || (cursor->dev == static_cast<uint64_t>(st.st_dev) &&
                                         cursor->ino == static_cast<uint64_t>(st.st_ino));
-  if (!same_file || st.st_size < cursor->offset) {
+  // The same file, grown past the offset: still the bytes read, or rewritten since?
+  bool rewritten = false;
+  if (same_file && st.st_size >= cursor->offset && !cursor->tail.empty() &&
+      cursor->offset >= static_cast<int64_t>(cursor->tail.size())) {
+    std::string now(cursor->tail.size(), '\0');
+    ssize_t n =
+        ::pread(fd, now.data(), now.size(), cursor->offset - static_cast<int64_t>(now.size()));
+    rewritten = n != static_cast<ssize_t>(now.size()) || now != cursor->tail;
+  }
+  if (!same_file || st.st_size < cursor->offset || rewritten) {
     // Replaced, or truncated (a job that opens its file with "w" again): read it from the start.
     chunk.restarted = cursor->ino != 0 || cursor->offset > 0;
     *cursor = MetricsCursor{};
@@ -415,6 +487,14 @@ Result<MetricsChunk> internal::ReadPointLines(const std::string& path, MetricsCu
     buf.erase(0, static_cast<size_t>(cursor->offset - before));
   }
   chunk.more = end < st.st_size;
+  if (cursor->offset > 0) {
+    size_t keep = static_cast<size_t>(std::min<int64_t>(cursor->offset, 32));
+    std::string tail(keep, '\0');
+    ssize_t n = ::pread(fd, tail.data(), keep, cursor->offset - static_cast<int64_t>(keep));
+    cursor->tail = n == static_cast<ssize_t>(keep) ? std::move(tail) : std::string();
+  } else {
+    cursor->tail.clear();
+  }
   return chunk;
 }
 
@@ -656,12 +736,14 @@ Status ParseState(const std::string& dir, std::map<std::string, MetricsCursor>* 
       cur.discarding = jc.value("discarding", false);
       cur.dev = jc.value("dev", uint64_t{0});
       cur.ino = jc.value("ino", uint64_t{0});
+      if (auto tail = Base64Decode(jc.value("tail", "")); tail.ok()) cur.tail = std::move(*tail);
       if (cursors) (*cursors)[jc.at("source").get<std::string>()] = cur;
     }
     const json& js = state.value("stats", json::object());
     stats->lines = js.value("lines", int64_t{0});
     stats->points = js.value("points", int64_t{0});
     stats->malformed = js.value("malformed", int64_t{0});
+    stats->ignored_values = js.value("ignored_values", int64_t{0});
     stats->restarts = js.value("restarts", int64_t{0});
     stats->refused_points = js.value("refused_points", int64_t{0});
     stats->refused_series = js.value("refused_series", int64_t{0});
@@ -721,7 +803,8 @@ Status MetricsCollector::SaveState() {
                        {"line", cur.line},
                        {"discarding", cur.discarding},
                        {"dev", cur.dev},
-                       {"ino", cur.ino}});
+                       {"ino", cur.ino},
+                       {"tail", Base64Encode(cur.tail)}});
   json first = json::array();
   for (const auto& [source, m] : stats_.first_malformed)
     first.push_back({{"source", source}, {"line", m.line}, {"error", m.error}});
@@ -731,6 +814,7 @@ Status MetricsCollector::SaveState() {
                  {{"lines", stats_.lines},
                   {"points", stats_.points},
                   {"malformed", stats_.malformed},
+                  {"ignored_values", stats_.ignored_values},
                   {"restarts", stats_.restarts},
                   {"refused_points", stats_.refused_points},
                   {"refused_series", stats_.refused_series},
@@ -767,7 +851,8 @@ bool MetricsCollector::Admit(MetricPoint* p) {
   return true;
 }
 
-Result<MetricsChunk> MetricsCollector::Poll(const std::string& source, int attempt) {
+Result<MetricsChunk> MetricsCollector::Poll(const std::string& source, int attempt,
+                                            MetricsFormat format) {
   MetricsCursor& cursor = cursors_[source];
   const MetricsCursor before = cursor;
   const MetricsStats stats_before = stats_;
@@ -806,6 +891,7 @@ Result<MetricsChunk> MetricsCollector::Poll(const std::string& source, int attem
     return Status::Ok();
   };
   MetricLimits limits = options_.limits;
+  limits.format = format;
   // A window smaller than a line would never hold it whole.
   limits.max_read_bytes = std::max(options_.max_poll_bytes, limits.max_line_bytes + 1);
   auto chunk = internal::ReadPointLines(source, &cursor, limits, [&](MetricPoint&& p) {
@@ -835,6 +921,7 @@ Result<MetricsChunk> MetricsCollector::Poll(const std::string& source, int attem
   stats_.lines += chunk->lines;
   stats_.points += chunk->point_count;
   stats_.malformed += chunk->malformed_count;
+  stats_.ignored_values += chunk->ignored_values;
   if (chunk->restarted) ++stats_.restarts;
   for (const MalformedLine& m : chunk->malformed)
     if (stats_.first_malformed.size() < kMalformedKeptPerRun)

@@ -248,6 +248,61 @@ Result<std::vector<Artifact>> ScanArtifacts(const std::string& root, const std::
   return out;
 }
 
+Result<std::vector<Artifact>> ListArtifacts(const std::string& root, const std::string& kind,
+                                            size_t max_files, const std::vector<Artifact>* previous,
+                                            bool* truncated) {
+  *truncated = false;
+  std::map<std::string, const Artifact*> known;
+  if (previous)
+    for (const Artifact& a : *previous)
+      if (a.kind == kind) known[a.path] = &a;
+  std::vector<Artifact> out;
+  std::error_code ec;
+  if (!fs::exists(root, ec)) return out;
+  // Unlike Walk, no directory is read whole (one of ten million files would be held and sorted):
+  // entries are taken as readdir gives them, and the walk stops at a bound on the entries seen
+  // (links, directories and temporary names count too), not only on the files kept.
+  const size_t max_entries = max_files * 4 + 1024;
+  size_t seen = 0;
+  std::vector<std::string> stack = {""};
+  while (!stack.empty() && !*truncated) {
+    const std::string rel = stack.back();
+    stack.pop_back();
+    const std::string dir = rel.empty() ? root : root + "/" + rel;
+    fs::directory_iterator it(dir, ec), end;
+    if (ec) return IoError("cannot list " + dir, ec.value());
+    for (; it != end; it.increment(ec)) {
+      if (ec) return IoError("cannot list " + dir, ec.value());
+      if (++seen > max_entries || out.size() >= max_files) {
+        *truncated = true;
+        break;
+      }
+      const std::string name = it->path().filename().string();
+      if (internal::IsTemporaryName(name)) continue;
+      const std::string r = rel.empty() ? name : rel + "/" + name;
+      struct stat st;
+      if (::lstat((root + "/" + r).c_str(), &st) != 0) continue;  // removed meanwhile
+      if (S_ISDIR(st.st_mode)) {
+        stack.push_back(r);
+        continue;
+      }
+      if (!S_ISREG(st.st_mode)) continue;  // links, FIFOs, devices: not artifacts
+      Artifact a;
+      a.kind = kind;
+      a.path = r;
+      a.size = static_cast<int64_t>(st.st_size);
+      a.mtime_ms = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
+      auto k = known.find(r);
+      if (k != known.end() && k->second->size == a.size && k->second->mtime_ms == a.mtime_ms)
+        a.sha256 = k->second->sha256;
+      out.push_back(std::move(a));
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Artifact& a, const Artifact& b) { return a.path < b.path; });
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // GPU samples
 

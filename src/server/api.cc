@@ -416,6 +416,7 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
   routers->push_back(std::make_unique<SecureRouter>(http, controller, store, metrics, refusals));
   SecureRouter* api = routers->back().get();
   RegisterEvidenceApi(api, controller, store);
+  RegisterArtifactsApi(api, controller, store);
   RegisterIdentityApi(api, controller, store);
 
   api->Route("GET", "/api/v1/version", Access::kSignedIn,

@@ -20,6 +20,8 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                  health::GpuMonitor* monitor, Metrics* metrics, RefusalAuditOptions refusals = {});
 // The evidence routes (api_evidence.cc): a run's record, its bundle, its metrics.
 void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store* store);
+// The artifact routes (api_artifacts.cc): a run's checkpoints and outputs, listed and fetched.
+void RegisterArtifactsApi(SecureRouter* api, Controller* controller, store::Store* store);
 // Identity routes (api_identity.cc): whoami, API tokens, the dashboard's session cookie, the audit
 // trail, workspace secrets.
 void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store* store);

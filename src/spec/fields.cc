@@ -347,14 +347,18 @@ FieldDef ResilienceObject() {
 }
 
 FieldDef MetricsObject() {
-  FieldDef history =
-      List("history", "JSONL globs relative to storage.output", [](Ctx& c, const Value& v) {
-        SetHistory(c, v);
-        c.Warn(v.key_pos, "metrics.history: not ingested yet; write metrics to TAU_METRICS_FILE");
-      });
+  FieldDef history = List("history",
+                          "JSONL globs relative to storage.output: files of TauGrid's metric "
+                          "rows (one JSON object per line with \"_step\"; each numeric key "
+                          "becomes a series), ingested while the run runs",
+                          [](Ctx& c, const Value& v) { SetHistory(c, v); });
   constexpr const char* kOffload = "recorded; warns: no offload sidecar";
   return Obj("metrics", "Training metrics",
-             {Both(history, "recorded; warns: write metrics to TAU_METRICS_FILE"),
+             {On(history,
+                 "ingested: each numeric key of a matching file's lines is a series at its _step, "
+                 "as TAU_METRICS_FILE's points are",
+                 "recorded; not ingested (the files are on the cluster's volume): write metrics "
+                 "to TAU_METRICS_FILE"),
               Obj("offload", "Metric offload",
                   {Both(Bool("enabled", "Offload metrics",
                              [](Ctx& c, const Value& v) {

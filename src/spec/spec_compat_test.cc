@@ -259,9 +259,6 @@ TEST(SpecTauGrid, AcceptedButNotActedOnWarns) {
       {"metrics:\n  offload:\n    enabled: true\n    image: i@sha256:1\n",
        "tau.yaml:6:5: warning: metrics.offload: tau keeps every metric point in the run's evidence "
        "record; no offload sidecar is started"},
-      {"metrics:\n  history: [m.jsonl]\n",
-       "tau.yaml:5:3: warning: metrics.history: not ingested yet; write metrics to "
-       "TAU_METRICS_FILE"},
       {"resilience:\n  checkpoint_path: /data/ckpt\n",
        "tau.yaml:5:3: warning: resilience.checkpoint_path: tau hands every attempt "
        "TAU_CHECKPOINT_DIR (stable across attempts); this path is not used"},
@@ -277,6 +274,8 @@ TEST(SpecTauGrid, AcceptedButNotActedOnWarns) {
   }
   ParseOutcome out = Parse(Direct("metrics:\n  offload:\n    enabled: false\n"));
   EXPECT_TRUE(out.warnings.empty());
+  // Ingested from the run's output directory (evidence_test, test_metrics_history), so no warning.
+  EXPECT_TRUE(Parse(Direct("metrics:\n  history: [m.jsonl]\n")).warnings.empty());
   // Acted on (the Kubernetes backend copies the code out of the image; the local one refuses it
   // at submission), so no warning.
   EXPECT_TRUE(Parse(Direct("run:\n  source:\n    image: i\n    path: /src\n")).warnings.empty());

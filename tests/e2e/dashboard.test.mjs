@@ -70,6 +70,14 @@ try {
   await page.waitForFunction(() => document.getElementById("log").textContent.includes("step"), null, { timeout: 15000 });
   ok("timeline, attempts and log tail shown");
 
+  // The artifacts the run wrote (its output file), listed with a download link that serves the
+  // file's bytes.
+  const artifact = await page.waitForSelector('#artifacts-table tr[data-path="output/summary.txt"] a.artifact-download', { timeout: 15000 });
+  const href = await artifact.getAttribute("href");
+  const fetched = await page.evaluate(async (h) => { const r = await fetch(h); return [r.status, await r.text()]; }, href);
+  if (fetched[0] !== 200 || fetched[1] !== "final loss 0.05\n") throw new Error(`artifact download: ${fetched}`);
+  ok("artifacts listed; the output file downloads");
+
   // The loss chart, from GET /api/v1/runs/NAME/metrics when the server has it.
   const metrics = await page.evaluate(async (n) => (await fetch(`/api/v1/runs/${n}/metrics`)).status, train);
   if (metrics === 200) {

@@ -376,6 +376,9 @@ class ApiGoldenTest(ServerTestCase):
         self.reply("capacity_idle", "/api/v1/capacity")
         self.reply("metrics_ok", f"/api/v1/runs/{ok}/metrics")
         self.reply("metrics_ok_loss", f"/api/v1/runs/{ok}/metrics?name=loss")
+        self.reply("artifacts_none", f"/api/v1/runs/{ok}/artifacts?digest=1")
+        self.reply("error_artifact_traversal",
+                   f"/api/v1/runs/{ok}/artifacts/file?path=output/../../etc/passwd", status=400)
         self.reply("validate_bad", "/api/v1/validate", method="POST",
                    body=json.dumps({"yaml": "schema_version: 1\nname: x\n", "file": "x.yaml"}))
 

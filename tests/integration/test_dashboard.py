@@ -29,6 +29,8 @@ with open(os.environ['TAU_METRICS_FILE'], 'a') as f:
         f.write(json.dumps({'name': 'loss', 'step': step, 'value': 2.0 / (1 + step), 'split': 'train'}) + '\\n')
         f.flush()
         time.sleep(0.1)
+with open(os.path.join(os.environ['TAU_OUTPUT_DIR'], 'summary.txt'), 'w') as f:
+    f.write('final loss 0.05\\n')
 time.sleep(3)
 """
 HOLD = """import os, sys, time

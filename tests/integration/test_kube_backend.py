@@ -313,6 +313,11 @@ class KubeBackendTest(unittest.TestCase):
         self.assertRegex(describe, r"\n  \S+\s+Admitted\s+admitted by Kueue \(ClusterQueue "
                          rf"{CLUSTER_QUEUE}; cpu on default, memory on default\)\n", describe)
         self.assertRegex(describe, rf"\n  1\s+Finished\s+Succeeded\s+0\s", describe)
+        # The run's checkpoints and outputs are on the cluster's volumes: said, not an empty list.
+        for args in (("artifacts", run), ("get", run, "output/result.txt", "-o", "-")):
+            p = self.server.tau(*args)
+            self.assertNotEqual(p.returncode, 0, p.stdout)
+            self.assertIn("artifacts are not available on the kubernetes backend", p.stderr)
 
     # One Admitted event per admission: neither the observation "Admitted" seen again while the
     # run runs nor a pod that ends before its Job's Complete condition adds another.

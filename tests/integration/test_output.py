@@ -81,6 +81,7 @@ class OutputTest(ServerTestCase):
             ("admin", "audit"): [],
             ("secret", "list"): ["default"],
             ("metrics",): [self.run_name, "loss"],
+            ("artifacts",): [self.run_name],
         }[path]
 
     # What `-o name` must print: the names the JSON output has.
