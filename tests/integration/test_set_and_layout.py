@@ -98,6 +98,23 @@ class SetTest(ServerTestCase):
             self.assertEqual(self.server.run_json(name)["run"]["spec"]["overrides"],
                              [{"path": "runtime.env.LR", "value": "0.5"}])
 
+    def test_a_restarted_server_keeps_the_set(self):
+        # The retry after a restart is started from the spec the new server parses from its
+        # store: it must apply the run's --set again, or the second attempt would see the file's
+        # LR.
+        spec = self.project(
+            SPEC.format(name="restart") +
+            "resilience:\n  max_retries: 1\n  retry_on: [UserError]\n  backoff_initial: 1s\n",
+            {"main.sh": "#!/bin/sh\nif [ \"$TAU_ATTEMPT\" = 1 ]; then sleep 2; exit 3; fi\n"
+                        "echo \"attempt=$TAU_ATTEMPT lr=$LR\"\n"})
+        name = self.server.tau("run", "--detach", "--set", "runtime.env.LR=0.01", spec,
+                               check=0).stdout.strip()
+        self.server.wait_state(name, "Running")
+        self.server.kill()
+        self.server.start()
+        self.assertEqual(self.wait_ended(name)["run"]["state"], "Succeeded")
+        self.assertEqual(self.last_line(name), "attempt=2 lr=0.01")
+
     def test_rerun_with_set_changes_only_what_it_sets(self):
         spec = self.project(SPEC.format(name="re"), {"main.sh": SCRIPT})
         first = self.server.tau("run", "--detach", "--set", "runtime.env.LR=0.01", spec,
