@@ -1,10 +1,10 @@
 // The API's JSON request bodies on arbitrary bytes: POST /api/v1/runs (ParseSubmitBody, with the
 // base64 code files or a code manifest), POST /api/v1/runs/batch (ParseBatchBody: every item's
 // code is an index it holds), POST /api/v1/code/missing (ParseManifestBody), POST
-// /api/v1/validate (ParseValidateBody) and POST /api/v1/runs/NAME/resume
-// (ParseResumeBody), POST /api/v1/tokens (ParseTokenBody), and the one-member bodies of
-// /api/v1/session and workspace secrets (ParseSingleStringBody). Every input goes to all of them;
-// they must refuse, never throw.
+// /api/v1/validate (ParseValidateBody), POST /api/v1/runs/NAME/rerun (ParseRerunBody) and POST
+// /api/v1/runs/NAME/resume (ParseResumeBody), POST /api/v1/tokens (ParseTokenBody), and the
+// one-member bodies of /api/v1/session and workspace secrets (ParseSingleStringBody). Every input
+// goes to all of them; they must refuse, never throw.
 //
 // For an accepted submission it also checks the round trip: encoding the decoded request again (as
 // the CLI does) and decoding that gives the same request.
@@ -42,7 +42,13 @@ json Encode(const SubmitRequest& req) {
       files.push_back({{"path", f.path}, {"mode", f.mode}, {"data", tau::Base64Encode(f.data)}});
     code["files"] = files;
   }
-  return {{"spec", {{"yaml", req.spec_yaml}, {"file", req.spec_file}}}, {"code", code}};
+  json spec = {{"yaml", req.spec_yaml}, {"file", req.spec_file}};
+  if (!req.spec_overrides.empty()) {
+    json set = json::array();
+    for (const tau::spec::Override& o : req.spec_overrides) set.push_back(o.Text());
+    spec["set"] = set;
+  }
+  return {{"spec", spec}, {"code", code}};
 }
 
 bool Same(const std::vector<tau::CodeManifestEntry>& a,
@@ -69,6 +75,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto again = tau::server::ParseSubmitBody(Encode(*submit).dump());
     TAU_FUZZ_CHECK(again.ok());
     TAU_FUZZ_CHECK(again->spec_yaml == submit->spec_yaml && again->spec_file == submit->spec_file);
+    TAU_FUZZ_CHECK(again->spec_overrides.size() == submit->spec_overrides.size());
+    for (size_t i = 0; i < again->spec_overrides.size(); ++i)
+      TAU_FUZZ_CHECK(again->spec_overrides[i].Text() == submit->spec_overrides[i].Text());
     TAU_FUZZ_CHECK(again->manifest.has_value() == submit->manifest.has_value());
     if (submit->manifest) TAU_FUZZ_CHECK(Same(*again->manifest, *submit->manifest));
     TAU_FUZZ_CHECK(again->code.size() == submit->code.size());
@@ -100,6 +109,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   auto validate = tau::server::ParseValidateBody(body);
   if (!validate.ok()) TAU_FUZZ_CHECK(!validate.status().message().empty());
+
+  auto rerun = tau::server::ParseRerunBody(body);
+  if (!rerun.ok()) TAU_FUZZ_CHECK(!rerun.status().message().empty());
 
   auto resume = tau::server::ParseResumeBody(body);
   if (!resume.ok()) TAU_FUZZ_CHECK(!resume.status().message().empty());

@@ -179,22 +179,106 @@ Status Walk(Walker& w, const std::string& rel_dir) {
 
 }  // namespace
 
-Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec& spec) {
-  fs::path spec_dir = fs::path(spec_file).parent_path();
-  if (spec_dir.empty()) spec_dir = ".";
-  CodeRoot out{spec_dir.string(), ""};
-  const std::string& entry = spec.entrypoint;
-  if (entry.empty() || entry[0] == '/' || entry.find(' ') != std::string::npos) return out;
-  // How many folders up the entrypoint reaches, once "a/../" pairs cancel.
+std::string FindRepositoryRoot(const std::string& dir) {
+  std::error_code ec;
+  fs::path at = fs::weakly_canonical(fs::absolute(dir.empty() ? "." : dir), ec);
+  if (ec) return "";
+  while (true) {
+    if (fs::exists(at / ".git", ec)) return at.string();
+    if (at == at.root_path() || at.parent_path() == at) return "";
+    at = at.parent_path();
+  }
+}
+
+Result<std::string> ResolveSpecTarget(const std::string& target, const std::string& code_dir) {
+  std::error_code ec;
+  if (fs::exists(target, ec) || target.find('/') != std::string::npos ||
+      EndsWith(target, ".yaml") || EndsWith(target, ".yml"))
+    return target;
+  std::string root = code_dir;
+  if (root.empty()) {
+    root = FindRepositoryRoot(".");
+    if (root.empty())
+      return NotFound(fmt::format(
+          "no file '{}' here, and no repository to look for tau/{}.yaml in (no folder from {} up "
+          "holds .git); name the spec's file, or give --code-dir DIR",
+          target, target, fs::current_path(ec).string()));
+  }
+  const fs::path yaml = fs::path(root) / "tau" / (target + ".yaml");
+  const fs::path yml = fs::path(root) / "tau" / (target + ".yml");
+  const bool has_yaml = fs::is_regular_file(yaml, ec), has_yml = fs::is_regular_file(yml, ec);
+  // Named from here, as the user would name it (diagnostics print it).
+  auto shown = [&](const fs::path& p) {
+    fs::path rel = fs::absolute(p, ec).lexically_proximate(fs::current_path(ec));
+    return (rel.empty() ? p : rel).string();
+  };
+  if (has_yaml && has_yml)
+    return InvalidArgument(
+        fmt::format("both {} and {} exist; name the one to run", shown(yaml), shown(yml)));
+  if (!has_yaml && !has_yml)
+    return NotFound(fmt::format("no file '{}' here, and neither {} nor {} exists{}", target,
+                                shown(yaml), shown(yml),
+                                code_dir.empty() ? " (in the repository root)" : ""));
+  return shown(has_yaml ? yaml : yml);
+}
+
+namespace {
+
+// How many folders up a relative entrypoint reaches once "a/../" pairs cancel; 0 for one that
+// stays in the spec's folder, an absolute path or a command.
+int LevelsUp(const std::string& entry) {
+  if (entry.empty() || entry[0] == '/' || entry.find(' ') != std::string::npos) return 0;
   int up = 0;
   for (const fs::path& part : fs::path(entry).lexically_normal()) {
     if (part != "..") break;
     ++up;
   }
-  if (up == 0) return out;
+  return up;
+}
+
+bool Inside(const fs::path& path, const fs::path& root) {
+  fs::path rel = path.lexically_relative(root);
+  return !rel.empty() && *rel.begin() != "..";
+}
+
+}  // namespace
+
+Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec& spec,
+                              const std::string& code_dir) {
+  fs::path spec_dir = fs::path(spec_file).parent_path();
+  if (spec_dir.empty()) spec_dir = ".";
+  CodeRoot out{spec_dir.string(), ""};
+  const std::string& entry = spec.entrypoint;
+  const int up = LevelsUp(entry);
   std::error_code ec;
   fs::path dir = fs::weakly_canonical(fs::absolute(spec_dir), ec);
   if (ec) return Status(StatusCode::kIo, "cannot read " + spec_dir.string() + ": " + ec.message());
+  // TauGrid's repository layout: the code is the repository (or --code-dir), run from its root.
+  fs::path repo;
+  std::string what;
+  if (!code_dir.empty()) {
+    if (!fs::is_directory(code_dir, ec))
+      return InvalidArgument(fmt::format("--code-dir {}: not a directory", code_dir));
+    repo = fs::weakly_canonical(fs::absolute(code_dir), ec);
+    what = "--code-dir " + code_dir;
+  } else if (dir.filename() == "tau" && fs::exists(dir.parent_path() / ".git", ec)) {
+    repo = dir.parent_path();
+    what = "the repository root " + repo.string();
+  }
+  if (!repo.empty()) {
+    out.root = repo.string();
+    if (up == 0) return out;
+    // ../train.py from the spec's folder, as before; the run starts in that folder.
+    fs::path reached = dir;
+    for (int i = 0; i < up && reached != reached.root_path(); ++i) reached = reached.parent_path();
+    if (!Inside(dir, repo) || !(reached == repo || Inside(reached, repo)))
+      return InvalidArgument(fmt::format(
+          "{}: entrypoint '{}' leaves {}; name it relative to {}", spec_file, entry, what,
+          code_dir.empty() ? "the repository root (tau runs it from there)" : "that folder"));
+    out.subdir = dir.lexically_relative(repo).string();
+    return out;
+  }
+  if (up == 0) return out;
   fs::path root = dir;
   for (int i = 0; i < up; ++i) {
     if (root == root.root_path())

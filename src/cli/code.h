@@ -20,16 +20,32 @@ struct CodeWalk {
   std::vector<std::string> warnings;  // links skipped, and why
 };
 
-// Where a spec's code comes from. Normally the spec's own folder; an entrypoint that leaves it
-// (`../train.py`, TauGrid's `tau/` folder beside the project's code) makes the root the ancestor
-// that holds it, as TauGrid resolves entrypoints against the project. `subdir` is the spec's folder
-// inside the root ("" when they are one): the run starts there, so relative paths mean what they
-// mean on the user's machine.
+// Where a spec's code comes from, and where in it the run starts (`subdir`, "" at the root).
+//  - TauGrid's repository layout: a spec in the `tau/` folder of a repository (the folder's parent
+//    holds `.git`), or any spec with `code_dir` (--code-dir DIR). The code is the repository (or
+//    DIR), the spec's relative paths are relative to it and the run starts at its root, as
+//    TauGrid runs from the repository root: tau/train.yaml's `train.py` is the root's train.py.
+//    An entrypoint that leaves the spec's folder (`../train.py`) is read from the spec's folder
+//    as before, and the run starts there; it must stay inside the root.
+//  - Otherwise the spec's own folder (subdir ""); an entrypoint that leaves it (`../train.py`)
+//    makes the root the ancestor that holds it and `subdir` the spec's folder inside it, so
+//    relative paths mean what they mean on the user's machine.
 struct CodeRoot {
   std::string root;
   std::string subdir;
 };
-Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec& spec);
+Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec& spec,
+                              const std::string& code_dir = "");
+
+// The nearest of `dir` and its ancestors that holds `.git` (a directory, or the file of a
+// worktree or submodule), absolute; "" when none does.
+std::string FindRepositoryRoot(const std::string& dir);
+
+// The spec `tau run TARGET` names. TARGET itself when it exists, or has a '/', or ends in .yaml or
+// .yml; otherwise tau/TARGET.yaml or tau/TARGET.yml in `code_dir` (--code-dir) or else in the
+// repository the current directory is in (FindRepositoryRoot), named relative to the current
+// directory. NotFound names every place it looked; InvalidArgument when both spellings exist.
+Result<std::string> ResolveSpecTarget(const std::string& target, const std::string& code_dir);
 
 // Reads the files under `root`. A symbolic link to a file inside `root` is stored as that file's
 // content; a link to a directory is skipped with a warning, and so is a dangling link. A link whose

@@ -126,15 +126,15 @@ void PrintSpecWarnings(const spec::ParseOutcome& parsed) {
     std::fprintf(stderr, "%s\n", w.ToString().c_str());
 }
 
-std::optional<spec::ParseOutcome> ReadSpecFile(const std::string& file, std::string* text,
-                                               int* rc) {
+std::optional<spec::ParseOutcome> ReadSpecFile(const std::string& file, std::string* text, int* rc,
+                                               const std::vector<spec::Override>& overrides) {
   auto read = ReadFileAtMost(file, spec::kMaxSpecBytes, "a spec");
   if (!read.ok()) {
     *rc = Fail(read.status().message());
     return std::nullopt;
   }
   *text = std::move(*read);
-  spec::ParseOutcome parsed = spec::ParseSpec(*text, file);
+  spec::ParseOutcome parsed = spec::ParseSpec(*text, file, overrides);
   PrintSpecWarnings(parsed);
   if (!parsed.ok()) {
     std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
@@ -146,8 +146,9 @@ std::optional<spec::ParseOutcome> ReadSpecFile(const std::string& file, std::str
 
 std::string LocatedErrors(const std::string& file, const spec::ParseOutcome& parsed,
                           const std::string& message) {
-  // A message that already names the file (the server's parse errors) is left as it is.
-  if (StartsWith(message, file + ":")) return message;
+  // A message that already names the file or a --set (the server's parse errors) is left as it
+  // is.
+  if (StartsWith(message, file + ":") || StartsWith(message, "--set ")) return message;
   return spec::LocateFieldErrors(message, file, parsed.positions);
 }
 
@@ -300,6 +301,9 @@ static int CmdDescribe(const Global& g, const std::string& name, Format format) 
   std::printf("Queue:       %s (workspace %s)\n", run.queue.c_str(), run.workspace.c_str());
   std::printf("Resources:   %s\n", ResourcesText(run.resources).c_str());
   std::printf("Config hash: %s\n", run.config_hash.c_str());
+  // What the command line set (tau run --set, tau rerun --set), over the file.
+  for (const spec::Override& o : spec::RecordedOverrides(run.spec.value_or(nlohmann::json())))
+    std::printf("Set:         %s (command line)\n", o.Text().c_str());
   std::printf("Code:        sha256 %s\n", run.snapshot_digest.c_str());
   if (!run.Image().empty())
     std::printf("Image:       %s%s\n", run.Image().c_str(),
@@ -382,12 +386,24 @@ static int CmdCancel(const Global& g, const std::vector<std::string>& runs) {
   return rc;
 }
 
-static int CmdRerun(const Global& g, const std::string& name) {
+static int CmdRerun(const Global& g, const std::string& name, const std::vector<std::string>& set) {
   if (!IsRunName(name)) return NoSuchRun(name);
+  // Checked here first, as tau run checks them; the paths and values are checked against the
+  // run's spec by the server.
+  if (auto overrides = spec::ParseOverrides(set); !overrides.ok())
+    return Fail(overrides.status().message());
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto r = client::TauApi(conn->get()).Rerun(name);
-  if (!r.ok()) return Fail(r.status().message());
+  auto r = client::TauApi(conn->get()).Rerun(name, set);
+  if (!r.ok()) {
+    // The spec's errors at the --set that caused them, one per line, as tau run prints them.
+    if (r.status().code() == StatusCode::kInvalidArgument &&
+        StartsWith(r.status().message(), "--set ")) {
+      std::fprintf(stderr, "%s\n", r.status().message().c_str());
+      return kExitInvalid;
+    }
+    return Fail(r.status().message());
+  }
   if (r->warning) std::fprintf(stderr, "tau: warning: %s\n", r->warning->c_str());
   std::puts(r->run.name.c_str());
   return 0;
@@ -554,7 +570,9 @@ void RegisterBasicCommands(CLI::App* app, Context* ctx) {
     if (auto f = validate_format()) ctx->rc = CmdValidate(a->files, a->quiet, *f);
   });
 
-  auto* schema = app->add_subcommand("schema", "Print the JSON Schema of tau.yaml");
+  auto* schema = app->add_subcommand(
+      "schema",
+      "Print the JSON Schema of tau.yaml (its properties are the paths tau run --set takes)");
   auto format = AddOutput(schema, ctx, {Format::kJson, Format::kYaml});
   schema->callback([=] {
     if (auto f = format()) ctx->rc = CmdSchema(*f);
@@ -686,10 +704,22 @@ void RegisterServerCommand(CLI::App* app, Context* ctx) {
   });
 }
 
+// --set PATH=VALUE, once per field.
+static void AddSetOption(CLI::App* cmd, std::vector<std::string>* set) {
+  cmd->add_option("--set", *set,
+                  "Set a spec field, typed by the schema (tau schema): PATH=VALUE, such as "
+                  "compute.gpus=2, runtime.env.LR=0.01, run.args=[--epochs, 3] or run.args[0]=x; "
+                  "repeat for more; recorded as the command line's")
+      ->expected(1)
+      ->allow_extra_args(false)  // one value per --set: `--set a=1 FILE` leaves FILE positional
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
 void RegisterRunCommands(CLI::App* app, Context* ctx) {
   struct Args {
-    std::string run_file = "tau.yaml", state, run_name, resume_from;
-    std::string array;  // tau run --array, when given (even empty: it is refused then)
+    std::string run_file = "tau.yaml", state, run_name, resume_from, code_dir;
+    std::vector<std::string> set;  // tau run --set, tau rerun --set
+    std::string array;             // tau run --array, when given (even empty: it is refused then)
     std::vector<std::string> names;
     bool detach = false, all = false, watch = false, top_once = false, follow = false,
          force = false;
@@ -701,15 +731,25 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
 
   auto* run =
       app->add_subcommand("run", "Submit a run, stream its logs, exit with its exit status");
-  run->add_option("file", a->run_file, "The spec (default ./tau.yaml)");
+  run->add_option("file", a->run_file,
+                  "The spec (default ./tau.yaml), or NAME for tau/NAME.yaml (or .yml) at the "
+                  "repository root (TauGrid's layout)");
   run->add_flag("-d,--detach", a->detach, "Print the run name and return at once");
   CLI::Option* array =
       run->add_option("--array", a->array,
                       "One run per index of FIRST-LAST[:STEP] (at most 10000), each with "
                       "TAU_ARRAY_INDEX, submitted together");
+  AddSetOption(run, &a->set);
+  run->add_option("--code-dir", a->code_dir,
+                  "The code directory to ship, run from its root (default: the spec's folder, or "
+                  "the repository root for a spec in the repository's tau/ folder)");
   run->callback([=, &g] {
-    ctx->rc = array->count() > 0 ? CmdRunArray(g, a->run_file, a->array, a->detach)
-                                 : CmdRun(g, a->run_file, a->detach);
+    RunOptions o;
+    o.target = a->run_file;
+    o.detach = a->detach;
+    o.set = a->set;
+    o.code_dir = a->code_dir;
+    ctx->rc = array->count() > 0 ? CmdRunArray(g, o, a->array) : CmdRun(g, o);
   });
 
   auto* list = app->add_subcommand("list", "List runs (active ones unless --all)");
@@ -777,7 +817,8 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
   auto* rerun = app->add_subcommand(
       "rerun", "Start a new run from a run's recorded spec and code snapshot; print its name");
   rerun->add_option("run", a->run_name, "Run name")->required();
-  rerun->callback([=, &g] { ctx->rc = CmdRerun(g, a->run_name); });
+  AddSetOption(rerun, &a->set);
+  rerun->callback([=, &g] { ctx->rc = CmdRerun(g, a->run_name, a->set); });
 
   auto* resume = app->add_subcommand(
       "resume", "Give a failed or cancelled run another attempt, resuming from a checkpoint");

@@ -40,7 +40,9 @@ std::function<std::optional<Format>()> AddOutput(CLI::App* cmd, Context* ctx,
 void PrintSpecWarnings(const spec::ParseOutcome& parsed);
 // A spec file read (into `text`) and parsed, its warnings printed. nullopt when it cannot be read
 // or is not valid: what is wrong is printed and `*rc` is the exit status.
-std::optional<spec::ParseOutcome> ReadSpecFile(const std::string& file, std::string* text, int* rc);
+// `overrides` (--set) are applied as ParseSpec applies them.
+std::optional<spec::ParseOutcome> ReadSpecFile(const std::string& file, std::string* text, int* rc,
+                                               const std::vector<spec::Override>& overrides = {});
 // A resolution or submission error (one "FIELD: text" per line) with each line at its field's
 // position in the spec, in the form of parse errors ("FILE:LINE:COL: error: FIELD: text").
 std::string LocatedErrors(const std::string& file, const spec::ParseOutcome& parsed,
@@ -66,7 +68,14 @@ void RegisterHealthAgentCommand(CLI::App* health, Context* ctx);
 
 // The commands that other files of the module call.
 int CmdVersion(const Global& g, bool with_server, Format format = Format::kTable);
-int CmdRun(const Global& g, const std::string& file, bool detach);  // run.cc
+// What `tau run` was given (run.cc).
+struct RunOptions {
+  std::string target = "tau.yaml";  // a spec file, or NAME: tau/NAME.yaml of the repository
+  bool detach = false;
+  std::vector<std::string> set;  // --set PATH=VALUE, as typed
+  std::string code_dir;          // --code-dir: the code directory, run from its root
+};
+int CmdRun(const Global& g, const RunOptions& o);
 // `tau run --array FIRST-LAST[:STEP]`: one run per index, submitted as one batch, each with
 // TAU_ARRAY_INDEX; with `detach` the names are printed, else it waits for all of them to end.
 struct ArrayRange {
@@ -75,7 +84,7 @@ struct ArrayRange {
 inline constexpr int64_t kMaxArrayRuns = 10'000;
 // InvalidArgument naming --array for an empty, malformed, reversed or too large range.
 Result<ArrayRange> ParseArrayRange(const std::string& text);
-int CmdRunArray(const Global& g, const std::string& file, const std::string& range, bool detach);
+int CmdRunArray(const Global& g, const RunOptions& o, const std::string& range);
 int CmdStatus(const Global& g, const std::string& run, Format format);
 int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet, Format format);
 // watch_commands.cc: the live views over the server's event stream (GET /api/v1/events).

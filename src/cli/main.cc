@@ -82,7 +82,12 @@ int Main(int argc, char** argv) {
         plain = false;
       }
     }
-    if (plain) return CmdRun({}, file.empty() ? "tau.yaml" : file, detach);
+    if (plain) {
+      RunOptions o;
+      if (!file.empty()) o.target = file;
+      o.detach = detach;
+      return CmdRun({}, o);
+    }
   }
 
   CLI::App app{"tau: queued, monitored, recoverable GPU runs from a tau.yaml", "tau"};

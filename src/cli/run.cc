@@ -146,9 +146,9 @@ namespace {
 // What a submission's `code` member says: the manifest of the uploaded blobs, or (a server older
 // than code upload) the files inline; and the spec's folder inside the code.
 Result<nlohmann::json> SubmitCode(const Global& g, const std::string& file,
-                                  const spec::ParseOutcome& parsed,
+                                  const spec::ParseOutcome& parsed, const std::string& code_dir,
                                   std::unique_ptr<client::Connection>* conn) {
-  TAU_ASSIGN_OR_RETURN(auto root, FindCodeRoot(file, *parsed.spec));
+  TAU_ASSIGN_OR_RETURN(auto root, FindCodeRoot(file, *parsed.spec, code_dir));
   // The limits are checked from the files' sizes before any is read; then each file is hashed.
   TAU_ASSIGN_OR_RETURN(CodeWalk code, ListCode(root.root, parsed.spec->code_excludes));
   for (const std::string& w : code.warnings) std::fprintf(stderr, "tau: warning: %s\n", w.c_str());
@@ -192,6 +192,51 @@ int SubmitFailed(const std::string& file, const spec::ParseOutcome& parsed, cons
   return Fail(status.message());
 }
 
+// A spec read for `tau run`: TARGET resolved to its file, the --set overrides parsed and applied.
+struct ReadRun {
+  std::string file, text;
+  std::optional<spec::ParseOutcome> parsed;
+  // The "spec" member of a submission: the file's name and text, and the --set texts.
+  nlohmann::json SpecJson(const RunOptions& o) const {
+    nlohmann::json out = {{"file", file}, {"yaml", text}};
+    if (!o.set.empty()) out["set"] = o.set;
+    return out;
+  }
+};
+
+// Everything `tau run` checks before it reads any code: nullopt, with `*rc` set and the reason
+// printed, when the target names no spec, a --set is malformed or the spec is not valid with them.
+std::optional<ReadRun> ReadForRun(const RunOptions& o, int* rc) {
+  auto overrides = spec::ParseOverrides(o.set);
+  if (!overrides.ok()) {
+    *rc = Fail(overrides.status().message());
+    return std::nullopt;
+  }
+  auto file = ResolveSpecTarget(o.target, o.code_dir);
+  if (!file.ok()) {
+    *rc = Fail(file.status().message());
+    return std::nullopt;
+  }
+  ReadRun out;
+  out.file = *file;
+  out.parsed = ReadSpecFile(out.file, &out.text, rc, *overrides);
+  if (!out.parsed) return std::nullopt;
+  return out;
+}
+
+// A server older than --set takes the submission without its "set": the run it made has the
+// file's settings, which its config hash tells.
+void WarnIfSetIgnored(const RunOptions& o, const spec::ParseOutcome& parsed, const api::Run& run) {
+  if (o.set.empty() || run.config_hash.empty()) return;
+  const std::string want = spec::ConfigHash(*parsed.spec);
+  if (run.config_hash == want) return;
+  std::fprintf(stderr,
+               "tau: warning: run %s has config hash %.12s, not %.12s as --set gives here: the "
+               "server may be older than --set and have run the file without it (see tau "
+               "describe %s)\n",
+               run.name.c_str(), run.config_hash.c_str(), want.c_str(), run.name.c_str());
+}
+
 }  // namespace
 
 Result<ArrayRange> ParseArrayRange(const std::string& text) {
@@ -230,22 +275,22 @@ Result<ArrayRange> ParseArrayRange(const std::string& text) {
   return r;
 }
 
-int CmdRunArray(const Global& g, const std::string& file, const std::string& range_text,
-                bool detach) {
+int CmdRunArray(const Global& g, const RunOptions& o, const std::string& range_text) {
+  const bool detach = o.detach;
   // The range is checked before the spec is read or anything is sent.
   auto range = ParseArrayRange(range_text);
   if (!range.ok()) return Fail(range.status().message());
-  std::string spec_text;
   int rc = 0;
-  std::optional<spec::ParseOutcome> read = ReadSpecFile(file, &spec_text, &rc);
+  std::optional<ReadRun> read = ReadForRun(o, &rc);
   if (!read) return rc;
-  const spec::ParseOutcome& parsed = *read;
+  const std::string& file = read->file;
+  const spec::ParseOutcome& parsed = *read->parsed;
   std::unique_ptr<client::Connection> conn;
-  auto code = SubmitCode(g, file, parsed, &conn);
+  auto code = SubmitCode(g, file, parsed, o.code_dir, &conn);
   if (!code.ok()) return Fail(code.status().message());
   // One code for every run: the server checks and snapshots it once.
   nlohmann::json runs = nlohmann::json::array();
-  const nlohmann::json spec = {{"file", file}, {"yaml", spec_text}};
+  const nlohmann::json spec = read->SpecJson(o);
   for (int64_t i = range->first; i <= range->last; i += range->step)
     runs.push_back({{"spec", spec}, {"code", 0}, {"array_index", i}});
   const std::string request = JsonText(
@@ -265,6 +310,7 @@ int CmdRunArray(const Global& g, const std::string& file, const std::string& ran
       });
   if (!submitted.ok()) return SubmitFailed(file, parsed, submitted.status());
   std::vector<api::Run>& made = submitted->runs;
+  if (!made.empty()) WarnIfSetIgnored(o, parsed, made[0]);
   if (detach) {
     std::string names;
     for (const api::Run& r : made) (names += r.name) += '\n';
@@ -310,18 +356,18 @@ int CmdRunArray(const Global& g, const std::string& file, const std::string& ran
   return status;
 }
 
-int CmdRun(const Global& g, const std::string& file, bool detach) {
-  std::string spec_text;
+int CmdRun(const Global& g, const RunOptions& o) {
+  const bool detach = o.detach;
   int rc = 0;
-  std::optional<spec::ParseOutcome> read = ReadSpecFile(file, &spec_text, &rc);
+  std::optional<ReadRun> read = ReadForRun(o, &rc);
   if (!read) return rc;
-  const spec::ParseOutcome& parsed = *read;
+  const std::string& file = read->file;
+  const spec::ParseOutcome& parsed = *read->parsed;
   std::unique_ptr<client::Connection> owned;
-  auto code = SubmitCode(g, file, parsed, &owned);
+  auto code = SubmitCode(g, file, parsed, o.code_dir, &owned);
   if (!code.ok()) return Fail(code.status().message());
   auto* conn = &owned;
-  nlohmann::json body = {{"spec", {{"file", file}, {"yaml", spec_text}}},
-                         {"code", std::move(*code)}};
+  nlohmann::json body = {{"spec", read->SpecJson(o)}, {"code", std::move(*code)}};
   const std::string request = JsonText(body);
   // One key for every try of this submission: a try the server got but did not answer (a timeout,
   // a lost connection) made the run, and the next try gets that run back instead of a second one.
@@ -337,6 +383,7 @@ int CmdRun(const Global& g, const std::string& file, bool detach) {
   if (!submitted.ok()) return SubmitFailed(file, parsed, submitted.status());
   client::TauApi tau(conn->get());
   api::Run run = std::move(submitted->run);
+  WarnIfSetIgnored(o, parsed, run);
   std::string name = run.name;
   if (detach) {
     std::puts(name.c_str());

@@ -87,8 +87,10 @@ Status TauApi::PutBlob(const std::string& sha256, std::string_view data) {
   return Status::Ok();
 }
 
-Result<api::Submitted> TauApi::Rerun(const std::string& name) {
-  return Typed<api::Submitted>("POST", "/api/v1/runs/" + E(name) + "/rerun");
+Result<api::Submitted> TauApi::Rerun(const std::string& name, const std::vector<std::string>& set) {
+  if (set.empty()) return Typed<api::Submitted>("POST", "/api/v1/runs/" + E(name) + "/rerun");
+  return Typed<api::Submitted>("POST", "/api/v1/runs/" + E(name) + "/rerun",
+                               JsonText({{"set", set}}));
 }
 
 Status TauApi::Cancel(const std::string& name) {

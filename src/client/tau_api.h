@@ -58,7 +58,8 @@ class TauApi {
   // lacks, then each of them, its raw bytes under its sha256.
   Result<api::CodeMissing> CodeMissing(const std::string& manifest_body);
   Status PutBlob(const std::string& sha256, std::string_view data);
-  Result<api::Submitted> Rerun(const std::string& name);
+  // `set`: tau rerun --set's "PATH=VALUE" texts (none: the run as it was).
+  Result<api::Submitted> Rerun(const std::string& name, const std::vector<std::string>& set = {});
   Status Cancel(const std::string& name);
   Status Resume(const std::string& name, const std::string& from, bool force);
   // `summary`: without each queue's runs (their counts stay).

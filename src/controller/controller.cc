@@ -16,6 +16,7 @@
 
 #include "common/clock.h"
 #include "common/files.h"
+#include "common/hash.h"
 #include "common/layout.h"
 #include "common/mutex.h"
 #include "common/strings.h"
@@ -157,7 +158,8 @@ Result<bool> Controller::StoreCodeBlob(const std::string& sha256, std::string_vi
 }
 
 Result<Controller::PreparedRun> Controller::PrepareRun(
-    const std::string& spec_yaml, const std::string& spec_file, const std::string& code_dir,
+    const std::string& spec_yaml, const std::string& spec_file,
+    const std::vector<spec::Override>& overrides, const std::string& code_dir,
     const policy::Caller& caller, bool token_user,
     const std::function<Result<Snapshot>()>& make_snapshot, const std::string& name_suffix,
     SubmitError* error) {
@@ -165,7 +167,7 @@ Result<Controller::PreparedRun> Controller::PrepareRun(
     error->status = std::move(s);
     return error->status;
   };
-  spec::ParseOutcome parsed = spec::ParseSpec(spec_yaml, spec_file);
+  spec::ParseOutcome parsed = spec::ParseSpec(spec_yaml, spec_file, overrides);
   if (!parsed.ok()) {
     error->diagnostics = parsed.diagnostics;
     return refuse(InvalidArgument(parsed.ErrorText()));
@@ -258,10 +260,10 @@ Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* err
     TAU_ASSIGN_OR_RETURN(Manifest manifest, CheckManifest(std::move(*request.manifest)));
     return StoreSnapshot(snapshots, blobs, manifest);
   };
-  TAU_ASSIGN_OR_RETURN(
-      PreparedRun prepared,
-      PrepareRun(request.spec_yaml, request.spec_file, request.code_dir, request.caller,
-                 request.token_user, snapshot, NameSuffixLike(std::nullopt), error));
+  TAU_ASSIGN_OR_RETURN(PreparedRun prepared,
+                       PrepareRun(request.spec_yaml, request.spec_file, request.spec_overrides,
+                                  request.code_dir, request.caller, request.token_user, snapshot,
+                                  NameSuffixLike(std::nullopt), error));
   RunRecord& r = prepared.record;
   r.submit_key = request.idempotency_key;
   auto insert = [&] {
@@ -348,7 +350,7 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
   const std::string blobs = layout::BlobsDir(options_.home);
   std::vector<std::optional<Result<Snapshot>>> stored(request.codes.size());
   // Items with the same spec and code are the same submission but for their place: checked once.
-  std::map<std::tuple<std::string_view, std::string_view, size_t>, size_t> seen;
+  std::map<std::tuple<std::string_view, std::string_view, size_t, std::string>, size_t> seen;
   // Checked once for items alike: with the longest index's name.
   std::optional<int64_t> longest_index;
   if (request.array) {
@@ -360,8 +362,10 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
   std::vector<size_t> which(n);
   for (size_t i = 0; i < n; ++i) {
     const BatchItem& item = request.items[i];
+    std::string set;
+    for (const spec::Override& o : item.spec_overrides) (set += o.Text()) += '\n';
     auto key = std::make_tuple(std::string_view(item.spec_yaml), std::string_view(item.spec_file),
-                               item.code);
+                               item.code, std::move(set));
     if (auto at = seen.find(key); at != seen.end()) {
       which[i] = at->second;
       continue;
@@ -381,8 +385,8 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
       return *s;
     };
     SubmitError one;
-    auto prepared = PrepareRun(item.spec_yaml, item.spec_file, code.dir, request.caller,
-                               request.token_user, snapshot, name_suffix, &one);
+    auto prepared = PrepareRun(item.spec_yaml, item.spec_file, item.spec_overrides, code.dir,
+                               request.caller, request.token_user, snapshot, name_suffix, &one);
     if (!prepared.ok()) {
       error->diagnostics = std::move(one.diagnostics);
       return refuse(Status(prepared.status().code(),
@@ -509,15 +513,22 @@ Status Controller::Cancel(const std::string& name) {
   return Status::Ok();
 }
 
-Result<RunRecord> Controller::Rerun(const std::string& name, std::string* warning) {
+Result<RunRecord> Controller::Rerun(const std::string& name, std::string* warning,
+                                    const std::vector<spec::Override>& overrides,
+                                    const policy::Caller* caller, bool token_user,
+                                    SubmitError* error) {
   TAU_ASSIGN_OR_RETURN(RunRecord from, store_->GetRun(name));
-  spec::ParseOutcome parsed = spec::ParseSpec(from.spec_yaml, from.spec_file);
-  if (!parsed.ok())
-    return FailedPrecondition("the recorded spec of '" + name + "' no longer validates:\n" +
-                              parsed.ErrorText());
+  // The run's own --set overrides, so that a rerun is the run that was, not the file alone.
+  const std::vector<spec::Override> recorded = spec::RecordedOverrides(from.spec_json);
   if (!PathExists(from.snapshot_dir))
     return FailedPrecondition("the code snapshot of '" + name + "' is gone from " +
                               from.snapshot_dir);
+  if (!overrides.empty())
+    return RerunWithOverrides(from, recorded, overrides, caller, token_user, error);
+  spec::ParseOutcome parsed = spec::ParseSpec(from.spec_yaml, from.spec_file, recorded);
+  if (!parsed.ok())
+    return FailedPrecondition("the recorded spec of '" + name + "' no longer validates:\n" +
+                              parsed.ErrorText());
   const spec::RunSpec& spec = *parsed.spec;
   RunRecord r;
   r.spec_name = spec.name;
@@ -555,6 +566,55 @@ Result<RunRecord> Controller::Rerun(const std::string& name, std::string* warnin
   });
   TAU_RETURN_IF_ERROR(inserted);
   PostWrite(NewRun{r.name, std::nullopt});
+  return r;
+}
+
+Result<RunRecord> Controller::RerunWithOverrides(const RunRecord& from,
+                                                 const std::vector<spec::Override>& recorded,
+                                                 const std::vector<spec::Override>& overrides,
+                                                 const policy::Caller* caller, bool token_user,
+                                                 SubmitError* error) {
+  if (caller == nullptr) return Internal("a rerun with --set needs the caller to resolve it for");
+  SubmitError local;
+  if (error == nullptr) error = &local;
+  // The stored snapshot as it is: the same code, described as a submission's would be.
+  auto snapshot = [&]() -> Result<Snapshot> {
+    TAU_ASSIGN_OR_RETURN(std::vector<CodeFile> files, ReadSnapshot(from.snapshot_dir));
+    Snapshot out;
+    out.digest = from.snapshot_digest;
+    out.dir = from.snapshot_dir;
+    out.files = nlohmann::json::array();
+    for (const CodeFile& f : files)
+      out.files.push_back({{"path", f.path},
+                           {"size", f.data.size()},
+                           {"sha256", Sha256Hex(f.data)},
+                           {"mode", f.mode}});
+    return out;
+  };
+  const std::string code_dir =
+      from.resolved.is_object() ? from.resolved.value("code_subdir", "") : "";
+  const std::vector<spec::Override> all = spec::MergeOverrides(recorded, overrides);
+  // Parsed and resolved again, as a submission is: what the --set changes (compute, queue,
+  // priority) may give another queue, shape or refusal than the run had.
+  TAU_ASSIGN_OR_RETURN(PreparedRun prepared,
+                       PrepareRun(from.spec_yaml, from.spec_file, all, code_dir, *caller,
+                                  token_user, snapshot, NameSuffixLike(std::nullopt), error));
+  RunRecord& r = prepared.record;
+  nlohmann::json data = prepared.submitted;
+  data["rerun_of"] = from.name;
+  nlohmann::json set = nlohmann::json::array();
+  for (const spec::Override& o : overrides) set.push_back(o.Text());
+  data["set"] = std::move(set);
+  Status inserted = InsertWithUniqueName(&r, r.spec_name, [&](const std::string& run) {
+    return std::vector<Event>{
+        {0, run, r.created_ms, "Submitted", "rerun of " + from.name + " with --set", data, "", ""},
+        {0, run, r.created_ms, "Queued", "queued in " + r.queue, nlohmann::json::object(), "", ""}};
+  });
+  if (!inserted.ok()) {
+    error->status = inserted;
+    return inserted;
+  }
+  Accepted(r, std::move(prepared.spec));
   return r;
 }
 
@@ -762,7 +822,8 @@ void Controller::FailAttempt(ActiveRun& run, FailureClass failure_class, const s
 }
 
 Result<ActiveRun> Controller::Load(const RunRecord& record) {
-  spec::ParseOutcome parsed = spec::ParseSpec(record.spec_yaml, record.spec_file);
+  spec::ParseOutcome parsed = spec::ParseSpec(record.spec_yaml, record.spec_file,
+                                              spec::RecordedOverrides(record.spec_json));
   if (!parsed.ok())
     return InvalidArgument("the recorded spec no longer parses: " + parsed.ErrorText());
   return Load(record, std::move(*parsed.spec));

@@ -66,6 +66,7 @@ struct ControllerOptions {
 struct SubmitRequest {
   std::string spec_file;  // for messages
   std::string spec_yaml;
+  std::vector<spec::Override> spec_overrides;  // tau run --set, applied to the YAML when parsed
   // The code: its files inline, or (`manifest` set) a manifest whose blobs the server holds.
   std::vector<CodeFile> code;
   std::optional<std::vector<CodeManifestEntry>> manifest;
@@ -100,8 +101,9 @@ struct BatchCode {  // one code directory that items share: checked and snapshot
 };
 struct BatchItem {
   std::string spec_file, spec_yaml;
-  size_t code = 0;                     // index into BatchRequest::codes
-  std::optional<int64_t> array_index;  // required in an array, refused outside one
+  std::vector<spec::Override> spec_overrides;  // as SubmitRequest's
+  size_t code = 0;                             // index into BatchRequest::codes
+  std::optional<int64_t> array_index;          // required in an array, refused outside one
 };
 struct BatchArray {  // the items are one array: item i has index first + i * step
   int64_t first = 0, last = 0, step = 1;
@@ -164,9 +166,15 @@ class Controller : private RunHost {
   Result<CodeCheck> CheckCode(std::vector<CodeManifestEntry> manifest);
   Result<bool> StoreCodeBlob(const std::string& sha256, std::string_view data);
   Status Cancel(const std::string& name);
-  // A new run from a finished run's recorded spec and code snapshot. `warning` is set when the
-  // recorded spec no longer gives the recorded config hash (tau changed how it reads it).
-  Result<store::RunRecord> Rerun(const std::string& name, std::string* warning);
+  // A new run from a finished run's recorded spec (with its --set overrides) and code snapshot.
+  // `warning` is set when the recorded spec no longer gives the recorded config hash (tau changed
+  // how it reads it). With `overrides` (tau rerun --set) they are applied over the run's own and
+  // the spec is resolved again for `caller`, since what they set may change its queue or shape;
+  // without, the run's resolution is reused.
+  Result<store::RunRecord> Rerun(const std::string& name, std::string* warning,
+                                 const std::vector<spec::Override>& overrides = {},
+                                 const policy::Caller* caller = nullptr, bool token_user = false,
+                                 SubmitError* error = nullptr);
   // Another attempt of a failed or cancelled run, resuming from `from` (a checkpoint inside the
   // run's checkpoint directory; empty: the newest complete one). Refused after OOMKilled unless
   // `force`.
@@ -274,9 +282,17 @@ class Controller : private RunHost {
   // Everything Submit does before the insert: parse, resolve, the checks, the snapshot
   // (`snapshot` makes it, once the checks that need no code have passed).
   Result<PreparedRun> PrepareRun(const std::string& spec_yaml, const std::string& spec_file,
+                                 const std::vector<spec::Override>& overrides,
                                  const std::string& code_dir, const policy::Caller& caller,
                                  bool token_user, const std::function<Result<Snapshot>()>& snapshot,
                                  const std::string& name_suffix, SubmitError* error);
+  // Rerun with --set: the recorded spec parsed with `recorded` and `overrides` over them, resolved
+  // for `caller` as a submission is, on the run's stored snapshot.
+  Result<store::RunRecord> RerunWithOverrides(const store::RunRecord& from,
+                                              const std::vector<spec::Override>& recorded,
+                                              const std::vector<spec::Override>& overrides,
+                                              const policy::Caller* caller, bool token_user,
+                                              SubmitError* error);
   // After a run's insert: counted, and handed to the loop with its view already made.
   void Accepted(const store::RunRecord& r, spec::RunSpec spec);
   void HandleResume(const ResumeRequest& request, store::Batch* batch);

@@ -16,6 +16,7 @@ namespace {
 
 constexpr const char* kSpec = "spec";
 constexpr const char* kPlatformDefault = "platform default";
+constexpr const char* kCommandLine = "command line";  // a --set of tau run or tau rerun
 
 std::string WorkspaceDefault(const Workspace& w) {
   return fmt::format("workspace {} default", w.name);
@@ -633,9 +634,38 @@ const Provenance* ResolvedRun::Find(std::string_view field) const {
   return nullptr;
 }
 
+namespace {
+
+// A value the spec gave because a --set said so is the command line's, not the file's; a --set of
+// a field resolution records nothing of (runtime.env.LR, run.args) gets an entry of its own.
+void MarkCommandLine(const spec::RunSpec& spec, ResolvedRun* run) {
+  if (spec.overrides.empty()) return;
+  auto covers = [](const std::string& set, const std::string& field) {
+    return set == field || StartsWith(field, set + ".") || StartsWith(set, field + ".") ||
+           StartsWith(set, field + "[");
+  };
+  std::vector<bool> shown(spec.overrides.size(), false);
+  for (Provenance& p : run->provenance) {
+    for (size_t i = 0; i < spec.overrides.size(); ++i) {
+      if (!covers(spec::CanonicalField(spec.overrides[i].path), p.field)) continue;
+      if (p.source == kSpec) p.source = kCommandLine;
+      // The field's own entry says where its value came from (a profile may have won).
+      if (spec::CanonicalField(spec.overrides[i].path) == p.field) shown[i] = true;
+    }
+  }
+  for (size_t i = 0; i < spec.overrides.size(); ++i)
+    if (!shown[i])
+      run->provenance.push_back(
+          {spec.overrides[i].path, spec.overrides[i].value, std::string(kCommandLine)});
+}
+
+}  // namespace
+
 Result<ResolvedRun> Resolve(const spec::RunSpec& spec, const Platform& platform,
                             const Caller& caller) {
-  return Resolver(spec, platform, caller).Run();
+  TAU_ASSIGN_OR_RETURN(ResolvedRun run, Resolver(spec, platform, caller).Run());
+  MarkCommandLine(spec, &run);
+  return run;
 }
 
 Result<ResolvedRun> Resolve(const spec::RunSpec& spec, const Platform& platform,

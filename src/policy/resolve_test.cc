@@ -89,6 +89,33 @@ TEST_F(ResolveTest, SpecWinsOverProfile) {
   EXPECT_EQ(Of(r, "policy.profile"), "one-gpu | workspace research default");
 }
 
+// A value a --set gave is the command line's; one resolution records nothing of gets an entry of
+// its own, with the value as typed.
+TEST_F(ResolveTest, OverridesAreTheCommandLines) {
+  auto set = spec::ParseOverrides({"compute.gpus=2", "runtime.env.LR=0.01", "compute.cpus=3"});
+  ASSERT_TRUE(set.ok());
+  spec::ParseOutcome parsed = spec::ParseSpec(
+      "schema_version: 1\nname: demo\nrun:\n  entrypoint: train.py\ncompute:\n  memory: 32Gi\n",
+      "tau.yaml", *set);
+  ASSERT_TRUE(parsed.ok()) << parsed.ErrorText();
+  spec_ = *parsed.spec;
+  ResolvedRun r = MustResolve();
+  EXPECT_EQ(Of(r, "compute.gpus"), "2 | command line");
+  EXPECT_EQ(Of(r, "compute.cpus"), "3 | command line");
+  EXPECT_EQ(Of(r, "compute.memory"), "32Gi | spec");
+  EXPECT_EQ(Of(r, "runtime.env.LR"), "0.01 | command line");
+  EXPECT_EQ(Of(r, "policy.queue"), "research | workspace research default");
+  // The same spec from a file: the file's.
+  parsed = spec::ParseSpec(
+      "schema_version: 1\nname: demo\nrun:\n  entrypoint: train.py\ncompute:\n  gpus: 2\n",
+      "tau.yaml");
+  ASSERT_TRUE(parsed.ok()) << parsed.ErrorText();
+  spec_ = *parsed.spec;
+  r = MustResolve();
+  EXPECT_EQ(Of(r, "compute.gpus"), "2 | spec");
+  for (const Provenance& p : r.provenance) EXPECT_NE(p.source, "command line") << p.field;
+}
+
 TEST_F(ResolveTest, SpecProfileWinsOverWorkspaceDefaultProfile) {
   spec_.policy.profile = "cpu-small";
   ResolvedRun r = MustResolve();

@@ -688,10 +688,20 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
              });
 
   api->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/rerun)", Access::kRunWrite,
-             [controller](const http::HttpRequest& req, http::HttpResponse& res) {
+             [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                          const CallerContext& caller) {
+               auto body = ParseRerunBody(req.body);
+               if (!body.ok()) return http::ReplyError(res, body.status());
                std::string warning;
-               auto run = controller->Rerun(req.matches[1], &warning);
-               if (!run.ok()) return http::ReplyError(res, run.status());
+               const policy::Caller who = caller.who.AsCaller();
+               SubmitError error;
+               auto run = controller->Rerun(req.matches[1], &warning, body->overrides, &who,
+                                            caller.who.via == "token", &error);
+               if (!run.ok()) {
+                 json diags = json::array();
+                 for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
+                 return http::ReplyError(res, run.status(), {{"diagnostics", diags}});
+               }
                api::Submitted reply;
                reply.run = RunOf(*run, controller);
                if (!warning.empty()) reply.warning = warning;

@@ -35,10 +35,10 @@ std::string RenderAllMetrics(Controller* controller, store::Store* store,
 // harness reach them without a server. A body of the wrong shape is InvalidArgument; they never
 // throw.
 
-// POST /api/v1/runs: {"spec": {"yaml", "file"?}, "code"?: {"files": [{"path", "data" (base64),
-// "mode"?}] | "manifest": [{"path", "size", "sha256", "mode"?}], "dir"?}}: the code inline, or a
-// manifest of blobs uploaded before. The spec, the paths and the sizes are checked later, by the
-// controller.
+// POST /api/v1/runs: {"spec": {"yaml", "file"?, "set"?: ["PATH=VALUE", ...]}, "code"?: {"files":
+// [{"path", "data" (base64), "mode"?}] | "manifest": [{"path", "size", "sha256", "mode"?}],
+// "dir"?}}: the code inline, or a manifest of blobs uploaded before. The spec, the paths and the
+// sizes are checked later, by the controller.
 Result<SubmitRequest> ParseSubmitBody(std::string_view body);
 
 // POST /api/v1/runs/batch: {"codes"?: [code objects as above], "runs": [{"spec": {"yaml",
@@ -70,6 +70,13 @@ Result<TokenBody> ParseTokenBody(std::string_view body);
 // A body of one required string member: POST /api/v1/session {"token"}, PUT .../secrets/KEY
 // {"value"}. InvalidArgument names the expected shape.
 Result<std::string> ParseSingleStringBody(std::string_view body, const char* member);
+
+// POST /api/v1/runs/NAME/rerun: {"set"?: ["PATH=VALUE", ...]} (tau rerun --set); an empty body is
+// {}.
+struct RerunBody {
+  std::vector<spec::Override> overrides;
+};
+Result<RerunBody> ParseRerunBody(std::string_view body);
 
 // POST /api/v1/runs/NAME/resume: {"from"?, "force"?}; an empty body is {}.
 struct ResumeBody {

@@ -107,6 +107,19 @@ Result<BatchCode> ParseBatchCode(const json& code, const std::string& where) {
   return out;
 }
 
+// spec.set: the --set overrides, ["PATH=VALUE", ...], checked as the CLI checks them.
+Result<std::vector<spec::Override>> ParseSet(const json& object, const std::string& where) {
+  auto it = object.find("set");
+  if (it == object.end()) return std::vector<spec::Override>();
+  std::vector<std::string> texts;
+  if (it->is_array())
+    for (const json& t : *it)
+      if (t.is_string()) texts.push_back(t.get<std::string>());
+  if (!it->is_array() || texts.size() != it->size())
+    return InvalidArgument(where + "set must be an array of \"PATH=VALUE\" strings");
+  return spec::ParseOverrides(texts);
+}
+
 Result<int64_t> IntegerMember(const json& object, const char* key, const std::string& where) {
   const json& v = object[key];
   if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX))
@@ -151,9 +164,10 @@ Result<BatchRequest> ParseBatchBody(std::string_view body) {
     if (!run.contains("spec") || !run["spec"].is_object() || !run["spec"].contains("yaml") ||
         !run["spec"]["yaml"].is_string())
       return InvalidArgument(where + "spec.yaml (the tau.yaml text) must be a string");
-    TAU_RETURN_IF_ERROR(OnlyMembers(run["spec"], {"yaml", "file"}, where + "spec."));
+    TAU_RETURN_IF_ERROR(OnlyMembers(run["spec"], {"yaml", "file", "set"}, where + "spec."));
     BatchItem item;
     item.spec_yaml = run["spec"]["yaml"].get<std::string>();
+    TAU_ASSIGN_OR_RETURN(item.spec_overrides, ParseSet(run["spec"], where + "spec."));
     TAU_ASSIGN_OR_RETURN(
         item.spec_file, OptionalString(run["spec"], "file", (where + "spec.").c_str(), "tau.yaml"));
     if (!run.contains("code")) {
@@ -212,6 +226,7 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body) {
   SubmitRequest req;
   req.spec_yaml = j["spec"]["yaml"].get<std::string>();
   TAU_ASSIGN_OR_RETURN(req.spec_file, OptionalString(j["spec"], "file", "spec.", "tau.yaml"));
+  TAU_ASSIGN_OR_RETURN(req.spec_overrides, ParseSet(j["spec"], "spec."));
   if (j.contains("code")) {
     const json& code = j["code"];
     if (!code.is_object() || code.contains("files") == code.contains("manifest"))
@@ -290,6 +305,16 @@ Result<std::string> ParseSingleStringBody(std::string_view body, const char* mem
   if (j.is_discarded() || !j.is_object() || !j.contains(member) || !j[member].is_string())
     return InvalidArgument(fmt::format("request needs {{\"{}\": \"...\"}}", member));
   return j[member].get<std::string>();
+}
+
+Result<RerunBody> ParseRerunBody(std::string_view body) {
+  json j = body.empty() ? json::object() : ParseObject(body);
+  if (j.is_discarded() || !j.is_object())
+    return InvalidArgument("request body is not a JSON object");
+  TAU_RETURN_IF_ERROR(OnlyMembers(j, {"set"}, ""));
+  RerunBody out;
+  TAU_ASSIGN_OR_RETURN(out.overrides, ParseSet(j, ""));
+  return out;
 }
 
 Result<ResumeBody> ParseResumeBody(std::string_view body) {

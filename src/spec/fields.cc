@@ -504,8 +504,9 @@ FieldDef EntrypointField(std::string name, const char* alias) {
   return Both(Patterned(Str(std::move(name), "Script (relative to the code directory) or command",
                             [alias](Ctx& c, const Value& v) { SetEntrypoint(c, v, alias); }),
                         kEntrypointPattern, std::nullopt),
-              "the command run in the code snapshot, from the spec's folder; a path that "
-              "leaves it (../train.py) ships the folder it reaches");
+              "the command run in the code snapshot, from the spec's folder (from the "
+              "repository root for a spec in a repository's tau/ folder); a path that leaves "
+              "the spec's folder (../train.py) ships the folder it reaches");
 }
 
 FieldDef ExcludesField() {

@@ -268,6 +268,27 @@ json ToJson(const RunSpec& spec) {
   if (!spec.code_excludes.empty()) out["code_excludes"] = spec.code_excludes;
   if (!spec.source.image.empty() || !spec.source.path.empty())
     out["source"] = {{"image", spec.source.image}, {"path", spec.source.path}};
+  if (!spec.overrides.empty()) {
+    json& list = out["overrides"] = json::array();
+    for (const Override& o : spec.overrides) list.push_back({{"path", o.path}, {"value", o.value}});
+  }
+  return out;
+}
+
+std::vector<Override> RecordedOverrides(const json& canonical) {
+  std::vector<Override> out;
+  auto it = canonical.is_object() ? canonical.find("overrides") : canonical.end();
+  if (canonical.is_object() && it != canonical.end() && it->is_array()) {
+    for (const json& o : *it) {
+      if (!o.is_object() || !o.contains("path") || !o["path"].is_string() || !o.contains("value") ||
+          !o["value"].is_string())
+        continue;
+      Override one;
+      one.path = o["path"].get<std::string>();
+      one.value = o["value"].get<std::string>();
+      out.push_back(std::move(one));
+    }
+  }
   return out;
 }
 
@@ -281,7 +302,7 @@ std::string ConfigHash(const json& canonical) {
   h.Update("{");
   bool first = true;
   for (const auto& [key, value] : canonical.items()) {
-    if (key == "shape") continue;
+    if (key == "shape" || key == "overrides") continue;
     if (!first) h.Update(",");
     first = false;
     h.Update(json(key).dump(-1, ' ', false, json::error_handler_t::replace));

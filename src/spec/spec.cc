@@ -101,6 +101,7 @@ std::string LocateFieldErrors(std::string_view message, std::string_view filenam
       if (it != positions.end()) {
         d.line = it->second.line;
         d.column = it->second.column;
+        if (!it->second.origin.empty()) d.file = it->second.origin;  // given by a --set
         break;
       }
       size_t dot = field.rfind('.');
@@ -290,10 +291,18 @@ std::optional<Shape> DetectShape(Ctx& ctx, const YAML::Node& root) {
 
 std::string Later(const Ctx& ctx, const std::string& a, const std::string& b) {
   Pos pa = ctx.KeyPos(a), pb = ctx.KeyPos(b);
+  // A value from the command line comes after the whole file.
+  if (pa.line < 0 || pb.line < 0) return pa.line < 0 ? a : b;
   return std::tie(pa.line, pa.column) > std::tie(pb.line, pb.column) ? a : b;
 }
 
 std::string At(Pos pos) { return fmt::format("{}:{}", pos.line, pos.column); }
+
+// Where a value is, for a message about another: "3:5", or "--set PATH=VALUE".
+std::string At(const Ctx& ctx, Pos pos) {
+  std::string origin = pos.line < 0 ? ctx.OriginOf(pos) : "";
+  return origin.empty() ? At(pos) : origin;
+}
 
 // One field given at two levels of the direct shape (`name` and `run.name`, ...): both must say the
 // same. Returns the value that applies, if either was given.
@@ -311,8 +320,8 @@ std::optional<std::string> OneOf(Ctx& ctx, const std::vector<std::string>& top,
     ctx.Error(b->second.pos,
               fmt::format("{} ('{}', at {}) and {} ('{}', at {}) disagree: both give the {}; keep "
                           "one",
-                          b->first, Printable(b->second.text), At(b->second.pos), a->first,
-                          Printable(a->second.text), At(a->second.pos), what));
+                          b->first, Printable(b->second.text), At(ctx, b->second.pos), a->first,
+                          Printable(a->second.text), At(ctx, a->second.pos), what));
   }
   if (b) return b->second.text;
   if (a) return a->second.text;
@@ -466,10 +475,10 @@ void CheckExecution(Ctx& ctx) {
     } else if (*e.nodes > 1 && launcher == "python") {
       ctx.Error(pos, "execution.nodes: more than one node needs execution.launcher: torchrun");
     } else if (ctx.Seen("compute.workers") && spec.compute.workers != *e.nodes) {
-      ctx.Error(pos,
-                fmt::format("execution.nodes ({}) and compute.workers ({}, at {}) disagree: "
-                            "both give the number of workers; keep one",
-                            *e.nodes, spec.compute.workers, At(ctx.ValuePos("compute.workers"))));
+      ctx.Error(pos, fmt::format("execution.nodes ({}) and compute.workers ({}, at {}) disagree: "
+                                 "both give the number of workers; keep one",
+                                 *e.nodes, spec.compute.workers,
+                                 At(ctx, ctx.ValuePos("compute.workers"))));
     } else if (job) {
       spec.compute.workers = *e.nodes;
     }
@@ -662,6 +671,14 @@ void Parse(Ctx& ctx, std::string_view text) {
   bool manifest = *shape == Shape::kManifest;
   Pos root_pos = internal::PosOf(root->Mark());
   if (root_pos.line == 0) root_pos = {1, 1};
+  if (!ctx.overrides.empty()) {
+    // On the parsed document, before the walk: a --set value gets every check a file's value
+    // gets. A path the shape has not stops here, before any value is read.
+    *root = internal::ApplyOverrides(
+        ctx, *root, manifest ? internal::ManifestFields() : internal::DirectFields());
+    if (!ctx.diagnostics.empty()) return;
+    ctx.spec.overrides = ctx.overrides;
+  }
   internal::WalkMapping(
       ctx, *root, manifest ? internal::ManifestFields() : internal::DirectFields(),
       manifest ? internal::ManifestRequired() : internal::DirectRequired(), "", root_pos,
@@ -675,13 +692,20 @@ void Parse(Ctx& ctx, std::string_view text) {
 
 // The positions of every field present: as written, and under the canonical names resolution
 // messages use (the first spelling present wins, in the order the values take precedence).
-std::map<std::string, FieldPosition> Positions(const Ctx& ctx) {
-  std::map<std::string, FieldPosition> out;
-  for (const auto& [path, pos] : ctx.key_pos) out[path] = {pos.line, pos.column};
-  for (const auto& [name, where] : ctx.env_pos) {
-    out[where.text + "." + name] = {where.pos.line, where.pos.column};
+FieldPosition PositionOf(const Ctx& ctx, Pos pos) {
+  FieldPosition out;
+  if (pos.line < 0) {
+    out.origin = ctx.OriginOf(pos);
+  } else {
+    out.line = pos.line;
+    out.column = pos.column;
   }
-  static const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical = {
+  return out;
+}
+
+// The canonical names and their spellings, in the order the values take precedence.
+const std::vector<std::pair<std::string, std::vector<std::string>>>& CanonicalSpellings() {
+  static const auto* table = new std::vector<std::pair<std::string, std::vector<std::string>>>{
       {"name", {"name", "run.name"}},
       {"run.workload_kind", {"run.workload_kind", "run.engine", "engine"}},
       {"run.entrypoint", {"run.entrypoint", "run.script", "entrypoint", "script"}},
@@ -696,11 +720,20 @@ std::map<std::string, FieldPosition> Positions(const Ctx& ctx) {
       {"compute.head_memory", {"compute.head_memory_request"}},
       {"run.code_excludes", {"run.working_dir_excludes"}},
   };
-  for (const auto& [canonical, spellings] : kCanonical) {
+  return *table;
+}
+
+std::map<std::string, FieldPosition> Positions(const Ctx& ctx) {
+  std::map<std::string, FieldPosition> out;
+  for (const auto& [path, pos] : ctx.key_pos) out[path] = PositionOf(ctx, pos);
+  for (const auto& [name, where] : ctx.env_pos) {
+    out[where.text + "." + name] = PositionOf(ctx, where.pos);
+  }
+  for (const auto& [canonical, spellings] : CanonicalSpellings()) {
     for (const std::string& path : spellings) {
       auto it = ctx.key_pos.find(path);
       if (it == ctx.key_pos.end()) continue;
-      out[canonical] = {it->second.line, it->second.column};
+      out[canonical] = PositionOf(ctx, it->second);
       break;
     }
   }
@@ -709,8 +742,17 @@ std::map<std::string, FieldPosition> Positions(const Ctx& ctx) {
 
 }  // namespace
 
-ParseOutcome ParseSpec(std::string_view text, std::string_view filename) {
+std::string CanonicalField(std::string_view path) {
+  for (const auto& [canonical, spellings] : CanonicalSpellings())
+    for (const std::string& spelling : spellings)
+      if (spelling == path) return canonical;
+  return std::string(path);
+}
+
+ParseOutcome ParseSpec(std::string_view text, std::string_view filename,
+                       const std::vector<Override>& overrides) {
   Ctx ctx{std::string(filename)};
+  ctx.overrides = overrides;
   try {
     Parse(ctx, text);
   } catch (const YAML::Exception& e) {

@@ -131,6 +131,21 @@ struct Execution {
   bool allow_nccl_override = false;  // runtime.env may set NCCL_* variables
 };
 
+// One `--set PATH=VALUE` of `tau run` and `tau rerun`: a field given on the command line. It is
+// applied to the parsed YAML before the walk, so every check a file's value gets applies to it, and
+// its diagnostics say `--set PATH=VALUE` instead of a file position. PATH is dotted in the spec's
+// own shape: a field (compute.gpus), an entry of a mapping (runtime.env.LR,
+// policy.node_selector.kubernetes.io/arch: the rest of the path is the key), an item of a list
+// (run.args[1], storage.image_assets[0].image) or a key inside a free-form field
+// (execution.configs.lr). VALUE is read as the field's type: text for strings, enums, durations
+// and quantities; YAML's integers and booleans for those; a flow list ([a, b]) or mapping
+// ({K: v}) for a whole list or mapping.
+struct Override {
+  std::string path;
+  std::string value;
+  std::string Text() const { return path + "=" + value; }  // as the flag took it
+};
+
 struct Metrics {
   std::vector<std::string> history;  // JSONL globs relative to storage.output
   bool offload_enabled = false;
@@ -165,6 +180,8 @@ struct RunSpec {
   // Fields tau accepts and records but does not act on yet (profiler, workflow, eval, ...), as
   // JSON.
   nlohmann::json recorded_only = nlohmann::json::object();
+  // The --set overrides the spec was parsed with, in the order given (ToJson's "overrides").
+  std::vector<Override> overrides;
 };
 
 // Where a field is in the file, by its canonical dotted name (the names resolution messages start
@@ -172,6 +189,7 @@ struct RunSpec {
 struct FieldPosition {
   int line = 0;
   int column = 0;
+  std::string origin;  // "--set PATH=VALUE" when a --set gave the field (line and column are 0)
 };
 
 struct ParseOutcome {
@@ -192,13 +210,32 @@ inline constexpr size_t kMaxEnvVars = 1024;
 inline constexpr int kMaxWorkers = 4096;
 inline constexpr int kMaxGpusPerWorker = 64;
 
-// Parses and validates one spec. `filename` is used only in diagnostics.
-ParseOutcome ParseSpec(std::string_view text, std::string_view filename);
+// Parses and validates one spec. `filename` is used only in diagnostics. `overrides` (--set) are
+// applied to the YAML before it is validated; a path the spec's shape has not, or a value of the
+// wrong type, is an error at "--set PATH=VALUE".
+ParseOutcome ParseSpec(std::string_view text, std::string_view filename,
+                       const std::vector<Override>& overrides = {});
+
+// `--set` texts ("PATH=VALUE") as overrides: InvalidArgument naming --set for one without '=' or
+// with an empty or malformed path, and for a path given twice.
+Result<std::vector<Override>> ParseOverrides(const std::vector<std::string>& texts);
+// The overrides a canonical spec (ToJson) was parsed with, to parse its YAML again as submitted.
+std::vector<Override> RecordedOverrides(const nlohmann::json& canonical);
+// `base` with `more` applied: an override of `more` replaces the one of `base` with its path, the
+// others are added after (tau rerun RUN --set: the run's own overrides, then the new ones).
+std::vector<Override> MergeOverrides(std::vector<Override> base, const std::vector<Override>& more);
+// The canonical dotted name of a field path as written (compute.gpus_per_worker -> compute.gpus,
+// run.script -> run.entrypoint, ...), the names resolution and provenance use; other paths as
+// they are.
+std::string CanonicalField(std::string_view path);
 
 // The spec as canonical JSON (sorted keys, defaults filled in, shape-independent), used for the
 // config hash and for display. Both shapes of the same run give the same JSON except for "shape".
+// A spec parsed with --set overrides has them in "overrides" ([{"path", "value"}]); the values
+// they set are in the fields themselves.
 nlohmann::json ToJson(const RunSpec& spec);
-// sha256 of the canonical JSON without the "shape" key.
+// sha256 of the canonical JSON without the "shape" and "overrides" keys: the hash is of the
+// effective settings, however they were given.
 std::string ConfigHash(const RunSpec& spec);
 // The same, of ToJson's result (which a caller that keeps the JSON has already).
 std::string ConfigHash(const nlohmann::json& canonical);

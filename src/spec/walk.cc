@@ -142,6 +142,22 @@ Pos ValuePos(const YAML::Node& value, Pos key_pos) {
   return pos;
 }
 
+// While an override's node is walked, every diagnostic is the override's.
+class OverrideScope {
+ public:
+  OverrideScope(Ctx& ctx, const std::string& path) : ctx_(ctx), saved_(ctx.scope) {
+    if (auto it = ctx.override_at.find(path); it != ctx.override_at.end())
+      ctx.scope = static_cast<int>(it->second);
+  }
+  ~OverrideScope() { ctx_.scope = saved_; }
+  OverrideScope(const OverrideScope&) = delete;
+  OverrideScope& operator=(const OverrideScope&) = delete;
+
+ private:
+  Ctx& ctx_;
+  int saved_;
+};
+
 class Walker {
  public:
   Walker(Ctx& ctx, const std::vector<FieldDef>* other_shape) : ctx_(ctx), other_(other_shape) {}
@@ -160,6 +176,7 @@ class Walker {
         continue;
       }
       const std::string& name = key.Scalar();
+      if (auto at = ctx_.OverridePos(Qualified(path, name))) key_pos = *at;
       if (auto dup = seen.find(name); dup != seen.end()) {
         ctx_.Error(key_pos, fmt::format("duplicate field '{}'{} (first given on line {})",
                                         Printable(name), InSuffix(path), dup->second.line));
@@ -216,10 +233,11 @@ class Walker {
   }
 
   void Field(const FieldDef& def, const YAML::Node& node, const std::string& path, Pos key_pos) {
+    OverrideScope scope(ctx_, path);
     Value v;
     v.path = path;
     v.key_pos = key_pos;
-    v.pos = ValuePos(node, key_pos);
+    v.pos = ctx_.OverridePos(path) ? key_pos : ValuePos(node, key_pos);
     ctx_.key_pos[path] = key_pos;
     ctx_.value_pos[path] = v.pos;
     if (!IsStandardTag(node.Tag())) {
@@ -396,7 +414,9 @@ class Walker {
       // An empty item's mark is wherever the next token starts; the list's own position is closer.
       Pos pos = item_node.IsNull() ? v->pos : PosOf(item_node.Mark());
       if (pos.line == 0) pos = v->pos;
-      if (Text(item_node, fmt::format("{}[{}]", v->path, i), pos, /*allow_empty=*/false, &item)) {
+      const std::string item_path = fmt::format("{}[{}]", v->path, i);
+      if (auto at = ctx_.OverridePos(item_path)) pos = *at;
+      if (Text(item_node, item_path, pos, /*allow_empty=*/false, &item)) {
         v->list.push_back(std::move(item));
         v->list_pos.push_back(pos);
       } else {
@@ -422,6 +442,10 @@ class Walker {
       Pair pair;
       pair.key_pos = PosOf(key.Mark());
       pair.value_pos = ValuePos(value, pair.key_pos);
+      if (key.IsScalar()) {
+        if (auto at = ctx_.OverridePos(Qualified(v->path, key.Scalar())))
+          pair.key_pos = pair.value_pos = *at;
+      }
       if (key.IsScalar() && key.Scalar().empty()) {
         ctx_.Error(pair.key_pos, fmt::format("{}: a name must not be empty", v->path));
         continue;
@@ -451,8 +475,11 @@ class Walker {
     for (const auto& element : node) {
       YAML::Node item = element;
       std::string path = fmt::format("{}[{}]", v->path, i++);
+      OverrideScope scope(ctx_, path);
       Pos pos = item.IsNull() ? v->pos : PosOf(item.Mark());
       if (pos.line == 0) pos = v->pos;
+      const std::optional<Pos> at = ctx_.OverridePos(path);
+      if (at) pos = *at;
       if (!item.IsMap()) {
         ctx_.Error(pos, fmt::format("{}: expected a mapping with 'name' and 'value', got {}", path,
                                     Describe(item)));
@@ -466,6 +493,7 @@ class Walker {
         Pos key_pos = PosOf(key.Mark());
         std::string name = key.IsScalar() ? key.Scalar() : "";
         Pos value_pos = ValuePos(value, key_pos);
+        if (at) value_pos = *at;
         if (name == "name" && !has_name) {
           has_name = true;
           pair.key_pos = value_pos;
@@ -511,8 +539,10 @@ class Walker {
     for (const auto& element : node) {
       YAML::Node item = element;
       std::string path = fmt::format("{}[{}]", v->path, i++);
+      OverrideScope scope(ctx_, path);
       Pos pos = item.IsNull() ? v->pos : PosOf(item.Mark());
       if (pos.line == 0) pos = v->pos;
+      if (auto at = ctx_.OverridePos(path)) pos = *at;
       if (!item.IsMap()) {
         ctx_.Error(pos, fmt::format("{}: expected a mapping, got {}", path, Describe(item)));
         continue;
@@ -598,17 +628,43 @@ Pos PosOf(const YAML::Mark& mark) {
   return {mark.line + 1, mark.column + 1};
 }
 
+std::optional<Pos> Ctx::OverridePos(const std::string& path) const {
+  auto it = override_at.find(path);
+  if (it == override_at.end()) return std::nullopt;
+  return Pos{-static_cast<int>(it->second) - 1, 0};
+}
+
+std::string Ctx::OriginOf(Pos pos) const {
+  int k = scope >= 0 ? scope : pos.line < 0 ? -pos.line - 1 : -1;
+  if (k < 0 || static_cast<size_t>(k) >= overrides.size()) return "";
+  return "--set " + overrides[static_cast<size_t>(k)].Text();
+}
+
+namespace {
+
+// A diagnostic at a file position, or at the --set that gave the value.
+Diagnostic MakeDiagnostic(const Ctx& ctx, Pos pos, std::string message, bool warning) {
+  Diagnostic d{ctx.file, pos.line, pos.column, std::move(message), warning};
+  if (std::string origin = ctx.OriginOf(pos); !origin.empty()) {
+    d.file = std::move(origin);
+    d.line = d.column = 0;
+  }
+  return d;
+}
+
+}  // namespace
+
 void Ctx::Error(Pos pos, std::string message) {
   if (diagnostics.size() >= kMaxDiagnostics) {
     ++suppressed;
     return;
   }
-  diagnostics.push_back(Diagnostic{file, pos.line, pos.column, std::move(message)});
+  diagnostics.push_back(MakeDiagnostic(*this, pos, std::move(message), false));
 }
 
 void Ctx::Warn(Pos pos, std::string message) {
   if (warnings.size() >= kMaxDiagnostics) return;
-  warnings.push_back(Diagnostic{file, pos.line, pos.column, std::move(message), true});
+  warnings.push_back(MakeDiagnostic(*this, pos, std::move(message), true));
 }
 
 Pos Ctx::KeyPos(const std::string& path) const {

@@ -86,6 +86,18 @@ struct Ctx {
   };
   std::map<std::string, Spelled> spelled;
   std::map<std::string, Spelled> env_pos;  // env variable -> {the field it is in, its position}
+
+  // The --set overrides (ParseSpec's), and where each one's value sits in the walked document:
+  // the walker path of the node it made or replaced ("compute.gpus", "runtime.env.LR",
+  // "run.args[1]", "runtime.env[2]"). A node there, and everything under it, is at the override's
+  // position (OverridePos): its diagnostics say "--set PATH=VALUE" instead of file:line:col.
+  std::vector<Override> overrides;
+  std::map<std::string, size_t> override_at;
+  int scope = -1;  // the override whose node is being walked, or -1
+  // Pos{-(k + 1), 0} for the override placed at `path`, else nullopt.
+  std::optional<Pos> OverridePos(const std::string& path) const;
+  // The "--set PATH=VALUE" of a position OverridePos made (or of the scope); "" for a file's.
+  std::string OriginOf(Pos pos) const;
 };
 
 enum class Kind {
@@ -150,6 +162,12 @@ std::string Printable(std::string_view text, size_t max_chars = 60);
 
 // "a mapping", "a list", "null", "a string", "an integer", "a number", "a boolean".
 std::string Describe(const YAML::Node& node);
+
+// Applies the --set overrides (ctx.overrides) to a copy of `root` (the document's top mapping)
+// rebuilt along each path, checking each path against `fields` first: an unknown field, a path
+// below a value, a list index past the list's end are errors at the override. Records where each
+// one landed in ctx.override_at.
+YAML::Node ApplyOverrides(Ctx& ctx, const YAML::Node& root, const std::vector<FieldDef>& fields);
 
 // The field trees. Setters write into Ctx::spec.
 const std::vector<FieldDef>& ManifestFields();
