@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 
 #include <CLI/CLI.hpp>
@@ -31,36 +32,45 @@ static int CmdEvidence(const Global& g, const std::string& run, Format format) {
   return 0;
 }
 
-static int CmdEvidenceExport(const Global& g, const std::string& run, const std::string& file) {
-  if (!IsRunName(run)) return NoSuchRun(run);
-  auto conn = ConnectToServer(g.server);
-  if (!conn.ok()) return Fail(conn.status().message());
-  // Written beside the target and renamed when complete: a failed export leaves no partial file
-  // under the name asked for.
+// Writes what `fetch` hands on into `file`, beside it first and renamed when complete: a failed
+// download leaves no partial file under the name asked for. The byte count, or the error to show.
+static Result<int64_t> DownloadTo(
+    const std::string& file,
+    const std::function<Status(const std::function<bool(std::string_view)>&)>& fetch) {
   std::string tmp = file + ".part-" + RandomHex(6);
   FILE* out = std::fopen(tmp.c_str(), "wb");
-  if (!out) return Fail(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+  if (!out) return IoError("cannot write " + tmp, errno);
   bool write_failed = false;
   int64_t bytes = 0;
-  Status exported = client::TauApi(conn->get()).ExportEvidence(run, [&](std::string_view data) {
+  Status got = fetch([&](std::string_view data) {
     if (std::fwrite(data.data(), 1, data.size(), out) != data.size()) write_failed = true;
     bytes += static_cast<int64_t>(data.size());
     return !write_failed;
   });
   bool closed = std::fclose(out) == 0;
-  auto cleanup = [&](const std::string& message) {
+  if (got.ok() && (write_failed || !closed)) got = Status(StatusCode::kIo, "cannot write " + tmp);
+  if (got.ok() && std::rename(tmp.c_str(), file.c_str()) != 0)
+    got = IoError(fmt::format("cannot rename {} to {}", tmp, file), errno);
+  if (!got.ok()) {
     std::remove(tmp.c_str());
-    return Fail(message);
-  };
-  if (!exported.ok()) return cleanup(exported.message());
-  if (write_failed || !closed) return cleanup("cannot write " + tmp);
-  if (std::rename(tmp.c_str(), file.c_str()) != 0)
-    return cleanup(fmt::format("cannot rename {} to {}: {}", tmp, file, std::strerror(errno)));
+    return got;
+  }
+  return bytes;
+}
+
+static int CmdEvidenceExport(const Global& g, const std::string& run, const std::string& file) {
+  if (!IsRunName(run)) return NoSuchRun(run);
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  client::TauApi api(conn->get());
+  Result<int64_t> bytes =
+      DownloadTo(file, [&](const auto& on_data) { return api.ExportEvidence(run, on_data); });
+  if (!bytes.ok()) return Fail(bytes.status().message());
   evidence::VerifyReport report;
   Status ok = evidence::VerifyBundle(file, {}, &report);
   if (!ok.ok()) return Fail("the exported bundle does not verify: " + ok.message());
   std::printf("wrote %s (%lld bytes, %lld files, chain head %s)\n", file.c_str(),
-              static_cast<long long>(bytes), static_cast<long long>(report.files),
+              static_cast<long long>(*bytes), static_cast<long long>(report.files),
               report.chain_head.substr(0, 16).c_str());
   return 0;
 }
@@ -223,28 +233,10 @@ static int CmdGet(const Global& g, const std::string& run, const std::string& pa
     if (write_failed || std::fflush(stdout) != 0) return Fail("cannot write to stdout");
     return 0;
   }
-  // Written beside the target and renamed when complete: a failed download leaves no partial
-  // file under the name asked for.
-  std::string tmp = file + ".part-" + RandomHex(6);
-  FILE* out = std::fopen(tmp.c_str(), "wb");
-  if (!out) return Fail(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
-  bool write_failed = false;
-  int64_t bytes = 0;
-  Status got = api.GetArtifact(run, path, [&](std::string_view data) {
-    if (std::fwrite(data.data(), 1, data.size(), out) != data.size()) write_failed = true;
-    bytes += static_cast<int64_t>(data.size());
-    return !write_failed;
-  });
-  bool closed = std::fclose(out) == 0;
-  auto cleanup = [&](const std::string& message) {
-    std::remove(tmp.c_str());
-    return Fail(message);
-  };
-  if (!got.ok()) return cleanup(got.message());
-  if (write_failed || !closed) return cleanup("cannot write " + tmp);
-  if (std::rename(tmp.c_str(), file.c_str()) != 0)
-    return cleanup(fmt::format("cannot rename {} to {}: {}", tmp, file, std::strerror(errno)));
-  std::printf("wrote %s (%lld bytes)\n", file.c_str(), static_cast<long long>(bytes));
+  Result<int64_t> bytes =
+      DownloadTo(file, [&](const auto& on_data) { return api.GetArtifact(run, path, on_data); });
+  if (!bytes.ok()) return Fail(bytes.status().message());
+  std::printf("wrote %s (%lld bytes)\n", file.c_str(), static_cast<long long>(*bytes));
   return 0;
 }
 

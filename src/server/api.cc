@@ -127,18 +127,6 @@ api::Event EventOf(const store::Event& e) {
   return out;
 }
 
-Result<int64_t> IntParam(const http::HttpRequest& req, const char* name, int64_t fallback,
-                         int64_t min, int64_t max) {
-  if (!req.has_param(name)) return fallback;
-  std::string v = req.get_param_value(name);
-  char* end = nullptr;
-  long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || n < min || n > max)
-    return InvalidArgument(fmt::format(
-        "query parameter '{}' must be an integer in {}..{}, got '{}'", name, min, max, v));
-  return static_cast<int64_t>(n);
-}
-
 // An idempotency key as clients make them (random hex, UUIDs): 1 to 128 of [A-Za-z0-9._:-].
 bool IsIdempotencyKey(const std::string& key) {
   if (key.empty() || key.size() > 128) return false;
@@ -362,6 +350,18 @@ double QuantityValue(const std::string& text) {
 }
 
 }  // namespace
+
+Result<int64_t> IntParam(const http::HttpRequest& req, const char* name, int64_t fallback,
+                         int64_t min, int64_t max) {
+  if (!req.has_param(name)) return fallback;
+  std::string v = req.get_param_value(name);
+  char* end = nullptr;
+  long long n = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n < min || n > max)
+    return InvalidArgument(fmt::format(
+        "query parameter '{}' must be an integer in {}..{}, got '{}'", name, min, max, v));
+  return static_cast<int64_t>(n);
+}
 
 std::string RenderAllMetrics(Controller* controller, store::Store* store,
                              health::GpuMonitor* monitor, Metrics* metrics) {

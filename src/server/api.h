@@ -22,6 +22,10 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
 void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store* store);
 // The artifact routes (api_artifacts.cc): a run's checkpoints and outputs, listed and fetched.
 void RegisterArtifactsApi(SecureRouter* api, Controller* controller, store::Store* store);
+// A query parameter of a route: an integer in min..max, `fallback` when it is absent;
+// InvalidArgument names it and the range.
+Result<int64_t> IntParam(const http::HttpRequest& req, const char* name, int64_t fallback,
+                         int64_t min, int64_t max);
 // Identity routes (api_identity.cc): whoami, API tokens, the dashboard's session cookie, the audit
 // trail, workspace secrets.
 void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store* store);

@@ -85,18 +85,6 @@ Status CheckLocal(Controller* controller) {
       controller->BackendName()));
 }
 
-Result<int64_t> IntQuery(const http::HttpRequest& req, const char* name, int64_t fallback,
-                         int64_t min, int64_t max) {
-  if (!req.has_param(name)) return fallback;
-  std::string v = req.get_param_value(name);
-  char* end = nullptr;
-  long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || n < min || n > max)
-    return InvalidArgument(fmt::format(
-        "query parameter '{}' must be an integer in {}..{}, got '{}'", name, min, max, v));
-  return static_cast<int64_t>(n);
-}
-
 // "output/a/b.txt" -> ("output", "a/b.txt"), with the relative part checked.
 Status SplitArtifactPath(const std::string& path, std::string* kind, std::string* rel) {
   const size_t slash = path.find('/');
@@ -142,9 +130,9 @@ void RegisterArtifactsApi(SecureRouter* api, Controller* controller, store::Stor
                auto run = store->GetRun(name);
                if (!run.ok()) return http::ReplyError(res, run.status());
                if (Status s = CheckLocal(controller); !s.ok()) return http::ReplyError(res, s);
-               auto offset = IntQuery(req, "offset", 0, 0, INT64_MAX);
+               auto offset = IntParam(req, "offset", 0, 0, INT64_MAX);
                if (!offset.ok()) return http::ReplyError(res, offset.status());
-               auto limit = IntQuery(req, "limit", 1000, 1, static_cast<int64_t>(kMaxListed));
+               auto limit = IntParam(req, "limit", 1000, 1, static_cast<int64_t>(kMaxListed));
                if (!limit.ok()) return http::ReplyError(res, limit.status());
                const std::string digest = req.get_param_value("digest");
                const bool want_digests = digest == "1" || digest == "true";
