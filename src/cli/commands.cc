@@ -152,11 +152,15 @@ std::string LocatedErrors(const std::string& file, const spec::ParseOutcome& par
   return spec::LocateFieldErrors(message, file, parsed.positions);
 }
 
-static int CmdValidate(const std::vector<std::string>& files, bool quiet, Format format) {
+// Each file with the --set overrides applied, as `tau run --set` would submit it.
+static int CmdValidate(const std::vector<std::string>& files, const std::vector<std::string>& set,
+                       bool quiet, Format format) {
+  auto overrides = spec::ParseOverrides(set);
+  if (!overrides.ok()) return Fail(overrides.status().message());
   return ValidateFiles(
       files, quiet, format, spec::kMaxSpecBytes, "a spec",
-      [](const std::string& text, const std::string& file) {
-        spec::ParseOutcome parsed = spec::ParseSpec(text, file);
+      [&](const std::string& text, const std::string& file) {
+        spec::ParseOutcome parsed = spec::ParseSpec(text, file, *overrides);
         FileCheck found{parsed.diagnostics, parsed.warnings, ""};
         if (!parsed.ok()) return found;
         // The GPUs a platform's profile may give are not known here: the spec's.
@@ -548,10 +552,21 @@ std::function<std::optional<Format>()> AddOutput(CLI::App* cmd, Context* ctx,
   };
 }
 
+// --set PATH=VALUE, once per field.
+static void AddSetOption(CLI::App* cmd, std::vector<std::string>* set) {
+  cmd->add_option("--set", *set,
+                  "Set a spec field, typed by the schema (tau schema): PATH=VALUE, such as "
+                  "compute.gpus=2, runtime.env.LR=0.01, run.args=[--epochs, 3] or run.args[0]=x; "
+                  "repeat for more; recorded as the command line's")
+      ->expected(1)
+      ->allow_extra_args(false)  // one value per --set: `--set a=1 FILE` leaves FILE positional
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
 void RegisterBasicCommands(CLI::App* app, Context* ctx) {
   struct Args {
     bool with_server = false, quiet = false;
-    std::vector<std::string> files;
+    std::vector<std::string> files, set;
   };
   auto a = std::make_shared<Args>();
   auto* version = app->add_subcommand("version", "Print tau's version");
@@ -565,9 +580,10 @@ void RegisterBasicCommands(CLI::App* app, Context* ctx) {
       app->add_subcommand("validate", "Check tau.yaml files; exit 0 when all are valid");
   validate->add_option("files", a->files, "Spec files")->required();
   validate->add_flag("-q,--quiet", a->quiet, "Print errors only");
+  AddSetOption(validate, &a->set);
   auto validate_format = AddOutput(validate, ctx);
   validate->callback([=] {
-    if (auto f = validate_format()) ctx->rc = CmdValidate(a->files, a->quiet, *f);
+    if (auto f = validate_format()) ctx->rc = CmdValidate(a->files, a->set, a->quiet, *f);
   });
 
   auto* schema = app->add_subcommand(
@@ -702,17 +718,6 @@ void RegisterServerCommand(CLI::App* app, Context* ctx) {
     opts.tau_binary = runtime::SelfExecutable();
     ctx->rc = server::RunServer(opts);
   });
-}
-
-// --set PATH=VALUE, once per field.
-static void AddSetOption(CLI::App* cmd, std::vector<std::string>* set) {
-  cmd->add_option("--set", *set,
-                  "Set a spec field, typed by the schema (tau schema): PATH=VALUE, such as "
-                  "compute.gpus=2, runtime.env.LR=0.01, run.args=[--epochs, 3] or run.args[0]=x; "
-                  "repeat for more; recorded as the command line's")
-      ->expected(1)
-      ->allow_extra_args(false)  // one value per --set: `--set a=1 FILE` leaves FILE positional
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
 
 void RegisterRunCommands(CLI::App* app, Context* ctx) {

@@ -86,6 +86,17 @@ class SetTest(ServerTestCase):
                                             "TAU_X is reserved"), p.stderr)
         self.assertEqual(self.all_runs()["runs"], [])
 
+    def test_validate_checks_a_spec_with_the_sets(self):
+        spec = self.project(SPEC.format(name="val"), {"main.sh": SCRIPT})
+        p = self.server.tau("validate", "--set", "compute.workers=two", spec, check=1)
+        self.assertIn("--set compute.workers=two: error: compute.workers: expected an integer",
+                      p.stderr)
+        p = self.server.tau("validate", "--set", "name=renamed", "-o", "json", spec, check=0)
+        [result] = json.loads(p.stdout)
+        self.assertTrue(result["valid"], p.stdout)
+        self.assertEqual(result["summary"], "manifest shape, job 'renamed'")
+        self.server.tau("validate", "--set", "workers", spec, check=125)
+
     def test_an_array_runs_with_the_set(self):
         spec = self.project(SPEC.format(name="arr"), {"main.sh": SCRIPT})
         p = self.server.tau("run", "--array", "0-2", "--detach", "--set", "runtime.env.LR=0.5",
