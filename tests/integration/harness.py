@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 import warnings
@@ -62,6 +63,54 @@ def read_http_message(sock):
             break
         body += chunk
     return head + b"\r\n\r\n" + body
+
+
+class AnswerLosingProxy:
+    """A Unix-socket proxy in front of a server that loses answers: each request goes to the server,
+    which answers it; when lose(route) says so, the answer is kept from the client, whose
+    connection stays open and silent, as when a network drops a reply. answers[route] lists what
+    the server answered, lost or not. Use it as a context manager; `path` is its socket."""
+
+    def __init__(self, path, upstream, lose):
+        self.path, self.upstream, self.lose = path, upstream, lose
+        self.answers = {}
+        self._held = []  # the proxy's sockets, closed when it stops
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        self._listener.listen(8)
+
+    def _pipe(self, client):
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        upstream.connect(self.upstream)
+        self._held.extend([client, upstream])
+        while True:
+            request = read_http_message(client)
+            if not request:
+                return
+            upstream.sendall(request)
+            answer = read_http_message(upstream)  # the server has answered
+            route = request.partition(b"\r\n")[0].split(b" ")[1].split(b"?")[0].decode()
+            self.answers.setdefault(route, []).append(answer)
+            if self.lose(route):
+                return  # lost: the connection stays open and silent
+            client.sendall(answer)
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._pipe, args=(client,), daemon=True).start()
+
+    def __enter__(self):
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self._listener.close()
+        for s in self._held:
+            s.close()
 
 
 def free_port():

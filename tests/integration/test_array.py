@@ -3,12 +3,10 @@ runs one process per index, each seeing its own TAU_ARRAY_INDEX; a batch with on
 nothing; a batch whose answer was lost and is sent again gives the same runs."""
 import json
 import os
-import socket
 import subprocess
-import threading
 import unittest
 
-from harness import TAU, ServerTestCase, UnixHTTPConnection, read_http_message, wait_for
+from harness import TAU, AnswerLosingProxy, ServerTestCase, UnixHTTPConnection, wait_for
 
 # A shell script, not Python: a hundred runs on two cores should not wait on interpreters.
 SPEC = ("schema_version: 1\nname: {name}\nrun:\n  entrypoint: main.sh\n  workload_kind: job\n"
@@ -125,49 +123,15 @@ class ArrayTest(ServerTestCase):
         # runs, the CLI hears nothing within its timeout and sends the batch again with the
         # same key, which must answer with those runs, not make a second array.
         proxy_path = os.path.join(self.work, "proxy.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(proxy_path)
-        listener.listen(8)
-        batches = []
-        held = []  # the proxy's sockets, closed when the test ends
-
-        def pipe(client):
-            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            upstream.connect(os.path.join(self.server.home, "tau.sock"))
-            held.extend([client, upstream])
-            while True:
-                request = read_http_message(client)
-                if not request:
-                    break
-                upstream.sendall(request)
-                answer = read_http_message(upstream)  # the server has answered
-                path = request.split(b" ")[1]
-                if path == b"/api/v1/runs/batch":
-                    batches.append(answer)
-                    if len(batches) == 1:
-                        return  # lost: the connection stays open and silent
-                client.sendall(answer)
-            client.close()
-            upstream.close()
-
-        def accept():
-            while True:
-                try:
-                    client, _ = listener.accept()
-                except OSError:
-                    return
-                threading.Thread(target=pipe, args=(client,), daemon=True).start()
-
-        threading.Thread(target=accept, daemon=True).start()
-        try:
+        batches = lambda: proxy.answers.get("/api/v1/runs/batch", [])
+        with AnswerLosingProxy(proxy_path, os.path.join(self.server.home, "tau.sock"),
+                               lambda route: route == "/api/v1/runs/batch"
+                               and len(batches()) == 1) as proxy:
             env = dict(self.server.env, TAU_TIMEOUT="4s", TAU_SERVER="unix://" + proxy_path)
             p = subprocess.run([TAU, "run", "--array", "0-4", "--detach",
                                 self.array_project("lost")],
                                env=env, capture_output=True, text=True, timeout=60)
-        finally:
-            listener.close()
-            for s in held:
-                s.close()
+        batches = batches()
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("sending it again with the same key", p.stderr)
         self.assertEqual(len(batches), 2)

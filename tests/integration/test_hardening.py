@@ -15,12 +15,11 @@ import stat
 import subprocess
 import tarfile
 import tempfile
-import threading
 import time
 import unittest
 
-from harness import (TAU, ServerTestCase, TauServer, UnixHTTPConnection, pid_alive,
-                     read_http_message, wait_for)
+from harness import (TAU, AnswerLosingProxy, ServerTestCase, TauServer, UnixHTTPConnection,
+                     pid_alive, wait_for)
 
 
 def job_spec(name, entry="main.py", extra=""):
@@ -559,45 +558,19 @@ class IdempotentSubmissionTest(HardeningCase):
         # try find that run, not make a second one. The timeout (4 s) leaves a loaded machine
         # room to answer the tries that are not lost.
         proxy_path = os.path.join(self.work, "proxy.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(proxy_path)
-        listener.listen(8)
-        served = []
         lost = set()  # the routes whose first answer was lost
 
-        def pipe(client):
-            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            upstream.connect(self.sock_path())
-            served.append(client)
-            request = read_http_message(client)
-            head = request.partition(b"\r\n\r\n")[0]
-            upstream.sendall(request)
-            answer = read_http_message(upstream)  # the server has answered: the run exists
-            upstream.close()
-            route = head.split(b" ")[1].split(b"?")[0]
+        def lose(route):
             first = route not in lost
             lost.add(route)
-            if not first:
-                client.sendall(answer)
-                client.close()
-            # The first answer is lost; its connection stays open and silent.
+            return first
 
-        def accept():
-            while True:
-                try:
-                    client, _ = listener.accept()
-                except OSError:
-                    return
-                threading.Thread(target=pipe, args=(client,), daemon=True).start()
-
-        threading.Thread(target=accept, daemon=True).start()
-        try:
+        with AnswerLosingProxy(proxy_path, self.sock_path(), lose) as proxy:
             spec = self.project(job_spec("lost-answer"), {"main.py": "print('ok')\n"})
             env = dict(self.server.env, TAU_TIMEOUT="4s", TAU_SERVER="unix://" + proxy_path)
             p = subprocess.run([TAU, "run", "--detach", spec], env=env, capture_output=True,
                                text=True, timeout=60)
-        finally:
-            listener.close()
+        served = [a for answers in proxy.answers.values() for a in answers]
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("sending it again with the same key", p.stderr)
         self.assertIn("no answer to the code upload", p.stderr)
