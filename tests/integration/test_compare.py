@@ -75,6 +75,30 @@ class CompareTest(ServerTestCase):
         self.assertIn("0.125 @3", table)
         self.assertIn("0.421875 @3", table)
 
+    def test_list_filters_by_project_and_group(self):
+        def spec(name, project, group):
+            return self.project(SPEC.format(name=name) +
+                                f"experiment:\n  project: {project}\n  name: {name}\n"
+                                f"  group: {group}\n", {"main.sh": MAIN, "train.py": TRAIN})
+        a = self.run_with(spec("va", "vision", "lr"), "0.5")
+        b = self.run_with(spec("vb", "vision", "bs"), "0.5")
+        c = self.run_with(spec("sa", "speech", "lr"), "0.5")
+        plain = self.run_with(self.project(SPEC.format(name="plain"),
+                                           {"main.sh": MAIN, "train.py": TRAIN}), "0.5")
+
+        def listed(*flags):
+            out = json.loads(self.server.tau("list", "--all", "-o", "json", *flags,
+                                             check=0).stdout)
+            return sorted(r["name"] for r in out["runs"])
+        self.assertEqual(listed("--project", "vision"), sorted([a, b]))
+        self.assertEqual(listed("--project", "vision", "--group", "lr"), [a])
+        self.assertEqual(listed("--group", "lr"), sorted([a, c]))
+        self.assertEqual(listed("--project", "nope"), [])
+        self.assertEqual(listed(), sorted([a, b, c, plain]))
+        described = self.server.tau("describe", a, check=0).stdout
+        self.assertIn("Experiment:  project vision, name va, group lr", described)
+        self.assertNotIn("Experiment:", self.server.tau("describe", plain, check=0).stdout)
+
     def test_compare_refuses_what_it_cannot_compare(self):
         p = self.server.tau("compare", "only-one", check=125)
         self.assertIn("name two runs or more", p.stderr)
