@@ -75,6 +75,26 @@ class CompareTest(ServerTestCase):
         self.assertIn("0.125 @3", table)
         self.assertIn("0.421875 @3", table)
 
+    def test_compare_names_the_files_that_differ(self):
+        a = self.run_with(
+            self.project(SPEC.format(name="ca"), {"main.sh": MAIN, "train.py": TRAIN}), "0.5")
+        b = self.run_with(self.project(SPEC.format(name="cb"),
+                                       {"main.sh": MAIN, "train.py": TRAIN + "# changed\n",
+                                        "notes.txt": "only here\n"}), "0.5")
+        out = json.loads(self.server.tau("compare", a, b, "-o", "json", check=0).stdout)
+        self.assertFalse(out["same_code"])
+        files = {f["path"]: f["sha256"] for f in out["files"]}
+        # main.sh is the same in both; the spec differs in its name.
+        self.assertEqual(sorted(files), ["notes.txt", "tau.yaml", "train.py"])
+        self.assertIsNone(files["notes.txt"][0])
+        self.assertIsNotNone(files["notes.txt"][1])
+        self.assertNotEqual(files["train.py"][0], files["train.py"][1])
+        fields = {d["field"] for d in out["config"]}
+        self.assertIn("name", fields)  # the spec's name differs; LEARNING_RATE does not
+        self.assertNotIn("runtime.env.LEARNING_RATE", fields)
+        table = self.server.tau("compare", a, b, check=0).stdout
+        self.assertIn("(absent)", table)
+
     def test_list_filters_by_project_and_group(self):
         def spec(name, project, group):
             return self.project(SPEC.format(name=name) +
@@ -83,6 +103,10 @@ class CompareTest(ServerTestCase):
         a = self.run_with(spec("va", "vision", "lr"), "0.5")
         b = self.run_with(spec("vb", "vision", "bs"), "0.5")
         c = self.run_with(spec("sa", "speech", "lr"), "0.5")
+        # A --set of the group is filtered on like the file's.
+        d = self.server.tau("run", "--detach", "--set", "experiment.group=lr",
+                            spec("vd", "vision", "other"), check=0).stdout.strip()
+        self.server.wait_state(d, ["Succeeded", "Failed", "Cancelled"], timeout=60)
         plain = self.run_with(self.project(SPEC.format(name="plain"),
                                            {"main.sh": MAIN, "train.py": TRAIN}), "0.5")
 
@@ -90,11 +114,11 @@ class CompareTest(ServerTestCase):
             out = json.loads(self.server.tau("list", "--all", "-o", "json", *flags,
                                              check=0).stdout)
             return sorted(r["name"] for r in out["runs"])
-        self.assertEqual(listed("--project", "vision"), sorted([a, b]))
-        self.assertEqual(listed("--project", "vision", "--group", "lr"), [a])
-        self.assertEqual(listed("--group", "lr"), sorted([a, c]))
+        self.assertEqual(listed("--project", "vision"), sorted([a, b, d]))
+        self.assertEqual(listed("--project", "vision", "--group", "lr"), sorted([a, d]))
+        self.assertEqual(listed("--group", "lr"), sorted([a, c, d]))
         self.assertEqual(listed("--project", "nope"), [])
-        self.assertEqual(listed(), sorted([a, b, c, plain]))
+        self.assertEqual(listed(), sorted([a, b, c, d, plain]))
         described = self.server.tau("describe", a, check=0).stdout
         self.assertIn("Experiment:  project vision, name va, group lr", described)
         self.assertNotIn("Experiment:", self.server.tau("describe", plain, check=0).stdout)
@@ -104,6 +128,7 @@ class CompareTest(ServerTestCase):
         self.assertIn("name two runs or more", p.stderr)
         p = self.server.tau("compare", "nope-1", "nope-2", check=None)
         self.assertNotEqual(p.returncode, 0)
+        self.assertIn("nope-1", p.stderr)
 
 
 if __name__ == "__main__":
