@@ -305,6 +305,16 @@ static int CmdDescribe(const Global& g, const std::string& name, Format format) 
   std::printf("Queue:       %s (workspace %s)\n", run.queue.c_str(), run.workspace.c_str());
   std::printf("Resources:   %s\n", ResourcesText(run.resources).c_str());
   std::printf("Config hash: %s\n", run.config_hash.c_str());
+  // The spec's experiment fields, those it gives (`tau list --project/--group` filters on them).
+  if (run.spec && run.spec->contains("experiment") && (*run.spec)["experiment"].is_object()) {
+    std::string parts;
+    for (const char* field : {"project", "name", "group"}) {
+      const nlohmann::json& v = (*run.spec)["experiment"].value(field, nlohmann::json());
+      if (!v.is_string() || v.get<std::string>().empty()) continue;
+      parts += (parts.empty() ? "" : ", ") + std::string(field) + " " + v.get<std::string>();
+    }
+    if (!parts.empty()) std::printf("Experiment:  %s\n", parts.c_str());
+  }
   // What the command line set (tau run --set, tau rerun --set), over the file.
   for (const spec::Override& o : spec::RecordedOverrides(run.spec.value_or(nlohmann::json())))
     std::printf("Set:         %s (command line)\n", o.Text().c_str());
@@ -762,6 +772,8 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
   list->add_option("--workspace", a->query.workspace, "Only runs of this workspace");
   list->add_option("--queue", a->query.queue, "Only runs of this queue");
   list->add_option("--user", a->query.user, "Only runs this user submitted");
+  list->add_option("--project", a->query.project, "Only runs of this experiment.project");
+  list->add_option("--group", a->query.group, "Only runs of this experiment.group");
   list->add_flag("-a,--all", a->all, "Include finished runs");
   list->add_option("--limit", a->limit, "At most this many runs")->check(CLI::Range(1, 1000));
   auto list_format = AddOutput(

@@ -14,6 +14,7 @@
 
 #include "cli/cli.h"
 #include "cli/commands.h"
+#include "cli/compare.h"
 #include "cli/connect.h"
 #include "client/tau_api.h"
 #include "common/strings.h"
@@ -240,6 +241,33 @@ static int CmdGet(const Global& g, const std::string& run, const std::string& pa
   return 0;
 }
 
+// Two or more runs side by side, from their evidence records and metric histories.
+static int CmdCompare(const Global& g, const std::vector<std::string>& runs, Format format) {
+  if (runs.size() < 2) return Fail("tau compare: name two runs or more");
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (!IsRunName(runs[i])) return NoSuchRun(runs[i]);
+    for (size_t j = 0; j < i; ++j)
+      if (runs[j] == runs[i]) return Fail("tau compare: run " + runs[i] + " is named twice");
+  }
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  client::TauApi api(conn->get());
+  std::vector<CompareInput> inputs(runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    inputs[i].run = runs[i];
+    auto record = api.GetEvidence(runs[i]);
+    if (!record.ok()) return Fail(record.status().message());
+    inputs[i].record = std::move(*record);
+    auto jsonl = api.GetMetricsJsonl(runs[i], "", std::nullopt);
+    if (!jsonl.ok()) return Fail(jsonl.status().message());
+    inputs[i].metrics.AddJsonl(*jsonl);
+  }
+  Comparison c = CompareRuns(inputs);
+  if (IsData(format)) return PrintData(ComparisonJson(c), format);
+  std::fputs(FormatComparison(c).c_str(), stdout);
+  return 0;
+}
+
 void RegisterEvidenceCommands(CLI::App* app, Context* ctx) {
   struct Args {
     std::string run_name, bundle_file, metric_name, metric_split, metric_output;
@@ -310,6 +338,14 @@ void RegisterEvidenceCommands(CLI::App* app, Context* ctx) {
   metrics->callback([=, &g] {
     ctx->rc = CmdMetrics(g, a->run_name, a->metric_name, a->metric_split, split_opt->count() > 0,
                          a->metric_output);
+  });
+  auto compare_runs = std::make_shared<std::vector<std::string>>();
+  auto* compare = app->add_subcommand(
+      "compare", "Runs side by side: config and code differences, metric summaries");
+  compare->add_option("runs", *compare_runs, "Two runs or more")->required();
+  auto compare_format = AddOutput(compare, ctx);
+  compare->callback([=, &g] {
+    if (auto f = compare_format()) ctx->rc = CmdCompare(g, *compare_runs, *f);
   });
 }
 

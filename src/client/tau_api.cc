@@ -56,6 +56,8 @@ Result<api::RunList> TauApi::ListRuns(const RunQuery& query) {
   if (!query.workspace.empty()) path += "&workspace=" + E(query.workspace);
   if (!query.queue.empty()) path += "&queue=" + E(query.queue);
   if (!query.user.empty()) path += "&user=" + E(query.user);
+  if (!query.project.empty()) path += "&project=" + E(query.project);
+  if (!query.group.empty()) path += "&group=" + E(query.group);
   return Typed<api::RunList>("GET", path);
 }
 

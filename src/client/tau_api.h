@@ -23,6 +23,7 @@ struct RunQuery {
   std::string state;
   bool active = false;
   std::string workspace, queue, user;  // "" : any
+  std::string project, group;          // the spec's experiment.project / .group; "" : any
 };
 
 // GET /api/v1/runs/NAME/logs: one rank's log of one attempt (0: the latest); with `follow` the

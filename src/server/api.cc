@@ -651,6 +651,8 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                                        filter.workspace));
         if (req.has_param("queue")) filter.queue = req.get_param_value("queue");
         if (req.has_param("user")) filter.owner = req.get_param_value("user");
+        if (req.has_param("project")) filter.project = req.get_param_value("project");
+        if (req.has_param("group")) filter.group = req.get_param_value("group");
         auto limit = IntParam(req, "limit", 100, 1, 1000);
         if (!limit.ok()) return http::ReplyError(res, limit.status());
         auto offset = IntParam(req, "offset", 0, 0, INT64_MAX);

@@ -162,6 +162,17 @@ CREATE INDEX runs_samples_due ON runs(finished_ms, seq)
   WHERE samples_pruned_ms IS NULL AND state IN ('Succeeded','Failed','Cancelled');
 CREATE INDEX runs_active ON runs(seq) WHERE state IN ('Queued','Admitted','Running');
 )sql",
+    // 10: the spec's experiment.project and experiment.group as columns, so that `tau list
+    // --project P --group G` reads no spec; filled from the specs of the runs already there.
+    R"sql(
+ALTER TABLE runs ADD COLUMN project TEXT NOT NULL DEFAULT '';
+ALTER TABLE runs ADD COLUMN experiment_group TEXT NOT NULL DEFAULT '';
+UPDATE runs SET
+  project = COALESCE(json_extract(spec_json, '$.experiment.project'), ''),
+  experiment_group = COALESCE(json_extract(spec_json, '$.experiment.group'), '')
+  WHERE json_valid(spec_json);
+CREATE INDEX runs_by_project ON runs(project, seq);
+)sql",
 };
 
 constexpr int64_t kLatestSchema = sizeof(kMigrations) / sizeof(kMigrations[0]);
@@ -281,7 +292,7 @@ constexpr const char* kRunColumns =
     "snapshot_dir, workspace, queue, priority, resources, state, reason, message, exit_code, "
     "signal, attempts, gpus, cancel_requested, created_ms, updated_ms, admitted_ms, started_ms, "
     "finished_ms, not_before_ms, owner, resolved, flavors, preemptions, submit_key, run_as, "
-    "array_place, kind, logs_pruned_ms, samples_pruned_ms";
+    "array_place, kind, logs_pruned_ms, samples_pruned_ms, project, experiment_group";
 // The same columns for a list page: the heavy ones (spec_yaml, spec_json, resolved, flavors) are
 // NULL, so SQLite neither copies nor we parse them.
 constexpr const char* kSummaryColumns =
@@ -289,7 +300,7 @@ constexpr const char* kSummaryColumns =
     "snapshot_dir, workspace, queue, priority, resources, state, reason, message, exit_code, "
     "signal, attempts, gpus, cancel_requested, created_ms, updated_ms, admitted_ms, started_ms, "
     "finished_ms, not_before_ms, owner, NULL, NULL, preemptions, submit_key, run_as, "
-    "array_place, kind, logs_pruned_ms, samples_pruned_ms";
+    "array_place, kind, logs_pruned_ms, samples_pruned_ms, project, experiment_group";
 
 // `summary`: read from kSummaryColumns (the heavy columns are left empty).
 RunRecord ReadRun(Stmt& s, bool summary = false) {
@@ -336,6 +347,8 @@ RunRecord ReadRun(Stmt& s, bool summary = false) {
   r.kind = s.Text(34);
   r.logs_pruned_ms = s.OptInt(35);
   r.samples_pruned_ms = s.OptInt(36);
+  r.project = s.Text(37);
+  r.group = s.Text(38);
   return r;
 }
 
@@ -344,6 +357,15 @@ std::string KindOf(const nlohmann::json& spec_json) {
   if (!spec_json.is_object()) return "";
   auto it = spec_json.find("kind");
   return it != spec_json.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// The spec's experiment.<field>, as the project and experiment_group columns keep it.
+std::string ExperimentOf(const nlohmann::json& spec_json, const char* field) {
+  if (!spec_json.is_object()) return "";
+  auto e = spec_json.find("experiment");
+  if (e == spec_json.end() || !e->is_object()) return "";
+  auto it = e->find(field);
+  return it != e->end() && it->is_string() ? it->get<std::string>() : "";
 }
 
 // The columns of a run that commits change (RunProgress), as named parameters (":state" binds
@@ -406,6 +428,8 @@ void BindRun(Stmt& s, const RunRecord& r, RunTexts* texts) {
   s.Bind(":array_place",
          r.array.is_null() ? std::optional<std::string>() : std::optional(JsonText(r.array)));
   s.Bind(":kind", r.kind.empty() ? KindOf(r.spec_json) : r.kind);
+  s.Bind(":project", r.project.empty() ? ExperimentOf(r.spec_json, "project") : r.project);
+  s.Bind(":experiment_group", r.group.empty() ? ExperimentOf(r.spec_json, "group") : r.group);
   s.Bind(":logs_pruned_ms", r.logs_pruned_ms);
   s.Bind(":samples_pruned_ms", r.samples_pruned_ms);
   BindProgress(s, r);
@@ -892,6 +916,8 @@ static std::string WhereClause(const RunFilter& f) {
   if (!f.queue.empty()) conds.push_back("queue = ?3");
   if (f.workspaces_in) conds.push_back("workspace IN (SELECT value FROM json_each(?4))");
   if (!f.owner.empty()) conds.push_back("owner = ?7");
+  if (!f.project.empty()) conds.push_back("project = ?8");
+  if (!f.group.empty()) conds.push_back("experiment_group = ?9");
   std::string out;
   for (size_t i = 0; i < conds.size(); ++i) out += (i ? " AND " : " WHERE ") + conds[i];
   return out;
@@ -903,6 +929,8 @@ static void BindFilter(Stmt& s, const RunFilter& f) {
   if (!f.queue.empty()) s.Bind(3, f.queue);
   if (f.workspaces_in) s.Bind(4, JsonText(nlohmann::json(*f.workspaces_in)));
   if (!f.owner.empty()) s.Bind(7, f.owner);
+  if (!f.project.empty()) s.Bind(8, f.project);
+  if (!f.group.empty()) s.Bind(9, f.group);
 }
 
 Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {

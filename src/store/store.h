@@ -68,6 +68,9 @@ struct RunRecord {
   // The spec's workload kind ("job", "rayjob"), a column of its own so that list pages need not
   // parse the spec.
   std::string kind;
+  // The spec's experiment.project and experiment.group (filled from spec_json when empty),
+  // columns of their own so that lists filter on them without parsing specs.
+  std::string project, group;
   // When retention pruned the run's logs and its GPU samples (unset until then). Written by
   // MarkPruned only, never by a commit.
   std::optional<int64_t> logs_pruned_ms, samples_pruned_ms;
@@ -163,8 +166,9 @@ struct RunFilter {
   // When set, only runs of these workspaces (what the caller may see).
   std::optional<std::vector<std::string>> workspaces_in;
   std::string queue;
-  std::string owner;  // the user who submitted them
-  int64_t limit = 0;  // 0 = no limit
+  std::string owner;           // the user who submitted them
+  std::string project, group;  // the spec's experiment.project / experiment.group; "": any
+  int64_t limit = 0;           // 0 = no limit
   int64_t offset = 0;
   bool newest_first = true;
   // Rows for a list page: spec_yaml, spec_json, resolved and flavors are left empty (neither read

@@ -534,4 +534,78 @@ INSERT INTO events (run, ts_ms, type, message, data, prev_hash, hash)
   EXPECT_EQ(store_->GetRun("old-1")->kind, "job");
 }
 
+// `tau list --project P --group G`: the columns come from the spec's experiment fields, and a page
+// filters on them (summary rows included, which read no spec).
+TEST_F(StoreTest, ListsFilterByTheSpecsExperimentProjectAndGroup) {
+  auto add = [&](const std::string& name, const std::string& project, const std::string& group) {
+    RunRecord r = MakeRun(name);
+    r.spec_json["experiment"] = {{"project", project}, {"name", ""}, {"group", group}};
+    ASSERT_TRUE(store_->InsertRun(&r, {}).ok());
+  };
+  add("a1", "vision", "lr");
+  add("a2", "vision", "bs");
+  add("b1", "speech", "lr");
+  RunRecord plain = MakeRun("c1");  // no experiment section
+  ASSERT_TRUE(store_->InsertRun(&plain, {}).ok());
+  auto names = [&](const std::string& project, const std::string& group) {
+    RunFilter f;
+    f.summary = true;
+    f.newest_first = false;
+    f.project = project;
+    f.group = group;
+    Names out;
+    auto rows = store_->ListRuns(f);
+    EXPECT_TRUE(rows.ok()) << rows.status().ToString();
+    if (rows.ok())
+      for (const RunRecord& r : *rows) out.push_back(r.name);
+    EXPECT_EQ(*store_->CountRuns(f), static_cast<int64_t>(out.size()));
+    return out;
+  };
+  EXPECT_EQ(names("vision", ""), (Names{"a1", "a2"}));
+  EXPECT_EQ(names("vision", "lr"), Names{"a1"});
+  EXPECT_EQ(names("", "lr"), (Names{"a1", "b1"}));
+  EXPECT_EQ(names("nope", ""), Names{});
+  EXPECT_EQ(names("", ""), (Names{"a1", "a2", "b1", "c1"}));
+  EXPECT_EQ(store_->GetRun("a2")->project, "vision");
+  EXPECT_EQ(store_->GetRun("a2")->group, "bs");
+  EXPECT_EQ(store_->GetRun("c1")->project, "");
+}
+
+// A store of version 9 opens migrated: its runs' project and group come from their specs.
+TEST_F(StoreTest, MigratesAVersion9StoreFillingProjectAndGroup) {
+  store_.reset();
+  const std::string path = dir_ + "/v9.db";
+  ASSERT_TRUE(Store::CreateSchemaForTest(path, 9).ok());
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  const char* rows = R"sql(
+INSERT INTO runs (name, seq, spec_name, spec_file, spec_yaml, spec_json, config_hash,
+  snapshot_digest, snapshot_dir, workspace, queue, priority, resources, state, reason, message,
+  attempts, gpus, cancel_requested, created_ms, updated_ms, owner, resolved)
+VALUES
+  ('old-1', 1, 'old', 'tau.yaml', '', '{"experiment":{"project":"vision","group":"lr"}}', 'h1',
+   'd', '/s', 'default', 'default', 0, '{}', 'Queued', '', '', 0, '[]', 0, 1, 1, 'alice', '{}'),
+  ('old-2', 2, 'old', 'tau.yaml', '', '{"name":"old"}', 'h2', 'd', '/s', 'default', 'default',
+   0, '{}', 'Queued', '', '', 0, '[]', 0, 2, 2, 'bob', '{}'),
+  ('old-3', 3, 'old', 'tau.yaml', '', 'not json', 'h3', 'd', '/s', 'default', 'default', 0,
+   '{}', 'Queued', '', '', 0, '[]', 0, 3, 3, 'bob', '{}');
+)sql";
+  char* err = nullptr;
+  ASSERT_EQ(sqlite3_exec(db, rows, nullptr, nullptr, &err), SQLITE_OK) << (err ? err : "");
+  sqlite3_close(db);
+  auto opened = Store::Open(path);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  store_ = std::move(*opened);
+  EXPECT_EQ(store_->GetRun("old-1")->project, "vision");
+  EXPECT_EQ(store_->GetRun("old-1")->group, "lr");
+  EXPECT_EQ(store_->GetRun("old-2")->project, "");
+  EXPECT_EQ(store_->GetRun("old-3")->project, "") << "a spec that is not JSON has no project";
+  RunFilter f;
+  f.project = "vision";
+  auto got = store_->ListRuns(f);
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_EQ(got->front().name, "old-1");
+}
+
 }  // namespace tau::store

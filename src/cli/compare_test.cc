@@ -1,0 +1,114 @@
+#include "cli/compare.h"
+
+#include <gtest/gtest.h>
+
+namespace tau::cli {
+namespace {
+
+using nlohmann::json;
+
+CompareInput MakeRun(const std::string& name, const std::string& lr, const json& files,
+                     const std::vector<std::pair<int64_t, double>>& loss) {
+  CompareInput in;
+  in.run = name;
+  in.record = {
+      {"config",
+       {{"spec",
+         {{"name", "demo"},
+          {"runtime", {{"env", {{"LR", lr}, {"SEED", "1"}}}}},
+          {"run", {{"args", json::array({"--epochs", "3"})}}},
+          {"overrides", json::array({{{"path", "runtime.env.LR"}, {"value", lr}}})}}},
+        {"provenance",
+         json::array({{{"field", "runtime.env.LR"}, {"value", lr}, {"source", "command line"}},
+                      {{"field", "policy.queue"},
+                       {"value", "default"},
+                       {"source", "platform default"}}})}}},
+      {"snapshot", {{"digest", "sha256:" + name}, {"files", files}}}};
+  for (const auto& [step, value] : loss) {
+    evidence::MetricPoint p;
+    p.name = "loss";
+    p.step = step;
+    p.value = value;
+    in.metrics.Add(p);
+  }
+  return in;
+}
+
+json File(const std::string& path, const std::string& sha) {
+  return {{"path", path}, {"sha256", sha}, {"size", 1}, {"mode", 420}};
+}
+
+TEST(CompareTest, ShowsOnlyWhatDiffersWithProvenance) {
+  std::vector<CompareInput> runs;
+  runs.push_back(MakeRun("a", "0.1", json::array({File("train.py", "aa"), File("data.txt", "dd")}),
+                         {{0, 2.0}, {1, 0.5}, {2, 0.7}}));
+  runs.push_back(
+      MakeRun("b", "0.01",
+              json::array({File("train.py", "bb"), File("data.txt", "dd"), File("extra.py", "ee")}),
+              {{0, 3.0}, {1, 1.5}}));
+  Comparison c = CompareRuns(runs);
+
+  ASSERT_EQ(c.config.size(), 1u) << ComparisonJson(c).dump();
+  EXPECT_EQ(c.config[0].field, "runtime.env.LR");
+  EXPECT_EQ(c.config[0].values[0], "0.1");
+  EXPECT_EQ(c.config[0].values[1], "0.01");
+  EXPECT_EQ(c.config[0].sources[0], "command line");
+
+  ASSERT_EQ(c.files.size(), 2u);  // data.txt is the same in both
+  EXPECT_EQ(c.files[0].path, "extra.py");
+  EXPECT_EQ(c.files[0].digests[0], std::nullopt);
+  EXPECT_EQ(c.files[0].digests[1], "ee");
+  EXPECT_EQ(c.files[1].path, "train.py");
+  EXPECT_EQ(c.file_counts, (std::vector<int64_t>{2, 3}));
+
+  ASSERT_EQ(c.metrics.size(), 1u);
+  const SeriesStats& a = *c.metrics[0].stats[0];
+  EXPECT_EQ(a.last, 0.7);
+  EXPECT_EQ(a.last_step, 2);
+  EXPECT_EQ(*a.min, 0.5);
+  EXPECT_EQ(a.min_step, 1);
+  EXPECT_EQ(*a.max, 2.0);
+  EXPECT_EQ(a.max_step, 0);
+  EXPECT_EQ(c.metrics[0].stats[1]->last, 1.5);
+
+  std::string table = FormatComparison(c);
+  EXPECT_NE(table.find("0.01 (command line)"), std::string::npos) << table;
+  EXPECT_NE(table.find("(absent)"), std::string::npos) << table;
+  EXPECT_NE(table.find("loss min"), std::string::npos) << table;
+  EXPECT_NE(table.find("0.5 @1"), std::string::npos) << table;
+  json j = ComparisonJson(c);
+  EXPECT_EQ(j["same_code"], false);
+  EXPECT_EQ(j["config"][0]["values"][1]["value"], "0.01");
+  EXPECT_EQ(j["metrics"][0]["runs"][0]["min_step"], 1);
+}
+
+TEST(CompareTest, AFieldOnlyOneRunHasIsADifference) {
+  std::vector<CompareInput> runs;
+  runs.push_back(MakeRun("a", "0.1", json::array(), {}));
+  runs.push_back(MakeRun("b", "0.1", json::array(), {{0, 1.0}}));
+  runs[1].record["config"]["spec"]["compute"] = {{"gpus", 2}};
+  Comparison c = CompareRuns(runs);
+  ASSERT_EQ(c.config.size(), 1u) << ComparisonJson(c).dump();
+  EXPECT_EQ(c.config[0].field, "compute.gpus");
+  EXPECT_EQ(c.config[0].values[0], std::nullopt);
+  EXPECT_EQ(c.config[0].values[1], "2");
+  EXPECT_TRUE(c.files.empty());
+  // A series only one run has is shown with nothing for the other.
+  ASSERT_EQ(c.metrics.size(), 1u);
+  EXPECT_FALSE(c.metrics[0].stats[0].has_value());
+  EXPECT_TRUE(ComparisonJson(c)["same_code"] == false);  // the digests are the run names here
+}
+
+TEST(CompareTest, FlattenNamesLeavesByPath) {
+  std::vector<std::pair<std::string, std::string>> out;
+  FlattenJson(json{{"a", {{"b", 1}, {"c", json::array({"x", "y"})}}}, {"e", json::object()}}, "",
+              &out);
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(out[0], (std::pair<std::string, std::string>{"a.b", "1"}));
+  EXPECT_EQ(out[1], (std::pair<std::string, std::string>{"a.c[0]", "x"}));
+  EXPECT_EQ(out[2], (std::pair<std::string, std::string>{"a.c[1]", "y"}));
+  EXPECT_EQ(out[3], (std::pair<std::string, std::string>{"e", "{}"}));
+}
+
+}  // namespace
+}  // namespace tau::cli
