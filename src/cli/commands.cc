@@ -767,6 +767,17 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
     ctx->rc = array->count() > 0 ? CmdRunArray(g, o, a->array) : CmdRun(g, o);
   });
 
+  auto sweep_options = std::make_shared<SweepOptions>();
+  auto* sweep = app->add_subcommand(
+      "sweep",
+      "One run per point of a grid or random sweep over spec fields (docs/experiments.md), in one "
+      "experiment group, submitted together; waits and prints them best first by the objective");
+  sweep->add_option("file", sweep_options->file, "The sweep file (sweep.yaml)")->required();
+  sweep->add_flag("-d,--detach", sweep_options->detach, "Print the runs' names and return");
+  sweep->add_option("--code-dir", sweep_options->code_dir,
+                    "The code directory to ship, as for tau run");
+  sweep->callback([=, &g] { ctx->rc = CmdSweep(g, *sweep_options); });
+
   auto* list = app->add_subcommand("list", "List runs (active ones unless --all)");
   list->add_option("--state", a->state, "Only runs in this state (Queued, Running, Failed, ...)");
   list->add_option("--workspace", a->query.workspace, "Only runs of this workspace");

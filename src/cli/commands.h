@@ -85,6 +85,14 @@ inline constexpr int64_t kMaxArrayRuns = 10'000;
 // InvalidArgument naming --array for an empty, malformed, reversed or too large range.
 Result<ArrayRange> ParseArrayRange(const std::string& text);
 int CmdRunArray(const Global& g, const RunOptions& o, const std::string& range);
+// `tau sweep FILE` (sweep.h): one run per point, in one experiment group, submitted as one batch;
+// with `detach` the names are printed, else it waits for all of them and prints them best first.
+struct SweepOptions {
+  std::string file;
+  bool detach = false;
+  std::string code_dir;
+};
+int CmdSweep(const Global& g, const SweepOptions& o);
 int CmdStatus(const Global& g, const std::string& run, Format format);
 int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet, Format format);
 // watch_commands.cc: the live views over the server's event stream (GET /api/v1/events).

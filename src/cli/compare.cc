@@ -67,26 +67,6 @@ std::map<std::string, Setting> ConfigOf(const json& record) {
   return out;
 }
 
-SeriesStats StatsOf(const std::vector<evidence::MetricPoint>& points) {
-  SeriesStats s;
-  s.count = static_cast<int64_t>(points.size());
-  if (points.empty()) return s;
-  s.last_step = points.back().step;
-  s.last = points.back().value;
-  for (const auto& p : points) {
-    if (!std::isfinite(p.value)) continue;
-    if (!s.min || p.value < *s.min) {
-      s.min = p.value;
-      s.min_step = p.step;
-    }
-    if (!s.max || p.value > *s.max) {
-      s.max = p.value;
-      s.max_step = p.step;
-    }
-  }
-  return s;
-}
-
 json OptText(const std::optional<std::string>& v) { return v ? json(*v) : json(nullptr); }
 
 json Number(double v) { return std::isfinite(v) ? json(v) : json(evidence::FormatValue(v)); }
@@ -119,6 +99,26 @@ std::string Table(const std::vector<std::string>& header,
 }
 
 }  // namespace
+
+SeriesStats StatsOf(const std::vector<evidence::MetricPoint>& points) {
+  SeriesStats s;
+  s.count = static_cast<int64_t>(points.size());
+  if (points.empty()) return s;
+  s.last_step = points.back().step;
+  s.last = points.back().value;
+  for (const auto& p : points) {
+    if (!std::isfinite(p.value)) continue;
+    if (!s.min || p.value < *s.min) {
+      s.min = p.value;
+      s.min_step = p.step;
+    }
+    if (!s.max || p.value > *s.max) {
+      s.max = p.value;
+      s.max_step = p.step;
+    }
+  }
+  return s;
+}
 
 void FlattenJson(const json& value, const std::string& prefix,
                  std::vector<std::pair<std::string, std::string>>* out) {

@@ -42,6 +42,9 @@ struct SeriesStats {
   int64_t min_step = 0, max_step = 0;
 };
 
+// last, min and max of one series' points (sorted by step), with their steps.
+SeriesStats StatsOf(const std::vector<evidence::MetricPoint>& points);
+
 // One metric series (name, split) across the runs: stats[i] nullopt when run i lacks it.
 struct MetricRow {
   std::string name, split;

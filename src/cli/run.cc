@@ -18,8 +18,11 @@
 #include "cli/cli.h"
 #include "cli/code.h"
 #include "cli/commands.h"
+#include "cli/compare.h"
 #include "cli/connect.h"
 #include "cli/digest_cache.h"
+#include "cli/output.h"
+#include "cli/sweep.h"
 #include "client/tau_api.h"
 #include "common/clock.h"
 #include "common/files.h"
@@ -237,6 +240,37 @@ void WarnIfSetIgnored(const RunOptions& o, const spec::ParseOutcome& parsed, con
                run.name.c_str(), run.config_hash.c_str(), want.c_str(), run.name.c_str());
 }
 
+// Waits for every run to end, saying so of each that does not succeed; the first one's exit
+// status (0 when all succeeded), with how many did not in `*failed`.
+int WaitForRuns(client::Connection* conn, const std::vector<api::Run>& runs, size_t* failed) {
+  std::vector<std::string> waiting;
+  for (const api::Run& r : runs) waiting.push_back(r.name);
+  *failed = 0;
+  int status = 0;
+  while (!waiting.empty()) {
+    std::vector<std::string> still;
+    for (const std::string& name : waiting) {
+      auto now = client::TauApi(conn).GetRun(name);
+      if (!now.ok()) return Fail(now.status().message());
+      const api::Run& run = now->run;
+      if (!run.IsTerminal()) {
+        still.push_back(name);
+        continue;
+      }
+      if (run.state != "Succeeded") {
+        ++*failed;
+        if (status == 0) status = RunExitStatus(run);
+        std::fprintf(stderr, "tau: run %s %s (%s): %s\n", name.c_str(),
+                     run.state == "Cancelled" ? "was cancelled" : "failed", run.reason.c_str(),
+                     run.message.c_str());
+      }
+    }
+    waiting = std::move(still);
+    if (!waiting.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  return status;
+}
+
 }  // namespace
 
 Result<ArrayRange> ParseArrayRange(const std::string& text) {
@@ -325,33 +359,158 @@ int CmdRunArray(const Global& g, const RunOptions& o, const std::string& range_t
                 "list\n",
                 array.c_str());
   ::signal(SIGINT, OnInterrupt);
-  // Waits for every run to end, saying so as each does; exits 0 when all succeeded.
-  std::vector<std::string> waiting;
-  for (const api::Run& r : made) waiting.push_back(r.name);
   size_t failed = 0;
-  int status = 0;
-  while (!waiting.empty()) {
-    std::vector<std::string> still;
-    for (const std::string& name : waiting) {
-      auto now = client::TauApi(conn.get()).GetRun(name);
-      if (!now.ok()) return Fail(now.status().message());
-      const api::Run& run = now->run;
-      if (!run.IsTerminal()) {
-        still.push_back(name);
-        continue;
-      }
-      if (run.state != "Succeeded") {
-        ++failed;
-        if (status == 0) status = RunExitStatus(run);
-        std::fprintf(stderr, "tau: run %s %s (%s): %s\n", name.c_str(),
-                     run.state == "Cancelled" ? "was cancelled" : "failed", run.reason.c_str(),
-                     run.message.c_str());
-      }
-    }
-    waiting = std::move(still);
-    if (!waiting.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(250));
-  }
+  const int status = WaitForRuns(conn.get(), made, &failed);
   std::fprintf(stderr, "tau: array %s: %zu of %zu runs succeeded\n", array.c_str(),
+               made.size() - failed, made.size());
+  return status;
+}
+
+namespace {
+
+// The objective's value in a run: the last point of the metric's series (of `split` when the name
+// is "NAME/SPLIT", else of its only split, or the one without a split).
+std::optional<double> ObjectiveOf(client::TauApi& api, const std::string& run,
+                                  const std::string& metric) {
+  std::string name = metric, split;
+  if (size_t slash = metric.rfind('/'); slash != std::string::npos) {
+    name = metric.substr(0, slash);
+    split = metric.substr(slash + 1);
+  }
+  auto jsonl = api.GetMetricsJsonl(run, name, std::nullopt);
+  if (!jsonl.ok()) return std::nullopt;
+  evidence::MetricHistory history;
+  history.AddJsonl(*jsonl);
+  std::vector<std::pair<std::string, std::string>> keys = history.SeriesKeys();
+  std::erase_if(keys, [&](const auto& k) {
+    return k.first != name || (metric.find('/') != std::string::npos && k.second != split);
+  });
+  if (keys.size() > 1) std::erase_if(keys, [](const auto& k) { return !k.second.empty(); });
+  if (keys.size() != 1) return std::nullopt;
+  SeriesStats stats = StatsOf(history.Series(keys[0].first, keys[0].second));
+  if (stats.count == 0) return std::nullopt;
+  return stats.last;
+}
+
+// The sweep's runs as a table, best first by the objective (runs without it last), each with the
+// values of its point.
+void PrintSweep(client::TauApi& api, const SweepFile& sweep, const std::vector<api::Run>& made,
+                const std::vector<std::vector<spec::Override>>& points) {
+  struct Row {
+    std::vector<std::string> cells;
+    std::optional<double> objective;
+  };
+  std::vector<Row> rows;
+  for (size_t i = 0; i < made.size(); ++i) {
+    auto now = api.GetRun(made[i].name);
+    Row row;
+    row.cells = {made[i].name, now.ok() ? now->run.state : "?"};
+    for (const spec::Override& o : points[i]) row.cells.push_back(o.value);
+    if (!sweep.metric.empty()) row.objective = ObjectiveOf(api, made[i].name, sweep.metric);
+    rows.push_back(std::move(row));
+  }
+  // A run's last points are read just after it ends: a run that has none yet gets a few seconds.
+  const int64_t until = MonotonicMillis() + 5'000;
+  for (bool missing = !sweep.metric.empty(); missing && MonotonicMillis() < until;) {
+    missing = false;
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (!rows[i].objective && rows[i].cells[1] == "Succeeded") {
+        rows[i].objective = ObjectiveOf(api, made[i].name, sweep.metric);
+        missing |= !rows[i].objective;
+      }
+    if (missing) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (!sweep.metric.empty())
+    for (Row& row : rows)
+      row.cells.push_back(row.objective ? fmt::format("{:.6g}", *row.objective) : "-");
+  std::stable_sort(rows.begin(), rows.end(), [&](const Row& a, const Row& b) {
+    if (!a.objective || !b.objective) return a.objective.has_value() && !b.objective;
+    return sweep.maximize ? *a.objective > *b.objective : *a.objective < *b.objective;
+  });
+  std::vector<std::string> head = {"RUN", "STATE"};
+  for (const SweepParameter& p : sweep.parameters) head.push_back(p.path);
+  if (!sweep.metric.empty())
+    head.push_back(fmt::format("{} ({})", sweep.metric, sweep.maximize ? "max" : "min"));
+  std::vector<std::vector<std::string>> table;
+  for (Row& r : rows) table.push_back(std::move(r.cells));
+  PrintTable(head, table);
+}
+
+}  // namespace
+
+int CmdSweep(const Global& g, const SweepOptions& o) {
+  auto text = ReadFileAtMost(o.file, spec::kMaxSpecBytes, "a sweep file");
+  if (!text.ok()) return Fail(text.status().message());
+  auto sweep = ParseSweep(*text, o.file);
+  if (!sweep.ok()) {
+    std::fprintf(stderr, "%s\n", sweep.status().message().c_str());
+    return kExitInvalid;
+  }
+  // The spec: a TARGET (tau/NAME.yaml of the repository), or a file beside the sweep file.
+  std::string target = sweep->spec;
+  const bool is_file = target.find('/') != std::string::npos || EndsWith(target, ".yaml") ||
+                       EndsWith(target, ".yml");
+  if (is_file && target[0] != '/')
+    target = (fs::path(o.file).parent_path() / target).lexically_normal().string();
+  auto file = ResolveSpecTarget(target, o.code_dir);
+  if (!file.ok()) return Fail(o.file + ": spec: " + file.status().message());
+  std::string spec_text;
+  int rc = 0;
+  std::optional<spec::ParseOutcome> base = ReadSpecFile(*file, &spec_text, &rc);
+  if (!base) return rc;
+  const std::string group =
+      sweep->group.empty() ? base->spec->name + "-sweep-" + RandomHex(4) : sweep->group;
+  // Every point is checked as `tau run --set` would check it before anything is sent.
+  std::vector<std::vector<spec::Override>> points = SweepPoints(*sweep);
+  nlohmann::json runs = nlohmann::json::array();
+  for (size_t i = 0; i < points.size(); ++i) {
+    std::vector<spec::Override> overrides = points[i];
+    overrides.push_back({"experiment.group", group});
+    spec::ParseOutcome parsed = spec::ParseSpec(spec_text, *file, overrides);
+    if (!parsed.ok()) {
+      std::vector<std::string> texts;
+      for (const spec::Override& v : points[i]) texts.push_back(v.Text());
+      std::fprintf(stderr, "%s: point %zu of %zu (%s):\n%s\n", o.file.c_str(), i + 1, points.size(),
+                   Join(texts, ", ").c_str(), parsed.ErrorText().c_str());
+      return kExitInvalid;
+    }
+    nlohmann::json set = nlohmann::json::array();
+    for (const spec::Override& v : overrides) set.push_back(v.Text());
+    runs.push_back(
+        {{"spec", {{"file", *file}, {"yaml", spec_text}, {"set", std::move(set)}}}, {"code", 0}});
+  }
+  std::unique_ptr<client::Connection> conn;
+  auto code = SubmitCode(g, *file, *base, o.code_dir, &conn);
+  if (!code.ok()) return Fail(code.status().message());
+  const std::string request =
+      JsonText({{"codes", nlohmann::json::array({std::move(*code)})}, {"runs", std::move(runs)}});
+  const std::string key = RandomHex(32);
+  auto submitted = Retrying(
+      g, &conn, [&](client::Connection* c) { return client::TauApi(c).SubmitBatch(request, key); },
+      [](const Status& s, int tried) {
+        std::fprintf(stderr,
+                     "tau: no answer to the submission (%s); sending it again with the same key, "
+                     "which never makes a second sweep (try %d of %d)\n",
+                     s.message().c_str(), tried + 1, kTries);
+      });
+  if (!submitted.ok()) return SubmitFailed(*file, *base, submitted.status());
+  const std::vector<api::Run>& made = submitted->runs;
+  if (o.detach) {
+    for (const api::Run& r : made) std::puts(r.name.c_str());
+    return 0;
+  }
+  std::fprintf(stderr, "tau: sweep %s submitted: %zu runs in group %s (tau list --group %s)\n",
+               o.file.c_str(), made.size(), group.c_str(), group.c_str());
+  std::snprintf(g_detach_message, sizeof g_detach_message,
+                "\ntau: detached; the sweep's runs go on without this terminal. See them: tau "
+                "list --group %s\n",
+                group.c_str());
+  ::signal(SIGINT, OnInterrupt);
+  size_t failed = 0;
+  const int status = WaitForRuns(conn.get(), made, &failed);
+  client::TauApi api(conn.get());
+  PrintSweep(api, *sweep, made, points);
+  std::fprintf(stderr, "tau: sweep %s: %zu of %zu runs succeeded\n", o.file.c_str(),
                made.size() - failed, made.size());
   return status;
 }

@@ -1,0 +1,259 @@
+#include "cli/sweep.h"
+
+#include <cmath>
+#include <set>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+namespace tau::cli {
+namespace {
+
+// Collects errors at their place in the file; the parse goes on, so all of them are said at once.
+struct Errors {
+  const std::string& file;
+  std::vector<std::string> lines;
+  void Add(const YAML::Mark& at, const std::string& message) {
+    lines.push_back(fmt::format("{}:{}:{}: error: {}", file, at.line + 1, at.column + 1, message));
+  }
+};
+
+// A scalar as --set takes it; a sequence of scalars as a flow list ("[a, b]"); nullopt otherwise.
+std::optional<std::string> SetText(const YAML::Node& v) {
+  if (v.IsScalar()) return v.Scalar();
+  if (!v.IsSequence()) return std::nullopt;
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].IsScalar()) return std::nullopt;
+    if (i) out += ", ";
+    out += v[i].Scalar();
+  }
+  return out + "]";
+}
+
+std::optional<double> Number(const YAML::Node& v, bool* integer) {
+  if (!v.IsScalar()) return std::nullopt;
+  const std::string& s = v.Scalar();
+  char* end = nullptr;
+  double d = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || !std::isfinite(d)) return std::nullopt;
+  *integer = s.find_first_of(".eE") == std::string::npos;
+  return d;
+}
+
+void ParseParameter(const std::string& path, const YAML::Node& v, bool random, Errors* errors,
+                    SweepParameter* out) {
+  out->path = path;
+  out->line = v.Mark().line + 1;
+  out->column = v.Mark().column + 1;
+  if (v.IsSequence()) {
+    if (v.size() == 0) errors->Add(v.Mark(), "parameters." + path + ": no values");
+    for (const YAML::Node& item : v) {
+      auto text = SetText(item);
+      if (!text)
+        errors->Add(item.Mark(),
+                    "parameters." + path + ": a value is a scalar or a list of scalars");
+      else
+        out->values.push_back(*text);
+    }
+    return;
+  }
+  if (!v.IsMap()) {
+    errors->Add(v.Mark(), "parameters." + path +
+                              ": give a list of values, or (method random) {min, max, scale}");
+    return;
+  }
+  if (!random) {
+    errors->Add(v.Mark(), "parameters." + path +
+                              ": a range needs method: random; a grid takes a list of values");
+    return;
+  }
+  bool int_min = false, int_max = false;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string key = it->first.Scalar();
+    if (key == "min") {
+      out->min = Number(it->second, &int_min);
+      if (!out->min) errors->Add(it->second.Mark(), "parameters." + path + ".min: not a number");
+    } else if (key == "max") {
+      out->max = Number(it->second, &int_max);
+      if (!out->max) errors->Add(it->second.Mark(), "parameters." + path + ".max: not a number");
+    } else if (key == "scale") {
+      const std::string s = it->second.IsScalar() ? it->second.Scalar() : "";
+      if (s == "log")
+        out->log = true;
+      else if (s != "linear")
+        errors->Add(it->second.Mark(), "parameters." + path + ".scale: linear or log");
+    } else {
+      errors->Add(it->first.Mark(),
+                  "parameters." + path + ": unknown field '" + key + "' (min, max, scale)");
+    }
+  }
+  if (!out->min || !out->max) {
+    if (v["min"] && v["max"]) return;  // said above
+    errors->Add(v.Mark(), "parameters." + path + ": a range needs min and max");
+    return;
+  }
+  out->integer = int_min && int_max;
+  if (*out->min > *out->max) errors->Add(v.Mark(), "parameters." + path + ": min is above max");
+  if (out->log && *out->min <= 0)
+    errors->Add(v.Mark(), "parameters." + path + ": a log scale needs min > 0");
+}
+
+// splitmix64: a draw that is the same on every machine and library.
+uint64_t Next(uint64_t* state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+double Unit(uint64_t* state) { return static_cast<double>(Next(state) >> 11) * 0x1.0p-53; }
+
+std::string Draw(const SweepParameter& p, uint64_t* state) {
+  if (!p.values.empty()) return p.values[Next(state) % p.values.size()];
+  const double u = Unit(state);
+  double v = p.log ? std::exp(std::log(*p.min) + u * (std::log(*p.max) - std::log(*p.min)))
+                   : *p.min + u * (*p.max - *p.min);
+  if (p.integer) return fmt::format("{}", static_cast<int64_t>(std::llround(v)));
+  return fmt::format("{:.6g}", v);
+}
+
+}  // namespace
+
+Result<SweepFile> ParseSweep(const std::string& text, const std::string& file) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(
+        fmt::format("{}:{}:{}: error: {}", file, e.mark.line + 1, e.mark.column + 1, e.msg));
+  }
+  SweepFile out;
+  out.file = file;
+  Errors errors{file, {}};
+  if (!root.IsMap()) return InvalidArgument(file + ": error: a sweep file is a YAML mapping");
+  auto scalar = [&](const YAML::Node& v, const std::string& what) -> std::string {
+    if (v.IsScalar() && !v.Scalar().empty()) return v.Scalar();
+    errors.Add(v.Mark(), what + ": expected a string");
+    return "";
+  };
+  YAML::Node parameters;
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string key = it->first.Scalar();
+    const YAML::Node& v = it->second;
+    if (key == "spec") {
+      out.spec = scalar(v, "spec");
+    } else if (key == "group") {
+      out.group = scalar(v, "group");
+    } else if (key == "method") {
+      const std::string m = scalar(v, "method");
+      if (m == "random")
+        out.random = true;
+      else if (m != "grid" && !m.empty())
+        errors.Add(v.Mark(), "method: grid or random, not '" + m + "'");
+    } else if (key == "samples" || key == "seed") {
+      bool integer = false;
+      auto n = Number(v, &integer);
+      if (!n || !integer || *n < (key == "samples" ? 1 : 0) || *n > 1e15)
+        errors.Add(v.Mark(), key + ": expected a whole number" +
+                                 (key == "samples" ? " of at least 1" : " >= 0"));
+      else if (key == "samples")
+        out.samples = static_cast<int64_t>(*n);
+      else
+        out.seed = static_cast<uint64_t>(*n);
+    } else if (key == "objective") {
+      if (!v.IsMap()) {
+        errors.Add(v.Mark(), "objective: expected {metric, goal}");
+        continue;
+      }
+      for (auto o = v.begin(); o != v.end(); ++o) {
+        const std::string ok = o->first.Scalar();
+        if (ok == "metric") {
+          out.metric = scalar(o->second, "objective.metric");
+        } else if (ok == "goal") {
+          const std::string g = scalar(o->second, "objective.goal");
+          if (g == "maximize")
+            out.maximize = true;
+          else if (g != "minimize" && !g.empty())
+            errors.Add(o->second.Mark(), "objective.goal: minimize or maximize, not '" + g + "'");
+        } else {
+          errors.Add(o->first.Mark(), "objective: unknown field '" + ok + "' (metric, goal)");
+        }
+      }
+      if (out.metric.empty() && !v["metric"]) errors.Add(v.Mark(), "objective: needs a metric");
+    } else if (key == "parameters") {
+      parameters = v;
+    } else if (key == "max_parallel") {
+      // Refused rather than ignored: nothing holds a sweep's runs back yet but their queue's quota.
+      errors.Add(it->first.Mark(),
+                 "max_parallel: not supported yet; the runs wait for their queue's quota like "
+                 "any run (give the sweep a queue or profile of its own to bound it)");
+    } else {
+      errors.Add(it->first.Mark(), "unknown field '" + key +
+                                       "' (spec, group, method, samples, seed, objective, "
+                                       "parameters)");
+    }
+  }
+  if (out.spec.empty() && !root["spec"])
+    errors.Add(root.Mark(), "spec: missing; name the spec file the sweep runs");
+  if (!parameters || !parameters.IsMap() || parameters.size() == 0) {
+    errors.Add(parameters ? parameters.Mark() : root.Mark(),
+               "parameters: give at least one spec path and its values");
+  } else {
+    std::set<std::string> seen;
+    for (auto it = parameters.begin(); it != parameters.end(); ++it) {
+      const std::string path = it->first.Scalar();
+      if (!seen.insert(path).second) {
+        errors.Add(it->first.Mark(), "parameters." + path + ": given twice");
+        continue;
+      }
+      SweepParameter p;
+      ParseParameter(path, it->second, out.random, &errors, &p);
+      out.parameters.push_back(std::move(p));
+    }
+  }
+  if (out.random && out.samples == 0 && !root["samples"])
+    errors.Add(root.Mark(), "samples: method random needs the number of runs to draw");
+  if (!out.random && root["samples"])
+    errors.Add(root["samples"].Mark(), "samples: only for method random (a grid runs every point)");
+  if (errors.lines.empty()) {
+    int64_t runs = out.random ? out.samples : 1;
+    if (!out.random)
+      for (const SweepParameter& p : out.parameters)
+        runs = std::min<int64_t>(runs * static_cast<int64_t>(p.values.size()), kMaxSweepRuns + 1);
+    if (runs > kMaxSweepRuns)
+      errors.Add(root.Mark(),
+                 fmt::format("the sweep makes more than {} runs; split it", kMaxSweepRuns));
+  }
+  if (!errors.lines.empty()) {
+    std::string message;
+    for (const std::string& line : errors.lines) (message += message.empty() ? "" : "\n") += line;
+    return InvalidArgument(message);
+  }
+  return out;
+}
+
+std::vector<std::vector<spec::Override>> SweepPoints(const SweepFile& sweep) {
+  std::vector<std::vector<spec::Override>> points;
+  if (sweep.random) {
+    uint64_t state = sweep.seed;
+    for (int64_t i = 0; i < sweep.samples; ++i) {
+      std::vector<spec::Override> point;
+      for (const SweepParameter& p : sweep.parameters) point.push_back({p.path, Draw(p, &state)});
+      points.push_back(std::move(point));
+    }
+    return points;
+  }
+  points.push_back({});
+  for (const SweepParameter& p : sweep.parameters) {
+    std::vector<std::vector<spec::Override>> next;
+    for (const auto& point : points)
+      for (const std::string& v : p.values) {
+        next.push_back(point);
+        next.back().push_back({p.path, v});
+      }
+    points = std::move(next);
+  }
+  return points;
+}
+
+}  // namespace tau::cli

@@ -1,0 +1,112 @@
+#include "cli/sweep.h"
+
+#include <set>
+
+#include <gtest/gtest.h>
+
+namespace tau::cli {
+namespace {
+
+std::vector<std::string> Texts(const std::vector<spec::Override>& point) {
+  std::vector<std::string> out;
+  for (const spec::Override& o : point) out.push_back(o.Text());
+  return out;
+}
+
+TEST(Sweep, AGridRunsEveryCombinationTheLastParameterFastest) {
+  auto sweep = ParseSweep(
+      "spec: tau.yaml\n"
+      "group: lr\n"
+      "objective: {metric: loss, goal: minimize}\n"
+      "parameters:\n"
+      "  runtime.env.LR: [0.01, 0.1, 1]\n"
+      "  run.args: [[--steps, 10], [--steps, 20]]\n",
+      "sweep.yaml");
+  ASSERT_TRUE(sweep.ok()) << sweep.status().message();
+  EXPECT_EQ(sweep->spec, "tau.yaml");
+  EXPECT_EQ(sweep->group, "lr");
+  EXPECT_EQ(sweep->metric, "loss");
+  EXPECT_FALSE(sweep->maximize);
+  auto points = SweepPoints(*sweep);
+  ASSERT_EQ(points.size(), 6u);
+  EXPECT_EQ(Texts(points[0]),
+            (std::vector<std::string>{"runtime.env.LR=0.01", "run.args=[--steps, 10]"}));
+  EXPECT_EQ(Texts(points[1]),
+            (std::vector<std::string>{"runtime.env.LR=0.01", "run.args=[--steps, 20]"}));
+  EXPECT_EQ(Texts(points[5]),
+            (std::vector<std::string>{"runtime.env.LR=1", "run.args=[--steps, 20]"}));
+}
+
+TEST(Sweep, ARandomDrawIsTheSameForTheSameSeedAndStaysInItsRanges) {
+  const std::string text =
+      "spec: tau.yaml\nmethod: random\nsamples: 50\nseed: 7\n"
+      "parameters:\n"
+      "  runtime.env.LR: {min: 0.0001, max: 0.1, scale: log}\n"
+      "  compute.workers: {min: 1, max: 4}\n"
+      "  runtime.env.OPT: [adam, sgd]\n";
+  auto a = ParseSweep(text, "s.yaml");
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  auto points = SweepPoints(*a);
+  ASSERT_EQ(points.size(), 50u);
+  EXPECT_EQ(Texts(points[0]), Texts(SweepPoints(*ParseSweep(text, "s.yaml"))[0]));
+  std::set<std::string> optimisers, workers;
+  for (const auto& p : points) {
+    const double lr = std::stod(p[0].value);
+    EXPECT_GE(lr, 0.0001);
+    EXPECT_LE(lr, 0.1);
+    workers.insert(p[1].value);
+    optimisers.insert(p[2].value);
+  }
+  EXPECT_EQ(workers, (std::set<std::string>{"1", "2", "3", "4"}));  // whole numbers, every one
+  EXPECT_EQ(optimisers, (std::set<std::string>{"adam", "sgd"}));
+  auto other = ParseSweep(
+      text.substr(0, text.find("seed")) + "seed: 8\n" + text.substr(text.find("parameters")),
+      "s.yaml");
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(Texts(SweepPoints(*other)[0]), Texts(points[0]));
+}
+
+TEST(Sweep, EveryMistakeIsSaidAtItsPlace) {
+  auto bad = ParseSweep(
+      "method: grid\n"
+      "objective: {metric: loss, goal: lowest}\n"
+      "max_parallel: 2\n"
+      "colour: blue\n"
+      "parameters:\n"
+      "  runtime.env.LR: []\n"
+      "  compute.gpus: {min: 0, max: 2}\n",
+      "sweep.yaml");
+  ASSERT_FALSE(bad.ok());
+  const std::string& m = bad.status().message();
+  EXPECT_NE(m.find("sweep.yaml:2:33: error: objective.goal: minimize or maximize, not 'lowest'"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("sweep.yaml:3:1: error: max_parallel: not supported yet"), std::string::npos)
+      << m;
+  EXPECT_NE(m.find("sweep.yaml:4:1: error: unknown field 'colour'"), std::string::npos) << m;
+  EXPECT_NE(m.find("sweep.yaml:6:19: error: parameters.runtime.env.LR: no values"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("sweep.yaml:7:17: error: parameters.compute.gpus: a range needs method: random"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("error: spec: missing"), std::string::npos) << m;
+
+  auto huge = ParseSweep(
+      "spec: t.yaml\nparameters:\n  a: [1,2,3,4,5,6,7,8,9,10]\n  b: [1,2,3,4,5,6,7,8,9,10]\n"
+      "  c: [1,2,3,4,5,6,7,8,9,10]\n  d: [1,2,3,4,5,6,7,8,9,10]\n  e: [1, 2]\n",
+      "s.yaml");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("more than 10000 runs"), std::string::npos);
+  auto random_without_samples =
+      ParseSweep("spec: t.yaml\nmethod: random\nparameters:\n  a: [1]\n", "s.yaml");
+  ASSERT_FALSE(random_without_samples.ok());
+  EXPECT_NE(random_without_samples.status().message().find("samples: method random needs"),
+            std::string::npos);
+  auto not_yaml = ParseSweep("spec: [\n", "s.yaml");
+  ASSERT_FALSE(not_yaml.ok());
+  EXPECT_EQ(not_yaml.status().message().rfind("s.yaml:", 0), 0u);
+}
+
+}  // namespace
+}  // namespace tau::cli

@@ -1,0 +1,100 @@
+"""`tau sweep` (issue #23) with a real server and real processes: a 3 x 2 grid over two spec paths
+makes six runs in one experiment group, submitted together, and prints them best first by the
+objective; a random sweep draws the same points for the same seed; a bad point or a bad sweep file
+is refused before anything is submitted."""
+import json
+import os
+import unittest
+
+from harness import ServerTestCase
+
+SPEC = ("schema_version: 1\nname: {name}\nrun:\n  entrypoint: main.sh\n  workload_kind: job\n"
+        "  args: ['1']\n"
+        "compute:\n  gpus: 0\n  workers: 1\n  cpus: 100m\n  memory: 16Mi\n"
+        "runtime:\n  env:\n    LR: '0.1'\n")
+MAIN = "#!/bin/sh\nexec python3 train.py \"$@\"\n"
+# The loss after the last step is LR * SCALE (the first argument): the objective is known exactly.
+TRAIN = """import json, os, sys
+lr, scale = float(os.environ["LR"]), float(sys.argv[1])
+with open(os.environ["TAU_METRICS_FILE"], "a") as f:
+    for step in range(3):
+        f.write(json.dumps({"step": step, "name": "loss", "value": 10 - step if step < 2
+                            else lr * scale}) + "\\n")
+"""
+
+
+class SweepTest(ServerTestCase):
+    def sweep_project(self, name, sweep):
+        spec = self.project(SPEC.format(name=name), {"main.sh": MAIN, "train.py": TRAIN})
+        path = os.path.join(os.path.dirname(spec), "sweep.yaml")
+        with open(path, "w") as f:
+            f.write(sweep)
+        return path
+
+    def runs(self, group=None):
+        args = ["list", "--all", "-o", "json"] + (["--group", group] if group else [])
+        return json.loads(self.server.tau(*args, check=0).stdout)["runs"]
+
+    def test_a_grid_makes_every_point_in_one_group_best_first(self):
+        path = self.sweep_project("grid", "spec: tau.yaml\ngroup: g1\n"
+                                          "objective: {metric: loss, goal: minimize}\n"
+                                          "parameters:\n"
+                                          "  runtime.env.LR: ['0.3', '0.1', '0.2']\n"
+                                          "  run.args: [['1'], ['5']]\n")
+        p = self.server.tau("sweep", path, check=0, timeout=120)
+        self.assertIn("6 runs in group g1", p.stderr)
+        self.assertIn("6 of 6 runs succeeded", p.stderr)
+        lines = p.stdout.strip().splitlines()
+        self.assertEqual(lines[0].split(), ["RUN", "STATE", "runtime.env.LR", "run.args",
+                                            "loss", "(min)"])
+        table = [line.split() for line in lines[1:]]
+        self.assertEqual(len(table), 6)
+        # Sorted by the loss each point must give: LR * SCALE.
+        got = [(row[2], row[3], float(row[-1])) for row in table]
+        want = sorted(((lr, f"[{s}]", float(lr) * int(s)) for lr in ("0.3", "0.1", "0.2")
+                       for s in ("1", "5")), key=lambda t: t[2])
+        self.assertEqual([(lr, args) for lr, args, _ in got], [(lr, a) for lr, a, _ in want])
+        for (_, _, loss), (_, _, expected) in zip(got, want):
+            self.assertAlmostEqual(loss, expected, places=5)
+        # All six are the group's, and nothing else is.
+        in_group = self.runs("g1")
+        self.assertEqual(sorted(r["name"] for r in in_group), sorted(row[0] for row in table))
+        self.assertEqual(len(self.runs()), 6)
+        # Each run records its point as the command line's.
+        detail = self.server.run_json(table[0][0])["run"]
+        texts = {o["path"]: o["value"] for o in detail["spec"]["overrides"]}
+        self.assertEqual(texts["experiment.group"], "g1")
+        self.assertEqual(texts["runtime.env.LR"], table[0][2])
+
+    def test_a_random_sweep_draws_the_same_points_for_the_same_seed(self):
+        sweep = ("spec: tau.yaml\nmethod: random\nsamples: 4\nseed: {seed}\ngroup: r{seed}\n"
+                 "parameters:\n  runtime.env.LR: {{min: 0.001, max: 1, scale: log}}\n")
+        points = {}
+        for seed in (5, 5):
+            path = self.sweep_project(f"rnd{len(points)}", sweep.format(seed=seed))
+            names = self.server.tau("sweep", "--detach", path, check=0).stdout.split()
+            self.assertEqual(len(names), 4)
+            lrs = [self.server.run_json(n)["run"]["spec"]["runtime"]["env"]["LR"] for n in names]
+            for lr in lrs:
+                self.assertTrue(0.001 <= float(lr) <= 1, lr)
+            points[len(points)] = lrs
+        self.assertEqual(points[0], points[1])
+        self.assertEqual(len(set(points[0])), 4)
+
+    def test_a_bad_point_or_file_is_refused_before_anything_is_submitted(self):
+        path = self.sweep_project("bad", "spec: tau.yaml\nparameters:\n"
+                                         "  compute.workers: ['1', two]\n")
+        p = self.server.tau("sweep", path, check=1)
+        self.assertIn("sweep.yaml: point 2 of 2 (compute.workers=two):", p.stderr)
+        self.assertIn("--set compute.workers=two: error: compute.workers: expected an integer",
+                      p.stderr)
+        path = self.sweep_project("bad2", "spec: tau.yaml\nmax_parallel: 2\nparameters:\n"
+                                          "  runtime.env.LR: ['1']\n  nosuch: 3\n")
+        p = self.server.tau("sweep", path, check=1)
+        self.assertIn("sweep.yaml:2:1: error: max_parallel: not supported yet", p.stderr)
+        self.assertIn("sweep.yaml:5:11: error: parameters.nosuch: give a list of values", p.stderr)
+        self.assertEqual(self.runs(), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
