@@ -4,6 +4,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import unittest
@@ -66,20 +67,27 @@ class PlatformCliTest(unittest.TestCase):
                 self.assertIn(expect, p.stderr)
 
     def test_explain_names_each_source(self):
+        # A home of its own, with no server: `tau explain` without --platform asks the server it
+        # finds, and for root that is the machine's (/var/lib/tau), which another suite may be
+        # running with a platform of its own.
+        home = tempfile.mkdtemp(prefix="tau-explain-")
+        self.addCleanup(shutil.rmtree, home, ignore_errors=True)
+        env = {k: v for k, v in os.environ.items() if k != "TAU_SERVER"}
+        env["TAU_HOME"] = home
         spec = os.path.join(self.REPO, "examples/quickstart/tau.yaml")
         platform = os.path.join(self.REPO, "examples/platform/platform.yaml")
         p = subprocess.run([TAU, "explain", spec, "--platform", platform, "--user", "alice"],
-                           capture_output=True, text=True)
+                           env=env, capture_output=True, text=True)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertRegex(p.stdout, r"policy\.queue\s+research\s+workspace research default")
         self.assertRegex(p.stdout, r"compute\.cpus\s+1\s+spec")
         j = json.loads(subprocess.run([TAU, "explain", spec, "--platform", platform, "--user", "alice",
-                                       "-o", "json"], capture_output=True, text=True).stdout)
+                                       "-o", "json"], env=env, capture_output=True, text=True).stdout)
         self.assertIn({"field": "compute.memory", "value": "512Mi", "source": "spec"}, j["provenance"])
         denied = subprocess.run([TAU, "explain", spec, "--platform", platform, "--user", "mallory"],
-                                capture_output=True, text=True)
+                                env=env, capture_output=True, text=True)
         self.assertEqual(denied.returncode, 1)
         self.assertIn("not a member of workspace 'research'", denied.stderr)
-        default = subprocess.run([TAU, "explain", spec], capture_output=True, text=True)
+        default = subprocess.run([TAU, "explain", spec], env=env, capture_output=True, text=True)
         self.assertEqual(default.returncode, 0, default.stderr)
         self.assertIn("platform default", default.stdout)
