@@ -240,6 +240,23 @@ void WarnIfSetIgnored(const RunOptions& o, const spec::ParseOutcome& parsed, con
                run.name.c_str(), run.config_hash.c_str(), want.c_str(), run.name.c_str());
 }
 
+// A batch submission, sent again while no answer comes, under one key for every try: a try the
+// server got but did not answer made the runs, and the next try gets those runs back instead of
+// a second `what` ("array").
+Result<api::SubmittedBatch> SubmitBatchOnce(const Global& g,
+                                            std::unique_ptr<client::Connection>* conn,
+                                            const std::string& request, const char* what) {
+  const std::string key = RandomHex(32);
+  return Retrying(
+      g, conn, [&](client::Connection* c) { return client::TauApi(c).SubmitBatch(request, key); },
+      [&](const Status& s, int tried) {
+        std::fprintf(stderr,
+                     "tau: no answer to the submission (%s); sending it again with the same key, "
+                     "which never makes a second %s (try %d of %d)\n",
+                     s.message().c_str(), what, tried + 1, kTries);
+      });
+}
+
 // Waits for every run to end, saying so of each that does not succeed; the first one's exit
 // status (0 when all succeeded), with how many did not in `*failed`.
 int WaitForRuns(client::Connection* conn, const std::vector<api::Run>& runs, size_t* failed) {
@@ -331,17 +348,7 @@ int CmdRunArray(const Global& g, const RunOptions& o, const std::string& range_t
       {{"codes", nlohmann::json::array({std::move(*code)})},
        {"runs", std::move(runs)},
        {"array", {{"first", range->first}, {"last", range->last}, {"step", range->step}}}});
-  // One key for the whole batch: a try the server got but did not answer made the runs, and the
-  // next try gets those runs back instead of a second array.
-  const std::string key = RandomHex(32);
-  auto submitted = Retrying(
-      g, &conn, [&](client::Connection* c) { return client::TauApi(c).SubmitBatch(request, key); },
-      [](const Status& s, int tried) {
-        std::fprintf(stderr,
-                     "tau: no answer to the submission (%s); sending it again with the same key, "
-                     "which never makes a second array (try %d of %d)\n",
-                     s.message().c_str(), tried + 1, kTries);
-      });
+  auto submitted = SubmitBatchOnce(g, &conn, request, "array");
   if (!submitted.ok()) return SubmitFailed(file, parsed, submitted.status());
   std::vector<api::Run>& made = submitted->runs;
   if (!made.empty()) WarnIfSetIgnored(o, parsed, made[0]);
@@ -484,15 +491,7 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
   if (!code.ok()) return Fail(code.status().message());
   const std::string request =
       JsonText({{"codes", nlohmann::json::array({std::move(*code)})}, {"runs", std::move(runs)}});
-  const std::string key = RandomHex(32);
-  auto submitted = Retrying(
-      g, &conn, [&](client::Connection* c) { return client::TauApi(c).SubmitBatch(request, key); },
-      [](const Status& s, int tried) {
-        std::fprintf(stderr,
-                     "tau: no answer to the submission (%s); sending it again with the same key, "
-                     "which never makes a second sweep (try %d of %d)\n",
-                     s.message().c_str(), tried + 1, kTries);
-      });
+  auto submitted = SubmitBatchOnce(g, &conn, request, "sweep");
   if (!submitted.ok()) return SubmitFailed(*file, *base, submitted.status());
   const std::vector<api::Run>& made = submitted->runs;
   if (o.detach) {
