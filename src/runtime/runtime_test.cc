@@ -432,10 +432,11 @@ TEST_F(RuntimeTest, TheShimMakesTheRunsCodeTreeOnceFromItsSnapshot) {
   ASSERT_EQ((*plan)[0].argv[0], code_root + "/sub/run.sh");
   AttemptConfig c = Config(*plan, "first");
   c.work_dir = ctx.work_dir;
-  c.code.emplace();
-  c.code->snapshot = snapshot;
-  c.code->root = code_root;
-  c.code->copy = true;
+  AttemptConfig::Code code;
+  code.snapshot = snapshot;
+  code.root = code_root;
+  code.copy = true;
+  c.code = code;
   AttemptOutcome o = Run(c);
   ASSERT_EQ(o.kind, OutcomeKind::kSucceeded) << o.message;
   EXPECT_TRUE(Contains(Log(c.attempt_dir, 0), "from the snapshot"));
@@ -452,9 +453,10 @@ TEST_F(RuntimeTest, TheShimMakesTheRunsCodeTreeOnceFromItsSnapshot) {
 
   // A snapshot that is gone fails the attempt's setup, and says what it was making.
   AttemptConfig lost = Config({Worker({"/bin/true"})}, "lost");
-  lost.code.emplace();
-  lost.code->snapshot = root_ + "/no-such-snapshot";
-  lost.code->root = root_ + "/run/lost-work";
+  code.snapshot = root_ + "/no-such-snapshot";
+  code.root = root_ + "/run/lost-work";
+  code.copy = false;
+  lost.code = code;
   o = Run(lost);
   EXPECT_EQ(o.kind, OutcomeKind::kSetupFailed);
   EXPECT_TRUE(Contains(o.message, "the run's code: ")) << o.message;

@@ -680,10 +680,11 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
   // Hard links to the snapshot's read-only files, unless the run's processes run as root, whom file
   // modes do not stop: they get copies. The shim makes them (docs/performance.md, "Code upload").
   auto ids = SubmitterIds(r);
-  config.code.emplace();
-  config.code->snapshot = r.snapshot_dir;
-  config.code->root = code_root;
-  config.code->copy = ids.ok() ? (*ids ? (*ids)->uid == 0 : ::geteuid() == 0) : true;
+  runtime::AttemptConfig::Code code;
+  code.snapshot = r.snapshot_dir;
+  code.root = code_root;
+  code.copy = ids.ok() ? (*ids ? (*ids)->uid == 0 : ::geteuid() == 0) : true;
+  config.code = std::move(code);
   config.workers = std::move(*workers);
   config.pip = run.spec.runtime.pip;
   config.venv_cache_dir = VenvCacheDir(std::nullopt);
