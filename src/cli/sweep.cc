@@ -139,7 +139,7 @@ Result<SweepFile> ParseSweep(const std::string& text, const std::string& file) {
   YAML::Node parameters;
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string key = it->first.Scalar();
-    const YAML::Node& v = it->second;
+    const YAML::Node v = it->second;  // a copy: operator-> gives a temporary
     if (key == "spec") {
       out.spec = scalar(v, "spec");
     } else if (key == "group") {
