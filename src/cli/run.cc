@@ -257,27 +257,28 @@ Result<api::SubmittedBatch> SubmitBatchOnce(const Global& g,
       });
 }
 
-// Waits for every run to end, saying so of each that does not succeed; the first one's exit
-// status (0 when all succeeded), with how many did not in `*failed`.
-int WaitForRuns(client::Connection* conn, const std::vector<api::Run>& runs, size_t* failed) {
-  std::vector<std::string> waiting;
-  for (const api::Run& r : runs) waiting.push_back(r.name);
+// Waits for every run to end, saying so of each that does not succeed, and leaves each of `runs`
+// as it ended; the first unsuccessful one's exit status (0 when all succeeded), with how many did
+// not succeed in `*failed`.
+int WaitForRuns(client::Connection* conn, std::vector<api::Run>* runs, size_t* failed) {
+  std::vector<size_t> waiting;
+  for (size_t i = 0; i < runs->size(); ++i) waiting.push_back(i);
   *failed = 0;
   int status = 0;
   while (!waiting.empty()) {
-    std::vector<std::string> still;
-    for (const std::string& name : waiting) {
-      auto now = client::TauApi(conn).GetRun(name);
+    std::vector<size_t> still;
+    for (size_t i : waiting) {
+      auto now = client::TauApi(conn).GetRun((*runs)[i].name);
       if (!now.ok()) return Fail(now.status().message());
-      const api::Run& run = now->run;
+      api::Run& run = (*runs)[i] = std::move(now->run);
       if (!run.IsTerminal()) {
-        still.push_back(name);
+        still.push_back(i);
         continue;
       }
       if (run.state != "Succeeded") {
         ++*failed;
         if (status == 0) status = RunExitStatus(run);
-        std::fprintf(stderr, "tau: run %s %s (%s): %s\n", name.c_str(),
+        std::fprintf(stderr, "tau: run %s %s (%s): %s\n", run.name.c_str(),
                      run.state == "Cancelled" ? "was cancelled" : "failed", run.reason.c_str(),
                      run.message.c_str());
       }
@@ -367,7 +368,7 @@ int CmdRunArray(const Global& g, const RunOptions& o, const std::string& range_t
                 array.c_str());
   ::signal(SIGINT, OnInterrupt);
   size_t failed = 0;
-  const int status = WaitForRuns(conn.get(), made, &failed);
+  const int status = WaitForRuns(conn.get(), &made, &failed);
   std::fprintf(stderr, "tau: array %s: %zu of %zu runs succeeded\n", array.c_str(),
                made.size() - failed, made.size());
   return status;
@@ -399,8 +400,8 @@ std::optional<double> ObjectiveOf(client::TauApi& api, const std::string& run,
   return stats.last;
 }
 
-// The sweep's runs as a table, best first by the objective (runs without it last), each with the
-// values of its point.
+// The sweep's runs, as they ended, as a table, best first by the objective (runs without it last),
+// each with the values of its point.
 void PrintSweep(client::TauApi& api, const SweepFile& sweep, const std::vector<api::Run>& made,
                 const std::vector<std::vector<spec::Override>>& points) {
   struct Row {
@@ -409,9 +410,8 @@ void PrintSweep(client::TauApi& api, const SweepFile& sweep, const std::vector<a
   };
   std::vector<Row> rows;
   for (size_t i = 0; i < made.size(); ++i) {
-    auto now = api.GetRun(made[i].name);
     Row row;
-    row.cells = {made[i].name, now.ok() ? now->run.state : "?"};
+    row.cells = {made[i].name, made[i].state};
     for (const spec::Override& o : points[i]) row.cells.push_back(o.value);
     if (!sweep.metric.empty()) row.objective = ObjectiveOf(api, made[i].name, sweep.metric);
     rows.push_back(std::move(row));
@@ -493,7 +493,7 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
       JsonText({{"codes", nlohmann::json::array({std::move(*code)})}, {"runs", std::move(runs)}});
   auto submitted = SubmitBatchOnce(g, &conn, request, "sweep");
   if (!submitted.ok()) return SubmitFailed(*file, *base, submitted.status());
-  const std::vector<api::Run>& made = submitted->runs;
+  std::vector<api::Run>& made = submitted->runs;
   if (o.detach) {
     for (const api::Run& r : made) std::puts(r.name.c_str());
     return 0;
@@ -506,7 +506,7 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
                 group.c_str());
   ::signal(SIGINT, OnInterrupt);
   size_t failed = 0;
-  const int status = WaitForRuns(conn.get(), made, &failed);
+  const int status = WaitForRuns(conn.get(), &made, &failed);
   client::TauApi api(conn.get());
   PrintSweep(api, *sweep, made, points);
   std::fprintf(stderr, "tau: sweep %s: %zu of %zu runs succeeded\n", o.file.c_str(),

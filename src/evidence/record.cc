@@ -200,13 +200,21 @@ Result<std::vector<LogInfo>> IndexAttemptLogs(const std::string& attempt_dir) {
   return out;
 }
 
-Result<std::vector<Artifact>> ScanArtifacts(const std::string& root, const std::string& kind,
-                                            const std::vector<int64_t>& attempt_starts,
-                                            const std::vector<Artifact>* previous) {
+// The artifacts of `kind` a former scan found, by path (their digests are reused while the file's
+// size and time are unchanged).
+static std::map<std::string, const Artifact*> ByPath(const std::vector<Artifact>* previous,
+                                                     const std::string& kind) {
   std::map<std::string, const Artifact*> known;
   if (previous)
     for (const Artifact& a : *previous)
       if (a.kind == kind) known[a.path] = &a;
+  return known;
+}
+
+Result<std::vector<Artifact>> ScanArtifacts(const std::string& root, const std::string& kind,
+                                            const std::vector<int64_t>& attempt_starts,
+                                            const std::vector<Artifact>* previous) {
+  const std::map<std::string, const Artifact*> known = ByPath(previous, kind);
   std::vector<Artifact> out;
   std::error_code ec;
   if (!fs::exists(root, ec)) return out;
@@ -252,10 +260,7 @@ Result<std::vector<Artifact>> ListArtifacts(const std::string& root, const std::
                                             size_t max_files, const std::vector<Artifact>* previous,
                                             bool* truncated) {
   *truncated = false;
-  std::map<std::string, const Artifact*> known;
-  if (previous)
-    for (const Artifact& a : *previous)
-      if (a.kind == kind) known[a.path] = &a;
+  const std::map<std::string, const Artifact*> known = ByPath(previous, kind);
   std::vector<Artifact> out;
   std::error_code ec;
   if (!fs::exists(root, ec)) return out;
