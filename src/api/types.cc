@@ -280,6 +280,23 @@ Status ReadRunArray(const json& j, const std::string& path, RunArray* out) {
   r.Int("first", &out->first);
   r.Int("last", &out->last);
   r.Int("step", &out->step);
+  r.OptionalInt("max_parallel", &out->max_parallel);
+  return r.Finish(&out->extra);
+}
+
+Status ReadWorkflowUpstream(const json& j, const std::string& path, WorkflowUpstream* out) {
+  Reader r(j, path);
+  r.Str("stage", &out->stage);
+  r.Str("run", &out->run);
+  r.Str("condition", &out->condition);
+  return r.Finish(&out->extra);
+}
+
+Status ReadRunWorkflow(const json& j, const std::string& path, RunWorkflow* out) {
+  Reader r(j, path);
+  r.Str("name", &out->name);
+  r.Str("stage", &out->stage);
+  r.List("after", &out->after, ReadWorkflowUpstream);
   return r.Finish(&out->extra);
 }
 
@@ -321,6 +338,12 @@ Status ReadRun(const json& j, const std::string& path, Run* out) {
     RunArray array;
     TAU_RETURN_IF_ERROR(ReadRunArray(*a, r.path().empty() ? "array" : r.path() + ".array", &array));
     out->array = std::move(array);
+  }
+  if (const json* w = r.Member("workflow", /*required=*/false)) {
+    RunWorkflow workflow;
+    TAU_RETURN_IF_ERROR(
+        ReadRunWorkflow(*w, r.path().empty() ? "workflow" : r.path() + ".workflow", &workflow));
+    out->workflow = std::move(workflow);
   }
   return r.Finish(&out->extra);
 }
@@ -755,18 +778,38 @@ json Run::ToJson() const {
   if (has_pending) j["pending"] = pending ? pending->ToJson() : json(nullptr);
   if (spec) j["spec"] = *spec;
   if (array) j["array"] = array->ToJson();
+  if (workflow) j["workflow"] = workflow->ToJson();
   return WithExtra(std::move(j), extra);
+}
+
+json RunWorkflow::ToJson() const {
+  return WithExtra(
+      {{"name", name},
+       {"stage", stage},
+       {"after", Array(after,
+                       [](const WorkflowUpstream& u) {
+                         return WithExtra(
+                             {{"stage", u.stage}, {"run", u.run}, {"condition", u.condition}},
+                             u.extra);
+                       })}},
+      extra);
+}
+
+Result<RunWorkflow> RunWorkflow::FromJson(const json& j) {
+  return FromTop<RunWorkflow>(j, ReadRunWorkflow);
 }
 
 std::string RunArray::Range() const {
   std::string range = std::to_string(first) + "-" + std::to_string(last);
   if (step != 1) range += ":" + std::to_string(step);
+  if (max_parallel) range += "%" + std::to_string(*max_parallel);
   return range;
 }
 
 json RunArray::ToJson() const {
-  return WithExtra(
-      {{"name", name}, {"index", index}, {"first", first}, {"last", last}, {"step", step}}, extra);
+  json j = {{"name", name}, {"index", index}, {"first", first}, {"last", last}, {"step", step}};
+  if (max_parallel) j["max_parallel"] = *max_parallel;
+  return WithExtra(std::move(j), extra);
 }
 
 Result<RunArray> RunArray::FromJson(const json& j) { return FromTop<RunArray>(j, ReadRunArray); }

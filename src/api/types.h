@@ -44,11 +44,27 @@ struct RunArray {
   std::string name;
   int64_t index = 0;
   int64_t first = 0, last = 0, step = 1;
+  std::optional<int64_t> max_parallel;  // at most this many of its runs in play at once
   nlohmann::json extra = nlohmann::json::object();
 
-  std::string Range() const;  // "0-99", or "0-99:2" with a step
+  std::string Range() const;  // "0-99", or "0-99:2" with a step, then "%N" with max_parallel
   nlohmann::json ToJson() const;
   static Result<RunArray> FromJson(const nlohmann::json& j);
+};
+
+// A run's place in a workflow (`tau run workflow.yaml`): the workflow's name, the run's stage, and
+// the upstream runs it waits for, each with the condition it needs ("succeeded" or "finished").
+struct WorkflowUpstream {
+  std::string stage, run, condition;
+  nlohmann::json extra = nlohmann::json::object();
+};
+struct RunWorkflow {
+  std::string name, stage;
+  std::vector<WorkflowUpstream> after;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<RunWorkflow> FromJson(const nlohmann::json& j);
 };
 
 struct Run {
@@ -77,8 +93,9 @@ struct Run {
   // Queued runs carry `pending`: null until a scheduling pass has seen the run.
   bool has_pending = false;
   std::optional<Pending> pending;
-  std::optional<nlohmann::json> spec;  // the canonical spec, in the reply of one run only
-  std::optional<RunArray> array;       // only for a run of an array
+  std::optional<nlohmann::json> spec;   // the canonical spec, in the reply of one run only
+  std::optional<RunArray> array;        // only for a run of an array
+  std::optional<RunWorkflow> workflow;  // only for a run of a workflow's stage
   nlohmann::json extra = nlohmann::json::object();
 
   bool IsTerminal() const;  // Succeeded, Failed or Cancelled

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "admission/admission.h"
 #include "policy/policy.h"
@@ -21,6 +22,15 @@ struct Resources {
   int64_t memory_bytes = 0;
 };
 
+// An upstream run of a workflow's stage, as the stage's attempts are given it
+// (TAU_UPSTREAM_<STAGE>_CHECKPOINT, ..._OUTPUT_DIR): resolved once, when the stages it waits for
+// have ended.
+struct UpstreamRun {
+  std::string stage, run, state;
+  std::string checkpoint;  // its newest complete checkpoint then ("" when it had none)
+  std::string checkpoint_dir, output_dir;
+};
+
 struct ActiveRun {
   store::RunRecord record;
   spec::RunSpec spec;
@@ -32,6 +42,24 @@ struct ActiveRun {
   // Set while its attempt is being stopped because the admission engine preempted it.
   std::string preempted_by, preemption_reason;
   int64_t queued_since_ms = 0;  // when it last entered the queue (after any backoff)
+  // A workflow stage's upstream runs, once they have all ended as it needs (unset before, and for
+  // a run of its own).
+  std::optional<std::vector<UpstreamRun>> upstreams;
+  // Held back by its array's max_parallel: as many of the array's runs are in play as it allows.
+  bool throttled = false;
 };
+
+// Whether a workflow stage's run still waits for the runs of the stages before it: until the
+// controller has resolved them (ActiveRun::upstreams) it stays out of admission, and no backend
+// starts it.
+inline bool WaitsForUpstream(const ActiveRun& run) {
+  if (run.upstreams || !run.record.workflow.is_object()) return false;
+  auto after = run.record.workflow.find("after");
+  return after != run.record.workflow.end() && after->is_array() && !after->empty();
+}
+
+// Whether the controller holds a queued run out of admission (the stages before it, its array's
+// max_parallel): no backend starts it, and it holds no quota.
+inline bool HeldBack(const ActiveRun& run) { return run.throttled || WaitsForUpstream(run); }
 
 }  // namespace tau::server

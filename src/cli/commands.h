@@ -80,6 +80,7 @@ int CmdRun(const Global& g, const RunOptions& o);
 // TAU_ARRAY_INDEX; with `detach` the names are printed, else it waits for all of them to end.
 struct ArrayRange {
   int64_t first = 0, last = 0, step = 1;
+  std::optional<int64_t> max_parallel;  // "%N": at most N of its runs in play at once (Slurm's)
 };
 inline constexpr int64_t kMaxArrayRuns = 10'000;
 // InvalidArgument naming --array for an empty, malformed, reversed or too large range.
@@ -93,6 +94,10 @@ struct SweepOptions {
   std::string code_dir;
 };
 int CmdSweep(const Global& g, const SweepOptions& o);
+// workflow_commands.cc: workflow status|cancel|retry-stage. `tau run` of a workflow file (run.cc)
+// submits its stages as one batch; PrintStages shows them as they are.
+void RegisterWorkflowCommands(CLI::App* app, Context* ctx);
+void PrintStages(const std::vector<api::Run>& runs);
 int CmdStatus(const Global& g, const std::string& run, Format format);
 int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet, Format format);
 // watch_commands.cc: the live views over the server's event stream (GET /api/v1/events).

@@ -102,6 +102,7 @@ int Main(int argc, char** argv) {
   RegisterBasicCommands(&app, &ctx);
   RegisterServerCommand(&app, &ctx);
   RegisterRunCommands(&app, &ctx);
+  RegisterWorkflowCommands(&app, &ctx);
   RegisterEvidenceCommands(&app, &ctx);
   RegisterGpusCommand(&app, &ctx);
   RegisterQueueCommands(&app, &ctx);

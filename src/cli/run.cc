@@ -31,6 +31,7 @@
 #include "common/limits.h"
 #include "common/strings.h"
 #include "spec/spec.h"
+#include "spec/workflow.h"
 
 namespace tau::cli {
 namespace {
@@ -294,8 +295,8 @@ int WaitForRuns(client::Connection* conn, std::vector<api::Run>* runs, size_t* f
 Result<ArrayRange> ParseArrayRange(const std::string& text) {
   auto refuse = [&](const std::string& why) {
     return InvalidArgument(fmt::format(
-        "--array {}: {}; give FIRST-LAST or FIRST-LAST:STEP, such as 0-99 or 0-98:2 (at most {} "
-        "runs)",
+        "--array {}: {}; give FIRST-LAST[:STEP][%MAX_PARALLEL], such as 0-99, 0-98:2 or 0-99%4 "
+        "(at most {} runs)",
         text.empty() ? "''" : "'" + text + "'", why, kMaxArrayRuns));
   };
   // Digits only, at most 9 of them: no signs, spaces or overflow.
@@ -311,6 +312,15 @@ Result<ArrayRange> ParseArrayRange(const std::string& text) {
   };
   std::string_view rest = text;
   ArrayRange r;
+  const size_t percent = rest.find('%');
+  if (percent != std::string_view::npos) {
+    int64_t max = 0;
+    if (!number(rest.substr(percent + 1), &max))
+      return refuse("%MAX_PARALLEL is not a whole number");
+    if (max < 1) return refuse("%MAX_PARALLEL must be at least 1");
+    r.max_parallel = max;
+    rest = rest.substr(0, percent);
+  }
   const size_t colon = rest.find(':');
   if (colon != std::string_view::npos) {
     if (!number(rest.substr(colon + 1), &r.step)) return refuse("the step is not a whole number");
@@ -327,7 +337,11 @@ Result<ArrayRange> ParseArrayRange(const std::string& text) {
   return r;
 }
 
+std::optional<std::pair<std::string, std::string>> WorkflowTarget(const RunOptions& o);
+
 int CmdRunArray(const Global& g, const RunOptions& o, const std::string& range_text) {
+  if (WorkflowTarget(o))
+    return Fail("--array: " + o.target + " is a workflow file; an array is many runs of one spec");
   const bool detach = o.detach;
   // The range is checked before the spec is read or anything is sent.
   auto range = ParseArrayRange(range_text);
@@ -345,10 +359,11 @@ int CmdRunArray(const Global& g, const RunOptions& o, const std::string& range_t
   const nlohmann::json spec = read->SpecJson(o);
   for (int64_t i = range->first; i <= range->last; i += range->step)
     runs.push_back({{"spec", spec}, {"code", 0}, {"array_index", i}});
-  const std::string request = JsonText(
-      {{"codes", nlohmann::json::array({std::move(*code)})},
-       {"runs", std::move(runs)},
-       {"array", {{"first", range->first}, {"last", range->last}, {"step", range->step}}}});
+  nlohmann::json place = {{"first", range->first}, {"last", range->last}, {"step", range->step}};
+  if (range->max_parallel) place["max_parallel"] = *range->max_parallel;
+  const std::string request = JsonText({{"codes", nlohmann::json::array({std::move(*code)})},
+                                        {"runs", std::move(runs)},
+                                        {"array", std::move(place)}});
   auto submitted = SubmitBatchOnce(g, &conn, request, "array");
   if (!submitted.ok()) return SubmitFailed(file, parsed, submitted.status());
   std::vector<api::Run>& made = submitted->runs;
@@ -443,6 +458,17 @@ void PrintSweep(client::TauApi& api, const SweepFile& sweep, const std::vector<a
   PrintTable(head, table);
 }
 
+// A spec path named in a file beside it (a sweep's or a workflow's): a TARGET (tau/NAME.yaml of
+// the repository), or a file relative to that file's folder.
+Result<std::string> ResolveBeside(const std::string& beside, const std::string& target,
+                                  const std::string& code_dir) {
+  std::string t = target;
+  const bool is_file =
+      t.find('/') != std::string::npos || EndsWith(t, ".yaml") || EndsWith(t, ".yml");
+  if (is_file && t[0] != '/') t = (fs::path(beside).parent_path() / t).lexically_normal().string();
+  return ResolveSpecTarget(t, code_dir);
+}
+
 }  // namespace
 
 int CmdSweep(const Global& g, const SweepOptions& o) {
@@ -454,12 +480,7 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
     return kExitInvalid;
   }
   // The spec: a TARGET (tau/NAME.yaml of the repository), or a file beside the sweep file.
-  std::string target = sweep->spec;
-  const bool is_file = target.find('/') != std::string::npos || EndsWith(target, ".yaml") ||
-                       EndsWith(target, ".yml");
-  if (is_file && target[0] != '/')
-    target = (fs::path(o.file).parent_path() / target).lexically_normal().string();
-  auto file = ResolveSpecTarget(target, o.code_dir);
+  auto file = ResolveBeside(o.file, sweep->spec, o.code_dir);
   if (!file.ok()) return Fail(o.file + ": spec: " + file.status().message());
   std::string spec_text;
   int rc = 0;
@@ -483,14 +504,19 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
     }
     nlohmann::json set = nlohmann::json::array();
     for (const spec::Override& v : overrides) set.push_back(v.Text());
-    runs.push_back(
-        {{"spec", {{"file", *file}, {"yaml", spec_text}, {"set", std::move(set)}}}, {"code", 0}});
+    runs.push_back({{"spec", {{"file", *file}, {"yaml", spec_text}, {"set", std::move(set)}}},
+                    {"code", 0},
+                    {"array_index", i}});
   }
   std::unique_ptr<client::Connection> conn;
   auto code = SubmitCode(g, *file, *base, o.code_dir, &conn);
   if (!code.ok()) return Fail(code.status().message());
-  const std::string request =
-      JsonText({{"codes", nlohmann::json::array({std::move(*code)})}, {"runs", std::move(runs)}});
+  // One array, point i its run i (TAU_ARRAY_INDEX), so that max_parallel holds the rest back.
+  nlohmann::json array = {{"first", 0}, {"last", points.size() - 1}, {"step", 1}};
+  if (sweep->max_parallel > 0) array["max_parallel"] = sweep->max_parallel;
+  const std::string request = JsonText({{"codes", nlohmann::json::array({std::move(*code)})},
+                                        {"runs", std::move(runs)},
+                                        {"array", std::move(array)}});
   auto submitted = SubmitBatchOnce(g, &conn, request, "sweep");
   if (!submitted.ok()) return SubmitFailed(*file, *base, submitted.status());
   std::vector<api::Run>& made = submitted->runs;
@@ -514,7 +540,106 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
   return status;
 }
 
+// `tau run workflow.yaml`: each stage a run of its own, submitted together in one batch; the
+// server holds each stage until the stages it waits for have ended.
+int CmdRunWorkflow(const Global& g, const RunOptions& o, const std::string& file,
+                   const std::string& text) {
+  if (!o.set.empty())
+    return Fail(
+        "--set: a workflow's stages take their fields in the workflow file (each stage's "
+        "`set:`), not from the command line");
+  auto workflow = spec::ParseWorkflow(text, file);
+  if (!workflow.ok()) {
+    std::fprintf(stderr, "%s\n", workflow.status().message().c_str());
+    return kExitInvalid;
+  }
+  // Every stage is read and checked, with its overrides, before anything is sent.
+  struct Stage {
+    std::string file, text;
+    std::optional<spec::ParseOutcome> parsed;
+  };
+  std::vector<Stage> stages;
+  for (const spec::WorkflowStage& st : workflow->stages) {
+    Stage s;
+    auto resolved = ResolveBeside(file, st.spec, o.code_dir);
+    if (!resolved.ok())
+      return Fail(fmt::format("{}:{}:{}: stage '{}': spec: {}", file, st.line, st.column, st.name,
+                              resolved.status().message()));
+    s.file = *resolved;
+    auto overrides = spec::ParseOverrides(st.set);
+    if (!overrides.ok())
+      return Fail(fmt::format("{}:{}:{}: stage '{}': set: {}", file, st.line, st.column, st.name,
+                              overrides.status().message()));
+    int rc = 0;
+    s.parsed = ReadSpecFile(s.file, &s.text, &rc, *overrides);
+    if (!s.parsed) {
+      std::fprintf(stderr, "%s:%d:%d: stage '%s': its spec %s cannot be used (above)\n",
+                   file.c_str(), st.line, st.column, st.name.c_str(), s.file.c_str());
+      return rc;
+    }
+    stages.push_back(std::move(s));
+  }
+  std::unique_ptr<client::Connection> conn;
+  nlohmann::json codes = nlohmann::json::array();
+  nlohmann::json runs = nlohmann::json::array();
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const spec::WorkflowStage& st = workflow->stages[i];
+    auto code = SubmitCode(g, stages[i].file, *stages[i].parsed, o.code_dir, &conn);
+    if (!code.ok()) return Fail(fmt::format("stage '{}': {}", st.name, code.status().message()));
+    // Stages of one code directory share one snapshot.
+    size_t index = 0;
+    while (index < codes.size() && codes[index] != *code) ++index;
+    if (index == codes.size()) codes.push_back(std::move(*code));
+    nlohmann::json after = nlohmann::json::array();
+    for (const spec::StageDependency& d : st.after)
+      after.push_back({{"stage", d.stage}, {"condition", spec::ConditionName(d.condition)}});
+    nlohmann::json spec = {{"file", stages[i].file}, {"yaml", stages[i].text}};
+    if (!st.set.empty()) spec["set"] = st.set;
+    runs.push_back({{"spec", std::move(spec)},
+                    {"code", index},
+                    {"stage", st.name},
+                    {"after", std::move(after)}});
+  }
+  const std::string request = JsonText(
+      {{"codes", std::move(codes)}, {"runs", std::move(runs)}, {"workflow", workflow->name}});
+  auto submitted = SubmitBatchOnce(g, &conn, request, "workflow");
+  if (!submitted.ok()) {
+    // A refusal names the stage at fault (its index) when it is one stage's.
+    return Fail(fmt::format("{}: {}", file, submitted.status().message()));
+  }
+  std::vector<api::Run>& made = submitted->runs;
+  if (o.detach) {
+    for (const api::Run& r : made) std::puts(r.name.c_str());
+    return 0;
+  }
+  const std::string name = made.empty() || !made[0].workflow ? "" : made[0].workflow->name;
+  std::fprintf(stderr, "tau: workflow %s submitted: %zu stages (tau workflow status %s)\n",
+               name.c_str(), made.size(), name.c_str());
+  std::snprintf(g_detach_message, sizeof g_detach_message,
+                "\ntau: detached; workflow %s goes on without this terminal. See it: tau "
+                "workflow status %s\n",
+                name.c_str(), name.c_str());
+  ::signal(SIGINT, OnInterrupt);
+  size_t failed = 0;
+  const int status = WaitForRuns(conn.get(), &made, &failed);
+  PrintStages(made);
+  std::fprintf(stderr, "tau: workflow %s: %zu of %zu stages succeeded\n", name.c_str(),
+               made.size() - failed, made.size());
+  return status;
+}
+
+// The workflow file `tau run` was given, when it was given one: its path and text.
+std::optional<std::pair<std::string, std::string>> WorkflowTarget(const RunOptions& o) {
+  auto file = ResolveSpecTarget(o.target, o.code_dir);
+  if (!file.ok()) return std::nullopt;  // said by the spec's own path
+  auto text = ReadFileAtMost(*file, spec::kMaxSpecBytes, "a spec");
+  if (!text.ok() || !spec::IsWorkflowText(*text)) return std::nullopt;
+  return std::make_pair(*file, *text);
+}
+
 int CmdRun(const Global& g, const RunOptions& o) {
+  if (auto workflow = WorkflowTarget(o))
+    return CmdRunWorkflow(g, o, workflow->first, workflow->second);
   const bool detach = o.detach;
   int rc = 0;
   std::optional<ReadRun> read = ReadForRun(o, &rc);

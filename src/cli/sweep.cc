@@ -150,6 +150,14 @@ Result<SweepFile> ParseSweep(const std::string& text, const std::string& file) {
         out.random = true;
       else if (m != "grid" && !m.empty())
         errors.Add(v.Mark(), "method: grid or random, not '" + m + "'");
+    } else if (key == "max_parallel") {
+      bool integer = false;
+      auto n = Number(v, &integer);
+      if (!n || !integer || *n < 1 || *n > kMaxSweepRuns)
+        errors.Add(v.Mark(), fmt::format("max_parallel: expected a whole number from 1 to {}",
+                                         kMaxSweepRuns));
+      else
+        out.max_parallel = static_cast<int64_t>(*n);
     } else if (key == "samples" || key == "seed") {
       bool integer = false;
       auto n = Number(v, &integer);
@@ -182,15 +190,10 @@ Result<SweepFile> ParseSweep(const std::string& text, const std::string& file) {
       if (out.metric.empty() && !v["metric"]) errors.Add(v.Mark(), "objective: needs a metric");
     } else if (key == "parameters") {
       parameters = v;
-    } else if (key == "max_parallel") {
-      // Refused rather than ignored: nothing holds a sweep's runs back yet but their queue's quota.
-      errors.Add(it->first.Mark(),
-                 "max_parallel: not supported yet; the runs wait for their queue's quota like "
-                 "any run (give the sweep a queue or profile of its own to bound it)");
     } else {
       errors.Add(it->first.Mark(), "unknown field '" + key +
-                                       "' (spec, group, method, samples, seed, objective, "
-                                       "parameters)");
+                                       "' (spec, group, method, samples, seed, max_parallel, "
+                                       "objective, parameters)");
     }
   }
   if (out.spec.empty() && !root["spec"])

@@ -33,7 +33,8 @@ struct SweepFile {
   bool random = false;  // method: grid (every combination) or random (`samples` draws)
   int64_t samples = 0;
   uint64_t seed = 0;
-  std::string metric;  // the objective: a metric series; "" orders the table by name
+  int64_t max_parallel = 0;  // at most this many of its runs in play at once; 0: no limit
+  std::string metric;        // the objective: a metric series; "" orders the table by name
   bool maximize = false;
   std::vector<SweepParameter> parameters;
 };

@@ -70,7 +70,7 @@ TEST(Sweep, EveryMistakeIsSaidAtItsPlace) {
   auto bad = ParseSweep(
       "method: grid\n"
       "objective: {metric: loss, goal: lowest}\n"
-      "max_parallel: 2\n"
+      "max_parallel: 0\n"
       "colour: blue\n"
       "parameters:\n"
       "  runtime.env.LR: []\n"
@@ -81,7 +81,8 @@ TEST(Sweep, EveryMistakeIsSaidAtItsPlace) {
   EXPECT_NE(m.find("sweep.yaml:2:33: error: objective.goal: minimize or maximize, not 'lowest'"),
             std::string::npos)
       << m;
-  EXPECT_NE(m.find("sweep.yaml:3:1: error: max_parallel: not supported yet"), std::string::npos)
+  EXPECT_NE(m.find("sweep.yaml:3:15: error: max_parallel: expected a whole number from 1 to 10000"),
+            std::string::npos)
       << m;
   EXPECT_NE(m.find("sweep.yaml:4:1: error: unknown field 'colour'"), std::string::npos) << m;
   EXPECT_NE(m.find("sweep.yaml:6:19: error: parameters.runtime.env.LR: no values"),

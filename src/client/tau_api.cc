@@ -58,6 +58,8 @@ Result<api::RunList> TauApi::ListRuns(const RunQuery& query) {
   if (!query.user.empty()) path += "&user=" + E(query.user);
   if (!query.project.empty()) path += "&project=" + E(query.project);
   if (!query.group.empty()) path += "&group=" + E(query.group);
+  if (!query.workflow.empty()) path += "&workflow=" + E(query.workflow);
+  if (query.oldest_first) path += "&order=oldest";
   return Typed<api::RunList>("GET", path);
 }
 
@@ -97,6 +99,24 @@ Result<api::Submitted> TauApi::Rerun(const std::string& name, const std::vector<
 
 Status TauApi::Cancel(const std::string& name) {
   return CallJson("POST", "/api/v1/runs/" + E(name) + "/cancel").status();
+}
+
+Result<std::vector<std::string>> TauApi::CancelWorkflow(const std::string& workflow) {
+  TAU_ASSIGN_OR_RETURN(nlohmann::json reply,
+                       CallJson("POST", "/api/v1/workflows/" + E(workflow) + "/cancel"));
+  auto names = reply.find("cancelling");
+  if (names == reply.end() || !names->is_array())
+    return InvalidArgument("the server's reply has no 'cancelling' list");
+  std::vector<std::string> out;
+  for (const nlohmann::json& n : *names)
+    if (n.is_string()) out.push_back(n.get<std::string>());
+  return out;
+}
+
+Result<api::SubmittedBatch> TauApi::RetryStage(const std::string& workflow,
+                                               const std::string& stage) {
+  return Typed<api::SubmittedBatch>(
+      "POST", "/api/v1/workflows/" + E(workflow) + "/stages/" + E(stage) + "/retry");
 }
 
 Status TauApi::Resume(const std::string& name, const std::string& from, bool force) {

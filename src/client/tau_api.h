@@ -24,6 +24,8 @@ struct RunQuery {
   bool active = false;
   std::string workspace, queue, user;  // "" : any
   std::string project, group;          // the spec's experiment.project / .group; "" : any
+  std::string workflow;                // only the runs of this workflow; "" : any
+  bool oldest_first = false;
 };
 
 // GET /api/v1/runs/NAME/logs: one rank's log of one attempt (0: the latest); with `follow` the
@@ -62,6 +64,10 @@ class TauApi {
   // `set`: tau rerun --set's "PATH=VALUE" texts (none: the run as it was).
   Result<api::Submitted> Rerun(const std::string& name, const std::vector<std::string>& set = {});
   Status Cancel(const std::string& name);
+  // A workflow's runs that have not ended are cancelled; the names of those asked to stop.
+  Result<std::vector<std::string>> CancelWorkflow(const std::string& workflow);
+  // A stage of a workflow again, with the stages after it that never ran because of it.
+  Result<api::SubmittedBatch> RetryStage(const std::string& workflow, const std::string& stage);
   Status Resume(const std::string& name, const std::string& from, bool force);
   // `summary`: without each queue's runs (their counts stay).
   Result<api::Queues> GetQueues(bool summary = false);

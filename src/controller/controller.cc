@@ -161,8 +161,8 @@ Result<Controller::PreparedRun> Controller::PrepareRun(
     const std::string& spec_yaml, const std::string& spec_file,
     const std::vector<spec::Override>& overrides, const std::string& code_dir,
     const policy::Caller& caller, bool token_user,
-    const std::function<Result<Snapshot>()>& make_snapshot, const std::string& name_suffix,
-    SubmitError* error) {
+    const std::function<Result<Snapshot>()>& make_snapshot, const std::string& name_base,
+    const std::string& name_suffix, SubmitError* error) {
   auto refuse = [error](Status s) {
     error->status = std::move(s);
     return error->status;
@@ -196,7 +196,7 @@ Result<Controller::PreparedRun> Controller::PrepareRun(
   check.snapshot_files = &snapshot->files;
   check.caller = &caller;
   check.token_user = token_user;
-  check.run_name = spec.name + name_suffix;
+  check.run_name = (name_base.empty() ? spec.name : name_base) + name_suffix;
   std::optional<std::string> run_as;
   check.run_as = &run_as;
   if (Status s = backend_->Check(check); !s.ok()) return refuse(s);
@@ -263,7 +263,7 @@ Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* err
   TAU_ASSIGN_OR_RETURN(PreparedRun prepared,
                        PrepareRun(request.spec_yaml, request.spec_file, request.spec_overrides,
                                   request.code_dir, request.caller, request.token_user, snapshot,
-                                  NameSuffixLike(std::nullopt), error));
+                                  "", NameSuffixLike(std::nullopt), error));
   RunRecord& r = prepared.record;
   r.submit_key = request.idempotency_key;
   auto insert = [&] {
@@ -319,13 +319,45 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
           fmt::format("array: first {} and last {} must be 0 <= first <= last, step {} at least 1",
                       a.first, a.last, a.step)));
     const int64_t count = (a.last - a.first) / a.step + 1;
+    if (a.max_parallel &&
+        (*a.max_parallel < 1 || *a.max_parallel > static_cast<int64_t>(kMaxBatchRuns)))
+      return refuse(InvalidArgument(
+          fmt::format("array: max_parallel {} must be 1 to {}", *a.max_parallel, kMaxBatchRuns)));
     if (static_cast<uint64_t>(count) != n)
       return refuse(
           InvalidArgument(fmt::format("array: {}-{}:{} has {} indices, but the batch has {} runs",
                                       a.first, a.last, a.step, count, n)));
   }
+  const bool workflow = !request.workflow.empty();
+  if (workflow) {
+    if (request.array)
+      return refuse(InvalidArgument("a batch is an array or a workflow, not both"));
+    if (!IsDns1123Label(request.workflow, spec::kMaxStageNameLength))
+      return refuse(InvalidArgument(fmt::format(
+          "workflow: '{}' is not a DNS-1123 label of at most {} characters (lowercase letters, "
+          "digits and '-')",
+          request.workflow, spec::kMaxStageNameLength)));
+    std::vector<spec::WorkflowStage> stages(n);
+    for (size_t i = 0; i < n; ++i) {
+      stages[i].name = request.items[i].stage;
+      stages[i].after = request.items[i].after;
+    }
+    std::vector<spec::GraphProblem> problems = spec::CheckStageGraph(stages);
+    if (!problems.empty()) {
+      const spec::GraphProblem& p = problems.front();
+      return refuse(InvalidArgument(spec::GraphProblemPlace(p, "runs", "stage") + ": " + p.message),
+                    p.part == spec::GraphProblem::Part::kGraph ? std::nullopt
+                                                               : std::optional<size_t>(p.stage));
+    }
+  }
   for (size_t i = 0; i < n; ++i) {
     const BatchItem& item = request.items[i];
+    if (!workflow && (!item.stage.empty() || !item.after.empty()))
+      return refuse(InvalidArgument(fmt::format(
+                        "runs[{}].stage: only the runs of a workflow (the batch's 'workflow') "
+                        "have a stage and stages they wait for",
+                        i)),
+                    i);
     if (item.code >= request.codes.size())
       return refuse(InvalidArgument(fmt::format("runs[{}].code: {} is not an index of 'codes' "
                                                 "(it has {})",
@@ -357,7 +389,14 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
     const int64_t first = request.array->first, last = request.array->last;
     longest_index = std::to_string(first).size() > std::to_string(last).size() ? first : last;
   }
-  const std::string name_suffix = NameSuffixLike(longest_index);
+  // A workflow's runs are "<workflow>-<hex>-<stage>", checked with its longest stage name.
+  std::string name_base, name_suffix = NameSuffixLike(longest_index);
+  if (workflow) {
+    name_base = request.workflow;
+    size_t longest = 0;
+    for (const BatchItem& item : request.items) longest = std::max(longest, item.stage.size());
+    name_suffix += "-" + std::string(longest, 'x');
+  }
   std::vector<PreparedRun> distinct;
   std::vector<size_t> which(n);
   for (size_t i = 0; i < n; ++i) {
@@ -385,8 +424,9 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
       return *s;
     };
     SubmitError one;
-    auto prepared = PrepareRun(item.spec_yaml, item.spec_file, item.spec_overrides, code.dir,
-                               request.caller, request.token_user, snapshot, name_suffix, &one);
+    auto prepared =
+        PrepareRun(item.spec_yaml, item.spec_file, item.spec_overrides, code.dir, request.caller,
+                   request.token_user, snapshot, name_base, name_suffix, &one);
     if (!prepared.ok()) {
       error->diagnostics = std::move(one.diagnostics);
       return refuse(Status(prepared.status().code(),
@@ -409,8 +449,9 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
   auto insert = [&]() -> Status {
     Status inserted;
     for (int attempt = 0; attempt < 8; ++attempt) {
-      std::string array_name;
+      std::string array_name, workflow_name;
       if (request.array) array_name = fmt::format("{}-{}", runs[0].spec_name, RandomHex(8));
+      if (workflow) workflow_name = fmt::format("{}-{}", request.workflow, RandomHex(8));
       std::vector<std::vector<Event>> events(n);
       for (size_t i = 0; i < n; ++i) {
         RunRecord& r = runs[i];
@@ -422,11 +463,22 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
                      {"first", request.array->first},
                      {"last", request.array->last},
                      {"step", request.array->step}};
+          if (request.array->max_parallel) r.array["max_parallel"] = *request.array->max_parallel;
+        } else if (workflow) {
+          const BatchItem& item = request.items[i];
+          r.name = fmt::format("{}-{}", workflow_name, item.stage);
+          nlohmann::json after = nlohmann::json::array();
+          for (const spec::StageDependency& d : item.after)
+            after.push_back({{"stage", d.stage},
+                             {"run", fmt::format("{}-{}", workflow_name, d.stage)},
+                             {"condition", spec::ConditionName(d.condition)}});
+          r.workflow = {{"name", workflow_name}, {"stage", item.stage}, {"after", after}};
         } else {
           r.name = fmt::format("{}-{}", r.spec_name, RandomHex(8));
         }
         events[i] = SubmissionEvents(r, distinct[which[i]].submitted);
         if (!r.array.is_null()) events[i][0].data["array"] = r.array;
+        if (!r.workflow.is_null()) events[i][0].data["workflow"] = r.workflow;
       }
       inserted = store_->InsertRuns(&runs, std::move(events));
       if (inserted.code() != StatusCode::kAlreadyExists) break;
@@ -452,7 +504,9 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
             earlier->snapshot_digest != runs[i].snapshot_digest ||
             earlier->array.is_null() != !request.array ||
             (request.array &&
-             earlier->array.value("index", int64_t{-1}) != *request.items[i].array_index))
+             earlier->array.value("index", int64_t{-1}) != *request.items[i].array_index) ||
+            (workflow && (!earlier->workflow.is_object() ||
+                          earlier->workflow.value("stage", "") != request.items[i].stage)))
           return refuse(AlreadyExists(fmt::format(
               "idempotency key '{}' was used for another batch (its run {} differs from this "
               "one's); a new batch needs a new key",
@@ -525,7 +579,33 @@ Result<RunRecord> Controller::Rerun(const std::string& name, std::string* warnin
                               from.snapshot_dir);
   if (!overrides.empty())
     return RerunWithOverrides(from, recorded, overrides, caller, token_user, error);
-  spec::ParseOutcome parsed = spec::ParseSpec(from.spec_yaml, from.spec_file, recorded);
+  TAU_ASSIGN_OR_RETURN(RunRecord r, RecordFrom(from, warning));
+  Status inserted = InsertWithUniqueName(&r, r.spec_name, [&](const std::string& run) {
+    return std::vector<Event>{
+        {0,
+         run,
+         r.created_ms,
+         "Submitted",
+         "rerun of " + name,
+         {{"rerun_of", name},
+          {"config_hash", r.config_hash},
+          {"snapshot_digest", r.snapshot_digest}},
+         "",
+         ""},
+        {0, run, r.created_ms, "Queued", "queued in " + r.queue, nlohmann::json::object(), "", ""}};
+  });
+  TAU_RETURN_IF_ERROR(inserted);
+  PostWrite(NewRun{r.name, std::nullopt});
+  return r;
+}
+
+Result<RunRecord> Controller::RecordFrom(const RunRecord& from, std::string* warning) {
+  const std::string& name = from.name;
+  if (!PathExists(from.snapshot_dir))
+    return FailedPrecondition("the code snapshot of '" + name + "' is gone from " +
+                              from.snapshot_dir);
+  spec::ParseOutcome parsed =
+      spec::ParseSpec(from.spec_yaml, from.spec_file, spec::RecordedOverrides(from.spec_json));
   if (!parsed.ok())
     return FailedPrecondition("the recorded spec of '" + name + "' no longer validates:\n" +
                               parsed.ErrorText());
@@ -550,22 +630,6 @@ Result<RunRecord> Controller::Rerun(const std::string& name, std::string* warnin
   r.owner = from.owner;
   r.resolved = from.resolved;  // the same queue, priority and shape as the run it reproduces
   r.created_ms = r.updated_ms = Now();
-  Status inserted = InsertWithUniqueName(&r, spec.name, [&](const std::string& run) {
-    return std::vector<Event>{
-        {0,
-         run,
-         r.created_ms,
-         "Submitted",
-         "rerun of " + name,
-         {{"rerun_of", name},
-          {"config_hash", r.config_hash},
-          {"snapshot_digest", r.snapshot_digest}},
-         "",
-         ""},
-        {0, run, r.created_ms, "Queued", "queued in " + r.queue, nlohmann::json::object(), "", ""}};
-  });
-  TAU_RETURN_IF_ERROR(inserted);
-  PostWrite(NewRun{r.name, std::nullopt});
   return r;
 }
 
@@ -598,7 +662,7 @@ Result<RunRecord> Controller::RerunWithOverrides(const RunRecord& from,
   // priority) may give another queue, shape or refusal than the run had.
   TAU_ASSIGN_OR_RETURN(PreparedRun prepared,
                        PrepareRun(from.spec_yaml, from.spec_file, all, code_dir, *caller,
-                                  token_user, snapshot, NameSuffixLike(std::nullopt), error));
+                                  token_user, snapshot, "", NameSuffixLike(std::nullopt), error));
   RunRecord& r = prepared.record;
   nlohmann::json data = prepared.submitted;
   data["rerun_of"] = from.name;
@@ -776,6 +840,11 @@ void Controller::Finish(ActiveRun& run, RunState state, const std::string& reaso
                               static_cast<double>(*r.finished_ms - *r.started_ms) / 1000.0);
   ReleaseResources(run);
   batch->runs.push_back(r);
+  ThrottledRunEnded(r);
+  // The stages waiting for it are looked at again (SettleDependencies).
+  auto [first, last] = dependents_.equal_range(r.name);
+  for (auto it = first; it != last; ++it) deps_check_.insert(it->second);
+  dependents_.erase(first, last);
 }
 
 void Controller::ReleaseResources(ActiveRun& run) {
@@ -916,12 +985,27 @@ void Controller::Recover(Batch* batch) {
       continue;
     }
     ActiveRun& run = active_[record.name] = std::move(*loaded);
+    RestoreUpstreams(run);
+    TrackUpstreams(run);
     backend_->Recover(run, batch);
     if (store::IsTerminal(run.record.state)) {
       active_.erase(record.name);
       backend_->Forget(record.name);
     }
   }
+  // The runs of arrays with max_parallel that are in play take their places first (a running one
+  // may come after queued ones), then the queued ones by submission order.
+  std::vector<ActiveRun*> queued;
+  for (auto& [name, run] : active_) {
+    const bool holds = run.record.flavors.is_object() && !run.record.flavors.empty();
+    if (run.record.state == RunState::kQueued && !holds)
+      queued.push_back(&run);
+    else
+      TrackThrottle(run);
+  }
+  std::sort(queued.begin(), queued.end(),
+            [](const ActiveRun* a, const ActiveRun* b) { return a->record.seq < b->record.seq; });
+  for (ActiveRun* run : queued) TrackThrottle(*run);
 }
 
 void Controller::Loop() {
@@ -952,14 +1036,17 @@ void Controller::Pass(InboxTake take) {
   for (NewRun& n : take.new_runs) {
     if (active_.count(n.name)) continue;
     sync_changed_.insert(n.name);
-    if (n.run) {
-      active_[n.name] = std::move(*n.run);
-      continue;
+    std::optional<ActiveRun> run = std::move(n.run);
+    if (!run) {
+      auto record = store_->GetRun(n.name);
+      if (!record.ok()) continue;
+      auto loaded = Load(*record);
+      if (!loaded.ok()) continue;
+      run = std::move(*loaded);
     }
-    auto record = store_->GetRun(n.name);
-    if (!record.ok()) continue;
-    auto loaded = Load(*record);
-    if (loaded.ok()) active_[n.name] = std::move(*loaded);
+    ActiveRun& added = active_[n.name] = std::move(*run);
+    TrackUpstreams(added);
+    TrackThrottle(added);
   }
   // Notices first: one posted just before its attempt's exit is still the run's.
   for (RunNotice& n : take.notices) {
@@ -973,6 +1060,7 @@ void Controller::Pass(InboxTake take) {
   for (const AttemptExited& e : take.exits) backend_->HandleExit(e.name, &batch);
   for (const ClusterNews& n : take.cluster_news) backend_->HandleNews(n, &batch);
   for (const CancelRequest& c : take.cancels) HandleCancel(c.name, &batch);
+  SettleDependencies(&batch);
   changed(batch);
   SyncEngine();
   backend_->Schedule(&batch);
@@ -1020,7 +1108,7 @@ void Controller::Pass(InboxTake take) {
 // most a second.
 int64_t Controller::NextWakeMillis() {
   int64_t now = Now();
-  int64_t wake = 1000;
+  int64_t wake = deps_check_.empty() ? 1000 : 0;
   if (!sync_backoff_.empty())
     wake = std::min(wake, std::max<int64_t>(0, sync_backoff_.begin()->first - now));
   return backend_->NextWakeMillis(now, wake);

@@ -31,6 +31,7 @@
 #include "policy/policy.h"
 #include "recovery/failure_class.h"
 #include "spec/spec.h"
+#include "spec/workflow.h"
 #include "store/store.h"
 
 namespace tau::server {
@@ -104,14 +105,23 @@ struct BatchItem {
   std::vector<spec::Override> spec_overrides;  // as SubmitRequest's
   size_t code = 0;                             // index into BatchRequest::codes
   std::optional<int64_t> array_index;          // required in an array, refused outside one
+  // In a workflow (BatchRequest::workflow): the item's stage, and the stages it waits for.
+  std::string stage;
+  std::vector<spec::StageDependency> after;
 };
 struct BatchArray {  // the items are one array: item i has index first + i * step
   int64_t first = 0, last = 0, step = 1;
+  // At most this many of its runs in play at once (admitted, running, or queued for quota); the
+  // others wait out of their queue, in index order.
+  std::optional<int64_t> max_parallel;
 };
 struct BatchRequest {
   std::vector<BatchCode> codes;
   std::vector<BatchItem> items;
   std::optional<BatchArray> array;
+  // A workflow's name: the items are its stages, run i named "<workflow>-<hex>-<stage i>" and
+  // held in its queue until the runs of the stages it waits for have ended (spec/workflow.h).
+  std::string workflow;
   policy::Caller caller;
   bool token_user = false;
   // For the whole batch: run i is recorded with the key "KEY/i" (a client's key never holds a
@@ -175,6 +185,14 @@ class Controller : private RunHost {
                                  const std::vector<spec::Override>& overrides = {},
                                  const policy::Caller* caller = nullptr, bool token_user = false,
                                  SubmitError* error = nullptr);
+  // Workflows (workflow.cc). Cancels every run of the workflow that has not ended.
+  Status CancelWorkflow(const std::string& workflow);
+  // Runs `stage` of the workflow again: a new run of its newest run's spec, code and resolution,
+  // and a new run of each stage after it whose newest run never ran because of it
+  // (UpstreamFailed), all waiting as the workflow says. Refused while the stage's newest run has
+  // not ended or when it succeeded.
+  Result<std::vector<store::RunRecord>> RetryStage(const std::string& workflow,
+                                                   const std::string& stage);
   // Another attempt of a failed or cancelled run, resuming from `from` (a checkpoint inside the
   // run's checkpoint directory; empty: the newest complete one). Refused after OOMKilled unless
   // `force`.
@@ -280,12 +298,14 @@ class Controller : private RunHost {
     nlohmann::json submitted;
   };
   // Everything Submit does before the insert: parse, resolve, the checks, the snapshot
-  // (`snapshot` makes it, once the checks that need no code have passed).
+  // (`snapshot` makes it, once the checks that need no code have passed). The run's name will be
+  // `name_base` (the spec's name when "") and a suffix as long as `name_suffix`.
   Result<PreparedRun> PrepareRun(const std::string& spec_yaml, const std::string& spec_file,
                                  const std::vector<spec::Override>& overrides,
                                  const std::string& code_dir, const policy::Caller& caller,
                                  bool token_user, const std::function<Result<Snapshot>()>& snapshot,
-                                 const std::string& name_suffix, SubmitError* error);
+                                 const std::string& name_base, const std::string& name_suffix,
+                                 SubmitError* error);
   // Rerun with --set: the recorded spec parsed with `recorded` and `overrides` over them, resolved
   // for `caller` as a submission is, on the run's stored snapshot.
   Result<store::RunRecord> RerunWithOverrides(const store::RunRecord& from,
@@ -297,6 +317,25 @@ class Controller : private RunHost {
   void Accepted(const store::RunRecord& r, spec::RunSpec spec);
   void HandleResume(const ResumeRequest& request, store::Batch* batch);
   void HandleCancel(const std::string& name, store::Batch* batch);
+  // Workflows on the decision thread (workflow.cc). A run that waits for upstream runs is
+  // tracked by them; when they have all ended it is either released to its queue (its upstream
+  // runs' checkpoints and outputs resolved and recorded as an UpstreamReady event) or, when one
+  // did not end as its condition needs, stopped as UpstreamFailed.
+  void TrackUpstreams(ActiveRun& run);
+  void SettleDependencies(store::Batch* batch);
+  // Why a run held by its upstream runs waits (a pending entry).
+  nlohmann::json UpstreamPending(const ActiveRun& run);
+  // A recovered run's upstream resolution, read back from its UpstreamReady event.
+  void RestoreUpstreams(ActiveRun& run);
+  // Arrays with max_parallel (throttle.cc): a run that enters the loop takes a place in play if
+  // its array has one free, else it waits (ActiveRun::throttled); a run that ends frees its place
+  // for the next waiting one, by submission order.
+  void TrackThrottle(ActiveRun& run);
+  void ThrottledRunEnded(const store::RunRecord& r);
+  nlohmann::json ThrottledPending(const ActiveRun& run);
+  // A new run from a finished run's recorded spec, code and resolution (no name yet): what Rerun
+  // and RetryStage insert. `warning` is set when the spec now gives another config hash.
+  Result<store::RunRecord> RecordFrom(const store::RunRecord& from, std::string* warning);
   void Loop();
   // One pass of the loop over what the inbox gave it.
   void Pass(InboxTake take);
@@ -376,6 +415,18 @@ class Controller : private RunHost {
   std::set<std::pair<int64_t, std::string>> sync_backoff_;
   std::set<std::string> sync_draining_;
   bool sync_all_ = true;
+  // Workflows (decision thread only): the runs waiting for each upstream run, and the runs whose
+  // upstream runs may all have ended (SettleDependencies looks at them).
+  std::multimap<std::string, std::string> dependents_;
+  std::set<std::string> deps_check_;
+  // Arrays with max_parallel (decision thread only): their runs in play, and those waiting by
+  // submission order.
+  struct ArrayThrottle {
+    int64_t max = 0;
+    std::set<std::string> in_play;
+    std::set<std::pair<int64_t, std::string>> waiting;
+  };
+  std::map<std::string, ArrayThrottle> throttles_;
 
   Mutex mu_;
   // Held across a keyed submission's lookup and insert, so that two submissions with one key make

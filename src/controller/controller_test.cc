@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -115,7 +116,7 @@ class FakeBackend final : public Backend {
       store::RunRecord& r = run.record;
       if (r.state != RunState::kQueued || r.cancel_requested || live_.count(name)) continue;
       if (r.not_before_ms && *r.not_before_ms > now) continue;
-      if (hold.count(name)) continue;
+      if (hold.count(name) || HeldBack(run)) continue;
       host_->Transition(run, RunState::kAdmitted, "Admitted", "admitted by the fake", batch);
       r.admitted_ms = now;
       batch->runs.push_back(r);
@@ -531,7 +532,7 @@ TEST_F(ControllerTest, TheNameABackendChecksIsAsLongAsTheRunsOwn) {
   EXPECT_EQ(backend_.checked_names[0].size(), single.size()) << backend_.checked_names[0];
   EXPECT_EQ(backend_.checked_names[0].rfind("one-", 0), 0u);
   BatchError error;
-  auto made = controller_->SubmitBatch(MakeBatch(3, BatchArray{99998, 100002, 2}), &error);
+  auto made = controller_->SubmitBatch(MakeBatch(3, BatchArray{99998, 100002, 2, {}}), &error);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   ASSERT_EQ(backend_.checked_names.size(), 2u) << "the array's runs alike are checked once";
   size_t longest = 0;
@@ -541,7 +542,7 @@ TEST_F(ControllerTest, TheNameABackendChecksIsAsLongAsTheRunsOwn) {
 
 TEST_F(ControllerTest, AnArrayNamesItsRunsByIndexAndRecordsThePlace) {
   BatchError error;
-  auto made = controller_->SubmitBatch(MakeBatch(4, BatchArray{10, 16, 2}), &error);
+  auto made = controller_->SubmitBatch(MakeBatch(4, BatchArray{10, 16, 2, {}}), &error);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   ASSERT_EQ(made->runs.size(), 4u);
   const std::string array = made->runs[0].array["name"].get<std::string>();
@@ -576,7 +577,7 @@ TEST_F(ControllerTest, OneBadItemRefusesTheBatchAndLeavesNothing) {
   EXPECT_TRUE(store_->ListRuns(store::RunFilter{})->empty());
 
   // An array's indices must be the range's, in order; an index outside an array is refused.
-  BatchRequest wrong = MakeBatch(3, BatchArray{0, 2, 1});
+  BatchRequest wrong = MakeBatch(3, BatchArray{0, 2, 1, {}});
   wrong.items[1].array_index = 5;
   auto refused = controller_->SubmitBatch(std::move(wrong), &error);
   ASSERT_FALSE(refused.ok());
@@ -585,7 +586,7 @@ TEST_F(ControllerTest, OneBadItemRefusesTheBatchAndLeavesNothing) {
   stray.items[1].array_index = 1;
   EXPECT_FALSE(controller_->SubmitBatch(std::move(stray), &error).ok());
   EXPECT_EQ(*error.index, 1u);
-  BatchRequest short_array = MakeBatch(2, BatchArray{0, 2, 1});
+  BatchRequest short_array = MakeBatch(2, BatchArray{0, 2, 1, {}});
   EXPECT_FALSE(controller_->SubmitBatch(std::move(short_array), &error).ok());
   EXPECT_FALSE(error.index.has_value());
   EXPECT_FALSE(controller_->SubmitBatch(MakeBatch(kMaxBatchRuns + 1), &error).ok());
@@ -599,19 +600,19 @@ TEST_F(ControllerTest, ABatchSentAgainWithItsKeyGetsTheSameRuns) {
     BatchError error;
     return controller_->SubmitBatch(std::move(b), &error);
   };
-  auto first = send(MakeBatch(3, BatchArray{0, 2, 1}), "batch-key");
+  auto first = send(MakeBatch(3, BatchArray{0, 2, 1, {}}), "batch-key");
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   EXPECT_FALSE(first->replayed);
-  auto again = send(MakeBatch(3, BatchArray{0, 2, 1}), "batch-key");
+  auto again = send(MakeBatch(3, BatchArray{0, 2, 1, {}}), "batch-key");
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_TRUE(again->replayed);
   ASSERT_EQ(again->runs.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(again->runs[i].name, first->runs[i].name);
   EXPECT_EQ(store_->ListRuns(store::RunFilter{})->size(), 3u);
   // The same key for a batch of another size, or of other code, is refused and makes nothing.
-  auto shorter = send(MakeBatch(2, BatchArray{0, 1, 1}), "batch-key");
+  auto shorter = send(MakeBatch(2, BatchArray{0, 1, 1, {}}), "batch-key");
   EXPECT_EQ(shorter.status().code(), StatusCode::kAlreadyExists) << shorter.status().ToString();
-  BatchRequest other = MakeBatch(3, BatchArray{0, 2, 1});
+  BatchRequest other = MakeBatch(3, BatchArray{0, 2, 1, {}});
   other.codes[0].files[0].data = "print('other')\n";
   EXPECT_EQ(send(std::move(other), "batch-key").status().code(), StatusCode::kAlreadyExists);
   // A single submission with the same key is another thing.
@@ -796,6 +797,242 @@ TEST_F(ControllerTest, RetentionPrunesWhatIsDueAPageAtATimeAndReadsNothingElse) 
   EXPECT_FALSE(std::filesystem::exists(log_of("no-record")));
   EXPECT_EQ(Run("no-record").logs_pruned_ms, std::optional<int64_t>(now));
   EXPECT_TRUE(std::filesystem::exists(log_of("recent")));
+}
+
+// A workflow of three stages, prep -> train -> eval, as one batch; `eval_after` is eval's
+// dependency on train.
+BatchRequest MakeWorkflow(spec::Condition eval_after = spec::Condition::kSucceeded) {
+  BatchRequest b = MakeBatch(3);
+  b.workflow = "pipe";
+  const char* stages[] = {"prep", "train", "eval"};
+  for (size_t i = 0; i < 3; ++i) b.items[i].stage = stages[i];
+  b.items[1].after = {{"prep", spec::Condition::kSucceeded, 0, 0}};
+  b.items[2].after = {{"train", eval_after, 0, 0}};
+  return b;
+}
+
+TEST_F(ControllerTest, AWorkflowsStagesWaitForTheStagesBeforeThemAndGetTheirCheckpoints) {
+  BatchError error;
+  auto made = controller_->SubmitBatch(MakeWorkflow(), &error);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  const std::string prep = made->runs[0].name, train = made->runs[1].name,
+                    eval = made->runs[2].name;
+  const std::string workflow = made->runs[0].workflow["name"];
+  EXPECT_EQ(workflow.rfind("pipe-", 0), 0u) << workflow;
+  EXPECT_EQ(train, workflow + "-train");
+  EXPECT_EQ(Run(eval).workflow["after"][0]["run"], train);
+  controller_->RunOnce();
+  EXPECT_EQ(Run(prep).state, RunState::kRunning);
+  EXPECT_EQ(Run(train).state, RunState::kQueued) << "it waits for prep";
+  EXPECT_EQ(backend_.launches.count(train), 0u);
+  nlohmann::json pending = controller_->PendingInfo(train);
+  EXPECT_EQ(pending.value("code", ""), "WaitingForUpstream");
+  EXPECT_NE(pending.value("reason", "").find("stage 'prep' (run " + prep + ", Running)"),
+            std::string::npos)
+      << pending;
+  // prep leaves a checkpoint (and a half-written one, which is never handed on).
+  const std::string ckpts = controller_->StorageDir(Run(prep), "checkpoint");
+  ASSERT_TRUE(MakeDirs(ckpts + "/step-10").ok());
+  ASSERT_TRUE(WriteFileAtomic(ckpts + "/step-10/model.pt", "weights").ok());
+  ASSERT_TRUE(WriteFileAtomic(ckpts + "/step-10/COMPLETE", "").ok());
+  ASSERT_TRUE(WriteFileAtomic(ckpts + "/step-20.tmp", "half").ok());
+  backend_.End(prep, {FailureClass::kSucceeded, 0});
+  controller_->RunOnce();
+  EXPECT_EQ(Run(prep).state, RunState::kSucceeded);
+  EXPECT_EQ(Run(train).state, RunState::kRunning) << "released in the pass prep ended in";
+  EXPECT_EQ(Run(eval).state, RunState::kQueued);
+  const std::vector<store::Event> events = Events(train);
+  auto ready = std::find_if(events.begin(), events.end(),
+                            [](const store::Event& e) { return e.type == "UpstreamReady"; });
+  ASSERT_NE(ready, events.end());
+  const nlohmann::json& up = ready->data["upstreams"][0];
+  EXPECT_EQ(up["stage"], "prep");
+  EXPECT_EQ(up["run"], prep);
+  EXPECT_EQ(up["state"], "Succeeded");
+  EXPECT_EQ(up["checkpoint"], ckpts + "/step-10");
+  EXPECT_EQ(up["output_dir"], controller_->StorageDir(Run(prep), "output"));
+  backend_.End(train, {FailureClass::kSucceeded, 0});
+  controller_->RunOnce();
+  EXPECT_EQ(Run(eval).state, RunState::kRunning);
+  const std::vector<store::Event> eval_events = Events(eval);
+  auto eval_ready = std::find_if(eval_events.begin(), eval_events.end(),
+                                 [](const store::Event& e) { return e.type == "UpstreamReady"; });
+  ASSERT_NE(eval_ready, eval_events.end());
+  EXPECT_EQ(eval_ready->data["upstreams"][0]["checkpoint"], "") << "train left no checkpoint";
+}
+
+TEST_F(ControllerTest, AFailedStageStopsTheStagesAfterItUnlessTheyOnlyNeedItFinished) {
+  BatchError error;
+  auto made = controller_->SubmitBatch(MakeWorkflow(), &error);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  const std::string prep = made->runs[0].name, train = made->runs[1].name,
+                    eval = made->runs[2].name;
+  controller_->RunOnce();
+  backend_.End(prep, {FailureClass::kUserError, 3});
+  controller_->RunOnce();
+  EXPECT_EQ(Run(prep).state, RunState::kFailed);
+  // Both after it stop in the same pass: train because prep failed, eval because train stopped.
+  for (const std::string& name : {train, eval}) {
+    store::RunRecord r = Run(name);
+    EXPECT_EQ(r.state, RunState::kCancelled) << name;
+    EXPECT_EQ(r.reason, "UpstreamFailed") << name;
+    EXPECT_EQ(r.attempts, 0) << name;
+  }
+  EXPECT_NE(Run(train).message.find("stage 'prep' (run " + prep + ") ended Failed (UserError)"),
+            std::string::npos)
+      << Run(train).message;
+  EXPECT_NE(Run(eval).message.find("stage 'train'"), std::string::npos) << Run(eval).message;
+
+  // eval that needs train only finished runs after a failed train.
+  auto second = controller_->SubmitBatch(MakeWorkflow(spec::Condition::kFinished), &error);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  controller_->RunOnce();
+  backend_.End(second->runs[0].name, {FailureClass::kSucceeded, 0});
+  controller_->RunOnce();
+  backend_.End(second->runs[1].name, {FailureClass::kUserError, 1});
+  controller_->RunOnce();
+  EXPECT_EQ(Run(second->runs[1].name).state, RunState::kFailed);
+  EXPECT_EQ(Run(second->runs[2].name).state, RunState::kRunning);
+}
+
+TEST_F(ControllerTest, RetryStageRunsTheStageAndThoseItStoppedAgain) {
+  BatchError error;
+  auto made = controller_->SubmitBatch(MakeWorkflow(), &error);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  const std::string workflow = made->runs[0].workflow["name"];
+  const std::string prep = made->runs[0].name, train = made->runs[1].name;
+  controller_->RunOnce();
+  EXPECT_EQ(controller_->RetryStage(workflow, "prep").status().code(),
+            StatusCode::kFailedPrecondition)
+      << "prep is still running";
+  backend_.End(prep, {FailureClass::kSucceeded, 0});
+  controller_->RunOnce();
+  backend_.End(train, {FailureClass::kUserError, 1});
+  controller_->RunOnce();
+  ASSERT_EQ(Run(made->runs[2].name).reason, "UpstreamFailed");
+  EXPECT_EQ(controller_->RetryStage(workflow, "prep").status().code(),
+            StatusCode::kFailedPrecondition)
+      << "prep succeeded";
+  EXPECT_EQ(controller_->RetryStage(workflow, "trian").status().code(), StatusCode::kNotFound);
+  auto again = controller_->RetryStage(workflow, "train");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_EQ(again->size(), 2u);
+  EXPECT_EQ((*again)[0].name, workflow + "-train-r2");
+  EXPECT_EQ((*again)[0].workflow["after"][0]["run"], prep) << "prep's run, which succeeded";
+  EXPECT_EQ((*again)[1].name, workflow + "-eval-r2");
+  EXPECT_EQ((*again)[1].workflow["after"][0]["run"], workflow + "-train-r2");
+  controller_->RunOnce();
+  EXPECT_EQ(Run(workflow + "-train-r2").state, RunState::kRunning);
+  EXPECT_EQ(Run(workflow + "-eval-r2").state, RunState::kQueued);
+  backend_.End(workflow + "-train-r2", {FailureClass::kSucceeded, 0});
+  controller_->RunOnce();
+  EXPECT_EQ(Run(workflow + "-eval-r2").state, RunState::kRunning);
+  store::RunFilter filter;
+  filter.workflow = workflow;
+  EXPECT_EQ(store_->ListRuns(filter)->size(), 5u);
+}
+
+// The server goes down in the middle of a workflow: nothing runs twice, a stage released before
+// keeps what it was given, and the stages still waiting are released when their turn comes.
+TEST_F(ControllerTest, AWorkflowCarriesOnAfterARestartWithNoStageRunTwice) {
+  BatchError error;
+  auto made = controller_->SubmitBatch(MakeWorkflow(), &error);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  const std::string prep = made->runs[0].name, train = made->runs[1].name,
+                    eval = made->runs[2].name;
+  controller_->RunOnce();
+  backend_.End(prep, {FailureClass::kSucceeded, 0});
+  controller_->RunOnce();
+  ASSERT_EQ(Run(train).state, RunState::kRunning);
+  backend_.alive.insert(train);  // its attempt outlives the server
+  StopController();
+  StartController();
+  controller_->RunOnce();
+  EXPECT_EQ(backend_.readopted, 1);
+  EXPECT_EQ(backend_.launches[prep], 1);
+  EXPECT_EQ(backend_.launches[train], 1);
+  EXPECT_EQ(Run(eval).state, RunState::kQueued);
+  backend_.End(train, {FailureClass::kSucceeded, 0});
+  controller_->RunOnce();
+  EXPECT_EQ(Run(eval).state, RunState::kRunning);
+  EXPECT_EQ(backend_.launches[eval], 1);
+  auto types = EventTypes(train);
+  EXPECT_EQ(std::count(types.begin(), types.end(), "UpstreamReady"), 1)
+      << "the restart read it back rather than say it again";
+}
+
+TEST_F(ControllerTest, AWorkflowWhoseStagesFormACycleOrNameNoStageIsRefused) {
+  BatchError error;
+  BatchRequest cycle = MakeWorkflow();
+  cycle.items[0].after = {{"eval", spec::Condition::kSucceeded, 0, 0}};
+  auto refused = controller_->SubmitBatch(std::move(cycle), &error);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("in a cycle (prep <- eval <- train <- prep)"),
+            std::string::npos)
+      << refused.status().message();
+  BatchRequest unknown = MakeWorkflow();
+  unknown.items[2].after[0].stage = "trian";
+  refused = controller_->SubmitBatch(std::move(unknown), &error);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(error.index, 2u);
+  EXPECT_EQ(refused.status().message().rfind("runs[2].after[0]: no stage is named 'trian'", 0), 0u)
+      << refused.status().message();
+  BatchRequest stray = MakeBatch(2);
+  stray.items[1].stage = "train";
+  EXPECT_FALSE(controller_->SubmitBatch(std::move(stray), &error).ok());
+  EXPECT_EQ(error.index, 1u);
+  BatchRequest both = MakeWorkflow();
+  both.array = BatchArray{0, 2, 1, {}};
+  EXPECT_FALSE(controller_->SubmitBatch(std::move(both), &error).ok());
+  EXPECT_TRUE(store_->ListRuns(store::RunFilter{})->empty());
+}
+
+TEST_F(ControllerTest, AnArraysMaxParallelHoldsTheRestOutOfTheQueueInIndexOrder) {
+  BatchArray range{0, 4, 1, 2};
+  BatchError error;
+  auto made = controller_->SubmitBatch(MakeBatch(5, range), &error);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  std::vector<std::string> names;
+  for (const store::RunRecord& r : made->runs) names.push_back(r.name);
+  EXPECT_EQ(Run(names[4]).array["max_parallel"], 2);
+  auto states = [&] {
+    std::vector<RunState> out;
+    for (const std::string& n : names) out.push_back(Run(n).state);
+    return out;
+  };
+  controller_->RunOnce();
+  EXPECT_EQ(states(),
+            (std::vector<RunState>{RunState::kRunning, RunState::kRunning, RunState::kQueued,
+                                   RunState::kQueued, RunState::kQueued}));
+  nlohmann::json pending = controller_->PendingInfo(names[3]);
+  EXPECT_EQ(pending.value("code", ""), "ArrayMaxParallel");
+  EXPECT_NE(pending.value("reason", "").find("2 of array"), std::string::npos) << pending;
+  EXPECT_NE(pending.value("reason", "").find("1 of its runs wait ahead"), std::string::npos)
+      << pending;
+  // A held run cancelled leaves its place to nobody; an ended one lets the next in.
+  ASSERT_TRUE(controller_->Cancel(names[2]).ok());
+  backend_.End(names[0], {FailureClass::kSucceeded, 0});
+  controller_->RunOnce();
+  EXPECT_EQ(states(),
+            (std::vector<RunState>{RunState::kSucceeded, RunState::kRunning, RunState::kCancelled,
+                                   RunState::kRunning, RunState::kQueued}));
+  // A restarted server holds the same ones back.
+  backend_.alive.insert(names[1]);
+  backend_.alive.insert(names[3]);
+  StopController();
+  StartController();
+  controller_->RunOnce();
+  EXPECT_EQ(Run(names[4]).state, RunState::kQueued);
+  EXPECT_EQ(controller_->PendingInfo(names[4]).value("code", ""), "ArrayMaxParallel");
+  backend_.End(names[1], {FailureClass::kUserError, 1});
+  controller_->RunOnce();
+  EXPECT_EQ(Run(names[4]).state, RunState::kRunning);
+  EXPECT_EQ(backend_.launches[names[4]], 1);
+
+  BatchArray zero{0, 1, 1, 0};
+  EXPECT_FALSE(controller_->SubmitBatch(MakeBatch(2, zero), &error).ok());
+  EXPECT_NE(error.status.message().find("max_parallel 0 must be 1 to 10000"), std::string::npos)
+      << error.status.message();
 }
 
 }  // namespace

@@ -363,6 +363,50 @@ evidence::MetricsInfo EvidenceWorker::MetricsOf(const std::string& name) {
   return evidence::MetricsInfoFrom(summary, stats);
 }
 
+std::vector<evidence::LineageEntry> EvidenceWorker::Lineage(
+    const std::vector<store::Event>& events, const std::vector<evidence::LineageEntry>* before) {
+  std::vector<evidence::LineageEntry> out;
+  const store::Event* ready = nullptr;
+  for (const store::Event& e : events)
+    if (e.type == "UpstreamReady") ready = &e;  // the last one: a restart may have said it again
+  if (ready == nullptr) return out;
+  for (const nlohmann::json& u : ready->data.value("upstreams", nlohmann::json::array())) {
+    evidence::LineageEntry l;
+    l.stage = u.value("stage", "");
+    l.run = u.value("run", "");
+    l.state = u.value("state", "");
+    l.checkpoint = u.value("checkpoint", "");
+    l.output_dir = u.value("output_dir", "");
+    const std::string dir = u.value("checkpoint_dir", "");
+    bool known = false;
+    if (before)  // digested once
+      for (const evidence::LineageEntry& b : *before)
+        if (b.run == l.run && b.checkpoint == l.checkpoint && !b.checkpoint_sha256.empty()) {
+          l = b;
+          known = true;
+        }
+    if (!known && !l.checkpoint.empty() && StartsWith(l.checkpoint, dir + "/")) {
+      // The upstream run's own record hashed its checkpoints when it ended: reused while each
+      // file keeps its size and time, read again otherwise.
+      std::optional<evidence::RecordInput> upstream;
+      auto saved = evidence::LoadRecord(layout::EvidenceDir(home_, l.run) + "/record.json");
+      if (saved.ok())
+        if (auto parsed = evidence::ParseRecord(*saved); parsed.ok()) upstream = std::move(*parsed);
+      auto files =
+          evidence::ScanArtifacts(dir, "checkpoint", {}, upstream ? &upstream->artifacts : nullptr);
+      if (files.ok()) {
+        evidence::CheckpointSum sum =
+            evidence::CheckpointDigest(*files, l.checkpoint.substr(dir.size() + 1));
+        l.checkpoint_sha256 = sum.sha256;
+        l.checkpoint_files = sum.files;
+        l.checkpoint_bytes = sum.bytes;
+      }
+    }
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
 Result<evidence::RecordInput> EvidenceWorker::Assemble(const RunRecord& r,
                                                        evidence::MetricsInfo metrics,
                                                        bool final_save) {
@@ -432,6 +476,8 @@ Result<evidence::RecordInput> EvidenceWorker::Assemble(const RunRecord& r,
     // Verbatim: the store hashed the data as it is (events recorded before every producer used an
     // object may hold null).
     in.events.push_back({e.id, e.ts_ms, e.type, e.message, e.data, e.prev_hash, e.hash});
+
+  in.lineage = Lineage(events, prev ? &prev->lineage : nullptr);
 
   TAU_ASSIGN_OR_RETURN(auto attempts, store_->ListAttempts(r.name));
   std::set<int> used_gpus;

@@ -85,6 +85,10 @@ class EvidenceWorker {
   evidence::MetricsInfo MetricsOf(const std::string& name);
   Result<evidence::RecordInput> Assemble(const store::RunRecord& r, evidence::MetricsInfo metrics,
                                          bool final_save);
+  // A workflow stage's upstream runs, from its last UpstreamReady event, each checkpoint digested
+  // once (`before`: the lineage a former record of the run computed).
+  std::vector<evidence::LineageEntry> Lineage(const std::vector<store::Event>& events,
+                                              const std::vector<evidence::LineageEntry>* before);
   // `metrics`: what the collector's compaction found (else the file is summarised now).
   // `ended`: the run's record as the loop committed it, when the caller has it (else it is read).
   Result<nlohmann::json> SaveFinal(const std::string& name, const evidence::MetricsInfo* metrics,

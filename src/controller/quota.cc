@@ -204,7 +204,9 @@ bool Controller::SyncRun(ActiveRun& run, bool holders, int64_t now, bool dry) {
   const bool holds = r.flavors.is_object() && !r.flavors.empty();
   const bool queued = r.state == RunState::kQueued && !holds && !r.cancel_requested;
   const bool backing_off = queued && r.not_before_ms && *r.not_before_ms > now;
-  const bool waits = queued && !backing_off;
+  // A workflow's stage stays out of its queue until the stages it waits for have ended, and a run
+  // of an array with max_parallel until one of its array's leaves play.
+  const bool waits = queued && !backing_off && !HeldBack(run);
   auto it = quota_.in_engine().find(name);
   if (it != quota_.in_engine().end()) {
     // Gone from the queue, or (Kubernetes: Kueue admitted it) holding quota now while the
@@ -276,6 +278,8 @@ nlohmann::json Controller::PendingJson(
                fmt::format("{}: cancel the run, or apply a platform whose queue '{}' can take it",
                            o->second, r.queue),
                "");
+  if (WaitsForUpstream(run)) return UpstreamPending(run);
+  if (run.throttled) return ThrottledPending(run);
   if (nlohmann::json known = backend_->PendingReason(run, now); !known.is_null()) return known;
   if (r.not_before_ms && *r.not_before_ms > now)
     return out(0, "BackingOff",

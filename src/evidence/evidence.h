@@ -476,6 +476,27 @@ struct RetentionState {
   std::optional<int64_t> logs_pruned_ms, samples_pruned_ms;
 };
 
+// A workflow stage's upstream run, as the stage was given it: the run, how it ended, and the
+// checkpoint it handed on with that checkpoint's digest (CheckpointDigest), so a record names
+// exactly what its run consumed.
+struct LineageEntry {
+  std::string stage, run, state;
+  std::string checkpoint;         // its path ("" when the upstream run left none)
+  std::string checkpoint_sha256;  // CheckpointDigest ("" without a checkpoint, or if unreadable)
+  int64_t checkpoint_files = 0, checkpoint_bytes = 0;
+  std::string output_dir;
+};
+
+// The digest of one checkpoint among `artifacts` (the files of a checkpoint directory, paths
+// relative to it), `path` relative to the same directory: a file's own sha256, or for a
+// checkpoint that is a directory the sha256 of its files' "SHA256  PATH\n" lines (paths relative
+// to it, sorted), as `sha256sum` prints them. "" when no file is under it.
+struct CheckpointSum {
+  std::string sha256;
+  int64_t files = 0, bytes = 0;
+};
+CheckpointSum CheckpointDigest(const std::vector<Artifact>& artifacts, const std::string& path);
+
 struct RecordInput {
   RunInfo run;
   ConfigInfo config;
@@ -486,6 +507,7 @@ struct RecordInput {
   MetricsInfo metrics;
   std::vector<GpuSampleSummary> gpu_samples;
   std::vector<Artifact> artifacts;
+  std::vector<LineageEntry> lineage;  // a workflow stage's upstream runs (empty otherwise)
   RetentionState retention;
   int64_t updated_ms = 0;  // when this record was assembled
 };

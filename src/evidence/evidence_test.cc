@@ -934,6 +934,9 @@ struct Fixture {
 
 TEST(Record, MatchesTheSchema) {
   Fixture f;
+  f.record.lineage.push_back(
+      {"train", "wf-1-train", "Succeeded", "/ck/step-3", std::string(64, 'a'), 2, 10, "/out"});
+  f.record.lineage.push_back({"prep", "wf-1-prep", "Succeeded", "", "", 0, 0, "/out2"});
   json schema = LoadSchema();
   json record = BuildRecord(f.record);
   EXPECT_EQ(CheckSchema(schema, schema, record, "record"), "");
@@ -944,8 +947,12 @@ TEST(Record, MatchesTheSchema) {
   EXPECT_EQ(record["artifacts"].size(), 1u);
   EXPECT_EQ(record["artifacts"][0]["sha256"], Sha256Hex("checkpoint bytes"));
   EXPECT_EQ(record["attempts"][1]["logs"][1]["path"], "logs/attempt-2/rank-1.log");
+  EXPECT_EQ(record["lineage"][0]["checkpoint_sha256"], std::string(64, 'a'));
   // The checker does catch what the schema forbids.
   json bad = record;
+  bad["lineage"][0]["checkpoint_sha256"] = "abc";
+  EXPECT_NE(CheckSchema(schema, schema, bad, "record"), "");
+  bad = record;
   bad["run"]["exit_code"] = "zero";
   EXPECT_NE(CheckSchema(schema, schema, bad, "record"), "");
   bad = record;
@@ -1517,6 +1524,32 @@ TEST_F(BundleTest, ArtifactsNamedAfterASecretAreMaskedInTheRecordAndTheBundle) {
     EXPECT_NE(text->find("ckpt-***.pt"), std::string::npos) << name;
   }
   EXPECT_EQ(BuildRecord(record).dump().find("hunter2"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tau::evidence
+
+namespace tau::evidence {
+namespace {
+
+// A checkpoint's digest is sha256sum's view of it: a file's own sha256, or for a directory the
+// sha256 of its files' "SHA256  PATH" lines sorted by path, whatever order the scan gave.
+TEST(CheckpointDigest, IsAFilesSha256OrADirectorysSha256sumLines) {
+  std::vector<Artifact> files = {{"checkpoint", "step-3/model.bin", 5, Sha256Hex("model"), 1, 0},
+                                 {"checkpoint", "step-3/COMPLETE", 0, Sha256Hex(""), 1, 0},
+                                 {"checkpoint", "step-30/model.bin", 3, Sha256Hex("new"), 1, 0},
+                                 {"checkpoint", "last.pt", 4, Sha256Hex("last"), 1, 0}};
+  CheckpointSum dir = CheckpointDigest(files, "step-3");
+  const std::string lines = Sha256Hex("") + "  COMPLETE\n" + Sha256Hex("model") + "  model.bin\n";
+  EXPECT_EQ(dir.sha256, Sha256Hex(lines));
+  EXPECT_EQ(dir.files, 2);
+  EXPECT_EQ(dir.bytes, 5);
+  std::swap(files[0], files[1]);
+  EXPECT_EQ(CheckpointDigest(files, "step-3").sha256, dir.sha256);
+  CheckpointSum file = CheckpointDigest(files, "last.pt");
+  EXPECT_EQ(file.sha256, Sha256Hex("last"));
+  EXPECT_EQ(file.files, 1);
+  EXPECT_EQ(CheckpointDigest(files, "step-4").sha256, "");
 }
 
 }  // namespace

@@ -603,6 +603,16 @@ json BuildRecord(const RecordInput& in) {
 
   json artifacts = json::array();
   for (const Artifact& a : in.artifacts) artifacts.push_back(ArtifactJson(a));
+  json lineage = json::array();
+  for (const LineageEntry& l : in.lineage)
+    lineage.push_back({{"stage", l.stage},
+                       {"run", l.run},
+                       {"state", l.state},
+                       {"checkpoint", l.checkpoint},
+                       {"checkpoint_sha256", l.checkpoint_sha256},
+                       {"checkpoint_files", l.checkpoint_files},
+                       {"checkpoint_bytes", l.checkpoint_bytes},
+                       {"output_dir", l.output_dir}});
 
   return {{"format", kRecordFormat},
           {"kind", "tau.run-record"},
@@ -617,9 +627,36 @@ json BuildRecord(const RecordInput& in) {
           {"metrics", metrics},
           {"gpu_samples", samples},
           {"artifacts", artifacts},
+          {"lineage", lineage},
           {"retention",
            {{"logs_pruned_ms", Opt(in.retention.logs_pruned_ms)},
             {"samples_pruned_ms", Opt(in.retention.samples_pruned_ms)}}}};
+}
+
+CheckpointSum CheckpointDigest(const std::vector<Artifact>& artifacts, const std::string& path) {
+  CheckpointSum out;
+  std::vector<std::string> lines;
+  const std::string prefix = path + "/";
+  for (const Artifact& a : artifacts) {
+    if (a.path == path) {
+      out.sha256 = a.sha256;
+      out.files = 1;
+      out.bytes = a.size;
+      return out;
+    }
+    if (a.path.compare(0, prefix.size(), prefix) != 0) continue;
+    lines.push_back(a.sha256 + "  " + a.path.substr(prefix.size()) + "\n");
+    out.files += 1;
+    out.bytes += a.size;
+  }
+  if (lines.empty()) return out;
+  std::sort(lines.begin(), lines.end(), [](const std::string& a, const std::string& b) {
+    return a.compare(66, std::string::npos, b, 66, std::string::npos) < 0;  // by path
+  });
+  std::string all;
+  for (const std::string& l : lines) all += l;
+  out.sha256 = Sha256Hex(all);
+  return out;
 }
 
 Status SaveRecord(const std::string& evidence_dir, const json& record, Durability durability) {
@@ -803,6 +840,13 @@ Result<RecordInput> ParseRecord(const json& j) {
       in.artifacts.push_back({a.at("kind").get<std::string>(), a.at("path").get<std::string>(),
                               a.at("size").get<int64_t>(), a.at("sha256").get<std::string>(),
                               a.at("attempt").get<int>(), a.at("mtime_ms").get<int64_t>()});
+
+    for (const json& l : j.value("lineage", json::array()))  // absent before workflows
+      in.lineage.push_back(
+          {l.at("stage").get<std::string>(), l.at("run").get<std::string>(),
+           l.at("state").get<std::string>(), l.at("checkpoint").get<std::string>(),
+           l.at("checkpoint_sha256").get<std::string>(), l.at("checkpoint_files").get<int64_t>(),
+           l.at("checkpoint_bytes").get<int64_t>(), l.at("output_dir").get<std::string>()});
 
     const json& ret = j.at("retention");
     in.retention.logs_pruned_ms = GetOpt<int64_t>(ret, "logs_pruned_ms");

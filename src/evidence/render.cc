@@ -191,6 +191,16 @@ std::string FormatRecordSummary(const json& record) {
         out +=
             fmt::format("GPU:        {} {} {}\n", Int(g, "index"), Str(g, "name"), Str(g, "uuid"));
     out += fmt::format("tau:        {}\n", Str(rt, "tau_version"));
+    // A workflow stage's lineage: what each upstream run handed on.
+    for (const json& l : record.value("lineage", json::array())) {
+      std::string checkpoint = "no checkpoint";
+      if (!Str(l, "checkpoint").empty())
+        checkpoint = fmt::format("checkpoint {} sha256:{} ({} files, {})", Str(l, "checkpoint"),
+                                 Short(Str(l, "checkpoint_sha256")), Int(l, "checkpoint_files"),
+                                 Bytes(Int(l, "checkpoint_bytes")));
+      out += fmt::format("Upstream:   {} <- run {} ({})  {}\n", Str(l, "stage"), Str(l, "run"),
+                         Str(l, "state"), checkpoint);
+    }
 
     out += "\nLifecycle:\n";
     for (const json& e : record.value("events", json::array()))

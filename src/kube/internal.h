@@ -38,6 +38,9 @@ struct RunContext {
   std::map<std::string, std::string> node_selector;
   bool gpus = false;  // whether the run's workers use GPUs
   std::string checkpoint_dir, output_dir, data_dir;
+  // Where the checkpoint and output storage is mounted ("" on scratch): other runs' directories
+  // are there too (a workflow stage's upstream runs).
+  std::string checkpoint_mount, output_mount;
   std::vector<json> storage_volumes;  // pod volumes of platform storage
   std::vector<MountUse> storage_mounts;
   bool uses_scratch = false;  // checkpoints or outputs without a storage volume

@@ -95,6 +95,10 @@ struct RenderOptions {
   std::string failure_reason;
   // A run of an array (`tau run --array`): its index, as TAU_ARRAY_INDEX.
   std::optional<int64_t> array_index;
+  // A workflow stage's upstream runs, {stage, run}: TAU_UPSTREAM_<STAGE>_RUN, and where the
+  // checkpoint and output storage the pod mounts keeps their directories (..._CHECKPOINT_DIR,
+  // ..._OUTPUT_DIR).
+  std::vector<std::pair<std::string, std::string>> upstreams;
   // The installation's name (kLabelInstallation) on every object and pod; "" : no label.
   std::string installation;
 };

@@ -8,6 +8,7 @@
 
 #include "common/strings.h"
 #include "kube/internal.h"
+#include "spec/workflow.h"
 
 namespace tau::kube::internal {
 namespace {
@@ -255,9 +256,14 @@ Result<RunContext> MakeContext(const spec::RunSpec& spec, const policy::Resolved
       same->read_only = same->read_only && m.read_only;
     }
     // Checkpoints and outputs go into a directory of the run's own, the same on every attempt.
-    if (m.role == "checkpoint")
+    if (m.role == "checkpoint") {
+      ctx.checkpoint_mount = m.mount_path;
       ctx.checkpoint_dir = JoinDir(m.mount_path, ctx.run_name + "/checkpoints");
-    if (m.role == "output") ctx.output_dir = JoinDir(m.mount_path, ctx.run_name + "/output");
+    }
+    if (m.role == "output") {
+      ctx.output_mount = m.mount_path;
+      ctx.output_dir = JoinDir(m.mount_path, ctx.run_name + "/output");
+    }
     if (m.role == "data") ctx.data_dir = m.mount_path;
   }
   if (ctx.checkpoint_dir.empty()) {
@@ -477,6 +483,16 @@ json ContainerEnv(const RunContext& ctx, bool literal_env, bool gpu_container,
   if (!ctx.data_dir.empty()) SetEnv(env, EnvEntry("TAU_DATA_DIR", ctx.data_dir));
   if (ctx.options->array_index)
     SetEnv(env, EnvEntry("TAU_ARRAY_INDEX", std::to_string(*ctx.options->array_index)));
+  for (const auto& [stage, run] : ctx.options->upstreams) {
+    const std::string prefix = "TAU_UPSTREAM_" + spec::StageEnvName(stage);
+    SetEnv(env, EnvEntry(prefix + "_RUN", run));
+    // The upstream run's directories on the storage this pod mounts too (none on scratch).
+    if (!ctx.checkpoint_mount.empty())
+      SetEnv(env, EnvEntry(prefix + "_CHECKPOINT_DIR",
+                           JoinDir(ctx.checkpoint_mount, run + "/checkpoints")));
+    if (!ctx.output_mount.empty())
+      SetEnv(env, EnvEntry(prefix + "_OUTPUT_DIR", JoinDir(ctx.output_mount, run + "/output")));
+  }
   for (const json& e : extra) SetEnv(env, e);
   // Images built on NVIDIA's base images expose every GPU of the node unless told otherwise; a
   // container without GPUs must not see (and use) other pods' GPUs.

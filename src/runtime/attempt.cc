@@ -139,6 +139,7 @@ json AttemptConfig::ToJson() const {
       {"code", code ? json{{"snapshot", code->snapshot}, {"root", code->root}, {"copy", code->copy}}
                     : json(nullptr)},
       {"workers", workers_json},
+      {"read_only", read_only},
       {"pip", pip},
       {"venv_cache_dir", venv_cache_dir},
       {"memory_limit_bytes", OptionalToJson(memory_limit_bytes)},
@@ -175,6 +176,7 @@ Result<AttemptConfig> AttemptConfig::FromJson(const json& j) {
       launch.env = EnvFromJson(w.at("env"));
       c.workers.push_back(std::move(launch));
     }
+    c.read_only = ValueOr<std::vector<std::string>>(j, "read_only", {});
     c.pip = ValueOr<std::vector<std::string>>(j, "pip", {});
     c.venv_cache_dir = ValueOr<std::string>(j, "venv_cache_dir", "");
     c.memory_limit_bytes = OptionalFromJson(j, "memory_limit_bytes");

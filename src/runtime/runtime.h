@@ -109,6 +109,10 @@ struct AttemptConfig {
   };
   std::optional<Code> code;
   std::vector<WorkerLaunch> workers;
+  // What the workers may read but not write (a workflow stage's upstream checkpoints and outputs):
+  // each worker bind-mounts these read-only in a mount namespace of its own before it drops to
+  // run_as. Only a shim running as root can; the backend leaves it empty otherwise.
+  std::vector<std::string> read_only;
   std::vector<std::string> pip;  // requirements; empty means no virtualenv
   std::string venv_cache_dir;    // where cached virtualenvs live, keyed by the requirement set
   std::optional<int64_t>

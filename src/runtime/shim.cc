@@ -11,8 +11,10 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -131,7 +133,8 @@ enum ChildStep {
   kStepChdir,
   kStepBarrier,
   kStepExec,
-  kStepCredentials
+  kStepCredentials,
+  kStepReadOnly
 };
 
 const char* ChildStepName(int step) {
@@ -148,6 +151,8 @@ const char* ChildStepName(int step) {
       return "wait for the gang";
     case kStepCredentials:
       return "switch to the submitting user";
+    case kStepReadOnly:
+      return "mount the upstream stages' files read-only";
     default:
       return "execute";
   }
@@ -167,6 +172,9 @@ struct ChildPlan {
   int cgroup_procs_fd = -1;
   int error_fd = -1;                             // CLOEXEC write end; closed by a successful exec
   const AttemptConfig::RunAs* run_as = nullptr;  // nullptr: keep the shim's user
+  // Paths bind-mounted read-only over themselves in a mount namespace of the child's own
+  // (null-terminated; nullptr: none).
+  char* const* read_only = nullptr;
 };
 
 [[noreturn]] void ChildFail(const ChildPlan& p, int step) {
@@ -184,6 +192,17 @@ struct ChildPlan {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != p.parent) ::_exit(127);
   if (p.cgroup_procs_fd >= 0 && ::write(p.cgroup_procs_fd, "0", 1) != 1) ChildFail(p, kStepCgroup);
+  // Before the credentials change: only root may make a mount namespace. Mounts made in it
+  // propagate nowhere (private), so the rest of the machine keeps its view.
+  if (p.read_only != nullptr) {
+    if (::unshare(CLONE_NEWNS) != 0 ||
+        ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+      ChildFail(p, kStepReadOnly);
+    for (char* const* path = p.read_only; *path != nullptr; ++path)
+      if (::mount(*path, *path, nullptr, MS_BIND | MS_REC, nullptr) != 0 ||
+          ::mount(nullptr, *path, nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) != 0)
+        ChildFail(p, kStepReadOnly);
+  }
   if (::dup2(p.stdin_fd, 0) < 0 || ::dup2(p.out_fd, 1) < 0 || ::dup2(p.out_fd, 2) < 0) {
     ChildFail(p, kStepStdio);
   }
@@ -759,6 +778,13 @@ class Shim {
       argvs.emplace_back(w.argv);
       envps.push_back(CStrings::FromEnv(w.env));
     }
+    // Those of the read-only paths that exist (an upstream stage may have written no checkpoint).
+    std::vector<std::string> existing;
+    for (const std::string& path : config_.read_only)
+      if (PathExists(path)) existing.push_back(path);
+    std::optional<CStrings> read_only_paths;
+    if (!existing.empty()) read_only_paths.emplace(existing);
+    char* const* read_only = read_only_paths ? read_only_paths->get() : nullptr;
     int barrier[2], errors[2];
     if (::pipe2(barrier, O_CLOEXEC) != 0 || ::pipe2(errors, O_CLOEXEC) != 0) {
       return SetupError{OutcomeKind::kSetupFailed, std::string("pipe: ") + std::strerror(errno)};
@@ -785,7 +811,10 @@ class Shim {
       plan.cgroup_procs_fd = cgroup_ ? cgroup_->procs_fd() : -1;
       plan.error_fd = error_write.get();
       plan.run_as = config_.run_as ? &*config_.run_as : nullptr;
-      pid_t pid = StartChild(plan, /*share_memory=*/single);
+      plan.read_only = read_only;
+      // A child that makes a mount namespace is forked: its own copy of everything, vfork's
+      // shared memory included.
+      pid_t pid = StartChild(plan, /*share_memory=*/single && plan.read_only == nullptr);
       if (pid < 0) {
         int err = errno;
         AbortGang();

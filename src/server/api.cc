@@ -44,10 +44,9 @@ std::optional<std::string> OptionalTime(const std::optional<int64_t>& ms) {
   return FormatRfc3339(*ms);
 }
 
-// `just_inserted`: a run this request made, which no pass has seen yet: its pending entry is the
-// placeholder Submit set, without a wait for the loop's views (a submission in a busy loop waited
-// for a pass every 200 ms; a batch's thousands of runs are not looked up one by one).
-api::Run RunOf(const RunRecord& r, Controller* controller, bool just_inserted = false) {
+}  // namespace
+
+api::Run RunOf(const RunRecord& r, Controller* controller, bool just_inserted) {
   api::Run run;
   run.name = r.name;
   run.spec_name = r.spec_name;
@@ -78,6 +77,10 @@ api::Run RunOf(const RunRecord& r, Controller* controller, bool just_inserted = 
     auto array = api::RunArray::FromJson(r.array);
     if (array.ok()) run.array = std::move(*array);
   }
+  if (r.workflow.is_object()) {
+    auto workflow = api::RunWorkflow::FromJson(r.workflow);
+    if (workflow.ok()) run.workflow = std::move(*workflow);
+  }
   if (r.state == store::RunState::kQueued) {
     run.has_pending = true;
     // null until a pass has seen the run
@@ -93,6 +96,8 @@ api::Run RunOf(const RunRecord& r, Controller* controller, bool just_inserted = 
   }
   return run;
 }
+
+namespace {
 
 api::Attempt AttemptOf(const store::AttemptRecord& a) {
   api::Attempt out;
@@ -653,6 +658,15 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
         if (req.has_param("user")) filter.owner = req.get_param_value("user");
         if (req.has_param("project")) filter.project = req.get_param_value("project");
         if (req.has_param("group")) filter.group = req.get_param_value("group");
+        if (req.has_param("workflow")) filter.workflow = req.get_param_value("workflow");
+        if (req.has_param("order")) {
+          const std::string order = req.get_param_value("order");
+          if (order != "oldest" && order != "newest")
+            return http::ReplyError(
+                res,
+                InvalidArgument("order: 'newest' (the default) or 'oldest', not '" + order + "'"));
+          filter.newest_first = order == "newest";
+        }
         auto limit = IntParam(req, "limit", 100, 1, 1000);
         if (!limit.ok()) return http::ReplyError(res, limit.status());
         auto offset = IntParam(req, "offset", 0, 0, INT64_MAX);
@@ -723,6 +737,8 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                if (!s.ok()) return http::ReplyError(res, s);
                http::Reply(res, 202, {{"cancelling", std::string(req.matches[1])}});
              });
+
+  RegisterWorkflowApi(api, controller, store);
 
   api->Route(
       "GET", R"(/api/v1/runs/([a-z0-9-]+)/logs)", Access::kRunRead,

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "api/types.h"
 #include "common/status.h"
 #include "controller/controller.h"
 #include "health/health.h"
@@ -22,6 +23,13 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
 void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store* store);
 // The artifact routes (api_artifacts.cc): a run's checkpoints and outputs, listed and fetched.
 void RegisterArtifactsApi(SecureRouter* api, Controller* controller, store::Store* store);
+// The workflow routes (api_workflows.cc): a workflow cancelled, a stage run again.
+void RegisterWorkflowApi(SecureRouter* api, Controller* controller, store::Store* store);
+// A run as the API shows it. `just_inserted`: a run this request made, which no pass has seen yet:
+// its pending entry is the placeholder Submit set, without a wait for the loop's views (a
+// submission in a busy loop waited for a pass every 200 ms; a batch's thousands of runs are not
+// looked up one by one).
+api::Run RunOf(const store::RunRecord& r, Controller* controller, bool just_inserted = false);
 // A query parameter of a route: an integer in min..max, `fallback` when it is absent;
 // InvalidArgument names it and the range.
 Result<int64_t> IntParam(const http::HttpRequest& req, const char* name, int64_t fallback,

@@ -127,13 +127,37 @@ Result<int64_t> IntegerMember(const json& object, const char* key, const std::st
   return v.get<int64_t>();
 }
 
+// A workflow item's "after": [{"stage": S, "condition": "succeeded"|"finished"}, ...].
+Result<std::vector<spec::StageDependency>> ParseAfter(const json& after, const std::string& where) {
+  if (!after.is_array())
+    return InvalidArgument(where + " must be an array of {\"stage\", \"condition\"?}");
+  std::vector<spec::StageDependency> out;
+  for (size_t i = 0; i < after.size(); ++i) {
+    const json& a = after[i];
+    const std::string at = fmt::format("{}[{}].", where, i);
+    if (!a.is_object() || !a.contains("stage") || !a["stage"].is_string())
+      return InvalidArgument(fmt::format("{}[{}] must be {{\"stage\", \"condition\"?}}", where, i));
+    TAU_RETURN_IF_ERROR(OnlyMembers(a, {"stage", "condition"}, at));
+    spec::StageDependency d;
+    d.stage = a["stage"].get<std::string>();
+    TAU_ASSIGN_OR_RETURN(std::string condition,
+                         OptionalString(a, "condition", at.c_str(), "succeeded"));
+    auto c = spec::ParseCondition(condition);
+    if (!c)
+      return InvalidArgument(at + "condition: 'succeeded' or 'finished', not '" + condition + "'");
+    d.condition = *c;
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<BatchRequest> ParseBatchBody(std::string_view body) {
   json j = ParseObject(body);
   if (j.is_discarded() || !j.is_object())
     return InvalidArgument("request body is not a JSON object");
-  TAU_RETURN_IF_ERROR(OnlyMembers(j, {"codes", "runs", "array"}, ""));
+  TAU_RETURN_IF_ERROR(OnlyMembers(j, {"codes", "runs", "array", "workflow"}, ""));
   if (!j.contains("runs") || !j["runs"].is_array())
     return InvalidArgument(
         "request needs 'runs': an array of {\"spec\": {\"yaml\", \"file\"?}, \"code\"?, "
@@ -160,7 +184,7 @@ Result<BatchRequest> ParseBatchBody(std::string_view body) {
     const json& run = runs[i];
     const std::string where = fmt::format("runs[{}].", i);
     if (!run.is_object()) return InvalidArgument(fmt::format("runs[{}] must be an object", i));
-    TAU_RETURN_IF_ERROR(OnlyMembers(run, {"spec", "code", "array_index"}, where));
+    TAU_RETURN_IF_ERROR(OnlyMembers(run, {"spec", "code", "array_index", "stage", "after"}, where));
     if (!run.contains("spec") || !run["spec"].is_object() || !run["spec"].contains("yaml") ||
         !run["spec"]["yaml"].is_string())
       return InvalidArgument(where + "spec.yaml (the tau.yaml text) must be a string");
@@ -190,20 +214,32 @@ Result<BatchRequest> ParseBatchBody(std::string_view body) {
     if (run.contains("array_index")) {
       TAU_ASSIGN_OR_RETURN(item.array_index, IntegerMember(run, "array_index", where));
     }
+    TAU_ASSIGN_OR_RETURN(item.stage, OptionalString(run, "stage", where.c_str(), ""));
+    if (run.contains("after")) {
+      TAU_ASSIGN_OR_RETURN(item.after, ParseAfter(run["after"], where + "after"));
+    }
     out.items.push_back(std::move(item));
   }
   if (j.contains("array")) {
     const json& a = j["array"];
     if (!a.is_object() || !a.contains("first") || !a.contains("last"))
       return InvalidArgument("array must be {\"first\", \"last\", \"step\"?} (integers)");
-    TAU_RETURN_IF_ERROR(OnlyMembers(a, {"first", "last", "step"}, "array."));
+    TAU_RETURN_IF_ERROR(OnlyMembers(a, {"first", "last", "step", "max_parallel"}, "array."));
     BatchArray array;
     TAU_ASSIGN_OR_RETURN(array.first, IntegerMember(a, "first", "array."));
     TAU_ASSIGN_OR_RETURN(array.last, IntegerMember(a, "last", "array."));
     if (a.contains("step")) {
       TAU_ASSIGN_OR_RETURN(array.step, IntegerMember(a, "step", "array."));
     }
+    if (a.contains("max_parallel")) {
+      TAU_ASSIGN_OR_RETURN(array.max_parallel, IntegerMember(a, "max_parallel", "array."));
+    }
     out.array = array;
+  }
+  if (j.contains("workflow")) {
+    if (!j["workflow"].is_string() || j["workflow"].get<std::string>().empty())
+      return InvalidArgument("workflow must be the workflow's name (a string)");
+    out.workflow = j["workflow"].get<std::string>();
   }
   return out;
 }

@@ -173,6 +173,14 @@ UPDATE runs SET
   WHERE json_valid(spec_json);
 CREATE INDEX runs_by_project ON runs(project, seq);
 )sql",
+    // 11: a run of a workflow's stage (`tau run workflow.yaml`): the workflow's name as a column
+    // (its runs are listed by it), and the run's place (stage, upstream runs) as JSON; '' and NULL
+    // for a run of its own.
+    R"sql(
+ALTER TABLE runs ADD COLUMN workflow TEXT NOT NULL DEFAULT '';
+ALTER TABLE runs ADD COLUMN workflow_place TEXT;
+CREATE INDEX runs_by_workflow ON runs(workflow, seq) WHERE workflow != '';
+)sql",
 };
 
 constexpr int64_t kLatestSchema = sizeof(kMigrations) / sizeof(kMigrations[0]);
@@ -292,7 +300,8 @@ constexpr const char* kRunColumns =
     "snapshot_dir, workspace, queue, priority, resources, state, reason, message, exit_code, "
     "signal, attempts, gpus, cancel_requested, created_ms, updated_ms, admitted_ms, started_ms, "
     "finished_ms, not_before_ms, owner, resolved, flavors, preemptions, submit_key, run_as, "
-    "array_place, kind, logs_pruned_ms, samples_pruned_ms, project, experiment_group";
+    "array_place, kind, logs_pruned_ms, samples_pruned_ms, project, experiment_group, "
+    "workflow_place";
 // The same columns for a list page: the heavy ones (spec_yaml, spec_json, resolved, flavors) are
 // NULL, so SQLite neither copies nor we parse them.
 constexpr const char* kSummaryColumns =
@@ -300,7 +309,8 @@ constexpr const char* kSummaryColumns =
     "snapshot_dir, workspace, queue, priority, resources, state, reason, message, exit_code, "
     "signal, attempts, gpus, cancel_requested, created_ms, updated_ms, admitted_ms, started_ms, "
     "finished_ms, not_before_ms, owner, NULL, NULL, preemptions, submit_key, run_as, "
-    "array_place, kind, logs_pruned_ms, samples_pruned_ms, project, experiment_group";
+    "array_place, kind, logs_pruned_ms, samples_pruned_ms, project, experiment_group, "
+    "workflow_place";
 
 // `summary`: read from kSummaryColumns (the heavy columns are left empty).
 RunRecord ReadRun(Stmt& s, bool summary = false) {
@@ -349,6 +359,8 @@ RunRecord ReadRun(Stmt& s, bool summary = false) {
   r.samples_pruned_ms = s.OptInt(36);
   r.project = s.Text(37);
   r.group = s.Text(38);
+  if (std::optional<std::string> place = s.OptText(39))
+    r.workflow = ParseJsonColumn(*place, nlohmann::json());
   return r;
 }
 
@@ -366,6 +378,13 @@ std::string ExperimentOf(const nlohmann::json& spec_json, const char* field) {
   if (e == spec_json.end() || !e->is_object()) return "";
   auto it = e->find(field);
   return it != e->end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// A workflow place's workflow name, as the workflow column keeps it.
+std::string WorkflowOf(const nlohmann::json& place) {
+  if (!place.is_object()) return "";
+  auto it = place.find("name");
+  return it != place.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
 // The columns of a run that commits change (RunProgress), as named parameters (":state" binds
@@ -430,6 +449,9 @@ void BindRun(Stmt& s, const RunRecord& r, RunTexts* texts) {
   s.Bind(":kind", r.kind.empty() ? KindOf(r.spec_json) : r.kind);
   s.Bind(":project", r.project.empty() ? ExperimentOf(r.spec_json, "project") : r.project);
   s.Bind(":experiment_group", r.group.empty() ? ExperimentOf(r.spec_json, "group") : r.group);
+  s.Bind(":workflow_place",
+         r.workflow.is_null() ? std::optional<std::string>() : std::optional(JsonText(r.workflow)));
+  s.Bind(":workflow", WorkflowOf(r.workflow));
   s.Bind(":logs_pruned_ms", r.logs_pruned_ms);
   s.Bind(":samples_pruned_ms", r.samples_pruned_ms);
   BindProgress(s, r);
@@ -528,14 +550,16 @@ struct Store::Impl {
 
   Status InsertRun(const RunRecord& r, RunTexts* texts) TAU_REQUIRES(mu) {
     static const std::string sql = [] {
+      // The workflow's name is written with the run, never read back: its place says it.
+      const std::string columns = std::string(kRunColumns) + ", workflow";
       std::vector<std::string> names;
-      for (const std::string& c : Split(kRunColumns, ',')) {
+      for (const std::string& c : Split(columns, ',')) {
         // Appended, not `":" + ...`: gcc 12 at -O3 warns of an overlap that cannot happen.
         std::string name = ":";
         name += Trim(c);
         names.push_back(std::move(name));
       }
-      return fmt::format("INSERT INTO runs ({}) VALUES ({})", kRunColumns, Join(names, ", "));
+      return fmt::format("INSERT INTO runs ({}) VALUES ({})", columns, Join(names, ", "));
     }();
     Stmt s(db, &cache, sql);
     if (!s.ok()) return Error("preparing run insert");
@@ -918,6 +942,7 @@ static std::string WhereClause(const RunFilter& f) {
   if (!f.owner.empty()) conds.push_back("owner = ?7");
   if (!f.project.empty()) conds.push_back("project = ?8");
   if (!f.group.empty()) conds.push_back("experiment_group = ?9");
+  if (!f.workflow.empty()) conds.push_back("workflow = ?10");
   std::string out;
   for (size_t i = 0; i < conds.size(); ++i) out += (i ? " AND " : " WHERE ") + conds[i];
   return out;
@@ -931,6 +956,7 @@ static void BindFilter(Stmt& s, const RunFilter& f) {
   if (!f.owner.empty()) s.Bind(7, f.owner);
   if (!f.project.empty()) s.Bind(8, f.project);
   if (!f.group.empty()) s.Bind(9, f.group);
+  if (!f.workflow.empty()) s.Bind(10, f.workflow);
 }
 
 Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {

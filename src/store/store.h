@@ -65,6 +65,10 @@ struct RunRecord {
   // Its place in an array (`tau run --array`): {"name", "index", "first", "last", "step"}; null
   // for a run of its own.
   nlohmann::json array;
+  // Its place in a workflow (`tau run workflow.yaml`): {"name", "stage", "after": [{"stage",
+  // "run", "condition"}]} (the upstream runs it waits for, and whether they must have
+  // "succeeded" or only "finished"); null for a run of its own.
+  nlohmann::json workflow;
   // The spec's workload kind ("job", "rayjob"), a column of its own so that list pages need not
   // parse the spec.
   std::string kind;
@@ -168,6 +172,7 @@ struct RunFilter {
   std::string queue;
   std::string owner;           // the user who submitted them
   std::string project, group;  // the spec's experiment.project / experiment.group; "": any
+  std::string workflow;        // only the runs of this workflow; "": any
   int64_t limit = 0;           // 0 = no limit
   int64_t offset = 0;
   bool newest_first = true;

@@ -608,4 +608,39 @@ VALUES
   EXPECT_EQ(got->front().name, "old-1");
 }
 
+// A workflow's runs keep their place (stage, upstream runs) and are listed by the workflow's name;
+// a store of version 10 opens migrated, its runs in no workflow.
+TEST_F(StoreTest, WorkflowPlacesAreKeptAndListedByWorkflow) {
+  std::vector<RunRecord> runs = {MakeRun("wf-a-prep"), MakeRun("wf-a-train"), MakeRun("other")};
+  runs[0].workflow = {{"name", "wf-a"}, {"stage", "prep"}, {"after", nlohmann::json::array()}};
+  runs[1].workflow = {
+      {"name", "wf-a"},
+      {"stage", "train"},
+      {"after", {{{"stage", "prep"}, {"run", "wf-a-prep"}, {"condition", "succeeded"}}}}};
+  ASSERT_TRUE(store_->InsertRuns(&runs, std::vector<std::vector<Event>>(3)).ok());
+  EXPECT_EQ(store_->GetRun("wf-a-train")->workflow, runs[1].workflow);
+  EXPECT_TRUE(store_->GetRun("other")->workflow.is_null());
+  RunFilter f;
+  f.workflow = "wf-a";
+  f.newest_first = false;
+  auto got = store_->ListRuns(f);
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->size(), 2u);
+  EXPECT_EQ((*got)[0].name, "wf-a-prep");
+  EXPECT_EQ((*got)[1].workflow["after"][0]["run"], "wf-a-prep");
+  f.summary = true;
+  EXPECT_EQ(store_->ListRuns(f)->at(1).workflow["stage"], "train") << "list pages keep the place";
+  EXPECT_EQ(*store_->CountRuns(f), 2);
+
+  store_.reset();
+  const std::string path = dir_ + "/v10.db";
+  ASSERT_TRUE(Store::CreateSchemaForTest(path, 10).ok());
+  auto opened = Store::Open(path);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  store_ = std::move(*opened);
+  RunRecord old = MakeRun("after-migration");
+  ASSERT_TRUE(store_->InsertRun(&old, {}).ok());
+  EXPECT_TRUE(store_->GetRun("after-migration")->workflow.is_null());
+}
+
 }  // namespace tau::store

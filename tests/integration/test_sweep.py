@@ -6,7 +6,7 @@ import json
 import os
 import unittest
 
-from harness import ServerTestCase
+from harness import ServerTestCase, wait_for
 
 SPEC = ("schema_version: 1\nname: {name}\nrun:\n  entrypoint: main.sh\n  workload_kind: job\n"
         "  args: ['1']\n"
@@ -88,12 +88,49 @@ class SweepTest(ServerTestCase):
         self.assertIn("sweep.yaml: point 2 of 2 (compute.workers=two):", p.stderr)
         self.assertIn("--set compute.workers=two: error: compute.workers: expected an integer",
                       p.stderr)
-        path = self.sweep_project("bad2", "spec: tau.yaml\nmax_parallel: 2\nparameters:\n"
+        path = self.sweep_project("bad2", "spec: tau.yaml\nmax_parallel: two\nparameters:\n"
                                           "  runtime.env.LR: ['1']\n  nosuch: 3\n")
         p = self.server.tau("sweep", path, check=1)
-        self.assertIn("sweep.yaml:2:1: error: max_parallel: not supported yet", p.stderr)
+        self.assertIn("sweep.yaml:2:15: error: max_parallel: expected a whole number", p.stderr)
         self.assertIn("sweep.yaml:5:11: error: parameters.nosuch: give a list of values", p.stderr)
         self.assertEqual(self.runs(), [])
+
+    def test_max_parallel_holds_the_rest_of_the_sweep_out_of_its_queue(self):
+        # Each run waits until a file of its own exists: the test sees who is in play.
+        gate = os.path.join(self.work, "gate")
+        os.makedirs(gate)
+        spec = SPEC.format(name="held").replace("  args: ['1']\n", "")
+        main = ("#!/bin/sh\nwhile [ ! -e " + gate + "/$TAU_ARRAY_INDEX ]; do sleep 0.05; done\n")
+        path = os.path.join(os.path.dirname(self.project(spec, {"main.sh": main})), "sweep.yaml")
+        with open(path, "w") as f:
+            f.write("spec: tau.yaml\ngroup: held\nmax_parallel: 2\n"
+                    "parameters:\n  runtime.env.LR: ['1', '2', '3', '4', '5']\n")
+        names = self.server.tau("sweep", "--detach", path, check=0).stdout.split()
+        self.assertEqual(len(names), 5)
+        def states():
+            return [self.server.run_json(n)["run"] for n in names]
+        wait_for(lambda: [r["state"] for r in states()][:2] == ["Running"] * 2,
+                 what="the first two to run")
+        # The views a reply reads are up to 200 ms old: a held run says so within that.
+        wait_for(lambda: all(r["state"] == "Queued" and
+                             r.get("pending", {}).get("code") == "ArrayMaxParallel"
+                             for r in states()[2:]),
+                 what="the other three to wait for a place")
+        self.assertIn("max_parallel 2", states()[2]["pending"]["reason"])
+        # One ends: the next in index order takes its place, and never more than two at once.
+        open(os.path.join(gate, "0"), "w").close()
+        wait_for(lambda: states()[2]["state"] == "Running", what="the third to start")
+        self.assertEqual([r["state"] for r in states()][3:], ["Queued", "Queued"])
+        for i in range(1, 5):
+            open(os.path.join(gate, str(i)), "w").close()
+        for n in names:
+            self.server.wait_state(n, "Succeeded", timeout=60)
+        runs = [self.server.run_json(n) for n in names]
+        # Never more than two running at once: each start is after all but one earlier end.
+        spans = sorted((r["run"]["started"], r["run"]["finished"]) for r in runs)
+        for start, _ in spans:
+            running = sum(1 for s, e in spans if s <= start < e)
+            self.assertLessEqual(running, 2, spans)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ struct ClusterLaunch {
   std::string resume_from;             // TAU_RESUME_FROM of a later attempt
   std::string failure_reason;          // TAU_FAILURE_REASON of a later attempt
   std::optional<int64_t> array_index;  // TAU_ARRAY_INDEX of a run of an array
+  std::vector<std::pair<std::string, std::string>> upstreams;  // a workflow stage's {stage, run}
 };
 
 using AttemptKey = std::pair<std::string, int>;  // run, attempt

@@ -199,6 +199,7 @@ void KubeBackend::Schedule(Batch* batch) {
     }
     if (r.state != RunState::kQueued || Of(run).attempt != 0) continue;
     if (r.not_before_ms && *r.not_before_ms > now) continue;
+    if (HeldBack(run)) continue;  // created once the controller lets it in
     if (!Of(run).relaunch) {
       AttemptRecord a;
       a.run = name;
@@ -231,6 +232,8 @@ void KubeBackend::LaunchOne(const std::string& name, Batch* batch) {
   launch.snapshot_dir = r.snapshot_dir;
   if (r.array.is_object() && r.array.value("index", nlohmann::json()).is_number_integer())
     launch.array_index = r.array["index"].get<int64_t>();
+  if (run.upstreams)
+    for (const UpstreamRun& u : *run.upstreams) launch.upstreams.emplace_back(u.stage, u.run);
   const std::string attempt_dir = host_->AttemptDir(name, launch.attempt);
   if (launch.attempt > 1) {
     launch.failure_reason = PreviousAttemptReason(host_->store(), name, launch.attempt);

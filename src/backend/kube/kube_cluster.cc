@@ -915,6 +915,7 @@ Status KubeCluster::Launch(const ClusterLaunch& launch) {
   options.resume_from = launch.resume_from;
   options.failure_reason = launch.failure_reason;
   options.array_index = launch.array_index;
+  options.upstreams = launch.upstreams;
   TAU_ASSIGN_OR_RETURN(options.code, Code(launch.snapshot_dir));
   TAU_ASSIGN_OR_RETURN(std::vector<json> objects,
                        kube::RenderRun(*launch.spec, *launch.resolved, *launch.platform, options));

@@ -24,6 +24,7 @@
 #include "recovery/failure_class.h"
 #include "recovery/recovery.h"
 #include "recovery/retry.h"
+#include "spec/workflow.h"
 
 extern char** environ;
 
@@ -637,6 +638,19 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
   ctx.metrics_file = layout::MetricsFile(run_dir);
   if (r.array.is_object() && r.array.value("index", nlohmann::json()).is_number_integer())
     ctx.extra_env.emplace_back("TAU_ARRAY_INDEX", std::to_string(r.array["index"].get<int64_t>()));
+  std::vector<std::string> read_only;
+  if (run.upstreams) {
+    // A workflow stage reads what the stages before it left, as they left it.
+    for (const UpstreamRun& u : *run.upstreams) {
+      const std::string prefix = "TAU_UPSTREAM_" + spec::StageEnvName(u.stage);
+      ctx.extra_env.emplace_back(prefix + "_RUN", u.run);
+      ctx.extra_env.emplace_back(prefix + "_CHECKPOINT_DIR", u.checkpoint_dir);
+      ctx.extra_env.emplace_back(prefix + "_OUTPUT_DIR", u.output_dir);
+      if (!u.checkpoint.empty()) ctx.extra_env.emplace_back(prefix + "_CHECKPOINT", u.checkpoint);
+      read_only.push_back(u.checkpoint_dir);
+      read_only.push_back(u.output_dir);
+    }
+  }
   ctx.gpus = r.gpus;
   if (run.spec.compute.workers > 1) ctx.master_port = PickFreePort();  // only gangs rendezvous
   ctx.base_env = BaseEnv();
@@ -686,6 +700,8 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
   code.copy = ids.ok() ? (*ids ? (*ids)->uid == 0 : ::geteuid() == 0) : true;
   config.code = std::move(code);
   config.workers = std::move(*workers);
+  // Mounts need root; a server of one user's own leaves the files as their modes make them.
+  if (::geteuid() == 0) config.read_only = std::move(read_only);
   config.pip = run.spec.runtime.pip;
   config.venv_cache_dir = VenvCacheDir(std::nullopt);
   if (Status s = RunAsSubmitter(r, ctx, &config); !s.ok())

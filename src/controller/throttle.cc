@@ -1,0 +1,81 @@
+// An array's max_parallel (`tau run --array 0-99%4`, a sweep's max_parallel): at most that many of
+// its runs are in play (queued for quota, admitted, running); the others wait out of their queue
+// (ActiveRun::throttled), holding no quota, and enter it in submission order as runs of the array
+// end. Derived from the runs' records, so a restarted server holds the same ones back.
+#include <fmt/format.h>
+
+#include "controller/controller.h"
+
+namespace tau::server {
+
+namespace {
+
+// The array's name and its max_parallel, when the run is of an array that has one.
+std::optional<std::pair<std::string, int64_t>> ThrottleOf(const store::RunRecord& r) {
+  if (!r.array.is_object()) return std::nullopt;
+  auto max = r.array.find("max_parallel");
+  if (max == r.array.end() || !max->is_number_integer() || max->get<int64_t>() < 1)
+    return std::nullopt;
+  return std::make_pair(r.array.value("name", ""), max->get<int64_t>());
+}
+
+}  // namespace
+
+void Controller::TrackThrottle(ActiveRun& run) {
+  const store::RunRecord& r = run.record;
+  auto throttle = ThrottleOf(r);
+  if (!throttle || store::IsTerminal(r.state)) return;
+  ArrayThrottle& t = throttles_[throttle->first];
+  t.max = throttle->second;
+  const bool holds = r.flavors.is_object() && !r.flavors.empty();
+  if (r.state != store::RunState::kQueued || holds ||
+      static_cast<int64_t>(t.in_play.size()) < t.max) {
+    t.in_play.insert(r.name);
+    run.throttled = false;
+    return;
+  }
+  t.waiting.insert({r.seq, r.name});
+  run.throttled = true;
+}
+
+void Controller::ThrottledRunEnded(const store::RunRecord& r) {
+  auto throttle = ThrottleOf(r);
+  if (!throttle) return;
+  auto it = throttles_.find(throttle->first);
+  if (it == throttles_.end()) return;
+  ArrayThrottle& t = it->second;
+  t.in_play.erase(r.name);
+  t.waiting.erase({r.seq, r.name});
+  while (static_cast<int64_t>(t.in_play.size()) < t.max && !t.waiting.empty()) {
+    const std::string next = t.waiting.begin()->second;
+    t.waiting.erase(t.waiting.begin());
+    auto run = active_.find(next);
+    if (run == active_.end() || store::IsTerminal(run->second.record.state)) continue;
+    run->second.throttled = false;
+    run->second.queued_since_ms = Now();
+    t.in_play.insert(next);
+    sync_changed_.insert(next);
+  }
+  if (t.in_play.empty() && t.waiting.empty()) throttles_.erase(it);
+}
+
+nlohmann::json Controller::ThrottledPending(const ActiveRun& run) {
+  auto throttle = ThrottleOf(run.record);
+  const std::string array = throttle ? throttle->first : "";
+  size_t ahead = 0, in_play = 0;
+  if (auto it = throttles_.find(array); it != throttles_.end()) {
+    in_play = it->second.in_play.size();
+    for (const auto& [seq, name] : it->second.waiting) {
+      if (name == run.record.name) break;
+      ++ahead;
+    }
+  }
+  return PendingEntry(
+      0, run.record.queue, "ArrayMaxParallel",
+      fmt::format("{} of array {}'s runs are in play (max_parallel {}); {} of its runs wait "
+                  "ahead of this one, which enters its queue when a place is free",
+                  in_play, array, throttle ? throttle->second : 0, ahead),
+      "");
+}
+
+}  // namespace tau::server

@@ -1,0 +1,140 @@
+#include "spec/workflow.h"
+
+#include <gtest/gtest.h>
+
+namespace tau::spec {
+namespace {
+
+std::string Errors(const std::string& text) {
+  auto parsed = ParseWorkflow(text, "wf.yaml");
+  return parsed.ok() ? "" : parsed.status().message();
+}
+
+TEST(WorkflowTest, ParsesStagesDependenciesAndOverrides) {
+  auto wf = ParseWorkflow(R"(kind: workflow
+name: train-eval
+stages:
+  - name: prepare
+    spec: prepare.yaml
+  - name: train
+    spec: train.yaml
+    after: [prepare]
+    set: {compute.gpus: 2, runtime.env.LR: "0.1"}
+  - name: eval
+    spec: tau/eval.yaml
+    after:
+      - {stage: train, condition: finished}
+      - prepare
+    set: [resilience.max_retries=1]
+)",
+                          "wf.yaml");
+  ASSERT_TRUE(wf.ok()) << wf.status().message();
+  EXPECT_EQ(wf->name, "train-eval");
+  ASSERT_EQ(wf->stages.size(), 3u);
+  EXPECT_EQ(wf->stages[0].name, "prepare");
+  EXPECT_TRUE(wf->stages[0].after.empty());
+  EXPECT_EQ(wf->stages[1].set, (std::vector<std::string>{"compute.gpus=2", "runtime.env.LR=0.1"}));
+  ASSERT_EQ(wf->stages[2].after.size(), 2u);
+  EXPECT_EQ(wf->stages[2].after[0].stage, "train");
+  EXPECT_EQ(wf->stages[2].after[0].condition, Condition::kFinished);
+  EXPECT_EQ(wf->stages[2].after[1].condition, Condition::kSucceeded) << "the default";
+  EXPECT_EQ(wf->stages[2].after[0].line, 13);
+  EXPECT_EQ(wf->stages[2].set, std::vector<std::string>{"resilience.max_retries=1"});
+}
+
+TEST(WorkflowTest, EveryMistakeIsSaidAtItsPlace) {
+  const std::string errors = Errors(R"(kind: workflow
+name: Bad_Name
+colour: red
+stages:
+  - name: a
+    spec: a.yaml
+    after: [{stage: a, condition: maybe}]
+  - spec: b.yaml
+    retries: 3
+)");
+  EXPECT_NE(errors.find("wf.yaml:2:7: error: name: 'Bad_Name' is not a DNS-1123 label"),
+            std::string::npos)
+      << errors;
+  EXPECT_NE(errors.find("wf.yaml:3:1: error: unknown field 'colour'"), std::string::npos) << errors;
+  EXPECT_NE(errors.find("wf.yaml:7:35: error: stages[0].after[0].condition: succeeded or "
+                        "finished, not 'maybe'"),
+            std::string::npos)
+      << errors;
+  EXPECT_NE(errors.find("wf.yaml:8:5: error: stages[1]: needs a name"), std::string::npos)
+      << errors;
+  EXPECT_NE(errors.find("wf.yaml:9:5: error: stages[1]: unknown field 'retries'"),
+            std::string::npos)
+      << errors;
+}
+
+TEST(WorkflowTest, GraphErrorsNameTheStageAndTheCycle) {
+  const std::string unknown = Errors(R"(kind: workflow
+name: wf
+stages:
+  - {name: train, spec: t.yaml}
+  - {name: eval, spec: e.yaml, after: [trian]}
+)");
+  EXPECT_NE(unknown.find("wf.yaml:5:40: error: stages[1].after[0]: no stage is named 'trian' "
+                         "(did you mean 'train'?)"),
+            std::string::npos)
+      << unknown;
+  const std::string cycle = Errors(R"(kind: workflow
+name: wf
+stages:
+  - {name: a, spec: a.yaml, after: [c]}
+  - {name: b, spec: b.yaml, after: [a]}
+  - {name: c, spec: c.yaml, after: [b]}
+  - {name: d, spec: d.yaml}
+)");
+  EXPECT_NE(cycle.find("wf.yaml:4:5: error: stages[0]: the stages wait for each other in a cycle "
+                       "(a <- c <- b <- a)"),
+            std::string::npos)
+      << cycle;
+  const std::string self = Errors(R"(kind: workflow
+name: wf
+stages:
+  - {name: a, spec: a.yaml, after: [a]}
+  - {name: a, spec: b.yaml}
+)");
+  EXPECT_NE(self.find("stage 'a' cannot wait for itself"), std::string::npos) << self;
+  EXPECT_NE(self.find("wf.yaml:5:5: error: stages[1].name: stage 'a' is already stage 0"),
+            std::string::npos)
+      << self;
+  EXPECT_NE(Errors("kind: workflow\nname: wf\nstages: []\n").find("stages: give a list"),
+            std::string::npos);
+  EXPECT_NE(Errors("kind: workflow\nname: 'wf\nstages: []\n").find("wf.yaml:2:7"),
+            std::string::npos)
+      << "an unclosed quote is said where it opens";
+}
+
+TEST(WorkflowTest, TheGraphIsCheckedWithoutAFileToo) {
+  std::vector<WorkflowStage> stages(kMaxWorkflowStages + 1);
+  for (size_t i = 0; i < stages.size(); ++i) stages[i].name = "s" + std::to_string(i);
+  auto problems = CheckStageGraph(stages);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].message.find("at most 100 stages"), std::string::npos);
+  stages.resize(2);
+  stages[1].after = {{"s0", Condition::kSucceeded, 0, 0}, {"s0", Condition::kFinished, 0, 0}};
+  problems = CheckStageGraph(stages);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].stage, 1u);
+  EXPECT_EQ(problems[0].dependency, 1u);
+  EXPECT_EQ(GraphProblemPlace(problems[0], "runs", "stage"), "runs[1].after[1]");
+  stages[1].after.pop_back();
+  EXPECT_TRUE(CheckStageGraph(stages).empty());
+}
+
+TEST(WorkflowTest, RecognisesWorkflowFilesAndNamesEnvironmentVariables) {
+  EXPECT_TRUE(IsWorkflowText("kind: workflow\nname: x\n"));
+  EXPECT_FALSE(IsWorkflowText("schema_version: 1\nname: x\nrun: {workload_kind: job}\n"));
+  EXPECT_FALSE(IsWorkflowText("kind: [\n"));
+  EXPECT_FALSE(IsWorkflowText("- kind\n"));
+  EXPECT_EQ(StageEnvName("pre-train2"), "PRE_TRAIN2");
+  EXPECT_EQ(ParseCondition("finished"), Condition::kFinished);
+  EXPECT_FALSE(ParseCondition("Succeeded"));
+  EXPECT_STREQ(ConditionName(Condition::kSucceeded), "succeeded");
+}
+
+}  // namespace
+}  // namespace tau::spec
