@@ -1,7 +1,8 @@
 // The API's JSON request bodies on arbitrary bytes: POST /api/v1/runs (ParseSubmitBody, with the
 // base64 code files or a code manifest), POST /api/v1/runs/batch (ParseBatchBody: every item's
 // code is an index it holds), POST /api/v1/code/missing (ParseManifestBody), POST
-// /api/v1/validate (ParseValidateBody), POST /api/v1/runs/NAME/rerun (ParseRerunBody) and POST
+// /api/v1/validate (ParseValidateBody), POST /api/v1/resolve (ParseResolveBody: its "set" checked
+// as --set), POST /api/v1/runs/NAME/rerun (ParseRerunBody) and POST
 // /api/v1/runs/NAME/resume (ParseResumeBody), POST /api/v1/tokens (ParseTokenBody), and the
 // one-member bodies of /api/v1/session and workspace secrets (ParseSingleStringBody). Every input
 // goes to all of them; they must refuse, never throw.
@@ -109,6 +110,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   auto validate = tau::server::ParseValidateBody(body);
   if (!validate.ok()) TAU_FUZZ_CHECK(!validate.status().message().empty());
+
+  auto resolve = tau::server::ParseResolveBody(body);
+  if (!resolve.ok()) TAU_FUZZ_CHECK(!resolve.status().message().empty());
 
   auto rerun = tau::server::ParseRerunBody(body);
   if (!rerun.ok()) TAU_FUZZ_CHECK(!rerun.status().message().empty());

@@ -152,11 +152,20 @@ std::string LocatedErrors(const std::string& file, const spec::ParseOutcome& par
   return spec::LocateFieldErrors(message, file, parsed.positions);
 }
 
+std::optional<std::vector<spec::Override>> ParseSetOption(const std::vector<std::string>& set,
+                                                          int* rc) {
+  auto overrides = spec::ParseOverrides(set);
+  if (overrides.ok()) return std::move(*overrides);
+  *rc = Fail(overrides.status().message());
+  return std::nullopt;
+}
+
 // Each file with the --set overrides applied, as `tau run --set` would submit it.
 static int CmdValidate(const std::vector<std::string>& files, const std::vector<std::string>& set,
                        bool quiet, Format format) {
-  auto overrides = spec::ParseOverrides(set);
-  if (!overrides.ok()) return Fail(overrides.status().message());
+  int rc = 0;
+  auto overrides = ParseSetOption(set, &rc);
+  if (!overrides) return rc;
   return ValidateFiles(
       files, quiet, format, spec::kMaxSpecBytes, "a spec",
       [&](const std::string& text, const std::string& file) {
@@ -404,8 +413,8 @@ static int CmdRerun(const Global& g, const std::string& name, const std::vector<
   if (!IsRunName(name)) return NoSuchRun(name);
   // Checked here first, as tau run checks them; the paths and values are checked against the
   // run's spec by the server.
-  if (auto overrides = spec::ParseOverrides(set); !overrides.ok())
-    return Fail(overrides.status().message());
+  int rc = 0;
+  if (!ParseSetOption(set, &rc)) return rc;
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   auto r = client::TauApi(conn->get()).Rerun(name, set);
@@ -562,8 +571,7 @@ std::function<std::optional<Format>()> AddOutput(CLI::App* cmd, Context* ctx,
   };
 }
 
-// --set PATH=VALUE, once per field.
-static void AddSetOption(CLI::App* cmd, std::vector<std::string>* set) {
+void AddSetOption(CLI::App* cmd, std::vector<std::string>* set) {
   cmd->add_option("--set", *set,
                   "Set a spec field, typed by the schema (tau schema): PATH=VALUE, such as "
                   "compute.gpus=2, runtime.env.LR=0.01, run.args=[--epochs, 3] or run.args[0]=x; "

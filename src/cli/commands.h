@@ -43,6 +43,12 @@ void PrintSpecWarnings(const spec::ParseOutcome& parsed);
 // `overrides` (--set) are applied as ParseSpec applies them.
 std::optional<spec::ParseOutcome> ReadSpecFile(const std::string& file, std::string* text, int* rc,
                                                const std::vector<spec::Override>& overrides = {});
+// --set PATH=VALUE, once per field (tau run, rerun, validate, plan and explain).
+void AddSetOption(CLI::App* cmd, std::vector<std::string>* set);
+// The --set texts as overrides; nullopt when one is malformed: the error is printed and `*rc` is
+// the exit status.
+std::optional<std::vector<spec::Override>> ParseSetOption(const std::vector<std::string>& set,
+                                                          int* rc);
 // A resolution or submission error (one "FIELD: text" per line) with each line at its field's
 // position in the spec, in the form of parse errors ("FILE:LINE:COL: error: FIELD: text").
 std::string LocatedErrors(const std::string& file, const spec::ParseOutcome& parsed,

@@ -38,6 +38,7 @@ namespace fs = std::filesystem;
 
 struct PlanOptions {
   std::string file = "tau.yaml";
+  std::vector<std::string> set;   // --set PATH=VALUE, as typed
   std::string backend = "local";  // local | kubernetes
   std::string platform;           // platform.yaml; "" : this machine's default platform
   std::string user;               // "" : the current user
@@ -127,18 +128,27 @@ bool ServerResolves(const Global& g, const std::string& platform_file, const std
 }
 
 // The spec resolved by the server for the caller, as `tau run` would have it (POST
-// /api/v1/resolve). A refusal keeps its code and message ("FIELD: text" lines).
+// /api/v1/resolve), with the --set overrides it was parsed with. A refusal keeps its code and
+// message ("FIELD: text" lines).
 Result<policy::ResolvedRun> ResolveOnServer(const Global& g, const std::string& text,
-                                            const std::string& file) {
+                                            const std::string& file,
+                                            const std::vector<spec::Override>& overrides) {
   auto conn = ConnectToServer(g.server, /*start_local=*/false);
   if (!conn.ok())
     return Unavailable(
         fmt::format("cannot reach the server to resolve the spec as it would ({}); "
                     "resolve here with --platform FILE --user NAME",
                     conn.status().message()));
-  TAU_ASSIGN_OR_RETURN(nlohmann::json reply, client::TauApi(conn->get()).Resolve(text, file));
+  std::vector<std::string> set;
+  for (const spec::Override& o : overrides) set.push_back(o.Text());
+  TAU_ASSIGN_OR_RETURN(nlohmann::json reply, client::TauApi(conn->get()).Resolve(text, file, set));
   if (!reply.is_object() || !reply.contains("resolved"))
     return Internal("the server's answer to POST /api/v1/resolve has no 'resolved'");
+  // A server older than --set resolves the file without it, and does not say it took any.
+  if (!set.empty() && !reply.contains("set"))
+    return FailedPrecondition(
+        "the server resolves specs without --set (it is older than this tau); resolve here with "
+        "--platform FILE --user NAME");
   return policy::ResolvedRunFromJson(reply["resolved"]);
 }
 
@@ -159,7 +169,7 @@ std::optional<policy::ResolvedRun> ResolveSpec(const Global& g, const std::strin
                                                policy::Platform* platform, int* rc) {
   Result<policy::ResolvedRun> resolved = InvalidArgument("");
   if (server_may && ServerResolves(g, platform_file, user)) {
-    resolved = ResolveOnServer(g, text, file);
+    resolved = ResolveOnServer(g, text, file, parsed.spec->overrides);
   } else {
     auto in = LoadResolveInputs(g, platform_file, user);
     if (!in.ok()) {
@@ -180,11 +190,13 @@ std::optional<policy::ResolvedRun> ResolveSpec(const Global& g, const std::strin
   return std::nullopt;
 }
 
-int CmdExplain(const Global& g, const std::string& spec_file, const std::string& platform_file,
-               const std::string& user, Format format) {
+int CmdExplain(const Global& g, const std::string& spec_file, const std::vector<std::string>& set,
+               const std::string& platform_file, const std::string& user, Format format) {
   std::string text;
   int rc = 0;
-  std::optional<spec::ParseOutcome> spec = ReadSpecFile(spec_file, &text, &rc);
+  auto overrides = ParseSetOption(set, &rc);
+  if (!overrides) return rc;
+  std::optional<spec::ParseOutcome> spec = ReadSpecFile(spec_file, &text, &rc, *overrides);
   if (!spec) return rc;
   policy::Platform platform;
   std::optional<policy::ResolvedRun> resolved = ResolveSpec(
@@ -254,7 +266,9 @@ int CmdPlan(const Global& g, const PlanOptions& o, Format format) {
   }
   std::string text;
   int rc = 0;
-  std::optional<spec::ParseOutcome> read = ReadSpecFile(o.file, &text, &rc);
+  auto overrides = ParseSetOption(o.set, &rc);
+  if (!overrides) return rc;
+  std::optional<spec::ParseOutcome> read = ReadSpecFile(o.file, &text, &rc, *overrides);
   if (!read) return rc;
   const spec::ParseOutcome& parsed = *read;
   // The local plan of a server that resolves (ServerResolves) is its resolution; a Kubernetes plan
@@ -375,6 +389,7 @@ int CmdClusterRender(const ClusterRenderOptions& o) {
 void RegisterPlanCommands(CLI::App* app, Context* ctx) {
   struct Args {
     std::string explain_file = "tau.yaml", explain_platform, explain_user, render_file;
+    std::vector<std::string> explain_set;
     PlanOptions plan;
     ClusterRenderOptions cluster;
   };
@@ -388,10 +403,12 @@ void RegisterPlanCommands(CLI::App* app, Context* ctx) {
       "else the machine's default platform)");
   explain->add_option("--user", a->explain_user,
                       "Resolve as this user (default: the signed-in user, else the current user)");
+  AddSetOption(explain, &a->explain_set);
   auto format = AddOutput(explain, ctx);
   explain->callback([=] {
     if (auto f = format())
-      ctx->rc = CmdExplain(ctx->g, a->explain_file, a->explain_platform, a->explain_user, *f);
+      ctx->rc = CmdExplain(ctx->g, a->explain_file, a->explain_set, a->explain_platform,
+                           a->explain_user, *f);
   });
 
   auto* plan = app->add_subcommand(
@@ -409,6 +426,7 @@ void RegisterPlanCommands(CLI::App* app, Context* ctx) {
   plan->add_option("--namespace", p.namespace_name,
                    "kubernetes: namespace (default: the run's workspace namespace)");
   plan->add_option("--image", p.image, "kubernetes: image for a spec without runtime.image");
+  AddSetOption(plan, &p.set);
   auto plan_format = AddOutput(plan, ctx);
   plan->callback([=] {
     if (auto f = plan_format()) ctx->rc = CmdPlan(ctx->g, a->plan, *f);

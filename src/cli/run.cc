@@ -211,11 +211,8 @@ struct ReadRun {
 // Everything `tau run` checks before it reads any code: nullopt, with `*rc` set and the reason
 // printed, when the target names no spec, a --set is malformed or the spec is not valid with them.
 std::optional<ReadRun> ReadForRun(const RunOptions& o, int* rc) {
-  auto overrides = spec::ParseOverrides(o.set);
-  if (!overrides.ok()) {
-    *rc = Fail(overrides.status().message());
-    return std::nullopt;
-  }
+  auto overrides = ParseSetOption(o.set, rc);
+  if (!overrides) return std::nullopt;
   auto file = ResolveSpecTarget(o.target, o.code_dir);
   if (!file.ok()) {
     *rc = Fail(file.status().message());

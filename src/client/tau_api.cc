@@ -144,8 +144,10 @@ Result<api::PlatformView> TauApi::GetPlatform() {
   return Typed<api::PlatformView>("GET", "/api/v1/platform");
 }
 
-Result<nlohmann::json> TauApi::Resolve(const std::string& yaml, const std::string& file) {
+Result<nlohmann::json> TauApi::Resolve(const std::string& yaml, const std::string& file,
+                                       const std::vector<std::string>& set) {
   nlohmann::json body = {{"yaml", yaml}, {"file", file}};
+  if (!set.empty()) body["set"] = set;
   return CallJson("POST", "/api/v1/resolve", JsonText(body));
 }
 

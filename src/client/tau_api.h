@@ -78,9 +78,11 @@ class TauApi {
 
   // Platform policy. `yaml` is checked again by the server; `file` names it in the record.
   Result<api::PlatformView> GetPlatform();
-  // POST /api/v1/resolve: the spec resolved for the caller with the platform in force,
-  // {"resolved": policy::ToJson's form, "platform": its source}; nothing is submitted.
-  Result<nlohmann::json> Resolve(const std::string& yaml, const std::string& file);
+  // POST /api/v1/resolve: the spec, with the --set texts `set` applied, resolved for the caller
+  // with the platform in force, {"resolved": policy::ToJson's form, "platform": its source, "set"
+  // when given}; nothing is submitted.
+  Result<nlohmann::json> Resolve(const std::string& yaml, const std::string& file,
+                                 const std::vector<std::string>& set = {});
   Status ApplyPlatform(const std::string& yaml, const std::string& file);
 
   // GPUs and their health; `active` also runs the active probe (admins only).

@@ -198,6 +198,12 @@ struct AttemptObservation {
   // ClusterQueue; empty before admission.
   nlohmann::json flavors = nlohmann::json::object();
   std::string cluster_queue;
+  // The object failed and its pods say how (rule 1's third row), so the class is only as good as
+  // the view of the pods it was read from: the pod and object watches are separate streams, and
+  // the object's failure can come before the pods' ends. The caller reads the pods again from the
+  // API server after it has seen the failure, and tells the end from those (KubeCluster does).
+  // Also set while the pods have not caught up (PodsNotCaughtUp; the phase is then theirs).
+  bool read_from_pods = false;
 
   bool Terminal() const { return phase == Phase::kSucceeded || phase == Phase::kFailed; }
 };

@@ -317,6 +317,7 @@ bool JobTerminal(const json& object, const std::vector<json>& pods, AttemptObser
     return true;
   }
   // The pods say how it failed (OOMKilled, Evicted, an exit code); wait for them to say it.
+  out.read_from_pods = true;
   if (PodsNotCaughtUp(pods)) return false;
   FailFromPods(out, pods, reason, message.empty() ? "the Job failed" : message);
   return true;
@@ -341,6 +342,7 @@ bool RayJobTerminal(const json& object, const std::vector<json>& pods, AttemptOb
     out.message = message.empty() ? "the RayJob ran past its activeDeadlineSeconds" : message;
     return true;
   }
+  out.read_from_pods = true;
   std::string fallback = message;
   if (fallback.empty()) {
     fallback = job.empty() ? "the RayJob failed" : fmt::format("the Ray job ended {}", job);

@@ -164,6 +164,7 @@ TEST(ObserveAttempt, JobDeadlineExceededIsTimeout) {
   EXPECT_EQ(o.phase, Phase::kFailed);
   EXPECT_EQ(o.failure_class, "Timeout");
   EXPECT_EQ(o.message, "Job was active longer than specified deadline");
+  EXPECT_FALSE(o.read_from_pods) << "the Job's own word: no pod can change it";
 }
 
 TEST(ObserveAttempt, JobBackoffLimitTakesUserErrorAndExitCodeFromThePod) {
@@ -179,6 +180,7 @@ TEST(ObserveAttempt, JobBackoffLimitTakesUserErrorAndExitCodeFromThePod) {
   EXPECT_EQ(o.message, "worker 0 exited with code 3");
   EXPECT_EQ(o.exit_code, 3);
   EXPECT_EQ(o.cluster_queue, "team-a");  // kept in terminal phases
+  EXPECT_TRUE(o.read_from_pods);
 }
 
 TEST(ObserveAttempt, JobFailedWithoutPodsIsUserErrorWithTheConditionMessage) {
@@ -192,6 +194,8 @@ TEST(ObserveAttempt, JobFailedWithoutPodsIsUserErrorWithTheConditionMessage) {
             "Container worker for pod team-a/train-1-0-a failed with exit code 42 matching FailJob "
             "rule at index 0");
   EXPECT_FALSE(o.exit_code.has_value());
+  // The pods may only not have been seen yet: the caller reads them before it tells the end.
+  EXPECT_TRUE(o.read_from_pods);
 }
 
 TEST(ObserveAttempt, FailedConditionNotTrueIsNotTerminal) {
@@ -205,6 +209,7 @@ TEST(ObserveAttempt, RayJobSucceeded) {
                               "jobId": "tune-1-x7k2p", "rayClusterName": "tune-1-raycluster-abc"})"));
   AttemptObservation o = ObserveAttempt(job, nullptr, {});
   EXPECT_EQ(o.phase, Phase::kSucceeded);
+  EXPECT_FALSE(o.read_from_pods);
 }
 
 TEST(ObserveAttempt, RayJobFailedIsUserErrorWithKubeRaysMessage) {
@@ -227,6 +232,7 @@ TEST(ObserveAttempt, RayJobStoppedWithoutPodsIsUserError) {
   EXPECT_EQ(o.phase, Phase::kFailed);
   EXPECT_EQ(o.failure_class, "UserError");
   EXPECT_FALSE(o.message.empty());
+  EXPECT_TRUE(o.read_from_pods);
 }
 
 TEST(ObserveAttempt, RayJobFailedTakesTheClassFromAnOomKilledWorker) {
@@ -248,6 +254,7 @@ TEST(ObserveAttempt, RayJobDeadlineExceededIsTimeout) {
   EXPECT_EQ(o.phase, Phase::kFailed);
   EXPECT_EQ(o.failure_class, "Timeout");
   EXPECT_EQ(o.message, "The RayJob has passed the activeDeadlineSeconds.");
+  EXPECT_FALSE(o.read_from_pods);
 }
 
 TEST(ObserveAttempt, TerminalJobBeatsAnEvictedWorkload) {
@@ -324,6 +331,7 @@ TEST(ObserveAttempt, InvalidImageNameFailsAsSetupError) {
   EXPECT_EQ(o.reason, "InvalidImageName");
   EXPECT_EQ(o.message,
             "Failed to apply default image tag \"Ghcr.io/x:1\": couldn't parse image name");
+  EXPECT_FALSE(o.read_from_pods) << "the pod's own news, not a Job's that raced it";
 }
 
 TEST(ObserveAttempt, MissingSecretInInitContainerFailsAsSetupErrorEvenWithAPodRunning) {
@@ -369,6 +377,7 @@ TEST(ObserveAttempt, AFailedJobWaitsForPodsThatHaveNotCaughtUp) {
                       {"containerStatuses", {{{"name", "worker"}, {"state", {{"running", {}}}}}}}});
   AttemptObservation early = FailedJobWith({running});
   EXPECT_FALSE(early.Terminal()) << early.message;
+  EXPECT_TRUE(early.read_from_pods) << "the Job failed: its pods are to be read again";
   AttemptObservation later = FailedJobWith({FailedWorker("train-1-0-a", "0", 137, "OOMKilled")});
   EXPECT_EQ(later.phase, Phase::kFailed);
   EXPECT_EQ(later.failure_class, "OOMKilled");

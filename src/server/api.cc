@@ -485,19 +485,25 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
 
   // What a spec becomes for the caller with the platform in force, without submitting it: `tau
   // explain` and `tau plan` against a server that is not this machine's, or as a token's user.
-  api->Route(
-      "POST", "/api/v1/resolve", Access::kSignedIn,
-      [controller](const http::HttpRequest& req, http::HttpResponse& res,
-                   const CallerContext& caller) {
-        auto body = ParseValidateBody(req.body);
-        if (!body.ok()) return http::ReplyError(res, body.status());
-        spec::ParseOutcome parsed = spec::ParseSpec(body->yaml, body->file);
-        if (!parsed.ok()) return http::ReplyError(res, InvalidArgument(parsed.ErrorText()));
-        Controller::PlatformView view = controller->CurrentPlatform();
-        auto resolved = policy::Resolve(*parsed.spec, *view.platform, caller.who.AsCaller());
-        if (!resolved.ok()) return http::ReplyError(res, resolved.status());
-        http::Reply(res, 200, {{"resolved", policy::ToJson(*resolved)}, {"platform", view.source}});
-      });
+  api->Route("POST", "/api/v1/resolve", Access::kSignedIn,
+             [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                          const CallerContext& caller) {
+               auto body = ParseResolveBody(req.body);
+               if (!body.ok()) return http::ReplyError(res, body.status());
+               spec::ParseOutcome parsed =
+                   spec::ParseSpec(body->spec.yaml, body->spec.file, body->set);
+               if (!parsed.ok()) return http::ReplyError(res, InvalidArgument(parsed.ErrorText()));
+               Controller::PlatformView view = controller->CurrentPlatform();
+               auto resolved = policy::Resolve(*parsed.spec, *view.platform, caller.who.AsCaller());
+               if (!resolved.ok()) return http::ReplyError(res, resolved.status());
+               json reply = {{"resolved", policy::ToJson(*resolved)}, {"platform", view.source}};
+               // Said back, so that a client can tell this server from one that ignores "set".
+               if (!body->set.empty()) {
+                 reply["set"] = json::array();
+                 for (const spec::Override& o : body->set) reply["set"].push_back(o.Text());
+               }
+               http::Reply(res, 200, reply);
+             });
   api->Route("GET", "/api/v1/platform", Access::kSignedIn,
              [controller](const http::HttpRequest&, http::HttpResponse& res) {
                Controller::PlatformView view = controller->CurrentPlatform();

@@ -13,6 +13,7 @@
 #include "health/health.h"
 #include "http/http.h"
 #include "server/authz.h"
+#include "spec/spec.h"
 #include "store/store.h"
 
 namespace tau::server {
@@ -68,6 +69,14 @@ struct ValidateBody {
   std::string file = "tau.yaml";
 };
 Result<ValidateBody> ParseValidateBody(std::string_view body);
+
+// POST /api/v1/resolve: {"yaml", "file"?, "set"?: ["PATH=VALUE", ...]} (tau plan and tau explain
+// --set), the overrides checked as the CLI checks them.
+struct ResolveBody {
+  ValidateBody spec;
+  std::vector<spec::Override> set;
+};
+Result<ResolveBody> ParseResolveBody(std::string_view body);
 
 // POST /api/v1/tokens: {"user"?, "groups"?: [...], "description"?, "expires_in"?: "90d"}; an
 // empty body is {}. User and group names and the lifetime (at most ten years) are checked here.

@@ -289,13 +289,28 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body) {
   return req;
 }
 
-Result<ValidateBody> ParseValidateBody(std::string_view body) {
-  json j = ParseObject(body);
+namespace {
+
+Result<ValidateBody> ValidateBodyOf(const json& j) {
   if (j.is_discarded() || !j.is_object() || !j.contains("yaml") || !j["yaml"].is_string())
     return InvalidArgument("request needs 'yaml' (the spec text) as a string");
   ValidateBody out;
   out.yaml = j["yaml"].get<std::string>();
   TAU_ASSIGN_OR_RETURN(out.file, OptionalString(j, "file", "", "tau.yaml"));
+  return out;
+}
+
+}  // namespace
+
+Result<ValidateBody> ParseValidateBody(std::string_view body) {
+  return ValidateBodyOf(ParseObject(body));
+}
+
+Result<ResolveBody> ParseResolveBody(std::string_view body) {
+  json j = ParseObject(body);
+  ResolveBody out;
+  TAU_ASSIGN_OR_RETURN(out.spec, ValidateBodyOf(j));
+  TAU_ASSIGN_OR_RETURN(out.set, ParseSet(j, ""));
   return out;
 }
 

@@ -909,6 +909,27 @@ void FakeApiServer::PauseWatches(bool paused) {
   changed_.SignalAll();
 }
 
+void FakeApiServer::PauseWatchesOf(const std::string& collection, bool paused) {
+  {
+    MutexLock lock(&mu_);
+    if (paused) {
+      paused_collections_.insert(collection);
+    } else {
+      paused_collections_.erase(collection);
+    }
+  }
+  changed_.SignalAll();
+}
+
+void FakeApiServer::FailLists(const std::string& collection, int http_status) {
+  MutexLock lock(&mu_);
+  if (http_status == 0) {
+    failing_lists_.erase(collection);
+  } else {
+    failing_lists_[collection] = http_status;
+  }
+}
+
 void FakeApiServer::StallWatches(bool stalled) {
   {
     MutexLock lock(&mu_);
@@ -1424,6 +1445,14 @@ void FakeApiServer::HandleGet(const Target& target, const http::HttpRequest& req
 
 void FakeApiServer::HandleList(const Target& target, const http::HttpRequest& req,
                                http::HttpResponse& res) {
+  {
+    MutexLock lock(&mu_);
+    if (auto failing = failing_lists_.find(target.collection); failing != failing_lists_.end()) {
+      Fail(res, failing->second, "InternalError",
+           fmt::format("injected failure {}", failing->second));
+      return;
+    }
+  }
   Selector selector;
   if (std::string error; !selector.Parse(target.collection, req, &error)) {
     Fail(res, 400, "BadRequest", error);
@@ -1529,7 +1558,7 @@ bool FakeApiServer::StreamWatch(WatchCursor* cursor, http::ChunkSink& sink) {
       // Held open without a word, past its timeout (a stalled connection or proxy).
     } else if (cursor->end_epoch != end_epoch_ || now >= cursor->deadline_ms) {
       end = true;
-    } else if (!watches_paused_) {
+    } else if (!watches_paused_ && !paused_collections_.count(cursor->collection)) {
       for (const Event& event : history_) {
         if (event.resource_version <= cursor->sent_rv || event.collection != cursor->collection)
           continue;

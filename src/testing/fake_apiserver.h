@@ -115,6 +115,10 @@ class FakeApiServer {
   void EndWatches();
   // Paused watches deliver nothing (events stay in the history) until resumed.
   void PauseWatches(bool paused);
+  // The same for the watches of one collection ("v1/pods") only: its news comes after the others'.
+  void PauseWatchesOf(const std::string& collection, bool paused);
+  // LISTs of one collection (not its watches) answer `http_status` (0: as usual again).
+  void FailLists(const std::string& collection, int http_status);
   // Stalled watches write nothing, not even their end at timeoutSeconds, until un-stalled.
   void StallWatches(bool stalled);
   // Writes (POST, PUT, PATCH, DELETE) in namespace `ns` wait until released, as behind an
@@ -230,6 +234,8 @@ class FakeApiServer {
   int end_epoch_ TAU_GUARDED_BY(mu_) = 0;
   int log_cut_epoch_ TAU_GUARDED_BY(mu_) = 0;
   bool watches_paused_ TAU_GUARDED_BY(mu_) = false;
+  std::set<std::string> paused_collections_ TAU_GUARDED_BY(mu_);
+  std::map<std::string, int> failing_lists_ TAU_GUARDED_BY(mu_);  // collection -> HTTP status
   bool watches_stalled_ TAU_GUARDED_BY(mu_) = false;
   std::set<std::string> held_namespaces_ TAU_GUARDED_BY(mu_);
   std::map<std::string, std::string> proxied_ TAU_GUARDED_BY(mu_);  // "ns/svc:port/path" -> body

@@ -356,6 +356,20 @@ class AuthTest(unittest.TestCase):
         resolved = json.loads(subprocess.run([TAU, "explain", spec, "-o", "json"], env=remote,
                                              capture_output=True, text=True, timeout=60).stdout)
         self.assertEqual(resolved["resolved"]["workspace"], "speech")
+        # --set travels with the spec: the server resolves it as set (carol is in vision, bob not).
+        def remote_as(user, *command):
+            return subprocess.run([TAU, *command, "--set", "policy.workspace=vision", spec],
+                                  env=dict(remote, TAU_TOKEN=self.tokens[user]),
+                                  capture_output=True, text=True, timeout=60)
+        p = remote_as("carol", "explain", "-o", "json")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        resolved = json.loads(p.stdout)
+        self.assertEqual(resolved["resolved"]["workspace"], "vision")
+        self.assertIn({"field": "policy.workspace", "value": "vision", "source": "command line"},
+                      resolved["provenance"])
+        p = remote_as("bob", "plan")
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("user 'bob' is not a member of workspace 'vision'", p.stderr)
         # --platform resolves here instead, with that file.
         p = subprocess.run([TAU, "explain", spec, "--platform",
                             os.path.join(self.work, "platform.yaml")], env=remote,

@@ -1,8 +1,8 @@
-"""`tau run --set` and `tau rerun --set` (issue #23), and TauGrid's repository layout (`tau run
-NAME` -> tau/NAME.yaml at the repository root, the run started there), with a real server and real
-processes: the run sees what --set gave it, describe and the evidence record say it came from the
-command line, a bad --set is refused before anything is submitted, a rerun changes only what it
-sets."""
+"""`tau run --set` and `tau rerun --set` (issue #23), `tau validate`, `tau plan` and `tau explain`
+with --set, and TauGrid's repository layout (`tau run NAME` -> tau/NAME.yaml at the repository
+root, the run started there), with a real server and real processes: the run sees what --set gave
+it, describe, explain and the evidence record say it came from the command line, a bad --set is
+refused before anything is submitted or planned, a rerun changes only what it sets."""
 import json
 import os
 import subprocess
@@ -96,6 +96,39 @@ class SetTest(ServerTestCase):
         self.assertTrue(result["valid"], p.stdout)
         self.assertEqual(result["summary"], "manifest shape, job 'renamed'")
         self.server.tau("validate", "--set", "workers", spec, check=125)
+
+    def test_plan_shows_the_launch_the_sets_make(self):
+        spec = self.project(SPEC.format(name="planned"), {"main.sh": SCRIPT})
+        p = self.server.tau("plan", "--set", "runtime.env.LR=0.01", "--set", "compute.cpus=200m",
+                            "-o", "json", spec, check=0)
+        plan = json.loads(p.stdout)
+        [worker] = plan["launch"]
+        self.assertEqual((worker["env"]["LR"], worker["env"]["B"]), ("0.01", "file"))
+        self.assertEqual(plan["resolved"]["cpus_per_worker"], "200m")
+        plain = json.loads(self.server.tau("plan", "-o", "json", spec, check=0).stdout)
+        self.assertEqual(plain["launch"][0]["env"]["LR"], "0.1")
+        # The same checks and errors as tau validate --set, and nothing planned.
+        p = self.server.tau("plan", "--set", "compute.workers=two", spec, check=1)
+        self.assertEqual(p.stderr.strip(),
+                         "--set compute.workers=two: error: compute.workers: expected an "
+                         "integer, got a string ('two')")
+        self.assertEqual(p.stdout, "")
+        p = self.server.tau("plan", "--set", "workers", spec, check=125)
+        self.assertIn("--set 'workers': expected PATH=VALUE", p.stderr)
+
+    def test_explain_says_what_the_sets_gave(self):
+        spec = self.project(SPEC.format(name="explained"), {"main.sh": SCRIPT})
+        p = self.server.tau("explain", "--set", "compute.cpus=200m", "-o", "json", spec, check=0)
+        provenance = {p["field"]: (p["value"], p["source"])
+                      for p in json.loads(p.stdout)["provenance"]}
+        self.assertEqual(provenance["compute.cpus"], ("200m", "command line"))
+        self.assertEqual(provenance["compute.memory"][1], "spec")
+        table = self.server.tau("explain", "--set", "compute.cpus=200m", spec, check=0).stdout
+        self.assertRegex(table, r"compute\.cpus\s+200m\s+command line")
+        p = self.server.tau("explain", "--set", "compute.worker=2", spec, check=1)
+        self.assertIn("--set compute.worker=2: error: compute.worker: unknown field 'worker' in "
+                      "'compute' of the manifest shape (did you mean 'workers'?)", p.stderr)
+        self.server.tau("explain", "--set", "workers", spec, check=125)
 
     def test_an_array_runs_with_the_set(self):
         spec = self.project(SPEC.format(name="arr"), {"main.sh": SCRIPT})

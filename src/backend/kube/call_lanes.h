@@ -2,6 +2,8 @@
 // decision thread: one lane per namespace, each a thread that makes its calls in the order they
 // were given (so a delete follows the create it undoes). A call the API server holds (an admission
 // webhook that does not answer, a namespace's quota check) then holds up its own namespace only.
+// Reads that must not wait on the watches (a failed attempt's pods) go in a lane of their own per
+// namespace, so that a held write does not hold them up.
 //
 // Each call runs under a time budget (kubeapi::CallBudget), and a lane whose calls failed as
 // Unavailable `breaker_failures` times in a row opens its breaker for `breaker_open_ms`: calls

@@ -149,6 +149,16 @@ class KubeBackendTest : public testutil::ControllerFixture {
     return ok;
   }
 
+  // A run whose first Job Kueue admitted.
+  std::string AdmittedRun() {
+    std::string name = Submit(kSpec);
+    EXPECT_TRUE(WaitForJob(name, 1));
+    MakeWorkload(name, 1);
+    Admit(name, 1);
+    WaitForState(name, RunState::kAdmitted);
+    return name;
+  }
+
   // ---- Kueue's part ----
   std::string WorkloadName(const std::string& run, int attempt) {
     return "job-" + JobName(run, attempt) + "-1a2b3";
@@ -195,11 +205,42 @@ class KubeBackendTest : public testutil::ControllerFixture {
     ASSERT_TRUE(unsuspended.ok()) << unsuspended.status().ToString();
   }
 
+  // Kueue admits the run's first RayJob (`rayjob`: as tau created it).
+  void AdmitRayJob(const std::string& run, json* rayjob) {
+    ASSERT_TRUE(WaitFor([&] {
+      *rayjob = fake_.Object("ray.io/v1/rayjobs", "default", JobName(run, 1));
+      return !rayjob->is_null();
+    }));
+    json owner = {{"apiVersion", "ray.io/v1"},
+                  {"kind", "RayJob"},
+                  {"name", JobName(run, 1)},
+                  {"uid", (*rayjob)["metadata"]["uid"]}};
+    json wl = {{"apiVersion", "kueue.x-k8s.io/v1beta2"},
+               {"kind", "Workload"},
+               {"metadata",
+                {{"name", "rayjob-" + JobName(run, 1)},
+                 {"namespace", "default"},
+                 {"ownerReferences", json::array({owner})}}},
+               {"spec", {{"queueName", "default"}}}};
+    ASSERT_TRUE(kube_->Create(wl).ok());
+    ASSERT_TRUE(kube_
+                    ->MergePatch("kueue.x-k8s.io/v1beta2", "Workload", "default",
+                                 "rayjob-" + JobName(run, 1),
+                                 {{"status",
+                                   {{"conditions",
+                                     {{{"type", "QuotaReserved"}, {"status", "True"}},
+                                      {{"type", "Admitted"}, {"status", "True"}}}},
+                                    {"admission", {{"clusterQueue", "default"}}}}}},
+                                 "status")
+                    .ok());
+  }
+
   // ---- the kubelet's part ----
   std::string PodName(const std::string& run, int attempt) {
     return JobName(run, attempt) + "-x7k";
   }
-  void StartPod(const std::string& run, int attempt) {
+  // A pod of the attempt as the Job controller makes it, with the kubelet's `status`.
+  void CreatePod(const std::string& run, int attempt, json spec, json status) {
     json pod = {
         {"apiVersion", "v1"},
         {"kind", "Pod"},
@@ -207,15 +248,59 @@ class KubeBackendTest : public testutil::ControllerFixture {
          {{"name", PodName(run, attempt)},
           {"namespace", "default"},
           {"labels", {{"tau.dev/run", run}, {"tau.dev/attempt", std::to_string(attempt)}}}}},
-        {"spec", {{"containers", {{{"name", "worker"}, {"image", "python:3.12"}}}}}},
-        {"status", {{"phase", "Running"}}}};
+        {"spec", std::move(spec)},
+        {"status", std::move(status)}};
     auto created = kube_->Create(pod);
     ASSERT_TRUE(created.ok()) << created.status().ToString();
+  }
+  void StartPod(const std::string& run, int attempt) {
+    CreatePod(run, attempt, {{"containers", {{{"name", "worker"}, {"image", "python:3.12"}}}}},
+              {{"phase", "Running"}});
   }
   void SetPodStatus(const std::string& run, int attempt, const json& status) {
     auto patched = kube_->MergePatch("v1", "Pod", "default", PodName(run, attempt),
                                      {{"status", status}}, "status");
     ASSERT_TRUE(patched.ok()) << patched.status().ToString();
+  }
+  // The kubelet: the init container that installs the run's packages failed with pip's error; the
+  // worker container never started, so its log cannot be read (the API server answers 400). Then
+  // the Job controller: the Job failed.
+  void FailSetup(const std::string& run, int attempt) {
+    fake_.AppendLog("default", PodName(run, attempt),
+                    "ERROR: No matching distribution found for torch==9.9\n", "tau-setup");
+    fake_.EndLog("default", PodName(run, attempt), "tau-setup");
+    CreatePod(
+        run, attempt,
+        {{"initContainers", {{{"name", "tau-setup"}, {"image", "python:3.12"}}}},
+         {"containers", {{{"name", "worker"}, {"image", "python:3.12"}}}}},
+        {{"phase", "Failed"},
+         {"initContainerStatuses",
+          {{{"name", "tau-setup"},
+            {"state", {{"terminated", {{"exitCode", 1}, {"reason", "Error"}}}}}}}},
+         {"containerStatuses",
+          {{{"name", "worker"}, {"state", {{"waiting", {{"reason", "PodInitializing"}}}}}}}}});
+    SetJobCondition(run, attempt, "Failed", "BackoffLimitExceeded");
+  }
+  // pip's error is the rank's log, read from the setup container.
+  void ExpectPipsErrorKept(const std::string& run) {
+    ASSERT_TRUE(WaitFor([&] {
+      return Log(run, 1) == "ERROR: No matching distribution found for torch==9.9\n";
+    })) << Log(run, 1);
+    bool asked = false;
+    for (const auto& req : fake_.Requests())
+      asked |= req.path == "/api/v1/namespaces/default/pods/" + PodName(run, 1) + "/log" &&
+               req.params.count("container") && req.params.at("container") == "tau-setup";
+    EXPECT_TRUE(asked);
+  }
+  // How often tau listed the attempt's pods (not the watch's list of all of them).
+  int PodListsOf(const std::string& run, int attempt) {
+    int lists = 0;
+    for (const auto& req : fake_.Requests())
+      lists += req.method == "GET" && req.path == "/api/v1/namespaces/default/pods" &&
+               !req.params.count("watch") && req.params.count("labelSelector") &&
+               req.params.at("labelSelector") ==
+                   fmt::format("tau.dev/run={},tau.dev/attempt={}", run, attempt);
+    return lists;
   }
   void SetJobCondition(const std::string& run, int attempt, const std::string& type,
                        const std::string& reason) {
@@ -741,37 +826,12 @@ TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromRaysJobApi) {
                "workload_kind: rayjob\n  ttl_seconds_after_finished: 1");
   std::string name = Submit(spec);
   json rayjob;
-  ASSERT_TRUE(WaitFor([&] {
-    rayjob = fake_.Object("ray.io/v1/rayjobs", "default", JobName(name, 1));
-    return !rayjob.is_null();
-  }));
+  ASSERT_NO_FATAL_FAILURE(AdmitRayJob(name, &rayjob));
   EXPECT_EQ(rayjob["spec"]["suspend"], true);
   EXPECT_EQ(rayjob["spec"]["submissionMode"], "HTTPMode");
-  // Kueue admits the RayJob; KubeRay starts the cluster with its head Service and (HTTPMode)
-  // submits the Ray job to the head's dashboard itself: no submitter pod exists. The driver's
-  // output is Ray's job log, which the dashboard serves.
-  json owner = {{"apiVersion", "ray.io/v1"},
-                {"kind", "RayJob"},
-                {"name", JobName(name, 1)},
-                {"uid", rayjob["metadata"]["uid"]}};
-  json wl = {{"apiVersion", "kueue.x-k8s.io/v1beta2"},
-             {"kind", "Workload"},
-             {"metadata",
-              {{"name", "rayjob-" + JobName(name, 1)},
-               {"namespace", "default"},
-               {"ownerReferences", json::array({owner})}}},
-             {"spec", {{"queueName", "default"}}}};
-  ASSERT_TRUE(kube_->Create(wl).ok());
-  ASSERT_TRUE(kube_
-                  ->MergePatch("kueue.x-k8s.io/v1beta2", "Workload", "default",
-                               "rayjob-" + JobName(name, 1),
-                               {{"status",
-                                 {{"conditions",
-                                   {{{"type", "QuotaReserved"}, {"status", "True"}},
-                                    {{"type", "Admitted"}, {"status", "True"}}}},
-                                  {"admission", {{"clusterQueue", "default"}}}}}},
-                               "status")
-                  .ok());
+  // KubeRay starts the cluster with its head Service and (HTTPMode) submits the Ray job to the
+  // head's dashboard itself: no submitter pod exists. The driver's output is Ray's job log, which
+  // the dashboard serves.
   const std::string cluster = JobName(name, 1) + "-raycluster-x7k2p";
   const std::string job_id = JobName(name, 1) + "-q9z4m";
   json head_svc = {{"apiVersion", "v1"},
@@ -847,45 +907,83 @@ TEST_F(KubeBackendTest, RayJobKeepsTheDriverLogFromRaysJobApi) {
   EXPECT_TRUE(proxied);
 }
 
-TEST_F(KubeBackendTest, AFailedSetupKeepsPipsOutputAsTheRanksLog) {
-  std::string name = Submit(kSpec);
-  ASSERT_TRUE(WaitForJob(name, 1));
-  MakeWorkload(name, 1);
-  Admit(name, 1);
-  // The kubelet: the init container that installs the run's packages fails; the worker
-  // container never starts, so its log cannot be read (the API server answers 400).
-  json pod = {
+// The same race for a RayJob: KubeRay's Failed comes before the news of the worker it lost.
+TEST_F(KubeBackendTest, ARayJobsFailureBeforeItsPodsNewsIsClassifiedFromThePods) {
+  std::string spec = kSpec;
+  spec.replace(spec.find("workload_kind: job"), 18, "workload_kind: rayjob");
+  std::string name = Submit(spec);
+  json rayjob;
+  ASSERT_NO_FATAL_FAILURE(AdmitRayJob(name, &rayjob));
+  ASSERT_TRUE(WaitForState(name, RunState::kAdmitted));
+  fake_.PauseWatchesOf("v1/pods", true);
+  // KubeRay makes the worker from the RayJob's template; the kernel kills it for memory.
+  const json& group = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0];
+  json worker = {
       {"apiVersion", "v1"},
       {"kind", "Pod"},
       {"metadata",
-       {{"name", PodName(name, 1)},
+       {{"name", JobName(name, 1) + "-raycluster-x7k2p-worker-4tq9v"},
         {"namespace", "default"},
-        {"labels", {{"tau.dev/run", name}, {"tau.dev/attempt", "1"}}}}},
-      {"spec",
-       {{"initContainers", {{{"name", "tau-setup"}, {"image", "python:3.12"}}}},
-        {"containers", {{{"name", "worker"}, {"image", "python:3.12"}}}}}},
+        {"labels", group["template"]["metadata"]["labels"]}}},
+      {"spec", group["template"]["spec"]},
       {"status",
        {{"phase", "Failed"},
-        {"initContainerStatuses",
-         {{{"name", "tau-setup"},
-           {"state", {{"terminated", {{"exitCode", 1}, {"reason", "Error"}}}}}}}},
         {"containerStatuses",
-         {{{"name", "worker"}, {"state", {{"waiting", {{"reason", "PodInitializing"}}}}}}}}}}};
-  fake_.AppendLog("default", PodName(name, 1),
-                  "ERROR: No matching distribution found for torch==9.9\n", "tau-setup");
-  fake_.EndLog("default", PodName(name, 1), "tau-setup");
-  ASSERT_TRUE(kube_->Create(pod).ok());
-  SetJobCondition(name, 1, "Failed", "BackoffLimitExceeded");
+         {{{"name", "ray-worker"},
+           {"state", {{"terminated", {{"exitCode", 137}, {"reason", "OOMKilled"}}}}}}}}}}};
+  ASSERT_TRUE(kube_->Create(worker).ok());
+  ASSERT_TRUE(kube_
+                  ->MergePatch("ray.io/v1", "RayJob", "default", JobName(name, 1),
+                               {{"status",
+                                 {{"jobDeploymentStatus", "Failed"},
+                                  {"jobStatus", "FAILED"},
+                                  {"message", "Job entrypoint command failed with exit code 1"}}}},
+                               "status")
+                  .ok());
+  ASSERT_TRUE(WaitForState(name, RunState::kFailed));
+  EXPECT_EQ(Run(name).reason, "OOMKilled") << Run(name).message;
+  EXPECT_EQ(Run(name).exit_code, 137);
+  EXPECT_EQ(PodListsOf(name, 1), 1);
+  fake_.PauseWatchesOf("v1/pods", false);
+}
+
+TEST_F(KubeBackendTest, AFailedSetupKeepsPipsOutputAsTheRanksLog) {
+  std::string name = AdmittedRun();
+  FailSetup(name, 1);
   ASSERT_TRUE(WaitForState(name, RunState::kFailed));
   EXPECT_EQ(Run(name).reason, "SetupError");
-  ASSERT_TRUE(WaitFor([&] {
-    return Log(name, 1) == "ERROR: No matching distribution found for torch==9.9\n";
-  })) << Log(name, 1);
-  bool asked = false;
-  for (const auto& req : fake_.Requests())
-    asked |= req.path == "/api/v1/namespaces/default/pods/" + PodName(name, 1) + "/log" &&
-             req.params.count("container") && req.params.at("container") == "tau-setup";
-  EXPECT_TRUE(asked);
+  ExpectPipsErrorKept(name);
+}
+
+// The pod and Job watches are separate streams: under load the Job's failure can come before
+// any news of its pods. The class is read from the pods as the API server has them after the
+// failure, not from the watch's view of them, which here has no pod at all (UserError).
+TEST_F(KubeBackendTest, AJobsFailureBeforeItsPodsNewsIsClassifiedFromThePods) {
+  std::string name = AdmittedRun();
+  fake_.PauseWatchesOf("v1/pods", true);
+  FailSetup(name, 1);
+  ASSERT_TRUE(WaitForState(name, RunState::kFailed));
+  EXPECT_EQ(Run(name).reason, "SetupError") << Run(name).message;
+  EXPECT_NE(Run(name).message.find("init container tau-setup"), std::string::npos)
+      << Run(name).message;
+  EXPECT_EQ(PodListsOf(name, 1), 1);
+  // The pod read is followed too: pip's error is the rank's log, with no news from the watch.
+  ExpectPipsErrorKept(name);
+  fake_.PauseWatchesOf("v1/pods", false);
+}
+
+// An API server that cannot list the pods holds the attempt's end up for a few resyncs, not for
+// ever: it is then told from the pods the watch has seen.
+TEST_F(KubeBackendTest, AFailureWhosePodsCannotBeReadIsToldFromTheWatchsView) {
+  std::string name = AdmittedRun();
+  fake_.PauseWatchesOf("v1/pods", true);
+  fake_.FailLists("v1/pods", 500);
+  FailSetup(name, 1);
+  ASSERT_TRUE(WaitForState(name, RunState::kFailed));
+  EXPECT_EQ(Run(name).reason, "UserError") << "the watch has seen no pod";
+  EXPECT_GE(PodListsOf(name, 1), 3) << "asked three times first";
+  fake_.FailLists("v1/pods", 0);
+  fake_.PauseWatchesOf("v1/pods", false);
 }
 
 TEST_F(KubeBackendTest, WorkspaceSecretsReachTheNamespaceSecretNotTheJob) {

@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -78,6 +79,11 @@ AttemptKey KeyOf(const json& object, const std::string& installation) {
   return {run, run.empty() ? 0 : n};
 }
 
+// The label selector of an attempt's objects and pods (tau's labels).
+std::string AttemptSelector(const std::string& run, int attempt) {
+  return fmt::format("{}={},{}={}", kube::kLabelRun, run, kube::kLabelAttempt, attempt);
+}
+
 // A pod's rank: its Indexed Job completion index, else 0.
 int RankOf(const json& pod) {
   std::string index = Label(pod, "batch.kubernetes.io/job-completion-index");
@@ -133,6 +139,20 @@ bool HasMetricsSidecar(const json& pod) {
     return c.is_object() && Str(c, "name") == kube::kMetricsContainer;
   });
 }
+
+// A pod's phase only moves forward (Pending, Running, then Succeeded or Failed): of two views of
+// the same pod, one that ended is the newer.
+bool PodEnded(const json& pod) {
+  auto status = pod.find("status");
+  if (status == pod.end() || !status->is_object()) return false;
+  std::string phase = Str(*status, "phase");
+  return phase == "Succeeded" || phase == "Failed";
+}
+
+// How often an attempt's pods are asked for (ReadPods), a resync apart, before its end is told
+// from what the watch has seen of them: an API server that does not answer holds the end up for
+// a few resyncs, not for ever.
+constexpr int kPodReadTries = 3;
 
 bool PodStarted(const json& pod) {
   auto status = pod.find("status");
@@ -298,10 +318,17 @@ class KubeCluster final : public Cluster {
     int metrics_following = 0;               // metrics followers still reading
     // When its end was first seen while its metrics were still being read (0: not yet).
     int64_t end_seen_ms = 0;
-    std::string last_news;            // fingerprint of the last news sent
-    bool gone = false;                // its object was deleted
-    bool ended = false;               // its terminal news was sent: no more resyncs
-    std::optional<AttemptLogs> logs;  // how to keep its pods' logs; none followed before
+    std::string last_news;  // fingerprint of the last news sent
+    // A failure read from its pods is told from pods read from the API server after it was
+    // seen (ReadPods): the read in flight; done (or given up after kPodReadTries failures).
+    bool pods_reading = false;
+    bool pods_read = false;
+    int pod_read_failures = 0;
+    int64_t pods_read_not_before_ms = 0;  // after a failed read: the next resync's
+    std::set<std::string> pods_deleted;   // seen deleted by the watch: a read brings none back
+    bool gone = false;                    // its object was deleted
+    bool ended = false;                   // its terminal news was sent: no more resyncs
+    std::optional<AttemptLogs> logs;      // how to keep its pods' logs; none followed before
     // A finished RayJob (its code inline, twice) is deleted then: its ttlSecondsAfterFinished
     // after its end, when KubeRay deletes its RayCluster (KubeRay keeps the RayJob itself).
     int64_t retire_at_ms = 0;
@@ -338,6 +365,11 @@ class KubeCluster final : public Cluster {
   Status ApplyObjects(const std::vector<json>& objects);
   // Tells the decision thread how a call it asked for ended.
   void PostCall(const AttemptKey& key, ClusterNews::Call call, const Status& result);
+  // The attempt's failure is read from its pods (AttemptObservation::read_from_pods), and the
+  // watch's view of them may be older than the object's failure: lists them from the API server
+  // off this thread (in a lane); PodsRead merges them in and has the attempt observed again.
+  void ReadPods(const AttemptKey& key, const std::string& ns);
+  void PodsRead(const AttemptKey& key, const Status& s, std::vector<json> pods);
 
   kubeapi::Client* const client_;
   const KubeClusterOptions options_;
@@ -345,7 +377,7 @@ class KubeCluster final : public Cluster {
   std::function<std::string(const std::string&, int)> attempt_dir_;
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
-  CallLanes lanes_;  // creates and deletes, off the decision thread
+  CallLanes lanes_;  // creates, deletes and reads of pods, off the decision thread
 
   Mutex mu_;
   CondVar cv_;
@@ -457,10 +489,15 @@ void KubeCluster::OnEvent(const std::string& kind, const kubeapi::WatchEvent& ev
   if (deleted_.count(fmt::format("{}/{}", key.first, key.second))) return;
   Attempt& a = attempts_[key];
   if (kind == "Pod") {
+    const std::string name = Str(Meta(o), "name");
     if (deleted) {
-      a.pods.erase(Str(Meta(o), "name"));
-    } else {
-      a.pods[Str(Meta(o), "name")] = o;
+      a.pods.erase(name);
+      a.pods_deleted.insert(name);
+    } else if (auto it = a.pods.find(name); it == a.pods.end()) {
+      a.pods.emplace(name, o);
+    } else if (!PodEnded(it->second) || PodEnded(o)) {
+      // An event older than a read that saw the pod end (ReadPods) does not undo its end.
+      it->second = o;
     }
   } else if (deleted) {
     if (a.ended) {
@@ -534,6 +571,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
     int metrics_following = 0;
     std::string driver_job, driver_cluster;  // RayJob: its Ray job and cluster
     bool gone = false;
+    bool pods_read = false;
     std::string last_news;
     std::optional<AttemptLogs> logs;
   };
@@ -550,6 +588,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
       t.key = key;
       t.object = a.object;
       t.gone = a.gone;
+      t.pods_read = a.pods_read;
       t.last_news = a.last_news;
       t.logs = a.logs;
       for (const auto& [pod_name, pod] : a.pods) {
@@ -610,6 +649,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
       news.observed =
           kube::ObserveAttempt(t.object, kube::OwnedWorkload(t.object, workloads), t.pods);
       if (!news.observed.Terminal()) {
+        news.observed.read_from_pods = false;  // tau's own word: deleted outside tau
         news.observed.phase = kube::AttemptObservation::Phase::kFailed;
         news.observed.failure_class = recovery::FailureClassName(recovery::FailureClass::kUnknown);
         news.observed.message = fmt::format("its {} {} was deleted outside tau",
@@ -622,6 +662,11 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
         if (auto p = positions.find(NsName(*workload)); p != positions.end())
           news.position = p->second;
       }
+    }
+    if (news.observed.read_from_pods && !t.pods_read) {
+      // Its end is told once its pods are read as they are after its failure (PodsRead).
+      ReadPods(t.key, ns);
+      continue;
     }
     std::string fp = Fingerprint(news.observed, news.position);
     if (fp == t.last_news) continue;
@@ -978,6 +1023,58 @@ void KubeCluster::PostCall(const AttemptKey& key, ClusterNews::Call call, const 
   if (post_) post_(std::move(news));
 }
 
+void KubeCluster::ReadPods(const AttemptKey& key, const std::string& ns) {
+  {
+    MutexLock lock(&mu_);
+    auto it = attempts_.find(key);
+    if (it == attempts_.end() || it->second.pods_reading || it->second.pods_read ||
+        MonotonicMillis() < it->second.pods_read_not_before_ms)
+      return;
+    it->second.pods_reading = true;
+  }
+  // A lane of its own beside the namespace's creates and deletes: a create held up there (a
+  // webhook that hangs) does not hold up how another attempt's end is told.
+  auto pods = std::make_shared<std::vector<json>>();
+  lanes_.Submit(
+      ns + " (reads)",
+      [this, key, ns, pods]() -> Status {
+        kubeapi::ListOptions list;
+        list.label_selector = AttemptSelector(key.first, key.second);
+        TAU_ASSIGN_OR_RETURN(kubeapi::ObjectList found, client_->List("v1", "Pod", ns, list));
+        for (json& pod : found.items)  // not another installation's run of the same name
+          if (KeyOf(pod, options_.installation) == key) pods->push_back(std::move(pod));
+        return Status::Ok();
+      },
+      [this, key, pods](const Status& s) { PodsRead(key, s, std::move(*pods)); });
+}
+
+void KubeCluster::PodsRead(const AttemptKey& key, const Status& s, std::vector<json> pods) {
+  if (lanes_.stopping()->load()) return;  // the next server reads them again
+  MutexLock lock(&mu_);
+  auto it = attempts_.find(key);
+  if (it == attempts_.end()) return;  // deleted meanwhile
+  Attempt& a = it->second;
+  a.pods_reading = false;
+  if (!s.ok()) {
+    // Asked again at the next resync; after kPodReadTries, told from the watch's pods.
+    const bool again = ++a.pod_read_failures < kPodReadTries;
+    a.pods_read_not_before_ms = MonotonicMillis() + options_.resync_ms;
+    std::fprintf(stderr, "tau server: reading the pods of run %s attempt %d: %s (%s)\n",
+                 key.first.c_str(), key.second, s.ToString().c_str(),
+                 again ? "trying again" : "its end is told from the pods the watch has seen");
+    if (again) return;
+  }
+  for (json& pod : pods) {
+    const std::string name = Str(Meta(pod), "name");
+    if (a.pods_deleted.count(name)) continue;  // the watch saw it go after the list read it
+    auto [at, added] = a.pods.try_emplace(name, pod);
+    if (!added && !PodEnded(at->second)) at->second = std::move(pod);
+  }
+  a.pods_read = true;
+  dirty_.insert(key);
+  cv_.SignalAll();
+}
+
 Status KubeCluster::ApplyPlatform(const policy::Platform& platform) {
   TAU_ASSIGN_OR_RETURN(std::vector<json> objects, kube::RenderPlatform(platform));
   for (const json& object : objects) {
@@ -1019,8 +1116,7 @@ void KubeCluster::Delete(const std::string& run, int attempt) {
 
 Status KubeCluster::DeleteObjects(const std::string& run, int attempt, std::vector<json> targets) {
   kubeapi::ListOptions list;
-  list.label_selector =
-      fmt::format("{}={},{}={}", kube::kLabelRun, run, kube::kLabelAttempt, attempt);
+  list.label_selector = AttemptSelector(run, attempt);
   if (targets.empty()) {
     // Not seen by the watches yet (just created, or right after a restart): ask.
     for (const auto& [api, kind] : {std::pair{kJobApi, "Job"}, std::pair{kRayJobApi, "RayJob"}}) {
