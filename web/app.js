@@ -76,41 +76,66 @@ function connectLive() {
 
 // ---- runs --------------------------------------------------------------------------------------
 
+// The runs ticked for comparison; kept across the list's live reloads and its pages.
+const selected = new Set();
+const FILTERS = ["state", "workspace", "queue", "project", "group"];
+
 async function viewRuns() {
   const q = query();
-  const f = { state: q.get("state") || "", workspace: q.get("workspace") || "", queue: q.get("queue") || "", page: parseInt(q.get("page") || "0", 10) };
+  const f = { page: parseInt(q.get("page") || "0", 10) };
+  for (const k of FILTERS) f[k] = q.get(k) || "";
   $view.innerHTML = html`<h1>Runs</h1>
     <form class="filters" id="filters">
       <label>State<select name="state"><option value="">any</option>${STATES.map((s) => raw(`<option ${s === f.state ? "selected" : ""}>${s}</option>`))}</select></label>
       <label>Workspace<input name="workspace" value="${f.workspace}" placeholder="any"></label>
       <label>Queue<input name="queue" value="${f.queue}" placeholder="any"></label>
+      <label>Project<input name="project" value="${f.project}" placeholder="any"></label>
+      <label>Group<input name="group" value="${f.group}" placeholder="any"></label>
       <button type="submit">Filter</button>
+      <button type="button" id="compare-selected" disabled>Compare selected</button>
     </form>
     <div id="runs-table"><p class="muted">Loading…</p></div>`;
   document.getElementById("filters").addEventListener("submit", (e) => {
     e.preventDefault();
     const d = new FormData(e.target);
     const p = new URLSearchParams();
-    for (const k of ["state", "workspace", "queue"]) if (d.get(k)) p.set(k, d.get(k));
+    for (const k of FILTERS) if (d.get(k)) p.set(k, d.get(k));
     location.hash = "#/runs" + (p.toString() ? "?" + p : "");
+  });
+  const button = document.getElementById("compare-selected");
+  const showSelection = () => {
+    button.disabled = selected.size < 2;
+    button.textContent = `Compare selected (${selected.size})`;
+  };
+  showSelection();
+  button.addEventListener("click", () => { location.hash = "#/compare?runs=" + [...selected].join(","); });
+  document.getElementById("runs-table").addEventListener("change", (e) => {
+    const box = e.target.closest("input.pick");
+    if (!box) return;
+    if (box.checked) selected.add(box.value); else selected.delete(box.value);
+    showSelection();
   });
   const load = async () => {
     const p = new URLSearchParams({ limit: PAGE, offset: f.page * PAGE });
     if (f.state) p.set("state", f.state);
     if (f.workspace) p.set("workspace", f.workspace);
     if (f.queue) p.set("queue", f.queue);
+    if (f.project) p.set("project", f.project);
+    if (f.group) p.set("group", f.group);
     let body;
     try { body = await api("/api/v1/runs?" + p); } catch (e) {
       document.getElementById("runs-table").innerHTML = html`<p class="error">${e.message}</p>`;
       return;
     }
-    const runs = body.runs;  // the API filters by state, workspace and queue
+    const runs = body.runs;  // the API filters by state, workspace, queue, project and group
     const pages = Math.max(1, Math.ceil(body.total / PAGE));
     const link = (page) => { const x = query(); x.set("page", page); return "#/runs?" + x; };
     document.getElementById("runs-table").innerHTML = html`<table id="runs">
-      <thead><tr><th>Name</th><th>State</th><th>Queue</th><th>Workspace</th><th>Attempts</th><th>Created</th><th>Reason</th></tr></thead>
+      <thead><tr><th title="tick two or more to compare"></th><th>Name</th><th>State</th><th>Queue</th><th>Workspace</th><th>Project</th><th>Group</th><th>Attempts</th><th>Created</th><th>Reason</th></tr></thead>
       <tbody>${runs.map((r) => raw(html`<tr data-run="${r.name}">
+        <td><input type="checkbox" class="pick" value="${r.name}" aria-label="compare ${r.name}" ${raw(selected.has(r.name) ? "checked" : "")}></td>
         <td><a href="#/runs/${r.name}">${r.name}</a></td><td>${state(r.state)}</td><td>${r.queue}</td><td>${r.workspace}</td>
+        <td>${r.project || ""}</td><td>${r.group || ""}</td>
         <td>${r.attempts}</td><td>${time(r.created)}</td>
         <td class="${r.pending ? "reason" : ""}">${r.pending ? pendingText(r.pending) : r.reason}</td></tr>`))}</tbody></table>
       ${runs.length === 0 ? raw('<p class="muted">No runs.</p>') : ""}
@@ -321,6 +346,202 @@ async function loadArtifacts(name) {
       <td title="${a.size} bytes">${bytes(a.size)}</td><td><code>${a.sha256 ? a.sha256.slice(0, 16) + "…" : "—"}</code></td><td>${time(a.modified)}</td></tr>`))}</tbody></table>${raw(more)}${raw(cut)}`;
 }
 
+// ---- compare -----------------------------------------------------------------------------------
+
+// Train and validation series share a chart: a metric's chart is its name without a leading
+// train/training/val/valid/validation/eval/test and one of "/", "_", "." ("val/loss", "val_loss" and
+// "loss" with split "val" all go to "loss"); the prefix, or the split, is the series' phase.
+const PHASE = /^(train|training|val|valid|validation|eval|test)[/_.](.+)$/;
+function chartOf(name, split) {
+  const m = PHASE.exec(name);
+  if (m) return { chart: m[2], phase: split ? `${m[1]} ${split}` : m[1] };
+  return { chart: name, phase: split || "" };
+}
+const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#ca8a04"];
+const DASHES = [[], [6, 4], [2, 3], [10, 3, 2, 3]];  // by phase: train (or none) solid, then val, ...
+
+// Exponential moving average: each value is w * the previous smoothed one + (1 - w) * its own.
+function smooth(values, w) {
+  if (!(w > 0)) return values;
+  let last = null;
+  return values.map((v) => (v == null ? null : (last = last == null ? v : w * last + (1 - w) * v)));
+}
+
+// The steps where a later attempt's points begin in one series: [{step, attempt}].
+function attemptStarts(points) {
+  const first = new Map();
+  for (const p of points) if (!first.has(p.attempt) || p.step < first.get(p.attempt)) first.set(p.attempt, p.step);
+  const attempts = [...first.keys()].sort((a, b) => a - b);
+  return attempts.slice(1).map((a) => ({ attempt: a, step: first.get(a) }));
+}
+
+// A run's config as compare sees it (`tau compare`, docs/experiments.md): its canonical spec
+// flattened to dotted paths, the resolution's values and sources over it, no overrides list.
+function flatten(v, prefix, out) {
+  if (v && typeof v === "object" && !Array.isArray(v) && Object.keys(v).length) {
+    for (const k of Object.keys(v)) flatten(v[k], prefix ? `${prefix}.${k}` : k, out);
+  } else if (Array.isArray(v) && v.length) {
+    v.forEach((x, i) => flatten(x, `${prefix}[${i}]`, out));
+  } else {
+    out.set(prefix, typeof v === "string" ? v : JSON.stringify(v));
+  }
+}
+function configOf(record) {
+  const config = (record && record.config) || {};
+  const text = (v) => (typeof v === "string" ? v : JSON.stringify(v ?? ""));
+  const prov = new Map();
+  for (const p of config.provenance || []) if (p && typeof p.field === "string") prov.set(p.field, { value: text(p.value), source: text(p.source) });
+  const sourceFor = (field) => {
+    for (let f = field; ;) {
+      if (prov.has(f)) return prov.get(f).source;
+      const cut = Math.max(f.lastIndexOf("."), f.lastIndexOf("["));
+      if (cut <= 0) return "";
+      f = f.slice(0, cut);
+    }
+  };
+  const spec = { ...(config.spec || {}) };
+  delete spec.overrides;
+  const leaves = new Map();
+  if (Object.keys(spec).length) flatten(spec, "", leaves);
+  const out = new Map();
+  for (const [field, value] of leaves) out.set(field, { value, source: sourceFor(field) });
+  for (const [field, s] of prov) out.set(field, s);
+  return out;
+}
+function configDiffs(configs) {
+  const fields = [...new Set(configs.flatMap((c) => [...c.keys()]))].sort();
+  return fields.filter((f) => new Set(configs.map((c) => (c.has(f) ? c.get(f).value : undefined))).size > 1)
+    .map((f) => ({ field: f, cells: configs.map((c) => c.get(f)) }));
+}
+
+// Each run's series of every metric: [{run, name, split, points: [{step, value, attempt}]}].
+async function compareSeries(run) {
+  const base = `/api/v1/runs/${encodeURIComponent(run)}/metrics`;
+  let body;
+  try { body = await api(base); } catch (e) { if (e.status === 404) return []; throw e; }
+  const names = [...new Set((body.summaries || []).map((s) => s.name))].slice(0, 24);
+  const out = [];
+  for (const n of names) {
+    const one = await api(`${base}?name=${encodeURIComponent(n)}`);
+    for (const s of one.series || []) {
+      const points = (s.points || []).map((p) => ({ step: Number(p.step), value: typeof p.value === "number" ? p.value : null, attempt: p.attempt ?? 0 }));
+      points.sort((a, b) => a.step - b.step);
+      out.push({ run, name: s.name, split: s.split || "", points });
+    }
+  }
+  return out;
+}
+
+function drawCompareChart(div, series, runs, opts) {
+  // One x array for the chart (every step any series has), each series null where it has none.
+  const steps = [...new Set(series.flatMap((s) => s.points.map((p) => p.step)))].sort((a, b) => a - b);
+  const at = new Map(steps.map((x, i) => [x, i]));
+  const phases = [...new Set(series.map((s) => s.phase))].sort((a, b) => (a !== "" && !/^train/.test(a)) - (b !== "" && !/^train/.test(b)) || a.localeCompare(b));
+  const data = [steps];
+  const config = [{ label: "step" }];
+  const bounds = [];
+  for (const s of series) {
+    const ys = new Array(steps.length).fill(null);
+    const vals = smooth(s.points.map((p) => (opts.log && !(p.value > 0) ? null : p.value)), opts.smoothing);
+    s.points.forEach((p, i) => { ys[at.get(p.step)] = vals[i]; });
+    data.push(ys);
+    const color = PALETTE[runs.indexOf(s.run) % PALETTE.length];
+    config.push({ label: s.phase ? `${s.run} · ${s.phase}` : s.run, stroke: color, width: 2, spanGaps: true,
+      dash: DASHES[phases.indexOf(s.phase) % DASHES.length] });
+    for (const b of attemptStarts(s.points))
+      if (!bounds.some((x) => x.run === s.run && x.step === b.step && x.attempt === b.attempt)) bounds.push({ ...b, color, run: s.run });
+  }
+  div.dataset.series = String(series.length);
+  div.dataset.scale = opts.log ? "log" : "linear";
+  div.dataset.boundaries = String(bounds.length);
+  // Attempt boundaries: a dashed vertical line, in the run's colour, where a later attempt's
+  // points begin.
+  const marks = (u) => {
+    const ctx = u.ctx;
+    ctx.save();
+    ctx.setLineDash([4, 4]);
+    ctx.lineWidth = 1;
+    ctx.font = `${10 * devicePixelRatio}px system-ui`;
+    for (const b of bounds) {
+      const x = Math.round(u.valToPos(b.step, "x", true));
+      ctx.strokeStyle = b.color;
+      ctx.fillStyle = b.color;
+      ctx.beginPath();
+      ctx.moveTo(x, u.bbox.top);
+      ctx.lineTo(x, u.bbox.top + u.bbox.height);
+      ctx.stroke();
+      ctx.fillText(`attempt ${b.attempt}`, x + 3, u.bbox.top + 12 * devicePixelRatio);
+    }
+    ctx.restore();
+  };
+  return new uPlot({ width: 560, height: 260, scales: { x: { time: false }, y: opts.log ? { distr: 3 } : {} },
+    series: config, axes: [{ label: "step" }, {}], hooks: { draw: [marks] } }, data, div);
+}
+
+async function viewCompare() {
+  const runs = [...new Set((query().get("runs") || "").split(",").filter((r) => /^[a-z0-9-]+$/.test(r)))];
+  $view.innerHTML = html`<h1>Compare ${runs.length} runs</h1>
+    <p id="cmp-runs">${runs.map((r, i) => raw(html`<a href="#/runs/${r}" class="cmp-run"><span class="swatch" style="background:${PALETTE[i % PALETTE.length]}"></span>${r}</a> `))}</p>
+    <form class="filters" id="cmp-controls">
+      <label class="inline"><input type="checkbox" id="cmp-log"> log scale</label>
+      <label>Smoothing (EMA) <input type="range" id="cmp-smooth" min="0" max="0.99" step="0.01" value="0"></label>
+      <output id="cmp-smooth-value">0</output>
+    </form>
+    <h2>Metrics <span class="muted">(one chart per metric; train and validation together, validation dashed; dashed verticals: a later attempt's first step)</span></h2>
+    <div id="cmp-charts" class="charts"><p class="muted">Loading…</p></div>
+    <h2>Config differences</h2><div id="cmp-config"><p class="muted">Loading…</p></div>`;
+  if (runs.length < 2) {
+    document.getElementById("cmp-charts").innerHTML = '<p class="error">Pick two runs or more in the runs list.</p>';
+    document.getElementById("cmp-config").innerHTML = "";
+    return;
+  }
+  const plots = [];
+  const stop = () => { while (plots.length) plots.pop().destroy(); };
+  const charts = new Map();
+  const box = document.getElementById("cmp-charts");
+  try {
+    for (const s of (await Promise.all(runs.map(compareSeries))).flat()) {
+      const { chart, phase } = chartOf(s.name, s.split);
+      if (!charts.has(chart)) charts.set(chart, []);
+      charts.get(chart).push({ ...s, phase });
+    }
+  } catch (e) { box.innerHTML = html`<p class="error">${e.message}</p>`; }
+  const opts = { log: false, smoothing: 0 };
+  const draw = () => {
+    stop();
+    if (charts.size === 0) { if (!box.querySelector(".error")) box.innerHTML = '<p class="muted" id="cmp-none">No metrics recorded.</p>'; return; }
+    box.innerHTML = "";
+    const names = [...charts.keys()].sort((a, b) => (b.startsWith("loss") - a.startsWith("loss")) || a.localeCompare(b));
+    for (const name of names) {
+      const div = document.createElement("div");
+      div.className = "chart";
+      div.dataset.metric = name;
+      div.innerHTML = html`<h3>${name}</h3>`;
+      box.appendChild(div);
+      plots.push(drawCompareChart(div, charts.get(name), runs, opts));
+    }
+  };
+  draw();
+  document.getElementById("cmp-log").addEventListener("change", (e) => { opts.log = e.target.checked; draw(); });
+  const redraw = debounce(draw, 100);
+  document.getElementById("cmp-smooth").addEventListener("input", (e) => {
+    opts.smoothing = parseFloat(e.target.value);
+    document.getElementById("cmp-smooth-value").textContent = e.target.value;
+    redraw();
+  });
+
+  const cfg = document.getElementById("cmp-config");
+  try {
+    const records = await Promise.all(runs.map((r) => api(`/api/v1/runs/${encodeURIComponent(r)}/evidence`)));
+    const diffs = configDiffs(records.map(configOf));
+    cfg.innerHTML = diffs.length === 0 ? '<p class="muted" id="cmp-config-same">The same in every run.</p>'
+      : html`<table id="cmp-config-table"><thead><tr><th>Field</th>${runs.map((r) => raw(html`<th>${r}</th>`))}</tr></thead>
+        <tbody>${diffs.map((d) => raw(html`<tr data-field="${d.field}"><td><code>${d.field}</code></td>${d.cells.map((c) => raw(c
+          ? html`<td>${c.value}${c.source ? raw(html` <span class="muted">(${c.source})</span>`) : ""}</td>` : '<td class="muted">—</td>'))}</tr>`))}</tbody></table>`;
+  } catch (e) { cfg.innerHTML = html`<p class="error">${e.message}</p>`; }
+  return stop;
+}
+
 // ---- queues ------------------------------------------------------------------------------------
 
 function renderQueues(body) {
@@ -410,9 +631,10 @@ async function route() {
   onLive = null;
   const path = (location.hash.replace(/^#/, "").split("?")[0]) || "/runs";
   const m = /^\/runs\/([a-z0-9-]+)$/.exec(path);
-  const section = m ? "runs" : path.split("/")[1];
+  const section = m || path === "/compare" ? "runs" : path.split("/")[1];
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === section);
   if (m) cleanup = await viewRun(m[1]);
+  else if (path === "/compare") cleanup = await viewCompare();
   else if (path === "/queues") cleanup = await viewQueues();
   else if (path === "/gpus") cleanup = await viewGpus();
   else cleanup = await viewRuns();

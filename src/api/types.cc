@@ -325,6 +325,8 @@ Status ReadRun(const json& j, const std::string& path, Run* out) {
   r.NullableStr("started", &out->started);
   r.NullableStr("finished", &out->finished);
   r.Str("kind", &out->kind);
+  r.Str("project", &out->project);
+  r.Str("group", &out->group);
   r.Str("backend", &out->backend);
   out->has_pending = r.Has("pending");
   if (const json* p = r.Member("pending", /*required=*/false); p != nullptr && !p->is_null()) {
@@ -774,6 +776,8 @@ json Run::ToJson() const {
             {"started", Nullable(started)},
             {"finished", Nullable(finished)},
             {"kind", kind},
+            {"project", project},
+            {"group", group},
             {"backend", backend}};
   if (has_pending) j["pending"] = pending ? pending->ToJson() : json(nullptr);
   if (spec) j["spec"] = *spec;

@@ -89,6 +89,7 @@ struct Run {
   std::string created;
   std::optional<std::string> admitted, started, finished;
   std::string kind;
+  std::string project, group;  // the spec's experiment.project and experiment.group; "" if none
   std::string backend;
   // Queued runs carry `pending`: null until a scheduling pass has seen the run.
   bool has_pending = false;

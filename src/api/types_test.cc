@@ -17,7 +17,7 @@ json QueuedRun() {
     "resources": {"cpu_milli": 1000, "gpus": 0, "memory_bytes": 268435456, "workers": 2},
     "config_hash": "c0", "snapshot_digest": "d1", "cancel_requested": false,
     "created": "2026-12-02T07:56:44.754Z", "admitted": null, "started": null, "finished": null,
-    "kind": "job", "backend": "local",
+    "kind": "job", "project": "vision", "group": "lr", "backend": "local",
     "pending": {"position": 1, "queue": "main", "code": "WaitingForQuota",
                 "reason": "needs 1 cpu", "detail": "insufficient unused quota"}})");
 }

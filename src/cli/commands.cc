@@ -212,12 +212,14 @@ static void PrintRuns(const std::vector<api::Run>& runs, bool wide = false) {
       row.insert(row.begin() + 5, {Cell(r.workspace), Cell(r.user), std::to_string(r.priority)});
       row.push_back(RunDuration(r));
       row.push_back(r.array ? fmt::format("{}[{}]", r.array->name, r.array->index) : "-");
+      row.push_back(Cell(r.project));
+      row.push_back(Cell(r.group));
     }
     rows.push_back(std::move(row));
   }
   if (wide)
     PrintTable({"NAME", "STATE", "EXIT", "ATTEMPTS", "QUEUE", "WORKSPACE", "USER", "PRIORITY",
-                "GPUS", "CREATED", "DURATION", "ARRAY"},
+                "GPUS", "CREATED", "DURATION", "ARRAY", "PROJECT", "GROUP"},
                rows);
   else
     PrintTable({"NAME", "STATE", "EXIT", "ATTEMPTS", "QUEUE", "GPUS", "CREATED"}, rows);

@@ -1,6 +1,7 @@
 #include "cli/compare.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <set>
@@ -98,7 +99,80 @@ std::string Table(const std::vector<std::string>& header,
   return out;
 }
 
+// The version a `pip freeze` line gives its package: "1.2" of "x==1.2", the reference of
+// "x @ URL", the whole line otherwise (an editable checkout, a line pip freeze may change).
+std::string ResolvedVersion(const std::string& line) {
+  if (size_t at = line.find(" @ "); at != std::string::npos) return line.substr(at + 3);
+  if (size_t eq = line.find("==="); eq != std::string::npos) return line.substr(eq + 3);
+  if (size_t eq = line.find("=="); eq != std::string::npos) return line.substr(eq + 2);
+  return line;
+}
+
+std::vector<std::string> StringList(const json& j) {
+  std::vector<std::string> out;
+  if (j.is_array())
+    for (const json& v : j)
+      if (v.is_string()) out.push_back(v.get<std::string>());
+  return out;
+}
+
+// A package's requested or resolved line per run, keyed by its name ("" names: the line itself).
+void AddPackageLines(const std::vector<std::string>& lines, bool resolved, size_t run,
+                     std::map<std::string, PackageDiff>* out, size_t n) {
+  for (const std::string& line : lines) {
+    std::string name = PackageName(line);
+    if (name.empty()) name = line;
+    PackageDiff& d = (*out)[name];
+    if (d.name.empty()) {
+      d.name = name;
+      d.requested.resize(n);
+      d.resolved.resize(n);
+    }
+    if (resolved)
+      d.resolved[run] = ResolvedVersion(line);
+    else
+      d.requested[run] = line;
+  }
+}
+
+// " (asked: REQ)" of a package cell, the requirement as the spec gave it.
+std::string PackageCell(const std::optional<std::string>& requested,
+                        const std::optional<std::string>& resolved) {
+  if (!requested && !resolved) return "-";
+  if (!requested) return *resolved;
+  return (resolved ? *resolved + " " : "") + "(asked: " + *requested + ")";
+}
+
 }  // namespace
+
+std::string PackageName(const std::string& line) {
+  std::string text = line;
+  if (size_t egg = text.find("#egg="); egg != std::string::npos) {
+    text = text.substr(egg + 5);
+  } else {
+    size_t start = text.find_first_not_of(" \t");
+    if (start == std::string::npos || text[start] == '-') return "";
+    text = text.substr(start);
+  }
+  std::string name;
+  bool dash = false;
+  for (char ch : text) {
+    const bool word = std::isalnum(static_cast<unsigned char>(ch));
+    if (!word && ch != '-' && ch != '_' && ch != '.') break;
+    if (!word) {
+      dash = true;
+      continue;
+    }
+    if (dash && !name.empty()) name += '-';
+    dash = false;
+    name += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  }
+  return name;
+}
+
+bool MetricMatches(const std::string& name, const std::string& split, const std::string& metric) {
+  return name == metric || (!split.empty() && name + "/" + split == metric);
+}
 
 SeriesStats StatsOf(const std::vector<evidence::MetricPoint>& points) {
   SeriesStats s;
@@ -133,13 +207,14 @@ void FlattenJson(const json& value, const std::string& prefix,
   }
 }
 
-Comparison CompareRuns(const std::vector<CompareInput>& runs) {
+Comparison CompareRuns(const std::vector<CompareInput>& runs, const std::string& metric) {
   Comparison c;
   const size_t n = runs.size();
   std::vector<std::map<std::string, Setting>> configs;
   std::vector<std::map<std::string, std::string>> files(n);
   std::set<std::string> fields, paths;
   std::set<std::pair<std::string, std::string>> series;
+  std::map<std::string, PackageDiff> packages;
   for (size_t i = 0; i < n; ++i) {
     const CompareInput& r = runs[i];
     c.runs.push_back(r.run);
@@ -156,7 +231,19 @@ Comparison CompareRuns(const std::vector<CompareInput>& runs) {
           paths.insert(At(f, "path").get<std::string>());
         }
     c.file_counts.push_back(static_cast<int64_t>(files[i].size()));
-    for (const auto& key : r.metrics.SeriesKeys()) series.insert(key);
+    const json& runtime = At(r.record, "runtime");
+    std::vector<std::string> resolved = StringList(At(runtime, "packages"));
+    c.package_counts.push_back(static_cast<int64_t>(resolved.size()));
+    AddPackageLines(StringList(At(runtime, "pip")), false, i, &packages, n);
+    AddPackageLines(resolved, true, i, &packages, n);
+    for (const auto& key : r.metrics.SeriesKeys())
+      if (metric.empty() || MetricMatches(key.first, key.second, metric)) series.insert(key);
+  }
+  c.any_packages = !packages.empty();
+  for (auto& [name, d] : packages) {
+    std::set<std::pair<std::optional<std::string>, std::optional<std::string>>> distinct;
+    for (size_t i = 0; i < n; ++i) distinct.insert({d.requested[i], d.resolved[i]});
+    if (distinct.size() > 1) c.packages.push_back(std::move(d));
   }
   for (const std::string& f : fields) {
     ConfigDiff d;
@@ -197,12 +284,34 @@ Comparison CompareRuns(const std::vector<CompareInput>& runs) {
   return c;
 }
 
+std::vector<PlotCurve> MetricCurves(const std::vector<CompareInput>& runs,
+                                    const std::string& metric) {
+  std::set<std::pair<std::string, std::string>> keys;
+  for (const CompareInput& r : runs)
+    for (const auto& key : r.metrics.SeriesKeys())
+      if (MetricMatches(key.first, key.second, metric)) keys.insert(key);
+  std::vector<PlotCurve> out;
+  for (const CompareInput& r : runs)
+    for (const auto& [name, split] : keys) {
+      std::vector<evidence::MetricPoint> points = r.metrics.Series(name, split);
+      if (points.empty()) continue;
+      PlotCurve curve;
+      curve.label = r.run;
+      if (keys.size() > 1) curve.label += " " + name + (split.empty() ? "" : "/" + split);
+      for (const evidence::MetricPoint& p : points)
+        curve.points.emplace_back(static_cast<double>(p.step), p.value);
+      out.push_back(std::move(curve));
+    }
+  return out;
+}
+
 json ComparisonJson(const Comparison& c) {
   json runs = json::array();
   for (size_t i = 0; i < c.runs.size(); ++i)
     runs.push_back({{"name", c.runs[i]},
                     {"snapshot_digest", c.snapshot_digests[i]},
-                    {"file_count", c.file_counts[i]}});
+                    {"file_count", c.file_counts[i]},
+                    {"package_count", c.package_counts[i]}});
   json config = json::array();
   for (const ConfigDiff& d : c.config) {
     json values = json::array();
@@ -215,6 +324,14 @@ json ComparisonJson(const Comparison& c) {
     json digests = json::array();
     for (const auto& v : d.digests) digests.push_back(OptText(v));
     files.push_back({{"path", d.path}, {"sha256", digests}});
+  }
+  json packages = json::array();
+  for (const PackageDiff& d : c.packages) {
+    json per_run = json::array();
+    for (size_t i = 0; i < d.requested.size(); ++i)
+      per_run.push_back(
+          {{"requested", OptText(d.requested[i])}, {"resolved", OptText(d.resolved[i])}});
+    packages.push_back({{"name", d.name}, {"runs", per_run}});
   }
   json metrics = json::array();
   for (const MetricRow& m : c.metrics) {
@@ -239,6 +356,7 @@ json ComparisonJson(const Comparison& c) {
            std::set<std::string>(c.snapshot_digests.begin(), c.snapshot_digests.end()).size() <= 1},
           {"config", config},
           {"files", files},
+          {"packages", packages},
           {"metrics", metrics}};
 }
 
@@ -280,6 +398,22 @@ std::string FormatComparison(const Comparison& c) {
     }
     out += Table(h, rows);
     if (c.files.empty()) out += "  (no file differs)\n";
+  }
+  out += "\nPackages (the ones that differ: installed version, and what the spec asked for):\n";
+  if (c.packages.empty()) {
+    out += c.any_packages ? "  (the same in every run)\n"
+                          : "  (none: no run asks for packages with runtime.pip)\n";
+  } else {
+    std::vector<std::string> h = header;
+    h[0] = "PACKAGE";
+    std::vector<std::vector<std::string>> rows;
+    for (const PackageDiff& d : c.packages) {
+      std::vector<std::string> row = {d.name};
+      for (size_t i = 0; i < d.requested.size(); ++i)
+        row.push_back(PackageCell(d.requested[i], d.resolved[i]));
+      rows.push_back(row);
+    }
+    out += Table(h, rows);
   }
   out += "\nMetrics (last, min@step, max@step):\n";
   if (c.metrics.empty()) {

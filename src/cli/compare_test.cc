@@ -110,5 +110,86 @@ TEST(CompareTest, FlattenNamesLeavesByPath) {
   EXPECT_EQ(out[3], (std::pair<std::string, std::string>{"e", "{}"}));
 }
 
+TEST(CompareTest, PackageNamesAreNormalizedAsPipDoes) {
+  EXPECT_EQ(PackageName("numpy==1.26.4"), "numpy");
+  EXPECT_EQ(PackageName("Foo_Bar.baz[extra]>=1.0; python_version>'3'"), "foo-bar-baz");
+  EXPECT_EQ(PackageName("  torch >= 2"), "torch");
+  EXPECT_EQ(PackageName("mylib @ file:///src/mylib"), "mylib");
+  EXPECT_EQ(PackageName("-e git+https://example.com/x.git@abc#egg=My_Lib"), "my-lib");
+  EXPECT_EQ(PackageName("--index-url https://example.com/simple"), "");
+}
+
+TEST(CompareTest, PackagesThatDifferSideBySide) {
+  std::vector<CompareInput> runs;
+  runs.push_back(MakeRun("a", "0.1", json::array(), {}));
+  runs.push_back(MakeRun("b", "0.1", json::array(), {}));
+  runs[0].record["runtime"] = {
+      {"pip", json::array({"numpy>=1.20", "requests"})},
+      {"packages", json::array({"numpy==1.26.4", "requests==2.31.0", "urllib3==2.0.7"})}};
+  runs[1].record["runtime"] = {{"pip", json::array({"NumPy>=1.20", "requests", "tqdm"})},
+                               {"packages", json::array({"numpy==2.0.0", "requests==2.31.0",
+                                                         "urllib3==2.0.7", "tqdm==4.66.1"})}};
+  Comparison c = CompareRuns(runs);
+  ASSERT_EQ(c.packages.size(), 2u) << ComparisonJson(c).dump();  // requests, urllib3 the same
+  EXPECT_EQ(c.packages[0].name, "numpy");
+  EXPECT_EQ(c.packages[0].resolved[0], "1.26.4");
+  EXPECT_EQ(c.packages[0].resolved[1], "2.0.0");
+  EXPECT_EQ(c.packages[0].requested[1], "NumPy>=1.20");
+  EXPECT_EQ(c.packages[1].name, "tqdm");
+  EXPECT_EQ(c.packages[1].requested[0], std::nullopt);
+  EXPECT_EQ(c.packages[1].resolved[0], std::nullopt);
+  EXPECT_EQ(c.package_counts, (std::vector<int64_t>{3, 4}));
+
+  std::string table = FormatComparison(c);
+  EXPECT_NE(table.find("1.26.4 (asked: numpy>=1.20)"), std::string::npos) << table;
+  EXPECT_NE(table.find("4.66.1 (asked: tqdm)"), std::string::npos) << table;
+  EXPECT_EQ(table.find("urllib3"), std::string::npos) << table;
+  json j = ComparisonJson(c);
+  EXPECT_EQ(j["packages"][0]["name"], "numpy");
+  EXPECT_EQ(j["packages"][0]["runs"][1]["resolved"], "2.0.0");
+  EXPECT_EQ(j["packages"][1]["runs"][0]["requested"], nullptr);
+  EXPECT_EQ(j["runs"][1]["package_count"], 4);
+}
+
+TEST(CompareTest, NoPackagesAnywhereSaysSo) {
+  std::vector<CompareInput> runs;
+  runs.push_back(MakeRun("a", "0.1", json::array(), {}));
+  runs.push_back(MakeRun("b", "0.1", json::array(), {}));
+  Comparison c = CompareRuns(runs);
+  EXPECT_TRUE(c.packages.empty());
+  EXPECT_NE(FormatComparison(c).find("no run asks for packages"), std::string::npos);
+  runs[0].record["runtime"] = {{"pip", json::array({"six"})}, {"packages", json::array()}};
+  runs[1].record["runtime"] = runs[0].record["runtime"];
+  EXPECT_NE(FormatComparison(CompareRuns(runs)).find("(the same in every run)\n\nMetrics"),
+            std::string::npos)
+      << FormatComparison(CompareRuns(runs));
+}
+
+TEST(CompareTest, MetricKeepsOnlyTheSeriesItNames) {
+  std::vector<CompareInput> runs;
+  runs.push_back(MakeRun("a", "0.1", json::array(), {{0, 1.0}}));
+  runs.push_back(MakeRun("b", "0.1", json::array(), {{0, 2.0}}));
+  for (auto& r : runs)
+    for (const char* name : {"accuracy", "train/loss"}) {
+      evidence::MetricPoint p;
+      p.name = name;
+      p.step = 0;
+      p.value = 0.5;
+      r.metrics.Add(p);
+    }
+  evidence::MetricPoint val;
+  val.name = "loss";
+  val.split = "val";
+  val.value = 3;
+  runs[0].metrics.Add(val);
+  Comparison c = CompareRuns(runs, "loss");
+  ASSERT_EQ(c.metrics.size(), 2u);  // loss, loss/val; not train/loss nor accuracy
+  EXPECT_EQ(c.metrics[0].split, "");
+  EXPECT_EQ(c.metrics[1].split, "val");
+  ASSERT_EQ(CompareRuns(runs, "loss/val").metrics.size(), 1u);
+  ASSERT_EQ(CompareRuns(runs, "train/loss").metrics.size(), 1u);
+  EXPECT_TRUE(CompareRuns(runs, "nope").metrics.empty());
+}
+
 }  // namespace
 }  // namespace tau::cli

@@ -1,12 +1,16 @@
 // `tau evidence ...` and `tau metrics ...` (docs/evidence.md).
+#include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <set>
 
 #include <CLI/CLI.hpp>
 
@@ -241,9 +245,36 @@ static int CmdGet(const Global& g, const std::string& run, const std::string& pa
   return 0;
 }
 
+// The width a chart may take: $COLUMNS, else the terminal's, else 80.
+static int ChartWidth() {
+  if (const char* env = std::getenv("COLUMNS")) {
+    char* end = nullptr;
+    long v = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && v > 0) return static_cast<int>(std::min(v, 1000L));
+  }
+  winsize ws{};
+  if (::isatty(STDOUT_FILENO) && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+    return ws.ws_col;
+  return 80;
+}
+
+struct CompareArgs {
+  std::vector<std::string> runs;
+  std::string metric;
+  bool plot = false;
+};
+
 // Two or more runs side by side, from their evidence records and metric histories.
-static int CmdCompare(const Global& g, const std::vector<std::string>& runs, Format format) {
+static int CmdCompare(const Global& g, const CompareArgs& args, Format format) {
+  const std::vector<std::string>& runs = args.runs;
   if (runs.size() < 2) return Fail("tau compare: name two runs or more");
+  if (args.plot && args.metric.empty())
+    return Fail("tau compare: --plot draws one metric: name it with --metric NAME");
+  if (args.plot && IsData(format))
+    return Fail(
+        fmt::format("tau compare: --plot draws on a terminal and has no -o {} form; "
+                    "leave out --plot for the data",
+                    FormatName(format)));
   for (size_t i = 0; i < runs.size(); ++i) {
     if (!IsRunName(runs[i])) return NoSuchRun(runs[i]);
     for (size_t j = 0; j < i; ++j)
@@ -262,9 +293,22 @@ static int CmdCompare(const Global& g, const std::vector<std::string>& runs, For
     if (!jsonl.ok()) return Fail(jsonl.status().message());
     inputs[i].metrics.AddJsonl(*jsonl);
   }
-  Comparison c = CompareRuns(inputs);
+  Comparison c = CompareRuns(inputs, args.metric);
+  if (!args.metric.empty() && c.metrics.empty()) {
+    std::set<std::string> names;
+    for (const CompareInput& in : inputs)
+      for (const auto& [name, split] : in.metrics.SeriesKeys())
+        names.insert(split.empty() ? name : name + "/" + split);
+    return Fail(fmt::format("tau compare: no run has metric '{}' (their series: {})", args.metric,
+                            names.empty() ? "none" : Join({names.begin(), names.end()}, ", ")));
+  }
   if (IsData(format)) return PrintData(ComparisonJson(c), format);
   std::fputs(FormatComparison(c).c_str(), stdout);
+  if (args.plot) {
+    std::printf("\n%s by step:\n", args.metric.c_str());
+    for (const std::string& line : PlotCurves(MetricCurves(inputs, args.metric), ChartWidth(), 15))
+      std::printf("%s\n", line.c_str());
+  }
   return 0;
 }
 
@@ -339,13 +383,17 @@ void RegisterEvidenceCommands(CLI::App* app, Context* ctx) {
     ctx->rc = CmdMetrics(g, a->run_name, a->metric_name, a->metric_split, split_opt->count() > 0,
                          a->metric_output);
   });
-  auto compare_runs = std::make_shared<std::vector<std::string>>();
+  auto cmp = std::make_shared<CompareArgs>();
   auto* compare = app->add_subcommand(
-      "compare", "Runs side by side: config and code differences, metric summaries");
-  compare->add_option("runs", *compare_runs, "Two runs or more")->required();
+      "compare",
+      "Runs side by side: config, code and package differences, metric summaries and curves");
+  compare->add_option("runs", cmp->runs, "Two runs or more")->required();
+  compare->add_option("--metric", cmp->metric,
+                      "Only this metric's series: NAME (every split) or NAME/SPLIT");
+  compare->add_flag("--plot", cmp->plot, "Draw the --metric's curves on the terminal");
   auto compare_format = AddOutput(compare, ctx);
   compare->callback([=, &g] {
-    if (auto f = compare_format()) ctx->rc = CmdCompare(g, *compare_runs, *f);
+    if (auto f = compare_format()) ctx->rc = CmdCompare(g, *cmp, *f);
   });
 }
 

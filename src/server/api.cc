@@ -72,6 +72,8 @@ api::Run RunOf(const RunRecord& r, Controller* controller, bool just_inserted) {
   run.finished = OptionalTime(r.finished_ms);
   // A list page's rows carry no spec: the kind is a column of its own.
   run.kind = !r.kind.empty() ? r.kind : r.spec_json.value("kind", "");
+  run.project = r.project;  // columns too, filled from the spec by the store
+  run.group = r.group;
   run.backend = controller->BackendName();
   if (r.array.is_object()) {
     auto array = api::RunArray::FromJson(r.array);

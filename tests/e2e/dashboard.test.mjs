@@ -1,8 +1,9 @@
 // Drives tau's dashboard in headless Chromium (the system browser, through playwright-core).
 //   node dashboard.test.mjs --url http://127.0.0.1:PORT --token TOKEN --train RUN --pending RUN
-//                           [--resumed RUN] [--screenshots DIR]
+//                           [--resumed RUN] [--compare RUN] [--screenshots DIR]
 // `train` is a run that writes loss points and succeeds; `pending` is a run that waits for quota;
-// `resumed` one that was cancelled and resumed, and runs again.
+// `resumed` one that was cancelled and resumed, and runs again; `compare` a second training run
+// with train and validation losses of its own, compared with `train`.
 // Exits non-zero on the first failed check; prints one line per check.
 import { chromium } from "playwright-core";
 import fs from "node:fs";
@@ -14,6 +15,7 @@ const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
 }, []));
 const url = args.url, train = args.train, pending = args.pending, token = args.token;
 const resumed = args.resumed || "";
+const other = args.compare || "";
 const shots = args.screenshots || "";
 const browserPath = process.env.CHROMIUM || "/usr/bin/chromium";
 if (!url || !train || !pending || !token) {
@@ -27,6 +29,65 @@ async function shot(page, name) {
   if (!shots) return;
   await page.screenshot({ path: path.join(shots, name), fullPage: false });
   ok(`screenshot ${name}`);
+}
+
+// The pixels of a chart's canvas that are not transparent, and a digest of the picture.
+async function canvasState(page, metric) {
+  return page.$eval(`#cmp-charts .chart[data-metric="${metric}"] canvas`, (c) => {
+    const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+    let painted = 0;
+    for (let i = 3; i < d.length; i += 4) if (d[i] !== 0) painted++;
+    return { painted, picture: c.toDataURL() };
+  });
+}
+
+// Two runs ticked in the list, compared: one loss chart with both runs' train and validation
+// curves; the log scale and the smoothing redraw it; the config table names what differs.
+async function checkCompare(page) {
+  await page.waitForFunction(async (n) => (await (await fetch(`/api/v1/runs/${n}`)).json()).run.state === "Succeeded", other, { timeout: 90000, polling: 500 });
+  await page.goto(`${url}/#/runs`);
+  if (!(await page.isDisabled("#compare-selected"))) throw new Error("compare is offered with no run ticked");
+  await page.check(`#runs tr[data-run="${train}"] input.pick`);
+  await page.check(`#runs tr[data-run="${other}"] input.pick`);
+  await page.waitForSelector("#compare-selected:not([disabled])", { timeout: 5000 });
+  await page.click("#compare-selected");
+  const loss = '#cmp-charts .chart[data-metric="loss"]';
+  await page.waitForSelector(`${loss} canvas`, { timeout: 20000 });
+  const series = await page.getAttribute(loss, "data-series");
+  const legend = await page.$$eval(`${loss} .u-legend .u-series`, (rows) => rows.map((r) => r.textContent.trim()));
+  // uPlot's legend has the x series first, then one row per curve.
+  if (series !== "4" || legend.length !== 5) throw new Error(`loss chart: ${series} series, legend ${JSON.stringify(legend)}`);
+  for (const want of [`${train} · train`, `${train} · val`, `${other} · train`, `${other} · val`])
+    if (!legend.some((l) => l.startsWith(want))) throw new Error(`legend lacks ${want}: ${JSON.stringify(legend)}`);
+  const linear = await canvasState(page, "loss");
+  if (linear.painted < 500) throw new Error(`the loss chart's canvas is empty (${linear.painted} pixels painted)`);
+  ok(`compare view: loss chart with 4 curves (2 runs, train and val), ${linear.painted} pixels painted`);
+
+  await page.check("#cmp-log");
+  await page.waitForSelector(`${loss}[data-scale="log"] canvas`, { timeout: 5000 });
+  const log = await canvasState(page, "loss");
+  if (log.picture === linear.picture || log.painted < 500) throw new Error("the log scale changed nothing on the chart");
+  await page.uncheck("#cmp-log");
+  await page.waitForSelector(`${loss}[data-scale="linear"] canvas`, { timeout: 5000 });
+  ok("log scale toggles the chart");
+
+  await page.$eval("#cmp-smooth", (el) => { el.value = "0.8"; el.dispatchEvent(new Event("input", { bubbles: true })); });
+  await page.waitForFunction((before) => {
+    const c = document.querySelector('#cmp-charts .chart[data-metric="loss"] canvas');
+    return c && c.toDataURL() !== before;
+  }, linear.picture, { timeout: 5000 });
+  if ((await page.textContent("#cmp-smooth-value")).trim() !== "0.8") throw new Error("the smoothing value is not shown");
+  ok("smoothing redraws the chart");
+
+  await page.waitForSelector('#cmp-config-table tr[data-field="name"]', { timeout: 15000 });
+  const fields = await page.$$eval("#cmp-config-table tr[data-field]", (rows) => rows.map((r) => r.dataset.field));
+  // The canonical spec keeps the entrypoint's arguments as `args`: the second run's "0.3".
+  if (!fields.includes("args[0]")) throw new Error(`config differences lack args[0]: ${fields}`);
+  const cell = await page.textContent(`#cmp-config-table tr[data-field="args[0]"] td:nth-child(3)`);
+  if (cell.trim() !== "0.3") throw new Error(`args[0] of ${other}: ${cell}`);
+  ok(`config differences: ${fields.join(", ")}`);
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await shot(page, "dashboard-compare.png");
 }
 
 const browser = await chromium.launch({ executablePath: browserPath, headless: true, args: ["--no-sandbox"] });
@@ -114,6 +175,8 @@ try {
   await page.goto(`${url}/#/runs`);
   await page.waitForSelector(`#runs tr[data-run="${pending}"]`, { timeout: 15000 });
   await shot(page, "dashboard-runs.png");
+
+  if (other) await checkCompare(page);
 
   // A resumed run is Running again, and shows no trace of its cancel as its reason.
   if (resumed) {

@@ -1,10 +1,14 @@
 """`tau compare` (issue #23) with a real server and real processes: two quickstart-like runs of one
 spec, told apart by a --set learning rate, compared side by side (the config difference with its
-provenance, the code, both runs' loss summaries)."""
+provenance, the code, both runs' loss summaries), and the quickstart's loss curves drawn on a
+terminal (--metric loss --plot)."""
 import json
+import os
 import unittest
 
 from harness import ServerTestCase, wait_for
+
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 SPEC = ("schema_version: 1\nname: {name}\nrun:\n  entrypoint: main.sh\n  workload_kind: job\n"
         "compute:\n  gpus: 0\n  workers: 1\n  cpus: 100m\n  memory: 16Mi\n"
@@ -119,11 +123,65 @@ class CompareTest(ServerTestCase):
         self.assertEqual(listed("--group", "lr"), sorted([a, c, d]))
         self.assertEqual(listed("--project", "nope"), [])
         self.assertEqual(listed(), sorted([a, b, c, d, plain]))
+        # Each run of a page says its project and group (the dashboard's columns), and so does
+        # `tau list -o wide`.
+        rows = json.loads(self.server.tau("list", "--all", "-o", "json", check=0).stdout)["runs"]
+        by_name = {r["name"]: (r["project"], r["group"]) for r in rows}
+        self.assertEqual(by_name[a], ("vision", "lr"))
+        self.assertEqual(by_name[d], ("vision", "lr"))
+        self.assertEqual(by_name[plain], ("", ""))
+        wide = self.server.tau("list", "--all", "-o", "wide", check=0).stdout.splitlines()
+        self.assertRegex(wide[0], r"PROJECT\s+GROUP$")
+        self.assertRegex(next(line for line in wide if line.startswith(b)), r"vision\s+bs$")
         described = self.server.tau("describe", a, check=0).stdout
         self.assertIn("Experiment:  project vision, name va, group lr", described)
         self.assertNotIn("Experiment:", self.server.tau("describe", plain, check=0).stdout)
 
+    def test_quickstart_runs_plotted_on_a_terminal(self):
+        # The quickstart itself (examples/quickstart), twice, with two learning rates.
+        example = os.path.join(REPO, "examples", "quickstart")
+        with open(os.path.join(example, "tau.yaml")) as f:
+            spec_text = f.read()
+        with open(os.path.join(example, "train.py")) as f:
+            spec = self.project(spec_text, {"train.py": f.read()})
+        a = self.run_with(spec, "0.05")
+        b = self.run_with(spec, "0.2")
+        self.compared(a, b)
+        self.server.env["COLUMNS"] = "70"
+        try:
+            p = self.server.tau("compare", a, b, "--metric", "loss", "--plot", check=0)
+        finally:
+            del self.server.env["COLUMNS"]
+        out = p.stdout
+        if os.environ.get("TAU_SHOW_PLOT"):
+            print(out)
+        self.assertIn("runtime.env.LEARNING_RATE", out)
+        self.assertIn("0.05 (command line)", out)
+        self.assertIn("0.2 (command line)", out)
+        self.assertIn("loss/train last", out)
+        chart = out[out.index("loss by step:"):].splitlines()[1:]
+        rows = [line for line in chart if " |" in line]
+        self.assertEqual(len(rows), 15, out)
+        self.assertTrue(all(len(line) <= 70 for line in chart[:17]), out)  # fits COLUMNS
+        self.assertTrue(any("*" in r for r in rows) and any("o" in r.split("|", 1)[1] for r in rows),
+                        out)
+        self.assertIn(f"  * {a}", chart)
+        self.assertIn(f"  o {b}", chart)
+        self.assertRegex(chart[16], r"^\s+1\s+30$")  # the steps: --steps 30, from 1
+
+        # --metric restricts the summaries; the data form has no chart.
+        out = json.loads(self.server.tau("compare", a, b, "--metric", "loss", "-o", "json",
+                                         check=0).stdout)
+        self.assertEqual({m["name"] for m in out["metrics"]}, {"loss"})
+        p = self.server.tau("compare", a, b, "--metric", "acc", check=125)
+        self.assertIn("no run has metric 'acc' (their series: loss/train)", p.stderr)
+
     def test_compare_refuses_what_it_cannot_compare(self):
+        p = self.server.tau("compare", "run-a", "run-b", "--plot", check=125)
+        self.assertIn("--plot draws one metric: name it with --metric NAME", p.stderr)
+        p = self.server.tau("compare", "run-a", "run-b", "--metric", "loss", "--plot", "-o",
+                            "json", check=125)
+        self.assertIn("--plot draws on a terminal and has no -o json form", p.stderr)
         p = self.server.tau("compare", "only-one", check=125)
         self.assertIn("name two runs or more", p.stderr)
         p = self.server.tau("compare", "nope-1", "nope-2", check=None)

@@ -21,12 +21,16 @@ E2E = os.path.normpath(os.path.join(HERE, "..", "e2e"))
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium")
 
 # Writes a falling loss curve to TAU_METRICS_FILE over a few seconds (so that a page opened early
-# sees the run change state live), then succeeds.
+# sees the run change state live), and a validation loss every fifth step, then succeeds. Its
+# argument, the rate the loss falls at, tells two runs' curves apart in the compare view.
 TRAIN = """import json, os, sys, time
+rate = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
 with open(os.environ['TAU_METRICS_FILE'], 'a') as f:
     for step in range(40):
         print('step', step, flush=True)
-        f.write(json.dumps({'name': 'loss', 'step': step, 'value': 2.0 / (1 + step), 'split': 'train'}) + '\\n')
+        f.write(json.dumps({'name': 'loss', 'step': step, 'value': 2.0 / (1 + rate * step), 'split': 'train'}) + '\\n')
+        if step % 5 == 4:
+            f.write(json.dumps({'name': 'loss', 'step': step, 'value': 2.5 / (1 + rate * step), 'split': 'val'}) + '\\n')
         f.flush()
         time.sleep(0.1)
 with open(os.path.join(os.environ['TAU_OUTPUT_DIR'], 'summary.txt'), 'w') as f:
@@ -39,10 +43,10 @@ while not os.path.exists(sys.argv[1]):
 """
 
 
-def spec(name, gpus, args=()):
+def spec(name, gpus, args=(), cpus="1"):
     arglist = "\n  args:" + "".join(f"\n    - {a}" for a in args) if args else ""
     return (f"schema_version: 1\nname: {name}\nrun:\n  entrypoint: run.sh\n  workload_kind: job\n"
-            f"{arglist}\ncompute:\n  gpus: {gpus}\n  cpus: 1\n  memory: 256Mi\n")
+            f"{arglist}\ncompute:\n  gpus: {gpus}\n  cpus: {cpus}\n  memory: 256Mi\n")
 
 
 def sse_events(url, token, timeout=20):
@@ -144,7 +148,10 @@ class DashboardTest(unittest.TestCase):
                                capture_output=True, text=True, timeout=300)
             if p.returncode != 0:
                 self.skipTest(f"npm ci --prefix tests/e2e failed: {p.stderr[-500:]}")
-        train = self.submit(spec("train", 0), TRAIN)
+        # Two training runs (half a CPU each, so that the hog still fits beside them on two cores)
+        # for the compare view; the second's loss falls slower.
+        train = self.submit(spec("train", 0, cpus="500m"), TRAIN)
+        tune = self.submit(spec("tune", 0, ["0.3"], cpus="500m"), TRAIN)
         self.submit(spec("hog", 1, [self.release]), HOLD)
         self.server.wait_state(train, ["Running", "Succeeded"])
         waiter = self.submit(spec("waiter", 1, [self.release]), HOLD)
@@ -160,13 +167,15 @@ class DashboardTest(unittest.TestCase):
         shots = os.environ.get("TAU_SCREENSHOT_DIR") or os.path.join(self.work, "shots")
         p = subprocess.run(["node", os.path.join(E2E, "dashboard.test.mjs"), "--url", self.url,
                             "--train", train, "--pending", waiter, "--screenshots", shots,
-                            "--token", self.token, "--resumed", resumed],
+                            "--token", self.token, "--resumed", resumed, "--compare", tune],
                            capture_output=True, text=True, timeout=180,
                            env=dict(os.environ, CHROMIUM=CHROMIUM))
         print(p.stdout, p.stderr)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr + self.server.server_log()[-2000:])
         self.assertIn("run reached Succeeded on the page", p.stdout)
-        for name in ("dashboard-run.png", "dashboard-queues.png", "dashboard-runs.png"):
+        self.assertIn("compare view: loss chart with 4 curves", p.stdout)
+        for name in ("dashboard-run.png", "dashboard-queues.png", "dashboard-runs.png",
+                     "dashboard-compare.png"):
             self.assertTrue(os.path.getsize(os.path.join(shots, name)) > 1000, name)
 
 
