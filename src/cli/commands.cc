@@ -312,6 +312,14 @@ static int CmdDescribe(const Global& g, const std::string& name, Format format) 
   if (run.array)
     std::printf("Array:       %s, index %lld of %s\n", run.array->name.c_str(),
                 static_cast<long long>(run.array->index), run.array->Range().c_str());
+  if (run.workflow) {
+    std::vector<std::string> after;
+    for (const api::WorkflowUpstream& u : run.workflow->after)
+      after.push_back(fmt::format("{} ({}, {})", u.stage, u.run, u.condition));
+    std::printf("Workflow:    %s, stage %s%s\n", run.workflow->name.c_str(),
+                run.workflow->stage.c_str(),
+                after.empty() ? "" : (", after " + Join(after, ", ")).c_str());
+  }
   std::printf("Kind:        %s\n", run.kind.c_str());
   std::printf("Queue:       %s (workspace %s)\n", run.queue.c_str(), run.workspace.c_str());
   std::printf("Resources:   %s\n", ResourcesText(run.resources).c_str());

@@ -811,13 +811,26 @@ BatchRequest MakeWorkflow(spec::Condition eval_after = spec::Condition::kSucceed
   return b;
 }
 
-TEST_F(ControllerTest, AWorkflowsStagesWaitForTheStagesBeforeThemAndGetTheirCheckpoints) {
+// The runs of MakeWorkflow(eval_after), submitted: prep, train and eval.
+std::vector<store::RunRecord> SubmitWorkflow(
+    Controller* controller, spec::Condition eval_after = spec::Condition::kSucceeded) {
   BatchError error;
-  auto made = controller_->SubmitBatch(MakeWorkflow(), &error);
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  const std::string prep = made->runs[0].name, train = made->runs[1].name,
-                    eval = made->runs[2].name;
-  const std::string workflow = made->runs[0].workflow["name"];
+  auto made = controller->SubmitBatch(MakeWorkflow(eval_after), &error);
+  EXPECT_TRUE(made.ok()) << made.status().ToString();
+  return made.ok() ? made->runs : std::vector<store::RunRecord>(3);
+}
+
+// The data of a run's last event of `type` (null when it has none).
+nlohmann::json LastEventData(const std::vector<store::Event>& events, const std::string& type) {
+  for (auto it = events.rbegin(); it != events.rend(); ++it)
+    if (it->type == type) return it->data;
+  return nullptr;
+}
+
+TEST_F(ControllerTest, AWorkflowsStagesWaitForTheStagesBeforeThemAndGetTheirCheckpoints) {
+  const std::vector<store::RunRecord> made = SubmitWorkflow(controller_.get());
+  const std::string prep = made[0].name, train = made[1].name, eval = made[2].name;
+  const std::string workflow = made[0].workflow["name"];
   EXPECT_EQ(workflow.rfind("pipe-", 0), 0u) << workflow;
   EXPECT_EQ(train, workflow + "-train");
   EXPECT_EQ(Run(eval).workflow["after"][0]["run"], train);
@@ -841,11 +854,9 @@ TEST_F(ControllerTest, AWorkflowsStagesWaitForTheStagesBeforeThemAndGetTheirChec
   EXPECT_EQ(Run(prep).state, RunState::kSucceeded);
   EXPECT_EQ(Run(train).state, RunState::kRunning) << "released in the pass prep ended in";
   EXPECT_EQ(Run(eval).state, RunState::kQueued);
-  const std::vector<store::Event> events = Events(train);
-  auto ready = std::find_if(events.begin(), events.end(),
-                            [](const store::Event& e) { return e.type == "UpstreamReady"; });
-  ASSERT_NE(ready, events.end());
-  const nlohmann::json& up = ready->data["upstreams"][0];
+  const nlohmann::json ready = LastEventData(Events(train), "UpstreamReady");
+  ASSERT_TRUE(ready.is_object());
+  const nlohmann::json& up = ready["upstreams"][0];
   EXPECT_EQ(up["stage"], "prep");
   EXPECT_EQ(up["run"], prep);
   EXPECT_EQ(up["state"], "Succeeded");
@@ -854,19 +865,14 @@ TEST_F(ControllerTest, AWorkflowsStagesWaitForTheStagesBeforeThemAndGetTheirChec
   backend_.End(train, {FailureClass::kSucceeded, 0});
   controller_->RunOnce();
   EXPECT_EQ(Run(eval).state, RunState::kRunning);
-  const std::vector<store::Event> eval_events = Events(eval);
-  auto eval_ready = std::find_if(eval_events.begin(), eval_events.end(),
-                                 [](const store::Event& e) { return e.type == "UpstreamReady"; });
-  ASSERT_NE(eval_ready, eval_events.end());
-  EXPECT_EQ(eval_ready->data["upstreams"][0]["checkpoint"], "") << "train left no checkpoint";
+  const nlohmann::json eval_ready = LastEventData(Events(eval), "UpstreamReady");
+  ASSERT_TRUE(eval_ready.is_object());
+  EXPECT_EQ(eval_ready["upstreams"][0]["checkpoint"], "") << "train left no checkpoint";
 }
 
 TEST_F(ControllerTest, AFailedStageStopsTheStagesAfterItUnlessTheyOnlyNeedItFinished) {
-  BatchError error;
-  auto made = controller_->SubmitBatch(MakeWorkflow(), &error);
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  const std::string prep = made->runs[0].name, train = made->runs[1].name,
-                    eval = made->runs[2].name;
+  const std::vector<store::RunRecord> made = SubmitWorkflow(controller_.get());
+  const std::string prep = made[0].name, train = made[1].name, eval = made[2].name;
   controller_->RunOnce();
   backend_.End(prep, {FailureClass::kUserError, 3});
   controller_->RunOnce();
@@ -884,23 +890,21 @@ TEST_F(ControllerTest, AFailedStageStopsTheStagesAfterItUnlessTheyOnlyNeedItFini
   EXPECT_NE(Run(eval).message.find("stage 'train'"), std::string::npos) << Run(eval).message;
 
   // eval that needs train only finished runs after a failed train.
-  auto second = controller_->SubmitBatch(MakeWorkflow(spec::Condition::kFinished), &error);
-  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  const std::vector<store::RunRecord> second =
+      SubmitWorkflow(controller_.get(), spec::Condition::kFinished);
   controller_->RunOnce();
-  backend_.End(second->runs[0].name, {FailureClass::kSucceeded, 0});
+  backend_.End(second[0].name, {FailureClass::kSucceeded, 0});
   controller_->RunOnce();
-  backend_.End(second->runs[1].name, {FailureClass::kUserError, 1});
+  backend_.End(second[1].name, {FailureClass::kUserError, 1});
   controller_->RunOnce();
-  EXPECT_EQ(Run(second->runs[1].name).state, RunState::kFailed);
-  EXPECT_EQ(Run(second->runs[2].name).state, RunState::kRunning);
+  EXPECT_EQ(Run(second[1].name).state, RunState::kFailed);
+  EXPECT_EQ(Run(second[2].name).state, RunState::kRunning);
 }
 
 TEST_F(ControllerTest, RetryStageRunsTheStageAndThoseItStoppedAgain) {
-  BatchError error;
-  auto made = controller_->SubmitBatch(MakeWorkflow(), &error);
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  const std::string workflow = made->runs[0].workflow["name"];
-  const std::string prep = made->runs[0].name, train = made->runs[1].name;
+  const std::vector<store::RunRecord> made = SubmitWorkflow(controller_.get());
+  const std::string workflow = made[0].workflow["name"];
+  const std::string prep = made[0].name, train = made[1].name;
   controller_->RunOnce();
   EXPECT_EQ(controller_->RetryStage(workflow, "prep").status().code(),
             StatusCode::kFailedPrecondition)
@@ -909,7 +913,7 @@ TEST_F(ControllerTest, RetryStageRunsTheStageAndThoseItStoppedAgain) {
   controller_->RunOnce();
   backend_.End(train, {FailureClass::kUserError, 1});
   controller_->RunOnce();
-  ASSERT_EQ(Run(made->runs[2].name).reason, "UpstreamFailed");
+  ASSERT_EQ(Run(made[2].name).reason, "UpstreamFailed");
   EXPECT_EQ(controller_->RetryStage(workflow, "prep").status().code(),
             StatusCode::kFailedPrecondition)
       << "prep succeeded";
@@ -935,11 +939,8 @@ TEST_F(ControllerTest, RetryStageRunsTheStageAndThoseItStoppedAgain) {
 // The server goes down in the middle of a workflow: nothing runs twice, a stage released before
 // keeps what it was given, and the stages still waiting are released when their turn comes.
 TEST_F(ControllerTest, AWorkflowCarriesOnAfterARestartWithNoStageRunTwice) {
-  BatchError error;
-  auto made = controller_->SubmitBatch(MakeWorkflow(), &error);
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  const std::string prep = made->runs[0].name, train = made->runs[1].name,
-                    eval = made->runs[2].name;
+  const std::vector<store::RunRecord> made = SubmitWorkflow(controller_.get());
+  const std::string prep = made[0].name, train = made[1].name, eval = made[2].name;
   controller_->RunOnce();
   backend_.End(prep, {FailureClass::kSucceeded, 0});
   controller_->RunOnce();

@@ -63,6 +63,13 @@ class OutputTest(ServerTestCase):
             other = self.server.tau("run", "--detach", self.spec, check=0).stdout.strip()
             self.server.wait_state(other, "Succeeded")
             return [self.run_name, other]
+        if path == ("workflow", "status"):
+            wf = os.path.join(os.path.dirname(self.spec), "wf.yaml")
+            with open(wf, "w") as f:
+                f.write("kind: workflow\nname: out\nstages:\n  - {name: only, spec: tau.yaml}\n")
+            run = self.server.tau("run", "--detach", wf, check=0).stdout.split()[0]
+            self.server.wait_state(run, "Succeeded")
+            return [run.rsplit("-", 1)[0]]
         return {
             ("version",): [],
             ("validate",): [self.spec],

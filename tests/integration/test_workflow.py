@@ -119,6 +119,9 @@ class WorkflowTest(ServerTestCase):
         lines = "".join(f"{hashlib.sha256(files[n]).hexdigest()}  {n}\n" for n in sorted(files))
         self.assertEqual(lineage["checkpoint_sha256"], hashlib.sha256(lines.encode()).hexdigest())
         self.assertEqual(lineage["checkpoint_files"], 2)
+        described = self.server.tau("describe", stages["eval"]["name"], check=0).stdout
+        self.assertIn(f"Workflow:    {name}, stage eval, after train ({stages['train']['name']}, "
+                      "succeeded)", described)
         summary = self.server.tau("evidence", stages["eval"]["name"], check=0).stdout
         self.assertIn(f"Upstream:   train <- run {stages['train']['name']} (Succeeded)", summary)
 
