@@ -4,6 +4,7 @@
 // on.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -185,8 +186,8 @@ class Controller : private RunHost {
                                  const std::vector<spec::Override>& overrides = {},
                                  const policy::Caller* caller = nullptr, bool token_user = false,
                                  SubmitError* error = nullptr);
-  // Workflows (workflow.cc). Cancels every run of the workflow that has not ended.
-  Status CancelWorkflow(const std::string& workflow);
+  // Workflows (workflow.cc). Cancels every run of the workflow that has not ended; their names.
+  Result<std::vector<std::string>> CancelWorkflow(const std::string& workflow);
   // Runs `stage` of the workflow again: a new run of its newest run's spec, code and resolution,
   // and a new run of each stage after it whose newest run never ran because of it
   // (UpstreamFailed), all waiting as the workflow says. Refused while the stage's newest run has
@@ -424,7 +425,8 @@ class Controller : private RunHost {
   struct ArrayThrottle {
     int64_t max = 0;
     std::set<std::string> in_play;
-    std::set<std::pair<int64_t, std::string>> waiting;
+    // By seq: a run's place is a binary search (ThrottledPending runs for every held run).
+    std::deque<std::pair<int64_t, std::string>> waiting;
   };
   std::map<std::string, ArrayThrottle> throttles_;
 

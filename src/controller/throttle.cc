@@ -2,6 +2,8 @@
 // its runs are in play (queued for quota, admitted, running); the others wait out of their queue
 // (ActiveRun::throttled), holding no quota, and enter it in submission order as runs of the array
 // end. Derived from the runs' records, so a restarted server holds the same ones back.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "controller/controller.h"
@@ -19,6 +21,13 @@ std::optional<std::pair<std::string, int64_t>> ThrottleOf(const store::RunRecord
   return std::make_pair(r.array.value("name", ""), max->get<int64_t>());
 }
 
+using Waiting = std::deque<std::pair<int64_t, std::string>>;
+
+// Where (seq, name) is or would go in `waiting`, which is sorted.
+Waiting::iterator PlaceOf(Waiting& waiting, int64_t seq, const std::string& name) {
+  return std::lower_bound(waiting.begin(), waiting.end(), std::make_pair(seq, name));
+}
+
 }  // namespace
 
 void Controller::TrackThrottle(ActiveRun& run) {
@@ -34,7 +43,9 @@ void Controller::TrackThrottle(ActiveRun& run) {
     run.throttled = false;
     return;
   }
-  t.waiting.insert({r.seq, r.name});
+  // Runs mostly come in seq order (a batch, a recovery sorted by seq): most go at the back.
+  if (auto at = PlaceOf(t.waiting, r.seq, r.name); at == t.waiting.end() || at->second != r.name)
+    t.waiting.insert(at, {r.seq, r.name});
   run.throttled = true;
 }
 
@@ -45,10 +56,11 @@ void Controller::ThrottledRunEnded(const store::RunRecord& r) {
   if (it == throttles_.end()) return;
   ArrayThrottle& t = it->second;
   t.in_play.erase(r.name);
-  t.waiting.erase({r.seq, r.name});
+  if (auto at = PlaceOf(t.waiting, r.seq, r.name); at != t.waiting.end() && at->second == r.name)
+    t.waiting.erase(at);
   while (static_cast<int64_t>(t.in_play.size()) < t.max && !t.waiting.empty()) {
-    const std::string next = t.waiting.begin()->second;
-    t.waiting.erase(t.waiting.begin());
+    const std::string next = t.waiting.front().second;
+    t.waiting.pop_front();
     auto run = active_.find(next);
     if (run == active_.end() || store::IsTerminal(run->second.record.state)) continue;
     run->second.throttled = false;
@@ -65,10 +77,8 @@ nlohmann::json Controller::ThrottledPending(const ActiveRun& run) {
   size_t ahead = 0, in_play = 0;
   if (auto it = throttles_.find(array); it != throttles_.end()) {
     in_play = it->second.in_play.size();
-    for (const auto& [seq, name] : it->second.waiting) {
-      if (name == run.record.name) break;
-      ++ahead;
-    }
+    ahead = static_cast<size_t>(PlaceOf(it->second.waiting, run.record.seq, run.record.name) -
+                                it->second.waiting.begin());
   }
   return PendingEntry(
       0, run.record.queue, "ArrayMaxParallel",

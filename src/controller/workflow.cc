@@ -157,14 +157,18 @@ nlohmann::json Controller::UpstreamPending(const ActiveRun& run) {
       "");
 }
 
-Status Controller::CancelWorkflow(const std::string& workflow) {
+Result<std::vector<std::string>> Controller::CancelWorkflow(const std::string& workflow) {
   store::RunFilter filter;
   filter.workflow = workflow;
   filter.active_only = true;
   filter.summary = true;
   TAU_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, store_->ListRuns(filter));
-  for (const RunRecord& r : runs) PostWrite(CancelRequest{r.name});
-  return Status::Ok();
+  std::vector<std::string> names;
+  for (const RunRecord& r : runs) {
+    PostWrite(CancelRequest{r.name});
+    names.push_back(r.name);
+  }
+  return names;
 }
 
 Result<std::vector<RunRecord>> Controller::RetryStage(const std::string& workflow,

@@ -51,17 +51,9 @@ void RegisterWorkflowApi(SecureRouter* api, Controller* controller, store::Store
                                       const CallerContext& caller) {
                const std::string workflow = req.matches[1];
                if (!WritableWorkflow(api, store, req, res, caller, workflow)) return;
-               store::RunFilter active;
-               active.workflow = workflow;
-               active.active_only = true;
-               active.summary = true;
-               auto runs = store->ListRuns(active);
-               if (!runs.ok()) return http::ReplyError(res, runs.status());
-               Status s = controller->CancelWorkflow(workflow);
-               if (!s.ok()) return http::ReplyError(res, s);
-               nlohmann::json names = nlohmann::json::array();
-               for (const store::RunRecord& r : *runs) names.push_back(r.name);
-               http::Reply(res, 202, {{"cancelling", std::move(names)}});
+               auto cancelling = controller->CancelWorkflow(workflow);
+               if (!cancelling.ok()) return http::ReplyError(res, cancelling.status());
+               http::Reply(res, 202, {{"cancelling", *cancelling}});
              });
   api->Route("POST", R"(/api/v1/workflows/([a-z0-9-]+)/stages/([a-z0-9-]+)/retry)",
              Access::kSignedIn,

@@ -168,6 +168,20 @@ class WorkflowTest(ServerTestCase):
         for run in self.stages(name).values():
             self.assertEqual(run["attempts"], 1, run["name"])
 
+    def test_cancel_stops_every_run_of_the_workflow_that_has_not_ended(self):
+        path, marks = self.workflow()
+        open(os.path.join(marks, "hold"), "w").close()
+        name = self.server.tau("run", "--detach", path, check=0).stdout.split()[0].rsplit("-", 1)[0]
+        self.server.wait_state(f"{name}-train", "Running", timeout=60)
+        out = self.server.tau("workflow", "cancel", name, check=0).stdout.split("\n")
+        self.assertEqual(sorted(line for line in out if line),
+                         [f"cancelling {name}-eval", f"cancelling {name}-train"])
+        for stage in ("train", "eval"):
+            self.server.wait_state(f"{name}-{stage}", "Cancelled", timeout=60)
+        self.assertEqual(self.stages(name)["prepare"]["state"], "Succeeded")
+        out = self.server.tau("workflow", "cancel", name, check=0).stdout
+        self.assertIn("has no run that has not ended", out)
+
     def test_a_cycle_or_an_unknown_stage_is_refused_where_it_is_with_nothing_submitted(self):
         path, _ = self.workflow(WORKFLOW.replace("after: [prepare]", "after: [eval]"))
         p = self.server.tau("run", path)
