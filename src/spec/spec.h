@@ -153,6 +153,40 @@ struct Metrics {
   std::string offload_image;
 };
 
+// A probe of a service's replica (serve.readiness, serve.liveness): an HTTP GET of `http_path`
+// answered 2xx or 3xx, or (http_path empty) a TCP connection to the replica's port.
+struct Probe {
+  std::string http_path;  // "/healthz"; "": a TCP connect
+  int64_t initial_delay_ms = 0;  // after the replica's attempt starts
+  int64_t period_ms = 1'000;
+  int64_t timeout_ms = 1'000;
+  int failure_threshold = 3;  // failures in a row that make it fail
+  int success_threshold = 1;  // successes in a row that make it pass (readiness only)
+};
+
+// A service (`kind: service`, the `serve:` section; docs/serving.md): the program is a server, run
+// as `replicas` copies that are restarted whenever they stop, behind one endpoint.
+struct Serve {
+  int replicas = 1;
+  // The port the program listens on in a pod (Kubernetes). Locally every replica gets a port of
+  // its own, handed to it as $PORT (on Kubernetes $PORT is this one).
+  int port = 8080;
+  // A trained run whose newest complete checkpoint (model "checkpoint") or output directory
+  // ("output") the replicas serve, read-only ($TAU_SERVE_MODEL); "" : none. `tau serve deploy
+  // --from RUN` sets it.
+  std::string from_run;
+  std::string model = "checkpoint";
+  Probe readiness;
+  std::optional<Probe> liveness;
+  // How long a replica that stopped waits before it starts again: doubling from the first to the
+  // longest, restarting forever (a service has no max_retries).
+  int64_t restart_backoff_initial_ms = 1'000;
+  int64_t restart_backoff_max_ms = 30'000;
+  // Ray Serve (run.workload_kind: rayjob, rendered as a RayService): the application's import
+  // path ("module:app"); the local backend runs the entrypoint instead.
+  std::string import_path;
+};
+
 struct RunSpec {
   Shape shape = Shape::kManifest;
   std::string name;  // DNS-1123 label
@@ -182,6 +216,8 @@ struct RunSpec {
   nlohmann::json recorded_only = nlohmann::json::object();
   // The --set overrides the spec was parsed with, in the order given (ToJson's "overrides").
   std::vector<Override> overrides;
+  // Set for a service (`kind: service`): what makes it one. A run spec has none.
+  std::optional<Serve> serve;
 };
 
 // Where a field is in the file, by its canonical dotted name (the names resolution messages start
