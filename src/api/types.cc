@@ -1099,6 +1099,103 @@ Result<ArtifactList> ArtifactList::FromJson(const json& j) {
   });
 }
 
+namespace {
+
+json ServiceReplicaJson(const ServiceReplica& r) {
+  return WithExtra({{"run", r.run},
+                    {"state", r.state},
+                    {"revision", r.revision},
+                    {"port", r.port},
+                    {"ready", r.ready},
+                    {"draining", r.draining},
+                    {"restarts", r.restarts},
+                    {"probe", r.probe},
+                    {"reason", r.reason}},
+                   r.extra);
+}
+
+Status ReadServiceReplica(const json& j, const std::string& path, ServiceReplica* out) {
+  Reader r(j, path);
+  r.Str("run", &out->run);
+  r.Str("state", &out->state);
+  r.Int("revision", &out->revision);
+  r.Int("port", &out->port);
+  r.Bool("ready", &out->ready);
+  r.Bool("draining", &out->draining);
+  r.Int("restarts", &out->restarts);
+  r.Str("probe", &out->probe);
+  r.Str("reason", &out->reason);
+  return r.Finish(&out->extra);
+}
+
+Status ReadService(const json& j, const std::string& path, Service* out) {
+  Reader r(j, path);
+  r.Str("name", &out->name);
+  r.Str("workspace", &out->workspace);
+  r.Str("owner", &out->owner);
+  r.Str("state", &out->state);
+  r.Int("replicas", &out->replicas);
+  r.Int("ready", &out->ready);
+  r.Int("revision", &out->revision);
+  r.Str("endpoint", &out->endpoint);
+  r.Str("spec_file", &out->spec_file);
+  r.Str("config_hash", &out->config_hash);
+  r.Str("snapshot_digest", &out->snapshot_digest);
+  r.Any("model", &out->model);
+  r.Any("serve", &out->serve);
+  r.List("replica_list", &out->replica_list, ReadServiceReplica);
+  r.Int("restarts", &out->restarts);
+  r.Object("requests", &out->requests);
+  r.Any("history", &out->history);
+  r.Str("created", &out->created);
+  r.Str("updated", &out->updated);
+  return r.Finish(&out->extra);
+}
+
+}  // namespace
+
+json Service::ToJson() const {
+  return WithExtra({{"name", name},
+                    {"workspace", workspace},
+                    {"owner", owner},
+                    {"state", state},
+                    {"replicas", replicas},
+                    {"ready", ready},
+                    {"revision", revision},
+                    {"endpoint", endpoint},
+                    {"spec_file", spec_file},
+                    {"config_hash", config_hash},
+                    {"snapshot_digest", snapshot_digest},
+                    {"model", model},
+                    {"serve", serve},
+                    {"replica_list", Array(replica_list, ServiceReplicaJson)},
+                    {"restarts", restarts},
+                    {"requests", requests},
+                    {"history", history},
+                    {"created", created},
+                    {"updated", updated}},
+                   extra);
+}
+
+Result<Service> Service::FromJson(const json& j) {
+  return FromTop<Service>(j, [](const json& j, const std::string& path, Service* out) {
+    return ReadService(j, path, out);
+  });
+}
+
+json ServiceList::ToJson() const {
+  return WithExtra({{"services", Array(services, [](const Service& s) { return s.ToJson(); })}},
+                   extra);
+}
+
+Result<ServiceList> ServiceList::FromJson(const json& j) {
+  return FromTop<ServiceList>(j, [](const json& j, const std::string& path, ServiceList* out) {
+    Reader r(j, path);
+    r.List("services", &out->services, ReadService);
+    return r.Finish(&out->extra);
+  });
+}
+
 json Whoami::ToJson() const {
   return WithExtra(
       {{"user", user},

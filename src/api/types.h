@@ -359,6 +359,51 @@ struct ArtifactList {
   static Result<ArtifactList> FromJson(const nlohmann::json& j);
 };
 
+// GET /api/v1/services/NAME (and each of GET /api/v1/services): a service (docs/serving.md) with
+// its replicas as the service manager sees them now.
+struct ServiceReplica {
+  std::string run;    // the replica's run
+  std::string state;  // the run's state (Queued, Admitted, Running, ...)
+  int64_t revision = 0;
+  int64_t port = 0;
+  bool ready = false;     // passes its readiness probe: requests go to it
+  bool draining = false;  // being removed: no new requests, stopped once idle
+  int64_t restarts = 0;   // attempts after its first
+  std::string probe;      // why its last probe failed ("" when it passed or none ran yet)
+  std::string reason;     // its run's reason (the last failure class)
+  nlohmann::json extra = nlohmann::json::object();
+};
+struct Service {
+  std::string name, workspace, owner;
+  std::string state;  // Active, Deleting
+  int64_t replicas = 0;  // wanted
+  int64_t ready = 0;     // replicas ready now
+  int64_t revision = 0;  // bumped by each update
+  std::string endpoint;  // "/serve/NAME/" on the server's sockets
+  std::string spec_file, config_hash, snapshot_digest;
+  // The model it serves: {"run", "kind" (checkpoint|output), "path", "sha256"}; null when none.
+  nlohmann::json model;
+  nlohmann::json serve;  // the spec's serve section (spec::ServeJson)
+  std::vector<ServiceReplica> replica_list;  // "replica_list"
+  int64_t restarts = 0;  // of every replica it has had
+  // Requests through the endpoint since the server started: {"total", "failed", "retried"}.
+  nlohmann::json requests = nlohmann::json::object();
+  nlohmann::json history = nlohmann::json::array();  // [{"time", "type", "message"}], oldest first
+  std::string created, updated;                      // RFC 3339
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<Service> FromJson(const nlohmann::json& j);
+};
+// GET /api/v1/services: the services the caller may see.
+struct ServiceList {
+  std::vector<Service> services;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+  static Result<ServiceList> FromJson(const nlohmann::json& j);
+};
+
 // GET /api/v1/whoami: who the server thinks the caller is, and their roles.
 struct WorkspaceRole {
   std::string name;

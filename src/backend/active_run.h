@@ -10,6 +10,7 @@
 
 #include "admission/admission.h"
 #include "policy/policy.h"
+#include "recovery/failure_class.h"
 #include "spec/spec.h"
 #include "store/store.h"
 
@@ -36,6 +37,10 @@ struct ActiveRun {
   spec::RunSpec spec;
   Resources need;
   std::string gpu_error;  // set when its attempt is stopped because a GPU it uses turned unhealthy
+  // Set when the server stopped its attempt for another reason (Backend::StopAttempt): how the
+  // attempt ends, and why.
+  std::optional<recovery::FailureClass> stop_class;
+  std::string stop_message;
   std::string resume_from;  // a checkpoint chosen with `tau resume --from`, for the next attempt
   policy::ResolvedRun resolved;
   admission::Workload workload;  // what the admission engine sees (pending form)

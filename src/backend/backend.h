@@ -175,6 +175,10 @@ class Backend {
   virtual void HandleGpuNews(const GpuNews& news, store::Batch* batch) = 0;
   // A cancel of a run that has not ended (cancel_requested is already set).
   virtual void Cancel(ActiveRun& run, store::Batch* batch) = 0;
+  // Stops a running attempt that the server found broken (a service's replica failing its
+  // liveness probe): it ends as `cls`, and the run's retry policy decides what follows.
+  virtual void StopAttempt(ActiveRun& run, recovery::FailureClass cls, const std::string& why,
+                           store::Batch* batch) = 0;
   virtual void Schedule(store::Batch* batch) = 0;
   virtual void Committed() = 0;
   virtual void Launch(store::Batch* batch) = 0;

@@ -70,6 +70,7 @@ InboxTake Inbox::TakeLocked() {
                    [&](RunNotice& x) { take.notices.push_back(std::move(x)); },
                    [&](MetricsDrained& x) { take.drained.push_back(std::move(x)); },
                    [&](ViewsWanted&) {},
+                   [&](RestartRequest& x) { take.restarts.push_back(std::move(x)); },
                },
                m);
   queue_.clear();

@@ -37,6 +37,11 @@ struct GpuNews {
   bool stop_running = false;  // the work running on it must stop (an Unhealthy GPU)
   std::string why;
 };
+// A service's replica failed its liveness probe: its attempt is stopped as LivenessFailed (and
+// restarted by its retry policy).
+struct RestartRequest {
+  std::string run, why;
+};
 struct ResumeRequest {
   std::string name, from;  // from: a checkpoint, or empty for the newest complete one
 };
@@ -83,7 +88,8 @@ struct ViewsWanted {};
 
 using InboxMessage =
     std::variant<NewRun, CancelRequest, AttemptExited, GpuNews, ResumeRequest, ClusterNews,
-                 GpuSamples, PlatformChanged, RunNotice, MetricsDrained, ViewsWanted>;
+                 GpuSamples, PlatformChanged, RunNotice, MetricsDrained, ViewsWanted,
+                 RestartRequest>;
 
 // One pass's messages, by kind.
 struct InboxTake {
@@ -92,6 +98,7 @@ struct InboxTake {
   std::vector<AttemptExited> exits;
   std::vector<GpuNews> gpu_news;
   std::vector<ResumeRequest> resumes;
+  std::vector<RestartRequest> restarts;
   std::vector<ClusterNews> cluster_news;
   std::vector<GpuSamples> samples;
   std::vector<RunNotice> notices;

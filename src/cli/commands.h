@@ -4,12 +4,14 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "api/types.h"
 #include "cli/output.h"
+#include "client/client.h"
 #include "spec/spec.h"
 
 namespace CLI {
@@ -82,6 +84,18 @@ struct RunOptions {
   std::string code_dir;          // --code-dir: the code directory, run from its root
 };
 int CmdRun(const Global& g, const RunOptions& o);
+// A submission's body for the spec `o` names (its --set applied, its code uploaded first, as
+// `tau run` sends it): nullopt, with the reason printed and `*rc` set, when it cannot be made.
+struct SubmissionSpec {
+  nlohmann::json body;  // {"spec": {...}, "code": {...}}
+  std::string file;
+  spec::ParseOutcome parsed;
+};
+std::optional<SubmissionSpec> SubmissionBody(const Global& g, const RunOptions& o,
+                                             std::unique_ptr<client::Connection>* conn, int* rc);
+// A refusal of the submission, its errors at the spec's fields where they name one.
+int SubmissionFailed(const SubmissionSpec& spec, const Status& status);
+void RegisterServeCommands(CLI::App* app, Context* ctx);  // serve deploy|list|status|...
 // `tau run --array FIRST-LAST[:STEP]`: one run per index, submitted as one batch, each with
 // TAU_ARRAY_INDEX; with `detach` the names are printed, else it waits for all of them to end.
 struct ArrayRange {

@@ -103,6 +103,7 @@ int Main(int argc, char** argv) {
   RegisterServerCommand(&app, &ctx);
   RegisterRunCommands(&app, &ctx);
   RegisterWorkflowCommands(&app, &ctx);
+  RegisterServeCommands(&app, &ctx);
   RegisterEvidenceCommands(&app, &ctx);
   RegisterGpusCommand(&app, &ctx);
   RegisterQueueCommands(&app, &ctx);

@@ -634,6 +634,26 @@ std::optional<std::pair<std::string, std::string>> WorkflowTarget(const RunOptio
   return std::make_pair(*file, *text);
 }
 
+std::optional<SubmissionSpec> SubmissionBody(const Global& g, const RunOptions& o,
+                                             std::unique_ptr<client::Connection>* conn, int* rc) {
+  std::optional<ReadRun> read = ReadForRun(o, rc);
+  if (!read) return std::nullopt;
+  auto code = SubmitCode(g, read->file, *read->parsed, o.code_dir, conn);
+  if (!code.ok()) {
+    *rc = Fail(code.status().message());
+    return std::nullopt;
+  }
+  SubmissionSpec out;
+  out.body = {{"spec", read->SpecJson(o)}, {"code", std::move(*code)}};
+  out.file = read->file;
+  out.parsed = std::move(*read->parsed);
+  return out;
+}
+
+int SubmissionFailed(const SubmissionSpec& spec, const Status& status) {
+  return SubmitFailed(spec.file, spec.parsed, status);
+}
+
 int CmdRun(const Global& g, const RunOptions& o) {
   if (auto workflow = WorkflowTarget(o))
     return CmdRunWorkflow(g, o, workflow->first, workflow->second);
@@ -643,6 +663,9 @@ int CmdRun(const Global& g, const RunOptions& o) {
   if (!read) return rc;
   const std::string& file = read->file;
   const spec::ParseOutcome& parsed = *read->parsed;
+  if (parsed.spec->serve)
+    return Fail(fmt::format("{} is a service (kind: service): deploy it with `tau serve deploy {}`",
+                            file, file));
   std::unique_ptr<client::Connection> owned;
   auto code = SubmitCode(g, file, parsed, o.code_dir, &owned);
   if (!code.ok()) return Fail(code.status().message());

@@ -119,6 +119,31 @@ Result<api::SubmittedBatch> TauApi::RetryStage(const std::string& workflow,
       "POST", "/api/v1/workflows/" + E(workflow) + "/stages/" + E(stage) + "/retry");
 }
 
+Result<api::Service> TauApi::DeployService(const std::string& body) {
+  return Typed<api::Service>("POST", "/api/v1/services", body);
+}
+
+Result<api::Service> TauApi::UpdateService(const std::string& name, const std::string& body) {
+  return Typed<api::Service>("PUT", "/api/v1/services/" + E(name), body);
+}
+
+Result<api::ServiceList> TauApi::ListServices() {
+  return Typed<api::ServiceList>("GET", "/api/v1/services");
+}
+
+Result<api::Service> TauApi::GetService(const std::string& name) {
+  return Typed<api::Service>("GET", "/api/v1/services/" + E(name));
+}
+
+Result<api::Service> TauApi::ScaleService(const std::string& name, int64_t replicas) {
+  return Typed<api::Service>("POST", "/api/v1/services/" + E(name) + "/scale",
+                             JsonText(nlohmann::json{{"replicas", replicas}}));
+}
+
+Result<api::Service> TauApi::DeleteService(const std::string& name) {
+  return Typed<api::Service>("DELETE", "/api/v1/services/" + E(name));
+}
+
 Status TauApi::Resume(const std::string& name, const std::string& from, bool force) {
   nlohmann::json body = {{"force", force}};
   if (!from.empty()) body["from"] = from;

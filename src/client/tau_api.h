@@ -70,6 +70,14 @@ class TauApi {
   Result<api::SubmittedBatch> RetryStage(const std::string& workflow, const std::string& stage);
   Status Resume(const std::string& name, const std::string& from, bool force);
   // `summary`: without each queue's runs (their counts stay).
+  // Services (docs/serving.md). `body` of a deploy or update is a submission's body (spec and
+  // code) with "service": {"name"?, "from"?}.
+  Result<api::Service> DeployService(const std::string& body);
+  Result<api::Service> UpdateService(const std::string& name, const std::string& body);
+  Result<api::ServiceList> ListServices();
+  Result<api::Service> GetService(const std::string& name);
+  Result<api::Service> ScaleService(const std::string& name, int64_t replicas);
+  Result<api::Service> DeleteService(const std::string& name);
   Result<api::Queues> GetQueues(bool summary = false);
   // A queue with its pending runs from position `offset` + 1, at most `limit` of them (the counts
   // are the whole queue's); `limit` < 0: all of them.

@@ -75,6 +75,17 @@ Metrics::Metrics() {
   counter("tau_http_connections_refused_total",
           "Connections refused or cut off by a limit, by reason (connection_limit, "
           "peer_connection_limit, header_deadline, body_deadline).");
+  counter("tau_serve_requests_total",
+          "Requests through a service's endpoint (/serve/NAME/), by service and status class "
+          "(2xx, 4xx, 5xx; error: no replica answered).");
+  counter("tau_serve_retries_total",
+          "Requests sent again to another replica after the first one failed, by service.");
+  counter("tau_serve_replica_restarts_total",
+          "Replica attempts that ended and were restarted, by service and failure class.");
+  histogram("tau_serve_request_duration_seconds",
+            "Time from a request reaching a service's endpoint to its replica's whole answer, by "
+            "service.",
+            kLatencyBounds);
   histogram("tau_admission_wait_seconds",
             "Time from entering the queue to being admitted and placed, by queue.", kWaitBounds);
   histogram("tau_run_duration_seconds", "Time from a run's first start to its end, by final state.",

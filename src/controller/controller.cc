@@ -264,6 +264,13 @@ Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* err
                        PrepareRun(request.spec_yaml, request.spec_file, request.spec_overrides,
                                   request.code_dir, request.caller, request.token_user, snapshot,
                                   "", NameSuffixLike(std::nullopt), error));
+  if (prepared.spec.serve) {
+    error->status = InvalidArgument(
+        fmt::format("{}: this spec is a service (kind: service): deploy it with `tau serve deploy` "
+                    "(POST /api/v1/services), not as a run",
+                    request.spec_file));
+    return error->status;
+  }
   RunRecord& r = prepared.record;
   r.submit_key = request.idempotency_key;
   auto insert = [&] {
@@ -433,6 +440,12 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
                            fmt::format("runs[{}]: {}", i, prepared.status().message())),
                     i);
     }
+    if (prepared->spec.serve)
+      return refuse(InvalidArgument(fmt::format(
+                        "runs[{}]: {} is a service (kind: service): deploy it with `tau serve "
+                        "deploy`, not as a run",
+                        i, item.spec_file)),
+                    i);
     which[i] = distinct.size();
     seen.emplace(key, distinct.size());
     distinct.push_back(std::move(*prepared));
@@ -1057,6 +1070,7 @@ void Controller::Pass(InboxTake take) {
   }
   for (const GpuNews& g : take.gpu_news) backend_->HandleGpuNews(g, &batch);
   for (const ResumeRequest& r : take.resumes) HandleResume(r, &batch);
+  for (const RestartRequest& r : take.restarts) HandleRestart(r, &batch);
   for (const AttemptExited& e : take.exits) backend_->HandleExit(e.name, &batch);
   for (const ClusterNews& n : take.cluster_news) backend_->HandleNews(n, &batch);
   for (const CancelRequest& c : take.cancels) HandleCancel(c.name, &batch);

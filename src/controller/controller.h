@@ -140,6 +140,21 @@ struct BatchOutcome {
   bool replayed = false;
 };
 
+// A replica of a service (Controller::SubmitReplica; server/services.h keeps the services).
+struct ReplicaRequest {
+  std::string service;
+  int64_t revision = 1;
+  int port = 0;  // the replica's $PORT
+  std::string spec_file, spec_yaml;
+  std::vector<spec::Override> overrides;
+  std::string code_dir;         // as SubmitRequest::code_dir
+  std::string snapshot_digest;  // the service's code, stored at deploy (StoreCode)
+  std::string from_run;         // the trained run it serves ("" : none)
+  policy::Caller caller;        // the service's owner
+  bool token_user = false;
+  bool dry_run = false;  // checked as a submission is, returned unnamed, not recorded
+};
+
 // Which part of the queues view a caller wants (Controller::Queues).
 struct QueuesQuery {
   bool summary = false;     // without the runs (their counts stay): `tau queues`, the metrics
@@ -186,6 +201,17 @@ class Controller : private RunHost {
                                  const std::vector<spec::Override>& overrides = {},
                                  const policy::Caller* caller = nullptr, bool token_user = false,
                                  SubmitError* error = nullptr);
+  // Services (service.cc). The snapshot of a service's code, stored once at deploy.
+  Result<Snapshot> StoreCode(std::vector<CodeFile> files,
+                             std::optional<std::vector<CodeManifestEntry>> manifest);
+  // A replica: the service's spec checked and resolved as a submission is, recorded with its place
+  // (RunRecord::service) and queued; with a from_run it waits for that run to end and serves its
+  // model (the upstream stage kModelStage).
+  static constexpr const char* kModelStage = "model";
+  Result<store::RunRecord> SubmitReplica(const ReplicaRequest& request, SubmitError* error);
+  // A replica that failed its liveness probe: its running attempt is stopped as LivenessFailed,
+  // and restarted after its backoff (only queues the request).
+  void RestartReplica(const std::string& name, const std::string& why);
   // Workflows (workflow.cc). Cancels every run of the workflow that has not ended; their names.
   Result<std::vector<std::string>> CancelWorkflow(const std::string& workflow);
   // Runs `stage` of the workflow again: a new run of its newest run's spec, code and resolution,
@@ -318,6 +344,7 @@ class Controller : private RunHost {
   void Accepted(const store::RunRecord& r, spec::RunSpec spec);
   void HandleResume(const ResumeRequest& request, store::Batch* batch);
   void HandleCancel(const std::string& name, store::Batch* batch);
+  void HandleRestart(const RestartRequest& request, store::Batch* batch);
   // Workflows on the decision thread (workflow.cc). A run that waits for upstream runs is
   // tracked by them; when they have all ended it is either released to its queue (its upstream
   // runs' checkpoints and outputs resolved and recorded as an UpstreamReady event) or, when one

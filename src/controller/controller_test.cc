@@ -110,6 +110,10 @@ class FakeBackend final : public Backend {
     batch->runs.push_back(run.record);
     stop_requested.insert(name);  // it ends when the test says so (End with kCancelled)
   }
+  void StopAttempt(ActiveRun& run, recovery::FailureClass, const std::string&,
+                   store::Batch*) override {
+    stop_requested.insert(run.record.name);
+  }
   void Schedule(store::Batch* batch) override {
     const int64_t now = host_->Now();
     for (auto& [name, run] : host_->active()) {
@@ -1037,4 +1041,71 @@ TEST_F(ControllerTest, AnArraysMaxParallelHoldsTheRestOutOfTheQueueInIndexOrder)
 }
 
 }  // namespace
+TEST_F(ControllerTest, AServiceReplicaIsARunThatRestartsOnEveryFailureAndIsStoppedWhenNotLive) {
+  constexpr char kService[] =
+      "schema_version: 1\nkind: service\nname: svc\nrun:\n  entrypoint: train.py\n"
+      "  workload_kind: job\nserve:\n  restart_backoff_initial: 1s\n  restart_backoff_max: 4s\n";
+  // A service is not submitted as a run.
+  server::SubmitRequest as_run;
+  as_run.spec_file = "svc.yaml";
+  as_run.spec_yaml = kService;
+  as_run.code.push_back({"train.py", 0644, "pass\n"});
+  as_run.caller.user = "alice";
+  server::SubmitError refused;
+  EXPECT_FALSE(controller_->Submit(as_run, &refused).ok());
+  EXPECT_NE(refused.status.message().find("is a service"), std::string::npos);
+
+  auto code = controller_->StoreCode({{"train.py", 0644, "pass\n"}}, std::nullopt);
+  ASSERT_TRUE(code.ok()) << code.status().ToString();
+  server::ReplicaRequest request;
+  request.service = "svc";
+  request.revision = 3;
+  request.port = 40123;
+  request.spec_file = "svc.yaml";
+  request.spec_yaml = kService;
+  request.snapshot_digest = code->digest;
+  request.caller.user = "alice";
+  request.dry_run = true;
+  server::SubmitError error;
+  auto checked = controller_->SubmitReplica(request, &error);
+  ASSERT_TRUE(checked.ok()) << error.status.ToString();
+  EXPECT_TRUE(checked->name.empty()) << "a dry run records nothing";
+  EXPECT_EQ(store_->CountRuns({}).value(), 0);
+
+  request.dry_run = false;
+  auto made = controller_->SubmitReplica(request, &error);
+  ASSERT_TRUE(made.ok()) << error.status.ToString();
+  const std::string name = made->name;
+  EXPECT_EQ(name.rfind("svc-", 0), 0u);
+  EXPECT_EQ(Run(name).service,
+            (nlohmann::json{{"name", "svc"}, {"revision", 3}, {"port", 40123}}));
+  controller_->RunOnce();
+  EXPECT_EQ(Run(name).state, RunState::kRunning);
+
+  // It exits (any failure class, even a clean exit's failure of a server): restarted after its
+  // serve backoff, doubling, never giving up.
+  for (int64_t backoff : {1'000, 2'000, 4'000, 4'000}) {
+    backend_.End(name, {FailureClass::kUserError, 1});
+    controller_->RunOnce();
+    ASSERT_EQ(Run(name).state, RunState::kQueued);
+    EXPECT_EQ(*Run(name).not_before_ms, clock_.NowMillis() + backoff);
+    clock_.Advance(backoff);
+    controller_->RunOnce();
+    ASSERT_EQ(Run(name).state, RunState::kRunning);
+  }
+  EXPECT_EQ(Run(name).attempts, 5);
+
+  // A failed liveness probe stops the running attempt, through the backend.
+  controller_->RestartReplica(name, "liveness probe failed 3 times in a row");
+  controller_->RunOnce();
+  EXPECT_TRUE(backend_.stop_requested.count(name));
+
+  // A replica of a spec that is not a service is refused.
+  request.spec_yaml =
+      "schema_version: 1\nname: svc\nrun:\n  entrypoint: train.py\n  workload_kind: job\n";
+  server::SubmitError not_service;
+  EXPECT_FALSE(controller_->SubmitReplica(request, &not_service).ok());
+  EXPECT_NE(not_service.status.message().find("not a service"), std::string::npos);
+}
+
 }  // namespace tau::server

@@ -9,7 +9,7 @@ namespace tau::recovery {
 namespace {
 
 // The one name table.
-constexpr std::array<std::pair<FailureClass, std::string_view>, 12> kNames = {{
+constexpr std::array<std::pair<FailureClass, std::string_view>, 13> kNames = {{
     {FailureClass::kSucceeded, "Succeeded"},
     {FailureClass::kUserError, "UserError"},
     {FailureClass::kOOMKilled, "OOMKilled"},
@@ -21,6 +21,7 @@ constexpr std::array<std::pair<FailureClass, std::string_view>, 12> kNames = {{
     {FailureClass::kGPUError, "GPUError"},
     {FailureClass::kPreempted, "Preempted"},
     {FailureClass::kSecretNotFound, "SecretNotFound"},
+    {FailureClass::kLivenessFailed, "LivenessFailed"},
     {FailureClass::kUnknown, "Unknown"},
 }};
 
@@ -57,7 +58,7 @@ const std::vector<FailureClass>& RetryableFailureClasses() {
   using C = FailureClass;
   static const auto* values =
       new std::vector<FailureClass>{C::kUserError, C::kOOMKilled, C::kPreempted, C::kEvicted,
-                                    C::kGPUError,  C::kNodeLost,  C::kTimeout,   C::kSetupError};
+                                    C::kGPUError,  C::kNodeLost,  C::kTimeout,   C::kSetupError, C::kLivenessFailed};
   return *values;
 }
 

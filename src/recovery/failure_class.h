@@ -22,6 +22,7 @@ enum class FailureClass {
   kGPUError,        // a GPU it used turned Unhealthy
   kPreempted,       // stopped to make room for a run the admission engine chose over it
   kSecretNotFound,  // a secret the spec names does not exist (the attempt never started)
+  kLivenessFailed,  // a service's replica stopped answering its liveness probe, so it was stopped
   kUnknown,         // tau cannot tell; never retried
 };
 

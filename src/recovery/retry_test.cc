@@ -30,6 +30,7 @@ TEST(FailureClassTest, NameTableIsPinned) {
       {C::kGPUError, "GPUError"},
       {C::kPreempted, "Preempted"},
       {C::kSecretNotFound, "SecretNotFound"},
+      {C::kLivenessFailed, "LivenessFailed"},
       {C::kUnknown, "Unknown"},
   };
   ASSERT_EQ(AllFailureClasses().size(), expected.size());
@@ -54,7 +55,7 @@ TEST(FailureClassTest, RetryOnListsKeepTheirOrder) {
   // The order shows in spec error messages, the JSON Schema and canonical JSON (config hash).
   EXPECT_EQ(FailureClassNames(RetryableFailureClasses()),
             (std::vector<std::string>{"UserError", "OOMKilled", "Preempted", "Evicted", "GPUError",
-                                      "NodeLost", "Timeout", "SetupError"}));
+                                      "NodeLost", "Timeout", "SetupError", "LivenessFailed"}));
   EXPECT_EQ(FailureClassNames(DefaultRetryOn()),
             (std::vector<std::string>{"Preempted", "Evicted", "GPUError", "NodeLost"}));
   for (C c : DefaultRetryOn()) {

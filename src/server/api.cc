@@ -79,7 +79,10 @@ api::Run RunOf(const RunRecord& r, Controller* controller, bool just_inserted) {
     auto array = api::RunArray::FromJson(r.array);
     if (array.ok()) run.array = std::move(*array);
   }
-  if (r.workflow.is_object()) {
+  if (r.service.is_object()) {
+    // A service's replica: its upstream is the model it serves, not a workflow's stage.
+    run.extra["service"] = r.service;
+  } else if (r.workflow.is_object()) {
     auto workflow = api::RunWorkflow::FromJson(r.workflow);
     if (workflow.ok()) run.workflow = std::move(*workflow);
   }
@@ -416,7 +419,8 @@ std::string RenderAllMetrics(Controller* controller, store::Store* store,
 }
 
 void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* store,
-                 health::GpuMonitor* monitor, Metrics* metrics, RefusalAuditOptions refusals) {
+                 health::GpuMonitor* monitor, Metrics* metrics, RefusalAuditOptions refusals,
+                 ServiceManager* services) {
   http->set_max_body_bytes(kMaxRequestBytes);
   // Owned by the routes' closures for the server's lifetime.
   static auto* routers = new std::vector<std::unique_ptr<SecureRouter>>();
@@ -747,6 +751,7 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
              });
 
   RegisterWorkflowApi(api, controller, store);
+  if (services) RegisterServiceApi(api, services);
 
   api->Route(
       "GET", R"(/api/v1/runs/([a-z0-9-]+)/logs)", Access::kRunRead,

@@ -18,8 +18,12 @@
 
 namespace tau::server {
 
+class ServiceManager;
 void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* store,
-                 health::GpuMonitor* monitor, Metrics* metrics, RefusalAuditOptions refusals = {});
+                 health::GpuMonitor* monitor, Metrics* metrics, RefusalAuditOptions refusals = {},
+                 ServiceManager* services = nullptr);
+// The service routes and the services' endpoint (api_services.cc).
+void RegisterServiceApi(SecureRouter* api, ServiceManager* services);
 // The evidence routes (api_evidence.cc): a run's record, its bundle, its metrics.
 void RegisterEvidenceApi(SecureRouter* api, Controller* controller, store::Store* store);
 // The artifact routes (api_artifacts.cc): a run's checkpoints and outputs, listed and fetched.

@@ -33,6 +33,7 @@
 #include "kube/kube.h"
 #include "policy/policy.h"
 #include "server/api.h"
+#include "server/services.h"
 #include "store/store.h"
 #include "tls/tls.h"
 
@@ -293,8 +294,13 @@ int RunServer(const ServerOptions& options) {
         metrics.Observe("tau_http_request_duration_seconds", {{"method", method}, {"route", route}},
                         seconds);
       });
+  ServiceManager services({}, &controller, store->get(), &metrics);
+  if (Status s = services.Start(); !s.ok()) {
+    log(s.ToString());
+    return 1;
+  }
   RegisterApi(&http, &controller, store->get(), &monitor, &metrics,
-              {options.audit_refusals_per_minute, options.audit_refusal_window_ms});
+              {options.audit_refusals_per_minute, options.audit_refusal_window_ms}, &services);
   std::string socket_path =
       options.socket_path.empty() ? layout::SocketPath(options.home) : options.socket_path;
   // Other users reach a shared socket through the home directory: traversable, not listable.
@@ -380,6 +386,7 @@ int RunServer(const ServerOptions& options) {
   housekeeping.join();
   verdict_sink = nullptr;
   monitor.Stop();
+  services.Stop();
   controller.Stop();
   ::unlink(layout::PidFile(options.home).c_str());
   log("stopped");

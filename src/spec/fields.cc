@@ -430,6 +430,114 @@ FieldDef ExecutionObject() {
             "lets runtime.env set NCCL_*")});
 }
 
+// ---- services (kind: service) ----
+
+Serve& ServeOf(Ctx& c) {
+  if (!c.spec.serve) c.spec.serve.emplace();
+  return *c.spec.serve;
+}
+
+FieldDef ProbeObject(std::string name, bool liveness) {
+  constexpr const char* kProbeLocal = "the server probes each replica";
+  constexpr const char* kProbeKube = "the container's probe";
+  auto probe = [liveness](Ctx& c) -> Probe& {
+    Serve& s = ServeOf(c);
+    if (!liveness) return s.readiness;
+    if (!s.liveness) s.liveness.emplace();
+    return *s.liveness;
+  };
+  auto duration = [probe](std::string field, int64_t min_ms, std::string doc,
+                          int64_t Probe::*member) {
+    return TauOnly(Duration(std::move(field), min_ms, std::move(doc),
+                            [probe, member](Ctx& c, const Value& v) { probe(c).*member = v.number; }),
+                   kProbeLocal, kProbeKube);
+  };
+  auto count = [probe](std::string field, std::string doc, int Probe::*member) {
+    return TauOnly(Int(std::move(field), 1, 100, std::move(doc),
+                       [probe, member](Ctx& c, const Value& v) {
+                         probe(c).*member = static_cast<int>(v.number);
+                       }),
+                   kProbeLocal, kProbeKube);
+  };
+  std::vector<FieldDef> fields = {
+      TauOnly(Patterned(Str("http_path",
+                            "Path of an HTTP GET that a healthy replica answers 2xx or 3xx (none: "
+                            "a TCP connection to its port)",
+                            [probe](Ctx& c, const Value& v) {
+                              if (v.text[0] != '/' || v.text.find_first_of(" \t\r\n") !=
+                                                          std::string::npos) {
+                                c.Error(v.pos, fmt::format("{}: '{}' is not a path: write it as "
+                                                           "the URL's path, e.g. /healthz",
+                                                           v.path, Printable(v.text)));
+                                return;
+                              }
+                              probe(c).http_path = v.text;
+                            }),
+                        "^/\\S*$", 1024),
+              kProbeLocal, kProbeKube),
+      duration("initial_delay", 0, "Wait this long after the replica starts (default 0s)",
+               &Probe::initial_delay_ms),
+      duration("period", 100, "Time between probes (default 1s)", &Probe::period_ms),
+      duration("timeout", 100, "A probe not answered in this long failed (default 1s)",
+               &Probe::timeout_ms),
+      count("failure_threshold", "Failures in a row that fail the probe (default 3)",
+            &Probe::failure_threshold)};
+  if (!liveness)
+    fields.push_back(count("success_threshold",
+                           "Successes in a row that make a replica ready (default 1)",
+                           &Probe::success_threshold));
+  FieldDef f = Obj(std::move(name),
+                   liveness ? "Liveness: a replica that fails it is restarted"
+                            : "Readiness: requests go only to replicas that pass it",
+                   std::move(fields));
+  f.set = [probe](Ctx& c, const Value&) { probe(c); };  // an empty probe is the default one
+  return f;
+}
+
+FieldDef ServeObject() {
+  constexpr const char* kReplicas = "replicas: long-running admitted runs";
+  FieldDef from = Patterned(Str("from",
+                                "A trained run whose model the replicas serve, read-only "
+                                "($TAU_SERVE_MODEL; tau serve deploy --from RUN)",
+                                [](Ctx& c, const Value& v) { ServeOf(c).from_run = v.text; }),
+                            kLabelPattern, 63);
+  return Obj(
+      "serve", "A service: replicas of a server behind one endpoint (kind: service)",
+      {TauOnly(Int("replicas", 0, 64, "Replicas of the server (default 1)",
+                   [](Ctx& c, const Value& v) {
+                     ServeOf(c).replicas = static_cast<int>(v.number);
+                   }),
+               kReplicas, "the Deployment's replicas (a RayService's Serve replicas)"),
+       TauOnly(Int("port", 1, 65535,
+                   "The port the program listens on in a pod (default 8080); locally each "
+                   "replica gets its own, always in $PORT",
+                   [](Ctx& c, const Value& v) { ServeOf(c).port = static_cast<int>(v.number); }),
+               "replaced: each replica listens on the port in $PORT", "the container's port"),
+       TauOnly(from, "mounted read-only, lineage in the evidence",
+               "the storage volume mounted read-only"),
+       TauOnly(Enum("model", {"checkpoint", "output"},
+                    "What of the `from` run is served: its newest complete checkpoint (default) "
+                    "or its output directory",
+                    [](Ctx& c, const Value& v) { ServeOf(c).model = v.text; }),
+               "$TAU_SERVE_MODEL", "$TAU_SERVE_MODEL"),
+       ProbeObject("readiness", false), ProbeObject("liveness", true),
+       TauOnly(Duration("restart_backoff_initial", 0,
+                        "Wait before restarting a replica that stopped (default 1s, doubling)",
+                        [](Ctx& c, const Value& v) {
+                          ServeOf(c).restart_backoff_initial_ms = v.number;
+                        }),
+               "restart backoff", "the kubelet's own backoff applies"),
+       TauOnly(Duration("restart_backoff_max", 0, "Longest wait before a restart (default 30s)",
+                        [](Ctx& c, const Value& v) {
+                          ServeOf(c).restart_backoff_max_ms = v.number;
+                        }),
+               "restart backoff", "the kubelet's own backoff applies"),
+       TauOnly(Str("import_path",
+                   "Ray Serve application (module:app) of a rayjob service on Kubernetes",
+                   [](Ctx& c, const Value& v) { ServeOf(c).import_path = v.text; }),
+               "not used: the entrypoint runs", "the RayService's application")});
+}
+
 FieldDef NameField(const char* other) {
   return Both(Patterned(Str("name", "Run name: a DNS-1123 label",
                             [other](Ctx& c, const Value& v) {
@@ -546,6 +654,15 @@ std::vector<FieldDef> BuildManifest() {
   constexpr const char* kPodSize = "pod requests";
   return {
       Both(schema_version, "selects the manifest shape"),
+      TauOnly(Enum("kind", {"run", "service"},
+                   "run (default) or service: a server kept running behind an endpoint (tau "
+                   "serve deploy; see serve)",
+                   [](Ctx& c, const Value& v) {
+                     c.spelled["kind"] = {v.text, v.pos};
+                     if (v.text == "service") ServeOf(c);
+                   }),
+              "service: replicas behind the server's endpoint",
+              "service: a Deployment and Service, or a RayService"),
       NameField(nullptr),
       Obj("resource_naming", "Generated object names",
           {On(Patterned(Str("prefix", "Prefix of generated object names",
@@ -616,6 +733,7 @@ std::vector<FieldDef> BuildManifest() {
            Recorded("upstream_checkpoint", "/workflow/upstream_checkpoint",
                     "Upstream checkpoint")}),
       eval,
+      ServeObject(),
   };
 }
 

@@ -233,7 +233,29 @@ bool IsDefault(const Execution& e) {
          e.configs.is_null() && !e.allow_nccl_override;
 }
 
+json ProbeJson(const Probe& p, bool readiness) {
+  json out = {{"http_path", p.http_path},
+              {"initial_delay_ms", p.initial_delay_ms},
+              {"period_ms", p.period_ms},
+              {"timeout_ms", p.timeout_ms},
+              {"failure_threshold", p.failure_threshold}};
+  if (readiness) out["success_threshold"] = p.success_threshold;
+  return out;
+}
+
 }  // namespace
+
+json ServeJson(const Serve& s) {
+  return {{"replicas", s.replicas},
+          {"port", s.port},
+          {"from", s.from_run},
+          {"model", s.model},
+          {"readiness", ProbeJson(s.readiness, true)},
+          {"liveness", s.liveness ? ProbeJson(*s.liveness, false) : json()},
+          {"restart_backoff_initial_ms", s.restart_backoff_initial_ms},
+          {"restart_backoff_max_ms", s.restart_backoff_max_ms},
+          {"import_path", s.import_path}};
+}
 
 json ToJson(const RunSpec& spec) {
   json out = {
@@ -268,6 +290,7 @@ json ToJson(const RunSpec& spec) {
   if (!spec.code_excludes.empty()) out["code_excludes"] = spec.code_excludes;
   if (!spec.source.image.empty() || !spec.source.path.empty())
     out["source"] = {{"image", spec.source.image}, {"path", spec.source.path}};
+  if (spec.serve) out["serve"] = ServeJson(*spec.serve);
   if (!spec.overrides.empty()) {
     json& list = out["overrides"] = json::array();
     for (const Override& o : spec.overrides) list.push_back({{"path", o.path}, {"value", o.value}});

@@ -608,6 +608,53 @@ void CheckLimit(Ctx& ctx, const std::optional<Quantity>& limit,
   }
 }
 
+// A service's rules beyond its fields' own: only `kind: service` has a serve section, a replica is
+// one process, and the fields of a run that do not apply to a server are refused, not ignored.
+void CheckServe(Ctx& ctx) {
+  const bool service = ctx.spelled.count("kind") && ctx.spelled["kind"].text == "service";
+  if (!service) {
+    if (ctx.Seen("serve"))
+      ctx.Error(ctx.KeyPos("serve"),
+                "serve: only a service has a serve section: add 'kind: service' at the top "
+                "(and deploy it with `tau serve deploy`), or remove it");
+    ctx.spec.serve.reset();
+    return;
+  }
+  Serve& s = *ctx.spec.serve;
+  if (ctx.spec.compute.workers != 1)
+    ctx.Error(ctx.KeyPos("compute.workers"),
+              fmt::format("compute.workers: a service's replica is one process, not a gang of {}; "
+                          "set serve.replicas for more copies",
+                          ctx.spec.compute.workers));
+  if (ctx.spec.max_runtime_ms)
+    ctx.Error(ctx.KeyPos("run.max_runtime"),
+              "run.max_runtime: a service runs until it is deleted (tau serve delete); remove it");
+  if (ctx.Seen("resilience.max_retries") || ctx.Seen("resilience.retry_on"))
+    ctx.Error(ctx.KeyPos(ctx.Seen("resilience.max_retries") ? "resilience.max_retries"
+                                                             : "resilience.retry_on"),
+              "resilience: a service's replicas are restarted whenever they stop, with "
+              "serve.restart_backoff_initial and serve.restart_backoff_max; remove max_retries and "
+              "retry_on");
+  if (s.restart_backoff_max_ms < s.restart_backoff_initial_ms)
+    ctx.Error(ctx.KeyPos(ctx.Seen("serve.restart_backoff_max") ? "serve.restart_backoff_max"
+                                                                : "serve.restart_backoff_initial"),
+              fmt::format("serve.restart_backoff_max ({} ms) is shorter than "
+                          "serve.restart_backoff_initial ({} ms)",
+                          s.restart_backoff_max_ms, s.restart_backoff_initial_ms));
+  // Restarted whenever they stop, whatever stopped them: the retry policy the controller
+  // applies to every run says so for a replica.
+  Resilience& r = ctx.spec.resilience;
+  r.max_retries = kServiceRestarts;
+  r.retry_on = recovery::FailureClassNames(recovery::RetryableFailureClasses());
+  r.retry_on_set = true;
+  r.backoff_initial_ms = s.restart_backoff_initial_ms;
+  r.backoff_max_ms = s.restart_backoff_max_ms;
+  if (!s.import_path.empty() && ctx.spec.kind != WorkloadKind::kRayJob)
+    ctx.Error(ctx.KeyPos("serve.import_path"),
+              "serve.import_path: a Ray Serve application is served by a rayjob service; set "
+              "run.workload_kind: rayjob, or remove it");
+}
+
 void CheckCrossField(Ctx& ctx) {
   const Compute& c = ctx.spec.compute;
   auto or_default = [](const std::optional<Quantity>& a, const std::optional<Quantity>& b) {
@@ -688,6 +735,7 @@ void Parse(Ctx& ctx, std::string_view text) {
   CheckTopology(ctx);
   CheckEnv(ctx);
   CheckCrossField(ctx);
+  if (manifest) CheckServe(ctx);
 }
 
 // The positions of every field present: as written, and under the canonical names resolution

@@ -166,6 +166,8 @@ struct Probe {
 
 // A service (`kind: service`, the `serve:` section; docs/serving.md): the program is a server, run
 // as `replicas` copies that are restarted whenever they stop, behind one endpoint.
+// A service's replicas are restarted without a limit: its resilience says this many retries.
+inline constexpr int kServiceRestarts = 1'000'000'000;
 struct Serve {
   int replicas = 1;
   // The port the program listens on in a pod (Kubernetes). Locally every replica gets a port of
@@ -270,6 +272,8 @@ std::string CanonicalField(std::string_view path);
 // A spec parsed with --set overrides has them in "overrides" ([{"path", "value"}]); the values
 // they set are in the fields themselves.
 nlohmann::json ToJson(const RunSpec& spec);
+// A service's section as canonical JSON (ToJson's "serve"; the API's service replies).
+nlohmann::json ServeJson(const Serve& serve);
 // sha256 of the canonical JSON without the "shape" and "overrides" keys: the hash is of the
 // effective settings, however they were given.
 std::string ConfigHash(const RunSpec& spec);

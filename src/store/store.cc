@@ -181,6 +181,23 @@ ALTER TABLE runs ADD COLUMN workflow TEXT NOT NULL DEFAULT '';
 ALTER TABLE runs ADD COLUMN workflow_place TEXT;
 CREATE INDEX runs_by_workflow ON runs(workflow, seq) WHERE workflow != '';
 )sql",
+    // 12: services (`tau serve deploy`): one row each, what the service manager keeps of it as a
+    // JSON document beside the columns lists filter on; and a replica's run, the service's name
+    // as a column (its replicas are listed by it) and its place (revision, port) as JSON.
+    R"sql(
+CREATE TABLE services (
+  name TEXT PRIMARY KEY,
+  workspace TEXT NOT NULL,
+  owner TEXT NOT NULL,
+  state TEXT NOT NULL,
+  created_ms INTEGER NOT NULL,
+  updated_ms INTEGER NOT NULL,
+  doc TEXT NOT NULL
+);
+ALTER TABLE runs ADD COLUMN service TEXT NOT NULL DEFAULT '';
+ALTER TABLE runs ADD COLUMN service_place TEXT;
+CREATE INDEX runs_by_service ON runs(service, seq) WHERE service != '';
+)sql",
 };
 
 constexpr int64_t kLatestSchema = sizeof(kMigrations) / sizeof(kMigrations[0]);
@@ -301,7 +318,7 @@ constexpr const char* kRunColumns =
     "signal, attempts, gpus, cancel_requested, created_ms, updated_ms, admitted_ms, started_ms, "
     "finished_ms, not_before_ms, owner, resolved, flavors, preemptions, submit_key, run_as, "
     "array_place, kind, logs_pruned_ms, samples_pruned_ms, project, experiment_group, "
-    "workflow_place";
+    "workflow_place, service_place";
 // The same columns for a list page: the heavy ones (spec_yaml, spec_json, resolved, flavors) are
 // NULL, so SQLite neither copies nor we parse them.
 constexpr const char* kSummaryColumns =
@@ -310,7 +327,7 @@ constexpr const char* kSummaryColumns =
     "signal, attempts, gpus, cancel_requested, created_ms, updated_ms, admitted_ms, started_ms, "
     "finished_ms, not_before_ms, owner, NULL, NULL, preemptions, submit_key, run_as, "
     "array_place, kind, logs_pruned_ms, samples_pruned_ms, project, experiment_group, "
-    "workflow_place";
+    "workflow_place, service_place";
 
 // `summary`: read from kSummaryColumns (the heavy columns are left empty).
 RunRecord ReadRun(Stmt& s, bool summary = false) {
@@ -361,6 +378,8 @@ RunRecord ReadRun(Stmt& s, bool summary = false) {
   r.group = s.Text(38);
   if (std::optional<std::string> place = s.OptText(39))
     r.workflow = ParseJsonColumn(*place, nlohmann::json());
+  if (std::optional<std::string> place = s.OptText(40))
+    r.service = ParseJsonColumn(*place, nlohmann::json());
   return r;
 }
 
@@ -380,7 +399,7 @@ std::string ExperimentOf(const nlohmann::json& spec_json, const char* field) {
   return it != e->end() && it->is_string() ? it->get<std::string>() : "";
 }
 
-// A workflow place's workflow name, as the workflow column keeps it.
+// A workflow (or service) place's name, as the workflow (service) column keeps it.
 std::string WorkflowOf(const nlohmann::json& place) {
   if (!place.is_object()) return "";
   auto it = place.find("name");
@@ -452,6 +471,9 @@ void BindRun(Stmt& s, const RunRecord& r, RunTexts* texts) {
   s.Bind(":workflow_place",
          r.workflow.is_null() ? std::optional<std::string>() : std::optional(JsonText(r.workflow)));
   s.Bind(":workflow", WorkflowOf(r.workflow));
+  s.Bind(":service_place",
+         r.service.is_null() ? std::optional<std::string>() : std::optional(JsonText(r.service)));
+  s.Bind(":service", WorkflowOf(r.service));
   s.Bind(":logs_pruned_ms", r.logs_pruned_ms);
   s.Bind(":samples_pruned_ms", r.samples_pruned_ms);
   BindProgress(s, r);
@@ -550,8 +572,9 @@ struct Store::Impl {
 
   Status InsertRun(const RunRecord& r, RunTexts* texts) TAU_REQUIRES(mu) {
     static const std::string sql = [] {
-      // The workflow's name is written with the run, never read back: its place says it.
-      const std::string columns = std::string(kRunColumns) + ", workflow";
+      // The workflow's and service's names are written with the run, never read back: their
+      // places say them.
+      const std::string columns = std::string(kRunColumns) + ", workflow, service";
       std::vector<std::string> names;
       for (const std::string& c : Split(columns, ',')) {
         // Appended, not `":" + ...`: gcc 12 at -O3 warns of an overlap that cannot happen.
@@ -943,6 +966,7 @@ static std::string WhereClause(const RunFilter& f) {
   if (!f.project.empty()) conds.push_back("project = ?8");
   if (!f.group.empty()) conds.push_back("experiment_group = ?9");
   if (!f.workflow.empty()) conds.push_back("workflow = ?10");
+  if (!f.service.empty()) conds.push_back("service = ?11");
   std::string out;
   for (size_t i = 0; i < conds.size(); ++i) out += (i ? " AND " : " WHERE ") + conds[i];
   return out;
@@ -957,6 +981,7 @@ static void BindFilter(Stmt& s, const RunFilter& f) {
   if (!f.project.empty()) s.Bind(8, f.project);
   if (!f.group.empty()) s.Bind(9, f.group);
   if (!f.workflow.empty()) s.Bind(10, f.workflow);
+  if (!f.service.empty()) s.Bind(11, f.service);
 }
 
 Result<std::vector<RunRecord>> Store::ListRuns(const RunFilter& filter) {
@@ -1169,6 +1194,83 @@ Status Store::RevokeToken(const std::string& id, int64_t now_ms) {
   s.Bind(2, id);
   if (s.Step() != SQLITE_DONE) return impl_->Error("revoking token");
   if (sqlite3_changes(impl_->db) == 0) return NotFound(fmt::format("no token with id '{}'", id));
+  return Status::Ok();
+}
+
+namespace {
+
+constexpr const char* kServiceColumns = "name, workspace, owner, state, created_ms, updated_ms, doc";
+
+ServiceRecord ReadService(Stmt& s) {
+  ServiceRecord r;
+  r.name = s.Text(0);
+  r.workspace = s.Text(1);
+  r.owner = s.Text(2);
+  r.state = s.Text(3);
+  r.created_ms = s.Int(4);
+  r.updated_ms = s.Int(5);
+  r.doc = ParseJsonColumn(s.Text(6), nlohmann::json::object());
+  return r;
+}
+
+}  // namespace
+
+Status Store::PutService(const ServiceRecord& r, bool create) {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache,
+         create ? fmt::format("INSERT INTO services ({}) VALUES (?,?,?,?,?,?,?)", kServiceColumns)
+                      .c_str()
+                : "UPDATE services SET workspace = ?2, owner = ?3, state = ?4, created_ms = ?5, "
+                  "updated_ms = ?6, doc = ?7 WHERE name = ?1");
+  if (!s.ok()) return impl_->Error("preparing service write");
+  s.Bind(1, r.name);
+  s.Bind(2, r.workspace);
+  s.Bind(3, r.owner);
+  s.Bind(4, r.state);
+  s.Bind(5, r.created_ms);
+  s.Bind(6, r.updated_ms);
+  s.Bind(7, JsonText(r.doc));
+  int rc = s.Step();
+  if (rc == SQLITE_CONSTRAINT)
+    return AlreadyExists(fmt::format("a service named '{}' exists", r.name));
+  if (rc != SQLITE_DONE) return impl_->Error("writing service");
+  if (!create && sqlite3_changes(impl_->db) == 0)
+    return NotFound(fmt::format("no service is named '{}'", r.name));
+  return Status::Ok();
+}
+
+Result<ServiceRecord> Store::GetService(const std::string& name) {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache,
+         fmt::format("SELECT {} FROM services WHERE name = ?", kServiceColumns).c_str());
+  if (!s.ok()) return impl_->Error("preparing service lookup");
+  s.Bind(1, name);
+  int rc = s.Step();
+  if (rc == SQLITE_ROW) return ReadService(s);
+  if (rc == SQLITE_DONE) return NotFound(fmt::format("no service is named '{}'", name));
+  return impl_->Error("reading service");
+}
+
+Result<std::vector<ServiceRecord>> Store::ListServices() {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache,
+         fmt::format("SELECT {} FROM services ORDER BY name", kServiceColumns).c_str());
+  if (!s.ok()) return impl_->Error("preparing service list");
+  std::vector<ServiceRecord> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) out.push_back(ReadService(s));
+  if (rc != SQLITE_DONE) return impl_->Error("listing services");
+  return out;
+}
+
+Status Store::DeleteService(const std::string& name) {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache, "DELETE FROM services WHERE name = ?");
+  if (!s.ok()) return impl_->Error("preparing service delete");
+  s.Bind(1, name);
+  if (s.Step() != SQLITE_DONE) return impl_->Error("deleting service");
+  if (sqlite3_changes(impl_->db) == 0)
+    return NotFound(fmt::format("no service is named '{}'", name));
   return Status::Ok();
 }
 

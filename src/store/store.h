@@ -69,6 +69,8 @@ struct RunRecord {
   // "run", "condition"}]} (the upstream runs it waits for, and whether they must have
   // "succeeded" or only "finished"); null for a run of its own.
   nlohmann::json workflow;
+  // A service's replica (`tau serve deploy`): {"name", "revision", "port"}; null for a run.
+  nlohmann::json service;
   // The spec's workload kind ("job", "rayjob"), a column of its own so that list pages need not
   // parse the spec.
   std::string kind;
@@ -78,6 +80,16 @@ struct RunRecord {
   // When retention pruned the run's logs and its GPU samples (unset until then). Written by
   // MarkPruned only, never by a commit.
   std::optional<int64_t> logs_pruned_ms, samples_pruned_ms;
+};
+
+// A service (`tau serve deploy`): the columns lists read, and the rest as the service manager
+// keeps it (`doc`: its spec, code, replicas, revision, model, history).
+struct ServiceRecord {
+  std::string name;
+  std::string workspace, owner;
+  std::string state;  // "Active" | "Deleting"
+  int64_t created_ms = 0, updated_ms = 0;
+  nlohmann::json doc = nlohmann::json::object();
 };
 
 // A system user of a workspace's pool given to one token user (Store::AssignRunUser).
@@ -173,6 +185,7 @@ struct RunFilter {
   std::string owner;           // the user who submitted them
   std::string project, group;  // the spec's experiment.project / experiment.group; "": any
   std::string workflow;        // only the runs of this workflow; "": any
+  std::string service;         // only the replicas of this service; "": any
   int64_t limit = 0;           // 0 = no limit
   int64_t offset = 0;
   bool newest_first = true;
@@ -277,6 +290,13 @@ class Store {
   // Records that `kind` of these runs was pruned at `pruned_ms` (one transaction); they leave the
   // due list. A run already marked keeps its first time.
   Status MarkPruned(PruneKind kind, const std::vector<std::string>& runs, int64_t pruned_ms);
+
+  // Services: written whole, each write its own durable transaction. `create`: AlreadyExists
+  // when the name is taken; else NotFound when it is not.
+  Status PutService(const ServiceRecord& service, bool create);
+  Result<ServiceRecord> GetService(const std::string& name);  // NotFound
+  Result<std::vector<ServiceRecord>> ListServices();           // by name
+  Status DeleteService(const std::string& name);                // NotFound
 
   // Identity: tokens, the audit trail and workspace secrets.
   Status InsertToken(const TokenRecord& token);              // AlreadyExists on a repeated digest

@@ -643,4 +643,51 @@ TEST_F(StoreTest, WorkflowPlacesAreKeptAndListedByWorkflow) {
   EXPECT_TRUE(store_->GetRun("after-migration")->workflow.is_null());
 }
 
+TEST_F(StoreTest, ServicesAreWrittenWholeAndReplicasListedByService) {
+  ServiceRecord svc;
+  svc.name = "linear";
+  svc.workspace = "vision";
+  svc.owner = "ana";
+  svc.state = "Active";
+  svc.created_ms = svc.updated_ms = 5;
+  svc.doc = {{"replicas", 2}, {"revision", 1}};
+  ASSERT_TRUE(store_->PutService(svc, true).ok());
+  EXPECT_EQ(store_->PutService(svc, true).code(), StatusCode::kAlreadyExists);
+  svc.doc["replicas"] = 3;
+  svc.state = "Deleting";
+  ASSERT_TRUE(store_->PutService(svc, false).ok());
+  auto got = store_->GetService("linear");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->doc["replicas"], 3);
+  EXPECT_EQ(got->state, "Deleting");
+  EXPECT_EQ(got->workspace, "vision");
+  ServiceRecord other = svc;
+  other.name = "absent";
+  EXPECT_EQ(store_->PutService(other, false).code(), StatusCode::kNotFound);
+  EXPECT_EQ(store_->ListServices()->size(), 1u);
+
+  std::vector<RunRecord> runs = {MakeRun("linear-1"), MakeRun("linear-2"), MakeRun("plain")};
+  runs[0].service = {{"name", "linear"}, {"revision", 1}, {"port", 40001}};
+  runs[1].service = {{"name", "linear"}, {"revision", 2}, {"port", 40002}};
+  ASSERT_TRUE(store_->InsertRuns(&runs, std::vector<std::vector<Event>>(3)).ok());
+  RunFilter f;
+  f.service = "linear";
+  f.summary = true;
+  f.newest_first = false;
+  auto replicas = store_->ListRuns(f);
+  ASSERT_TRUE(replicas.ok());
+  ASSERT_EQ(replicas->size(), 2u);
+  EXPECT_EQ((*replicas)[1].service["port"], 40002) << "list pages keep the place";
+  EXPECT_TRUE(store_->GetRun("plain")->service.is_null());
+
+  ASSERT_TRUE(store_->DeleteService("linear").ok());
+  EXPECT_EQ(store_->GetService("linear").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(store_->DeleteService("linear").code(), StatusCode::kNotFound);
+  // Survives a reopen: services are durable rows.
+  ASSERT_TRUE(store_->PutService(svc, true).ok());
+  store_.reset();
+  store_ = std::move(*Store::Open(dir_ + "/tau.db"));
+  EXPECT_EQ(store_->GetService("linear")->doc["replicas"], 3);
+}
+
 }  // namespace tau::store

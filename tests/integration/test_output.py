@@ -70,6 +70,13 @@ class OutputTest(ServerTestCase):
             run = self.server.tau("run", "--detach", wf, check=0).stdout.split()[0]
             self.server.wait_state(run, "Succeeded")
             return [run.rsplit("-", 1)[0]]
+        if path in (("serve", "list"), ("serve", "status")):
+            if self.server.tau("serve", "status", "out").returncode != 0:
+                spec = self.project(
+                    "schema_version: 1\nkind: service\nname: out\nrun:\n  entrypoint: app.py\n"
+                    "  workload_kind: job\nserve:\n  replicas: 0\n", {"app.py": "pass\n"})
+                self.server.tau("serve", "deploy", spec, check=0)
+            return ["out"] if path == ("serve", "status") else []
         return {
             ("version",): [],
             ("validate",): [self.spec],

@@ -53,6 +53,13 @@ class KubeBackend final : public Backend {
   // This machine's GPUs run nothing of the cluster's.
   void HandleGpuNews(const GpuNews&, Batch*) override {}
   void Cancel(ActiveRun& run, Batch* batch) override;
+  // Services run on the local backend only (the service manager refuses them here), and a pod's
+  // liveness probe is the kubelet's: nothing of the server's to stop.
+  void StopAttempt(ActiveRun& run, FailureClass, const std::string& why, Batch* batch) override {
+    batch->events.push_back({0, run.record.name, host_->Now(), "StopRefused",
+                             why + "; the Kubernetes backend leaves liveness to the kubelet",
+                             nlohmann::json::object(), "", ""});
+  }
   void Schedule(Batch* batch) override;
   // Deletes are acted on once the pass that decided them (a cancel, an eviction) is committed.
   void Committed() override {

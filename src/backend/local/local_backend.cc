@@ -116,6 +116,8 @@ class LocalBackend final : public Backend {
   void HandleNews(const ClusterNews&, Batch*) override {}
   void HandleGpuNews(const GpuNews& news, Batch* batch) override;
   void Cancel(ActiveRun& run, Batch* batch) override;
+  void StopAttempt(ActiveRun& run, FailureClass cls, const std::string& why,
+                   Batch* batch) override;
   void Schedule(Batch* batch) override {
     AdmitQueued(batch, &to_start_);
     EscalateStops(batch);
@@ -651,6 +653,20 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
       read_only.push_back(u.output_dir);
     }
   }
+  if (r.service.is_object()) {
+    // A service's replica listens on the port the service manager gave it, and serves the model
+    // of the run it was deployed from.
+    const std::string port = std::to_string(r.service.value("port", 0));
+    ctx.extra_env.emplace_back("PORT", port);
+    ctx.extra_env.emplace_back("TAU_SERVE_PORT", port);
+    ctx.extra_env.emplace_back("TAU_SERVICE", r.service.value("name", ""));
+    if (run.upstreams && !run.upstreams->empty() && run.spec.serve) {
+      const UpstreamRun& model = run.upstreams->front();
+      ctx.extra_env.emplace_back("TAU_SERVE_FROM_RUN", model.run);
+      ctx.extra_env.emplace_back(
+          "TAU_SERVE_MODEL", run.spec.serve->model == "output" ? model.output_dir : model.checkpoint);
+    }
+  }
   ctx.gpus = r.gpus;
   if (run.spec.compute.workers > 1) ctx.master_port = PickFreePort();  // only gangs rendezvous
   ctx.base_env = BaseEnv();
@@ -792,8 +808,13 @@ void LocalBackend::HandleExit(const std::string& name, Batch* batch) {
     // Stopped (or crashed) because its GPU failed: not the job's fault.
     stop_reason = FailureClass::kGPUError;
     stop_message = run.gpu_error;
+  } else if (run.stop_class) {
+    stop_reason = run.stop_class;
+    stop_message = run.stop_message;
   }
   run.gpu_error.clear();
+  run.stop_class.reset();
+  run.stop_message.clear();
   run.preempted_by.clear();
   run.preemption_reason.clear();
   const bool preemption_requeues =
@@ -1083,6 +1104,16 @@ void LocalBackend::Cancel(ActiveRun& run, Batch* batch) {
   batch->events.push_back({0, r.name, host_->Now(), "CancelRequested",
                            "stopping the attempt's processes", nlohmann::json::object(), "", ""});
   if (Of(run).shim) StopAfterCommit(r.name);
+}
+
+void LocalBackend::StopAttempt(ActiveRun& run, FailureClass cls, const std::string& why,
+                               Batch* batch) {
+  if (!Of(run).shim || run.stop_class || !run.gpu_error.empty()) return;
+  run.stop_class = cls;
+  run.stop_message = why;
+  batch->events.push_back({0, run.record.name, host_->Now(), recovery::FailureClassName(cls),
+                           why + "; stopping the attempt", nlohmann::json::object(), "", ""});
+  StopAfterCommit(run.record.name);
 }
 
 void LocalBackend::Launched() {

@@ -1,0 +1,233 @@
+// `tau serve deploy|list|status|logs|scale|update|delete`: services (docs/serving.md), a spec with
+// `kind: service` kept running as replicas behind the server's endpoint /serve/NAME/.
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "cli/connect.h"
+#include "client/tau_api.h"
+#include "common/json_text.h"
+#include "common/strings.h"
+
+namespace tau::cli {
+namespace {
+
+std::string ReadyText(const api::Service& s) {
+  return fmt::format("{}/{}", s.ready, s.replicas);
+}
+
+void PrintService(const api::Service& s) {
+  std::printf("Service:    %s (revision %lld, %s)\n", s.name.c_str(),
+              static_cast<long long>(s.revision), s.state.c_str());
+  std::printf("Workspace:  %s   Owner: %s\n", s.workspace.c_str(), s.owner.c_str());
+  std::printf("Ready:      %s replicas   Restarts: %lld\n", ReadyText(s).c_str(),
+              static_cast<long long>(s.restarts));
+  std::printf("Endpoint:   %s (on the server's Unix socket and TCP listener)\n",
+              s.endpoint.c_str());
+  std::printf("Spec:       %s (config %.12s, code %.12s)\n", s.spec_file.c_str(),
+              s.config_hash.c_str(), s.snapshot_digest.c_str());
+  if (s.model.is_object()) {
+    const std::string path = s.model.value("path", "");
+    const std::string sha = s.model.value("sha256", "");
+    std::printf("Model:      %s of run %s%s%s\n", s.model.value("kind", "").c_str(),
+                s.model.value("run", "").c_str(),
+                path.empty() ? " (resolved when the run ends)" : (": " + path).c_str(),
+                sha.empty() ? "" : (" sha256 " + sha.substr(0, 12)).c_str());
+  }
+  if (s.requests.is_object())
+    std::printf("Requests:   %lld (%lld failed, %lld retried on another replica)\n",
+                static_cast<long long>(s.requests.value("total", int64_t{0})),
+                static_cast<long long>(s.requests.value("failed", int64_t{0})),
+                static_cast<long long>(s.requests.value("retried", int64_t{0})));
+  std::vector<std::vector<std::string>> rows;
+  for (const api::ServiceReplica& r : s.replica_list)
+    rows.push_back({r.run, std::to_string(r.revision), std::to_string(r.port), r.state,
+                    r.draining ? "draining" : (r.ready ? "yes" : "no"),
+                    std::to_string(r.restarts), r.probe.empty() ? "-" : r.probe});
+  if (!rows.empty()) {
+    std::printf("\n");
+    PrintTable({"REPLICA", "REVISION", "PORT", "STATE", "READY", "RESTARTS", "LAST PROBE"}, rows);
+  }
+  if (s.history.is_array() && !s.history.empty()) {
+    std::printf("\nHistory (newest last):\n");
+    size_t from = s.history.size() > 10 ? s.history.size() - 10 : 0;
+    for (size_t i = from; i < s.history.size(); ++i)
+      std::printf("  %s  %-16s %s\n", s.history[i].value("time", "").c_str(),
+                  s.history[i].value("type", "").c_str(),
+                  s.history[i].value("message", "").c_str());
+  }
+}
+
+int Show(const api::Service& s, Format format) {
+  if (IsData(format)) return PrintData(s.ToJson(), format);
+  PrintService(s);
+  return 0;
+}
+
+int CmdDeploy(const Global& g, const RunOptions& o, const std::string& name,
+              const std::string& from, const std::string& update) {
+  std::unique_ptr<client::Connection> conn;
+  int rc = 0;
+  auto spec = SubmissionBody(g, o, &conn, &rc);
+  if (!spec) return rc;
+  if (!spec->parsed.spec->serve)
+    return Fail(fmt::format(
+        "{} is a run spec, not a service: add 'kind: service' and a serve section "
+        "(docs/serving.md), or run it with `tau run {}`",
+        spec->file, spec->file));
+  nlohmann::json service = nlohmann::json::object();
+  if (!name.empty()) service["name"] = name;
+  if (!from.empty()) service["from"] = from;
+  spec->body["service"] = service;
+  client::TauApi tau(conn.get());
+  auto made = update.empty() ? tau.DeployService(JsonText(spec->body))
+                             : tau.UpdateService(update, JsonText(spec->body));
+  if (!made.ok()) return SubmissionFailed(*spec, made.status());
+  if (update.empty())
+    std::printf("service %s deployed: %lld replica(s) starting; its endpoint is %s\n",
+                made->name.c_str(), static_cast<long long>(made->replicas),
+                made->endpoint.c_str());
+  else
+    std::printf("service %s: revision %lld rolling out one replica at a time\n",
+                made->name.c_str(), static_cast<long long>(made->revision));
+  std::printf("follow it: tau serve status %s\n", made->name.c_str());
+  return 0;
+}
+
+int CmdList(const Global& g, Format format) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  auto list = client::TauApi(conn->get()).ListServices();
+  if (!list.ok()) return Fail(list.status().message());
+  if (IsData(format)) return PrintData(list->ToJson(), format);
+  std::vector<std::vector<std::string>> rows;
+  for (const api::Service& s : list->services)
+    rows.push_back({s.name, s.workspace, s.state, ReadyText(s), std::to_string(s.revision),
+                    std::to_string(s.restarts), s.endpoint});
+  PrintTable({"NAME", "WORKSPACE", "STATE", "READY", "REVISION", "RESTARTS", "ENDPOINT"}, rows);
+  return 0;
+}
+
+int CmdServiceStatus(const Global& g, const std::string& name, Format format) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  auto got = client::TauApi(conn->get()).GetService(name);
+  if (!got.ok()) return Fail(got.status().message());
+  return Show(*got, format);
+}
+
+// A change of a service, said in one line.
+template <typename Call>
+int Act(const Global& g, Call call, const std::string& done) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  client::TauApi tau(conn->get());
+  auto got = call(tau);
+  if (!got.ok()) return Fail(got.status().message());
+  std::printf("service %s: %s\n", got->name.c_str(), done.c_str());
+  return 0;
+}
+
+// The log of one replica: the one asked for, else the first ready one, else the first.
+int CmdLogs(const Global& g, const std::string& name, const std::string& replica, bool follow) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  auto s = client::TauApi(conn->get()).GetService(name);
+  if (!s.ok()) return Fail(s.status().message());
+  std::string run = replica;
+  if (run.empty()) {
+    for (const api::ServiceReplica& r : s->replica_list)
+      if (r.ready && run.empty()) run = r.run;
+    if (run.empty() && !s->replica_list.empty()) run = s->replica_list.front().run;
+  }
+  if (run.empty()) return Fail(fmt::format("service {} has no replica now", name));
+  bool known = false;
+  for (const api::ServiceReplica& r : s->replica_list) known = known || r.run == run;
+  if (!known)
+    return Fail(fmt::format("{} is not a replica of service {} now (tau serve status {})", run,
+                            name, name));
+  std::fprintf(stderr, "tau: replica %s\n", run.c_str());
+  client::LogQuery query;
+  query.follow = follow;
+  std::unique_ptr<client::Connection> owned = std::move(*conn);
+  auto streamed = FollowLog(g.server, &owned, run, query);
+  if (!streamed.ok()) return Fail(streamed.status().message());
+  return 0;
+}
+
+}  // namespace
+
+void RegisterServeCommands(CLI::App* app, Context* ctx) {
+  struct Args {
+    RunOptions run;
+    std::string name, from, replica;
+    int64_t replicas = 0;
+    bool follow = false;
+  };
+  auto a = std::make_shared<Args>();
+  const Global& g = ctx->g;
+  auto* serve = app->add_subcommand(
+      "serve", "Services: a server kept running as replicas behind an endpoint (docs/serving.md)");
+  serve->require_subcommand(1);
+
+  auto* deploy = serve->add_subcommand(
+      "deploy", "Deploy a service spec (kind: service): its replicas start as runs of its queue");
+  deploy->add_option("file", a->run.target, "The service's spec (or TARGET: tau/NAME.yaml)")
+      ->required();
+  deploy->add_option("--name", a->name, "The service's name (default: the spec's name)");
+  deploy->add_option("--from", a->from,
+                     "A trained run whose model the replicas serve ($TAU_SERVE_MODEL, read-only)");
+  deploy->add_option("--code-dir", a->run.code_dir, "The code directory (default: the spec's)");
+  AddSetOption(deploy, &a->run.set);
+  deploy->callback([=, &g] { ctx->rc = CmdDeploy(g, a->run, a->name, a->from, ""); });
+
+  auto* update = serve->add_subcommand(
+      "update", "A new revision from a spec: replicas replaced one at a time, never fewer ready");
+  update->add_option("name", a->name, "The service")->required();
+  update->add_option("file", a->run.target, "The new spec")->required();
+  update->add_option("--from", a->from, "Serve this run's model from now on");
+  update->add_option("--code-dir", a->run.code_dir, "The code directory (default: the spec's)");
+  AddSetOption(update, &a->run.set);
+  update->callback([=, &g] { ctx->rc = CmdDeploy(g, a->run, "", a->from, a->name); });
+
+  auto* list = serve->add_subcommand("list", "The services you may see");
+  auto list_format = AddOutput(list, ctx);
+  list->callback([=, &g] {
+    if (auto f = list_format()) ctx->rc = CmdList(g, *f);
+  });
+
+  auto* status = serve->add_subcommand(
+      "status", "A service: its replicas (ready, restarts, probes), its model and its history");
+  status->add_option("name", a->name, "The service")->required();
+  auto status_format = AddOutput(status, ctx);
+  status->callback([=, &g] {
+    if (auto f = status_format()) ctx->rc = CmdServiceStatus(g, a->name, *f);
+  });
+
+  auto* scale = serve->add_subcommand(
+      "scale", "Set the number of replicas (0 to 64); extra ones are drained before they stop");
+  scale->add_option("name", a->name, "The service")->required();
+  scale->add_option("replicas", a->replicas, "How many")->required();
+  scale->callback([=, &g] {
+    ctx->rc = Act(g, [&](client::TauApi& t) { return t.ScaleService(a->name, a->replicas); },
+                  "scaled to " + std::to_string(a->replicas) + " replicas");
+  });
+
+  auto* del = serve->add_subcommand("delete", "Drain and stop every replica, then remove it");
+  del->add_option("name", a->name, "The service")->required();
+  del->callback([=, &g] {
+    ctx->rc = Act(g, [&](client::TauApi& t) { return t.DeleteService(a->name); },
+                  "deleting: its replicas are drained, then stopped");
+  });
+
+  auto* logs = serve->add_subcommand("logs", "A replica's log (the first ready one by default)");
+  logs->add_option("name", a->name, "The service")->required();
+  logs->add_option("--replica", a->replica, "The replica's run (tau serve status lists them)");
+  logs->add_flag("-f,--follow", a->follow, "Keep following it");
+  logs->callback([=, &g] { ctx->rc = CmdLogs(g, a->name, a->replica, a->follow); });
+}
+
+}  // namespace tau::cli

@@ -1,0 +1,751 @@
+// The service manager (services.h): each pass reads every service's replica runs back, probes the
+// running ones, and converges the replicas on what the service's record wants.
+#include "server/services.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/clock.h"
+#include "common/strings.h"
+#include "evidence/evidence.h"
+#include "recovery/recovery.h"
+
+namespace tau::server {
+namespace {
+
+constexpr const char* kActive = "Active";
+constexpr const char* kDeleting = "Deleting";
+constexpr size_t kMaxHistory = 200;
+constexpr size_t kMaxServiceName = 40;  // replicas are "<name>-<8 hex>", DNS labels
+
+int BindFreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
+// The model a service serves, as its record keeps it: what could be resolved now (a run that
+// has ended); a run still running is resolved by each replica when it ends (its lineage).
+Result<nlohmann::json> ResolveModel(Controller* controller, store::Store* store,
+                                    const std::string& from, const std::string& kind,
+                                    const std::string& workspace) {
+  auto run = store->GetRun(from);
+  if (!run.ok())
+    return NotFound(fmt::format("serve.from: no run is named '{}' (tau list shows runs)", from));
+  if (run->workspace != workspace)
+    return PermissionDenied(fmt::format(
+        "serve.from: run {} is of workspace '{}'; a service of workspace '{}' serves only its own "
+        "workspace's runs",
+        from, run->workspace, workspace));
+  nlohmann::json model = {{"run", from}, {"kind", kind}, {"path", ""}, {"sha256", ""}};
+  if (!store::IsTerminal(run->state)) return model;  // its replicas wait for it
+  const std::string dir = controller->StorageDir(*run, kind);
+  if (kind == "output") {
+    model["path"] = dir;
+    return model;
+  }
+  const std::string newest = recovery::NewestCompleteCheckpoint(dir);
+  if (newest.empty())
+    return FailedPrecondition(fmt::format(
+        "serve.from: run {} ended {} without a complete checkpoint (nothing complete in {}); "
+        "serve its output directory with serve.model: output, or deploy from another run",
+        from, store::RunStateName(run->state), dir));
+  model["path"] = newest;
+  if (StartsWith(newest, dir + "/")) {
+    auto files = evidence::ScanArtifacts(dir, "checkpoint", {}, nullptr);
+    if (files.ok())
+      model["sha256"] = evidence::CheckpointDigest(*files, newest.substr(dir.size() + 1)).sha256;
+  }
+  return model;
+}
+
+}  // namespace
+
+ServiceManager::ServiceManager(Options options, Controller* controller, store::Store* store,
+                               Metrics* metrics)
+    : options_(options),
+      controller_(controller),
+      store_(store),
+      metrics_(metrics),
+      clock_(options.clock ? options.clock : SystemClock()) {}
+
+ServiceManager::~ServiceManager() { Stop(); }
+
+int64_t ServiceManager::Now() { return clock_->NowMillis(); }
+
+Status ServiceManager::Start() {
+  TAU_ASSIGN_OR_RETURN(std::vector<store::ServiceRecord> records, store_->ListServices());
+  {
+    MutexLock lock(&mu_);
+    for (store::ServiceRecord& r : records) {
+      auto s = std::make_unique<Service>();
+      auto parsed = spec::ParseSpec(r.doc.value("spec_yaml", ""), r.doc.value("spec_file", ""));
+      if (parsed.ok() && parsed.spec->serve) s->serve = *parsed.spec->serve;
+      s->restarts = r.doc.value("restarts", int64_t{0});
+      s->record = std::move(r);
+      const std::string name = s->record.name;
+      services_[name] = std::move(s);
+    }
+  }
+  thread_ = std::thread([this] { Loop(); });
+  return Status::Ok();
+}
+
+void ServiceManager::Stop() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  wake_.SignalAll();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ServiceManager::Loop() {
+  while (true) {
+    ReconcileOnce();
+    MutexLock lock(&mu_);
+    if (stopping_) return;
+    wake_.WaitFor(&mu_, std::chrono::milliseconds(options_.tick_ms),
+                  [&]() TAU_REQUIRES(mu_) { return stopping_; });
+    if (stopping_) return;
+  }
+}
+
+void ServiceManager::ReconcileOnce() {
+  MutexLock pass(&pass_mu_);
+  std::vector<Service*> services;
+  {
+    MutexLock lock(&mu_);
+    for (auto& [name, s] : services_) services.push_back(s.get());
+  }
+  // Only this pass removes services, so the pointers stay valid through it.
+  for (Service* s : services) {
+    Refresh(*s);
+    Probe(*s);
+    std::string gone;
+    {
+      MutexLock lock(&mu_);
+      Converge(*s);
+      if (s->record.state == kDeleting && s->replicas.empty()) gone = s->record.name;
+    }
+    if (!gone.empty()) {
+      Status deleted = store_->DeleteService(gone);
+      if (!deleted.ok() && deleted.code() != StatusCode::kNotFound) continue;
+      MutexLock lock(&mu_);
+      services_.erase(gone);
+    }
+  }
+}
+
+void ServiceManager::Refresh(Service& s) {
+  store::RunFilter filter;
+  filter.service = s.record.name;
+  filter.active_only = true;
+  filter.summary = true;
+  auto runs = store_->ListRuns(filter);
+  if (!runs.ok()) return;
+  std::map<std::string, store::RunRecord> live;
+  for (store::RunRecord& r : *runs) live.emplace(r.name, std::move(r));
+  const int64_t now = Now();
+  std::vector<std::string> ended;
+  bool changed = false;
+  {
+    MutexLock lock(&mu_);
+    for (auto& [name, r] : live) {
+      Replica& rep = s.replicas[name];
+      if (rep.run.empty()) {  // one the manager did not know (after a restart)
+        rep.run = name;
+        rep.revision = r.service.value("revision", int64_t{0});
+        rep.port = r.service.value("port", 0);
+        rep.attempts = r.attempts;
+      }
+      const std::string state = store::RunStateName(r.state);
+      if (r.attempts > rep.attempts && rep.attempts > 0) {
+        const int64_t more = r.attempts - rep.attempts;
+        s.restarts += more;
+        if (metrics_)
+          metrics_->Count("tau_serve_replica_restarts_total",
+                          {{"service", s.record.name}, {"reason", r.reason}},
+                          static_cast<double>(more));
+        AppendHistory(s, "ReplicaRestarted",
+                      fmt::format("replica {} restarted (attempt {}) after {}", name, r.attempts,
+                                  r.reason.empty() ? "it stopped" : r.reason));
+        changed = true;
+      }
+      if (state != rep.state || r.attempts != rep.attempts) {
+        // A new attempt (or one that stopped running) is probed from the start again.
+        rep.ready = false;
+        rep.successes = rep.failures = rep.live_failures = 0;
+        rep.started = r.state == store::RunState::kRunning ? std::optional<int64_t>(now)
+                                                           : std::nullopt;
+        const int64_t first = rep.started ? *rep.started + s.serve.readiness.initial_delay_ms : 0;
+        rep.next_ready_probe = first;
+        rep.next_live_probe =
+            rep.started && s.serve.liveness ? *rep.started + s.serve.liveness->initial_delay_ms : 0;
+      }
+      rep.state = state;
+      rep.reason = r.reason;
+      rep.attempts = r.attempts;
+    }
+    for (auto& [name, rep] : s.replicas)
+      if (!live.count(name)) ended.push_back(name);
+  }
+  for (const std::string& name : ended) {
+    auto r = store_->GetRun(name);
+    if (r.ok() && !store::IsTerminal(r->state)) continue;  // not ended: read again next pass
+    MutexLock lock(&mu_);
+    auto it = s.replicas.find(name);
+    if (it == s.replicas.end()) continue;
+    const bool drained = it->second.draining;
+    s.replicas.erase(it);
+    if (!drained) {
+      // It ended of its own accord (a clean exit, a failure that is not retried): replaced, after
+      // a wait that doubles while replicas keep ending so.
+      s.add_backoff_ms = std::clamp<int64_t>(s.add_backoff_ms * 2, s.serve.restart_backoff_initial_ms,
+                                             std::max<int64_t>(s.serve.restart_backoff_max_ms, 1));
+      s.add_not_before = Now() + s.add_backoff_ms;
+    }
+    AppendHistory(s, drained ? "ReplicaRemoved" : "ReplicaEnded",
+                  r.ok() ? fmt::format("replica {} ended {}{}", name, store::RunStateName(r->state),
+                                       r->reason.empty() ? "" : " (" + r->reason + ")")
+                         : fmt::format("replica {} is gone", name));
+    changed = true;
+  }
+  if (changed) {
+    MutexLock lock(&mu_);
+    (void)Save(s);
+  }
+}
+
+void ServiceManager::Probe(Service& s) {
+  struct Due {
+    std::string run;
+    int port = 0;
+    bool liveness = false;
+    spec::Probe probe;
+  };
+  std::vector<Due> due;
+  const int64_t now = Now();
+  {
+    MutexLock lock(&mu_);
+    for (auto& [name, rep] : s.replicas) {
+      if (rep.state != "Running" || !rep.started || rep.draining) continue;
+      if (now >= rep.next_ready_probe) {
+        due.push_back({name, rep.port, false, s.serve.readiness});
+        rep.next_ready_probe = now + s.serve.readiness.period_ms;
+      }
+      if (s.serve.liveness && now >= rep.next_live_probe) {
+        due.push_back({name, rep.port, true, *s.serve.liveness});
+        rep.next_live_probe = now + s.serve.liveness->period_ms;
+      }
+    }
+  }
+  if (due.empty()) return;
+  std::vector<std::string> results;
+  for (const Due& d : due) results.push_back(ProbeReplica(d.port, d.probe.http_path, d.probe.timeout_ms));
+  bool changed = false;
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < due.size(); ++i) {
+    auto it = s.replicas.find(due[i].run);
+    if (it == s.replicas.end() || it->second.state != "Running") continue;
+    Replica& rep = it->second;
+    const std::string& failed = results[i];
+    if (due[i].liveness) {
+      if (failed.empty()) {
+        rep.live_failures = 0;
+        continue;
+      }
+      if (++rep.live_failures < due[i].probe.failure_threshold) continue;
+      const std::string why = fmt::format("liveness probe failed {} times in a row: {}",
+                                          rep.live_failures, failed);
+      controller_->RestartReplica(rep.run, why);
+      rep.live_failures = 0;
+      rep.ready = false;
+      rep.probe = failed;
+      AppendHistory(s, "LivenessFailed", fmt::format("replica {}: {}", rep.run, why));
+      changed = true;
+      continue;
+    }
+    if (failed.empty()) {
+      rep.failures = 0;
+      rep.probe.clear();
+      if (++rep.successes >= due[i].probe.success_threshold && !rep.ready) {
+        rep.ready = true;
+        s.add_backoff_ms = 0;
+        AppendHistory(s, "ReplicaReady",
+                      fmt::format("replica {} (revision {}, port {}) is ready", rep.run,
+                                  rep.revision, rep.port));
+        changed = true;
+      }
+    } else {
+      rep.successes = 0;
+      rep.probe = failed;
+      if (++rep.failures >= due[i].probe.failure_threshold && rep.ready) {
+        rep.ready = false;
+        AppendHistory(s, "ReplicaNotReady", fmt::format("replica {}: {}", rep.run, failed));
+        changed = true;
+      }
+    }
+  }
+  if (changed) (void)Save(s);
+}
+
+void ServiceManager::Converge(Service& s) {
+  const int64_t now = Now();
+  bool changed = false;
+  // Draining replicas are stopped once they hold no request (or the drain time is up).
+  for (auto& [name, rep] : s.replicas) {
+    if (!rep.draining || rep.cancel_sent) continue;
+    if (rep.in_flight > 0 && now - rep.drain_since < options_.drain_ms) continue;
+    rep.cancel_sent = true;
+    (void)controller_->Cancel(name);
+  }
+  if (s.record.state == kDeleting) {
+    for (auto& [name, rep] : s.replicas)
+      if (!rep.draining) StartDrain(s, rep, "the service is being deleted");
+    return;
+  }
+  const int64_t wanted = s.record.doc.value("replicas", int64_t{0});
+  const int64_t revision = s.record.doc.value("revision", int64_t{1});
+  std::vector<Replica*> current, old;
+  for (auto& [name, rep] : s.replicas) {
+    if (rep.draining) continue;
+    (rep.revision == revision ? current : old).push_back(&rep);
+  }
+  auto unready_first = [](const Replica* a, const Replica* b) {
+    if (a->ready != b->ready) return !a->ready;
+    return a->run > b->run;
+  };
+  const bool starting =
+      std::any_of(current.begin(), current.end(), [](const Replica* r) { return !r->ready; });
+  if (!old.empty()) {
+    // Rolling: an old replica that serves nothing goes now; a serving one only once a new one is
+    // ready in its place, so the service never has fewer ready replicas than it had.
+    std::sort(old.begin(), old.end(), unready_first);
+    for (Replica* r : old)
+      if (!r->ready) {
+        StartDrain(s, *r, fmt::format("revision {} replaces it (it was not ready)", revision));
+        changed = true;
+      }
+    old.erase(std::remove_if(old.begin(), old.end(), [](const Replica* r) { return r->draining; }),
+              old.end());
+    if (!old.empty() && !starting) {
+      if (static_cast<int64_t>(current.size() + old.size()) > wanted ||
+          static_cast<int64_t>(current.size()) >= wanted) {
+        StartDrain(s, *old.front(),
+                   fmt::format("revision {} has a ready replica in its place", revision));
+      } else if (now >= s.add_not_before) {
+        (void)AddReplica(s);
+      }
+      changed = true;
+    }
+  } else if (static_cast<int64_t>(current.size()) < wanted) {
+    if (now >= s.add_not_before)
+      for (int64_t i = static_cast<int64_t>(current.size()); i < wanted; ++i)
+        if (!AddReplica(s).ok()) break;
+    changed = true;
+  } else if (static_cast<int64_t>(current.size()) > wanted) {
+    std::sort(current.begin(), current.end(), unready_first);
+    for (size_t i = 0; i < current.size() - static_cast<size_t>(wanted); ++i)
+      StartDrain(s, *current[i], fmt::format("scaled to {}", wanted));
+    changed = true;
+  }
+  if (changed) (void)Save(s);
+}
+
+Status ServiceManager::AddReplica(Service& s) {
+  const nlohmann::json& doc = s.record.doc;
+  ReplicaRequest request;
+  request.service = s.record.name;
+  request.revision = doc.value("revision", int64_t{1});
+  request.port = FreePort(s);
+  request.spec_file = doc.value("spec_file", "");
+  request.spec_yaml = doc.value("spec_yaml", "");
+  for (const nlohmann::json& o : doc.value("set", nlohmann::json::array()))
+    request.overrides.push_back({o.value("path", ""), o.value("value", "")});
+  request.code_dir = doc.value("code_dir", "");
+  request.snapshot_digest = doc.value("snapshot_digest", "");
+  request.from_run = doc.value("model", nlohmann::json::object()).value("run", "");
+  request.caller.user = s.record.owner;
+  request.caller.groups = doc.value("groups", std::vector<std::string>{});
+  request.token_user = doc.value("token_user", false);
+  SubmitError error;
+  auto made = controller_->SubmitReplica(request, &error);
+  if (!made.ok()) {
+    // Retried after the backoff; said once per kind of failure in the history.
+    s.add_backoff_ms = std::clamp<int64_t>(s.add_backoff_ms * 2, s.serve.restart_backoff_initial_ms,
+                                           std::max<int64_t>(s.serve.restart_backoff_max_ms, 1));
+    s.add_not_before = Now() + s.add_backoff_ms;
+    if (s.last_add_error != made.status().message()) {
+      s.last_add_error = made.status().message();
+      AppendHistory(s, "ReplicaRefused", "a new replica was refused: " + s.last_add_error);
+    }
+    return made.status();
+  }
+  s.last_add_error.clear();
+  Replica& rep = s.replicas[made->name];
+  rep.run = made->name;
+  rep.state = store::RunStateName(made->state);
+  rep.revision = request.revision;
+  rep.port = request.port;
+  AppendHistory(s, "ReplicaAdded",
+                fmt::format("replica {} (revision {}, port {})", made->name, request.revision,
+                            request.port));
+  return Status::Ok();
+}
+
+void ServiceManager::StartDrain(Service& s, Replica& r, const std::string& why) {
+  r.draining = true;
+  r.ready = false;
+  r.drain_since = Now();
+  AppendHistory(s, "ReplicaDraining", fmt::format("replica {}: {}", r.run, why));
+}
+
+void ServiceManager::AppendHistory(Service& s, const std::string& type,
+                                   const std::string& message) {
+  nlohmann::json& history = s.record.doc["history"];
+  if (!history.is_array()) history = nlohmann::json::array();
+  history.push_back({{"time", FormatRfc3339(Now())}, {"type", type}, {"message", message}});
+  if (history.size() > kMaxHistory) history.erase(history.begin());
+}
+
+Status ServiceManager::Save(Service& s) {
+  s.record.updated_ms = Now();
+  s.record.doc["restarts"] = s.restarts;
+  return store_->PutService(s.record, false);
+}
+
+int ServiceManager::FreePort(const Service& s) {
+  std::set<int> taken;
+  for (const auto& [name, other] : services_)
+    for (const auto& [run, rep] : other->replicas) taken.insert(rep.port);
+  for (const auto& [run, rep] : s.replicas) taken.insert(rep.port);
+  for (int i = 0; i < 16; ++i) {
+    int port = BindFreePort();
+    if (port != 0 && !taken.count(port)) return port;
+  }
+  return BindFreePort();
+}
+
+Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int64_t revision,
+                                                     const store::ServiceRecord* previous,
+                                                     SubmitError* error) {
+  auto refuse = [error](Status s) {
+    error->status = s;
+    return s;
+  };
+  if (std::string(controller_->BackendName()) != "local")
+    return refuse(FailedPrecondition(
+        "services run on the local backend for now; on Kubernetes a service is a Deployment or "
+        "a RayService (docs/kubernetes.md, \"Services\")"));
+  SubmitRequest& submit = request.submit;
+  auto code = controller_->StoreCode(std::move(submit.code), std::move(submit.manifest));
+  if (!code.ok()) return refuse(code.status());
+  ReplicaRequest check;
+  check.spec_file = submit.spec_file;
+  check.spec_yaml = submit.spec_yaml;
+  check.overrides = submit.spec_overrides;
+  check.code_dir = submit.code_dir;
+  check.snapshot_digest = code->digest;
+  check.caller = submit.caller;
+  check.token_user = submit.token_user;
+  check.revision = revision;
+  check.dry_run = true;
+  check.service = previous ? previous->name : request.name;
+  if (check.service.empty()) {
+    spec::ParseOutcome parsed = spec::ParseSpec(submit.spec_yaml, submit.spec_file,
+                                                submit.spec_overrides);
+    if (!parsed.ok()) {
+      error->diagnostics = parsed.diagnostics;
+      return refuse(InvalidArgument(parsed.ErrorText()));
+    }
+    check.service = parsed.spec->name;
+  }
+  if (!IsDns1123Label(check.service, kMaxServiceName))
+    return refuse(InvalidArgument(fmt::format(
+        "service name '{}' must be a DNS-1123 label of at most {} characters (lowercase letters, "
+        "digits and '-'): give --name",
+        check.service, kMaxServiceName)));
+  auto checked = controller_->SubmitReplica(check, error);
+  if (!checked.ok()) return checked.status();
+  if (previous && checked->workspace != previous->workspace)
+    return refuse(InvalidArgument(fmt::format(
+        "policy.workspace: service '{}' is of workspace '{}'; an update cannot move it to '{}'",
+        previous->name, previous->workspace, checked->workspace)));
+  auto parsed = spec::ParseSpec(submit.spec_yaml, submit.spec_file, submit.spec_overrides);
+  const spec::Serve serve = parsed.ok() && parsed.spec->serve ? *parsed.spec->serve : spec::Serve{};
+  const std::string from = !request.from_run.empty() ? request.from_run : serve.from_run;
+  nlohmann::json model;
+  if (!from.empty()) {
+    auto resolved = ResolveModel(controller_, store_, from, serve.model, checked->workspace);
+    if (!resolved.ok()) return refuse(resolved.status());
+    model = std::move(*resolved);
+  }
+  store::ServiceRecord r;
+  r.name = check.service;
+  r.workspace = checked->workspace;
+  r.owner = submit.caller.user;
+  r.state = kActive;
+  r.created_ms = previous ? previous->created_ms : Now();
+  r.updated_ms = Now();
+  nlohmann::json set = nlohmann::json::array();
+  for (const spec::Override& o : submit.spec_overrides)
+    set.push_back({{"path", o.path}, {"value", o.value}});
+  r.doc = previous ? previous->doc : nlohmann::json::object();
+  r.doc.update({{"spec_file", submit.spec_file},
+                {"spec_yaml", submit.spec_yaml},
+                {"set", set},
+                {"code_dir", submit.code_dir},
+                {"snapshot_digest", code->digest},
+                {"config_hash", checked->config_hash},
+                {"serve", spec::ServeJson(serve)},
+                {"revision", revision},
+                {"model", model},
+                {"groups", submit.caller.groups},
+                {"token_user", submit.token_user}});
+  // A deploy takes the spec's replicas; an update too when the spec changed them, else the
+  // service keeps the count it was scaled to.
+  const int64_t before = previous ? previous->doc.value("serve", nlohmann::json::object())
+                                        .value("replicas", int64_t{-1})
+                                  : -1;
+  if (!previous || before != serve.replicas) r.doc["replicas"] = serve.replicas;
+  return r;
+}
+
+Result<api::Service> ServiceManager::Deploy(DeployRequest request, SubmitError* error) {
+  TAU_ASSIGN_OR_RETURN(store::ServiceRecord record, Prepare(request, 1, nullptr, error));
+  auto s = std::make_unique<Service>();
+  auto parsed = spec::ParseSpec(record.doc.value("spec_yaml", ""), record.doc.value("spec_file", ""),
+                                request.submit.spec_overrides);
+  if (parsed.ok() && parsed.spec->serve) s->serve = *parsed.spec->serve;
+  s->record = std::move(record);
+  AppendHistory(*s, "Deployed",
+                fmt::format("revision 1 from {} with {} replica(s){}", s->record.doc["spec_file"].get<std::string>(),
+                            s->record.doc.value("replicas", int64_t{0}),
+                            s->record.doc["model"].is_object()
+                                ? " serving run " + s->record.doc["model"].value("run", "")
+                                : ""));
+  if (Status put = store_->PutService(s->record, true); !put.ok()) {
+    error->status = put;
+    return put;
+  }
+  api::Service view;
+  {
+    MutexLock lock(&mu_);
+    view = View(*s);
+    services_[s->record.name] = std::move(s);
+  }
+  wake_.SignalAll();
+  return view;
+}
+
+Result<api::Service> ServiceManager::Update(DeployRequest request, SubmitError* error) {
+  store::ServiceRecord previous;
+  {
+    MutexLock lock(&mu_);
+    auto it = services_.find(request.name);
+    if (it == services_.end() || it->second->record.state != kActive) {
+      error->status = NotFound(fmt::format("no service is named '{}'", request.name));
+      return error->status;
+    }
+    previous = it->second->record;
+  }
+  const int64_t revision = previous.doc.value("revision", int64_t{1}) + 1;
+  TAU_ASSIGN_OR_RETURN(store::ServiceRecord record, Prepare(request, revision, &previous, error));
+  auto parsed = spec::ParseSpec(record.doc.value("spec_yaml", ""), record.doc.value("spec_file", ""),
+                                request.submit.spec_overrides);
+  api::Service view;
+  {
+    MutexLock lock(&mu_);
+    auto it = services_.find(request.name);
+    if (it == services_.end()) {
+      error->status = NotFound(fmt::format("service '{}' was deleted meanwhile", request.name));
+      return error->status;
+    }
+    Service& s = *it->second;
+    s.record = std::move(record);
+    if (parsed.ok() && parsed.spec->serve) s.serve = *parsed.spec->serve;
+    s.add_not_before = 0;
+    s.add_backoff_ms = 0;
+    AppendHistory(s, "Updated",
+                  fmt::format("revision {} from {}: replicas are replaced one at a time", revision,
+                              s.record.doc.value("spec_file", "")));
+    if (Status saved = Save(s); !saved.ok()) {
+      error->status = saved;
+      return saved;
+    }
+    view = View(s);
+  }
+  wake_.SignalAll();
+  return view;
+}
+
+Result<api::Service> ServiceManager::Scale(const std::string& name, int64_t replicas) {
+  if (replicas < 0 || replicas > 64)
+    return InvalidArgument(fmt::format("replicas: {} is not 0 to 64", replicas));
+  api::Service view;
+  {
+    MutexLock lock(&mu_);
+    auto it = services_.find(name);
+    if (it == services_.end() || it->second->record.state != kActive)
+      return NotFound(fmt::format("no service is named '{}'", name));
+    Service& s = *it->second;
+    const int64_t before = s.record.doc.value("replicas", int64_t{0});
+    s.record.doc["replicas"] = replicas;
+    s.add_not_before = 0;
+    AppendHistory(s, "Scaled", fmt::format("{} -> {} replicas", before, replicas));
+    TAU_RETURN_IF_ERROR(Save(s));
+    view = View(s);
+  }
+  wake_.SignalAll();
+  return view;
+}
+
+Result<api::Service> ServiceManager::Delete(const std::string& name) {
+  api::Service view;
+  {
+    MutexLock lock(&mu_);
+    auto it = services_.find(name);
+    if (it == services_.end()) return NotFound(fmt::format("no service is named '{}'", name));
+    Service& s = *it->second;
+    if (s.record.state != kDeleting) {
+      s.record.state = kDeleting;
+      AppendHistory(s, "Deleting", "its replicas are drained and stopped");
+      TAU_RETURN_IF_ERROR(Save(s));
+    }
+    view = View(s);
+  }
+  wake_.SignalAll();
+  return view;
+}
+
+Result<api::Service> ServiceManager::Get(const std::string& name) {
+  MutexLock lock(&mu_);
+  auto it = services_.find(name);
+  if (it == services_.end()) return NotFound(fmt::format("no service is named '{}'", name));
+  return View(*it->second);
+}
+
+std::optional<std::string> ServiceManager::WorkspaceOf(const std::string& name) {
+  MutexLock lock(&mu_);
+  auto it = services_.find(name);
+  if (it == services_.end()) return std::nullopt;
+  return it->second->record.workspace;
+}
+
+std::vector<api::Service> ServiceManager::List(
+    const std::optional<std::vector<std::string>>& workspaces) {
+  MutexLock lock(&mu_);
+  std::vector<api::Service> out;
+  for (const auto& [name, s] : services_) {
+    if (workspaces && std::find(workspaces->begin(), workspaces->end(), s->record.workspace) ==
+                          workspaces->end())
+      continue;
+    out.push_back(View(*s));
+  }
+  return out;
+}
+
+api::Service ServiceManager::View(const Service& s) const {
+  const nlohmann::json& doc = s.record.doc;
+  api::Service v;
+  v.name = s.record.name;
+  v.workspace = s.record.workspace;
+  v.owner = s.record.owner;
+  v.state = s.record.state;
+  v.replicas = doc.value("replicas", int64_t{0});
+  v.revision = doc.value("revision", int64_t{1});
+  v.endpoint = "/serve/" + s.record.name + "/";
+  v.spec_file = doc.value("spec_file", "");
+  v.config_hash = doc.value("config_hash", "");
+  v.snapshot_digest = doc.value("snapshot_digest", "");
+  v.model = doc.value("model", nlohmann::json());
+  v.serve = doc.value("serve", nlohmann::json::object());
+  for (const auto& [name, rep] : s.replicas) {
+    api::ServiceReplica r;
+    r.run = name;
+    r.state = rep.state;
+    r.revision = rep.revision;
+    r.port = rep.port;
+    r.ready = rep.ready;
+    r.draining = rep.draining;
+    r.restarts = std::max(0, rep.attempts - 1);
+    r.probe = rep.probe;
+    r.reason = rep.reason;
+    if (rep.ready) ++v.ready;
+    v.replica_list.push_back(std::move(r));
+  }
+  v.restarts = s.restarts;
+  v.requests = {{"total", s.requests}, {"failed", s.failed}, {"retried", s.retried}};
+  v.history = doc.value("history", nlohmann::json::array());
+  v.created = FormatRfc3339(s.record.created_ms);
+  v.updated = FormatRfc3339(s.record.updated_ms);
+  return v;
+}
+
+std::optional<ServiceManager::Lease> ServiceManager::Acquire(const std::string& service,
+                                                             const std::set<std::string>& tried) {
+  MutexLock lock(&mu_);
+  auto it = services_.find(service);
+  if (it == services_.end()) return std::nullopt;
+  Service& s = *it->second;
+  std::vector<Replica*> ready;
+  for (auto& [name, rep] : s.replicas)
+    if (rep.ready && !rep.draining && rep.state == "Running" && !tried.count(name))
+      ready.push_back(&rep);
+  if (ready.empty()) return std::nullopt;
+  Replica* pick = ready[s.next++ % ready.size()];
+  ++pick->in_flight;
+  return Lease{service, pick->run, pick->port};
+}
+
+void ServiceManager::Done(const Lease& lease, bool reached) {
+  MutexLock lock(&mu_);
+  auto it = services_.find(lease.service);
+  if (it == services_.end()) return;
+  auto rep = it->second->replicas.find(lease.replica);
+  if (rep == it->second->replicas.end()) return;
+  --rep->second.in_flight;
+  if (!reached && rep->second.ready) {
+    // Out of rotation until its readiness probe passes again.
+    rep->second.ready = false;
+    rep->second.successes = 0;
+    rep->second.probe = "the endpoint could not reach it";
+  }
+}
+
+void ServiceManager::CountRequest(const std::string& service, int status, bool retried,
+                                  double seconds) {
+  {
+    MutexLock lock(&mu_);
+    auto it = services_.find(service);
+    if (it != services_.end()) {
+      ++it->second->requests;
+      if (status == 0 || status >= 500) ++it->second->failed;
+      if (retried) ++it->second->retried;
+    }
+  }
+  if (!metrics_) return;
+  const std::string code = status == 0 ? "error" : fmt::format("{}xx", status / 100);
+  metrics_->Count("tau_serve_requests_total", {{"service", service}, {"code", code}});
+  if (retried) metrics_->Count("tau_serve_retries_total", {{"service", service}});
+  metrics_->Observe("tau_serve_request_duration_seconds", {{"service", service}}, seconds);
+}
+
+}  // namespace tau::server

@@ -1,0 +1,169 @@
+// Services (`tau serve`, docs/serving.md): a service's replicas are runs of its spec (the
+// controller admits, places, restarts and re-adopts them like any run), and this manager keeps
+// each service's replicas as its record says: as many as wanted at its newest revision, probed
+// for readiness and liveness, rolled one at a time on an update, drained before they are stopped.
+// The endpoint (/serve/NAME/...) asks it for a ready replica per request.
+//
+// Every change of a service is written to the store before it is acted on; what it knows of its
+// replicas beyond their runs (probe results, draining) is rebuilt after a restart by probing them.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "api/types.h"
+#include "common/clock.h"
+#include "common/metrics.h"
+#include "common/mutex.h"
+#include "controller/controller.h"
+#include "store/store.h"
+
+namespace tau::server {
+
+// A deploy or an update (POST /api/v1/services, PUT /api/v1/services/NAME): a submission's spec and
+// code, the service's name (the spec's name when "") and the run it serves (overrides the spec's
+// serve.from when set).
+struct DeployRequest {
+  SubmitRequest submit;
+  std::string name;
+  std::string from_run;
+};
+
+class ServiceManager {
+ public:
+  struct Options {
+    Clock* clock = nullptr;  // null: the system clock
+    // How often replicas' runs are read back and the services reconciled (probes keep their
+    // own periods).
+    int64_t tick_ms = 100;
+    // How long a draining replica may finish the requests it has before it is stopped anyway.
+    int64_t drain_ms = 5'000;
+  };
+  ServiceManager(Options options, Controller* controller, store::Store* store, Metrics* metrics);
+  ~ServiceManager();
+
+  // Reads the services back from the store and starts reconciling them.
+  Status Start();
+  void Stop();
+
+  // Validates the spec as a replica's submission, stores the code once and records the service;
+  // its replicas are submitted by the manager next. FailedPrecondition on a backend that cannot
+  // run services.
+  Result<api::Service> Deploy(DeployRequest request, SubmitError* error);
+  // A new revision from a new spec and code: replicas replaced one at a time, each new one ready
+  // before an old one leaves.
+  Result<api::Service> Update(DeployRequest request, SubmitError* error);
+  Result<api::Service> Scale(const std::string& name, int64_t replicas);
+  // Drains and stops every replica, then forgets the service.
+  Result<api::Service> Delete(const std::string& name);
+  Result<api::Service> Get(const std::string& name);
+  // The service's workspace (the endpoint's access check: no view is built per request).
+  std::optional<std::string> WorkspaceOf(const std::string& name);
+  // Every service, or those of `workspaces`.
+  std::vector<api::Service> List(const std::optional<std::vector<std::string>>& workspaces);
+
+  // The endpoint's side. A ready replica of the service (round robin), not one of `tried`; its
+  // in-flight count is raised until Done. nullopt when none is ready.
+  struct Lease {
+    std::string service, replica;
+    int port = 0;
+  };
+  std::optional<Lease> Acquire(const std::string& service, const std::set<std::string>& tried);
+  // `reached`: the replica answered; false takes it out of rotation until a probe passes again.
+  void Done(const Lease& lease, bool reached);
+  // What the endpoint counts per service (the service's `requests`).
+  void CountRequest(const std::string& service, int status, bool retried, double seconds);
+
+  // One reconcile pass, on the caller's thread (tests drive it by hand).
+  void ReconcileOnce();
+
+ private:
+  struct Replica {
+    std::string run;
+    std::string state;
+    std::string reason;
+    int64_t revision = 0;
+    int port = 0;
+    int attempts = 0;                 // the run's attempts when last read
+    std::optional<int64_t> started;  // when the current attempt started running
+    bool ready = false;
+    bool draining = false;
+    bool cancel_sent = false;
+    int64_t drain_since = 0;
+    int successes = 0, failures = 0;  // readiness, in a row
+    int live_failures = 0;            // liveness, in a row
+    int64_t next_ready_probe = 0, next_live_probe = 0;
+    std::string probe;  // the last failure
+    int in_flight = 0;
+  };
+  struct Service {
+    store::ServiceRecord record;
+    spec::Serve serve;  // of the current revision's spec
+    std::map<std::string, Replica> replicas;
+    size_t next = 0;  // round robin
+    int64_t requests = 0, failed = 0, retried = 0;
+    int64_t restarts = 0;  // of replicas since the service was recorded (kept in the record)
+    // New replicas wait until then after replicas ended on their own or were refused (doubling
+    // backoff, reset when one is ready).
+    int64_t add_not_before = 0;
+    int64_t add_backoff_ms = 0;
+    std::string last_add_error;
+  };
+
+  int64_t Now();
+  void Loop();
+  // Reads the service's replica runs back from the store; the ones that ended are dropped.
+  void Refresh(Service& s);
+  void Probe(Service& s);
+  void Converge(Service& s);
+  // Submits one replica of the current revision.
+  Status AddReplica(Service& s);
+  void StartDrain(Service& s, Replica& r, const std::string& why);
+  void AppendHistory(Service& s, const std::string& type, const std::string& message);
+  Status Save(Service& s);
+  api::Service View(const Service& s) const;
+  int FreePort(const Service& s);
+  // The checked service of a deploy or update (its spec as a replica would be submitted).
+  Result<store::ServiceRecord> Prepare(DeployRequest& request, int64_t revision,
+                                       const store::ServiceRecord* previous, SubmitError* error);
+
+  const Options options_;
+  Controller* const controller_;
+  store::Store* const store_;
+  Metrics* const metrics_;
+  Clock* clock_;
+
+  Mutex mu_;
+  std::map<std::string, std::unique_ptr<Service>> services_ TAU_GUARDED_BY(mu_);
+  bool stopping_ TAU_GUARDED_BY(mu_) = false;
+  CondVar wake_;
+  // Reconcile passes run one at a time (the loop, or a test's hand).
+  Mutex pass_mu_;
+  std::thread thread_;
+};
+
+// The probes and the endpoint's forwarding (serve_proxy.cc): plain HTTP/1.0 to 127.0.0.1:port.
+// An HTTP probe passes when the replica answers 2xx or 3xx within `timeout_ms`; a TCP probe when it
+// accepts a connection. Returns "" when it passed, else why it failed.
+std::string ProbeReplica(int port, const std::string& http_path, int64_t timeout_ms);
+struct ForwardResult {
+  bool connected = false;  // the replica took the connection (the request may have reached it)
+  bool answered = false;   // a whole answer came back
+  int status = 0;
+  std::vector<std::pair<std::string, std::string>> headers;  // without hop-by-hop ones
+  std::string body;
+  std::string error;
+};
+// Sends `method target` with `headers` (hop-by-hop ones dropped) and `body`, and reads the whole
+// answer (at most 64 MiB) within `timeout_ms`.
+ForwardResult ForwardRequest(int port, const std::string& method, const std::string& target,
+                             const std::map<std::string, std::string>& headers,
+                             const std::string& body, int64_t timeout_ms);
+
+}  // namespace tau::server

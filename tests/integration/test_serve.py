@@ -1,0 +1,354 @@
+"""Services (issue #24) with a real server, real replica processes and real HTTP requests through
+the server's endpoint /serve/NAME/: the example serves a trained quickstart run and answers with
+its weights; a replica killed mid-traffic is restarted while requests keep succeeding; scale
+2 -> 3 -> 1; a rolling update with a client loop that sees no failed request; a replica that
+fails its liveness probe is restarted as LivenessFailed; a replica on a GPU that turns unhealthy
+moves to another; a server SIGKILL and restart re-adopts the live replicas and the endpoint comes
+back; bad service specs are refused at file:line:col."""
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+import unittest
+
+from harness import ServerTestCase, UnixHTTPConnection, wait_for
+
+REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+# A replica that says who it is: its run, pid, GPUs and VERSION; /healthz fails while the file
+# $MARKS/sick-<run> exists (to fail its liveness probe).
+APP = r'''import json, os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+RUN = os.environ.get("TAU_RUN_NAME", "")
+SICK = os.path.join(os.environ.get("MARKS", "/nonexistent"), "sick-" + RUN)
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    def reply(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        if self.path == "/healthz":
+            return self.reply(500 if os.path.exists(SICK) else 200, {"ok": True})
+        self.reply(200, {"run": RUN, "pid": os.getpid(), "path": self.path,
+                         "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+                         "version": os.environ.get("VERSION", "")})
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        self.reply(201, {"run": RUN, "echo": self.rfile.read(n).decode()})
+    def log_message(self, *args):
+        pass
+
+print("replica", RUN, "on port", os.environ["PORT"], flush=True)
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
+'''
+
+SERVICE = """schema_version: 1
+kind: service
+name: {name}
+run:
+  entrypoint: app.py
+  workload_kind: job
+compute:
+  gpus: {gpus}
+  cpus: 100m
+  memory: 64Mi
+runtime:
+  env:
+    VERSION: "{version}"
+    MARKS: "{marks}"
+serve:
+  replicas: {replicas}
+  readiness:
+    http_path: /healthz
+    period: 200ms
+    failure_threshold: 1
+  liveness:
+    http_path: /healthz
+    period: 300ms
+    failure_threshold: 2
+  restart_backoff_initial: 200ms
+  restart_backoff_max: 2s
+"""
+
+
+class ServeTestCase(ServerTestCase):
+    def setUp(self):
+        super().setUp()
+        self.marks = os.path.join(self.work, "marks")
+        os.makedirs(self.marks, exist_ok=True)
+        os.chmod(self.marks, 0o777)
+        os.chmod(self.work, 0o755)
+
+    def service_spec(self, name="svc", replicas=2, version="1", gpus=0):
+        return self.project(SERVICE.format(name=name, replicas=replicas, version=version,
+                                           gpus=gpus, marks=self.marks), {"app.py": APP})
+
+    def call(self, path, method="GET", body=None, timeout=30):
+        conn = UnixHTTPConnection(os.path.join(self.server.home, "tau.sock"), timeout=timeout)
+        try:
+            conn.request(method, path, body=body)
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+    def status(self, name):
+        return json.loads(self.server.tau("serve", "status", name, "-o", "json", check=0).stdout)
+
+    def wait_ready(self, name, ready, revision=None, timeout=60):
+        def done():
+            s = self.status(name)
+            reps = [r for r in s["replica_list"] if not r["draining"]]
+            if revision is not None and any(r["revision"] != revision for r in reps):
+                return None
+            ok = len(reps) == ready and sum(r["ready"] for r in reps) == ready
+            return s if ok else None
+        return wait_for(done, timeout=timeout, what=f"{ready} ready replicas of {name}")
+
+    def who(self, name):
+        status, body = self.call(f"/serve/{name}/who")
+        self.assertEqual(status, 200, body)
+        return json.loads(body)
+
+
+class ServeTest(ServeTestCase):
+    def test_the_example_serves_a_trained_quickstart_run(self):
+        example = os.path.join(self.work, "example")
+        shutil.copytree(os.path.join(REPO_ROOT, "examples"), example)
+        train = self.server.tau("run", os.path.join(example, "quickstart", "tau.yaml"),
+                                "--set", "run.args=[--steps, 10, --sleep, 0]", check=0,
+                                timeout=120)
+        run = train.stderr.split("tau: run ")[1].split()[0]
+        deploy = self.server.tau("serve", "deploy", os.path.join(example, "serve", "tau.yaml"),
+                                 "--from", run, check=0)
+        self.assertIn("service linear deployed", deploy.stdout)
+        s = self.wait_ready("linear", 2)
+        model = s["model"]
+        self.assertEqual(model["run"], run)
+        self.assertTrue(model["path"].endswith("ckpt-000010.json"), model)
+        self.assertRegex(model["sha256"], "^[0-9a-f]{64}$")
+        with open(model["path"]) as f:
+            weights = json.load(f)
+        status, body = self.call("/serve/linear/predict?x=2")
+        self.assertEqual(status, 200, body)
+        self.assertAlmostEqual(json.loads(body)["y"], weights["w"] * 2 + weights["b"], places=9)
+        status, body = self.call("/serve/linear/predict", "POST", json.dumps({"x": [0, 1, -1.5]}))
+        self.assertEqual(status, 200, body)
+        self.assertEqual(json.loads(body)["y"],
+                         [weights["b"], weights["w"] + weights["b"], -1.5 * weights["w"] + weights["b"]])
+        # Requests are spread over both replicas.
+        served = {json.loads(self.call("/serve/linear/model")[1])["replica"] for _ in range(6)}
+        self.assertEqual(served, {r["run"] for r in s["replica_list"]})
+        # Each replica's evidence names the checkpoint it serves, with its digest.
+        replica = s["replica_list"][0]["run"]
+        record = json.loads(self.server.tau("evidence", replica, "-o", "json", check=0).stdout)
+        [lineage] = record["lineage"]
+        self.assertEqual(lineage["run"], run)
+        self.assertEqual(lineage["checkpoint"], model["path"])
+        self.assertEqual(lineage["checkpoint_sha256"], model["sha256"])
+        # The endpoint counts requests in /metrics, with their latency.
+        metrics = self.server.tau_http("/metrics")
+        self.assertRegex(metrics, r'tau_serve_requests_total\{code="2xx",service="linear"\} \d+')
+        self.assertIn('tau_serve_request_duration_seconds_count{service="linear"}', metrics)
+        listed = self.server.tau("serve", "list", check=0).stdout
+        self.assertRegex(listed, r"linear\s+default\s+Active\s+2/2")
+
+    def test_a_killed_replica_restarts_while_requests_keep_succeeding(self):
+        self.server.tau("serve", "deploy", self.service_spec(), check=0)
+        s = self.wait_ready("svc", 2)
+        victim = s["replica_list"][0]["run"]
+        pids = {}
+        wait_for(lambda: pids.update({w["run"]: w["pid"] for w in [self.who("svc")]}) or len(pids) == 2,
+                 what="both replicas answering")
+        failures, done = [], threading.Event()
+        count = [0]
+
+        def client():
+            while not done.is_set():
+                status, body = self.call("/serve/svc/who")
+                count[0] += 1
+                if status != 200:
+                    failures.append((status, body))
+        t = threading.Thread(target=client)
+        t.start()
+        try:
+            time.sleep(0.3)
+            os.kill(pids[victim], signal.SIGKILL)
+            wait_for(lambda: next(r for r in self.status("svc")["replica_list"]
+                                  if r["run"] == victim)["restarts"] >= 1,
+                     what="the replica's restart")
+            self.wait_ready("svc", 2)
+            time.sleep(0.3)
+        finally:
+            done.set()
+            t.join()
+        self.assertEqual(failures, [])
+        self.assertGreater(count[0], 10)
+        s = self.status("svc")
+        self.assertGreaterEqual(s["restarts"], 1)
+        self.assertIn("ReplicaRestarted", [h["type"] for h in s["history"]])
+        d = self.server.run_json(victim)
+        self.assertEqual(d["attempts"][0]["reason"], "UserError")
+        self.assertNotEqual(self.who_pid_of(victim), pids[victim])
+
+    def who_pid_of(self, run):
+        return wait_for(lambda: next((w["pid"] for w in [self.who("svc")] if w["run"] == run), None),
+                        what=f"an answer from {run}")
+
+    def test_scale_up_and_down(self):
+        self.server.tau("serve", "deploy", self.service_spec(), check=0)
+        first = {r["run"] for r in self.wait_ready("svc", 2)["replica_list"]}
+        self.server.tau("serve", "scale", "svc", "3", check=0)
+        grown = {r["run"] for r in self.wait_ready("svc", 3)["replica_list"]}
+        self.assertTrue(first < grown)
+        self.server.tau("serve", "scale", "svc", "1", check=0)
+        s = self.wait_ready("svc", 1)
+        [left] = [r["run"] for r in s["replica_list"] if not r["draining"]]
+        wait_for(lambda: len(self.status("svc")["replica_list"]) == 1, what="drained replicas gone")
+        for run in grown - {left}:
+            self.assertEqual(self.server.run_json(run)["run"]["state"], "Cancelled")
+        self.assertEqual(self.who("svc")["run"], left)
+        self.assertEqual(self.server.tau("serve", "scale", "svc", "65").returncode, 1)
+
+    def test_rolling_update_fails_no_request(self):
+        self.server.tau("serve", "deploy", self.service_spec(version="1"), check=0)
+        old = {r["run"] for r in self.wait_ready("svc", 2)["replica_list"]}
+        failures, versions, done = [], set(), threading.Event()
+
+        def client():
+            while not done.is_set():
+                status, body = self.call("/serve/svc/who")
+                if status != 200:
+                    failures.append((status, body))
+                else:
+                    versions.add(json.loads(body)["version"])
+        threads = [threading.Thread(target=client) for _ in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(0.3)
+            p = self.server.tau("serve", "update", "svc", self.service_spec(version="2"), check=0)
+            self.assertIn("revision 2", p.stdout)
+            s = self.wait_ready("svc", 2, revision=2, timeout=90)
+            wait_for(lambda: all(r["revision"] == 2 for r in self.status("svc")["replica_list"]),
+                     what="the old replicas gone")
+            time.sleep(0.3)
+        finally:
+            done.set()
+            for t in threads:
+                t.join()
+        self.assertEqual(failures, [])
+        self.assertEqual(versions, {"1", "2"})
+        new = {r["run"] for r in s["replica_list"]}
+        self.assertFalse(old & new)
+        self.assertEqual(self.who("svc")["version"], "2")
+        # One at a time: each old replica left only after a new one was ready.
+        types = [h["type"] for h in self.status("svc")["history"]]
+        first_drain = types.index("ReplicaDraining", types.index("Updated"))
+        self.assertIn("ReplicaReady", types[types.index("Updated"):first_drain])
+
+    def test_liveness_failure_restarts_the_replica(self):
+        self.server.tau("serve", "deploy", self.service_spec(replicas=1), check=0)
+        [rep] = self.wait_ready("svc", 1)["replica_list"]
+        open(os.path.join(self.marks, "sick-" + rep["run"]), "w").close()
+        wait_for(lambda: any(a["reason"] == "LivenessFailed"
+                             for a in self.server.run_json(rep["run"])["attempts"]),
+                 timeout=30, what="the LivenessFailed attempt")
+        os.remove(os.path.join(self.marks, "sick-" + rep["run"]))
+        s = self.wait_ready("svc", 1)
+        self.assertEqual(s["replica_list"][0]["run"], rep["run"])  # the same replica, restarted
+        self.assertGreaterEqual(s["replica_list"][0]["restarts"], 1)
+        self.assertIn("LivenessFailed", [h["type"] for h in s["history"]])
+
+    def test_server_sigkill_readopts_live_replicas(self):
+        self.server.tau("serve", "deploy", self.service_spec(), check=0)
+        before = {r["run"]: r["port"] for r in self.wait_ready("svc", 2)["replica_list"]}
+        pids = {}
+        wait_for(lambda: pids.update({w["run"]: w["pid"] for w in [self.who("svc")]}) or len(pids) == 2,
+                 what="both replicas answering")
+        self.server.kill(signal.SIGKILL)
+        self.server.start()
+        s = self.wait_ready("svc", 2)
+        self.assertEqual({r["run"]: r["port"] for r in s["replica_list"]}, before)
+        seen = {}
+        wait_for(lambda: seen.update({w["run"]: w["pid"] for w in [self.who("svc")]}) or len(seen) == 2,
+                 what="both replicas answering again")
+        self.assertEqual(seen, pids)  # the same processes: re-adopted, not restarted
+        self.assertEqual(s["restarts"], 0)
+
+    def test_delete_drains_and_stops_every_replica(self):
+        self.server.tau("serve", "deploy", self.service_spec(), check=0)
+        runs = [r["run"] for r in self.wait_ready("svc", 2)["replica_list"]]
+        self.server.tau("serve", "delete", "svc", check=0)
+        wait_for(lambda: self.server.tau("serve", "status", "svc").returncode != 0,
+                 what="the service gone")
+        for run in runs:
+            self.assertEqual(self.server.run_json(run)["run"]["state"], "Cancelled")
+        status, body = self.call("/serve/svc/who")
+        self.assertEqual(status, 404, body)
+
+    def test_bad_specs_are_refused_at_their_fields(self):
+        spec = self.project("schema_version: 1\nname: x\nrun:\n  entrypoint: app.py\n"
+                            "serve:\n  replicas: 2\n", {"app.py": APP})
+        p = self.server.tau("serve", "deploy", spec)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("tau.yaml:5:1: error: serve: only a service has a serve section", p.stderr)
+        spec = self.project("schema_version: 1\nkind: service\nname: x\nrun:\n  entrypoint: app.py\n"
+                            "compute:\n  workers: 2\nserve:\n  replica: 2\n", {"app.py": APP})
+        p = self.server.tau("serve", "deploy", spec)
+        self.assertIn("tau.yaml:7:3: error: compute.workers: a service's replica is one process",
+                      p.stderr)
+        self.assertIn("tau.yaml:9:3: error: unknown field 'replica' in 'serve' (did you mean "
+                      "'replicas'?)", p.stderr)
+        # A service is not a run, and a run is not a service.
+        p = self.server.tau("run", self.service_spec())
+        self.assertIn("is a service (kind: service): deploy it with `tau serve deploy", p.stderr)
+        run_spec = self.project("schema_version: 1\nname: x\nrun:\n  entrypoint: app.py\n",
+                                {"app.py": APP})
+        p = self.server.tau("serve", "deploy", run_spec)
+        self.assertIn("is a run spec, not a service", p.stderr)
+        # A model from a run that does not exist.
+        p = self.server.tau("serve", "deploy", self.service_spec(), "--from", "nope-12345678")
+        self.assertIn("serve.from: no run is named 'nope-12345678'", p.stderr)
+        self.assertEqual(json.loads(self.server.tau("serve", "list", "-o", "json").stdout),
+                         {"services": []})
+
+
+class ServeGpuTest(ServeTestCase):
+    gpus = 2
+
+    def setUp(self):
+        import tempfile
+        fd, self.scenario = tempfile.mkstemp(prefix="tau-it-scn-", suffix=".scn")
+        # GPU 0 falls off the bus 8 s after the server's NVML init.
+        os.write(fd, b"gpus 2\nat 8s gpu 0 xid 79\n")
+        os.close(fd)
+        self.extra_env = {"TAU_FAKE_NVML_SCENARIO": self.scenario}
+        super().setUp()
+
+    def tearDown(self):
+        super().tearDown()
+        os.unlink(self.scenario)
+
+    def test_a_replica_on_a_gpu_that_turns_unhealthy_moves(self):
+        self.server.tau("serve", "deploy", self.service_spec(replicas=1, gpus=1), check=0)
+        [rep] = self.wait_ready("svc", 1)["replica_list"]
+        self.assertEqual(self.who("svc")["gpus"], "0")
+        wait_for(lambda: any(a["reason"] == "GPUError"
+                             for a in self.server.run_json(rep["run"])["attempts"]),
+                 timeout=30, what="the GPUError attempt")
+        self.wait_ready("svc", 1)
+        self.assertEqual(wait_for(lambda: self.who("svc")["gpus"] == "1" and "1",
+                                  what="the replica on GPU 1"), "1")
+
+
+if __name__ == "__main__":
+    unittest.main()
