@@ -375,7 +375,7 @@ struct ServiceReplica {
 };
 struct Service {
   std::string name, workspace, owner;
-  std::string state;  // Active, Deleting
+  std::string state;     // Active, Deleting
   int64_t replicas = 0;  // wanted
   int64_t ready = 0;     // replicas ready now
   int64_t revision = 0;  // bumped by each update
@@ -383,9 +383,9 @@ struct Service {
   std::string spec_file, config_hash, snapshot_digest;
   // The model it serves: {"run", "kind" (checkpoint|output), "path", "sha256"}; null when none.
   nlohmann::json model;
-  nlohmann::json serve;  // the spec's serve section (spec::ServeJson)
+  nlohmann::json serve;                      // the spec's serve section (spec::ServeJson)
   std::vector<ServiceReplica> replica_list;  // "replica_list"
-  int64_t restarts = 0;  // of every replica it has had
+  int64_t restarts = 0;                      // of every replica it has had
   // Requests through the endpoint since the server started: {"total", "failed", "retried"}.
   nlohmann::json requests = nlohmann::json::object();
   nlohmann::json history = nlohmann::json::array();  // [{"time", "type", "message"}], oldest first

@@ -86,10 +86,9 @@ struct MetricsDrained {
 // pass again, and build them at its end.
 struct ViewsWanted {};
 
-using InboxMessage =
-    std::variant<NewRun, CancelRequest, AttemptExited, GpuNews, ResumeRequest, ClusterNews,
-                 GpuSamples, PlatformChanged, RunNotice, MetricsDrained, ViewsWanted,
-                 RestartRequest>;
+using InboxMessage = std::variant<NewRun, CancelRequest, AttemptExited, GpuNews, ResumeRequest,
+                                  ClusterNews, GpuSamples, PlatformChanged, RunNotice,
+                                  MetricsDrained, ViewsWanted, RestartRequest>;
 
 // One pass's messages, by kind.
 struct InboxTake {

@@ -15,9 +15,7 @@
 namespace tau::cli {
 namespace {
 
-std::string ReadyText(const api::Service& s) {
-  return fmt::format("{}/{}", s.ready, s.replicas);
-}
+std::string ReadyText(const api::Service& s) { return fmt::format("{}/{}", s.ready, s.replicas); }
 
 void PrintService(const api::Service& s) {
   std::printf("Service:    %s (revision %lld, %s)\n", s.name.c_str(),
@@ -45,8 +43,8 @@ void PrintService(const api::Service& s) {
   std::vector<std::vector<std::string>> rows;
   for (const api::ServiceReplica& r : s.replica_list)
     rows.push_back({r.run, std::to_string(r.revision), std::to_string(r.port), r.state,
-                    r.draining ? "draining" : (r.ready ? "yes" : "no"),
-                    std::to_string(r.restarts), r.probe.empty() ? "-" : r.probe});
+                    r.draining ? "draining" : (r.ready ? "yes" : "no"), std::to_string(r.restarts),
+                    r.probe.empty() ? "-" : r.probe});
   if (!rows.empty()) {
     std::printf("\n");
     PrintTable({"REPLICA", "REVISION", "PORT", "STATE", "READY", "RESTARTS", "LAST PROBE"}, rows);
@@ -74,10 +72,10 @@ int CmdDeploy(const Global& g, const RunOptions& o, const std::string& name,
   auto spec = SubmissionBody(g, o, &conn, &rc);
   if (!spec) return rc;
   if (!spec->parsed.spec->serve)
-    return Fail(fmt::format(
-        "{} is a run spec, not a service: add 'kind: service' and a serve section "
-        "(docs/serving.md), or run it with `tau run {}`",
-        spec->file, spec->file));
+    return Fail(
+        fmt::format("{} is a run spec, not a service: add 'kind: service' and a serve section "
+                    "(docs/serving.md), or run it with `tau run {}`",
+                    spec->file, spec->file));
   nlohmann::json service = nlohmann::json::object();
   if (!name.empty()) service["name"] = name;
   if (!from.empty()) service["from"] = from;
@@ -88,11 +86,10 @@ int CmdDeploy(const Global& g, const RunOptions& o, const std::string& name,
   if (!made.ok()) return SubmissionFailed(*spec, made.status());
   if (update.empty())
     std::printf("service %s deployed: %lld replica(s) starting; its endpoint is %s\n",
-                made->name.c_str(), static_cast<long long>(made->replicas),
-                made->endpoint.c_str());
+                made->name.c_str(), static_cast<long long>(made->replicas), made->endpoint.c_str());
   else
-    std::printf("service %s: revision %lld rolling out one replica at a time\n",
-                made->name.c_str(), static_cast<long long>(made->revision));
+    std::printf("service %s: revision %lld rolling out one replica at a time\n", made->name.c_str(),
+                static_cast<long long>(made->revision));
   std::printf("follow it: tau serve status %s\n", made->name.c_str());
   return 0;
 }
@@ -212,15 +209,17 @@ void RegisterServeCommands(CLI::App* app, Context* ctx) {
   scale->add_option("name", a->name, "The service")->required();
   scale->add_option("replicas", a->replicas, "How many")->required();
   scale->callback([=, &g] {
-    ctx->rc = Act(g, [&](client::TauApi& t) { return t.ScaleService(a->name, a->replicas); },
-                  "scaled to " + std::to_string(a->replicas) + " replicas");
+    ctx->rc = Act(
+        g, [&](client::TauApi& t) { return t.ScaleService(a->name, a->replicas); },
+        "scaled to " + std::to_string(a->replicas) + " replicas");
   });
 
   auto* del = serve->add_subcommand("delete", "Drain and stop every replica, then remove it");
   del->add_option("name", a->name, "The service")->required();
   del->callback([=, &g] {
-    ctx->rc = Act(g, [&](client::TauApi& t) { return t.DeleteService(a->name); },
-                  "deleting: its replicas are drained, then stopped");
+    ctx->rc = Act(
+        g, [&](client::TauApi& t) { return t.DeleteService(a->name); },
+        "deleting: its replicas are drained, then stopped");
   });
 
   auto* logs = serve->add_subcommand("logs", "A replica's log (the first ready one by default)");

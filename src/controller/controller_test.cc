@@ -1077,8 +1077,7 @@ TEST_F(ControllerTest, AServiceReplicaIsARunThatRestartsOnEveryFailureAndIsStopp
   ASSERT_TRUE(made.ok()) << error.status.ToString();
   const std::string name = made->name;
   EXPECT_EQ(name.rfind("svc-", 0), 0u);
-  EXPECT_EQ(Run(name).service,
-            (nlohmann::json{{"name", "svc"}, {"revision", 3}, {"port", 40123}}));
+  EXPECT_EQ(Run(name).service, (nlohmann::json{{"name", "svc"}, {"revision", 3}, {"port", 40123}}));
   controller_->RunOnce();
   EXPECT_EQ(Run(name).state, RunState::kRunning);
 

@@ -53,20 +53,20 @@ Result<RunRecord> Controller::SubmitReplica(const ReplicaRequest& request, Submi
   if (!request.from_run.empty()) {
     // The trained run is the replica's upstream: it waits for it to end, then gets its newest
     // complete checkpoint and output directory, read-only, with their digests in its lineage.
-    r.workflow = {{"stage", kModelStage},
-                  {"after", nlohmann::json::array({{{"stage", kModelStage},
-                                                    {"run", request.from_run},
-                                                    {"condition", "finished"}}})}};
+    r.workflow = {
+        {"stage", kModelStage},
+        {"after",
+         nlohmann::json::array(
+             {{{"stage", kModelStage}, {"run", request.from_run}, {"condition", "finished"}}})}};
   }
   if (request.dry_run) return std::move(r);
   Status inserted = InsertWithUniqueName(&r, request.service, [&](const std::string&) {
-    std::vector<Event> events = {
-        {0, r.name, r.created_ms, "Submitted",
-         fmt::format("replica of service {} (revision {}, port {})", request.service,
-                     request.revision, request.port),
-         prepared.submitted, "", ""},
-        {0, r.name, r.created_ms, "Queued", "queued in " + r.queue, nlohmann::json::object(), "",
-         ""}};
+    std::vector<Event> events = {{0, r.name, r.created_ms, "Submitted",
+                                  fmt::format("replica of service {} (revision {}, port {})",
+                                              request.service, request.revision, request.port),
+                                  prepared.submitted, "", ""},
+                                 {0, r.name, r.created_ms, "Queued", "queued in " + r.queue,
+                                  nlohmann::json::object(), "", ""}};
     events[0].data["service"] = r.service;
     return events;
   });

@@ -56,9 +56,9 @@ const std::vector<FailureClass>& AllFailureClasses() {
 
 const std::vector<FailureClass>& RetryableFailureClasses() {
   using C = FailureClass;
-  static const auto* values =
-      new std::vector<FailureClass>{C::kUserError, C::kOOMKilled, C::kPreempted, C::kEvicted,
-                                    C::kGPUError,  C::kNodeLost,  C::kTimeout,   C::kSetupError, C::kLivenessFailed};
+  static const auto* values = new std::vector<FailureClass>{
+      C::kUserError, C::kOOMKilled, C::kPreempted,  C::kEvicted,       C::kGPUError,
+      C::kNodeLost,  C::kTimeout,   C::kSetupError, C::kLivenessFailed};
   return *values;
 }
 

@@ -71,7 +71,8 @@ Result<DeployRequest> ParseDeployBody(const std::string& body) {
     for (const auto& [key, value] : s.items()) {
       if (key != "name" && key != "from")
         return InvalidArgument(fmt::format("service: unknown member '{}' (name, from)", key));
-      if (!value.is_string()) return InvalidArgument(fmt::format("service.{} must be a string", key));
+      if (!value.is_string())
+        return InvalidArgument(fmt::format("service.{} must be a string", key));
     }
     out.name = s.value("name", "");
     out.from_run = s.value("from", "");
@@ -121,13 +122,13 @@ void RegisterServiceApi(SecureRouter* api, ServiceManager* services) {
                if (!made.ok()) return ReplySubmitError(res, made.status(), error);
                http::Reply(res, 201, made->ToJson());
              });
-  api->Route("GET", "/api/v1/services", Access::kSignedIn,
-             [services](const http::HttpRequest&, http::HttpResponse& res,
-                        const CallerContext& caller) {
-               api::ServiceList list;
-               list.services = services->List(caller.VisibleWorkspaces());
-               http::Reply(res, 200, list.ToJson());
-             });
+  api->Route(
+      "GET", "/api/v1/services", Access::kSignedIn,
+      [services](const http::HttpRequest&, http::HttpResponse& res, const CallerContext& caller) {
+        api::ServiceList list;
+        list.services = services->List(caller.VisibleWorkspaces());
+        http::Reply(res, 200, list.ToJson());
+      });
   api->Route("GET", R"(/api/v1/services/([a-z0-9-]+))", Access::kSignedIn,
              [allowed](const http::HttpRequest& req, http::HttpResponse& res,
                        const CallerContext& caller) {
@@ -192,8 +193,8 @@ void RegisterServiceApi(SecureRouter* api, ServiceManager* services) {
       auto lease = services->Acquire(name, tried);
       if (!lease) break;
       tried.insert(lease->replica);
-      result = ForwardRequest(lease->port, req.method, target, req.headers, req.body,
-                              kForwardTimeoutMs);
+      result =
+          ForwardRequest(lease->port, req.method, target, req.headers, req.body, kForwardTimeoutMs);
       services->Done(*lease, result.answered);
       if (result.answered) break;
       const bool may_retry = !result.connected || Idempotent(req.method);
@@ -209,12 +210,11 @@ void RegisterServiceApi(SecureRouter* api, ServiceManager* services) {
             res, Unavailable(fmt::format("service '{}' has no ready replica; `tau serve status {}` "
                                          "says why",
                                          name, name)));
-      return http::Reply(
-          res, 502,
-          {{"error",
-            {{"code", "BadGateway"},
-             {"message", fmt::format("service '{}': no replica answered ({})", name,
-                                     result.error)}}}});
+      return http::Reply(res, 502,
+                         {{"error",
+                           {{"code", "BadGateway"},
+                            {"message", fmt::format("service '{}': no replica answered ({})", name,
+                                                    result.error)}}}});
     }
     services->CountRequest(name, result.status, retried, seconds);
     res.status = result.status;

@@ -47,7 +47,8 @@ class Connection {
     addr.sin_port = htons(static_cast<uint16_t>(port));
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return "";
-    if (errno != EINPROGRESS) return fmt::format("connect to port {}: {}", port, std::strerror(errno));
+    if (errno != EINPROGRESS)
+      return fmt::format("connect to port {}: {}", port, std::strerror(errno));
     if (!Wait(POLLOUT)) return fmt::format("connect to port {}: timed out", port);
     int err = 0;
     socklen_t len = sizeof err;
@@ -138,7 +139,8 @@ std::string ProbeReplica(int port, const std::string& http_path, int64_t timeout
       !e.empty())
     return e;
   std::string answer;
-  std::string e = c.ReadAll(&answer, [](const std::string& a) { return a.find("\r\n") != std::string::npos; });
+  std::string e =
+      c.ReadAll(&answer, [](const std::string& a) { return a.find("\r\n") != std::string::npos; });
   if (!e.empty()) return e;
   const int status = StatusOf(answer.substr(0, answer.find("\r\n")));
   if (status == 0) return fmt::format("GET {} answered no HTTP status line", http_path);
@@ -206,8 +208,8 @@ ForwardResult ForwardRequest(int port, const std::string& method, const std::str
   }
   out.body = answer.substr(end + 4);
   if (length && out.body.size() < *length) {
-    out.error = fmt::format("the replica's answer was cut short ({} of {} bytes)",
-                            out.body.size(), *length);
+    out.error = fmt::format("the replica's answer was cut short ({} of {} bytes)", out.body.size(),
+                            *length);
     return out;
   }
   if (length) out.body.resize(*length);

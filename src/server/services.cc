@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "common/clock.h"
 #include "common/strings.h"
@@ -118,7 +119,12 @@ void ServiceManager::Stop() {
 
 void ServiceManager::Loop() {
   while (true) {
-    ReconcileOnce();
+    try {
+      ReconcileOnce();
+    } catch (const std::exception& e) {
+      // A service's record the manager cannot read is said, never the server's end.
+      std::fprintf(stderr, "tau server: services: %s\n", e.what());
+    }
     MutexLock lock(&mu_);
     if (stopping_) return;
     wake_.WaitFor(&mu_, std::chrono::milliseconds(options_.tick_ms),
@@ -190,14 +196,12 @@ void ServiceManager::Refresh(Service& s) {
       }
       if (state != rep.state || r.attempts != rep.attempts) {
         // A new attempt (or one that stopped running) is probed from the start again.
-        rep.ready = false;
+        rep.ready = rep.was_ready = false;
         rep.successes = rep.failures = rep.live_failures = 0;
-        rep.started = r.state == store::RunState::kRunning ? std::optional<int64_t>(now)
-                                                           : std::nullopt;
+        rep.started =
+            r.state == store::RunState::kRunning ? std::optional<int64_t>(now) : std::nullopt;
         const int64_t first = rep.started ? *rep.started + s.serve.readiness.initial_delay_ms : 0;
         rep.next_ready_probe = first;
-        rep.next_live_probe =
-            rep.started && s.serve.liveness ? *rep.started + s.serve.liveness->initial_delay_ms : 0;
       }
       rep.state = state;
       rep.reason = r.reason;
@@ -217,8 +221,9 @@ void ServiceManager::Refresh(Service& s) {
     if (!drained) {
       // It ended of its own accord (a clean exit, a failure that is not retried): replaced, after
       // a wait that doubles while replicas keep ending so.
-      s.add_backoff_ms = std::clamp<int64_t>(s.add_backoff_ms * 2, s.serve.restart_backoff_initial_ms,
-                                             std::max<int64_t>(s.serve.restart_backoff_max_ms, 1));
+      s.add_backoff_ms =
+          std::clamp<int64_t>(s.add_backoff_ms * 2, s.serve.restart_backoff_initial_ms,
+                              std::max<int64_t>(s.serve.restart_backoff_max_ms, 1));
       s.add_not_before = Now() + s.add_backoff_ms;
     }
     AppendHistory(s, drained ? "ReplicaRemoved" : "ReplicaEnded",
@@ -250,7 +255,9 @@ void ServiceManager::Probe(Service& s) {
         due.push_back({name, rep.port, false, s.serve.readiness});
         rep.next_ready_probe = now + s.serve.readiness.period_ms;
       }
-      if (s.serve.liveness && now >= rep.next_live_probe) {
+      // Liveness once the attempt has been ready: its start is the readiness probe's business (a
+      // server still loading its model is not dead).
+      if (s.serve.liveness && rep.was_ready && now >= rep.next_live_probe) {
         due.push_back({name, rep.port, true, *s.serve.liveness});
         rep.next_live_probe = now + s.serve.liveness->period_ms;
       }
@@ -258,7 +265,8 @@ void ServiceManager::Probe(Service& s) {
   }
   if (due.empty()) return;
   std::vector<std::string> results;
-  for (const Due& d : due) results.push_back(ProbeReplica(d.port, d.probe.http_path, d.probe.timeout_ms));
+  for (const Due& d : due)
+    results.push_back(ProbeReplica(d.port, d.probe.http_path, d.probe.timeout_ms));
   bool changed = false;
   MutexLock lock(&mu_);
   for (size_t i = 0; i < due.size(); ++i) {
@@ -272,8 +280,8 @@ void ServiceManager::Probe(Service& s) {
         continue;
       }
       if (++rep.live_failures < due[i].probe.failure_threshold) continue;
-      const std::string why = fmt::format("liveness probe failed {} times in a row: {}",
-                                          rep.live_failures, failed);
+      const std::string why =
+          fmt::format("liveness probe failed {} times in a row: {}", rep.live_failures, failed);
       controller_->RestartReplica(rep.run, why);
       rep.live_failures = 0;
       rep.ready = false;
@@ -287,6 +295,9 @@ void ServiceManager::Probe(Service& s) {
       rep.probe.clear();
       if (++rep.successes >= due[i].probe.success_threshold && !rep.ready) {
         rep.ready = true;
+        if (!rep.was_ready && s.serve.liveness)
+          rep.next_live_probe = now + s.serve.liveness->initial_delay_ms;
+        rep.was_ready = true;
         s.add_backoff_ms = 0;
         AppendHistory(s, "ReplicaReady",
                       fmt::format("replica {} (revision {}, port {}) is ready", rep.run,
@@ -381,7 +392,8 @@ Status ServiceManager::AddReplica(Service& s) {
     request.overrides.push_back({o.value("path", ""), o.value("value", "")});
   request.code_dir = doc.value("code_dir", "");
   request.snapshot_digest = doc.value("snapshot_digest", "");
-  request.from_run = doc.value("model", nlohmann::json::object()).value("run", "");
+  if (auto model = doc.find("model"); model != doc.end() && model->is_object())
+    request.from_run = model->value("run", "");
   request.caller.user = s.record.owner;
   request.caller.groups = doc.value("groups", std::vector<std::string>{});
   request.token_user = doc.value("token_user", false);
@@ -404,9 +416,9 @@ Status ServiceManager::AddReplica(Service& s) {
   rep.state = store::RunStateName(made->state);
   rep.revision = request.revision;
   rep.port = request.port;
-  AppendHistory(s, "ReplicaAdded",
-                fmt::format("replica {} (revision {}, port {})", made->name, request.revision,
-                            request.port));
+  AppendHistory(
+      s, "ReplicaAdded",
+      fmt::format("replica {} (revision {}, port {})", made->name, request.revision, request.port));
   return Status::Ok();
 }
 
@@ -469,8 +481,8 @@ Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int
   check.dry_run = true;
   check.service = previous ? previous->name : request.name;
   if (check.service.empty()) {
-    spec::ParseOutcome parsed = spec::ParseSpec(submit.spec_yaml, submit.spec_file,
-                                                submit.spec_overrides);
+    spec::ParseOutcome parsed =
+        spec::ParseSpec(submit.spec_yaml, submit.spec_file, submit.spec_overrides);
     if (!parsed.ok()) {
       error->diagnostics = parsed.diagnostics;
       return refuse(InvalidArgument(parsed.ErrorText()));
@@ -521,9 +533,10 @@ Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int
                 {"token_user", submit.token_user}});
   // A deploy takes the spec's replicas; an update too when the spec changed them, else the
   // service keeps the count it was scaled to.
-  const int64_t before = previous ? previous->doc.value("serve", nlohmann::json::object())
-                                        .value("replicas", int64_t{-1})
-                                  : -1;
+  int64_t before = -1;
+  if (previous)
+    if (auto was = previous->doc.find("serve"); was != previous->doc.end() && was->is_object())
+      before = was->value("replicas", int64_t{-1});
   if (!previous || before != serve.replicas) r.doc["replicas"] = serve.replicas;
   return r;
 }
@@ -531,12 +544,13 @@ Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int
 Result<api::Service> ServiceManager::Deploy(DeployRequest request, SubmitError* error) {
   TAU_ASSIGN_OR_RETURN(store::ServiceRecord record, Prepare(request, 1, nullptr, error));
   auto s = std::make_unique<Service>();
-  auto parsed = spec::ParseSpec(record.doc.value("spec_yaml", ""), record.doc.value("spec_file", ""),
-                                request.submit.spec_overrides);
+  auto parsed = spec::ParseSpec(record.doc.value("spec_yaml", ""),
+                                record.doc.value("spec_file", ""), request.submit.spec_overrides);
   if (parsed.ok() && parsed.spec->serve) s->serve = *parsed.spec->serve;
   s->record = std::move(record);
   AppendHistory(*s, "Deployed",
-                fmt::format("revision 1 from {} with {} replica(s){}", s->record.doc["spec_file"].get<std::string>(),
+                fmt::format("revision 1 from {} with {} replica(s){}",
+                            s->record.doc["spec_file"].get<std::string>(),
                             s->record.doc.value("replicas", int64_t{0}),
                             s->record.doc["model"].is_object()
                                 ? " serving run " + s->record.doc["model"].value("run", "")
@@ -568,8 +582,8 @@ Result<api::Service> ServiceManager::Update(DeployRequest request, SubmitError* 
   }
   const int64_t revision = previous.doc.value("revision", int64_t{1}) + 1;
   TAU_ASSIGN_OR_RETURN(store::ServiceRecord record, Prepare(request, revision, &previous, error));
-  auto parsed = spec::ParseSpec(record.doc.value("spec_yaml", ""), record.doc.value("spec_file", ""),
-                                request.submit.spec_overrides);
+  auto parsed = spec::ParseSpec(record.doc.value("spec_yaml", ""),
+                                record.doc.value("spec_file", ""), request.submit.spec_overrides);
   api::Service view;
   {
     MutexLock lock(&mu_);
@@ -654,8 +668,8 @@ std::vector<api::Service> ServiceManager::List(
   MutexLock lock(&mu_);
   std::vector<api::Service> out;
   for (const auto& [name, s] : services_) {
-    if (workspaces && std::find(workspaces->begin(), workspaces->end(), s->record.workspace) ==
-                          workspaces->end())
+    if (workspaces &&
+        std::find(workspaces->begin(), workspaces->end(), s->record.workspace) == workspaces->end())
       continue;
     out.push_back(View(*s));
   }

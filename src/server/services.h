@@ -90,9 +90,10 @@ class ServiceManager {
     std::string reason;
     int64_t revision = 0;
     int port = 0;
-    int attempts = 0;                 // the run's attempts when last read
+    int attempts = 0;                // the run's attempts when last read
     std::optional<int64_t> started;  // when the current attempt started running
     bool ready = false;
+    bool was_ready = false;  // this attempt passed readiness once: liveness applies from then
     bool draining = false;
     bool cancel_sent = false;
     int64_t drain_since = 0;
@@ -121,14 +122,14 @@ class ServiceManager {
   // Reads the service's replica runs back from the store; the ones that ended are dropped.
   void Refresh(Service& s);
   void Probe(Service& s);
-  void Converge(Service& s);
+  void Converge(Service& s) TAU_REQUIRES(mu_);
   // Submits one replica of the current revision.
-  Status AddReplica(Service& s);
+  Status AddReplica(Service& s) TAU_REQUIRES(mu_);
   void StartDrain(Service& s, Replica& r, const std::string& why);
   void AppendHistory(Service& s, const std::string& type, const std::string& message);
   Status Save(Service& s);
   api::Service View(const Service& s) const;
-  int FreePort(const Service& s);
+  int FreePort(const Service& s) TAU_REQUIRES(mu_);
   // The checked service of a deploy or update (its spec as a replica would be submitted).
   Result<store::ServiceRecord> Prepare(DeployRequest& request, int64_t revision,
                                        const store::ServiceRecord* previous, SubmitError* error);

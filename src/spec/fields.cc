@@ -448,9 +448,10 @@ FieldDef ProbeObject(std::string name, bool liveness) {
   };
   auto duration = [probe](std::string field, int64_t min_ms, std::string doc,
                           int64_t Probe::*member) {
-    return TauOnly(Duration(std::move(field), min_ms, std::move(doc),
-                            [probe, member](Ctx& c, const Value& v) { probe(c).*member = v.number; }),
-                   kProbeLocal, kProbeKube);
+    return TauOnly(
+        Duration(std::move(field), min_ms, std::move(doc),
+                 [probe, member](Ctx& c, const Value& v) { probe(c).*member = v.number; }),
+        kProbeLocal, kProbeKube);
   };
   auto count = [probe](std::string field, std::string doc, int Probe::*member) {
     return TauOnly(Int(std::move(field), 1, 100, std::move(doc),
@@ -464,8 +465,8 @@ FieldDef ProbeObject(std::string name, bool liveness) {
                             "Path of an HTTP GET that a healthy replica answers 2xx or 3xx (none: "
                             "a TCP connection to its port)",
                             [probe](Ctx& c, const Value& v) {
-                              if (v.text[0] != '/' || v.text.find_first_of(" \t\r\n") !=
-                                                          std::string::npos) {
+                              if (v.text[0] != '/' ||
+                                  v.text.find_first_of(" \t\r\n") != std::string::npos) {
                                 c.Error(v.pos, fmt::format("{}: '{}' is not a path: write it as "
                                                            "the URL's path, e.g. /healthz",
                                                            v.path, Printable(v.text)));
@@ -503,11 +504,10 @@ FieldDef ServeObject() {
                             kLabelPattern, 63);
   return Obj(
       "serve", "A service: replicas of a server behind one endpoint (kind: service)",
-      {TauOnly(Int("replicas", 0, 64, "Replicas of the server (default 1)",
-                   [](Ctx& c, const Value& v) {
-                     ServeOf(c).replicas = static_cast<int>(v.number);
-                   }),
-               kReplicas, "the Deployment's replicas (a RayService's Serve replicas)"),
+      {TauOnly(
+           Int("replicas", 0, 64, "Replicas of the server (default 1)",
+               [](Ctx& c, const Value& v) { ServeOf(c).replicas = static_cast<int>(v.number); }),
+           kReplicas, "the Deployment's replicas (a RayService's Serve replicas)"),
        TauOnly(Int("port", 1, 65535,
                    "The port the program listens on in a pod (default 8080); locally each "
                    "replica gets its own, always in $PORT",
@@ -527,11 +527,10 @@ FieldDef ServeObject() {
                           ServeOf(c).restart_backoff_initial_ms = v.number;
                         }),
                "restart backoff", "the kubelet's own backoff applies"),
-       TauOnly(Duration("restart_backoff_max", 0, "Longest wait before a restart (default 30s)",
-                        [](Ctx& c, const Value& v) {
-                          ServeOf(c).restart_backoff_max_ms = v.number;
-                        }),
-               "restart backoff", "the kubelet's own backoff applies"),
+       TauOnly(
+           Duration("restart_backoff_max", 0, "Longest wait before a restart (default 30s)",
+                    [](Ctx& c, const Value& v) { ServeOf(c).restart_backoff_max_ms = v.number; }),
+           "restart backoff", "the kubelet's own backoff applies"),
        TauOnly(Str("import_path",
                    "Ray Serve application (module:app) of a rayjob service on Kubernetes",
                    [](Ctx& c, const Value& v) { ServeOf(c).import_path = v.text; }),

@@ -631,13 +631,13 @@ void CheckServe(Ctx& ctx) {
               "run.max_runtime: a service runs until it is deleted (tau serve delete); remove it");
   if (ctx.Seen("resilience.max_retries") || ctx.Seen("resilience.retry_on"))
     ctx.Error(ctx.KeyPos(ctx.Seen("resilience.max_retries") ? "resilience.max_retries"
-                                                             : "resilience.retry_on"),
+                                                            : "resilience.retry_on"),
               "resilience: a service's replicas are restarted whenever they stop, with "
               "serve.restart_backoff_initial and serve.restart_backoff_max; remove max_retries and "
               "retry_on");
   if (s.restart_backoff_max_ms < s.restart_backoff_initial_ms)
     ctx.Error(ctx.KeyPos(ctx.Seen("serve.restart_backoff_max") ? "serve.restart_backoff_max"
-                                                                : "serve.restart_backoff_initial"),
+                                                               : "serve.restart_backoff_initial"),
               fmt::format("serve.restart_backoff_max ({} ms) is shorter than "
                           "serve.restart_backoff_initial ({} ms)",
                           s.restart_backoff_max_ms, s.restart_backoff_initial_ms));

@@ -156,7 +156,7 @@ struct Metrics {
 // A probe of a service's replica (serve.readiness, serve.liveness): an HTTP GET of `http_path`
 // answered 2xx or 3xx, or (http_path empty) a TCP connection to the replica's port.
 struct Probe {
-  std::string http_path;  // "/healthz"; "": a TCP connect
+  std::string http_path;         // "/healthz"; "": a TCP connect
   int64_t initial_delay_ms = 0;  // after the replica's attempt starts
   int64_t period_ms = 1'000;
   int64_t timeout_ms = 1'000;

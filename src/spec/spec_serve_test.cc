@@ -42,12 +42,12 @@ TEST(SpecServe, DefaultsOfAService) {
 }
 
 TEST(SpecServe, EveryField) {
-  RunSpec s = MustParse(Service(
-      "serve:\n  replicas: 3\n  port: 9000\n  from: quickstart-1a2b3c4d\n  model: output\n"
-      "  readiness:\n    http_path: /healthz\n    initial_delay: 2s\n    period: 500ms\n"
-      "    timeout: 200ms\n    failure_threshold: 2\n    success_threshold: 2\n"
-      "  liveness:\n    http_path: /live\n    period: 5s\n    failure_threshold: 4\n"
-      "  restart_backoff_initial: 2s\n  restart_backoff_max: 1m\n"));
+  RunSpec s = MustParse(
+      Service("serve:\n  replicas: 3\n  port: 9000\n  from: quickstart-1a2b3c4d\n  model: output\n"
+              "  readiness:\n    http_path: /healthz\n    initial_delay: 2s\n    period: 500ms\n"
+              "    timeout: 200ms\n    failure_threshold: 2\n    success_threshold: 2\n"
+              "  liveness:\n    http_path: /live\n    period: 5s\n    failure_threshold: 4\n"
+              "  restart_backoff_initial: 2s\n  restart_backoff_max: 1m\n"));
   const Serve& v = *s.serve;
   EXPECT_EQ(v.replicas, 3);
   EXPECT_EQ(v.port, 9000);
@@ -70,8 +70,9 @@ TEST(SpecServe, EveryField) {
 }
 
 TEST(SpecServe, ErrorsAreAtTheirFields) {
-  EXPECT_NE(Errors(Manifest("serve:\n  replicas: 2\n")).find("tau.yaml:5:1: error: serve: only a "
-                                                              "service has a serve section"),
+  EXPECT_NE(Errors(Manifest("serve:\n  replicas: 2\n"))
+                .find("tau.yaml:5:1: error: serve: only a "
+                      "service has a serve section"),
             std::string::npos);
   EXPECT_NE(Errors(Manifest("kind: job\n")).find("kind"), std::string::npos);
   EXPECT_NE(Errors(Service("serve:\n  replicas: 65\n")).find("tau.yaml:7:13"), std::string::npos);
@@ -81,8 +82,9 @@ TEST(SpecServe, ErrorsAreAtTheirFields) {
   EXPECT_NE(Errors(Service("serve:\n  liveness:\n    success_threshold: 2\n"))
                 .find("unknown field 'success_threshold' in 'serve.liveness'"),
             std::string::npos);
-  EXPECT_NE(Errors(Service("serve:\n  readiness:\n    period: 10ms\n")).find("serve.readiness.period"),
-            std::string::npos);
+  EXPECT_NE(
+      Errors(Service("serve:\n  readiness:\n    period: 10ms\n")).find("serve.readiness.period"),
+      std::string::npos);
   EXPECT_NE(Errors(Service("serve:\n  replica: 2\n")).find("did you mean 'replicas'?"),
             std::string::npos);
   EXPECT_NE(Errors(Service("serve:\n  model: weights\n")).find("serve.model"), std::string::npos);

@@ -1199,7 +1199,8 @@ Status Store::RevokeToken(const std::string& id, int64_t now_ms) {
 
 namespace {
 
-constexpr const char* kServiceColumns = "name, workspace, owner, state, created_ms, updated_ms, doc";
+constexpr const char* kServiceColumns =
+    "name, workspace, owner, state, created_ms, updated_ms, doc";
 
 ServiceRecord ReadService(Stmt& s) {
   ServiceRecord r;
@@ -1217,11 +1218,12 @@ ServiceRecord ReadService(Stmt& s) {
 
 Status Store::PutService(const ServiceRecord& r, bool create) {
   MutexLock lock(&impl_->mu);
-  Stmt s(impl_->db, &impl_->cache,
-         create ? fmt::format("INSERT INTO services ({}) VALUES (?,?,?,?,?,?,?)", kServiceColumns)
-                      .c_str()
-                : "UPDATE services SET workspace = ?2, owner = ?3, state = ?4, created_ms = ?5, "
-                  "updated_ms = ?6, doc = ?7 WHERE name = ?1");
+  Stmt s(
+      impl_->db, &impl_->cache,
+      create
+          ? fmt::format("INSERT INTO services ({}) VALUES (?,?,?,?,?,?,?)", kServiceColumns).c_str()
+          : "UPDATE services SET workspace = ?2, owner = ?3, state = ?4, created_ms = ?5, "
+            "updated_ms = ?6, doc = ?7 WHERE name = ?1");
   if (!s.ok()) return impl_->Error("preparing service write");
   s.Bind(1, r.name);
   s.Bind(2, r.workspace);

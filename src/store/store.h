@@ -295,8 +295,8 @@ class Store {
   // when the name is taken; else NotFound when it is not.
   Status PutService(const ServiceRecord& service, bool create);
   Result<ServiceRecord> GetService(const std::string& name);  // NotFound
-  Result<std::vector<ServiceRecord>> ListServices();           // by name
-  Status DeleteService(const std::string& name);                // NotFound
+  Result<std::vector<ServiceRecord>> ListServices();          // by name
+  Status DeleteService(const std::string& name);              // NotFound
 
   // Identity: tokens, the audit trail and workspace secrets.
   Status InsertToken(const TokenRecord& token);              // AlreadyExists on a repeated digest

@@ -116,8 +116,7 @@ class LocalBackend final : public Backend {
   void HandleNews(const ClusterNews&, Batch*) override {}
   void HandleGpuNews(const GpuNews& news, Batch* batch) override;
   void Cancel(ActiveRun& run, Batch* batch) override;
-  void StopAttempt(ActiveRun& run, FailureClass cls, const std::string& why,
-                   Batch* batch) override;
+  void StopAttempt(ActiveRun& run, FailureClass cls, const std::string& why, Batch* batch) override;
   void Schedule(Batch* batch) override {
     AdmitQueued(batch, &to_start_);
     EscalateStops(batch);
@@ -663,8 +662,9 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
     if (run.upstreams && !run.upstreams->empty() && run.spec.serve) {
       const UpstreamRun& model = run.upstreams->front();
       ctx.extra_env.emplace_back("TAU_SERVE_FROM_RUN", model.run);
-      ctx.extra_env.emplace_back(
-          "TAU_SERVE_MODEL", run.spec.serve->model == "output" ? model.output_dir : model.checkpoint);
+      ctx.extra_env.emplace_back("TAU_SERVE_MODEL", run.spec.serve->model == "output"
+                                                        ? model.output_dir
+                                                        : model.checkpoint);
     }
   }
   ctx.gpus = r.gpus;
