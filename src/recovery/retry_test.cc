@@ -113,7 +113,7 @@ std::vector<Case> Cases() {
                                         : name +
                                          " is not in resilience.retry_on [UserError, OOMKilled, "
                                          "Preempted, Evicted, GPUError, NodeLost, Timeout, "
-                                         "SetupError]";
+                                         "SetupError, LivenessFailed]";
     cases.push_back({"every retryable class, " + name,
                      Policy(3, RetryableFailureClasses(), true),
                      {1, 0},

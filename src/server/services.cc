@@ -232,6 +232,34 @@ void ServiceManager::Refresh(Service& s) {
                          : fmt::format("replica {} is gone", name));
     changed = true;
   }
+  // A model whose run had not ended at deploy is recorded once it has (what the replicas got).
+  std::string from, kind;
+  {
+    MutexLock lock(&mu_);
+    auto model = s.record.doc.find("model");
+    if (model != s.record.doc.end() && model->is_object() && model->value("path", "").empty() &&
+        !model->contains("error")) {
+      from = model->value("run", "");
+      kind = model->value("kind", "checkpoint");
+    }
+  }
+  if (!from.empty()) {
+    auto resolved = ResolveModel(controller_, store_, from, kind, s.record.workspace);
+    if (resolved.ok() && !resolved->value("path", "").empty()) {
+      MutexLock lock(&mu_);
+      s.record.doc["model"] = *resolved;
+      AppendHistory(s, "ModelResolved",
+                    fmt::format("run {} ended: its {} is {}", from, kind,
+                                resolved->value("path", "")));
+      changed = true;
+    } else if (!resolved.ok()) {
+      // Said once: its replicas start without a model, and say so in their logs.
+      MutexLock lock(&mu_);
+      s.record.doc["model"]["error"] = resolved.status().message();
+      AppendHistory(s, "ModelMissing", resolved.status().message());
+      changed = true;
+    }
+  }
   if (changed) {
     MutexLock lock(&mu_);
     (void)Save(s);

@@ -686,7 +686,9 @@ TEST_F(StoreTest, ServicesAreWrittenWholeAndReplicasListedByService) {
   // Survives a reopen: services are durable rows.
   ASSERT_TRUE(store_->PutService(svc, true).ok());
   store_.reset();
-  store_ = std::move(*Store::Open(dir_ + "/tau.db"));
+  auto reopened = Store::Open(dir_ + "/tau.db");
+  ASSERT_TRUE(reopened.ok());
+  store_ = std::move(*reopened);
   EXPECT_EQ(store_->GetService("linear")->doc["replicas"], 3);
 }
 
