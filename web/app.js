@@ -625,19 +625,27 @@ async function viewGpus() {
 
 // ---- router ------------------------------------------------------------------------------------
 
+let routed = 0;            // counts route changes: a view that loads past the next one is stopped
+
 async function route() {
   if (cleanup) { try { cleanup(); } catch (_) { /* ignore */ } }
   cleanup = null;
   onLive = null;
+  const turn = ++routed;
   const path = (location.hash.replace(/^#/, "").split("?")[0]) || "/runs";
   const m = /^\/runs\/([a-z0-9-]+)$/.exec(path);
   const section = m || path === "/compare" ? "runs" : path.split("/")[1];
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === section);
-  if (m) cleanup = await viewRun(m[1]);
-  else if (path === "/compare") cleanup = await viewCompare();
-  else if (path === "/queues") cleanup = await viewQueues();
-  else if (path === "/gpus") cleanup = await viewGpus();
-  else cleanup = await viewRuns();
+  let stop;
+  if (m) stop = await viewRun(m[1]);
+  else if (path === "/compare") stop = await viewCompare();
+  else if (path === "/queues") stop = await viewQueues();
+  else if (path === "/gpus") stop = await viewGpus();
+  else stop = await viewRuns();
+  // The hash changed while this view loaded: the next view is up, so this one's polls and
+  // streams stop now rather than never.
+  if (turn === routed) cleanup = stop;
+  else if (stop) { try { stop(); } catch (_) { /* ignore */ } }
 }
 
 // ---- sign-in -----------------------------------------------------------------------------------
