@@ -179,6 +179,7 @@ async function viewRun(name) {
         <div class="card"><div class="k">Priority</div>${r.priority}</div>
         <div class="card"><div class="k">Attempts</div>${r.attempts}</div>
         <div class="card"><div class="k">Exit</div>${r.exit_code ?? (r.signal ? "signal " + r.signal : "—")}</div>
+        ${r.service && r.service.name ? raw(html`<div class="card"><div class="k">Replica of service</div><a id="run-service" href="#/services/${r.service.name}">${r.service.name}</a> <span class="muted">revision ${r.service.revision}, port ${r.service.port}</span></div>`) : ""}
       </div>
       ${r.pending ? raw(html`<p class="reason" id="pending-reason">Waiting: ${pendingText(r.pending)}</p>`) : ""}
       ${r.reason || r.message ? raw(html`<p id="run-reason">${r.reason}${r.message ? " — " + r.message : ""}</p>`) : ""}
@@ -623,21 +624,198 @@ async function viewGpus() {
   return () => clearInterval(t);
 }
 
+// ---- services ----------------------------------------------------------------------------------
+
+// A service (docs/serving.md) is polled, not streamed: the event stream carries runs and queues,
+// and a replica's readiness is the service manager's, not a run's state.
+const SERVICE_POLL_MS = 2000;
+
+function readyText(s) {
+  const n = s.replicas ?? 0, ready = s.ready ?? 0;
+  return raw(html`<span class="ready ${ready >= n && n > 0 ? "all" : "short"}">${ready}/${n}</span>`);
+}
+function requestsText(q) {
+  q = q || {};
+  return `${q.total ?? 0}${q.failed ? ` · ${q.failed} failed` : ""}${q.retried ? ` · ${q.retried} retried` : ""}`;
+}
+function badge(kind, text) { return raw(html`<span class="state ${kind}" data-state="${kind}">${text}</span>`); }
+function digest(d) { return d ? raw(html`<code title="${d}">${String(d).replace(/^sha256:/, "").slice(0, 16)}…</code>`) : "—"; }
+
+async function viewServices() {
+  $view.innerHTML = '<h1>Services</h1><div id="services-table"><p class="muted">Loading…</p></div>';
+  const box = document.getElementById("services-table");
+  const load = async () => {
+    let body;
+    try { body = await api("/api/v1/services"); } catch (e) { box.innerHTML = html`<p class="error">${e.message}</p>`; return; }
+    const services = (body.services || []).slice().sort((a, b) => a.name.localeCompare(b.name));
+    box.innerHTML = services.length === 0
+      ? '<p class="muted">No services. Deploy one with <code>tau serve deploy FILE</code> (docs/serving.md).</p>'
+      : html`<table id="services"><thead><tr><th>Name</th><th>Workspace</th><th>State</th><th>Ready</th><th>Revision</th><th>Restarts</th><th>Requests</th><th>Endpoint</th></tr></thead>
+        <tbody>${services.map((s) => raw(html`<tr data-service="${s.name}"><td><a href="#/services/${s.name}">${s.name}</a></td><td>${s.workspace}</td>
+          <td>${state(s.state)}</td><td class="svc-ready">${readyText(s)}</td><td>${s.revision}</td><td>${s.restarts}</td>
+          <td class="svc-requests">${requestsText(s.requests)}</td><td><code>${s.endpoint}</code></td></tr>`))}</tbody></table>`;
+  };
+  await load();
+  const t = setInterval(load, SERVICE_POLL_MS);
+  return () => clearInterval(t);
+}
+
+// The mean request latency of one service from the Prometheus text of /metrics: the histogram
+// tau_serve_request_duration_seconds{service} as {sum, count}, or null when it has no series.
+function serveLatency(text, name) {
+  const out = { sum: null, count: null };
+  const re = /^tau_serve_request_duration_seconds_(sum|count)\{([^}]*)\}\s+(\S+)/;
+  // Service names are [a-z0-9-]: a label value that needs no escaping.
+  const label = new RegExp(`(^|,)service="${name}"(,|$)`);
+  for (const line of text.split("\n")) {
+    const m = re.exec(line);
+    if (m && label.test(m[2])) out[m[1]] = parseFloat(m[3]);
+  }
+  return out.sum === null || out.count === null ? null : out;
+}
+
+// A live chart of one value over time (the x axis is wall-clock seconds): the run page's uPlot
+// chart, redrawn with setData as points come.
+function liveChart(box, key, title, label, color) {
+  const div = document.createElement("div");
+  div.className = "chart";
+  div.dataset.metric = key;
+  div.dataset.points = "0";
+  div.innerHTML = html`<h3>${title} <span class="muted"></span></h3>`;
+  box.appendChild(div);
+  const xs = [], ys = [];
+  const plot = new uPlot({ width: 420, height: 220, scales: { y: { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1] } },
+    series: [{}, { label, stroke: color, width: 2, spanGaps: false, points: { show: true, size: 4 } }],
+    axes: [{}, {}] }, [xs, ys], div);
+  return {
+    add(t, v) {
+      xs.push(t); ys.push(v);
+      if (xs.length > 150) { xs.shift(); ys.shift(); }  // the last five minutes
+      const n = ys.filter((y) => y != null).length;
+      div.dataset.points = String(n);
+      div.querySelector("h3 .muted").textContent = v == null ? `${n} points` : `${n} points, last ${v.toFixed(v >= 10 ? 1 : 3)}`;
+      plot.setData([xs, ys]);
+    },
+    destroy() { plot.destroy(); },
+  };
+}
+
+async function viewService(name) {
+  $view.innerHTML = html`<h1>Service ${name}</h1><div id="svc-body"><p class="muted">Loading…</p></div>
+    <h2>Requests <span class="muted" id="svc-chart-note">(through the endpoint, sampled every ${SERVICE_POLL_MS / 1000} s while this page is open)</span></h2>
+    <div id="svc-charts" class="charts"></div>
+    <h2>Replicas</h2><div id="svc-replicas"><p class="muted">Loading…</p></div>
+    <h2>Model and spec</h2><div id="svc-spec"></div>
+    <h2>History <span class="muted">(newest first)</span></h2><ul class="timeline" id="svc-history"></ul>`;
+  const charts = document.getElementById("svc-charts");
+  const rate = liveChart(charts, "requests", "requests / s", "requests/s", "#2563eb");
+  // The latency comes from /metrics, which needs a platform viewer or admin (docs/security.md);
+  // the service's own reply counts requests but keeps no durations. For anyone else /metrics is a
+  // 403 and only the request rate is drawn.
+  let latency = liveChart(charts, "latency", "mean latency (ms)", "ms", "#dc2626");
+  let metricsAllowed = true;
+  let last = null;  // the previous poll: {t, total, sum, count}
+  let timer = null, stopped = false;
+  const render = (s) => {
+    const m = s.model;
+    document.getElementById("svc-body").innerHTML = html`
+      <div class="cards">
+        <div class="card"><div class="k">State</div>${state(s.state)}</div>
+        <div class="card"><div class="k">Ready / wanted</div><div id="svc-ready">${readyText(s)}</div></div>
+        <div class="card"><div class="k">Revision</div>${s.revision}</div>
+        <div class="card"><div class="k">Restarts</div>${s.restarts}</div>
+        <div class="card"><div class="k">Requests</div><span id="svc-requests">${requestsText(s.requests)}</span></div>
+        <div class="card"><div class="k">Workspace</div>${s.workspace}</div>
+        <div class="card"><div class="k">Owner</div>${s.owner}</div>
+        <div class="card"><div class="k">Endpoint</div><code>${s.endpoint}</code></div>
+      </div>`;
+    document.getElementById("svc-spec").innerHTML = html`<table id="svc-spec-table" class="kv"><tbody>
+      ${m && m.run ? raw(html`<tr><th>Model run</th><td><a href="#/runs/${m.run}">${m.run}</a></td></tr>
+        <tr><th>${m.kind === "output" ? "Output directory" : "Checkpoint"}</th><td><code>${m.path || "(resolved by each replica when the run ends)"}</code></td></tr>
+        <tr><th>Model SHA-256</th><td class="svc-sha">${digest(m.sha256)}</td></tr>`) : raw('<tr><th>Model</th><td class="muted">none: the spec has no <code>serve.from</code></td></tr>')}
+      <tr><th>Spec file</th><td><code>${s.spec_file}</code></td></tr>
+      <tr><th>Config hash</th><td>${digest(s.config_hash)}</td></tr>
+      <tr><th>Code digest</th><td>${digest(s.snapshot_digest)}</td></tr>
+      <tr><th>Created</th><td>${time(s.created)}</td></tr>
+      <tr><th>Updated</th><td>${time(s.updated)}</td></tr></tbody></table>`;
+    const reps = s.replica_list || [];
+    document.getElementById("svc-replicas").innerHTML = reps.length === 0 ? '<p class="muted">No replicas.</p>'
+      : html`<table id="replicas"><thead><tr><th>Run</th><th>Revision</th><th>Port</th><th>State</th><th>Ready</th><th>Restarts</th><th>Last probe failure</th></tr></thead>
+        <tbody>${reps.map((r) => raw(html`<tr data-run="${r.run}"><td><a href="#/runs/${r.run}">${r.run}</a></td><td>${r.revision}</td><td>${r.port}</td>
+          <td>${state(r.state)}</td><td>${r.draining ? badge("Draining", "draining") : r.ready ? badge("Ready", "ready") : badge("NotReady", "not ready")}</td><td>${r.restarts}</td>
+          <td class="${r.probe ? "reason" : "muted"}">${r.probe || "—"}${r.reason ? raw(html` <span class="muted">(${r.reason})</span>`) : ""}</td></tr>`))}</tbody></table>`;
+    const history = (s.history || []).slice().reverse();
+    document.getElementById("svc-history").innerHTML = history.length === 0 ? '<li class="muted">No history.</li>'
+      : html`${history.map((h) => raw(html`<li data-time="${h.time}"><time>${time(h.time)}</time><b>${h.type}</b>${h.message ? ": " + h.message : ""}</li>`))}`;
+  };
+  const poll = async () => {
+    let s, text = null;
+    try {
+      [s, text] = await Promise.all([api(`/api/v1/services/${encodeURIComponent(name)}`),
+        metricsAllowed ? fetch("/metrics").then((r) => (r.ok ? r.text() : (metricsAllowed = false, null))).catch(() => null) : null]);
+    } catch (e) {
+      if (!stopped && charts.isConnected) document.getElementById("svc-body").innerHTML = html`<p class="error">${e.message}</p>`;
+      return;
+    }
+    // The page was left while the poll was out (its elements may be another view's now).
+    if (stopped || !charts.isConnected) return;
+    render(s);
+    if (!metricsAllowed && latency) {
+      latency.destroy();
+      charts.querySelector('.chart[data-metric="latency"]').remove();
+      latency = null;
+      document.getElementById("svc-chart-note").textContent =
+        "(requests per second; the mean latency needs /metrics, which this user may not read)";
+    }
+    const now = { t: Date.now() / 1000, total: (s.requests || {}).total ?? 0, ...(text ? serveLatency(text, name) || {} : {}) };
+    if (last && now.t > last.t) {
+      const dt = now.t - last.t;
+      // The counters start from zero when the server restarts: a drop is not a negative rate.
+      rate.add(now.t, now.total >= last.total ? (now.total - last.total) / dt : null);
+      if (latency) {
+        const dc = now.count - last.count, ds = now.sum - last.sum;
+        latency.add(now.t, now.count != null && last.count != null && dc > 0 && ds >= 0 ? (1000 * ds) / dc : null);
+      }
+    }
+    last = now;
+  };
+  // One poll at a time: the next is due SERVICE_POLL_MS after this one began (or at once when it
+  // took longer), so that a slow answer never interleaves with the next.
+  const loop = async () => {
+    const began = Date.now();
+    await poll();
+    if (!stopped) timer = setTimeout(loop, Math.max(0, SERVICE_POLL_MS - (Date.now() - began)));
+  };
+  await loop();
+  return () => { stopped = true; clearTimeout(timer); rate.destroy(); if (latency) latency.destroy(); };
+}
+
 // ---- router ------------------------------------------------------------------------------------
+
+let routed = 0;            // counts route changes: a view that loads past the next one is stopped
 
 async function route() {
   if (cleanup) { try { cleanup(); } catch (_) { /* ignore */ } }
   cleanup = null;
   onLive = null;
+  const turn = ++routed;
   const path = (location.hash.replace(/^#/, "").split("?")[0]) || "/runs";
   const m = /^\/runs\/([a-z0-9-]+)$/.exec(path);
+  const svc = /^\/services\/([a-z0-9-]+)$/.exec(path);
   const section = m || path === "/compare" ? "runs" : path.split("/")[1];
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === section);
-  if (m) cleanup = await viewRun(m[1]);
-  else if (path === "/compare") cleanup = await viewCompare();
-  else if (path === "/queues") cleanup = await viewQueues();
-  else if (path === "/gpus") cleanup = await viewGpus();
-  else cleanup = await viewRuns();
+  let stop;
+  if (m) stop = await viewRun(m[1]);
+  else if (path === "/compare") stop = await viewCompare();
+  else if (path === "/queues") stop = await viewQueues();
+  else if (path === "/gpus") stop = await viewGpus();
+  else if (path === "/services") stop = await viewServices();
+  else if (svc) stop = await viewService(svc[1]);
+  else stop = await viewRuns();
+  // The hash changed while this view loaded: the next view is up, so this one's polls and
+  // streams stop now rather than never.
+  if (turn === routed) cleanup = stop;
+  else if (stop) { try { stop(); } catch (_) { /* ignore */ } }
 }
 
 // ---- sign-in -----------------------------------------------------------------------------------

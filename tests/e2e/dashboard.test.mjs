@@ -1,9 +1,10 @@
 // Drives tau's dashboard in headless Chromium (the system browser, through playwright-core).
 //   node dashboard.test.mjs --url http://127.0.0.1:PORT --token TOKEN --train RUN --pending RUN
-//                           [--resumed RUN] [--compare RUN] [--screenshots DIR]
+//                           [--resumed RUN] [--compare RUN] [--service NAME] [--screenshots DIR]
 // `train` is a run that writes loss points and succeeds; `pending` is a run that waits for quota;
 // `resumed` one that was cancelled and resumed, and runs again; `compare` a second training run
-// with train and validation losses of its own, compared with `train`.
+// with train and validation losses of its own, compared with `train`; `service` a service
+// deployed from `train` (it may still be coming up) that is sent requests while the test runs.
 // Exits non-zero on the first failed check; prints one line per check.
 import { chromium } from "playwright-core";
 import fs from "node:fs";
@@ -16,6 +17,7 @@ const args = Object.fromEntries(process.argv.slice(2).reduce((acc, a, i, all) =>
 const url = args.url, train = args.train, pending = args.pending, token = args.token;
 const resumed = args.resumed || "";
 const other = args.compare || "";
+const service = args.service || "";
 const shots = args.screenshots || "";
 const browserPath = process.env.CHROMIUM || "/usr/bin/chromium";
 if (!url || !train || !pending || !token) {
@@ -88,6 +90,88 @@ async function checkCompare(page) {
   ok(`config differences: ${fields.join(", ")}`);
   await page.evaluate(() => window.scrollTo(0, 0));
   await shot(page, "dashboard-compare.png");
+}
+
+// The service in the services list with every wanted replica ready, then its page: replicas,
+// model, history newest first, and the request rate (and, where /metrics may be read, the mean
+// latency) charted from the page's own polls.
+async function checkServices(page) {
+  await page.goto(`${url}/#/services`);
+  const row = `#services tr[data-service="${service}"]`;
+  await page.waitForSelector(row, { timeout: 90000 });
+  await page.waitForFunction((sel) => {
+    const m = /^(\d+)\/(\d+)$/.exec((document.querySelector(sel) || {}).textContent?.trim() || "");
+    return m && m[1] === m[2] && Number(m[2]) > 0;
+  }, `${row} td.svc-ready`, { timeout: 90000, polling: 250 });
+  const ready = (await page.textContent(`${row} td.svc-ready`)).trim();
+  const wanted = Number(ready.split("/")[1]);
+  const cells = await page.$$eval(`${row} td`, (tds) => tds.map((td) => td.textContent.trim()));
+  if (cells[2] !== "Active" || cells[7] !== `/serve/${service}/`) throw new Error(`services row: ${JSON.stringify(cells)}`);
+  ok(`services list: ${service} ${ready} ready, ${cells[6]} requests`);
+  if ((await page.getAttribute('nav a[data-nav="services"]', "class")) !== "active") throw new Error("the Services tab is not marked active");
+
+  await page.click(`${row} a`);
+  await page.waitForSelector("#replicas tbody tr", { timeout: 15000 });
+  await page.waitForFunction((n) => document.querySelectorAll('#replicas tbody tr [data-state="Ready"]').length === n, wanted, { timeout: 15000 });
+  const replicas = await page.$$eval("#replicas tbody tr", (rows) => rows.map((r) => ({ run: r.dataset.run, href: r.querySelector("a").getAttribute("href") })));
+  if (replicas.length !== wanted || replicas.some((r) => r.href !== `#/runs/${r.run}`)) throw new Error(`replica rows: ${JSON.stringify(replicas)}`);
+  ok(`service page: ${replicas.length} replica rows, all ready (${replicas.map((r) => r.run).join(", ")})`);
+
+  const model = await page.$eval('#svc-spec-table a[href^="#/runs/"]', (a) => a.textContent);
+  if (model !== train) throw new Error(`the model's run is ${model}, not ${train}`);
+  const sha = (await page.textContent("#svc-spec-table td.svc-sha")).trim();
+  if (!/^[0-9a-f]{16}…$/.test(sha)) throw new Error(`the model's sha256: ${sha}`);
+  ok(`model: run ${model}, sha256 ${sha}`);
+
+  const history = await page.$$eval("#svc-history li[data-time]", (lis) => lis.map((li) => [li.dataset.time, li.querySelector("b").textContent]));
+  if (history.length < 2) throw new Error(`history: ${JSON.stringify(history)}`);
+  for (let i = 1; i < history.length; i++)
+    if (Date.parse(history[i - 1][0]) < Date.parse(history[i][0])) throw new Error(`history is not newest first: ${JSON.stringify(history)}`);
+  if (history[history.length - 1][1] !== "Deployed") throw new Error(`the oldest history entry is ${history[history.length - 1][1]}`);
+  ok(`history newest first: ${history.map((h) => h[1]).join(", ")}`);
+
+  // The chart's points are the page's polls (every 2 s): wait for a few, with traffic in them.
+  const rate = '#svc-charts .chart[data-metric="requests"]';
+  await page.waitForFunction((sel) => Number(document.querySelector(sel).dataset.points) >= 5, rate, { timeout: 40000, polling: 500 });
+  const last = await page.textContent(`${rate} h3 .muted`);
+  const painted = await page.$eval(`${rate} canvas`, (c) => {
+    const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+    let n = 0;
+    for (let i = 3; i < d.length; i += 4) if (d[i] !== 0) n++;
+    return n;
+  });
+  if (!/last [1-9]|last 0\.\d*[1-9]/.test(last) || painted < 200) throw new Error(`request rate chart: ${last}, ${painted} pixels painted`);
+  ok(`request rate chart: ${last.trim()}, ${painted} pixels painted`);
+  const metrics = await page.evaluate(async () => (await fetch("/metrics")).status);
+  if (metrics === 200) {
+    const lat = '#svc-charts .chart[data-metric="latency"]';
+    await page.waitForFunction((sel) => Number(document.querySelector(sel).dataset.points) >= 2, lat, { timeout: 20000, polling: 500 });
+    ok(`mean latency chart: ${(await page.textContent(`${lat} h3 .muted`)).trim()}`);
+  } else {
+    if (await page.$('#svc-charts .chart[data-metric="latency"]')) throw new Error(`a latency chart without /metrics (${metrics})`);
+    console.log(`skip latency chart: GET /metrics answered ${metrics}`);
+  }
+  await page.setViewportSize({ width: 1280, height: 1100 });
+  await page.evaluate(() => window.scrollTo(0, 0));
+  await shot(page, "dashboard-services.png");
+  await page.setViewportSize({ width: 1280, height: 800 });
+
+  // A user who may not read /metrics (a 403 here) gets the request rate only, and is told why.
+  await page.route("**/metrics", (r) => r.fulfill({ status: 403, contentType: "application/json", body: '{"error":{"message":"forbidden"}}' }));
+  await page.goto(`${url}/#/services`);
+  await page.waitForSelector(row, { timeout: 15000 });
+  await page.goto(`${url}/#/services/${service}`);
+  await page.waitForFunction((sel) => Number(document.querySelector(sel)?.dataset.points) >= 2, rate, { timeout: 20000, polling: 500 });
+  if (await page.$('#svc-charts .chart[data-metric="latency"]')) throw new Error("a latency chart although /metrics was refused");
+  if (!/may not read/.test(await page.textContent("#svc-chart-note"))) throw new Error("the page does not say why there is no latency chart");
+  await page.unroute("**/metrics");
+  ok("without /metrics: the request rate only, and the page says why");
+
+  // A replica's run page links back to its service.
+  await page.click(`#replicas tr[data-run="${replicas[0].run}"] a`);
+  await page.waitForSelector(`#run-service[href="#/services/${service}"]`, { timeout: 15000 });
+  await page.waitForSelector('#run-state [data-state="Running"]', { timeout: 15000 });
+  ok("a replica's run page links to its service");
 }
 
 const browser = await chromium.launch({ executablePath: browserPath, headless: true, args: ["--no-sandbox"] });
@@ -177,6 +261,7 @@ try {
   await shot(page, "dashboard-runs.png");
 
   if (other) await checkCompare(page);
+  if (service) await checkServices(page);
 
   // A resumed run is Running again, and shows no trace of its cancel as its reason.
   if (resumed) {

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 import urllib.request
@@ -35,11 +36,55 @@ with open(os.environ['TAU_METRICS_FILE'], 'a') as f:
         time.sleep(0.1)
 with open(os.path.join(os.environ['TAU_OUTPUT_DIR'], 'summary.txt'), 'w') as f:
     f.write('final loss 0.05\\n')
+# A checkpoint (written, then renamed: complete once it has its name) for the service to serve.
+ckpt = os.path.join(os.environ['TAU_CHECKPOINT_DIR'], 'ckpt-39.json')
+with open(ckpt + '.tmp', 'w') as f:
+    json.dump({'step': 39, 'loss': 2.0 / (1 + rate * 39)}, f)
+os.rename(ckpt + '.tmp', ckpt)
 time.sleep(3)
 """
 HOLD = """import os, sys, time
 while not os.path.exists(sys.argv[1]):
     time.sleep(0.1)
+"""
+
+# A service's replica: Python's http.server on $PORT, answering with the checkpoint it serves.
+SERVE_APP = """import json, os
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MODEL = os.environ.get("TAU_SERVE_MODEL", "")
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    def do_GET(self):
+        data = json.dumps({"model": MODEL, "path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), H).serve_forever()
+"""
+SERVICE = """schema_version: 1
+kind: service
+name: predict
+run:
+  entrypoint: app.py
+  workload_kind: job
+compute:
+  gpus: 0
+  cpus: 100m
+  memory: 64Mi
+serve:
+  replicas: 1
+  model: checkpoint
+  readiness:
+    http_path: /healthz
+    period: 200ms
+  restart_backoff_initial: 200ms
 """
 
 
@@ -92,6 +137,28 @@ class DashboardTest(unittest.TestCase):
                 f.write(content)
         os.chmod(os.path.join(d, "run.sh"), 0o755)
         return self.server.tau("run", "--detach", os.path.join(d, "tau.yaml"), check=0).stdout.strip()
+
+    def deploy_and_call(self, train, stop):
+        """Once `train` has succeeded, deploys the service `predict` from it and calls it through
+        /serve/predict/ (over TCP, with the token) until `stop` is set, at a rate that changes
+        every few seconds."""
+        self.server.wait_state(train, "Succeeded", timeout=90)
+        d = tempfile.mkdtemp(dir=self.work)
+        for name, content in {"app.py": SERVE_APP, "tau.yaml": SERVICE}.items():
+            with open(os.path.join(d, name), "w") as f:
+                f.write(content)
+        self.server.tau("serve", "deploy", os.path.join(d, "tau.yaml"), "--from", train, check=0)
+        wait_for(lambda: json.loads(self.server.tau("serve", "status", "predict", "-o", "json",
+                                                    check=0).stdout)["ready"] >= 1,
+                 timeout=90, interval=0.2, what="the service's replica to be ready")
+        i = 0
+        while not stop.is_set():
+            try:
+                self.get(f"/serve/predict/predict?x={i}")
+            except OSError:
+                pass  # counted as failed by the service; the page shows it
+            i += 1
+            stop.wait(0.05 if (i // 40) % 2 else 0.2)
 
     def get(self, path):
         req = urllib.request.Request(self.url + path,
@@ -158,24 +225,38 @@ class DashboardTest(unittest.TestCase):
         wait_for(lambda: (self.server.run_json(waiter)["run"].get("pending") or {}).get("reason"),
                  what="the waiting run's reason")
         # Cancelled, then resumed: running again, with nothing of the cancel left in its state.
-        resumed = self.submit(spec("resumed", 0, [self.release]), HOLD)
+        # Half a CPU too: the service's replica needs room beside it and the hog (two CPUs in all).
+        resumed = self.submit(spec("resumed", 0, [self.release], cpus="500m"), HOLD)
         self.server.wait_state(resumed, "Running")
         self.server.tau("cancel", resumed, check=0)
         self.server.wait_state(resumed, "Cancelled")
         self.server.tau("resume", resumed, check=0)
         self.server.wait_state(resumed, "Running")
+        # A service deployed from the training run once it has ended (while the browser already
+        # looks at the run), and called until the test is over.
+        stop = threading.Event()
+        caller = threading.Thread(target=self.deploy_and_call, args=(train, stop), daemon=True)
+        caller.start()
         shots = os.environ.get("TAU_SCREENSHOT_DIR") or os.path.join(self.work, "shots")
-        p = subprocess.run(["node", os.path.join(E2E, "dashboard.test.mjs"), "--url", self.url,
-                            "--train", train, "--pending", waiter, "--screenshots", shots,
-                            "--token", self.token, "--resumed", resumed, "--compare", tune],
-                           capture_output=True, text=True, timeout=180,
-                           env=dict(os.environ, CHROMIUM=CHROMIUM))
+        try:
+            p = subprocess.run(["node", os.path.join(E2E, "dashboard.test.mjs"), "--url", self.url,
+                                "--train", train, "--pending", waiter, "--screenshots", shots,
+                                "--token", self.token, "--resumed", resumed, "--compare", tune,
+                                "--service", "predict"],
+                               capture_output=True, text=True, timeout=240,
+                               env=dict(os.environ, CHROMIUM=CHROMIUM))
+        finally:
+            stop.set()
+            caller.join(timeout=30)
         print(p.stdout, p.stderr)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr + self.server.server_log()[-2000:])
         self.assertIn("run reached Succeeded on the page", p.stdout)
         self.assertIn("compare view: loss chart with 4 curves", p.stdout)
+        self.assertRegex(p.stdout, r"services list: predict (\d+)/\1 ready")
+        self.assertIn("service page: 1 replica rows, all ready", p.stdout)
+        self.assertIn("request rate chart:", p.stdout)
         for name in ("dashboard-run.png", "dashboard-queues.png", "dashboard-runs.png",
-                     "dashboard-compare.png"):
+                     "dashboard-compare.png", "dashboard-services.png"):
             self.assertTrue(os.path.getsize(os.path.join(shots, name)) > 1000, name)
 
 
