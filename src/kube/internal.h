@@ -106,6 +106,19 @@ std::string WorkingDir(const RunContext& ctx);
 // enough to be single exec arguments.
 Result<std::vector<std::string>> CodeArchive(const std::vector<CodeFile>& files);
 
+// The words a Job's worker (or a service's replica) runs, for the kubelet: the entrypoint and the
+// spec's args, each passed on as written (its '$' doubled); `launcher` the words in front
+// (torchrun's), passed as they are.
+std::vector<std::string> WorkerCommand(const RunContext& ctx,
+                                       const std::vector<std::string>& launcher);
+// The pod of a Job's worker and of a service's replica: the `worker` container running `command`
+// with ContainerEnv(extra) (plus pip's PYTHONPATH and the metrics file), the code and pip setup,
+// run.source and image assets' init containers, the metrics sidecar and their volumes. The
+// caller sets restartPolicy and what is its own (a Job's subdomain, a replica's ports and
+// probes on containers[0]).
+json WorkerPodSpec(const RunContext& ctx, const std::vector<std::string>& command,
+                   std::vector<json> extra);
+
 std::vector<json> RenderJob(const RunContext& ctx);  // [Service,] Job
 json RenderRayJob(const RunContext& ctx);            // RayJob
 
