@@ -68,6 +68,7 @@ json WorkerPodSpec(const RunContext& ctx, const std::vector<std::string>& comman
                     {"command", command},
                     {"env", ContainerEnv(ctx, true, gpus > 0, extra)},
                     {"volumeMounts", VolumeMounts(ctx, pip)}};
+  if (json model = ModelMount(ctx); !model.is_null()) container["volumeMounts"].push_back(model);
   if (!resources.empty()) container["resources"] = resources;
   if (std::string dir = WorkingDir(ctx); !dir.empty()) container["workingDir"] = dir;
   if (s.runtime.security_mode == "restricted") {
