@@ -566,6 +566,24 @@ TEST(ServiceRay, OneServeApplicationOnARayJobsCluster) {
   ExpectValid(*objects);
 }
 
+// A spec in a folder below the shipped code (an entrypoint such as ../lib/x.py ships the folder
+// above): Ray imports the application from the spec's folder first, as a local run would.
+TEST(ServiceRay, TheApplicationIsImportedFromTheSpecsFolder) {
+  spec::RunSpec s = ServiceSpec(kRayYaml, RayServe());
+  auto run = policy::Resolve(s, Platform(), "alice");
+  ASSERT_TRUE(run.ok()) << run.status().message();
+  run->code_subdir = "app";
+  ServiceRenderOptions o = RayOptions();
+  o.code = {{"app/serve_app.py", 0644, "app = None\n"}, {"lib/util.py", 0644, "x = 1\n"}};
+  auto objects = RenderService(s, *run, Platform(), o);
+  ASSERT_TRUE(objects.ok()) << objects.status().message();
+  const json& cluster = objects->front()["spec"]["rayClusterConfig"];
+  for (const json* group : {&cluster["headGroupSpec"], &cluster["workerGroupSpecs"][0]}) {
+    EXPECT_EQ(Env((*group)["template"]["spec"]["containers"][0], "PYTHONPATH"),
+              "/tau/code/app:/tau/code");
+  }
+}
+
 TEST(ServiceRay, ARayServiceWithoutAnImportPathIsRefused) {
   auto r = Render(ServiceSpec(kRayYaml, spec::Serve{}), "alice", RayOptions());
   ASSERT_FALSE(r.ok());
