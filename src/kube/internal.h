@@ -48,14 +48,26 @@ struct RunContext {
   // annotation (podset-required-topology or podset-preferred-topology) and its value, the node
   // label of the platform's level; "" when the placement asks nothing of the cluster.
   std::string topology_annotation, topology_label;
+
+  // A service (RenderService): its options, or null for a run. The objects, pod labels and env
+  // are then the service's (tau.dev/service, TAU_SERVICE_NAME) instead of a run's attempt's.
+  const ServiceRenderOptions* service = nullptr;
+  // A service's model (ServiceRenderOptions::model_run; "" : none): its read-only mount at
+  // kModelDir, and the pod volume it is on when the run's own storage does not bring that volume
+  // (null otherwise).
+  std::string model_run;
+  MountUse model_mount;
+  json model_volume;
 };
 
 // The workers' pod template metadata: their labels, and the topology annotation when there is one.
 json WorkerTemplateMeta(const RunContext& ctx);
 
-// Checks what rendering needs beyond resolution and gathers the common parts.
+// Checks what rendering needs beyond resolution and gathers the common parts. `service` set: the
+// context of a service's objects (named after the service, no attempt), its model placed.
 Result<RunContext> MakeContext(const spec::RunSpec& spec, const policy::ResolvedRun& run,
-                               const policy::Platform& platform, const RenderOptions& options);
+                               const policy::Platform& platform, const RenderOptions& options,
+                               const ServiceRenderOptions* service = nullptr);
 
 // Metadata of the top-level object: Kueue's queue and priority labels, tau's labels and the config
 // hash. `kueue` false for helper objects (the gang's Service).
@@ -68,6 +80,9 @@ json PodLabels(const RunContext& ctx);
 json PodSpecBase(const RunContext& ctx, bool pip, bool gpu_pod);
 // The volume mounts of a workload container.
 json VolumeMounts(const RunContext& ctx, bool pip);
+// A service's model, read-only at kModelDir: the workload containers' mount (the setup's has
+// none); null when there is no model.
+json ModelMount(const RunContext& ctx);
 // The init container that unpacks the code, makes the checkpoint and output directories and (for
 // Jobs) installs pip requirements; null when there is nothing to do.
 json SetupContainer(const RunContext& ctx, bool pip, const json& resources);
@@ -105,6 +120,29 @@ std::string WorkingDir(const RunContext& ctx);
 // A tar archive (ustar, mtime 0, sorted paths) of the files, base64-encoded and cut in pieces short
 // enough to be single exec arguments.
 Result<std::vector<std::string>> CodeArchive(const std::vector<CodeFile>& files);
+
+// The words a Job's worker (or a service's replica) runs, for the kubelet: the entrypoint and the
+// spec's args, each passed on as written (its '$' doubled); `launcher` the words in front
+// (torchrun's), passed as they are.
+std::vector<std::string> WorkerCommand(const RunContext& ctx,
+                                       const std::vector<std::string>& launcher);
+// The pod of a Job's worker and of a service's replica: the `worker` container running `command`
+// with ContainerEnv(extra) (plus pip's PYTHONPATH and the metrics file), the code and pip setup,
+// run.source and image assets' init containers, the metrics sidecar and their volumes. The
+// caller sets restartPolicy and what is its own (a Job's subdomain, a replica's ports and
+// probes on containers[0]).
+json WorkerPodSpec(const RunContext& ctx, const std::vector<std::string>& command,
+                   std::vector<json> extra);
+
+// A rayjob's Ray cluster (a RayJob's rayClusterSpec, a RayService's rayClusterConfig): a
+// control-only head and one worker group of the run's workers. `driver` the head runs the
+// entrypoint as the Ray driver (a RayJob: its metrics sidecar and file); else (a RayService) the
+// head and the workers declare the Serve port `serve_port` (KubeRay's serve Service and probes
+// read it from the port named "serve").
+json RayClusterSpec(const RunContext& ctx, bool driver, int serve_port);
+// Ray's runtime env of the run: the spec's literal env (env_vars) and pip requirements; secrets
+// stay in the pods' env. Empty when there are none.
+json RayRuntimeEnv(const RunContext& ctx);
 
 std::vector<json> RenderJob(const RunContext& ctx);  // [Service,] Job
 json RenderRayJob(const RunContext& ctx);            // RayJob

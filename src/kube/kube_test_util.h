@@ -28,7 +28,7 @@ inline std::string ReadAll(const std::filesystem::path& p) {
   return ss.str();
 }
 
-// The CRDs and built-in kinds of tests/data/kube/schemas, loaded once (the RayJob CRD is large).
+// The CRDs and built-in kinds of tests/data/kube/schemas, loaded once (the KubeRay CRDs are large).
 inline const SchemaSet& Schemas() {
   static const SchemaSet* schemas = [] {
     auto* set = new SchemaSet();
@@ -36,7 +36,8 @@ inline const SchemaSet& Schemas() {
     for (const char* crd :
          {"kueue.x-k8s.io_clusterqueues.yaml", "kueue.x-k8s.io_cohorts.yaml",
           "kueue.x-k8s.io_localqueues.yaml", "kueue.x-k8s.io_resourceflavors.yaml",
-          "kueue.x-k8s.io_workloadpriorityclasses.yaml", "ray.io_rayjobs.yaml"}) {
+          "kueue.x-k8s.io_workloadpriorityclasses.yaml", "ray.io_rayjobs.yaml",
+          "ray.io_rayservices.yaml"}) {
       auto docs = ParseYaml(ReadAll(dir / crd));
       EXPECT_TRUE(docs.ok()) << crd << ": " << docs.status().message();
       if (!docs.ok()) continue;

@@ -119,14 +119,88 @@ Status PlaceTopology(const policy::Platform& platform, RunContext* ctx) {
                       : "defines only " + Join(defined, ", ")));
 }
 
+// A service's model: the trained run's checkpoint or output directory on the workspace's storage,
+// mounted read-only at kModelDir (a subPath of its volume: the replicas see that directory only).
+Status PlaceModel(const policy::Platform& platform, const policy::Workspace& workspace,
+                  RunContext* ctx) {
+  const ServiceRenderOptions& o = *ctx->service;
+  const spec::Serve* serve = ctx->spec->serve ? &*ctx->spec->serve : nullptr;
+  ctx->model_run = !o.model_run.empty() ? o.model_run : serve != nullptr ? serve->from_run : "";
+  if (ctx->model_run.empty()) return Status::Ok();
+  const std::string role = serve != nullptr && serve->model == "output" ? "output" : "checkpoint";
+  std::string path = o.model_path;
+  if (!StartsWith(path, "/")) {
+    // Relative to this service's own storage of the model's kind, where the workspace keeps its
+    // runs' directories (MOUNT/RUN/checkpoints, MOUNT/RUN/output).
+    const std::string& mount = role == "output" ? ctx->output_mount : ctx->checkpoint_mount;
+    if (mount.empty()) {
+      return InvalidArgument(fmt::format(
+          "serve.from_run: the model of run '{}' is its {} directory, and this service has no {} "
+          "storage to find it on (only pod-local scratch); give the workspace a default_{} "
+          "volume with a pvc in platform.yaml, or set storage.{} to the volume the run wrote to",
+          ctx->model_run, role, role, role, role));
+    }
+    if (path.empty()) path = ctx->model_run + (role == "output" ? "/output" : "/checkpoints");
+    path = JoinDir(mount, path);
+  }
+  const std::vector<std::string> parts = Split(path, '/');
+  if (std::find(parts.begin(), parts.end(), "..") != parts.end()) {
+    return InvalidArgument(
+        fmt::format("serve.from_run: the model's path '{}' has '..'; give the path of the run's "
+                    "checkpoint or output directory itself",
+                    path));
+  }
+  // The workspace's volume that holds the path (the longest mount path above it), with a PVC.
+  const policy::StorageVolume* volume = nullptr;
+  std::vector<std::string> mounts;
+  for (const std::string& name : workspace.storage) {
+    const policy::StorageVolume* v = platform.FindStorage(name);
+    if (v == nullptr || v->mount_path.empty() || v->pvc.empty()) continue;
+    mounts.push_back(fmt::format("{} ({})", v->mount_path, v->name));
+    const std::string& m = v->mount_path;
+    bool under = path == m || (StartsWith(path, m) && (m.back() == '/' || path[m.size()] == '/'));
+    if (!under) continue;
+    // Of two volumes mounted at the same path, the one this service mounts (its own storage).
+    bool mounted = std::any_of(ctx->storage_mounts.begin(), ctx->storage_mounts.end(),
+                               [&](const MountUse& u) { return u.volume == v->name; });
+    if (volume == nullptr || m.size() > volume->mount_path.size() ||
+        (m.size() == volume->mount_path.size() && mounted)) {
+      volume = v;
+    }
+  }
+  if (volume == nullptr) {
+    return InvalidArgument(fmt::format(
+        "serve.from_run: the model of run '{}' at '{}' is on none of workspace '{}''s storage "
+        "volumes with a pvc (mount paths: {}); serve a run of this workspace whose {}s are on "
+        "its storage",
+        ctx->model_run, path, workspace.name, mounts.empty() ? "none" : Join(mounts, ", "), role));
+  }
+  std::string sub = path.substr(volume->mount_path.size());
+  while (!sub.empty() && sub.front() == '/') sub.erase(0, 1);
+  while (!sub.empty() && sub.back() == '/') sub.pop_back();
+  ctx->model_mount = {volume->name, kModelDir, sub, true};
+  // The run's own storage may already bring the volume (read-write, for its checkpoints): the
+  // model's mount is read-only all the same. Otherwise the volume joins the pod read-only.
+  bool present = std::any_of(ctx->storage_volumes.begin(), ctx->storage_volumes.end(),
+                             [&](const json& v) { return v["name"] == volume->name; });
+  if (!present) {
+    ctx->model_volume = {
+        {"name", volume->name},
+        {"persistentVolumeClaim", {{"claimName", volume->pvc}, {"readOnly", true}}}};
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<RunContext> MakeContext(const spec::RunSpec& spec, const policy::ResolvedRun& run,
-                               const policy::Platform& platform, const RenderOptions& options) {
+                               const policy::Platform& platform, const RenderOptions& options,
+                               const ServiceRenderOptions* service) {
   RunContext ctx;
   ctx.spec = &spec;
   ctx.run = &run;
   ctx.options = &options;
+  ctx.service = service;
   std::vector<std::string> errors;
 
   const policy::Workspace* workspace = platform.FindWorkspace(run.workspace);
@@ -138,16 +212,21 @@ Result<RunContext> MakeContext(const spec::RunSpec& spec, const policy::Resolved
   }
   if (options.attempt < 1) return InvalidArgument("attempt numbers start at 1");
 
-  ctx.run_name = options.run_name.empty() ? spec.name : options.run_name;
+  if (service != nullptr) {
+    ctx.run_name = service->service_name.empty() ? spec.name : service->service_name;
+  } else {
+    ctx.run_name = options.run_name.empty() ? spec.name : options.run_name;
+  }
   std::string base =
       spec.resource_prefix.empty() ? ctx.run_name : spec.resource_prefix + "-" + ctx.run_name;
-  ctx.name = fmt::format("{}-{}", base, options.attempt);
+  // A service's objects live as long as it does, across its revisions: no attempt in the name.
+  ctx.name = service != nullptr ? base : fmt::format("{}-{}", base, options.attempt);
   if (!IsDns1035Label(ctx.name) || ctx.name.size() > kMaxObjectNameLength) {
     errors.push_back(fmt::format(
-        "name: the run's Kubernetes object would be named '{}' ({} characters); it must start "
+        "name: the {}'s Kubernetes object would be named '{}' ({} characters); it must start "
         "with a lowercase letter, hold only lowercase letters, digits and '-', and have at most "
         "{} characters (KubeRay derives longer names from it): choose a shorter name{}",
-        ctx.name, ctx.name.size(), kMaxObjectNameLength,
+        service != nullptr ? "service" : "run", ctx.name, ctx.name.size(), kMaxObjectNameLength,
         spec.resource_prefix.empty() ? "" : " or resource_naming.prefix"));
   }
 
@@ -288,6 +367,9 @@ Result<RunContext> MakeContext(const spec::RunSpec& spec, const policy::Resolved
     }
   }
   if (Status s = PlaceTopology(platform, &ctx); !s.ok()) errors.push_back(s.message());
+  if (service != nullptr) {
+    if (Status s = PlaceModel(platform, *workspace, &ctx); !s.ok()) errors.push_back(s.message());
+  }
   if (!errors.empty()) return InvalidArgument(Join(errors, "\n"));
   return ctx;
 }
@@ -300,12 +382,19 @@ json WorkerTemplateMeta(const RunContext& ctx) {
 }
 
 json ObjectMeta(const RunContext& ctx, bool kueue) {
-  json labels = {{kLabelManagedBy, "tau"},
-                 {kLabelRun, ctx.run_name},
-                 {kLabelAttempt, std::to_string(ctx.options->attempt)},
-                 {kLabelWorkspace, ctx.run->workspace}};
+  json labels = {{kLabelManagedBy, "tau"}, {kLabelWorkspace, ctx.run->workspace}};
+  if (ctx.service != nullptr) {
+    labels[kLabelService] = ctx.run_name;
+  } else {
+    labels[kLabelRun] = ctx.run_name;
+    labels[kLabelAttempt] = std::to_string(ctx.options->attempt);
+  }
   if (!ctx.options->installation.empty()) labels[kLabelInstallation] = ctx.options->installation;
   json annotations = {{kAnnotationConfigHash, spec::ConfigHash(*ctx.spec)}};
+  if (ctx.service != nullptr) {
+    annotations[kAnnotationRevision] = std::to_string(ctx.service->revision);
+    if (!ctx.model_run.empty()) annotations[kAnnotationModelRun] = ctx.model_run;
+  }
   if (kueue) {
     labels[kKueueQueueLabel] = ctx.run->queue;
     if (!ctx.run->priority_class.empty()) labels[kKueuePriorityLabel] = ctx.run->priority_class;
@@ -329,9 +418,15 @@ json PodResourcesJson(const policy::PodResources& p) {
 }
 
 json PodLabels(const RunContext& ctx) {
-  json labels = {{kLabelRun, ctx.run_name},
-                 {kLabelAttempt, std::to_string(ctx.options->attempt)},
-                 {kLabelWorkspace, ctx.run->workspace}};
+  json labels = {{kLabelWorkspace, ctx.run->workspace}};
+  if (ctx.service != nullptr) {
+    // A replica is no run's attempt: the Kubernetes backend follows pods labelled tau.dev/run.
+    labels[kLabelService] = ctx.run_name;
+    labels[kLabelManagedBy] = "tau";
+  } else {
+    labels[kLabelRun] = ctx.run_name;
+    labels[kLabelAttempt] = std::to_string(ctx.options->attempt);
+  }
   if (!ctx.options->installation.empty()) labels[kLabelInstallation] = ctx.options->installation;
   return labels;
 }
@@ -347,6 +442,7 @@ json PodSpecBase(const RunContext& ctx, bool pip, bool gpu_pod) {
   // default is 64 MiB.
   volumes.push_back({{"name", kShmVolume}, {"emptyDir", {{"medium", "Memory"}}}});
   for (const json& v : ctx.storage_volumes) volumes.push_back(v);
+  if (!ctx.model_volume.is_null()) volumes.push_back(ctx.model_volume);
   spec["volumes"] = volumes;
   // A GPU run's pods without GPUs (its control-only Ray head) keep off the GPU nodes: only the
   // spec's own selector applies to them, and they do not tolerate the GPU taint.
@@ -383,6 +479,14 @@ json VolumeMounts(const RunContext& ctx, bool pip) {
     mounts.push_back(mount);
   }
   return mounts;
+}
+
+json ModelMount(const RunContext& ctx) {
+  if (ctx.model_run.empty()) return nullptr;
+  const MountUse& m = ctx.model_mount;
+  json mount = {{"name", m.volume}, {"mountPath", m.mount_path}, {"readOnly", true}};
+  if (!m.sub_path.empty()) mount["subPath"] = m.sub_path;
+  return mount;
 }
 
 namespace {
@@ -475,8 +579,17 @@ json ContainerEnv(const RunContext& ctx, bool literal_env, bool gpu_container,
       SetEnv(env, EnvEntry(var.name, var.value));
     }
   }
-  SetEnv(env, EnvEntry("TAU_RUN_NAME", ctx.run_name));
-  SetEnv(env, EnvEntry("TAU_ATTEMPT", std::to_string(ctx.options->attempt)));
+  if (ctx.service != nullptr) {
+    SetEnv(env, EnvEntry("TAU_SERVICE_NAME", ctx.run_name));
+    SetEnv(env, EnvEntry("TAU_SERVICE_REVISION", std::to_string(ctx.service->revision)));
+    if (!ctx.model_run.empty()) {
+      SetEnv(env, EnvEntry("TAU_SERVE_MODEL", kModelDir));
+      SetEnv(env, EnvEntry("TAU_SERVE_MODEL_RUN", ctx.model_run));
+    }
+  } else {
+    SetEnv(env, EnvEntry("TAU_RUN_NAME", ctx.run_name));
+    SetEnv(env, EnvEntry("TAU_ATTEMPT", std::to_string(ctx.options->attempt)));
+  }
   SetEnv(env, EnvEntry("TAU_CHECKPOINT_DIR", ctx.checkpoint_dir));
   SetEnv(env, EnvEntry("TAU_OUTPUT_DIR", ctx.output_dir));
   SetEnv(env, EnvEntry("TAU_METRICS_FILE", ctx.output_dir + "/metrics.jsonl"));

@@ -25,18 +25,23 @@ std::string RayVersion(const std::string& image) {
   return std::regex_search(last, m, kVersion) ? m[1].str() : "";
 }
 
+// `driver`: the head container, where a RayJob's driver runs.
 json Container(const RunContext& ctx, const std::string& name, const json& resources,
-               bool gpu_container, bool head) {
+               bool gpu_container, bool driver, int serve_port) {
   std::vector<json> extra = {
       {{"name", "TAU_RAY_WORKERS"}, {"value", std::to_string(ctx.run->workers)}}};
   // The driver runs on the head, under its env: its metrics go to the head's metrics volume,
   // which the metrics sidecar prints.
-  if (head) extra.push_back({{"name", "TAU_METRICS_FILE"}, {"value", kMetricsFile}});
+  if (driver) extra.push_back({{"name", "TAU_METRICS_FILE"}, {"value", kMetricsFile}});
   for (const auto& [k, v] : spec::LauncherEnv(*ctx.spec))
     extra.push_back({{"name", k}, {"value", v}});
   if (!ctx.code_chunks.empty()) {
-    // Ray's workers import the driver's modules from the same shipped code.
+    // Ray's workers import the driver's modules from the same shipped code. A Ray Serve
+    // application (a RayService) is imported by its import path from the spec's folder first,
+    // where a local run finds it.
     std::string path = kCodeDir;
+    if (std::string dir = WorkingDir(ctx); serve_port > 0 && !dir.empty() && dir != kCodeDir)
+      path = dir + ":" + path;
     for (const spec::EnvVar& var : ctx.spec->runtime.env) {
       if (var.name == "PYTHONPATH" && !var.secret_ref) path += ":" + var.value;
     }
@@ -46,7 +51,11 @@ json Container(const RunContext& ctx, const std::string& name, const json& resou
             {"image", ctx.image},
             {"env", ContainerEnv(ctx, false, gpu_container, extra)},
             {"volumeMounts", VolumeMounts(ctx, false)}};
-  if (head) c["volumeMounts"].push_back(MetricsMount());
+  if (driver) c["volumeMounts"].push_back(MetricsMount());
+  if (json model = ModelMount(ctx); !model.is_null()) c["volumeMounts"].push_back(model);
+  if (serve_port > 0)
+    c["ports"] =
+        json::array({{{"name", "serve"}, {"containerPort", serve_port}, {"protocol", "TCP"}}});
   if (!resources.empty()) c["resources"] = resources;
   if (ctx.spec->runtime.security_mode == "restricted") {
     c["securityContext"] = {{"allowPrivilegeEscalation", false},
@@ -56,11 +65,11 @@ json Container(const RunContext& ctx, const std::string& name, const json& resou
 }
 
 json PodTemplate(const RunContext& ctx, const json& container, const json& resources, bool gpu_pod,
-                 bool workers) {
+                 bool workers, bool driver) {
   json pod = PodSpecBase(ctx, false, gpu_pod);
   json setup = SetupContainer(ctx, false, resources);
   pod["initContainers"] = json::array({setup});
-  if (!workers) {
+  if (driver) {
     pod["volumes"].push_back(MetricsVolume());
     pod["initContainers"].push_back(MetricsSidecar(ctx));
   }
@@ -83,9 +92,10 @@ std::string Entrypoint(const RunContext& ctx) {
   return dir.empty() ? command : fmt::format("cd {} && {}", ShellQuote(dir), command);
 }
 
-// Ray's runtime env: the spec's literal env and pip requirements (secrets stay in the pods' env,
-// never in the RayJob object).
-std::string RuntimeEnv(const RunContext& ctx) {
+}  // namespace
+
+// Secrets stay in the pods' env, never in the RayJob (or RayService) object.
+json RayRuntimeEnv(const RunContext& ctx) {
   const spec::RunSpec& s = *ctx.spec;
   json env = json::object();
   for (const spec::EnvVar& var : s.runtime.env) {
@@ -94,13 +104,10 @@ std::string RuntimeEnv(const RunContext& ctx) {
   json runtime = json::object();
   if (!env.empty()) runtime["env_vars"] = env;
   if (!s.runtime.pip.empty()) runtime["pip"] = s.runtime.pip;
-  return runtime.empty() ? "" : ToYaml(runtime);
+  return runtime;
 }
 
-}  // namespace
-
-json RenderRayJob(const RunContext& ctx) {
-  const spec::RunSpec& s = *ctx.spec;
+json RayClusterSpec(const RunContext& ctx, bool driver, int serve_port) {
   const policy::ResolvedRun& run = *ctx.run;
   const int gpus = run.gpus_per_worker;
 
@@ -118,20 +125,29 @@ json RenderRayJob(const RunContext& ctx) {
   json head = {
       // Control-only: Ray schedules no task on the head, so every task runs on a worker.
       {"rayStartParams", {{"num-cpus", "0"}, {"num-gpus", "0"}}},
-      {"template", PodTemplate(ctx, Container(ctx, "ray-head", head_resources, false, true),
-                               head_resources, false, false)}};
+      {"template",
+       PodTemplate(ctx, Container(ctx, "ray-head", head_resources, false, driver, serve_port),
+                   head_resources, false, false, driver)}};
   json worker_group = {
       {"groupName", "workers"},
       {"replicas", run.workers},
       {"minReplicas", run.workers},
       {"maxReplicas", run.workers},
       {"rayStartParams", {{"num-gpus", std::to_string(gpus)}}},
-      {"template", PodTemplate(ctx, Container(ctx, "ray-worker", worker_resources, gpus > 0, false),
-                               worker_resources, gpus > 0, true)}};
+      {"template",
+       PodTemplate(ctx, Container(ctx, "ray-worker", worker_resources, gpus > 0, false, serve_port),
+                   worker_resources, gpus > 0, true, false)}};
   json cluster = {{"headGroupSpec", head}, {"workerGroupSpecs", json::array({worker_group})}};
   if (std::string version = RayVersion(ctx.image); !version.empty()) {
     cluster["rayVersion"] = version;
   }
+  return cluster;
+}
+
+json RenderRayJob(const RunContext& ctx) {
+  const spec::RunSpec& s = *ctx.spec;
+  const policy::ResolvedRun& run = *ctx.run;
+  json cluster = RayClusterSpec(ctx, true, 0);
 
   json spec = {
       {"entrypoint", Entrypoint(ctx)},
@@ -146,7 +162,7 @@ json RenderRayJob(const RunContext& ctx) {
       {"backoffLimit", 0},
       {"submitterConfig", {{"backoffLimit", 0}}},
       {"rayClusterSpec", cluster}};
-  if (std::string env = RuntimeEnv(ctx); !env.empty()) spec["runtimeEnvYAML"] = env;
+  if (json env = RayRuntimeEnv(ctx); !env.empty()) spec["runtimeEnvYAML"] = ToYaml(env);
   if (run.max_runtime_ms) spec["activeDeadlineSeconds"] = (*run.max_runtime_ms + 999) / 1000;
 
   return {{"apiVersion", "ray.io/v1"},
