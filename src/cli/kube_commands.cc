@@ -27,6 +27,7 @@
 #include "common/strings.h"
 #include "health/health.h"
 #include "kube/kube.h"
+#include "kube/service.h"
 #include "policy/policy.h"
 #include "runtime/runtime.h"
 #include "spec/spec.h"
@@ -289,13 +290,23 @@ int CmdPlan(const Global& g, const PlanOptions& o, Format format) {
     return PrintLocalPlan(*parsed.spec, *run, start_dir, format);
   }
 
-  kube::RenderOptions ro;
-  ro.namespace_name = o.namespace_name;
-  ro.default_image = o.image;
   auto code = CollectInlineCode(root->root, parsed.spec->code_excludes);
   if (!code.ok()) return Fail(code.status().message());
-  ro.code = std::move(*code);
-  auto objects = kube::RenderRun(*parsed.spec, *run, platform_here, ro);
+  Result<std::vector<nlohmann::json>> objects = std::vector<nlohmann::json>{};
+  if (parsed.spec->serve) {
+    // A service: its Deployment and Service, or its RayService (kube/service.h).
+    kube::ServiceRenderOptions so;
+    so.namespace_name = o.namespace_name;
+    so.default_image = o.image;
+    so.code = std::move(*code);
+    objects = kube::RenderService(*parsed.spec, *run, platform_here, so);
+  } else {
+    kube::RenderOptions ro;
+    ro.namespace_name = o.namespace_name;
+    ro.default_image = o.image;
+    ro.code = std::move(*code);
+    objects = kube::RenderRun(*parsed.spec, *run, platform_here, ro);
+  }
   if (!objects.ok()) {
     std::fprintf(stderr, "%s\n", LocatedErrors(o.file, parsed, objects.status().message()).c_str());
     return kExitInvalid;

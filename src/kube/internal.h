@@ -11,6 +11,7 @@
 
 #include "common/quantity.h"
 #include "kube/kube.h"
+#include "kube/service.h"
 
 namespace tau::kube::internal {
 

@@ -9,6 +9,7 @@
 
 #include "common/strings.h"
 #include "kube/internal.h"
+#include "kube/service.h"
 
 namespace tau::kube {
 namespace {

@@ -324,6 +324,22 @@ class ServeTest(ServeTestCase):
                          {"services": []})
 
 
+class ServePlanTest(ServeTestCase):
+    def test_a_service_renders_for_kubernetes(self):
+        spec = self.service_spec(replicas=3)
+        p = self.server.tau("plan", "--backend", "kubernetes", "--image", "python:3.12", spec,
+                            "-o", "json", check=0)
+        items = json.loads(p.stdout)["items"]
+        self.assertEqual([o["kind"] for o in items], ["Service", "Deployment"])
+        deployment = items[1]
+        self.assertEqual(deployment["spec"]["replicas"], 3)
+        self.assertEqual(deployment["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], "default")
+        [container] = [c for c in deployment["spec"]["template"]["spec"]["containers"]
+                       if c["name"] == "worker"]
+        self.assertEqual(container["readinessProbe"]["httpGet"]["path"], "/healthz")
+        self.assertIn({"name": "PORT", "value": "8080"}, container["env"])
+
+
 class ServeGpuTest(ServeTestCase):
     gpus = 2
 

@@ -658,10 +658,13 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
     const std::string port = std::to_string(r.service.value("port", 0));
     ctx.extra_env.emplace_back("PORT", port);
     ctx.extra_env.emplace_back("TAU_SERVE_PORT", port);
-    ctx.extra_env.emplace_back("TAU_SERVICE", r.service.value("name", ""));
+    // The names the Kubernetes rendering gives a Deployment's replicas too (kube/service.h).
+    ctx.extra_env.emplace_back("TAU_SERVICE_NAME", r.service.value("name", ""));
+    ctx.extra_env.emplace_back("TAU_SERVICE_REVISION",
+                               std::to_string(r.service.value("revision", int64_t{0})));
     if (run.upstreams && !run.upstreams->empty() && run.spec.serve) {
       const UpstreamRun& model = run.upstreams->front();
-      ctx.extra_env.emplace_back("TAU_SERVE_FROM_RUN", model.run);
+      ctx.extra_env.emplace_back("TAU_SERVE_MODEL_RUN", model.run);
       ctx.extra_env.emplace_back("TAU_SERVE_MODEL", run.spec.serve->model == "output"
                                                         ? model.output_dir
                                                         : model.checkpoint);
