@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "kube/kube.h"
-#include "kube/service.h"
 #include "kube/kube_test_util.h"
+#include "kube/service.h"
 #include "policy/policy.h"
 #include "spec/spec.h"
 

@@ -248,9 +248,9 @@ void ServiceManager::Refresh(Service& s) {
     if (resolved.ok() && !resolved->value("path", "").empty()) {
       MutexLock lock(&mu_);
       s.record.doc["model"] = *resolved;
-      AppendHistory(s, "ModelResolved",
-                    fmt::format("run {} ended: its {} is {}", from, kind,
-                                resolved->value("path", "")));
+      AppendHistory(
+          s, "ModelResolved",
+          fmt::format("run {} ended: its {} is {}", from, kind, resolved->value("path", "")));
       changed = true;
     } else if (!resolved.ok()) {
       // Said once: its replicas start without a model, and say so in their logs.
