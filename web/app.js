@@ -124,9 +124,12 @@ async function viewRuns() {
     if (f.group) p.set("group", f.group);
     let body;
     try { body = await api("/api/v1/runs?" + p); } catch (e) {
-      document.getElementById("runs-table").innerHTML = html`<p class="error">${e.message}</p>`;
+      const table = document.getElementById("runs-table");
+      if (table) table.innerHTML = html`<p class="error">${e.message}</p>`;
       return;
     }
+    // The view may have been left while the page loaded.
+    if (!document.getElementById("runs-table")) return;
     const runs = body.runs;  // the API filters by state, workspace, queue, project and group
     const pages = Math.max(1, Math.ceil(body.total / PAGE));
     const link = (page) => { const x = query(); x.set("page", page); return "#/runs?" + x; };

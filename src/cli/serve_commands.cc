@@ -100,6 +100,10 @@ int CmdList(const Global& g, Format format) {
   auto list = client::TauApi(conn->get()).ListServices();
   if (!list.ok()) return Fail(list.status().message());
   if (IsData(format)) return PrintData(list->ToJson(), format);
+  if (list->services.empty()) {
+    std::puts("no services (tau serve deploy FILE deploys one)");
+    return 0;
+  }
   std::vector<std::vector<std::string>> rows;
   for (const api::Service& s : list->services)
     rows.push_back({s.name, s.workspace, s.state, ReadyText(s), std::to_string(s.revision),
