@@ -161,7 +161,10 @@ void ServiceManager::ReconcileOnce() {
 
 void ServiceManager::Refresh(Service& s) {
   store::RunFilter filter;
-  filter.service = s.record.name;
+  {
+    MutexLock lock(&mu_);  // an update rewrites the record
+    filter.service = s.record.name;
+  }
   filter.active_only = true;
   filter.summary = true;
   auto runs = store_->ListRuns(filter);
@@ -233,9 +236,10 @@ void ServiceManager::Refresh(Service& s) {
     changed = true;
   }
   // A model whose run had not ended at deploy is recorded once it has (what the replicas got).
-  std::string from, kind;
+  std::string from, kind, workspace;
   {
     MutexLock lock(&mu_);
+    workspace = s.record.workspace;
     auto model = s.record.doc.find("model");
     if (model != s.record.doc.end() && model->is_object() && model->value("path", "").empty() &&
         !model->contains("error")) {
@@ -244,7 +248,7 @@ void ServiceManager::Refresh(Service& s) {
     }
   }
   if (!from.empty()) {
-    auto resolved = ResolveModel(controller_, store_, from, kind, s.record.workspace);
+    auto resolved = ResolveModel(controller_, store_, from, kind, workspace);
     if (resolved.ok() && !resolved->value("path", "").empty()) {
       MutexLock lock(&mu_);
       s.record.doc["model"] = *resolved;
