@@ -113,6 +113,9 @@ Resources Controller::Needs(const policy::ResolvedRun& resolved) {
 
 namespace {
 
+// A replica that ran this long before it stopped is restarted after its first backoff again.
+constexpr int64_t kReplicaBackoffResetMs = 10 * 60 * 1000;
+
 // What the insert appends to a spec's name, as long as it can be: "-" and 8 random hex digits,
 // then, for a run of an array, "-" and its index (up to `max_index`).
 std::string NameSuffixLike(std::optional<int64_t> max_index) {
@@ -879,13 +882,21 @@ void Controller::FailAttempt(ActiveRun& run, FailureClass failure_class, const s
   const recovery::RetryPolicy policy = spec::RetryPolicyOf(run.spec.resilience);
   // Earlier attempts preempted and requeued used no retry (the failing one is in `batch`).
   int preempted = 0;
+  std::optional<int64_t> failed_started_ms;
   if (auto attempts = store_->ListAttempts(r.name); attempts.ok())
-    for (const store::AttemptRecord& a : *attempts)
+    for (const store::AttemptRecord& a : *attempts) {
       if (a.number < r.attempts && a.reason == recovery::FailureClassName(FailureClass::kPreempted))
         ++preempted;
+      if (a.number == r.attempts && a.started_ms > 0) failed_started_ms = a.started_ms;
+    }
   const recovery::AttemptHistory history{r.attempts, r.started_ms, preempted};
   const int64_t now = Now();
-  const recovery::RetryDecision decision = recovery::Decide(policy, history, failure_class, now);
+  recovery::RetryDecision decision = recovery::Decide(policy, history, failure_class, now);
+  // A service's replica that had served for a while starts again after the first backoff, not
+  // the longest its earlier crashes had reached (as the kubelet resets a container's backoff).
+  if (decision.retry && run.spec.serve && failed_started_ms &&
+      now - *failed_started_ms >= kReplicaBackoffResetMs)
+    decision.backoff_ms = policy.backoff_initial_ms;
   if (!decision.retry) {
     Finish(run, RunState::kFailed, recovery::FailureClassName(failure_class),
            recovery::StopMessage(policy, decision, message), batch);

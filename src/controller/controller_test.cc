@@ -1093,6 +1093,14 @@ TEST_F(ControllerTest, AServiceReplicaIsARunThatRestartsOnEveryFailureAndIsStopp
     ASSERT_EQ(Run(name).state, RunState::kRunning);
   }
   EXPECT_EQ(Run(name).attempts, 5);
+  // After ten minutes of serving, a crash is restarted after the first backoff again.
+  clock_.Advance(10 * 60 * 1000);
+  backend_.End(name, {FailureClass::kUserError, 1});
+  controller_->RunOnce();
+  EXPECT_EQ(*Run(name).not_before_ms, clock_.NowMillis() + 1'000);
+  clock_.Advance(1'000);
+  controller_->RunOnce();
+  ASSERT_EQ(Run(name).state, RunState::kRunning);
 
   // A failed liveness probe stops the running attempt, through the backend.
   controller_->RestartReplica(name, "liveness probe failed 3 times in a row");
