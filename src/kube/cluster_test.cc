@@ -228,6 +228,15 @@ TEST(ClusterRender, RbacGrantsWhatTauDoesAndNoMore) {
           << it->second.second << " " << verb;
     }
   }
+  // A service's objects (a Deployment behind a Service, or a RayService): applied (server-side
+  // apply), followed and deleted, as a run's are.
+  const std::pair<std::string, std::string> service_kinds[] = {
+      {"apps", "deployments"}, {"ray.io", "rayservices"}, {"", "services"}};
+  for (const auto& [group, resource] : service_kinds) {
+    for (const char* verb : {"get", "list", "watch", "create", "patch", "delete"}) {
+      EXPECT_TRUE(server.count({group, resource, verb})) << group << "/" << resource << " " << verb;
+    }
+  }
   EXPECT_TRUE(server.count({"authorization.k8s.io", "subjectaccessreviews", "create"}));
   EXPECT_TRUE(server.count({"", "secrets", "get"}));
   EXPECT_FALSE(server.count({"", "secrets", "list"}));  // never read every secret

@@ -72,14 +72,14 @@ json Rule(std::vector<std::string> groups, std::vector<std::string> resources,
 }
 
 // What the server does with the API: submit, follow and cancel runs (Jobs, RayJobs, a gang's
-// headless Service, Kueue's Workloads, a RayJob's driver log through the service proxy), apply the
-// platform (namespaces, the members' Role and RoleBinding, Kueue's queue objects), read node
-// health, and ask the API server whether a user may act in a namespace. It holds every permission
-// of the member Role it creates, so it needs neither `escalate` nor `bind`. No `delete` on
-// namespaces: removing a workspace from the platform must not delete its runs' history; an
-// administrator does that.
+// headless Service, Kueue's Workloads, a RayJob's driver log through the service proxy), deploy,
+// follow and delete services (a Deployment behind a Service, or a RayService), apply the platform
+// (namespaces, the members' Role and RoleBinding, Kueue's queue objects), read node health, and ask
+// the API server whether a user may act in a namespace. It holds every permission of the member
+// Role it creates, so it needs neither `escalate` nor `bind`. No `delete` on namespaces: removing a
+// workspace from the platform must not delete its runs' history; an administrator does that.
 json ServerRules() {
-  // Runs are created with server-side apply (a PATCH).
+  // Runs and services are created with server-side apply (a PATCH).
   const std::vector<std::string> submit = {"get", "list", "watch", "create", "patch", "delete"};
   const std::vector<std::string> read = {"get", "list", "watch"};
   const std::vector<std::string> apply = {"get",    "list",  "watch", "create",
@@ -88,6 +88,9 @@ json ServerRules() {
       Rule({"batch"}, {"jobs"}, submit),
       Rule({"ray.io"}, {"rayjobs"}, submit),
       Rule({""}, {"services"}, submit),
+      // Services: a `job` service's Deployment, a `rayjob` service's RayService.
+      Rule({"apps"}, {"deployments"}, submit),
+      Rule({"ray.io"}, {"rayservices"}, submit),
       Rule({"ray.io"}, {"rayclusters"}, read),
       Rule({""}, {"pods", "pods/log", "events"}, read),
       // A RayJob's driver log: Ray's job API on the head's dashboard, through the API server.

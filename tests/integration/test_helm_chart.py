@@ -121,8 +121,11 @@ class HelmChartTest(unittest.TestCase):
         config = self.objects(values["managerConfig"]["controllerManagerConfigYaml"])[0]
         self.assertEqual(config["kind"], "Configuration")
         self.assertIs(config["manageJobsWithoutQueueName"], True)
+        # Runs are Jobs, RayJobs (and their RayClusters); a `job` service's replicas are a
+        # Deployment's pods, admitted as pods; a RayService through its RayCluster (Kueue 0.15 has
+        # no ray.io/rayservice integration, and refuses a name it does not know).
         self.assertEqual(sorted(config["integrations"]["frameworks"]),
-                         ["batch/job", "ray.io/raycluster", "ray.io/rayjob"])
+                         ["batch/job", "deployment", "pod", "ray.io/raycluster", "ray.io/rayjob"])
         selector = config["managedJobsNamespaceSelector"]
 
         def selects(labels):
@@ -150,6 +153,30 @@ class HelmChartTest(unittest.TestCase):
         for other in ({}, {"kubernetes.io/metadata.name": NAMESPACE},
                       {"app.kubernetes.io/managed-by": "tau"}):
             self.assertFalse(selects(other), other)
+
+    def test_server_may_deploy_services(self):
+        # `tau serve deploy` on Kubernetes: the server applies (server-side apply: a PATCH), follows
+        # and deletes a `job` service's Deployment and Service and a `rayjob` service's RayService,
+        # cluster-wide as it does Jobs and RayJobs, and reads their pods and logs.
+        roles = [o for o in self.helm_template()
+                 if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "taugrid-server"]
+        self.assertEqual(len(roles), 1)
+        granted = set()
+        for rule in roles[0]["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        granted.add((group, resource, verb))
+        submit = ["get", "list", "watch", "create", "patch", "delete"]
+        read = ["get", "list", "watch"]
+        needed = [(group, resource, verb)
+                  for group, resource, verbs in [
+                      ("batch", "jobs", submit), ("ray.io", "rayjobs", submit),
+                      ("apps", "deployments", submit), ("ray.io", "rayservices", submit),
+                      ("", "services", submit), ("ray.io", "rayclusters", read),
+                      ("", "pods", read), ("", "pods/log", read)]
+                  for verb in verbs]
+        self.assertEqual([n for n in needed if n not in granted], [])
 
     def test_lint(self):
         # The chart as shipped, strictly, with no network: with the defaults and with a values file.
