@@ -23,8 +23,24 @@ void PrintService(const api::Service& s) {
   std::printf("Workspace:  %s   Owner: %s\n", s.workspace.c_str(), s.owner.c_str());
   std::printf("Ready:      %s replicas   Restarts: %lld\n", ReadyText(s).c_str(),
               static_cast<long long>(s.restarts));
-  std::printf("Endpoint:   %s (on the server's Unix socket and TCP listener)\n",
-              s.endpoint.c_str());
+  const nlohmann::json* cluster = s.extra.contains("cluster") ? &s.extra.at("cluster") : nullptr;
+  if (cluster) {
+    std::printf("Endpoint:   %s (in the cluster)\n", s.endpoint.c_str());
+    std::printf("Cluster:    %s %s/%s: %lld desired, %lld ready, %lld updated%s\n",
+                cluster->value("kind", "").c_str(), cluster->value("namespace", "").c_str(),
+                cluster->value("name", "").c_str(),
+                static_cast<long long>(cluster->value("desired", int64_t{0})),
+                static_cast<long long>(cluster->value("ready", int64_t{0})),
+                static_cast<long long>(cluster->value("updated", int64_t{0})),
+                cluster->value("found", false) ? "" : " (not on the cluster)");
+    if (std::string e = cluster->value("error", ""); !e.empty())
+      std::printf("Error:      %s\n", e.c_str());
+    if (std::string m = cluster->value("message", ""); !m.empty())
+      std::printf("Status:     %s\n", m.c_str());
+  } else {
+    std::printf("Endpoint:   %s (on the server's Unix socket and TCP listener)\n",
+                s.endpoint.c_str());
+  }
   std::printf("Spec:       %s (config %.12s, code %.12s)\n", s.spec_file.c_str(),
               s.config_hash.c_str(), s.snapshot_digest.c_str());
   if (s.model.is_object()) {
@@ -44,10 +60,12 @@ void PrintService(const api::Service& s) {
   for (const api::ServiceReplica& r : s.replica_list)
     rows.push_back({r.run, std::to_string(r.revision), std::to_string(r.port), r.state,
                     r.draining ? "draining" : (r.ready ? "yes" : "no"), std::to_string(r.restarts),
-                    r.probe.empty() ? "-" : r.probe});
+                    !r.probe.empty() ? r.probe : (r.reason.empty() ? "-" : r.reason)});
   if (!rows.empty()) {
     std::printf("\n");
-    PrintTable({"REPLICA", "REVISION", "PORT", "STATE", "READY", "RESTARTS", "LAST PROBE"}, rows);
+    PrintTable({cluster ? "POD" : "REPLICA", "REVISION", "PORT", "STATE", "READY", "RESTARTS",
+                cluster ? "REASON" : "LAST PROBE"},
+               rows);
   }
   if (s.history.is_array() && !s.history.empty()) {
     std::printf("\nHistory (newest last):\n");
@@ -132,6 +150,34 @@ int Act(const Global& g, Call call, const std::string& done) {
   return 0;
 }
 
+// A replica pod's log as the server keeps it (a service on Kubernetes); -f asks for more every
+// half second until the pod is no longer the service's.
+int PodLog(client::Connection* conn, const std::string& service, const std::string& pod,
+           bool follow) {
+  int64_t offset = 0;
+  while (true) {
+    auto got = conn->Call(
+        "GET", fmt::format("/api/v1/services/{}/logs?replica={}&offset={}", service, pod, offset));
+    if (!got.ok()) return Fail(got.status().message());
+    if (got->status != 200) {
+      if (offset > 0 && got->status == 404) return 0;  // the pod is gone: its log has ended
+      auto error = nlohmann::json::parse(got->body, nullptr, false);
+      return Fail(error.is_object() && error.contains("error")
+                      ? error["error"].value("message", got->body)
+                      : fmt::format("HTTP {}: {}", got->status, got->body));
+    }
+    std::fwrite(got->body.data(), 1, got->body.size(), stdout);
+    std::fflush(stdout);
+    offset += static_cast<int64_t>(got->body.size());
+    if (!follow) {
+      auto size = got->headers.find("x-log-size");
+      if (size == got->headers.end() || std::to_string(offset) == size->second) return 0;
+      continue;  // more than one chunk
+    }
+    if (got->body.empty()) ::usleep(500'000);
+  }
+}
+
 // The log of one replica: the one asked for, else the first ready one, else the first.
 int CmdLogs(const Global& g, const std::string& name, const std::string& replica, bool follow) {
   auto conn = ConnectToServer(g.server);
@@ -151,6 +197,7 @@ int CmdLogs(const Global& g, const std::string& name, const std::string& replica
     return Fail(fmt::format("{} is not a replica of service {} now (tau serve status {})", run,
                             name, name));
   std::fprintf(stderr, "tau: replica %s\n", run.c_str());
+  if (s->extra.contains("cluster")) return PodLog(conn->get(), name, run, follow);
   client::LogQuery query;
   query.follow = follow;
   std::unique_ptr<client::Connection> owned = std::move(*conn);

@@ -25,6 +25,12 @@ std::string AttemptDir(const std::string& home, const std::string& run, int atte
 std::string EvidenceDir(const std::string& home, const std::string& run) {
   return RunDir(home, run) + "/evidence";
 }
+std::string ServiceDir(const std::string& home, const std::string& service) {
+  return home + "/services/" + service;
+}
+std::string ServiceLogsDir(const std::string& home, const std::string& service) {
+  return ServiceDir(home, service) + "/logs";
+}
 std::string MetricsFile(const std::string& dir) { return dir + "/metrics.jsonl"; }
 
 }  // namespace tau::layout

@@ -37,6 +37,11 @@ std::string RunDir(const std::string& home, const std::string& run);
 std::string WorkDir(const std::string& run_dir);
 std::string AttemptDir(const std::string& home, const std::string& run, int attempt);
 std::string EvidenceDir(const std::string& home, const std::string& run);
+// HOME/services/NAME: what the server keeps of a service beside its record, and in its logs/ the
+// kept logs of its replica pods on Kubernetes (POD.log; on the local backend replicas are runs,
+// with their runs' logs).
+std::string ServiceDir(const std::string& home, const std::string& service);
+std::string ServiceLogsDir(const std::string& home, const std::string& service);
 // DIR/metrics.jsonl: in a run's directory, what its workload writes; in its evidence directory,
 // the points collected from it.
 std::string MetricsFile(const std::string& dir);

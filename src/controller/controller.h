@@ -155,6 +155,18 @@ struct ReplicaRequest {
   bool dry_run = false;  // checked as a submission is, returned unnamed, not recorded
 };
 
+// A replica checked as a submission is (Controller::PrepareReplica): what a cluster renders a
+// service's objects from.
+struct PreparedReplica {
+  store::RunRecord record;  // unnamed, not recorded
+  spec::RunSpec spec;
+  nlohmann::json submitted;  // the Submitted event's data
+  policy::ResolvedRun resolved;
+  std::shared_ptr<const policy::Platform> platform;
+  // The workspace's secrets when the spec's env refers to any (SECRET:KEY), else none.
+  std::map<std::string, std::string> secrets;
+};
+
 // Which part of the queues view a caller wants (Controller::Queues).
 struct QueuesQuery {
   bool summary = false;     // without the runs (their counts stay): `tau queues`, the metrics
@@ -209,6 +221,9 @@ class Controller : private RunHost {
   // model (the upstream stage kModelStage).
   static constexpr const char* kModelStage = "model";
   Result<store::RunRecord> SubmitReplica(const ReplicaRequest& request, SubmitError* error);
+  // What SubmitReplica checks, with the spec, its resolution on the current platform and the
+  // secrets it refers to (a service on the Kubernetes backend, whose replicas are not runs).
+  Result<PreparedReplica> PrepareReplica(const ReplicaRequest& request, SubmitError* error);
   // A replica that failed its liveness probe: its running attempt is stopped as LivenessFailed,
   // and restarted after its backoff (only queues the request).
   void RestartReplica(const std::string& name, const std::string& why);

@@ -5,6 +5,8 @@
 // service does with its replicas is the service manager's (server/services.h).
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "common/files.h"
 #include "controller/controller.h"
 
@@ -22,7 +24,8 @@ Result<Snapshot> Controller::StoreCode(std::vector<CodeFile> files,
   return StoreSnapshot(snapshots, blobs, checked);
 }
 
-Result<RunRecord> Controller::SubmitReplica(const ReplicaRequest& request, SubmitError* error) {
+Result<PreparedReplica> Controller::PrepareReplica(const ReplicaRequest& request,
+                                                   SubmitError* error) {
   const std::string dir = layout::SnapshotsDir(options_.home) + "/" + request.snapshot_digest;
   auto snapshot = [&]() -> Result<Snapshot> {
     if (!IsSha256Hex(request.snapshot_digest) || !PathExists(dir))
@@ -41,7 +44,6 @@ Result<RunRecord> Controller::SubmitReplica(const ReplicaRequest& request, Submi
                        PrepareRun(request.spec_yaml, request.spec_file, request.overrides,
                                   request.code_dir, request.caller, request.token_user, snapshot,
                                   request.service, "-" + std::string(8, 'f'), error));
-  RunRecord& r = prepared.record;
   if (!prepared.spec.serve) {
     error->status = InvalidArgument(
         fmt::format("{}: this spec is a run, not a service: add 'kind: service' (and a serve "
@@ -49,6 +51,35 @@ Result<RunRecord> Controller::SubmitReplica(const ReplicaRequest& request, Submi
                     request.spec_file));
     return error->status;
   }
+  PreparedReplica out;
+  out.platform = CurrentPlatform().platform;
+  auto resolved = policy::Resolve(prepared.spec, *out.platform, request.caller);
+  if (!resolved.ok()) {
+    error->status = resolved.status();
+    return error->status;
+  }
+  out.resolved = std::move(*resolved);
+  if (!request.code_dir.empty()) out.resolved.code_subdir = request.code_dir;
+  const bool refers =
+      std::any_of(prepared.spec.runtime.env.begin(), prepared.spec.runtime.env.end(),
+                  [](const spec::EnvVar& v) { return v.secret_ref && v.secret_name.empty(); });
+  if (refers) {
+    auto values = store_->SecretValues(out.resolved.workspace);
+    if (!values.ok()) {
+      error->status = values.status();
+      return error->status;
+    }
+    out.secrets = std::move(*values);
+  }
+  out.record = std::move(prepared.record);
+  out.spec = std::move(prepared.spec);
+  out.submitted = std::move(prepared.submitted);
+  return out;
+}
+
+Result<RunRecord> Controller::SubmitReplica(const ReplicaRequest& request, SubmitError* error) {
+  TAU_ASSIGN_OR_RETURN(PreparedReplica prepared, PrepareReplica(request, error));
+  RunRecord& r = prepared.record;
   r.service = {{"name", request.service}, {"revision", request.revision}, {"port", request.port}};
   if (!request.from_run.empty()) {
     // The trained run is the replica's upstream: it waits for it to end, then gets its newest

@@ -85,7 +85,11 @@ TEST(ResourcePathTest, MapsKindsToRestPaths) {
             "/apis/ray.io/v1/namespaces/ns/rayjobs");
   EXPECT_EQ(*ResourcePath("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "", "b"),
             "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/b");
-  Result<std::string> unknown = ResourcePath("apps/v1", "Deployment", "ns", "d");
+  EXPECT_EQ(*ResourcePath("apps/v1", "Deployment", "ns", "d"),
+            "/apis/apps/v1/namespaces/ns/deployments/d");
+  EXPECT_EQ(*ResourcePath("ray.io/v1", "RayService", "ns", "s", "status"),
+            "/apis/ray.io/v1/namespaces/ns/rayservices/s/status");
+  Result<std::string> unknown = ResourcePath("apps/v1", "StatefulSet", "ns", "d");
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.status().code(), StatusCode::kNotFound);
 }

@@ -5,6 +5,8 @@
 //   PUT    /api/v1/services/NAME         update: a new revision, rolled one replica at a time
 //   POST   /api/v1/services/NAME/scale   {"replicas": N}
 //   DELETE /api/v1/services/NAME         drain and stop its replicas, then forget it
+//   GET    /api/v1/services/NAME/logs    ?replica=POD&offset=N: a replica pod's kept log
+//                                        (Kubernetes; a local replica is a run: its run's logs)
 //   ANY    /serve/NAME/PATH              a request for a ready replica of NAME
 // Reading a service (and calling it) needs the viewer role in its workspace; changing it, the
 // researcher role; deploying, membership as for a run (resolution checks it).
@@ -175,6 +177,25 @@ void RegisterServiceApi(SecureRouter* api, ServiceManager* services) {
                http::Reply(res, 202, made->ToJson());
              });
 
+  api->Route("GET", R"(/api/v1/services/([a-z0-9-]+)/logs)", Access::kSignedIn,
+             [allowed, services](const http::HttpRequest& req, http::HttpResponse& res,
+                                 const CallerContext& caller) {
+               if (!allowed(req, res, caller, req.matches[1], auth::Role::kViewer)) return;
+               auto replica = req.params.find("replica");
+               if (replica == req.params.end() || replica->second.empty())
+                 return http::ReplyError(res, InvalidArgument("give ?replica=POD"));
+               auto offset = IntParam(req, "offset", 0, 0, INT64_MAX);
+               if (!offset.ok()) return http::ReplyError(res, offset.status());
+               constexpr int64_t kMaxChunk = 4 << 20;
+               auto part =
+                   services->ReplicaLog(req.matches[1], replica->second, *offset, kMaxChunk);
+               if (!part.ok()) return http::ReplyError(res, part.status());
+               res.status = 200;
+               res.content_type = "text/plain; charset=utf-8";
+               res.headers_out.emplace_back("X-Log-Size", std::to_string(part->size));
+               res.body = std::move(part->data);
+             });
+
   // The endpoint: each request goes to a ready replica (round robin); one that cannot be reached
   // is taken out of rotation and the request sent once to another: any request whose connection
   // was refused (it never reached the first), an idempotent one also when the answer was lost.
@@ -205,11 +226,18 @@ void RegisterServiceApi(SecureRouter* api, ServiceManager* services) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (!result.answered) {
       services->CountRequest(name, 0, retried, seconds);
-      if (tried.empty())
+      if (tried.empty()) {
+        if (auto s = services->Get(name); s.ok() && s->extra.contains("cluster"))
+          return http::ReplyError(
+              res, FailedPrecondition(fmt::format(
+                       "service '{}' runs on the Kubernetes cluster, and tau's endpoint does not "
+                       "reach into it: call it in the cluster at {}",
+                       name, s->endpoint.empty() ? "its Service" : s->endpoint)));
         return http::ReplyError(
             res, Unavailable(fmt::format("service '{}' has no ready replica; `tau serve status {}` "
                                          "says why",
                                          name, name)));
+      }
       return http::Reply(res, 502,
                          {{"error",
                            {{"code", "BadGateway"},

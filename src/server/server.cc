@@ -294,7 +294,10 @@ int RunServer(const ServerOptions& options) {
         metrics.Observe("tau_http_request_duration_seconds", {{"method", method}, {"route", route}},
                         seconds);
       });
-  ServiceManager services({}, &controller, store->get(), &metrics);
+  ServiceManager::Options service_options;
+  service_options.cluster = cluster.get();  // null on the local backend
+  service_options.home = options.home;
+  ServiceManager services(service_options, &controller, store->get(), &metrics);
   if (Status s = services.Start(); !s.ok()) {
     log(s.ToString());
     return 1;

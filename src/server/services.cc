@@ -3,19 +3,26 @@
 #include "server/services.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 
 #include "common/clock.h"
+#include "common/files.h"
+#include "common/layout.h"
 #include "common/strings.h"
 #include "evidence/evidence.h"
+#include "kube/service.h"
 #include "recovery/recovery.h"
 
 namespace tau::server {
@@ -142,10 +149,15 @@ void ServiceManager::ReconcileOnce() {
   }
   // Only this pass removes services, so the pointers stay valid through it.
   for (Service* s : services) {
-    Refresh(*s);
-    Probe(*s);
     std::string gone;
-    {
+    if (options_.cluster) {
+      if (ReconcileOnCluster(*s)) {
+        MutexLock lock(&mu_);
+        gone = s->record.name;
+      }
+    } else {
+      Refresh(*s);
+      Probe(*s);
       MutexLock lock(&mu_);
       Converge(*s);
       if (s->record.state == kDeleting && s->replicas.empty()) gone = s->record.name;
@@ -153,6 +165,8 @@ void ServiceManager::ReconcileOnce() {
     if (!gone.empty()) {
       Status deleted = store_->DeleteService(gone);
       if (!deleted.ok() && deleted.code() != StatusCode::kNotFound) continue;
+      // The kept logs of its pods go with it (their followers end with the pods).
+      if (options_.cluster) (void)RemoveTree(layout::ServiceDir(options_.home, gone));
       MutexLock lock(&mu_);
       services_.erase(gone);
     }
@@ -487,6 +501,228 @@ int ServiceManager::FreePort(const Service& s) {
   return BindFreePort();
 }
 
+bool ServiceManager::ReconcileOnCluster(Service& s) {
+  const int64_t now = Now();
+  std::string state;
+  std::vector<nlohmann::json> refs;
+  bool apply = false;
+  {
+    MutexLock lock(&mu_);
+    const nlohmann::json& doc = s.record.doc;
+    const nlohmann::json cluster = doc.value("cluster", nlohmann::json::object());
+    for (const nlohmann::json& ref : cluster.value("objects", nlohmann::json::array()))
+      refs.push_back(ref);
+    state = s.record.state;
+    const nlohmann::json applied = cluster.value("applied", nlohmann::json::object());
+    apply = now >= s.apply_not_before &&
+            (applied.value("revision", int64_t{-1}) != doc.value("revision", int64_t{1}) ||
+             applied.value("replicas", int64_t{-1}) != doc.value("replicas", int64_t{0}));
+    if (state == kDeleting && now < s.apply_not_before) return false;
+  }
+  if (state == kDeleting) {
+    Status deleted = options_.cluster->DeleteService(refs);
+    if (deleted.ok()) return true;
+    ClusterFailed(s, "DeleteFailed", deleted);
+    return false;
+  }
+  if (apply) {
+    Status applied = ApplyOnCluster(s);
+    if (!applied.ok()) ClusterFailed(s, "ApplyFailed", applied);
+    s.next_observe = 0;  // what the apply changed is read back at once
+  }
+  if (now >= s.next_observe) {
+    s.next_observe = now + options_.observe_ms;
+    ObserveOnCluster(s);
+  }
+  return false;
+}
+
+Status ServiceManager::ApplyOnCluster(Service& s) {
+  ReplicaRequest request;
+  int64_t replicas = 0;
+  std::string model_run;
+  {
+    MutexLock lock(&mu_);
+    const nlohmann::json& doc = s.record.doc;
+    request.service = s.record.name;
+    request.revision = doc.value("revision", int64_t{1});
+    request.spec_file = doc.value("spec_file", "");
+    request.spec_yaml = doc.value("spec_yaml", "");
+    for (const nlohmann::json& o : doc.value("set", nlohmann::json::array()))
+      request.overrides.push_back({o.value("path", ""), o.value("value", "")});
+    request.code_dir = doc.value("code_dir", "");
+    request.snapshot_digest = doc.value("snapshot_digest", "");
+    request.caller.user = s.record.owner;
+    request.caller.groups = doc.value("groups", std::vector<std::string>{});
+    request.token_user = doc.value("token_user", false);
+    request.dry_run = true;
+    replicas = doc.value("replicas", int64_t{0});
+    if (auto model = doc.find("model"); model != doc.end() && model->is_object())
+      model_run = model->value("run", "");
+  }
+  SubmitError error;
+  TAU_ASSIGN_OR_RETURN(PreparedReplica prepared, controller_->PrepareReplica(request, &error));
+  prepared.spec.serve->replicas = replicas;  // as the service is scaled
+  ServiceLaunch launch;
+  launch.service = request.service;
+  launch.revision = request.revision;
+  launch.spec = &prepared.spec;
+  launch.resolved = &prepared.resolved;
+  launch.platform = prepared.platform;
+  launch.snapshot_dir = layout::SnapshotsDir(options_.home) + "/" + request.snapshot_digest;
+  launch.secrets = prepared.secrets;
+  launch.model_run = model_run;
+  TAU_ASSIGN_OR_RETURN(std::vector<nlohmann::json> objects,
+                       options_.cluster->RenderService(launch));
+  if (objects.empty()) return Internal("the service rendered to no objects");
+  nlohmann::json refs = nlohmann::json::array();
+  for (const nlohmann::json& o : objects) {
+    const nlohmann::json meta = o.value("metadata", nlohmann::json::object());
+    refs.push_back({{"apiVersion", o.value("apiVersion", "")},
+                    {"kind", o.value("kind", "")},
+                    {"namespace", meta.value("namespace", "")},
+                    {"name", meta.value("name", "")}});
+  }
+  // The workload is the last object (a Deployment's Service goes first).
+  const nlohmann::json& workload = refs.back();
+  const std::string ns = workload.value("namespace", "");
+  const std::string endpoint =
+      workload.value("kind", "") == "RayService"
+          ? fmt::format("http://{}-serve-svc.{}.svc:{}", workload.value("name", ""), ns,
+                        prepared.spec.serve->port)
+          : fmt::format("http://{}.{}.svc:{}", refs.front().value("name", ""), ns,
+                        kube::kServiceFrontPort);
+  {
+    // Recorded before they are applied: a delete after a crash finds them.
+    MutexLock lock(&mu_);
+    nlohmann::json& cluster = s.record.doc["cluster"];
+    cluster["objects"] = refs;
+    cluster["namespace"] = ns;
+    cluster["kind"] = workload.value("kind", "");
+    cluster["name"] = workload.value("name", "");
+    cluster["endpoint"] = endpoint;
+    cluster["max_log_bytes"] = prepared.resolved.max_log_bytes;
+    TAU_RETURN_IF_ERROR(Save(s));
+  }
+  TAU_RETURN_IF_ERROR(options_.cluster->ApplyService(launch, objects));
+  MutexLock lock(&mu_);
+  s.record.doc["cluster"]["applied"] = {{"revision", request.revision}, {"replicas", replicas}};
+  s.apply_backoff_ms = 0;
+  s.last_cluster_error.clear();
+  AppendHistory(s, "Applied",
+                fmt::format("revision {} with {} replica(s) applied: {} {}/{}", request.revision,
+                            replicas, workload.value("kind", ""), ns, workload.value("name", "")));
+  return Save(s);
+}
+
+void ServiceManager::ObserveOnCluster(Service& s) {
+  std::string name, ns, kind, workload, workspace;
+  int64_t max_log_bytes = 0;
+  {
+    MutexLock lock(&mu_);
+    name = s.record.name;
+    workspace = s.record.workspace;
+    const nlohmann::json cluster = s.record.doc.value("cluster", nlohmann::json::object());
+    ns = cluster.value("namespace", "");
+    kind = cluster.value("kind", "");
+    workload = cluster.value("name", "");
+    max_log_bytes = cluster.value("max_log_bytes", int64_t{0});
+  }
+  if (kind.empty()) return;  // never applied
+  auto observed = options_.cluster->ObserveService(ns, workload, kind);
+  if (!observed.ok()) {
+    // Said once; the view keeps what was read last.
+    MutexLock lock(&mu_);
+    if (s.last_observe_error != observed.status().message()) {
+      s.last_observe_error = observed.status().message();
+      AppendHistory(s, "ObserveFailed", observed.status().message());
+      (void)Save(s);
+    }
+    return;
+  }
+  std::vector<ServicePod> to_keep;
+  {
+    MutexLock lock(&mu_);
+    bool changed = false;
+    std::map<std::string, ServicePod> now;
+    for (const ServicePod& p : observed->pods) {
+      auto before = s.pods.find(p.name);
+      if (s.observed_once && before == s.pods.end()) {
+        AppendHistory(s, "ReplicaAdded",
+                      fmt::format("pod {} (revision {}) {}", p.name, p.revision, p.phase));
+        changed = true;
+      }
+      if (before != s.pods.end()) {
+        if (p.restarts > before->second.restarts) {
+          const int64_t more = p.restarts - before->second.restarts;
+          s.restarts += more;
+          if (metrics_)
+            metrics_->Count("tau_serve_replica_restarts_total",
+                            {{"service", name}, {"reason", "ContainerRestarted"}},
+                            static_cast<double>(more));
+          AppendHistory(s, "ReplicaRestarted",
+                        fmt::format("pod {} restarted ({} restarts){}", p.name, p.restarts,
+                                    p.reason.empty() ? "" : ": " + p.reason));
+          changed = true;
+        }
+        if (p.ready != before->second.ready) {
+          AppendHistory(s, p.ready ? "ReplicaReady" : "ReplicaNotReady",
+                        p.ready ? fmt::format("pod {} (revision {}) is ready", p.name, p.revision)
+                                : fmt::format("pod {}: {}", p.name,
+                                              p.reason.empty() ? "not ready" : p.reason));
+          changed = true;
+        }
+      }
+      // A pod's log exists once its container has started.
+      if (p.phase != "Pending" && !p.container.empty() && s.kept_logs.insert(p.name).second)
+        to_keep.push_back(p);
+      now.emplace(p.name, p);
+    }
+    for (const auto& [pod, p] : s.pods) {
+      if (now.count(pod)) continue;
+      AppendHistory(s, "ReplicaRemoved", fmt::format("pod {} is gone", pod));
+      s.kept_logs.erase(pod);
+      changed = true;
+    }
+    if (!observed->found && s.record.doc["cluster"].contains("applied")) {
+      // Deleted behind tau's back (or never made): applied again on the next pass.
+      s.record.doc["cluster"].erase("applied");
+      AppendHistory(
+          s, "WorkloadMissing",
+          fmt::format("{} {}/{} is not on the cluster: it is applied again", kind, ns, workload));
+      changed = true;
+    }
+    s.pods = std::move(now);
+    s.observed = std::move(*observed);
+    s.observed_once = true;
+    s.last_observe_error.clear();
+    if (changed) (void)Save(s);
+  }
+  if (to_keep.empty()) return;
+  AttemptLogs logs;
+  logs.max_bytes = max_log_bytes;
+  // Masked of every secret of the workspace (the pods' env may name any of them).
+  if (auto values = store_->SecretValues(workspace); values.ok())
+    for (const auto& [key, value] : *values) logs.secrets.push_back(value);
+  const std::string dir = layout::ServiceLogsDir(options_.home, name);
+  if (Status made = MakeDirs(dir); !made.ok()) {
+    std::fprintf(stderr, "tau server: service %s: %s\n", name.c_str(), made.ToString().c_str());
+    return;
+  }
+  for (const ServicePod& p : to_keep)
+    options_.cluster->KeepServiceLog(ns, p.name, p.container, dir + "/" + p.name + ".log", logs);
+}
+
+void ServiceManager::ClusterFailed(Service& s, const std::string& type, const Status& status) {
+  MutexLock lock(&mu_);
+  s.apply_backoff_ms = std::clamp<int64_t>(s.apply_backoff_ms * 2, 1'000, 60'000);
+  s.apply_not_before = Now() + s.apply_backoff_ms;
+  if (s.last_cluster_error == status.message()) return;
+  s.last_cluster_error = status.message();
+  AppendHistory(s, type, status.message());
+  (void)Save(s);
+}
+
 Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int64_t revision,
                                                      const store::ServiceRecord* previous,
                                                      SubmitError* error) {
@@ -494,10 +730,9 @@ Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int
     error->status = s;
     return s;
   };
-  if (std::string(controller_->BackendName()) != "local")
+  if (std::string(controller_->BackendName()) != "local" && options_.cluster == nullptr)
     return refuse(FailedPrecondition(
-        "services run on the local backend for now; on Kubernetes a service is a Deployment or "
-        "a RayService (docs/kubernetes.md, \"Services\")"));
+        fmt::format("the {} backend cannot run services", controller_->BackendName())));
   SubmitRequest& submit = request.submit;
   auto code = controller_->StoreCode(std::move(submit.code), std::move(submit.manifest));
   if (!code.ok()) return refuse(code.status());
@@ -536,7 +771,21 @@ Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int
   const spec::Serve serve = parsed.ok() && parsed.spec->serve ? *parsed.spec->serve : spec::Serve{};
   const std::string from = !request.from_run.empty() ? request.from_run : serve.from_run;
   nlohmann::json model;
-  if (!from.empty()) {
+  if (!from.empty() && options_.cluster) {
+    // On a cluster the model is the run's directory on the workspace's storage, which the pods
+    // mount (kube::RenderService); tau cannot look into it.
+    auto run = store_->GetRun(from);
+    if (!run.ok())
+      return refuse(
+          NotFound(fmt::format("serve.from: no run is named '{}' (tau list shows runs)", from)));
+    if (run->workspace != checked->workspace)
+      return refuse(PermissionDenied(fmt::format(
+          "serve.from: run {} is of workspace '{}'; a service of workspace '{}' serves only its "
+          "own workspace's runs",
+          from, run->workspace, checked->workspace)));
+    model = {
+        {"run", from}, {"kind", serve.model}, {"path", ""}, {"sha256", ""}, {"on_cluster", true}};
+  } else if (!from.empty()) {
     auto resolved = ResolveModel(controller_, store_, from, serve.model, checked->workspace);
     if (!resolved.ok()) return refuse(resolved.status());
     model = std::move(*resolved);
@@ -629,6 +878,8 @@ Result<api::Service> ServiceManager::Update(DeployRequest request, SubmitError* 
     if (parsed.ok() && parsed.spec->serve) s.serve = *parsed.spec->serve;
     s.add_not_before = 0;
     s.add_backoff_ms = 0;
+    s.apply_not_before = 0;
+    s.apply_backoff_ms = 0;
     AppendHistory(s, "Updated",
                   fmt::format("revision {} from {}: replicas are replaced one at a time", revision,
                               s.record.doc.value("spec_file", "")));
@@ -655,6 +906,7 @@ Result<api::Service> ServiceManager::Scale(const std::string& name, int64_t repl
     const int64_t before = s.record.doc.value("replicas", int64_t{0});
     s.record.doc["replicas"] = replicas;
     s.add_not_before = 0;
+    s.apply_not_before = 0;
     AppendHistory(s, "Scaled", fmt::format("{} -> {} replicas", before, replicas));
     TAU_RETURN_IF_ERROR(Save(s));
     view = View(s);
@@ -672,7 +924,10 @@ Result<api::Service> ServiceManager::Delete(const std::string& name) {
     Service& s = *it->second;
     if (s.record.state != kDeleting) {
       s.record.state = kDeleting;
-      AppendHistory(s, "Deleting", "its replicas are drained and stopped");
+      s.apply_not_before = 0;
+      AppendHistory(s, "Deleting",
+                    options_.cluster ? "its objects are deleted from the cluster"
+                                     : "its replicas are drained and stopped");
       TAU_RETURN_IF_ERROR(Save(s));
     }
     view = View(s);
@@ -739,10 +994,72 @@ api::Service ServiceManager::View(const Service& s) const {
   }
   v.restarts = s.restarts;
   v.requests = {{"total", s.requests}, {"failed", s.failed}, {"retried", s.retried}};
+  if (options_.cluster) ClusterView(s, &v);
   v.history = doc.value("history", nlohmann::json::array());
   v.created = FormatRfc3339(s.record.created_ms);
   v.updated = FormatRfc3339(s.record.updated_ms);
   return v;
+}
+
+void ServiceManager::ClusterView(const Service& s, api::Service* v) const {
+  const nlohmann::json cluster = s.record.doc.value("cluster", nlohmann::json::object());
+  v->endpoint = cluster.value("endpoint", "");
+  const int port = s.serve.port;
+  for (const auto& [name, p] : s.pods) {
+    api::ServiceReplica r;
+    r.run = name;  // a pod: `tau serve logs --replica POD`
+    r.state = p.deleting ? "Terminating" : p.phase;
+    r.revision = p.revision;
+    r.port = port;
+    r.ready = p.ready;
+    r.draining = p.deleting;
+    r.restarts = static_cast<int>(p.restarts);
+    r.reason = p.reason;
+    if (p.ready) ++v->ready;
+    v->replica_list.push_back(std::move(r));
+  }
+  nlohmann::json out = {{"namespace", cluster.value("namespace", "")},
+                        {"kind", cluster.value("kind", "")},
+                        {"name", cluster.value("name", "")},
+                        {"objects", cluster.value("objects", nlohmann::json::array())},
+                        {"applied", cluster.value("applied", nlohmann::json())},
+                        {"found", s.observed.found},
+                        {"desired", s.observed.desired},
+                        {"ready", s.observed.ready},
+                        {"updated", s.observed.updated}};
+  if (!s.observed.message.empty()) out["message"] = s.observed.message;
+  if (!s.last_cluster_error.empty()) out["error"] = s.last_cluster_error;
+  if (!s.last_observe_error.empty()) out["observe_error"] = s.last_observe_error;
+  v->extra["cluster"] = std::move(out);
+}
+
+Result<ServiceManager::LogPart> ServiceManager::ReplicaLog(const std::string& name,
+                                                           const std::string& pod, int64_t offset,
+                                                           int64_t limit) {
+  {
+    MutexLock lock(&mu_);
+    auto it = services_.find(name);
+    if (it == services_.end()) return NotFound(fmt::format("no service is named '{}'", name));
+    if (!options_.cluster)
+      return FailedPrecondition(fmt::format(
+          "the replicas of service '{}' are runs: `tau logs RUN` (tau serve status lists them)",
+          name));
+    if (!it->second->kept_logs.count(pod) && !it->second->pods.count(pod))
+      return NotFound(fmt::format("{} is not a replica of service {} now", pod, name));
+  }
+  LogPart out;
+  const std::string path = layout::ServiceLogsDir(options_.home, name) + "/" + pod + ".log";
+  if (!PathExists(path)) return out;  // its container has not written yet
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Internal(fmt::format("cannot read {}: {}", path, std::strerror(errno)));
+  struct stat st;
+  if (::fstat(fd, &st) == 0) out.size = st.st_size;
+  offset = std::clamp<int64_t>(offset, 0, out.size);
+  out.data.resize(static_cast<size_t>(std::clamp<int64_t>(out.size - offset, 0, limit)));
+  ssize_t n = out.data.empty() ? 0 : ::pread(fd, out.data.data(), out.data.size(), offset);
+  ::close(fd);
+  out.data.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return out;
 }
 
 std::optional<ServiceManager::Lease> ServiceManager::Acquire(const std::string& service,

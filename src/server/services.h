@@ -6,6 +6,12 @@
 //
 // Every change of a service is written to the store before it is acted on; what it knows of its
 // replicas beyond their runs (probe results, draining) is rebuilt after a restart by probing them.
+//
+// On the Kubernetes backend (Options::cluster) a service is its Deployment (or RayService) and
+// Service on the cluster instead (kube::RenderService): the manager applies its objects when its
+// revision or replica count changes, reads their status and pods back every observe_ms, keeps
+// each replica pod's log under layout::ServiceLogsDir, and deletes the objects on delete; the
+// Deployment controller rolls replicas and the kubelet probes and restarts them.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +24,7 @@
 #include <vector>
 
 #include "api/types.h"
+#include "backend/kube/cluster.h"
 #include "common/clock.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
@@ -44,6 +51,11 @@ class ServiceManager {
     int64_t tick_ms = 100;
     // How long a draining replica may finish the requests it has before it is stopped anyway.
     int64_t drain_ms = 5'000;
+    // The Kubernetes backend's cluster: services are its objects (null: replicas are runs).
+    Cluster* cluster = nullptr;
+    std::string home;  // where the replica pods' logs are kept (with a cluster)
+    // How often a service's objects and pods are read back from the cluster.
+    int64_t observe_ms = 2'000;
   };
   ServiceManager(Options options, Controller* controller, store::Store* store, Metrics* metrics);
   ~ServiceManager();
@@ -65,6 +77,14 @@ class ServiceManager {
   Result<api::Service> Get(const std::string& name);
   // The service's workspace (the endpoint's access check: no view is built per request).
   std::optional<std::string> WorkspaceOf(const std::string& name);
+  // A replica pod's kept log from byte `offset` (at most `limit` bytes) and the log's size; on the
+  // Kubernetes backend only (a local replica is a run: `tau logs RUN`).
+  struct LogPart {
+    std::string data;
+    int64_t size = 0;
+  };
+  Result<LogPart> ReplicaLog(const std::string& name, const std::string& pod, int64_t offset,
+                             int64_t limit);
   // Every service, or those of `workspaces`.
   std::vector<api::Service> List(const std::optional<std::vector<std::string>>& workspaces);
 
@@ -115,6 +135,15 @@ class ServiceManager {
     int64_t add_not_before = 0;
     int64_t add_backoff_ms = 0;
     std::string last_add_error;
+    // On a cluster: what was read back last, when to read again, and the applies that failed.
+    ServiceObserved observed;
+    std::map<std::string, ServicePod> pods;  // by name, as last read
+    int64_t next_observe = 0;
+    int64_t apply_not_before = 0, apply_backoff_ms = 0;
+    std::string last_cluster_error;  // of an apply or a delete
+    std::string last_observe_error;
+    std::set<std::string> kept_logs;  // pods whose logs are being kept
+    bool observed_once = false;  // pods read before (after a restart the first read says nothing)
   };
 
   int64_t Now();
@@ -123,12 +152,21 @@ class ServiceManager {
   void Refresh(Service& s);
   void Probe(Service& s);
   void Converge(Service& s) TAU_REQUIRES(mu_);
+  // A pass over a service on the cluster; true once a deleted service's objects are gone.
+  bool ReconcileOnCluster(Service& s);
+  // Renders the current revision and applies it; its objects are recorded first.
+  Status ApplyOnCluster(Service& s);
+  void ObserveOnCluster(Service& s);
+  // Said once per distinct error in the history; applies are tried again after a doubling wait.
+  void ClusterFailed(Service& s, const std::string& type, const Status& status);
   // Submits one replica of the current revision.
   Status AddReplica(Service& s) TAU_REQUIRES(mu_);
   void StartDrain(Service& s, Replica& r, const std::string& why);
   void AppendHistory(Service& s, const std::string& type, const std::string& message);
   Status Save(Service& s);
   api::Service View(const Service& s) const;
+  // What a service on a cluster shows: its pods as replicas, its objects in extra.cluster.
+  void ClusterView(const Service& s, api::Service* v) const;
   int FreePort(const Service& s) TAU_REQUIRES(mu_);
   // The checked service of a deploy or update (its spec as a replica would be submitted).
   Result<store::ServiceRecord> Prepare(DeployRequest& request, int64_t revision,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 
@@ -1270,8 +1271,9 @@ void FakeApiServer::SweepFinishedJobs() {
 void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res) {
   // Test control, not an API-server path: POST /fake/logs/NAMESPACE/POD appends the body to the
   // pod's log (AppendLog), and ?end=true then ends it (EndLog); POST /fake/cut-logs cuts the open
-  // log streams (CutLogStreams). So a test in another process (tests/fake_apiserver) can play the
-  // kubelet's logs. Neither recorded nor subject to the token or to injected failures.
+  // log streams (CutLogStreams); POST /fake/inject-failures?count=N&status=S answers the next N
+  // API requests S (InjectFailures). So a test in another process (tests/fake_apiserver) can play
+  // the kubelet's logs. Neither recorded nor subject to the token or to injected failures.
   if (StartsWith(req.path, "/fake/")) {
     if (req.method == "POST" && req.path == "/fake/cut-logs") {
       CutLogStreams();
@@ -1286,6 +1288,12 @@ void FakeApiServer::Handle(const http::HttpRequest& req, http::HttpResponse& res
     }
     if (req.method == "POST" && req.path == "/fake/expire-watches") {
       ExpireWatches();
+      Reply(res, 200, json{{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Success"}});
+      return;
+    }
+    if (req.method == "POST" && req.path == "/fake/inject-failures") {
+      InjectFailures(std::atoi(req.get_param_value("count").c_str()),
+                     std::atoi(req.get_param_value("status").c_str()), 0);
       Reply(res, 200, json{{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Success"}});
       return;
     }

@@ -483,3 +483,188 @@ class KubeBackendTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+SERVICE_SPEC = """schema_version: 1
+kind: service
+name: {name}
+run:
+  entrypoint: app.py
+  workload_kind: job
+compute:
+  gpus: 0
+  cpus: 1
+  memory: 1Gi
+runtime:
+  image: python:3.12
+  env:
+    VERSION: "{version}"
+serve:
+  replicas: 2
+  port: 8000
+  readiness:
+    http_path: /healthz
+    period: 1s
+"""
+
+
+class KubeServiceTest(unittest.TestCase):
+    """Services on the Kubernetes backend (docs/serving.md, "Kubernetes"): tau applies the
+    Deployment and Service, the test plays the Deployment controller and the kubelet (it makes the
+    replica pods, sets their readiness and restarts, writes their logs), and tau reads it all
+    back."""
+
+    NAME = "predictor"
+    setUp = KubeBackendTest.setUp
+    wait = KubeBackendTest.wait
+
+    def deploy(self, version="1", update=False):
+        d = tempfile.mkdtemp(dir=self.work)
+        with open(os.path.join(d, "app.py"), "w") as f:
+            f.write("print('serving')\n")
+        path = os.path.join(d, "tau.yaml")
+        with open(path, "w") as f:
+            f.write(SERVICE_SPEC.format(name=self.NAME, version=version))
+        args = ("serve", "update", self.NAME, path) if update else ("serve", "deploy", path)
+        return self.server.tau(*args, check=0).stdout
+
+    def service(self):
+        return json.loads(self.server.tau("serve", "status", self.NAME, "-o", "json",
+                                          check=0).stdout)
+
+    def deployment(self):
+        return self.kube.get(f"/apis/apps/v1/namespaces/{NS}/deployments/{self.NAME}")
+
+    def wait_deployment(self, predicate, what):
+        return self.wait(lambda: (lambda d: d if d is not None and predicate(d) else None)(
+            self.deployment()), lambda: f"{what}: {self.deployment()}")
+
+    def start_replica(self, suffix, ready, revision="1", restarts=0):
+        pod = f"{self.NAME}-5d9c8-{suffix}"
+        body = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": NS,
+                         "labels": {"tau.dev/service": self.NAME},
+                         "annotations": {"tau.dev/revision": revision}},
+            "spec": {"containers": [{"name": "worker", "image": "python:3.12"}]}}
+        if self.kube.get(self.kube.pod_path(pod)) is None:
+            self.kube.must("POST", f"/api/v1/namespaces/{NS}/pods", body)
+        self.kube.set_pod_status(pod, {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                            "message": "" if ready else "readiness probe failed: HTTP 503"}],
+            "containerStatuses": [{"name": "worker", "restartCount": restarts, "ready": ready,
+                                   "state": {"running": {}}}]})
+        return pod
+
+    def test_a_service_is_a_deployment_tau_applies_reads_back_and_deletes(self):
+        out = self.deploy()
+        self.assertIn(f"service {self.NAME} deployed", out)
+        d = self.wait_deployment(lambda d: True, "the Deployment")
+        self.assertEqual(d["spec"]["replicas"], 2)
+        template = d["spec"]["template"]
+        self.assertEqual(template["metadata"]["labels"]["tau.dev/service"], self.NAME)
+        self.assertEqual(template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], "default")
+        self.assertEqual(template["metadata"]["annotations"]["tau.dev/revision"], "1")
+        container = template["spec"]["containers"][0]
+        self.assertEqual(container["readinessProbe"]["httpGet"]["path"], "/healthz")
+        self.assertIn({"name": "VERSION", "value": "1"}, container["env"])
+        svc = self.kube.get(f"/api/v1/namespaces/{NS}/services/{self.NAME}")
+        self.assertIsNotNone(svc, "the Service in front of the replicas")
+        self.assertEqual(svc["spec"]["selector"], {"tau.dev/service": self.NAME})
+
+        # The Deployment controller's and the kubelet's part: two pods, one ready.
+        ready = self.start_replica("a1", True)
+        starting = self.start_replica("b2", False)
+        self.kube.merge_patch(
+            f"/apis/apps/v1/namespaces/{NS}/deployments/{self.NAME}/status",
+            {"status": {"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2}})
+        s = self.wait(lambda: (lambda s: s if s["ready"] == 1 and len(s["replica_list"]) == 2
+                               else None)(self.service()),
+                      lambda: f"both pods in the service: {self.service()}")
+        self.assertEqual(s["endpoint"], f"http://{self.NAME}.{NS}.svc:80")
+        cluster = s["cluster"]
+        self.assertEqual((cluster["kind"], cluster["namespace"], cluster["name"]),
+                         ("Deployment", NS, self.NAME))
+        self.assertEqual((cluster["desired"], cluster["ready"], cluster["found"]), (2, 1, True))
+        pods = {r["run"]: r for r in s["replica_list"]}
+        self.assertTrue(pods[ready]["ready"])
+        self.assertFalse(pods[starting]["ready"])
+        self.assertIn("readiness probe failed", pods[starting]["reason"])
+        text = self.server.tau("serve", "status", self.NAME, check=0).stdout
+        self.assertIn("Deployment default/predictor: 2 desired, 1 ready", text)
+        self.assertIn(ready, text)
+
+        # Its pods' logs are kept by the server, and read back by `tau serve logs`.
+        self.kube.append_log(ready, "loaded the model\nserving on 8000\n")
+        self.wait(lambda: "serving on 8000" in self.server.tau(
+                      "serve", "logs", self.NAME, "--replica", ready, check=None).stdout,
+                  lambda: self.server.tau("serve", "logs", self.NAME, "--replica", ready,
+                                          check=None))
+
+        # A container that restarts is counted.
+        self.start_replica("b2", False, restarts=1)
+        s = self.wait(lambda: (lambda s: s if s["restarts"] == 1 else None)(self.service()),
+                      lambda: f"the restart counted: {self.service()}")
+        self.assertIn("ReplicaRestarted", [h["type"] for h in s["history"]])
+
+        # The endpoint on the server does not reach into the cluster, and says where to go.
+        status = self.server.tau_http(f"/serve/{self.NAME}/predict", status=412)
+        self.assertIn(f"http://{self.NAME}.{NS}.svc:80", json.dumps(status))
+
+        # Scale and update are applied to the Deployment (which rolls the pods itself).
+        self.server.tau("serve", "scale", self.NAME, "3", check=0)
+        self.wait_deployment(lambda d: d["spec"]["replicas"] == 3, "replicas: 3")
+        self.deploy(version="2", update=True)
+        d = self.wait_deployment(
+            lambda d: d["spec"]["template"]["metadata"]["annotations"]["tau.dev/revision"] == "2",
+            "revision 2")
+        self.assertEqual(d["spec"]["replicas"], 3, "an update keeps the scaled count")
+        self.assertIn({"name": "VERSION", "value": "2"},
+                      d["spec"]["template"]["spec"]["containers"][0]["env"])
+
+        # A server restart re-reads the service without applying it again.
+        applied = [h for h in self.service()["history"] if h["type"] == "Applied"]
+        self.server.kill()
+        self.server.start()
+        s = self.wait(lambda: (lambda s: s if len(s["replica_list"]) == 2 else None)(
+            self.service()), lambda: f"the pods after a restart: {self.service()}")
+        self.assertEqual([h for h in s["history"] if h["type"] == "Applied"], applied)
+        self.assertEqual(s["restarts"], 1, "restarts are not counted again after a restart")
+
+        # A Deployment deleted behind tau's back is applied again.
+        self.kube.must("DELETE", f"/apis/apps/v1/namespaces/{NS}/deployments/{self.NAME}")
+        self.wait_deployment(lambda d: d["spec"]["replicas"] == 3, "the Deployment again")
+
+        # Delete: the Deployment and the Service go, and the service is forgotten.
+        self.server.tau("serve", "delete", self.NAME, check=0)
+        self.wait(lambda: self.deployment() is None and self.kube.get(
+            f"/api/v1/namespaces/{NS}/services/{self.NAME}") is None,
+            lambda: "the Deployment and the Service deleted")
+        self.wait(lambda: "no services" in self.server.tau("serve", "list", check=0).stdout,
+                  lambda: self.server.tau("serve", "list", check=0).stdout)
+
+    def test_a_service_the_cluster_refuses_says_why_and_applies_once_fixed(self):
+        # A rayjob service without serve.import_path cannot be rendered: refused at deploy.
+        d = tempfile.mkdtemp(dir=self.work)
+        with open(os.path.join(d, "app.py"), "w") as f:
+            f.write("print('x')\n")
+        with open(os.path.join(d, "tau.yaml"), "w") as f:
+            f.write(SERVICE_SPEC.format(name=self.NAME, version="1").replace(
+                "workload_kind: job", "workload_kind: rayjob"))
+        r = self.server.tau("serve", "deploy", os.path.join(d, "tau.yaml"), check=None)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("serve.import_path", r.stderr)
+        self.assertIsNone(self.kube.get(f"/apis/ray.io/v1/namespaces/{NS}/rayservices/{self.NAME}"))
+        # The API server refuses the Deployment for a while (an admission webhook): the history
+        # says so once, and it is applied when the API server takes it.
+        self.kube.must("POST", "/fake/inject-failures?count=1000&status=403", "", "text/plain")
+        self.deploy()
+        s = self.wait(lambda: (lambda s: s if "ApplyFailed" in [h["type"] for h in s["history"]]
+                               else None)(self.service()),
+                      lambda: f"ApplyFailed in the history: {self.service()}")
+        self.assertIn("error", s["cluster"])
+        self.kube.must("POST", "/fake/inject-failures?count=0&status=403", "", "text/plain")
+        self.wait_deployment(lambda d: True, "the Deployment once the API server takes it")
+        s = self.service()
+        self.assertEqual([h["type"] for h in s["history"]].count("ApplyFailed"), 1)

@@ -32,6 +32,7 @@
 #include "common/json_text.h"
 #include "common/log_file.h"
 #include "common/mutex.h"
+#include "kube/service.h"
 #include "recovery/failure_class.h"
 
 namespace tau::server {
@@ -198,7 +199,7 @@ class PostedNotices final : public LogNotices {
       : post_(std::move(post)), run_(std::move(run)), attempt_(attempt) {}
   void Add(const std::string& type, const std::string& message, json data) override {
     data["attempt"] = attempt_;
-    if (post_) post_(RunNotice{run_, type, message, std::move(data)});
+    if (post_ && !run_.empty()) post_(RunNotice{run_, type, message, std::move(data)});
   }
 
  private:
@@ -307,6 +308,13 @@ class KubeCluster final : public Cluster {
   Status Launch(const ClusterLaunch& launch) override;
   Status ApplyPlatform(const policy::Platform& platform) override;
   void Delete(const std::string& run, int attempt) override;
+  Result<std::vector<json>> RenderService(const ServiceLaunch& launch) override;
+  Status ApplyService(const ServiceLaunch& launch, const std::vector<json>& objects) override;
+  Status DeleteService(const std::vector<json>& refs) override;
+  Result<ServiceObserved> ObserveService(const std::string& ns, const std::string& name,
+                                         const std::string& kind) override;
+  void KeepServiceLog(const std::string& ns, const std::string& pod, const std::string& container,
+                      const std::string& path, AttemptLogs logs) override;
 
  private:
   struct Attempt {
@@ -931,8 +939,19 @@ Status KubeCluster::Check(const spec::RunSpec& spec, const policy::ResolvedRun& 
   options.default_image = options_.default_image;
   options.installation = options_.installation;
   TAU_ASSIGN_OR_RETURN(options.code, Code(snapshot_dir));
-  TAU_ASSIGN_OR_RETURN(std::vector<json> objects,
-                       kube::RenderRun(spec, resolved, platform, options));
+  std::vector<json> objects;
+  if (spec.serve) {
+    // A service's replica is checked as the service's objects (its name is the run name's
+    // base: a replica's suffix is not part of any object's name).
+    kube::ServiceRenderOptions service;
+    service.service_name = run_name.substr(0, run_name.rfind('-'));
+    service.default_image = options.default_image;
+    service.installation = options.installation;
+    service.code = std::move(options.code);
+    TAU_ASSIGN_OR_RETURN(objects, kube::RenderService(spec, resolved, platform, service));
+  } else {
+    TAU_ASSIGN_OR_RETURN(objects, kube::RenderRun(spec, resolved, platform, options));
+  }
   if (!options_.check_access || objects.empty()) return Status::Ok();
   const json& main = objects.back();  // the Job or RayJob (a gang's Service comes first)
   bool ray = Str(main, "kind") == "RayJob";
@@ -1140,6 +1159,148 @@ Status KubeCluster::DeleteObjects(const std::string& run, int attempt, std::vect
         TAU_RETURN_IF_ERROR(client_->Delete("v1", "Service", ns, Str(Meta(svc), "name")));
   }
   return Status::Ok();
+}
+
+Result<std::vector<json>> KubeCluster::RenderService(const ServiceLaunch& launch) {
+  kube::ServiceRenderOptions options;
+  options.service_name = launch.service;
+  options.revision = launch.revision;
+  options.default_image = options_.default_image;
+  options.installation = options_.installation;
+  options.model_run = launch.model_run;
+  TAU_ASSIGN_OR_RETURN(options.code, Code(launch.snapshot_dir));
+  return kube::RenderService(*launch.spec, *launch.resolved, *launch.platform, options);
+}
+
+Status KubeCluster::ApplyService(const ServiceLaunch& launch, const std::vector<json>& objects) {
+  if (objects.empty()) return Internal("the service rendered to no objects");
+  kubeapi::CallBudget budget(options_.call_budget_ms, &stop_);
+  if (!launch.secrets.empty()) {
+    json data = json::object();
+    for (const auto& [key, value] : launch.secrets) data[key] = value;
+    json secret = {{"apiVersion", "v1"},
+                   {"kind", "Secret"},
+                   {"metadata",
+                    {{"name", kube::kRunSecretName},
+                     {"namespace", Str(Meta(objects.front()), "namespace")},
+                     {"labels", {{kube::kLabelManagedBy, "tau"}}}}},
+                   {"type", "Opaque"},
+                   {"stringData", data}};
+    TAU_RETURN_IF_ERROR(client_->Apply(secret).status());
+  }
+  for (const json& object : objects) {
+    auto applied = client_->Apply(object);
+    if (!applied.ok())
+      return Status(applied.status().code(),
+                    fmt::format("{} {}/{}: {}", Str(object, "kind"), Str(Meta(object), "namespace"),
+                                Str(Meta(object), "name"), applied.status().message()));
+  }
+  return Status::Ok();
+}
+
+Status KubeCluster::DeleteService(const std::vector<json>& refs) {
+  kubeapi::CallBudget budget(options_.call_budget_ms, &stop_);
+  // The workload first: its pods stop being replaced before the Service in front goes.
+  for (auto it = refs.rbegin(); it != refs.rend(); ++it) {
+    Status deleted = client_->Delete(Str(*it, "apiVersion"), Str(*it, "kind"),
+                                     Str(*it, "namespace"), Str(*it, "name"));
+    if (!deleted.ok() && deleted.code() != StatusCode::kNotFound) return deleted;
+  }
+  return Status::Ok();
+}
+
+namespace {
+int64_t Int(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
+}
+
+// A replica pod as ServicePod says it.
+ServicePod ServicePodOf(const json& pod) {
+  ServicePod p;
+  p.name = Str(Meta(pod), "name");
+  p.deleting = Meta(pod).contains("deletionTimestamp");
+  const json& meta = Meta(pod);
+  if (auto a = meta.find("annotations"); a != meta.end() && a->is_object())
+    p.revision = std::atoll(Str(*a, kube::kAnnotationRevision).c_str());
+  const json status = pod.value("status", json::object());
+  p.phase = Str(status, "phase");
+  if (auto spec = pod.find("spec"); spec != pod.end() && spec->is_object()) {
+    auto containers = spec->find("containers");
+    if (containers != spec->end() && containers->is_array() && !containers->empty())
+      p.container = Str((*containers)[0], "name");
+  }
+  std::string why;
+  for (const json& c : status.value("containerStatuses", json::array())) {
+    p.restarts += Int(c, "restartCount");
+    const json state = c.value("state", json::object());
+    if (auto waiting = state.find("waiting"); waiting != state.end() && waiting->is_object()) {
+      why = Str(*waiting, "reason");
+      if (std::string m = Str(*waiting, "message"); !m.empty()) why += ": " + m;
+    }
+  }
+  for (const json& c : status.value("conditions", json::array())) {
+    if (Str(c, "type") != "Ready") continue;
+    p.ready = Str(c, "status") == "True";
+    if (!p.ready && why.empty()) why = Str(c, "message");
+  }
+  if (!p.ready) p.reason = why.empty() ? Str(status, "reason") : why;
+  return p;
+}
+}  // namespace
+
+Result<ServiceObserved> KubeCluster::ObserveService(const std::string& ns, const std::string& name,
+                                                    const std::string& kind) {
+  kubeapi::CallBudget budget(options_.call_budget_ms, &stop_);
+  ServiceObserved out;
+  const char* api = kind == "RayService" ? "ray.io/v1" : "apps/v1";
+  auto workload = client_->Get(api, kind, ns, name);
+  if (workload.ok()) {
+    out.found = true;
+    const json status = workload->value("status", json::object());
+    if (kind == "RayService") {
+      out.message = Str(status, "serviceStatus");
+      out.desired = Int(workload->value("spec", json::object()), "replicas");
+    } else {
+      out.desired = Int(workload->value("spec", json::object()), "replicas");
+      out.ready = Int(status, "readyReplicas");
+      out.updated = Int(status, "updatedReplicas");
+      for (const json& c : status.value("conditions", json::array()))
+        if (Str(c, "status") == "False") out.message = Str(c, "message");
+    }
+  } else if (workload.status().code() != StatusCode::kNotFound) {
+    return workload.status();
+  }
+  kubeapi::ListOptions list;
+  list.label_selector = fmt::format("{}={}", kube::kLabelService, name);
+  TAU_ASSIGN_OR_RETURN(kubeapi::ObjectList pods, client_->List("v1", "Pod", ns, list));
+  for (const json& pod : pods.items) {
+    // Another installation's service of the same name is not this one's.
+    if (!options_.installation.empty() &&
+        Label(pod, kube::kLabelInstallation) != options_.installation)
+      continue;
+    out.pods.push_back(ServicePodOf(pod));
+  }
+  if (kind == "RayService") {
+    for (const ServicePod& p : out.pods) out.ready += p.ready ? 1 : 0;
+  }
+  std::sort(out.pods.begin(), out.pods.end(),
+            [](const ServicePod& a, const ServicePod& b) { return a.name < b.name; });
+  return out;
+}
+
+void KubeCluster::KeepServiceLog(const std::string& ns, const std::string& pod,
+                                 const std::string& container, const std::string& path,
+                                 AttemptLogs logs) {
+  LogSource source = PodLog(ns, pod, container);
+  // Not a pod the watches follow: asked of the API server when its stream ends.
+  source.live = [this, ns, pod] {
+    auto got = client_->Get("v1", "Pod", ns, pod);
+    if (!got.ok()) return got.status().code() != StatusCode::kNotFound;
+    const std::string phase = Str(got->value("status", json::object()), "phase");
+    return phase != "Succeeded" && phase != "Failed";
+  };
+  FollowLog(std::move(source), path, AttemptKey{"", 0}, 0, logs);
 }
 
 }  // namespace
