@@ -203,20 +203,28 @@ void RegisterServiceApi(SecureRouter* api, ServiceManager* services) {
                             const CallerContext& caller) {
     const auto started = std::chrono::steady_clock::now();
     const std::string name = req.matches[1];
-    std::optional<std::string> workspace = services->WorkspaceOf(name);
-    if (!workspace || caller.RoleIn(*workspace) < auth::Role::kViewer)
-      return http::ReplyError(res, NotFound(fmt::format("no service is named '{}'", name)));
     const std::string target = TargetOf(req, req.matches.size() > 2 ? req.matches[2] : "");
     std::set<std::string> tried;
     ForwardResult result;
     bool retried = false;
     for (int round = 0; round < 2; ++round) {
-      auto lease = services->Acquire(name, tried);
-      if (!lease) break;
-      tried.insert(lease->replica);
+      auto pick = services->Acquire(name, tried);
+      if (!pick || caller.RoleIn(pick->workspace) < auth::Role::kViewer) {
+        if (pick && pick->lease) services->Done(*pick->lease, true);
+        return http::ReplyError(res, NotFound(fmt::format("no service is named '{}'", name)));
+      }
+      if (!pick->cluster_endpoint.empty())
+        return http::ReplyError(
+            res, FailedPrecondition(fmt::format(
+                     "service '{}' runs on the Kubernetes cluster, and tau's endpoint does not "
+                     "reach into it: call it in the cluster at {}",
+                     name, pick->cluster_endpoint)));
+      if (!pick->lease) break;
+      const ServiceManager::Lease& lease = *pick->lease;
+      tried.insert(lease.replica);
       result =
-          ForwardRequest(lease->port, req.method, target, req.headers, req.body, kForwardTimeoutMs);
-      services->Done(*lease, result.answered);
+          ForwardRequest(lease.port, req.method, target, req.headers, req.body, kForwardTimeoutMs);
+      services->Done(lease, result.answered);
       if (result.answered) break;
       const bool may_retry = !result.connected || Idempotent(req.method);
       if (!may_retry) break;
@@ -226,18 +234,11 @@ void RegisterServiceApi(SecureRouter* api, ServiceManager* services) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if (!result.answered) {
       services->CountRequest(name, 0, retried, seconds);
-      if (tried.empty()) {
-        if (auto s = services->Get(name); s.ok() && s->extra.contains("cluster"))
-          return http::ReplyError(
-              res, FailedPrecondition(fmt::format(
-                       "service '{}' runs on the Kubernetes cluster, and tau's endpoint does not "
-                       "reach into it: call it in the cluster at {}",
-                       name, s->endpoint.empty() ? "its Service" : s->endpoint)));
+      if (tried.empty())
         return http::ReplyError(
             res, Unavailable(fmt::format("service '{}' has no ready replica; `tau serve status {}` "
                                          "says why",
                                          name, name)));
-      }
       return http::Reply(res, 502,
                          {{"error",
                            {{"code", "BadGateway"},

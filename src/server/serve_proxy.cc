@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -32,6 +34,8 @@ int64_t MonoMs() {
 
 class Connection {
  public:
+  // `stop`, when given, ends a wait early (as a time-out) once it is raised.
+  explicit Connection(const std::atomic<bool>* stop = nullptr) : stop_(stop) {}
   ~Connection() {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -93,13 +97,15 @@ class Connection {
   bool Wait(short events) {
     while (true) {
       const int64_t left = deadline_ - MonoMs();
-      if (left <= 0) return false;
+      if (left <= 0 || (stop_ && stop_->load())) return false;
       pollfd p{fd_, events, 0};
-      int rc = ::poll(&p, 1, static_cast<int>(left));
+      // In slices, when a stop may come.
+      int rc = ::poll(&p, 1, static_cast<int>(stop_ ? std::min<int64_t>(left, 100) : left));
       if (rc > 0) return true;
       if (rc < 0 && errno != EINTR) return false;
     }
   }
+  const std::atomic<bool>* const stop_;
   int fd_ = -1;
   int64_t deadline_ = 0;
 };
@@ -128,9 +134,10 @@ int StatusOf(std::string_view head) {
 
 }  // namespace
 
-std::string ProbeReplica(int port, const std::string& http_path, int64_t timeout_ms) {
+std::string ProbeReplica(int port, const std::string& http_path, int64_t timeout_ms,
+                         const std::atomic<bool>* stop) {
   const int64_t deadline = MonoMs() + timeout_ms;
-  Connection c;
+  Connection c(stop);
   if (std::string e = c.Connect(port, deadline); !e.empty()) return e;
   if (http_path.empty()) return "";
   if (std::string e = c.Send(fmt::format("GET {} HTTP/1.0\r\nHost: 127.0.0.1:{}\r\nUser-Agent: "

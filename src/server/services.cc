@@ -2,16 +2,14 @@
 // running ones, and converges the replicas on what the service's record wants.
 #include "server/services.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +18,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/layout.h"
+#include "common/ports.h"
 #include "common/strings.h"
 #include "evidence/evidence.h"
 #include "kube/service.h"
@@ -32,21 +31,6 @@ constexpr const char* kActive = "Active";
 constexpr const char* kDeleting = "Deleting";
 constexpr size_t kMaxHistory = 200;
 constexpr size_t kMaxServiceName = 40;  // replicas are "<name>-<8 hex>", DNS labels
-
-int BindFreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
 
 // The model a service serves, as its record keeps it: what could be resolved now (a run that
 // has ended); a run still running is resolved by each replica when it ends (its lineage).
@@ -122,6 +106,13 @@ void ServiceManager::Stop() {
   }
   wake_.SignalAll();
   if (thread_.joinable()) thread_.join();
+  stop_probes_ = true;
+  std::vector<ProbeThread> probes;
+  {
+    MutexLock lock(&mu_);
+    probes.swap(probe_threads_);
+  }
+  for (ProbeThread& p : probes) p.thread.join();
 }
 
 void ServiceManager::Loop() {
@@ -157,7 +148,7 @@ void ServiceManager::ReconcileOnce() {
       }
     } else {
       Refresh(*s);
-      Probe(*s);
+      StartProbes(*s);
       MutexLock lock(&mu_);
       Converge(*s);
       if (s->record.state == kDeleting && s->replicas.empty()) gone = s->record.name;
@@ -171,6 +162,90 @@ void ServiceManager::ReconcileOnce() {
       services_.erase(gone);
     }
   }
+}
+
+void ServiceManager::StartProbes(Service& s) {
+  std::vector<DueProbe> due = DueProbes(s);
+  if (due.empty()) return;
+  MutexLock lock(&mu_);
+  // Reaped here once done (a probe ends within its timeout).
+  for (auto it = probe_threads_.begin(); it != probe_threads_.end();) {
+    if (!*it->done) {
+      ++it;
+      continue;
+    }
+    it->thread.join();
+    it = probe_threads_.erase(it);
+  }
+  // A thread each, not waited for: a replica that does not answer holds up no other replica's
+  // probe, nor any service's pass, beyond its own timeout.
+  for (DueProbe& d : due) {
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    std::thread thread([this, name = s.record.name, d = std::move(d), done] {
+      const std::string result =
+          ProbeReplica(d.port, d.probe.http_path, d.probe.timeout_ms, &stop_probes_);
+      if (!stop_probes_) ProbeDone(name, d, result);
+      *done = true;
+    });
+    probe_threads_.push_back({std::move(thread), std::move(done)});
+  }
+}
+
+void ServiceManager::ProbeDone(const std::string& service, const DueProbe& d,
+                               const std::string& failed) {
+  MutexLock lock(&mu_);
+  auto found = services_.find(service);
+  if (found == services_.end()) return;
+  Service& s = *found->second;
+  auto it = s.replicas.find(d.run);
+  if (it == s.replicas.end()) return;
+  Replica& rep = it->second;
+  (d.liveness ? rep.live_probing : rep.ready_probing) = false;
+  // Of an attempt that has ended since: says nothing of the next one.
+  if (rep.state != "Running" || rep.attempts != d.attempt || rep.draining) return;
+  const int64_t now = Now();
+  bool changed = false;
+  if (d.liveness) {
+    if (failed.empty()) {
+      rep.live_failures = 0;
+      return;
+    }
+    if (++rep.live_failures < d.probe.failure_threshold) return;
+    const std::string why =
+        fmt::format("liveness probe failed {} times in a row: {}", rep.live_failures, failed);
+    controller_->RestartReplica(rep.run, why);
+    rep.live_failures = 0;
+    rep.ready = false;
+    rep.probe = failed;
+    AppendHistory(s, "LivenessFailed", fmt::format("replica {}: {}", rep.run, why));
+    (void)Save(s);
+    return;
+  }
+  if (failed.empty()) {
+    rep.failures = 0;
+    rep.probe.clear();
+    if (++rep.successes >= d.probe.success_threshold && !rep.ready) {
+      rep.ready = true;
+      if (!rep.was_ready && s.serve.liveness)
+        rep.next_live_probe = now + s.serve.liveness->initial_delay_ms;
+      rep.was_ready = true;
+      s.add_backoff_ms = 0;
+      AppendHistory(s, "ReplicaReady",
+                    fmt::format("replica {} (revision {}, port {}) is ready", rep.run, rep.revision,
+                                rep.port));
+      changed = true;
+    }
+  } else {
+    rep.successes = 0;
+    rep.probe = failed;
+    if (++rep.failures >= d.probe.failure_threshold && rep.ready) {
+      rep.ready = false;
+      AppendHistory(s, "ReplicaNotReady", fmt::format("replica {}: {}", rep.run, failed));
+      changed = true;
+    }
+  }
+  if (changed) (void)Save(s);
+  wake_.SignalAll();  // a replica ready (or not) may let a rolling update go on
 }
 
 void ServiceManager::Refresh(Service& s) {
@@ -284,83 +359,28 @@ void ServiceManager::Refresh(Service& s) {
   }
 }
 
-void ServiceManager::Probe(Service& s) {
-  struct Due {
-    std::string run;
-    int port = 0;
-    bool liveness = false;
-    spec::Probe probe;
-  };
-  std::vector<Due> due;
+std::vector<ServiceManager::DueProbe> ServiceManager::DueProbes(Service& s) {
+  std::vector<DueProbe> due;
   const int64_t now = Now();
   {
     MutexLock lock(&mu_);
     for (auto& [name, rep] : s.replicas) {
       if (rep.state != "Running" || !rep.started || rep.draining) continue;
-      if (now >= rep.next_ready_probe) {
-        due.push_back({name, rep.port, false, s.serve.readiness});
+      if (now >= rep.next_ready_probe && !rep.ready_probing) {
+        due.push_back({name, rep.port, rep.attempts, false, s.serve.readiness});
         rep.next_ready_probe = now + s.serve.readiness.period_ms;
+        rep.ready_probing = true;
       }
       // Liveness once the attempt has been ready: its start is the readiness probe's business (a
       // server still loading its model is not dead).
-      if (s.serve.liveness && rep.was_ready && now >= rep.next_live_probe) {
-        due.push_back({name, rep.port, true, *s.serve.liveness});
+      if (s.serve.liveness && rep.was_ready && now >= rep.next_live_probe && !rep.live_probing) {
+        due.push_back({name, rep.port, rep.attempts, true, *s.serve.liveness});
         rep.next_live_probe = now + s.serve.liveness->period_ms;
+        rep.live_probing = true;
       }
     }
   }
-  if (due.empty()) return;
-  std::vector<std::string> results;
-  for (const Due& d : due)
-    results.push_back(ProbeReplica(d.port, d.probe.http_path, d.probe.timeout_ms));
-  bool changed = false;
-  MutexLock lock(&mu_);
-  for (size_t i = 0; i < due.size(); ++i) {
-    auto it = s.replicas.find(due[i].run);
-    if (it == s.replicas.end() || it->second.state != "Running") continue;
-    Replica& rep = it->second;
-    const std::string& failed = results[i];
-    if (due[i].liveness) {
-      if (failed.empty()) {
-        rep.live_failures = 0;
-        continue;
-      }
-      if (++rep.live_failures < due[i].probe.failure_threshold) continue;
-      const std::string why =
-          fmt::format("liveness probe failed {} times in a row: {}", rep.live_failures, failed);
-      controller_->RestartReplica(rep.run, why);
-      rep.live_failures = 0;
-      rep.ready = false;
-      rep.probe = failed;
-      AppendHistory(s, "LivenessFailed", fmt::format("replica {}: {}", rep.run, why));
-      changed = true;
-      continue;
-    }
-    if (failed.empty()) {
-      rep.failures = 0;
-      rep.probe.clear();
-      if (++rep.successes >= due[i].probe.success_threshold && !rep.ready) {
-        rep.ready = true;
-        if (!rep.was_ready && s.serve.liveness)
-          rep.next_live_probe = now + s.serve.liveness->initial_delay_ms;
-        rep.was_ready = true;
-        s.add_backoff_ms = 0;
-        AppendHistory(s, "ReplicaReady",
-                      fmt::format("replica {} (revision {}, port {}) is ready", rep.run,
-                                  rep.revision, rep.port));
-        changed = true;
-      }
-    } else {
-      rep.successes = 0;
-      rep.probe = failed;
-      if (++rep.failures >= due[i].probe.failure_threshold && rep.ready) {
-        rep.ready = false;
-        AppendHistory(s, "ReplicaNotReady", fmt::format("replica {}: {}", rep.run, failed));
-        changed = true;
-      }
-    }
-  }
-  if (changed) (void)Save(s);
+  return due;
 }
 
 void ServiceManager::Converge(Service& s) {
@@ -495,10 +515,10 @@ int ServiceManager::FreePort(const Service& s) {
     for (const auto& [run, rep] : other->replicas) taken.insert(rep.port);
   for (const auto& [run, rep] : s.replicas) taken.insert(rep.port);
   for (int i = 0; i < 16; ++i) {
-    int port = BindFreePort();
+    int port = FreeLoopbackPort();
     if (port != 0 && !taken.count(port)) return port;
   }
-  return BindFreePort();
+  return FreeLoopbackPort();
 }
 
 bool ServiceManager::ReconcileOnCluster(Service& s) {
@@ -725,7 +745,7 @@ void ServiceManager::ClusterFailed(Service& s, const std::string& type, const St
 
 Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int64_t revision,
                                                      const store::ServiceRecord* previous,
-                                                     SubmitError* error) {
+                                                     spec::Serve* serve_out, SubmitError* error) {
   auto refuse = [error](Status s) {
     error->status = s;
     return s;
@@ -747,28 +767,22 @@ Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int
   check.revision = revision;
   check.dry_run = true;
   check.service = previous ? previous->name : request.name;
-  if (check.service.empty()) {
-    spec::ParseOutcome parsed =
-        spec::ParseSpec(submit.spec_yaml, submit.spec_file, submit.spec_overrides);
-    if (!parsed.ok()) {
-      error->diagnostics = parsed.diagnostics;
-      return refuse(InvalidArgument(parsed.ErrorText()));
-    }
-    check.service = parsed.spec->name;
-  }
+  // Checked as a replica's submission (named for the spec when the service has no name yet).
+  auto checked = controller_->PrepareReplica(check, error);
+  if (!checked.ok()) return checked.status();
+  if (check.service.empty()) check.service = checked->spec.name;
   if (!IsDns1123Label(check.service, kMaxServiceName))
     return refuse(InvalidArgument(fmt::format(
         "service name '{}' must be a DNS-1123 label of at most {} characters (lowercase letters, "
         "digits and '-'): give --name",
         check.service, kMaxServiceName)));
-  auto checked = controller_->SubmitReplica(check, error);
-  if (!checked.ok()) return checked.status();
-  if (previous && checked->workspace != previous->workspace)
+  const std::string workspace = checked->record.workspace;
+  if (previous && workspace != previous->workspace)
     return refuse(InvalidArgument(fmt::format(
         "policy.workspace: service '{}' is of workspace '{}'; an update cannot move it to '{}'",
-        previous->name, previous->workspace, checked->workspace)));
-  auto parsed = spec::ParseSpec(submit.spec_yaml, submit.spec_file, submit.spec_overrides);
-  const spec::Serve serve = parsed.ok() && parsed.spec->serve ? *parsed.spec->serve : spec::Serve{};
+        previous->name, previous->workspace, workspace)));
+  const spec::Serve& serve = *checked->spec.serve;
+  *serve_out = serve;
   const std::string from = !request.from_run.empty() ? request.from_run : serve.from_run;
   nlohmann::json model;
   if (!from.empty() && options_.cluster) {
@@ -778,21 +792,21 @@ Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int
     if (!run.ok())
       return refuse(
           NotFound(fmt::format("serve.from: no run is named '{}' (tau list shows runs)", from)));
-    if (run->workspace != checked->workspace)
+    if (run->workspace != workspace)
       return refuse(PermissionDenied(fmt::format(
           "serve.from: run {} is of workspace '{}'; a service of workspace '{}' serves only its "
           "own workspace's runs",
-          from, run->workspace, checked->workspace)));
+          from, run->workspace, workspace)));
     model = {
         {"run", from}, {"kind", serve.model}, {"path", ""}, {"sha256", ""}, {"on_cluster", true}};
   } else if (!from.empty()) {
-    auto resolved = ResolveModel(controller_, store_, from, serve.model, checked->workspace);
+    auto resolved = ResolveModel(controller_, store_, from, serve.model, workspace);
     if (!resolved.ok()) return refuse(resolved.status());
     model = std::move(*resolved);
   }
   store::ServiceRecord r;
   r.name = check.service;
-  r.workspace = checked->workspace;
+  r.workspace = workspace;
   r.owner = submit.caller.user;
   r.state = kActive;
   r.created_ms = previous ? previous->created_ms : Now();
@@ -806,7 +820,7 @@ Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int
                 {"set", set},
                 {"code_dir", submit.code_dir},
                 {"snapshot_digest", code->digest},
-                {"config_hash", checked->config_hash},
+                {"config_hash", checked->record.config_hash},
                 {"serve", spec::ServeJson(serve)},
                 {"revision", revision},
                 {"model", model},
@@ -823,11 +837,8 @@ Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int
 }
 
 Result<api::Service> ServiceManager::Deploy(DeployRequest request, SubmitError* error) {
-  TAU_ASSIGN_OR_RETURN(store::ServiceRecord record, Prepare(request, 1, nullptr, error));
   auto s = std::make_unique<Service>();
-  auto parsed = spec::ParseSpec(record.doc.value("spec_yaml", ""),
-                                record.doc.value("spec_file", ""), request.submit.spec_overrides);
-  if (parsed.ok() && parsed.spec->serve) s->serve = *parsed.spec->serve;
+  TAU_ASSIGN_OR_RETURN(store::ServiceRecord record, Prepare(request, 1, nullptr, &s->serve, error));
   s->record = std::move(record);
   AppendHistory(*s, "Deployed",
                 fmt::format("revision 1 from {} with {} replica(s){}",
@@ -862,9 +873,9 @@ Result<api::Service> ServiceManager::Update(DeployRequest request, SubmitError* 
     previous = it->second->record;
   }
   const int64_t revision = previous.doc.value("revision", int64_t{1}) + 1;
-  TAU_ASSIGN_OR_RETURN(store::ServiceRecord record, Prepare(request, revision, &previous, error));
-  auto parsed = spec::ParseSpec(record.doc.value("spec_yaml", ""),
-                                record.doc.value("spec_file", ""), request.submit.spec_overrides);
+  spec::Serve serve;
+  TAU_ASSIGN_OR_RETURN(store::ServiceRecord record,
+                       Prepare(request, revision, &previous, &serve, error));
   api::Service view;
   {
     MutexLock lock(&mu_);
@@ -875,7 +886,7 @@ Result<api::Service> ServiceManager::Update(DeployRequest request, SubmitError* 
     }
     Service& s = *it->second;
     s.record = std::move(record);
-    if (parsed.ok() && parsed.spec->serve) s.serve = *parsed.spec->serve;
+    s.serve = std::move(serve);
     s.add_not_before = 0;
     s.add_backoff_ms = 0;
     s.apply_not_before = 0;
@@ -941,13 +952,6 @@ Result<api::Service> ServiceManager::Get(const std::string& name) {
   auto it = services_.find(name);
   if (it == services_.end()) return NotFound(fmt::format("no service is named '{}'", name));
   return View(*it->second);
-}
-
-std::optional<std::string> ServiceManager::WorkspaceOf(const std::string& name) {
-  MutexLock lock(&mu_);
-  auto it = services_.find(name);
-  if (it == services_.end()) return std::nullopt;
-  return it->second->record.workspace;
 }
 
 std::vector<api::Service> ServiceManager::List(
@@ -1062,20 +1066,28 @@ Result<ServiceManager::LogPart> ServiceManager::ReplicaLog(const std::string& na
   return out;
 }
 
-std::optional<ServiceManager::Lease> ServiceManager::Acquire(const std::string& service,
-                                                             const std::set<std::string>& tried) {
+std::optional<ServiceManager::Pick> ServiceManager::Acquire(const std::string& service,
+                                                            const std::set<std::string>& tried) {
   MutexLock lock(&mu_);
   auto it = services_.find(service);
   if (it == services_.end()) return std::nullopt;
   Service& s = *it->second;
+  Pick pick;
+  pick.workspace = s.record.workspace;
+  if (options_.cluster) {
+    pick.cluster_endpoint =
+        s.record.doc.value("cluster", nlohmann::json::object()).value("endpoint", "its Service");
+    return pick;
+  }
   std::vector<Replica*> ready;
   for (auto& [name, rep] : s.replicas)
     if (rep.ready && !rep.draining && rep.state == "Running" && !tried.count(name))
       ready.push_back(&rep);
-  if (ready.empty()) return std::nullopt;
-  Replica* pick = ready[s.next++ % ready.size()];
-  ++pick->in_flight;
-  return Lease{service, pick->run, pick->port};
+  if (ready.empty()) return pick;
+  Replica* chosen = ready[s.next++ % ready.size()];
+  ++chosen->in_flight;
+  pick.lease = Lease{service, chosen->run, chosen->port};
+  return pick;
 }
 
 void ServiceManager::Done(const Lease& lease, bool reached) {

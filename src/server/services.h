@@ -14,6 +14,7 @@
 // Deployment controller rolls replicas and the kubelet probes and restarts them.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -75,8 +76,6 @@ class ServiceManager {
   // Drains and stops every replica, then forgets the service.
   Result<api::Service> Delete(const std::string& name);
   Result<api::Service> Get(const std::string& name);
-  // The service's workspace (the endpoint's access check: no view is built per request).
-  std::optional<std::string> WorkspaceOf(const std::string& name);
   // A replica pod's kept log from byte `offset` (at most `limit` bytes) and the log's size; on the
   // Kubernetes backend only (a local replica is a run: `tau logs RUN`).
   struct LogPart {
@@ -89,18 +88,24 @@ class ServiceManager {
   std::vector<api::Service> List(const std::optional<std::vector<std::string>>& workspaces);
 
   // The endpoint's side. A ready replica of the service (round robin), not one of `tried`; its
-  // in-flight count is raised until Done. nullopt when none is ready.
+  // in-flight count is raised until Done.
   struct Lease {
     std::string service, replica;
     int port = 0;
   };
-  std::optional<Lease> Acquire(const std::string& service, const std::set<std::string>& tried);
+  struct Pick {
+    std::string workspace;         // the service's (the caller's access is checked against it)
+    std::optional<Lease> lease;    // none when no replica is ready
+    std::string cluster_endpoint;  // a service on Kubernetes: its address in the cluster
+  };
+  // nullopt when there is no such service. One lock for the whole choice: it is taken per request.
+  std::optional<Pick> Acquire(const std::string& service, const std::set<std::string>& tried);
   // `reached`: the replica answered; false takes it out of rotation until a probe passes again.
   void Done(const Lease& lease, bool reached);
   // What the endpoint counts per service (the service's `requests`).
   void CountRequest(const std::string& service, int status, bool retried, double seconds);
 
-  // One reconcile pass, on the caller's thread (tests drive it by hand).
+  // One reconcile pass, on the caller's thread (the probes it sends end on threads of their own).
   void ReconcileOnce();
 
  private:
@@ -120,7 +125,8 @@ class ServiceManager {
     int successes = 0, failures = 0;  // readiness, in a row
     int live_failures = 0;            // liveness, in a row
     int64_t next_ready_probe = 0, next_live_probe = 0;
-    std::string probe;  // the last failure
+    bool ready_probing = false, live_probing = false;  // a probe is in flight
+    std::string probe;                                 // the last failure
     int in_flight = 0;
   };
   struct Service {
@@ -150,7 +156,17 @@ class ServiceManager {
   void Loop();
   // Reads the service's replica runs back from the store; the ones that ended are dropped.
   void Refresh(Service& s);
-  void Probe(Service& s);
+  struct DueProbe {
+    std::string run;
+    int port = 0;
+    int attempt = 0;  // the replica's attempts when it was sent
+    bool liveness = false;
+    spec::Probe probe;
+  };
+  // The service's due probes, each sent on a thread of its own; ProbeDone applies its result.
+  void StartProbes(Service& s);
+  std::vector<DueProbe> DueProbes(Service& s);
+  void ProbeDone(const std::string& service, const DueProbe& probe, const std::string& failed);
   void Converge(Service& s) TAU_REQUIRES(mu_);
   // A pass over a service on the cluster; true once a deleted service's objects are gone.
   bool ReconcileOnCluster(Service& s);
@@ -169,8 +185,10 @@ class ServiceManager {
   void ClusterView(const Service& s, api::Service* v) const;
   int FreePort(const Service& s) TAU_REQUIRES(mu_);
   // The checked service of a deploy or update (its spec as a replica would be submitted).
+  // `serve` gets the spec's serve section.
   Result<store::ServiceRecord> Prepare(DeployRequest& request, int64_t revision,
-                                       const store::ServiceRecord* previous, SubmitError* error);
+                                       const store::ServiceRecord* previous, spec::Serve* serve,
+                                       SubmitError* error);
 
   const Options options_;
   Controller* const controller_;
@@ -182,6 +200,12 @@ class ServiceManager {
   std::map<std::string, std::unique_ptr<Service>> services_ TAU_GUARDED_BY(mu_);
   bool stopping_ TAU_GUARDED_BY(mu_) = false;
   CondVar wake_;
+  struct ProbeThread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<ProbeThread> probe_threads_ TAU_GUARDED_BY(mu_);
+  std::atomic<bool> stop_probes_{false};  // raised by Stop: probes in flight end at once
   // Reconcile passes run one at a time (the loop, or a test's hand).
   Mutex pass_mu_;
   std::thread thread_;
@@ -189,8 +213,10 @@ class ServiceManager {
 
 // The probes and the endpoint's forwarding (serve_proxy.cc): plain HTTP/1.0 to 127.0.0.1:port.
 // An HTTP probe passes when the replica answers 2xx or 3xx within `timeout_ms`; a TCP probe when it
-// accepts a connection. Returns "" when it passed, else why it failed.
-std::string ProbeReplica(int port, const std::string& http_path, int64_t timeout_ms);
+// accepts a connection. Returns "" when it passed, else why it failed; raising `stop` ends it
+// early, failed.
+std::string ProbeReplica(int port, const std::string& http_path, int64_t timeout_ms,
+                         const std::atomic<bool>* stop = nullptr);
 struct ForwardResult {
   bool connected = false;  // the replica took the connection (the request may have reached it)
   bool answered = false;   // a whole answer came back

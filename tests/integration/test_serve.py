@@ -286,6 +286,31 @@ class ServeTest(ServeTestCase):
         self.assertEqual(seen, pids)  # the same processes: re-adopted, not restarted
         self.assertEqual(s["restarts"], 0)
 
+    def test_a_replica_that_never_answers_holds_up_no_other_service(self):
+        # Accepts connections and never answers: each readiness probe of `hung` waits out its
+        # 30 s timeout.
+        hung = self.project(SERVICE.format(name="hung", replicas=1, version="1", gpus=0,
+                                           marks=self.marks).replace(
+                                               "period: 200ms", "period: 200ms\n    timeout: 30s"),
+                            {"app.py": "import os, socket, time\n"
+                                       "s = socket.socket()\n"
+                                       "s.bind(('127.0.0.1', int(os.environ['PORT'])))\n"
+                                       "s.listen(16)\n"
+                                       "print('listening', flush=True)\n"
+                                       "time.sleep(3600)\n"})
+        self.server.tau("serve", "deploy", hung, check=0)
+        wait_for(lambda: any(r["state"] == "Running"
+                             for r in self.status("hung")["replica_list"]),
+                 what="the hung replica running")
+        time.sleep(1)  # its first probe is out
+        started = time.monotonic()
+        self.server.tau("serve", "deploy", self.service_spec(replicas=1), check=0)
+        # Probes of one replica wait for no other's: ready within a third of the hung probe's
+        # timeout (it takes about a second here).
+        self.wait_ready("svc", 1, timeout=10)
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertEqual(self.status("hung")["ready"], 0)
+
     def test_delete_drains_and_stops_every_replica(self):
         self.server.tau("serve", "deploy", self.service_spec(), check=0)
         runs = [r["run"] for r in self.wait_ready("svc", 2)["replica_list"]]

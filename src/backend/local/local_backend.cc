@@ -1,8 +1,6 @@
 #include "backend/local/local_backend.h"
 
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -19,6 +17,7 @@
 #include "common/clock.h"
 #include "common/files.h"
 #include "common/layout.h"
+#include "common/ports.h"
 #include "common/strings.h"
 #include "common/users.h"
 #include "recovery/failure_class.h"
@@ -58,21 +57,6 @@ void EndPartialLine(const std::string& path) {
 
 // A free TCP port for a gang's rendezvous (MASTER_PORT). The kernel picks it; the window in which
 // another program could take it before the gang binds it is small and only costs that attempt.
-int PickFreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 29500;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  int port = 29500;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
-
 std::string Plural(int64_t n, const char* one, const char* many) {
   return fmt::format("{} {}", n, n == 1 ? one : many);
 }
@@ -671,7 +655,9 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
     }
   }
   ctx.gpus = r.gpus;
-  if (run.spec.compute.workers > 1) ctx.master_port = PickFreePort();  // only gangs rendezvous
+  // Only gangs rendezvous; torchrun's default port when none could be had.
+  if (run.spec.compute.workers > 1)
+    if (ctx.master_port = FreeLoopbackPort(); ctx.master_port == 0) ctx.master_port = 29500;
   ctx.base_env = BaseEnv();
   if (number > 1) {
     // What the next attempt needs to recover: why the last one failed, and where to resume from.
