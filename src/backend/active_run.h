@@ -52,6 +52,8 @@ struct ActiveRun {
   std::optional<std::vector<UpstreamRun>> upstreams;
   // Held back by its array's max_parallel: as many of the array's runs are in play as it allows.
   bool throttled = false;
+  // Held back because a budget it counts against is spent: why ("" when it is not).
+  std::string budget_hold;
 };
 
 // Whether a workflow stage's run still waits for the runs of the stages before it: until the
@@ -64,7 +66,9 @@ inline bool WaitsForUpstream(const ActiveRun& run) {
 }
 
 // Whether the controller holds a queued run out of admission (the stages before it, its array's
-// max_parallel): no backend starts it, and it holds no quota.
-inline bool HeldBack(const ActiveRun& run) { return run.throttled || WaitsForUpstream(run); }
+// max_parallel, a spent budget): no backend starts it, and it holds no quota.
+inline bool HeldBack(const ActiveRun& run) {
+  return run.throttled || !run.budget_hold.empty() || WaitsForUpstream(run);
+}
 
 }  // namespace tau::server

@@ -99,8 +99,9 @@ class RunHost {
   // An attempt that vanished (its processes, or its Job): it ends NodeLost, then FailAttempt.
   virtual void LoseAttempt(ActiveRun& run, store::AttemptRecord attempt, const std::string& message,
                            store::Batch* batch) = 0;
-  // Gives back what the run holds (quota, and the backend's share): it ended or is requeued.
-  virtual void ReleaseResources(ActiveRun& run) = 0;
+  // Gives back what the run holds (quota, and the backend's share): it ended or is requeued. The
+  // time it held quota is metered (a Metered event in `batch`, and the budgets' ledger).
+  virtual void ReleaseResources(ActiveRun& run, store::Batch* batch) = 0;
   virtual void CountAttempt(const store::AttemptRecord& attempt) = 0;
   virtual void Count(const std::string& name, const Labels& labels) = 0;
   // Checks that every SECRET:KEY of `spec`'s env exists in the workspace; with `resolved_spec`,

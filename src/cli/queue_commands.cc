@@ -7,10 +7,12 @@
 
 #include <fmt/format.h>
 
+#include "budget/budget.h"
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/connect.h"
 #include "client/tau_api.h"
+#include "common/clock.h"
 #include "common/files.h"
 #include "common/json_text.h"
 #include "common/strings.h"
@@ -72,6 +74,97 @@ static int CmdPlatformShow(const Global& g, Format format) {
   return 0;
 }
 
+// The budgets' table (GET /api/v1/budgets): scope, what was used of what, and when it resets.
+static void PrintBudgets(const nlohmann::json& budgets) {
+  std::vector<std::vector<std::string>> rows;
+  for (const nlohmann::json& b : budgets) {
+    std::string used;
+    for (const char* kind : {"gpu_hours", "cpu_hours"}) {
+      if (!b[kind].is_number()) continue;
+      if (!used.empty()) used += ", ";
+      used += fmt::format("{} / {} {}", budget::Hours(b["used"].value(kind, 0.0)),
+                          budget::Hours(b[kind].get<double>()),
+                          std::string(kind) == "gpu_hours" ? "GPU-h" : "CPU-h");
+    }
+    const std::string period = b.value("period", "");
+    const int64_t window = b.value("window_ms", int64_t{0});
+    rows.push_back({b.value("scope", ""), used,
+                    period.empty() ? "last " + FormatDuration(window) : "this " + period,
+                    b["resets"].is_string() ? b["resets"].get<std::string>() : "-",
+                    b.value("spent", false) ? "spent" : (b.value("warn", false) ? "warn" : "ok")});
+  }
+  PrintTable({"BUDGET", "USED", "OVER", "RESETS", "STATE"}, rows);
+}
+
+// `tau usage`: what was held since a time, by workspace, user, queue or run (GET /api/v1/usage).
+static int CmdUsage(const Global& g, const std::string& by, const std::string& since_text,
+                    Format format, bool csv) {
+  int64_t since = 0;
+  const int64_t now = SystemClock()->NowMillis();
+  if (since_text.empty() || since_text == "month") {
+    policy::Budget month;
+    month.period = "month";
+    since = budget::WindowStart(month, now);
+  } else if (auto t = ParseRfc3339(since_text); t.ok()) {
+    since = *t;
+  } else if (since_text.size() > 1 && since_text.back() == 'd' &&
+             since_text.find_first_not_of("0123456789") == since_text.size() - 1) {
+    since = now - std::stoll(since_text.substr(0, since_text.size() - 1)) * 86'400'000;
+  } else if (auto d = ParseDurationMillis(since_text); d.ok()) {
+    since = now - *d;
+  } else {
+    return Fail(
+        fmt::format("--since '{}': a time (2026-12-01T00:00:00Z), a duration back from "
+                    "now (7d, 12h) or `month`",
+                    since_text));
+  }
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  auto got = conn->get()->Call(
+      "GET", fmt::format("/api/v1/usage?by={}&since={}", by, FormatRfc3339(since)));
+  if (!got.ok()) return Fail(got.status().message());
+  nlohmann::json j = nlohmann::json::parse(got->body, nullptr, false);
+  if (got->status != 200 || !j.is_object())
+    return Fail(j.is_object() && j.contains("error") ? j["error"].value("message", got->body)
+                                                     : got->body);
+  if (IsData(format)) return PrintData(j, format);
+  const nlohmann::json& rows = j["rows"];
+  if (csv) {
+    std::printf("%s,gpu_hours,cpu_hours,runs\n", by.c_str());
+    for (const nlohmann::json& r : rows)
+      std::printf("%s,%.6f,%.6f,%lld\n", r.value("key", "").c_str(), r.value("gpu_hours", 0.0),
+                  r.value("cpu_hours", 0.0), static_cast<long long>(r.value("runs", int64_t{0})));
+    return 0;
+  }
+  std::printf("since %s\n\n", FormatRfc3339(since).c_str());
+  std::vector<std::vector<std::string>> table;
+  double gpu = 0, cpu = 0;
+  for (const nlohmann::json& r : rows) {
+    gpu += r.value("gpu_hours", 0.0);
+    cpu += r.value("cpu_hours", 0.0);
+    table.push_back({r.value("key", ""), budget::Hours(r.value("gpu_hours", 0.0)),
+                     budget::Hours(r.value("cpu_hours", 0.0)),
+                     std::to_string(r.value("runs", int64_t{0}))});
+  }
+  if (table.empty()) {
+    std::puts("nothing was held");
+  } else {
+    table.push_back({"total", budget::Hours(gpu), budget::Hours(cpu), ""});
+    std::string head = by;
+    for (char& c : head) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    PrintTable({head, "GPU-H", "CPU-H", "RUNS"}, table);
+  }
+  auto budgets = conn->get()->Call("GET", "/api/v1/budgets");
+  if (budgets.ok() && budgets->status == 200) {
+    nlohmann::json b = nlohmann::json::parse(budgets->body, nullptr, false);
+    if (b.is_object() && b.contains("budgets") && !b["budgets"].empty()) {
+      std::printf("\n");
+      PrintBudgets(b["budgets"]);
+    }
+  }
+  return 0;
+}
+
 static int CmdQueues(const Global& g, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
@@ -90,6 +183,15 @@ static int CmdQueues(const Global& g, Format format) {
   PrintTable({"QUEUE", "COHORT", "ADMITTED", "PENDING", "USAGE/QUOTA"}, rows);
   for (const api::UnqueuedRun& o : got->unqueued_runs)
     std::printf("run %s has no queue: %s\n", o.name.c_str(), o.why.c_str());
+  // The budgets, when the platform has any.
+  auto budgets = conn->get()->Call("GET", "/api/v1/budgets");
+  if (budgets.ok() && budgets->status == 200) {
+    nlohmann::json j = nlohmann::json::parse(budgets->body, nullptr, false);
+    if (j.is_object() && j.contains("budgets") && !j["budgets"].empty()) {
+      std::printf("\n");
+      PrintBudgets(j["budgets"]);
+    }
+  }
   return 0;
 }
 
@@ -167,6 +269,21 @@ void RegisterQueueCommands(CLI::App* app, Context* ctx) {
       AddOutput(queues, ctx, {Format::kTable, Format::kName, Format::kJson, Format::kYaml});
   queues->callback([=, &g] {
     if (auto f = queues_format()) ctx->rc = CmdQueues(g, *f);
+  });
+  auto* usage = app->add_subcommand(
+      "usage", "What runs held (GPU-hours, CPU-hours) and the budgets (docs/budgets.md)");
+  auto usage_args = std::make_shared<std::pair<std::string, std::string>>("workspace", "");
+  auto csv = std::make_shared<bool>(false);
+  usage->add_option("--by", usage_args->first, "workspace (default), user, queue or run")
+      ->check(CLI::IsMember({"workspace", "user", "queue", "run"}));
+  usage->add_option("--since", usage_args->second,
+                    "From when: a time (2026-12-01T00:00:00Z), a duration back (7d, 12h), or "
+                    "month (the default: this calendar month, UTC)");
+  usage->add_flag("--csv", *csv, "Comma-separated values");
+  auto usage_format = AddOutput(usage, ctx, {Format::kTable, Format::kJson, Format::kYaml});
+  usage->callback([=, &g] {
+    if (auto f = usage_format())
+      ctx->rc = CmdUsage(g, usage_args->first, usage_args->second, *f, *csv);
   });
   auto* queue = app->add_subcommand("queue", "One queue");
   queue->require_subcommand(1);

@@ -68,6 +68,7 @@ Status Controller::Start() {
     return InvalidArgument("the controller needs a backend (ControllerOptions::backend)");
   TAU_RETURN_IF_ERROR(LoadPlatformFile());
   RebuildEngine();
+  TAU_RETURN_IF_ERROR(LoadLedger());
   // An applied platform, not the built-in default (which describes this machine), unless the
   // default was sized to the backend's cluster.
   const bool applied = (!options_.platform_file.empty() && PathExists(options_.platform_file)) ||
@@ -185,6 +186,7 @@ Result<Controller::PreparedRun> Controller::PrepareRun(
     resolved->code_subdir = code_dir;
   }
   if (Status s = CheckSecrets(spec, resolved->workspace, nullptr); !s.ok()) return refuse(s);
+  if (Status s = CheckBudgets(*platform, *resolved, caller.user); !s.ok()) return refuse(s);
   Resources need = Needs(*resolved);
   if (Status s = backend_->CheckFits(need); !s.ok()) return refuse(s);
   auto snapshot = make_snapshot();
@@ -850,11 +852,15 @@ void Controller::Finish(ActiveRun& run, RunState state, const std::string& reaso
   nlohmann::json data = {{"reason", reason}};
   if (r.exit_code) data["exit_code"] = *r.exit_code;
   if (r.signal) data["signal"] = *r.signal;
+  // Metered before its last event (the run's end stays its last word); ReleaseResources below
+  // then finds nothing held to meter again.
+  Meter(run, batch);
+  r.flavors = nlohmann::json::object();
   Transition(run, state, store::RunStateName(state), message, batch, data);
   if (options_.metrics && r.started_ms)
     options_.metrics->Observe("tau_run_duration_seconds", {{"state", store::RunStateName(state)}},
                               static_cast<double>(*r.finished_ms - *r.started_ms) / 1000.0);
-  ReleaseResources(run);
+  ReleaseResources(run, batch);
   batch->runs.push_back(r);
   ThrottledRunEnded(r);
   // The stages waiting for it are looked at again (SettleDependencies).
@@ -863,7 +869,8 @@ void Controller::Finish(ActiveRun& run, RunState state, const std::string& reaso
   dependents_.erase(first, last);
 }
 
-void Controller::ReleaseResources(ActiveRun& run) {
+void Controller::ReleaseResources(ActiveRun& run, Batch* batch) {
+  Meter(run, batch);  // before its flavors and admission time go
   backend_->Release(run);
   RunRecord& r = run.record;
   r.gpus.clear();
@@ -902,7 +909,7 @@ void Controller::FailAttempt(ActiveRun& run, FailureClass failure_class, const s
            recovery::StopMessage(policy, decision, message), batch);
     return;
   }
-  ReleaseResources(run);
+  ReleaseResources(run, batch);
   r.reason = recovery::FailureClassName(failure_class);
   r.message = message;
   r.not_before_ms = now + decision.backoff_ms;
@@ -1045,6 +1052,9 @@ void Controller::Pass(InboxTake take) {
     loop_platform_ = take.platform->platform;
     loop_generation_ = take.platform->generation;
     RebuildEngine();
+    // Its budgets may look further back than the last one's: read what was held again.
+    if (Status s = LoadLedger(); !s.ok())
+      std::fprintf(stderr, "tau server: budgets: %s\n", s.ToString().c_str());
   }
   Batch batch;
   // The runs this pass changes (each change is in a batch, to be committed): the engine's view of
@@ -1086,6 +1096,7 @@ void Controller::Pass(InboxTake take) {
   for (const ClusterNews& n : take.cluster_news) backend_->HandleNews(n, &batch);
   for (const CancelRequest& c : take.cancels) HandleCancel(c.name, &batch);
   SettleDependencies(&batch);
+  ApplyBudgets(&batch);
   changed(batch);
   SyncEngine();
   backend_->Schedule(&batch);
@@ -1122,6 +1133,7 @@ void Controller::Pass(InboxTake take) {
         sync_backoff_.insert({*r.not_before_ms, name});
       continue;
     }
+    budget_warned_.erase(it->first);
     evidence_->HandOff(it->first, std::move(it->second.record));
     backend_->Forget(it->first);
     active_.erase(it);

@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "backend/inbox.h"
 #include "backend/snapshot.h"
+#include "budget/budget.h"
 #include "common/clock.h"
 #include "common/layout.h"
 #include "common/metrics.h"
@@ -253,6 +254,16 @@ class Controller : private RunHost {
   // positions and reasons, as of the last scheduling pass. A deep queue's runs are most of it, so
   // a caller asks for the part it shows (QueuesQuery).
   nlohmann::json Queues(const QueuesQuery& query = {});
+  // Budgets (docs/budgets.md): every budget's state as last checked (at most a second old):
+  // [{"name", "scope", "workspace", "user", "queue", "gpu_hours", "cpu_hours", "used":
+  // {"gpu_hours", "cpu_hours"}, "from", "resets", "spent", "warn", "message"}].
+  nlohmann::json Budgets();
+  // What was held since `since_ms` (ended holdings from the store, open ones as last checked), by
+  // "workspace", "user", "queue" or "run": [{"key", "gpu_hours", "cpu_hours", "runs"}], the most
+  // GPU-hours first.
+  // Only `workspaces`' runs when given.
+  Result<nlohmann::json> Usage(const std::string& by, int64_t since_ms,
+                               const std::optional<std::vector<std::string>>& workspaces = {});
 
   // The platform in force and where it came from.
   struct PlatformView {
@@ -322,7 +333,7 @@ class Controller : private RunHost {
   void Requeue(ActiveRun& run, const std::string& message, store::Batch* batch) override;
   void LoseAttempt(ActiveRun& run, store::AttemptRecord attempt, const std::string& message,
                    store::Batch* batch) override;
-  void ReleaseResources(ActiveRun& run) override;
+  void ReleaseResources(ActiveRun& run, store::Batch* batch) override;
   void CountAttempt(const store::AttemptRecord& attempt) override;
   void Count(const std::string& name, const Labels& labels) override;
   Status CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,
@@ -376,6 +387,18 @@ class Controller : private RunHost {
   void TrackThrottle(ActiveRun& run);
   void ThrottledRunEnded(const store::RunRecord& r);
   nlohmann::json ThrottledPending(const ActiveRun& run);
+  // Budgets (budgets.cc). The ledger of what runs held, read back at start; each pass holds back
+  // the queued runs a spent budget covers (ActiveRun::budget_hold) and lets them go when it has
+  // room again; a release meters the run's time on quota (a Metered event).
+  Status LoadLedger();
+  void ApplyBudgets(store::Batch* batch);
+  void Meter(ActiveRun& run, store::Batch* batch);
+  // What the runs holding quota hold now.
+  std::vector<budget::Holding> OpenHoldings() const;
+  // At submission: a budget with on_exceed: refuse that the run cannot fit (its GPUs for its
+  // max_runtime beyond what is left; without a max_runtime, a spent budget) refuses it.
+  Status CheckBudgets(const policy::Platform& platform, const policy::ResolvedRun& run,
+                      const std::string& user);
   // A new run from a finished run's recorded spec, code and resolution (no name yet): what Rerun
   // and RetryStage insert. `warning` is set when the spec now gives another config hash.
   Result<store::RunRecord> RecordFrom(const store::RunRecord& from, std::string* warning);
@@ -471,12 +494,23 @@ class Controller : private RunHost {
     std::deque<std::pair<int64_t, std::string>> waiting;
   };
   std::map<std::string, ArrayThrottle> throttles_;
+  // Budgets (decision thread only): the ledger, when every queued run was last checked against
+  // the budgets (they are checked again at least every second, and at once after a release or a
+  // new platform), and the runs told that a budget of theirs nears its limit.
+  budget::Ledger ledger_;
+  int64_t budgets_checked_ms_ = 0;
+  bool budgets_dirty_ = true;
+  std::set<std::string> budget_warned_;
 
   Mutex mu_;
   // Held across a keyed submission's lookup and insert, so that two submissions with one key make
   // one run.
   Mutex submit_mu_;
   bool stopping_ TAU_GUARDED_BY(mu_) = false;
+  // The budgets as last checked, and what was held then: for the API (Budgets, Usage) and the
+  // submission check.
+  nlohmann::json budget_view_ TAU_GUARDED_BY(mu_) = nlohmann::json::array();
+  std::vector<budget::Holding> open_view_ TAU_GUARDED_BY(mu_);
   std::map<std::string, nlohmann::json> pending_info_ TAU_GUARDED_BY(mu_);
   nlohmann::json capacity_info_ TAU_GUARDED_BY(mu_);
   QueuesView queues_info_ TAU_GUARDED_BY(mu_);

@@ -250,7 +250,7 @@ void Controller::Requeue(ActiveRun& run, const std::string& message, Batch* batc
   RunRecord& r = run.record;
   bool had_attempt = r.state == RunState::kRunning;
   r.preemptions += 1;
-  ReleaseResources(run);
+  ReleaseResources(run, batch);
   r.reason = recovery::FailureClassName(recovery::FailureClass::kPreempted);
   r.message = message;
   r.not_before_ms.reset();
@@ -280,6 +280,9 @@ nlohmann::json Controller::PendingJson(
                "");
   if (WaitsForUpstream(run)) return UpstreamPending(run);
   if (run.throttled) return ThrottledPending(run);
+  if (!run.budget_hold.empty())
+    return out(0, "BudgetSpent", run.budget_hold + "; it enters its queue once the budget has room",
+               "");
   if (nlohmann::json known = backend_->PendingReason(run, now); !known.is_null()) return known;
   if (r.not_before_ms && *r.not_before_ms > now)
     return out(0, "BackingOff",

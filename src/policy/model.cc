@@ -230,6 +230,15 @@ nlohmann::json ToJson(const Platform& p) {
   // Shown when set, so that platforms without one read as before.
   for (const TopologyLevel& t : p.topology)
     out["topology"].push_back({{"level", t.level}, {"node_label", t.node_label}});
+  for (const Budget& b : p.budgets) {
+    nlohmann::json j = {{"name", b.name},       {"workspace", b.workspace},
+                        {"user", b.user},       {"queue", b.queue},
+                        {"period", b.period},   {"window_ms", b.window_ms},
+                        {"warn_at", b.warn_at}, {"on_exceed", b.on_exceed}};
+    if (b.gpu_hours) j["gpu_hours"] = *b.gpu_hours;
+    if (b.cpu_hours) j["cpu_hours"] = *b.cpu_hours;
+    out["budgets"].push_back(std::move(j));
+  }
   return out;
 }
 

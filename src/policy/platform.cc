@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstdlib>
 #include <exception>
 #include <set>
 #include <tuple>
@@ -19,8 +21,10 @@
 
 namespace tau::policy {
 
+using internal::Describe;
 using internal::Entry;
 using internal::Fields;
+using internal::Hint;
 using internal::Pos;
 
 namespace {
@@ -104,7 +108,7 @@ class PlatformParser {
     if (!r_.Map(root, "", {1, 1},
                 {"schema_version", "flavors", "cohorts", "queues", "fair_sharing", "priorities",
                  "defaults", "workspaces", "compute_profiles", "storage", "access", "users",
-                 "node_labels", "topology"},
+                 "node_labels", "topology", "budgets"},
                 {"queues", "workspaces"}, &top)) {
       return;
     }
@@ -122,7 +126,9 @@ class PlatformParser {
       if (auto it = top.find("defaults"); it != top.end()) DefaultsSection(it->second);
       if (auto it = top.find("access"); it != top.end()) AccessSection(it->second);
       if (auto it = top.find("users"); it != top.end()) Users(it->second);
+      if (auto it = top.find("budgets"); it != top.end()) Budgets(it->second);
       CheckRefs();
+      CheckBudgetUsers();
     } catch (const std::exception& e) {
       // yaml-cpp throws on odd documents (an alias of a key, say); never let that escape.
       r_.Error({1, 1}, fmt::format("reading the platform file: {}", e.what()));
@@ -640,6 +646,145 @@ class PlatformParser {
              });
   }
 
+  // ---- budgets (docs/budgets.md) --------------------------------------------------------------
+
+  // A number of hours (an integer or a decimal), not negative.
+  std::optional<double> Hours(const Entry& e) {
+    const std::string text = e.value.IsScalar() ? e.value.Scalar() : "";
+    char* end = nullptr;
+    const double v = text.empty() ? 0 : std::strtod(text.c_str(), &end);
+    const bool number = e.value.IsScalar() && e.value.Tag() != "!" && !text.empty() &&
+                        end == text.c_str() + text.size() && std::isfinite(v) &&
+                        text.find_first_not_of("0123456789.eE+-") == std::string::npos;
+    if (!number) {
+      r_.Error(e.pos, fmt::format("{}: expected a number of hours (e.g. 400 or 0.5), got {}",
+                                  e.path, Describe(e.value)));
+      return std::nullopt;
+    }
+    if (v < 0) {
+      r_.Error(e.pos, fmt::format("{}: {} is negative; a budget is 0 hours or more", e.path, text));
+      return std::nullopt;
+    }
+    return v;
+  }
+
+  void Budgets(const Entry& e) {
+    EachItem(
+        e,
+        {"name", "workspace", "user", "queue", "gpu_hours", "cpu_hours", "period", "window",
+         "warn_at", "on_exceed"},
+        {}, [&](const Entry& item, const Fields& f) {
+          Budget b;
+          b.line = item.pos.line;
+          b.column = item.pos.column;
+          b.name = OptStr(f, "name");
+          b.workspace = RefField(f, "workspace", "workspace");
+          b.queue = RefField(f, "queue", "queue");
+          if (auto it = f.find("user"); it != f.end()) {
+            if (auto u = r_.Str(it->second)) {
+              b.user = *u;
+              if (b.workspace.empty())
+                r_.Error(
+                    it->second.pos,
+                    fmt::format("{}: a user's budget is within a workspace: give workspace too",
+                                it->second.path));
+              else if (*u != kEveryone)
+                budget_users_.push_back({it->second.pos, it->second.path, b.workspace, *u});
+            }
+          }
+          if (f.count("workspace") == f.count("queue"))
+            r_.Error(item.pos,
+                     fmt::format("{}: a budget is of a workspace (with a user, or '*' for "
+                                 "each of its users) or of a queue: give workspace or "
+                                 "queue, not {}",
+                                 item.path, f.count("workspace") ? "both" : "neither"));
+          for (const char* key : {"gpu_hours", "cpu_hours"})
+            if (auto it = f.find(key); it != f.end())
+              (std::string(key) == "gpu_hours" ? b.gpu_hours : b.cpu_hours) = Hours(it->second);
+          if (!f.count("gpu_hours") && !f.count("cpu_hours"))
+            r_.Error(item.pos,
+                     fmt::format("{}: give gpu_hours (or cpu_hours): what the budget allows",
+                                 item.path));
+          auto period = f.find("period");
+          auto window = f.find("window");
+          if (period != f.end()) {
+            if (auto v = r_.Str(period->second)) {
+              if (*v != "day" && *v != "week" && *v != "month")
+                r_.Error(period->second.pos,
+                         fmt::format("{}: '{}' is not a period: day, week (from Monday) or month "
+                                     "(calendar, UTC){}",
+                                     period->second.path, *v, Hint(*v, {"day", "week", "month"})));
+              b.period = *v;
+            }
+          }
+          if (window != f.end()) {
+            const std::string text =
+                window->second.value.IsScalar() ? window->second.value.Scalar() : "";
+            // Days as well as Go's units: "30d".
+            if (text.size() > 1 && text.back() == 'd' &&
+                text.find_first_not_of("0123456789") == text.size() - 1 && text.size() < 8) {
+              b.window_ms = std::stoll(text.substr(0, text.size() - 1)) * 86'400'000;
+            } else if (auto ms = r_.DurationMs(window->second)) {
+              b.window_ms = *ms;
+            }
+            if (b.window_ms != 0 && b.window_ms < 3'600'000)
+              r_.Error(
+                  window->second.pos,
+                  fmt::format("{}: a rolling window is at least 1h (usage is kept by the hour)",
+                              window->second.path));
+          }
+          if ((period == f.end()) == (window == f.end()))
+            r_.Error(item.pos,
+                     fmt::format("{}: give period (day, week, month) or window (e.g. "
+                                 "30d), {}",
+                                 item.path, period == f.end() ? "one of them" : "not both"));
+          if (auto it = f.find("warn_at"); it != f.end()) {
+            if (auto v = Hours(it->second)) {
+              if (*v <= 0 || *v > 1)
+                r_.Error(it->second.pos,
+                         fmt::format("{}: the share of the budget that warns, above 0 and at most "
+                                     "1 (e.g. 0.8)",
+                                     it->second.path));
+              b.warn_at = *v;
+            }
+          }
+          if (auto it = f.find("on_exceed"); it != f.end()) {
+            if (auto v = r_.Str(it->second)) {
+              if (*v != "wait" && *v != "refuse")
+                r_.Error(it->second.pos,
+                         fmt::format("{}: '{}': wait (a run waits until the budget has room) or "
+                                     "refuse (also refuse, at submission, a run whose max_runtime "
+                                     "cannot fit what is left){}",
+                                     it->second.path, *v, Hint(*v, {"wait", "refuse"})));
+              b.on_exceed = *v;
+            }
+          }
+          p_.budgets.push_back(std::move(b));
+        });
+  }
+
+  // A budget's user must be able to submit to its workspace: one the platform knows (users) or
+  // one the workspace names. A workspace open to groups or everyone may have any user.
+  void CheckBudgetUsers() {
+    for (const BudgetUser& u : budget_users_) {
+      const Workspace* w = p_.FindWorkspace(u.workspace);
+      if (w == nullptr) continue;  // reported as an unknown workspace
+      bool open = false, named = p_.FindUser(u.user) != nullptr;
+      for (const std::vector<std::string>* list : {&w->members, &w->viewers})
+        for (const std::string& m : *list) {
+          if (m == kEveryone || StartsWith(m, "group:")) open = true;
+          if (m == u.user) named = true;
+        }
+      if (open || named) continue;
+      std::vector<std::string> known = w->members;
+      for (const User& user : p_.users) known.push_back(user.name);
+      r_.Error(u.pos,
+               fmt::format("{}: unknown user '{}': not a member of workspace '{}' nor one of "
+                           "the platform's users{}",
+                           u.path, u.user, u.workspace, Hint(u.user, known)));
+    }
+  }
+
   void Limits(const Entry& e, WorkspaceLimits* limits) {
     Fields f;
     if (!r_.Map(e.value, e.path, e.pos,
@@ -751,6 +896,11 @@ class PlatformParser {
   internal::Reader r_;
   Platform p_;
   std::vector<Ref> refs_;
+  struct BudgetUser {
+    Pos pos;
+    std::string path, workspace, user;
+  };
+  std::vector<BudgetUser> budget_users_;
   // Names declared by an admission section that failed to load (see Admission).
   std::map<std::string, std::vector<std::string>> declared_;
   std::vector<Ref> writable_refs_;

@@ -160,6 +160,23 @@ struct TopologyLevel {
 // held to them (same-site, same-network-domain, same-accelerator-domain, same-host).
 const std::vector<std::string>& TopologyLevelNames();
 
+// A limit on the GPU-hours (and CPU-hours) one scope may hold over a period: platform.yaml's
+// budgets (docs/budgets.md). Metered from what attempts held, from their start to their end.
+struct Budget {
+  std::string name;  // "" : named for its scope ("workspace vision", "user alice in vision", ...)
+  // The scope: a workspace; a user in it (`user`; "*": each of its users alone); or a queue.
+  std::string workspace, user, queue;
+  std::optional<double> gpu_hours, cpu_hours;  // at least one
+  // Over a calendar period in UTC ("day", "week" from Monday, "month"), or a rolling window.
+  std::string period;
+  int64_t window_ms = 0;
+  double warn_at = 0.8;  // the share of a limit past which runs are warned (a soft limit)
+  // "wait": a run whose budget is spent waits until it has room again; "refuse": also, a run
+  // whose GPUs for its max_runtime can never fit what is left is refused at submission.
+  std::string on_exceed = "wait";
+  int line = 0, column = 0;  // where it is in the platform file (for messages)
+};
+
 struct Platform {
   admission::Config admission;  // flavors, cohorts, queues, fair_sharing
   std::vector<PriorityClass> priorities;
@@ -171,6 +188,7 @@ struct Platform {
   std::vector<User> users;
   NodeLabels node_labels;
   std::vector<TopologyLevel> topology;  // broadest first; empty: none (no placements on a cluster)
+  std::vector<Budget> budgets;
 
   // Lookups by name; nullptr when absent.
   const Workspace* FindWorkspace(std::string_view name) const;

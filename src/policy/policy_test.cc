@@ -295,3 +295,36 @@ TEST(PlatformTest, RunUserPoolsAndServerProtectingLimits) {
 
 }  // namespace
 }  // namespace tau::policy
+
+namespace tau::policy {
+namespace {
+
+TEST(PlatformTest, BudgetsParseWithTheirScopesLimitsAndPeriods) {
+  Platform p = testing::MustParse(
+      testing::ReadAll(testing::SourceDir() / "tests/data/policy/valid/budgets.yaml"));
+  ASSERT_EQ(p.budgets.size(), 4u);
+  const Budget& w = p.budgets[0];
+  EXPECT_EQ(w.workspace, "vision");
+  EXPECT_EQ(*w.gpu_hours, 400);
+  EXPECT_FALSE(w.cpu_hours);
+  EXPECT_EQ(w.period, "month");
+  EXPECT_EQ(w.warn_at, 0.8);
+  EXPECT_EQ(w.on_exceed, "wait");
+  EXPECT_EQ(w.line, 12);
+  const Budget& each = p.budgets[1];
+  EXPECT_EQ(each.user, "*");
+  EXPECT_EQ(*each.gpu_hours, 50.5);
+  EXPECT_EQ(each.window_ms, int64_t{7} * 24 * 3600 * 1000);
+  EXPECT_EQ(each.warn_at, 0.9);
+  EXPECT_EQ(p.budgets[2].user, "alice");
+  EXPECT_EQ(*p.budgets[2].cpu_hours, 1000);
+  const Budget& q = p.budgets[3];
+  EXPECT_EQ(q.queue, "q");
+  EXPECT_EQ(q.name, "q-daily");
+  EXPECT_EQ(*q.gpu_hours, 0);
+  EXPECT_EQ(q.on_exceed, "refuse");
+  EXPECT_EQ(ToJson(p)["budgets"][3]["cpu_hours"], 12);
+}
+
+}  // namespace
+}  // namespace tau::policy

@@ -412,6 +412,16 @@ std::string RenderAllMetrics(Controller* controller, store::Store* store,
                      "Nominal quota per queue, flavor and resource.", nominal);
   out += RenderGauge("tau_cluster_queue_borrowed_resources",
                      "Quota borrowed from the cohort per queue, flavor and resource.", borrowed);
+  std::vector<std::pair<Labels, double>> budget_used, budget_limit;
+  for (const json& b : controller->Budgets()) {
+    Labels l = {{"budget", b.value("name", "")}, {"user", b.value("user", "")}};
+    budget_used.push_back({l, b["used"].value("gpu_hours", 0.0)});
+    if (b["gpu_hours"].is_number()) budget_limit.push_back({l, b["gpu_hours"].get<double>()});
+  }
+  out += RenderGauge("tau_budget_used_gpu_hours",
+                     "GPU-hours a budget's scope has used in its current period or window.",
+                     budget_used);
+  out += RenderGauge("tau_budget_limit_gpu_hours", "A budget's GPU-hours.", budget_limit);
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   out += health::RenderMetrics(monitor->Snapshot(), host);
@@ -470,6 +480,39 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
       [controller, store, monitor, metrics](const http::HttpRequest&, http::HttpResponse& res) {
         res.set_content(RenderAllMetrics(controller, store, monitor, metrics),
                         "text/plain; version=0.0.4; charset=utf-8");
+      });
+  // Budgets and usage (docs/budgets.md): those of the workspaces the caller may see (a queue's
+  // budget to everyone signed in).
+  api->Route(
+      "GET", "/api/v1/budgets", Access::kSignedIn,
+      [controller](const http::HttpRequest&, http::HttpResponse& res, const CallerContext& caller) {
+        const auto visible = caller.VisibleWorkspaces();
+        json out = json::array();
+        for (json& b : controller->Budgets()) {
+          const std::string w = b.value("workspace", "");
+          if (!w.empty() && visible &&
+              std::find(visible->begin(), visible->end(), w) == visible->end())
+            continue;
+          out.push_back(std::move(b));
+        }
+        http::Reply(res, 200, json{{"budgets", out}});
+      });
+  api->Route(
+      "GET", "/api/v1/usage", Access::kSignedIn,
+      [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                   const CallerContext& caller) {
+        const std::string by = req.has_param("by") ? req.get_param_value("by") : "workspace";
+        int64_t since = 0;
+        if (req.has_param("since")) {
+          auto t = ParseRfc3339(req.get_param_value("since"));
+          if (!t.ok())
+            return http::ReplyError(
+                res, InvalidArgument("since: an RFC 3339 time (2026-12-01T00:00:00Z)"));
+          since = *t;
+        }
+        auto rows = controller->Usage(by, since, caller.VisibleWorkspaces());
+        if (!rows.ok()) return http::ReplyError(res, rows.status());
+        http::Reply(res, 200, json{{"by", by}, {"since", FormatRfc3339(since)}, {"rows", *rows}});
       });
   api->Route("GET", "/api/v1/capacity", Access::kSignedIn,
              [controller](const http::HttpRequest&, http::HttpResponse& res) {

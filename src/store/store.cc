@@ -198,6 +198,11 @@ ALTER TABLE runs ADD COLUMN service TEXT NOT NULL DEFAULT '';
 ALTER TABLE runs ADD COLUMN service_place TEXT;
 CREATE INDEX runs_by_service ON runs(service, seq) WHERE service != '';
 )sql",
+    // 13: budgets' metering: each time a run held quota is a Metered event (admission to release);
+    // a restart reads those of the budgets' periods back by time.
+    R"sql(
+CREATE INDEX events_metered ON events(ts_ms) WHERE type = 'Metered';
+)sql",
 };
 
 constexpr int64_t kLatestSchema = sizeof(kMigrations) / sizeof(kMigrations[0]);
@@ -1262,6 +1267,34 @@ Result<std::vector<ServiceRecord>> Store::ListServices() {
   int rc;
   while ((rc = s.Step()) == SQLITE_ROW) out.push_back(ReadService(s));
   if (rc != SQLITE_DONE) return impl_->Error("listing services");
+  return out;
+}
+
+Result<std::vector<UsageRecord>> Store::ListUsage(int64_t since_ms) {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache,
+         "SELECT e.run, e.ts_ms, e.data, r.workspace, r.owner, r.queue FROM events e "
+         "JOIN runs r ON r.name = e.run WHERE e.type = 'Metered' AND e.ts_ms >= ? "
+         "ORDER BY e.ts_ms, e.id");
+  if (!s.ok()) return impl_->Error("preparing usage list");
+  s.Bind(1, since_ms);
+  std::vector<UsageRecord> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    const nlohmann::json data = ParseJsonColumn(s.Text(2), nlohmann::json::object());
+    UsageRecord u;
+    u.run = s.Text(0);
+    u.ended_ms = s.Int(1);
+    u.workspace = s.Text(3);
+    u.owner = s.Text(4);
+    u.queue = s.Text(5);
+    u.attempt = data.value("attempt", 0);
+    u.gpus = data.value("gpus", int64_t{0});
+    u.cpu_milli = data.value("cpu_milli", int64_t{0});
+    u.started_ms = data.value("admitted_ms", *u.ended_ms);
+    out.push_back(std::move(u));
+  }
+  if (rc != SQLITE_DONE) return impl_->Error("listing usage");
   return out;
 }
 

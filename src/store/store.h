@@ -119,6 +119,17 @@ struct AttemptRecord {
   nlohmann::json diagnosis = nlohmann::json::object();  // {"summary", "phase", "evidence": [...]}
 };
 
+// A time a run held quota (admission to release: its Metered event), with its run's scope: the
+// budgets' metering (Store::ListUsage).
+struct UsageRecord {
+  std::string run;
+  int attempt = 1;
+  std::string workspace, owner, queue;
+  int64_t gpus = 0, cpu_milli = 0;  // what the run holds while admitted (runs.resources)
+  int64_t started_ms = 0;
+  std::optional<int64_t> ended_ms;  // unset while it runs
+};
+
 struct Event {
   int64_t id = 0;  // assigned by the store
   std::string run;
@@ -296,7 +307,9 @@ class Store {
   Status PutService(const ServiceRecord& service, bool create);
   Result<ServiceRecord> GetService(const std::string& name);  // NotFound
   Result<std::vector<ServiceRecord>> ListServices();          // by name
-  Status DeleteService(const std::string& name);              // NotFound
+  // The times runs held quota that ended at `since_ms` or later (their Metered events), by end.
+  Result<std::vector<UsageRecord>> ListUsage(int64_t since_ms);
+  Status DeleteService(const std::string& name);  // NotFound
 
   // Identity: tokens, the audit trail and workspace secrets.
   Status InsertToken(const TokenRecord& token);              // AlreadyExists on a repeated digest

@@ -140,7 +140,9 @@ class EvidenceTest(ServerTestCase):
         self.assertEqual(rt["gpus"], [])  # a CPU run
         # Lifecycle, hash-chained, with timestamps.
         types = [e["type"] for e in rec["events"]]
-        self.assertEqual(types, ["Submitted", "Queued", "Admitted", "Running", "Succeeded"])
+        # Metered: the time it held quota, for budgets and `tau usage` (budgets.md).
+        self.assertEqual(types,
+                         ["Submitted", "Queued", "Admitted", "Running", "Metered", "Succeeded"])
         self.assertEqual([e["hash"] for e in rec["events"]], [e["hash"] for e in d["events"]])
         self.assertEqual(rec["chain_head"], d["events"][-1]["hash"])
         for prev, e in zip(rec["events"], rec["events"][1:]):
@@ -381,7 +383,7 @@ class RetentionTest(unittest.TestCase):
             (entry,) = rec["attempts"][0]["logs"]
             self.assertEqual(entry["state"], "pruned")
             self.assertRegex(entry["sha256"], "^[0-9a-f]{64}$")
-            self.assertEqual(len(rec["events"]), 5)
+            self.assertEqual(len(rec["events"]), 6)
             bundle = os.path.join(work, "b.tar.gz")
             server.tau("evidence", "export", name, "-o", bundle, check=0)
             server.tau("evidence", "verify", bundle, "--run-check", check=0)

@@ -68,7 +68,7 @@ class RunTest(ServerTestCase):
         self.assertTrue(run["name"].startswith("quickstart-"))
         d = self.server.run_json(run["name"])
         self.assertEqual([e["type"] for e in d["events"]],
-                         ["Submitted", "Queued", "Admitted", "Running", "Succeeded"])
+                         ["Submitted", "Queued", "Admitted", "Running", "Metered", "Succeeded"])
         self.assertEqual(d["attempts"][0]["exit_code"], 0)
         self.assertEqual(len(d["run"]["snapshot_digest"]), 64)
         run_dir = os.path.join(self.server.home, "runs", run["name"])

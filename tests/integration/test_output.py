@@ -90,6 +90,7 @@ class OutputTest(ServerTestCase):
             ("platform", "validate"): [self.platform],
             ("platform", "show"): [],
             ("queues",): [],
+            ("usage",): [],
             ("queue", "show"): ["default"],
             ("explain",): [self.spec],
             ("plan",): [self.spec],

@@ -166,7 +166,7 @@ void KubeBackend::Recover(ActiveRun& run, Batch* batch) {
     // No attempt on the cluster: a queued run gets one on the next pass (one recorded as admitted
     // goes back to the queue first; this is no preemption).
     if (r.state != RunState::kQueued && !r.cancel_requested) {
-      host_->ReleaseResources(run);
+      host_->ReleaseResources(run, batch);
       host_->Transition(
           run, RunState::kQueued, "Requeued",
           "back in the queue: its attempt had not been created when the server stopped", batch);

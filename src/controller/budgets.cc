@@ -1,0 +1,287 @@
+// Budgets on the controller (docs/budgets.md): each time a run held quota is metered when it is
+// released (a Metered event, durable with the release, and the ledger); each pass holds back the
+// queued runs a spent budget covers, out of their queue and holding no quota, and lets them go
+// when the budget has room again (a new period, use leaving a rolling window, a larger budget).
+// The ledger is rebuilt from the Metered events at start, so a restart meters nothing twice.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/clock.h"
+#include "controller/controller.h"
+
+namespace tau::server {
+
+using store::Batch;
+using store::RunRecord;
+using store::RunState;
+
+namespace {
+constexpr int64_t kBudgetRecheckMs = 1000;
+
+bool HoldsQuota(const RunRecord& r) {
+  return r.flavors.is_object() && !r.flavors.empty() && r.admitted_ms.has_value();
+}
+}  // namespace
+
+Status Controller::LoadLedger() {
+  ledger_ = budget::Ledger();
+  budgets_dirty_ = true;
+  const std::vector<policy::Budget>& budgets = loop_platform_->budgets;
+  if (budgets.empty()) return Status::Ok();
+  TAU_ASSIGN_OR_RETURN(std::vector<store::UsageRecord> used,
+                       store_->ListUsage(budget::LookBack(budgets, Now())));
+  for (const store::UsageRecord& u : used)
+    ledger_.Add({u.workspace, u.owner, u.queue, u.gpus, u.cpu_milli, u.started_ms,
+                 u.ended_ms.value_or(u.started_ms), u.run});
+  return Status::Ok();
+}
+
+std::vector<budget::Holding> Controller::OpenHoldings() const {
+  std::vector<budget::Holding> open;
+  for (const auto& [name, run] : active_) {
+    const RunRecord& r = run.record;
+    if (!HoldsQuota(r)) continue;
+    open.push_back({r.workspace, r.owner, r.queue, run.need.gpus, run.need.cpu_milli,
+                    *r.admitted_ms, 0, r.name});
+  }
+  return open;
+}
+
+void Controller::Meter(ActiveRun& run, Batch* batch) {
+  const RunRecord& r = run.record;
+  if (!HoldsQuota(r)) return;
+  const int64_t now = std::max(Now(), *r.admitted_ms);
+  const budget::Holding h{r.workspace,        r.owner,        r.queue, run.need.gpus,
+                          run.need.cpu_milli, *r.admitted_ms, now,     r.name};
+  ledger_.Add(h);
+  budgets_dirty_ = true;
+  const double hours = static_cast<double>(now - *r.admitted_ms) / 3'600'000;
+  const double gpu_hours = static_cast<double>(h.gpus) * hours;
+  const double cpu_hours = static_cast<double>(h.cpu_milli) / 1000 * hours;
+  nlohmann::json data = {{"attempt", r.attempts},  {"admitted_ms", *r.admitted_ms},
+                         {"gpus", h.gpus},         {"cpu_milli", h.cpu_milli},
+                         {"gpu_hours", gpu_hours}, {"cpu_hours", cpu_hours},
+                         {"flavors", r.flavors}};
+  batch->events.push_back(
+      {0, r.name, now, "Metered",
+       fmt::format("held {} GPU(s) and {} CPU for {}: {} GPU-h, {} CPU-h", h.gpus,
+                   static_cast<double>(h.cpu_milli) / 1000, FormatDuration(now - *r.admitted_ms),
+                   budget::Hours(gpu_hours), budget::Hours(cpu_hours)),
+       std::move(data), "", ""});
+}
+
+void Controller::ApplyBudgets(Batch* batch) {
+  const std::vector<policy::Budget>& budgets = loop_platform_->budgets;
+  const int64_t now = Now();
+  const bool sweep = budgets_dirty_ || now - budgets_checked_ms_ >= kBudgetRecheckMs;
+  if (budgets.empty()) {
+    if (!budgets_dirty_) return;  // nothing is held: the platform has had no budgets since
+    budgets_dirty_ = false;
+  } else if (!sweep && sync_changed_.empty()) {
+    return;
+  }
+  std::vector<budget::Holding> open =
+      budgets.empty() ? std::vector<budget::Holding>() : OpenHoldings();
+  budget::Checker checker(budgets, ledger_, open, now);
+  auto check = [&](ActiveRun& run) {
+    const RunRecord& r = run.record;
+    std::string hold;
+    const bool waits = r.state == RunState::kQueued && !HoldsQuota(r) && !r.cancel_requested &&
+                       !store::IsTerminal(r.state);
+    if (waits && !budgets.empty()) hold = checker.Hold(r.workspace, r.owner, r.queue);
+    const bool was = !run.budget_hold.empty();
+    run.budget_hold = hold;  // its text moves with time; an event only when it starts or ends
+    if (was == !hold.empty()) return;
+    sync_changed_.insert(r.name);
+    if (!hold.empty()) {
+      batch->events.push_back({0,
+                               r.name,
+                               now,
+                               "BudgetHold",
+                               hold + "; it enters its queue once the budget has room",
+                               {},
+                               "",
+                               ""});
+      return;
+    }
+    run.queued_since_ms = now;
+    if (waits)
+      batch->events.push_back({0,
+                               r.name,
+                               now,
+                               "BudgetAvailable",
+                               "its budget has room again: it enters its queue",
+                               {},
+                               "",
+                               ""});
+  };
+  auto warn = [&](ActiveRun& run) {
+    const RunRecord& r = run.record;
+    if (budgets.empty() || !run.budget_hold.empty() || r.state != RunState::kQueued ||
+        budget_warned_.count(r.name))
+      return;
+    for (const policy::Budget* b : checker.Covering(r.workspace, r.owner, r.queue)) {
+      const budget::State& s = checker.StateOf(*b, r.owner);
+      if (!s.warn || s.spent) continue;
+      budget_warned_.insert(r.name);
+      batch->events.push_back(
+          {0,
+           r.name,
+           now,
+           "BudgetWarning",
+           fmt::format("{} (warns past {:.0f}%)", s.Message(now), b->warn_at * 100),
+           {},
+           "",
+           ""});
+      return;
+    }
+  };
+  if (!sweep) {
+    for (const std::string& name :
+         std::vector<std::string>(sync_changed_.begin(), sync_changed_.end()))
+      if (auto it = active_.find(name); it != active_.end()) {
+        check(it->second);
+        warn(it->second);
+      }
+    return;
+  }
+  for (auto& [name, run] : active_) {
+    check(run);
+    warn(run);
+  }
+  budgets_checked_ms_ = now;
+  budgets_dirty_ = false;
+  if (!budgets.empty()) ledger_.Prune(budget::LookBack(budgets, now));
+  nlohmann::json view = nlohmann::json::array();
+  for (const budget::State& s : checker.All()) {
+    const policy::Budget& b = *s.budget;
+    nlohmann::json j = {
+        {"name", b.name.empty() ? s.scope : b.name},
+        {"scope", s.scope},
+        {"workspace", b.workspace},
+        {"user", s.user},
+        {"queue", b.queue},
+        {"period", b.period},
+        {"window_ms", b.window_ms},
+        {"on_exceed", b.on_exceed},
+        {"used", {{"gpu_hours", s.used.gpu_hours}, {"cpu_hours", s.used.cpu_hours}}},
+        {"from", FormatRfc3339(s.from_ms)},
+        {"spent", s.spent},
+        {"warn", s.warn},
+        {"message", s.Message(now)}};
+    j["gpu_hours"] = b.gpu_hours ? nlohmann::json(*b.gpu_hours) : nlohmann::json();
+    j["cpu_hours"] = b.cpu_hours ? nlohmann::json(*b.cpu_hours) : nlohmann::json();
+    j["resets"] = s.reset_ms ? nlohmann::json(FormatRfc3339(s.reset_ms)) : nlohmann::json();
+    view.push_back(std::move(j));
+  }
+  MutexLock lock(&mu_);
+  budget_view_ = std::move(view);
+  open_view_ = std::move(open);
+}
+
+Status Controller::CheckBudgets(const policy::Platform& platform, const policy::ResolvedRun& run,
+                                const std::string& user) {
+  if (platform.budgets.empty()) return Status::Ok();
+  nlohmann::json view;
+  {
+    MutexLock lock(&mu_);
+    view = budget_view_;
+  }
+  const int64_t gpus = static_cast<int64_t>(run.gpus_per_worker) * run.workers;
+  for (const policy::Budget& b : platform.budgets) {
+    if (b.on_exceed != "refuse" || !b.gpu_hours) continue;
+    if (!b.queue.empty() ? b.queue != run.queue : b.workspace != run.workspace) continue;
+    const std::string who = b.user == policy::kEveryone ? user : b.user;
+    if (!b.user.empty() && b.user != policy::kEveryone && b.user != user) continue;
+    // Its state as last checked (none yet for a user of a per-user budget who has used none).
+    double used = 0;
+    std::string message;
+    for (const nlohmann::json& s : view)
+      if (s.value("workspace", "") == b.workspace && s.value("queue", "") == b.queue &&
+          s.value("user", "") == (b.user.empty() ? "" : who) &&
+          s.value("gpu_hours", nlohmann::json()) == nlohmann::json(*b.gpu_hours)) {
+        used = s["used"].value("gpu_hours", 0.0);
+        message = s.value("message", "");
+      }
+    const double left = std::max(0.0, *b.gpu_hours - used);
+    if (!run.max_runtime_ms) {
+      if (left > 0) continue;
+      return FailedPrecondition(fmt::format(
+          "{}; this budget refuses runs while it is spent (on_exceed: refuse)", message));
+    }
+    const double need =
+        static_cast<double>(gpus) * static_cast<double>(*run.max_runtime_ms) / 3'600'000;
+    if (need <= left) continue;
+    return FailedPrecondition(fmt::format(
+        "run.max_runtime: {} GPU(s) for {} is up to {} GPU-h, and the budget of {} has {} of {} "
+        "GPU-h left (on_exceed: refuse); shorten run.max_runtime, ask for fewer GPUs, or wait for "
+        "the budget to have room",
+        gpus, FormatDuration(*run.max_runtime_ms), budget::Hours(need),
+        !b.queue.empty() ? "queue " + b.queue
+        : !who.empty()   ? fmt::format("user {} in workspace {}", who, b.workspace)
+                         : "workspace " + b.workspace,
+        budget::Hours(left), budget::Hours(*b.gpu_hours)));
+  }
+  return Status::Ok();
+}
+
+nlohmann::json Controller::Budgets() {
+  MutexLock lock(&mu_);
+  return budget_view_;
+}
+
+Result<nlohmann::json> Controller::Usage(
+    const std::string& by, int64_t since_ms,
+    const std::optional<std::vector<std::string>>& workspaces) {
+  if (by != "workspace" && by != "user" && by != "queue" && by != "run")
+    return InvalidArgument(fmt::format("by: '{}' is not workspace, user, queue or run", by));
+  TAU_ASSIGN_OR_RETURN(std::vector<store::UsageRecord> ended, store_->ListUsage(since_ms));
+  std::vector<budget::Holding> open;
+  {
+    MutexLock lock(&mu_);
+    open = open_view_;
+  }
+  const int64_t now = Now();
+  struct Row {
+    double gpu_hours = 0, cpu_hours = 0;
+    std::set<std::string> runs;
+  };
+  std::map<std::string, Row> rows;
+  auto add = [&](const std::string& run, const std::string& workspace, const std::string& user,
+                 const std::string& queue, int64_t gpus, int64_t cpu_milli, int64_t from,
+                 int64_t to) {
+    from = std::max(from, since_ms);
+    if (to <= from) return;
+    if (workspaces &&
+        std::find(workspaces->begin(), workspaces->end(), workspace) == workspaces->end())
+      return;
+    const std::string key = by == "workspace" ? workspace
+                            : by == "user"    ? fmt::format("{}/{}", workspace, user)
+                            : by == "queue"   ? queue
+                                              : run;
+    Row& row = rows[key];
+    const double hours = static_cast<double>(to - from) / 3'600'000;
+    row.gpu_hours += static_cast<double>(gpus) * hours;
+    row.cpu_hours += static_cast<double>(cpu_milli) / 1000 * hours;
+    row.runs.insert(run);
+  };
+  for (const store::UsageRecord& u : ended)
+    add(u.run, u.workspace, u.owner, u.queue, u.gpus, u.cpu_milli, u.started_ms,
+        u.ended_ms.value_or(u.started_ms));
+  for (const budget::Holding& h : open)
+    add(h.run, h.workspace, h.user, h.queue, h.gpus, h.cpu_milli, h.start_ms, now);
+  nlohmann::json out = nlohmann::json::array();
+  for (auto& [key, row] : rows) {
+    out.push_back({{"key", key},
+                   {"gpu_hours", row.gpu_hours},
+                   {"cpu_hours", row.cpu_hours},
+                   {"runs", row.runs.size()}});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+    return a["gpu_hours"].get<double>() > b["gpu_hours"].get<double>();
+  });
+  return out;
+}
+
+}  // namespace tau::server

@@ -1,0 +1,149 @@
+"""Budgets (issue #25, docs/budgets.md) with a real server and real processes on the test NVML: a
+workspace's GPU-hour budget lets its first run go and holds the second with the budget's reason;
+what was held survives a server SIGKILL exactly (nothing metered twice); a larger budget lets the
+held run go; a budget that refuses runs that cannot fit refuses them at submission; a bad budget
+is refused at file:line:col."""
+import getpass
+import json
+import os
+import signal
+import tempfile
+import unittest
+
+from harness import ServerTestCase, wait_for
+
+USER = getpass.getuser()
+
+PLATFORM = f"""schema_version: 1
+flavors:
+  - name: gpu
+queues:
+  - name: gpu
+    resource_groups:
+      - covered_resources: [cpu, memory, nvidia.com/gpu]
+        flavors:
+          - name: gpu
+            resources:
+              - {{name: cpu, nominal: 8}}
+              - {{name: memory, nominal: 16Gi}}
+              - {{name: nvidia.com/gpu, nominal: 2}}
+workspaces:
+  - name: vision
+    members: ["{USER}"]
+    default_queue: gpu
+defaults:
+  workspace: vision
+budgets:
+  - workspace: vision
+    gpu_hours: {{gpu_hours}}
+    period: month
+    warn_at: 0.5
+"""
+
+SLEEPER = "import sys, time\ntime.sleep(float(sys.argv[1]))\nprint('done', flush=True)\n"
+
+
+def spec(name, seconds, max_runtime=None):
+    limit = f"  max_runtime: {max_runtime}\n" if max_runtime else ""
+    return (f"schema_version: 1\nname: {name}\nrun:\n  entrypoint: run.sh\n  workload_kind: job\n"
+            f"  args: ['{seconds}']\n{limit}compute:\n  gpus: 1\n  cpus: 1\n  memory: 256Mi\n")
+
+
+class BudgetTest(ServerTestCase):
+    gpus = 2
+
+    def apply(self, text):
+        fd, path = tempfile.mkstemp(prefix="tau-it-platform-", suffix=".yaml", dir=self.work)
+        os.write(fd, text.encode())
+        os.close(fd)
+        return self.server.tau("platform", "apply", path, check=None)
+
+    def sleeper(self, name, seconds, max_runtime=None):
+        return self.submit(spec(name, seconds, max_runtime),
+                           {"main.py": SLEEPER, "run.sh": '#!/bin/sh\nexec python3 main.py "$@"\n'})
+
+    def usage(self):
+        return json.loads(self.server.tau("usage", "--since", "30d", "-o", "json", check=0).stdout)
+
+    def events(self, run):
+        return self.server.run_json(run)["events"]
+
+    def pending(self, run):
+        return json.loads(self.server.tau("status", run, "-o", "json", check=0).stdout).get("pending")
+
+    def test_a_spent_budget_holds_the_next_run_until_it_has_room(self):
+        self.assertEqual(self.apply(PLATFORM.replace("{gpu_hours}", "0.001")).returncode, 0)
+        # 0.001 GPU-h is 3.6 GPU-seconds: a run holding a GPU for 4 s spends it.
+        first = self.sleeper("first", 4)
+        self.server.wait_state(first, ["Succeeded"], timeout=60)
+        [metered] = [e for e in self.events(first) if e["type"] == "Metered"]
+        held = metered["data"]["gpu_hours"]
+        self.assertGreaterEqual(held, 4 / 3600)
+        self.assertEqual(metered["data"]["gpus"], 1)
+
+        second = self.sleeper("second", 0)
+        pending = wait_for(lambda: (lambda p: p if p and p.get("code") == "BudgetSpent" else None)(
+            self.pending(second)), what="the second run held by the budget")
+        self.assertRegex(pending["reason"],
+                         r"^budget of workspace vision spent: 0\.00\d+ of 0\.0010 GPU-h this "
+                         r"month; resets in \d+")
+        self.assertEqual(self.server.run_json(second)["run"]["state"], "Queued")
+        self.assertIn("BudgetHold", [e["type"] for e in self.events(second)])
+        [row] = self.usage()["rows"]
+        self.assertEqual(row["key"], "vision")
+        self.assertAlmostEqual(row["gpu_hours"], held, places=12)
+        self.assertEqual(row["runs"], 1)
+        queues = self.server.tau("queues", check=0).stdout
+        self.assertRegex(queues, r"workspace vision\s+0\.00\d+ / 0\.0010 GPU-h\s+this month")
+        self.assertIn("spent", queues)
+        metrics = self.server.tau_http("/metrics")
+        self.assertIn('tau_budget_limit_gpu_hours{budget="workspace vision",user=""} 0.001',
+                      metrics)
+
+        # A SIGKILL and a restart meter nothing twice, and the run is still held.
+        self.server.kill(signal.SIGKILL)
+        self.server.start()
+        self.assertEqual(self.usage()["rows"], [row])
+        wait_for(lambda: (self.pending(second) or {}).get("code") == "BudgetSpent",
+                 what="the run held again after the restart")
+        self.assertEqual([e["type"] for e in self.events(first)].count("Metered"), 1)
+
+        # A larger budget lets it go.
+        self.assertEqual(self.apply(PLATFORM.replace("{gpu_hours}", "1")).returncode, 0)
+        self.server.wait_state(second, ["Succeeded"], timeout=60)
+        types = [e["type"] for e in self.events(second)]
+        self.assertLess(types.index("BudgetHold"), types.index("BudgetAvailable"))
+        # Past warn_at (half of 1 GPU-h)? No: 4 s of 3600 is far below; no warning was given.
+        self.assertNotIn("BudgetWarning", types)
+
+    def test_a_refusing_budget_refuses_a_run_that_cannot_fit_at_submission(self):
+        platform = PLATFORM.replace("{gpu_hours}", "0.5").replace(
+            "    warn_at: 0.5\n", "    warn_at: 0.5\n    on_exceed: refuse\n")
+        self.assertEqual(self.apply(platform).returncode, 0)
+        d = self.project(spec("long", 0, max_runtime="1h"),
+                         {"main.py": SLEEPER, "run.sh": '#!/bin/sh\nexec python3 main.py "$@"\n'})
+        r = self.server.tau("run", "--detach", d, check=None)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("run.max_runtime: 1 GPU(s) for 1h0m0s is up to 1.0 GPU-h, and the budget of "
+                      "workspace vision has 0.5 of 0.5 GPU-h left", r.stderr)
+        short = self.sleeper("short", 0, max_runtime="10m")
+        self.server.wait_state(short, ["Succeeded"], timeout=60)
+
+    def test_bad_budgets_are_refused_at_their_fields(self):
+        bad = PLATFORM.replace("{gpu_hours}", "-3").replace("period: month", "period: fortnight")
+        bad += "  - workspace: visoin\n    gpu_hours: 1\n    window: 10m\n"
+        bad += "  - workspace: vision\n    user: nobody-here\n    gpu_hours: 1\n    period: day\n"
+        r = self.apply(bad)
+        self.assertNotEqual(r.returncode, 0)
+        lines = PLATFORM.count("\n")
+        for text in [f":{lines - 2}:16: error: budgets[0].gpu_hours: -3 is negative",
+                     f":{lines - 1}:13: error: budgets[0].period: 'fortnight' is not a period",
+                     f":{lines + 1}:16: error: budgets[1].workspace: unknown workspace 'visoin' "
+                     "(did you mean 'vision'?)",
+                     f":{lines + 3}:13: error: budgets[1].window: a rolling window is at least 1h",
+                     f":{lines + 5}:11: error: budgets[2].user: unknown user 'nobody-here'"]:
+            self.assertIn(text, r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
