@@ -96,6 +96,16 @@ static void PrintBudgets(const nlohmann::json& budgets) {
   PrintTable({"BUDGET", "USED", "OVER", "RESETS", "STATE"}, rows);
 }
 
+// The budgets after a blank line, when the platform has any.
+static void PrintBudgetsIfAny(client::Connection* conn) {
+  auto budgets = conn->Call("GET", "/api/v1/budgets");
+  if (!budgets.ok() || budgets->status != 200) return;
+  nlohmann::json j = nlohmann::json::parse(budgets->body, nullptr, false);
+  if (!j.is_object() || !j.contains("budgets") || j["budgets"].empty()) return;
+  std::printf("\n");
+  PrintBudgets(j["budgets"]);
+}
+
 // `tau usage`: what was held since a time, by workspace, user, queue or run (GET /api/v1/usage).
 static int CmdUsage(const Global& g, const std::string& by, const std::string& since_text,
                     Format format, bool csv) {
@@ -154,14 +164,7 @@ static int CmdUsage(const Global& g, const std::string& by, const std::string& s
     for (char& c : head) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     PrintTable({head, "GPU-H", "CPU-H", "RUNS"}, table);
   }
-  auto budgets = conn->get()->Call("GET", "/api/v1/budgets");
-  if (budgets.ok() && budgets->status == 200) {
-    nlohmann::json b = nlohmann::json::parse(budgets->body, nullptr, false);
-    if (b.is_object() && b.contains("budgets") && !b["budgets"].empty()) {
-      std::printf("\n");
-      PrintBudgets(b["budgets"]);
-    }
-  }
+  PrintBudgetsIfAny(conn->get());
   return 0;
 }
 
@@ -183,15 +186,7 @@ static int CmdQueues(const Global& g, Format format) {
   PrintTable({"QUEUE", "COHORT", "ADMITTED", "PENDING", "USAGE/QUOTA"}, rows);
   for (const api::UnqueuedRun& o : got->unqueued_runs)
     std::printf("run %s has no queue: %s\n", o.name.c_str(), o.why.c_str());
-  // The budgets, when the platform has any.
-  auto budgets = conn->get()->Call("GET", "/api/v1/budgets");
-  if (budgets.ok() && budgets->status == 200) {
-    nlohmann::json j = nlohmann::json::parse(budgets->body, nullptr, false);
-    if (j.is_object() && j.contains("budgets") && !j["budgets"].empty()) {
-      std::printf("\n");
-      PrintBudgets(j["budgets"]);
-    }
-  }
+  PrintBudgetsIfAny(conn->get());
   return 0;
 }
 

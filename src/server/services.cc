@@ -32,6 +32,27 @@ constexpr const char* kDeleting = "Deleting";
 constexpr size_t kMaxHistory = 200;
 constexpr size_t kMaxServiceName = 40;  // replicas are "<name>-<8 hex>", DNS labels
 
+// A replica of the service's current revision, as its record says (its spec, code, owner and
+// model).
+ReplicaRequest RequestOf(const store::ServiceRecord& record) {
+  const nlohmann::json& doc = record.doc;
+  ReplicaRequest request;
+  request.service = record.name;
+  request.revision = doc.value("revision", int64_t{1});
+  request.spec_file = doc.value("spec_file", "");
+  request.spec_yaml = doc.value("spec_yaml", "");
+  for (const nlohmann::json& o : doc.value("set", nlohmann::json::array()))
+    request.overrides.push_back({o.value("path", ""), o.value("value", "")});
+  request.code_dir = doc.value("code_dir", "");
+  request.snapshot_digest = doc.value("snapshot_digest", "");
+  if (auto model = doc.find("model"); model != doc.end() && model->is_object())
+    request.from_run = model->value("run", "");
+  request.caller.user = record.owner;
+  request.caller.groups = doc.value("groups", std::vector<std::string>{});
+  request.token_user = doc.value("token_user", false);
+  return request;
+}
+
 // The model a service serves, as its record keeps it: what could be resolved now (a run that
 // has ended); a run still running is resolved by each replica when it ends (its lineage).
 Result<nlohmann::json> ResolveModel(Controller* controller, store::Store* store,
@@ -447,22 +468,8 @@ void ServiceManager::Converge(Service& s) {
 }
 
 Status ServiceManager::AddReplica(Service& s) {
-  const nlohmann::json& doc = s.record.doc;
-  ReplicaRequest request;
-  request.service = s.record.name;
-  request.revision = doc.value("revision", int64_t{1});
+  ReplicaRequest request = RequestOf(s.record);
   request.port = FreePort(s);
-  request.spec_file = doc.value("spec_file", "");
-  request.spec_yaml = doc.value("spec_yaml", "");
-  for (const nlohmann::json& o : doc.value("set", nlohmann::json::array()))
-    request.overrides.push_back({o.value("path", ""), o.value("value", "")});
-  request.code_dir = doc.value("code_dir", "");
-  request.snapshot_digest = doc.value("snapshot_digest", "");
-  if (auto model = doc.find("model"); model != doc.end() && model->is_object())
-    request.from_run = model->value("run", "");
-  request.caller.user = s.record.owner;
-  request.caller.groups = doc.value("groups", std::vector<std::string>{});
-  request.token_user = doc.value("token_user", false);
   SubmitError error;
   auto made = controller_->SubmitReplica(request, &error);
   if (!made.ok()) {
@@ -563,22 +570,10 @@ Status ServiceManager::ApplyOnCluster(Service& s) {
   std::string model_run;
   {
     MutexLock lock(&mu_);
-    const nlohmann::json& doc = s.record.doc;
-    request.service = s.record.name;
-    request.revision = doc.value("revision", int64_t{1});
-    request.spec_file = doc.value("spec_file", "");
-    request.spec_yaml = doc.value("spec_yaml", "");
-    for (const nlohmann::json& o : doc.value("set", nlohmann::json::array()))
-      request.overrides.push_back({o.value("path", ""), o.value("value", "")});
-    request.code_dir = doc.value("code_dir", "");
-    request.snapshot_digest = doc.value("snapshot_digest", "");
-    request.caller.user = s.record.owner;
-    request.caller.groups = doc.value("groups", std::vector<std::string>{});
-    request.token_user = doc.value("token_user", false);
+    request = RequestOf(s.record);
     request.dry_run = true;
-    replicas = doc.value("replicas", int64_t{0});
-    if (auto model = doc.find("model"); model != doc.end() && model->is_object())
-      model_run = model->value("run", "");
+    replicas = s.record.doc.value("replicas", int64_t{0});
+    model_run = request.from_run;
   }
   SubmitError error;
   TAU_ASSIGN_OR_RETURN(PreparedReplica prepared, controller_->PrepareReplica(request, &error));

@@ -208,6 +208,20 @@ class PostedNotices final : public LogNotices {
   const int attempt_;
 };
 
+// The namespace's Secret of the workspace's secrets that pods refer to (SECRET:KEY env).
+json SecretObject(const std::string& ns, const std::map<std::string, std::string>& secrets) {
+  json data = json::object();
+  for (const auto& [key, value] : secrets) data[key] = value;
+  return {{"apiVersion", "v1"},
+          {"kind", "Secret"},
+          {"metadata",
+           {{"name", kube::kRunSecretName},
+            {"namespace", ns},
+            {"labels", {{kube::kLabelManagedBy, "tau"}}}}},
+          {"type", "Opaque"},
+          {"stringData", data}};
+}
+
 std::string Fingerprint(const kube::AttemptObservation& o, std::optional<int> position) {
   return fmt::format("{}|{}|{}|{}|{}|{}|{}", kube::PhaseName(o.phase), o.failure_class, o.reason,
                      o.message, position.value_or(0), JsonText(o.flavors),
@@ -985,19 +999,7 @@ Status KubeCluster::Launch(const ClusterLaunch& launch) {
                        kube::RenderRun(*launch.spec, *launch.resolved, *launch.platform, options));
   if (objects.empty()) return Internal("the run rendered to no objects");
   const std::string ns = Str(Meta(objects.front()), "namespace");
-  if (!launch.secrets.empty()) {
-    json data = json::object();
-    for (const auto& [key, value] : launch.secrets) data[key] = value;
-    json secret = {{"apiVersion", "v1"},
-                   {"kind", "Secret"},
-                   {"metadata",
-                    {{"name", kube::kRunSecretName},
-                     {"namespace", ns},
-                     {"labels", {{kube::kLabelManagedBy, "tau"}}}}},
-                   {"type", "Opaque"},
-                   {"stringData", data}};
-    objects.insert(objects.begin(), std::move(secret));
-  }
+  if (!launch.secrets.empty()) objects.insert(objects.begin(), SecretObject(ns, launch.secrets));
   const AttemptKey key{launch.run, launch.attempt};
   {
     MutexLock lock(&mu_);
@@ -1175,19 +1177,10 @@ Result<std::vector<json>> KubeCluster::RenderService(const ServiceLaunch& launch
 Status KubeCluster::ApplyService(const ServiceLaunch& launch, const std::vector<json>& objects) {
   if (objects.empty()) return Internal("the service rendered to no objects");
   kubeapi::CallBudget budget(options_.call_budget_ms, &stop_);
-  if (!launch.secrets.empty()) {
-    json data = json::object();
-    for (const auto& [key, value] : launch.secrets) data[key] = value;
-    json secret = {{"apiVersion", "v1"},
-                   {"kind", "Secret"},
-                   {"metadata",
-                    {{"name", kube::kRunSecretName},
-                     {"namespace", Str(Meta(objects.front()), "namespace")},
-                     {"labels", {{kube::kLabelManagedBy, "tau"}}}}},
-                   {"type", "Opaque"},
-                   {"stringData", data}};
-    TAU_RETURN_IF_ERROR(client_->Apply(secret).status());
-  }
+  if (!launch.secrets.empty())
+    TAU_RETURN_IF_ERROR(
+        client_->Apply(SecretObject(Str(Meta(objects.front()), "namespace"), launch.secrets))
+            .status());
   for (const json& object : objects) {
     auto applied = client_->Apply(object);
     if (!applied.ok())
