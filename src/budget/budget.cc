@@ -90,6 +90,16 @@ int64_t LookBack(const std::vector<policy::Budget>& budgets, int64_t now_ms) {
 void Ledger::Add(const Holding& h) {
   if (h.end_ms <= h.start_ms) return;
   const Key key{h.workspace, h.user, h.queue};
+  int64_t& last = last_use_[h.workspace][h.user];
+  last = std::max(last, FloorDiv(h.end_ms - 1, kHourMs) * kHourMs);
+  for (auto& [scope, used] : used_) {
+    const auto& [w, who, q] = scope.first;
+    if (!Matches(w, h.workspace) || !Matches(who, h.user) || !Matches(q, h.queue)) continue;
+    // What Used() counts of it: its hours from `from` on.
+    Usage share = Share(h, scope.second, h.end_ms);
+    used.gpu_hours += share.gpu_hours;
+    used.cpu_hours += share.cpu_hours;
+  }
   for (int64_t hour = FloorDiv(h.start_ms, kHourMs) * kHourMs; hour < h.end_ms; hour += kHourMs) {
     Usage share = Share(h, hour, hour + kHourMs);
     Usage& u = hours_[hour][key];
@@ -100,11 +110,18 @@ void Ledger::Add(const Holding& h) {
 
 void Ledger::Prune(int64_t before_ms) {
   hours_.erase(hours_.begin(), hours_.lower_bound(before_ms));
+  for (auto it = used_.begin(); it != used_.end();)
+    it = it->first.second < before_ms ? used_.erase(it) : std::next(it);
+  for (auto& [workspace, users] : last_use_)
+    for (auto it = users.begin(); it != users.end();)
+      it = it->second < before_ms ? users.erase(it) : std::next(it);
 }
 
 Usage Ledger::Used(const std::string& workspace, const std::string& user, const std::string& queue,
                    int64_t from_ms) const {
-  Usage out;
+  const std::pair<Key, int64_t> cached{{workspace, user, queue}, from_ms};
+  if (auto it = used_.find(cached); it != used_.end()) return it->second;
+  Usage& out = used_[cached];
   for (auto it = hours_.lower_bound(from_ms); it != hours_.end(); ++it)
     for (const auto& [key, u] : it->second) {
       const auto& [w, who, q] = key;
@@ -116,11 +133,11 @@ Usage Ledger::Used(const std::string& workspace, const std::string& user, const 
 }
 
 std::vector<std::string> Ledger::Users(const std::string& workspace, int64_t from_ms) const {
-  std::set<std::string> users;
-  for (auto it = hours_.lower_bound(from_ms); it != hours_.end(); ++it)
-    for (const auto& [key, u] : it->second)
-      if (std::get<0>(key) == workspace) users.insert(std::get<1>(key));
-  return {users.begin(), users.end()};
+  std::vector<std::string> users;
+  if (auto w = last_use_.find(workspace); w != last_use_.end())
+    for (const auto& [user, last] : w->second)
+      if (last >= from_ms) users.push_back(user);
+  return users;
 }
 
 std::string Hours(double h) {

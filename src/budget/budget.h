@@ -61,6 +61,12 @@ class Ledger {
  private:
   using Key = std::tuple<std::string, std::string, std::string>;  // workspace, user, queue
   std::map<int64_t, std::map<Key, Usage>> hours_;                 // by the hour's start
+  // Used()'s answers, by (scope, from), kept up to date by Add: a budget's usage costs a lookup
+  // per pass, not a walk over its period's hours (computed again once its period or window
+  // moves on).
+  mutable std::map<std::pair<Key, int64_t>, Usage> used_;
+  // The last hour each user of each workspace held something in.
+  std::map<std::string, std::map<std::string, int64_t>> last_use_;
 };
 
 // A budget's state at one time: of the budget, and for a per-user one ("*") of one user.

@@ -134,5 +134,26 @@ TEST(BudgetTest, APerUserBudgetCountsEachUserAlone) {
   EXPECT_EQ(c.Covering("vision", "carol", "cpu").size(), 1u);
 }
 
+TEST(BudgetTest, WhatWasAskedBeforeStaysRightAsHoldingsAreAdded) {
+  Ledger ledger;
+  const int64_t from = At("2026-12-06T10:00:00Z");
+  ledger.Add(Held("alice", 1, from, from + kHour));
+  EXPECT_DOUBLE_EQ(ledger.Used("vision", "", "", from).gpu_hours, 1);  // now remembered
+  EXPECT_DOUBLE_EQ(ledger.Used("", "", "gpu", from + kHour).gpu_hours, 0);
+  // Half of it before `from`: only the rest counts, in every remembered answer it belongs to.
+  ledger.Add(Held("bob", 2, from - kHour / 2, from + 2 * kHour));
+  EXPECT_DOUBLE_EQ(ledger.Used("vision", "", "", from).gpu_hours, 5);
+  EXPECT_DOUBLE_EQ(ledger.Used("", "", "gpu", from + kHour).gpu_hours, 2);
+  EXPECT_DOUBLE_EQ(ledger.Used("vision", "alice", "", from).gpu_hours, 1);
+  EXPECT_EQ(ledger.Users("vision", from + kHour), std::vector<std::string>{"bob"});
+  EXPECT_EQ(ledger.Users("vision", from), (std::vector<std::string>{"alice", "bob"}));
+  // The same as a ledger that is asked only after everything was added.
+  Ledger fresh;
+  fresh.Add(Held("alice", 1, from, from + kHour));
+  fresh.Add(Held("bob", 2, from - kHour / 2, from + 2 * kHour));
+  EXPECT_DOUBLE_EQ(fresh.Used("vision", "", "", from).gpu_hours, 5);
+  EXPECT_DOUBLE_EQ(fresh.Used("", "", "gpu", from + kHour).gpu_hours, 2);
+}
+
 }  // namespace
 }  // namespace tau::budget
