@@ -164,7 +164,7 @@ std::string State::Message(int64_t now_ms) const {
     return text + fmt::format(" in the last {}; room comes back as older use leaves the window",
                               b.window_ms % kDayMs == 0 ? fmt::format("{}d", b.window_ms / kDayMs)
                                                         : FormatDuration(b.window_ms));
-  text += fmt::format(" this {}", b.period);
+  text += b.period == "day" ? " today" : fmt::format(" this {}", b.period);
   if (reset_ms > now_ms) {
     // Whole days when it is days away.
     const int64_t left = reset_ms - now_ms;

@@ -19,8 +19,10 @@ using store::RunState;
 namespace {
 constexpr int64_t kBudgetRecheckMs = 1000;
 
+// Admitted and not released yet (a release meters before the run's state moves on).
 bool HoldsQuota(const RunRecord& r) {
-  return r.flavors.is_object() && !r.flavors.empty() && r.admitted_ms.has_value();
+  return r.admitted_ms.has_value() &&
+         (r.state == RunState::kAdmitted || r.state == RunState::kRunning);
 }
 }  // namespace
 

@@ -853,9 +853,8 @@ void Controller::Finish(ActiveRun& run, RunState state, const std::string& reaso
   if (r.exit_code) data["exit_code"] = *r.exit_code;
   if (r.signal) data["signal"] = *r.signal;
   // Metered before its last event (the run's end stays its last word); ReleaseResources below
-  // then finds nothing held to meter again.
+  // then finds it ended, holding nothing to meter again.
   Meter(run, batch);
-  r.flavors = nlohmann::json::object();
   Transition(run, state, store::RunStateName(state), message, batch, data);
   if (options_.metrics && r.started_ms)
     options_.metrics->Observe("tau_run_duration_seconds", {{"state", store::RunStateName(state)}},

@@ -1116,3 +1116,77 @@ TEST_F(ControllerTest, AServiceReplicaIsARunThatRestartsOnEveryFailureAndIsStopp
 }
 
 }  // namespace tau::server
+
+namespace tau::server {
+namespace {
+
+// A day's budget of 0.001 CPU-hours (3.6 CPU-seconds) for workspace `default`.
+constexpr char kBudgetPlatform[] = R"(flavors: [{name: f}]
+queues:
+  - name: default
+    resource_groups:
+      - covered_resources: [cpu, memory]
+        flavors: [{name: f, resources: [{name: cpu, nominal: 4}, {name: memory, nominal: 8Gi}]}]
+workspaces:
+  - name: default
+    members: ["*"]
+    default_queue: default
+budgets:
+  - workspace: default
+    cpu_hours: 0.001
+    period: day
+)";
+
+TEST_F(ControllerTest, ASpentBudgetHoldsRunsUntilItsPeriodEndsAndARestartMetersNothingTwice) {
+  StopController();
+  ASSERT_TRUE(WriteFileAtomic(home_ + "/platform.yaml", kBudgetPlatform, 0600).ok());
+  clock_.Set(*ParseRfc3339("2026-12-06T23:58:00Z"));
+  StartController();
+  const std::string cpus = "compute:\n  cpus: 1\n";
+  const std::string first = Submit("first", cpus);
+  controller_->RunOnce();
+  ASSERT_EQ(Run(first).state, RunState::kRunning);
+  clock_.Advance(10'000);  // 10 CPU-seconds: more than the day's 3.6
+  backend_.End(first, {FailureClass::kSucceeded, 0});
+  controller_->RunOnce();
+  ASSERT_EQ(Run(first).state, RunState::kSucceeded);
+  std::vector<store::Event> events = Events(first);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.back().type, "Succeeded");
+  const store::Event& metered = events[events.size() - 2];
+  EXPECT_EQ(metered.type, "Metered");
+  EXPECT_DOUBLE_EQ(metered.data.value("cpu_hours", 0.0), 10.0 / 3600);
+
+  const std::string second = Submit("second", cpus);
+  controller_->RunOnce();
+  EXPECT_EQ(Run(second).state, RunState::kQueued);
+  EXPECT_EQ(backend_.launches[second], 0);
+  nlohmann::json pending = controller_->PendingInfo(second);
+  EXPECT_EQ(pending.value("code", ""), "BudgetSpent");
+  EXPECT_EQ(pending.value("reason", ""),
+            "budget of workspace default spent: 0.0028 of 0.0010 CPU-h today; resets in 1m0s; "
+            "it enters its queue once the budget has room");
+  const nlohmann::json before = controller_->Budgets();
+  ASSERT_EQ(before.size(), 1u);
+  EXPECT_TRUE(before[0].value("spent", false));
+
+  // A restart reads what was held back from the store, once.
+  StopController();
+  StartController();
+  controller_->RunOnce();
+  EXPECT_EQ(controller_->Budgets()[0]["used"], before[0]["used"]);
+  EXPECT_EQ(Run(second).state, RunState::kQueued);
+  EXPECT_EQ(controller_->PendingInfo(second).value("code", ""), "BudgetSpent");
+
+  // The next day the budget is whole again: the run goes.
+  clock_.Set(*ParseRfc3339("2026-12-07T00:00:00Z"));
+  controller_->RunOnce();
+  EXPECT_EQ(Run(second).state, RunState::kRunning);
+  std::vector<std::string> types = EventTypes(second);
+  EXPECT_NE(std::find(types.begin(), types.end(), "BudgetHold"), types.end());
+  EXPECT_NE(std::find(types.begin(), types.end(), "BudgetAvailable"), types.end());
+  EXPECT_DOUBLE_EQ(controller_->Budgets()[0]["used"].value("cpu_hours", 1.0), 0.0);
+}
+
+}  // namespace
+}  // namespace tau::server
