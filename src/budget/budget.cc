@@ -63,13 +63,19 @@ Usage Share(const Holding& h, int64_t from, int64_t to) {
   return {static_cast<double>(h.gpus) * hours, static_cast<double>(h.cpu_milli) / 1000 * hours};
 }
 
+}  // namespace
+
 std::string ScopeOf(const policy::Budget& b, const std::string& user) {
   if (!b.queue.empty()) return "queue " + b.queue;
   if (!user.empty()) return fmt::format("user {} in workspace {}", user, b.workspace);
   return "workspace " + b.workspace;
 }
 
-}  // namespace
+bool Covers(const policy::Budget& b, const std::string& workspace, const std::string& user,
+            const std::string& queue) {
+  if (!b.queue.empty() ? b.queue != queue : b.workspace != workspace) return false;
+  return b.user.empty() || b.user == policy::kEveryone || b.user == user;
+}
 
 int64_t WindowStart(const policy::Budget& b, int64_t now_ms) {
   if (b.window_ms > 0) return FloorDiv(now_ms - b.window_ms, kHourMs) * kHourMs;
@@ -216,11 +222,8 @@ std::vector<const policy::Budget*> Checker::Covering(const std::string& workspac
                                                      const std::string& user,
                                                      const std::string& queue) {
   std::vector<const policy::Budget*> out;
-  for (const policy::Budget& b : budgets_) {
-    if (!b.queue.empty() ? b.queue != queue : b.workspace != workspace) continue;
-    if (!b.user.empty() && b.user != policy::kEveryone && b.user != user) continue;
-    out.push_back(&b);
-  }
+  for (const policy::Budget& b : budgets_)
+    if (Covers(b, workspace, user, queue)) out.push_back(&b);
   return out;
 }
 

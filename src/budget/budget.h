@@ -69,6 +69,12 @@ class Ledger {
   std::map<std::string, std::map<std::string, int64_t>> last_use_;
 };
 
+// Whether `b` counts a run of `workspace`, `user` and `queue`.
+bool Covers(const policy::Budget& b, const std::string& workspace, const std::string& user,
+            const std::string& queue);
+// "workspace vision", "user alice in workspace vision" (`user` of a per-user budget), "queue gpu".
+std::string ScopeOf(const policy::Budget& b, const std::string& user);
+
 // A budget's state at one time: of the budget, and for a per-user one ("*") of one user.
 struct State {
   const policy::Budget* budget = nullptr;

@@ -192,10 +192,10 @@ Status Controller::CheckBudgets(const policy::Platform& platform, const policy::
   }
   const int64_t gpus = static_cast<int64_t>(run.gpus_per_worker) * run.workers;
   for (const policy::Budget& b : platform.budgets) {
-    if (b.on_exceed != "refuse" || !b.gpu_hours) continue;
-    if (!b.queue.empty() ? b.queue != run.queue : b.workspace != run.workspace) continue;
+    if (b.on_exceed != "refuse" || !b.gpu_hours ||
+        !budget::Covers(b, run.workspace, user, run.queue))
+      continue;
     const std::string who = b.user == policy::kEveryone ? user : b.user;
-    if (!b.user.empty() && b.user != policy::kEveryone && b.user != user) continue;
     // Its state as last checked (none yet for a user of a per-user budget who has used none).
     double used = 0;
     std::string message;
@@ -219,10 +219,7 @@ Status Controller::CheckBudgets(const policy::Platform& platform, const policy::
         "run.max_runtime: {} GPU(s) for {} is up to {} GPU-h, and the budget of {} has {} of {} "
         "GPU-h left (on_exceed: refuse); shorten run.max_runtime, ask for fewer GPUs, or wait for "
         "the budget to have room",
-        gpus, FormatDuration(*run.max_runtime_ms), budget::Hours(need),
-        !b.queue.empty() ? "queue " + b.queue
-        : !who.empty()   ? fmt::format("user {} in workspace {}", who, b.workspace)
-                         : "workspace " + b.workspace,
+        gpus, FormatDuration(*run.max_runtime_ms), budget::Hours(need), budget::ScopeOf(b, who),
         budget::Hours(left), budget::Hours(*b.gpu_hours)));
   }
   return Status::Ok();

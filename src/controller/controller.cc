@@ -229,6 +229,8 @@ Result<Controller::PreparedRun> Controller::PrepareRun(
                    {"snapshot_digest", r.snapshot_digest},
                    {"files", snapshot->files.size()}};
   out.spec = std::move(*parsed.spec);
+  out.resolved = std::move(*resolved);
+  out.platform = std::move(platform);
   return out;
 }
 

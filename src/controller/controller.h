@@ -349,6 +349,8 @@ class Controller : private RunHost {
     store::RunRecord record;
     spec::RunSpec spec;
     nlohmann::json submitted;
+    policy::ResolvedRun resolved;
+    std::shared_ptr<const policy::Platform> platform;  // the one it was resolved against
   };
   // Everything Submit does before the insert: parse, resolve, the checks, the snapshot
   // (`snapshot` makes it, once the checks that need no code have passed). The run's name will be

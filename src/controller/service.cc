@@ -52,14 +52,8 @@ Result<PreparedReplica> Controller::PrepareReplica(const ReplicaRequest& request
     return error->status;
   }
   PreparedReplica out;
-  out.platform = CurrentPlatform().platform;
-  auto resolved = policy::Resolve(prepared.spec, *out.platform, request.caller);
-  if (!resolved.ok()) {
-    error->status = resolved.status();
-    return error->status;
-  }
-  out.resolved = std::move(*resolved);
-  if (!request.code_dir.empty()) out.resolved.code_subdir = request.code_dir;
+  out.platform = std::move(prepared.platform);
+  out.resolved = std::move(prepared.resolved);
   const bool refers =
       std::any_of(prepared.spec.runtime.env.begin(), prepared.spec.runtime.env.end(),
                   [](const spec::EnvVar& v) { return v.secret_ref && v.secret_name.empty(); });
