@@ -63,7 +63,12 @@ function quantity(text) {
 function connectLive() {
   const badge = document.getElementById("live");
   const es = new EventSource("/api/v1/events");
-  es.addEventListener("hello", () => { badge.textContent = "live"; badge.className = "live on"; });
+  // A change between a view's fetch and the stream's start (or during a reconnect) is in no event:
+  // `hello` tells the view to look again.
+  es.addEventListener("hello", () => {
+    badge.textContent = "live"; badge.className = "live on";
+    if (onLive) onLive("hello", null);
+  });
   es.onerror = () => { badge.textContent = "reconnecting"; badge.className = "live off"; };
   for (const type of ["run", "queues"]) {
     es.addEventListener(type, (e) => {
@@ -151,7 +156,7 @@ async function viewRuns() {
   await load();
   // Live: reload the page of runs (one paged request) at most twice a second.
   const reload = debounce(load, 300);
-  onLive = (type) => { if (type === "run") reload(); };
+  onLive = (type) => { if (type === "run" || type === "hello") reload(); };
 }
 
 // ---- one run -----------------------------------------------------------------------------------
@@ -209,7 +214,7 @@ async function viewRun(name) {
       if (TERMINAL.has(now.state)) { loadMetrics(name, stops); loadEvidence(name); loadArtifacts(name); }
     }
   }, 200);
-  onLive = (type, data) => { if (type === "run" && data.name === name) refresh(); };
+  onLive = (type, data) => { if (type === "hello" || (type === "run" && data.name === name)) refresh(); };
   stops.push(tailLog(name));
   loadMetrics(name, stops);
   loadEvidence(name);

@@ -92,6 +92,16 @@ std::string WaitUntilEnded(const Global& g, const std::string& run, F on_change)
     SseParser parser;
     auto status = client::TauApi(conn->get()).StreamEvents(run, [&](std::string_view d) {
       return parser.Feed(d, [&](const std::string& type, const std::string& data) {
+        if (type == "hello") {
+          // The stream's first poll is its baseline and sends nothing: a run that ended between
+          // the fetch above and that poll is in no event, so its state is read again now.
+          std::string now;
+          if (FetchRunState(g, run, &now).empty() && now != state) {
+            on_change();
+            state = now;
+          }
+          return !IsTerminalState(state);
+        }
         if (type != "run") return true;
         auto ev = api::RunEvent::FromJson(json::parse(data, nullptr, false));
         if (!ev.ok()) return true;

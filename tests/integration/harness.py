@@ -113,6 +113,63 @@ class AnswerLosingProxy:
             s.close()
 
 
+class RequestHoldingProxy:
+    """A Unix-socket proxy in front of a server that holds requests back: before a connection's first
+    request goes on, hold(request_line) is called, and may block (until the server has changed, say);
+    then bytes flow both ways untouched, streams included. Use it as a context manager; `path` is its
+    socket."""
+
+    def __init__(self, path, upstream, hold):
+        self.path, self.upstream, self.hold = path, upstream, hold
+        self._held = []
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        self._listener.listen(8)
+
+    @staticmethod
+    def _copy(src, dst):
+        try:
+            while chunk := src.recv(65536):
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _serve(self, client):
+        self._held.append(client)
+        request = read_http_message(client)
+        if not request:
+            return
+        self.hold(request.partition(b"\r\n")[0].decode())
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        upstream.connect(self.upstream)
+        self._held.append(upstream)
+        upstream.sendall(request)
+        threading.Thread(target=self._copy, args=(client, upstream), daemon=True).start()
+        self._copy(upstream, client)
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def __enter__(self):
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self._listener.close()
+        for s in self._held:
+            s.close()
+
+
 def free_port():
     """A TCP port on the loopback interface that nothing listens on right now."""
     s = socket.socket()

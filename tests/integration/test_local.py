@@ -10,7 +10,7 @@ import tempfile
 import time
 import unittest
 
-from harness import TAU, ServerTestCase, TauServer, pid_alive, wait_for
+from harness import TAU, RequestHoldingProxy, ServerTestCase, TauServer, pid_alive, wait_for
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -288,6 +288,36 @@ class RunTest(ServerTestCase):
         missing = self.server.tau("wait", ok, "nope-00000000")
         self.assertEqual(missing.returncode, 125)
         self.assertIn("no run named 'nope-00000000'", missing.stderr)
+
+    def test_a_run_that_ends_before_the_event_stream_opens_still_ends_the_waiting(self):
+        # The race the waiting commands must survive: they read the run's state (running), the
+        # run ends, and only then their event stream opens, whose baseline already holds the end.
+        # A proxy holds each stream's request until its run has ended.
+        runs = {}
+        for cmd in ("wait", "status"):
+            gate = os.path.join(self.work, "gate-" + cmd)
+            code = f"import os, sys, time\nwhile not os.path.exists({gate!r}):\n    time.sleep(0.05)\nsys.exit(3)\n"
+            runs[cmd] = (self.submit(job_spec("race-" + cmd), {"main.py": code}), gate)
+        for name, _ in runs.values():
+            self.server.wait_state(name, "Running")
+
+        def hold(request_line):
+            for name, gate in runs.values():
+                if request_line.startswith("GET /api/v1/events?run=" + name + " "):
+                    open(gate, "w").close()
+                    self.server.wait_state(name, "Failed")
+
+        proxy_path = os.path.join(self.work, "proxy.sock")
+        with RequestHoldingProxy(proxy_path, os.path.join(self.server.home, "tau.sock"), hold):
+            env = dict(self.server.env, TAU_SERVER="unix://" + proxy_path)
+            for cmd, args in (("wait", ["wait"]), ("status", ["status", "-w"])):
+                try:
+                    p = subprocess.run([TAU, *args, runs[cmd][0]], env=env, capture_output=True,
+                                       text=True, timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.fail(f"tau {cmd} did not see its run end")
+                self.assertEqual(p.returncode, 3, (cmd, p.stdout, p.stderr))
+                self.assertIn("Failed", p.stdout, cmd)
 
     def test_names_that_are_no_run_names_and_log_options_out_of_range_are_told_plainly(self):
         name = self.submit(job_spec("opts"), {"main.py": "print('x')\n"})
