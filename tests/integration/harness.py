@@ -65,24 +65,58 @@ def read_http_message(sock):
     return head + b"\r\n\r\n" + body
 
 
-class AnswerLosingProxy:
-    """A Unix-socket proxy in front of a server that loses answers: each request goes to the server,
-    which answers it; when lose(route) says so, the answer is kept from the client, whose
-    connection stays open and silent, as when a network drops a reply. answers[route] lists what
-    the server answered, lost or not. Use it as a context manager; `path` is its socket."""
+class UnixProxy:
+    """A Unix-socket proxy in front of a server's socket `upstream`: each client connection is
+    handed to `_serve` on a thread of its own. Use it as a context manager; `path` is its socket."""
 
-    def __init__(self, path, upstream, lose):
-        self.path, self.upstream, self.lose = path, upstream, lose
-        self.answers = {}
+    def __init__(self, path, upstream):
+        self.path, self.upstream = path, upstream
         self._held = []  # the proxy's sockets, closed when it stops
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(path)
         self._listener.listen(8)
 
-    def _pipe(self, client):
+    def _dial(self):
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         upstream.connect(self.upstream)
-        self._held.extend([client, upstream])
+        self._held.append(upstream)
+        return upstream
+
+    def _serve(self, client):
+        raise NotImplementedError
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self._held.append(client)
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def __enter__(self):
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self._listener.close()
+        for s in self._held:
+            s.close()
+
+
+class AnswerLosingProxy(UnixProxy):
+    """A proxy that loses answers: each request goes to the server, which answers it; when
+    lose(route) says so, the answer is kept from the client, whose connection stays open and
+    silent, as when a network drops a reply. answers[route] lists what the server answered, lost or
+    not."""
+
+    def __init__(self, path, upstream, lose):
+        super().__init__(path, upstream)
+        self.lose = lose
+        self.answers = {}
+
+    def _serve(self, client):
+        upstream = self._dial()
         while True:
             request = read_http_message(client)
             if not request:
@@ -95,36 +129,15 @@ class AnswerLosingProxy:
                 return  # lost: the connection stays open and silent
             client.sendall(answer)
 
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._pipe, args=(client,), daemon=True).start()
 
-    def __enter__(self):
-        threading.Thread(target=self._accept, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        self._listener.close()
-        for s in self._held:
-            s.close()
-
-
-class RequestHoldingProxy:
-    """A Unix-socket proxy in front of a server that holds requests back: before a connection's first
-    request goes on, hold(request_line) is called, and may block (until the server has changed, say);
-    then bytes flow both ways untouched, streams included. Use it as a context manager; `path` is its
-    socket."""
+class RequestHoldingProxy(UnixProxy):
+    """A proxy that holds requests back: before a connection's first request goes on,
+    hold(request_line) is called, and may block (until the server has changed, say); then bytes
+    flow both ways untouched, streams included."""
 
     def __init__(self, path, upstream, hold):
-        self.path, self.upstream, self.hold = path, upstream, hold
-        self._held = []
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(path)
-        self._listener.listen(8)
+        super().__init__(path, upstream)
+        self.hold = hold
 
     @staticmethod
     def _copy(src, dst):
@@ -140,34 +153,14 @@ class RequestHoldingProxy:
                 pass
 
     def _serve(self, client):
-        self._held.append(client)
         request = read_http_message(client)
         if not request:
             return
         self.hold(request.partition(b"\r\n")[0].decode())
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        upstream.connect(self.upstream)
-        self._held.append(upstream)
+        upstream = self._dial()
         upstream.sendall(request)
         threading.Thread(target=self._copy, args=(client, upstream), daemon=True).start()
         self._copy(upstream, client)
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def __enter__(self):
-        threading.Thread(target=self._accept, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        self._listener.close()
-        for s in self._held:
-            s.close()
 
 
 def free_port():
