@@ -195,6 +195,12 @@ class Backend {
   virtual std::string RequeueNote(const ActiveRun& run) = 0;
   // How long the loop may sleep for the backend's deadlines (ms from `now`; at most `limit`).
   virtual int64_t NextWakeMillis(int64_t now, int64_t limit) const = 0;
+  // Guardrails (docs/budgets.md, "Idle and stalled runs"). The bytes of logs and metrics the run's
+  // running attempt has written, its progress; nullopt where the backend cannot tell.
+  virtual std::optional<int64_t> OutputBytes(const ActiveRun&) { return std::nullopt; }
+  // Asks the running attempt's Python workers to write their stacks into their logs; how many
+  // processes were asked, or nullopt where the backend cannot.
+  virtual std::optional<int> DumpStacks(const ActiveRun&) { return std::nullopt; }
   // The attempts whose metrics and GPU samples the evidence worker follows.
   virtual std::vector<RunningAttempt> RunningAttempts() const = 0;
   // What the evidence record says of where the run ran.

@@ -140,10 +140,15 @@ static int CmdUsage(const Global& g, const std::string& by, const std::string& s
   if (IsData(format)) return PrintData(j, format);
   const nlohmann::json& rows = j["rows"];
   if (csv) {
-    std::printf("%s,gpu_hours,cpu_hours,runs\n", by.c_str());
-    for (const nlohmann::json& r : rows)
-      std::printf("%s,%.6f,%.6f,%lld\n", r.value("key", "").c_str(), r.value("gpu_hours", 0.0),
-                  r.value("cpu_hours", 0.0), static_cast<long long>(r.value("runs", int64_t{0})));
+    std::printf("%s,gpu_hours,cpu_hours,idle_gpu_hours,idle_share,runs\n", by.c_str());
+    for (const nlohmann::json& r : rows) {
+      const nlohmann::json share = r.value("idle_share", nlohmann::json());
+      std::printf("%s,%.6f,%.6f,%.6f,%s,%lld\n", r.value("key", "").c_str(),
+                  r.value("gpu_hours", 0.0), r.value("cpu_hours", 0.0),
+                  r.value("idle_gpu_hours", 0.0),
+                  share.is_number() ? fmt::format("{:.4f}", share.get<double>()).c_str() : "",
+                  static_cast<long long>(r.value("runs", int64_t{0})));
+    }
     return 0;
   }
   std::printf("since %s\n\n", FormatRfc3339(since).c_str());
@@ -152,17 +157,19 @@ static int CmdUsage(const Global& g, const std::string& by, const std::string& s
   for (const nlohmann::json& r : rows) {
     gpu += r.value("gpu_hours", 0.0);
     cpu += r.value("cpu_hours", 0.0);
+    const nlohmann::json share = r.value("idle_share", nlohmann::json());
     table.push_back({r.value("key", ""), budget::Hours(r.value("gpu_hours", 0.0)),
                      budget::Hours(r.value("cpu_hours", 0.0)),
+                     share.is_number() ? fmt::format("{:.0f}%", share.get<double>() * 100) : "-",
                      std::to_string(r.value("runs", int64_t{0}))});
   }
   if (table.empty()) {
     std::puts("nothing was held");
   } else {
-    table.push_back({"total", budget::Hours(gpu), budget::Hours(cpu), ""});
+    table.push_back({"total", budget::Hours(gpu), budget::Hours(cpu), "", ""});
     std::string head = by;
     for (char& c : head) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    PrintTable({head, "GPU-H", "CPU-H", "RUNS"}, table);
+    PrintTable({head, "GPU-H", "CPU-H", "GPU IDLE", "RUNS"}, table);
   }
   PrintBudgetsIfAny(conn->get());
   return 0;

@@ -165,9 +165,15 @@ Status Connection::SendAll(std::string_view data) {
 Status Connection::SendRequest(std::string_view method, std::string_view path,
                                std::string_view body, std::string_view content_type,
                                const Headers& headers) {
+  // Over TCP the host it was asked for (a receiver behind a proxy routes by it); a Unix socket has
+  // none.
+  const bool default_port = endpoint_.port == (endpoint_.tls ? 443 : 80);
+  const std::string host = endpoint_.unix_socket ? "tau"
+                           : default_port        ? endpoint_.host
+                                          : fmt::format("{}:{}", endpoint_.host, endpoint_.port);
   std::string head = fmt::format(
-      "{} {} HTTP/1.1\r\nHost: tau\r\nUser-Agent: tau-cli\r\nAccept: application/json\r\n", method,
-      path);
+      "{} {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: tau-cli\r\nAccept: application/json\r\n", method,
+      path, host);
   if (!bearer_token_.empty()) head += fmt::format("Authorization: Bearer {}\r\n", bearer_token_);
   for (const auto& [name, value] : headers) head += fmt::format("{}: {}\r\n", name, value);
   if (!body.empty() || method == "POST" || method == "PUT")

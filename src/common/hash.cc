@@ -190,6 +190,34 @@ std::string Sha256Hex(std::string_view data) {
   return h.HexDigest();
 }
 
+std::string HmacSha256Hex(std::string_view key, std::string_view data) {
+  constexpr size_t kBlock = 64;
+  std::string k(key);
+  if (k.size() > kBlock) {  // a long key is hashed first
+    std::string hex = Sha256Hex(k);
+    k.clear();
+    for (size_t i = 0; i < hex.size(); i += 2)
+      k.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  }
+  k.resize(kBlock, '\0');
+  std::string inner_pad(kBlock, '\0'), outer_pad(kBlock, '\0');
+  for (size_t i = 0; i < kBlock; ++i) {
+    inner_pad[i] = static_cast<char>(k[i] ^ 0x36);
+    outer_pad[i] = static_cast<char>(k[i] ^ 0x5c);
+  }
+  Sha256 inner;
+  inner.Update(inner_pad);
+  inner.Update(data);
+  std::string inner_hex = inner.HexDigest();
+  std::string inner_bytes;
+  for (size_t i = 0; i < inner_hex.size(); i += 2)
+    inner_bytes.push_back(static_cast<char>(std::stoi(inner_hex.substr(i, 2), nullptr, 16)));
+  Sha256 outer;
+  outer.Update(outer_pad);
+  outer.Update(inner_bytes);
+  return outer.HexDigest();
+}
+
 Result<std::string> Sha256File(const std::string& path) {
   Sha256 h;
   TAU_RETURN_IF_ERROR(ReadFileChunks(path, [&](std::string_view c) { h.Update(c); }));

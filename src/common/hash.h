@@ -29,6 +29,9 @@ class Sha256 {
 
 Result<std::string> Sha256File(const std::string& path);
 
+// HMAC-SHA256 (RFC 2104) of `data` under `key`, as lowercase hex: what signs a webhook's payload.
+std::string HmacSha256Hex(std::string_view key, std::string_view data);
+
 // Whether Sha256 uses the CPU's SHA instructions where it has them (the default). Returns the
 // setting before; false always where the CPU lacks them. For tests of both code paths.
 bool UseSha256Instructions(bool use);

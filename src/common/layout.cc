@@ -14,6 +14,7 @@ std::string VenvsDir(const std::string& home) { return home + "/venvs"; }
 std::string VenvsDir(const std::string& home, unsigned uid) {
   return VenvsDir(home) + "/uid-" + std::to_string(uid);
 }
+std::string PythonHookDir(const std::string& home) { return home + "/python"; }
 std::string RunsDir(const std::string& home) { return home + "/runs"; }
 std::string RunDir(const std::string& home, const std::string& run) {
   return RunsDir(home) + "/" + run;

@@ -11,6 +11,7 @@
 //   HOME/snapshots/SHA256            code snapshots, one per content digest
 //   HOME/blobs/SHA256                code file contents, one per digest (snapshots link them)
 //   HOME/venvs[/uid-UID]             the virtualenv cache (per submitter when runs run as them)
+//   HOME/python/sitecustomize.py     the Python hook of stalled runs' stack dumps (runtime.h)
 //   HOME/runs/RUN                    one run
 //   HOME/runs/RUN/work               its working directory
 //   HOME/runs/RUN/metrics.jsonl      the metrics its workload writes
@@ -32,6 +33,7 @@ std::string SnapshotsDir(const std::string& home);
 std::string BlobsDir(const std::string& home);
 std::string VenvsDir(const std::string& home);
 std::string VenvsDir(const std::string& home, unsigned uid);
+std::string PythonHookDir(const std::string& home);
 std::string RunsDir(const std::string& home);
 std::string RunDir(const std::string& home, const std::string& run);
 std::string WorkDir(const std::string& run_dir);

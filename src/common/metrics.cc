@@ -80,6 +80,9 @@ Metrics::Metrics() {
           "(2xx, 4xx, 5xx; error: no replica answered).");
   counter("tau_serve_retries_total",
           "Requests sent again to another replica after the first one failed, by service.");
+  counter("tau_webhook_deliveries_total",
+          "Webhook deliveries by workspace and result (delivered; failed: a try that will be "
+          "repeated; dropped: given up after a day, or pushed out of a full queue).");
   counter("tau_serve_replica_restarts_total",
           "Replica attempts that ended and were restarted, by service and failure class.");
   histogram("tau_serve_request_duration_seconds",

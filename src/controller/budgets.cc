@@ -65,6 +65,12 @@ void Controller::Meter(ActiveRun& run, Batch* batch) {
                          {"gpus", h.gpus},         {"cpu_milli", h.cpu_milli},
                          {"gpu_hours", gpu_hours}, {"cpu_hours", cpu_hours},
                          {"flavors", r.flavors}};
+  if (auto t = gpu_time_.find(r.name); t != gpu_time_.end()) {
+    // What the GPU samples saw of this holding: how long its GPUs were sampled, and idle.
+    data["sampled_gpu_hours"] = static_cast<double>(t->second.sampled_gpu_ms) / 3'600'000;
+    data["idle_gpu_hours"] = static_cast<double>(t->second.idle_gpu_ms) / 3'600'000;
+    gpu_time_.erase(t);
+  }
   batch->events.push_back(
       {0, r.name, now, "Metered",
        fmt::format("held {} GPU(s) and {} CPU for {}: {} GPU-h, {} CPU-h", h.gpus,
@@ -244,12 +250,15 @@ Result<nlohmann::json> Controller::Usage(
   const int64_t now = Now();
   struct Row {
     double gpu_hours = 0, cpu_hours = 0;
+    double sampled_gpu_hours = 0, idle_gpu_hours = 0;  // ended holdings' GPU samples
     std::set<std::string> runs;
   };
   std::map<std::string, Row> rows;
   auto add = [&](const std::string& run, const std::string& workspace, const std::string& user,
                  const std::string& queue, int64_t gpus, int64_t cpu_milli, int64_t from,
-                 int64_t to) {
+                 int64_t to, double sampled = 0, double idle = 0) {
+    const double part =  // of a holding that began before `since`, the share after it
+        to > from ? static_cast<double>(to - std::max(from, since_ms)) / (to - from) : 0;
     from = std::max(from, since_ms);
     if (to <= from) return;
     if (workspaces &&
@@ -263,11 +272,13 @@ Result<nlohmann::json> Controller::Usage(
     const double hours = static_cast<double>(to - from) / 3'600'000;
     row.gpu_hours += static_cast<double>(gpus) * hours;
     row.cpu_hours += static_cast<double>(cpu_milli) / 1000 * hours;
+    row.sampled_gpu_hours += sampled * part;
+    row.idle_gpu_hours += idle * part;
     row.runs.insert(run);
   };
   for (const store::UsageRecord& u : ended)
     add(u.run, u.workspace, u.owner, u.queue, u.gpus, u.cpu_milli, u.started_ms,
-        u.ended_ms.value_or(u.started_ms));
+        u.ended_ms.value_or(u.started_ms), u.sampled_gpu_hours, u.idle_gpu_hours);
   for (const budget::Holding& h : open)
     add(h.run, h.workspace, h.user, h.queue, h.gpus, h.cpu_milli, h.start_ms, now);
   nlohmann::json out = nlohmann::json::array();
@@ -275,6 +286,11 @@ Result<nlohmann::json> Controller::Usage(
     out.push_back({{"key", key},
                    {"gpu_hours", row.gpu_hours},
                    {"cpu_hours", row.cpu_hours},
+                   {"idle_gpu_hours", row.idle_gpu_hours},
+                   // Of the GPU time the samples saw, the share that was idle; null: none seen.
+                   {"idle_share", row.sampled_gpu_hours > 0
+                                      ? nlohmann::json(row.idle_gpu_hours / row.sampled_gpu_hours)
+                                      : nlohmann::json(nullptr)},
                    {"runs", row.runs.size()}});
   }
   std::stable_sort(out.begin(), out.end(), [](const nlohmann::json& a, const nlohmann::json& b) {

@@ -1098,6 +1098,7 @@ void Controller::Pass(InboxTake take) {
   for (const CancelRequest& c : take.cancels) HandleCancel(c.name, &batch);
   SettleDependencies(&batch);
   ApplyBudgets(&batch);
+  ApplyGuardrails(take.samples, &batch);
   changed(batch);
   SyncEngine();
   backend_->Schedule(&batch);
@@ -1135,6 +1136,7 @@ void Controller::Pass(InboxTake take) {
       continue;
     }
     budget_warned_.erase(it->first);
+    gpu_time_.erase(it->first);
     evidence_->HandOff(it->first, std::move(it->second.record));
     backend_->Forget(it->first);
     active_.erase(it);

@@ -29,6 +29,7 @@
 #include "common/mutex.h"
 #include "controller/evidence_worker.h"
 #include "evidence/evidence.h"
+#include "guard/guard.h"
 #include "health/health.h"
 #include "policy/policy.h"
 #include "recovery/failure_class.h"
@@ -394,6 +395,10 @@ class Controller : private RunHost {
   // room again; a release meters the run's time on quota (a Metered event).
   Status LoadLedger();
   void ApplyBudgets(store::Batch* batch);
+  // Idle and stalled runs (guardrails.cc): the pass's GPU samples and each running attempt's
+  // output against its workspace's limits.idle and limits.stall; warnings and marks as events,
+  // stops through the backend.
+  void ApplyGuardrails(const std::vector<GpuSamples>& samples, store::Batch* batch);
   void Meter(ActiveRun& run, store::Batch* batch);
   // What the runs holding quota hold now.
   std::vector<budget::Holding> OpenHoldings() const;
@@ -503,6 +508,22 @@ class Controller : private RunHost {
   int64_t budgets_checked_ms_ = 0;
   bool budgets_dirty_ = true;
   std::set<std::string> budget_warned_;
+  // Guardrails (decision thread only): each running attempt watched, and when output was last read
+  // (every kGuardOutputMs).
+  std::map<std::string, guard::Watch> watches_;
+  int64_t guard_output_ms_ = 0;
+  // The GPU time each running run's GPUs were sampled, and how much of it they were idle (under
+  // kIdleSharePct), until its Meter says so in its Metered event (decision thread only).
+  struct GpuTime {
+    int64_t last_sample_ms = 0;
+    int64_t sampled_gpu_ms = 0, idle_gpu_ms = 0;
+  };
+  std::map<std::string, GpuTime> gpu_time_;
+  // Where the usage report's idle share draws the line; the idle guardrail has its own threshold.
+  static constexpr double kIdleSharePct = 5;
+  // Adds the GPU samples of a pass to the runs holding those GPUs (gpu_time_).
+  void AccountGpuTime(const std::vector<RunningAttempt>& running,
+                      const std::vector<GpuSamples>& samples);
 
   Mutex mu_;
   // Held across a keyed submission's lookup and insert, so that two submissions with one key make

@@ -157,7 +157,20 @@ class FakeBackend final : public Backend {
   nlohmann::json PendingReason(const ActiveRun&, int64_t) override { return nullptr; }
   std::string RequeueNote(const ActiveRun&) override { return ""; }
   int64_t NextWakeMillis(int64_t, int64_t limit) const override { return limit; }
-  std::vector<RunningAttempt> RunningAttempts() const override { return {}; }
+  std::vector<RunningAttempt> RunningAttempts() const override {
+    std::vector<RunningAttempt> out;
+    for (const auto& [name, attempt] : live_) out.push_back({name, attempt, {}});
+    return out;
+  }
+  // A run's output as the test sets it; a run without an entry cannot be measured.
+  std::optional<int64_t> OutputBytes(const ActiveRun& run) override {
+    auto it = output.find(run.record.name);
+    return it == output.end() ? std::nullopt : std::optional<int64_t>(it->second);
+  }
+  std::optional<int> DumpStacks(const ActiveRun& run) override {
+    ++dumps[run.record.name];
+    return 1;
+  }
   void DescribeRuntime(const store::RunRecord&, bool, const evidence::RecordInput*,
                        evidence::RuntimeInfo* rt) const override {
     rt->host = "fake";
@@ -176,6 +189,8 @@ class FakeBackend final : public Backend {
   std::set<std::string> hold;            // runs Schedule leaves queued
   std::set<std::string> alive;           // attempts that outlive a controller (re-adopted)
   std::set<std::string> stop_requested;  // runs whose attempt the controller asked to stop
+  std::map<std::string, int64_t> output;  // OutputBytes
+  std::map<std::string, int> dumps;       // DumpStacks calls
   std::map<std::string, int> launches;
   std::vector<std::string> forgotten;  // runs the controller said had ended
   int starts = 0, readopted = 0, commits_seen = 0;
@@ -1186,6 +1201,62 @@ TEST_F(ControllerTest, ASpentBudgetHoldsRunsUntilItsPeriodEndsAndARestartMetersN
   EXPECT_NE(std::find(types.begin(), types.end(), "BudgetHold"), types.end());
   EXPECT_NE(std::find(types.begin(), types.end(), "BudgetAvailable"), types.end());
   EXPECT_DOUBLE_EQ(controller_->Budgets()[0]["used"].value("cpu_hours", 1.0), 0.0);
+}
+
+// Stalls: limits.stall of workspace `default`.
+constexpr char kStallPlatform[] = R"(flavors: [{name: f}]
+queues:
+  - name: default
+    resource_groups:
+      - covered_resources: [cpu, memory]
+        flavors: [{name: f, resources: [{name: cpu, nominal: 4}, {name: memory, nominal: 8Gi}]}]
+workspaces:
+  - name: default
+    members: ["*"]
+    default_queue: default
+    limits:
+      stall: {after: 1m, stop_after: 5m}
+)";
+
+TEST_F(ControllerTest, AQuietRunIsDumpedMarkedAndStoppedButOneWhoseOutputCannotBeMeasuredIsNot) {
+  StopController();
+  ASSERT_TRUE(WriteFileAtomic(home_ + "/platform.yaml", kStallPlatform, 0600).ok());
+  StartController();
+  const std::string cpus = "compute:\n  cpus: 1\n";
+  const std::string quiet = Submit("quiet", cpus), unmeasured = Submit("unmeasured", cpus);
+  controller_->RunOnce();
+  ASSERT_EQ(Run(quiet).state, RunState::kRunning);
+  ASSERT_EQ(Run(unmeasured).state, RunState::kRunning);
+  backend_.output[quiet] = 100;
+  auto pass_after = [&](int64_t ms) {
+    clock_.Advance(ms);
+    controller_->RunOnce();
+  };
+  pass_after(1'000);  // 100 bytes written since it started: progress
+  pass_after(30'000);
+  backend_.output[quiet] = 250;
+  pass_after(1'000);  // more: quiet from here
+  pass_after(59'000);
+  EXPECT_EQ(backend_.dumps[quiet], 0);
+  pass_after(1'000);  // a minute without output
+  EXPECT_EQ(backend_.dumps[quiet], 1);
+  std::vector<store::Event> events = Events(quiet);
+  auto mark = std::find_if(events.begin(), events.end(),
+                           [](const store::Event& e) { return e.type == "StallDetected"; });
+  ASSERT_NE(mark, events.end());
+  EXPECT_EQ(mark->message,
+            "no log output and no metric points for 1m0s; 1 Python process asked to write their "
+            "stacks to the log");
+  EXPECT_EQ(mark->data.value("stack_dumps", 0), 1);
+  EXPECT_FALSE(backend_.stop_requested.count(quiet));
+  pass_after(4 * 60'000);  // five minutes quiet: stopped as Stalled
+  EXPECT_TRUE(backend_.stop_requested.count(quiet));
+  EXPECT_EQ(backend_.dumps[quiet], 1);  // once per quiet stretch
+  // The run the backend cannot measure was never taken for stalled.
+  EXPECT_EQ(backend_.dumps[unmeasured], 0);
+  EXPECT_FALSE(backend_.stop_requested.count(unmeasured));
+  std::vector<std::string> types = EventTypes(unmeasured);
+  EXPECT_EQ(std::find(types.begin(), types.end(), "StallDetected"), types.end());
 }
 
 }  // namespace

@@ -83,6 +83,11 @@ const std::vector<std::string>& TopologyLevelNames() {
   return *names;
 }
 
+const std::vector<std::string>& WebhookEventKinds() {
+  static const auto* kinds = new std::vector<std::string>{"state", "guardrail", "budget"};
+  return *kinds;
+}
+
 const Workspace* Platform::FindWorkspace(std::string_view name) const {
   return FindByName(workspaces, name);
 }
@@ -170,7 +175,22 @@ nlohmann::json ToJson(const Platform& p) {
                             : nullptr},
         {"max_log_bytes", w.limits.max_log_bytes.value_or(kDefaultMaxLogBytes)},
         {"max_metric_points", w.limits.max_metric_points.value_or(kDefaultMaxMetricPoints)},
-        {"max_metric_series", w.limits.max_metric_series.value_or(kDefaultMaxMetricSeries)}};
+        {"max_metric_series", w.limits.max_metric_series.value_or(kDefaultMaxMetricSeries)},
+        {"idle", nullptr},
+        {"stall", nullptr}};
+    auto duration = [](const std::optional<int64_t>& ms) {
+      return ms ? nlohmann::json(internal::ShortDuration(*ms)) : nlohmann::json(nullptr);
+    };
+    if (const auto& idle = w.limits.idle)
+      limits["idle"] = {{"gpu_util_below", idle->gpu_util_below_pct},
+                        {"warn_after", internal::ShortDuration(idle->warn_after_ms)},
+                        {"stop_after", duration(idle->stop_after_ms)}};
+    if (const auto& stall = w.limits.stall)
+      limits["stall"] = {{"after", internal::ShortDuration(stall->after_ms)},
+                         {"stop_after", duration(stall->stop_after_ms)}};
+    nlohmann::json webhooks = nlohmann::json::array();
+    for (const Webhook& h : w.webhooks)
+      webhooks.push_back({{"url", h.url}, {"secret", h.secret}, {"events", h.events}});
     workspaces.push_back({{"name", w.name},
                           {"description", w.description},
                           {"members", w.members},
@@ -184,7 +204,8 @@ nlohmann::json ToJson(const Platform& p) {
                           {"limits", std::move(limits)},
                           {"storage", w.storage},
                           {"run_users", w.run_users},
-                          {"lanes", w.lanes}});
+                          {"lanes", w.lanes},
+                          {"webhooks", webhooks}});
   }
   nlohmann::json profiles = nlohmann::json::array();
   for (const auto& cp : p.compute_profiles) {

@@ -26,6 +26,7 @@ using internal::Entry;
 using internal::Fields;
 using internal::Hint;
 using internal::Pos;
+using internal::ShortDuration;
 
 namespace {
 
@@ -459,7 +460,7 @@ class PlatformParser {
     EachItem(e,
              {"name", "description", "members", "viewers", "default_queue", "default_priority",
               "default_profile", "default_output", "default_checkpoint", "allowed_images", "limits",
-              "storage", "run_users", "lanes"},
+              "storage", "run_users", "lanes", "webhooks"},
              {"name", "members"}, [&](const Entry& item, const Fields& f) {
                Workspace w;
                std::optional<std::string> name = Name(f, &workspace_names_, "workspace");
@@ -491,6 +492,7 @@ class PlatformParser {
                }
                if (auto it = f.find("run_users"); it != f.end()) RunUsers(it->second, &w.run_users);
                if (auto it = f.find("lanes"); it != f.end()) Lanes(it->second, &w.lanes);
+               if (auto it = f.find("webhooks"); it != f.end()) Webhooks(it->second, &w.webhooks);
                for (const char* key : {"default_output", "default_checkpoint"}) {
                  std::string s = RefField(f, key, "storage volume");
                  if (s.empty()) continue;
@@ -508,6 +510,69 @@ class PlatformParser {
                w.name = *name;
                p_.workspaces.push_back(std::move(w));
              });
+  }
+
+  void Webhooks(const Entry& e, std::vector<Webhook>* out) {
+    EachItem(
+        e, {"url", "secret", "events"}, {"url", "secret"}, [&](const Entry& item, const Fields& f) {
+          Webhook w;
+          w.line = item.pos.line;
+          w.column = item.pos.column;
+          if (auto it = f.find("url"); it != f.end())
+            if (auto url = r_.Str(it->second)) {
+              w.url = *url;
+              if (std::string why = WebhookUrlProblem(*url); !why.empty())
+                r_.Error(it->second.pos, fmt::format("{}: '{}' {}", it->second.path, *url, why));
+            }
+          if (auto it = f.find("secret"); it != f.end())
+            if (auto secret = r_.Str(it->second)) w.secret = *secret;
+          if (auto it = f.find("events"); it != f.end()) {
+            if (auto list = r_.StrList(it->second))
+              for (const Entry& kind : *list) {
+                const std::string& k = kind.value.Scalar();
+                const auto& kinds = WebhookEventKinds();
+                if (std::find(kinds.begin(), kinds.end(), k) == kinds.end())
+                  r_.Unknown(kind.pos, kind.path, "event kind", k, kinds);
+                else
+                  w.events.push_back(k);
+              }
+          } else {
+            w.events = WebhookEventKinds();
+          }
+          out->push_back(std::move(w));
+        });
+  }
+
+  // Why `url` cannot be a webhook's ("" when it can): http(s), a host, a port in range.
+  static std::string WebhookUrlProblem(const std::string& url) {
+    size_t scheme = url.find("://");
+    if (scheme == std::string::npos ||
+        (url.substr(0, scheme) != "http" && url.substr(0, scheme) != "https"))
+      return "is not an http:// or https:// URL";
+    std::string rest = url.substr(scheme + 3);
+    std::string authority = rest.substr(0, rest.find('/'));
+    if (authority.find('@') != std::string::npos)
+      return "has credentials in it; the payload is signed with the webhook's secret instead";
+    std::string host = authority, port;
+    if (!authority.empty() && authority[0] == '[') {  // [IPv6]:port
+      size_t close = authority.find(']');
+      if (close == std::string::npos) return "has an unclosed '[' in its host";
+      host = authority.substr(0, close + 1);
+      if (close + 1 < authority.size()) {
+        if (authority[close + 1] != ':') return "has something after its host's ']'";
+        port = authority.substr(close + 2);
+      }
+    } else if (size_t colon = authority.rfind(':'); colon != std::string::npos) {
+      host = authority.substr(0, colon);
+      port = authority.substr(colon + 1);
+    }
+    if (host.empty()) return "has no host";
+    if (authority.size() > host.size() &&
+        (port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
+         port.size() > 5 || std::stoi(port) < 1 || std::stoi(port) > 65535))
+      return "has a port that is not 1 to 65535";
+    if (url.find_first_of(" \t\r\n") != std::string::npos) return "has white space in it";
+    return "";
   }
 
   // TauGrid's lanes: lane name -> queue (policy.lane in a run picks the queue).
@@ -789,7 +854,7 @@ class PlatformParser {
     Fields f;
     if (!r_.Map(e.value, e.path, e.pos,
                 {"max_gpus_per_run", "max_runtime", "max_workers", "max_log_bytes",
-                 "max_metric_points", "max_metric_series"},
+                 "max_metric_points", "max_metric_series", "idle", "stall"},
                 {}, &f)) {
       return;
     }
@@ -821,6 +886,65 @@ class PlatformParser {
     if (auto it = f.find("max_metric_series"); it != f.end()) {
       if (auto n = r_.Int(it->second, 1, 1'000'000)) limits->max_metric_series = *n;
     }
+    if (auto it = f.find("idle"); it != f.end()) limits->idle = Idle(it->second);
+    if (auto it = f.find("stall"); it != f.end()) limits->stall = Stall(it->second);
+  }
+
+  // A guardrail's duration: at least a second (GPU samples and progress are read about that
+  // often).
+  std::optional<int64_t> GuardDuration(const Entry& e) {
+    std::optional<int64_t> ms = r_.DurationMs(e);
+    if (ms && *ms < 1000) {
+      r_.Error(e.pos, fmt::format("{}: {} is under a second; a guardrail waits 1s or more", e.path,
+                                  e.value.Scalar()));
+      return std::nullopt;
+    }
+    return ms;
+  }
+
+  // stop_after, when given, comes after the warning (`after`, at `after_path`).
+  void CheckStopAfter(const Fields& f, int64_t after, const std::string& after_name,
+                      std::optional<int64_t>* stop) {
+    auto it = f.find("stop_after");
+    if (it == f.end()) return;
+    *stop = GuardDuration(it->second);
+    if (*stop && **stop < after)
+      r_.Error(it->second.pos,
+               fmt::format("{}: {} comes before {} ({}); a run is stopped only after it was told",
+                           it->second.path, it->second.value.Scalar(), after_name,
+                           ShortDuration(after)));
+  }
+
+  std::optional<IdleLimit> Idle(const Entry& e) {
+    Fields f;
+    if (!r_.Map(e.value, e.path, e.pos, {"gpu_util_below", "warn_after", "stop_after"},
+                {"warn_after"}, &f))
+      return std::nullopt;
+    IdleLimit idle;
+    if (auto below = f.find("gpu_util_below"); below != f.end()) {
+      auto pct = r_.Int(below->second, 1, 100);
+      if (!pct) return std::nullopt;
+      idle.gpu_util_below_pct = static_cast<int>(*pct);
+    }
+    auto it = f.find("warn_after");  // Map has said it is missing
+    auto warn = it == f.end() ? std::nullopt : GuardDuration(it->second);
+    if (!warn) return std::nullopt;
+    idle.warn_after_ms = *warn;
+    CheckStopAfter(f, idle.warn_after_ms, "warn_after", &idle.stop_after_ms);
+    return idle;
+  }
+
+  std::optional<StallLimit> Stall(const Entry& e) {
+    Fields f;
+    if (!r_.Map(e.value, e.path, e.pos, {"after", "stop_after"}, {"after"}, &f))
+      return std::nullopt;
+    StallLimit stall;
+    auto it = f.find("after");  // Map has said it is missing
+    auto after = it == f.end() ? std::nullopt : GuardDuration(it->second);
+    if (!after) return std::nullopt;
+    stall.after_ms = *after;
+    CheckStopAfter(f, stall.after_ms, "after", &stall.stop_after_ms);
+    return stall;
   }
 
   void DefaultsSection(const Entry& e) {

@@ -65,6 +65,32 @@ struct PriorityClass {
   std::string description;
 };
 
+// Guardrails over a running run's GPU time (docs/budgets.md, "Idle and stalled runs"): a run whose
+// GPUs all stay under `gpu_util_below_pct` is warned after `warn_after_ms`, and stopped as Idle
+// after `stop_after_ms` when set.
+struct IdleLimit {
+  int gpu_util_below_pct = 5;
+  int64_t warn_after_ms = 0;
+  std::optional<int64_t> stop_after_ms;
+};
+// A run whose logs and metrics have not grown for `after_ms` is marked Stalled (its Python workers
+// dump their stacks into their logs first), and stopped as Stalled after `stop_after_ms` when set.
+struct StallLimit {
+  int64_t after_ms = 0;
+  std::optional<int64_t> stop_after_ms;
+};
+
+// A receiver of a workspace's run events: each event of the kinds it takes is POSTed to `url`
+// as JSON, signed with HMAC-SHA256 under the workspace secret named `secret` (docs/webhooks.md).
+struct Webhook {
+  std::string url;                  // http:// or https://
+  std::string secret;               // the name of a secret of the workspace (tau secret set)
+  std::vector<std::string> events;  // kinds: "state", "guardrail", "budget" (all when not given)
+  int line = 0, column = 0;         // where the platform file gives it
+};
+// The kinds of events a webhook may take, in the order the docs list them.
+const std::vector<std::string>& WebhookEventKinds();
+
 struct WorkspaceLimits {
   std::optional<int> max_gpus_per_run;    // GPUs per worker x workers
   std::optional<int64_t> max_runtime_ms;  // caps run.max_runtime
@@ -73,6 +99,8 @@ struct WorkspaceLimits {
   std::optional<int64_t> max_log_bytes;      // all its workers' logs together, per attempt
   std::optional<int64_t> max_metric_points;  // over all its attempts
   std::optional<int64_t> max_metric_series;  // distinct metric names (with their tags)
+  std::optional<IdleLimit> idle;
+  std::optional<StallLimit> stall;
 };
 
 // The limits a run gets when its workspace sets none: generous for a training run, small enough
@@ -103,6 +131,8 @@ struct Workspace {
   std::vector<std::string> run_users;
   // TauGrid's policy.lane: lane name -> the queue its runs go to.
   std::map<std::string, std::string> lanes;
+  // Where the workspace's runs' events are posted, signed (docs/webhooks.md).
+  std::vector<struct Webhook> webhooks;
 };
 
 // A named run shape. Unset fields leave the run's own (or the platform's default) value.

@@ -326,5 +326,35 @@ TEST(PlatformTest, BudgetsParseWithTheirScopesLimitsAndPeriods) {
   EXPECT_EQ(ToJson(p)["budgets"][3]["cpu_hours"], 12);
 }
 
+TEST(PlatformTest, IdleAndStallLimitsParseWithTheirDefaults) {
+  Platform p = testing::MustParse(
+      testing::ReadAll(testing::SourceDir() / "tests/data/policy/valid/guardrails.yaml"));
+  ASSERT_EQ(p.workspaces.size(), 2u);
+  const WorkspaceLimits& w = p.workspaces[0].limits;
+  ASSERT_TRUE(w.idle && w.stall);
+  EXPECT_EQ(w.idle->gpu_util_below_pct, 10);
+  EXPECT_EQ(w.idle->warn_after_ms, 30 * 60'000);
+  EXPECT_EQ(w.idle->stop_after_ms, 2 * 3'600'000);
+  EXPECT_EQ(w.stall->after_ms, 3'600'000);
+  EXPECT_FALSE(w.stall->stop_after_ms);
+  const WorkspaceLimits& quiet = p.workspaces[1].limits;
+  ASSERT_TRUE(quiet.idle);
+  EXPECT_EQ(quiet.idle->gpu_util_below_pct, 5);
+  EXPECT_FALSE(quiet.idle->stop_after_ms);
+  EXPECT_FALSE(quiet.stall);
+  nlohmann::json limits = ToJson(p)["workspaces"][0]["limits"];
+  EXPECT_EQ(limits["idle"],
+            nlohmann::json::parse(R"({"gpu_util_below":10,"warn_after":"30m","stop_after":"2h"})"));
+  EXPECT_EQ(limits["stall"], nlohmann::json::parse(R"({"after":"1h","stop_after":null})"));
+  EXPECT_TRUE(ToJson(p)["workspaces"][1]["limits"]["stall"].is_null());
+  const std::vector<Webhook>& hooks = p.workspaces[1].webhooks;
+  ASSERT_EQ(hooks.size(), 2u);
+  EXPECT_EQ(hooks[0].url, "https://hooks.example.com/tau");
+  EXPECT_EQ(hooks[0].secret, "HOOK_KEY");
+  EXPECT_EQ(hooks[0].events, WebhookEventKinds());  // every kind when not given
+  EXPECT_EQ(hooks[1].events, (std::vector<std::string>{"guardrail", "budget"}));
+  EXPECT_EQ(ToJson(p)["workspaces"][1]["webhooks"][1]["url"], "http://[::1]:9000/events");
+}
+
 }  // namespace
 }  // namespace tau::policy

@@ -62,6 +62,18 @@ void FindPythonException(const std::vector<std::string>& lines, int rank,
   if (!last.empty()) out->push_back({"python-exception", last, rank});
 }
 
+// A stack dump (Python's faulthandler, on the SIGUSR1 tau sends a stalled run's workers): each
+// thread's header line, then its frames, the most recent first. The evidence is that frame.
+void FindStackDumps(const std::vector<std::string>& lines, int rank, std::vector<Evidence>* out) {
+  int found = 0;
+  for (size_t i = 0; i + 1 < lines.size() && found < kMaxPerSignature; ++i) {
+    if (lines[i].find("(most recent call first):") == std::string::npos) continue;
+    if (!StartsWith(lines[i + 1], "  File \"")) continue;
+    out->push_back({"stack-dump", Trim(lines[i + 1]), rank});
+    ++found;
+  }
+}
+
 }  // namespace
 
 Diagnosis Diagnose(const std::vector<std::string>& logs) {
@@ -83,11 +95,20 @@ Diagnosis Diagnose(const std::vector<std::string>& logs) {
       }
     }
     FindPythonException(lines, static_cast<int>(rank), &d.evidence);
+    FindStackDumps(lines, static_cast<int>(rank), &d.evidence);
   }
   if (summaries.empty()) {
     for (const Evidence& e : d.evidence) {
       if (e.signature == "python-exception") {
         summaries.push_back(e.line + " (rank " + std::to_string(e.rank) + ")");
+        break;
+      }
+    }
+  }
+  if (summaries.empty()) {
+    for (const Evidence& e : d.evidence) {
+      if (e.signature == "stack-dump") {
+        summaries.push_back("stack dump, in " + e.line + " (rank " + std::to_string(e.rank) + ")");
         break;
       }
     }

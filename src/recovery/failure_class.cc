@@ -9,7 +9,7 @@ namespace tau::recovery {
 namespace {
 
 // The one name table.
-constexpr std::array<std::pair<FailureClass, std::string_view>, 13> kNames = {{
+constexpr std::array<std::pair<FailureClass, std::string_view>, 15> kNames = {{
     {FailureClass::kSucceeded, "Succeeded"},
     {FailureClass::kUserError, "UserError"},
     {FailureClass::kOOMKilled, "OOMKilled"},
@@ -22,6 +22,8 @@ constexpr std::array<std::pair<FailureClass, std::string_view>, 13> kNames = {{
     {FailureClass::kPreempted, "Preempted"},
     {FailureClass::kSecretNotFound, "SecretNotFound"},
     {FailureClass::kLivenessFailed, "LivenessFailed"},
+    {FailureClass::kIdle, "Idle"},
+    {FailureClass::kStalled, "Stalled"},
     {FailureClass::kUnknown, "Unknown"},
 }};
 
@@ -57,8 +59,8 @@ const std::vector<FailureClass>& AllFailureClasses() {
 const std::vector<FailureClass>& RetryableFailureClasses() {
   using C = FailureClass;
   static const auto* values = new std::vector<FailureClass>{
-      C::kUserError, C::kOOMKilled, C::kPreempted,  C::kEvicted,       C::kGPUError,
-      C::kNodeLost,  C::kTimeout,   C::kSetupError, C::kLivenessFailed};
+      C::kUserError, C::kOOMKilled,  C::kPreempted,      C::kEvicted, C::kGPUError, C::kNodeLost,
+      C::kTimeout,   C::kSetupError, C::kLivenessFailed, C::kIdle,    C::kStalled};
   return *values;
 }
 

@@ -23,6 +23,8 @@ enum class FailureClass {
   kPreempted,       // stopped to make room for a run the admission engine chose over it
   kSecretNotFound,  // a secret the spec names does not exist (the attempt never started)
   kLivenessFailed,  // a service's replica stopped answering its liveness probe, so it was stopped
+  kIdle,            // its GPUs stayed idle past the workspace's limits.idle.stop_after
+  kStalled,         // neither its logs nor its metrics moved for limits.stall.stop_after
   kUnknown,         // tau cannot tell; never retried
 };
 

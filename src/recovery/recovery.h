@@ -25,7 +25,8 @@ struct Evidence {
 
 // What a failed attempt's logs say, in a few lines: the evidence that matches known signatures
 // (CUDA out of memory, NCCL errors and timeouts, Xid lines, "Killed", segmentation faults, the
-// exception line that ends a Python traceback), at most a few lines per signature, in log order.
+// exception line that ends a Python traceback, the innermost frame of each thread of a stack
+// dump), at most a few lines per signature, in log order.
 struct Diagnosis {
   std::vector<Evidence> evidence;
   std::string

@@ -108,6 +108,28 @@ TEST(DiagnoseTest, PythonExceptionAloneBecomesTheSummary) {
   EXPECT_EQ(d.summary, "ValueError: bad learning rate (rank 0)");
 }
 
+TEST(DiagnoseTest, AStackDumpNamesEachThreadsInnermostFrame) {
+  // As Python 3.11's faulthandler writes it on SIGUSR1 with all_threads.
+  Diagnosis d = Diagnose({"step 1\n",
+                          "loading\nThread 0x00007f3a1c2ff640 (most recent call first):\n"
+                          "  File \"/usr/lib/python3.11/threading.py\", line 320 in wait\n"
+                          "  File \"/usr/lib/python3.11/threading.py\", line 622 in wait\n\n"
+                          "Current thread 0x00007f3a1e4b9740 (most recent call first):\n"
+                          "  File \"/work/train.py\", line 14 in all_reduce\n"
+                          "  File \"/work/train.py\", line 30 in <module>\n"});
+  ASSERT_EQ(d.evidence.size(), 2u);
+  EXPECT_EQ(d.evidence[0].signature, "stack-dump");
+  EXPECT_EQ(d.evidence[0].rank, 1);
+  EXPECT_EQ(d.evidence[1].line, "File \"/work/train.py\", line 14 in all_reduce");
+  EXPECT_EQ(d.summary,
+            "stack dump, in File \"/usr/lib/python3.11/threading.py\", line 320 in wait (rank 1)");
+  // A known failure says more than where the threads were.
+  EXPECT_EQ(Diagnose({"CUDA out of memory\nThread 0x1 (most recent call first):\n  File \"a.py\", "
+                      "line 1 in f\n"})
+                .summary,
+            "CUDA out of memory (rank 0)");
+}
+
 TEST(DiagnoseTest, QuietLogsGiveNothingAndRepeatsAreCapped) {
   EXPECT_TRUE(Diagnose({"all good\n", ""}).evidence.empty());
   std::string spam;

@@ -31,6 +31,8 @@ TEST(FailureClassTest, NameTableIsPinned) {
       {C::kPreempted, "Preempted"},
       {C::kSecretNotFound, "SecretNotFound"},
       {C::kLivenessFailed, "LivenessFailed"},
+      {C::kIdle, "Idle"},
+      {C::kStalled, "Stalled"},
       {C::kUnknown, "Unknown"},
   };
   ASSERT_EQ(AllFailureClasses().size(), expected.size());
@@ -55,7 +57,8 @@ TEST(FailureClassTest, RetryOnListsKeepTheirOrder) {
   // The order shows in spec error messages, the JSON Schema and canonical JSON (config hash).
   EXPECT_EQ(FailureClassNames(RetryableFailureClasses()),
             (std::vector<std::string>{"UserError", "OOMKilled", "Preempted", "Evicted", "GPUError",
-                                      "NodeLost", "Timeout", "SetupError", "LivenessFailed"}));
+                                      "NodeLost", "Timeout", "SetupError", "LivenessFailed", "Idle",
+                                      "Stalled"}));
   EXPECT_EQ(FailureClassNames(DefaultRetryOn()),
             (std::vector<std::string>{"Preempted", "Evicted", "GPUError", "NodeLost"}));
   for (C c : DefaultRetryOn()) {
@@ -113,7 +116,7 @@ std::vector<Case> Cases() {
                                         : name +
                                          " is not in resilience.retry_on [UserError, OOMKilled, "
                                          "Preempted, Evicted, GPUError, NodeLost, Timeout, "
-                                         "SetupError, LivenessFailed]";
+                                         "SetupError, LivenessFailed, Idle, Stalled]";
     cases.push_back({"every retryable class, " + name,
                      Policy(3, RetryableFailureClasses(), true),
                      {1, 0},

@@ -163,6 +163,15 @@ enum class SupervisorState {
 // whose supervisor pid it never recorded.
 SupervisorState ProbeSupervisor(const std::string& attempt_dir, struct ProcessId* live);
 
+// Asks the Python processes of the attempt in `attempt_dir` (those carrying its marker in their
+// environment) to write every thread's stack to their standard error, their log: SIGUSR1, sent
+// only to a process whose argv[0] is a Python interpreter and that catches it (PythonHookSource's
+// faulthandler does). Returns how many were asked.
+int DumpPythonStacks(const std::string& attempt_dir);
+// The text of the sitecustomize.py put first on the Python path of a run's workers where stack
+// dumps are wanted: it registers faulthandler on SIGUSR1, then runs the sitecustomize it hides.
+const std::string& PythonHookSource();
+
 // Reads /proc/PID/stat; nullopt when the process does not exist (or is a zombie).
 std::optional<uint64_t> ProcessStartTime(int pid);
 // True when `id` still names the same, running process.

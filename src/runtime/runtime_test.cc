@@ -516,6 +516,38 @@ TEST_F(RuntimeTest, StopKillsTheWholeGang) {
   EXPECT_TRUE(SessionMembers(shim.pid).empty());
 }
 
+// A stalled attempt's stack dump: only the Python worker that runs tau's hook is signalled (a shell
+// or a Python worker without the hook would die of SIGUSR1), its stacks land in its log, and a
+// sitecustomize further along its path still ran.
+TEST_F(RuntimeTest, StackDumpsReachOnlyPythonWorkersWithTheHook) {
+  const std::string hook = root_ + "/hook", user_site = root_ + "/site";
+  ASSERT_TRUE(MakeDirs(hook).ok() && MakeDirs(user_site).ok());
+  ASSERT_TRUE(WriteFileAtomic(hook + "/sitecustomize.py", PythonHookSource()).ok());
+  ASSERT_TRUE(
+      WriteFileAtomic(user_site + "/sitecustomize.py", "print('user sitecustomize ran')\n").ok());
+  const std::string code =
+      "import time\n"
+      "def wait_here():\n"
+      "    print('ready', flush=True)\n"
+      "    time.sleep(60)\n"
+      "wait_here()\n";
+  WorkerLaunch hooked = Python(code);
+  hooked.env.emplace_back("PYTHONPATH", hook + ":" + user_site);
+  AttemptConfig c = Config({hooked, Shell("echo ready; sleep 60"), Python(code)});
+  ProcessId shim = Start(c);
+  for (int rank = 0; rank < 3; ++rank) ASSERT_TRUE(WaitForLog(c.attempt_dir, rank, "ready"));
+  EXPECT_TRUE(Contains(Log(c.attempt_dir, 0), "user sitecustomize ran"));
+  EXPECT_EQ(DumpPythonStacks(c.attempt_dir), 1);
+  ASSERT_TRUE(WaitForLog(c.attempt_dir, 0, "(most recent call first):"));
+  EXPECT_TRUE(WaitForLog(c.attempt_dir, 0, "in wait_here"));
+  EXPECT_FALSE(Contains(Log(c.attempt_dir, 2), "most recent call first"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (const ProcessId& w : Workers(c.attempt_dir)) EXPECT_TRUE(IsAlive(w)) << w.pid;
+  EXPECT_EQ(DumpPythonStacks(root_ + "/no-such-attempt"), 0);
+  ASSERT_TRUE(StopAttempt(shim, c.attempt_dir).ok());
+  Wait(shim, c.attempt_dir);
+}
+
 TEST_F(RuntimeTest, WorkerIgnoringSigtermIsKilledAfterGrace) {
   AttemptConfig c =
       Config({Python("import signal, time\n"

@@ -34,6 +34,7 @@
 #include "policy/policy.h"
 #include "server/api.h"
 #include "server/services.h"
+#include "server/webhooks.h"
 #include "store/store.h"
 #include "tls/tls.h"
 
@@ -302,6 +303,9 @@ int RunServer(const ServerOptions& options) {
     log(s.ToString());
     return 1;
   }
+  Webhooks webhooks(
+      {}, store->get(), [&controller] { return controller.CurrentPlatform().platform; }, &metrics);
+  webhooks.Start();
   RegisterApi(&http, &controller, store->get(), &monitor, &metrics,
               {options.audit_refusals_per_minute, options.audit_refusal_window_ms}, &services);
   std::string socket_path =
@@ -390,6 +394,7 @@ int RunServer(const ServerOptions& options) {
   verdict_sink = nullptr;
   monitor.Stop();
   services.Stop();
+  webhooks.Stop();
   controller.Stop();
   ::unlink(layout::PidFile(options.home).c_str());
   log("stopped");

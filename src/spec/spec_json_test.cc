@@ -336,7 +336,7 @@ TEST(SpecSchema, ParserFieldsAppearInTheSchema) {
   EXPECT_FALSE(manifest.contains(json::json_pointer("/properties/compute/properties/worker")));
   EXPECT_EQ(manifest["properties"]["resilience"]["properties"]["retry_on"]["items"]["enum"],
             json::array({"UserError", "OOMKilled", "Preempted", "Evicted", "GPUError", "NodeLost",
-                         "Timeout", "SetupError", "LivenessFailed"}));
+                         "Timeout", "SetupError", "LivenessFailed", "Idle", "Stalled"}));
 }
 
 // ---- a small validator for the keywords JsonSchema() uses

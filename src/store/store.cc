@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -202,6 +203,25 @@ CREATE INDEX runs_by_service ON runs(service, seq) WHERE service != '';
     // a restart reads those of the budgets' periods back by time.
     R"sql(
 CREATE INDEX events_metered ON events(ts_ms) WHERE type = 'Metered';
+)sql",
+    // 14: webhooks: the outbox of deliveries (each in order per URL, kept until its receiver takes
+    // it), and the last event routed to it, which starts at the newest event: no history is sent.
+    R"sql(
+CREATE TABLE deliveries (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  workspace TEXT NOT NULL,
+  url TEXT NOT NULL,
+  secret TEXT NOT NULL,
+  event_id INTEGER NOT NULL,
+  body TEXT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  created_ms INTEGER NOT NULL,
+  next_ms INTEGER NOT NULL,
+  last_error TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX deliveries_by_url ON deliveries(url, id);
+CREATE TABLE delivery_cursor (one INTEGER PRIMARY KEY CHECK (one = 1), event_id INTEGER NOT NULL);
+INSERT INTO delivery_cursor VALUES (1, (SELECT COALESCE(MAX(id), 0) FROM events));
 )sql",
 };
 
@@ -832,6 +852,47 @@ struct Store::Impl {
     return chosen;
   }
 
+  // Store::QueueDeliveries, under the store's mutex.
+  Status QueueDeliveries(const std::vector<Delivery>& add, int64_t cursor, int64_t max_per_url,
+                         int64_t* dropped) TAU_REQUIRES(mu) {
+    *dropped = 0;
+    return InTransaction([&]() TAU_REQUIRES(mu) -> Status {
+      Stmt ins(db, &cache,
+               "INSERT INTO deliveries (workspace, url, secret, event_id, body, attempts, "
+               "created_ms, next_ms) VALUES (?, ?, ?, ?, ?, 0, ?, ?)");
+      if (!ins.ok()) return Error("preparing a delivery");
+      std::set<std::string> urls;
+      for (const Delivery& d : add) {
+        sqlite3_reset(ins.get());
+        ins.Bind(1, d.workspace);
+        ins.Bind(2, d.url);
+        ins.Bind(3, d.secret);
+        ins.Bind(4, d.event_id);
+        ins.Bind(5, d.body);
+        ins.Bind(6, d.created_ms);
+        ins.Bind(7, d.next_ms);
+        if (ins.Step() != SQLITE_DONE) return Error("queueing a delivery");
+        urls.insert(d.url);
+      }
+      for (const std::string& url : urls) {
+        Stmt trim(db, &cache,
+                  "DELETE FROM deliveries WHERE id IN (SELECT id FROM deliveries WHERE url = ?1 "
+                  "ORDER BY id LIMIT MAX(0, (SELECT COUNT(*) FROM deliveries WHERE url = ?1) - "
+                  "?2))");
+        if (!trim.ok()) return Error("preparing a delivery trim");
+        trim.Bind(1, url);
+        trim.Bind(2, max_per_url);
+        if (trim.Step() != SQLITE_DONE) return Error("trimming deliveries");
+        *dropped += sqlite3_changes(db);
+      }
+      Stmt move(db, &cache, "UPDATE delivery_cursor SET event_id = ? WHERE one = 1");
+      if (!move.ok()) return Error("preparing the delivery cursor");
+      move.Bind(1, cursor);
+      if (move.Step() != SQLITE_DONE) return Error("moving the delivery cursor");
+      return Status::Ok();
+    });
+  }
+
   // Runs `body` inside BEGIN IMMEDIATE ... COMMIT, rolling back on error.
   template <typename F>
   Status InTransaction(F body) TAU_REQUIRES(mu) {
@@ -1270,6 +1331,111 @@ Result<std::vector<ServiceRecord>> Store::ListServices() {
   return out;
 }
 
+// ---- webhooks --------------------------------------------------------------------------------
+
+Result<std::vector<EventInScope>> Store::ListEventsAfter(int64_t after_id, int64_t limit) {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache,
+         "SELECT e.id, e.run, e.ts_ms, e.type, e.message, e.data, r.workspace, r.owner "
+         "FROM events e JOIN runs r ON r.name = e.run WHERE e.id > ? ORDER BY e.id LIMIT ?");
+  if (!s.ok()) return impl_->Error("preparing events after");
+  s.Bind(1, after_id);
+  s.Bind(2, limit);
+  std::vector<EventInScope> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    EventInScope e;
+    e.event.id = s.Int(0);
+    e.event.run = s.Text(1);
+    e.event.ts_ms = s.Int(2);
+    e.event.type = s.Text(3);
+    e.event.message = s.Text(4);
+    e.event.data = ParseJsonColumn(s.Text(5), nlohmann::json::object());
+    e.workspace = s.Text(6);
+    e.owner = s.Text(7);
+    out.push_back(std::move(e));
+  }
+  if (rc != SQLITE_DONE) return impl_->Error("listing events after");
+  return out;
+}
+
+Result<int64_t> Store::DeliveryCursor() {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache, "SELECT event_id FROM delivery_cursor WHERE one = 1");
+  if (!s.ok()) return impl_->Error("preparing the delivery cursor");
+  if (s.Step() != SQLITE_ROW) return impl_->Error("reading the delivery cursor");
+  return s.Int(0);
+}
+
+Status Store::QueueDeliveries(const std::vector<Delivery>& add, int64_t cursor, int64_t max_per_url,
+                              int64_t* dropped) {
+  MutexLock lock(&impl_->mu);
+  return impl_->QueueDeliveries(add, cursor, max_per_url, dropped);
+}
+
+static constexpr const char* kDeliveryColumns =
+    "id, workspace, url, secret, event_id, body, attempts, created_ms, next_ms, last_error";
+
+Result<std::vector<Delivery>> Store::DueDeliveries(int64_t now_ms) {
+  MutexLock lock(&impl_->mu);
+  // The head of each URL's queue only: a later delivery never overtakes an earlier one.
+  Stmt s(impl_->db, &impl_->cache,
+         fmt::format("SELECT {} FROM deliveries WHERE id IN (SELECT MIN(id) FROM deliveries "
+                     "GROUP BY url) AND next_ms <= ? ORDER BY id",
+                     kDeliveryColumns));
+  if (!s.ok()) return impl_->Error("preparing due deliveries");
+  s.Bind(1, now_ms);
+  std::vector<Delivery> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) {
+    Delivery d;
+    d.id = s.Int(0);
+    d.workspace = s.Text(1);
+    d.url = s.Text(2);
+    d.secret = s.Text(3);
+    d.event_id = s.Int(4);
+    d.body = s.Text(5);
+    d.attempts = static_cast<int>(s.Int(6));
+    d.created_ms = s.Int(7);
+    d.next_ms = s.Int(8);
+    d.last_error = s.Text(9);
+    out.push_back(std::move(d));
+  }
+  if (rc != SQLITE_DONE) return impl_->Error("listing due deliveries");
+  return out;
+}
+
+Status Store::DeleteDelivery(int64_t id) {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache, "DELETE FROM deliveries WHERE id = ?");
+  if (!s.ok()) return impl_->Error("preparing a delivery delete");
+  s.Bind(1, id);
+  if (s.Step() != SQLITE_DONE) return impl_->Error("deleting a delivery");
+  return Status::Ok();
+}
+
+Status Store::PostponeDelivery(int64_t id, int attempts, int64_t next_ms,
+                               const std::string& error) {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache,
+         "UPDATE deliveries SET attempts = ?, next_ms = ?, last_error = ? WHERE id = ?");
+  if (!s.ok()) return impl_->Error("preparing a delivery retry");
+  s.Bind(1, static_cast<int64_t>(attempts));
+  s.Bind(2, next_ms);
+  s.Bind(3, error);
+  s.Bind(4, id);
+  if (s.Step() != SQLITE_DONE) return impl_->Error("postponing a delivery");
+  return Status::Ok();
+}
+
+Result<int64_t> Store::CountDeliveries() {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache, "SELECT COUNT(*) FROM deliveries");
+  if (!s.ok()) return impl_->Error("preparing a delivery count");
+  if (s.Step() != SQLITE_ROW) return impl_->Error("counting deliveries");
+  return s.Int(0);
+}
+
 Result<std::vector<UsageRecord>> Store::ListUsage(int64_t since_ms) {
   MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
@@ -1291,6 +1457,8 @@ Result<std::vector<UsageRecord>> Store::ListUsage(int64_t since_ms) {
     u.attempt = data.value("attempt", 0);
     u.gpus = data.value("gpus", int64_t{0});
     u.cpu_milli = data.value("cpu_milli", int64_t{0});
+    u.sampled_gpu_hours = data.value("sampled_gpu_hours", 0.0);
+    u.idle_gpu_hours = data.value("idle_gpu_hours", 0.0);
     u.started_ms = data.value("admitted_ms", *u.ended_ms);
     out.push_back(std::move(u));
   }

@@ -119,6 +119,19 @@ struct AttemptRecord {
   nlohmann::json diagnosis = nlohmann::json::object();  // {"summary", "phase", "evidence": [...]}
 };
 
+// Webhooks (docs/webhooks.md): one POST of one event to one receiver, kept in the store's outbox
+// until the receiver takes it.
+struct Delivery {
+  int64_t id = 0;  // assigned by the store; the order of a URL's deliveries
+  std::string workspace, url;
+  std::string secret;  // the name of the workspace secret that signs it
+  int64_t event_id = 0;
+  std::string body;  // the JSON sent
+  int attempts = 0;  // tries that failed so far
+  int64_t created_ms = 0, next_ms = 0;
+  std::string last_error;
+};
+
 // A time a run held quota (admission to release: its Metered event), with its run's scope: the
 // budgets' metering (Store::ListUsage).
 struct UsageRecord {
@@ -126,6 +139,8 @@ struct UsageRecord {
   int attempt = 1;
   std::string workspace, owner, queue;
   int64_t gpus = 0, cpu_milli = 0;  // what the run holds while admitted (runs.resources)
+  // GPU time its samples saw, and of it idle (the Metered event's; 0 where none were taken).
+  double sampled_gpu_hours = 0, idle_gpu_hours = 0;
   int64_t started_ms = 0;
   std::optional<int64_t> ended_ms;  // unset while it runs
 };
@@ -138,6 +153,12 @@ struct Event {
   std::string message;
   nlohmann::json data = nlohmann::json::object();
   std::string prev_hash, hash;  // assigned by the store
+};
+
+// An event with its run's scope, which routes it to the workspace's webhooks.
+struct EventInScope {
+  Event event;
+  std::string workspace, owner;
 };
 
 // What a commit changes of a run that exists: how far it got. What it was submitted with (spec,
@@ -310,6 +331,21 @@ class Store {
   // The times runs held quota that ended at `since_ms` or later (their Metered events), by end.
   Result<std::vector<UsageRecord>> ListUsage(int64_t since_ms);
   Status DeleteService(const std::string& name);  // NotFound
+
+  // Webhooks' outbox. The events after `after_id`, by id, at most `limit`, with their runs' scope.
+  Result<std::vector<EventInScope>> ListEventsAfter(int64_t after_id, int64_t limit);
+  // The last event routed to the outbox (at first, the newest event when the store learnt
+  // webhooks).
+  Result<int64_t> DeliveryCursor();
+  // Adds deliveries and moves the cursor to `cursor`, in one transaction. A URL with more than
+  // `max_per_url` waiting loses its oldest; `dropped` says how many.
+  Status QueueDeliveries(const std::vector<Delivery>& add, int64_t cursor, int64_t max_per_url,
+                         int64_t* dropped);
+  // The oldest waiting delivery of each URL, where it is due at `now_ms`, by id.
+  Result<std::vector<Delivery>> DueDeliveries(int64_t now_ms);
+  Status DeleteDelivery(int64_t id);
+  Status PostponeDelivery(int64_t id, int attempts, int64_t next_ms, const std::string& error);
+  Result<int64_t> CountDeliveries();
 
   // Identity: tokens, the audit trail and workspace secrets.
   Status InsertToken(const TokenRecord& token);              // AlreadyExists on a repeated digest

@@ -643,6 +643,69 @@ TEST_F(StoreTest, WorkflowPlacesAreKeptAndListedByWorkflow) {
   EXPECT_TRUE(store_->GetRun("after-migration")->workflow.is_null());
 }
 
+TEST_F(StoreTest, WebhookDeliveriesQueueInOrderPerUrlAndAreBounded) {
+  std::vector<RunRecord> runs = {MakeRun("r1")};
+  runs[0].owner = "ana";
+  std::vector<std::vector<Event>> events(1);
+  events[0] = {{0, "r1", 1, "Submitted", "s", {}, "", ""}, {0, "r1", 2, "Queued", "q", {}, "", ""}};
+  ASSERT_TRUE(store_->InsertRuns(&runs, events).ok());
+  // The cursor started at the newest event when the store learnt webhooks (none then).
+  EXPECT_EQ(*store_->DeliveryCursor(), 0);
+  auto after = store_->ListEventsAfter(0, 10);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  ASSERT_EQ(after->size(), 2u);
+  EXPECT_EQ((*after)[1].event.type, "Queued");
+  EXPECT_EQ((*after)[1].workspace, "default");
+  EXPECT_EQ((*after)[1].owner, "ana");
+  EXPECT_EQ(store_->ListEventsAfter((*after)[0].event.id, 10)->size(), 1u);
+
+  auto delivery = [](const std::string& url, int64_t event) {
+    Delivery d;
+    d.workspace = "default";
+    d.url = url;
+    d.secret = "K";
+    d.event_id = event;
+    d.body = "{}";
+    d.created_ms = d.next_ms = 10;
+    return d;
+  };
+  int64_t dropped = -1;
+  ASSERT_TRUE(store_
+                  ->QueueDeliveries(
+                      {delivery("http://a", 1), delivery("http://a", 2), delivery("http://b", 1)},
+                      2, 10, &dropped)
+                  .ok());
+  EXPECT_EQ(dropped, 0);
+  EXPECT_EQ(*store_->DeliveryCursor(), 2);
+  // One head per URL: the second delivery to a waits for the first.
+  auto due = store_->DueDeliveries(10);
+  ASSERT_EQ(due->size(), 2u);
+  EXPECT_EQ((*due)[0].url, "http://a");
+  EXPECT_EQ((*due)[0].event_id, 1);
+  EXPECT_EQ((*due)[1].url, "http://b");
+  EXPECT_TRUE(store_->DueDeliveries(9)->empty());
+  ASSERT_TRUE(store_->PostponeDelivery((*due)[0].id, 1, 50, "HTTP 503").ok());
+  due = store_->DueDeliveries(20);
+  ASSERT_EQ(due->size(), 1u);  // a's head is postponed, and its second one waits behind it
+  EXPECT_EQ((*due)[0].url, "http://b");
+  due = store_->DueDeliveries(50);
+  ASSERT_EQ(due->size(), 2u);
+  EXPECT_EQ((*due)[0].attempts, 1);
+  EXPECT_EQ((*due)[0].last_error, "HTTP 503");
+  ASSERT_TRUE(store_->DeleteDelivery((*due)[0].id).ok());
+  EXPECT_EQ(store_->DueDeliveries(50)->at(0).event_id, 2);
+  // Past the bound, a URL loses its oldest.
+  std::vector<Delivery> more;
+  for (int i = 3; i < 8; ++i) more.push_back(delivery("http://a", i));
+  ASSERT_TRUE(store_->QueueDeliveries(more, 7, 3, &dropped).ok());
+  EXPECT_EQ(dropped, 3);
+  due = store_->DueDeliveries(50);
+  ASSERT_EQ(due->size(), 2u);
+  EXPECT_EQ((*due)[0].url, "http://b");  // by id: b's came first
+  EXPECT_EQ((*due)[1].event_id, 5);
+  EXPECT_EQ(*store_->CountDeliveries(), 4);  // 5, 6, 7 to a; 1 to b
+}
+
 TEST_F(StoreTest, ServicesAreWrittenWholeAndReplicasListedByService) {
   ServiceRecord svc;
   svc.name = "linear";

@@ -80,6 +80,9 @@ class BudgetTest(ServerTestCase):
         held = metered["data"]["gpu_hours"]
         self.assertGreaterEqual(held, 4 / 3600)
         self.assertEqual(metered["data"]["gpus"], 1)
+        # The test NVML's GPUs sit at 0 %: every second the samples saw of it was idle.
+        self.assertGreater(metered["data"]["sampled_gpu_hours"], 2 / 3600)
+        self.assertEqual(metered["data"]["idle_gpu_hours"], metered["data"]["sampled_gpu_hours"])
 
         second = self.sleeper("second", 0)
         pending = wait_for(lambda: (lambda p: p if p and p.get("code") == "BudgetSpent" else None)(
@@ -93,6 +96,8 @@ class BudgetTest(ServerTestCase):
         self.assertEqual(row["key"], "vision")
         self.assertAlmostEqual(row["gpu_hours"], held, places=12)
         self.assertEqual(row["runs"], 1)
+        self.assertEqual(row["idle_share"], 1.0)
+        self.assertRegex(self.server.tau("usage", check=0).stdout, r"\nvision\s+0\.00\d+\s+[\d.]+\s+100%\s+1\n")
         queues = self.server.tau("queues", check=0).stdout
         self.assertRegex(queues, r"workspace vision\s+0\.00\d+ / 0\.0010 GPU-h\s+this month")
         self.assertIn("spent", queues)

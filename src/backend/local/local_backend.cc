@@ -114,6 +114,8 @@ class LocalBackend final : public Backend {
   std::string RequeueNote(const ActiveRun& run) override;
   int64_t NextWakeMillis(int64_t now, int64_t limit) const override;
   std::vector<RunningAttempt> RunningAttempts() const override;
+  std::optional<int64_t> OutputBytes(const ActiveRun& run) override;
+  std::optional<int> DumpStacks(const ActiveRun& run) override;
   void DescribeRuntime(const RunRecord& r, bool final_save, const evidence::RecordInput* prev,
                        evidence::RuntimeInfo* rt) const override;
   void FillCapacity(MachineCapacity* capacity) const override;
@@ -211,6 +213,12 @@ Status LocalBackend::Start(RunHost* host, const policy::Platform*) {
       [host](const std::string& key) { host->Post(AttemptExited{key}); });
   if (!watcher.ok()) return watcher.status();
   watcher_ = std::move(*watcher);
+  // The Python hook of stack dumps, put first on a worker's path where its workspace watches for
+  // stalls (PrepareAttempt). Readable by every run's user.
+  const std::string hook = layout::PythonHookDir(options_.home);
+  TAU_RETURN_IF_ERROR(MakeDirs(hook, 0755));
+  TAU_RETURN_IF_ERROR(
+      WriteFileAtomic(hook + "/sitecustomize.py", runtime::PythonHookSource(), 0644));
   StartZygote();
   return Status::Ok();
 }
@@ -653,6 +661,16 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
                                                         ? model.output_dir
                                                         : model.checkpoint);
     }
+  }
+  if (const policy::Workspace* w = host_->platform()->FindWorkspace(r.workspace);
+      w && w->limits.stall) {
+    // A stalled run's Python workers can be asked for their stacks (DumpStacks): tau's hook goes
+    // first on their path, before the spec's own PYTHONPATH.
+    std::string path = layout::PythonHookDir(options_.home);
+    for (const spec::EnvVar& var : run.spec.runtime.env)
+      if (var.name == "PYTHONPATH" && !var.secret_ref && !var.value.empty())
+        path += ":" + var.value;
+    ctx.extra_env.emplace_back("PYTHONPATH", path);
   }
   ctx.gpus = r.gpus;
   // Only gangs rendezvous; torchrun's default port when none could be had.
@@ -1192,6 +1210,25 @@ int64_t LocalBackend::NextWakeMillis(int64_t now, int64_t limit) const {
     if (local.stop_deadline_ms >= 0)
       wake = std::min(wake, std::max<int64_t>(0, local.stop_deadline_ms - now));
   return wake;
+}
+
+std::optional<int64_t> LocalBackend::OutputBytes(const ActiveRun& run) {
+  if (!Of(run).shim) return std::nullopt;
+  // What its workers' logs hold (the pump writes them as the output comes) and its metrics file.
+  std::error_code ec;
+  int64_t bytes = 0;
+  const std::string logs = host_->AttemptDir(run.record.name, run.record.attempts) + "/logs";
+  for (const auto& entry : std::filesystem::directory_iterator(logs, ec))
+    if (entry.is_regular_file(ec)) bytes += static_cast<int64_t>(entry.file_size(ec));
+  auto metrics = std::filesystem::file_size(
+      layout::MetricsFile(layout::RunDir(options_.home, run.record.name)), ec);
+  if (!ec) bytes += static_cast<int64_t>(metrics);
+  return bytes;
+}
+
+std::optional<int> LocalBackend::DumpStacks(const ActiveRun& run) {
+  if (!Of(run).shim) return std::nullopt;
+  return runtime::DumpPythonStacks(host_->AttemptDir(run.record.name, run.record.attempts));
 }
 
 std::vector<RunningAttempt> LocalBackend::RunningAttempts() const {

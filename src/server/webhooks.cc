@@ -1,0 +1,245 @@
+#include "server/webhooks.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "client/client.h"
+#include "common/hash.h"
+#include "common/json_text.h"
+
+namespace tau::server {
+namespace {
+
+constexpr int64_t kRouteBatch = 500;  // events read from the store at a time
+
+// A webhook URL as the client dials it: scheme, host and port, and the request path.
+struct Target {
+  client::Endpoint endpoint;
+  std::string path;
+};
+
+Result<Target> ParseTarget(const std::string& url) {
+  const bool tls = url.rfind("https://", 0) == 0;
+  if (!tls && url.rfind("http://", 0) != 0) return InvalidArgument("not an http(s) URL: " + url);
+  std::string rest = url.substr(tls ? 8 : 7);
+  size_t slash = rest.find('/');
+  Target t;
+  t.path = slash == std::string::npos ? "/" : rest.substr(slash);
+  std::string authority = rest.substr(0, slash);
+  std::string host = authority;
+  int port = tls ? 443 : 80;
+  size_t colon = authority.rfind(':');
+  if (colon != std::string::npos && authority.find(']', colon) == std::string::npos) {
+    host = authority.substr(0, colon);
+    port = std::atoi(authority.c_str() + colon + 1);
+  }
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  t.endpoint.unix_socket = false;
+  t.endpoint.tls = tls;
+  t.endpoint.host = host;
+  t.endpoint.port = port;
+  return t;
+}
+
+}  // namespace
+
+Webhooks::Webhooks(Options options, store::Store* store, CurrentPlatform platform, Metrics* metrics)
+    : options_(options),
+      store_(store),
+      platform_(std::move(platform)),
+      metrics_(metrics),
+      clock_(options.clock ? options.clock : SystemClock()) {}
+
+Webhooks::~Webhooks() { Stop(); }
+
+void Webhooks::Start() {
+  thread_ = std::thread([this] { Work(); });
+}
+
+void Webhooks::Stop() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+    cv_.SignalAll();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string Webhooks::KindOf(const std::string& type) {
+  static const std::set<std::string> kState = {"Submitted", "Queued",    "Admitted",
+                                               "Running",   "Retrying",  "Succeeded",
+                                               "Failed",    "Cancelled", "Preempted"};
+  static const std::set<std::string> kGuardrail = {"IdleWarning",   "IdleCleared",  "Idle",
+                                                   "StallDetected", "StallCleared", "Stalled"};
+  static const std::set<std::string> kBudget = {"BudgetWarning", "BudgetHold", "BudgetAvailable"};
+  if (kState.count(type)) return "state";
+  if (kGuardrail.count(type)) return "guardrail";
+  if (kBudget.count(type)) return "budget";
+  return "";
+}
+
+std::string Webhooks::Body(const store::EventInScope& e) {
+  return JsonText(nlohmann::json{
+      {"id", fmt::format("{}", e.event.id)},
+      {"kind", KindOf(e.event.type)},
+      {"type", e.event.type},
+      {"time", FormatRfc3339(e.event.ts_ms)},
+      {"message", e.event.message},
+      {"data", e.event.data},
+      {"run", {{"name", e.event.run}, {"workspace", e.workspace}, {"owner", e.owner}}}});
+}
+
+std::string Webhooks::Signature(const std::string& secret, int64_t seconds,
+                                const std::string& body) {
+  return fmt::format("t={},v1={}", seconds,
+                     HmacSha256Hex(secret, fmt::format("{}.{}", seconds, body)));
+}
+
+void Webhooks::Work() {
+  while (true) {
+    Route();
+    Deliver();
+    MutexLock lock(&mu_);
+    if (cv_.WaitFor(&mu_, std::chrono::milliseconds(options_.poll_ms),
+                    [&]() TAU_REQUIRES(mu_) { return stop_; }))
+      return;
+  }
+}
+
+void Webhooks::Route() {
+  if (!cursor_) {
+    auto stored = store_->DeliveryCursor();
+    if (!stored.ok()) return;
+    cursor_ = *stored;
+  }
+  auto events = store_->ListEventsAfter(*cursor_, kRouteBatch);
+  if (!events.ok() || events->empty()) return;
+  std::shared_ptr<const policy::Platform> platform = platform_();
+  const int64_t now = clock_->NowMillis();
+  std::vector<store::Delivery> add;
+  for (const store::EventInScope& e : *events) {
+    const policy::Workspace* w = platform ? platform->FindWorkspace(e.workspace) : nullptr;
+    if (!w || w->webhooks.empty()) continue;
+    const std::string kind = KindOf(e.event.type);
+    if (kind.empty()) continue;
+    std::string body;
+    for (const policy::Webhook& hook : w->webhooks) {
+      if (std::find(hook.events.begin(), hook.events.end(), kind) == hook.events.end()) continue;
+      if (body.empty()) body = Body(e);
+      store::Delivery d;
+      d.workspace = e.workspace;
+      d.url = hook.url;
+      d.secret = hook.secret;
+      d.event_id = e.event.id;
+      d.body = body;
+      d.created_ms = d.next_ms = now;
+      add.push_back(std::move(d));
+    }
+  }
+  const int64_t last = events->back().event.id;
+  if (add.empty() && now - cursor_persisted_ms_ < kCursorPersistMs) {
+    cursor_ = last;  // nothing to send: no write to the store for it
+    return;
+  }
+  int64_t dropped = 0;
+  Status s = store_->QueueDeliveries(add, last, options_.max_per_url, &dropped);
+  if (!s.ok()) {
+    if (s.ToString() != last_error_)
+      std::fprintf(stderr, "tau server: webhooks: %s (trying again)\n", s.ToString().c_str());
+    last_error_ = s.ToString();
+    return;  // the events are routed again on the next poll
+  }
+  last_error_.clear();
+  cursor_ = last;
+  cursor_persisted_ms_ = now;
+  if (dropped > 0) {
+    std::fprintf(
+        stderr,
+        "tau server: webhooks: %lld deliveries dropped: a receiver's queue is full (%lld)\n",
+        static_cast<long long>(dropped), static_cast<long long>(options_.max_per_url));
+    metrics_->Count("tau_webhook_deliveries_total", {{"workspace", ""}, {"result", "dropped"}},
+                    static_cast<double>(dropped));
+  }
+}
+
+void Webhooks::Deliver() {
+  std::map<std::string, std::map<std::string, std::string>> secrets;  // workspace -> values
+  // Each round sends the head of every URL that is due; a URL whose head was taken may have its
+  // next one due at once, so rounds go on until nothing is (or a stop).
+  for (int round = 0; round < 100; ++round) {
+    {
+      MutexLock lock(&mu_);
+      if (stop_) return;
+    }
+    auto due = store_->DueDeliveries(clock_->NowMillis());
+    if (!due.ok() || due->empty()) return;
+    bool any_sent = false;
+    for (const store::Delivery& d : *due) {
+      const int64_t now = clock_->NowMillis();
+      if (now - d.created_ms > options_.give_up_after_ms) {
+        std::fprintf(
+            stderr, "tau server: webhooks: gave up on event %lld for %s after %d tries: %s\n",
+            static_cast<long long>(d.event_id), d.url.c_str(), d.attempts, d.last_error.c_str());
+        (void)store_->DeleteDelivery(d.id);
+        metrics_->Count("tau_webhook_deliveries_total",
+                        {{"workspace", d.workspace}, {"result", "dropped"}});
+        any_sent = true;
+        continue;
+      }
+      if (!secrets.count(d.workspace)) {
+        auto values = store_->SecretValues(d.workspace);
+        secrets[d.workspace] = values.ok() ? *values : std::map<std::string, std::string>();
+      }
+      const auto& values = secrets[d.workspace];
+      auto secret = values.find(d.secret);
+      std::string error =
+          secret == values.end()
+              ? fmt::format("the secret '{}' is not set in workspace '{}' (tau secret set)",
+                            d.secret, d.workspace)
+              : Post(d, secret->second);
+      if (error.empty()) {
+        (void)store_->DeleteDelivery(d.id);
+        metrics_->Count("tau_webhook_deliveries_total",
+                        {{"workspace", d.workspace}, {"result", "delivered"}});
+        any_sent = true;
+        continue;
+      }
+      const int attempts = d.attempts + 1;
+      const int64_t backoff = std::min(options_.backoff_max_ms,
+                                       options_.backoff_initial_ms << std::min(attempts - 1, 20));
+      if (d.attempts == 0)  // said once per delivery; the rest are counted
+        std::fprintf(stderr, "tau server: webhooks: %s: %s (trying again)\n", d.url.c_str(),
+                     error.c_str());
+      (void)store_->PostponeDelivery(d.id, attempts, clock_->NowMillis() + backoff, error);
+      metrics_->Count("tau_webhook_deliveries_total",
+                      {{"workspace", d.workspace}, {"result", "failed"}});
+    }
+    if (!any_sent) return;
+  }
+}
+
+std::string Webhooks::Post(const store::Delivery& d, const std::string& secret) {
+  auto target = ParseTarget(d.url);
+  if (!target.ok()) return target.status().message();
+  auto conn = client::Connection::Open(target->endpoint, client::TlsOptions{},
+                                       static_cast<int>(options_.timeout_ms));
+  if (!conn.ok()) return conn.status().message();
+  const int64_t seconds = clock_->NowMillis() / 1000;
+  const auto kind = nlohmann::json::parse(d.body, nullptr, false);
+  client::Headers headers = {{"X-Tau-Delivery", fmt::format("{}", d.event_id)},
+                             {"X-Tau-Event", kind.is_object() ? kind.value("type", "") : ""},
+                             {"X-Tau-Signature", Signature(secret, seconds, d.body)}};
+  auto res = (*conn)->Call("POST", target->path, d.body, "application/json", headers);
+  if (!res.ok()) return res.status().message();
+  if (res->status < 200 || res->status > 299) return fmt::format("HTTP {}", res->status);
+  return "";
+}
+
+}  // namespace tau::server

@@ -1,0 +1,107 @@
+"""Idle and stalled runs (issue #25, docs/budgets.md) with a real server, real processes and the
+test NVML: a run whose GPU stays at 0 % is warned, then stopped as Idle and not retried, while a
+CPU run beside it is left alone; a Python job that stops writing is marked stalled, its stacks
+land in its log and its diagnosis, and it is stopped as Stalled, while a job that keeps writing
+runs to its end."""
+import getpass
+import os
+import tempfile
+import unittest
+
+from harness import ServerTestCase
+
+USER = getpass.getuser()
+
+PLATFORM = f"""schema_version: 1
+flavors:
+  - name: gpu
+queues:
+  - name: gpu
+    resource_groups:
+      - covered_resources: [cpu, memory, nvidia.com/gpu]
+        flavors:
+          - name: gpu
+            resources:
+              - {{name: cpu, nominal: 8}}
+              - {{name: memory, nominal: 16Gi}}
+              - {{name: nvidia.com/gpu, nominal: 2}}
+workspaces:
+  - name: vision
+    members: ["{USER}"]
+    default_queue: gpu
+    limits:
+      {{limits}}
+defaults:
+  workspace: vision
+"""
+
+
+def spec(name, gpus=0):
+    # max_retries with the default retry_on: Idle and Stalled are not in it, so neither is retried.
+    return (f"schema_version: 1\nname: {name}\nrun:\n  entrypoint: main.py\n  workload_kind: job\n"
+            f"compute:\n  gpus: {gpus}\n  cpus: 1\n  memory: 256Mi\nresilience:\n  max_retries: 2\n")
+
+
+class GuardrailTest(ServerTestCase):
+    gpus = 2
+
+    def apply(self, limits):
+        fd, path = tempfile.mkstemp(prefix="tau-it-platform-", suffix=".yaml", dir=self.work)
+        os.write(fd, PLATFORM.replace("{limits}", limits).encode())
+        os.close(fd)
+        p = self.server.tau("platform", "apply", path, check=None)
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+    def types(self, run):
+        return [e["type"] for e in self.server.run_json(run)["events"]]
+
+    def test_idle_gpus_are_warned_then_stopped_as_idle_and_not_retried(self):
+        self.apply("idle: {gpu_util_below: 5, warn_after: 2s, stop_after: 5s}")
+        sleeper = "import time\nprint('holding the GPU', flush=True)\ntime.sleep(120)\n"
+        idle = self.submit(spec("idle", gpus=1), {"main.py": sleeper})
+        cpu = self.submit(spec("cpu-only"), {"main.py": "import time\ntime.sleep(7)\n"})
+        self.server.wait_state(idle, ["Failed"], timeout=60)
+        d = self.server.run_json(idle)
+        self.assertEqual([a["reason"] for a in d["attempts"]], ["Idle"])
+        types = [e["type"] for e in d["events"]]
+        self.assertIn("IdleWarning", types)
+        self.assertLess(types.index("IdleWarning"), types.index("Idle"))
+        warning = next(e for e in d["events"] if e["type"] == "IdleWarning")
+        self.assertRegex(warning["message"], r"^GPU \d under 5% utilisation for \d+(\.\d)?s; it is stopped "
+                                             r"as Idle after 5(\.0)?s$")
+        stop = next(e for e in d["events"] if e["type"] == "Idle")
+        self.assertIn("limits.idle.stop_after", stop["message"])
+        text = self.server.tau("describe", idle, check=0).stdout
+        self.assertIn("IdleWarning", text)
+        self.server.wait_state(cpu, ["Succeeded"], timeout=60)
+        self.assertNotIn("IdleWarning", self.types(cpu))
+
+    def test_a_quiet_python_job_is_marked_stalled_with_its_stacks_then_stopped(self):
+        self.apply("stall: {after: 2s, stop_after: 6s}")
+        quiet = ("import time\nprint('step 1', flush=True)\n"
+                 "def wait_for_peers():\n    time.sleep(120)\n"
+                 "wait_for_peers()\n")
+        chatty = ("import time\nfor i in range(40):\n    print('step', i, flush=True)\n"
+                  "    time.sleep(0.25)\n")
+        stalled = self.submit(spec("stalled"), {"main.py": quiet})
+        busy = self.submit(spec("busy"), {"main.py": chatty})
+        self.server.wait_state(stalled, ["Failed"], timeout=60)
+        d = self.server.run_json(stalled)
+        self.assertEqual([a["reason"] for a in d["attempts"]], ["Stalled"])
+        types = [e["type"] for e in d["events"]]
+        self.assertLess(types.index("StallDetected"), types.index("Stalled"))
+        mark = next(e for e in d["events"] if e["type"] == "StallDetected")
+        self.assertEqual(mark["data"]["stack_dumps"], 1, mark)
+        self.assertIn("1 Python process asked to write their stacks to the log", mark["message"])
+        log = self.server.tau("logs", stalled, check=0).stdout
+        self.assertIn("(most recent call first):", log)
+        self.assertIn("in wait_for_peers", log)
+        diagnosis = d["attempts"][0]["diagnosis"]
+        self.assertIn("stack-dump", [e["signature"] for e in diagnosis["evidence"]])
+        self.assertIn("in wait_for_peers", diagnosis["summary"])
+        self.server.wait_state(busy, ["Succeeded"], timeout=60)
+        self.assertNotIn("StallDetected", self.types(busy))
+
+
+if __name__ == "__main__":
+    unittest.main()
