@@ -186,9 +186,9 @@ class FakeBackend final : public Backend {
   // What another thread of a backend tells the controller (as the shim's notices do).
   void Post(RunNotice notice) { host_->Post(std::move(notice)); }
 
-  std::set<std::string> hold;            // runs Schedule leaves queued
-  std::set<std::string> alive;           // attempts that outlive a controller (re-adopted)
-  std::set<std::string> stop_requested;  // runs whose attempt the controller asked to stop
+  std::set<std::string> hold;             // runs Schedule leaves queued
+  std::set<std::string> alive;            // attempts that outlive a controller (re-adopted)
+  std::set<std::string> stop_requested;   // runs whose attempt the controller asked to stop
   std::map<std::string, int64_t> output;  // OutputBytes
   std::map<std::string, int> dumps;       // DumpStacks calls
   std::map<std::string, int> launches;
