@@ -65,14 +65,14 @@ int main() {
   for (int64_t h = now - 30 * 24 * kHour; h < now; h += kHour)
     for (int u = 0; u < kUsers; ++u, ++added) {
       auto [w, user, q] = scope(u);
-      ledger.Add(
-          Holding{w, user, q, 1 + u % 8, 4000, h + u * 1000, h + kHour / 2 + u * 1000, "run"});
+      ledger.Add(Holding{w, user, q, 1 + u % 8, 4000, h + u * 1000, h + kHour / 2 + u * 1000, "run",
+                         "", ""});
     }
   const double ledger_add_us = Since(t) / static_cast<double>(added) * 1e6;
   std::vector<Holding> open;
   for (int i = 0; i < kOpen; ++i) {
     auto [w, user, q] = scope(i);
-    open.push_back(Holding{w, user, q, 1, 1000, now - (i % 600) * 60'000, 0, "run"});
+    open.push_back(Holding{w, user, q, 1, 1000, now - (i % 600) * 60'000, 0, "run", "", ""});
   }
   // Median of 9 sweeps.
   std::vector<double> sweeps;

@@ -798,6 +798,70 @@ async function viewService(name) {
   return () => { stopped = true; clearTimeout(timer); rate.destroy(); if (latency) latency.destroy(); };
 }
 
+// ---- usage -------------------------------------------------------------------------------------
+
+const USAGE_BY = ["workspace", "user", "queue", "flavor", "run"];
+const USAGE_SINCE = { "7d": 7, "30d": 30, "90d": 90 };
+
+// What was held (GET /api/v1/usage with bucket=day): a chart of each key's hours a day, the table
+// of the period (with the idle share and the cost where the platform prices flavors), and the
+// budgets.
+async function viewUsage() {
+  const q = query();
+  const by = USAGE_BY.includes(q.get("by")) ? q.get("by") : "workspace";
+  const period = USAGE_SINCE[q.get("since")] ? q.get("since") : "30d";
+  const since = new Date(Date.now() - USAGE_SINCE[period] * 86400000);
+  since.setUTCHours(0, 0, 0, 0);
+  $view.innerHTML = html`<h1>Usage</h1>
+    <form class="filters" id="usage-filters">
+      <label>By<select name="by">${USAGE_BY.map((b) => raw(`<option ${b === by ? "selected" : ""}>${b}</option>`))}</select></label>
+      <label>Since<select name="since">${Object.keys(USAGE_SINCE).map((s) => raw(`<option ${s === period ? "selected" : ""}>${s}</option>`))}</select></label>
+    </form>
+    <div id="usage-chart"></div><div id="usage-body"><p class="muted">Loading…</p></div><div id="usage-budgets"></div>`;
+  document.getElementById("usage-filters").addEventListener("change", (e) => {
+    const d = new FormData(e.currentTarget);
+    location.hash = `#/usage?by=${d.get("by")}&since=${d.get("since")}`;
+  });
+  let plot = null;
+  try {
+    const u = await api(`/api/v1/usage?by=${by}&since=${encodeURIComponent(since.toISOString())}&bucket=day`);
+    const priced = u.currency != null;
+    const body = document.getElementById("usage-body");
+    body.innerHTML = u.rows.length === 0 ? html`<p class="muted">Nothing was held since ${time(u.since)}.</p>` : html`
+      <table id="usage-table"><thead><tr><th>${by}</th><th>GPU-hours</th><th>CPU-hours</th><th>GPU idle</th>${priced ? raw(html`<th>Cost (${u.currency})</th>`) : ""}<th>Runs</th></tr></thead>
+      <tbody>${u.rows.map((r) => raw(html`<tr data-key="${r.key}"><td>${r.key}</td><td>${r.gpu_hours.toFixed(2)}</td><td>${r.cpu_hours.toFixed(2)}</td>
+        <td>${r.idle_share == null ? "—" : Math.round(r.idle_share * 100) + "%"}</td>${priced ? raw(html`<td>${r.cost.toFixed(2)}</td>`) : ""}<td>${r.runs}</td></tr>`))}</tbody></table>`;
+    // The chart: GPU-hours a day per key, or CPU-hours where nothing held a GPU.
+    const gpu = u.series.some((s) => s.gpu_hours.some((v) => v > 0));
+    const field = gpu ? "gpu_hours" : "cpu_hours";
+    const box = document.getElementById("usage-chart");
+    if (u.series.length > 0) {
+      const div = document.createElement("div");
+      div.className = "chart";
+      div.dataset.metric = field;
+      div.dataset.series = String(u.series.length);
+      div.innerHTML = html`<h3>${gpu ? "GPU" : "CPU"}-hours a day, by ${by}</h3>`;
+      box.appendChild(div);
+      const xs = u.buckets.map((b) => Date.parse(b) / 1000);
+      const series = u.series.slice(0, PALETTE.length * 2);
+      plot = new uPlot({ width: 720, height: 260, scales: { y: { range: (p, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1] } },
+        series: [{}, ...series.map((s, i) => ({ label: s.key, stroke: PALETTE[i % PALETTE.length], width: 2, points: { show: true, size: 5 } }))],
+        axes: [{}, {}] }, [xs, ...series.map((s) => s[field])], div);
+    }
+  } catch (e) {
+    document.getElementById("usage-body").innerHTML = html`<p class="error">${e.message}</p>`;
+  }
+  try {
+    const budgets = await api("/api/v1/budgets");
+    const list = budgets.budgets || budgets;
+    if (Array.isArray(list) && list.length > 0)
+      document.getElementById("usage-budgets").innerHTML = html`<h2>Budgets</h2>
+        <table id="budgets-table"><thead><tr><th>Budget</th><th>Used</th><th>Period</th><th>State</th></tr></thead>
+        <tbody>${list.map((b) => raw(html`<tr><td>${b.name}${b.user ? ` (${b.user})` : ""}</td><td>${b.message}</td><td>${b.period || (b.window_ms ? `last ${b.window_ms / 3600000}h` : "")}</td><td>${b.spent ? "spent" : b.warn ? "warning" : "ok"}</td></tr>`))}</tbody></table>`;
+  } catch (_) { /* budgets are optional on this page */ }
+  return () => { if (plot) plot.destroy(); };
+}
+
 // ---- router ------------------------------------------------------------------------------------
 
 let routed = 0;            // counts route changes: a view that loads past the next one is stopped
@@ -818,6 +882,7 @@ async function route() {
   else if (path === "/queues") stop = await viewQueues();
   else if (path === "/gpus") stop = await viewGpus();
   else if (path === "/services") stop = await viewServices();
+  else if (path === "/usage") stop = await viewUsage();
   else if (svc) stop = await viewService(svc[1]);
   else stop = await viewRuns();
   // The hash changed while this view loaded: the next view is up, so this one's polls and

@@ -252,4 +252,18 @@ std::vector<State> Checker::All() {
   return out;
 }
 
+std::pair<std::string, std::string> HeldFlavors(const nlohmann::json& flavors) {
+  std::string gpu, cpu;
+  if (!flavors.is_object()) return {gpu, cpu};
+  for (const auto& [podset, resources] : flavors.items()) {
+    if (!resources.is_object()) continue;
+    if (auto it = resources.find("nvidia.com/gpu");
+        gpu.empty() && it != resources.end() && it->is_string())
+      gpu = it->get<std::string>();
+    if (auto it = resources.find("cpu"); cpu.empty() && it != resources.end() && it->is_string())
+      cpu = it->get<std::string>();
+  }
+  return {gpu, cpu};
+}
+
 }  // namespace tau::budget

@@ -17,7 +17,10 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "policy/policy.h"
 
@@ -34,7 +37,13 @@ struct Holding {
   int64_t start_ms = 0;
   int64_t end_ms = 0;  // for an open holding (still held): ignored, held until the time asked
   std::string run;     // whose (reports only)
+  // The flavors its GPUs and its CPUs were admitted on (reports only; "" when unknown).
+  std::string gpu_flavor, cpu_flavor;
 };
+
+// The flavors of a run's admission (its record's `flavors`: pod set -> resource -> flavor) that
+// its GPUs and its CPUs were on: the first pod set's that has them.
+std::pair<std::string, std::string> HeldFlavors(const nlohmann::json& flavors);
 
 // The start of the budget's current period or window at `now`: the period's first millisecond
 // (UTC), or `now - window` rounded down to the hour.

@@ -25,7 +25,7 @@ policy::Budget Workspace(const std::string& name, double gpu_hours, const std::s
 
 Holding Held(const std::string& user, int64_t gpus, int64_t start, int64_t end,
              const std::string& workspace = "vision", const std::string& queue = "gpu") {
-  return Holding{workspace, user, queue, gpus, 0, start, end, "run"};
+  return Holding{workspace, user, queue, gpus, 0, start, end, "run", "", ""};
 }
 
 TEST(BudgetTest, CalendarPeriodsAreUtcDaysMondayWeeksAndMonths) {
@@ -153,6 +153,15 @@ TEST(BudgetTest, WhatWasAskedBeforeStaysRightAsHoldingsAreAdded) {
   fresh.Add(Held("bob", 2, from - kHour / 2, from + 2 * kHour));
   EXPECT_DOUBLE_EQ(fresh.Used("vision", "", "", from).gpu_hours, 5);
   EXPECT_DOUBLE_EQ(fresh.Used("", "", "gpu", from + kHour).gpu_hours, 2);
+}
+
+TEST(HeldFlavorsTest, TheGpusAndCpusFlavorsOfTheFirstPodSetThatHasThem) {
+  auto flavors = nlohmann::json::parse(
+      R"({"head": {"cpu": "cpu-pool", "memory": "cpu-pool"},
+          "workers": {"cpu": "a100", "nvidia.com/gpu": "a100"}})");
+  EXPECT_EQ(HeldFlavors(flavors), (std::pair<std::string, std::string>{"a100", "cpu-pool"}));
+  EXPECT_EQ(HeldFlavors(nlohmann::json::object()), (std::pair<std::string, std::string>{}));
+  EXPECT_EQ(HeldFlavors(nullptr), (std::pair<std::string, std::string>{}));
 }
 
 }  // namespace

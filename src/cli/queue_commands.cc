@@ -139,37 +139,55 @@ static int CmdUsage(const Global& g, const std::string& by, const std::string& s
                                                      : got->body);
   if (IsData(format)) return PrintData(j, format);
   const nlohmann::json& rows = j["rows"];
+  // A platform with costs: the rows have them, in its currency.
+  const nlohmann::json currency = j.value("currency", nlohmann::json());
+  auto cost = [](const nlohmann::json& r, const char* format) {
+    const nlohmann::json c = r.value("cost", nlohmann::json());
+    return c.is_number() ? fmt::format(fmt::runtime(format), c.get<double>()) : std::string();
+  };
   if (csv) {
-    std::printf("%s,gpu_hours,cpu_hours,idle_gpu_hours,idle_share,runs\n", by.c_str());
+    std::printf("%s,gpu_hours,cpu_hours,idle_gpu_hours,idle_share,cost,runs\n", by.c_str());
     for (const nlohmann::json& r : rows) {
       const nlohmann::json share = r.value("idle_share", nlohmann::json());
-      std::printf("%s,%.6f,%.6f,%.6f,%s,%lld\n", r.value("key", "").c_str(),
+      std::printf("%s,%.6f,%.6f,%.6f,%s,%s,%lld\n", r.value("key", "").c_str(),
                   r.value("gpu_hours", 0.0), r.value("cpu_hours", 0.0),
                   r.value("idle_gpu_hours", 0.0),
                   share.is_number() ? fmt::format("{:.4f}", share.get<double>()).c_str() : "",
-                  static_cast<long long>(r.value("runs", int64_t{0})));
+                  cost(r, "{:.4f}").c_str(), static_cast<long long>(r.value("runs", int64_t{0})));
     }
     return 0;
   }
   std::printf("since %s\n\n", FormatRfc3339(since).c_str());
   std::vector<std::vector<std::string>> table;
-  double gpu = 0, cpu = 0;
+  double gpu = 0, cpu = 0, total_cost = 0;
   for (const nlohmann::json& r : rows) {
     gpu += r.value("gpu_hours", 0.0);
     cpu += r.value("cpu_hours", 0.0);
+    if (r.value("cost", nlohmann::json()).is_number()) total_cost += r["cost"].get<double>();
     const nlohmann::json share = r.value("idle_share", nlohmann::json());
-    table.push_back({r.value("key", ""), budget::Hours(r.value("gpu_hours", 0.0)),
-                     budget::Hours(r.value("cpu_hours", 0.0)),
-                     share.is_number() ? fmt::format("{:.0f}%", share.get<double>() * 100) : "-",
-                     std::to_string(r.value("runs", int64_t{0}))});
+    std::vector<std::string> line = {
+        r.value("key", ""), budget::Hours(r.value("gpu_hours", 0.0)),
+        budget::Hours(r.value("cpu_hours", 0.0)),
+        share.is_number() ? fmt::format("{:.0f}%", share.get<double>() * 100) : "-"};
+    if (currency.is_string()) line.push_back(cost(r, "{:.2f}"));
+    line.push_back(std::to_string(r.value("runs", int64_t{0})));
+    table.push_back(std::move(line));
   }
   if (table.empty()) {
     std::puts("nothing was held");
   } else {
-    table.push_back({"total", budget::Hours(gpu), budget::Hours(cpu), "", ""});
+    std::vector<std::string> total = {"total", budget::Hours(gpu), budget::Hours(cpu), ""};
     std::string head = by;
     for (char& c : head) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    PrintTable({head, "GPU-H", "CPU-H", "GPU IDLE", "RUNS"}, table);
+    std::vector<std::string> heads = {head, "GPU-H", "CPU-H", "GPU IDLE"};
+    if (currency.is_string()) {
+      total.push_back(fmt::format("{:.2f}", total_cost));
+      heads.push_back(fmt::format("COST ({})", currency.get<std::string>()));
+    }
+    total.push_back("");
+    heads.push_back("RUNS");
+    table.push_back(std::move(total));
+    PrintTable(heads, table);
   }
   PrintBudgetsIfAny(conn->get());
   return 0;
@@ -276,8 +294,8 @@ void RegisterQueueCommands(CLI::App* app, Context* ctx) {
       "usage", "What runs held (GPU-hours, CPU-hours) and the budgets (docs/budgets.md)");
   auto usage_args = std::make_shared<std::pair<std::string, std::string>>("workspace", "");
   auto csv = std::make_shared<bool>(false);
-  usage->add_option("--by", usage_args->first, "workspace (default), user, queue or run")
-      ->check(CLI::IsMember({"workspace", "user", "queue", "run"}));
+  usage->add_option("--by", usage_args->first, "workspace (default), user, queue, flavor or run")
+      ->check(CLI::IsMember({"workspace", "user", "queue", "flavor", "run"}));
   usage->add_option("--since", usage_args->second,
                     "From when: a time (2026-12-01T00:00:00Z), a duration back (7d, 12h), or "
                     "month (the default: this calendar month, UTC)");

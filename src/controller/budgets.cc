@@ -35,7 +35,7 @@ Status Controller::LoadLedger() {
                        store_->ListUsage(budget::LookBack(budgets, Now())));
   for (const store::UsageRecord& u : used)
     ledger_.Add({u.workspace, u.owner, u.queue, u.gpus, u.cpu_milli, u.started_ms,
-                 u.ended_ms.value_or(u.started_ms), u.run});
+                 u.ended_ms.value_or(u.started_ms), u.run, "", ""});
   return Status::Ok();
 }
 
@@ -44,8 +44,9 @@ std::vector<budget::Holding> Controller::OpenHoldings() const {
   for (const auto& [name, run] : active_) {
     const RunRecord& r = run.record;
     if (!HoldsQuota(r)) continue;
+    auto [gpu_flavor, cpu_flavor] = budget::HeldFlavors(r.flavors);
     open.push_back({r.workspace, r.owner, r.queue, run.need.gpus, run.need.cpu_milli,
-                    *r.admitted_ms, 0, r.name});
+                    *r.admitted_ms, 0, r.name, gpu_flavor, cpu_flavor});
   }
   return open;
 }
@@ -54,8 +55,9 @@ void Controller::Meter(ActiveRun& run, Batch* batch) {
   const RunRecord& r = run.record;
   if (!HoldsQuota(r)) return;
   const int64_t now = std::max(Now(), *r.admitted_ms);
-  const budget::Holding h{r.workspace,        r.owner,        r.queue, run.need.gpus,
-                          run.need.cpu_milli, *r.admitted_ms, now,     r.name};
+  auto [gpu_flavor, cpu_flavor] = budget::HeldFlavors(r.flavors);
+  const budget::Holding h{r.workspace,    r.owner, r.queue, run.need.gpus, run.need.cpu_milli,
+                          *r.admitted_ms, now,     r.name,  gpu_flavor,    cpu_flavor};
   ledger_.Add(h);
   budgets_dirty_ = true;
   const double hours = static_cast<double>(now - *r.admitted_ms) / 3'600'000;
@@ -236,67 +238,166 @@ nlohmann::json Controller::Budgets() {
   return budget_view_;
 }
 
+namespace {
+
+// A time something was held, cut to the report's start, with what reports count it by.
+struct Held {
+  std::string run, workspace, user, queue, gpu_flavor, cpu_flavor;
+  int64_t gpus = 0, cpu_milli = 0;
+  int64_t from = 0, to = 0;
+  double sampled_gpu_hours = 0, idle_gpu_hours = 0;  // of the part after the start
+
+  std::string Key(const std::string& by) const {
+    const std::string& flavor = gpus > 0 ? gpu_flavor : cpu_flavor;
+    return by == "workspace" ? workspace
+           : by == "user"    ? fmt::format("{}/{}", workspace, user)
+           : by == "queue"   ? queue
+           : by == "flavor"  ? (flavor.empty() ? "-" : flavor)
+                             : run;
+  }
+  double GpuHours(int64_t a, int64_t b) const {
+    return static_cast<double>(gpus) * static_cast<double>(b - a) / 3'600'000;
+  }
+  double CpuHours(int64_t a, int64_t b) const {
+    return static_cast<double>(cpu_milli) / 1000 * static_cast<double>(b - a) / 3'600'000;
+  }
+};
+
+Status CheckUsageBy(const std::string& by) {
+  if (by != "workspace" && by != "user" && by != "queue" && by != "flavor" && by != "run")
+    return InvalidArgument(
+        fmt::format("by: '{}' is not workspace, user, queue, flavor or run", by));
+  return Status::Ok();
+}
+
+// Every holding of `workspaces` (all when unset) since `since_ms`, ended or open (held until
+// `now`), cut to it.
+std::vector<Held> HeldSince(const std::vector<store::UsageRecord>& ended,
+                            const std::vector<budget::Holding>& open, int64_t now, int64_t since_ms,
+                            const std::optional<std::vector<std::string>>& workspaces) {
+  std::vector<Held> out;
+  auto add = [&](Held h) {
+    if (workspaces &&
+        std::find(workspaces->begin(), workspaces->end(), h.workspace) == workspaces->end())
+      return;
+    // Of a holding that began before the start, the share after it.
+    const double part = h.to > h.from ? static_cast<double>(h.to - std::max(h.from, since_ms)) /
+                                            static_cast<double>(h.to - h.from)
+                                      : 0;
+    h.from = std::max(h.from, since_ms);
+    if (h.to <= h.from) return;
+    h.sampled_gpu_hours *= part;
+    h.idle_gpu_hours *= part;
+    out.push_back(std::move(h));
+  };
+  for (const store::UsageRecord& u : ended) {
+    auto [gpu_flavor, cpu_flavor] = budget::HeldFlavors(u.flavors);
+    add({u.run, u.workspace, u.owner, u.queue, gpu_flavor, cpu_flavor, u.gpus, u.cpu_milli,
+         u.started_ms, u.ended_ms.value_or(u.started_ms), u.sampled_gpu_hours, u.idle_gpu_hours});
+  }
+  for (const budget::Holding& h : open)
+    add({h.run, h.workspace, h.user, h.queue, h.gpu_flavor, h.cpu_flavor, h.gpus, h.cpu_milli,
+         h.start_ms, now, 0, 0});
+  return out;
+}
+
+}  // namespace
+
+Status Controller::UsageInputs(int64_t since_ms, std::vector<store::UsageRecord>* ended,
+                               std::vector<budget::Holding>* open) {
+  TAU_ASSIGN_OR_RETURN(*ended, store_->ListUsage(since_ms));
+  MutexLock lock(&mu_);
+  *open = open_view_;
+  return Status::Ok();
+}
+
 Result<nlohmann::json> Controller::Usage(
     const std::string& by, int64_t since_ms,
     const std::optional<std::vector<std::string>>& workspaces) {
-  if (by != "workspace" && by != "user" && by != "queue" && by != "run")
-    return InvalidArgument(fmt::format("by: '{}' is not workspace, user, queue or run", by));
-  TAU_ASSIGN_OR_RETURN(std::vector<store::UsageRecord> ended, store_->ListUsage(since_ms));
+  TAU_RETURN_IF_ERROR(CheckUsageBy(by));
+  const policy::Costs costs = CurrentPlatform().platform->costs;
+  std::vector<store::UsageRecord> ended;
   std::vector<budget::Holding> open;
-  {
-    MutexLock lock(&mu_);
-    open = open_view_;
-  }
-  const int64_t now = Now();
+  TAU_RETURN_IF_ERROR(UsageInputs(since_ms, &ended, &open));
+  const std::vector<Held> held = HeldSince(ended, open, Now(), since_ms, workspaces);
+  auto rate = [&](const std::string& flavor) {
+    auto it = costs.flavors.find(flavor);
+    return it == costs.flavors.end() ? policy::FlavorCost{} : it->second;
+  };
   struct Row {
     double gpu_hours = 0, cpu_hours = 0;
     double sampled_gpu_hours = 0, idle_gpu_hours = 0;  // ended holdings' GPU samples
+    double cost = 0;
     std::set<std::string> runs;
   };
   std::map<std::string, Row> rows;
-  auto add = [&](const std::string& run, const std::string& workspace, const std::string& user,
-                 const std::string& queue, int64_t gpus, int64_t cpu_milli, int64_t from,
-                 int64_t to, double sampled = 0, double idle = 0) {
-    const double part =  // of a holding that began before `since`, the share after it
-        to > from ? static_cast<double>(to - std::max(from, since_ms)) / (to - from) : 0;
-    from = std::max(from, since_ms);
-    if (to <= from) return;
-    if (workspaces &&
-        std::find(workspaces->begin(), workspaces->end(), workspace) == workspaces->end())
-      return;
-    const std::string key = by == "workspace" ? workspace
-                            : by == "user"    ? fmt::format("{}/{}", workspace, user)
-                            : by == "queue"   ? queue
-                                              : run;
-    Row& row = rows[key];
-    const double hours = static_cast<double>(to - from) / 3'600'000;
-    row.gpu_hours += static_cast<double>(gpus) * hours;
-    row.cpu_hours += static_cast<double>(cpu_milli) / 1000 * hours;
-    row.sampled_gpu_hours += sampled * part;
-    row.idle_gpu_hours += idle * part;
-    row.runs.insert(run);
-  };
-  for (const store::UsageRecord& u : ended)
-    add(u.run, u.workspace, u.owner, u.queue, u.gpus, u.cpu_milli, u.started_ms,
-        u.ended_ms.value_or(u.started_ms), u.sampled_gpu_hours, u.idle_gpu_hours);
-  for (const budget::Holding& h : open)
-    add(h.run, h.workspace, h.user, h.queue, h.gpus, h.cpu_milli, h.start_ms, now);
+  for (const Held& h : held) {
+    Row& row = rows[h.Key(by)];
+    const double gpu_hours = h.GpuHours(h.from, h.to), cpu_hours = h.CpuHours(h.from, h.to);
+    row.gpu_hours += gpu_hours;
+    row.cpu_hours += cpu_hours;
+    row.sampled_gpu_hours += h.sampled_gpu_hours;
+    row.idle_gpu_hours += h.idle_gpu_hours;
+    row.cost += gpu_hours * rate(h.gpu_flavor).gpu_hour + cpu_hours * rate(h.cpu_flavor).cpu_hour;
+    row.runs.insert(h.run);
+  }
   nlohmann::json out = nlohmann::json::array();
   for (auto& [key, row] : rows) {
-    out.push_back({{"key", key},
-                   {"gpu_hours", row.gpu_hours},
-                   {"cpu_hours", row.cpu_hours},
-                   {"idle_gpu_hours", row.idle_gpu_hours},
-                   // Of the GPU time the samples saw, the share that was idle; null: none seen.
-                   {"idle_share", row.sampled_gpu_hours > 0
-                                      ? nlohmann::json(row.idle_gpu_hours / row.sampled_gpu_hours)
-                                      : nlohmann::json(nullptr)},
-                   {"runs", row.runs.size()}});
+    out.push_back(
+        {{"key", key},
+         {"gpu_hours", row.gpu_hours},
+         {"cpu_hours", row.cpu_hours},
+         {"idle_gpu_hours", row.idle_gpu_hours},
+         // Of the GPU time the samples saw, the share that was idle; null: none seen.
+         {"idle_share", row.sampled_gpu_hours > 0
+                            ? nlohmann::json(row.idle_gpu_hours / row.sampled_gpu_hours)
+                            : nlohmann::json(nullptr)},
+         // In the platform's currency, from its flavors' rates; null: no costs.
+         {"cost", costs.flavors.empty() ? nlohmann::json(nullptr) : nlohmann::json(row.cost)},
+         {"runs", row.runs.size()}});
   }
   std::stable_sort(out.begin(), out.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
     return a["gpu_hours"].get<double>() > b["gpu_hours"].get<double>();
   });
   return out;
+}
+
+Result<nlohmann::json> Controller::UsageSeries(
+    const std::string& by, int64_t since_ms, int64_t bucket_ms,
+    const std::optional<std::vector<std::string>>& workspaces) {
+  TAU_RETURN_IF_ERROR(CheckUsageBy(by));
+  if (bucket_ms <= 0) return InvalidArgument("bucket: a positive length");
+  const int64_t now = Now();
+  // Buckets start at `since` rounded down to a bucket (UTC midnight for days) and end after now.
+  const int64_t first = since_ms - since_ms % bucket_ms;
+  const int64_t count = (now - first) / bucket_ms + 1;
+  if (count > kMaxUsageBuckets)
+    return InvalidArgument(
+        fmt::format("{} buckets from {} to now: at most {}; ask for longer "
+                    "buckets or a later start",
+                    count, FormatRfc3339(since_ms), kMaxUsageBuckets));
+  std::vector<store::UsageRecord> ended;
+  std::vector<budget::Holding> open;
+  TAU_RETURN_IF_ERROR(UsageInputs(since_ms, &ended, &open));
+  const std::vector<Held> held = HeldSince(ended, open, now, since_ms, workspaces);
+  std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> series;
+  for (const Held& h : held) {
+    auto& [gpu, cpu] = series[h.Key(by)];
+    gpu.resize(static_cast<size_t>(count));
+    cpu.resize(static_cast<size_t>(count));
+    for (int64_t b = (h.from - first) / bucket_ms; b < count; ++b) {
+      const int64_t lo = std::max(h.from, first + b * bucket_ms);
+      const int64_t hi = std::min(h.to, first + (b + 1) * bucket_ms);
+      if (hi <= lo) break;
+      gpu[static_cast<size_t>(b)] += h.GpuHours(lo, hi);
+      cpu[static_cast<size_t>(b)] += h.CpuHours(lo, hi);
+    }
+  }
+  nlohmann::json buckets = nlohmann::json::array(), out = nlohmann::json::array();
+  for (int64_t b = 0; b < count; ++b) buckets.push_back(FormatRfc3339(first + b * bucket_ms));
+  for (auto& [key, values] : series)
+    out.push_back({{"key", key}, {"gpu_hours", values.first}, {"cpu_hours", values.second}});
+  return nlohmann::json{{"buckets", std::move(buckets)}, {"series", std::move(out)}};
 }
 
 }  // namespace tau::server

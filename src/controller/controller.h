@@ -260,11 +260,18 @@ class Controller : private RunHost {
   // {"gpu_hours", "cpu_hours"}, "from", "resets", "spent", "warn", "message"}].
   nlohmann::json Budgets();
   // What was held since `since_ms` (ended holdings from the store, open ones as last checked), by
-  // "workspace", "user", "queue" or "run": [{"key", "gpu_hours", "cpu_hours", "runs"}], the most
-  // GPU-hours first.
+  // "workspace", "user", "queue", "flavor" or "run": [{"key", "gpu_hours", "cpu_hours",
+  // "idle_gpu_hours", "idle_share", "cost", "runs"}], the most GPU-hours first.
   // Only `workspaces`' runs when given.
   Result<nlohmann::json> Usage(const std::string& by, int64_t since_ms,
                                const std::optional<std::vector<std::string>>& workspaces = {});
+  // The same over time: {"buckets": [start of each, RFC 3339], "series": [{"key", "gpu_hours":
+  // [per bucket], "cpu_hours": [...]}]}, buckets of `bucket_ms` from `since_ms` rounded down to
+  // one (UTC days for a day) until now; at most kMaxUsageBuckets.
+  Result<nlohmann::json> UsageSeries(
+      const std::string& by, int64_t since_ms, int64_t bucket_ms,
+      const std::optional<std::vector<std::string>>& workspaces = {});
+  static constexpr int64_t kMaxUsageBuckets = 2000;
 
   // The platform in force and where it came from.
   struct PlatformView {
@@ -402,6 +409,9 @@ class Controller : private RunHost {
   void Meter(ActiveRun& run, store::Batch* batch);
   // What the runs holding quota hold now.
   std::vector<budget::Holding> OpenHoldings() const;
+  // What usage reports read: the holdings that ended since `since_ms` and those open now.
+  Status UsageInputs(int64_t since_ms, std::vector<store::UsageRecord>* ended,
+                     std::vector<budget::Holding>* open);
   // At submission: a budget with on_exceed: refuse that the run cannot fit (its GPUs for its
   // max_runtime beyond what is left; without a max_runtime, a spent budget) refuses it.
   Status CheckBudgets(const policy::Platform& platform, const policy::ResolvedRun& run,

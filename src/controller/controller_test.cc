@@ -123,6 +123,7 @@ class FakeBackend final : public Backend {
       if (hold.count(name) || HeldBack(run)) continue;
       host_->Transition(run, RunState::kAdmitted, "Admitted", "admitted by the fake", batch);
       r.admitted_ms = now;
+      r.flavors = {{"main", {{"cpu", "f"}}}};  // as a backend records the engine's assignment
       batch->runs.push_back(r);
       to_launch_.push_back(name);
     }
@@ -1257,6 +1258,57 @@ TEST_F(ControllerTest, AQuietRunIsDumpedMarkedAndStoppedButOneWhoseOutputCannotB
   EXPECT_FALSE(backend_.stop_requested.count(unmeasured));
   std::vector<std::string> types = EventTypes(unmeasured);
   EXPECT_EQ(std::find(types.begin(), types.end(), "StallDetected"), types.end());
+}
+
+// Costs: an hour of the flavor's CPU costs 2.
+constexpr char kCostPlatform[] = R"(flavors: [{name: f}]
+queues:
+  - name: default
+    resource_groups:
+      - covered_resources: [cpu, memory]
+        flavors: [{name: f, resources: [{name: cpu, nominal: 4}, {name: memory, nominal: 8Gi}]}]
+workspaces:
+  - name: default
+    members: ["*"]
+    default_queue: default
+costs:
+  currency: credits
+  flavors: {f: {cpu_hour: 2}}
+)";
+
+TEST_F(ControllerTest, UsageIsPricedByFlavorAndSplitIntoDays) {
+  StopController();
+  ASSERT_TRUE(WriteFileAtomic(home_ + "/platform.yaml", kCostPlatform, 0600).ok());
+  clock_.Set(*ParseRfc3339("2026-12-06T23:00:00Z"));
+  StartController();
+  const std::string run = Submit("priced", "compute:\n  cpus: 1\n");
+  controller_->RunOnce();
+  ASSERT_EQ(Run(run).state, RunState::kRunning);
+  clock_.Advance(2 * 3'600'000);  // one CPU for two hours, over midnight
+  backend_.End(run, {FailureClass::kSucceeded, 0});
+  controller_->RunOnce();
+  const int64_t day = *ParseRfc3339("2026-12-06T00:00:00Z");
+  auto rows = controller_->Usage("flavor", day);
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ((*rows)[0]["key"], "f");
+  EXPECT_DOUBLE_EQ((*rows)[0]["cpu_hours"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ((*rows)[0]["cost"].get<double>(), 4.0);
+  EXPECT_TRUE((*rows)[0]["idle_share"].is_null());  // no GPU was sampled
+  // From 23:30 on, half an hour of the first day counts.
+  auto later = controller_->Usage("workspace", day + 23 * 3'600'000 + 1'800'000);
+  ASSERT_TRUE(later.ok());
+  EXPECT_DOUBLE_EQ((*later)[0]["cpu_hours"].get<double>(), 1.5);
+
+  auto series = controller_->UsageSeries("workspace", day + 3'600'000, 86'400'000);
+  ASSERT_TRUE(series.ok()) << series.status().ToString();
+  EXPECT_EQ((*series)["buckets"],
+            nlohmann::json::array({"2026-12-06T00:00:00.000Z", "2026-12-07T00:00:00.000Z"}));
+  ASSERT_EQ((*series)["series"].size(), 1u);
+  EXPECT_EQ((*series)["series"][0]["key"], "default");
+  EXPECT_EQ((*series)["series"][0]["cpu_hours"], nlohmann::json::array({1.0, 1.0}));
+  EXPECT_FALSE(controller_->Usage("gpu", day).ok());
+  EXPECT_FALSE(controller_->UsageSeries("workspace", 0, 3'600'000).ok());  // too many buckets
 }
 
 }  // namespace

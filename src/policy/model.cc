@@ -83,6 +83,16 @@ const std::vector<std::string>& TopologyLevelNames() {
   return *names;
 }
 
+namespace {
+nlohmann::json CostsJson(const Costs& costs) {
+  if (costs.flavors.empty()) return nullptr;
+  nlohmann::json flavors = nlohmann::json::object();
+  for (const auto& [name, c] : costs.flavors)
+    flavors[name] = {{"gpu_hour", c.gpu_hour}, {"cpu_hour", c.cpu_hour}};
+  return {{"currency", costs.currency}, {"flavors", std::move(flavors)}};
+}
+}  // namespace
+
 const std::vector<std::string>& WebhookEventKinds() {
   static const auto* kinds = new std::vector<std::string>{"state", "guardrail", "budget"};
   return *kinds;
@@ -231,6 +241,7 @@ nlohmann::json ToJson(const Platform& p) {
     users.push_back({{"name", u.name}, {"groups", u.groups}, {"tokens", u.token_sha256.size()}});
   nlohmann::json out = {
       {"flavors", std::move(flavors)},
+      {"costs", CostsJson(p.costs)},
       {"cohorts", std::move(cohorts)},
       {"queues", std::move(queues)},
       {"fair_sharing", p.admission.fair_sharing},

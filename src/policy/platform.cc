@@ -109,7 +109,7 @@ class PlatformParser {
     if (!r_.Map(root, "", {1, 1},
                 {"schema_version", "flavors", "cohorts", "queues", "fair_sharing", "priorities",
                  "defaults", "workspaces", "compute_profiles", "storage", "access", "users",
-                 "node_labels", "topology", "budgets"},
+                 "node_labels", "topology", "budgets", "costs"},
                 {"queues", "workspaces"}, &top)) {
       return;
     }
@@ -128,6 +128,7 @@ class PlatformParser {
       if (auto it = top.find("access"); it != top.end()) AccessSection(it->second);
       if (auto it = top.find("users"); it != top.end()) Users(it->second);
       if (auto it = top.find("budgets"); it != top.end()) Budgets(it->second);
+      if (auto it = top.find("costs"); it != top.end()) CostsSection(it->second);
       CheckRefs();
       CheckBudgetUsers();
     } catch (const std::exception& e) {
@@ -731,6 +732,51 @@ class PlatformParser {
       return std::nullopt;
     }
     return v;
+  }
+
+  // costs: {currency, flavors: {FLAVOR: {gpu_hour, cpu_hour}}}
+  void CostsSection(const Entry& e) {
+    Fields f;
+    if (!r_.Map(e.value, e.path, e.pos, {"currency", "flavors"}, {"currency", "flavors"}, &f))
+      return;
+    if (auto it = f.find("currency"); it != f.end())
+      if (auto c = r_.Str(it->second)) p_.costs.currency = *c;
+    auto it = f.find("flavors");
+    if (it == f.end()) return;
+    const Entry& flavors = it->second;
+    if (!flavors.value.IsMap()) {
+      r_.Error(flavors.pos,
+               fmt::format("{}: must be a mapping of flavor name to its rates, such as "
+                           "{{a100: {{gpu_hour: 2.5, cpu_hour: 0.04}}}}, not {}",
+                           flavors.path, Describe(flavors.value)));
+      return;
+    }
+    for (const auto& kv : flavors.value) {
+      const std::string name = kv.first.Scalar();
+      Entry item{kv.second, flavors.path + "." + name, internal::PosOf(kv.first),
+                 internal::PosOf(kv.second)};
+      refs_.push_back(Ref{item.key_pos, item.path, "flavor", name});
+      Fields rates;
+      if (!r_.Map(item.value, item.path, item.pos, {"gpu_hour", "cpu_hour"}, {}, &rates)) continue;
+      FlavorCost cost;
+      for (auto [key, field] :
+           {std::pair{"gpu_hour", &cost.gpu_hour}, {"cpu_hour", &cost.cpu_hour}})
+        if (auto rate = rates.find(key); rate != rates.end()) {
+          const Entry& r = rate->second;
+          const std::string text = r.value.IsScalar() ? r.value.Scalar() : "";
+          char* end = nullptr;
+          const double v = text.empty() ? -1 : std::strtod(text.c_str(), &end);
+          if (r.value.Tag() == "!" || text.empty() || end != text.c_str() + text.size() ||
+              !std::isfinite(v) || v < 0 ||
+              text.find_first_not_of("0123456789.eE+-") != std::string::npos) {
+            r_.Error(r.pos, fmt::format("{}: expected a rate of 0 or more (e.g. 2.5), got {}",
+                                        r.path, Describe(r.value)));
+            continue;
+          }
+          *field = v;
+        }
+      p_.costs.flavors[name] = cost;
+    }
   }
 
   void Budgets(const Entry& e) {

@@ -207,6 +207,17 @@ struct Budget {
   int line = 0, column = 0;  // where it is in the platform file (for messages)
 };
 
+// What an hour of a flavor's resources costs, in the platform's currency (docs/budgets.md,
+// "Costs"): `tau usage` multiplies what was held by it.
+struct FlavorCost {
+  double gpu_hour = 0;  // per GPU
+  double cpu_hour = 0;  // per CPU
+};
+struct Costs {
+  std::string currency;                       // "USD", "EUR", credits: a name for people
+  std::map<std::string, FlavorCost> flavors;  // empty: no costs
+};
+
 struct Platform {
   admission::Config admission;  // flavors, cohorts, queues, fair_sharing
   std::vector<PriorityClass> priorities;
@@ -219,6 +230,7 @@ struct Platform {
   NodeLabels node_labels;
   std::vector<TopologyLevel> topology;  // broadest first; empty: none (no placements on a cluster)
   std::vector<Budget> budgets;
+  Costs costs;
 
   // Lookups by name; nullptr when absent.
   const Workspace* FindWorkspace(std::string_view name) const;

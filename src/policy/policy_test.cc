@@ -326,6 +326,21 @@ TEST(PlatformTest, BudgetsParseWithTheirScopesLimitsAndPeriods) {
   EXPECT_EQ(ToJson(p)["budgets"][3]["cpu_hours"], 12);
 }
 
+TEST(PlatformTest, CostsParsePerFlavor) {
+  Platform p = testing::MustParse(
+      testing::ReadAll(testing::SourceDir() / "tests/data/policy/valid/costs.yaml"));
+  EXPECT_EQ(p.costs.currency, "USD");
+  ASSERT_EQ(p.costs.flavors.size(), 2u);
+  EXPECT_EQ(p.costs.flavors.at("a100").gpu_hour, 2.5);
+  EXPECT_EQ(p.costs.flavors.at("a100").cpu_hour, 0.04);
+  EXPECT_EQ(p.costs.flavors.at("cpu").gpu_hour, 0);
+  EXPECT_EQ(p.costs.flavors.at("cpu").cpu_hour, 0.03);
+  EXPECT_EQ(ToJson(p)["costs"]["flavors"]["cpu"]["cpu_hour"], 0.03);
+  EXPECT_TRUE(ToJson(testing::MustParse(
+      testing::ReadAll(testing::SourceDir() / "tests/data/policy/valid/minimal.yaml")))["costs"]
+                  .is_null());
+}
+
 TEST(PlatformTest, IdleAndStallLimitsParseWithTheirDefaults) {
   Platform p = testing::MustParse(
       testing::ReadAll(testing::SourceDir() / "tests/data/policy/valid/guardrails.yaml"));

@@ -512,7 +512,24 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
         }
         auto rows = controller->Usage(by, since, caller.VisibleWorkspaces());
         if (!rows.ok()) return http::ReplyError(res, rows.status());
-        http::Reply(res, 200, json{{"by", by}, {"since", FormatRfc3339(since)}, {"rows", *rows}});
+        const policy::Costs costs = controller->CurrentPlatform().platform->costs;
+        json out = {{"by", by},
+                    {"since", FormatRfc3339(since)},
+                    {"currency", costs.flavors.empty() ? json(nullptr) : json(costs.currency)},
+                    {"rows", *rows}};
+        // ?bucket=hour|day: the same over time (the dashboard's usage chart).
+        if (req.has_param("bucket")) {
+          const std::string bucket = req.get_param_value("bucket");
+          if (bucket != "hour" && bucket != "day")
+            return http::ReplyError(res, InvalidArgument("bucket: hour or day"));
+          auto series = controller->UsageSeries(by, since, bucket == "day" ? 86'400'000 : 3'600'000,
+                                                caller.VisibleWorkspaces());
+          if (!series.ok()) return http::ReplyError(res, series.status());
+          out["bucket"] = bucket;
+          out["buckets"] = std::move((*series)["buckets"]);
+          out["series"] = std::move((*series)["series"]);
+        }
+        http::Reply(res, 200, out);
       });
   api->Route("GET", "/api/v1/capacity", Access::kSignedIn,
              [controller](const http::HttpRequest&, http::HttpResponse& res) {

@@ -1459,6 +1459,7 @@ Result<std::vector<UsageRecord>> Store::ListUsage(int64_t since_ms) {
     u.cpu_milli = data.value("cpu_milli", int64_t{0});
     u.sampled_gpu_hours = data.value("sampled_gpu_hours", 0.0);
     u.idle_gpu_hours = data.value("idle_gpu_hours", 0.0);
+    if (auto f = data.find("flavors"); f != data.end() && f->is_object()) u.flavors = *f;
     u.started_ms = data.value("admitted_ms", *u.ended_ms);
     out.push_back(std::move(u));
   }

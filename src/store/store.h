@@ -141,6 +141,7 @@ struct UsageRecord {
   int64_t gpus = 0, cpu_milli = 0;  // what the run holds while admitted (runs.resources)
   // GPU time its samples saw, and of it idle (the Metered event's; 0 where none were taken).
   double sampled_gpu_hours = 0, idle_gpu_hours = 0;
+  nlohmann::json flavors = nlohmann::json::object();  // pod set -> resource -> flavor
   int64_t started_ms = 0;
   std::optional<int64_t> ended_ms;  // unset while it runs
 };

@@ -283,6 +283,18 @@ try {
   ok(`GPU page: latest sample ${sample}`);
   await shot(page, "dashboard-gpus.png");
 
+  // The usage page: what each workspace held, a chart of it a day, and the budgets.
+  await page.goto(`${url}/#/usage?by=workspace&since=7d`);
+  await page.waitForSelector("#usage-table tr[data-key]", { timeout: 15000 });
+  const keys = await page.$$eval("#usage-table tr[data-key]", (rows) => rows.map((r) => r.dataset.key));
+  await page.waitForSelector("#usage-chart .chart canvas", { timeout: 15000 });
+  const drawn = await page.getAttribute("#usage-chart .chart", "data-series");
+  ok(`usage page: ${keys.join(", ")}; a chart of ${drawn} series`);
+  await page.selectOption('#usage-filters select[name="by"]', "run");
+  await page.waitForSelector(`#usage-table tr[data-key="${train}"]`, { timeout: 15000 });
+  ok("usage page by run lists the training run");
+  await shot(page, "dashboard-usage.png");
+
   if (errors.length) throw new Error("page errors: " + errors.join("; "));
   ok("no page errors");
 } catch (e) {

@@ -33,6 +33,10 @@ workspaces:
     default_queue: gpu
 defaults:
   workspace: vision
+costs:
+  currency: GPU-seconds
+  flavors:
+    gpu: {{gpu_hour: 3600, cpu_hour: 0}}
 budgets:
   - workspace: vision
     gpu_hours: {{gpu_hours}}
@@ -97,7 +101,14 @@ class BudgetTest(ServerTestCase):
         self.assertAlmostEqual(row["gpu_hours"], held, places=12)
         self.assertEqual(row["runs"], 1)
         self.assertEqual(row["idle_share"], 1.0)
-        self.assertRegex(self.server.tau("usage", check=0).stdout, r"\nvision\s+0\.00\d+\s+[\d.]+\s+100%\s+1\n")
+        # Costs from the flavor's rate: 3600 an hour is the GPU-seconds held.
+        self.assertAlmostEqual(row["cost"], held * 3600, places=9)
+        by_flavor = json.loads(self.server.tau("usage", "--by", "flavor", "--since", "30d", "-o",
+                                               "json", check=0).stdout)
+        self.assertEqual(by_flavor["currency"], "GPU-seconds")
+        self.assertEqual([r["key"] for r in by_flavor["rows"]], ["gpu"])
+        self.assertIn("COST (GPU-seconds)", self.server.tau("usage", "--by", "flavor", check=0).stdout)
+        self.assertRegex(self.server.tau("usage", check=0).stdout, r"\nvision\s+0\.00\d+\s+[\d.]+\s+100%\s+[\d.]+\s+1\n")
         queues = self.server.tau("queues", check=0).stdout
         self.assertRegex(queues, r"workspace vision\s+0\.00\d+ / 0\.0010 GPU-h\s+this month")
         self.assertIn("spent", queues)

@@ -255,8 +255,10 @@ class DashboardTest(unittest.TestCase):
         self.assertRegex(p.stdout, r"services list: predict (\d+)/\1 ready")
         self.assertIn("service page: 1 replica rows, all ready", p.stdout)
         self.assertIn("request rate chart:", p.stdout)
+        self.assertRegex(p.stdout, r"usage page: [a-z0-9-]+.*; a chart of [1-9]\d* series")
+        self.assertIn("usage page by run lists the training run", p.stdout)
         for name in ("dashboard-run.png", "dashboard-queues.png", "dashboard-runs.png",
-                     "dashboard-compare.png", "dashboard-services.png"):
+                     "dashboard-compare.png", "dashboard-services.png", "dashboard-usage.png"):
             self.assertTrue(os.path.getsize(os.path.join(shots, name)) > 1000, name)
 
 

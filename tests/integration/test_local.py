@@ -345,7 +345,12 @@ class RunTest(ServerTestCase):
         self.follow_through_restart(signal.SIGTERM)  # its streams end cut short, not complete
 
     def follow_through_restart(self, sig):
-        code = "import time\nfor i in range(40):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n"
+        # The run waits at tick 9 for a gate the test opens after the server died: however slowly
+        # the clients start (ThreadSanitizer), they are streaming when it dies, and it has not ended.
+        gate = os.path.join(self.work, "gate-" + str(sig))
+        code = ("import os, time\nfor i in range(40):\n    print('tick', i, flush=True)\n"
+                f"    while i == 9 and not os.path.exists({gate!r}):\n        time.sleep(0.05)\n"
+                "    time.sleep(0.1)\n")
         spec = self.project(job_spec("survive"), {"main.py": code})
         attached = subprocess.Popen([TAU, "run", spec], env=self.server.env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
@@ -362,11 +367,14 @@ class RunTest(ServerTestCase):
             except FileNotFoundError:
                 return False
         # Both clients are streaming when the server dies part-way through the run.
-        wait_for(lambda: printed("tick 8"), what="the run to print")
+        first = {p: p.stdout.readline() for p in (attached, follower)}
+        wait_for(lambda: printed("tick 9"), what="the run to print")
         self.server.kill(sig)  # the next command starts a local server again
+        open(gate, "w").close()
         ticks = [f"tick {i}" for i in range(40)]
         for p in (attached, follower):
             out, err = p.communicate(timeout=90)
+            out = first[p] + out
             self.assertEqual(p.returncode, 0, err)
             self.assertEqual(out.splitlines(), ticks, err)
             self.assertIn("lost the connection to the server", err)
