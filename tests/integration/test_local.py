@@ -367,7 +367,17 @@ class RunTest(ServerTestCase):
             except FileNotFoundError:
                 return False
         # Both clients are streaming when the server dies part-way through the run.
-        first = {p: p.stdout.readline() for p in (attached, follower)}
+        def first_line(p):
+            # From the pipe itself, a byte at a time: a buffered readline would take lines past
+            # the first, which communicate() (reading the pipe) would then never see.
+            line = b""
+            while not line.endswith(b"\n"):
+                c = os.read(p.stdout.fileno(), 1)
+                if not c:
+                    break
+                line += c
+            return line.decode()
+        first = {p: first_line(p) for p in (attached, follower)}
         wait_for(lambda: printed("tick 9"), what="the run to print")
         self.server.kill(sig)  # the next command starts a local server again
         open(gate, "w").close()
