@@ -190,15 +190,19 @@ std::string Sha256Hex(std::string_view data) {
   return h.HexDigest();
 }
 
+namespace {
+// The 32 bytes a SHA-256 hex digest spells.
+std::string DigestBytes(const std::string& hex) {
+  std::string bytes;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return bytes;
+}
+}  // namespace
+
 std::string HmacSha256Hex(std::string_view key, std::string_view data) {
   constexpr size_t kBlock = 64;
-  std::string k(key);
-  if (k.size() > kBlock) {  // a long key is hashed first
-    std::string hex = Sha256Hex(k);
-    k.clear();
-    for (size_t i = 0; i < hex.size(); i += 2)
-      k.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  }
+  std::string k = key.size() > kBlock ? DigestBytes(Sha256Hex(key)) : std::string(key);
   k.resize(kBlock, '\0');
   std::string inner_pad(kBlock, '\0'), outer_pad(kBlock, '\0');
   for (size_t i = 0; i < kBlock; ++i) {
@@ -208,13 +212,9 @@ std::string HmacSha256Hex(std::string_view key, std::string_view data) {
   Sha256 inner;
   inner.Update(inner_pad);
   inner.Update(data);
-  std::string inner_hex = inner.HexDigest();
-  std::string inner_bytes;
-  for (size_t i = 0; i < inner_hex.size(); i += 2)
-    inner_bytes.push_back(static_cast<char>(std::stoi(inner_hex.substr(i, 2), nullptr, 16)));
   Sha256 outer;
   outer.Update(outer_pad);
-  outer.Update(inner_bytes);
+  outer.Update(DigestBytes(inner.HexDigest()));
   return outer.HexDigest();
 }
 

@@ -28,6 +28,25 @@ std::string Gpus(const std::vector<int>& gpus) {
   return Join(names, ",");
 }
 
+// What one monitor pass read of an attempt's GPUs: when, how many, how many were under
+// `under_pct`, and the busiest.
+struct PassReading {
+  int64_t at_ms = 0;
+  int64_t sampled = 0, under = 0;
+  double busiest_pct = 0;
+};
+PassReading ReadPass(const GpuSamples& pass, const std::vector<int>& gpus, double under_pct) {
+  PassReading r;
+  for (const evidence::GpuSample& s : pass.samples)
+    if (s.util_pct && std::count(gpus.begin(), gpus.end(), s.gpu)) {
+      r.at_ms = std::max(r.at_ms, s.at_ms);
+      ++r.sampled;
+      if (*s.util_pct < under_pct) ++r.under;
+      r.busiest_pct = std::max(r.busiest_pct, *s.util_pct);
+    }
+  return r;
+}
+
 }  // namespace
 
 void Controller::AccountGpuTime(const std::vector<RunningAttempt>& running,
@@ -37,21 +56,15 @@ void Controller::AccountGpuTime(const std::vector<RunningAttempt>& running,
   for (const RunningAttempt& a : running) {
     if (a.gpus.empty()) continue;
     for (const GpuSamples& pass : samples) {
-      int64_t at = 0, sampled = 0, idle = 0;
-      for (const evidence::GpuSample& s : pass.samples)
-        if (s.util_pct && std::count(a.gpus.begin(), a.gpus.end(), s.gpu)) {
-          at = std::max(at, s.at_ms);
-          ++sampled;
-          if (*s.util_pct < kIdleSharePct) ++idle;
-        }
-      if (sampled == 0) continue;
+      const PassReading r = ReadPass(pass, a.gpus, kIdleSharePct);
+      if (r.sampled == 0) continue;
       GpuTime& t = gpu_time_[a.run];
-      if (t.last_sample_ms > 0 && at > t.last_sample_ms) {
-        const int64_t dt = std::min(at - t.last_sample_ms, kMaxSampleGapMs);
-        t.sampled_gpu_ms += dt * sampled;
-        t.idle_gpu_ms += dt * idle;
+      if (t.last_sample_ms > 0 && r.at_ms > t.last_sample_ms) {
+        const int64_t dt = std::min(r.at_ms - t.last_sample_ms, kMaxSampleGapMs);
+        t.sampled_gpu_ms += dt * r.sampled;
+        t.idle_gpu_ms += dt * r.under;
       }
-      t.last_sample_ms = std::max(t.last_sample_ms, at);
+      t.last_sample_ms = std::max(t.last_sample_ms, r.at_ms);
     }
   }
 }
@@ -89,15 +102,9 @@ void Controller::ApplyGuardrails(const std::vector<GpuSamples>& samples, Batch* 
       watch = watches_.insert_or_assign(a.run, guard::Watch(a.attempt, now)).first;
     guard::Watch& wt = watch->second;
     if (idle && !a.gpus.empty())
-      for (const GpuSamples& batch_of : samples) {
-        std::optional<double> busiest;
-        int64_t at = 0;
-        for (const evidence::GpuSample& s : batch_of.samples)
-          if (s.util_pct && std::count(a.gpus.begin(), a.gpus.end(), s.gpu)) {
-            busiest = std::max(busiest.value_or(0), *s.util_pct);
-            at = std::max(at, s.at_ms);
-          }
-        if (busiest) wt.Utilisation(std::min(at, now), *busiest, *idle);
+      for (const GpuSamples& pass : samples) {
+        const PassReading r = ReadPass(pass, a.gpus, idle->gpu_util_below_pct);
+        if (r.sampled > 0) wt.Utilisation(std::min(r.at_ms, now), r.busiest_pct, *idle);
       }
     if (stall && read_output)
       if (std::optional<int64_t> bytes = backend_->OutputBytes(run)) wt.Output(now, *bytes);
