@@ -1,6 +1,7 @@
 // The admission engine: a pure, deterministic re-implementation of Kueue's admission model
 // (ResourceFlavors, ClusterQueues in a hierarchical cohort tree, borrowing and lending limits,
-// flavor fungibility, StrictFIFO / BestEffortFIFO queues, classic and fair-sharing preemption).
+// flavor fungibility, StrictFIFO / BestEffortFIFO queues, classic and fair-sharing preemption,
+// and admission fair sharing: LocalQueues ordered by their decayed usage).
 //
 // What it offers:
 //   * a data model (ResourceFlavor, Cohort, ClusterQueue, Workload) and a Config that groups it;
@@ -82,12 +83,32 @@ struct FlavorFungibility {
 
 struct ClusterQueue {
   std::string name;
+  // Kueue's admissionScope.admissionMode UsageBasedAdmissionFairSharing: pending workloads are
+  // ordered by their LocalQueue's decayed usage first (needs Config::admission_fair_sharing).
+  bool admission_fair_sharing = false;
   std::string cohort;  // empty: standalone; a name without a Cohort object is an implicit cohort
   QueueingStrategy queueing_strategy = QueueingStrategy::kBestEffortFifo;
   std::vector<ResourceGroup> resource_groups;
   PreemptionPolicy preemption;
   FlavorFungibility flavor_fungibility;
   double fair_sharing_weight = 1.0;
+};
+
+// Kueue's Configuration.admissionFairSharing. A LocalQueue's consumed usage is, per resource,
+// consumed' = consumed * (1 - a) + admitted * a with a = 1 - 0.5^(elapsed / half_life), folded
+// every sampling interval and at each admission; an admission also adds its requests times
+// a(sampling interval) at once (the entry penalty), so one queue's burst is not all admitted
+// before the next sample. Its usage is sum(weight[r] * consumed[r]) / the LocalQueue's weight.
+struct AdmissionFairSharing {
+  int64_t usage_half_life_ms = 0;                  // required, > 0
+  int64_t usage_sampling_interval_ms = 300'000;    // Kueue's default, 5m
+  std::map<std::string, double> resource_weights;  // unlisted resources weigh 1
+};
+
+struct LocalQueue {
+  std::string name;
+  std::string cluster_queue;
+  double fair_sharing_weight = 1.0;  // 0: always last
 };
 
 // Fair-sharing preemption strategies (Kueue's preemptionStrategies).
@@ -101,6 +122,9 @@ struct Config {
   std::vector<FairSharingStrategy> fair_sharing_strategies = {
       FairSharingStrategy::kLessThanOrEqualToFinalShare,
       FairSharingStrategy::kLessThanInitialShare};
+  std::optional<AdmissionFairSharing> admission_fair_sharing;
+  // LocalQueues with a weight; a workload may name one not listed here (weight 1).
+  std::vector<LocalQueue> local_queues;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -123,6 +147,8 @@ using FlavorAssignment = std::map<std::string, std::map<std::string, std::string
 struct Workload {
   std::string name;   // also the UID: the last tie-break in every ordering
   std::string queue;  // ClusterQueue name
+  // LocalQueue (admission fair sharing's unit of usage); empty: one named as the ClusterQueue.
+  std::string local_queue;
   int32_t priority = 0;
   int64_t created_ms = 0;  // queue-order timestamp
   std::vector<PodSet> pod_sets;
@@ -194,6 +220,17 @@ struct ResourceUsage {
   Quantity available;
 };
 
+// A LocalQueue's admission-fair-sharing state (queues with admission_fair_sharing only).
+struct LocalQueueUsage {
+  std::string name;
+  std::string queue;
+  double weight = 1.0;
+  std::map<std::string, double> consumed;  // resource -> decayed usage, in units (cpu: cores)
+  std::map<std::string, double> admitted;  // resource -> what its workloads hold now, in units
+  int64_t last_update_ms = 0;
+  double usage = 0;  // what orders its workloads: weighted consumed / weight (inf at weight 0)
+};
+
 enum class WorkloadState { kPending, kAdmitted, kPreempted /* admitted, eviction pending */ };
 
 // ---------------------------------------------------------------------------------------------
@@ -238,6 +275,12 @@ class Engine {
   std::vector<std::string> Admitted() const;
   // Workloads chosen as victims and not yet evicted.
   std::vector<std::string> PreemptedAwaitingEviction() const;
+  // Admission fair sharing: every LocalQueue of a queue with it, by name.
+  std::vector<LocalQueueUsage> LocalQueues() const;
+  // Sets a LocalQueue's consumed usage as of `at_ms` (a restart's restore, a simulation's start).
+  // Unknown LocalQueues are created for `queue`, which must use admission fair sharing.
+  Status SetLocalQueueUsage(const std::string& local_queue, const std::string& queue,
+                            const std::map<std::string, double>& consumed, int64_t at_ms);
   // How many workloads' room the engine holds: the most it has had at once, not how many it has
   // had in all (a removed workload's room is reused).
   size_t WorkloadSlots() const;

@@ -3,6 +3,7 @@
 // the worked scenarios of the reference notes; each scenario is rebuilt from what it tests.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 // Table rows leave trailing expectations out on purpose.
@@ -928,6 +929,121 @@ TEST(AdmissionEngineTest, AllowedFlavorsPinAPodSet) {
   ASSERT_EQ(pending.size(), 1u);
   EXPECT_EQ(pending[0].name, "pinned-small");
   EXPECT_EQ(pending[0].reason, kReasonExceedsMaxQuota);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admission fair sharing: the decay, the entry penalty and the ordering, by the numbers.
+
+namespace afs {
+
+Config OneQueue(int64_t half_life_ms, int64_t sampling_ms, double gpu_weight = 1) {
+  Config c;
+  c.flavors = {{"h100", {}}};
+  ClusterQueue q;
+  q.name = "gpu";
+  q.admission_fair_sharing = true;
+  q.resource_groups = {
+      {{"nvidia.com/gpu"}, {{"h100", {{"nvidia.com/gpu", Quantity::FromUnits(4)}}}}}};
+  c.queues = {q};
+  c.admission_fair_sharing =
+      AdmissionFairSharing{half_life_ms, sampling_ms, {{"nvidia.com/gpu", gpu_weight}}};
+  return c;
+}
+
+Workload Gpus(const std::string& name, const std::string& lq, int gpus, int64_t created) {
+  Workload w;
+  w.name = name;
+  w.queue = "gpu";
+  w.local_queue = lq;
+  w.created_ms = created;
+  PodSet ps;
+  ps.requests["nvidia.com/gpu"] = Quantity::FromUnits(gpus);
+  w.pod_sets = {ps};
+  return w;
+}
+
+double Consumed(const Engine& e, const std::string& lq) {
+  for (const LocalQueueUsage& u : e.LocalQueues())
+    if (u.name == lq)
+      return u.consumed.count("nvidia.com/gpu") ? u.consumed.at("nvidia.com/gpu") : 0;
+  return -1;
+}
+
+}  // namespace afs
+
+TEST(AdmissionFairSharingUsageTest, UsageHalvesEveryHalfLifeAndApproachesWhatIsHeld) {
+  const int64_t h = 3'600'000;  // half-life 1 h, sampled every minute
+  Result<Engine> e = Engine::Create(afs::OneQueue(h, 60'000));
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_TRUE(e->SetLocalQueueUsage("idle", "gpu", {{"nvidia.com/gpu", 8}}, 0).ok());
+  // Sampled once after exactly one half-life: half is left.
+  e->RunCycle({h, false});
+  EXPECT_NEAR(afs::Consumed(*e, "idle"), 4.0, 1e-9);
+  // Sampling more often decays the same (the decay composes): three more half-lives, per minute.
+  for (int64_t t = h + 60'000; t <= 4 * h; t += 60'000) e->RunCycle({t, false});
+  EXPECT_NEAR(afs::Consumed(*e, "idle"), 0.5, 1e-9);
+
+  // A queue holding 2 GPUs for a long time converges to 2 (plus its entry penalty, decayed).
+  ASSERT_TRUE(e->AddWorkload(afs::Gpus("w", "busy", 2, 0)).ok());
+  e->RunCycle({4 * h + 60'000, false});
+  ASSERT_EQ(e->State("w").value(), WorkloadState::kAdmitted);
+  // Right after admission: nothing held before, the penalty is 2 * (1 - 0.5^(1/60)).
+  EXPECT_NEAR(afs::Consumed(*e, "busy"), 2 * (1 - std::pow(0.5, 1.0 / 60)), 1e-9);
+  for (int64_t t = 4 * h + 120'000; t <= 30 * h; t += 60'000) e->RunCycle({t, false});
+  EXPECT_NEAR(afs::Consumed(*e, "busy"), 2.0, 1e-3);
+}
+
+TEST(AdmissionFairSharingUsageTest, ABurstFromOneLocalQueueAlternatesWithAnother) {
+  // Both queues start equal; each admission's penalty hands the next head to the other queue.
+  Result<Engine> e = Engine::Create(afs::OneQueue(3'600'000, 300'000));
+  ASSERT_TRUE(e.ok());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(e->AddWorkload(afs::Gpus("a" + std::to_string(i), "lq-a", 1, 1 + i)).ok());
+    ASSERT_TRUE(e->AddWorkload(afs::Gpus("b" + std::to_string(i), "lq-b", 1, 10 + i)).ok());
+  }
+  std::vector<std::string> order;
+  for (int c = 0; c < 4; ++c) {
+    for (const AdmittedInfo& a : e->RunCycle({1000 + c, false}).admitted) order.push_back(a.name);
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"a0", "b0", "a1", "b1"}));
+}
+
+TEST(AdmissionFairSharingUsageTest, ZeroWeightGoesLastAndPositionsFollowUsage) {
+  Config c = afs::OneQueue(3'600'000, 300'000);
+  c.local_queues = {{"starved", "gpu", 0.0}, {"heavy", "gpu", 1.0}};
+  c.queues[0].resource_groups[0].flavors[0].resources[0].nominal = Quantity::FromUnits(0);
+  Result<Engine> e = Engine::Create(c);
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE(e->SetLocalQueueUsage("heavy", "gpu", {{"nvidia.com/gpu", 1000}}, 0).ok());
+  ASSERT_TRUE(e->AddWorkload(afs::Gpus("s", "starved", 1, 1)).ok());
+  ASSERT_TRUE(e->AddWorkload(afs::Gpus("h", "heavy", 1, 2)).ok());
+  ASSERT_TRUE(e->AddWorkload(afs::Gpus("n", "new", 1, 3)).ok());
+  EXPECT_EQ(e->QueueOrder("gpu").value(), (std::vector<std::string>{"n", "h", "s"}));
+}
+
+TEST(AdmissionFairSharingUsageTest, ConfigurationMistakesAreRefused) {
+  Config c = afs::OneQueue(3'600'000, 300'000);
+  c.admission_fair_sharing.reset();
+  EXPECT_NE(Engine::Create(c).status().message().find("needs the admission_fair_sharing"),
+            std::string::npos);
+  c = afs::OneQueue(0, 300'000);
+  EXPECT_NE(Engine::Create(c).status().message().find("usage_half_life"), std::string::npos);
+  c = afs::OneQueue(3'600'000, 300'000);
+  c.local_queues = {{"x", "nope", 1.0}};
+  EXPECT_EQ(Engine::Create(c).status().code(), StatusCode::kNotFound);
+  c = afs::OneQueue(3'600'000, 300'000, -1);
+  EXPECT_FALSE(Engine::Create(c).ok());
+  // A LocalQueue belongs to one ClusterQueue.
+  c = afs::OneQueue(3'600'000, 300'000);
+  ClusterQueue other = c.queues[0];
+  other.name = "other";
+  c.queues.push_back(other);
+  Result<Engine> e = Engine::Create(c);
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE(e->AddWorkload(afs::Gpus("w1", "lq", 1, 1)).ok());
+  Workload w2 = afs::Gpus("w2", "lq", 1, 2);
+  w2.queue = "other";
+  EXPECT_NE(e->AddWorkload(w2).message().find("belongs to cluster queue 'gpu'"), std::string::npos);
 }
 
 }  // namespace

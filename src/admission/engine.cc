@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 
 #include "admission/internal.h"
@@ -160,20 +161,47 @@ Result<Engine> Engine::Create(const Config& config) {
     }
     TAU_RETURN_IF_ERROR(CheckGroups(q.resource_groups, "queue '" + q.name + "'", m.flavor_by_name,
                                     !q.cohort.empty()));
+    if (q.admission_fair_sharing && !config.admission_fair_sharing) {
+      return InvalidArgument(
+          fmt::format("queue '{}': admission mode UsageBasedAdmissionFairSharing needs the "
+                      "admission_fair_sharing settings (usage half-life, sampling interval)",
+                      q.name));
+    }
+  }
+  if (const auto& afs = config.admission_fair_sharing) {
+    if (afs->usage_half_life_ms <= 0)
+      return InvalidArgument("admission_fair_sharing: usage_half_life must be more than 0");
+    if (afs->usage_sampling_interval_ms <= 0) {
+      return InvalidArgument("admission_fair_sharing: usage_sampling_interval must be more than 0");
+    }
+    for (const auto& [r, w] : afs->resource_weights) {
+      if (!(w >= 0) || !std::isfinite(w)) {
+        return InvalidArgument(fmt::format(
+            "admission_fair_sharing: the weight of resource '{}' must be a number >= 0", r));
+      }
+    }
+  }
+  for (const LocalQueue& lq : config.local_queues) {
+    if (lq.name.empty()) return InvalidArgument("a local queue needs a name");
+    if (!queue_names.count(lq.cluster_queue)) {
+      return NotFound(
+          fmt::format("local queue '{}': unknown cluster queue '{}'", lq.name, lq.cluster_queue));
+    }
+    if (!(lq.fair_sharing_weight >= 0) || !std::isfinite(lq.fair_sharing_weight)) {
+      return InvalidArgument(
+          fmt::format("local queue '{}': fair_sharing weight must be >= 0", lq.name));
+    }
+    if (!m.lq_weights.emplace(lq.name, lq.fair_sharing_weight).second)
+      return AlreadyExists(fmt::format("local queue '{}' is defined twice", lq.name));
   }
   // Intern resources and FRs.
-  auto intern_resource = [&](const std::string& r) {
-    auto [it, inserted] = m.resource_by_name.emplace(r, static_cast<int>(m.resource_names.size()));
-    if (inserted) m.resource_names.push_back(r);
-    return it->second;
-  };
   auto all_groups = [&](auto&& fn) {
     for (const Cohort& c : config.cohorts) fn(c.resource_groups);
     for (const ClusterQueue& q : config.queues) fn(q.resource_groups);
   };
   all_groups([&](const std::vector<ResourceGroup>& groups) {
     for (const ResourceGroup& g : groups) {
-      for (const std::string& r : g.covered_resources) intern_resource(r);
+      for (const std::string& r : g.covered_resources) m.InternResource(r);
     }
   });
   m.fr_of.assign(m.flavor_names.size(), std::vector<int>(m.resource_names.size(), -1));
@@ -283,6 +311,12 @@ Result<Engine> Engine::Create(const Config& config) {
     m.cq_by_name[q.name] = static_cast<int>(m.cqs.size());
     m.cqs.push_back(std::move(cq));
   }
+  for (Cq& cq : m.cqs) cq.afs = cq.spec.admission_fair_sharing;
+  // Listed LocalQueues exist from the start, so they are shown before their first workload.
+  for (const LocalQueue& lq : config.local_queues) {
+    int cq = m.cq_by_name[lq.cluster_queue];
+    if (m.cqs[cq].afs) m.LocalQueueOf(cq, lq.name);
+  }
   m.tree.Finalize();
   m.epoch.assign(m.tree.nodes.size(), 1);
   m.version.assign(m.tree.nodes.size(), 1);
@@ -293,10 +327,23 @@ Result<Engine> Engine::Create(const Config& config) {
   return Engine(std::move(impl));
 }
 
+int Engine::Impl::InternResource(const std::string& name) {
+  auto [it, inserted] = resource_by_name.emplace(name, static_cast<int>(resource_names.size()));
+  if (inserted) {
+    resource_names.push_back(name);
+    for (auto& row : fr_of) row.push_back(-1);
+  }
+  return it->second;
+}
+
 void Engine::Impl::Charge(int id, int sign) {
   Wl& w = wls[id];
   Cq& cq = cqs[w.cq];
   tree.AddUsage(cq.node, w.usage, sign);
+  if (w.lq >= 0) {
+    Lq& lq = lqs[w.lq];
+    for (const auto& [fr, v] : w.usage) lq.admitted[fr_resource[fr]] += sign * v;
+  }
   ++version[tree.nodes[cq.node].root];
   if (sign > 0) {
     w.admitted_index = static_cast<int>(cq.admitted.size());
@@ -351,13 +398,7 @@ Status Engine::AddWorkload(const Workload& workload) {
     for (const auto& [r, qty] : ps.requests) {
       int64_t total = MulSaturating(qty.milli(), ps.count);
       if (total == 0) continue;  // zero requests never need a flavor (Kueue ignores them)
-      auto [it, inserted] =
-          m.resource_by_name.emplace(r, static_cast<int>(m.resource_names.size()));
-      if (inserted) {
-        m.resource_names.push_back(r);
-        for (auto& row : m.fr_of) row.push_back(-1);
-      }
-      reqs.emplace_back(it->second, total);
+      reqs.emplace_back(m.InternResource(r), total);
     }
     w.podset_requests.push_back(std::move(reqs));
   }
@@ -394,6 +435,17 @@ Status Engine::AddWorkload(const Workload& workload) {
     w.state = WorkloadState::kAdmitted;
   }
   w.eq_hash = EquivalenceHash(w);
+  if (cq.afs) {
+    const std::string& lq_name = workload.local_queue.empty() ? cq.spec.name : workload.local_queue;
+    w.lq = m.LocalQueueOf(w.cq, lq_name);
+    if (w.lq < 0) {
+      return InvalidArgument(fmt::format(
+          "workload '{}': local queue '{}' belongs to cluster queue '{}', not '{}'", workload.name,
+          lq_name, m.cqs[m.lqs[m.lq_by_name[lq_name]].cq].spec.name, cq.spec.name));
+    }
+    // One class per LocalQueue and shape: a class head is then its LocalQueue's first.
+    w.eq_hash ^= std::hash<std::string>()(lq_name) * 0x9e3779b97f4a7c15ULL;
+  }
   int id;
   if (m.free_wls.empty()) {
     id = static_cast<int>(m.wls.size());

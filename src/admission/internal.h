@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -104,6 +105,7 @@ struct EqClass {
 struct Cq {
   ClusterQueue spec;
   int node = -1;
+  bool afs = false;  // admission fair sharing in force (the queue's mode and the config's)
   struct Group {
     std::vector<int> resources;  // resource ids
     std::vector<int> flavors;    // flavor ids, in order
@@ -146,10 +148,22 @@ struct WlAssignment {
   bool oracle_valid = false;
 };
 
+// A LocalQueue under admission fair sharing: its decayed usage and what it holds now, per
+// resource id, in units (milli-units / 1000, as Kueue's AsApproximateFloat64).
+struct Lq {
+  std::string name;
+  int cq = -1;
+  double weight = 1.0;
+  std::map<int, double> consumed;
+  std::map<int, int64_t> admitted;  // milli-units
+  int64_t last_update_ms = -1;      // -1: not sampled yet (the first sample starts its clock)
+};
+
 struct Wl {
   Workload spec;
   bool alive = true;
   int cq = -1;
+  int lq = -1;  // Impl::lqs index when its queue uses admission fair sharing
   WorkloadState state = WorkloadState::kPending;
   uint64_t eq_hash = 0;
   bool parked = false;
@@ -200,15 +214,34 @@ struct Engine::Impl {
   std::unordered_map<std::string, int> wl_by_name;
   // Per root node: ClusterQueues of the tree (for candidate search).
   std::vector<std::vector<int>> tree_cqs;
+  // Admission fair sharing (fair_usage.cc).
+  std::vector<Lq> lqs;
+  std::unordered_map<std::string, int> lq_by_name;
+  std::unordered_map<std::string, double> lq_weights;  // from Config::local_queues
+  int LocalQueueOf(int cq, const std::string& name);   // creates it; -1 when bound to another cq
+  void FoldUsage(Lq& lq, int64_t now_ms);              // decay toward what it holds now
+  void SampleUsage(int64_t now_ms);                    // every LocalQueue due for a sample
+  void AddEntryPenalty(int id);                        // after admitting workload `id`
+  double LqUsage(const Lq& lq) const;
+  // The queue's next head: heads.begin(), or under admission fair sharing the head of the
+  // LocalQueue with the lowest usage (then queue order).
+  int AfsHead(const Cq& cq) const;
+  // Queue order of two pending workloads of one queue (usage first under admission fair sharing).
+  bool Before(const Cq& cq, int a, int b) const;
 
   // Queue operations (scheduler.cc).
   void QueuePush(int id);
   void QueueErase(int id);
-  int QueueHead(Cq& cq) const { return cq.heads.empty() ? -1 : *cq.heads.begin(); }
+  int QueueHead(const Cq& cq) const {
+    if (cq.heads.empty()) return -1;
+    return cq.afs ? AfsHead(cq) : *cq.heads.begin();
+  }
   void QueuePark(int id);
   void QueueBlockClass(int id);
   void QueueUnparkAll(Cq& cq);
   bool Inadmissible(const Wl& w) const;
+
+  int InternResource(const std::string& name);  // its id, added to fr_of's rows when new
 
   // Quota of admitted workloads.
   void Charge(int id, int sign);

@@ -13,7 +13,9 @@
 // sharing: a DRS tournament per cohort tree), then each entry in order is admitted, issues its
 // preemptions, or stays pending with a reason. A head's nomination is kept in its Wl with the
 // version of its cohort tree (bumped by every charge, release and preemption) and reused while that
-// is unchanged; why it failed is kept as data (Why) and put into words only by Pending().
+// is unchanged; why it failed is kept as data (Why) and put into words only by Pending(). A queue
+// with admission fair sharing takes its head from the LocalQueue with the lowest usage
+// (fair_usage.cc).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -135,7 +137,9 @@ struct Entry {
 CycleResult Engine::RunCycle(const CycleOptions& options) {
   Impl& m = *impl_;
   CycleResult result;
-  // 1. Requeue what was parked before quota got released in the tree.
+  // 1. Requeue what was parked before quota got released in the tree; sample the LocalQueues'
+  // usage that is due.
+  m.SampleUsage(options.now_ms);
   for (Cq& cq : m.cqs) {
     uint64_t e = m.epoch[m.tree.nodes[cq.node].root];
     if (cq.seen_epoch != e) {
@@ -282,6 +286,7 @@ CycleResult Engine::RunCycle(const CycleOptions& options) {
     w.message.clear();
     w.why.clear();
     m.Charge(e.wl, +1);
+    if (cq.afs) m.AddEntryPenalty(e.wl);
     result.admitted.push_back({w.spec.name, cq.spec.name, w.assignment});
     // A nomination is for a pending workload: drop it (`a` refers to it).
     w.nominated_version = 0;
@@ -382,7 +387,7 @@ std::vector<PendingInfo> Engine::Pending() const {
       if (w.alive && w.parked && w.park_seq == seq) ids.push_back(id);
     }
     for (const auto& [h, c] : cq.classes) ids.insert(ids.end(), c.members.begin(), c.members.end());
-    std::sort(ids.begin(), ids.end(), WlLess{&m.wls});
+    std::sort(ids.begin(), ids.end(), [&](int a, int b) { return m.Before(cq, a, b); });
     int position = 0;
     for (int id : ids) {
       const Wl& w = m.wls[id];

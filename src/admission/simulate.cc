@@ -7,6 +7,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <optional>
@@ -171,6 +172,20 @@ class Loader {
                         rq.name, rq.lending_limit->ToString(), rq.nominal.ToString()));
   }
 
+  // A duration such as 168h or 5m, in milliseconds, at least 1 s.
+  std::optional<int64_t> Duration(const YAML::Node& node, std::string_view what) {
+    if (node.IsScalar()) {
+      Result<int64_t> ms = ParseDurationMillis(node.Scalar());
+      if (ms.ok() && *ms >= 1000) return *ms;
+      if (ms.ok()) {
+        Error(node, fmt::format("{} must be at least 1s", what));
+        return std::nullopt;
+      }
+    }
+    Error(node, fmt::format("{} must be a duration such as 168h or 5m", what));
+    return std::nullopt;
+  }
+
   std::optional<int64_t> Time(const YAML::Node& node, std::string_view what) {
     if (!node.IsScalar()) {
       Error(node, fmt::format("{} must be an RFC 3339 time", what));
@@ -312,6 +327,7 @@ Config ParseConfigSections(const YAML::Node& root, Loader& L, Defined* defined) 
   std::map<std::string, YAML::Node>& flavor_nodes = defined->flavors;
   std::map<std::string, YAML::Node>& cohort_nodes = defined->cohorts;
   std::map<std::string, YAML::Node>& queue_nodes = defined->queues;
+  std::vector<YAML::Node> afs_queues;  // queues that ask for admission fair sharing
   // flavors
   if (root["flavors"] && L.Seq(root["flavors"], "flavors")) {
     for (const YAML::Node& f : root["flavors"]) {
@@ -362,7 +378,7 @@ Config ParseConfigSections(const YAML::Node& root, Loader& L, Defined* defined) 
     for (const YAML::Node& q : root["queues"]) {
       if (!L.Map(q, "queue",
                  {"name", "cohort", "queueing_strategy", "resource_groups", "preemption",
-                  "flavor_fungibility", "fair_sharing"})) {
+                  "flavor_fungibility", "fair_sharing", "admission_mode"})) {
         continue;
       }
       ClusterQueue cq;
@@ -463,7 +479,50 @@ Config ParseConfigSections(const YAML::Node& root, Loader& L, Defined* defined) 
         }
       }
       L.FairSharingWeight(q, &cq.fair_sharing_weight);
+      if (q["admission_mode"]) {
+        if (auto v = L.Enum<bool>(
+                q["admission_mode"], "admission_mode",
+                {{"UsageBasedAdmissionFairSharing", true}, {"NoAdmissionFairSharing", false}})) {
+          cq.admission_fair_sharing = *v;
+          if (*v) afs_queues.push_back(q["admission_mode"]);
+        }
+      }
       config.queues.push_back(std::move(cq));
+    }
+  }
+  // admission fair sharing (Kueue's Configuration.admissionFairSharing)
+  if (const YAML::Node& afs = root["admission_fair_sharing"]) {
+    if (L.Map(afs, "admission_fair_sharing",
+              {"usage_half_life", "usage_sampling_interval", "resource_weights"})) {
+      AdmissionFairSharing a;
+      if (!afs["usage_half_life"]) {
+        L.Error(afs, "admission_fair_sharing needs usage_half_life (168h, say)");
+      } else if (auto d = L.Duration(afs["usage_half_life"], "usage_half_life")) {
+        a.usage_half_life_ms = *d;
+      }
+      if (afs["usage_sampling_interval"]) {
+        if (auto d = L.Duration(afs["usage_sampling_interval"], "usage_sampling_interval"))
+          a.usage_sampling_interval_ms = *d;
+      }
+      if (const YAML::Node& rw = afs["resource_weights"]) {
+        if (!rw.IsMap()) {
+          L.Error(rw, "resource_weights must be a mapping of resource to weight");
+        } else {
+          for (auto it = rw.begin(); it != rw.end(); ++it) {
+            auto r = L.Str(it->first, "resource name");
+            auto w = L.Double(it->second, "resource weight");
+            if (r && w) a.resource_weights[*r] = *w;
+          }
+        }
+      }
+      config.admission_fair_sharing = std::move(a);
+    }
+  } else {
+    for (const YAML::Node& at : afs_queues) {
+      L.Error(at,
+              "admission_mode UsageBasedAdmissionFairSharing needs the top-level "
+              "admission_fair_sharing section (usage_half_life, usage_sampling_interval, "
+              "resource_weights)");
     }
   }
   // fair sharing switch
@@ -528,7 +587,9 @@ Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
   static const char* const kPlatformOnly[] = {
       "schema_version", "priorities", "workspaces", "defaults",   "compute_profiles",
       "storage",        "access",     "users",      "node_labels"};
-  std::vector<std::string> keys = {"flavors", "cohorts", "queues", "fair_sharing", "workloads"};
+  std::vector<std::string> keys = {"flavors",      "cohorts",   "queues",
+                                   "fair_sharing", "workloads", "admission_fair_sharing",
+                                   "local_queues"};
   keys.insert(keys.end(), std::begin(kPlatformOnly), std::end(kPlatformOnly));
   if (!L.Map(root, "the simulation", keys)) return InvalidArgument("not a mapping");
   for (const char* section : kPlatformOnly)
@@ -541,6 +602,51 @@ Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
                      const std::map<std::string, YAML::Node>& known) {
     L.Unknown(at, kind, name, known);
   };
+  // local queues: weights and usage at the start
+  std::map<std::string, YAML::Node> lq_nodes;
+  std::map<std::string, std::string> lq_queue;
+  if (root["local_queues"] && L.Seq(root["local_queues"], "local_queues")) {
+    for (const YAML::Node& q : root["local_queues"]) {
+      if (!L.Map(q, "local queue", {"name", "queue", "fair_sharing", "usage"})) continue;
+      auto name = L.Name(q, "local queue", &lq_nodes);
+      if (!name) continue;
+      LocalQueue lq;
+      lq.name = *name;
+      if (!q["queue"]) {
+        L.Error(q, fmt::format("local queue '{}' needs a queue", lq.name));
+      } else if (auto s = L.Str(q["queue"], "queue")) {
+        lq.cluster_queue = *s;
+        if (!queue_nodes.count(*s)) {
+          L.Unknown(q["queue"], "queue", *s, queue_nodes);
+        } else if (q["usage"]) {
+          bool afs = false;
+          for (const ClusterQueue& cq : in.config.queues)
+            if (cq.name == *s) afs = cq.admission_fair_sharing;
+          if (!afs) {
+            L.Error(q["usage"], fmt::format("queue '{}' does not use admission fair sharing "
+                                            "(admission_mode: UsageBasedAdmissionFairSharing)",
+                                            *s));
+          }
+        }
+      }
+      L.FairSharingWeight(q, &lq.fair_sharing_weight);
+      lq_queue[lq.name] = lq.cluster_queue;
+      if (const YAML::Node& u = q["usage"]) {
+        SimulationInput::Usage usage{lq.name, lq.cluster_queue, {}};
+        if (!u.IsMap()) {
+          L.Error(u, "usage must be a mapping of resource to quantity");
+        } else {
+          for (auto it = u.begin(); it != u.end(); ++it) {
+            auto r = L.Str(it->first, "resource name");
+            auto v = L.Qty(it->second, "usage");
+            if (r && v) usage.consumed[*r] = static_cast<double>(v->milli()) / 1000;
+          }
+        }
+        in.usage.push_back(std::move(usage));
+      }
+      in.config.local_queues.push_back(std::move(lq));
+    }
+  }
   // workloads
   if (root["workloads"] && L.Seq(root["workloads"], "workloads")) {
     std::map<std::string, YAML::Node> seen;
@@ -548,8 +654,8 @@ Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
     for (const YAML::Node& w : root["workloads"]) {
       ++index;
       if (!L.Map(w, "workload",
-                 {"name", "queue", "priority", "created", "requests", "pod_sets", "node_selector",
-                  "admitted"})) {
+                 {"name", "queue", "local_queue", "priority", "created", "requests", "pod_sets",
+                  "node_selector", "admitted"})) {
         continue;
       }
       Workload wl;
@@ -557,8 +663,21 @@ Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
       auto name = L.Name(w, "workload", &seen);
       if (!name) continue;
       wl.name = *name;
+      if (w["local_queue"]) {
+        if (auto s = L.Str(w["local_queue"], "local_queue")) {
+          wl.local_queue = *s;
+          // A listed LocalQueue names its queue, as a Kueue workload names only its LocalQueue.
+          if (auto it = lq_queue.find(*s); it != lq_queue.end() && !w["queue"]) {
+            wl.queue = it->second;
+          } else if (it != lq_queue.end() && w["queue"].IsScalar() &&
+                     w["queue"].Scalar() != it->second) {
+            L.Error(w["queue"],
+                    fmt::format("local queue '{}' belongs to queue '{}'", *s, it->second));
+          }
+        }
+      }
       if (!w["queue"]) {
-        L.Error(w, fmt::format("workload '{}' needs a queue", wl.name));
+        if (wl.queue.empty()) L.Error(w, fmt::format("workload '{}' needs a queue", wl.name));
       } else if (auto s = L.Str(w["queue"], "queue")) {
         wl.queue = *s;
         if (!queue_nodes.count(wl.queue)) unknown(w["queue"], "queue", wl.queue, queue_nodes);
@@ -724,6 +843,16 @@ Result<Config> ParseAdmissionConfig(std::string_view yaml, std::string_view file
   return config;
 }
 
+namespace {
+// Usage values print with 4 decimals: goldens stay readable and do not hang on the last bit.
+double RoundTo(double v) { return std::isfinite(v) ? std::round(v * 1e4) / 1e4 : -1; }
+nlohmann::json RoundAll(const std::map<std::string, double>& values) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [k, v] : values) out[k] = RoundTo(v);
+  return out;
+}
+}  // namespace
+
 Result<nlohmann::json> Simulate(std::string_view yaml, std::string_view filename, int cycles,
                                 std::vector<Diagnostic>* diagnostics) {
   TAU_ASSIGN_OR_RETURN(SimulationInput in, ParseSimulation(yaml, filename, diagnostics));
@@ -740,6 +869,10 @@ Result<nlohmann::json> Simulate(std::string_view yaml, std::string_view filename
     Status s = engine->AddWorkload(w);
     if (!s.ok()) return fail(s);
     now = std::max({now, w.created_ms, w.admitted_ms});
+  }
+  for (const SimulationInput::Usage& u : in.usage) {
+    Status s = engine->SetLocalQueueUsage(u.local_queue, u.queue, u.consumed, now);
+    if (!s.ok()) return fail(s);
   }
   if (cycles < 1) cycles = 1;
   nlohmann::json admitted = nlohmann::json::array();
@@ -772,6 +905,15 @@ Result<nlohmann::json> Simulate(std::string_view yaml, std::string_view filename
                          {"position", p.position}});
     }
     nlohmann::json out = {{"admitted", admitted}, {"preempted", preempted}, {"pending", pending}};
+    nlohmann::json lqs = nlohmann::json::array();
+    for (const LocalQueueUsage& u : engine->LocalQueues()) {
+      lqs.push_back({{"name", u.name},
+                     {"queue", u.queue},
+                     {"usage", RoundTo(u.usage)},
+                     {"consumed", RoundAll(u.consumed)},
+                     {"admitted", RoundAll(u.admitted)}});
+    }
+    if (!lqs.empty()) out["local_queues"] = std::move(lqs);
     if (!in.platform_sections.empty())
       out["not_simulated"] = in.platform_sections;  // platform policy, not admission
     return out;

@@ -13,16 +13,22 @@
 //                                     when_can_preempt: TryNextFlavor|Preempt},
 //                fair_sharing: {weight}}]
 //   fair_sharing: true | {enabled: true, preemption_strategies: [..]}
-//   workloads: [{name, queue, priority, created: RFC 3339,
+//   admission_fair_sharing: {usage_half_life: 168h, usage_sampling_interval: 5m,
+//                            resource_weights: {res: w}}   (queues opt in with
+//                            admission_mode: UsageBasedAdmissionFairSharing)
+//   local_queues: [{name, queue, fair_sharing: {weight}, usage: {res: qty}}]
+//   workloads: [{name, queue | local_queue, priority, created: RFC 3339,
 //                requests: {res: qty} | pod_sets: [{name, count, requests, node_selector}],
 //                node_selector: {k: v},
 //                admitted: {flavors: {res: flavor} | {podset: {res: flavor}}, at: RFC 3339}}]
 //
 // Every cohort a queue or cohort names must be listed under `cohorts`. A workload without
-// `created` is ordered by its place in the file. Errors are collected, one per problem:
+// `created` is ordered by its place in the file. Cycle N runs N seconds after the latest `created`
+// (LocalQueue usage decays by that clock). Errors are collected, one per problem:
 //   sim.yaml:12:7: error: unknown key 'nominl' in resource (did you mean 'nominal'?)
 #pragma once
 
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,6 +51,12 @@ struct Diagnostic {
 struct SimulationInput {
   Config config;
   std::vector<Workload> workloads;  // in file order
+  // LocalQueues' usage at the start (admission fair sharing).
+  struct Usage {
+    std::string local_queue, queue;
+    std::map<std::string, double> consumed;
+  };
+  std::vector<Usage> usage;
   // Sections of a platform file left in (workspaces, priorities, ...): accepted, not simulated.
   std::vector<std::string> platform_sections;
 };
@@ -66,6 +78,7 @@ Result<Config> ParseAdmissionConfig(std::string_view yaml, std::string_view file
 //   {"admitted": [{"name","queue","flavors": {podset: {res: flavor}}}],
 //    "preempted": [{"name","reason","preemptor"}],
 //    "pending": [{"name","reason","message","inadmissible","position"}],
+//    "local_queues": [{"name","queue","usage","consumed","admitted"}]  (admission fair sharing)
 //    "not_simulated": [section, ...]}  (only when a platform file's other sections are there)
 // where `admitted` lists admissions made in those cycles and `pending` every workload still
 // waiting (by queue, in queue order).

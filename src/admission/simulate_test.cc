@@ -147,6 +147,23 @@ TEST(SimulateTest, MalformedInputIsReportedWithPositions) {
       {"not UTF-8",
        "flavors: [{name: default}]\nqueues:\n  - name: q\xff\n",
        {"x.yaml:3:12: error: invalid UTF-8 byte 0xff: the file must be UTF-8 text"}},
+      {"admission fair sharing mistakes",
+       "flavors: [{name: default}]\nqueues:\n  - {name: q, admission_mode: UsageBased}\n"
+       "  - {name: r, admission_mode: UsageBasedAdmissionFairSharing}\n"
+       "local_queues:\n  - {name: lq, queue: q, usage: {cpu: 1}}\n  - {name: lq2, queue: qq}\n"
+       "workloads:\n  - {name: w, local_queue: lq, queue: r, requests: {cpu: 1}}\n",
+       {"x.yaml:3:31: error: admission_mode must be one of UsageBasedAdmissionFairSharing, "
+        "NoAdmissionFairSharing, not 'UsageBased'",
+        "x.yaml:4:31: error: admission_mode UsageBasedAdmissionFairSharing needs the top-level "
+        "admission_fair_sharing section",
+        "x.yaml:6:33: error: queue 'q' does not use admission fair sharing",
+        "x.yaml:7:24: error: unknown queue 'qq'",
+        "x.yaml:9:39: error: local queue 'lq' belongs to queue 'q'"}},
+      {"admission fair sharing settings",
+       "admission_fair_sharing: {usage_sampling_interval: 10ms, resource_weights: {cpu: -1}}\n",
+       {"x.yaml:1:25: error: admission_fair_sharing needs usage_half_life",
+        "x.yaml:1:51: error: usage_sampling_interval must be at least 1s",
+        "x.yaml:1:81: error: resource weight must be a non-negative number"}},
       {"admitted with unknown flavor",
        "flavors: [{name: default}]\n" + queue +
            "workloads:\n  - {name: w, queue: q, requests: {cpu: 1}, admitted: {flavors: {cpu: "
