@@ -112,6 +112,16 @@ class Reader {
         Wrong(key, *v, "a number");
     }
   }
+  void NullableDouble(const char* key, std::optional<double>* out) {
+    if (const json* v = Member(key)) {
+      if (v->is_null())
+        out->reset();
+      else if (v->is_number())
+        *out = v->get<double>();
+      else
+        Wrong(key, *v, "a number or null");
+    }
+  }
   template <typename T>
   void Int(const char* key, T* out) {
     if (const json* v = Member(key)) ToInt(key, *v, out, "an integer");
@@ -418,6 +428,25 @@ json UsageJson(const Usage& u) {
   return WithExtra(std::move(j), u.extra);
 }
 
+Status ReadFairUsage(const json& j, const std::string& path, FairUsage* out) {
+  Reader r(j, path);
+  r.Str("workspace", &out->workspace);
+  r.NullableDouble("usage", &out->usage);
+  r.Double("weight", &out->weight);
+  r.Object("consumed", &out->consumed);
+  r.Object("held", &out->held);
+  return r.Finish(&out->extra);
+}
+
+json FairUsageJson(const FairUsage& u) {
+  return WithExtra({{"workspace", u.workspace},
+                    {"usage", u.usage ? json(*u.usage) : json(nullptr)},
+                    {"weight", u.weight},
+                    {"consumed", u.consumed},
+                    {"held", u.held}},
+                   u.extra);
+}
+
 Status ReadAdmittedRun(const json& j, const std::string& path, AdmittedRun* out) {
   Reader r(j, path);
   if (r.Has("hidden")) {
@@ -482,6 +511,7 @@ Status ReadQueue(const json& j, const std::string& path, Queue* out) {
   // Left out of a summary (GET /api/v1/queues?summary=1).
   r.List("admitted_runs", &out->admitted_runs, ReadAdmittedRun, /*required=*/false);
   r.List("pending_runs", &out->pending_runs, ReadPendingRun, /*required=*/false);
+  r.List("fair_usage", &out->fair_usage, ReadFairUsage, /*required=*/false);
   return r.Finish(&out->extra);
 }
 
@@ -959,15 +989,16 @@ Result<RunEvent> RunEvent::FromJson(const json& j) {
 }
 
 json Queue::ToJson() const {
-  return WithExtra({{"name", name},
-                    {"cohort", cohort},
-                    {"queueing_strategy", queueing_strategy},
-                    {"usage", Array(usage, UsageJson)},
-                    {"admitted", admitted},
-                    {"pending", pending},
-                    {"admitted_runs", Array(admitted_runs, AdmittedRunJson)},
-                    {"pending_runs", Array(pending_runs, PendingRunJson)}},
-                   extra);
+  json j = {{"name", name},
+            {"cohort", cohort},
+            {"queueing_strategy", queueing_strategy},
+            {"usage", Array(usage, UsageJson)},
+            {"admitted", admitted},
+            {"pending", pending},
+            {"admitted_runs", Array(admitted_runs, AdmittedRunJson)},
+            {"pending_runs", Array(pending_runs, PendingRunJson)}};
+  if (!fair_usage.empty()) j["fair_usage"] = Array(fair_usage, FairUsageJson);
+  return WithExtra(std::move(j), extra);
 }
 
 Result<Queue> Queue::FromJson(const json& j) { return FromTop<Queue>(j, ReadQueue); }

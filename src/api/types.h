@@ -227,6 +227,17 @@ struct Usage {
   nlohmann::json extra = nlohmann::json::object();
 };
 
+// A workspace's LocalQueue in a queue with admission fair sharing: its decayed usage orders the
+// queue (the lowest goes first).
+struct FairUsage {
+  std::string workspace;
+  std::optional<double> usage;  // null: weight 0, always last
+  double weight = 1;
+  nlohmann::json consumed = nlohmann::json::object();  // resource -> decayed usage, in units
+  nlohmann::json held = nlohmann::json::object();      // resource -> held now, in units
+  nlohmann::json extra = nlohmann::json::object();
+};
+
 // A run of a workspace the caller may not read is `hidden`: only its place (position, priority,
 // state) is sent, and the other members keep their defaults here.
 struct AdmittedRun {
@@ -255,6 +266,7 @@ struct Queue {
   int64_t pending = 0;   // runs waiting
   std::vector<AdmittedRun> admitted_runs;
   std::vector<PendingRun> pending_runs;
+  std::vector<FairUsage> fair_usage;  // admission fair sharing only, lowest usage first
   nlohmann::json extra = nlohmann::json::object();
 
   nlohmann::json ToJson() const;

@@ -318,19 +318,25 @@ int CmdPlan(const Global& g, const PlanOptions& o, Format format) {
   return 0;
 }
 
+// Fair sharing and admission fair sharing are settings of Kueue's own Configuration, not objects:
+// what to merge into it, as YAML comments.
+void PrintKueueConfigurationNote(const policy::Platform& platform) {
+  const nlohmann::json config = kube::KueueConfiguration(platform);
+  if (config.empty()) return;
+  std::fputs(
+      "# Merge into Kueue's Configuration (kueue-manager-config; deploy/kueue/values.yaml):\n",
+      stdout);
+  for (const std::string& line : Split(kube::ToYaml(config), '\n'))
+    if (!line.empty()) std::printf("#   %s\n", line.c_str());
+}
+
 // The platform's Kueue objects, namespaces and RBAC as YAML.
 int CmdPlatformRender(const std::string& file) {
   auto platform = ParsePlatformFile(file);
   if (!platform.ok()) return FailInputs(platform.status());
   auto objects = kube::RenderPlatform(*platform);
   if (!objects.ok()) return Fail(objects.status().message());
-  if (platform->admission.fair_sharing) {
-    // Fair sharing is a setting of Kueue's own Configuration, not an object.
-    std::fputs(
-        "# fair_sharing is on: set `fairSharing: {enable: true}` in Kueue's Configuration "
-        "(kueue-manager-config).\n",
-        stdout);
-  }
+  PrintKueueConfigurationNote(*platform);
   std::fputs(kube::ToYaml(*objects).c_str(), stdout);
   return 0;
 }
@@ -385,12 +391,7 @@ int CmdClusterRender(const ClusterRenderOptions& o) {
     std::fprintf(stderr, "error: %s\n", objects.status().message().c_str());
     return kExitInvalid;
   }
-  if (platform && platform->admission.fair_sharing) {
-    std::fputs(
-        "# fair_sharing is on: set `fairSharing: {enable: true}` in Kueue's Configuration "
-        "(kueue-manager-config).\n",
-        stdout);
-  }
+  if (platform) PrintKueueConfigurationNote(*platform);
   std::fputs(kube::ToYaml(*objects).c_str(), stdout);
   return 0;
 }

@@ -193,6 +193,19 @@ static int CmdUsage(const Global& g, const std::string& by, const std::string& s
   return 0;
 }
 
+// Admission fair sharing's number for a workspace: weighted decayed use over its weight.
+static std::string FairUsageText(const std::optional<double>& usage) {
+  return usage ? fmt::format("{:.3g}", *usage) : "last (weight 0)";
+}
+
+// {"nvidia.com/gpu": 2, "cpu": 16} as "nvidia.com/gpu 2, cpu 16"; "-" when empty.
+static std::string ResourcesText(const nlohmann::json& resources) {
+  std::vector<std::string> parts;
+  for (const auto& [name, v] : resources.items())
+    if (v.is_number()) parts.push_back(fmt::format("{} {:.3g}", name, v.get<double>()));
+  return parts.empty() ? "-" : Join(parts, ", ");
+}
+
 static int CmdQueues(const Global& g, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
@@ -209,6 +222,15 @@ static int CmdQueues(const Global& g, Format format) {
     rows.push_back({q.name, q.cohort.empty() ? "-" : q.cohort, std::to_string(q.admitted),
                     std::to_string(q.pending), UsageText(q.usage)});
   PrintTable({"QUEUE", "COHORT", "ADMITTED", "PENDING", "USAGE/QUOTA"}, rows);
+  for (const api::Queue& q : got->queues) {
+    if (q.fair_usage.empty()) continue;
+    std::vector<std::string> order;
+    for (const api::FairUsage& u : q.fair_usage)
+      order.push_back(
+          fmt::format("{} {}", u.workspace.empty() ? "-" : u.workspace, FairUsageText(u.usage)));
+    std::printf("queue %s orders by usage (admission fair sharing), lowest first: %s\n",
+                q.name.c_str(), Join(order, ", ").c_str());
+  }
   for (const api::UnqueuedRun& o : got->unqueued_runs)
     std::printf("run %s has no queue: %s\n", o.name.c_str(), o.why.c_str());
   PrintBudgetsIfAny(conn->get());
@@ -238,6 +260,16 @@ static int CmdQueueShow(const Global& g, const std::string& name, const QueuePag
     usage.push_back({u.flavor, u.resource, HumanQuantity(u.usage), HumanQuantity(u.nominal),
                      HumanQuantity(u.borrowed.value_or(""))});
   PrintTable({"FLAVOR", "RESOURCE", "USED", "NOMINAL", "BORROWED"}, usage);
+  if (!q.fair_usage.empty()) {
+    // Admission fair sharing: the workspace with the lowest decayed usage goes first.
+    std::printf("\nworkspaces by usage (admission fair sharing; the lowest goes first):\n");
+    std::vector<std::vector<std::string>> rows;
+    for (const api::FairUsage& u : q.fair_usage)
+      rows.push_back({u.workspace.empty() ? "-" : u.workspace, FairUsageText(u.usage),
+                      fmt::format("{:g}", u.weight), ResourcesText(u.consumed),
+                      ResourcesText(u.held)});
+    PrintTable({"WORKSPACE", "USAGE", "WEIGHT", "DECAYED USE", "HOLDS NOW"}, rows);
+  }
   std::printf("\nadmitted (%lld):\n", static_cast<long long>(q.admitted));
   std::vector<std::vector<std::string>> admitted;
   for (const api::AdmittedRun& a : q.admitted_runs)

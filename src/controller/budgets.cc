@@ -2,10 +2,14 @@
 // released (a Metered event, durable with the release, and the ledger); each pass holds back the
 // queued runs a spent budget covers, out of their queue and holding no quota, and lets them go
 // when the budget has room again (a new period, use leaving a rolling window, a larger budget).
-// The ledger is rebuilt from the Metered events at start, so a restart meters nothing twice.
+// The ledger is rebuilt from the Metered events at start, so a restart meters nothing twice; so is
+// admission fair sharing's decayed usage of each LocalQueue (RestoreFairUsage).
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
 
 #include "common/clock.h"
 #include "controller/controller.h"
@@ -39,6 +43,55 @@ Status Controller::LoadLedger() {
   return Status::Ok();
 }
 
+// Admission fair sharing after a restart: a LocalQueue's usage is the decayed sum of what its
+// runs held (the Metered events, and the runs holding quota now): u * (2^-(now-end)/h -
+// 2^-(now-start)/h) per holding, the exact value that Kueue's sampling every interval approaches,
+// plus each admission's entry penalty (u * (1 - 2^-(interval/h))) decayed since.
+Status Controller::RestoreFairUsage() {
+  const auto& afs = loop_platform_->admission.admission_fair_sharing;
+  if (!afs || !quota_.engine) return Status::Ok();
+  std::set<std::string> queues;
+  for (const admission::ClusterQueue& q : loop_platform_->admission.queues)
+    if (q.admission_fair_sharing) queues.insert(q.name);
+  if (queues.empty()) return Status::Ok();
+  const int64_t now = Now();
+  const double half_life = static_cast<double>(afs->usage_half_life_ms);
+  // Holdings ended 40 half-lives ago weigh under 10^-12 of their size.
+  TAU_ASSIGN_OR_RETURN(std::vector<store::UsageRecord> used,
+                       store_->ListUsage(std::max<int64_t>(0, now - 40 * afs->usage_half_life_ms)));
+  std::map<std::string, std::pair<std::string, std::map<std::string, double>>> consumed;
+  auto add = [&](const std::string& workspace, const std::string& queue, int64_t gpus,
+                 int64_t cpu_milli, int64_t memory_bytes, int64_t start, int64_t end) {
+    if (!queues.count(queue) || end < start) return;
+    const double since_start =
+        std::pow(0.5, static_cast<double>(now - std::min(start, now)) / half_life);
+    const double held =
+        std::pow(0.5, static_cast<double>(now - std::min(end, now)) / half_life) - since_start;
+    const double penalty =
+        (1 - std::pow(0.5, static_cast<double>(afs->usage_sampling_interval_ms) / half_life)) *
+        since_start;
+    const double f = held + penalty;
+    auto& [cq, per_resource] = consumed[policy::LocalQueueName(workspace, queue)];
+    cq = queue;
+    if (gpus) per_resource[policy::kGpuResource] += f * static_cast<double>(gpus);
+    if (cpu_milli) per_resource[policy::kCpuResource] += f * static_cast<double>(cpu_milli) / 1000;
+    if (memory_bytes)
+      per_resource[policy::kMemoryResource] += f * static_cast<double>(memory_bytes);
+  };
+  for (const store::UsageRecord& u : used)
+    add(u.workspace, u.queue, u.gpus, u.cpu_milli, u.memory_bytes, u.started_ms,
+        u.ended_ms.value_or(u.started_ms));
+  for (const auto& [name, run] : active_) {
+    const RunRecord& r = run.record;
+    if (HoldsQuota(r))
+      add(r.workspace, r.queue, run.need.gpus, run.need.cpu_milli, run.need.memory_bytes,
+          *r.admitted_ms, now);
+  }
+  for (const auto& [lq, value] : consumed)
+    TAU_RETURN_IF_ERROR(quota_.engine->SetLocalQueueUsage(lq, value.first, value.second, now));
+  return Status::Ok();
+}
+
 std::vector<budget::Holding> Controller::OpenHoldings() const {
   std::vector<budget::Holding> open;
   for (const auto& [name, run] : active_) {
@@ -63,9 +116,13 @@ void Controller::Meter(ActiveRun& run, Batch* batch) {
   const double hours = static_cast<double>(now - *r.admitted_ms) / 3'600'000;
   const double gpu_hours = static_cast<double>(h.gpus) * hours;
   const double cpu_hours = static_cast<double>(h.cpu_milli) / 1000 * hours;
-  nlohmann::json data = {{"attempt", r.attempts},  {"admitted_ms", *r.admitted_ms},
-                         {"gpus", h.gpus},         {"cpu_milli", h.cpu_milli},
-                         {"gpu_hours", gpu_hours}, {"cpu_hours", cpu_hours},
+  nlohmann::json data = {{"attempt", r.attempts},
+                         {"admitted_ms", *r.admitted_ms},
+                         {"gpus", h.gpus},
+                         {"cpu_milli", h.cpu_milli},
+                         {"memory_bytes", run.need.memory_bytes},
+                         {"gpu_hours", gpu_hours},
+                         {"cpu_hours", cpu_hours},
                          {"flavors", r.flavors}};
   if (auto t = gpu_time_.find(r.name); t != gpu_time_.end()) {
     // What the GPU samples saw of this holding: how long its GPUs were sampled, and idle.

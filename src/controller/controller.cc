@@ -77,6 +77,8 @@ Status Controller::Start() {
   Batch batch;
   Recover(&batch);
   CommitOrDie(std::move(batch));
+  if (Status s = RestoreFairUsage(); !s.ok())
+    std::fprintf(stderr, "tau server: admission fair sharing: %s\n", s.ToString().c_str());
   sync_all_ = true;  // the first pass gives the engine every recovered run
   RefreshPending(0);
   BuildViews();  // the views of what was recovered, before the loop runs
@@ -971,6 +973,7 @@ Result<ActiveRun> Controller::Load(const RunRecord& record, spec::RunSpec spec) 
   admission::Workload& wl = run.workload;
   wl.name = record.name;
   wl.queue = run.resolved.queue;
+  wl.local_queue = policy::LocalQueueName(record.workspace, run.resolved.queue);
   wl.priority = run.resolved.priority;
   wl.created_ms = record.seq;
   // The engine's view, as Kueue sees a RayJob or a Job: the workers' pod set, and the head's when

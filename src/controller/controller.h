@@ -401,6 +401,8 @@ class Controller : private RunHost {
   // the queued runs a spent budget covers (ActiveRun::budget_hold) and lets them go when it has
   // room again; a release meters the run's time on quota (a Metered event).
   Status LoadLedger();
+  // Admission fair sharing's usage of each LocalQueue, rebuilt at start from what runs held.
+  Status RestoreFairUsage();
   void ApplyBudgets(store::Batch* batch);
   // Idle and stalled runs (guardrails.cc): the pass's GPU samples and each running attempt's
   // output against its workspace's limits.idle and limits.stall; warnings and marks as events,

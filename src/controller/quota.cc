@@ -3,6 +3,7 @@
 // queued run waits. Where attempts are placed is the backend's (local_backend.cc places them on
 // this machine's GPUs, CPUs and memory).
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -142,6 +143,10 @@ nlohmann::json Controller::Queues(const QueuesQuery& query) {
 // The engine.
 
 void Controller::RebuildEngine() {
+  // The LocalQueues' decayed usage outlives the engine (a queue that no longer uses admission fair
+  // sharing drops its own).
+  std::vector<admission::LocalQueueUsage> carried;
+  if (quota_.engine) carried = quota_.engine->LocalQueues();
   auto engine = admission::Engine::Create(policy::ToAdmissionConfig(*loop_platform_));
   if (!engine.ok()) {
     // ApplyPlatform and LoadPlatformFile checked this; an engine that cannot be built would admit
@@ -151,6 +156,8 @@ void Controller::RebuildEngine() {
     std::_Exit(70);
   }
   quota_.engine = std::move(*engine);
+  for (const admission::LocalQueueUsage& u : carried)
+    (void)quota_.engine->SetLocalQueueUsage(u.name, u.queue, u.consumed, u.last_update_ms);
   quota_.ClearEngine();
   quota_.outside.clear();
   quota_.pending.clear();
@@ -354,6 +361,29 @@ nlohmann::json Controller::PendingJson(
   return out(position, info.reason, reason, info.message);
 }
 
+namespace {
+// A queue's LocalQueues under admission fair sharing, the next to go first (lowest usage).
+nlohmann::json FairUsageJson(const std::string& queue,
+                             const std::vector<admission::LocalQueueUsage>& local_queues) {
+  std::vector<const admission::LocalQueueUsage*> mine;
+  for (const admission::LocalQueueUsage& u : local_queues)
+    if (u.queue == queue) mine.push_back(&u);
+  std::stable_sort(mine.begin(), mine.end(),
+                   [](const auto* a, const auto* b) { return a->usage < b->usage; });
+  nlohmann::json out = nlohmann::json::array();
+  for (const admission::LocalQueueUsage* u : mine) {
+    // "workspace/queue"; one named as the queue itself holds runs without a workspace.
+    const size_t slash = u->name.rfind('/');
+    out.push_back({{"workspace", slash == std::string::npos ? "" : u->name.substr(0, slash)},
+                   {"usage", std::isfinite(u->usage) ? nlohmann::json(u->usage) : nullptr},
+                   {"weight", u->weight},
+                   {"consumed", u->consumed},
+                   {"held", u->admitted}});
+  }
+  return out;
+}
+}  // namespace
+
 Controller::QueuesView Controller::BuildQueuesView(
     int64_t now, const std::map<std::string, nlohmann::json>& info) {
   QueuesView view;
@@ -377,6 +407,7 @@ Controller::QueuesView Controller::BuildQueuesView(
     pending[run.record.queue].push_back(
         {p == quota_.pending.end() ? 1 << 30 : p->second.position, run.record.seq, &run});
   }
+  const std::vector<admission::LocalQueueUsage> local_queues = quota_.engine->LocalQueues();
   for (const admission::ClusterQueue& q : loop_platform_->admission.queues) {
     nlohmann::json usage = nlohmann::json::array();
     if (auto u = quota_.engine->Usage(q.name); u.ok()) {
@@ -411,6 +442,7 @@ Controller::QueuesView Controller::BuildQueuesView(
                   {"usage", std::move(usage)},
                   {"admitted", out.admitted_runs.size()},
                   {"pending", out.pending_runs.size()}};
+    if (q.admission_fair_sharing) out.fields["fair_usage"] = FairUsageJson(q.name, local_queues);
   }
   std::set<std::string> cohort_names;
   for (const auto& c : loop_platform_->admission.cohorts) cohort_names.insert(c.name);

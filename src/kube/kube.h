@@ -120,6 +120,9 @@ Result<std::vector<nlohmann::json>> RenderRun(const spec::RunSpec& spec,
 // RoleBinding for its members; then ResourceFlavors, Cohorts, ClusterQueues,
 // WorkloadPriorityClasses, and in each workspace namespace a LocalQueue per ClusterQueue.
 Result<std::vector<nlohmann::json>> RenderPlatform(const policy::Platform& platform);
+// What the platform needs of Kueue's own Configuration (kueue-manager-config), which is not an
+// object tau applies: fairSharing, admissionFairSharing and its feature gate; {} when nothing.
+nlohmann::json KueueConfiguration(const policy::Platform& platform);
 
 // What the schedulable nodes (not cordoned) can hold together: the sum of their
 // status.allocatable cpu, memory and nvidia.com/gpu. The Kubernetes backend sizes its baseline

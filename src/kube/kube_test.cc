@@ -217,6 +217,38 @@ TEST(Platform, GoldenAndValid) {
   }
 }
 
+TEST(Platform, AdmissionFairSharingIsTheQueuesScopeTheWorkspacesWeightAndKueuesConfiguration) {
+  policy::Platform p = LoadPlatform(kMultiPlatform);
+  auto objects = RenderPlatform(p);
+  ASSERT_TRUE(objects.ok());
+  int weighted = 0;
+  for (const json& o : *objects) {
+    const std::string name = o["metadata"]["name"];
+    if (o["kind"] == "ClusterQueue") {
+      // Only `shared` asks for it; the schema check in GoldenAndValid covers the field's shape.
+      EXPECT_EQ(o["spec"].contains("admissionScope"), name == "shared") << name;
+      if (name == "shared") {
+        EXPECT_EQ(o["spec"]["admissionScope"]["admissionMode"], "UsageBasedAdmissionFairSharing");
+      }
+    }
+    if (o["kind"] == "LocalQueue" && o["spec"].contains("fairSharing")) {
+      // nlp's weight, on its LocalQueue of the queue that uses it only.
+      EXPECT_EQ(o["metadata"]["namespace"], "nlp");
+      EXPECT_EQ(name, "shared");
+      EXPECT_EQ(o["spec"]["fairSharing"]["weight"], "2");
+      ++weighted;
+    }
+  }
+  EXPECT_EQ(weighted, 1);
+  EXPECT_EQ(KueueConfiguration(p), json::parse(R"({
+    "fairSharing": {"enable": true},
+    "admissionFairSharing": {"usageHalfLifeTime": "168h", "usageSamplingInterval": "5m",
+                             "resourceWeights": {"cpu": 0.05, "memory": 0.0,
+                                                 "nvidia.com/gpu": 1.0}},
+    "featureGates": {"AdmissionFairSharing": true}})"));
+  EXPECT_EQ(KueueConfiguration(LoadPlatform(kExamplePlatform)), json::object());
+}
+
 TEST(Platform, EveryWorkspaceGetsNamespaceRbacAndLocalQueues) {
   policy::Platform p = LoadPlatform(kMultiPlatform);
   auto objects = RenderPlatform(p);

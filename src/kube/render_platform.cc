@@ -78,6 +78,8 @@ json ClusterQueue(const admission::ClusterQueue& q) {
   if (!q.cohort.empty()) spec["cohortName"] = q.cohort;
   if (q.fair_sharing_weight != 1.0)
     spec["fairSharing"] = {{"weight", Weight(q.fair_sharing_weight)}};
+  if (q.admission_fair_sharing)
+    spec["admissionScope"] = {{"admissionMode", "UsageBasedAdmissionFairSharing"}};
   return {{"apiVersion", kKueueApi},
           {"kind", "ClusterQueue"},
           {"metadata", Meta(q.name)},
@@ -184,10 +186,14 @@ Result<std::vector<nlohmann::json>> RenderPlatform(const policy::Platform& platf
   // LocalQueue (named as its ClusterQueue) for every ClusterQueue.
   for (const policy::Workspace& w : platform.workspaces) {
     for (const admission::ClusterQueue& q : platform.admission.queues) {
+      json spec = {{"clusterQueue", q.name}};
+      // The workspace's weight under admission fair sharing (Kueue's default is 1).
+      if (q.admission_fair_sharing && w.fair_sharing_weight != 1.0)
+        spec["fairSharing"] = {{"weight", Weight(w.fair_sharing_weight)}};
       out.push_back({{"apiVersion", kKueueApi},
                      {"kind", "LocalQueue"},
                      {"metadata", Meta(q.name, WorkspaceNamespace(w))},
-                     {"spec", {{"clusterQueue", q.name}}}});
+                     {"spec", std::move(spec)}});
     }
   }
   return out;
@@ -215,6 +221,32 @@ ClusterSize NodesAllocatable(const std::vector<json>& nodes) {
     ++size.nodes;
   }
   return size;
+}
+
+}  // namespace tau::kube
+
+namespace tau::kube {
+namespace {
+// Milliseconds as a Go duration (metav1.Duration): 168h, 5m, 90s, 1500ms.
+std::string GoDuration(int64_t ms) {
+  if (ms % 3'600'000 == 0) return fmt::format("{}h", ms / 3'600'000);
+  if (ms % 60'000 == 0) return fmt::format("{}m", ms / 60'000);
+  if (ms % 1000 == 0) return fmt::format("{}s", ms / 1000);
+  return fmt::format("{}ms", ms);
+}
+}  // namespace
+
+nlohmann::json KueueConfiguration(const policy::Platform& platform) {
+  json out = json::object();
+  if (platform.admission.fair_sharing) out["fairSharing"] = {{"enable", true}};
+  if (const auto& afs = platform.admission.admission_fair_sharing) {
+    json a = {{"usageHalfLifeTime", GoDuration(afs->usage_half_life_ms)},
+              {"usageSamplingInterval", GoDuration(afs->usage_sampling_interval_ms)}};
+    if (!afs->resource_weights.empty()) a["resourceWeights"] = afs->resource_weights;
+    out["admissionFairSharing"] = std::move(a);
+    out["featureGates"] = {{"AdmissionFairSharing", true}};
+  }
+  return out;
 }
 
 }  // namespace tau::kube

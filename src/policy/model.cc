@@ -72,6 +72,8 @@ nlohmann::json QueueJson(const admission::ClusterQueue& q) {
              ? "Preempt"
              : "TryNextFlavor"}}},
       {"fair_sharing", {{"weight", q.fair_sharing_weight}}},
+      {"admission_mode",
+       q.admission_fair_sharing ? "UsageBasedAdmissionFairSharing" : "NoAdmissionFairSharing"},
   };
 }
 
@@ -154,7 +156,22 @@ Platform DefaultPlatform(int gpus, int64_t cpu_milli, int64_t memory_bytes) {
   return p;
 }
 
-admission::Config ToAdmissionConfig(const Platform& platform) { return platform.admission; }
+std::string LocalQueueName(const std::string& workspace, const std::string& queue) {
+  return workspace + "/" + queue;
+}
+
+admission::Config ToAdmissionConfig(const Platform& platform) {
+  admission::Config config = platform.admission;
+  // Each workspace has a LocalQueue of every queue (as on Kubernetes); their weights are its.
+  for (const Workspace& w : platform.workspaces) {
+    if (w.fair_sharing_weight == 1.0) continue;
+    for (const admission::ClusterQueue& q : platform.admission.queues)
+      if (q.admission_fair_sharing)
+        config.local_queues.push_back(
+            {LocalQueueName(w.name, q.name), q.name, w.fair_sharing_weight});
+  }
+  return config;
+}
 
 nlohmann::json ToJson(const Platform& p) {
   nlohmann::json flavors = nlohmann::json::array();
@@ -215,7 +232,8 @@ nlohmann::json ToJson(const Platform& p) {
                           {"storage", w.storage},
                           {"run_users", w.run_users},
                           {"lanes", w.lanes},
-                          {"webhooks", webhooks}});
+                          {"webhooks", webhooks},
+                          {"fair_sharing", {{"weight", w.fair_sharing_weight}}}});
   }
   nlohmann::json profiles = nlohmann::json::array();
   for (const auto& cp : p.compute_profiles) {
@@ -245,6 +263,7 @@ nlohmann::json ToJson(const Platform& p) {
       {"cohorts", std::move(cohorts)},
       {"queues", std::move(queues)},
       {"fair_sharing", p.admission.fair_sharing},
+      {"admission_fair_sharing", nullptr},
       {"priorities", std::move(priorities)},
       {"workspaces", std::move(workspaces)},
       {"compute_profiles", std::move(profiles)},
@@ -259,6 +278,11 @@ nlohmann::json ToJson(const Platform& p) {
         {"priority", p.defaults.priority},
         {"cpus", OptQty(p.defaults.cpus)},
         {"memory", OptQty(p.defaults.memory)}}}};
+  if (const auto& afs = p.admission.admission_fair_sharing)
+    out["admission_fair_sharing"] = {
+        {"usage_half_life", internal::ShortDuration(afs->usage_half_life_ms)},
+        {"usage_sampling_interval", internal::ShortDuration(afs->usage_sampling_interval_ms)},
+        {"resource_weights", afs->resource_weights}};
   // Shown when set, so that platforms without one read as before.
   for (const TopologyLevel& t : p.topology)
     out["topology"].push_back({{"level", t.level}, {"node_label", t.node_label}});

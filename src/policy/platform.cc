@@ -109,7 +109,7 @@ class PlatformParser {
     if (!r_.Map(root, "", {1, 1},
                 {"schema_version", "flavors", "cohorts", "queues", "fair_sharing", "priorities",
                  "defaults", "workspaces", "compute_profiles", "storage", "access", "users",
-                 "node_labels", "topology", "budgets", "costs"},
+                 "node_labels", "topology", "budgets", "costs", "admission_fair_sharing"},
                 {"queues", "workspaces"}, &top)) {
       return;
     }
@@ -461,7 +461,7 @@ class PlatformParser {
     EachItem(e,
              {"name", "description", "members", "viewers", "default_queue", "default_priority",
               "default_profile", "default_output", "default_checkpoint", "allowed_images", "limits",
-              "storage", "run_users", "lanes", "webhooks"},
+              "storage", "run_users", "lanes", "webhooks", "fair_sharing"},
              {"name", "members"}, [&](const Entry& item, const Fields& f) {
                Workspace w;
                std::optional<std::string> name = Name(f, &workspace_names_, "workspace");
@@ -494,6 +494,8 @@ class PlatformParser {
                if (auto it = f.find("run_users"); it != f.end()) RunUsers(it->second, &w.run_users);
                if (auto it = f.find("lanes"); it != f.end()) Lanes(it->second, &w.lanes);
                if (auto it = f.find("webhooks"); it != f.end()) Webhooks(it->second, &w.webhooks);
+               if (auto it = f.find("fair_sharing"); it != f.end())
+                 FairSharingWeight(it->second, &w.fair_sharing_weight);
                for (const char* key : {"default_output", "default_checkpoint"}) {
                  std::string s = RefField(f, key, "storage volume");
                  if (s.empty()) continue;
@@ -511,6 +513,28 @@ class PlatformParser {
                w.name = *name;
                p_.workspaces.push_back(std::move(w));
              });
+  }
+
+  // A workspace's `fair_sharing: {weight: W}`: the weight of its LocalQueues under admission
+  // fair sharing (their usage is divided by it).
+  void FairSharingWeight(const Entry& e, double* out) {
+    Fields f;
+    if (!r_.Map(e.value, e.path, e.pos, {"weight"}, {"weight"}, &f)) return;
+    if (auto v = NonNegative(f.at("weight"), "a weight of 0 or more (e.g. 2)")) *out = *v;
+  }
+
+  // A plain decimal number of 0 or more; `what` says what was expected when it is not one.
+  std::optional<double> NonNegative(const Entry& e, const char* what) {
+    const std::string text = e.value.IsScalar() ? e.value.Scalar() : "";
+    char* end = nullptr;
+    const double v = text.empty() ? -1 : std::strtod(text.c_str(), &end);
+    if (e.value.Tag() == "!" || text.empty() || end != text.c_str() + text.size() ||
+        !std::isfinite(v) || v < 0 ||
+        text.find_first_not_of("0123456789.eE+-") != std::string::npos) {
+      r_.Error(e.pos, fmt::format("{}: expected {}, got {}", e.path, what, Describe(e.value)));
+      return std::nullopt;
+    }
+    return v;
   }
 
   void Webhooks(const Entry& e, std::vector<Webhook>* out) {
@@ -762,18 +786,7 @@ class PlatformParser {
       for (auto [key, field] :
            {std::pair{"gpu_hour", &cost.gpu_hour}, {"cpu_hour", &cost.cpu_hour}})
         if (auto rate = rates.find(key); rate != rates.end()) {
-          const Entry& r = rate->second;
-          const std::string text = r.value.IsScalar() ? r.value.Scalar() : "";
-          char* end = nullptr;
-          const double v = text.empty() ? -1 : std::strtod(text.c_str(), &end);
-          if (r.value.Tag() == "!" || text.empty() || end != text.c_str() + text.size() ||
-              !std::isfinite(v) || v < 0 ||
-              text.find_first_not_of("0123456789.eE+-") != std::string::npos) {
-            r_.Error(r.pos, fmt::format("{}: expected a rate of 0 or more (e.g. 2.5), got {}",
-                                        r.path, Describe(r.value)));
-            continue;
-          }
-          *field = v;
+          if (auto v = NonNegative(rate->second, "a rate of 0 or more (e.g. 2.5)")) *field = *v;
         }
       p_.costs.flavors[name] = cost;
     }

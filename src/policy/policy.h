@@ -133,7 +133,14 @@ struct Workspace {
   std::map<std::string, std::string> lanes;
   // Where the workspace's runs' events are posted, signed (docs/webhooks.md).
   std::vector<struct Webhook> webhooks;
+  // Its LocalQueues' weight under admission fair sharing (usage is divided by it); 0: always last.
+  double fair_sharing_weight = 1.0;
 };
+
+// The LocalQueue a workspace's runs of a queue are in (admission fair sharing's unit of usage):
+// "workspace/queue", as Kueue keys the LocalQueue named as its ClusterQueue in the workspace's
+// namespace.
+std::string LocalQueueName(const std::string& workspace, const std::string& queue);
 
 // A named run shape. Unset fields leave the run's own (or the platform's default) value.
 struct ComputeProfile {

@@ -1457,6 +1457,7 @@ Result<std::vector<UsageRecord>> Store::ListUsage(int64_t since_ms) {
     u.attempt = data.value("attempt", 0);
     u.gpus = data.value("gpus", int64_t{0});
     u.cpu_milli = data.value("cpu_milli", int64_t{0});
+    u.memory_bytes = data.value("memory_bytes", int64_t{0});
     u.sampled_gpu_hours = data.value("sampled_gpu_hours", 0.0);
     u.idle_gpu_hours = data.value("idle_gpu_hours", 0.0);
     if (auto f = data.find("flavors"); f != data.end() && f->is_object()) u.flavors = *f;

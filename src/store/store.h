@@ -139,6 +139,7 @@ struct UsageRecord {
   int attempt = 1;
   std::string workspace, owner, queue;
   int64_t gpus = 0, cpu_milli = 0;  // what the run holds while admitted (runs.resources)
+  int64_t memory_bytes = 0;         // 0 in Metered events older than the field
   // GPU time its samples saw, and of it idle (the Metered event's; 0 where none were taken).
   double sampled_gpu_hours = 0, idle_gpu_hours = 0;
   nlohmann::json flavors = nlohmann::json::object();  // pod set -> resource -> flavor
