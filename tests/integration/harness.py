@@ -388,3 +388,11 @@ class ServerTestCase(unittest.TestCase):
     def submit(self, spec, files):
         p = self.server.tau("run", "--detach", self.project(spec, files), check=0)
         return p.stdout.strip()
+
+    def apply_platform(self, text):
+        """`tau platform apply` of `text` (written to a file in the test's work folder); the
+        completed process, whatever its exit status."""
+        fd, path = tempfile.mkstemp(prefix="tau-it-platform-", suffix=".yaml", dir=self.work)
+        os.write(fd, text.encode())
+        os.close(fd)
+        return self.server.tau("platform", "apply", path, check=None)

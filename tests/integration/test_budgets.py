@@ -5,9 +5,7 @@ held run go; a budget that refuses runs that cannot fit refuses them at submissi
 is refused at file:line:col."""
 import getpass
 import json
-import os
 import signal
-import tempfile
 import unittest
 
 from harness import ServerTestCase, wait_for
@@ -57,10 +55,7 @@ class BudgetTest(ServerTestCase):
     gpus = 2
 
     def apply(self, text):
-        fd, path = tempfile.mkstemp(prefix="tau-it-platform-", suffix=".yaml", dir=self.work)
-        os.write(fd, text.encode())
-        os.close(fd)
-        return self.server.tau("platform", "apply", path, check=None)
+        return self.apply_platform(text)
 
     def sleeper(self, name, seconds, max_runtime=None):
         return self.submit(spec(name, seconds, max_runtime),

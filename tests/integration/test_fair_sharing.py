@@ -7,7 +7,6 @@ import getpass
 import json
 import os
 import signal
-import tempfile
 import time
 import unittest
 
@@ -65,10 +64,7 @@ class AdmissionFairSharingTest(ServerTestCase):
     gpus = 1
 
     def apply(self, text):
-        fd, path = tempfile.mkstemp(prefix="tau-it-platform-", suffix=".yaml", dir=self.work)
-        os.write(fd, text.encode())
-        os.close(fd)
-        return self.server.tau("platform", "apply", path, check=None)
+        return self.apply_platform(text)
 
     def holder(self, name, workspace):
         release = os.path.join(self.work, f"release-{name}")

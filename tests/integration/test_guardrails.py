@@ -4,8 +4,6 @@ CPU run beside it is left alone; a Python job that stops writing is marked stall
 land in its log and its diagnosis, and it is stopped as Stalled, while a job that keeps writing
 runs to its end."""
 import getpass
-import os
-import tempfile
 import unittest
 
 from harness import ServerTestCase
@@ -46,10 +44,7 @@ class GuardrailTest(ServerTestCase):
     gpus = 2
 
     def apply(self, limits):
-        fd, path = tempfile.mkstemp(prefix="tau-it-platform-", suffix=".yaml", dir=self.work)
-        os.write(fd, PLATFORM.replace("{limits}", limits).encode())
-        os.close(fd)
-        p = self.server.tau("platform", "apply", path, check=None)
+        p = self.apply_platform(PLATFORM.replace("{limits}", limits))
         self.assertEqual(p.returncode, 0, p.stderr)
 
     def types(self, run):
