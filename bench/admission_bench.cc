@@ -1,6 +1,8 @@
 // Admission engine benchmark: Kueue's scheduler performance configurations ("baseline" and
-// "large-scale" from test/performance/scheduler) replayed in simulated time. Prints one JSON
-// object with a result per configuration.
+// "large-scale" from test/performance/scheduler) replayed in simulated time, and "baseline-afs",
+// the baseline with admission fair sharing in every ClusterQueue (each queue's workloads spread
+// over 4 LocalQueues): what ordering by LocalQueue usage costs the engine. Prints one JSON object
+// with a result per configuration.
 //
 // Model (a discrete-event simulation; simulated milliseconds, not wall time):
 //   * Workloads of each class arrive at k * interval (k = 0, 1, ...) in every ClusterQueue.
@@ -52,6 +54,7 @@ struct BenchConfig {
   std::vector<WorkloadClass> classes;
   double min_usage_pct;
   std::map<std::string, double> max_avg_tta_ms;
+  int local_queues = 0;  // > 0: admission fair sharing, workloads spread over this many per queue
 };
 
 struct Wl {
@@ -88,9 +91,12 @@ nlohmann::json Run(const BenchConfig& bc) {
       cq.resource_groups.push_back({{"cpu"}, {{"rf", {rq}}}});
       cq.preemption.within_cluster_queue = adm::WithinClusterQueue::kLowerPriority;
       cq.preemption.reclaim_within_cohort = adm::ReclaimWithinCohort::kAny;
+      cq.admission_fair_sharing = bc.local_queues > 0;
       config.queues.push_back(std::move(cq));
     }
   }
+  if (bc.local_queues > 0)
+    config.admission_fair_sharing = adm::AdmissionFairSharing{10'000, 1'000, {}};
   auto engine_or = adm::Engine::Create(config);
   if (!engine_or.ok()) return {{"error", engine_or.status().ToString()}};
   adm::Engine engine = std::move(engine_or).value();
@@ -152,6 +158,8 @@ nlohmann::json Run(const BenchConfig& bc) {
           adm::Workload spec;
           spec.name = w.name;
           spec.queue = config.queues[wl_queue[e.wl]].name;
+          if (bc.local_queues > 0)
+            spec.local_queue = spec.queue + "/lq-" + std::to_string(e.wl % bc.local_queues);
           spec.priority = bc.classes[w.cls].priority;
           spec.created_ms = static_cast<int64_t>(w.created);
           spec.pod_sets.push_back(
@@ -243,6 +251,15 @@ int main(int argc, char** argv) {
         {"large", 50, 20, 200, 1000, 1200}},
        50.0,
        {{"large", 23000}, {"medium", 90000}, {"small", 260000}}},
+      {"baseline-afs",
+       5,
+       6,
+       {{"small", 350, 1, 50, 200, 100},
+        {"medium", 100, 5, 100, 500, 500},
+        {"large", 50, 20, 200, 1000, 1200}},
+       50.0,
+       {{"large", 23000}, {"medium", 90000}, {"small", 260000}},
+       4},
       {"large-scale",
        10,
        100,

@@ -31,6 +31,7 @@ int Engine::Impl::LocalQueueOf(int cq, const std::string& name) {
   lq.name = name;
   lq.cq = cq;
   if (auto w = lq_weights.find(name); w != lq_weights.end()) lq.weight = w->second;
+  Reweigh(lq);
   lqs.push_back(std::move(lq));
   return it->second;
 }
@@ -47,6 +48,7 @@ void Engine::Impl::FoldUsage(Lq& lq, int64_t now_ms) {
     if (milli != 0) lq.consumed[r] += a * static_cast<double>(milli) / 1000;
   }
   lq.last_update_ms = now_ms;
+  Reweigh(lq);
 }
 
 void Engine::Impl::SampleUsage(int64_t now_ms) {
@@ -66,6 +68,7 @@ void Engine::Impl::AddEntryPenalty(int id) {
                          static_cast<double>(afs.usage_half_life_ms));
   for (const auto& [fr, milli] : w.usage)
     lq.consumed[fr_resource[fr]] += a * static_cast<double>(milli) / 1000;
+  Reweigh(lq);
 }
 
 double Engine::Impl::LqUsage(const Lq& lq) const {
@@ -81,7 +84,7 @@ double Engine::Impl::LqUsage(const Lq& lq) const {
 
 bool Engine::Impl::Before(const Cq& cq, int a, int b) const {
   if (cq.afs) {
-    double ua = LqUsage(lqs[wls[a].lq]), ub = LqUsage(lqs[wls[b].lq]);
+    double ua = lqs[wls[a].lq].usage, ub = lqs[wls[b].lq].usage;
     if (ua != ub) return ua < ub;
   }
   return WlLess{&wls}(a, b);
@@ -106,7 +109,7 @@ std::vector<LocalQueueUsage> Engine::LocalQueues() const {
     for (const auto& [r, milli] : lq.admitted)
       if (milli != 0) u.admitted[m.resource_names[r]] = static_cast<double>(milli) / 1000;
     u.last_update_ms = std::max<int64_t>(0, lq.last_update_ms);
-    u.usage = m.LqUsage(lq);
+    u.usage = lq.usage;
     out.push_back(std::move(u));
   }
   std::sort(out.begin(), out.end(),
@@ -141,6 +144,7 @@ Status Engine::SetLocalQueueUsage(const std::string& local_queue, const std::str
     lq.consumed[m.InternResource(name)] = v;
   }
   lq.last_update_ms = at_ms;
+  m.Reweigh(lq);
   return Status::Ok();
 }
 

@@ -157,6 +157,7 @@ struct Lq {
   std::map<int, double> consumed;
   std::map<int, int64_t> admitted;  // milli-units
   int64_t last_update_ms = -1;      // -1: not sampled yet (the first sample starts its clock)
+  double usage = 0;                 // weighted consumed / weight, kept with `consumed`
 };
 
 struct Wl {
@@ -222,7 +223,8 @@ struct Engine::Impl {
   void FoldUsage(Lq& lq, int64_t now_ms);              // decay toward what it holds now
   void SampleUsage(int64_t now_ms);                    // every LocalQueue due for a sample
   void AddEntryPenalty(int id);                        // after admitting workload `id`
-  double LqUsage(const Lq& lq) const;
+  double LqUsage(const Lq& lq) const;  // computes it
+  void Reweigh(Lq& lq) { lq.usage = LqUsage(lq); }
   // The queue's next head: heads.begin(), or under admission fair sharing the head of the
   // LocalQueue with the lowest usage (then queue order).
   int AfsHead(const Cq& cq) const;
