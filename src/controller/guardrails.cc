@@ -71,27 +71,43 @@ void Controller::AccountGpuTime(const std::vector<RunningAttempt>& running,
 
 void Controller::ApplyGuardrails(const std::vector<GpuSamples>& samples, Batch* batch) {
   // Most passes (a deep queue's) bring no samples on a platform without guardrails: they cost a
-  // look at the workspaces.
-  const bool any_limits =
+  // look at the workspaces and at the running attempts (a spec may set its own).
+  const bool workspace_limits =
       std::any_of(loop_platform_->workspaces.begin(), loop_platform_->workspaces.end(),
                   [](const policy::Workspace& w) { return w.limits.idle || w.limits.stall; });
-  if (!any_limits) watches_.clear();
-  if (!any_limits && samples.empty()) return;
+  if (!workspace_limits && samples.empty() && watches_.empty() && !spec_guardrails_) return;
   const int64_t now = Now();
   const bool read_output = now - guard_output_ms_ >= kGuardOutputMs;
   if (read_output) guard_output_ms_ = now;
   std::set<std::string> running;
   const std::vector<RunningAttempt> attempts = backend_->RunningAttempts();
   if (!samples.empty()) AccountGpuTime(attempts, samples);
-  if (!any_limits) return;
+  spec_guardrails_ = std::any_of(attempts.begin(), attempts.end(), [&](const RunningAttempt& a) {
+    auto it = active_.find(a.run);
+    return it != active_.end() && (it->second.spec.policy.idle || it->second.spec.policy.stall);
+  });
+  if (!workspace_limits && !spec_guardrails_) {
+    watches_.clear();
+    return;
+  }
   for (const RunningAttempt& a : attempts) {
     auto it = active_.find(a.run);
     if (it == active_.end()) continue;
     ActiveRun& run = it->second;
     const RunRecord& r = run.record;
     const policy::Workspace* w = loop_platform_->FindWorkspace(r.workspace);
-    const policy::IdleLimit* idle = w && w->limits.idle ? &*w->limits.idle : nullptr;
-    const policy::StallLimit* stall = w && w->limits.stall ? &*w->limits.stall : nullptr;
+    const std::optional<policy::IdleLimit> idle_limit = policy::EffectiveIdle(w, run.spec.policy);
+    const std::optional<policy::StallLimit> stall_limit =
+        policy::EffectiveStall(w, run.spec.policy);
+    const policy::IdleLimit* idle = idle_limit ? &*idle_limit : nullptr;
+    const policy::StallLimit* stall = stall_limit ? &*stall_limit : nullptr;
+    // Which limit stops it, for the stop's message: the spec's when it set the value in force.
+    auto source = [&](const char* limit, std::optional<int64_t> spec_value,
+                      std::optional<int64_t> in_force) {
+      if (spec_value && spec_value == in_force)
+        return fmt::format("the run's policy.guardrails.{}.stop_after", limit);
+      return fmt::format("workspace {}: limits.{}.stop_after", r.workspace, limit);
+    };
     // A service's replica answers requests: quiet and idle between them is what it is for.
     if ((!idle && !stall) || r.state != RunState::kRunning || r.cancel_requested ||
         run.stop_class || r.service.is_object())
@@ -130,11 +146,15 @@ void Controller::ApplyGuardrails(const std::vector<GpuSamples>& samples, Batch* 
           event("IdleCleared", fmt::format("GPUs {} busy again", Gpus(a.gpus)));
           break;
         case guard::Action::kIdleStop:
-          backend_->StopAttempt(run, FailureClass::kIdle,
-                                fmt::format("GPUs {} under {}% utilisation for {} (workspace {}: "
-                                            "limits.idle.stop_after)",
-                                            Gpus(a.gpus), idle->gpu_util_below_pct, since, w->name),
-                                batch);
+          backend_->StopAttempt(
+              run, FailureClass::kIdle,
+              fmt::format(
+                  "GPUs {} under {}% utilisation for {} ({})", Gpus(a.gpus),
+                  idle->gpu_util_below_pct, since,
+                  source("idle",
+                         run.spec.policy.idle ? run.spec.policy.idle->stop_after_ms : std::nullopt,
+                         idle->stop_after_ms)),
+              batch);
           break;
         case guard::Action::kStalled: {
           // The stacks first, so that the mark and any stop come after the dump in the log.
@@ -156,9 +176,11 @@ void Controller::ApplyGuardrails(const std::vector<GpuSamples>& samples, Batch* 
         case guard::Action::kStallStop:
           backend_->StopAttempt(
               run, FailureClass::kStalled,
-              fmt::format("no log output and no metric points for {} (workspace {}: "
-                          "limits.stall.stop_after)",
-                          since, w->name),
+              fmt::format("no log output and no metric points for {} ({})", since,
+                          source("stall",
+                                 run.spec.policy.stall ? run.spec.policy.stall->stop_after_ms
+                                                       : std::nullopt,
+                                 stall->stop_after_ms)),
               batch);
           break;
       }

@@ -156,6 +156,54 @@ Platform DefaultPlatform(int gpus, int64_t cpu_milli, int64_t memory_bytes) {
   return p;
 }
 
+namespace {
+// The tighter of two optional durations (either may be unset: no limit).
+std::optional<int64_t> Tighter(std::optional<int64_t> a, std::optional<int64_t> b) {
+  if (!a) return b;
+  if (!b) return a;
+  return std::min(*a, *b);
+}
+}  // namespace
+
+std::optional<IdleLimit> EffectiveIdle(const Workspace* workspace, const spec::Policy& spec) {
+  std::optional<IdleLimit> out;
+  if (workspace && workspace->limits.idle) out = workspace->limits.idle;
+  if (const std::optional<spec::IdleGuard>& g = spec.idle) {
+    if (!out) {
+      // The spec's alone: a warning needs its time (the stop's, when only that is given).
+      std::optional<int64_t> warn = g->warn_after_ms ? g->warn_after_ms : g->stop_after_ms;
+      if (!warn) return std::nullopt;
+      out = IdleLimit{g->gpu_util_below.value_or(IdleLimit().gpu_util_below_pct), *warn,
+                      g->stop_after_ms};
+    } else {
+      if (g->gpu_util_below)
+        out->gpu_util_below_pct = std::max(out->gpu_util_below_pct, *g->gpu_util_below);
+      out->warn_after_ms = *Tighter(out->warn_after_ms, g->warn_after_ms);
+      out->stop_after_ms = Tighter(out->stop_after_ms, g->stop_after_ms);
+    }
+  }
+  if (out && out->stop_after_ms)
+    out->warn_after_ms = std::min(out->warn_after_ms, *out->stop_after_ms);
+  return out;
+}
+
+std::optional<StallLimit> EffectiveStall(const Workspace* workspace, const spec::Policy& spec) {
+  std::optional<StallLimit> out;
+  if (workspace && workspace->limits.stall) out = workspace->limits.stall;
+  if (const std::optional<spec::StallGuard>& g = spec.stall) {
+    if (!out) {
+      std::optional<int64_t> after = g->after_ms ? g->after_ms : g->stop_after_ms;
+      if (!after) return std::nullopt;
+      out = StallLimit{*after, g->stop_after_ms};
+    } else {
+      out->after_ms = *Tighter(out->after_ms, g->after_ms);
+      out->stop_after_ms = Tighter(out->stop_after_ms, g->stop_after_ms);
+    }
+  }
+  if (out && out->stop_after_ms) out->after_ms = std::min(out->after_ms, *out->stop_after_ms);
+  return out;
+}
+
 std::string LocalQueueName(const std::string& workspace, const std::string& queue) {
   return workspace + "/" + queue;
 }

@@ -137,6 +137,12 @@ struct Workspace {
   double fair_sharing_weight = 1.0;
 };
 
+// A run's idle and stall limits: its workspace's (which may be null), tightened by its spec's
+// policy.guardrails: the lower threshold of time, the higher of utilisation; a stop never before
+// the warning. nullopt: none.
+std::optional<IdleLimit> EffectiveIdle(const Workspace* workspace, const spec::Policy& spec);
+std::optional<StallLimit> EffectiveStall(const Workspace* workspace, const spec::Policy& spec);
+
 // The LocalQueue a workspace's runs of a queue are in (admission fair sharing's unit of usage):
 // "workspace/queue", as Kueue keys the LocalQueue named as its ClusterQueue in the workspace's
 // namespace.

@@ -373,3 +373,53 @@ TEST(PlatformTest, IdleAndStallLimitsParseWithTheirDefaults) {
 
 }  // namespace
 }  // namespace tau::policy
+
+namespace tau::policy {
+namespace {
+
+TEST(GuardrailLimitsTest, ASpecTightensItsWorkspacesLimitsAndNeverLoosensThem) {
+  Workspace w;
+  w.limits.idle = IdleLimit{5, 30 * 60'000, 2 * 3'600'000};
+  w.limits.stall = StallLimit{3'600'000, std::nullopt};
+  spec::Policy none;
+  EXPECT_EQ(EffectiveIdle(&w, none)->warn_after_ms, 30 * 60'000);
+  EXPECT_FALSE(EffectiveIdle(nullptr, none).has_value());
+
+  spec::Policy tight;
+  tight.idle = spec::IdleGuard{20, 10 * 60'000, std::nullopt};
+  tight.stall = spec::StallGuard{std::nullopt, 90 * 60'000};
+  std::optional<IdleLimit> idle = EffectiveIdle(&w, tight);
+  EXPECT_EQ(idle->gpu_util_below_pct, 20);        // the higher threshold
+  EXPECT_EQ(idle->warn_after_ms, 10 * 60'000);    // the sooner warning
+  EXPECT_EQ(idle->stop_after_ms, 2 * 3'600'000);  // the workspace's stop stays
+  std::optional<StallLimit> stall = EffectiveStall(&w, tight);
+  EXPECT_EQ(stall->after_ms, 3'600'000);
+  EXPECT_EQ(stall->stop_after_ms, 90 * 60'000);  // a stop where the workspace had none
+
+  spec::Policy loose;
+  loose.idle = spec::IdleGuard{1, 5 * 3'600'000, 9 * 3'600'000};
+  idle = EffectiveIdle(&w, loose);
+  EXPECT_EQ(idle->gpu_util_below_pct, 5);
+  EXPECT_EQ(idle->warn_after_ms, 30 * 60'000);
+  EXPECT_EQ(idle->stop_after_ms, 2 * 3'600'000);
+
+  // A stop sooner than the workspace's warning moves the warning up to it.
+  spec::Policy quick;
+  quick.idle = spec::IdleGuard{std::nullopt, std::nullopt, 60'000};
+  idle = EffectiveIdle(&w, quick);
+  EXPECT_EQ(idle->warn_after_ms, 60'000);
+  EXPECT_EQ(idle->stop_after_ms, 60'000);
+
+  // Where the workspace has none, the spec's own are the limits; a stop alone warns at the stop.
+  Workspace bare;
+  idle = EffectiveIdle(&bare, quick);
+  ASSERT_TRUE(idle.has_value());
+  EXPECT_EQ(idle->gpu_util_below_pct, IdleLimit().gpu_util_below_pct);
+  EXPECT_EQ(idle->warn_after_ms, 60'000);
+  spec::Policy empty_guard;
+  empty_guard.stall = spec::StallGuard{};
+  EXPECT_FALSE(EffectiveStall(&bare, empty_guard).has_value());
+}
+
+}  // namespace
+}  // namespace tau::policy

@@ -180,6 +180,42 @@ std::optional<std::string> NormalizeGpuClass(const std::string& text) {
   return std::nullopt;
 }
 
+// policy.guardrails: the run's own idle and stall limits, tightening its workspace's.
+FieldDef GuardrailsObject() {
+  constexpr const char* kLocal = "tightens the workspace's limits (docs/budgets.md)";
+  constexpr const char* kKube = "not watched: the Kubernetes backend samples no GPUs";
+  auto idle = [](Ctx& c) -> IdleGuard& {
+    if (!c.spec.policy.idle) c.spec.policy.idle.emplace();
+    return *c.spec.policy.idle;
+  };
+  auto stall = [](Ctx& c) -> StallGuard& {
+    if (!c.spec.policy.stall) c.spec.policy.stall.emplace();
+    return *c.spec.policy.stall;
+  };
+  FieldDef obj = Obj(
+      "guardrails", "The run's own idle and stall limits: they only tighten its workspace's",
+      {Obj("idle", "Warn about, then stop, a run whose GPUs stay under a utilisation",
+           {TauOnly(Int("gpu_util_below", 1, 100, "Busiest GPU's utilisation, percent",
+                        [=](Ctx& c, const Value& v) {
+                          idle(c).gpu_util_below = static_cast<int>(v.number);
+                        }),
+                    kLocal, kKube),
+            TauOnly(Duration("warn_after", 1000, "Warned after this long under it",
+                             [=](Ctx& c, const Value& v) { idle(c).warn_after_ms = v.number; }),
+                    kLocal, kKube),
+            TauOnly(Duration("stop_after", 1000, "Stopped as Idle after this long under it",
+                             [=](Ctx& c, const Value& v) { idle(c).stop_after_ms = v.number; }),
+                    kLocal, kKube)}),
+       Obj("stall", "Mark, then stop, a run whose logs and metrics stop growing",
+           {TauOnly(Duration("after", 1000, "Marked Stalled (stacks dumped) after this long quiet",
+                             [=](Ctx& c, const Value& v) { stall(c).after_ms = v.number; }),
+                    kLocal, kKube),
+            TauOnly(Duration("stop_after", 1000, "Stopped as Stalled after this long quiet",
+                             [=](Ctx& c, const Value& v) { stall(c).stop_after_ms = v.number; }),
+                    kLocal, kKube)})});
+  return TauOnly(obj, kLocal, kKube);
+}
+
 FieldDef PolicyObject() {
   auto plain = [](std::string name, std::string Policy::*member) {
     return Str(name, "Policy " + name,
@@ -248,7 +284,8 @@ FieldDef PolicyObject() {
        Both(Bool("disable_default_priorities", "Do not create the default priority classes",
                  [](Ctx& c, const Value& v) { c.spec.policy.disable_default_priorities = v.flag; }),
             kResolved),
-       On(node_selector, "checked against the machine's labels", "pods' nodeSelector")});
+       On(node_selector, "checked against the machine's labels", "pods' nodeSelector"),
+       GuardrailsObject()});
 }
 
 FieldDef StorageObject() {

@@ -73,8 +73,20 @@ struct Runtime {
   std::string security_mode;  // "" | "restricted"
 };
 
+// policy.guardrails (tau extension): a run's own idle and stall limits. They only tighten its
+// workspace's limits.idle and limits.stall (policy::EffectiveIdle / EffectiveStall).
+struct IdleGuard {
+  std::optional<int> gpu_util_below;  // percent, 1-100
+  std::optional<int64_t> warn_after_ms, stop_after_ms;
+};
+struct StallGuard {
+  std::optional<int64_t> after_ms, stop_after_ms;
+};
+
 struct Policy {
   std::string workspace, namespace_name, queue, profile, lane, team, preset;
+  std::optional<IdleGuard> idle;
+  std::optional<StallGuard> stall;
   std::string gpu_class;      // "any", "a100-80gb", ...
   std::string topology;       // "unconstrained", "same-host", ...
   std::string priority_tier;  // "default" | "priority"

@@ -2,7 +2,8 @@
 test NVML: a run whose GPU stays at 0 % is warned, then stopped as Idle and not retried, while a
 CPU run beside it is left alone; a Python job that stops writing is marked stalled, its stacks
 land in its log and its diagnosis, and it is stopped as Stalled, while a job that keeps writing
-runs to its end."""
+runs to its end; a spec's policy.guardrails tightens its workspace's limits (and sets them where
+the workspace has none), never loosens them."""
 import getpass
 import unittest
 
@@ -34,10 +35,12 @@ defaults:
 """
 
 
-def spec(name, gpus=0):
+def spec(name, gpus=0, guardrails=""):
     # max_retries with the default retry_on: Idle and Stalled are not in it, so neither is retried.
+    policy = f"policy:\n  guardrails:\n    {guardrails}\n" if guardrails else ""
     return (f"schema_version: 1\nname: {name}\nrun:\n  entrypoint: main.py\n  workload_kind: job\n"
-            f"compute:\n  gpus: {gpus}\n  cpus: 1\n  memory: 256Mi\nresilience:\n  max_retries: 2\n")
+            f"compute:\n  gpus: {gpus}\n  cpus: 1\n  memory: 256Mi\nresilience:\n  max_retries: 2\n"
+            f"{policy}")
 
 
 class GuardrailTest(ServerTestCase):
@@ -96,6 +99,36 @@ class GuardrailTest(ServerTestCase):
         self.assertIn("in wait_for_peers", diagnosis["summary"])
         self.server.wait_state(busy, ["Succeeded"], timeout=60)
         self.assertNotIn("StallDetected", self.types(busy))
+
+    def test_a_spec_tightens_its_workspaces_limits_and_never_loosens_them(self):
+        # The workspace watches only for stalls, and late; the spec asks for an idle stop of its
+        # own, and for an earlier stall stop than the workspace's.
+        self.apply("stall: {after: 1h, stop_after: 2h}")
+        sleeper = "import time\nprint('holding the GPU', flush=True)\ntime.sleep(120)\n"
+        idle = self.submit(spec("spec-idle", gpus=1,
+                                guardrails="idle: {warn_after: 1s, stop_after: 3s}"),
+                           {"main.py": sleeper})
+        quiet = "import time\nprint('step 1', flush=True)\ntime.sleep(120)\n"
+        stalled = self.submit(spec("spec-stall", guardrails="stall: {stop_after: 4s}"),
+                              {"main.py": quiet})
+        # A looser spec than its workspace changes nothing: this one would wait for 2 h.
+        loose = self.submit(spec("spec-loose", guardrails="stall: {after: 3h, stop_after: 4h}"),
+                            {"main.py": "import time\nprint('once', flush=True)\ntime.sleep(8)\n"})
+        for run, reason, limit in [(idle, "Idle", "policy.guardrails.idle.stop_after"),
+                                   (stalled, "Stalled", "policy.guardrails.stall.stop_after")]:
+            self.server.wait_state(run, ["Failed"], timeout=60)
+            d = self.server.run_json(run)
+            self.assertEqual([a["reason"] for a in d["attempts"]], [reason])
+            stop = next(e for e in d["events"] if e["type"] == reason)
+            self.assertIn(f"the run's {limit}", stop["message"])
+        # The stall mark came first (at the stop's time: the workspace's 1 h mark is later).
+        self.assertLess(self.types(stalled).index("StallDetected"), self.types(stalled).index("Stalled"))
+        self.server.wait_state(loose, ["Succeeded"], timeout=60)
+        self.assertNotIn("StallDetected", self.types(loose))
+        # tau schema documents the field.
+        schema = self.server.tau("schema", check=0).stdout
+        self.assertIn('"guardrails"', schema)
+        self.assertIn("Stopped as Idle after this long under it", schema)
 
 
 if __name__ == "__main__":

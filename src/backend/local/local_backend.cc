@@ -662,8 +662,7 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
                                                         : model.checkpoint);
     }
   }
-  if (const policy::Workspace* w = host_->platform()->FindWorkspace(r.workspace);
-      w && w->limits.stall) {
+  if (policy::EffectiveStall(host_->platform()->FindWorkspace(r.workspace), run.spec.policy)) {
     // A stalled run's Python workers can be asked for their stacks (DumpStacks): tau's hook goes
     // first on their path, before the spec's own PYTHONPATH.
     std::string path = layout::PythonHookDir(options_.home);
