@@ -1021,6 +1021,30 @@ TEST(AdmissionFairSharingUsageTest, ZeroWeightGoesLastAndPositionsFollowUsage) {
   EXPECT_EQ(e->QueueOrder("gpu").value(), (std::vector<std::string>{"n", "h", "s"}));
 }
 
+TEST(AdmissionFairSharingUsageTest, ANoFitHeadParksItsShapeInEveryLocalQueue) {
+  // Kueue's equivalence hash has no LocalQueue in it: one NoFit head makes the same shape of
+  // every LocalQueue inadmissible without each being tried.
+  Result<Engine> e = Engine::Create(afs::OneQueue(3'600'000, 300'000));
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE(e->SetLocalQueueUsage("lq-a", "gpu", {{"nvidia.com/gpu", 1}}, 0).ok());
+  ASSERT_TRUE(e->AddWorkload(afs::Gpus("a", "lq-a", 8, 1)).ok());  // more than the queue has
+  ASSERT_TRUE(e->AddWorkload(afs::Gpus("b", "lq-b", 8, 2)).ok());
+  ASSERT_TRUE(e->AddWorkload(afs::Gpus("small", "lq-a", 1, 3)).ok());
+  CycleResult r = e->RunCycle({1000, true});
+  EXPECT_EQ(r.heads, 1);  // lq-b's b (no usage) was tried; lq-a's a was not
+  std::map<std::string, PendingInfo> pending;
+  for (const PendingInfo& p : r.pending) pending[p.name] = p;
+  for (const char* name : {"a", "b"}) {
+    EXPECT_TRUE(pending[name].inadmissible) << name;
+    EXPECT_EQ(pending[name].reason, kReasonExceedsMaxQuota) << name;
+  }
+  // Another shape of lq-a is not held back by it.
+  r = e->RunCycle({2000, false});
+  ASSERT_EQ(r.admitted.size(), 1u);
+  EXPECT_EQ(r.admitted[0].name, "small");
+  EXPECT_EQ(e->RunCycle({3000, false}).heads, 0);
+}
+
 TEST(AdmissionFairSharingUsageTest, ConfigurationMistakesAreRefused) {
   Config c = afs::OneQueue(3'600'000, 300'000);
   c.admission_fair_sharing.reset();

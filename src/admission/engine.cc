@@ -434,7 +434,7 @@ Status Engine::AddWorkload(const Workload& workload) {
     w.usage.assign(usage.begin(), usage.end());
     w.state = WorkloadState::kAdmitted;
   }
-  w.eq_hash = EquivalenceHash(w);
+  w.eq_hash = w.shape_hash = EquivalenceHash(w);
   if (cq.afs) {
     const std::string& lq_name = workload.local_queue.empty() ? cq.spec.name : workload.local_queue;
     w.lq = m.LocalQueueOf(w.cq, lq_name);

@@ -4,7 +4,8 @@
 //
 // Each LocalQueue's workloads of one shape are their own equivalence class (the LocalQueue is in
 // the hash), so every class head is its LocalQueue's first of that shape and the queue's head is
-// the lowest (usage, queue order) over the class heads: O(classes), not O(pending).
+// the lowest (usage, queue order) over the class heads: O(classes), not O(pending). A NoFit head
+// parks its shape in every LocalQueue, as Kueue's hash (which has no LocalQueue) does.
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -119,6 +119,9 @@ struct Cq {
   // workload left the parked state (a vector with lazy deletion beats a tree here).
   std::vector<std::pair<int, uint64_t>> parked;
   std::vector<uint64_t> blocked;  // classes to unblock on the next release
+  // Admission fair sharing: the classes of each shape, one per LocalQueue, so that a NoFit head
+  // parks its shape in every LocalQueue (Kueue's equivalence hash has no LocalQueue in it).
+  std::unordered_map<uint64_t, std::vector<uint64_t>> classes_of_shape;
   uint64_t seen_epoch = 0;
   int pending_count = 0;
   // Admitted workloads (victims included until evicted), for preemption candidates.
@@ -167,6 +170,7 @@ struct Wl {
   int lq = -1;  // Impl::lqs index when its queue uses admission fair sharing
   WorkloadState state = WorkloadState::kPending;
   uint64_t eq_hash = 0;
+  uint64_t shape_hash = 0;  // eq_hash without its LocalQueue (admission fair sharing)
   bool parked = false;
   uint64_t park_seq = 0;
   bool considered = false;
@@ -223,7 +227,7 @@ struct Engine::Impl {
   void FoldUsage(Lq& lq, int64_t now_ms);              // decay toward what it holds now
   void SampleUsage(int64_t now_ms);                    // every LocalQueue due for a sample
   void AddEntryPenalty(int id);                        // after admitting workload `id`
-  double LqUsage(const Lq& lq) const;  // computes it
+  double LqUsage(const Lq& lq) const;                  // computes it
   void Reweigh(Lq& lq) { lq.usage = LqUsage(lq); }
   // The queue's next head: heads.begin(), or under admission fair sharing the head of the
   // LocalQueue with the lowest usage (then queue order).

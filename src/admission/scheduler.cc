@@ -29,6 +29,7 @@ void Engine::Impl::QueuePush(int id) {
   Wl& w = wls[id];
   Cq& cq = cqs[w.cq];
   auto [it, inserted] = cq.classes.try_emplace(w.eq_hash, WlLess{&wls});
+  if (inserted && cq.afs) cq.classes_of_shape[w.shape_hash].push_back(w.eq_hash);
   EqClass& c = it->second;
   int old_first = c.members.empty() ? -1 : *c.members.begin();
   c.members.insert(id);
@@ -73,16 +74,24 @@ void Engine::Impl::QueuePark(int id) {
 void Engine::Impl::QueueBlockClass(int id) {
   Wl& w = wls[id];
   Cq& cq = cqs[w.cq];
-  EqClass& c = cq.classes.find(w.eq_hash)->second;
-  if (c.blocked) return;
-  c.blocked = true;
-  c.reason = w.reason;
-  c.message = w.message;
-  c.why = w.why;
-  int first = *c.members.begin();
-  auto head = cq.heads.begin();
-  cq.heads.erase(*head == first ? head : cq.heads.find(first));
-  cq.blocked.push_back(w.eq_hash);
+  auto block = [&](uint64_t hash) {
+    EqClass& c = cq.classes.find(hash)->second;
+    if (c.blocked) return;
+    c.blocked = true;
+    c.reason = w.reason;
+    c.message = w.message;
+    c.why = w.why;
+    if (!c.members.empty()) {
+      int first = *c.members.begin();
+      auto head = cq.heads.begin();
+      cq.heads.erase(*head == first ? head : cq.heads.find(first));
+    }
+    cq.blocked.push_back(hash);
+  };
+  block(w.eq_hash);
+  // The same shape in the other LocalQueues fits no better.
+  if (cq.afs)
+    for (uint64_t hash : cq.classes_of_shape[w.shape_hash]) block(hash);
 }
 
 void Engine::Impl::QueueUnparkAll(Cq& cq) {
