@@ -311,11 +311,10 @@ Result<Engine> Engine::Create(const Config& config) {
     m.cq_by_name[q.name] = static_cast<int>(m.cqs.size());
     m.cqs.push_back(std::move(cq));
   }
-  for (Cq& cq : m.cqs) cq.afs = cq.spec.admission_fair_sharing;
   // Listed LocalQueues exist from the start, so they are shown before their first workload.
   for (const LocalQueue& lq : config.local_queues) {
     int cq = m.cq_by_name[lq.cluster_queue];
-    if (m.cqs[cq].afs) m.LocalQueueOf(cq, lq.name);
+    if (m.cqs[cq].spec.admission_fair_sharing) m.LocalQueueOf(cq, lq.name);
   }
   m.tree.Finalize();
   m.epoch.assign(m.tree.nodes.size(), 1);
@@ -435,7 +434,7 @@ Status Engine::AddWorkload(const Workload& workload) {
     w.state = WorkloadState::kAdmitted;
   }
   w.eq_hash = w.shape_hash = EquivalenceHash(w);
-  if (cq.afs) {
+  if (cq.spec.admission_fair_sharing) {
     const std::string& lq_name = workload.local_queue.empty() ? cq.spec.name : workload.local_queue;
     w.lq = m.LocalQueueOf(w.cq, lq_name);
     if (w.lq < 0) {

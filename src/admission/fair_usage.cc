@@ -17,9 +17,8 @@
 namespace tau::admission {
 namespace {
 
-// Kueue's alpha: the share of the new value after `elapsed` of a half-life.
+// Kueue's alpha: the share of the new value after `elapsed` of a half-life (> 0: Engine::Create).
 double Alpha(double elapsed_ms, double half_life_ms) {
-  if (half_life_ms <= 0) return 0;
   return 1.0 - std::pow(0.5, elapsed_ms / half_life_ms);
 }
 
@@ -84,7 +83,7 @@ double Engine::Impl::LqUsage(const Lq& lq) const {
 }
 
 bool Engine::Impl::Before(const Cq& cq, int a, int b) const {
-  if (cq.afs) {
+  if (cq.spec.admission_fair_sharing) {
     double ua = lqs[wls[a].lq].usage, ub = lqs[wls[b].lq].usage;
     if (ua != ub) return ua < ub;
   }
@@ -125,7 +124,7 @@ Status Engine::SetLocalQueueUsage(const std::string& local_queue, const std::str
   if (q == m.cq_by_name.end())
     return NotFound(
         fmt::format("local queue '{}': unknown cluster queue '{}'", local_queue, queue));
-  if (!m.cqs[q->second].afs) {
+  if (!m.cqs[q->second].spec.admission_fair_sharing) {
     return FailedPrecondition(
         fmt::format("local queue '{}': cluster queue '{}' does not use admission fair sharing",
                     local_queue, queue));

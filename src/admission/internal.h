@@ -105,7 +105,6 @@ struct EqClass {
 struct Cq {
   ClusterQueue spec;
   int node = -1;
-  bool afs = false;  // admission fair sharing in force (the queue's mode and the config's)
   struct Group {
     std::vector<int> resources;  // resource ids
     std::vector<int> flavors;    // flavor ids, in order
@@ -240,7 +239,7 @@ struct Engine::Impl {
   void QueueErase(int id);
   int QueueHead(const Cq& cq) const {
     if (cq.heads.empty()) return -1;
-    return cq.afs ? AfsHead(cq) : *cq.heads.begin();
+    return cq.spec.admission_fair_sharing ? AfsHead(cq) : *cq.heads.begin();
   }
   void QueuePark(int id);
   void QueueBlockClass(int id);

@@ -29,7 +29,8 @@ void Engine::Impl::QueuePush(int id) {
   Wl& w = wls[id];
   Cq& cq = cqs[w.cq];
   auto [it, inserted] = cq.classes.try_emplace(w.eq_hash, WlLess{&wls});
-  if (inserted && cq.afs) cq.classes_of_shape[w.shape_hash].push_back(w.eq_hash);
+  if (inserted && cq.spec.admission_fair_sharing)
+    cq.classes_of_shape[w.shape_hash].push_back(w.eq_hash);
   EqClass& c = it->second;
   int old_first = c.members.empty() ? -1 : *c.members.begin();
   c.members.insert(id);
@@ -90,7 +91,7 @@ void Engine::Impl::QueueBlockClass(int id) {
   };
   block(w.eq_hash);
   // The same shape in the other LocalQueues fits no better.
-  if (cq.afs)
+  if (cq.spec.admission_fair_sharing)
     for (uint64_t hash : cq.classes_of_shape[w.shape_hash]) block(hash);
 }
 
@@ -295,7 +296,7 @@ CycleResult Engine::RunCycle(const CycleOptions& options) {
     w.message.clear();
     w.why.clear();
     m.Charge(e.wl, +1);
-    if (cq.afs) m.AddEntryPenalty(e.wl);
+    if (cq.spec.admission_fair_sharing) m.AddEntryPenalty(e.wl);
     result.admitted.push_back({w.spec.name, cq.spec.name, w.assignment});
     // A nomination is for a pending workload: drop it (`a` refers to it).
     w.nominated_version = 0;

@@ -120,7 +120,7 @@ class AdmissionFairSharingTest(ServerTestCase):
         usage = self.fair_usage()
         self.assertGreater(usage["heavy"]["usage"], 0)
         self.assertEqual(usage["heavy"]["weight"], 1)
-        self.assertEqual(usage["light"]["weight"] if "light" in usage else 2, 2)
+        self.assertEqual(usage["light"]["weight"], 2)  # listed from the start: weight not 1
 
         # heavy asks first, yet light's run is admitted first (FIFO would take heavy's).
         self.assertEqual(self.block_then_race("a"), ["light", "heavy"])
