@@ -523,9 +523,6 @@ class Controller : private RunHost {
   // Guardrails (decision thread only): each running attempt watched, and when output was last read
   // (every kGuardOutputMs).
   std::map<std::string, guard::Watch> watches_;
-  // A running attempt's spec set policy.guardrails at the last look (so a pass without samples
-  // still checks it).
-  bool spec_guardrails_ = false;
   int64_t guard_output_ms_ = 0;
   // The GPU time each running run's GPUs were sampled, and how much of it they were idle (under
   // kIdleSharePct), until its Meter says so in its Metered event (decision thread only).

@@ -70,26 +70,29 @@ void Controller::AccountGpuTime(const std::vector<RunningAttempt>& running,
 }
 
 void Controller::ApplyGuardrails(const std::vector<GpuSamples>& samples, Batch* batch) {
-  // Most passes (a deep queue's) bring no samples on a platform without guardrails: they cost a
-  // look at the workspaces and at the running attempts (a spec may set its own).
+  // A spec may set limits of its own, so without any in the workspaces and without samples the
+  // running attempts are still looked at, once per kGuardOutputMs (a deep queue's passes cost a
+  // look at the workspaces).
   const bool workspace_limits =
       std::any_of(loop_platform_->workspaces.begin(), loop_platform_->workspaces.end(),
                   [](const policy::Workspace& w) { return w.limits.idle || w.limits.stall; });
-  if (!workspace_limits && samples.empty() && watches_.empty() && !spec_guardrails_) return;
   const int64_t now = Now();
   const bool read_output = now - guard_output_ms_ >= kGuardOutputMs;
+  if (!workspace_limits && samples.empty() && watches_.empty() && !read_output) return;
   if (read_output) guard_output_ms_ = now;
-  std::set<std::string> running;
   const std::vector<RunningAttempt> attempts = backend_->RunningAttempts();
   if (!samples.empty()) AccountGpuTime(attempts, samples);
-  spec_guardrails_ = std::any_of(attempts.begin(), attempts.end(), [&](const RunningAttempt& a) {
-    auto it = active_.find(a.run);
-    return it != active_.end() && (it->second.spec.policy.idle || it->second.spec.policy.stall);
-  });
-  if (!workspace_limits && !spec_guardrails_) {
+  const bool any_limits =
+      workspace_limits ||
+      std::any_of(attempts.begin(), attempts.end(), [&](const RunningAttempt& a) {
+        auto it = active_.find(a.run);
+        return it != active_.end() && (it->second.spec.policy.idle || it->second.spec.policy.stall);
+      });
+  if (!any_limits) {
     watches_.clear();
     return;
   }
+  std::set<std::string> running;
   for (const RunningAttempt& a : attempts) {
     auto it = active_.find(a.run);
     if (it == active_.end()) continue;

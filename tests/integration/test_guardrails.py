@@ -43,15 +43,17 @@ def spec(name, gpus=0, guardrails=""):
             f"{policy}")
 
 
-class GuardrailTest(ServerTestCase):
-    gpus = 2
-
+class GuardrailCase(ServerTestCase):
     def apply(self, limits):
         p = self.apply_platform(PLATFORM.replace("{limits}", limits))
         self.assertEqual(p.returncode, 0, p.stderr)
 
     def types(self, run):
         return [e["type"] for e in self.server.run_json(run)["events"]]
+
+
+class GuardrailTest(GuardrailCase):
+    gpus = 2
 
     def test_idle_gpus_are_warned_then_stopped_as_idle_and_not_retried(self):
         self.apply("idle: {gpu_util_below: 5, warn_after: 2s, stop_after: 5s}")
@@ -129,6 +131,20 @@ class GuardrailTest(ServerTestCase):
         schema = self.server.tau("schema", check=0).stdout
         self.assertIn('"guardrails"', schema)
         self.assertIn("Stopped as Idle after this long under it", schema)
+
+
+class GuardrailWithoutGpusTest(GuardrailCase):
+    """A machine with no GPUs takes no GPU samples: a spec's own stall limit is still watched."""
+    gpus = 0
+
+    def test_a_specs_own_stall_limit_is_watched_without_gpu_samples(self):
+        self.apply("max_runtime: 1h")  # no idle or stall limit in the workspace
+        quiet = "import time\nprint('step 1', flush=True)\ntime.sleep(120)\n"
+        stalled = self.submit(spec("cpu-stall", guardrails="stall: {after: 1s, stop_after: 3s}"),
+                              {"main.py": quiet})
+        self.server.wait_state(stalled, ["Failed"], timeout=60)
+        d = self.server.run_json(stalled)
+        self.assertEqual([a["reason"] for a in d["attempts"]], ["Stalled"])
 
 
 if __name__ == "__main__":
