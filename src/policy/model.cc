@@ -95,11 +95,6 @@ nlohmann::json CostsJson(const Costs& costs) {
 }
 }  // namespace
 
-const std::vector<std::string>& WebhookEventKinds() {
-  static const auto* kinds = new std::vector<std::string>{"state", "guardrail", "budget"};
-  return *kinds;
-}
-
 const Workspace* Platform::FindWorkspace(std::string_view name) const {
   return FindByName(workspaces, name);
 }
@@ -281,6 +276,7 @@ nlohmann::json ToJson(const Platform& p) {
                           {"run_users", w.run_users},
                           {"lanes", w.lanes},
                           {"webhooks", webhooks},
+                          {"allowed_webhooks", w.allowed_webhooks},
                           {"fair_sharing", {{"weight", w.fair_sharing_weight}}}});
   }
   nlohmann::json profiles = nlohmann::json::array();

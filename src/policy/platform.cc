@@ -461,7 +461,7 @@ class PlatformParser {
     EachItem(e,
              {"name", "description", "members", "viewers", "default_queue", "default_priority",
               "default_profile", "default_output", "default_checkpoint", "allowed_images", "limits",
-              "storage", "run_users", "lanes", "webhooks", "fair_sharing"},
+              "storage", "run_users", "lanes", "webhooks", "allowed_webhooks", "fair_sharing"},
              {"name", "members"}, [&](const Entry& item, const Fields& f) {
                Workspace w;
                std::optional<std::string> name = Name(f, &workspace_names_, "workspace");
@@ -494,6 +494,17 @@ class PlatformParser {
                if (auto it = f.find("run_users"); it != f.end()) RunUsers(it->second, &w.run_users);
                if (auto it = f.find("lanes"); it != f.end()) Lanes(it->second, &w.lanes);
                if (auto it = f.find("webhooks"); it != f.end()) Webhooks(it->second, &w.webhooks);
+               if (auto it = f.find("allowed_webhooks"); it != f.end()) {
+                 if (auto list = r_.StrList(it->second))
+                   for (const Entry& i : *list) {
+                     const std::string& pattern = i.value.Scalar();
+                     if (!StartsWith(pattern, "http://") && !StartsWith(pattern, "https://"))
+                       r_.Error(i.pos, fmt::format("{}: '{}' must start with http:// or https:// "
+                                                   "(a glob pattern of receiver URLs)",
+                                                   i.path, pattern));
+                     w.allowed_webhooks.push_back(pattern);
+                   }
+               }
                if (auto it = f.find("fair_sharing"); it != f.end())
                  FairSharingWeight(it->second, &w.fair_sharing_weight);
                for (const char* key : {"default_output", "default_checkpoint"}) {
@@ -546,7 +557,7 @@ class PlatformParser {
           if (auto it = f.find("url"); it != f.end())
             if (auto url = r_.Str(it->second)) {
               w.url = *url;
-              if (std::string why = WebhookUrlProblem(*url); !why.empty())
+              if (std::string why = spec::WebhookUrlProblem(*url); !why.empty())
                 r_.Error(it->second.pos, fmt::format("{}: '{}' {}", it->second.path, *url, why));
             }
           if (auto it = f.find("secret"); it != f.end())
@@ -555,49 +566,17 @@ class PlatformParser {
             if (auto list = r_.StrList(it->second))
               for (const Entry& kind : *list) {
                 const std::string& k = kind.value.Scalar();
-                const auto& kinds = WebhookEventKinds();
+                const auto& kinds = spec::WebhookEventKinds();
                 if (std::find(kinds.begin(), kinds.end(), k) == kinds.end())
                   r_.Unknown(kind.pos, kind.path, "event kind", k, kinds);
                 else
                   w.events.push_back(k);
               }
           } else {
-            w.events = WebhookEventKinds();
+            w.events = spec::WebhookEventKinds();
           }
           out->push_back(std::move(w));
         });
-  }
-
-  // Why `url` cannot be a webhook's ("" when it can): http(s), a host, a port in range.
-  static std::string WebhookUrlProblem(const std::string& url) {
-    size_t scheme = url.find("://");
-    if (scheme == std::string::npos ||
-        (url.substr(0, scheme) != "http" && url.substr(0, scheme) != "https"))
-      return "is not an http:// or https:// URL";
-    std::string rest = url.substr(scheme + 3);
-    std::string authority = rest.substr(0, rest.find('/'));
-    if (authority.find('@') != std::string::npos)
-      return "has credentials in it; the payload is signed with the webhook's secret instead";
-    std::string host = authority, port;
-    if (!authority.empty() && authority[0] == '[') {  // [IPv6]:port
-      size_t close = authority.find(']');
-      if (close == std::string::npos) return "has an unclosed '[' in its host";
-      host = authority.substr(0, close + 1);
-      if (close + 1 < authority.size()) {
-        if (authority[close + 1] != ':') return "has something after its host's ']'";
-        port = authority.substr(close + 2);
-      }
-    } else if (size_t colon = authority.rfind(':'); colon != std::string::npos) {
-      host = authority.substr(0, colon);
-      port = authority.substr(colon + 1);
-    }
-    if (host.empty()) return "has no host";
-    if (authority.size() > host.size() &&
-        (port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
-         port.size() > 5 || std::stoi(port) < 1 || std::stoi(port) > 65535))
-      return "has a port that is not 1 to 65535";
-    if (url.find_first_of(" \t\r\n") != std::string::npos) return "has white space in it";
-    return "";
   }
 
   // TauGrid's lanes: lane name -> queue (policy.lane in a run picks the queue).

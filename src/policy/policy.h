@@ -85,11 +85,9 @@ struct StallLimit {
 struct Webhook {
   std::string url;                  // http:// or https://
   std::string secret;               // the name of a secret of the workspace (tau secret set)
-  std::vector<std::string> events;  // kinds: "state", "guardrail", "budget" (all when not given)
+  std::vector<std::string> events;  // kinds (spec::WebhookEventKinds; all when not given)
   int line = 0, column = 0;         // where the platform file gives it
 };
-// The kinds of events a webhook may take, in the order the docs list them.
-const std::vector<std::string>& WebhookEventKinds();
 
 struct WorkspaceLimits {
   std::optional<int> max_gpus_per_run;    // GPUs per worker x workers
@@ -133,6 +131,9 @@ struct Workspace {
   std::map<std::string, std::string> lanes;
   // Where the workspace's runs' events are posted, signed (docs/webhooks.md).
   std::vector<struct Webhook> webhooks;
+  // The URLs a run's own webhooks (its spec's policy.webhooks) may post to: glob patterns ('*',
+  // '?'); empty: any http(s) URL.
+  std::vector<std::string> allowed_webhooks;
   // Its LocalQueues' weight under admission fair sharing (usage is divided by it); 0: always last.
   double fair_sharing_weight = 1.0;
 };

@@ -366,9 +366,13 @@ TEST(PlatformTest, IdleAndStallLimitsParseWithTheirDefaults) {
   ASSERT_EQ(hooks.size(), 2u);
   EXPECT_EQ(hooks[0].url, "https://hooks.example.com/tau");
   EXPECT_EQ(hooks[0].secret, "HOOK_KEY");
-  EXPECT_EQ(hooks[0].events, WebhookEventKinds());  // every kind when not given
+  EXPECT_EQ(hooks[0].events, spec::WebhookEventKinds());  // every kind when not given
   EXPECT_EQ(hooks[1].events, (std::vector<std::string>{"guardrail", "budget"}));
   EXPECT_EQ(ToJson(p)["workspaces"][1]["webhooks"][1]["url"], "http://[::1]:9000/events");
+  EXPECT_EQ(p.workspaces[1].allowed_webhooks,
+            std::vector<std::string>{"https://hooks.example.com/*"});
+  EXPECT_EQ(ToJson(p)["workspaces"][1]["allowed_webhooks"][0], "https://hooks.example.com/*");
+  EXPECT_TRUE(p.workspaces[0].allowed_webhooks.empty());
 }
 
 }  // namespace

@@ -93,6 +93,7 @@ class Resolver {
       if (queue != nullptr) ResolveFlavors(*queue, profile);
       if (queue != nullptr) CheckQueueResources(*queue);
       ResolveImage(*w);
+      CheckWebhooks(*w);
       ResolveRuntime(*w);
       ResolveStorage(*w);
     }
@@ -489,6 +490,18 @@ class Resolver {
     }
     Fail(fmt::format("runtime.image: '{}' is not allowed in workspace '{}' (allowed_images: {})",
                      image, w.name, Join(w.allowed_images, ", ")));
+  }
+
+  void CheckWebhooks(const Workspace& w) {
+    if (w.allowed_webhooks.empty()) return;
+    for (size_t i = 0; i < s_.policy.webhooks.size(); ++i) {
+      const std::string& url = s_.policy.webhooks[i].url;
+      if (std::none_of(w.allowed_webhooks.begin(), w.allowed_webhooks.end(),
+                       [&](const std::string& pattern) { return GlobMatch(pattern, url); }))
+        Fail(fmt::format(
+            "policy.webhooks[{}].url: '{}' is not allowed in workspace '{}' (allowed_webhooks: {})",
+            i, url, w.name, Join(w.allowed_webhooks, ", ")));
+    }
   }
 
   void ResolveRuntime(const Workspace& w) {

@@ -309,6 +309,18 @@ TEST_F(ResolveTest, Images) {
   MustResolve("carol");
 }
 
+TEST_F(ResolveTest, ARunsOwnWebhooksMustMatchItsWorkspacesAllowedUrls) {
+  spec_.policy.webhooks = {{"https://hooks.example.com/team-a/x", "k", {"state"}},
+                           {"http://10.0.0.7:8080/hook", "k", {"state"}}};
+  MustResolve();  // a workspace without allowed_webhooks takes any http(s) receiver
+  platform_.workspaces[0].allowed_webhooks = {"https://hooks.example.com/*"};
+  EXPECT_EQ(Error(),
+            "policy.webhooks[1].url: 'http://10.0.0.7:8080/hook' is not allowed in workspace "
+            "'research' (allowed_webhooks: https://hooks.example.com/*)");
+  spec_.policy.webhooks.pop_back();
+  MustResolve();
+}
+
 TEST_F(ResolveTest, NoImageNoCheck) {
   ResolvedRun r = MustResolve();
   EXPECT_EQ(r.Find("runtime.image"), nullptr);

@@ -50,6 +50,23 @@ Result<Target> ParseTarget(const std::string& url) {
   return t;
 }
 
+// A string field of a run's webhook (its canonical spec's), "" when it is not one.
+std::string JsonString(const nlohmann::json& hook, const char* key) {
+  if (!hook.is_object()) return "";
+  auto it = hook.find(key);
+  return it != hook.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// Whether a run's webhook takes events of `kind`.
+bool RunHookTakes(const nlohmann::json& hook, const std::string& kind) {
+  if (!hook.is_object()) return false;
+  auto events = hook.find("events");
+  if (events == hook.end() || !events->is_array()) return false;
+  return std::any_of(events->begin(), events->end(), [&](const nlohmann::json& k) {
+    return k.is_string() && k.get<std::string>() == kind;
+  });
+}
+
 }  // namespace
 
 Webhooks::Webhooks(Options options, store::Store* store, CurrentPlatform platform, Metrics* metrics)
@@ -128,22 +145,29 @@ void Webhooks::Route() {
   std::vector<store::Delivery> add;
   for (const store::EventInScope& e : *events) {
     const policy::Workspace* w = platform ? platform->FindWorkspace(e.workspace) : nullptr;
-    if (!w || w->webhooks.empty()) continue;
+    if ((!w || w->webhooks.empty()) && e.run_webhooks.empty()) continue;
     const std::string kind = KindOf(e.event.type);
     if (kind.empty()) continue;
     std::string body;
-    for (const policy::Webhook& hook : w->webhooks) {
-      if (std::find(hook.events.begin(), hook.events.end(), kind) == hook.events.end()) continue;
+    std::set<std::string> urls;  // a URL both the workspace and the run name gets the event once
+    auto route = [&](const std::string& url, const std::string& secret, bool takes_kind) {
+      if (!takes_kind || url.empty() || !urls.insert(url).second) return;
       if (body.empty()) body = Body(e);
       store::Delivery d;
       d.workspace = e.workspace;
-      d.url = hook.url;
-      d.secret = hook.secret;
+      d.url = url;
+      d.secret = secret;
       d.event_id = e.event.id;
       d.body = body;
       d.created_ms = d.next_ms = now;
       add.push_back(std::move(d));
-    }
+    };
+    if (w)
+      for (const policy::Webhook& hook : w->webhooks)
+        route(hook.url, hook.secret,
+              std::find(hook.events.begin(), hook.events.end(), kind) != hook.events.end());
+    for (const nlohmann::json& hook : e.run_webhooks)
+      route(JsonString(hook, "url"), JsonString(hook, "secret"), RunHookTakes(hook, kind));
   }
   const int64_t last = events->back().event.id;
   if (add.empty() && now - cursor_persisted_ms_ < kCursorPersistMs) {

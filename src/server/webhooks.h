@@ -1,8 +1,8 @@
-// Webhooks (docs/webhooks.md): a workspace's run events POSTed to its receivers, signed with
-// HMAC-SHA256. Never on the decision thread: a thread of its own routes the store's new events to
-// the store's outbox (durable, bounded per URL) and delivers each URL's queue in order, trying a
-// failed delivery again with a growing backoff. A server restart loses nothing: the outbox and the
-// cursor of routed events are in the store.
+// Webhooks (docs/webhooks.md): a run's events POSTed to its workspace's receivers and its own,
+// signed with HMAC-SHA256. Never on the decision thread: a thread of its own routes the store's new
+// events to the store's outbox (durable, bounded per URL) and delivers each URL's queue in order,
+// trying a failed delivery again with a growing backoff. A server restart loses nothing: the outbox
+// and the cursor of routed events are in the store.
 #pragma once
 
 #include <cstdint>

@@ -216,6 +216,58 @@ FieldDef GuardrailsObject() {
   return TauOnly(obj, kLocal, kKube);
 }
 
+// policy.webhooks: receivers of the run's own events, as its workspace's webhooks.
+FieldDef WebhooksList() {
+  constexpr const char* kBoth = "the run's events POSTed, signed (docs/webhooks.md)";
+  auto current = [](Ctx& c) -> Webhook& { return c.spec.policy.webhooks.back(); };
+  FieldDef hooks;
+  hooks.name = "webhooks";
+  hooks.kind = Kind::kObjectList;
+  hooks.doc = "Receivers of this run's events, besides its workspace's webhooks";
+  hooks.required = {"url", "secret"};
+  hooks.on_item = [](Ctx& c, Pos) {
+    c.spec.policy.webhooks.emplace_back();
+    c.spec.policy.webhooks.back().events = WebhookEventKinds();
+  };
+  FieldDef events = Leaf(
+      "events", Kind::kEnumList, "The kinds of events it takes (default: all)",
+      [=](Ctx& c, const Value& v) {
+        std::vector<std::string>& kinds = current(c).events;
+        kinds.clear();
+        for (size_t i = 0; i < v.list.size(); ++i) {
+          const std::string path = fmt::format("{}[{}]", v.path, i);
+          const auto& known = WebhookEventKinds();
+          if (std::find(known.begin(), known.end(), v.list[i]) == known.end()) {
+            const std::string close = Suggest(v.list[i], known);
+            c.Error(v.list_pos[i],
+                    fmt::format("{}: unknown event kind '{}'{}; allowed: {}", path, v.list[i],
+                                close.empty() ? "" : fmt::format(" (did you mean '{}'?)", close),
+                                Join(known, ", ")));
+          } else if (std::find(kinds.begin(), kinds.end(), v.list[i]) != kinds.end()) {
+            c.Error(v.list_pos[i], fmt::format("{}: '{}' is listed twice", path, v.list[i]));
+          } else {
+            kinds.push_back(v.list[i]);
+          }
+        }
+        if (v.list.empty()) c.Error(v.pos, v.path + ": must name at least one kind");
+      });
+  events.enum_values = WebhookEventKinds();
+  hooks.children = {
+      TauOnly(Str("url", "http:// or https:// URL of the receiver",
+                  [=](Ctx& c, const Value& v) {
+                    if (std::string why = WebhookUrlProblem(v.text); !why.empty())
+                      c.Error(v.pos, fmt::format("{}: '{}' {}", v.path, Printable(v.text), why));
+                    else
+                      current(c).url = v.text;
+                  }),
+              kBoth, kBoth),
+      TauOnly(Str("secret", "Workspace secret that signs the payload (tau secret set)",
+                  [=](Ctx& c, const Value& v) { current(c).secret = v.text; }),
+              kBoth, kBoth),
+      TauOnly(events, kBoth, kBoth)};
+  return TauOnly(hooks, kBoth, kBoth);
+}
+
 FieldDef PolicyObject() {
   auto plain = [](std::string name, std::string Policy::*member) {
     return Str(name, "Policy " + name,
@@ -285,7 +337,7 @@ FieldDef PolicyObject() {
                  [](Ctx& c, const Value& v) { c.spec.policy.disable_default_priorities = v.flag; }),
             kResolved),
        On(node_selector, "checked against the machine's labels", "pods' nodeSelector"),
-       GuardrailsObject()});
+       GuardrailsObject(), WebhooksList()});
 }
 
 FieldDef StorageObject() {

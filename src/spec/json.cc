@@ -61,19 +61,36 @@ json RuntimeJson(const Runtime& r) {
 }
 
 json PolicyJson(const Policy& p) {
-  return {{"workspace", p.workspace},
-          {"namespace", p.namespace_name},
-          {"queue", p.queue},
-          {"profile", p.profile},
-          {"lane", p.lane},
-          {"team", p.team},
-          {"preset", p.preset},
-          {"gpu_class", p.gpu_class},
-          {"topology", p.topology},
-          {"priority_tier", p.priority_tier},
-          {"priority", p.priority},
-          {"disable_default_priorities", p.disable_default_priorities},
-          {"node_selector", p.node_selector}};
+  json out = {{"workspace", p.workspace},
+              {"namespace", p.namespace_name},
+              {"queue", p.queue},
+              {"profile", p.profile},
+              {"lane", p.lane},
+              {"team", p.team},
+              {"preset", p.preset},
+              {"gpu_class", p.gpu_class},
+              {"topology", p.topology},
+              {"priority_tier", p.priority_tier},
+              {"priority", p.priority},
+              {"disable_default_priorities", p.disable_default_priorities},
+              {"node_selector", p.node_selector}};
+  // The newer sections appear only when given, so that specs without them keep their config hash.
+  json guardrails = json::object();
+  if (p.idle)
+    guardrails["idle"] = {{"gpu_util_below", Opt(p.idle->gpu_util_below)},
+                          {"warn_after_ms", Opt(p.idle->warn_after_ms)},
+                          {"stop_after_ms", Opt(p.idle->stop_after_ms)}};
+  if (p.stall)
+    guardrails["stall"] = {{"after_ms", Opt(p.stall->after_ms)},
+                           {"stop_after_ms", Opt(p.stall->stop_after_ms)}};
+  if (!guardrails.empty()) out["guardrails"] = std::move(guardrails);
+  if (!p.webhooks.empty()) {
+    json hooks = json::array();
+    for (const Webhook& h : p.webhooks)
+      hooks.push_back({{"url", h.url}, {"secret", h.secret}, {"events", h.events}});
+    out["webhooks"] = std::move(hooks);
+  }
+  return out;
 }
 
 json StorageJson(const Storage& s) {

@@ -80,6 +80,42 @@ int ProcessesPerNode(const RunSpec& spec) {
   return spec.execution.processes_per_node.value_or(std::max(spec.compute.gpus, 1));
 }
 
+const std::vector<std::string>& WebhookEventKinds() {
+  static const auto* kinds = new std::vector<std::string>{"state", "guardrail", "budget"};
+  return *kinds;
+}
+
+std::string WebhookUrlProblem(const std::string& url) {
+  size_t scheme = url.find("://");
+  if (scheme == std::string::npos ||
+      (url.substr(0, scheme) != "http" && url.substr(0, scheme) != "https"))
+    return "is not an http:// or https:// URL";
+  std::string rest = url.substr(scheme + 3);
+  std::string authority = rest.substr(0, rest.find('/'));
+  if (authority.find('@') != std::string::npos)
+    return "has credentials in it; the payload is signed with the webhook's secret instead";
+  std::string host = authority, port;
+  if (!authority.empty() && authority[0] == '[') {  // [IPv6]:port
+    size_t close = authority.find(']');
+    if (close == std::string::npos) return "has an unclosed '[' in its host";
+    host = authority.substr(0, close + 1);
+    if (close + 1 < authority.size()) {
+      if (authority[close + 1] != ':') return "has something after its host's ']'";
+      port = authority.substr(close + 2);
+    }
+  } else if (size_t colon = authority.rfind(':'); colon != std::string::npos) {
+    host = authority.substr(0, colon);
+    port = authority.substr(colon + 1);
+  }
+  if (host.empty()) return "has no host";
+  if (authority.size() > host.size() &&
+      (port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
+       port.size() > 5 || std::stoi(port) < 1 || std::stoi(port) > 65535))
+    return "has a port that is not 1 to 65535";
+  if (url.find_first_of(" \t\r\n") != std::string::npos) return "has white space in it";
+  return "";
+}
+
 std::string SecretStoreKey(const EnvVar& var) {
   return var.secret_name.empty() ? var.value : var.secret_name + "." + var.value;
 }

@@ -83,10 +83,25 @@ struct StallGuard {
   std::optional<int64_t> after_ms, stop_after_ms;
 };
 
+// policy.webhooks (tau extension): a receiver of this run's own events, POSTed and signed as its
+// workspace's webhooks are (docs/webhooks.md), under the workspace secret named `secret`.
+struct Webhook {
+  std::string url;                  // http:// or https:// (WebhookUrlProblem)
+  std::string secret;               // the name of a secret of the run's workspace
+  std::vector<std::string> events;  // kinds (WebhookEventKinds); all of them when not given
+};
+// The kinds of events a webhook may take, in the order the docs list them: "state", "guardrail",
+// "budget".
+const std::vector<std::string>& WebhookEventKinds();
+// Why `url` cannot be a webhook's receiver ("" when it can): http(s), a host, a port from 1 to
+// 65535, no credentials (the payload is signed instead), no white space.
+std::string WebhookUrlProblem(const std::string& url);
+
 struct Policy {
   std::string workspace, namespace_name, queue, profile, lane, team, preset;
   std::optional<IdleGuard> idle;
   std::optional<StallGuard> stall;
+  std::vector<Webhook> webhooks;
   std::string gpu_class;      // "any", "a100-80gb", ...
   std::string topology;       // "unconstrained", "same-host", ...
   std::string priority_tier;  // "default" | "priority"

@@ -400,5 +400,65 @@ TEST(SpecMisc, ResourceNamingAndSecurity) {
             std::string::npos);
 }
 
+TEST(SpecPolicy, ARunNamesItsOwnWebhooksAndTheyAreInItsCanonicalJson) {
+  RunSpec spec =
+      MustParse(Manifest("policy:\n  webhooks:\n    - url: https://hooks.example.com/tau\n"
+                         "      secret: hook-key\n      events: [state, budget]\n"
+                         "    - url: http://[::1]:8080/all\n      secret: other\n"));
+  ASSERT_EQ(spec.policy.webhooks.size(), 2u);
+  EXPECT_EQ(spec.policy.webhooks[0].url, "https://hooks.example.com/tau");
+  EXPECT_EQ(spec.policy.webhooks[0].secret, "hook-key");
+  EXPECT_EQ(spec.policy.webhooks[0].events, (std::vector<std::string>{"state", "budget"}));
+  EXPECT_EQ(spec.policy.webhooks[1].events, WebhookEventKinds());  // every kind when not given
+  const nlohmann::json json = ToJson(spec);
+  EXPECT_EQ(json["policy"]["webhooks"][0]["events"], nlohmann::json({"state", "budget"}));
+  EXPECT_EQ(json["policy"]["webhooks"][1]["url"], "http://[::1]:8080/all");
+  // A spec without them keeps its canonical JSON (and config hash) as before the field.
+  EXPECT_FALSE(ToJson(MustParse(Manifest()))["policy"].contains("webhooks"));
+  EXPECT_FALSE(ToJson(MustParse(Manifest()))["policy"].contains("guardrails"));
+  // The guardrails are in it too, where given.
+  EXPECT_EQ(ToJson(MustParse(Manifest(
+                "policy:\n  guardrails:\n    stall: {after: 20m}\n")))["policy"]["guardrails"]
+                                                                      ["stall"]["after_ms"],
+            1'200'000);
+  // --set reaches a receiver's field.
+  ParseOutcome set =
+      ParseSpec(Manifest("policy:\n  webhooks:\n    - url: https://a.example/x\n      secret: k\n"),
+                "tau.yaml", *ParseOverrides({"policy.webhooks[0].url=https://b.example/y"}));
+  ASSERT_TRUE(set.ok()) << set.ErrorText();
+  EXPECT_EQ(set.spec->policy.webhooks[0].url, "https://b.example/y");
+}
+
+TEST(SpecPolicy, AWebhookMistakeIsRefusedWhereItIs) {
+  auto hook = [](const std::string& body) {
+    return Manifest("policy:\n  webhooks:\n    - " + body + "\n");
+  };
+  EXPECT_NE(Errors(hook("url: ftp://x.example/\n      secret: k"))
+                .find("tau.yaml:7:12: error: policy.webhooks[0].url: 'ftp://x.example/' is not an "
+                      "http:// or https:// URL"),
+            std::string::npos);
+  EXPECT_NE(Errors(hook("url: https://me:pw@x.example/\n      secret: k")).find("credentials"),
+            std::string::npos);
+  EXPECT_NE(Errors(hook("url: https://x.example:0/\n      secret: k")).find("port"),
+            std::string::npos);
+  EXPECT_NE(Errors(hook("url: https://x.example/"))
+                .find("missing required field 'secret' in 'policy.webhooks[0]'"),
+            std::string::npos);
+  const std::string kinds =
+      Errors(hook("url: https://x.example/\n      secret: k\n"
+                  "      events: [stat, state, state]"));
+  EXPECT_NE(kinds.find("tau.yaml:9:16: error: policy.webhooks[0].events[0]: unknown event kind "
+                       "'stat' (did you mean 'state'?); allowed: state, guardrail, budget"),
+            std::string::npos)
+      << kinds;
+  EXPECT_NE(kinds.find("policy.webhooks[0].events[2]: 'state' is listed twice"), std::string::npos);
+  EXPECT_NE(Errors(hook("url: https://x.example/\n      secret: k\n      events: []"))
+                .find("policy.webhooks[0].events: must name at least one kind"),
+            std::string::npos);
+  EXPECT_NE(Errors(hook("url: https://x.example/\n      secret: k\n      token: t"))
+                .find("unknown field 'token' in 'policy.webhooks[0]'"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace tau::spec

@@ -1336,7 +1336,11 @@ Result<std::vector<ServiceRecord>> Store::ListServices() {
 Result<std::vector<EventInScope>> Store::ListEventsAfter(int64_t after_id, int64_t limit) {
   MutexLock lock(&impl_->mu);
   Stmt s(impl_->db, &impl_->cache,
-         "SELECT e.id, e.run, e.ts_ms, e.type, e.message, e.data, r.workspace, r.owner "
+         "SELECT e.id, e.run, e.ts_ms, e.type, e.message, e.data, r.workspace, r.owner, "
+         // instr first: most specs have no webhooks, and a scan for the word is cheaper than a
+         // JSON parse of each event's spec.
+         "CASE WHEN instr(r.spec_json, '\"webhooks\"') > 0 "
+         "THEN json_extract(r.spec_json, '$.policy.webhooks') END "
          "FROM events e JOIN runs r ON r.name = e.run WHERE e.id > ? ORDER BY e.id LIMIT ?");
   if (!s.ok()) return impl_->Error("preparing events after");
   s.Bind(1, after_id);
@@ -1353,6 +1357,8 @@ Result<std::vector<EventInScope>> Store::ListEventsAfter(int64_t after_id, int64
     e.event.data = ParseJsonColumn(s.Text(5), nlohmann::json::object());
     e.workspace = s.Text(6);
     e.owner = s.Text(7);
+    if (auto hooks = s.OptText(8)) e.run_webhooks = ParseJsonColumn(*hooks, e.run_webhooks);
+    if (!e.run_webhooks.is_array()) e.run_webhooks = nlohmann::json::array();
     out.push_back(std::move(e));
   }
   if (rc != SQLITE_DONE) return impl_->Error("listing events after");

@@ -157,10 +157,13 @@ struct Event {
   std::string prev_hash, hash;  // assigned by the store
 };
 
-// An event with its run's scope, which routes it to the workspace's webhooks.
+// An event with its run's scope, which routes it to the workspace's webhooks and the run's own.
 struct EventInScope {
   Event event;
   std::string workspace, owner;
+  // The run's own receivers: its canonical spec's policy.webhooks (spec::ToJson), an array; empty
+  // when it has none.
+  nlohmann::json run_webhooks = nlohmann::json::array();
 };
 
 // What a commit changes of a run that exists: how far it got. What it was submitted with (spec,

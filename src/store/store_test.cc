@@ -658,6 +658,19 @@ TEST_F(StoreTest, WebhookDeliveriesQueueInOrderPerUrlAndAreBounded) {
   EXPECT_EQ((*after)[1].workspace, "default");
   EXPECT_EQ((*after)[1].owner, "ana");
   EXPECT_EQ(store_->ListEventsAfter((*after)[0].event.id, 10)->size(), 1u);
+  EXPECT_EQ((*after)[0].run_webhooks, nlohmann::json::array());  // its spec names none
+  // A run whose canonical spec names its own receivers: each of its events carries them.
+  std::vector<RunRecord> hooked = {MakeRun("r2")};
+  const nlohmann::json hooks = nlohmann::json::parse(
+      R"([{"url": "https://x.example/h", "secret": "k", "events": ["state"]}])");
+  hooked[0].spec_json["policy"] = {{"queue", "q"}, {"webhooks", hooks}};
+  std::vector<std::vector<Event>> hooked_events(1);
+  hooked_events[0] = {{0, "r2", 3, "Submitted", "s", {}, "", ""}};
+  ASSERT_TRUE(store_->InsertRuns(&hooked, hooked_events).ok());
+  auto with_hooks = store_->ListEventsAfter((*after)[1].event.id, 10);
+  ASSERT_TRUE(with_hooks.ok()) << with_hooks.status().ToString();
+  ASSERT_EQ(with_hooks->size(), 1u);
+  EXPECT_EQ((*with_hooks)[0].run_webhooks, hooks);
 
   auto delivery = [](const std::string& url, int64_t event) {
     Delivery d;

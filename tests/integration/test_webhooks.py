@@ -153,5 +153,106 @@ class WebhookTest(ServerTestCase):
         self.assertGreaterEqual(float(delivered_line.split()[-1]), 5)
 
 
+RUN_PLATFORM = f"""schema_version: 1
+flavors:
+  - name: cpu
+queues:
+  - name: main
+    resource_groups:
+      - covered_resources: [cpu, memory]
+        flavors:
+          - name: cpu
+            resources:
+              - {{name: cpu, nominal: 8}}
+              - {{name: memory, nominal: 16Gi}}
+workspaces:
+  - name: vision
+    members: ["{USER}"]
+    default_queue: main
+    webhooks:
+      - url: http://127.0.0.1:{{team_port}}/team
+        secret: hook-key
+        events: [state]
+    allowed_webhooks: ["http://127.0.0.1:*"]
+defaults:
+  workspace: vision
+"""
+
+
+def run_spec(name, hooks=""):
+    return (f"schema_version: 1\nname: {name}\nrun:\n  entrypoint: main.py\n"
+            "  workload_kind: job\ncompute:\n  gpus: 0\n  cpus: 100m\n  memory: 64Mi\n"
+            + (f"policy:\n  webhooks:\n{hooks}" if hooks else ""))
+
+
+class RunWebhookTest(ServerTestCase):
+    """A spec's own policy.webhooks: its run's events go to its receiver too (signed under a
+    secret of its workspace), no other run's do, a receiver both name gets each event once, and a
+    run whose receiver is not allowed or whose secret is not set is refused at submission."""
+
+    def test_a_run_names_its_own_receiver(self):
+        team_port, own_port = free_port(), free_port()
+        team, own = Receiver(team_port), Receiver(own_port)
+        self.addCleanup(team.close)
+        self.addCleanup(own.close)
+        team.mode = own.mode = "ok"
+        p = self.apply_platform(RUN_PLATFORM.replace("{team_port}", str(team_port)))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.server.tau("secret", "set", "vision", "hook-key", input=SECRET, check=0)
+
+        own_hook = (f"    - url: http://127.0.0.1:{own_port}/mine\n      secret: run-key\n"
+                    "      events: [state]\n")
+        files = {"main.py": "print('ok', flush=True)\n"}
+        # Its secret is not set: refused now, rather than every delivery failing later.
+        p = self.server.tau("run", "--detach", self.project(run_spec("own", own_hook), files),
+                            check=None)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("policy.webhooks[0].secret", p.stderr)
+        self.assertIn("tau secret set vision run-key", p.stderr)
+        # A receiver outside the workspace's allowed_webhooks is refused where the spec names it.
+        elsewhere = "    - url: http://localhost:9/x\n      secret: hook-key\n"
+        p = self.server.tau("run", "--detach", self.project(run_spec("far", elsewhere), files),
+                            check=None)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("policy.webhooks[0].url: 'http://localhost:9/x' is not allowed in "
+                      "workspace 'vision'", p.stderr)
+        self.assertIn("tau.yaml:", p.stderr)
+
+        self.server.tau("secret", "set", "vision", "run-key", input="run-secret", check=0)
+        mine = self.submit(run_spec("own", own_hook), files)
+        other = self.submit(run_spec("plain"), files)
+        # The team's own URL named again by a run: one delivery per event, not two.
+        twice = self.submit(run_spec("twice", f"    - url: http://127.0.0.1:{team_port}/team\n"
+                                              "      secret: run-key\n"), files)
+        for name in (mine, other, twice):
+            self.server.wait_state(name, "Succeeded", timeout=30)
+
+        life = ["Submitted", "Queued", "Admitted", "Running", "Succeeded"]
+
+        def types(receiver, run):
+            with receiver.lock:
+                return [json.loads(b)["type"] for _, b in receiver.taken
+                        if json.loads(b)["run"]["name"] == run]
+        wait_for(lambda: types(own, mine) == life, timeout=30,
+                 what=f"the run's life at its own receiver (got {types(own, mine)})")
+        for run in (mine, other, twice):
+            wait_for(lambda: types(team, run) == life, timeout=30,
+                     what=f"{run}'s life at the team's receiver (got {types(team, run)})")
+        time.sleep(1)  # a few more polls: nothing else arrives
+        self.assertEqual(types(team, twice), life)  # once each, though two name the URL
+        with own.lock:
+            self.assertEqual({json.loads(b)["run"]["name"] for _, b in own.taken}, {mine})
+            for headers, body in own.taken:
+                stamp, _, mac = headers["X-Tau-Signature"].partition(",v1=")
+                want = hmac.new(b"run-secret", stamp.removeprefix("t=").encode() + b"." + body,
+                                hashlib.sha256)
+                self.assertTrue(hmac.compare_digest(mac, want.hexdigest()), headers)
+        # The run's canonical spec keeps its receiver (describe shows it).
+        spec = self.server.run_json(mine)["run"]["spec"]
+        self.assertEqual(spec["policy"]["webhooks"],
+                         [{"url": f"http://127.0.0.1:{own_port}/mine", "secret": "run-key",
+                           "events": ["state"]}])
+
+
 if __name__ == "__main__":
     unittest.main()
