@@ -60,10 +60,24 @@ Usage Share(const Holding& h, int64_t from, int64_t to) {
   const int64_t start = std::max(h.start_ms, from), end = std::min(h.end_ms, to);
   if (end <= start) return {};
   const double hours = static_cast<double>(end - start) / kHourMs;
-  return {static_cast<double>(h.gpus) * hours, static_cast<double>(h.cpu_milli) / 1000 * hours};
+  Usage u{static_cast<double>(h.gpus) * hours, static_cast<double>(h.cpu_milli) / 1000 * hours};
+  u.cost = u.gpu_hours * h.gpu_rate + u.cpu_hours * h.cpu_rate;
+  return u;
+}
+
+void AddTo(Usage* to, const Usage& share) {
+  to->gpu_hours += share.gpu_hours;
+  to->cpu_hours += share.cpu_hours;
+  to->cost += share.cost;
 }
 
 }  // namespace
+
+void Price(const policy::Costs& costs, Holding* h) {
+  auto gpu = costs.flavors.find(h->gpu_flavor), cpu = costs.flavors.find(h->cpu_flavor);
+  h->gpu_rate = gpu == costs.flavors.end() ? 0 : gpu->second.gpu_hour;
+  h->cpu_rate = cpu == costs.flavors.end() ? 0 : cpu->second.cpu_hour;
+}
 
 std::string ScopeOf(const policy::Budget& b, const std::string& user) {
   if (!b.queue.empty()) return "queue " + b.queue;
@@ -102,15 +116,10 @@ void Ledger::Add(const Holding& h) {
     const auto& [w, who, q] = scope.first;
     if (!Matches(w, h.workspace) || !Matches(who, h.user) || !Matches(q, h.queue)) continue;
     // What Used() counts of it: its hours from `from` on.
-    Usage share = Share(h, scope.second, h.end_ms);
-    used.gpu_hours += share.gpu_hours;
-    used.cpu_hours += share.cpu_hours;
+    AddTo(&used, Share(h, scope.second, h.end_ms));
   }
   for (int64_t hour = FloorDiv(h.start_ms, kHourMs) * kHourMs; hour < h.end_ms; hour += kHourMs) {
-    Usage share = Share(h, hour, hour + kHourMs);
-    Usage& u = hours_[hour][key];
-    u.gpu_hours += share.gpu_hours;
-    u.cpu_hours += share.cpu_hours;
+    AddTo(&hours_[hour][key], Share(h, hour, hour + kHourMs));
   }
 }
 
@@ -132,8 +141,7 @@ Usage Ledger::Used(const std::string& workspace, const std::string& user, const 
     for (const auto& [key, u] : it->second) {
       const auto& [w, who, q] = key;
       if (!Matches(workspace, w) || !Matches(user, who) || !Matches(queue, q)) continue;
-      out.gpu_hours += u.gpu_hours;
-      out.cpu_hours += u.cpu_hours;
+      AddTo(&out, u);
     }
   return out;
 }
@@ -151,18 +159,25 @@ std::string Hours(double h) {
   return fmt::format("{:.1f}", h);
 }
 
+std::string Money(double amount, const std::string& currency) {
+  const std::string number = amount != 0 && std::fabs(amount) < 1 ? fmt::format("{:.4f}", amount)
+                                                                  : fmt::format("{:.2f}", amount);
+  return currency.empty() ? number : number + " " + currency;
+}
+
 std::string State::Message(int64_t now_ms) const {
   std::vector<std::string> parts;
   const policy::Budget& b = *budget;
-  if (b.gpu_hours && used.gpu_hours >= *b.gpu_hours)
-    parts.push_back(fmt::format("{} of {} GPU-h", Hours(used.gpu_hours), Hours(*b.gpu_hours)));
-  if (b.cpu_hours && used.cpu_hours >= *b.cpu_hours)
-    parts.push_back(fmt::format("{} of {} CPU-h", Hours(used.cpu_hours), Hours(*b.cpu_hours)));
-  if (parts.empty()) {  // not spent: how far it is
-    if (b.gpu_hours)
+  // The limits reached when it is spent, else how far each is.
+  for (bool only_reached : {true, false}) {
+    if (b.gpu_hours && (!only_reached || used.gpu_hours >= *b.gpu_hours))
       parts.push_back(fmt::format("{} of {} GPU-h", Hours(used.gpu_hours), Hours(*b.gpu_hours)));
-    if (b.cpu_hours)
+    if (b.cpu_hours && (!only_reached || used.cpu_hours >= *b.cpu_hours))
       parts.push_back(fmt::format("{} of {} CPU-h", Hours(used.cpu_hours), Hours(*b.cpu_hours)));
+    if (b.cost && (!only_reached || used.cost >= *b.cost))
+      parts.push_back(
+          fmt::format("{} of {}", Money(used.cost, b.currency), Money(*b.cost, b.currency)));
+    if (!parts.empty()) break;
   }
   std::string text = fmt::format("budget of {} {}: ", scope, spent ? "spent" : "used");
   for (size_t i = 0; i < parts.size(); ++i) text += (i ? ", " : "") + parts[i];
@@ -205,16 +220,15 @@ const State& Checker::StateOf(const policy::Budget& b, const std::string& who) {
       continue;
     Holding held = h;
     held.end_ms = now_;
-    Usage share = Share(held, s.from_ms, now_);
-    s.used.gpu_hours += share.gpu_hours;
-    s.used.cpu_hours += share.cpu_hours;
+    AddTo(&s.used, Share(held, s.from_ms, now_));
   }
   auto past = [&](const std::optional<double>& limit, double used, double share) {
     return limit && used >= *limit * share;
   };
-  s.spent = past(b.gpu_hours, s.used.gpu_hours, 1) || past(b.cpu_hours, s.used.cpu_hours, 1);
+  s.spent = past(b.gpu_hours, s.used.gpu_hours, 1) || past(b.cpu_hours, s.used.cpu_hours, 1) ||
+            past(b.cost, s.used.cost, 1);
   s.warn = past(b.gpu_hours, s.used.gpu_hours, b.warn_at) ||
-           past(b.cpu_hours, s.used.cpu_hours, b.warn_at);
+           past(b.cpu_hours, s.used.cpu_hours, b.warn_at) || past(b.cost, s.used.cost, b.warn_at);
   return s;
 }
 

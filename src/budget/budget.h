@@ -28,6 +28,7 @@ namespace tau::budget {
 
 struct Usage {
   double gpu_hours = 0, cpu_hours = 0;
+  double cost = 0;  // in the platform's currency (Holding's rates)
 };
 
 // What one run held while it held quota.
@@ -37,9 +38,16 @@ struct Holding {
   int64_t start_ms = 0;
   int64_t end_ms = 0;  // for an open holding (still held): ignored, held until the time asked
   std::string run;     // whose (reports only)
-  // The flavors its GPUs and its CPUs were admitted on (reports only; "" when unknown).
+  // The flavors its GPUs and its CPUs were admitted on ("" when unknown).
   std::string gpu_flavor, cpu_flavor;
+  // What a GPU-hour and a CPU-hour of it cost, in the platform's currency: its flavors' rates
+  // (Price); 0 where they have none.
+  double gpu_rate = 0, cpu_rate = 0;
 };
+
+// Sets `h`'s rates from `costs`: its GPU flavor's gpu_hour and its CPU flavor's cpu_hour (a flavor
+// without a rate costs nothing). Budgets and `tau usage` price what was held at the rates in force.
+void Price(const policy::Costs& costs, Holding* h);
 
 // The flavors of a run's admission (its record's `flavors`: pod set -> resource -> flavor) that
 // its GPUs and its CPUs were on: the first pod set's that has them.
@@ -97,6 +105,8 @@ struct State {
   // window, "in the last 30d; frees up as older use leaves the window").
   std::string Message(int64_t now_ms) const;
   // What is left of the GPU-hours (nullopt without a GPU limit), never below zero.
+  // (A budget in money has no such check at submission: a run's flavor, and so its price, is
+  // known only when it is admitted.)
   std::optional<double> GpuHoursLeft() const;
 };
 
@@ -126,5 +136,7 @@ class Checker {
 
 // "412.0" (one decimal; more for small amounts: "0.0042").
 std::string Hours(double h);
+// "412.50 USD" (two decimals; more under 1: "0.0042 USD"); the number alone without a currency.
+std::string Money(double amount, const std::string& currency);
 
 }  // namespace tau::budget

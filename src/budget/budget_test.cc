@@ -155,6 +155,46 @@ TEST(BudgetTest, WhatWasAskedBeforeStaysRightAsHoldingsAreAdded) {
   EXPECT_DOUBLE_EQ(fresh.Used("", "", "gpu", from + kHour).gpu_hours, 2);
 }
 
+TEST(BudgetTest, ABudgetInMoneyPricesEachHoldingAtItsFlavorsRates) {
+  policy::Costs costs;
+  costs.currency = "USD";
+  costs.flavors["a100"] = {2.5, 0.04};
+  costs.flavors["cpu"] = {0, 0.03};
+  policy::Budget b;
+  b.workspace = "vision";
+  b.cost = 10;
+  b.currency = "USD";
+  b.period = "month";
+  const std::vector<policy::Budget> budgets = {b};
+  const int64_t now = At("2026-12-06T15:00:00Z");
+  // 2 A100 GPUs and 4 CPUs (on the cpu flavor) for an hour: 2 x 2.5 + 4 x 0.03 = 5.12 USD.
+  Holding h{"vision", "alice", "gpu", 2, 4000, now - 2 * kHour, now - kHour, "r1", "a100", "cpu"};
+  Price(costs, &h);
+  EXPECT_DOUBLE_EQ(h.gpu_rate, 2.5);
+  EXPECT_DOUBLE_EQ(h.cpu_rate, 0.03);
+  Ledger ledger;
+  ledger.Add(h);
+  EXPECT_NEAR(ledger.Used("vision", "", "", 0).cost, 5.12, 1e-9);
+  Checker half(budgets, ledger, {}, now);
+  EXPECT_EQ(half.Hold("vision", "bob", "gpu"), "");
+  EXPECT_FALSE(half.StateOf(budgets[0], "").warn);
+  // The same again, still held now: 10.24 USD, spent.
+  Holding open = h;
+  open.start_ms = now - kHour;
+  Checker spent(budgets, ledger, {open}, now);
+  EXPECT_EQ(spent.Hold("vision", "bob", "gpu"),
+            "budget of workspace vision spent: 10.24 USD of 10.00 USD this month; resets in 25d");
+  // A flavor without a rate costs nothing.
+  Holding free = h;
+  free.gpu_flavor = "t4";
+  free.cpu_flavor = "";
+  Price(costs, &free);
+  EXPECT_EQ(free.gpu_rate, 0);
+  EXPECT_EQ(free.cpu_rate, 0);
+  EXPECT_EQ(Money(0.0042, "EUR"), "0.0042 EUR");
+  EXPECT_EQ(Money(412.5, ""), "412.50");
+}
+
 TEST(HeldFlavorsTest, TheGpusAndCpusFlavorsOfTheFirstPodSetThatHasThem) {
   auto flavors = nlohmann::json::parse(
       R"({"head": {"cpu": "cpu-pool", "memory": "cpu-pool"},

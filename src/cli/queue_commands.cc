@@ -86,6 +86,12 @@ static void PrintBudgets(const nlohmann::json& budgets) {
                           budget::Hours(b[kind].get<double>()),
                           std::string(kind) == "gpu_hours" ? "GPU-h" : "CPU-h");
     }
+    if (b["cost"].is_number()) {
+      const std::string currency = b.value("currency", "");
+      if (!used.empty()) used += ", ";
+      used += fmt::format("{} / {}", budget::Money(b["used"].value("cost", 0.0), ""),
+                          budget::Money(b["cost"].get<double>(), currency));
+    }
     const std::string period = b.value("period", "");
     const int64_t window = b.value("window_ms", int64_t{0});
     rows.push_back({b.value("scope", ""), used,

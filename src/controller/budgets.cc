@@ -37,9 +37,21 @@ Status Controller::LoadLedger() {
   if (budgets.empty()) return Status::Ok();
   TAU_ASSIGN_OR_RETURN(std::vector<store::UsageRecord> used,
                        store_->ListUsage(budget::LookBack(budgets, Now())));
-  for (const store::UsageRecord& u : used)
-    ledger_.Add({u.workspace, u.owner, u.queue, u.gpus, u.cpu_milli, u.started_ms,
-                 u.ended_ms.value_or(u.started_ms), u.run, "", ""});
+  for (const store::UsageRecord& u : used) {
+    auto [gpu_flavor, cpu_flavor] = budget::HeldFlavors(u.flavors);
+    budget::Holding h{u.workspace,
+                      u.owner,
+                      u.queue,
+                      u.gpus,
+                      u.cpu_milli,
+                      u.started_ms,
+                      u.ended_ms.value_or(u.started_ms),
+                      u.run,
+                      gpu_flavor,
+                      cpu_flavor};
+    budget::Price(loop_platform_->costs, &h);
+    ledger_.Add(h);
+  }
   return Status::Ok();
 }
 
@@ -100,6 +112,7 @@ std::vector<budget::Holding> Controller::OpenHoldings() const {
     auto [gpu_flavor, cpu_flavor] = budget::HeldFlavors(r.flavors);
     open.push_back({r.workspace, r.owner, r.queue, run.need.gpus, run.need.cpu_milli,
                     *r.admitted_ms, 0, r.name, gpu_flavor, cpu_flavor});
+    budget::Price(loop_platform_->costs, &open.back());
   }
   return open;
 }
@@ -109,8 +122,9 @@ void Controller::Meter(ActiveRun& run, Batch* batch) {
   if (!HoldsQuota(r)) return;
   const int64_t now = std::max(Now(), *r.admitted_ms);
   auto [gpu_flavor, cpu_flavor] = budget::HeldFlavors(r.flavors);
-  const budget::Holding h{r.workspace,    r.owner, r.queue, run.need.gpus, run.need.cpu_milli,
-                          *r.admitted_ms, now,     r.name,  gpu_flavor,    cpu_flavor};
+  budget::Holding h{r.workspace,    r.owner, r.queue, run.need.gpus, run.need.cpu_milli,
+                    *r.admitted_ms, now,     r.name,  gpu_flavor,    cpu_flavor};
+  budget::Price(loop_platform_->costs, &h);
   ledger_.Add(h);
   budgets_dirty_ = true;
   const double hours = static_cast<double>(now - *r.admitted_ms) / 3'600'000;
@@ -232,13 +246,16 @@ void Controller::ApplyBudgets(Batch* batch) {
         {"period", b.period},
         {"window_ms", b.window_ms},
         {"on_exceed", b.on_exceed},
-        {"used", {{"gpu_hours", s.used.gpu_hours}, {"cpu_hours", s.used.cpu_hours}}},
+        {"used",
+         {{"gpu_hours", s.used.gpu_hours}, {"cpu_hours", s.used.cpu_hours}, {"cost", s.used.cost}}},
         {"from", FormatRfc3339(s.from_ms)},
         {"spent", s.spent},
         {"warn", s.warn},
         {"message", s.Message(now)}};
     j["gpu_hours"] = b.gpu_hours ? nlohmann::json(*b.gpu_hours) : nlohmann::json();
     j["cpu_hours"] = b.cpu_hours ? nlohmann::json(*b.cpu_hours) : nlohmann::json();
+    j["cost"] = b.cost ? nlohmann::json(*b.cost) : nlohmann::json();
+    j["currency"] = b.currency;
     j["resets"] = s.reset_ms ? nlohmann::json(FormatRfc3339(s.reset_ms)) : nlohmann::json();
     view.push_back(std::move(j));
   }
@@ -377,10 +394,6 @@ Result<nlohmann::json> Controller::Usage(
   std::vector<budget::Holding> open;
   TAU_RETURN_IF_ERROR(UsageInputs(since_ms, &ended, &open));
   const std::vector<Held> held = HeldSince(ended, open, Now(), since_ms, workspaces);
-  auto rate = [&](const std::string& flavor) {
-    auto it = costs.flavors.find(flavor);
-    return it == costs.flavors.end() ? policy::FlavorCost{} : it->second;
-  };
   struct Row {
     double gpu_hours = 0, cpu_hours = 0;
     double sampled_gpu_hours = 0, idle_gpu_hours = 0;  // ended holdings' GPU samples
@@ -395,7 +408,11 @@ Result<nlohmann::json> Controller::Usage(
     row.cpu_hours += cpu_hours;
     row.sampled_gpu_hours += h.sampled_gpu_hours;
     row.idle_gpu_hours += h.idle_gpu_hours;
-    row.cost += gpu_hours * rate(h.gpu_flavor).gpu_hour + cpu_hours * rate(h.cpu_flavor).cpu_hour;
+    budget::Holding priced;
+    priced.gpu_flavor = h.gpu_flavor;
+    priced.cpu_flavor = h.cpu_flavor;
+    budget::Price(costs, &priced);
+    row.cost += gpu_hours * priced.gpu_rate + cpu_hours * priced.cpu_rate;
     row.runs.insert(h.run);
   }
   nlohmann::json out = nlohmann::json::array();

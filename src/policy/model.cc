@@ -337,6 +337,7 @@ nlohmann::json ToJson(const Platform& p) {
                         {"warn_at", b.warn_at}, {"on_exceed", b.on_exceed}};
     if (b.gpu_hours) j["gpu_hours"] = *b.gpu_hours;
     if (b.cpu_hours) j["cpu_hours"] = *b.cpu_hours;
+    if (b.cost) j["cost"] = *b.cost;
     out["budgets"].push_back(std::move(j));
   }
   return out;

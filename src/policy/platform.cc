@@ -131,6 +131,7 @@ class PlatformParser {
       if (auto it = top.find("costs"); it != top.end()) CostsSection(it->second);
       CheckRefs();
       CheckBudgetUsers();
+      CheckBudgetCosts();
     } catch (const std::exception& e) {
       // yaml-cpp throws on odd documents (an alias of a key, say); never let that escape.
       r_.Error({1, 1}, fmt::format("reading the platform file: {}", e.what()));
@@ -717,8 +718,8 @@ class PlatformParser {
 
   // ---- budgets (docs/budgets.md) --------------------------------------------------------------
 
-  // A number of hours (an integer or a decimal), not negative.
-  std::optional<double> Hours(const Entry& e) {
+  // A number of hours (an integer or a decimal), not negative; of money when `money`.
+  std::optional<double> Hours(const Entry& e, bool money = false) {
     const std::string text = e.value.IsScalar() ? e.value.Scalar() : "";
     char* end = nullptr;
     const double v = text.empty() ? 0 : std::strtod(text.c_str(), &end);
@@ -726,12 +727,15 @@ class PlatformParser {
                         end == text.c_str() + text.size() && std::isfinite(v) &&
                         text.find_first_not_of("0123456789.eE+-") == std::string::npos;
     if (!number) {
-      r_.Error(e.pos, fmt::format("{}: expected a number of hours (e.g. 400 or 0.5), got {}",
-                                  e.path, Describe(e.value)));
+      r_.Error(e.pos, fmt::format("{}: expected {}, got {}", e.path,
+                                  money ? "an amount in the platform's currency (e.g. 5000)"
+                                        : "a number of hours (e.g. 400 or 0.5)",
+                                  Describe(e.value)));
       return std::nullopt;
     }
     if (v < 0) {
-      r_.Error(e.pos, fmt::format("{}: {} is negative; a budget is 0 hours or more", e.path, text));
+      r_.Error(e.pos, fmt::format("{}: {} is negative; a budget is {} or more", e.path, text,
+                                  money ? "0" : "0 hours"));
       return std::nullopt;
     }
     return v;
@@ -774,7 +778,7 @@ class PlatformParser {
   void Budgets(const Entry& e) {
     EachItem(
         e,
-        {"name", "workspace", "user", "queue", "gpu_hours", "cpu_hours", "period", "window",
+        {"name", "workspace", "user", "queue", "gpu_hours", "cpu_hours", "cost", "period", "window",
          "warn_at", "on_exceed"},
         {}, [&](const Entry& item, const Fields& f) {
           Budget b;
@@ -804,9 +808,14 @@ class PlatformParser {
           for (const char* key : {"gpu_hours", "cpu_hours"})
             if (auto it = f.find(key); it != f.end())
               (std::string(key) == "gpu_hours" ? b.gpu_hours : b.cpu_hours) = Hours(it->second);
-          if (!f.count("gpu_hours") && !f.count("cpu_hours"))
+          if (auto it = f.find("cost"); it != f.end()) {
+            b.cost = Hours(it->second, /*money=*/true);
+            cost_budgets_.push_back({it->second.pos, it->second.path});
+          }
+          if (!f.count("gpu_hours") && !f.count("cpu_hours") && !f.count("cost"))
             r_.Error(item.pos,
-                     fmt::format("{}: give gpu_hours (or cpu_hours): what the budget allows",
+                     fmt::format("{}: give gpu_hours (or cpu_hours, or cost): what the budget "
+                                 "allows",
                                  item.path));
           auto period = f.find("period");
           auto window = f.find("window");
@@ -864,6 +873,19 @@ class PlatformParser {
           }
           p_.budgets.push_back(std::move(b));
         });
+  }
+
+  // A budget in money needs the rates that price what was held.
+  void CheckBudgetCosts() {
+    if (p_.costs.flavors.empty()) {
+      for (const auto& [pos, path] : cost_budgets_)
+        r_.Error(pos, fmt::format("{}: the platform has no costs to price it with; give costs: "
+                                  "{{currency, flavors: {{FLAVOR: {{gpu_hour, cpu_hour}}}}}}",
+                                  path));
+      return;
+    }
+    for (Budget& b : p_.budgets)
+      if (b.cost) b.currency = p_.costs.currency;
   }
 
   // A budget's user must be able to submit to its workspace: one the platform knows (users) or
@@ -1063,6 +1085,7 @@ class PlatformParser {
     std::string path, workspace, user;
   };
   std::vector<BudgetUser> budget_users_;
+  std::vector<std::pair<internal::Pos, std::string>> cost_budgets_;  // where each `cost` is
   // Names declared by an admission section that failed to load (see Admission).
   std::map<std::string, std::vector<std::string>> declared_;
   std::vector<Ref> writable_refs_;

@@ -210,7 +210,11 @@ struct Budget {
   std::string name;  // "" : named for its scope ("workspace vision", "user alice in vision", ...)
   // The scope: a workspace; a user in it (`user`; "*": each of its users alone); or a queue.
   std::string workspace, user, queue;
-  std::optional<double> gpu_hours, cpu_hours;  // at least one
+  std::optional<double> gpu_hours, cpu_hours;  // at least one of these and cost
+  // An amount in the platform's currency (`costs`): what was held, priced at its flavors' rates
+  // in force (budget::Price).
+  std::optional<double> cost;
+  std::string currency;  // costs.currency when cost is set, for messages
   // Over a calendar period in UTC ("day", "week" from Monday, "month"), or a rolling window.
   std::string period;
   int64_t window_ms = 0;

@@ -336,6 +336,11 @@ TEST(PlatformTest, CostsParsePerFlavor) {
   EXPECT_EQ(p.costs.flavors.at("cpu").gpu_hour, 0);
   EXPECT_EQ(p.costs.flavors.at("cpu").cpu_hour, 0.03);
   EXPECT_EQ(ToJson(p)["costs"]["flavors"]["cpu"]["cpu_hour"], 0.03);
+  ASSERT_EQ(p.budgets.size(), 1u);
+  EXPECT_EQ(p.budgets[0].cost, 1500.5);
+  EXPECT_EQ(p.budgets[0].currency, "USD");
+  EXPECT_FALSE(p.budgets[0].gpu_hours);
+  EXPECT_EQ(ToJson(p)["budgets"][0]["cost"], 1500.5);
   EXPECT_TRUE(ToJson(testing::MustParse(
       testing::ReadAll(testing::SourceDir() / "tests/data/policy/valid/minimal.yaml")))["costs"]
                   .is_null());

@@ -412,16 +412,26 @@ std::string RenderAllMetrics(Controller* controller, store::Store* store,
                      "Nominal quota per queue, flavor and resource.", nominal);
   out += RenderGauge("tau_cluster_queue_borrowed_resources",
                      "Quota borrowed from the cohort per queue, flavor and resource.", borrowed);
-  std::vector<std::pair<Labels, double>> budget_used, budget_limit;
+  std::vector<std::pair<Labels, double>> budget_used, budget_limit, cost_used, cost_limit;
   for (const json& b : controller->Budgets()) {
     Labels l = {{"budget", b.value("name", "")}, {"user", b.value("user", "")}};
     budget_used.push_back({l, b["used"].value("gpu_hours", 0.0)});
     if (b["gpu_hours"].is_number()) budget_limit.push_back({l, b["gpu_hours"].get<double>()});
+    if (!b["cost"].is_number()) continue;
+    l.push_back({"currency", b.value("currency", "")});
+    cost_used.push_back({l, b["used"].value("cost", 0.0)});
+    cost_limit.push_back({l, b["cost"].get<double>()});
   }
   out += RenderGauge("tau_budget_used_gpu_hours",
                      "GPU-hours a budget's scope has used in its current period or window.",
                      budget_used);
   out += RenderGauge("tau_budget_limit_gpu_hours", "A budget's GPU-hours.", budget_limit);
+  out += RenderGauge("tau_budget_used_cost",
+                     "What a budget in money has used in its period or window, priced at the "
+                     "flavors' rates.",
+                     cost_used);
+  out += RenderGauge("tau_budget_limit_cost", "A budget's amount in the platform's currency.",
+                     cost_limit);
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   out += health::RenderMetrics(monitor->Snapshot(), host);

@@ -127,6 +127,44 @@ class BudgetTest(ServerTestCase):
         # Past warn_at (half of 1 GPU-h)? No: 4 s of 3600 is far below; no warning was given.
         self.assertNotIn("BudgetWarning", types)
 
+    def test_a_budget_in_money_is_priced_at_the_flavors_rates(self):
+        # The currency is GPU-seconds at 3600 an hour, so a budget of 3 is 3 GPU-seconds.
+        def platform(rate):
+            return PLATFORM.replace("gpu: {gpu_hour: 3600", f"gpu: {{gpu_hour: {rate}").replace(
+                "    gpu_hours: {gpu_hours}\n", "    cost: 3\n")
+        self.assertEqual(self.apply(platform(3600)).returncode, 0)
+        first = self.sleeper("first", 4)
+        self.server.wait_state(first, ["Succeeded"], timeout=60)
+        [metered] = [e for e in self.events(first) if e["type"] == "Metered"]
+        cost = metered["data"]["gpu_hours"] * 3600
+        second = self.sleeper("second", 0)
+        pending = wait_for(lambda: (lambda p: p if p and p.get("code") == "BudgetSpent" else None)(
+            self.pending(second)), what="the second run held by the budget in money")
+        self.assertEqual(pending["reason"].split(" this month")[0],
+                         f"budget of workspace vision spent: {cost:.2f} GPU-seconds of 3.00 "
+                         "GPU-seconds")
+        budgets = json.loads(self.server.tau_http("/api/v1/budgets"))["budgets"]
+        self.assertAlmostEqual(budgets[0]["used"]["cost"], cost, places=6)
+        self.assertEqual((budgets[0]["cost"], budgets[0]["currency"]), (3, "GPU-seconds"))
+        self.assertIsNone(budgets[0]["gpu_hours"])
+        self.assertRegex(self.server.tau("queues", check=0).stdout,
+                         r"workspace vision\s+[\d.]+ / 3\.00 GPU-seconds\s+this month")
+        self.assertIn('tau_budget_limit_cost{budget="workspace vision",user="",'
+                      'currency="GPU-seconds"} 3', self.server.tau_http("/metrics"))
+        # After a SIGKILL the ledger is priced again from the Metered events: still spent.
+        self.server.kill(signal.SIGKILL)
+        self.server.start()
+        wait_for(lambda: (self.pending(second) or {}).get("code") == "BudgetSpent",
+                 what="the run held again after the restart")
+        # A lower rate prices the month's use again (as `tau usage` does): it has room now.
+        self.assertEqual(self.apply(platform(1800)).returncode, 0)
+        self.server.wait_state(second, ["Succeeded"], timeout=60)
+        # A budget in money without rates to price it is refused at its field.
+        r = self.apply(platform(3600).split("costs:")[0] + "budgets:\n  - workspace: vision\n"
+                       "    cost: 5\n    period: month\n")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("budgets[0].cost: the platform has no costs to price it with", r.stderr)
+
     def test_a_refusing_budget_refuses_a_run_that_cannot_fit_at_submission(self):
         platform = PLATFORM.replace("{gpu_hours}", "0.5").replace(
             "    warn_at: 0.5\n", "    warn_at: 0.5\n    on_exceed: refuse\n")
