@@ -553,6 +553,9 @@ async function viewCompare() {
 
 // ---- queues ------------------------------------------------------------------------------------
 
+// Three significant digits (a decayed usage is often far below 1); 0 as it is.
+const sig = (v) => (v === 0 ? "0" : v.toPrecision(3));
+
 function renderQueues(body) {
   const queues = body.queues || [];
   return html`${queues.map((q) => raw(html`<section class="queue" data-queue="${q.name}">
@@ -565,6 +568,11 @@ function renderQueues(body) {
         <td><div class="bar"><span class="${used > nominal ? "over" : ""}" style="width:${pct.toFixed(1)}%"></span><em>${u.usage} / ${u.nominal}</em></div></td>
         <td>${u.borrowed}</td></tr>`);
     })}</tbody></table>
+    ${(q.fair_usage || []).length === 0 ? "" : raw(html`<h3>Fair sharing <span class="muted">admission by usage over time, lowest first</span></h3>
+      <table class="fair-usage"><thead><tr><th>Workspace</th><th>Usage</th><th>Weight</th><th>Decayed use</th><th>Held now</th></tr></thead><tbody>
+      ${q.fair_usage.map((f) => raw(html`<tr data-workspace="${f.workspace}"><td>${f.workspace}</td><td>${f.usage === null ? "last (weight 0)" : sig(f.usage)}</td><td>${f.weight}</td>
+        <td>${Object.entries(f.consumed || {}).map(([r, v]) => `${r} ${sig(Number(v))}`).join(", ") || "—"}</td>
+        <td>${Object.entries(f.held || {}).map(([r, v]) => `${r} ${v}`).join(", ") || "—"}</td></tr>`))}</tbody></table>`)}
     <h3>Pending</h3>
     ${(q.pending_runs || []).length === 0 ? raw('<p class="muted">None.</p>') : raw(html`<table class="pending"><thead><tr><th>Position</th><th>Run</th><th>Priority</th><th>Reason</th></tr></thead><tbody>
       ${q.pending_runs.map((p) => raw(html`<tr data-run="${p.name}"><td>${p.position ?? "—"}</td><td><a href="#/runs/${p.name}">${p.name}</a></td><td>${p.priority}</td>

@@ -6,11 +6,18 @@ platform that asks for the mode without its settings is refused at file:line:col
 import getpass
 import json
 import os
+import shutil
 import signal
+import subprocess
+import tempfile
 import time
 import unittest
 
-from harness import ServerTestCase, wait_for
+from harness import ServerTestCase, TauServer, free_port, wait_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+E2E = os.path.normpath(os.path.join(HERE, "..", "e2e"))
+CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium")
 
 USER = getpass.getuser()
 
@@ -60,7 +67,8 @@ def spec(name, workspace, release):
             f"policy:\n  workspace: {workspace}\n")
 
 
-class AdmissionFairSharingTest(ServerTestCase):
+class FairSharingCase(ServerTestCase):
+    """A server with one GPU and what the tests below do with it."""
     gpus = 1
 
     def apply(self, text):
@@ -109,6 +117,8 @@ class AdmissionFairSharingTest(ServerTestCase):
             self.server.wait_state(run, ["Succeeded"], timeout=60)
         return ["heavy" if r == first else "light" for r in order]
 
+
+class AdmissionFairSharingTest(FairSharingCase):
     def test_the_workspace_that_used_less_goes_first_and_its_usage_survives_a_restart(self):
         self.assertEqual(self.apply(PLATFORM).returncode, 0)
         # heavy uses the GPU for a while; light never has.
@@ -160,6 +170,44 @@ class AdmissionFairSharingTest(ServerTestCase):
                       "top-level admission_fair_sharing section", r.stderr)
         self.assertIn(f":{weight}:28: error: workspaces[1].fair_sharing.weight: expected a weight "
                       "of 0 or more (e.g. 2), got", r.stderr)
+
+
+class FairSharingDashboardTest(FairSharingCase):
+    """The dashboard's queue page (headless Chromium) shows the queue's fair-sharing order: the
+    workspace that used the GPU last, with the usage and weight the API reports."""
+
+    def setUp(self):
+        self.port = free_port()
+        self.server = TauServer(gpus=1, extra_args=["--listen", f"127.0.0.1:{self.port}",
+                                                    "--insecure-listen"]).start()
+        self.work = tempfile.mkdtemp(prefix="tau-it-code-")
+
+    def test_the_queue_page_shows_usage_lowest_first(self):
+        if not CHROMIUM or not shutil.which("node"):
+            self.skipTest("needs chromium and node (scripts/install-deps.sh)")
+        if not os.path.isdir(os.path.join(E2E, "node_modules", "playwright-core")):
+            p = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--prefix", E2E],
+                               capture_output=True, text=True, timeout=300)
+            if p.returncode != 0:
+                self.skipTest(f"npm ci --prefix tests/e2e failed: {p.stderr[-500:]}")
+        self.assertEqual(self.apply(PLATFORM).returncode, 0)
+        run, release = self.holder("heavy-use", "heavy")
+        self.server.wait_state(run, ["Running"], timeout=60)
+        time.sleep(1)
+        self.release(release)
+        self.server.wait_state(run, ["Succeeded"], timeout=60)
+        token = self.server.tau("admin", "token", "create", "--description", "afs",
+                                check=0).stdout.strip()
+        shots = os.environ.get("TAU_SCREENSHOT_DIR") or os.path.join(self.work, "shots")
+        p = subprocess.run(["node", os.path.join(E2E, "fair_sharing.test.mjs"),
+                            "--url", f"http://127.0.0.1:{self.port}", "--token", token,
+                            "--queue", "gpu", "--last", "heavy", "--screenshots", shots],
+                           capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, CHROMIUM=CHROMIUM))
+        print(p.stdout, p.stderr)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertRegex(p.stdout, r"fair sharing table: .*heavy \d\.\d+(e-\d+)? \(weight 1\)")
+        self.assertIn("light 0 (weight 2)", p.stdout)
 
 
 if __name__ == "__main__":
