@@ -19,6 +19,21 @@ BINARY_DIR = os.environ.get("TAU_BINARY_DIR") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build")
 TAU = os.path.abspath(os.path.join(BINARY_DIR, "bin", "tau"))
 FAKE_NVML = os.path.abspath(os.path.join(BINARY_DIR, "tests", "libnvidia-ml-fake.so"))
+# The browser tests' scripts (Node.js with playwright-core, driving the system Chromium).
+E2E = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium")
+
+
+def require_browser(test):
+    """Skips `test` unless Chromium and Node.js are here; installs tests/e2e's packages with
+    `npm ci` when they are not yet."""
+    if not CHROMIUM or not shutil.which("node"):
+        test.skipTest("needs chromium and node (scripts/install-deps.sh)")
+    if not os.path.isdir(os.path.join(E2E, "node_modules", "playwright-core")):
+        p = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--prefix", E2E],
+                           capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            test.skipTest(f"npm ci --prefix tests/e2e failed: {p.stderr[-500:]}")
 
 
 def wait_for(predicate, timeout=20.0, interval=0.05, what="condition"):

@@ -15,11 +15,7 @@ import time
 import unittest
 import urllib.request
 
-from harness import TauServer, free_port, wait_for
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-E2E = os.path.normpath(os.path.join(HERE, "..", "e2e"))
-CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium")
+from harness import CHROMIUM, E2E, TauServer, free_port, require_browser, wait_for
 
 # Writes a falling loss curve to TAU_METRICS_FILE over a few seconds (so that a page opened early
 # sees the run change state live), and a validation loss every fifth step, then succeeds. Its
@@ -208,13 +204,7 @@ class DashboardTest(unittest.TestCase):
             self.assertIn(text, top)
 
     def test_dashboard_in_chromium(self):
-        if not CHROMIUM or not shutil.which("node"):
-            self.skipTest("needs chromium and node (scripts/install-deps.sh)")
-        if not os.path.isdir(os.path.join(E2E, "node_modules", "playwright-core")):
-            p = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--prefix", E2E],
-                               capture_output=True, text=True, timeout=300)
-            if p.returncode != 0:
-                self.skipTest(f"npm ci --prefix tests/e2e failed: {p.stderr[-500:]}")
+        require_browser(self)
         # Two training runs (half a CPU each, so that the hog still fits beside them on two cores)
         # for the compare view; the second's loss falls slower.
         train = self.submit(spec("train", 0, cpus="500m"), TRAIN)

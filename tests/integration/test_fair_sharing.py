@@ -6,18 +6,14 @@ platform that asks for the mode without its settings is refused at file:line:col
 import getpass
 import json
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
 import time
 import unittest
 
-from harness import ServerTestCase, TauServer, free_port, wait_for
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-E2E = os.path.normpath(os.path.join(HERE, "..", "e2e"))
-CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium")
+from harness import (CHROMIUM, E2E, ServerTestCase, TauServer, free_port, require_browser,
+                     wait_for)
 
 USER = getpass.getuser()
 
@@ -183,13 +179,7 @@ class FairSharingDashboardTest(FairSharingCase):
         self.work = tempfile.mkdtemp(prefix="tau-it-code-")
 
     def test_the_queue_page_shows_usage_lowest_first(self):
-        if not CHROMIUM or not shutil.which("node"):
-            self.skipTest("needs chromium and node (scripts/install-deps.sh)")
-        if not os.path.isdir(os.path.join(E2E, "node_modules", "playwright-core")):
-            p = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--prefix", E2E],
-                               capture_output=True, text=True, timeout=300)
-            if p.returncode != 0:
-                self.skipTest(f"npm ci --prefix tests/e2e failed: {p.stderr[-500:]}")
+        require_browser(self)
         self.assertEqual(self.apply(PLATFORM).returncode, 0)
         run, release = self.holder("heavy-use", "heavy")
         self.server.wait_state(run, ["Running"], timeout=60)
