@@ -1,6 +1,7 @@
 #include "backend/backend.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -77,6 +78,16 @@ nlohmann::json AttemptDiagnosis(const std::string& attempt_dir, size_t ranks,
   for (const auto& e : d.evidence)
     evidence.push_back({{"signature", e.signature}, {"rank", e.rank}, {"line", e.line}});
   return {{"summary", d.summary}, {"phase", phase}, {"evidence", evidence}};
+}
+
+int64_t WrittenBytes(const std::string& attempt_dir, const std::string& metrics_file) {
+  std::error_code ec;
+  int64_t bytes = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(attempt_dir + "/logs", ec))
+    if (entry.is_regular_file(ec)) bytes += static_cast<int64_t>(entry.file_size(ec));
+  const auto metrics = std::filesystem::file_size(metrics_file, ec);
+  if (!ec) bytes += static_cast<int64_t>(metrics);
+  return bytes;
 }
 
 }  // namespace tau::server

@@ -231,4 +231,9 @@ nlohmann::json PendingEntry(int position, const std::string& queue, const std::s
 nlohmann::json AttemptDiagnosis(const std::string& attempt_dir, size_t ranks,
                                 const std::string& phase);
 
+// What a running attempt has written so far, its progress for the stall guardrail
+// (Backend::OutputBytes): the bytes of its ranks' logs (kept under attempt_dir/logs, on either
+// backend) and of its run's metrics file.
+int64_t WrittenBytes(const std::string& attempt_dir, const std::string& metrics_file);
+
 }  // namespace tau::server

@@ -184,6 +184,8 @@ std::optional<std::string> NormalizeGpuClass(const std::string& text) {
 FieldDef GuardrailsObject() {
   constexpr const char* kLocal = "tightens the workspace's limits (docs/budgets.md)";
   constexpr const char* kKube = "not watched: the Kubernetes backend samples no GPUs";
+  constexpr const char* kKubeStall =
+      "watched from the kept pod logs and metrics; no stack dump; a stop deletes the attempt's Job";
   auto idle = [](Ctx& c) -> IdleGuard& {
     if (!c.spec.policy.idle) c.spec.policy.idle.emplace();
     return *c.spec.policy.idle;
@@ -209,11 +211,12 @@ FieldDef GuardrailsObject() {
        Obj("stall", "Mark, then stop, a run whose logs and metrics stop growing",
            {TauOnly(Duration("after", 1000, "Marked Stalled (stacks dumped) after this long quiet",
                              [=](Ctx& c, const Value& v) { stall(c).after_ms = v.number; }),
-                    kLocal, kKube),
+                    kLocal, kKubeStall),
             TauOnly(Duration("stop_after", 1000, "Stopped as Stalled after this long quiet",
                              [=](Ctx& c, const Value& v) { stall(c).stop_after_ms = v.number; }),
-                    kLocal, kKube)})});
-  return TauOnly(obj, kLocal, kKube);
+                    kLocal, kKubeStall)})});
+  return TauOnly(obj, kLocal,
+                 "stall watched from the kept pod logs; idle not watched (no GPU samples)");
 }
 
 // policy.webhooks: receivers of the run's own events, as its workspace's webhooks.

@@ -53,12 +53,17 @@ class KubeBackend final : public Backend {
   // This machine's GPUs run nothing of the cluster's.
   void HandleGpuNews(const GpuNews&, Batch*) override {}
   void Cancel(ActiveRun& run, Batch* batch) override;
-  // Services run on the local backend only (the service manager refuses them here), and a pod's
-  // liveness probe is the kubelet's: nothing of the server's to stop.
-  void StopAttempt(ActiveRun& run, FailureClass, const std::string& why, Batch* batch) override {
-    batch->events.push_back({0, run.record.name, host_->Now(), "StopRefused",
-                             why + "; the Kubernetes backend leaves liveness to the kubelet",
-                             nlohmann::json::object(), "", ""});
+  // The stall guardrail's stop (services run on the local backend only, and a pod's liveness
+  // probe is the kubelet's): the attempt ends with the class, its Job goes.
+  void StopAttempt(ActiveRun& run, FailureClass cls, const std::string& why, Batch* batch) override;
+  // The kept pod logs (KeepLogs) and the run's metrics file, which the cluster appends to.
+  std::optional<int64_t> OutputBytes(const ActiveRun& run) override {
+    const RunRecord& r = run.record;
+    auto it = runs_.find(r.name);
+    if (it == runs_.end() || it->second.attempt == 0 || it->second.attempt != r.attempts)
+      return std::nullopt;
+    return WrittenBytes(host_->AttemptDir(r.name, r.attempts),
+                        layout::MetricsFile(host_->RunDir(r.name)));
   }
   void Schedule(Batch* batch) override;
   // Deletes are acted on once the pass that decided them (a cancel, an eviction) is committed.
@@ -438,6 +443,31 @@ void KubeBackend::EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, 
   } else {
     host_->FailAttempt(run, cls, a.message, batch);
   }
+}
+
+void KubeBackend::StopAttempt(ActiveRun& run, FailureClass cls, const std::string& why,
+                              Batch* batch) {
+  RunRecord& r = run.record;
+  ClusterRun& c = Of(run);
+  if (c.attempt == 0 || r.cancel_requested || store::IsTerminal(r.state)) return;
+  auto attempts = host_->store()->ListAttempts(r.name);
+  if (!attempts.ok() || attempts->empty() || attempts->back().number != c.attempt) return;
+  AttemptRecord a = attempts->back();
+  a.state = AttemptState::kFinished;
+  a.ended_ms = host_->Now();
+  a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kStopped);
+  a.reason = recovery::FailureClassName(cls);
+  a.message = why;
+  a.diagnosis = AttemptDiagnosis(a.dir, std::max(1, run.spec.compute.workers),
+                                 "Running: stopped by the server");
+  batch->attempts.push_back(a);
+  host_->CountAttempt(a);
+  // As an eviction: the run goes on (to a retry or its end) now, and the attempt's Job is deleted
+  // once this is committed; the deleted Job's news is then of an attempt that is not the run's.
+  to_delete_.emplace_back(r.name, c.attempt);
+  c.attempt = 0;
+  c.pending = nullptr;
+  host_->FailAttempt(run, cls, why, batch);
 }
 
 void KubeBackend::HandleCall(ActiveRun& run, const ClusterNews& news, Batch* batch) {

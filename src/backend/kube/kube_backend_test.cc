@@ -469,6 +469,38 @@ TEST_F(KubeBackendTest, EvictedPodIsRetriedAsANewJobAndOomIsNot) {
   EXPECT_TRUE(Job(name, 3).is_null()) << "no third attempt";
 }
 
+TEST_F(KubeBackendTest, AStalledRunIsMarkedFromItsKeptLogsThenStoppedAndItsJobDeleted) {
+  // Quiet for 1 s: marked Stalled; for 2 s: stopped as Stalled (not retried by default).
+  std::string name = Submit(std::string(kSpec) +
+                            "policy:\n  guardrails:\n    stall: {after: 1s, stop_after: 2s}\n");
+  ASSERT_TRUE(WaitForJob(name, 1));
+  MakeWorkload(name, 1);
+  Admit(name, 1);
+  StartPod(name, 1);
+  ASSERT_TRUE(WaitForState(name, RunState::kRunning));
+  fake_.AppendLog("default", PodName(name, 1), "step 1 loss 0.5\n");
+  ASSERT_TRUE(WaitFor([&] { return Log(name, 1) == "step 1 loss 0.5\n"; })) << Log(name, 1);
+  ASSERT_TRUE(WaitForState(name, RunState::kFailed));
+  EXPECT_EQ(Run(name).reason, "Stalled");
+  const std::vector<std::string> types = EventTypes(name);
+  const auto stalled = std::find(types.begin(), types.end(), "StallDetected");
+  ASSERT_NE(stalled, types.end());
+  for (const store::Event& e : Events(name)) {
+    if (e.type != "StallDetected") continue;
+    EXPECT_NE(e.message.find("this backend cannot dump stacks"), std::string::npos) << e.message;
+  }
+  std::vector<store::AttemptRecord> attempts = Attempts(name);
+  ASSERT_EQ(attempts.size(), 1u);
+  EXPECT_EQ(attempts[0].reason, "Stalled");
+  EXPECT_EQ(attempts[0].outcome, "Stopped");
+  EXPECT_NE(attempts[0].message.find("the run's policy.guardrails.stall.stop_after"),
+            std::string::npos)
+      << attempts[0].message;
+  // Its Job goes (a Foreground delete takes its pods with it).
+  EXPECT_TRUE(WaitFor([&] { return Job(name, 1).is_null(); })) << Job(name, 1).dump();
+  EXPECT_TRUE(Job(name, 2).is_null()) << "Stalled is not retried by default";
+}
+
 TEST_F(KubeBackendTest, KueuePreemptionRequeuesWithAFreshJob) {
   std::string name = Submit(kSpec);
   ASSERT_TRUE(WaitForJob(name, 1));

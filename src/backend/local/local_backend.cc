@@ -1213,16 +1213,9 @@ int64_t LocalBackend::NextWakeMillis(int64_t now, int64_t limit) const {
 
 std::optional<int64_t> LocalBackend::OutputBytes(const ActiveRun& run) {
   if (!Of(run).shim) return std::nullopt;
-  // What its workers' logs hold (the pump writes them as the output comes) and its metrics file.
-  std::error_code ec;
-  int64_t bytes = 0;
-  const std::string logs = host_->AttemptDir(run.record.name, run.record.attempts) + "/logs";
-  for (const auto& entry : std::filesystem::directory_iterator(logs, ec))
-    if (entry.is_regular_file(ec)) bytes += static_cast<int64_t>(entry.file_size(ec));
-  auto metrics = std::filesystem::file_size(
-      layout::MetricsFile(layout::RunDir(options_.home, run.record.name)), ec);
-  if (!ec) bytes += static_cast<int64_t>(metrics);
-  return bytes;
+  // The pump writes its workers' logs as the output comes.
+  return WrittenBytes(host_->AttemptDir(run.record.name, run.record.attempts),
+                      layout::MetricsFile(layout::RunDir(options_.home, run.record.name)));
 }
 
 std::optional<int> LocalBackend::DumpStacks(const ActiveRun& run) {
