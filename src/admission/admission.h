@@ -105,6 +105,14 @@ struct AdmissionFairSharing {
   std::map<std::string, double> resource_weights;  // unlisted resources weigh 1
 };
 
+// What one unit held from its admission at `start_ms` to its release at `end_ms` (`now_ms` while
+// still held) leaves in its LocalQueue's consumed usage at `now_ms`: 0.5^((now - end) / h) -
+// 0.5^((now - start) / h), the value the sampling approaches, plus its entry penalty a(interval)
+// decayed since `start_ms`. A restart rebuilds each LocalQueue's usage from what its runs held
+// with it (Engine::SetLocalQueueUsage).
+double DecayedHolding(const AdmissionFairSharing& afs, int64_t start_ms, int64_t end_ms,
+                      int64_t now_ms);
+
 struct LocalQueue {
   std::string name;
   std::string cluster_queue;

@@ -993,6 +993,27 @@ TEST(AdmissionFairSharingUsageTest, UsageHalvesEveryHalfLifeAndApproachesWhatIsH
   EXPECT_NEAR(afs::Consumed(*e, "busy"), 2.0, 1e-3);
 }
 
+TEST(AdmissionFairSharingUsageTest, WhatAHoldingLeavesIsWhatTheSamplingMade) {
+  // What a restart rebuilds a LocalQueue's usage from (DecayedHolding, per unit held) against
+  // the engine's own sampling of the same holding: 2 GPUs for 2 h, then an hour after.
+  const int64_t h = 3'600'000, minute = 60'000;
+  const Config config = afs::OneQueue(h, minute);
+  Result<Engine> e = Engine::Create(config);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const int64_t start = minute, end = start + 2 * h, later = end + h;
+  ASSERT_TRUE(e->AddWorkload(afs::Gpus("w", "team", 2, 0)).ok());
+  e->RunCycle({start, false});
+  ASSERT_EQ(e->State("w").value(), WorkloadState::kAdmitted);
+  for (int64_t t = start + minute; t <= end; t += minute) e->RunCycle({t, false});
+  ASSERT_TRUE(e->FinishWorkload("w").ok());
+  for (int64_t t = end + minute; t <= later; t += minute) e->RunCycle({t, false});
+  const AdmissionFairSharing& a = *config.admission_fair_sharing;
+  EXPECT_NEAR(afs::Consumed(*e, "team"), 2 * DecayedHolding(a, start, end, later), 1e-6);
+  // While still held, and before anything is held.
+  EXPECT_NEAR(DecayedHolding(a, 0, h, h), 0.5 + (1 - std::pow(0.5, 1.0 / 60)) * 0.5, 1e-12);
+  EXPECT_EQ(DecayedHolding(a, h, h - 1, h), 0);
+}
+
 TEST(AdmissionFairSharingUsageTest, ABurstFromOneLocalQueueAlternatesWithAnother) {
   // Both queues start equal; each admission's penalty hands the next head to the other queue.
   Result<Engine> e = Engine::Create(afs::OneQueue(3'600'000, 300'000));

@@ -24,6 +24,19 @@ double Alpha(double elapsed_ms, double half_life_ms) {
 
 }  // namespace
 
+double DecayedHolding(const AdmissionFairSharing& afs, int64_t start_ms, int64_t end_ms,
+                      int64_t now_ms) {
+  if (afs.usage_half_life_ms <= 0 || end_ms < start_ms) return 0;
+  const double h = static_cast<double>(afs.usage_half_life_ms);
+  // 1 - Alpha(t) is what is left after t: the decay factor.
+  const double left_since_start =
+      1 - Alpha(static_cast<double>(now_ms - std::min(start_ms, now_ms)), h);
+  const double left_since_end =
+      1 - Alpha(static_cast<double>(now_ms - std::min(end_ms, now_ms)), h);
+  const double penalty = Alpha(static_cast<double>(afs.usage_sampling_interval_ms), h);
+  return left_since_end - left_since_start + penalty * left_since_start;
+}
+
 int Engine::Impl::LocalQueueOf(int cq, const std::string& name) {
   auto [it, inserted] = lq_by_name.try_emplace(name, static_cast<int>(lqs.size()));
   if (!inserted) return lqs[it->second].cq == cq ? it->second : -1;

@@ -83,8 +83,15 @@ nlohmann::json AttemptDiagnosis(const std::string& attempt_dir, size_t ranks,
 int64_t WrittenBytes(const std::string& attempt_dir, const std::string& metrics_file) {
   std::error_code ec;
   int64_t bytes = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(attempt_dir + "/logs", ec))
-    if (entry.is_regular_file(ec)) bytes += static_cast<int64_t>(entry.file_size(ec));
+  // increment(ec), not ++: a log removed while it is listed must not throw on the decision thread.
+  for (std::filesystem::directory_iterator it(attempt_dir + "/logs", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) {
+      const auto size = it->file_size(size_ec);
+      if (!size_ec) bytes += static_cast<int64_t>(size);
+    }
+  }
   const auto metrics = std::filesystem::file_size(metrics_file, ec);
   if (!ec) bytes += static_cast<int64_t>(metrics);
   return bytes;

@@ -86,7 +86,7 @@ static void PrintBudgets(const nlohmann::json& budgets) {
                           budget::Hours(b[kind].get<double>()),
                           std::string(kind) == "gpu_hours" ? "GPU-h" : "CPU-h");
     }
-    if (b["cost"].is_number()) {
+    if (b.contains("cost") && b["cost"].is_number()) {
       const std::string currency = b.value("currency", "");
       if (!used.empty()) used += ", ";
       used += fmt::format("{} / {}", budget::Money(b["used"].value("cost", 0.0), ""),

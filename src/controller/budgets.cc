@@ -56,9 +56,8 @@ Status Controller::LoadLedger() {
 }
 
 // Admission fair sharing after a restart: a LocalQueue's usage is the decayed sum of what its
-// runs held (the Metered events, and the runs holding quota now): u * (2^-(now-end)/h -
-// 2^-(now-start)/h) per holding, the exact value that Kueue's sampling every interval approaches,
-// plus each admission's entry penalty (u * (1 - 2^-(interval/h))) decayed since.
+// runs held (the Metered events, and the runs holding quota now), each as
+// admission::DecayedHolding says.
 Status Controller::RestoreFairUsage() {
   const auto& afs = loop_platform_->admission.admission_fair_sharing;
   if (!afs || !quota_.engine) return Status::Ok();
@@ -67,7 +66,6 @@ Status Controller::RestoreFairUsage() {
     if (q.admission_fair_sharing) queues.insert(q.name);
   if (queues.empty()) return Status::Ok();
   const int64_t now = Now();
-  const double half_life = static_cast<double>(afs->usage_half_life_ms);
   // Holdings ended 40 half-lives ago weigh under 10^-12 of their size.
   TAU_ASSIGN_OR_RETURN(std::vector<store::UsageRecord> used,
                        store_->ListUsage(std::max<int64_t>(0, now - 40 * afs->usage_half_life_ms)));
@@ -75,14 +73,7 @@ Status Controller::RestoreFairUsage() {
   auto add = [&](const std::string& workspace, const std::string& queue, int64_t gpus,
                  int64_t cpu_milli, int64_t memory_bytes, int64_t start, int64_t end) {
     if (!queues.count(queue) || end < start) return;
-    const double since_start =
-        std::pow(0.5, static_cast<double>(now - std::min(start, now)) / half_life);
-    const double held =
-        std::pow(0.5, static_cast<double>(now - std::min(end, now)) / half_life) - since_start;
-    const double penalty =
-        (1 - std::pow(0.5, static_cast<double>(afs->usage_sampling_interval_ms) / half_life)) *
-        since_start;
-    const double f = held + penalty;
+    const double f = admission::DecayedHolding(*afs, start, end, now);
     auto& [cq, per_resource] = consumed[policy::LocalQueueName(workspace, queue)];
     cq = queue;
     if (gpus) per_resource[policy::kGpuResource] += f * static_cast<double>(gpus);
@@ -273,27 +264,33 @@ Status Controller::CheckBudgets(const policy::Platform& platform, const policy::
     view = budget_view_;
   }
   const int64_t gpus = static_cast<int64_t>(run.gpus_per_worker) * run.workers;
+  auto limit = [](const std::optional<double>& v) {
+    return v ? nlohmann::json(*v) : nlohmann::json();
+  };
   for (const policy::Budget& b : platform.budgets) {
-    if (b.on_exceed != "refuse" || !b.gpu_hours ||
-        !budget::Covers(b, run.workspace, user, run.queue))
-      continue;
+    if (b.on_exceed != "refuse" || !budget::Covers(b, run.workspace, user, run.queue)) continue;
     const std::string who = b.user == policy::kEveryone ? user : b.user;
     // Its state as last checked (none yet for a user of a per-user budget who has used none).
     double used = 0;
+    bool spent = false;
     std::string message;
     for (const nlohmann::json& s : view)
       if (s.value("workspace", "") == b.workspace && s.value("queue", "") == b.queue &&
           s.value("user", "") == (b.user.empty() ? "" : who) &&
-          s.value("gpu_hours", nlohmann::json()) == nlohmann::json(*b.gpu_hours)) {
+          s.value("gpu_hours", nlohmann::json()) == limit(b.gpu_hours) &&
+          s.value("cpu_hours", nlohmann::json()) == limit(b.cpu_hours) &&
+          s.value("cost", nlohmann::json()) == limit(b.cost)) {
         used = s["used"].value("gpu_hours", 0.0);
+        spent = s.value("spent", false);
         message = s.value("message", "");
       }
-    const double left = std::max(0.0, *b.gpu_hours - used);
-    if (!run.max_runtime_ms) {
-      if (left > 0) continue;
+    if (spent || (b.gpu_hours && *b.gpu_hours - used <= 0 && !run.max_runtime_ms))
       return FailedPrecondition(fmt::format(
           "{}; this budget refuses runs while it is spent (on_exceed: refuse)", message));
-    }
+    // What a run may use is known in GPU-hours only (its flavor, and so its price, comes with its
+    // admission).
+    if (!b.gpu_hours || !run.max_runtime_ms) continue;
+    const double left = std::max(0.0, *b.gpu_hours - used);
     const double need =
         static_cast<double>(gpus) * static_cast<double>(*run.max_runtime_ms) / 3'600'000;
     if (need <= left) continue;

@@ -127,6 +127,24 @@ std::string NameSuffixLike(std::optional<int64_t> max_index) {
   return suffix;
 }
 
+// A run's own webhooks sign with secrets of its workspace, as the workspace's do; one that is not
+// set would make every delivery fail, so the submission is refused (only the submission: a secret
+// removed later fails deliveries, never the run).
+Status CheckWebhookSecrets(store::Store* store, const spec::RunSpec& spec,
+                           const std::string& workspace) {
+  if (spec.policy.webhooks.empty()) return Status::Ok();
+  TAU_ASSIGN_OR_RETURN(auto values, store->SecretValues(workspace));
+  for (size_t i = 0; i < spec.policy.webhooks.size(); ++i) {
+    const std::string& secret = spec.policy.webhooks[i].secret;
+    if (!values.count(secret))
+      return FailedPrecondition(fmt::format(
+          "policy.webhooks[{}].secret: workspace '{}' has no secret '{}' to sign the payload "
+          "with; set it with `tau secret set {} {}` (the value is read from the terminal or stdin)",
+          i, workspace, secret, workspace, secret));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status Controller::InsertWithUniqueName(
@@ -188,6 +206,7 @@ Result<Controller::PreparedRun> Controller::PrepareRun(
     resolved->code_subdir = code_dir;
   }
   if (Status s = CheckSecrets(spec, resolved->workspace, nullptr); !s.ok()) return refuse(s);
+  if (Status s = CheckWebhookSecrets(store_, spec, resolved->workspace); !s.ok()) return refuse(s);
   if (Status s = CheckBudgets(*platform, *resolved, caller.user); !s.ok()) return refuse(s);
   Resources need = Needs(*resolved);
   if (Status s = backend_->CheckFits(need); !s.ok()) return refuse(s);
@@ -1165,18 +1184,8 @@ Status Controller::CheckSecrets(const spec::RunSpec& spec, const std::string& wo
   auto in_store = [cluster](const spec::EnvVar& v) {
     return v.secret_ref && (v.secret_name.empty() || !cluster);
   };
-  if (std::none_of(spec.runtime.env.begin(), spec.runtime.env.end(), in_store) &&
-      spec.policy.webhooks.empty())
-    return Status::Ok();
+  if (std::none_of(spec.runtime.env.begin(), spec.runtime.env.end(), in_store)) return Status::Ok();
   TAU_ASSIGN_OR_RETURN(auto values, store_->SecretValues(workspace));
-  // A run's own webhook signs with a secret of its workspace, as the workspace's webhooks do; one
-  // that is not set would make every delivery fail, so the run is refused now.
-  for (size_t i = 0; i < spec.policy.webhooks.size(); ++i)
-    if (!values.count(spec.policy.webhooks[i].secret))
-      return FailedPrecondition(fmt::format(
-          "policy.webhooks[{}].secret: workspace '{}' has no secret '{}' to sign the payload "
-          "with; set it with `tau secret set {} {}` (the value is read from the terminal or stdin)",
-          i, workspace, spec.policy.webhooks[i].secret, workspace, spec.policy.webhooks[i].secret));
   std::vector<std::string> missing;
   for (const spec::EnvVar& var : spec.runtime.env)
     if (in_store(var) && !values.count(spec::SecretStoreKey(var)))

@@ -131,8 +131,8 @@ struct Workspace {
   std::map<std::string, std::string> lanes;
   // Where the workspace's runs' events are posted, signed (docs/webhooks.md).
   std::vector<struct Webhook> webhooks;
-  // The URLs a run's own webhooks (its spec's policy.webhooks) may post to: glob patterns ('*',
-  // '?'); empty: any http(s) URL.
+  // The URLs a run's own webhooks (its spec's policy.webhooks) may post to: URL patterns
+  // (UrlMatches); empty: none.
   std::vector<std::string> allowed_webhooks;
   // Its LocalQueues' weight under admission fair sharing (usage is divided by it); 0: always last.
   double fair_sharing_weight = 1.0;
@@ -374,5 +374,10 @@ std::string ExplainText(const ResolvedRun& run);
 
 // A glob match where '*' matches any run of characters ('/' included) and '?' one character.
 bool GlobMatch(std::string_view pattern, std::string_view text);
+// Whether a URL pattern of allowed_webhooks allows `url`: its scheme, host and port glob-match
+// the URL's ('*' cannot reach into the path: "https://*.example.com/*" does not allow
+// "https://evil.net/x.example.com/"), and its path glob-matches the URL's (any path when the
+// pattern has none).
+bool UrlMatches(std::string_view pattern, std::string_view url);
 
 }  // namespace tau::policy

@@ -492,15 +492,24 @@ class Resolver {
                      image, w.name, Join(w.allowed_images, ", ")));
   }
 
+  // A run's own webhooks make the server post where its submitter says: only to the receivers its
+  // workspace allows, none when it names none.
   void CheckWebhooks(const Workspace& w) {
-    if (w.allowed_webhooks.empty()) return;
     for (size_t i = 0; i < s_.policy.webhooks.size(); ++i) {
       const std::string& url = s_.policy.webhooks[i].url;
-      if (std::none_of(w.allowed_webhooks.begin(), w.allowed_webhooks.end(),
-                       [&](const std::string& pattern) { return GlobMatch(pattern, url); }))
+      if (w.allowed_webhooks.empty()) {
+        Fail(
+            fmt::format("policy.webhooks[{}].url: workspace '{}' allows no run webhooks; its "
+                        "platform team can allow receivers with allowed_webhooks (URL patterns) "
+                        "in platform.yaml",
+                        i, w.name));
+      } else if (std::none_of(
+                     w.allowed_webhooks.begin(), w.allowed_webhooks.end(),
+                     [&](const std::string& pattern) { return UrlMatches(pattern, url); })) {
         Fail(fmt::format(
             "policy.webhooks[{}].url: '{}' is not allowed in workspace '{}' (allowed_webhooks: {})",
             i, url, w.name, Join(w.allowed_webhooks, ", ")));
+      }
     }
   }
 
@@ -740,6 +749,20 @@ bool GlobMatch(std::string_view pattern, std::string_view text) {
   }
   while (p < pattern.size() && pattern[p] == '*') ++p;
   return p == pattern.size();
+}
+
+bool UrlMatches(std::string_view pattern, std::string_view url) {
+  // "scheme://host:port" and the path from the first '/' after it ("" when there is none).
+  auto split = [](std::string_view u) {
+    const size_t scheme = u.find("://");
+    const size_t slash = scheme == std::string_view::npos ? scheme : u.find('/', scheme + 3);
+    return std::pair(u.substr(0, slash),
+                     slash == std::string_view::npos ? std::string_view() : u.substr(slash));
+  };
+  const auto [pattern_origin, pattern_path] = split(pattern);
+  const auto [url_origin, url_path] = split(url);
+  return GlobMatch(pattern_origin, url_origin) &&
+         (pattern_path.empty() || GlobMatch(pattern_path, url_path.empty() ? "/" : url_path));
 }
 
 }  // namespace tau::policy

@@ -312,13 +312,27 @@ TEST_F(ResolveTest, Images) {
 TEST_F(ResolveTest, ARunsOwnWebhooksMustMatchItsWorkspacesAllowedUrls) {
   spec_.policy.webhooks = {{"https://hooks.example.com/team-a/x", "k", {"state"}},
                            {"http://10.0.0.7:8080/hook", "k", {"state"}}};
-  MustResolve();  // a workspace without allowed_webhooks takes any http(s) receiver
+  // A workspace that allows none refuses them: the submitter would choose where the server posts.
+  EXPECT_NE(Error().find("policy.webhooks[0].url: workspace 'research' allows no run webhooks"),
+            std::string::npos);
   platform_.workspaces[0].allowed_webhooks = {"https://hooks.example.com/*"};
   EXPECT_EQ(Error(),
             "policy.webhooks[1].url: 'http://10.0.0.7:8080/hook' is not allowed in workspace "
             "'research' (allowed_webhooks: https://hooks.example.com/*)");
   spec_.policy.webhooks.pop_back();
   MustResolve();
+}
+
+TEST(UrlMatchesTest, TheHostIsMatchedApartFromThePath) {
+  EXPECT_TRUE(UrlMatches("https://*.example.com/*", "https://hooks.example.com/a/b"));
+  EXPECT_FALSE(UrlMatches("https://*.example.com/*", "https://evil.net/x.example.com/"));
+  EXPECT_FALSE(UrlMatches("https://*.example.com/*", "http://hooks.example.com/a"));  // scheme
+  EXPECT_TRUE(UrlMatches("http://127.0.0.1:*", "http://127.0.0.1:8080/any/path"));    // no path
+  EXPECT_FALSE(UrlMatches("http://127.0.0.1:*", "http://127.0.0.10:8080/"));
+  EXPECT_TRUE(
+      UrlMatches("https://hooks.example.com/team-a/*", "https://hooks.example.com/team-a/x"));
+  EXPECT_FALSE(UrlMatches("https://hooks.example.com/team-a/*", "https://hooks.example.com/b/x"));
+  EXPECT_TRUE(UrlMatches("https://hooks.example.com/", "https://hooks.example.com"));
 }
 
 TEST_F(ResolveTest, NoImageNoCheck) {

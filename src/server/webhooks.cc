@@ -139,7 +139,14 @@ void Webhooks::Route() {
     cursor_ = *stored;
   }
   auto events = store_->ListEventsAfter(*cursor_, kRouteBatch);
-  if (!events.ok() || events->empty()) return;
+  if (!events.ok()) {
+    if (events.status().ToString() != last_error_)
+      std::fprintf(stderr, "tau server: webhooks: %s (trying again)\n",
+                   events.status().ToString().c_str());
+    last_error_ = events.status().ToString();
+    return;
+  }
+  if (events->empty()) return;
   std::shared_ptr<const policy::Platform> platform = platform_();
   const int64_t now = clock_->NowMillis();
   std::vector<store::Delivery> add;

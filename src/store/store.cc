@@ -1339,7 +1339,7 @@ Result<std::vector<EventInScope>> Store::ListEventsAfter(int64_t after_id, int64
          "SELECT e.id, e.run, e.ts_ms, e.type, e.message, e.data, r.workspace, r.owner, "
          // instr first: most specs have no webhooks, and a scan for the word is cheaper than a
          // JSON parse of each event's spec.
-         "CASE WHEN instr(r.spec_json, '\"webhooks\"') > 0 "
+         "CASE WHEN instr(r.spec_json, '\"webhooks\"') > 0 AND json_valid(r.spec_json) "
          "THEN json_extract(r.spec_json, '$.policy.webhooks') END "
          "FROM events e JOIN runs r ON r.name = e.run WHERE e.id > ? ORDER BY e.id LIMIT ?");
   if (!s.ok()) return impl_->Error("preparing events after");

@@ -125,6 +125,13 @@ class KubeBackend final : public Backend {
   RunHost* host_ = nullptr;
   bool stopped_ = false;
   std::set<AttemptKey> existing_;  // the attempts on the cluster when the server started
+  // Attempts ended while their objects stayed (a stop, an eviction), whose objects must go. Kept
+  // past the run's end: a stopped Job holds its GPUs and its quota until it is deleted.
+  struct Orphan {
+    int64_t not_before = 0;  // when the next delete may be tried (-1: one is in flight)
+    bool told = false;       // a failed delete was said in the server's log
+  };
+  std::map<AttemptKey, Orphan> orphans_;
   std::vector<std::string> to_launch_;
   std::vector<AttemptKey> to_delete_;       // decided this pass; asked for in Committed
   std::map<std::string, ClusterRun> runs_;  // by run name, until the run ends (Forget)
@@ -152,6 +159,15 @@ Status KubeBackend::Start(RunHost* host, const policy::Platform* applied) {
       [host](const std::string& run, int attempt) { return host->AttemptDir(run, attempt); });
   if (!existing.ok()) return existing.status();
   existing_ = std::move(*existing);
+  // An attempt stopped, or evicted, just before the server stopped may have kept its objects.
+  for (const AttemptKey& key : existing_) {
+    auto attempts = host->store()->ListAttempts(key.first);
+    if (!attempts.ok()) continue;
+    for (const AttemptRecord& a : *attempts)
+      if (a.number == key.second && a.state == AttemptState::kFinished &&
+          a.outcome == runtime::OutcomeKindName(runtime::OutcomeKind::kStopped))
+        orphans_[key] = Orphan{};
+  }
   // An applied platform (not the built-in default, which describes this machine) makes sure
   // the cluster has its queues, e.g. after `tau server --platform FILE` in the chart's pod.
   if (applied)
@@ -201,6 +217,11 @@ void KubeBackend::Recover(ActiveRun& run, Batch* batch) {
 void KubeBackend::Schedule(Batch* batch) {
   std::vector<std::string>* to_launch = &to_launch_;
   int64_t now = host_->Now();
+  for (auto& [key, orphan] : orphans_)
+    if (orphan.not_before >= 0 && orphan.not_before <= now) {
+      to_delete_.push_back(key);
+      orphan.not_before = -1;
+    }
   for (auto& [name, run] : host_->active()) {
     RunRecord& r = run.record;
     if (store::IsTerminal(r.state)) continue;
@@ -333,6 +354,20 @@ Status KubeBackend::KeepLogs(const ActiveRun& run, int attempt) {
 }
 
 void KubeBackend::HandleNews(const ClusterNews& news, Batch* batch) {
+  if (news.call == ClusterNews::Call::kDeleted)
+    if (auto o = orphans_.find({news.run, news.attempt}); o != orphans_.end()) {
+      if (news.result.ok()) {
+        orphans_.erase(o);
+        return;
+      }
+      if (!o->second.told)  // said once, then tried again every 5s
+        std::fprintf(stderr,
+                     "tau server: run %s: deleting attempt %d on the cluster: %s (trying again "
+                     "every 5s)\n",
+                     news.run.c_str(), news.attempt, news.result.ToString().c_str());
+      o->second = Orphan{host_->Now() + 5000, true};
+      return;
+    }
   auto it = host_->active().find(news.run);
   if (it == host_->active().end()) return;
   ActiveRun& run = it->second;
@@ -436,6 +471,7 @@ void KubeBackend::EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, 
     // Kueue would admit the same Job again later; tau makes each attempt a Job of its own, so
     // this one goes (its pods are being stopped anyway) and the next attempt is a new one.
     to_delete_.emplace_back(r.name, number);
+    orphans_[{r.name, number}] = Orphan{-1, false};
   }
   if (cls == FailureClass::kPreempted &&
       recovery::PreemptionRequeues(spec::RetryPolicyOf(run.spec.resilience))) {
@@ -462,9 +498,19 @@ void KubeBackend::StopAttempt(ActiveRun& run, FailureClass cls, const std::strin
                                  "Running: stopped by the server");
   batch->attempts.push_back(a);
   host_->CountAttempt(a);
+  batch->events.push_back({0,
+                           r.name,
+                           host_->Now(),
+                           recovery::FailureClassName(cls),
+                           why + "; deleting the attempt's Kubernetes objects",
+                           {{"attempt", c.attempt}},
+                           "",
+                           ""});
   // As an eviction: the run goes on (to a retry or its end) now, and the attempt's Job is deleted
-  // once this is committed; the deleted Job's news is then of an attempt that is not the run's.
+  // once this is committed (again until it is gone); the deleted Job's news is then of an attempt
+  // that is not the run's.
   to_delete_.emplace_back(r.name, c.attempt);
+  orphans_[{r.name, c.attempt}] = Orphan{-1, false};
   c.attempt = 0;
   c.pending = nullptr;
   host_->FailAttempt(run, cls, why, batch);
