@@ -61,7 +61,7 @@ Usage Share(const Holding& h, int64_t from, int64_t to) {
   if (end <= start) return {};
   const double hours = static_cast<double>(end - start) / kHourMs;
   Usage u{static_cast<double>(h.gpus) * hours, static_cast<double>(h.cpu_milli) / 1000 * hours};
-  u.cost = u.gpu_hours * h.gpu_rate + u.cpu_hours * h.cpu_rate;
+  u.cost = u.gpu_hours * h.rates.gpu_hour + u.cpu_hours * h.rates.cpu_hour;
   return u;
 }
 
@@ -73,10 +73,15 @@ void AddTo(Usage* to, const Usage& share) {
 
 }  // namespace
 
+policy::FlavorCost RatesOf(const policy::Costs& costs, const std::string& gpu_flavor,
+                           const std::string& cpu_flavor) {
+  auto gpu = costs.flavors.find(gpu_flavor), cpu = costs.flavors.find(cpu_flavor);
+  return {gpu == costs.flavors.end() ? 0 : gpu->second.gpu_hour,
+          cpu == costs.flavors.end() ? 0 : cpu->second.cpu_hour};
+}
+
 void Price(const policy::Costs& costs, Holding* h) {
-  auto gpu = costs.flavors.find(h->gpu_flavor), cpu = costs.flavors.find(h->cpu_flavor);
-  h->gpu_rate = gpu == costs.flavors.end() ? 0 : gpu->second.gpu_hour;
-  h->cpu_rate = cpu == costs.flavors.end() ? 0 : cpu->second.cpu_hour;
+  h->rates = RatesOf(costs, h->gpu_flavor, h->cpu_flavor);
 }
 
 std::string ScopeOf(const policy::Budget& b, const std::string& user) {

@@ -39,14 +39,17 @@ struct Holding {
   int64_t end_ms = 0;  // for an open holding (still held): ignored, held until the time asked
   std::string run;     // whose (reports only)
   // The flavors its GPUs and its CPUs were admitted on ("" when unknown).
-  std::string gpu_flavor, cpu_flavor;
-  // What a GPU-hour and a CPU-hour of it cost, in the platform's currency: its flavors' rates
-  // (Price); 0 where they have none.
-  double gpu_rate = 0, cpu_rate = 0;
+  std::string gpu_flavor = {}, cpu_flavor = {};
+  // What a GPU-hour and a CPU-hour of it cost, in the platform's currency (Price).
+  policy::FlavorCost rates = {};
 };
 
-// Sets `h`'s rates from `costs`: its GPU flavor's gpu_hour and its CPU flavor's cpu_hour (a flavor
-// without a rate costs nothing). Budgets and `tau usage` price what was held at the rates in force.
+// What a GPU-hour on `gpu_flavor` and a CPU-hour on `cpu_flavor` cost (that flavor's gpu_hour,
+// this one's cpu_hour; 0 for a flavor without a rate). Budgets and `tau usage` price what was held
+// at the rates in force.
+policy::FlavorCost RatesOf(const policy::Costs& costs, const std::string& gpu_flavor,
+                           const std::string& cpu_flavor);
+// Sets `h`'s rates from its flavors (RatesOf).
 void Price(const policy::Costs& costs, Holding* h);
 
 // The flavors of a run's admission (its record's `flavors`: pod set -> resource -> flavor) that
@@ -105,8 +108,6 @@ struct State {
   // window, "in the last 30d; frees up as older use leaves the window").
   std::string Message(int64_t now_ms) const;
   // What is left of the GPU-hours (nullopt without a GPU limit), never below zero.
-  // (A budget in money has no such check at submission: a run's flavor, and so its price, is
-  // known only when it is admitted.)
   std::optional<double> GpuHoursLeft() const;
 };
 

@@ -170,8 +170,8 @@ TEST(BudgetTest, ABudgetInMoneyPricesEachHoldingAtItsFlavorsRates) {
   // 2 A100 GPUs and 4 CPUs (on the cpu flavor) for an hour: 2 x 2.5 + 4 x 0.03 = 5.12 USD.
   Holding h{"vision", "alice", "gpu", 2, 4000, now - 2 * kHour, now - kHour, "r1", "a100", "cpu"};
   Price(costs, &h);
-  EXPECT_DOUBLE_EQ(h.gpu_rate, 2.5);
-  EXPECT_DOUBLE_EQ(h.cpu_rate, 0.03);
+  EXPECT_DOUBLE_EQ(h.rates.gpu_hour, 2.5);
+  EXPECT_DOUBLE_EQ(h.rates.cpu_hour, 0.03);
   Ledger ledger;
   ledger.Add(h);
   EXPECT_NEAR(ledger.Used("vision", "", "", 0).cost, 5.12, 1e-9);
@@ -189,8 +189,8 @@ TEST(BudgetTest, ABudgetInMoneyPricesEachHoldingAtItsFlavorsRates) {
   free.gpu_flavor = "t4";
   free.cpu_flavor = "";
   Price(costs, &free);
-  EXPECT_EQ(free.gpu_rate, 0);
-  EXPECT_EQ(free.cpu_rate, 0);
+  EXPECT_EQ(free.rates.gpu_hour, 0);
+  EXPECT_EQ(free.rates.cpu_hour, 0);
   EXPECT_EQ(Money(0.0042, "EUR"), "0.0042 EUR");
   EXPECT_EQ(Money(412.5, ""), "412.50");
 }

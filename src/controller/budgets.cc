@@ -23,6 +23,14 @@ using store::RunState;
 namespace {
 constexpr int64_t kBudgetRecheckMs = 1000;
 
+// `h` on the flavors of its admission (`flavors`, as a run's record keeps them) at their rates.
+budget::Holding Priced(budget::Holding h, const nlohmann::json& flavors,
+                       const policy::Costs& costs) {
+  std::tie(h.gpu_flavor, h.cpu_flavor) = budget::HeldFlavors(flavors);
+  budget::Price(costs, &h);
+  return h;
+}
+
 // Admitted and not released yet (a release meters before the run's state moves on).
 bool HoldsQuota(const RunRecord& r) {
   return r.admitted_ms.has_value() &&
@@ -37,21 +45,10 @@ Status Controller::LoadLedger() {
   if (budgets.empty()) return Status::Ok();
   TAU_ASSIGN_OR_RETURN(std::vector<store::UsageRecord> used,
                        store_->ListUsage(budget::LookBack(budgets, Now())));
-  for (const store::UsageRecord& u : used) {
-    auto [gpu_flavor, cpu_flavor] = budget::HeldFlavors(u.flavors);
-    budget::Holding h{u.workspace,
-                      u.owner,
-                      u.queue,
-                      u.gpus,
-                      u.cpu_milli,
-                      u.started_ms,
-                      u.ended_ms.value_or(u.started_ms),
-                      u.run,
-                      gpu_flavor,
-                      cpu_flavor};
-    budget::Price(loop_platform_->costs, &h);
-    ledger_.Add(h);
-  }
+  for (const store::UsageRecord& u : used)
+    ledger_.Add(Priced({u.workspace, u.owner, u.queue, u.gpus, u.cpu_milli, u.started_ms,
+                        u.ended_ms.value_or(u.started_ms), u.run},
+                       u.flavors, loop_platform_->costs));
   return Status::Ok();
 }
 
@@ -100,10 +97,9 @@ std::vector<budget::Holding> Controller::OpenHoldings() const {
   for (const auto& [name, run] : active_) {
     const RunRecord& r = run.record;
     if (!HoldsQuota(r)) continue;
-    auto [gpu_flavor, cpu_flavor] = budget::HeldFlavors(r.flavors);
-    open.push_back({r.workspace, r.owner, r.queue, run.need.gpus, run.need.cpu_milli,
-                    *r.admitted_ms, 0, r.name, gpu_flavor, cpu_flavor});
-    budget::Price(loop_platform_->costs, &open.back());
+    open.push_back(Priced({r.workspace, r.owner, r.queue, run.need.gpus, run.need.cpu_milli,
+                           *r.admitted_ms, 0, r.name},
+                          r.flavors, loop_platform_->costs));
   }
   return open;
 }
@@ -112,10 +108,9 @@ void Controller::Meter(ActiveRun& run, Batch* batch) {
   const RunRecord& r = run.record;
   if (!HoldsQuota(r)) return;
   const int64_t now = std::max(Now(), *r.admitted_ms);
-  auto [gpu_flavor, cpu_flavor] = budget::HeldFlavors(r.flavors);
-  budget::Holding h{r.workspace,    r.owner, r.queue, run.need.gpus, run.need.cpu_milli,
-                    *r.admitted_ms, now,     r.name,  gpu_flavor,    cpu_flavor};
-  budget::Price(loop_platform_->costs, &h);
+  const budget::Holding h = Priced({r.workspace, r.owner, r.queue, run.need.gpus,
+                                    run.need.cpu_milli, *r.admitted_ms, now, r.name},
+                                   r.flavors, loop_platform_->costs);
   ledger_.Add(h);
   budgets_dirty_ = true;
   const double hours = static_cast<double>(now - *r.admitted_ms) / 3'600'000;
@@ -405,11 +400,8 @@ Result<nlohmann::json> Controller::Usage(
     row.cpu_hours += cpu_hours;
     row.sampled_gpu_hours += h.sampled_gpu_hours;
     row.idle_gpu_hours += h.idle_gpu_hours;
-    budget::Holding priced;
-    priced.gpu_flavor = h.gpu_flavor;
-    priced.cpu_flavor = h.cpu_flavor;
-    budget::Price(costs, &priced);
-    row.cost += gpu_hours * priced.gpu_rate + cpu_hours * priced.cpu_rate;
+    const policy::FlavorCost rates = budget::RatesOf(costs, h.gpu_flavor, h.cpu_flavor);
+    row.cost += gpu_hours * rates.gpu_hour + cpu_hours * rates.cpu_hour;
     row.runs.insert(h.run);
   }
   nlohmann::json out = nlohmann::json::array();

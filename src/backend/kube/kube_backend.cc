@@ -132,6 +132,11 @@ class KubeBackend final : public Backend {
     bool told = false;       // a failed delete was said in the server's log
   };
   std::map<AttemptKey, Orphan> orphans_;
+  // Asks for the attempt's objects to go once this pass is committed, and again until they have.
+  void DeleteOrphan(const AttemptKey& key) {
+    to_delete_.push_back(key);
+    orphans_[key].not_before = -1;
+  }
   std::vector<std::string> to_launch_;
   std::vector<AttemptKey> to_delete_;       // decided this pass; asked for in Committed
   std::map<std::string, ClusterRun> runs_;  // by run name, until the run ends (Forget)
@@ -218,10 +223,7 @@ void KubeBackend::Schedule(Batch* batch) {
   std::vector<std::string>* to_launch = &to_launch_;
   int64_t now = host_->Now();
   for (auto& [key, orphan] : orphans_)
-    if (orphan.not_before >= 0 && orphan.not_before <= now) {
-      to_delete_.push_back(key);
-      orphan.not_before = -1;
-    }
+    if (orphan.not_before >= 0 && orphan.not_before <= now) DeleteOrphan(key);
   for (auto& [name, run] : host_->active()) {
     RunRecord& r = run.record;
     if (store::IsTerminal(r.state)) continue;
@@ -470,8 +472,7 @@ void KubeBackend::EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, 
   if (o.phase == Phase::kEvicted) {
     // Kueue would admit the same Job again later; tau makes each attempt a Job of its own, so
     // this one goes (its pods are being stopped anyway) and the next attempt is a new one.
-    to_delete_.emplace_back(r.name, number);
-    orphans_[{r.name, number}] = Orphan{-1, false};
+    DeleteOrphan({r.name, number});
   }
   if (cls == FailureClass::kPreempted &&
       recovery::PreemptionRequeues(spec::RetryPolicyOf(run.spec.resilience))) {
@@ -509,8 +510,7 @@ void KubeBackend::StopAttempt(ActiveRun& run, FailureClass cls, const std::strin
   // As an eviction: the run goes on (to a retry or its end) now, and the attempt's Job is deleted
   // once this is committed (again until it is gone); the deleted Job's news is then of an attempt
   // that is not the run's.
-  to_delete_.emplace_back(r.name, c.attempt);
-  orphans_[{r.name, c.attempt}] = Orphan{-1, false};
+  DeleteOrphan({r.name, c.attempt});
   c.attempt = 0;
   c.pending = nullptr;
   host_->FailAttempt(run, cls, why, batch);
@@ -524,13 +524,9 @@ void KubeBackend::HandleCall(ActiveRun& run, const ClusterNews& news, Batch* bat
     if (store::IsTerminal(r.state) || r.cancel_requested || news.attempt != c.attempt) return;
     return Launched(run, news.attempt, news.result, batch);
   }
-  if (!r.cancel_requested || news.attempt != c.deleting) {
-    // An evicted attempt's delete: its run has gone on already.
-    if (!news.result.ok())
-      std::fprintf(stderr, "tau server: run %s: deleting attempt %d on the cluster: %s\n",
-                   r.name.c_str(), news.attempt, news.result.ToString().c_str());
-    return;
-  }
+  // Only a cancel's delete is the run's to finish (a stopped or evicted attempt's is an orphan's,
+  // HandleNews).
+  if (!r.cancel_requested || news.attempt != c.deleting) return;
   c.deleting = 0;
   if (news.result.ok()) return FinishCancel(run, batch);
   // Kept cancel-requested: Schedule deletes again after a pause; each new failure is told once.
