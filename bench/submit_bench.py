@@ -11,7 +11,9 @@
                    server, and the same loop of task-spooler's `tsp true`, in alternating pairs
                    (--pairs of them) in the same sitting: submissions/s and ms per submission of
                    each, their medians. tsp is Debian's task-spooler (apt-get install task-spooler);
-                   without it this part says so and is skipped.
+                   without it this part says so and is skipped. The same pairs also time a loop of
+                   `true` and of `tau version` (a process that starts and exits and does nothing
+                   else): the floor a one-process-per-submission client stands on.
 
 Usage: bench/submit_bench.py [--tau build/bin/tau] [--batch-sizes 1000,5000] [--repeats 3]
                              [--array-size 1000] [--loop-runs 200] [--pairs 3]
@@ -121,13 +123,16 @@ def serial_loops(tau, n, pairs):
     tsp_env = dict(os.environ, TS_SOCKET=os.path.join(tsp_dir, "socket"), TS_MAXFINISHED="100000",
                    TMPDIR=tsp_dir)
     spec = os.path.join(server.project, "tau.yaml")
-    tau_s, tsp_s = [], []
+    tau_s, tsp_s, true_s, version_s = [], [], [], []
+    true = shutil.which("true")
     try:
         subprocess.run([tau, "run", "--detach", spec], env=server.env, check=True,
                        capture_output=True)  # the digest cache is warm, as in a loop
         for _ in range(pairs):
             tau_s.append(shell_loop(f"{tau} run --detach {spec}", n, server.env))
             tsp_s.append(shell_loop(f"{tsp} true", n, tsp_env))
+            true_s.append(shell_loop(true, n, tsp_env))
+            version_s.append(shell_loop(f"{tau} version", n, server.env))
     finally:
         subprocess.run([tsp, "-K"], env=tsp_env, capture_output=True)
         shutil.rmtree(tsp_dir, ignore_errors=True)
@@ -141,7 +146,8 @@ def serial_loops(tau, n, pairs):
 
     return {"runs_per_loop": n, "pairs": pairs, "tau_run_detach": summary(tau_s),
             "tsp": summary(tsp_s),
-            "tau_faster_in_pairs": sum(1 for a, b in zip(tau_s, tsp_s) if a < b)}
+            "tau_faster_in_pairs": sum(1 for a, b in zip(tau_s, tsp_s) if a < b),
+            "floor": {"true": summary(true_s), "tau_version": summary(version_s)}}
 
 
 def main():

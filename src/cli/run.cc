@@ -85,30 +85,77 @@ Result<nlohmann::json> HashCode(const std::string& root, const CodeWalk& code) {
   return manifest;
 }
 
-// Sends the server the blobs of `manifest` it lacks (none when it holds the snapshot). False when
-// the server predates code upload (it answers the manifest's route with 404).
-Result<bool> UploadCode(const std::string& root, const CodeWalk& code,
-                        const nlohmann::json& manifest, client::Connection* conn) {
+// A code directory as a submission names it: where it is, the spec's folder inside it, its files
+// and their manifest (sizes and digests).
+struct CodeToSend {
+  CodeRoot root;
+  CodeWalk walk;
+  nlohmann::json manifest;
+  std::vector<std::string> excludes;  // the spec's code.exclude, for the inline fallback
+};
+
+// Walks and hashes the code directory of `file`'s run: no file is read unless the digest cache
+// lacks it, and the limits are checked from the files' sizes first.
+Result<CodeToSend> ManifestCode(const std::string& file, const spec::ParseOutcome& parsed,
+                                const std::string& code_dir) {
+  CodeToSend out;
+  TAU_ASSIGN_OR_RETURN(out.root, FindCodeRoot(file, *parsed.spec, code_dir));
+  TAU_ASSIGN_OR_RETURN(out.walk, ListCode(out.root.root, parsed.spec->code_excludes));
+  for (const std::string& w : out.walk.warnings)
+    std::fprintf(stderr, "tau: warning: %s\n", w.c_str());
+  TAU_ASSIGN_OR_RETURN(out.manifest, HashCode(out.root.root, out.walk));
+  out.excludes = parsed.spec->code_excludes;
+  return out;
+}
+
+// Uploads the blobs `digests` of `code`, each read again from its file and checked against its
+// digest (a file changed since it was hashed is not sent under the old one).
+Status UploadBlobs(const CodeToSend& code, const std::vector<std::string>& digests,
+                   client::Connection* conn) {
   client::TauApi tau(conn);
-  auto missing = tau.CodeMissing(JsonText({{"files", manifest}}));
-  if (!missing.ok() && missing.status().code() == StatusCode::kNotFound) return false;
-  if (!missing.ok()) return missing.status();
-  if (missing->missing.empty()) return true;
   std::map<std::string, size_t> by_digest;
-  for (size_t i = 0; i < manifest.size(); ++i)
-    by_digest.emplace(manifest[i]["sha256"].get<std::string>(), i);
-  for (const std::string& digest : missing->missing) {
+  for (size_t i = 0; i < code.manifest.size(); ++i)
+    by_digest.emplace(code.manifest[i]["sha256"].get<std::string>(), i);
+  for (const std::string& digest : digests) {
     auto at = by_digest.find(digest);
     if (at == by_digest.end())
       return Internal("the server asked for blob " + digest + ", which is not in the manifest");
-    const std::string path = root + "/" + code.files[at->second].path;
+    const std::string path = code.root.root + "/" + code.walk.files[at->second].path;
     TAU_ASSIGN_OR_RETURN(std::string data, ReadFileAtMost(path, kMaxSnapshotBytes, "a code file"));
     if (Sha256Hex(data) != digest)
       return FailedPrecondition(
           fmt::format("{} changed while tau run read it; run it again", path));
     TAU_RETURN_IF_ERROR(tau.PutBlob(digest, data));
   }
-  return true;
+  return Status::Ok();
+}
+
+// Sends the server the blobs of `code` it lacks (none when it holds the snapshot): how many, or
+// nullopt when the server predates code upload (it answers the manifest's route with 404).
+Result<std::optional<size_t>> UploadCode(const CodeToSend& code, client::Connection* conn) {
+  auto missing = client::TauApi(conn).CodeMissing(JsonText({{"files", code.manifest}}));
+  if (!missing.ok() && missing.status().code() == StatusCode::kNotFound)
+    return std::optional<size_t>();
+  if (!missing.ok()) return missing.status();
+  TAU_RETURN_IF_ERROR(UploadBlobs(code, missing->missing, conn));
+  return std::optional<size_t>(missing->missing.size());
+}
+
+// The `code` member of a submission: the manifest of the uploaded blobs, or (a server older than
+// code upload) the files inline, as it reads them.
+Result<nlohmann::json> CodeMember(const CodeToSend& code, bool inline_files) {
+  nlohmann::json out = {{"dir", code.root.subdir}};
+  if (!inline_files) {
+    out["manifest"] = code.manifest;
+    return out;
+  }
+  TAU_ASSIGN_OR_RETURN(auto collected,
+                       CollectCode(code.root.root, kMaxSnapshotBytes, code.excludes));
+  nlohmann::json files = nlohmann::json::array();
+  for (const CodeFile& f : collected.files)
+    files.push_back({{"path", f.path}, {"mode", f.mode}, {"data", Base64Encode(f.data)}});
+  out["files"] = std::move(files);
+  return out;
 }
 
 constexpr int kTries = 4;
@@ -147,42 +194,27 @@ int RunExitStatus(const api::Run& run) {
 
 namespace {
 
-// What a submission's `code` member says: the manifest of the uploaded blobs, or (a server older
-// than code upload) the files inline; and the spec's folder inside the code.
+// A code upload is sent again when no answer came, like a submission: blobs are named by their
+// content, so a repeat changes nothing.
+void UploadAgain(const Status& s, int tried) {
+  std::fprintf(stderr,
+               "tau: no answer to the code upload (%s); sending it again, which changes nothing "
+               "the server has (try %d of %d)\n",
+               s.message().c_str(), tried + 1, kTries);
+}
+
+// What a submission's `code` member says, its blobs uploaded first: the manifest, or (a server
+// older than code upload) the files inline; and the spec's folder inside the code.
 Result<nlohmann::json> SubmitCode(const Global& g, const std::string& file,
                                   const spec::ParseOutcome& parsed, const std::string& code_dir,
                                   std::unique_ptr<client::Connection>* conn) {
-  TAU_ASSIGN_OR_RETURN(auto root, FindCodeRoot(file, *parsed.spec, code_dir));
-  // The limits are checked from the files' sizes before any is read; then each file is hashed.
-  TAU_ASSIGN_OR_RETURN(CodeWalk code, ListCode(root.root, parsed.spec->code_excludes));
-  for (const std::string& w : code.warnings) std::fprintf(stderr, "tau: warning: %s\n", w.c_str());
-  TAU_ASSIGN_OR_RETURN(nlohmann::json manifest, HashCode(root.root, code));
+  TAU_ASSIGN_OR_RETURN(CodeToSend code, ManifestCode(file, parsed, code_dir));
   TAU_ASSIGN_OR_RETURN(*conn, ConnectToServer(g.server));
-  // Sent again when no answer came, like the submission: blobs are named by their content, so a
-  // repeat changes nothing.
   TAU_ASSIGN_OR_RETURN(
-      bool uploaded,
+      std::optional<size_t> uploaded,
       Retrying(
-          g, conn, [&](client::Connection* c) { return UploadCode(root.root, code, manifest, c); },
-          [](const Status& s, int tried) {
-            std::fprintf(stderr,
-                         "tau: no answer to the code upload (%s); sending it again, which changes "
-                         "nothing the server has (try %d of %d)\n",
-                         s.message().c_str(), tried + 1, kTries);
-          }));
-  nlohmann::json out = {{"dir", root.subdir}};
-  if (uploaded) {
-    out["manifest"] = std::move(manifest);
-    return out;
-  }
-  // A server older than code upload: the files inline, as it reads them.
-  TAU_ASSIGN_OR_RETURN(auto collected,
-                       CollectCode(root.root, kMaxSnapshotBytes, parsed.spec->code_excludes));
-  nlohmann::json files = nlohmann::json::array();
-  for (const CodeFile& f : collected.files)
-    files.push_back({{"path", f.path}, {"mode", f.mode}, {"data", Base64Encode(f.data)}});
-  out["files"] = std::move(files);
-  return out;
+          g, conn, [&](client::Connection* c) { return UploadCode(code, c); }, UploadAgain));
+  return CodeMember(code, !uploaded.has_value());
 }
 
 // A refusal of the spec (resolution, the backend's checks) is printed at the fields it names.
@@ -634,6 +666,59 @@ std::optional<std::pair<std::string, std::string>> WorkflowTarget(const RunOptio
   return std::make_pair(*file, *text);
 }
 
+namespace {
+
+// Submits a run with its code's manifest, before any upload: unchanged code is one request. When
+// the server lacks blobs it names them, and they are uploaded and the run submitted again. A
+// refusal that names none may be an older server's: it is asked which blobs it lacks (or, older
+// still, sent the files inline), and the refusal stands when nothing was missing.
+Result<api::Submitted> SubmitRun(const Global& g, std::unique_ptr<client::Connection>* conn,
+                                 const nlohmann::json& spec, const CodeToSend& code) {
+  TAU_ASSIGN_OR_RETURN(nlohmann::json code_member, CodeMember(code, false));
+  std::string request = JsonText({{"spec", spec}, {"code", code_member}});
+  // One key for every try of this submission: a try the server got but did not answer (a timeout,
+  // a lost connection) made the run, and the next try gets that run back instead of a second one.
+  const std::string key = RandomHex(32);
+  std::vector<std::string> missing;
+  auto submit = [&] {
+    return Retrying(
+        g, conn,
+        [&](client::Connection* c) { return client::TauApi(c).Submit(request, key, &missing); },
+        [](const Status& s, int tried) {
+          std::fprintf(stderr,
+                       "tau: no answer to the submission (%s); sending it again with the same "
+                       "key, which never makes a second run (try %d of %d)\n",
+                       s.message().c_str(), tried + 1, kTries);
+        });
+  };
+  auto submitted = submit();
+  if (submitted.ok()) return submitted;
+  const StatusCode refused = submitted.status().code();
+  if (refused != StatusCode::kFailedPrecondition && refused != StatusCode::kInvalidArgument)
+    return submitted;
+  if (!missing.empty()) {
+    const std::vector<std::string> lacking = missing;
+    auto upload = [&](client::Connection* c) -> Result<bool> {
+      TAU_RETURN_IF_ERROR(UploadBlobs(code, lacking, c));
+      return true;
+    };
+    TAU_RETURN_IF_ERROR(Retrying(g, conn, upload, UploadAgain).status());
+    return submit();
+  }
+  TAU_ASSIGN_OR_RETURN(
+      std::optional<size_t> uploaded,
+      Retrying(
+          g, conn, [&](client::Connection* c) { return UploadCode(code, c); }, UploadAgain));
+  if (uploaded && *uploaded == 0) return submitted;  // the code was there: the refusal stands
+  if (!uploaded) {
+    TAU_ASSIGN_OR_RETURN(code_member, CodeMember(code, true));
+    request = JsonText({{"spec", spec}, {"code", code_member}});
+  }
+  return submit();
+}
+
+}  // namespace
+
 std::optional<SubmissionSpec> SubmissionBody(const Global& g, const RunOptions& o,
                                              std::unique_ptr<client::Connection>* conn, int* rc) {
   std::optional<ReadRun> read = ReadForRun(o, rc);
@@ -666,23 +751,13 @@ int CmdRun(const Global& g, const RunOptions& o) {
   if (parsed.spec->serve)
     return Fail(fmt::format("{} is a service (kind: service): deploy it with `tau serve deploy {}`",
                             file, file));
-  std::unique_ptr<client::Connection> owned;
-  auto code = SubmitCode(g, file, parsed, o.code_dir, &owned);
+  auto code = ManifestCode(file, parsed, o.code_dir);
   if (!code.ok()) return Fail(code.status().message());
+  auto connected = ConnectToServer(g.server);
+  if (!connected.ok()) return Fail(connected.status().message());
+  std::unique_ptr<client::Connection> owned = std::move(*connected);
   auto* conn = &owned;
-  nlohmann::json body = {{"spec", read->SpecJson(o)}, {"code", std::move(*code)}};
-  const std::string request = JsonText(body);
-  // One key for every try of this submission: a try the server got but did not answer (a timeout,
-  // a lost connection) made the run, and the next try gets that run back instead of a second one.
-  const std::string key = RandomHex(32);
-  auto submitted = Retrying(
-      g, conn, [&](client::Connection* c) { return client::TauApi(c).Submit(request, key); },
-      [](const Status& s, int tried) {
-        std::fprintf(stderr,
-                     "tau: no answer to the submission (%s); sending it again with the same key, "
-                     "which never makes a second run (try %d of %d)\n",
-                     s.message().c_str(), tried + 1, kTries);
-      });
+  auto submitted = SubmitRun(g, conn, read->SpecJson(o), *code);
   if (!submitted.ok()) return SubmitFailed(file, parsed, submitted.status());
   client::TauApi tau(conn->get());
   api::Run run = std::move(submitted->run);

@@ -26,9 +26,16 @@ std::string E(std::string_view text) {
 }  // namespace
 
 Result<nlohmann::json> TauApi::CallJson(const std::string& method, const std::string& path,
-                                        const std::string& body, const Headers& headers) {
+                                        const std::string& body, const Headers& headers,
+                                        nlohmann::json* error_reply) {
   TAU_ASSIGN_OR_RETURN(Response resp, conn_->Call(method, path, body, "application/json", headers));
-  if (resp.status < 200 || resp.status >= 300) return ErrorFromResponse(resp);
+  if (resp.status < 200 || resp.status >= 300) {
+    if (error_reply != nullptr) {
+      *error_reply = nlohmann::json::parse(resp.body, nullptr, false);
+      if (!error_reply->is_object()) *error_reply = nlohmann::json::object();
+    }
+    return ErrorFromResponse(resp);
+  }
   auto j = nlohmann::json::parse(resp.body, nullptr, false);
   if (j.is_discarded()) return Internal("the server's answer is not JSON");
   return j;
@@ -36,8 +43,8 @@ Result<nlohmann::json> TauApi::CallJson(const std::string& method, const std::st
 
 template <typename T>
 Result<T> TauApi::Typed(const std::string& method, const std::string& path, const std::string& body,
-                        const Headers& headers) {
-  TAU_ASSIGN_OR_RETURN(nlohmann::json j, CallJson(method, path, body, headers));
+                        const Headers& headers, nlohmann::json* error_reply) {
+  TAU_ASSIGN_OR_RETURN(nlohmann::json j, CallJson(method, path, body, headers, error_reply));
   Result<T> typed = T::FromJson(j);
   if (!typed.ok())
     return Internal(fmt::format("the server's reply to {} {} is not what this tau reads: {}",
@@ -67,10 +74,23 @@ Result<api::RunDetail> TauApi::GetRun(const std::string& name) {
   return Typed<api::RunDetail>("GET", "/api/v1/runs/" + E(name));
 }
 
-Result<api::Submitted> TauApi::Submit(const std::string& body, const std::string& idempotency_key) {
+Result<api::Submitted> TauApi::Submit(const std::string& body, const std::string& idempotency_key,
+                                      std::vector<std::string>* missing_blobs) {
   Headers headers;
   if (!idempotency_key.empty()) headers.emplace_back("Idempotency-Key", idempotency_key);
-  return Typed<api::Submitted>("POST", "/api/v1/runs", body, headers);
+  nlohmann::json error;
+  auto submitted = Typed<api::Submitted>("POST", "/api/v1/runs", body, headers, &error);
+  if (missing_blobs != nullptr) {
+    missing_blobs->clear();
+    const nlohmann::json missing = error.contains("error") && error["error"].is_object()
+                                       ? error["error"].value("missing", nlohmann::json())
+                                       : nlohmann::json();
+    if (!submitted.ok() && submitted.status().code() == StatusCode::kFailedPrecondition &&
+        missing.is_array())
+      for (const nlohmann::json& digest : missing)
+        if (digest.is_string()) missing_blobs->push_back(digest.get<std::string>());
+  }
+  return submitted;
 }
 
 Result<api::SubmittedBatch> TauApi::SubmitBatch(const std::string& body,

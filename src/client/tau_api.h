@@ -51,7 +51,10 @@ class TauApi {
   // `body`: the JSON of POST /api/v1/runs ({"spec": {...}, "code": {...}}).
   // POST /api/v1/runs. With an idempotency key, a submission sent again (after a timeout or a lost
   // connection) answers with the run the first one made instead of making another.
-  Result<api::Submitted> Submit(const std::string& body, const std::string& idempotency_key = "");
+  // `missing_blobs` (may be null) gets the blobs of a manifest the server lacks when it refuses
+  // the submission for them (a 412 whose error has "missing"): upload those and submit again.
+  Result<api::Submitted> Submit(const std::string& body, const std::string& idempotency_key = "",
+                                std::vector<std::string>* missing_blobs = nullptr);
   // POST /api/v1/runs/batch: many submissions ({"codes"?, "runs": [...], "array"?}, see
   // docs/api.md), all made or none; the key is the whole batch's, so a batch sent again answers
   // with the runs the first one made.
@@ -131,12 +134,14 @@ class TauApi {
   Status DeleteSecret(const std::string& workspace, const std::string& key);
 
  private:
-  // The parsed JSON body of one call. A non-2xx answer is the server's error as a Status.
+  // The parsed JSON body of one call. A non-2xx answer is the server's error as a Status, and
+  // its body, where it is a JSON object, in `*error_reply` (when given).
   Result<nlohmann::json> CallJson(const std::string& method, const std::string& path,
-                                  const std::string& body = "", const Headers& headers = {});
+                                  const std::string& body = "", const Headers& headers = {},
+                                  nlohmann::json* error_reply = nullptr);
   template <typename T>
   Result<T> Typed(const std::string& method, const std::string& path, const std::string& body = "",
-                  const Headers& headers = {});
+                  const Headers& headers = {}, nlohmann::json* error_reply = nullptr);
 
   Connection* conn_;
 };

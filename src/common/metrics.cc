@@ -66,6 +66,9 @@ Metrics::Metrics() {
   counter("tau_code_blobs_uploaded_total",
           "Code file contents (blobs) uploaded and stored; one the server held already is not "
           "counted.");
+  counter("tau_code_missing_checks_total",
+          "Manifests checked for the blobs the server lacks without submitting (POST "
+          "/api/v1/code/missing); tau run submits first and is told them only when some are.");
   counter("tau_code_blob_bytes_uploaded_total",
           "Bytes of the blobs counted in "
           "tau_code_blobs_uploaded_total.");

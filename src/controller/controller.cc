@@ -162,6 +162,7 @@ Status Controller::InsertWithUniqueName(
 }
 
 Result<Controller::CodeCheck> Controller::CheckCode(std::vector<CodeManifestEntry> manifest) {
+  if (options_.metrics) options_.metrics->Count("tau_code_missing_checks_total", {});
   TAU_ASSIGN_OR_RETURN(Manifest checked, CheckManifest(std::move(manifest)));
   const std::string snapshots = layout::SnapshotsDir(options_.home);
   CodeCheck out;
@@ -286,6 +287,12 @@ Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* err
   auto snapshot = [&]() -> Result<Snapshot> {
     if (!request.manifest) return StoreSnapshot(snapshots, blobs, std::move(request.code));
     TAU_ASSIGN_OR_RETURN(Manifest manifest, CheckManifest(std::move(*request.manifest)));
+    error->missing_blobs = MissingBlobs(snapshots, blobs, manifest);
+    if (!error->missing_blobs.empty())
+      return FailedPrecondition(fmt::format(
+          "{} of the code's {} files are not stored on this server (blobs the reply's 'missing' "
+          "lists); upload them (PUT /api/v1/blobs/SHA256, each file's bytes) and submit again",
+          error->missing_blobs.size(), manifest.files.size()));
     return StoreSnapshot(snapshots, blobs, manifest);
   };
   TAU_ASSIGN_OR_RETURN(PreparedRun prepared,

@@ -86,6 +86,9 @@ struct SubmitRequest {
 struct SubmitError {
   Status status;
   std::vector<spec::Diagnostic> diagnostics;
+  // A manifest's blobs the server lacks (sorted): the client uploads them and submits again, so
+  // that unchanged code costs one request (the reply's "missing").
+  std::vector<std::string> missing_blobs;
 };
 
 // What Submit did: made the run, or found the one an earlier submission with the same

@@ -676,7 +676,9 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                if (!outcome.ok()) {
                  json diags = json::array();
                  for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
-                 return http::ReplyError(res, outcome.status(), {{"diagnostics", diags}});
+                 json extra = {{"diagnostics", diags}};
+                 if (!error.missing_blobs.empty()) extra["missing"] = error.missing_blobs;
+                 return http::ReplyError(res, outcome.status(), extra);
                }
                api::Submitted reply;
                // A new run waits for the scheduler: the reply does not wait for the loop's views.

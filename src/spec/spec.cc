@@ -762,10 +762,10 @@ void Parse(Ctx& ctx, std::string_view text) {
     if (!ctx.diagnostics.empty()) return;
     ctx.spec.overrides = ctx.overrides;
   }
-  internal::WalkMapping(
-      ctx, *root, manifest ? internal::ManifestFields() : internal::DirectFields(),
-      manifest ? internal::ManifestRequired() : internal::DirectRequired(), "", root_pos,
-      manifest ? &internal::DirectFields() : &internal::ManifestFields());
+  internal::WalkMapping(ctx, *root,
+                        manifest ? internal::ManifestFields() : internal::DirectFields(),
+                        manifest ? internal::ManifestRequired() : internal::DirectRequired(), "",
+                        root_pos, manifest ? &internal::DirectFields : &internal::ManifestFields);
   if (!manifest) ResolveDirectAliases(ctx, root_pos);
   CheckExecution(ctx);
   CheckTopology(ctx);

@@ -160,7 +160,7 @@ class OverrideScope {
 
 class Walker {
  public:
-  Walker(Ctx& ctx, const std::vector<FieldDef>* other_shape) : ctx_(ctx), other_(other_shape) {}
+  Walker(Ctx& ctx, FieldsFn other_shape) : ctx_(ctx), other_(other_shape) {}
 
   void Mapping(const YAML::Node& node, const std::vector<FieldDef>& fields,
                const std::vector<std::string>& required, const std::string& path, Pos pos) {
@@ -216,7 +216,7 @@ class Walker {
     for (const FieldDef& f : fields) names.push_back(f.name);
     std::string message = fmt::format("unknown field '{}'{}", Printable(name), InSuffix(path));
     std::string close = Suggest(name, names);
-    const std::vector<FieldDef>* other = ChildrenAt(other_, path);
+    const std::vector<FieldDef>* other = other_ ? ChildrenAt(&other_(), path) : nullptr;
     bool in_other =
         other != nullptr && std::any_of(other->begin(), other->end(),
                                         [&](const FieldDef& f) { return f.name == name; });
@@ -618,7 +618,7 @@ class Walker {
   }
 
   Ctx& ctx_;
-  const std::vector<FieldDef>* other_;
+  FieldsFn other_;
 };
 
 }  // namespace
@@ -725,7 +725,7 @@ std::string Describe(const YAML::Node& node) {
 
 void WalkMapping(Ctx& ctx, const YAML::Node& node, const std::vector<FieldDef>& fields,
                  const std::vector<std::string>& required, const std::string& path, Pos pos,
-                 const std::vector<FieldDef>* other_shape) {
+                 FieldsFn other_shape) {
   Walker(ctx, other_shape).Mapping(node, fields, required, path, pos);
 }
 

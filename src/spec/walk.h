@@ -147,11 +147,13 @@ struct FieldDef {
 };
 
 // Walks `node` (a mapping) against `fields`, reporting unknown, duplicate, mistyped and missing
-// fields. `path` is "" at the top level. `other_shape` (may be null) names fields the other shape
-// accepts, for hints.
+// fields. `path` is "" at the top level. `other_shape` (may be null) gives the fields the other
+// shape accepts, for hints; it is called only when an unknown field needs one, so that a valid
+// spec never builds the other shape's tree (a cost on every `tau run`).
+using FieldsFn = const std::vector<FieldDef>& (*)();
 void WalkMapping(Ctx& ctx, const YAML::Node& node, const std::vector<FieldDef>& fields,
                  const std::vector<std::string>& required, const std::string& path, Pos pos,
-                 const std::vector<FieldDef>* other_shape);
+                 FieldsFn other_shape);
 
 // A "did you mean" candidate: a case-insensitive match first, else the closest by edit distance; ""
 // if none.

@@ -130,6 +130,11 @@ TEST(WorkflowTest, RecognisesWorkflowFilesAndNamesEnvironmentVariables) {
   EXPECT_FALSE(IsWorkflowText("schema_version: 1\nname: x\nrun: {workload_kind: job}\n"));
   EXPECT_FALSE(IsWorkflowText("kind: [\n"));
   EXPECT_FALSE(IsWorkflowText("- kind\n"));
+  // The word spelled with escapes, or reached through an alias, is still a workflow.
+  EXPECT_TRUE(IsWorkflowText("kind: \"work\\x66low\"\nname: x\n"));
+  EXPECT_TRUE(IsWorkflowText("kind: \"\\u0077orkflow\"\n"));
+  EXPECT_TRUE(IsWorkflowText("a: &k workflow\nkind: *k\n"));
+  EXPECT_FALSE(IsWorkflowText("kind: workflows\n"));
   EXPECT_EQ(StageEnvName("pre-train2"), "PRE_TRAIN2");
   EXPECT_EQ(ParseCondition("finished"), Condition::kFinished);
   EXPECT_FALSE(ParseCondition("Succeeded"));

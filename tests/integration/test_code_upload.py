@@ -54,10 +54,13 @@ def request(home, method, path, body=b"", content_type="application/json"):
 
 
 class CodeUploadTest(ServerTestCase):
-    def blobs_uploaded(self):
+    def counter(self, name):
         metrics = self.server.tau_http("/metrics")
-        m = re.search(r"^tau_code_blobs_uploaded_total(?:\{\})? (\S+)$", metrics, re.M)
+        m = re.search(rf"^{name}(?:\{{\}})? (\S+)$", metrics, re.M)
         return int(float(m.group(1))) if m else 0
+
+    def blobs_uploaded(self):
+        return self.counter("tau_code_blobs_uploaded_total")
 
     def run_listing(self, spec_path):
         p = self.server.tau("run", "--detach", spec_path, check=0)
@@ -81,9 +84,13 @@ class CodeUploadTest(ServerTestCase):
                              "pkg/util.py": "x = 1\n", "pkg/same.py": "x = 1\n"})
         d = os.path.dirname(spec)
         before = self.blobs_uploaded()
+        checks = self.counter("tau_code_missing_checks_total")
         _, first = self.run_listing(spec)
         # Five files, four distinct contents (two files share one).
         self.assertEqual(self.blobs_uploaded() - before, 4)
+        # tau run submits first: the refusal named the missing blobs, so it never asked apart
+        # (unchanged code below is one request).
+        self.assertEqual(self.counter("tau_code_missing_checks_total"), checks)
         # The run sees exactly its code (what it wrote into data.txt came after the listing).
         self.assertEqual(first["files"], self.expected(d))
 
@@ -96,6 +103,7 @@ class CodeUploadTest(ServerTestCase):
             f.write("x = 2\n")
         _, third = self.run_listing(spec)
         self.assertEqual(self.blobs_uploaded() - before, 5)
+        self.assertEqual(self.counter("tau_code_missing_checks_total"), checks)
         self.assertEqual(third["files"], self.expected(d))
         self.assertNotEqual(third["files"]["pkg/util.py"], second["files"]["pkg/util.py"])
         # Every snapshot's data.txt is the user's, whatever the runs wrote.
@@ -160,7 +168,8 @@ class CodeUploadTest(ServerTestCase):
                              "code": {"manifest": json.loads(manifest)["files"]}}).encode()
         status, body = request(home, "POST", "/api/v1/runs", submit)
         self.assertEqual(status, 412, body)
-        self.assertIn("upload it", body["error"]["message"])
+        self.assertIn("upload them", body["error"]["message"])
+        self.assertEqual(body["error"]["missing"], [digest])
         status, _ = request(home, "PUT", f"/api/v1/blobs/{digest}", content)
         self.assertEqual(status, 201)
         status, body = request(home, "POST", "/api/v1/code/missing", manifest)

@@ -552,17 +552,22 @@ class IdempotentSubmissionTest(HardeningCase):
         self.assertEqual(len(self.runs()), 2)
 
     def test_the_cli_sends_an_unanswered_submission_again_and_makes_one_run(self):
-        # A proxy in front of the server loses the answer to the first submission (and to the
-        # first code upload before it, which the CLI sends again too): the server made the run,
-        # the CLI hears nothing within its timeout and tries again. The key must make the second
-        # try find that run, not make a second one. The timeout (4 s) leaves a loaded machine
+        # A proxy in front of the server loses the first answer of each route: the first
+        # submission's (a refusal naming the blobs the server lacks), each blob upload's (the
+        # CLI sends it again) and the next submission's, which made the run: the CLI hears
+        # nothing within its timeout and tries again. The key must make that try find the run,
+        # not make a second one. The timeout (4 s) leaves a loaded machine
         # room to answer the tries that are not lost.
         proxy_path = os.path.join(self.work, "proxy.sock")
-        lost = set()  # the routes whose first answer was lost
+        lost = set()  # the routes (and kinds of submission answer) whose first answer was lost
 
         def lose(route):
-            first = route not in lost
-            lost.add(route)
+            what = route
+            if route == "/api/v1/runs":
+                status_line = proxy.answers[route][-1].partition(b"\r\n")[0]
+                what = "made the run" if b" 201 " in status_line else "refused"
+            first = what not in lost
+            lost.add(what)
             return first
 
         with AnswerLosingProxy(proxy_path, self.sock_path(), lose) as proxy:
@@ -577,6 +582,7 @@ class IdempotentSubmissionTest(HardeningCase):
         self.assertGreaterEqual(len(served), 2)
         name = p.stdout.strip()
         self.assertTrue(name.startswith("lost-answer-"), p.stdout)
+        self.assertIn("made the run", lost)
         self.assertEqual(self.runs(), [name], "one run, though two submissions reached the server")
         self.server.wait_state(name, "Succeeded")
 
