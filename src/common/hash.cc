@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #endif
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -44,7 +45,18 @@ bool HasShaNi() {
   return ssse3 && sse41 && sha;
 }
 
-bool g_sha_ni = HasShaNi();
+// -1 until the first hash asks: CPUID traps to the hypervisor on a VM (about 40 us of a 1 ms
+// `tau version` on the project's VMs), and many tau processes never hash anything.
+std::atomic<int> g_sha_ni{-1};
+
+bool ShaNi() {
+  int v = g_sha_ni.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = HasShaNi() ? 1 : 0;
+    g_sha_ni.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
 
 // `blocks` 64-byte blocks of `p` into `state` (a..h). The registers hold the state as ABEF and
 // CDGH, the layout the round instruction wants; each group of four message words is scheduled
@@ -93,8 +105,8 @@ __attribute__((target("sha,ssse3,sse4.1"))) void BlocksShaNi(uint32_t state[8],
 
 bool UseSha256Instructions(bool use) {
 #if defined(__x86_64__)
-  bool before = g_sha_ni;
-  g_sha_ni = use && HasShaNi();
+  const bool before = ShaNi();
+  g_sha_ni.store(use && HasShaNi() ? 1 : 0, std::memory_order_relaxed);
   return before;
 #else
   (void)use;
@@ -108,7 +120,7 @@ Sha256::Sha256()
 
 void Sha256::Blocks(const unsigned char* p, size_t blocks) {
 #if defined(__x86_64__)
-  if (g_sha_ni) return BlocksShaNi(state_, p, blocks);
+  if (ShaNi()) return BlocksShaNi(state_, p, blocks);
 #endif
   for (; blocks > 0; --blocks, p += 64) Block(p);
 }
