@@ -596,8 +596,11 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
     }
     Count("tau_runs_submitted_total", {{"workspace", r.workspace}, {"queue", r.queue}});
     {
+      // A workflow stage held for the stages before it says so from the start, not only once a
+      // pass has seen it (the views may be a pass old).
       MutexLock lock(&mu_);
-      pending_info_[r.name] = WaitingForScheduler();
+      pending_info_[r.name] = view && WaitsForUpstream(*view) ? UpstreamPendingEntry(r.queue, {})
+                                                              : WaitingForScheduler();
     }
     PostWrite(NewRun{r.name, std::move(view)});
   }

@@ -392,6 +392,10 @@ class Controller : private RunHost {
   void SettleDependencies(store::Batch* batch);
   // Why a run held by its upstream runs waits (a pending entry).
   nlohmann::json UpstreamPending(const ActiveRun& run);
+  // The same entry naming the upstream runs that have not ended (`waiting`; none: "the stages
+  // before it"), which a submission also answers with before the loop has seen the run.
+  static nlohmann::json UpstreamPendingEntry(const std::string& queue,
+                                             const std::vector<std::string>& waiting);
   // A recovered run's upstream resolution, read back from its UpstreamReady event.
   void RestoreUpstreams(ActiveRun& run);
   // Arrays with max_parallel (throttle.cc): a run that enters the loop takes a place in play if

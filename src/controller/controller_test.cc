@@ -854,6 +854,10 @@ TEST_F(ControllerTest, AWorkflowsStagesWaitForTheStagesBeforeThemAndGetTheirChec
   EXPECT_EQ(workflow.rfind("pipe-", 0), 0u) << workflow;
   EXPECT_EQ(train, workflow + "-train");
   EXPECT_EQ(Run(eval).workflow["after"][0]["run"], train);
+  // Before any pass, a held stage already says what it waits for; the first stage waits for the
+  // scheduler.
+  EXPECT_EQ(controller_->PendingInfo(eval).value("code", ""), "WaitingForUpstream");
+  EXPECT_EQ(controller_->PendingInfo(prep).value("reason", ""), "waiting for the scheduler");
   controller_->RunOnce();
   EXPECT_EQ(Run(prep).state, RunState::kRunning);
   EXPECT_EQ(Run(train).state, RunState::kQueued) << "it waits for prep";

@@ -150,8 +150,13 @@ nlohmann::json Controller::UpstreamPending(const ActiveRun& run) {
     waiting.push_back(fmt::format("stage '{}' (run {}, {})", a.value("stage", ""), up,
                                   store::RunStateName(it->second.record.state)));
   }
+  return UpstreamPendingEntry(run.record.queue, waiting);
+}
+
+nlohmann::json Controller::UpstreamPendingEntry(const std::string& queue,
+                                                const std::vector<std::string>& waiting) {
   return PendingEntry(
-      0, run.record.queue, "WaitingForUpstream",
+      0, queue, "WaitingForUpstream",
       "waits for " + (waiting.empty() ? std::string("the stages before it") : Join(waiting, ", ")) +
           " to end; it enters its queue then",
       "");

@@ -159,10 +159,10 @@ class WorkflowTest(ServerTestCase):
         name = self.server.tau("run", "--detach", path, check=0).stdout.split()[0].rsplit("-", 1)[0]
         train = f"{name}-train"
         self.server.wait_state(train, "Running", timeout=60)
-        # The pending views may be up to 200 ms old (a new run's placeholder until a pass has
-        # seen it): eval says it waits for its upstream once the loop has, while train runs.
+        # eval says it waits for its upstream from its submission on (the views it is read from
+        # may be up to 200 ms old, so this waits rather than reads once), while train runs.
         wait_for(lambda: self.stages(name)["eval"]["pending"].get("code") == "WaitingForUpstream",
-                 what="eval waiting for its upstream")
+                 timeout=5, what="eval waiting for its upstream")
         self.assertEqual(self.stages(name)["train"]["state"], "Running")
         self.server.kill(signal.SIGKILL)
         self.server.start()
