@@ -2,11 +2,13 @@
 
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <linux/magic.h>
 #include <linux/openat2.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -276,6 +278,16 @@ std::string TauHome() {
 
 namespace {
 
+// Whether `dir` is on a file system that never clones (ext2/3/4, tmpfs): there CloneFile's probe
+// would create a file and remove it for nothing, once per copy, and on an ext4 without a journal
+// each inode removed slows the allocation of new ones for minutes after (the allocator skips
+// recently deleted inodes), which every run's start pays for. Others are probed.
+bool NeverClones(const std::string& dir) {
+  struct statfs fs;
+  if (::statfs(dir.c_str(), &fs) != 0) return false;
+  return fs.f_type == EXT4_SUPER_MAGIC || fs.f_type == TMPFS_MAGIC;
+}
+
 // A reflink of `src` at `dst` (a new file of `mode`): OK, or false in `*supported` when this file
 // system cannot clone (nothing is left at `dst` then).
 Status CloneFile(const std::string& src, const std::string& dst, int mode, bool* supported) {
@@ -311,7 +323,7 @@ Status CloneTree(const std::string& from_dir, const std::string& to, TreeFiles h
   if (ec) return Status(StatusCode::kIo, "cannot remove " + partial + ": " + ec.message());
   std::filesystem::create_directories(partial, ec);
   if (ec) return Status(StatusCode::kIo, "cannot create " + partial + ": " + ec.message());
-  bool clones = true;  // until the file system says it has none
+  bool clones = !NeverClones(partial);  // until the file system says it has none
   std::string from = from_dir;
   while (from.size() > 1 && from.back() == '/') from.pop_back();
   std::filesystem::recursive_directory_iterator it(from, ec), end;
