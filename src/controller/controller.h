@@ -556,7 +556,7 @@ class Controller : private RunHost {
   std::map<std::string, nlohmann::json> pending_info_ TAU_GUARDED_BY(mu_);
   nlohmann::json capacity_info_ TAU_GUARDED_BY(mu_);
   QueuesView queues_info_ TAU_GUARDED_BY(mu_);
-  int64_t views_build_ms_ TAU_GUARDED_BY(mu_) = 0;    // how long the last build took
+  int64_t views_build_ms_ TAU_GUARDED_BY(mu_) = 0;    // the last build's CPU time
   int64_t views_generation_ TAU_GUARDED_BY(mu_) = 0;  // bumped at the end of every pass
   int64_t views_built_generation_ TAU_GUARDED_BY(mu_) = -1;
   int64_t views_built_ms_ TAU_GUARDED_BY(mu_) = 0;  // monotonic

@@ -4,6 +4,7 @@
 // this machine's GPUs, CPUs and memory).
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 
 #include <fmt/format.h>
 
@@ -468,9 +469,18 @@ Controller::QueuesView Controller::BuildQueuesView(
 namespace {
 // How old the views may be when an API call reads them while the loop keeps changing them: at
 // most this many builds a second, whatever the callers; and a build that takes long (a deep
-// queue) makes them older still, so that building them never takes more than a tenth of the loop.
+// queue) makes them older still, so that building them never takes more than a tenth of the loop;
+// never older than a second. A build's cost is the CPU time it took: a build the machine's load
+// held up must not keep the views seconds old (a run that ended still shown pending).
 constexpr int64_t kViewsMaxAgeMs = 200;
 constexpr int64_t kViewsAgePerBuildMs = 10;
+constexpr int64_t kViewsOldestMs = 1000;
+
+int64_t ThreadCpuMicros() {
+  timespec ts;
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
 }  // namespace
 
 void Controller::PostWrite(InboxMessage message) {
@@ -493,7 +503,7 @@ void Controller::FreshViews(bool now, bool own_writes) {
   if (!now && (!own_writes || views_built_writes_ >= writes_posted_) &&
       (views_built_generation_ == views_generation_ ||
        MonotonicMillis() - views_built_ms_ <
-           std::max(kViewsMaxAgeMs, kViewsAgePerBuildMs * views_build_ms_)))
+           std::clamp(kViewsAgePerBuildMs * views_build_ms_, kViewsMaxAgeMs, kViewsOldestMs)))
     return;
   const int64_t asked_at = views_generation_, writes = own_writes ? writes_posted_ : 0;
   views_wanted_ = true;
@@ -521,7 +531,7 @@ void Controller::RefreshPending(int64_t writes) {
 }
 
 void Controller::BuildViews() {
-  const int64_t started_ms = MonotonicMillis();
+  const int64_t started_cpu_us = ThreadCpuMicros();
   int64_t now = Now();
   if (quota_.pending_stale && quota_.engine) {
     quota_.pending.clear();
@@ -561,7 +571,7 @@ void Controller::BuildViews() {
   queues_info_ = std::move(queues);
   views_built_generation_ = views_generation_;
   views_built_ms_ = MonotonicMillis();
-  views_build_ms_ = views_built_ms_ - started_ms;
+  views_build_ms_ = (ThreadCpuMicros() - started_cpu_us) / 1000;
   views_built_writes_ = writes_taken_;
   // Still wanted while a posted write is not taken yet: its pass builds them again.
   views_wanted_ = views_built_writes_ < writes_posted_;

@@ -131,7 +131,10 @@ class AdmissionFairSharingTest(FairSharingCase):
         # heavy asks first, yet light's run is admitted first (FIFO would take heavy's).
         self.assertEqual(self.block_then_race("a"), ["light", "heavy"])
 
-        usage = self.fair_usage()
+        # light's use is metered when its run lets go: the queue's view (at most a second old)
+        # shows it soon after, and still below heavy's.
+        usage = wait_for(lambda: (u := self.fair_usage())["light"]["usage"] > 0 and u,
+                         timeout=10, what="light's usage in the queue's view")
         self.assertLess(usage["light"]["usage"], usage["heavy"]["usage"])
         queues = self.server.tau("queues", check=0).stdout
         self.assertRegex(queues, r"queue gpu orders by usage \(admission fair sharing\), lowest "
@@ -145,9 +148,13 @@ class AdmissionFairSharingTest(FairSharingCase):
         self.server.kill(signal.SIGKILL)
         self.server.start()
         after = wait_for(lambda: self.fair_usage() or None, what="the queue after the restart")
-        for ws in ("heavy", "light"):
-            self.assertAlmostEqual(after[ws]["usage"], before[ws]["usage"],
-                                   delta=0.35 * before[ws]["usage"], msg=ws)
+        self.assertAlmostEqual(after["heavy"]["usage"], before["heavy"]["usage"],
+                               delta=0.35 * before["heavy"]["usage"], msg="heavy")
+        # light held the GPU for a fraction of a second: while running, the engine counts a
+        # holding in whole sampling intervals (1 s here); rebuilt, it is what the run held to the
+        # millisecond. So within a factor of two, not 35%.
+        self.assertGreater(after["light"]["usage"], 0.5 * before["light"]["usage"])
+        self.assertLess(after["light"]["usage"], 2 * before["light"]["usage"])
         self.assertLess(after["light"]["usage"], after["heavy"]["usage"])
         # And it still orders the queue.
         self.assertEqual(self.block_then_race("b"), ["light", "heavy"])
