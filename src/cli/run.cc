@@ -109,9 +109,9 @@ Result<CodeToSend> ManifestCode(const std::string& file, const spec::ParseOutcom
 }
 
 // Uploads the blobs `digests` of `code`, each read again from its file and checked against its
-// digest (a file changed since it was hashed is not sent under the old one).
-Status UploadBlobs(const CodeToSend& code, const std::vector<std::string>& digests,
-                   client::Connection* conn) {
+// digest (a file changed since it was hashed is not sent under the old one): how many.
+Result<size_t> UploadBlobs(const CodeToSend& code, const std::vector<std::string>& digests,
+                           client::Connection* conn) {
   client::TauApi tau(conn);
   std::map<std::string, size_t> by_digest;
   for (size_t i = 0; i < code.manifest.size(); ++i)
@@ -127,7 +127,7 @@ Status UploadBlobs(const CodeToSend& code, const std::vector<std::string>& diges
           fmt::format("{} changed while tau run read it; run it again", path));
     TAU_RETURN_IF_ERROR(tau.PutBlob(digest, data));
   }
-  return Status::Ok();
+  return digests.size();
 }
 
 // Sends the server the blobs of `code` it lacks (none when it holds the snapshot): how many, or
@@ -137,8 +137,8 @@ Result<std::optional<size_t>> UploadCode(const CodeToSend& code, client::Connect
   if (!missing.ok() && missing.status().code() == StatusCode::kNotFound)
     return std::optional<size_t>();
   if (!missing.ok()) return missing.status();
-  TAU_RETURN_IF_ERROR(UploadBlobs(code, missing->missing, conn));
-  return std::optional<size_t>(missing->missing.size());
+  TAU_ASSIGN_OR_RETURN(size_t uploaded, UploadBlobs(code, missing->missing, conn));
+  return std::optional<size_t>(uploaded);
 }
 
 // The `code` member of a submission: the manifest of the uploaded blobs, or (a server older than
@@ -697,12 +697,11 @@ Result<api::Submitted> SubmitRun(const Global& g, std::unique_ptr<client::Connec
   if (refused != StatusCode::kFailedPrecondition && refused != StatusCode::kInvalidArgument)
     return submitted;
   if (!missing.empty()) {
-    const std::vector<std::string> lacking = missing;
-    auto upload = [&](client::Connection* c) -> Result<bool> {
-      TAU_RETURN_IF_ERROR(UploadBlobs(code, lacking, c));
-      return true;
-    };
-    TAU_RETURN_IF_ERROR(Retrying(g, conn, upload, UploadAgain).status());
+    TAU_RETURN_IF_ERROR(Retrying(
+                            g, conn,
+                            [&](client::Connection* c) { return UploadBlobs(code, missing, c); },
+                            UploadAgain)
+                            .status());
     return submit();
   }
   TAU_ASSIGN_OR_RETURN(
