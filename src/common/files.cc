@@ -1,5 +1,6 @@
 #include "common/files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/fs.h>
 #include <linux/magic.h>
@@ -11,6 +12,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -18,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -254,10 +257,57 @@ Result<int> OpenBeneath(const std::string& root, std::string_view rel) {
   return opened;
 }
 
+namespace {
+
+// Removes what the directory `dir_fd` holds, through descriptors only: a subdirectory is opened
+// without following a link, so one swapped for a link meanwhile is removed as the link.
+Status RemoveContents(int dir_fd, const std::string& shown, int depth) {
+  if (depth > 4 * kMaxWalkDepth)
+    return Status(StatusCode::kIo, "cannot remove " + shown + ": too deep");
+  int listing = ::dup(dir_fd);
+  if (listing < 0) return IoError("cannot list " + shown, errno);
+  DIR* d = ::fdopendir(listing);
+  if (d == nullptr) {
+    const int err = errno;
+    ::close(listing);
+    return IoError("cannot list " + shown, err);
+  }
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(d))
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
+      names.emplace_back(e->d_name);
+  ::closedir(d);
+  for (const std::string& name : names) {
+    if (::unlinkat(dir_fd, name.c_str(), 0) == 0 || errno == ENOENT) continue;
+    if (errno != EISDIR && errno != EPERM)
+      return IoError("cannot remove " + shown + "/" + name, errno);
+    int sub = ::openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sub < 0) {
+      if (errno == ENOENT) continue;
+      return IoError("cannot open " + shown + "/" + name, errno);
+    }
+    Status emptied = RemoveContents(sub, shown + "/" + name, depth + 1);
+    ::close(sub);
+    TAU_RETURN_IF_ERROR(emptied);
+    if (::unlinkat(dir_fd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT)
+      return IoError("cannot remove " + shown + "/" + name, errno);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status RemoveTree(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
-  if (ec) return Status(StatusCode::kIo, "cannot remove " + path + ": " + ec.message());
+  if (::unlink(path.c_str()) == 0 || errno == ENOENT) return Status::Ok();
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return IoError("cannot remove " + path, errno);
+  }
+  Status emptied = RemoveContents(fd, path, 0);
+  ::close(fd);
+  TAU_RETURN_IF_ERROR(emptied);
+  if (::rmdir(path.c_str()) != 0 && errno != ENOENT) return IoError("cannot remove " + path, errno);
   return Status::Ok();
 }
 
@@ -318,9 +368,8 @@ Status CloneTree(const std::string& from_dir, const std::string& to, TreeFiles h
   // Made beside it and renamed into place: a process killed half-way leaves no copy that looks
   // complete (the next try starts again), only a partial one it removes.
   const std::string partial = to + ".partial";
+  TAU_RETURN_IF_ERROR(RemoveTree(partial));
   std::error_code ec;
-  std::filesystem::remove_all(partial, ec);
-  if (ec) return Status(StatusCode::kIo, "cannot remove " + partial + ": " + ec.message());
   std::filesystem::create_directories(partial, ec);
   if (ec) return Status(StatusCode::kIo, "cannot create " + partial + ": " + ec.message());
   bool clones = !NeverClones(partial);  // until the file system says it has none
@@ -361,18 +410,133 @@ Status CloneTree(const std::string& from_dir, const std::string& to, TreeFiles h
   return Status::Ok();
 }
 
-Status ChownTree(const std::string& root, unsigned uid, unsigned gid) {
-  if (::lchown(root.c_str(), uid, gid) != 0) return IoError("chown " + root, errno);
-  std::error_code ec;
-  for (auto it = std::filesystem::recursive_directory_iterator(root, ec);
-       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-    struct stat st;
-    if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink > 1) continue;
-    if (::lchown(it->path().c_str(), uid, gid) != 0)
-      return IoError("chown " + it->path().string(), errno);
+namespace {
+
+// Closes a descriptor when it goes out of scope.
+struct ClosesFd {
+  int fd;
+  ~ClosesFd() {
+    if (fd >= 0) ::close(fd);
   }
-  if (ec) return Internal("walking " + root + ": " + ec.message());
+};
+
+// The names in the directory `fd` (at most `*budget` of them, which it counts down), sorted; `fd`
+// stays open (the listing reads a duplicate).
+Result<std::vector<std::string>> NamesIn(int fd, const std::string& shown, size_t* budget) {
+  int listing = ::dup(fd);
+  if (listing < 0) return IoError("cannot list " + shown, errno);
+  DIR* d = ::fdopendir(listing);
+  if (d == nullptr) {
+    const int err = errno;
+    ::close(listing);
+    return IoError("cannot list " + shown, err);
+  }
+  ::rewinddir(d);
+  std::vector<std::string> names;
+  errno = 0;
+  while (*budget > 0) {
+    const dirent* e = ::readdir(d);
+    if (e == nullptr) break;
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      names.emplace_back(e->d_name);
+      --*budget;
+    }
+    errno = 0;
+  }
+  const int err = errno;
+  ::closedir(d);
+  if (err != 0) return IoError("cannot list " + shown, err);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Status WalkBelow(int dir_fd, const std::string& rel, const std::string& shown, int depth,
+                 const std::function<Result<bool>(const TreeEntry&)>& visit, size_t* budget) {
+  if (*budget == 0) return Status::Ok();
+  TAU_ASSIGN_OR_RETURN(std::vector<std::string> names, NamesIn(dir_fd, shown, budget));
+  for (std::string& name : names) {
+    TreeEntry e;
+    e.rel = rel.empty() ? name : rel + "/" + name;
+    e.dir_fd = dir_fd;
+    if (::fstatat(dir_fd, name.c_str(), &e.st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) continue;  // removed while we looked (a rotated checkpoint)
+      return IoError("cannot stat " + shown + "/" + name, errno);
+    }
+    e.name = std::move(name);
+    TAU_ASSIGN_OR_RETURN(bool enter, visit(e));
+    if (!enter || !S_ISDIR(e.st.st_mode) || depth + 1 >= kMaxWalkDepth) continue;
+    int sub = ::openat(dir_fd, e.name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (sub < 0) {
+      // Gone, or swapped for a link or a file since its status was read: not entered.
+      if (errno == ENOENT || errno == ELOOP || errno == ENOTDIR) continue;
+      return IoError("cannot open " + shown + "/" + e.name, errno);
+    }
+    ClosesFd closes{sub};
+    TAU_RETURN_IF_ERROR(WalkBelow(sub, e.rel, shown + "/" + e.name, depth + 1, visit, budget));
+  }
   return Status::Ok();
+}
+
+// Gives the entry the descriptor `fd` refers to (an O_PATH one: a link itself) to uid:gid when
+// tau made it (owned by this process's user, one link).
+Status ChownIfOurs(int fd, const std::string& shown, unsigned uid, unsigned gid) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return IoError("cannot stat " + shown, errno);
+  if (st.st_uid != ::geteuid() || (st.st_uid == uid && st.st_gid == gid)) return Status::Ok();
+  if (!S_ISDIR(st.st_mode) && st.st_nlink > 1) return Status::Ok();
+  if (::fchownat(fd, "", uid, gid, AT_EMPTY_PATH) != 0) return IoError("chown " + shown, errno);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status WalkTree(const std::string& root, const std::function<Result<bool>(const TreeEntry&)>& visit,
+                size_t max_entries, bool* truncated) {
+  int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return IoError("cannot open " + root, errno);
+  ClosesFd closes{fd};
+  size_t budget = max_entries;
+  Status walked = WalkBelow(fd, "", root, 0, visit, &budget);
+  if (truncated) *truncated = budget == 0;
+  return walked;
+}
+
+Result<int> OpenRegularAt(int dir_fd, const std::string& name, const std::string& shown) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+  int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFound("no such file: " + shown);
+    if (errno == ELOOP)
+      return InvalidArgument(shown + " is a symbolic link; tau reads only regular files there");
+    return IoError("cannot open " + shown, errno);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgument(shown + " is not a regular file; tau reads only regular files there");
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+Status ChownTree(const std::string& root, unsigned uid, unsigned gid) {
+  {
+    int top = ::open(root.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (top < 0) return IoError("cannot open " + root, errno);
+    ClosesFd closes{top};
+    TAU_RETURN_IF_ERROR(ChownIfOurs(top, root, uid, gid));
+  }
+  return WalkTree(root, [&](const TreeEntry& e) -> Result<bool> {
+    // The entry itself, pinned: what is chowned is what was looked at.
+    int fd = ::openat(e.dir_fd, e.name.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return false;
+      return IoError("cannot open " + root + "/" + e.rel, errno);
+    }
+    ClosesFd closes{fd};
+    TAU_RETURN_IF_ERROR(ChownIfOurs(fd, root + "/" + e.rel, uid, gid));
+    return true;
+  });
 }
 
 }  // namespace tau

@@ -1,9 +1,12 @@
 // Small, durable file helpers: every write that records state goes through WriteFileAtomic.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
+
+#include <sys/stat.h>
 
 #include "common/status.h"
 
@@ -37,7 +40,8 @@ void RemoveAbandonedTemporaries(const std::string& path);
 // `path` itself when it exists already. Private by default: what tau makes under its home is
 // opened to others only where a caller says so.
 Status MakeDirs(const std::string& path, int mode = 0700);
-// Removes a tree; a missing path is not an error.
+// Removes a tree; a missing path is not an error. Through descriptors (no link below `path` is
+// followed, even one swapped in while it runs), so root may remove a tree another user can change.
 Status RemoveTree(const std::string& path);
 bool PathExists(const std::string& path);
 
@@ -56,9 +60,38 @@ enum class TreeFiles {
 // copy, 0755 or 0644 by its owner's execute bit). It appears complete or not at all: made at
 // `to`.partial and renamed, so a copy cut short by a crash is redone.
 Status CloneTree(const std::string& from, const std::string& to, TreeFiles how);
-// Hands a tree to a user (symlinks themselves, never their targets). A file with more than one
-// link is left as it is: in a CloneTree copy it is the source's read-only file, which the user
-// must never own, or it would be theirs to change under every other copy.
+// One entry WalkTree visits: its path below the root, the directory it is in (a descriptor, open
+// while the visitor runs), its name there, and its own status (a link's, never its target's).
+struct TreeEntry {
+  std::string rel;
+  int dir_fd = -1;
+  std::string name;
+  struct stat st;
+};
+// Visits every entry below `root` (not `root` itself), each directory's entries in name order,
+// entirely through descriptors: a directory is opened relative to its parent's descriptor without
+// following a link (O_NOFOLLOW | O_DIRECTORY) and an entry's status is read relative to its
+// directory, so a directory another user swaps for a symbolic link while the walk runs is seen as
+// the link and never entered, and no path is resolved again after it was checked. `visit` answers
+// whether to enter a directory (ignored for anything else); directories deeper than kMaxWalkDepth
+// are not entered. An entry removed while the walk runs is passed over.
+// `max_entries` bounds the entries read in all (each directory's are taken as the kernel lists them
+// up to what is left, then sorted): past it the walk stops, and `*truncated` (if given) says so.
+inline constexpr int kMaxWalkDepth = 128;
+Status WalkTree(const std::string& root, const std::function<Result<bool>(const TreeEntry&)>& visit,
+                size_t max_entries = SIZE_MAX, bool* truncated = nullptr);
+// Opens the regular file `name` in the directory `dir_fd` for reading: never through a link,
+// never waiting on a FIFO. NotFound when gone, InvalidArgument when it is not a regular file
+// (`shown` names it in messages). The caller closes it.
+Result<int> OpenRegularAt(int dir_fd, const std::string& name, const std::string& shown);
+// Hands what tau made in a tree to a user. It is meant for trees that user can already change
+// while it runs (a retried attempt's code, checkpoints, the user's virtualenvs), so it works only
+// through descriptors (WalkTree's rules) and changes each entry through a descriptor of that very
+// entry (O_PATH, no link followed, then fchownat with AT_EMPTY_PATH): a swap between the look and
+// the change changes the swapped-in entry, never what a link points at. It changes only entries
+// owned by the caller (what tau made: another user's file moved into the tree stays theirs) with a
+// single link (in a CloneTree copy a file with more links is the source's read-only file, which
+// the user must never own; a hard link to some other file is left alone too); symlinks themselves.
 Status ChownTree(const std::string& root, unsigned uid, unsigned gid);
 // A path a client named inside a directory (a run's output file): relative, '/'-separated, at
 // most 4096 bytes, no NUL, no empty, "." or ".." component. InvalidArgument says what is wrong

@@ -105,42 +105,31 @@ namespace {
 
 // Walks `root` without following symlinks; `visit(relative, absolute, stat)` for regular files.
 // Directories for which `skip_dir(name)` is true are not entered.
+// The regular files below `root`, in a stable order, with their status. Through descriptors
+// (WalkTree): the trees read here are a run's, which its processes (another user) may change while
+// tau reads them as root, so no path below `root` is resolved twice and no link is followed.
 Status Walk(const std::string& root, bool refuse_links,
             const std::function<bool(const std::string&)>& skip,
-            const std::function<Status(const std::string&, const std::string&, const struct stat&)>&
-                visit) {
-  std::vector<std::string> stack = {""};
-  while (!stack.empty()) {
-    std::string rel = stack.back();
-    stack.pop_back();
-    std::string dir = rel.empty() ? root : root + "/" + rel;
-    std::error_code ec;
-    std::vector<std::string> names;
-    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-      names.push_back(it->path().filename().string());
-    if (ec) return IoError("cannot list " + dir, ec.value());
-    std::sort(names.begin(), names.end());
-    for (const std::string& name : names) {
-      std::string r = rel.empty() ? name : rel + "/" + name;
-      std::string abs = root + "/" + r;
-      struct stat st;
-      if (::lstat(abs.c_str(), &st) != 0) {
-        if (errno == ENOENT) continue;  // removed while we looked (a rotated checkpoint)
-        return IoError("cannot stat " + abs, errno);
-      }
-      if (skip(name)) continue;
-      if (S_ISLNK(st.st_mode)) {
-        if (refuse_links) return InvalidArgument("unexpected symbolic link " + abs);
-        continue;
-      }
-      if (S_ISDIR(st.st_mode)) {
-        stack.push_back(r);
-      } else if (S_ISREG(st.st_mode)) {
-        TAU_RETURN_IF_ERROR(visit(r, abs, st));
-      }
+            const std::function<Status(const TreeEntry&)>& visit) {
+  return WalkTree(root, [&](const TreeEntry& e) -> Result<bool> {
+    if (skip(e.name)) return false;
+    if (S_ISLNK(e.st.st_mode)) {
+      if (refuse_links) return InvalidArgument("unexpected symbolic link " + root + "/" + e.rel);
+      return false;
     }
-  }
-  return Status::Ok();
+    if (S_ISDIR(e.st.st_mode)) return true;
+    if (S_ISREG(e.st.st_mode)) TAU_RETURN_IF_ERROR(visit(e));
+    return false;
+  });
+}
+
+// The SHA-256 and size of a file Walk found, read through its directory's descriptor.
+Status HashEntry(const std::string& root, const TreeEntry& e, Sha256* h, int64_t* size) {
+  TAU_ASSIGN_OR_RETURN(int fd, OpenRegularAt(e.dir_fd, e.name, root + "/" + e.rel));
+  return ReadChunksAndClose(fd, root + "/" + e.rel, [&](std::string_view c) {
+    h->Update(c);
+    *size += static_cast<int64_t>(c.size());
+  });
 }
 
 }  // namespace
@@ -149,10 +138,11 @@ Result<SnapshotInfo> ScanSnapshot(const std::string& dir) {
   SnapshotInfo info;
   TAU_RETURN_IF_ERROR(Walk(
       dir, true, [](const std::string&) { return false; },
-      [&](const std::string& rel, const std::string& abs, const struct stat& st) -> Status {
-        TAU_ASSIGN_OR_RETURN(std::string sha, Sha256File(abs));
-        info.files.push_back(
-            {rel, static_cast<int64_t>(st.st_size), sha, (st.st_mode & 0111) ? 0755 : 0644});
+      [&](const TreeEntry& e) -> Status {
+        Sha256 h;
+        int64_t size = 0;
+        TAU_RETURN_IF_ERROR(HashEntry(dir, e, &h, &size));
+        info.files.push_back({e.rel, size, h.HexDigest(), (e.st.st_mode & 0111) ? 0755 : 0644});
         return Status::Ok();
       }));
   std::sort(info.files.begin(), info.files.end(),
@@ -220,7 +210,9 @@ Result<std::vector<Artifact>> ScanArtifacts(const std::string& root, const std::
   if (!fs::exists(root, ec)) return out;
   TAU_RETURN_IF_ERROR(Walk(
       root, false, [](const std::string& name) { return internal::IsTemporaryName(name); },
-      [&](const std::string& rel, const std::string& abs, const struct stat& st) -> Status {
+      [&](const TreeEntry& e) -> Status {
+        const std::string& rel = e.rel;
+        const struct stat& st = e.st;
         if (out.size() >= kMaxArtifacts)
           return ResourceExhausted(
               fmt::format("{} holds more than {} files; not indexed", root, kMaxArtifacts));
@@ -236,11 +228,8 @@ Result<std::vector<Artifact>> ScanArtifacts(const std::string& root, const std::
         } else {
           Sha256 h;
           // Walk() saw a regular file; one removed since, or swapped for a link or FIFO, is left
-          // out like a file that was never there (OpenRunFile never follows or waits on it).
-          Status read = internal::ReadRunFileChunks(abs, [&](std::string_view c) {
-            h.Update(c);
-            a.size += static_cast<int64_t>(c.size());
-          });
+          // out like a file that was never there (never followed or waited on).
+          Status read = HashEntry(root, e, &h, &a.size);
           if (read.code() == StatusCode::kNotFound || read.code() == StatusCode::kInvalidArgument)
             return Status::Ok();
           TAU_RETURN_IF_ERROR(read);
@@ -264,45 +253,36 @@ Result<std::vector<Artifact>> ListArtifacts(const std::string& root, const std::
   std::vector<Artifact> out;
   std::error_code ec;
   if (!fs::exists(root, ec)) return out;
-  // Unlike Walk, no directory is read whole (one of ten million files would be held and sorted):
-  // entries are taken as readdir gives them, and the walk stops at a bound on the entries seen
-  // (links, directories and temporary names count too), not only on the files kept.
+  // No directory is read whole (one of ten million files would be held and sorted): the walk
+  // stops at a bound on the entries read (links, directories and temporary names count too), not
+  // only on the files kept. Through descriptors, as Walk: the tree is the run's to change.
   const size_t max_entries = max_files * 4 + 1024;
-  size_t seen = 0;
-  std::vector<std::string> stack = {""};
-  while (!stack.empty() && !*truncated) {
-    const std::string rel = stack.back();
-    stack.pop_back();
-    const std::string dir = rel.empty() ? root : root + "/" + rel;
-    fs::directory_iterator it(dir, ec), end;
-    if (ec) return IoError("cannot list " + dir, ec.value());
-    for (; it != end; it.increment(ec)) {
-      if (ec) return IoError("cannot list " + dir, ec.value());
-      if (++seen > max_entries || out.size() >= max_files) {
-        *truncated = true;
-        break;
-      }
-      const std::string name = it->path().filename().string();
-      if (internal::IsTemporaryName(name)) continue;
-      const std::string r = rel.empty() ? name : rel + "/" + name;
-      struct stat st;
-      if (::lstat((root + "/" + r).c_str(), &st) != 0) continue;  // removed meanwhile
-      if (S_ISDIR(st.st_mode)) {
-        stack.push_back(r);
-        continue;
-      }
-      if (!S_ISREG(st.st_mode)) continue;  // links, FIFOs, devices: not artifacts
-      Artifact a;
-      a.kind = kind;
-      a.path = r;
-      a.size = static_cast<int64_t>(st.st_size);
-      a.mtime_ms = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
-      auto k = known.find(r);
-      if (k != known.end() && k->second->size == a.size && k->second->mtime_ms == a.mtime_ms)
-        a.sha256 = k->second->sha256;
-      out.push_back(std::move(a));
-    }
-  }
+  bool cut = false;
+  Status walked = WalkTree(
+      root,
+      [&](const TreeEntry& e) -> Result<bool> {
+        if (out.size() >= max_files) {
+          *truncated = true;
+          return false;
+        }
+        if (internal::IsTemporaryName(e.name)) return false;
+        if (S_ISDIR(e.st.st_mode)) return true;
+        if (!S_ISREG(e.st.st_mode)) return false;  // links, FIFOs, devices: not artifacts
+        Artifact a;
+        a.kind = kind;
+        a.path = e.rel;
+        a.size = static_cast<int64_t>(e.st.st_size);
+        a.mtime_ms =
+            static_cast<int64_t>(e.st.st_mtim.tv_sec) * 1000 + e.st.st_mtim.tv_nsec / 1000000;
+        auto k = known.find(e.rel);
+        if (k != known.end() && k->second->size == a.size && k->second->mtime_ms == a.mtime_ms)
+          a.sha256 = k->second->sha256;
+        out.push_back(std::move(a));
+        return false;
+      },
+      max_entries, &cut);
+  if (!walked.ok()) return walked;
+  if (cut) *truncated = true;
   std::sort(out.begin(), out.end(),
             [](const Artifact& a, const Artifact& b) { return a.path < b.path; });
   return out;
