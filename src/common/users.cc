@@ -3,6 +3,8 @@
 #include <grp.h>
 #include <pwd.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -129,6 +131,35 @@ Result<std::string> FindExecutableFor(const std::string& program, const std::str
   }
   return NotFound(fmt::format("no {} on PATH ({}) that user {} may run{}{}", program, dirs,
                               user.name, why.empty() ? "" : ": ", Join(why, "; ")));
+}
+
+ActingAsUser::ActingAsUser(uint32_t uid, uint32_t gid, const std::vector<uint32_t>& groups)
+    : uid_(uid), gid_(gid) {
+  if (::geteuid() != 0 || uid == 0) return;
+  const long n = ::syscall(SYS_getgroups, 0, nullptr);
+  if (n < 0) return;
+  saved_groups_.resize(static_cast<size_t>(n));
+  if (n > 0 && ::syscall(SYS_getgroups, n, saved_groups_.data()) != n) return;
+  // Groups and the gid first: once the file-system uid is not 0, changing them is still allowed
+  // (CAP_SETGID stays), but do it while nothing can fail half-way.
+  if (::syscall(SYS_setgroups, groups.size(), groups.data()) != 0) return;
+  ::syscall(SYS_setfsgid, gid);
+  ::syscall(SYS_setfsuid, uid);
+  // setfs*id answer the previous id, never an error: ask again to know.
+  active_ = static_cast<uint32_t>(::syscall(SYS_setfsuid, -1)) == uid &&
+            static_cast<uint32_t>(::syscall(SYS_setfsgid, -1)) == gid;
+  if (!active_) {
+    ::syscall(SYS_setfsuid, 0);
+    ::syscall(SYS_setfsgid, 0);
+    ::syscall(SYS_setgroups, saved_groups_.size(), saved_groups_.data());
+  }
+}
+
+ActingAsUser::~ActingAsUser() {
+  if (!active_) return;
+  ::syscall(SYS_setfsuid, 0);
+  ::syscall(SYS_setfsgid, 0);
+  ::syscall(SYS_setgroups, saved_groups_.size(), saved_groups_.data());
 }
 
 }  // namespace tau

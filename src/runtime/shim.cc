@@ -25,11 +25,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <climits>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <variant>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "common/clock.h"
 #include "common/files.h"
@@ -134,7 +138,8 @@ enum ChildStep {
   kStepBarrier,
   kStepExec,
   kStepCredentials,
-  kStepReadOnly
+  kStepReadOnly,
+  kStepPrivateMounts
 };
 
 const char* ChildStepName(int step) {
@@ -153,6 +158,8 @@ const char* ChildStepName(int step) {
       return "switch to the submitting user";
     case kStepReadOnly:
       return "mount the upstream stages' files read-only";
+    case kStepPrivateMounts:
+      return "enter the attempt's private /tmp and /dev/shm";
     default:
       return "execute";
   }
@@ -175,6 +182,8 @@ struct ChildPlan {
   // Paths bind-mounted read-only over themselves in a mount namespace of the child's own
   // (null-terminated; nullptr: none).
   char* const* read_only = nullptr;
+  // The attempt's mount namespace (its private /tmp and /dev/shm), entered first; -1: none.
+  int mount_ns_fd = -1;
 };
 
 [[noreturn]] void ChildFail(const ChildPlan& p, int step) {
@@ -194,6 +203,11 @@ struct ChildPlan {
   if (p.cgroup_procs_fd >= 0 && ::write(p.cgroup_procs_fd, "0", 1) != 1) ChildFail(p, kStepCgroup);
   // Before the credentials change: only root may make a mount namespace. Mounts made in it
   // propagate nowhere (private), so the rest of the machine keeps its view.
+  if (p.mount_ns_fd >= 0 && ::setns(p.mount_ns_fd, CLONE_NEWNS) != 0)
+    ChildFail(p, kStepPrivateMounts);
+  // What a worker creates is its own: files it leaves in a shared place (a /tmp that is not
+  // private, a storage volume) are not readable by other users unless it says so.
+  ::umask(077);
   if (p.read_only != nullptr) {
     if (::unshare(CLONE_NEWNS) != 0 ||
         ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
@@ -389,6 +403,93 @@ class Shim {
     return Finish(outcome_.kind, outcome_.message);
   }
 
+  // Whether the attempt needs the machine's /tmp: its home, code, caches or directories are there
+  // (tau's own tests keep TAU_HOME there), so a private /tmp would hide them.
+  bool NeedsSharedTmp() const {
+    auto under_tmp = [](const std::string& path) {
+      return path == "/tmp" || StartsWith(path, "/tmp/");
+    };
+    char real[PATH_MAX];
+    if (::realpath(dir_.c_str(), real) == nullptr || under_tmp(real) || under_tmp(dir_))
+      return true;
+    if (under_tmp(config_.work_dir) || under_tmp(config_.venv_cache_dir)) return true;
+    if (config_.code && under_tmp(config_.code->root)) return true;
+    for (const std::string& path : config_.read_only)
+      if (under_tmp(path)) return true;
+    for (const WorkerLaunch& w : config_.workers)
+      for (const auto& [name, value] : w.env)
+        if (StartsWith(name, "TAU_") && under_tmp(value)) return true;
+    return false;
+  }
+
+  // Where the shim is root and the workers another user: a mount namespace for the attempt, which
+  // every worker and setup command enters before it drops to that user, with a /dev/shm of its own
+  // (a new tmpfs, the user's, mode 0700) and a /tmp of its own (DIR/tmp bound over it, unless the
+  // attempt needs the machine's /tmp: NeedsSharedTmp). The ranks share them; other users' processes
+  // never see them, and they go with the attempt's last process. A helper process makes the
+  // namespace (unshare would move only the calling thread of this one) and the shim keeps a
+  // descriptor of it, which keeps it alive.
+  Status MakePrivateMounts() {
+    if (!config_.run_as || ::geteuid() != 0) return Status::Ok();
+    const uint32_t uid = config_.run_as->uid, gid = config_.run_as->gid;
+    const bool own_tmp = !NeedsSharedTmp();
+    const std::string tmp = dir_ + "/tmp";
+    if (own_tmp) {
+      if (::mkdir(tmp.c_str(), 0700) != 0 && errno != EEXIST) return IoError("mkdir " + tmp, errno);
+      UniqueFd fd(::open(tmp.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!fd.valid() || ::fchown(fd.get(), uid, gid) != 0 || ::fchmod(fd.get(), 0700) != 0)
+        return IoError("preparing " + tmp, errno);
+    }
+    struct stat st;
+    const bool own_shm = ::stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode);
+    if (!own_tmp && !own_shm) return Status::Ok();
+    const std::string shm_options = fmt::format("mode=0700,uid={},gid={}", uid, gid);
+    int report[2], hold[2];
+    if (::pipe2(report, O_CLOEXEC) != 0) return IoError("pipe", errno);
+    UniqueFd report_read(report[0]), report_write(report[1]);
+    if (::pipe2(hold, O_CLOEXEC) != 0) return IoError("pipe", errno);
+    UniqueFd hold_read(hold[0]), hold_write(hold[1]);
+    pid_t pid = ::fork();
+    if (pid < 0) return IoError("fork", errno);
+    if (pid == 0) {
+      // Only system calls: the shim has other threads. Its own copy of the hold pipe's write end
+      // would keep it from ever seeing the shim close its end.
+      ::close(hold[1]);
+      ::close(report[0]);
+      int err = 0;
+      if (::unshare(CLONE_NEWNS) != 0 ||
+          ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+        err = errno;
+      if (err == 0 && own_shm &&
+          ::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, shm_options.c_str()) != 0)
+        err = errno;
+      if (err == 0 && own_tmp && ::mount(tmp.c_str(), "/tmp", nullptr, MS_BIND, nullptr) != 0)
+        err = errno;
+      [[maybe_unused]] ssize_t n = ::write(report[1], &err, sizeof err);
+      char byte;
+      while (::read(hold[0], &byte, 1) < 0 && errno == EINTR) {
+      }
+      ::_exit(0);
+    }
+    report_write.Reset();
+    int err = -1;
+    ssize_t n;
+    do {
+      n = ::read(report_read.get(), &err, sizeof err);
+    } while (n < 0 && errno == EINTR);
+    if (n == sizeof err && err == 0)
+      mount_ns_ = UniqueFd(
+          ::open(("/proc/" + std::to_string(pid) + "/ns/mnt").c_str(), O_RDONLY | O_CLOEXEC));
+    const int open_err = errno;
+    hold_write.Reset();  // the helper exits; the descriptor keeps its namespace
+    while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    if (n != sizeof err) return Internal("the helper that makes the mount namespace died");
+    if (err != 0) return IoError("cannot make the attempt's mounts", err);
+    if (!mount_ns_.valid()) return IoError("cannot keep the attempt's mount namespace", open_err);
+    return Status::Ok();
+  }
+
  private:
   // ---- init ----
 
@@ -489,9 +590,17 @@ class Shim {
   std::optional<SetupError> Setup() {
     if (Status s = MakeCodeTree(); !s.ok())
       return SetupError{OutcomeKind::kSetupFailed, "the run's code: " + s.message()};
+    if (Status s = MakePrivateMounts(); !s.ok())
+      return SetupError{OutcomeKind::kSetupFailed, "private /tmp and /dev/shm: " + s.message()};
     std::string venv;
     if (!config_.pip.empty()) {
+      // The cache is the run user's, who may plant links in it: everything done there (the lock,
+      // the marker, publishing, removing a stale build) is done as that user.
+      std::optional<ActingAsUser> as_user;
+      if (const AttemptConfig::RunAs* ids = RunAs())
+        as_user.emplace(ids->uid, ids->gid, ids->groups);
       auto built = EnsureVenv();
+      as_user.reset();
       if (std::holds_alternative<SetupError>(built)) return std::get<SetupError>(built);
       venv = std::get<std::string>(built);
     }
@@ -529,12 +638,20 @@ class Shim {
     if (!PathExists(code.root))
       TAU_RETURN_IF_ERROR(CloneTree(code.snapshot, code.root,
                                     code.copy ? TreeFiles::kCopy : TreeFiles::kLinkReadOnly));
-    // The spec's folder holds no file when .tauignore leaves the spec out.
-    if (!config_.work_dir.empty()) TAU_RETURN_IF_ERROR(MakeDirs(config_.work_dir));
-    if (!config_.run_as) return Status::Ok();
-    // What the run writes is its user's, and no one else's.
+    if (!config_.run_as) {
+      // The spec's folder holds no file when .tauignore leaves the spec out.
+      if (!config_.work_dir.empty()) TAU_RETURN_IF_ERROR(MakeDirs(config_.work_dir));
+      return Status::Ok();
+    }
+    // What the run writes is its user's, and no one else's. A retried attempt finds the tree as
+    // the last one left it, the user's to change while this runs: handed over by descriptors
+    // (ChownTree), and the spec's folder made as that user.
     TAU_RETURN_IF_ERROR(ChownTree(code.root, config_.run_as->uid, config_.run_as->gid));
     if (::chmod(code.root.c_str(), 0700) != 0) return IoError("chmod " + code.root, errno);
+    if (!config_.work_dir.empty()) {
+      ActingAsUser as_user(config_.run_as->uid, config_.run_as->gid, config_.run_as->groups);
+      TAU_RETURN_IF_ERROR(MakeDirs(config_.work_dir));
+    }
     return Status::Ok();
   }
 
@@ -573,6 +690,7 @@ class Shim {
     plan.out_fd = out_fd;
     plan.error_fd = err_write.get();
     plan.run_as = config_.run_as ? &*config_.run_as : nullptr;
+    plan.mount_ns_fd = mount_ns_.get();
     pid_t pid = ::fork();
     if (pid < 0)
       return SetupError{OutcomeKind::kSetupFailed, std::string("fork: ") + std::strerror(errno)};
@@ -812,6 +930,7 @@ class Shim {
       plan.error_fd = error_write.get();
       plan.run_as = config_.run_as ? &*config_.run_as : nullptr;
       plan.read_only = read_only;
+      plan.mount_ns_fd = mount_ns_.get();
       // A child that makes a mount namespace is forked: its own copy of everything, vfork's
       // shared memory included.
       pid_t pid = StartChild(plan, /*share_memory=*/single && plan.read_only == nullptr);
@@ -1048,6 +1167,12 @@ class Shim {
   }
 
   int Finish(OutcomeKind kind, const std::string& message) {
+    // The private /tmp goes with the attempt (its /dev/shm went with its namespace). Removed by
+    // descriptors: it is the run user's tree.
+    mount_ns_.Reset();
+    if (const std::string tmp = dir_ + "/tmp"; config_.run_as && PathExists(tmp))
+      if (Status s = RemoveTree(tmp); !s.ok())
+        Log("cannot remove the private /tmp: " + s.ToString());
     outcome_.kind = kind;
     outcome_.message = message;
     if (outcome_.oom_killed) outcome_.message += " (the attempt's cgroup saw an OOM kill)";
@@ -1098,6 +1223,7 @@ class Shim {
   UniqueFd lock_;  // the supervisor lock, held until the shim exits
   UniqueFd log_;   // shim.log, once opened
   UniqueFd sigfd_, devnull_;
+  UniqueFd mount_ns_;  // the attempt's private mounts (MakePrivateMounts); invalid: none
   std::unique_ptr<internal::LogPump> pump_;  // logs/rank-R.log, one per worker
   std::vector<std::string> resolved_;        // each worker's argv[0], resolved on its PATH
   std::optional<Cgroup> cgroup_;
