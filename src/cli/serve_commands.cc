@@ -40,6 +40,14 @@ void PrintService(const api::Service& s) {
   } else {
     std::printf("Endpoint:   %s (on the server's Unix socket and TCP listener)\n",
                 s.endpoint.c_str());
+    if (s.extra.contains("isolation") && s.extra["isolation"].is_object()) {
+      const nlohmann::json& iso = s.extra["isolation"];
+      if (iso.value("ports", "") == "owner-only")
+        std::printf("Isolation:  replica ports reachable only by the replicas' user and tau\n");
+      else
+        std::printf("Isolation:  none: any local user can connect to a replica's port (%s)\n",
+                    iso.value("why", "").c_str());
+    }
   }
   std::printf("Spec:       %s (config %.12s, code %.12s)\n", s.spec_file.c_str(),
               s.config_hash.c_str(), s.snapshot_digest.c_str());

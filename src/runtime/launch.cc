@@ -111,7 +111,16 @@ Result<std::vector<WorkerLaunch>> PlanJob(const spec::RunSpec& spec, const Launc
   for (int rank = 0; rank < workers; ++rank) {
     WorkerLaunch w;
     EnvList gang_env;
-    if (workers == 1) {
+    if (workers == 1 && torchrun && ctx.master_port > 0) {
+      // torchrun's store on the port this machine's backend handed out (and guards for the run's
+      // user), not one --standalone picks that anyone could reach.
+      w.argv = {"torchrun",
+                "--nnodes=1",
+                nproc,
+                "--master_addr=127.0.0.1",
+                "--master_port=" + std::to_string(ctx.master_port),
+                spec.entrypoint};
+    } else if (workers == 1) {
       w.argv = torchrun
                    ? std::vector<std::string>{"torchrun", "--standalone", nproc, spec.entrypoint}
                    : EntryCommand(spec, ctx);

@@ -88,12 +88,22 @@ TEST(PlanLaunchTest, SingleGpuWorkerSeesItsGpu) {
 }
 
 TEST(PlanLaunchTest, MultiGpuSingleWorkerUsesStandaloneTorchrun) {
-  auto plan = PlanLaunch(Job(1, 4), Context({4, 5, 6, 7}));
+  LaunchContext no_port = Context({4, 5, 6, 7});
+  no_port.master_port = 0;  // none handed out: torchrun picks one
+  auto plan = PlanLaunch(Job(1, 4), no_port);
   ASSERT_TRUE(plan.ok());
   ASSERT_EQ(plan->size(), 1u);
   EXPECT_EQ((*plan)[0].argv,
             (Argv{"torchrun", "--standalone", "--nproc_per_node=4", "train.py", "--lr", "0.1"}));
   EXPECT_EQ(Get((*plan)[0].env, "CUDA_VISIBLE_DEVICES"), "4,5,6,7");
+  // With a port handed out (the local backend's, guarded for the run's user): its store there.
+  LaunchContext ctx = Context({4, 5, 6, 7});
+  ctx.master_port = 41234;
+  plan = PlanLaunch(Job(1, 4), ctx);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ((*plan)[0].argv,
+            (Argv{"torchrun", "--nnodes=1", "--nproc_per_node=4", "--master_addr=127.0.0.1",
+                  "--master_port=41234", "train.py", "--lr", "0.1"}));
 }
 
 TEST(PlanLaunchTest, CpuGangGetsRendezvousVariables) {

@@ -68,7 +68,9 @@ struct LaunchContext {
 
 // Chooses the launcher (see docs/architecture.md and the spec reference):
 //   job, 1 worker, <=1 GPU     python3 ENTRY ARGS
-//   job, 1 worker, N>1 GPUs    torchrun --standalone --nproc_per_node=N ENTRY ARGS
+//   job, 1 worker, N>1 GPUs    torchrun --standalone --nproc_per_node=N ENTRY ARGS, or with a
+//                              master_port: torchrun --nnodes=1 --nproc_per_node=N
+//                              --master_addr=127.0.0.1 --master_port=PORT ENTRY ARGS
 //   job, W>1 workers           a gang of W processes (python3, or torchrun --nnodes=W when N>1)
 //   with
 //                              MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK
@@ -322,5 +324,45 @@ int ZygoteMain(char* role_arg);
 
 // Where the running tau binary is (/proc/self/exe).
 std::string SelfExecutable();
+
+// Keeps the loopback ports tau hands a run (a gang's rendezvous port, a service replica's port) for
+// the run's user: on this machine a connect() to such a port at a loopback address (127/8, ::1, or
+// the unspecified address, which reaches this host) succeeds only for the port's user and root
+// (tau's own endpoint and probes); any other user's fails with EPERM. Two eBPF programs attached
+// to the root of the cgroup v2 hierarchy check every connect against a map of guarded ports, so it
+// needs root, a mounted cgroup v2 hierarchy and a kernel with cgroup BPF (Start says which is
+// missing). The programs are named after `owner` (the server's home): a server killed without
+// detaching its own leaves them attached, still guarding, until the next server of that home
+// detaches them (DetachLeftOvers), once it has guarded what it re-adopted. Thread-compatible.
+class PortGuard {
+ public:
+  static Result<std::unique_ptr<PortGuard>> Start(const std::string& owner);
+  // What the last Start in this process said, for whoever reports the machine's isolation: "" when
+  // none was tried, "on", or why it is off.
+  static std::string LastOutcome();
+  ~PortGuard();  // detaches its programs: the ports are open to all again
+  PortGuard(const PortGuard&) = delete;
+  PortGuard& operator=(const PortGuard&) = delete;
+
+  // Only `uid` (and root) may connect to `port` from now on.
+  Status Allow(int port, uint32_t uid);
+  void Release(int port);
+  // Detaches the programs of `owner` that a former server left attached, all but `keep`'s (may be
+  // null); returns how many.
+  static int DetachLeftOvers(const std::string& owner, const PortGuard* keep);
+
+ private:
+  PortGuard() = default;
+  static Result<std::unique_ptr<PortGuard>> StartGuard(const std::string& owner);
+  struct Attached {
+    int prog_fd = -1;
+    int type = 0;  // its bpf_attach_type
+    std::string name;
+  };
+  std::string tag_;
+  int cgroup_fd_ = -1;
+  int map_fd_ = -1;
+  std::vector<Attached> attached_;
+};
 
 }  // namespace tau::runtime

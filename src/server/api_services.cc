@@ -18,11 +18,21 @@
 
 #include "common/strings.h"
 #include "http/reply.h"
+#include "runtime/runtime.h"
 #include "server/api.h"
 #include "server/services.h"
 
 namespace tau::server {
 namespace {
+
+// Who may connect to a local replica's port besides tau: its run's user alone, when the server
+// guards the ports it hands out (runtime::PortGuard), else anyone on this machine, and why.
+nlohmann::json ReplicaIsolation() {
+  const std::string guard = runtime::PortGuard::LastOutcome();
+  if (guard == "on") return {{"ports", "owner-only"}};
+  return {{"ports", "open"},
+          {"why", guard.empty() ? std::string("no replica port has been guarded yet") : guard}};
+}
 
 using nlohmann::json;
 
@@ -135,7 +145,9 @@ void RegisterServiceApi(SecureRouter* api, ServiceManager* services) {
              [allowed](const http::HttpRequest& req, http::HttpResponse& res,
                        const CallerContext& caller) {
                auto s = allowed(req, res, caller, req.matches[1], auth::Role::kViewer);
-               if (s) http::Reply(res, 200, s->ToJson());
+               if (!s) return;
+               if (!s->extra.contains("cluster")) s->extra["isolation"] = ReplicaIsolation();
+               http::Reply(res, 200, s->ToJson());
              });
   api->Route("PUT", R"(/api/v1/services/([a-z0-9-]+))", Access::kSignedIn,
              [allowed, services](const http::HttpRequest& req, http::HttpResponse& res,

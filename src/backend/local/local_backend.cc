@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -102,6 +103,12 @@ class LocalBackend final : public Backend {
   void Cancel(ActiveRun& run, Batch* batch) override;
   void StopAttempt(ActiveRun& run, FailureClass cls, const std::string& why, Batch* batch) override;
   void Schedule(Batch* batch) override {
+    if (!left_overs_detached_) {
+      // After every re-adopted attempt's ports are guarded again (Recover): what a killed server
+      // of this home left attached goes.
+      left_overs_detached_ = true;
+      if (::geteuid() == 0) runtime::PortGuard::DetachLeftOvers(options_.home, port_guard_.get());
+    }
     AdmitQueued(batch, &to_start_);
     EscalateStops(batch);
     PollNotices(batch);
@@ -119,7 +126,10 @@ class LocalBackend final : public Backend {
   void DescribeRuntime(const RunRecord& r, bool final_save, const evidence::RecordInput* prev,
                        evidence::RuntimeInfo* rt) const override;
   void FillCapacity(MachineCapacity* capacity) const override;
-  void Forget(const std::string& run) override { runs_.erase(run); }
+  void Forget(const std::string& run) override {
+    UnguardPorts(run);
+    runs_.erase(run);
+  }
 
  private:
   // What this backend keeps of a run beside the controller's ActiveRun.
@@ -131,6 +141,7 @@ class LocalBackend final : public Backend {
     // How far its attempt's notices.jsonl has been read, and which attempt's.
     int notices_attempt = 0;
     int64_t notices_offset = 0;
+    std::vector<int> guarded_ports;  // its attempt's loopback ports, its user's alone
   };
   LocalRun& Of(const ActiveRun& run) { return runs_[run.record.name]; }
 
@@ -191,6 +202,19 @@ class LocalBackend final : public Backend {
   void PollNotices(Batch* batch);
   void ReadNotices(ActiveRun& run, int attempt, const std::string& dir, Batch* batch);
   static constexpr int64_t kNoticePollMs = 1'000;
+  // The loopback ports an attempt is handed (its gang's rendezvous port, its replica's port) are
+  // reachable only by its user and root (runtime::PortGuard), where the server is root and the
+  // machine can guard them; kept in the attempt's directory (kGuardedPortsFile) for a restart.
+  Status GuardPorts(ActiveRun& run, const std::string& attempt_dir, const std::vector<int>& ports,
+                    uint32_t uid);
+  void UnguardPorts(const std::string& run);
+  void ReguardAfterRestart(ActiveRun& run, const std::string& attempt_dir);
+  runtime::PortGuard* Guard();
+  static constexpr const char* kGuardedPortsFile = "guarded-ports";
+  std::unique_ptr<runtime::PortGuard> port_guard_;
+  bool port_guard_tried_ = false;
+  bool left_overs_detached_ = false;
+  std::map<int, std::string> guarded_by_;  // port -> the run whose attempt holds it
   int64_t last_notice_poll_ms_ = 0;
 
   const LocalBackendOptions options_;
@@ -221,6 +245,69 @@ Status LocalBackend::Start(RunHost* host, const policy::Platform*) {
       WriteFileAtomic(hook + "/sitecustomize.py", runtime::PythonHookSource(), 0644));
   StartZygote();
   return Status::Ok();
+}
+
+runtime::PortGuard* LocalBackend::Guard() {
+  if (!port_guard_tried_) {
+    port_guard_tried_ = true;
+    auto started = runtime::PortGuard::Start(options_.home);
+    if (started.ok()) {
+      port_guard_ = std::move(*started);
+    } else {
+      std::fprintf(stderr,
+                   "tau server: runs' loopback ports (rendezvous, replicas) are not guarded: any "
+                   "local user may connect to them: %s\n",
+                   started.status().ToString().c_str());
+    }
+  }
+  return port_guard_.get();
+}
+
+Status LocalBackend::GuardPorts(ActiveRun& run, const std::string& attempt_dir,
+                                const std::vector<int>& ports, uint32_t uid) {
+  if (ports.empty() || ::geteuid() != 0) return Status::Ok();
+  runtime::PortGuard* guard = Guard();
+  if (guard == nullptr) return Status::Ok();  // said once; serve status says so
+  std::string kept;
+  for (int port : ports) {
+    TAU_RETURN_IF_ERROR(guard->Allow(port, uid));
+    guarded_by_[port] = run.record.name;
+    Of(run).guarded_ports.push_back(port);
+    kept += fmt::format("{} {}\n", port, uid);
+  }
+  return WriteFileAtomic(attempt_dir + "/" + kGuardedPortsFile, kept, 0600,
+                         Durability::kProcessCrash);
+}
+
+void LocalBackend::UnguardPorts(const std::string& run) {
+  auto it = runs_.find(run);
+  if (it == runs_.end()) return;
+  for (int port : it->second.guarded_ports) {
+    auto held = guarded_by_.find(port);
+    // A port handed to another run since is that run's now.
+    if (held == guarded_by_.end() || held->second != run) continue;
+    guarded_by_.erase(held);
+    if (port_guard_) port_guard_->Release(port);
+  }
+  it->second.guarded_ports.clear();
+}
+
+void LocalBackend::ReguardAfterRestart(ActiveRun& run, const std::string& attempt_dir) {
+  auto kept = ReadFileAtMost(attempt_dir + "/" + kGuardedPortsFile, 4096, "guarded ports");
+  if (!kept.ok()) return;  // none were guarded
+  for (const std::string& line : Split(*kept, '\n')) {
+    int port = 0;
+    unsigned uid = 0;
+    if (std::sscanf(line.c_str(), "%d %u", &port, &uid) != 2) continue;
+    runtime::PortGuard* guard = Guard();
+    if (guard == nullptr) return;
+    if (Status s = guard->Allow(port, uid); !s.ok()) {
+      std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
+      continue;
+    }
+    guarded_by_[port] = run.record.name;
+    Of(run).guarded_ports.push_back(port);
+  }
 }
 
 void LocalBackend::Stop() {
@@ -672,8 +759,9 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
     ctx.extra_env.emplace_back("PYTHONPATH", path);
   }
   ctx.gpus = r.gpus;
-  // Only gangs rendezvous; torchrun's default port when none could be had.
-  if (run.spec.compute.workers > 1)
+  // Gangs and torchrun rendezvous, on a port of the run's user's alone (GuardPorts); torchrun's
+  // default port when none could be had.
+  if (run.spec.compute.workers > 1 || spec::UsesTorchrun(run.spec))
     if (ctx.master_port = FreeLoopbackPort(); ctx.master_port == 0) ctx.master_port = 29500;
   ctx.base_env = BaseEnv();
   if (number > 1) {
@@ -727,6 +815,13 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
   config.pip = run.spec.runtime.pip;
   config.venv_cache_dir = VenvCacheDir(std::nullopt);
   if (Status s = RunAsSubmitter(r, ctx, &config); !s.ok())
+    return fail(FailureClass::kSetupError, s.message());
+  std::vector<int> ports;
+  if (ctx.master_port > 0) ports.push_back(ctx.master_port);
+  if (r.service.is_object() && r.service.value("port", 0) > 0)
+    ports.push_back(r.service.value("port", 0));
+  if (Status s = GuardPorts(run, a.dir, ports, config.run_as ? config.run_as->uid : ::geteuid());
+      !s.ok())
     return fail(FailureClass::kSetupError, s.message());
   if (run.need.memory_bytes > 0) config.memory_limit_bytes = run.need.memory_bytes;
   if (run.need.cpu_milli > 0) config.cpu_limit_milli = run.need.cpu_milli;
@@ -799,6 +894,7 @@ void LocalBackend::HandleExit(const std::string& name, Batch* batch) {
   }
   Of(run).shim.reset();
   Of(run).stop_deadline_ms = -1;
+  UnguardPorts(name);
   a.state = AttemptState::kFinished;
   a.ended_ms = host_->Now();
   // Why the server stopped the attempt, if it did: that, not how the processes ended, classes it.
@@ -1075,6 +1171,7 @@ void LocalBackend::Recover(ActiveRun& run, Batch* batch) {
     }
   }
   if (alive) {
+    ReguardAfterRestart(run, last.dir);
     Of(run).shim = shim;  // re-adopted: the attempt kept running while the server was away
     Status s = watcher_->Watch(record.name, shim);
     if (!s.ok()) std::fprintf(stderr, "tau server: %s\n", s.ToString().c_str());
