@@ -8,11 +8,15 @@
 #include "common/files.h"
 #include "common/hash.h"
 #include "common/layout.h"
+#include "common/redact.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "common/users.h"
 
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 namespace tau {
@@ -211,6 +215,77 @@ TEST(FilesTest, OpenBeneathStaysInsideItsDirectory) {
   (void)RemoveTree(base);
 }
 
+// What a run's user may plant in a tree that root walks: a directory that is a symbolic link to a
+// place of root's, a hard link to a file of root's, a file of another user's.
+TEST(RedactorTest, CaseVariantsOfASecretAreMaskedToo) {
+  Redactor r({"s3cr3t-Token"});
+  // Split across two writes, in another case: held back, then masked whole.
+  std::string out = r.Feed("key=S3CR3T-to", false);
+  EXPECT_EQ(out, "key=");
+  out += r.Feed("KEN and s3cr3t-token and S3cr3t-tokeN.", true);
+  EXPECT_EQ(out, "key=*** and *** and ***.");
+  EXPECT_TRUE(r.masked_any());
+  Redactor plain({"abc"});
+  EXPECT_EQ(plain.Feed("ab-c ABx", true), "ab-c ABx");
+}
+
+TEST(FilesTest, TreeWalksNeverLeaveTheTreeThroughLinks) {
+  namespace fs = std::filesystem;
+  const std::string base = ::testing::TempDir() + "/tau_tree_walk_" + std::to_string(::getpid());
+  (void)RemoveTree(base);
+  const std::string tree = base + "/tree", outside = base + "/outside";
+  ASSERT_TRUE(MakeDirs(tree + "/sub/deeper").ok());
+  ASSERT_TRUE(MakeDirs(outside + "/inner").ok());
+  ASSERT_TRUE(WriteFileAtomic(tree + "/sub/deeper/a.txt", "a").ok());
+  ASSERT_TRUE(WriteFileAtomic(outside + "/inner/keep.txt", "keep").ok());
+  ASSERT_TRUE(WriteFileAtomic(outside + "/linked.txt", "linked").ok());
+  fs::create_symlink(outside, tree + "/escape");
+  fs::create_symlink(outside + "/inner", tree + "/sub/escape-inner");
+  fs::create_hard_link(outside + "/linked.txt", tree + "/hard.txt");
+  std::vector<std::string> seen;
+  ASSERT_TRUE(WalkTree(tree, [&](const TreeEntry& e) -> Result<bool> {
+                seen.push_back(e.rel);
+                return true;  // asked to enter every directory: links are still not entered
+              }).ok());
+  EXPECT_EQ(seen, (std::vector<std::string>{"escape", "hard.txt", "sub", "sub/deeper",
+                                            "sub/deeper/a.txt", "sub/escape-inner"}));
+  // A file read through the walk's descriptor: a link is refused, not followed.
+  ASSERT_TRUE(WalkTree(tree, [&](const TreeEntry& e) -> Result<bool> {
+                auto fd = OpenRegularAt(e.dir_fd, e.name, e.rel);
+                if (S_ISLNK(e.st.st_mode)) {
+                  EXPECT_EQ(fd.status().code(), StatusCode::kInvalidArgument) << e.rel;
+                } else if (S_ISREG(e.st.st_mode)) {
+                  EXPECT_TRUE(fd.ok()) << e.rel;
+                  if (fd.ok()) ::close(*fd);
+                }
+                return true;
+              }).ok());
+  if (::geteuid() == 0) {
+    // Handed to a user: the tree's own entries change owner, nothing outside does, nor the hard
+    // link (a file outside), nor a file already another user's.
+    ASSERT_TRUE(WriteFileAtomic(tree + "/theirs.txt", "t").ok());
+    ASSERT_EQ(::chown((tree + "/theirs.txt").c_str(), 4242, 4242), 0);
+    ASSERT_TRUE(ChownTree(tree, 54321, 54321).ok());
+    auto owner = [](const std::string& p) {
+      struct stat st;
+      EXPECT_EQ(::lstat(p.c_str(), &st), 0) << p;
+      return st.st_uid;
+    };
+    for (const char* mine : {"", "/sub", "/sub/deeper", "/sub/deeper/a.txt", "/escape"})
+      EXPECT_EQ(owner(tree + mine), 54321u) << mine;
+    EXPECT_EQ(owner(tree + "/theirs.txt"), 4242u);
+    for (const char* root_s : {"", "/inner", "/inner/keep.txt", "/linked.txt"})
+      EXPECT_EQ(owner(outside + root_s), 0u) << root_s;
+  }
+  // Removing the tree removes the links, never what they point at.
+  ASSERT_TRUE(RemoveTree(tree).ok());
+  EXPECT_FALSE(PathExists(tree));
+  EXPECT_TRUE(PathExists(outside + "/inner/keep.txt"));
+  EXPECT_TRUE(PathExists(outside + "/linked.txt"));
+  EXPECT_TRUE(RemoveTree(base).ok());
+  EXPECT_TRUE(RemoveTree(base).ok());  // a missing tree is no error
+}
+
 TEST(FilesTest, AbandonedTemporariesOfDeadWritersAreRemoved) {
   std::string dir = ::testing::TempDir() + "/tau_files_temporaries";
   ASSERT_TRUE(MakeDirs(dir).ok());
@@ -365,6 +440,51 @@ TEST(UsersTest, ReachabilityNamesTheDirectoryThatStopsAUser) {
   member.gids.push_back(st.st_gid);
   EXPECT_TRUE(CheckReachable(root + "/open/closed/inner", member, false).ok());
   EXPECT_FALSE(CheckReachable(root + "/open/closed/inner", u, false).ok());
+  (void)RemoveTree(root);
+}
+
+// Root acting as a user in one thread: that thread can do only what the user could, and files it
+// makes are the user's; the process's other threads stay root.
+TEST(UsersTest, ActingAsAUserChangesOnlyTheCallingThread) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root";
+  std::string root = TempPath("tau_acting_");
+  ASSERT_TRUE(RemoveTree(root).ok());
+  ASSERT_TRUE(MakeDirs(root + "/roots", 0700).ok());
+  ASSERT_TRUE(MakeDirs(root + "/theirs", 0700).ok());
+  ::chmod(root.c_str(), 0755);
+  ASSERT_EQ(::chown((root + "/theirs").c_str(), 54321, 54321), 0);
+  // A thread that exists before the switch (one started meanwhile would inherit it) stays root.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool acting = false, written = false;
+  std::thread other([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return acting; });
+    EXPECT_TRUE(WriteFileAtomic(root + "/roots/by-root", "x").ok());
+    written = true;
+    cv.notify_all();
+  });
+  {
+    ActingAsUser as(54321, 54321, {54321});
+    ASSERT_TRUE(as.active());
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      acting = true;
+      cv.notify_all();
+      cv.wait(lock, [&] { return written; });
+    }
+    other.join();
+    Status refused = WriteFileAtomic(root + "/roots/by-user", "x");
+    EXPECT_FALSE(refused.ok());
+    EXPECT_TRUE(WriteFileAtomic(root + "/theirs/made", "x").ok());
+  }
+  struct stat st;
+  ASSERT_EQ(::stat((root + "/theirs/made").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 54321u);
+  EXPECT_EQ(st.st_gid, 54321u);
+  EXPECT_TRUE(PathExists(root + "/roots/by-root"));
+  // Root again once it ends.
+  EXPECT_TRUE(WriteFileAtomic(root + "/roots/again", "x").ok());
   (void)RemoveTree(root);
 }
 

@@ -1,4 +1,6 @@
-// Masks secret values in text a run printed: each occurrence becomes "***". Used where logs are
+// Masks secret values in text a run printed: each occurrence becomes "***", in any ASCII case
+// ("TOKEN", "Token"); what a program derives otherwise (base64, hex, a URL's percent-encoding, a
+// value split across lines) is not recognised (docs/security.md). Used where logs are
 // written (the shim's log pump, the Kubernetes backend's pod log streams) and where they are served
 // (the API). Streams arrive in pieces, so the last bytes that could begin a secret are held back
 // until the next piece or the end.

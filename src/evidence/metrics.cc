@@ -16,6 +16,7 @@
 #include "common/files.h"
 #include "common/hash.h"
 #include "common/layout.h"
+#include "common/redact.h"
 #include "evidence/evidence.h"
 #include "evidence/internal.h"
 
@@ -651,18 +652,8 @@ Result<MetricHistory> LoadMetricHistory(const std::string& path, int64_t* malfor
 // Collector
 
 std::string MaskSecrets(std::string_view text, const std::vector<std::string>& secrets) {
-  std::string out(text);
-  if (secrets.empty()) return out;
-  std::vector<const std::string*> order;
-  for (const std::string& s : secrets)
-    if (s.size() >= kMinSecretBytes) order.push_back(&s);
-  std::sort(order.begin(), order.end(),
-            [](const std::string* a, const std::string* b) { return a->size() > b->size(); });
-  for (const std::string* s : order) {
-    for (size_t at = out.find(*s); at != std::string::npos; at = out.find(*s, at + 3))
-      out.replace(at, s->size(), "***");
-  }
-  return out;
+  if (secrets.empty()) return std::string(text);
+  return Redactor(secrets).Feed(text, /*flush=*/true);
 }
 
 void MaskArtifactPaths(std::vector<Artifact>* artifacts, const std::vector<std::string>& secrets) {
