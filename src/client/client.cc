@@ -1,5 +1,6 @@
 #include "client/client.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -8,11 +9,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "common/clock.h"
 #include "common/strings.h"
 #include "tls/tls.h"
 
@@ -56,7 +59,29 @@ Result<Endpoint> ParseEndpoint(std::string_view text) {
   return e;
 }
 
-static Result<int> Dial(const Endpoint& e) {
+// connect() that gives up at `deadline` (monotonic ms; 0: the kernel's own timeout, minutes for
+// a host that drops SYNs). 0 or an errno.
+static int ConnectBy(int fd, const sockaddr* addr, socklen_t len, int64_t deadline) {
+  if (deadline == 0) return ::connect(fd, addr, len) == 0 ? 0 : errno;
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return errno;
+  int err = ::connect(fd, addr, len) == 0 ? 0 : errno;
+  while (err == EINPROGRESS || err == EINTR) {
+    const int64_t left = deadline - MonotonicMillis();
+    if (left <= 0) return ETIMEDOUT;
+    pollfd p{fd, POLLOUT, 0};
+    int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) return errno;
+    if (rc == 0) return ETIMEDOUT;
+    socklen_t size = sizeof err;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &size) != 0) return errno;
+  }
+  if (err == 0 && ::fcntl(fd, F_SETFL, flags) != 0) return errno;
+  return err;
+}
+
+static Result<int> Dial(const Endpoint& e, int64_t deadline) {
   if (e.unix_socket) {
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return IoError("socket", errno);
@@ -85,13 +110,12 @@ static Result<int> Dial(const Endpoint& e) {
   for (addrinfo* ai = res; ai; ai = ai->ai_next) {
     int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) continue;
-    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+    if ((last_err = ConnectBy(fd, ai->ai_addr, ai->ai_addrlen, deadline)) == 0) {
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       ::freeaddrinfo(res);
       return fd;
     }
-    last_err = errno;
     ::close(fd);
   }
   ::freeaddrinfo(res);
@@ -105,7 +129,13 @@ Result<std::unique_ptr<Connection>> Connection::Open(const Endpoint& endpoint, i
 
 Result<std::unique_ptr<Connection>> Connection::Open(const Endpoint& endpoint,
                                                      const TlsOptions& tls, int timeout_ms) {
-  std::unique_ptr<Connection> conn(new Connection(endpoint, timeout_ms));
+  return Open(endpoint, tls, Limits{}, timeout_ms);
+}
+
+Result<std::unique_ptr<Connection>> Connection::Open(const Endpoint& endpoint,
+                                                     const TlsOptions& tls, const Limits& limits,
+                                                     int timeout_ms) {
+  std::unique_ptr<Connection> conn(new Connection(endpoint, timeout_ms, limits));
   if (endpoint.tls) {
     tls::ClientConfig config;
     config.ca_file = tls.ca_file;
@@ -116,8 +146,27 @@ Result<std::unique_ptr<Connection>> Connection::Open(const Endpoint& endpoint,
   return conn;
 }
 
-Connection::Connection(Endpoint endpoint, int timeout_ms)
-    : endpoint_(std::move(endpoint)), timeout_ms_(timeout_ms) {}
+Connection::Connection(Endpoint endpoint, int timeout_ms, const Limits& limits)
+    : endpoint_(std::move(endpoint)),
+      timeout_ms_(timeout_ms),
+      limits_(limits),
+      deadline_(limits.deadline_ms > 0 ? MonotonicMillis() + limits.deadline_ms : 0) {}
+
+int Connection::WaitMs() const {
+  const int wait = timeout_ms_ > 0 ? timeout_ms_ : -1;
+  if (deadline_ == 0) return wait;
+  const int64_t left = std::max<int64_t>(0, deadline_ - MonotonicMillis());
+  return static_cast<int>(wait < 0 ? std::min<int64_t>(left, 1 << 30)
+                                   : std::min<int64_t>(left, wait));
+}
+
+Status Connection::TimedOut() const {
+  if (deadline_ != 0 && MonotonicMillis() >= deadline_)
+    return Unavailable(fmt::format("no full answer from {} within {} ms", endpoint_.ToString(),
+                                   limits_.deadline_ms));
+  return Unavailable(
+      fmt::format("no answer from {} within {} ms", endpoint_.ToString(), timeout_ms_));
+}
 
 Connection::~Connection() { Close(); }
 
@@ -131,9 +180,14 @@ Status Connection::Reconnect() {
   Close();
   buf_.clear();
   answers_on_fd_ = 0;
-  TAU_ASSIGN_OR_RETURN(int fd, Dial(endpoint_));
+  TAU_ASSIGN_OR_RETURN(int fd, Dial(endpoint_, deadline_));
+  const int wait = WaitMs();
+  if (wait == 0) {
+    ::close(fd);
+    return TimedOut();
+  }
   if (tls_context_) {
-    auto session = tls_context_->Connect(fd, endpoint_.host, timeout_ms_ > 0 ? timeout_ms_ : 5000);
+    auto session = tls_context_->Connect(fd, endpoint_.host, wait > 0 ? wait : 5000);
     if (!session.ok()) {
       ::close(fd);
       return Status(session.status().code(),
@@ -147,14 +201,26 @@ Status Connection::Reconnect() {
 
 Status Connection::SendAll(std::string_view data) {
   if (tls_) {
-    Status s = tls_->WriteAll(data, timeout_ms_ > 0 ? timeout_ms_ : -1);
+    // Per stall, each within what is left of the deadline.
+    const int wait = WaitMs();
+    if (wait == 0) return TimedOut();
+    Status s = tls_->WriteAll(data, wait);
+    if (!s.ok() && deadline_ != 0 && WaitMs() == 0) return TimedOut();
     return s.ok() ? s : s.WithContext("sending request to " + endpoint_.ToString());
   }
   size_t off = 0;
   while (off < data.size()) {
-    ssize_t n = ::send(fd_, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+    // Under a deadline a peer that reads nothing cannot hold the send: it waits in poll.
+    ssize_t n = ::send(fd_, data.data() + off, data.size() - off,
+                       MSG_NOSIGNAL | (deadline_ != 0 ? MSG_DONTWAIT : 0));
     if (n < 0) {
       if (errno == EINTR) continue;
+      if (deadline_ != 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        const int wait = WaitMs();
+        pollfd p{fd_, POLLOUT, 0};
+        if (wait == 0 || ::poll(&p, 1, wait) == 0) return TimedOut();
+        continue;
+      }
       return IoError("sending request to " + endpoint_.ToString(), errno);
     }
     off += static_cast<size_t>(n);
@@ -185,24 +251,37 @@ Status Connection::SendRequest(std::string_view method, std::string_view path,
 
 Result<size_t> Connection::Fill() {
   char tmp[65536];
+  size_t want = sizeof tmp;
+  if (limits_.max_response_bytes > 0) {
+    // Never more off the socket than the limit: the rest of a huge answer stays unread.
+    if (answer_bytes_ >= limits_.max_response_bytes) {
+      answer_limited_ = true;
+      return size_t{0};
+    }
+    want = std::min(want, limits_.max_response_bytes - answer_bytes_);
+  }
   if (tls_) {
-    Result<size_t> n = tls_->Read(tmp, sizeof tmp, timeout_ms_ > 0 ? timeout_ms_ : -1);
+    const int wait = WaitMs();
+    if (wait == 0) return TimedOut();
+    Result<size_t> n = tls_->Read(tmp, want, wait);
+    if (!n.ok() && deadline_ != 0 && WaitMs() == 0) return TimedOut();
     if (!n.ok())
       return Status(n.status().code(),
                     fmt::format("reading from {}: {}", endpoint_.ToString(), n.status().message()));
     buf_.append(tmp, *n);
+    answer_bytes_ += *n;
     return *n;
   }
   while (true) {
-    if (timeout_ms_ > 0) {
+    const int wait = WaitMs();
+    if (wait == 0) return TimedOut();
+    if (wait > 0) {
       pollfd p{fd_, POLLIN, 0};
-      int rc = ::poll(&p, 1, timeout_ms_);
-      if (rc == 0)
-        return Unavailable(
-            fmt::format("no answer from {} within {} ms", endpoint_.ToString(), timeout_ms_));
+      int rc = ::poll(&p, 1, wait);
+      if (rc == 0) return TimedOut();
       if (rc < 0 && errno == EINTR) continue;
     }
-    ssize_t n = ::recv(fd_, tmp, sizeof tmp, 0);
+    ssize_t n = ::recv(fd_, tmp, want, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
       // A reset before any answer: the server closed the connection with our request unread.
@@ -210,6 +289,7 @@ Result<size_t> Connection::Fill() {
       return IoError("reading from " + endpoint_.ToString(), errno);
     }
     buf_.append(tmp, static_cast<size_t>(n));
+    answer_bytes_ += static_cast<size_t>(n);
     return static_cast<size_t>(n);
   }
 }
@@ -219,8 +299,15 @@ Result<Response> Connection::ReadResponse(const std::function<bool(std::string_v
   Response resp;
   size_t header_end;
   closed_before_answer_ = reset_before_answer_ = false;
+  answer_bytes_ = 0;
+  answer_limited_ = false;
   while ((header_end = buf_.find("\r\n\r\n")) == std::string::npos) {
     TAU_ASSIGN_OR_RETURN(size_t n, Fill());
+    if (n == 0 && answer_limited_) {
+      Close();
+      return ResourceExhausted(fmt::format("the answer's head from {} is over {} bytes",
+                                           endpoint_.ToString(), limits_.max_response_bytes));
+    }
     if (n == 0) {
       closed_before_answer_ = buf_.empty();
       return Unavailable("the server closed the connection");
@@ -250,18 +337,35 @@ Result<Response> Connection::ReadResponse(const std::function<bool(std::string_v
     return true;
   };
   bool keep_alive = resp.headers["connection"] != "close";
+  // Past Limits::max_response_bytes the body read so far is the answer's, cut there.
+  auto cut = [&](std::string_view part) {
+    deliver(part);
+    buf_.clear();
+    resp.truncated = true;
+    keep_alive = false;
+  };
   if (resp.headers["transfer-encoding"] == "chunked") {
-    while (true) {
+    while (!resp.truncated) {
       size_t eol;
       while ((eol = buf_.find("\r\n")) == std::string::npos) {
         TAU_ASSIGN_OR_RETURN(size_t n, Fill());
+        if (n == 0 && answer_limited_) break;
         if (n == 0) return Unavailable("the server closed the connection mid-stream");
+      }
+      if (answer_limited_) {
+        cut({});
+        break;
       }
       size_t size = std::strtoul(buf_.substr(0, eol).c_str(), nullptr, 16);
       buf_.erase(0, eol + 2);
       while (buf_.size() < size + 2) {
         TAU_ASSIGN_OR_RETURN(size_t n, Fill());
+        if (n == 0 && answer_limited_) break;
         if (n == 0) return Unavailable("the server closed the connection mid-stream");
+      }
+      if (answer_limited_) {
+        cut(std::string_view(buf_).substr(0, std::min(size, buf_.size())));
+        break;
       }
       if (size == 0) {
         buf_.erase(0, 2);
@@ -278,15 +382,21 @@ Result<Response> Connection::ReadResponse(const std::function<bool(std::string_v
     size_t length = std::strtoull(resp.headers["content-length"].c_str(), nullptr, 10);
     while (buf_.size() < length) {
       TAU_ASSIGN_OR_RETURN(size_t n, Fill());
+      if (n == 0 && answer_limited_) break;
       if (n == 0) return Unavailable("the server closed the connection mid-body");
     }
-    deliver(std::string_view(buf_).substr(0, length));
-    buf_.erase(0, length);
+    if (answer_limited_) {
+      cut(buf_);
+    } else {
+      deliver(std::string_view(buf_).substr(0, length));
+      buf_.erase(0, length);
+    }
   } else {
     while (true) {
       TAU_ASSIGN_OR_RETURN(size_t n, Fill());
       if (n == 0) break;
     }
+    resp.truncated = answer_limited_;
     deliver(buf_);
     buf_.clear();
     keep_alive = false;

@@ -48,6 +48,20 @@ struct Response {
   int status = 0;
   std::map<std::string, std::string> headers;  // lowercase names
   std::string body;
+  bool truncated = false;  // the body was cut at Limits::max_response_bytes; the rest is unread
+};
+
+// Bounds on a connection to a peer that is not trusted to answer well (a webhook's receiver), so
+// that a slow or hostile one costs at most this time and this memory. Zero: no bound.
+struct Limits {
+  // Everything from Open on (connecting, TLS, sending each request, reading its answer) ends
+  // within this many ms in all, however the peer trickles; past it a wait fails (kUnavailable).
+  // Name resolution is not counted: getaddrinfo has its resolver's own timeouts.
+  int64_t deadline_ms = 0;
+  // The most bytes of one answer read off the connection, head and body. A longer head is an
+  // error (kResourceExhausted); a longer body is cut there (Response::truncated) and the
+  // connection closed, its rest never read.
+  size_t max_response_bytes = 0;
 };
 
 class Connection {
@@ -56,6 +70,9 @@ class Connection {
   // `tls` applies to https:// endpoints only.
   static Result<std::unique_ptr<Connection>> Open(const Endpoint& endpoint, const TlsOptions& tls,
                                                   int timeout_ms = 5000);
+  // `timeout_ms` bounds each wait as above; `limits` the connection's whole life and its answers.
+  static Result<std::unique_ptr<Connection>> Open(const Endpoint& endpoint, const TlsOptions& tls,
+                                                  const Limits& limits, int timeout_ms = 5000);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -77,7 +94,11 @@ class Connection {
   void set_bearer_token(std::string token) { bearer_token_ = std::move(token); }
 
  private:
-  Connection(Endpoint endpoint, int timeout_ms);
+  Connection(Endpoint endpoint, int timeout_ms, const Limits& limits);
+  // How long the next wait may be: timeout_ms_ capped by what is left of the deadline; -1:
+  // forever; 0: the deadline has passed.
+  int WaitMs() const;
+  Status TimedOut() const;  // a wait ran out: why, naming the deadline or the per-wait timeout
   Status Reconnect();
   void Close();
   Status SendAll(std::string_view data);
@@ -90,6 +111,10 @@ class Connection {
   Endpoint endpoint_;
   int fd_ = -1;
   int timeout_ms_;
+  const Limits limits_;
+  int64_t deadline_ = 0;         // monotonic ms that limits_.deadline_ms ends at; 0: none
+  size_t answer_bytes_ = 0;      // bytes of the answer being read, counted against the limit
+  bool answer_limited_ = false;  // Fill stopped at limits_.max_response_bytes
   std::string bearer_token_;
   std::unique_ptr<tls::ClientContext> tls_context_;  // set for https:// endpoints
   std::unique_ptr<tls::Session> tls_;                // the session on fd_, when connected

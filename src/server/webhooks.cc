@@ -50,6 +50,13 @@ Result<Target> ParseTarget(const std::string& url) {
   return t;
 }
 
+// What one try at a time is allowed per: the receiver's scheme, host and port. Several URLs on
+// one slow host then hold one sender, not all of them.
+std::string ReceiverOf(const std::string& url) {
+  auto target = ParseTarget(url);
+  return target.ok() ? target->endpoint.ToString() : url;
+}
+
 // A string field of a run's webhook (its canonical spec's), "" when it is not one.
 std::string JsonString(const nlohmann::json& hook, const char* key) {
   if (!hook.is_object()) return "";
@@ -87,8 +94,15 @@ void Webhooks::Stop() {
     MutexLock lock(&mu_);
     stop_ = true;
     cv_.SignalAll();
+    jobs_cv_.SignalAll();
   }
   if (thread_.joinable()) thread_.join();
+  std::vector<std::thread> senders;
+  {
+    MutexLock lock(&mu_);
+    senders.swap(senders_);  // the router, which starts them, has ended
+  }
+  for (std::thread& t : senders) t.join();
 }
 
 std::string Webhooks::KindOf(const std::string& type) {
@@ -122,13 +136,20 @@ std::string Webhooks::Signature(const std::string& secret, int64_t seconds,
 }
 
 void Webhooks::Work() {
+  int64_t next_route = 0;
   while (true) {
-    Route();
-    Deliver();
+    if (MonotonicMillis() >= next_route) {
+      Route();
+      next_route = MonotonicMillis() + options_.poll_ms;
+    }
+    Dispatch();
     MutexLock lock(&mu_);
-    if (cv_.WaitFor(&mu_, std::chrono::milliseconds(options_.poll_ms),
-                    [&]() TAU_REQUIRES(mu_) { return stop_; }))
-      return;
+    // Woken early when a delivery leaves the outbox: the next of its URL goes at once.
+    const int64_t wait = std::max<int64_t>(0, next_route - MonotonicMillis());
+    cv_.WaitFor(&mu_, std::chrono::milliseconds(wait),
+                [&]() TAU_REQUIRES(mu_) { return stop_ || settled_; });
+    if (stop_) return;
+    settled_ = false;
   }
 }
 
@@ -202,66 +223,89 @@ void Webhooks::Route() {
   }
 }
 
-void Webhooks::Deliver() {
-  std::map<std::string, std::map<std::string, std::string>> secrets;  // workspace -> values
-  // Each round sends the head of every URL that is due; a URL whose head was taken may have its
-  // next one due at once, so rounds go on until nothing is (or a stop).
-  for (int round = 0; round < 100; ++round) {
+void Webhooks::Dispatch() {
+  // The store is read under mu_: a sender clears its receiver's mark only after the store has its
+  // try's outcome, so a head read here while its receiver is free is never one already tried.
+  MutexLock lock(&mu_);
+  if (stop_) return;
+  auto due = store_->DueDeliveries(clock_->NowMillis());
+  if (!due.ok()) return;
+  for (store::Delivery& d : *due) {
+    std::string receiver = ReceiverOf(d.url);
+    if (!busy_.insert(receiver).second) continue;  // its try in flight; this URL's turn comes
+    jobs_.push_back({std::move(d), std::move(receiver)});
+    if (idle_senders_ < jobs_.size() && senders_.size() < std::max<size_t>(1, options_.max_senders))
+      senders_.emplace_back([this] { Send(); });
+    jobs_cv_.Signal();
+  }
+}
+
+void Webhooks::Send() {
+  while (true) {
+    Job job;
     {
       MutexLock lock(&mu_);
+      ++idle_senders_;
+      jobs_cv_.Wait(&mu_, [&]() TAU_REQUIRES(mu_) { return stop_ || !jobs_.empty(); });
+      --idle_senders_;
       if (stop_) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
     }
-    auto due = store_->DueDeliveries(clock_->NowMillis());
-    if (!due.ok() || due->empty()) return;
-    bool any_sent = false;
-    for (const store::Delivery& d : *due) {
-      const int64_t now = clock_->NowMillis();
-      if (now - d.created_ms > options_.give_up_after_ms) {
-        std::fprintf(
-            stderr, "tau server: webhooks: gave up on event %lld for %s after %d tries: %s\n",
-            static_cast<long long>(d.event_id), d.url.c_str(), d.attempts, d.last_error.c_str());
-        (void)store_->DeleteDelivery(d.id);
-        metrics_->Count("tau_webhook_deliveries_total",
-                        {{"workspace", d.workspace}, {"result", "dropped"}});
-        any_sent = true;
-        continue;
-      }
-      if (!secrets.count(d.workspace)) {
-        auto values = store_->SecretValues(d.workspace);
-        secrets[d.workspace] = values.ok() ? *values : std::map<std::string, std::string>();
-      }
-      const auto& values = secrets[d.workspace];
-      auto secret = values.find(d.secret);
-      std::string error =
-          secret == values.end()
-              ? fmt::format("the secret '{}' is not set in workspace '{}' (tau secret set)",
-                            d.secret, d.workspace)
-              : Post(d, secret->second);
-      if (error.empty()) {
-        (void)store_->DeleteDelivery(d.id);
-        metrics_->Count("tau_webhook_deliveries_total",
-                        {{"workspace", d.workspace}, {"result", "delivered"}});
-        any_sent = true;
-        continue;
-      }
-      const int attempts = d.attempts + 1;
-      const int64_t backoff = std::min(options_.backoff_max_ms,
-                                       options_.backoff_initial_ms << std::min(attempts - 1, 20));
-      if (d.attempts == 0)  // said once per delivery; the rest are counted
-        std::fprintf(stderr, "tau server: webhooks: %s: %s (trying again)\n", d.url.c_str(),
-                     error.c_str());
-      (void)store_->PostponeDelivery(d.id, attempts, clock_->NowMillis() + backoff, error);
-      metrics_->Count("tau_webhook_deliveries_total",
-                      {{"workspace", d.workspace}, {"result", "failed"}});
+    const bool left = Try(job.delivery);
+    MutexLock lock(&mu_);
+    busy_.erase(job.receiver);
+    if (left) {
+      settled_ = true;
+      cv_.SignalAll();
     }
-    if (!any_sent) return;
   }
+}
+
+bool Webhooks::Try(const store::Delivery& d) {
+  if (clock_->NowMillis() - d.created_ms > options_.give_up_after_ms) {
+    std::fprintf(stderr, "tau server: webhooks: gave up on event %lld for %s after %d tries: %s\n",
+                 static_cast<long long>(d.event_id), d.url.c_str(), d.attempts,
+                 d.last_error.c_str());
+    (void)store_->DeleteDelivery(d.id);
+    metrics_->Count("tau_webhook_deliveries_total",
+                    {{"workspace", d.workspace}, {"result", "dropped"}});
+    return true;
+  }
+  auto values = store_->SecretValues(d.workspace);
+  const std::string* secret = nullptr;
+  if (values.ok())
+    if (auto it = values->find(d.secret); it != values->end()) secret = &it->second;
+  std::string error =
+      secret ? Post(d, *secret)
+             : fmt::format("the secret '{}' is not set in workspace '{}' (tau secret set)",
+                           d.secret, d.workspace);
+  if (error.empty()) {
+    (void)store_->DeleteDelivery(d.id);
+    metrics_->Count("tau_webhook_deliveries_total",
+                    {{"workspace", d.workspace}, {"result", "delivered"}});
+    return true;
+  }
+  const int attempts = d.attempts + 1;
+  const int64_t backoff =
+      std::min(options_.backoff_max_ms, options_.backoff_initial_ms << std::min(attempts - 1, 20));
+  if (d.attempts == 0)  // said once per delivery; the rest are counted
+    std::fprintf(stderr, "tau server: webhooks: %s: %s (trying again)\n", d.url.c_str(),
+                 error.c_str());
+  (void)store_->PostponeDelivery(d.id, attempts, clock_->NowMillis() + backoff, error);
+  metrics_->Count("tau_webhook_deliveries_total",
+                  {{"workspace", d.workspace}, {"result", "failed"}});
+  return false;
 }
 
 std::string Webhooks::Post(const store::Delivery& d, const std::string& secret) {
   auto target = ParseTarget(d.url);
   if (!target.ok()) return target.status().message();
-  auto conn = client::Connection::Open(target->endpoint, client::TlsOptions{},
+  // The whole try within timeout_ms, and a few KiB of the answer at most: only its status counts.
+  client::Limits limits;
+  limits.deadline_ms = options_.timeout_ms;
+  limits.max_response_bytes = options_.max_answer_bytes;
+  auto conn = client::Connection::Open(target->endpoint, client::TlsOptions{}, limits,
                                        static_cast<int>(options_.timeout_ms));
   if (!conn.ok()) return conn.status().message();
   const int64_t seconds = clock_->NowMillis() / 1000;

@@ -11,6 +11,7 @@ import os
 import tempfile
 import threading
 import time
+from datetime import datetime
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -232,6 +233,196 @@ class RunWebhookTest(ServerTestCase):
         self.assertEqual(spec["policy"]["webhooks"],
                          [{"url": f"http://127.0.0.1:{own_port}/mine", "secret": "run-key",
                            "events": ["state"]}])
+
+
+# Two workspaces, each with its own receiver (state events).
+TWO_PLATFORM = PLATFORM.replace("""defaults:""", """  - name: audio
+    members: ["{USER}"]
+    default_queue: main
+    webhooks:
+      - url: http://127.0.0.1:{audio_port}/hooks/audio
+        secret: hook-key
+        events: [state]
+defaults:""".replace("{USER}", USER))
+
+LIFE = ["Submitted", "Queued", "Admitted", "Running", "Succeeded"]
+HUGE = 256 << 20  # the body a hostile receiver answers with
+
+
+class HostileReceiver:
+    """A receiver that answers each try by `answer(handler, try)` (the raw bytes of its answer
+    written to handler.wfile; `try` a dict it may add to). Every try is in `tries`: the delivery's
+    id and event type, when it began and ended, what was answered and how many bytes went out."""
+
+    def __init__(self, port, answer):
+        self.tries = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                event = json.loads(body)
+                got = {"id": self.headers["X-Tau-Delivery"], "type": event["type"],
+                       "time": event["time"], "wall": time.time(), "begin": time.monotonic(),
+                       "end": None, "sent": 0}
+                with receiver.lock:
+                    receiver.tries.append(got)
+                try:
+                    answer(receiver, self, got)
+                except OSError:  # the server went away: what the test measures
+                    pass
+                got["end"] = time.monotonic()
+
+            def send(self, got, data):
+                self.wfile.write(data)
+                got["sent"] += len(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def snapshot(self):
+        with self.lock:
+            return [dict(t) for t in self.tries]
+
+    def close(self):
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def answer_huge(receiver, handler, got):
+    """503 for the first try of all, 200 for the rest, each with a HUGE body streamed until the
+    server stops reading it."""
+    with receiver.lock:
+        got["status"] = 503 if len(receiver.tries) == 1 else 200
+    handler.send(got, f"HTTP/1.1 {got['status']} X\r\nContent-Length: {HUGE}\r\n\r\n".encode())
+    mib = bytes(1 << 20)
+    while got["sent"] < HUGE and not receiver.stop.is_set():
+        handler.send(got, mib)
+
+
+def answer_trickle(receiver, handler, got):
+    """A status line, then a header one byte a second for up to a minute: every byte comes well
+    within a read timeout, the answer never ends."""
+    handler.send(got, b"HTTP/1.1 200 OK\r\nX-Slow: ")
+    for _ in range(60):
+        if receiver.stop.wait(1):
+            return
+        handler.send(got, b"z")
+
+
+def answer_ok(receiver, handler, got):
+    got["status"] = 204
+    handler.send(got, b"HTTP/1.1 204 No Content\r\n\r\n")
+
+
+def peak_rss_kib(pid):
+    """The process's peak resident set (VmHWM): what a big answer read and freed again leaves."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def metric(server, workspace, result):
+    for line in server.tau_http("/metrics").splitlines():
+        if (line.startswith("tau_webhook_deliveries_total{") and f'workspace="{workspace}"' in line
+                and f'result="{result}"' in line):
+            return float(line.split()[-1])
+    return 0.0
+
+
+class HostileReceiverTest(ServerTestCase):
+    """Receivers are not trusted (issue #47): one that answers with hundreds of MiB costs the
+    server a few KiB of reading, and one that trickles its answer holds up neither the other
+    workspaces' receivers nor its own sender past the try's 5 s."""
+
+    def setUp(self):
+        super().setUp()
+        self.vision_port, self.audio_port = free_port(), free_port()
+        p = self.apply_platform(TWO_PLATFORM.replace("{port}", str(self.vision_port))
+                                .replace("{audio_port}", str(self.audio_port)))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        for workspace in ("vision", "audio"):
+            self.server.tau("secret", "set", workspace, "hook-key", input=SECRET, check=0)
+
+    def receiver(self, port, answer):
+        r = HostileReceiver(port, answer)
+        self.addCleanup(r.close)
+        return r
+
+    def test_a_huge_answer_costs_the_server_nothing_and_its_status_still_counts(self):
+        files = {"main.py": "print('ok', flush=True)\n"}
+        # A first run's life to an ordinary receiver: the server's peak with deliveries made.
+        audio = self.receiver(self.audio_port, answer_ok)
+        name = self.submit(run_spec("warm") + "policy:\n  workspace: audio\n", files)
+        self.server.wait_state(name, "Succeeded", timeout=30)
+        wait_for(lambda: [t["type"] for t in audio.snapshot()] == LIFE, timeout=30,
+                 what=f"the first run's life (got {audio.snapshot()})")
+        before = peak_rss_kib(self.server.proc.pid)
+
+        huge = self.receiver(self.vision_port, answer_huge)
+        name = self.submit(run_spec("flooded"), files)
+        self.server.wait_state(name, "Succeeded", timeout=30)
+
+        def taken():
+            return [t["type"] for t in huge.snapshot() if t.get("status") == 200]
+        wait_for(lambda: taken() == LIFE, timeout=60, what=f"the run's life (got {taken()})")
+        time.sleep(1.5)  # past the 1 s backoff: a delivery taken is not tried again
+        tries = huge.snapshot()
+        grown = peak_rss_kib(self.server.proc.pid) - before
+        print(f"\n{len(tries)} answers of {HUGE >> 20} MiB; the server's peak RSS grew "
+              f"{grown} KiB; the receiver got out at most {max(t['sent'] for t in tries)} bytes "
+              "of one")
+        # The 503 was a failed try (tried again), each 200 took its delivery (tried no more).
+        self.assertEqual(tries[0]["status"], 503)
+        self.assertEqual([t["type"] for t in tries], [tries[0]["type"]] + LIFE)
+        self.assertEqual(tries[1]["id"], tries[0]["id"])
+        # Each answer was cut short: the server stopped reading it (what the kernel's buffers
+        # took is all the receiver got out), and held none of it.
+        self.assertLess(grown, 8 << 10)
+        for t in tries:
+            self.assertLess(t["sent"], 64 << 20, t)
+        self.assertEqual(metric(self.server, "vision", "failed"), 1)
+        self.assertEqual(metric(self.server, "vision", "delivered"), 5)
+
+    def test_a_trickling_receiver_holds_up_only_its_own_queue_and_only_for_the_deadline(self):
+        files = {"main.py": "print('ok', flush=True)\n"}
+        slow = self.receiver(self.vision_port, answer_trickle)
+        audio = self.receiver(self.audio_port, answer_ok)
+        self.submit(run_spec("trickled"), files)
+        wait_for(lambda: slow.snapshot(), timeout=30, what="a first try at the slow receiver")
+
+        # Another workspace's events, while the slow receiver trickles: each reaches its
+        # receiver within moments of the event (the poll is 250 ms), none waits behind it.
+        name = self.submit(run_spec("other") + "policy:\n  workspace: audio\n", files)
+        self.server.wait_state(name, "Succeeded", timeout=30)
+        wait_for(lambda: [t["type"] for t in audio.snapshot()] == LIFE, timeout=20,
+                 what=f"the other workspace's life (got {audio.snapshot()})")
+        for t in audio.snapshot():
+            lag = t["wall"] - datetime.fromisoformat(t["time"].replace("Z", "+00:00")).timestamp()
+            self.assertLess(lag, 3.0, t)
+
+        # The slow receiver's try ended at the 5 s deadline though bytes kept coming, and was
+        # a failed try, tried again.
+        wait_for(lambda: len([t for t in slow.snapshot() if t["end"]]) >= 1, timeout=20,
+                 what="the server to give up on the slow receiver's first try")
+        first = slow.snapshot()[0]
+        took = first["end"] - first["begin"]
+        print(f"\nthe trickling try was cut after {took:.2f} s ({first['sent']} bytes)")
+        self.assertGreater(took, 4.0)
+        self.assertLess(took, 10.0)  # it would trickle for 60 s
+        wait_for(lambda: len(slow.snapshot()) >= 2, timeout=20, what="a second try")
+        self.assertEqual(slow.snapshot()[1]["id"], first["id"])
+        self.assertGreaterEqual(metric(self.server, "vision", "failed"), 1)
+        self.assertEqual(metric(self.server, "vision", "delivered"), 0)
 
 
 if __name__ == "__main__":
