@@ -195,7 +195,8 @@ std::vector<std::string> MissingBlobs(const std::string& snapshots_root,
   return {missing.begin(), missing.end()};
 }
 
-int RemoveUnreferencedBlobs(const std::string& blobs_root, int64_t min_age_s) {
+int RemoveUnreferencedBlobs(const std::string& blobs_root, int64_t min_age_s,
+                            std::vector<std::string>* removed_names) {
   int removed = 0;
   const int64_t now = static_cast<int64_t>(::time(nullptr));
   std::error_code ec;
@@ -207,7 +208,9 @@ int RemoveUnreferencedBlobs(const std::string& blobs_root, int64_t min_age_s) {
     const bool temporary = entry.path().filename().string().find(".tmp.") != std::string::npos;
     if (!S_ISREG(st.st_mode) || (st.st_nlink != 1 && !temporary)) continue;
     if (now - static_cast<int64_t>(st.st_mtime) < min_age_s) continue;
-    if (::unlink(entry.path().c_str()) == 0) ++removed;
+    if (::unlink(entry.path().c_str()) != 0) continue;
+    ++removed;
+    if (removed_names && !temporary) removed_names->push_back(entry.path().filename().string());
   }
   return removed;
 }

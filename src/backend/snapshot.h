@@ -49,8 +49,10 @@ Result<bool> StoreBlob(const std::string& blobs_root, const std::string& sha256,
 // stored already (then nothing needs uploading).
 std::vector<std::string> MissingBlobs(const std::string& snapshots_root,
                                       const std::string& blobs_root, const Manifest& manifest);
-// Removes the blobs no snapshot links to that are older than `min_age_s`; returns how many.
-int RemoveUnreferencedBlobs(const std::string& blobs_root, int64_t min_age_s);
+// Removes the blobs no snapshot links to that are older than `min_age_s`; returns how many, and
+// adds the digests of those removed to `removed` when it is given.
+int RemoveUnreferencedBlobs(const std::string& blobs_root, int64_t min_age_s,
+                            std::vector<std::string>* removed = nullptr);
 
 // Assembles the snapshot of `manifest` from the blob store (a file is a hard link to its blob, or
 // a read-only copy of it when its mode differs), unless it is stored already. FailedPrecondition

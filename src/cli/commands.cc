@@ -725,6 +725,18 @@ void RegisterServerCommand(CLI::App* app, Context* ctx) {
                    "Milliseconds of the window of --audit-refusals-per-minute")
       ->check(CLI::Range(1000, 3'600'000))
       ->capture_default_str();
+  server
+      ->add_option("--max-unreferenced-blob-bytes", sopts.max_unreferenced_blob_bytes,
+                   "Bytes of code one identity may have uploaded that no run uses yet; an upload "
+                   "past it is refused (413) until a run uses that code")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50))
+      ->capture_default_str();
+  server
+      ->add_option("--max-tokens-per-user", sopts.max_tokens_per_user,
+                   "Live (unrevoked, unexpired) API tokens one user may hold; one more is "
+                   "refused (429)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
   server->add_option("--retain-logs", a->retain_logs,
                      "Delete ended runs' logs after this long (e.g. 30d; default: keep); the "
                      "evidence record keeps their hashes");

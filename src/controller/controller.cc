@@ -161,25 +161,105 @@ Status Controller::InsertWithUniqueName(
   return inserted;
 }
 
-Result<Controller::CodeCheck> Controller::CheckCode(std::vector<CodeManifestEntry> manifest) {
-  if (options_.metrics) options_.metrics->Count("tau_code_missing_checks_total", {});
-  TAU_ASSIGN_OR_RETURN(Manifest checked, CheckManifest(std::move(manifest)));
-  const std::string snapshots = layout::SnapshotsDir(options_.home);
-  CodeCheck out;
-  out.digest = checked.digest;
-  out.stored = PathExists(snapshots + "/" + checked.digest);
-  out.missing = MissingBlobs(snapshots, layout::BlobsDir(options_.home), checked);
+Result<std::vector<std::string>> Controller::BlobsToUpload(const Manifest& manifest,
+                                                           const std::string& user,
+                                                           const ReadableWorkspaces& readable) {
+  const bool stored = PathExists(layout::SnapshotsDir(options_.home) + "/" + manifest.digest);
+  // The code of a run the caller may read, whole: theirs to run again (blobs from before the
+  // store knew who uploaded what are usable this way too).
+  if (stored) {
+    TAU_ASSIGN_OR_RETURN(bool used, store_->SnapshotUsedIn(manifest.digest, readable));
+    if (used) return std::vector<std::string>();
+  }
+  std::set<std::string> distinct;
+  for (const CodeManifestEntry& f : manifest.files) distinct.insert(f.sha256);
+  std::vector<std::string> blobs(distinct.begin(), distinct.end());
+  TAU_ASSIGN_OR_RETURN(std::set<std::string> usable, store_->UsableBlobs(user, readable, blobs));
+  // A blob the caller may not name is missing to them, exactly as one nobody stored: the answer
+  // says nothing of what others uploaded. Sending its bytes proves they have it.
+  const std::string blobs_root = layout::BlobsDir(options_.home);
+  std::vector<std::string> out;
+  for (const std::string& blob : blobs)
+    if (!usable.count(blob) || (!stored && !PathExists(blobs_root + "/" + blob)))
+      out.push_back(blob);
   return out;
 }
 
-Result<bool> Controller::StoreCodeBlob(const std::string& sha256, std::string_view data) {
-  TAU_ASSIGN_OR_RETURN(bool added, StoreBlob(layout::BlobsDir(options_.home), sha256, data));
-  if (added && options_.metrics) {
+Result<Snapshot> Controller::StoreManifest(const Manifest& manifest, const std::string& user,
+                                           const ReadableWorkspaces& readable,
+                                           std::vector<std::string>* missing) {
+  TAU_ASSIGN_OR_RETURN(*missing, BlobsToUpload(manifest, user, readable));
+  if (!missing->empty())
+    return FailedPrecondition(fmt::format(
+        "{} of the code's {} files are not stored on this server for you (blobs the reply's "
+        "'missing' lists; a manifest names only blobs you uploaded or that a run you may read "
+        "uses); upload them (PUT /api/v1/blobs/SHA256, each file's bytes) and submit again",
+        missing->size(), manifest.files.size()));
+  return StoreSnapshot(layout::SnapshotsDir(options_.home), layout::BlobsDir(options_.home),
+                       manifest);
+}
+
+// Recorded once a run uses the snapshot, after its insert: the runs' transaction stays one, and a
+// refused submission writes nothing. A lost record costs a blob only its whole-snapshot readers
+// and the uploader's quota until the next run of the snapshot records it again.
+Status Controller::RecordSnapshot(const Snapshot& snapshot) {
+  std::set<std::string> blobs;
+  for (const nlohmann::json& f : snapshot.files)
+    if (f.contains("sha256") && f["sha256"].is_string())
+      blobs.insert(f["sha256"].get<std::string>());
+  return store_->AddSnapshotBlobs(snapshot.digest, {blobs.begin(), blobs.end()});
+}
+
+Result<Controller::CodeCheck> Controller::CheckCode(std::vector<CodeManifestEntry> manifest,
+                                                    const std::string& user,
+                                                    const ReadableWorkspaces& readable) {
+  if (options_.metrics) options_.metrics->Count("tau_code_missing_checks_total", {});
+  TAU_ASSIGN_OR_RETURN(Manifest checked, CheckManifest(std::move(manifest)));
+  CodeCheck out;
+  out.digest = checked.digest;
+  TAU_ASSIGN_OR_RETURN(out.missing, BlobsToUpload(checked, user, readable));
+  out.stored =
+      out.missing.empty() && PathExists(layout::SnapshotsDir(options_.home) + "/" + checked.digest);
+  return out;
+}
+
+Result<bool> Controller::StoreCodeBlob(const std::string& user, const std::string& sha256,
+                                       std::string_view data) {
+  if (!IsSha256Hex(sha256)) return StoreBlob(layout::BlobsDir(options_.home), sha256, data);
+  const int64_t size = static_cast<int64_t>(data.size());
+  TAU_ASSIGN_OR_RETURN(bool owned, store_->OwnsBlob(user, sha256));
+  if (!owned) {
+    // What this user uploaded that no run uses yet, and what they are uploading now, stays within
+    // the quota: uploads alone cannot fill the server's disk.
+    MutexLock lock(&blob_mu_);
+    TAU_ASSIGN_OR_RETURN(int64_t unreferenced, store_->UnreferencedBlobBytes(user));
+    auto in_flight = blob_bytes_in_flight_.find(user);
+    const int64_t held =
+        unreferenced + (in_flight == blob_bytes_in_flight_.end() ? 0 : in_flight->second);
+    if (held + size > options_.max_unreferenced_blob_bytes)
+      return ResourceExhausted(fmt::format(
+          "user '{}' has uploaded {} bytes of code that no run uses yet; this blob of {} bytes "
+          "would pass the limit of {} bytes (tau server --max-unreferenced-blob-bytes): submit "
+          "the runs that use the code uploaded so far, then upload the rest (an upload that no "
+          "submission took is removed after a day)",
+          user, held, size, options_.max_unreferenced_blob_bytes));
+    blob_bytes_in_flight_[user] += size;
+  }
+  auto added = StoreBlob(layout::BlobsDir(options_.home), sha256, data);
+  Status recorded = added.ok() ? store_->AddBlobOwner(user, sha256, size, Now()) : added.status();
+  if (!owned) {
+    MutexLock lock(&blob_mu_);
+    if ((blob_bytes_in_flight_[user] -= size) == 0) blob_bytes_in_flight_.erase(user);
+  }
+  TAU_RETURN_IF_ERROR(recorded);
+  if (*added && options_.metrics) {
     options_.metrics->Count("tau_code_blobs_uploaded_total", {});
     options_.metrics->Count("tau_code_blob_bytes_uploaded_total", {},
                             static_cast<double>(data.size()));
   }
-  return added;
+  // New to this caller or not, not to the server: a 200 would tell whoever holds some bytes that
+  // someone else uploaded them.
+  return !owned;
 }
 
 Result<Controller::PreparedRun> Controller::PrepareRun(
@@ -284,16 +364,17 @@ void Controller::Accepted(const RunRecord& r, spec::RunSpec spec) {
 Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* error) {
   const std::string snapshots = layout::SnapshotsDir(options_.home);
   const std::string blobs = layout::BlobsDir(options_.home);
+  std::optional<Snapshot> made;  // recorded once the run is inserted
   auto snapshot = [&]() -> Result<Snapshot> {
-    if (!request.manifest) return StoreSnapshot(snapshots, blobs, std::move(request.code));
-    TAU_ASSIGN_OR_RETURN(Manifest manifest, CheckManifest(std::move(*request.manifest)));
-    error->missing_blobs = MissingBlobs(snapshots, blobs, manifest);
-    if (!error->missing_blobs.empty())
-      return FailedPrecondition(fmt::format(
-          "{} of the code's {} files are not stored on this server (blobs the reply's 'missing' "
-          "lists); upload them (PUT /api/v1/blobs/SHA256, each file's bytes) and submit again",
-          error->missing_blobs.size(), manifest.files.size()));
-    return StoreSnapshot(snapshots, blobs, manifest);
+    Result<Snapshot> stored = !request.manifest
+                                  ? StoreSnapshot(snapshots, blobs, std::move(request.code))
+                                  : [&]() -> Result<Snapshot> {
+      TAU_ASSIGN_OR_RETURN(Manifest manifest, CheckManifest(std::move(*request.manifest)));
+      return StoreManifest(manifest, request.caller.user, request.readable_workspaces,
+                           &error->missing_blobs);
+    }();
+    if (stored.ok()) made = *stored;
+    return stored;
   };
   TAU_ASSIGN_OR_RETURN(PreparedRun prepared,
                        PrepareRun(request.spec_yaml, request.spec_file, request.spec_overrides,
@@ -339,6 +420,10 @@ Result<SubmitOutcome> Controller::Submit(SubmitRequest request, SubmitError* err
     error->status = inserted;
     return inserted;
   }
+  if (made)
+    if (Status s = RecordSnapshot(*made); !s.ok())
+      std::fprintf(stderr, "tau server: recording the blobs of snapshot %s: %s\n",
+                   made->digest.c_str(), s.ToString().c_str());
   Accepted(r, std::move(prepared.spec));
   return SubmitOutcome{std::move(r), false};
 }
@@ -459,7 +544,9 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
           s = StoreSnapshot(snapshots, blobs, std::move(code.files));
         } else {
           auto manifest = CheckManifest(std::move(*code.manifest));
-          s = manifest.ok() ? StoreSnapshot(snapshots, blobs, *manifest)
+          std::vector<std::string> missing;
+          s = manifest.ok() ? StoreManifest(*manifest, request.caller.user,
+                                            request.readable_workspaces, &missing)
                             : Result<Snapshot>(manifest.status());
         }
       }
@@ -574,6 +661,11 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
     inserted = insert();
   }
   if (!inserted.ok()) return refuse(inserted);
+  for (const std::optional<Result<Snapshot>>& s : stored)
+    if (s && s->ok())
+      if (Status recorded = RecordSnapshot(**s); !recorded.ok())
+        std::fprintf(stderr, "tau server: recording the blobs of snapshot %s: %s\n",
+                     (*s)->digest.c_str(), recorded.ToString().c_str());
   // Handed to the loop as Accepted hands one run, but each distinct submission is loaded once: its
   // runs' views differ only in what Load takes from the record itself (its name and sequence).
   std::vector<std::optional<ActiveRun>> views(distinct.size());

@@ -65,7 +65,15 @@ struct ControllerOptions {
   // False: Start starts no decision thread, and the caller drives the loop with RunOnce (tests
   // that must not sleep).
   bool loop_thread = true;
+  // The bytes of code blobs one identity may have uploaded that no run uses yet (docs/security.md,
+  // "Code blobs"), and the live API tokens one user may hold.
+  int64_t max_unreferenced_blob_bytes = int64_t{1} << 30;
+  int64_t max_tokens_per_user = 100;
 };
+
+// The workspaces whose runs a caller may read (nullopt: every one): a manifest may name the blobs
+// of those runs' code as well as the blobs the caller uploaded.
+using ReadableWorkspaces = std::optional<std::vector<std::string>>;
 
 struct SubmitRequest {
   std::string spec_file;  // for messages
@@ -80,6 +88,8 @@ struct SubmitRequest {
   // The client's idempotency key ("" for none): a submission by the same user with a key already
   // used is the run that key made (the same spec and code), not a new one.
   std::string idempotency_key;
+  // Whose runs' code a manifest may name besides the blobs `caller` uploaded; none unless set.
+  ReadableWorkspaces readable_workspaces = std::vector<std::string>();
 };
 
 // A submission that was refused: the diagnostics (spec errors) or a single message.
@@ -133,6 +143,7 @@ struct BatchRequest {
   // For the whole batch: run i is recorded with the key "KEY/i" (a client's key never holds a
   // '/'), so a batch sent again gets its runs back, and a single submission's key is another.
   std::string idempotency_key;
+  ReadableWorkspaces readable_workspaces = std::vector<std::string>();  // as SubmitRequest's
 };
 // A batch that was refused: `index` is the item at fault (none: the batch as a whole).
 struct BatchError {
@@ -199,15 +210,21 @@ class Controller : private RunHost {
   // transaction, or none when one is refused (`error` names it).
   Result<BatchOutcome> SubmitBatch(BatchRequest request, BatchError* error);
   // Code upload (POST /api/v1/code/missing, PUT /api/v1/blobs/SHA256): the digest of a manifest's
-  // snapshot and the blobs of it the server lacks (none when the snapshot is stored); a blob
-  // checked against its digest and stored (true when it was new).
+  // snapshot and the blobs of it `user` must upload: those the server lacks and those that are
+  // not theirs to name (neither uploaded by them nor used by a run of `readable`), told apart
+  // from nothing, so that no caller learns what others stored. A blob checked against its digest
+  // and stored for `user` (true when it was not theirs before, whoever else had it), within their
+  // quota of bytes that no run uses yet.
   struct CodeCheck {
     std::string digest;
-    bool stored = false;
+    bool stored = false;  // the snapshot is stored and `user` may use it: nothing to upload
     std::vector<std::string> missing;
   };
-  Result<CodeCheck> CheckCode(std::vector<CodeManifestEntry> manifest);
-  Result<bool> StoreCodeBlob(const std::string& sha256, std::string_view data);
+  Result<CodeCheck> CheckCode(std::vector<CodeManifestEntry> manifest, const std::string& user,
+                              const ReadableWorkspaces& readable);
+  Result<bool> StoreCodeBlob(const std::string& user, const std::string& sha256,
+                             std::string_view data);
+  int64_t MaxTokensPerUser() const { return options_.max_tokens_per_user; }
   Status Cancel(const std::string& name);
   // A new run from a finished run's recorded spec (with its --set overrides) and code snapshot.
   // `warning` is set when the recorded spec no longer gives the recorded config hash (tau changed
@@ -219,8 +236,10 @@ class Controller : private RunHost {
                                  const policy::Caller* caller = nullptr, bool token_user = false,
                                  SubmitError* error = nullptr);
   // Services (service.cc). The snapshot of a service's code, stored once at deploy.
+  // A manifest names only blobs `user` may use (CheckCode).
   Result<Snapshot> StoreCode(std::vector<CodeFile> files,
-                             std::optional<std::vector<CodeManifestEntry>> manifest);
+                             std::optional<std::vector<CodeManifestEntry>> manifest,
+                             const std::string& user, const ReadableWorkspaces& readable);
   // A replica: the service's spec checked and resolved as a submission is, recorded with its place
   // (RunRecord::service) and queued; with a from_run it waits for that run to end and serves its
   // model (the upstream stage kModelStage).
@@ -431,6 +450,15 @@ class Controller : private RunHost {
   void Loop();
   // One pass of the loop over what the inbox gave it.
   void Pass(InboxTake take);
+  // Of `manifest`'s blobs, those `user` must upload before it can be stored (CheckCode).
+  Result<std::vector<std::string>> BlobsToUpload(const Manifest& manifest, const std::string& user,
+                                                 const ReadableWorkspaces& readable);
+  // `manifest` stored as a snapshot, when `user` may name every blob of it.
+  Result<Snapshot> StoreManifest(const Manifest& manifest, const std::string& user,
+                                 const ReadableWorkspaces& readable,
+                                 std::vector<std::string>* missing);
+  // Records which blobs a stored snapshot is made of (once per snapshot).
+  Status RecordSnapshot(const Snapshot& snapshot);
   // Inserts `r` as "<base>-<random hex>", drawing again while the name is taken.
   Status InsertWithUniqueName(
       store::RunRecord* r, const std::string& base,
@@ -548,6 +576,9 @@ class Controller : private RunHost {
   // Held across a keyed submission's lookup and insert, so that two submissions with one key make
   // one run.
   Mutex submit_mu_;
+  // Uploads under way, by uploader: their bytes count against the quota until they are recorded.
+  Mutex blob_mu_;
+  std::map<std::string, int64_t> blob_bytes_in_flight_ TAU_GUARDED_BY(blob_mu_);
   bool stopping_ TAU_GUARDED_BY(mu_) = false;
   // The budgets as last checked, and what was held then: for the API (Budgets, Usage) and the
   // submission check.

@@ -1075,7 +1075,7 @@ TEST_F(ControllerTest, AServiceReplicaIsARunThatRestartsOnEveryFailureAndIsStopp
   EXPECT_FALSE(controller_->Submit(as_run, &refused).ok());
   EXPECT_NE(refused.status.message().find("is a service"), std::string::npos);
 
-  auto code = controller_->StoreCode({{"train.py", 0644, "pass\n"}}, std::nullopt);
+  auto code = controller_->StoreCode({{"train.py", 0644, "pass\n"}}, std::nullopt, "alice", {});
   ASSERT_TRUE(code.ok()) << code.status().ToString();
   server::ReplicaRequest request;
   request.service = "svc";

@@ -16,12 +16,21 @@ using store::Event;
 using store::RunRecord;
 
 Result<Snapshot> Controller::StoreCode(std::vector<CodeFile> files,
-                                       std::optional<std::vector<CodeManifestEntry>> manifest) {
-  const std::string snapshots = layout::SnapshotsDir(options_.home);
-  const std::string blobs = layout::BlobsDir(options_.home);
-  if (!manifest) return StoreSnapshot(snapshots, blobs, std::move(files));
-  TAU_ASSIGN_OR_RETURN(Manifest checked, CheckManifest(std::move(*manifest)));
-  return StoreSnapshot(snapshots, blobs, checked);
+                                       std::optional<std::vector<CodeManifestEntry>> manifest,
+                                       const std::string& user,
+                                       const ReadableWorkspaces& readable) {
+  Snapshot stored;
+  if (!manifest) {
+    TAU_ASSIGN_OR_RETURN(stored, StoreSnapshot(layout::SnapshotsDir(options_.home),
+                                               layout::BlobsDir(options_.home), std::move(files)));
+  } else {
+    TAU_ASSIGN_OR_RETURN(Manifest checked, CheckManifest(std::move(*manifest)));
+    std::vector<std::string> missing;
+    TAU_ASSIGN_OR_RETURN(stored, StoreManifest(checked, user, readable, &missing));
+  }
+  // Recorded at once: the service's replicas, the runs that use it, read no files list of theirs.
+  TAU_RETURN_IF_ERROR(RecordSnapshot(stored));
+  return stored;
 }
 
 Result<PreparedReplica> Controller::PrepareReplica(const ReplicaRequest& request,

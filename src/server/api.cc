@@ -635,14 +635,17 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                                                           Printable(std::string(req.matches[1])))));
              });
 
-  // Code upload, before a submission that names a manifest: which blobs the server lacks, then
-  // each of them as raw bytes. Blobs are content-addressed, so one user's upload serves any user
-  // with the same content; what a run sees is decided by its manifest, checked at submission.
+  // Code upload, before a submission that names a manifest: which blobs the caller must send,
+  // then each of them as raw bytes. A digest is no capability: a manifest names only blobs its
+  // caller uploaded or that a run they may read uses, and any other blob is missing to them,
+  // whoever stored it (docs/security.md, "Code blobs").
   api->Route("POST", "/api/v1/code/missing", Access::kSignedIn,
-             [controller](const http::HttpRequest& req, http::HttpResponse& res) {
+             [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                          const CallerContext& caller) {
                auto manifest = ParseManifestBody(req.body);
                if (!manifest.ok()) return http::ReplyError(res, manifest.status());
-               auto check = controller->CheckCode(std::move(*manifest));
+               auto check = controller->CheckCode(std::move(*manifest), caller.who.user,
+                                                  caller.VisibleWorkspaces());
                if (!check.ok()) return http::ReplyError(res, check.status());
                api::CodeMissing reply;
                reply.digest = check->digest;
@@ -650,9 +653,19 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                reply.missing = std::move(check->missing);
                http::Reply(res, 200, reply.ToJson());
              });
+  // Only a caller who may submit somewhere uploads, within a quota of bytes no run uses yet.
   api->Route("PUT", R"(/api/v1/blobs/([^/]+))", Access::kSignedIn,
-             [controller](const http::HttpRequest& req, http::HttpResponse& res) {
-               auto added = controller->StoreCodeBlob(req.matches[1], req.body);
+             [controller, api](const http::HttpRequest& req, http::HttpResponse& res,
+                               const CallerContext& caller) {
+               bool may_submit = caller.IsAdmin();
+               for (const policy::Workspace& w : caller.platform->workspaces)
+                 may_submit = may_submit || caller.RoleIn(w.name) >= auth::Role::kResearcher;
+               if (!may_submit)
+                 return api->Deny(req, res, caller.who,
+                                  fmt::format("user '{}' may submit to no workspace, so may not "
+                                              "upload code (a workspace's members may)",
+                                              caller.who.user));
+               auto added = controller->StoreCodeBlob(caller.who.user, req.matches[1], req.body);
                if (!added.ok()) return http::ReplyError(res, added.status());
                http::Reply(res, *added ? 201 : 200,
                            {{"sha256", req.matches[1]}, {"size", req.body.size()}});
@@ -664,6 +677,7 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                if (!submit.ok()) return http::ReplyError(res, submit.status());
                submit->caller = caller.who.AsCaller();
                submit->token_user = caller.who.via == "token";
+               submit->readable_workspaces = caller.VisibleWorkspaces();
                if (auto key = req.headers.find("idempotency-key"); key != req.headers.end()) {
                  if (!IsIdempotencyKey(key->second))
                    return http::ReplyError(
@@ -697,6 +711,7 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                if (!batch.ok()) return http::ReplyError(res, batch.status());
                batch->caller = caller.who.AsCaller();
                batch->token_user = caller.who.via == "token";
+               batch->readable_workspaces = caller.VisibleWorkspaces();
                if (auto key = req.headers.find("idempotency-key"); key != req.headers.end()) {
                  if (!IsIdempotencyKey(key->second))
                    return http::ReplyError(

@@ -60,8 +60,8 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
 
   api->Route(
       "POST", "/api/v1/tokens", Access::kSignedIn,
-      [api, store](const http::HttpRequest& req, http::HttpResponse& res,
-                   const CallerContext& caller) {
+      [api, store, controller](const http::HttpRequest& req, http::HttpResponse& res,
+                               const CallerContext& caller) {
         auto request = ParseTokenBody(req.body);
         if (!request.ok()) return http::ReplyError(res, request.status());
         if (request->user.empty()) request->user = caller.who.user;
@@ -91,7 +91,13 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
         t.created_by = caller.who.user;
         t.created_ms = NowMillis();
         if (request->expires_in_ms) t.expires_ms = t.created_ms + *request->expires_in_ms;
-        if (Status s = store->InsertToken(t); !s.ok()) return http::ReplyError(res, s);
+        // Live tokens are counted against the user they are for, whoever mints them.
+        if (Status s = store->InsertToken(t, controller->MaxTokensPerUser(), t.created_ms);
+            !s.ok()) {
+          http::ReplyError(res, s);
+          if (s.code() == StatusCode::kResourceExhausted) res.status = 429;  // too many, not large
+          return;
+        }
         api->Audit(req, caller.who, 201, "token.create",
                    fmt::format("token {} for user '{}'", t.id, t.user));
         json body = TokenJson(t);

@@ -129,6 +129,7 @@ void RegisterServiceApi(SecureRouter* api, ServiceManager* services) {
                if (!body.ok()) return http::ReplyError(res, body.status());
                body->submit.caller = caller.who.AsCaller();
                body->submit.token_user = caller.who.via == "token";
+               body->submit.readable_workspaces = caller.VisibleWorkspaces();
                SubmitError error;
                auto made = services->Deploy(std::move(*body), &error);
                if (!made.ok()) return ReplySubmitError(res, made.status(), error);

@@ -248,6 +248,8 @@ int RunServer(const ServerOptions& options) {
   copts.platform_file = layout::PlatformFile(options.home);
   copts.metrics = &metrics;
   copts.backend = backend.get();
+  copts.max_unreferenced_blob_bytes = options.max_unreferenced_blob_bytes;
+  copts.max_tokens_per_user = options.max_tokens_per_user;
   if (kube_client && !PathExists(copts.platform_file)) {
     // No platform: a baseline the size of the cluster's schedulable nodes, applied at start (a
     // bare cluster has no queue for runs to name).
@@ -350,8 +352,11 @@ int RunServer(const ServerOptions& options) {
       // Uploaded code no snapshot took (a submission refused or never sent) is kept a day, for a
       // submission that may still come.
       if (NowMillis() >= next_blob_sweep) {
-        int removed = RemoveUnreferencedBlobs(layout::BlobsDir(options.home), 24 * 3600);
+        std::vector<std::string> gone;
+        int removed = RemoveUnreferencedBlobs(layout::BlobsDir(options.home), 24 * 3600, &gone);
         if (removed > 0) log(fmt::format("removed {} unreferenced code blobs", removed));
+        // A removed blob is nobody's: it no longer counts against its uploaders' quota.
+        if (Status s = (*store)->ForgetBlobs(gone); !s.ok()) log("code blobs: " + s.ToString());
         next_blob_sweep = NowMillis() + 3600 * 1000;
       }
       if (!gpus.devices.empty()) {

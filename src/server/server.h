@@ -53,6 +53,10 @@ struct ServerOptions {
   // minute; every one is counted in tau_http_refused_total.
   int audit_refusals_per_minute = 10;
   int64_t audit_refusal_window_ms = 60'000;
+  // Code blobs one identity uploaded that no run uses yet, in bytes; live API tokens per user
+  // (docs/security.md, "Code blobs").
+  int64_t max_unreferenced_blob_bytes = int64_t{1} << 30;
+  int64_t max_tokens_per_user = 100;
 };
 
 // Runs until SIGTERM or SIGINT. Attempts that are running keep running and are re-adopted by the

@@ -749,7 +749,8 @@ Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int
     return refuse(FailedPrecondition(
         fmt::format("the {} backend cannot run services", controller_->BackendName())));
   SubmitRequest& submit = request.submit;
-  auto code = controller_->StoreCode(std::move(submit.code), std::move(submit.manifest));
+  auto code = controller_->StoreCode(std::move(submit.code), std::move(submit.manifest),
+                                     submit.caller.user, submit.readable_workspaces);
   if (!code.ok()) return refuse(code.status());
   ReplicaRequest check;
   check.spec_file = submit.spec_file;

@@ -223,6 +223,27 @@ CREATE INDEX deliveries_by_url ON deliveries(url, id);
 CREATE TABLE delivery_cursor (one INTEGER PRIMARY KEY CHECK (one = 1), event_id INTEGER NOT NULL);
 INSERT INTO delivery_cursor VALUES (1, (SELECT COALESCE(MAX(id), 0) FROM events));
 )sql",
+    // 15: code blobs are capabilities: who uploaded each blob (the bytes prove possession), and
+    // which blobs each snapshot is made of, so that a manifest names only blobs its caller sent or
+    // that a run they may read uses. Blobs and snapshots stored before have no rows: such a blob
+    // is usable by a manifest whose whole snapshot a readable run uses, or once uploaded again.
+    R"sql(
+CREATE TABLE blob_owners (
+  owner TEXT NOT NULL,
+  sha256 TEXT NOT NULL,
+  size INTEGER NOT NULL,
+  uploaded_ms INTEGER NOT NULL,
+  PRIMARY KEY (owner, sha256)
+) WITHOUT ROWID;
+CREATE INDEX blob_owners_by_blob ON blob_owners(sha256);
+CREATE TABLE snapshot_blobs (
+  sha256 TEXT NOT NULL,
+  snapshot TEXT NOT NULL,
+  PRIMARY KEY (sha256, snapshot)
+) WITHOUT ROWID;
+CREATE INDEX snapshot_blobs_by_snapshot ON snapshot_blobs(snapshot);
+CREATE INDEX runs_by_snapshot ON runs(snapshot_digest);
+)sql",
 };
 
 constexpr int64_t kLatestSchema = sizeof(kMigrations) / sizeof(kMigrations[0]);
@@ -807,6 +828,15 @@ struct Store::Impl {
     });
   }
 
+  // Store::AddSnapshotBlobs (once it knows the snapshot is new) and ForgetBlobs, under the
+  // store's mutex.
+  Status AddSnapshotBlobs(const std::string& snapshot, const std::vector<std::string>& blobs)
+      TAU_REQUIRES(mu);
+  Status ForgetBlobs(const std::vector<std::string>& blobs) TAU_REQUIRES(mu);
+  // Store::InsertToken and CountLiveTokens, under the store's mutex.
+  Status InsertToken(const TokenRecord& t) TAU_REQUIRES(mu);
+  Result<int64_t> CountLiveTokens(const std::string& user, int64_t now_ms) TAU_REQUIRES(mu);
+
   // Store::AssignRunUser, under the store's mutex.
   Result<std::string> AssignRunUser(const std::string& workspace, const std::string& user,
                                     const std::vector<std::string>& pool, int64_t now_ms)
@@ -1205,9 +1235,30 @@ static TokenRecord ReadToken(Stmt& s) {
 
 Status Store::InsertToken(const TokenRecord& t) {
   MutexLock lock(&impl_->mu);
-  Stmt s(impl_->db, &impl_->cache,
+  return impl_->InsertToken(t);
+}
+
+Status Store::InsertToken(const TokenRecord& t, int64_t max_live, int64_t now_ms) {
+  MutexLock lock(&impl_->mu);
+  TAU_ASSIGN_OR_RETURN(int64_t live, impl_->CountLiveTokens(t.user, now_ms));
+  if (live >= max_live)
+    return ResourceExhausted(fmt::format(
+        "user '{}' already has {} live API tokens, the most one user may hold (tau server "
+        "--max-tokens-per-user); revoke those no longer used (`tau admin token list`, `tau admin "
+        "token revoke ID`) or let them expire",
+        t.user, live));
+  return impl_->InsertToken(t);
+}
+
+Result<int64_t> Store::CountLiveTokens(const std::string& user, int64_t now_ms) {
+  MutexLock lock(&impl_->mu);
+  return impl_->CountLiveTokens(user, now_ms);
+}
+
+Status Store::Impl::InsertToken(const TokenRecord& t) {
+  Stmt s(db, &cache,
          fmt::format("INSERT INTO tokens ({}) VALUES (?,?,?,?,?,?,?,?,?)", kTokenColumns).c_str());
-  if (!s.ok()) return impl_->Error("preparing token insert");
+  if (!s.ok()) return Error("preparing token insert");
   s.Bind(1, t.id);
   s.Bind(2, t.digest);
   s.Bind(3, t.user);
@@ -1219,8 +1270,19 @@ Status Store::InsertToken(const TokenRecord& t) {
   s.Bind(9, t.revoked_ms);
   int rc = s.Step();
   if (rc == SQLITE_CONSTRAINT) return AlreadyExists("a token with this digest exists");
-  if (rc != SQLITE_DONE) return impl_->Error("writing token");
+  if (rc != SQLITE_DONE) return Error("writing token");
   return Status::Ok();
+}
+
+Result<int64_t> Store::Impl::CountLiveTokens(const std::string& user, int64_t now_ms) {
+  Stmt s(db, &cache,
+         "SELECT COUNT(*) FROM tokens WHERE user = ? AND revoked_ms IS NULL AND (expires_ms IS "
+         "NULL OR expires_ms > ?)");
+  if (!s.ok()) return Error("preparing token count");
+  s.Bind(1, user);
+  s.Bind(2, now_ms);
+  if (s.Step() != SQLITE_ROW) return Error("counting tokens");
+  return s.Int(0);
 }
 
 Result<TokenRecord> Store::FindToken(const std::string& digest) {
@@ -1599,6 +1661,147 @@ Result<std::map<std::string, std::string>> Store::SecretValues(const std::string
   while ((rc = s.Step()) == SQLITE_ROW) out[s.Text(0)] = s.Text(1);
   if (rc != SQLITE_DONE) return impl_->Error("reading secrets");
   return out;
+}
+
+namespace {
+
+// The workspaces a blob query is limited to: a JSON array bound as one parameter (json_each), or
+// every workspace.
+std::string WorkspacesJson(const std::optional<std::vector<std::string>>& workspaces) {
+  return workspaces ? JsonText(nlohmann::json(*workspaces)) : std::string("[]");
+}
+
+}  // namespace
+
+Status Store::AddBlobOwner(const std::string& owner, const std::string& sha256, int64_t size,
+                           int64_t now_ms) {
+  MutexLock lock(&impl_->mu);
+  Stmt s(
+      impl_->db, &impl_->cache,
+      "INSERT OR IGNORE INTO blob_owners (owner, sha256, size, uploaded_ms) VALUES (?, ?, ?, ?)");
+  if (!s.ok()) return impl_->Error("preparing blob owner insert");
+  s.Bind(1, owner);
+  s.Bind(2, sha256);
+  s.Bind(3, size);
+  s.Bind(4, now_ms);
+  if (s.Step() != SQLITE_DONE) return impl_->Error("writing blob owner");
+  return Status::Ok();
+}
+
+Result<bool> Store::OwnsBlob(const std::string& owner, const std::string& sha256) {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache, "SELECT 1 FROM blob_owners WHERE owner = ? AND sha256 = ?");
+  if (!s.ok()) return impl_->Error("preparing blob owner lookup");
+  s.Bind(1, owner);
+  s.Bind(2, sha256);
+  int rc = s.Step();
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return impl_->Error("reading blob owners");
+  return rc == SQLITE_ROW;
+}
+
+Status Store::AddSnapshotBlobs(const std::string& snapshot, const std::vector<std::string>& blobs) {
+  MutexLock lock(&impl_->mu);
+  {
+    Stmt known(impl_->db, &impl_->cache, "SELECT 1 FROM snapshot_blobs WHERE snapshot = ? LIMIT 1");
+    if (!known.ok()) return impl_->Error("preparing snapshot lookup");
+    known.Bind(1, snapshot);
+    int rc = known.Step();
+    if (rc == SQLITE_ROW || blobs.empty()) return Status::Ok();
+    if (rc != SQLITE_DONE) return impl_->Error("reading snapshot blobs");
+  }
+  return impl_->AddSnapshotBlobs(snapshot, blobs);
+}
+
+Status Store::Impl::AddSnapshotBlobs(const std::string& snapshot,
+                                     const std::vector<std::string>& blobs) {
+  // One statement, all rows or none, and no fsync of its own (synchronous=NORMAL in WAL mode):
+  // the next commit's fsync makes it durable, and a list a crash lost is written again with the
+  // next run of the snapshot.
+  TAU_RETURN_IF_ERROR(Exec("PRAGMA synchronous=NORMAL"));
+  Status written;
+  {
+    Stmt ins(db, &cache,
+             "INSERT OR IGNORE INTO snapshot_blobs (sha256, snapshot) SELECT value, ?1 FROM "
+             "json_each(?2)");
+    if (!ins.ok()) {
+      written = Error("preparing snapshot blob insert");
+    } else {
+      ins.Bind(1, snapshot);
+      ins.Bind(2, JsonText(nlohmann::json(blobs)));
+      if (ins.Step() != SQLITE_DONE) written = Error("writing snapshot blobs");
+    }
+  }
+  Status full = Exec("PRAGMA synchronous=FULL");
+  return written.ok() ? full : written;
+}
+
+Result<std::set<std::string>> Store::UsableBlobs(
+    const std::string& owner, const std::optional<std::vector<std::string>>& workspaces,
+    const std::vector<std::string>& blobs) {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache,
+         "SELECT EXISTS (SELECT 1 FROM blob_owners WHERE owner = ?1 AND sha256 = ?2) OR EXISTS "
+         "(SELECT 1 FROM snapshot_blobs b JOIN runs r ON r.snapshot_digest = b.snapshot WHERE "
+         "b.sha256 = ?2 AND (?3 = 1 OR r.workspace IN (SELECT value FROM json_each(?4))))");
+  if (!s.ok()) return impl_->Error("preparing blob access check");
+  const std::string in = WorkspacesJson(workspaces);
+  std::set<std::string> out;
+  for (const std::string& blob : blobs) {
+    sqlite3_reset(s.get());
+    s.Bind(1, owner);
+    s.Bind(2, blob);
+    s.Bind(3, int64_t{workspaces ? 0 : 1});
+    s.Bind(4, in);
+    if (s.Step() != SQLITE_ROW) return impl_->Error("checking blob access");
+    if (s.Int(0) != 0) out.insert(blob);
+  }
+  return out;
+}
+
+Result<bool> Store::SnapshotUsedIn(const std::string& snapshot,
+                                   const std::optional<std::vector<std::string>>& workspaces) {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache,
+         "SELECT 1 FROM runs WHERE snapshot_digest = ?1 AND (?2 = 1 OR workspace IN (SELECT value "
+         "FROM json_each(?3))) LIMIT 1");
+  if (!s.ok()) return impl_->Error("preparing snapshot access check");
+  s.Bind(1, snapshot);
+  s.Bind(2, int64_t{workspaces ? 0 : 1});
+  s.Bind(3, WorkspacesJson(workspaces));
+  int rc = s.Step();
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return impl_->Error("checking snapshot access");
+  return rc == SQLITE_ROW;
+}
+
+Result<int64_t> Store::UnreferencedBlobBytes(const std::string& owner) {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache,
+         "SELECT COALESCE(SUM(o.size), 0) FROM blob_owners o WHERE o.owner = ? AND NOT EXISTS "
+         "(SELECT 1 FROM snapshot_blobs b JOIN runs r ON r.snapshot_digest = b.snapshot WHERE "
+         "b.sha256 = o.sha256)");
+  if (!s.ok()) return impl_->Error("preparing unreferenced blob sum");
+  s.Bind(1, owner);
+  if (s.Step() != SQLITE_ROW) return impl_->Error("summing unreferenced blobs");
+  return s.Int(0);
+}
+
+Status Store::ForgetBlobs(const std::vector<std::string>& blobs) {
+  if (blobs.empty()) return Status::Ok();
+  MutexLock lock(&impl_->mu);
+  return impl_->ForgetBlobs(blobs);
+}
+
+Status Store::Impl::ForgetBlobs(const std::vector<std::string>& blobs) {
+  return InTransaction([&]() TAU_REQUIRES(mu) -> Status {
+    Stmt del(db, &cache, "DELETE FROM blob_owners WHERE sha256 = ?");
+    if (!del.ok()) return Error("preparing blob owner removal");
+    for (const std::string& blob : blobs) {
+      sqlite3_reset(del.get());
+      del.Bind(1, blob);
+      if (del.Step() != SQLITE_DONE) return Error("removing blob owners");
+    }
+    return Status::Ok();
+  });
 }
 
 }  // namespace tau::store

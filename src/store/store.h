@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -353,8 +354,11 @@ class Store {
   Result<int64_t> CountDeliveries();
 
   // Identity: tokens, the audit trail and workspace secrets.
-  Status InsertToken(const TokenRecord& token);              // AlreadyExists on a repeated digest
-  Result<TokenRecord> FindToken(const std::string& digest);  // NotFound
+  Status InsertToken(const TokenRecord& token);  // AlreadyExists on a repeated digest
+  // The same, unless `token.user` already has `max_live` live tokens at `now_ms` (counted and
+  // inserted under one lock, so that tokens created at once cannot pass it): ResourceExhausted.
+  Status InsertToken(const TokenRecord& token, int64_t max_live, int64_t now_ms);
+  Result<TokenRecord> FindToken(const std::string& digest);              // NotFound
   Result<std::vector<TokenRecord>> ListTokens(const std::string& user);  // "" for all users
   Status RevokeToken(const std::string& id, int64_t now_ms);             // NotFound
   Status AppendAudit(const AuditRecord& record);
@@ -363,6 +367,29 @@ class Store {
   Status DeleteSecret(const std::string& workspace, const std::string& key);  // NotFound
   Result<std::vector<SecretInfo>> ListSecrets(const std::string& workspace);
   Result<std::map<std::string, std::string>> SecretValues(const std::string& workspace);
+
+  // Code blobs as capabilities (docs/security.md, "Code blobs"). `owner` uploaded blob `sha256`
+  // of `size` bytes (its bytes proved they have it); a repeat keeps the first row.
+  Status AddBlobOwner(const std::string& owner, const std::string& sha256, int64_t size,
+                      int64_t now_ms);
+  // Whether `owner` uploaded blob `sha256`.
+  Result<bool> OwnsBlob(const std::string& owner, const std::string& sha256);
+  // Snapshot `snapshot` is made of `blobs` (recorded once; later calls for it change nothing).
+  Status AddSnapshotBlobs(const std::string& snapshot, const std::vector<std::string>& blobs);
+  // Of `blobs`, those `owner` uploaded or that the snapshot of a run in one of `workspaces`
+  // (nullopt: any workspace) is made of.
+  Result<std::set<std::string>> UsableBlobs(
+      const std::string& owner, const std::optional<std::vector<std::string>>& workspaces,
+      const std::vector<std::string>& blobs);
+  // Whether a run in one of `workspaces` (nullopt: any) uses snapshot `snapshot`.
+  Result<bool> SnapshotUsedIn(const std::string& snapshot,
+                              const std::optional<std::vector<std::string>>& workspaces);
+  // The bytes of the blobs `owner` uploaded that no run's snapshot is made of yet.
+  Result<int64_t> UnreferencedBlobBytes(const std::string& owner);
+  // Blobs the store of files removed: nobody owns them any more.
+  Status ForgetBlobs(const std::vector<std::string>& blobs);
+  // The live tokens (not revoked, not expired at `now_ms`) of `user`.
+  Result<int64_t> CountLiveTokens(const std::string& user, int64_t now_ms);
 
   // The system user `user`'s runs in `workspace` run as: the one of `pool` they were given before,
   // else the first of `pool` never given to anyone (recorded in the same transaction, so two

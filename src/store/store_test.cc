@@ -643,6 +643,75 @@ TEST_F(StoreTest, WorkflowPlacesAreKeptAndListedByWorkflow) {
   EXPECT_TRUE(store_->GetRun("after-migration")->workflow.is_null());
 }
 
+TEST_F(StoreTest, BlobsAreUsableByTheirUploadersAndTheReadersOfRunsThatUseThem) {
+  const std::string a(64, 'a'), b(64, 'b');
+  ASSERT_TRUE(store_->AddBlobOwner("ann", a, 100, 1).ok());
+  ASSERT_TRUE(store_->AddBlobOwner("ann", b, 50, 1).ok());
+  ASSERT_TRUE(store_->AddBlobOwner("ann", b, 50, 2).ok());  // a repeat changes nothing
+  EXPECT_TRUE(*store_->OwnsBlob("ann", a));
+  EXPECT_FALSE(*store_->OwnsBlob("ben", a));
+  EXPECT_EQ(*store_->UnreferencedBlobBytes("ann"), 150);
+  const std::vector<std::string> both = {a, b};
+  EXPECT_EQ(*store_->UsableBlobs("ann", std::vector<std::string>(), both),
+            (std::set<std::string>{a, b}));
+  EXPECT_TRUE(store_->UsableBlobs("ben", std::nullopt, both)->empty());
+  // A snapshot of `a` that a run of workspace "alpha" uses: readers of alpha may name `a`.
+  ASSERT_TRUE(store_->AddSnapshotBlobs("snap", {a}).ok());
+  ASSERT_TRUE(store_->AddSnapshotBlobs("snap", {a, b}).ok());  // recorded once: b is not in it
+  EXPECT_EQ(*store_->UnreferencedBlobBytes("ann"), 150) << "no run uses the snapshot yet";
+  RunRecord r = MakeRun("r1");
+  r.workspace = "alpha";
+  r.snapshot_digest = "snap";
+  ASSERT_TRUE(store_->InsertRun(&r, {}).ok());
+  EXPECT_EQ(*store_->UnreferencedBlobBytes("ann"), 50);
+  EXPECT_EQ(*store_->UsableBlobs("ben", std::vector<std::string>{"alpha"}, both),
+            (std::set<std::string>{a}));
+  EXPECT_TRUE(store_->UsableBlobs("ben", std::vector<std::string>{"beta"}, both)->empty());
+  EXPECT_EQ(*store_->UsableBlobs("ben", std::nullopt, both), (std::set<std::string>{a}));
+  EXPECT_TRUE(*store_->SnapshotUsedIn("snap", std::vector<std::string>{"alpha"}));
+  EXPECT_FALSE(*store_->SnapshotUsedIn("snap", std::vector<std::string>{"beta"}));
+  EXPECT_TRUE(*store_->SnapshotUsedIn("snap", std::nullopt));
+  // A blob the server removed is nobody's.
+  ASSERT_TRUE(store_->ForgetBlobs({b}).ok());
+  EXPECT_FALSE(*store_->OwnsBlob("ann", b));
+  EXPECT_EQ(*store_->UnreferencedBlobBytes("ann"), 0);
+
+  // A store from before: its runs' snapshots serve their readers whole; its blobs have no owner.
+  store_.reset();
+  const std::string path = dir_ + "/v14.db";
+  ASSERT_TRUE(Store::CreateSchemaForTest(path, 14).ok());
+  auto opened = Store::Open(path);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  store_ = std::move(*opened);
+  RunRecord before = MakeRun("before");
+  before.snapshot_digest = "old";
+  ASSERT_TRUE(store_->InsertRun(&before, {}).ok());
+  EXPECT_TRUE(*store_->SnapshotUsedIn("old", std::vector<std::string>{"default"}));
+  EXPECT_TRUE(store_->UsableBlobs("ann", std::nullopt, {a})->empty());
+}
+
+TEST_F(StoreTest, LiveTokensPerUserAreLimited) {
+  auto token = [](const std::string& id, const std::string& user) {
+    TokenRecord t;
+    t.id = id;
+    t.digest = Sha256Hex(id);
+    t.user = user;
+    t.created_ms = 1;
+    return t;
+  };
+  ASSERT_TRUE(store_->InsertToken(token("t1", "ann"), 2, 10).ok());
+  TokenRecord expiring = token("t2", "ann");
+  expiring.expires_ms = 20;
+  ASSERT_TRUE(store_->InsertToken(expiring, 2, 10).ok());
+  EXPECT_EQ(store_->InsertToken(token("t3", "ann"), 2, 10).code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(store_->InsertToken(token("t4", "ben"), 2, 10).ok());
+  // Expired or revoked tokens do not count.
+  EXPECT_EQ(*store_->CountLiveTokens("ann", 30), 1);
+  ASSERT_TRUE(store_->InsertToken(token("t5", "ann"), 2, 30).ok());
+  ASSERT_TRUE(store_->RevokeToken("t1", 31).ok());
+  EXPECT_TRUE(store_->InsertToken(token("t6", "ann"), 2, 32).ok());
+}
+
 TEST_F(StoreTest, WebhookDeliveriesQueueInOrderPerUrlAndAreBounded) {
   std::vector<RunRecord> runs = {MakeRun("r1")};
   runs[0].owner = "ana";

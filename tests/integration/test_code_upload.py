@@ -8,7 +8,7 @@ import socket
 import time
 import unittest
 
-from harness import ServerTestCase
+from harness import ServerTestCase, SystemUsers, TauServer, wait_for
 
 LISTING = r'''import hashlib, os, sys
 out = {}
@@ -210,6 +210,198 @@ class CodeUploadTest(ServerTestCase):
         self.assertEqual(os.stat(first).st_atime_ns, st.st_mtime_ns - 10**10,
                          "tau run read a file of a directory it refused")
         self.assertEqual(self.blobs_uploaded(), before)
+
+
+# Two workspaces, each with its own members, and a user in none. Token users run as system users
+# of their workspace's pool on a root server.
+BLOB_PLATFORM = """schema_version: 1
+queues:
+  - name: main
+    resource_groups:
+      - covered_resources: [cpu, memory]
+        flavors:
+          - name: default
+            resources:
+              - {name: cpu, nominal: 64}
+              - {name: memory, nominal: 256Gi}
+flavors:
+  - name: default
+priorities:
+  - {name: normal, value: 0}
+workspaces:
+  - name: alpha
+    members: [ann, cora]
+    default_queue: main
+    default_priority: normal
+  - name: beta
+    members: [ben]
+    default_queue: main
+    default_priority: normal
+"""
+
+BLOB_SPEC = """name: {name}
+engine: job
+entrypoint: main.py
+policy:
+  workspace: {workspace}
+"""
+
+QUOTA_BYTES = 100_000  # --max-unreferenced-blob-bytes of the server below
+
+
+class CodeBlobAccessTest(unittest.TestCase):
+    """A blob's digest is no capability: a manifest names only blobs its caller uploaded or that a
+    run they may read uses; only those who may submit upload, within a quota; tokens too have
+    one."""
+
+    @classmethod
+    def setUpClass(cls):
+        platform = BLOB_PLATFORM
+        pool = SystemUsers("a1", "a2", "b1") if os.geteuid() == 0 else None
+        if pool is not None:
+            cls.addClassCleanup(pool.remove)  # after the server has stopped their runs
+        # The system's python3 first: a pool user may not run one under /root.
+        cls.server = TauServer(
+            extra_env={"PATH": "/usr/local/bin:/usr/bin:/bin:" + os.environ.get("PATH", "")},
+            extra_args=["--max-unreferenced-blob-bytes", str(QUOTA_BYTES)]).start()
+        cls.addClassCleanup(cls.server.stop)
+        if pool is not None:
+            platform = platform.replace(
+                "    members: [ann, cora]\n",
+                f"    members: [ann, cora]\n    run_users: [{pool['a1']}, {pool['a2']}]\n").replace(
+                "    members: [ben]\n", f"    members: [ben]\n    run_users: [{pool['b1']}]\n")
+        path = os.path.join(cls.server.home, "platform.yaml.in")
+        with open(path, "w") as f:
+            f.write(platform)
+        cls.server.tau("platform", "apply", path, check=0)
+        cls.tokens = {}
+        for user in ("ann", "ben", "cora", "eve"):
+            p = cls.server.tau("admin", "token", "create", "--user", user, check=0)
+            cls.tokens[user] = p.stdout.strip()
+
+    def call(self, who, method, path, body=b"", content_type="application/json"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(30)
+        s.connect(os.path.join(self.server.home, "tau.sock"))
+        auth = f"Authorization: Bearer {self.tokens[who]}\r\n" if who else ""
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: tau\r\nConnection: close\r\n{auth}"
+                  f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                  + body)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+        s.close()
+        head, _, payload = raw.partition(b"\r\n\r\n")
+        return int(head.split(b"\r\n")[0].split()[1]), json.loads(payload)
+
+    def put_blob(self, who, content):
+        return self.call(who, "PUT", f"/api/v1/blobs/{hashlib.sha256(content).hexdigest()}",
+                         content, "application/octet-stream")
+
+    @staticmethod
+    def manifest(files):
+        return [{"path": p, "mode": 0o644, "size": len(c), "sha256": hashlib.sha256(c).hexdigest()}
+                for p, c in files.items()]
+
+    def missing(self, who, files):
+        status, body = self.call(who, "POST", "/api/v1/code/missing",
+                                 json.dumps({"files": self.manifest(files)}).encode())
+        self.assertEqual(status, 200, body)
+        return body["missing"], body["stored"]
+
+    def submit(self, who, workspace, name, files):
+        body = {"spec": {"yaml": BLOB_SPEC.format(name=name, workspace=workspace)},
+                "code": {"manifest": self.manifest(files)}}
+        return self.call(who, "POST", "/api/v1/runs", json.dumps(body).encode())
+
+    def test_a_digest_from_another_workspace_is_missing_until_its_bytes_are_sent(self):
+        secret = b"print('alpha only: ' + 'x' * 40)\n"
+        digest = hashlib.sha256(secret).hexdigest()
+        files = {"main.py": secret}
+        # ann (alpha) uploads her file and runs it.
+        self.assertEqual(self.missing("ann", files), ([digest], False))
+        self.assertEqual(self.put_blob("ann", secret)[0], 201)
+        status, made = self.submit("ann", "alpha", "mine", files)
+        self.assertEqual(status, 201, made)
+        # ben (beta) read the digest somewhere (evidence, a bundle): naming it gets him nothing.
+        # The manifest is ann's exactly, so its snapshot is stored: still missing to him, and the
+        # answer is the one for a blob nobody stored.
+        self.assertEqual(self.missing("ben", files), ([digest], False))
+        status, body = self.submit("ben", "beta", "theirs", files)
+        self.assertEqual(status, 412, body)
+        self.assertEqual(body["error"]["missing"], [digest])
+        # The same through a batch.
+        batch = {"codes": [{"manifest": self.manifest(files)}],
+                 "runs": [{"spec": {"yaml": BLOB_SPEC.format(name="theirs", workspace="beta")},
+                           "code": 0}]}
+        status, body = self.call("ben", "POST", "/api/v1/runs/batch", json.dumps(batch).encode())
+        self.assertEqual(status, 412, body)
+        # cora, ann's colleague in alpha, may read ann's run: its code is hers to name.
+        self.assertEqual(self.missing("cora", files), ([], True))
+        # Sending the bytes proves ben has them; then they are his to use.
+        status, body = self.put_blob("ben", secret)
+        # 201 as for any blob new to him: the server having a copy is not his to learn.
+        self.assertEqual(status, 201, body)
+        self.assertEqual(self.missing("ben", files), ([], True))
+        status, made = self.submit("ben", "beta", "theirs", files)
+        self.assertEqual(status, 201, made)
+        run = made["run"]["name"]
+        wait_for(lambda: self.call("ben", "GET", f"/api/v1/runs/{run}")[1]["run"]["state"]
+                 in ("Succeeded", "Failed"), timeout=60, what=f"{run} to end")
+        self.assertEqual(self.call("ben", "GET", f"/api/v1/runs/{run}")[1]["run"]["state"],
+                         "Succeeded")
+
+    def test_only_those_who_may_submit_upload(self):
+        content = b"eve's bytes\n"
+        status, body = self.put_blob("eve", content)
+        self.assertEqual(status, 403, body)
+        self.assertIn("may submit to no workspace", body["error"]["message"])
+        self.assertNotIn(hashlib.sha256(content).hexdigest(),
+                         os.listdir(os.path.join(self.server.home, "blobs"))
+                         if os.path.isdir(os.path.join(self.server.home, "blobs")) else [])
+        # The server's own user is an admin: it may.
+        self.assertEqual(self.put_blob(None, content)[0], 201)
+
+    def test_bytes_no_run_uses_are_limited_per_identity_and_freed_by_a_run(self):
+        first = b"#" + b"a" * 60_000 + b"\n"
+        second = b"#" + b"b" * 60_000 + b"\n"
+        self.assertEqual(self.put_blob("cora", first)[0], 201)
+        # 60 kB that no run uses, and 60 kB more would pass the 100 kB limit: refused, saying why.
+        status, body = self.put_blob("cora", second)
+        self.assertEqual(status, 413, body)
+        self.assertIn("--max-unreferenced-blob-bytes", body["error"]["message"])
+        self.assertIn("no run uses", body["error"]["message"])
+        # Sent again, what she uploaded already costs nothing more.
+        self.assertEqual(self.put_blob("cora", first)[0], 200)
+        # Another identity has a quota of its own.
+        self.assertEqual(self.put_blob("ann", second)[0], 201)
+        # Once a run uses her first upload, its bytes no longer count.
+        status, made = self.submit("cora", "alpha", "uses-first", {"main.py": first})
+        self.assertEqual(status, 201, made)
+        status, body = self.put_blob("cora", second)
+        self.assertEqual(status, 201, body)
+
+    def test_a_user_holds_at_most_100_live_tokens(self):
+        def create(user):
+            status, body = self.call(None, "POST", "/api/v1/tokens",
+                                     json.dumps({"user": user}).encode())
+            return status, body
+
+        made = []
+        for _ in range(100):
+            status, body = create("tina")
+            self.assertEqual(status, 201, body)
+            made.append(body["id"])
+        # An admin minting for someone else counts against that user.
+        status, body = create("tina")
+        self.assertEqual(status, 429, body)
+        self.assertIn("--max-tokens-per-user", body["error"]["message"])
+        self.assertIn("revoke", body["error"]["message"])
+        # Others are not held back by tina's tokens; a revoked one no longer counts.
+        self.assertEqual(create("tom")[0], 201)
+        self.assertEqual(self.call(None, "DELETE", f"/api/v1/tokens/{made[0]}")[0], 200)
+        self.assertEqual(create("tina")[0], 201)
+        self.assertEqual(create("tina")[0], 429)
 
 
 if __name__ == "__main__":
