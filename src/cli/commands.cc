@@ -408,12 +408,16 @@ static int CmdCancel(const Global& g, const std::vector<std::string>& runs) {
       rc = NoSuchRun(name);
       continue;
     }
-    Status r = client::TauApi(conn->get()).Cancel(name);
+    std::string pending;
+    Status r = client::TauApi(conn->get()).Cancel(name, &pending);
     if (!r.ok()) {
       std::fprintf(stderr, "tau: error: %s\n", r.message().c_str());
       rc = kExitInvalid;
     } else {
       std::printf("cancelling %s\n", name.c_str());
+      if (!pending.empty())
+        std::fprintf(stderr, "tau: warning: the cancel of %s is %s\n", name.c_str(),
+                     pending.c_str());
     }
   }
   return rc;
@@ -447,9 +451,12 @@ static int CmdResume(const Global& g, const std::string& name, const std::string
   if (!IsRunName(name)) return NoSuchRun(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  Status r = client::TauApi(conn->get()).Resume(name, from, force);
+  std::string pending;
+  Status r = client::TauApi(conn->get()).Resume(name, from, force, &pending);
   if (!r.ok()) return Fail(r.message());
   std::printf("resuming %s\n", name.c_str());
+  if (!pending.empty())
+    std::fprintf(stderr, "tau: warning: the resume of %s is %s\n", name.c_str(), pending.c_str());
   return 0;
 }
 

@@ -72,10 +72,14 @@ int CmdWorkflowCancel(const Global& g, const std::string& name) {
   if (!IsRunName(name)) return NoSuchWorkflow(name);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto cancelling = client::TauApi(conn->get()).CancelWorkflow(name);
+  std::string pending;
+  auto cancelling = client::TauApi(conn->get()).CancelWorkflow(name, &pending);
   if (!cancelling.ok()) return Fail(cancelling.status().message());
   if (cancelling->empty()) std::printf("workflow %s has no run that has not ended\n", name.c_str());
   for (const std::string& run : *cancelling) std::printf("cancelling %s\n", run.c_str());
+  if (!pending.empty())
+    std::fprintf(stderr, "tau: warning: the cancel of workflow %s is %s\n", name.c_str(),
+                 pending.c_str());
   return 0;
 }
 

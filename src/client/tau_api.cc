@@ -117,13 +117,27 @@ Result<api::Submitted> TauApi::Rerun(const std::string& name, const std::vector<
                                JsonText({{"set", set}}));
 }
 
-Status TauApi::Cancel(const std::string& name) {
-  return CallJson("POST", "/api/v1/runs/" + E(name) + "/cancel").status();
+namespace {
+// A 202's "pending": the change is accepted but not durable yet.
+void PendingOf(const nlohmann::json& reply, std::string* pending) {
+  if (pending == nullptr) return;
+  auto it = reply.find("pending");
+  if (it != reply.end() && it->is_string()) *pending = it->get<std::string>();
+}
+}  // namespace
+
+Status TauApi::Cancel(const std::string& name, std::string* pending) {
+  TAU_ASSIGN_OR_RETURN(nlohmann::json reply,
+                       CallJson("POST", "/api/v1/runs/" + E(name) + "/cancel"));
+  PendingOf(reply, pending);
+  return Status::Ok();
 }
 
-Result<std::vector<std::string>> TauApi::CancelWorkflow(const std::string& workflow) {
+Result<std::vector<std::string>> TauApi::CancelWorkflow(const std::string& workflow,
+                                                        std::string* pending) {
   TAU_ASSIGN_OR_RETURN(nlohmann::json reply,
                        CallJson("POST", "/api/v1/workflows/" + E(workflow) + "/cancel"));
+  PendingOf(reply, pending);
   auto names = reply.find("cancelling");
   if (names == reply.end() || !names->is_array())
     return InvalidArgument("the server's reply has no 'cancelling' list");
@@ -164,10 +178,14 @@ Result<api::Service> TauApi::DeleteService(const std::string& name) {
   return Typed<api::Service>("DELETE", "/api/v1/services/" + E(name));
 }
 
-Status TauApi::Resume(const std::string& name, const std::string& from, bool force) {
+Status TauApi::Resume(const std::string& name, const std::string& from, bool force,
+                      std::string* pending) {
   nlohmann::json body = {{"force", force}};
   if (!from.empty()) body["from"] = from;
-  return CallJson("POST", "/api/v1/runs/" + E(name) + "/resume", JsonText(body)).status();
+  TAU_ASSIGN_OR_RETURN(nlohmann::json reply,
+                       CallJson("POST", "/api/v1/runs/" + E(name) + "/resume", JsonText(body)));
+  PendingOf(reply, pending);
+  return Status::Ok();
 }
 
 Result<api::Queues> TauApi::GetQueues(bool summary) {

@@ -66,12 +66,16 @@ class TauApi {
   Status PutBlob(const std::string& sha256, std::string_view data);
   // `set`: tau rerun --set's "PATH=VALUE" texts (none: the run as it was).
   Result<api::Submitted> Rerun(const std::string& name, const std::vector<std::string>& set = {});
-  Status Cancel(const std::string& name);
+  // `pending`, when given, is set to the server's reason when the change is accepted but not yet
+  // durable (its disk is full): it is lost if the server stops before it can record it.
+  Status Cancel(const std::string& name, std::string* pending = nullptr);
   // A workflow's runs that have not ended are cancelled; the names of those asked to stop.
-  Result<std::vector<std::string>> CancelWorkflow(const std::string& workflow);
+  Result<std::vector<std::string>> CancelWorkflow(const std::string& workflow,
+                                                  std::string* pending = nullptr);
   // A stage of a workflow again, with the stages after it that never ran because of it.
   Result<api::SubmittedBatch> RetryStage(const std::string& workflow, const std::string& stage);
-  Status Resume(const std::string& name, const std::string& from, bool force);
+  Status Resume(const std::string& name, const std::string& from, bool force,
+                std::string* pending = nullptr);
   // `summary`: without each queue's runs (their counts stay).
   // Services (docs/serving.md). `body` of a deploy or update is a submission's body (spec and
   // code) with "service": {"name"?, "from"?}.

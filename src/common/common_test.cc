@@ -164,6 +164,30 @@ TEST(FilesTest, AtomicWriteAndRead) {
   EXPECT_FALSE(PathExists(dir));
 }
 
+// Unchanged content is not written again (a full disk refuses the new file it would need): the
+// file keeps its inode; changed content or mode is written.
+TEST(FilesTest, WriteFileIfChangedLeavesAnUnchangedFileAlone) {
+  std::string dir = ::testing::TempDir() + "/tau_files_if_changed";
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  const std::string path = dir + "/f";
+  auto inode = [&] {
+    struct stat st {};
+    EXPECT_EQ(::stat(path.c_str(), &st), 0);
+    return std::make_pair(st.st_ino, st.st_mode & 07777);
+  };
+  ASSERT_TRUE(WriteFileIfChanged(path, "hello", 0644).ok());
+  const auto first = inode();
+  ASSERT_TRUE(WriteFileIfChanged(path, "hello", 0644).ok());
+  EXPECT_EQ(inode(), first);
+  ASSERT_TRUE(WriteFileIfChanged(path, "hello", 0600).ok());
+  EXPECT_EQ(inode().first, first.first);
+  EXPECT_EQ(inode().second, 0600u);
+  ASSERT_TRUE(WriteFileIfChanged(path, "again", 0600).ok());
+  EXPECT_NE(inode().first, first.first);
+  EXPECT_EQ(*ReadFile(path), "again");
+  EXPECT_TRUE(RemoveTree(dir).ok());
+}
+
 TEST(FilesTest, RelativePathsThatLeaveTheirDirectoryAreRefused) {
   EXPECT_TRUE(CheckRelativePath("a.txt").ok());
   EXPECT_TRUE(CheckRelativePath("sub/dir/a..b").ok());

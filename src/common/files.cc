@@ -127,6 +127,15 @@ Status WriteFileAtomic(const std::string& path, std::string_view content, int mo
   return FsyncDir(dir.empty() ? "." : dir);
 }
 
+Status WriteFileIfChanged(const std::string& path, std::string_view content, int mode) {
+  if (auto current = ReadFile(path); current.ok() && *current == content) {
+    if (::chmod(path.c_str(), static_cast<mode_t>(mode)) != 0)
+      return IoError("cannot chmod " + path, errno);
+    return Status::Ok();
+  }
+  return WriteFileAtomic(path, content, mode);
+}
+
 void RemoveAbandonedTemporaries(const std::string& path) {
   std::filesystem::path target(path);
   std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";

@@ -33,6 +33,9 @@ enum class Durability {
 // directory after.
 Status WriteFileAtomic(const std::string& path, std::string_view content, int mode = 0644,
                        Durability durability = Durability::kSynced);
+// WriteFileAtomic unless `path` already holds `content` (then only its mode is set): what a
+// process writes at every start must not need free space when nothing changed (a full disk).
+Status WriteFileIfChanged(const std::string& path, std::string_view content, int mode = 0644);
 // Removes the temporary files WriteFileAtomic(path) leaves behind when its writer is killed
 // between creating and renaming one (`path.tmp.PID` of a process that no longer exists).
 void RemoveAbandonedTemporaries(const std::string& path);

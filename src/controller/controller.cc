@@ -76,7 +76,17 @@ Status Controller::Start() {
   TAU_RETURN_IF_ERROR(backend_->Start(this, applied ? CurrentPlatform().platform.get() : nullptr));
   Batch batch;
   Recover(&batch);
-  CommitOrDie(std::move(batch));
+  if (Status s = store_->Commit(batch); s.code() == StatusCode::kUnavailable) {
+    // A full disk: the server still starts and serves what the store holds; the loop commits
+    // the recovery first, once there is room, before it decides anything else.
+    std::fprintf(stderr,
+                 "tau server: the disk is full: serving reads; what the restart recovered is "
+                 "committed once there is space (%s)\n",
+                 s.ToString().c_str());
+    recovered_ = std::move(batch);
+  } else if (!s.ok()) {
+    CommitOrDie(std::move(batch));  // says why, and stops
+  }
   if (Status s = RestoreFairUsage(); !s.ok())
     std::fprintf(stderr, "tau server: admission fair sharing: %s\n", s.ToString().c_str());
   sync_all_ = true;  // the first pass gives the engine every recovered run
@@ -94,6 +104,7 @@ void Controller::Stop() {
     stopping_ = true;
     platform_cv_.SignalAll();
     views_cv_.SignalAll();
+    committed_cv_.SignalAll();
   }
   inbox_.Close();
   if (thread_.joinable()) thread_.join();
@@ -701,12 +712,12 @@ Result<BatchOutcome> Controller::SubmitBatch(BatchRequest request, BatchError* e
   return out;
 }
 
-Status Controller::Cancel(const std::string& name) {
+Status Controller::Cancel(const std::string& name, std::string* pending) {
   TAU_ASSIGN_OR_RETURN(RunRecord r, store_->GetRun(name));
   if (store::IsTerminal(r.state))
     return FailedPrecondition(
         fmt::format("run '{}' has already finished ({})", name, store::RunStateName(r.state)));
-  PostWrite(CancelRequest{name});
+  WaitCommitted(PostWrite(CancelRequest{name}), pending);
   return Status::Ok();
 }
 
@@ -825,7 +836,8 @@ Result<RunRecord> Controller::RerunWithOverrides(const RunRecord& from,
   return r;
 }
 
-Status Controller::Resume(const std::string& name, const std::string& from, bool force) {
+Status Controller::Resume(const std::string& name, const std::string& from, bool force,
+                          std::string* pending) {
   TAU_ASSIGN_OR_RETURN(RunRecord r, store_->GetRun(name));
   if (!store::IsTerminal(r.state))
     return FailedPrecondition(
@@ -858,7 +870,7 @@ Status Controller::Resume(const std::string& name, const std::string& from, bool
           from, why));
     checkpoint = real;
   }
-  PostWrite(ResumeRequest{name, checkpoint});
+  WaitCommitted(PostWrite(ResumeRequest{name, checkpoint}), pending);
   return Status::Ok();
 }
 
@@ -930,13 +942,20 @@ void Controller::CommitOrDie(Batch batch) {
   // A full disk: decisions wait (attempts keep running, the API keeps answering) until there is
   // room, rather than the server stopping for what a user can fix.
   for (int waited_s = 0; s.code() == StatusCode::kUnavailable; ++waited_s) {
-    if (waited_s % 60 == 0)
+    if (waited_s % 60 == 0) {
       std::fprintf(stderr, "tau server: cannot commit, waiting for space: %s\n",
                    s.ToString().c_str());
+      MutexLock lock(&mu_);
+      commit_trouble_ = s.message();  // what an API call that waits for a commit is told
+    }
     // Stopping now loses nothing: the last committed state is what a restart recovers.
     if (inbox_.WaitClosed(1000)) std::_Exit(70);
     s = store_->Commit(batch);
-    if (s.ok()) std::fprintf(stderr, "tau server: committed again after waiting for space\n");
+    if (s.ok()) {
+      std::fprintf(stderr, "tau server: committed again after waiting for space\n");
+      MutexLock lock(&mu_);
+      commit_trouble_.clear();
+    }
   }
   if (!s.ok()) {
     // Acting on a state change that is not durable could lose or duplicate a run: stop instead. A
@@ -1173,6 +1192,10 @@ void Controller::RunOnce() { Pass(inbox_.TakeNow()); }
 
 void Controller::Pass(InboxTake take) {
   const int64_t take_writes = take.writes;
+  if (recovered_) {
+    CommitOrDie(std::move(*recovered_));
+    recovered_.reset();
+  }
   if (take.platform) {
     loop_platform_ = take.platform->platform;
     loop_generation_ = take.platform->generation;

@@ -225,7 +225,13 @@ class Controller : private RunHost {
   Result<bool> StoreCodeBlob(const std::string& user, const std::string& sha256,
                              std::string_view data);
   int64_t MaxTokensPerUser() const { return options_.max_tokens_per_user; }
-  Status Cancel(const std::string& name);
+  // Answered once the loop has committed the cancel (CancelRequested, or the run Cancelled), so
+  // that a server killed right after the answer still cancels the run when it restarts. When that
+  // takes longer than kDurableWaitMs (a full disk holds every commit) the cancel stays queued, to
+  // take effect once committed, and `pending` (when given) says it is not durable yet and why.
+  Status Cancel(const std::string& name, std::string* pending = nullptr);
+  // Below the CLI's 5 s wait for an answer (TAU_TIMEOUT); a pass takes milliseconds.
+  static constexpr int64_t kDurableWaitMs = 3000;
   // A new run from a finished run's recorded spec (with its --set overrides) and code snapshot.
   // `warning` is set when the recorded spec no longer gives the recorded config hash (tau changed
   // how it reads it). With `overrides` (tau rerun --set) they are applied over the run's own and
@@ -252,7 +258,9 @@ class Controller : private RunHost {
   // and restarted after its backoff (only queues the request).
   void RestartReplica(const std::string& name, const std::string& why);
   // Workflows (workflow.cc). Cancels every run of the workflow that has not ended; their names.
-  Result<std::vector<std::string>> CancelWorkflow(const std::string& workflow);
+  // Answered as Cancel is: once committed, or with `pending` set.
+  Result<std::vector<std::string>> CancelWorkflow(const std::string& workflow,
+                                                  std::string* pending = nullptr);
   // Runs `stage` of the workflow again: a new run of its newest run's spec, code and resolution,
   // and a new run of each stage after it whose newest run never ran because of it
   // (UpstreamFailed), all waiting as the workflow says. Refused while the stage's newest run has
@@ -262,7 +270,9 @@ class Controller : private RunHost {
   // Another attempt of a failed or cancelled run, resuming from `from` (a checkpoint inside the
   // run's checkpoint directory; empty: the newest complete one). Refused after OOMKilled unless
   // `force`.
-  Status Resume(const std::string& name, const std::string& from, bool force);
+  // Answered as Cancel is: once committed, or with `pending` set.
+  Status Resume(const std::string& name, const std::string& from, bool force,
+                std::string* pending = nullptr);
   // A GPU's health verdict changed (called from the GPU monitor's threads; only queues the news). A
   // GPU that is not placeable is given to no run; attempts using it are stopped as GPUError only
   // when `stop_running` (health::StopsRunningWork).
@@ -469,7 +479,11 @@ class Controller : private RunHost {
   // when an API call wants them).
   void RefreshPending(int64_t writes);
   // Posts an API call's write (a new run, a cancel, a resume): views read after it include it.
-  void PostWrite(InboxMessage message);
+  // Its number among the writes, for WaitCommitted.
+  int64_t PostWrite(InboxMessage message);
+  // On an API thread: waits up to kDurableWaitMs for the loop to have committed the pass that took
+  // `write` (and every write before it). Else sets `pending` (when given) to why it is not.
+  void WaitCommitted(int64_t write, std::string* pending);
   // Builds the views API calls read (pending_info_, capacity_info_, queues_info_): O(queued
   // runs), so the loop builds them when asked (or, driven by hand, on every pass), never on every
   // pass of a running server: that made a deep queue's drain quadratic.
@@ -598,6 +612,10 @@ class Controller : private RunHost {
   int64_t writes_taken_ TAU_GUARDED_BY(mu_) = 0;
   int64_t views_built_writes_ TAU_GUARDED_BY(mu_) = 0;
   CondVar views_cv_;
+  // Signalled when a pass has committed the writes it took (writes_taken_).
+  CondVar committed_cv_;
+  // Why the loop cannot commit (a full disk), while it waits to; empty otherwise.
+  std::string commit_trouble_ TAU_GUARDED_BY(mu_);
   PlatformView platform_ TAU_GUARDED_BY(mu_);
   // ApplyPlatform returns once the loop decides with the new platform (and its queue view is
   // fresh).
@@ -610,6 +628,9 @@ class Controller : private RunHost {
   QuotaBook quota_;
   std::shared_ptr<const policy::Platform> loop_platform_;
   int64_t loop_generation_ = 0;
+  // What Start recovered but could not commit (a full disk): the first pass commits it before
+  // anything else, waiting for space, while the API serves what the store holds.
+  std::optional<store::Batch> recovered_;
 };
 
 }  // namespace tau::server

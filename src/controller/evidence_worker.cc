@@ -341,9 +341,14 @@ void EvidenceWorker::Work() {
     std::optional<evidence::MetricsInfo> metrics;
     if (f.metrics) {
       auto compacted = f.metrics->Compact();
-      if (compacted.ok())
+      if (compacted.ok()) {
         metrics = evidence::MetricsInfoFrom(*compacted, f.metrics->stats());
-      else
+        // Kept with the compacted file: reads of an ended run's metrics neither sort nor re-read
+        // them (a failure only costs those reads their shortcut).
+        if (Status s = evidence::SaveMetricSummaries(Dir(f.name), *compacted); !s.ok())
+          std::fprintf(stderr, "tau server: metrics of %s: %s\n", f.name.c_str(),
+                       s.ToString().c_str());
+      } else
         std::fprintf(stderr, "tau server: metrics of %s: %s\n", f.name.c_str(),
                      compacted.status().ToString().c_str());
     }

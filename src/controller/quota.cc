@@ -483,12 +483,29 @@ int64_t ThreadCpuMicros() {
 }
 }  // namespace
 
-void Controller::PostWrite(InboxMessage message) {
-  {
-    MutexLock lock(&mu_);
-    ++writes_posted_;
-  }
+int64_t Controller::PostWrite(InboxMessage message) {
+  // Counted and pushed under one lock: a pass that took N writes took the first N posted.
+  MutexLock lock(&mu_);
   inbox_.Push(std::move(message));
+  return ++writes_posted_;
+}
+
+void Controller::WaitCommitted(int64_t write, std::string* pending) {
+  MutexLock lock(&mu_);
+  // Driven by hand, no pass runs until the test asks for one.
+  if (options_.loop_thread)
+    committed_cv_.WaitFor(&mu_, std::chrono::milliseconds(kDurableWaitMs),
+                          [&]() TAU_REQUIRES(mu_) { return writes_taken_ >= write || stopping_; });
+  if (writes_taken_ >= write || pending == nullptr) return;
+  *pending = commit_trouble_.empty()
+                 ? fmt::format(
+                       "not recorded yet (the server has not committed it within {} ms); it "
+                       "takes effect once it is, unless the server stops first",
+                       kDurableWaitMs)
+                 : fmt::format(
+                       "not recorded yet: the server cannot commit ({}); it takes effect once "
+                       "it can, unless the server stops first",
+                       commit_trouble_);
 }
 
 nlohmann::json Controller::WaitingForScheduler() {
@@ -518,7 +535,9 @@ void Controller::RefreshPending(int64_t writes) {
   {
     MutexLock lock(&mu_);
     ++views_generation_;
+    // The pass's commits are done: the writes it took are durable.
     writes_taken_ += writes;
+    if (writes > 0) committed_cv_.SignalAll();
     build = build || views_wanted_;
     if (platform_in_use_ != loop_generation_) {
       // ApplyPlatform's caller may go on: the loop decides with the new platform, and the next

@@ -162,17 +162,20 @@ nlohmann::json Controller::UpstreamPendingEntry(const std::string& queue,
       "");
 }
 
-Result<std::vector<std::string>> Controller::CancelWorkflow(const std::string& workflow) {
+Result<std::vector<std::string>> Controller::CancelWorkflow(const std::string& workflow,
+                                                            std::string* pending) {
   store::RunFilter filter;
   filter.workflow = workflow;
   filter.active_only = true;
   filter.summary = true;
   TAU_ASSIGN_OR_RETURN(std::vector<RunRecord> runs, store_->ListRuns(filter));
   std::vector<std::string> names;
+  int64_t last = 0;
   for (const RunRecord& r : runs) {
-    PostWrite(CancelRequest{r.name});
+    last = PostWrite(CancelRequest{r.name});
     names.push_back(r.name);
   }
+  if (last > 0) WaitCommitted(last, pending);
   return names;
 }
 

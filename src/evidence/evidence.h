@@ -224,6 +224,34 @@ struct CompactReport {
 Result<CompactReport> CompactMetricsFile(const std::string& in, const std::string& out,
                                          const CompactOptions& options = {});
 
+// Reads a file of tau's points (MetricPointJson lines, such as a compaction's output) a point at a
+// time through a 64 KiB buffer: a reply that streams a run's points holds one of them, whatever
+// the file's size. Takes an open descriptor (closed with the reader), so a temporary file may be
+// unlinked as soon as it is opened.
+class MetricPointReader {
+ public:
+  MetricPointReader(int fd, std::string path);
+  ~MetricPointReader();
+  MetricPointReader(const MetricPointReader&) = delete;
+  MetricPointReader& operator=(const MetricPointReader&) = delete;
+  static Result<std::unique_ptr<MetricPointReader>> Open(const std::string& path);
+  // false at the end; an error for a line that is not a point.
+  Result<bool> Next(MetricPoint* point);
+
+ private:
+  int fd_;
+  std::string path_, buf_;
+  size_t pos_ = 0;
+};
+
+// A run's metrics once it ended and its file was compacted (MetricsCollector::Compact): the
+// series' summaries, kept in DIR/metrics-summary.json beside the file with the file's size and
+// modification time, so that a read of an ended run's metrics neither sorts nor re-reads them.
+Status SaveMetricSummaries(const std::string& evidence_dir, const CompactReport& compacted);
+// The kept summaries while DIR/metrics.jsonl is still the file they describe (the same size and
+// time: a resumed run appends to it); nullopt otherwise, or when none were kept.
+std::optional<std::vector<MetricSummary>> LoadMetricSummaries(const std::string& evidence_dir);
+
 // What a run may make the collector keep, and what it must never show.
 struct CollectorOptions {
   MetricLimits limits;  // of each line

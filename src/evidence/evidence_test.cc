@@ -749,6 +749,46 @@ TEST(CompactMetricsFile, SpillsSortedRunsAndMergesThemAsTheHistoryWould) {
   EXPECT_FALSE(PathExists(dir / "none.jsonl"));
 }
 
+// A compacted file's summaries kept beside it read back as they were (NaN and Inf included) while
+// the file is unchanged, and not once it grows (a resumed run); the reader gives back every point.
+TEST(MetricSummaries, KeptWithTheCompactedFileWhileItIsUnchanged) {
+  TempDir dir;
+  const std::string file = dir / "metrics.jsonl";
+  MetricHistory history;
+  std::string text;
+  for (int i = 0; i < 500; ++i) {
+    MetricPoint p;
+    p.name = i % 2 ? "loss" : "acc";
+    p.step = i / 2;
+    p.value = i == 497 ? NAN : i == 498 ? -INFINITY : i * 0.25;
+    p.attempt = 1;
+    text += MetricPointJson(p) + "\n";
+    history.Add(p);
+  }
+  Write(file, text);
+  EXPECT_FALSE(LoadMetricSummaries(dir.path()).has_value());
+  auto report = CompactMetricsFile(file, file);
+  ASSERT_TRUE(report.ok());
+  ASSERT_TRUE(SaveMetricSummaries(dir.path(), *report).ok());
+  auto kept = LoadMetricSummaries(dir.path());
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(internal::MetricSummariesJson(*kept),
+            internal::MetricSummariesJson(history.Summaries()));
+  auto reader = MetricPointReader::Open(file);
+  ASSERT_TRUE(reader.ok());
+  std::string back;
+  MetricPoint p;
+  while (true) {
+    auto more = (*reader)->Next(&p);
+    ASSERT_TRUE(more.ok());
+    if (!*more) break;
+    back += MetricPointJson(p) + "\n";
+  }
+  EXPECT_EQ(back, history.ToJsonl());
+  Write(file, text + text);
+  EXPECT_FALSE(LoadMetricSummaries(dir.path()).has_value());
+}
+
 // ---------------------------------------------------------------------------------------------
 // The event chain, checked against the store's own hashing.
 

@@ -21,6 +21,8 @@
 #include <fmt/format.h>
 
 #include "common/files.h"
+#include "common/json_text.h"
+#include "common/layout.h"
 #include "common/strings.h"
 #include "evidence/evidence.h"
 #include "evidence/internal.h"
@@ -90,54 +92,6 @@ class BufferedWriter {
   std::string path_;
   int fd_ = -1;
   std::string buf_;
-};
-
-// Reads a sorted run back a point at a time, through a buffer of 64 KiB.
-class RunReader {
- public:
-  ~RunReader() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Status Open(const std::string& path) {
-    path_ = path;
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) return IoError("cannot open " + path, errno);
-    return Status::Ok();
-  }
-  // false at the end. tau wrote the run, so every line parses.
-  Result<bool> Next(MetricPoint* point) {
-    MetricLimits limits;
-    limits.max_line_bytes = kOwnLineBytes;
-    while (true) {
-      size_t nl = buf_.find('\n', pos_);
-      if (nl != std::string::npos) {
-        std::string_view line(buf_.data() + pos_, nl - pos_);
-        pos_ = nl + 1;
-        auto p = ParseMetricLine(line, limits);
-        if (!p.ok()) return Internal(path_ + ": " + p.status().message());
-        *point = std::move(*p);
-        return true;
-      }
-      buf_.erase(0, pos_);
-      pos_ = 0;
-      size_t have = buf_.size();
-      buf_.resize(have + 64 * 1024);
-      ssize_t n = ::read(fd_, buf_.data() + have, 64 * 1024);
-      if (n < 0 && errno == EINTR) {
-        buf_.resize(have);
-        continue;
-      }
-      if (n < 0) return IoError("cannot read " + path_, errno);
-      buf_.resize(have + static_cast<size_t>(n));
-      if (n == 0) return false;
-    }
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  std::string buf_;
-  size_t pos_ = 0;
 };
 
 // The merge's output: takes points in sorted order, keeps the last of each key, writes it with
@@ -219,6 +173,47 @@ std::string DirOf(const std::string& path) {
 
 }  // namespace
 
+MetricPointReader::MetricPointReader(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+
+MetricPointReader::~MetricPointReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<std::unique_ptr<MetricPointReader>> MetricPointReader::Open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return IoError("cannot open " + path, errno);
+  return std::make_unique<MetricPointReader>(fd, path);
+}
+
+Result<bool> MetricPointReader::Next(MetricPoint* point) {
+  MetricLimits limits;
+  limits.max_line_bytes = kOwnLineBytes;
+  while (true) {
+    size_t nl = buf_.find('\n', pos_);
+    if (nl != std::string::npos) {
+      std::string_view line(buf_.data() + pos_, nl - pos_);
+      pos_ = nl + 1;
+      auto p = ParseMetricLine(line, limits);
+      if (!p.ok()) return Internal(path_ + ": " + p.status().message());
+      *point = std::move(*p);
+      return true;
+    }
+    buf_.erase(0, pos_);
+    pos_ = 0;
+    if (buf_.size() > kOwnLineBytes) return Internal(path_ + ": a line longer than tau writes");
+    size_t have = buf_.size();
+    buf_.resize(have + 64 * 1024);
+    ssize_t n = ::read(fd_, buf_.data() + have, 64 * 1024);
+    if (n < 0 && errno == EINTR) {
+      buf_.resize(have);
+      continue;
+    }
+    if (n < 0) return IoError("cannot read " + path_, errno);
+    buf_.resize(have + static_cast<size_t>(n));
+    if (n == 0) return false;
+  }
+}
+
 Result<CompactReport> CompactMetricsFile(const std::string& in, const std::string& out,
                                          const CompactOptions& options) {
   CompactReport report;
@@ -278,7 +273,7 @@ Result<CompactReport> CompactMetricsFile(const std::string& in, const std::strin
     for (const std::string& p : temps.paths)
       if (p != tmp_out) runs.push_back(p);
     report.spilled_runs = runs.size();
-    std::vector<RunReader> readers(runs.size());
+    std::vector<std::unique_ptr<MetricPointReader>> readers(runs.size());
     std::vector<MetricPoint> heads(runs.size());
     // The smallest head first; among equal keys, the earlier run (earlier in the file).
     auto later = [&](size_t a, size_t b) {
@@ -288,15 +283,15 @@ Result<CompactReport> CompactMetricsFile(const std::string& in, const std::strin
     };
     std::priority_queue<size_t, std::vector<size_t>, decltype(later)> heap(later);
     for (size_t i = 0; i < runs.size(); ++i) {
-      TAU_RETURN_IF_ERROR(readers[i].Open(runs[i]));
-      TAU_ASSIGN_OR_RETURN(bool any, readers[i].Next(&heads[i]));
+      TAU_ASSIGN_OR_RETURN(readers[i], MetricPointReader::Open(runs[i]));
+      TAU_ASSIGN_OR_RETURN(bool any, readers[i]->Next(&heads[i]));
       if (any) heap.push(i);
     }
     while (!heap.empty()) {
       size_t i = heap.top();
       heap.pop();
       MetricPoint p = std::move(heads[i]);
-      TAU_ASSIGN_OR_RETURN(bool any, readers[i].Next(&heads[i]));
+      TAU_ASSIGN_OR_RETURN(bool any, readers[i]->Next(&heads[i]));
       if (any) heap.push(i);
       TAU_RETURN_IF_ERROR(merger.Add(std::move(p)));
     }
@@ -308,6 +303,95 @@ Result<CompactReport> CompactMetricsFile(const std::string& in, const std::strin
       return IoError("cannot rename " + tmp_out + " to " + out, errno);
   }
   return report;
+}
+
+namespace {
+
+constexpr const char* kSummaryFile = "/metrics-summary.json";
+
+// A double as JSON, NaN and the infinities as strings (JSON has no such numbers).
+nlohmann::json Real(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+std::optional<double> RealOf(const nlohmann::json& j) {
+  if (j.is_number()) return j.get<double>();
+  if (!j.is_string()) return std::nullopt;
+  const std::string s = j.get<std::string>();
+  if (s == "nan") return std::nan("");
+  if (s == "inf") return HUGE_VAL;
+  if (s == "-inf") return -HUGE_VAL;
+  return std::nullopt;
+}
+
+// The metrics file's size and modification time: the kept summaries describe it while both hold.
+std::optional<std::pair<int64_t, int64_t>> FileStamp(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return std::make_pair(
+      static_cast<int64_t>(st.st_size),
+      static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec);
+}
+
+}  // namespace
+
+Status SaveMetricSummaries(const std::string& evidence_dir, const CompactReport& compacted) {
+  auto stamp = FileStamp(layout::MetricsFile(evidence_dir));
+  if (!stamp) return Status::Ok();  // no points, no file: nothing to keep
+  nlohmann::json series = nlohmann::json::array();
+  for (const MetricSummary& m : compacted.series) {
+    nlohmann::json j = {{"name", m.name},
+                        {"split", m.split},
+                        {"unit", m.unit},
+                        {"count", m.count},
+                        {"first_step", m.first_step},
+                        {"last_step", m.last_step},
+                        {"latest", Real(m.latest)},
+                        {"latest_attempt", m.latest_attempt},
+                        {"nan_count", m.nan_count},
+                        {"inf_count", m.inf_count}};
+    if (m.min) j["min"] = *m.min;
+    if (m.max) j["max"] = *m.max;
+    series.push_back(std::move(j));
+  }
+  nlohmann::json doc = {
+      {"metrics_bytes", stamp->first}, {"metrics_mtime_ns", stamp->second}, {"series", series}};
+  // Only a shortcut: a lost file is computed again, so it need not survive a machine's crash.
+  return WriteFileAtomic(evidence_dir + kSummaryFile, JsonText(doc) + "\n", 0600,
+                         Durability::kProcessCrash);
+}
+
+std::optional<std::vector<MetricSummary>> LoadMetricSummaries(const std::string& evidence_dir) {
+  auto text = ReadFile(evidence_dir + kSummaryFile);
+  if (!text.ok()) return std::nullopt;
+  auto stamp = FileStamp(layout::MetricsFile(evidence_dir));
+  nlohmann::json doc = nlohmann::json::parse(*text, nullptr, false);
+  if (!stamp || !doc.is_object() || !doc.contains("series") || !doc["series"].is_array() ||
+      doc.value("metrics_bytes", int64_t{-1}) != stamp->first ||
+      doc.value("metrics_mtime_ns", int64_t{-1}) != stamp->second)
+    return std::nullopt;
+  std::vector<MetricSummary> out;
+  for (const nlohmann::json& j : doc["series"]) {
+    if (!j.is_object()) return std::nullopt;
+    MetricSummary m;
+    m.name = j.value("name", "");
+    m.split = j.value("split", "");
+    m.unit = j.value("unit", "");
+    m.count = j.value("count", int64_t{0});
+    m.first_step = j.value("first_step", int64_t{0});
+    m.last_step = j.value("last_step", int64_t{0});
+    auto latest = RealOf(j.value("latest", nlohmann::json()));
+    if (!latest) return std::nullopt;
+    m.latest = *latest;
+    m.latest_attempt = j.value("latest_attempt", 0);
+    m.nan_count = j.value("nan_count", int64_t{0});
+    m.inf_count = j.value("inf_count", int64_t{0});
+    if (j.contains("min")) m.min = RealOf(j["min"]);
+    if (j.contains("max")) m.max = RealOf(j["max"]);
+    out.push_back(std::move(m));
+  }
+  return out;
 }
 
 }  // namespace tau::evidence

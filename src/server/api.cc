@@ -826,15 +826,22 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
              [controller](const http::HttpRequest& req, http::HttpResponse& res) {
                auto body = ParseResumeBody(req.body);
                if (!body.ok()) return http::ReplyError(res, body.status());
-               Status s = controller->Resume(req.matches[1], body->from, body->force);
+               std::string pending;
+               Status s = controller->Resume(req.matches[1], body->from, body->force, &pending);
                if (!s.ok()) return http::ReplyError(res, s);
-               http::Reply(res, 202, {{"resuming", std::string(req.matches[1])}});
+               json reply = {{"resuming", std::string(req.matches[1])}};
+               // Only a change not yet durable says so: the usual answer stays as it was.
+               if (!pending.empty()) reply["pending"] = pending;
+               http::Reply(res, 202, reply);
              });
   api->Route("POST", R"(/api/v1/runs/([a-z0-9-]+)/cancel)", Access::kRunWrite,
              [controller](const http::HttpRequest& req, http::HttpResponse& res) {
-               Status s = controller->Cancel(req.matches[1]);
+               std::string pending;
+               Status s = controller->Cancel(req.matches[1], &pending);
                if (!s.ok()) return http::ReplyError(res, s);
-               http::Reply(res, 202, {{"cancelling", std::string(req.matches[1])}});
+               json reply = {{"cancelling", std::string(req.matches[1])}};
+               if (!pending.empty()) reply["pending"] = pending;
+               http::Reply(res, 202, reply);
              });
 
   RegisterWorkflowApi(api, controller, store);

@@ -51,9 +51,12 @@ void RegisterWorkflowApi(SecureRouter* api, Controller* controller, store::Store
                                       const CallerContext& caller) {
                const std::string workflow = req.matches[1];
                if (!WritableWorkflow(api, store, req, res, caller, workflow)) return;
-               auto cancelling = controller->CancelWorkflow(workflow);
+               std::string pending;
+               auto cancelling = controller->CancelWorkflow(workflow, &pending);
                if (!cancelling.ok()) return http::ReplyError(res, cancelling.status());
-               http::Reply(res, 202, {{"cancelling", *cancelling}});
+               nlohmann::json reply = {{"cancelling", *cancelling}};
+               if (!pending.empty()) reply["pending"] = pending;
+               http::Reply(res, 202, reply);
              });
   api->Route("POST", R"(/api/v1/workflows/([a-z0-9-]+)/stages/([a-z0-9-]+)/retry)",
              Access::kSignedIn,

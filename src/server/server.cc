@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -45,6 +47,9 @@
 namespace tau::server {
 
 namespace {
+
+// Less free space than this at start is a full disk, for the log (SQLite needs a few pages).
+constexpr uint64_t kDiskFullBytes = 1 << 20;
 
 // The monitor's latest readings as evidence samples (one per GPU that could be read).
 std::vector<evidence::GpuSample> EvidenceSamples(const health::HealthSnapshot& snap) {
@@ -85,10 +90,44 @@ Result<int> TakeServerLock(const std::string& home) {
     return FailedPrecondition(fmt::format("another tau server (pid {}) is already running for {}",
                                           std::strtol(buf, nullptr, 10), home));
   }
+  // Written over the old pid, then cut to length: truncating first would free the block and
+  // leave the write needing a new one, which a full disk refuses.
   std::string pid = std::to_string(::getpid()) + "\n";
-  (void)!::ftruncate(fd, 0);
-  (void)!::pwrite(fd, pid.data(), pid.size(), 0);
+  if (::pwrite(fd, pid.data(), pid.size(), 0) == static_cast<ssize_t>(pid.size()))
+    (void)!::ftruncate(fd, static_cast<off_t>(pid.size()));
   return fd;
+}
+
+// The pid file, written at every start. On a full disk the new file cannot be made: the old one is
+// overwritten in place (its block is already there), or removed rather than left naming another
+// process.
+void WritePidFile(const std::string& path, const std::function<void(const std::string&)>& log) {
+  RemoveAbandonedTemporaries(path);  // a server killed while writing it left one behind
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  Status s = WriteFileAtomic(path, pid);
+  if (s.ok()) return;
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  bool written = fd >= 0 &&
+                 ::pwrite(fd, pid.data(), pid.size(), 0) == static_cast<ssize_t>(pid.size()) &&
+                 ::ftruncate(fd, static_cast<off_t>(pid.size())) == 0;
+  if (fd >= 0) ::close(fd);
+  if (written) return;
+  ::unlink(path.c_str());
+  log("cannot write the pid file: " + s.ToString());
+}
+
+// A full disk does not stop the server: it starts, serves what the store holds, and commits
+// changes once there is space again (Controller::CommitOrDie). Said once at start, plainly.
+void SayWhenDiskIsFull(const std::string& home,
+                       const std::function<void(const std::string&)>& log) {
+  struct statvfs fs {};
+  if (::statvfs(home.c_str(), &fs) != 0) return;
+  const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  if (free_bytes >= kDiskFullBytes) return;
+  log(fmt::format(
+      "the disk of {} is full ({} KiB free): serving reads; runs, cancels and other changes are "
+      "recorded once space is freed",
+      home, free_bytes / 1024));
 }
 
 // A TCP listener is reachable by other machines' users, so it speaks TLS; plaintext is allowed only
@@ -161,6 +200,7 @@ int RunServer(const ServerOptions& options) {
     log(lock.status().message());
     return lock.status().code() == StatusCode::kFailedPrecondition ? 3 : 1;
   }
+  SayWhenDiskIsFull(options.home, log);
   for (const std::string& dir : {layout::RunsDir(options.home), layout::SnapshotsDir(options.home),
                                  layout::BlobsDir(options.home), layout::VenvsDir(options.home)})
     (void)MakeDirs(dir, 0700);
@@ -378,9 +418,7 @@ int RunServer(const ServerOptions& options) {
         break;
     }
   });
-  // A server killed while writing its pid file left the temporary behind.
-  RemoveAbandonedTemporaries(layout::PidFile(options.home));
-  (void)WriteFileAtomic(layout::PidFile(options.home), std::to_string(::getpid()) + "\n");
+  WritePidFile(layout::PidFile(options.home), log);
 
   std::thread signal_thread([&] {
     int sig = 0;

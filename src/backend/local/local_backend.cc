@@ -242,7 +242,7 @@ Status LocalBackend::Start(RunHost* host, const policy::Platform*) {
   const std::string hook = layout::PythonHookDir(options_.home);
   TAU_RETURN_IF_ERROR(MakeDirs(hook, 0755));
   TAU_RETURN_IF_ERROR(
-      WriteFileAtomic(hook + "/sitecustomize.py", runtime::PythonHookSource(), 0644));
+      WriteFileIfChanged(hook + "/sitecustomize.py", runtime::PythonHookSource(), 0644));
   StartZygote();
   return Status::Ok();
 }
