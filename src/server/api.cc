@@ -34,9 +34,13 @@ namespace {
 using nlohmann::json;
 using store::RunRecord;
 
-// An inline submission carries its code in base64 (64 MiB is 86 MiB of it); a blob is at most
-// kMaxSnapshotBytes, which its route checks.
-constexpr size_t kMaxRequestBytes = 128u << 20;
+// The most any route takes (authz.h: kMaxSubmissionBytes); each route has its own limit, and a
+// route that names none takes http::kDefaultMaxBodyBytes.
+constexpr size_t kMaxRequestBytes = kMaxSubmissionBytes;
+// A spec or platform file (1 MiB of YAML) as a JSON string, escapes included.
+constexpr size_t kSpecRequestBytes = 4u << 20;
+// A manifest of up to 20,000 files, each path up to 1 KiB.
+constexpr size_t kManifestRequestBytes = 32u << 20;
 constexpr int kLogPollMs = 100;
 
 std::optional<std::string> OptionalTime(const std::optional<int64_t>& ms) {
@@ -545,41 +549,44 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
              [controller](const http::HttpRequest&, http::HttpResponse& res) {
                http::Reply(res, 200, controller->Capacity());
              });
-  api->Route("POST", "/api/v1/validate", Access::kSignedIn,
-             [](const http::HttpRequest& req, http::HttpResponse& res) {
-               auto body = ParseValidateBody(req.body);
-               if (!body.ok()) return http::ReplyError(res, body.status());
-               auto parsed = spec::ParseSpec(body->yaml, body->file);
-               json diags = json::array();
-               for (const auto& d : parsed.diagnostics)
-                 diags.push_back({{"line", d.line},
-                                  {"column", d.column},
-                                  {"message", d.message},
-                                  {"text", d.ToString()}});
-               http::Reply(res, 200, {{"valid", parsed.ok()}, {"diagnostics", diags}});
-             });
+  api->Route(
+      "POST", "/api/v1/validate", Access::kSignedIn,
+      [](const http::HttpRequest& req, http::HttpResponse& res) {
+        auto body = ParseValidateBody(req.body);
+        if (!body.ok()) return http::ReplyError(res, body.status());
+        auto parsed = spec::ParseSpec(body->yaml, body->file);
+        json diags = json::array();
+        for (const auto& d : parsed.diagnostics)
+          diags.push_back({{"line", d.line},
+                           {"column", d.column},
+                           {"message", d.message},
+                           {"text", d.ToString()}});
+        http::Reply(res, 200, {{"valid", parsed.ok()}, {"diagnostics", diags}});
+      },
+      Body{kSpecRequestBytes});
 
   // What a spec becomes for the caller with the platform in force, without submitting it: `tau
   // explain` and `tau plan` against a server that is not this machine's, or as a token's user.
-  api->Route("POST", "/api/v1/resolve", Access::kSignedIn,
-             [controller](const http::HttpRequest& req, http::HttpResponse& res,
-                          const CallerContext& caller) {
-               auto body = ParseResolveBody(req.body);
-               if (!body.ok()) return http::ReplyError(res, body.status());
-               spec::ParseOutcome parsed =
-                   spec::ParseSpec(body->spec.yaml, body->spec.file, body->set);
-               if (!parsed.ok()) return http::ReplyError(res, InvalidArgument(parsed.ErrorText()));
-               Controller::PlatformView view = controller->CurrentPlatform();
-               auto resolved = policy::Resolve(*parsed.spec, *view.platform, caller.who.AsCaller());
-               if (!resolved.ok()) return http::ReplyError(res, resolved.status());
-               json reply = {{"resolved", policy::ToJson(*resolved)}, {"platform", view.source}};
-               // Said back, so that a client can tell this server from one that ignores "set".
-               if (!body->set.empty()) {
-                 reply["set"] = json::array();
-                 for (const spec::Override& o : body->set) reply["set"].push_back(o.Text());
-               }
-               http::Reply(res, 200, reply);
-             });
+  api->Route(
+      "POST", "/api/v1/resolve", Access::kSignedIn,
+      [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                   const CallerContext& caller) {
+        auto body = ParseResolveBody(req.body);
+        if (!body.ok()) return http::ReplyError(res, body.status());
+        spec::ParseOutcome parsed = spec::ParseSpec(body->spec.yaml, body->spec.file, body->set);
+        if (!parsed.ok()) return http::ReplyError(res, InvalidArgument(parsed.ErrorText()));
+        Controller::PlatformView view = controller->CurrentPlatform();
+        auto resolved = policy::Resolve(*parsed.spec, *view.platform, caller.who.AsCaller());
+        if (!resolved.ok()) return http::ReplyError(res, resolved.status());
+        json reply = {{"resolved", policy::ToJson(*resolved)}, {"platform", view.source}};
+        // Said back, so that a client can tell this server from one that ignores "set".
+        if (!body->set.empty()) {
+          reply["set"] = json::array();
+          for (const spec::Override& o : body->set) reply["set"].push_back(o.Text());
+        }
+        http::Reply(res, 200, reply);
+      },
+      Body{kSpecRequestBytes});
   api->Route("GET", "/api/v1/platform", Access::kSignedIn,
              [controller](const http::HttpRequest&, http::HttpResponse& res) {
                Controller::PlatformView view = controller->CurrentPlatform();
@@ -588,21 +595,23 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                             {"applied", FormatRfc3339(view.applied_ms)},
                             {"platform", policy::ToJson(*view.platform)}});
              });
-  api->Route("PUT", "/api/v1/platform", Access::kAdmin,
-             [controller, api](const http::HttpRequest& req, http::HttpResponse& res,
-                               const CallerContext& caller) {
-               auto body = ParseValidateBody(req.body);
-               if (!body.ok()) return http::ReplyError(res, body.status());
-               std::vector<spec::Diagnostic> diagnostics;
-               Status s = controller->ApplyPlatform(body->yaml, body->file, &diagnostics);
-               if (!s.ok()) {
-                 json diags = json::array();
-                 for (const auto& d : diagnostics) diags.push_back(d.ToString());
-                 return http::ReplyError(res, s, {{"diagnostics", diags}});
-               }
-               api->Audit(req, caller.who, 200, "platform.apply", body->file);
-               http::Reply(res, 200, {{"applied", body->file}});
-             });
+  api->Route(
+      "PUT", "/api/v1/platform", Access::kAdmin,
+      [controller, api](const http::HttpRequest& req, http::HttpResponse& res,
+                        const CallerContext& caller) {
+        auto body = ParseValidateBody(req.body);
+        if (!body.ok()) return http::ReplyError(res, body.status());
+        std::vector<spec::Diagnostic> diagnostics;
+        Status s = controller->ApplyPlatform(body->yaml, body->file, &diagnostics);
+        if (!s.ok()) {
+          json diags = json::array();
+          for (const auto& d : diagnostics) diags.push_back(d.ToString());
+          return http::ReplyError(res, s, {{"diagnostics", diags}});
+        }
+        api->Audit(req, caller.who, 200, "platform.apply", body->file);
+        http::Reply(res, 200, {{"applied", body->file}});
+      },
+      Body{kSpecRequestBytes});
   // ?summary=1: the queues without their runs (their counts stay), for `tau queues`; ?offset=O
   // and ?limit=K: of each queue's pending runs, K from position O + 1 (the counts are the
   // queue's).
@@ -638,88 +647,96 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
   // Code upload, before a submission that names a manifest: which blobs the server lacks, then
   // each of them as raw bytes. Blobs are content-addressed, so one user's upload serves any user
   // with the same content; what a run sees is decided by its manifest, checked at submission.
-  api->Route("POST", "/api/v1/code/missing", Access::kSignedIn,
-             [controller](const http::HttpRequest& req, http::HttpResponse& res) {
-               auto manifest = ParseManifestBody(req.body);
-               if (!manifest.ok()) return http::ReplyError(res, manifest.status());
-               auto check = controller->CheckCode(std::move(*manifest));
-               if (!check.ok()) return http::ReplyError(res, check.status());
-               api::CodeMissing reply;
-               reply.digest = check->digest;
-               reply.stored = check->stored;
-               reply.missing = std::move(check->missing);
-               http::Reply(res, 200, reply.ToJson());
-             });
-  api->Route("PUT", R"(/api/v1/blobs/([^/]+))", Access::kSignedIn,
-             [controller](const http::HttpRequest& req, http::HttpResponse& res) {
-               auto added = controller->StoreCodeBlob(req.matches[1], req.body);
-               if (!added.ok()) return http::ReplyError(res, added.status());
-               http::Reply(res, *added ? 201 : 200,
-                           {{"sha256", req.matches[1]}, {"size", req.body.size()}});
-             });
-  api->Route("POST", "/api/v1/runs", Access::kSignedIn,
-             [controller](const http::HttpRequest& req, http::HttpResponse& res,
-                          const CallerContext& caller) {
-               auto submit = ParseSubmitBody(req.body);
-               if (!submit.ok()) return http::ReplyError(res, submit.status());
-               submit->caller = caller.who.AsCaller();
-               submit->token_user = caller.who.via == "token";
-               if (auto key = req.headers.find("idempotency-key"); key != req.headers.end()) {
-                 if (!IsIdempotencyKey(key->second))
-                   return http::ReplyError(
-                       res, InvalidArgument("the Idempotency-Key header takes 1 to 128 letters, "
-                                            "digits and . _ : - (a client's random key)"));
-                 submit->idempotency_key = key->second;
-               }
-               SubmitError error;
-               auto outcome = controller->Submit(std::move(*submit), &error);
-               if (!outcome.ok()) {
-                 json diags = json::array();
-                 for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
-                 json extra = {{"diagnostics", diags}};
-                 if (!error.missing_blobs.empty()) extra["missing"] = error.missing_blobs;
-                 return http::ReplyError(res, outcome.status(), extra);
-               }
-               api::Submitted reply;
-               // A new run waits for the scheduler: the reply does not wait for the loop's views.
-               reply.run = RunOf(outcome->run, controller, !outcome->replayed);
-               // A repeated submission gets the run its key made, as it is now.
-               if (outcome->replayed) res.headers_out.emplace_back("Idempotent-Replayed", "true");
-               http::Reply(res, outcome->replayed ? 200 : 201, reply.ToJson());
-             });
+  api->Route(
+      "POST", "/api/v1/code/missing", Access::kSignedIn,
+      [controller](const http::HttpRequest& req, http::HttpResponse& res) {
+        auto manifest = ParseManifestBody(req.body);
+        if (!manifest.ok()) return http::ReplyError(res, manifest.status());
+        auto check = controller->CheckCode(std::move(*manifest));
+        if (!check.ok()) return http::ReplyError(res, check.status());
+        api::CodeMissing reply;
+        reply.digest = check->digest;
+        reply.stored = check->stored;
+        reply.missing = std::move(check->missing);
+        http::Reply(res, 200, reply.ToJson());
+      },
+      Body{kManifestRequestBytes, /*submission=*/true});
+  api->Route(
+      "PUT", R"(/api/v1/blobs/([^/]+))", Access::kSignedIn,
+      [controller](const http::HttpRequest& req, http::HttpResponse& res) {
+        auto added = controller->StoreCodeBlob(req.matches[1], req.body);
+        if (!added.ok()) return http::ReplyError(res, added.status());
+        http::Reply(res, *added ? 201 : 200,
+                    {{"sha256", req.matches[1]}, {"size", req.body.size()}});
+      },
+      Body{kMaxBlobRequestBytes, /*submission=*/true});
+  api->Route(
+      "POST", "/api/v1/runs", Access::kSignedIn,
+      [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                   const CallerContext& caller) {
+        auto submit = ParseSubmitBody(req.body);
+        if (!submit.ok()) return http::ReplyError(res, submit.status());
+        submit->caller = caller.who.AsCaller();
+        submit->token_user = caller.who.via == "token";
+        if (auto key = req.headers.find("idempotency-key"); key != req.headers.end()) {
+          if (!IsIdempotencyKey(key->second))
+            return http::ReplyError(
+                res, InvalidArgument("the Idempotency-Key header takes 1 to 128 letters, "
+                                     "digits and . _ : - (a client's random key)"));
+          submit->idempotency_key = key->second;
+        }
+        SubmitError error;
+        auto outcome = controller->Submit(std::move(*submit), &error);
+        if (!outcome.ok()) {
+          json diags = json::array();
+          for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
+          json extra = {{"diagnostics", diags}};
+          if (!error.missing_blobs.empty()) extra["missing"] = error.missing_blobs;
+          return http::ReplyError(res, outcome.status(), extra);
+        }
+        api::Submitted reply;
+        // A new run waits for the scheduler: the reply does not wait for the loop's views.
+        reply.run = RunOf(outcome->run, controller, !outcome->replayed);
+        // A repeated submission gets the run its key made, as it is now.
+        if (outcome->replayed) res.headers_out.emplace_back("Idempotent-Replayed", "true");
+        http::Reply(res, outcome->replayed ? 200 : 201, reply.ToJson());
+      },
+      Body{kMaxSubmissionBytes, /*submission=*/true});
 
   // Many submissions in one request: checked whole, then inserted in one transaction (one fsync),
   // all or none; a refusal names the item at fault (`index`) with its diagnostics.
-  api->Route("POST", "/api/v1/runs/batch", Access::kSignedIn,
-             [controller](const http::HttpRequest& req, http::HttpResponse& res,
-                          const CallerContext& caller) {
-               auto batch = ParseBatchBody(req.body);
-               if (!batch.ok()) return http::ReplyError(res, batch.status());
-               batch->caller = caller.who.AsCaller();
-               batch->token_user = caller.who.via == "token";
-               if (auto key = req.headers.find("idempotency-key"); key != req.headers.end()) {
-                 if (!IsIdempotencyKey(key->second))
-                   return http::ReplyError(
-                       res, InvalidArgument("the Idempotency-Key header takes 1 to 128 letters, "
-                                            "digits and . _ : - (a client's random key)"));
-                 batch->idempotency_key = key->second;
-               }
-               BatchError error;
-               auto outcome = controller->SubmitBatch(std::move(*batch), &error);
-               if (!outcome.ok()) {
-                 json diags = json::array();
-                 for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
-                 json extra = {{"diagnostics", diags}};
-                 if (error.index) extra["index"] = *error.index;
-                 return http::ReplyError(res, outcome.status(), extra);
-               }
-               api::SubmittedBatch reply;
-               reply.runs.reserve(outcome->runs.size());
-               for (const RunRecord& r : outcome->runs)
-                 reply.runs.push_back(RunOf(r, controller, !outcome->replayed));
-               if (outcome->replayed) res.headers_out.emplace_back("Idempotent-Replayed", "true");
-               http::Reply(res, outcome->replayed ? 200 : 201, reply.ToJson());
-             });
+  api->Route(
+      "POST", "/api/v1/runs/batch", Access::kSignedIn,
+      [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                   const CallerContext& caller) {
+        auto batch = ParseBatchBody(req.body);
+        if (!batch.ok()) return http::ReplyError(res, batch.status());
+        batch->caller = caller.who.AsCaller();
+        batch->token_user = caller.who.via == "token";
+        if (auto key = req.headers.find("idempotency-key"); key != req.headers.end()) {
+          if (!IsIdempotencyKey(key->second))
+            return http::ReplyError(
+                res, InvalidArgument("the Idempotency-Key header takes 1 to 128 letters, "
+                                     "digits and . _ : - (a client's random key)"));
+          batch->idempotency_key = key->second;
+        }
+        BatchError error;
+        auto outcome = controller->SubmitBatch(std::move(*batch), &error);
+        if (!outcome.ok()) {
+          json diags = json::array();
+          for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
+          json extra = {{"diagnostics", diags}};
+          if (error.index) extra["index"] = *error.index;
+          return http::ReplyError(res, outcome.status(), extra);
+        }
+        api::SubmittedBatch reply;
+        reply.runs.reserve(outcome->runs.size());
+        for (const RunRecord& r : outcome->runs)
+          reply.runs.push_back(RunOf(r, controller, !outcome->replayed));
+        if (outcome->replayed) res.headers_out.emplace_back("Idempotent-Replayed", "true");
+        http::Reply(res, outcome->replayed ? 200 : 201, reply.ToJson());
+      },
+      Body{kMaxSubmissionBytes, /*submission=*/true});
 
   api->Route(
       "GET", "/api/v1/runs", Access::kSignedIn,
