@@ -719,6 +719,19 @@ void RegisterServerCommand(CLI::App* app, Context* ctx) {
                    "Bytes a second a request body must keep up with after --body-grace")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
+  // A legitimate submission with its code inline is up to 128 MiB: lower limits refuse it.
+  server
+      ->add_option("--max-body-bytes-in-flight", sopts.max_body_bytes_in_flight,
+                   "Bytes of request bodies over 64 KiB the server receives and handles at once; "
+                   "past it a request is refused (503) before its body is read")
+      ->check(CLI::Range(int64_t{1} << 20, int64_t{1} << 40))
+      ->capture_default_str();
+  server
+      ->add_option("--max-body-bytes-in-flight-per-identity",
+                   sopts.max_body_bytes_in_flight_per_identity,
+                   "The same for one identity (an anonymous caller: one address); past it, 429")
+      ->check(CLI::Range(int64_t{1} << 20, int64_t{1} << 40))
+      ->capture_default_str();
   server
       ->add_option("--audit-refusals-per-minute", sopts.audit_refusals_per_minute,
                    "Refused requests (401, 403, 429, 503) written to the audit trail per caller, "

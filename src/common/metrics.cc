@@ -76,8 +76,9 @@ Metrics::Metrics() {
           "API requests refused (401, 403, 429, 503) by status and route pattern; each is counted, "
           "the audit trail holds a sample.");
   counter("tau_http_connections_refused_total",
-          "Connections refused or cut off by a limit, by reason (connection_limit, "
-          "peer_connection_limit, header_deadline, body_deadline).");
+          "Connections or requests refused or cut off by a limit, by reason (connection_limit, "
+          "peer_connection_limit, unproven_connection_limit, identity_connection_limit, "
+          "header_deadline, body_deadline, body_budget).");
   counter("tau_serve_requests_total",
           "Requests through a service's endpoint (/serve/NAME/), by service and status class "
           "(2xx, 4xx, 5xx; error: no replica answered).");

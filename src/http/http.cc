@@ -33,6 +33,8 @@ constexpr int kIoTimeoutMs = 30000;  // a response that makes no progress
 constexpr int kHandshakeTimeoutMs = 10000;
 // What a client refused for a limit is told to wait before it tries again, in seconds.
 constexpr int kRetryAfterSeconds = 5;
+// How long the rest of a refused request's body is read and dropped before the connection closes.
+constexpr int kLingerMs = 2000;
 
 const char* Reason(int status) {
   switch (status) {
@@ -125,8 +127,9 @@ class Conn : public ChunkSink {
     }
     return false;
   }
-  // Reads more into buf_; false on EOF/error/timeout.
-  bool Fill(int timeout_ms) {
+  // Reads more into buf_, at most `most` bytes (a body is read to its end and no further, so its
+  // buffer, reserved for it, never grows); false on EOF/error/timeout.
+  bool Fill(int timeout_ms, size_t most = 65536) {
     // Decrypted bytes may already wait inside OpenSSL, where poll() cannot see them.
     bool pending = tls_ && tls_->HasPending();
     if (!pending && !WaitReadable(timeout_ms)) return false;
@@ -134,14 +137,14 @@ class Conn : public ChunkSink {
     if (tls_) {
       // The socket is readable, but a TLS record may arrive in pieces: wait for the rest, no longer
       // than the caller's deadline allows (a record trickled a byte at a time must not outlast it).
-      Result<size_t> got = tls_->Read(tmp, sizeof tmp, timeout_ms);
+      Result<size_t> got = tls_->Read(tmp, std::min(sizeof tmp, most), timeout_ms);
       if (!got.ok() || *got == 0) return false;
       buf_.append(tmp, *got);
       return true;
     }
     ssize_t n;
     do {
-      n = ::recv(fd_, tmp, sizeof tmp, 0);
+      n = ::recv(fd_, tmp, std::min(sizeof tmp, most), 0);
     } while (n < 0 && errno == EINTR);
     if (n <= 0) return false;
     buf_.append(tmp, static_cast<size_t>(n));
@@ -189,21 +192,28 @@ int64_t SteadyMillis() {
       .count();
 }
 
-// The peer of a TCP connection as budgets count it: its IP, an IPv6 one by its /64 (a host is
-// commonly given a whole /64, and could otherwise open each connection from another address).
+// The peer of a TCP connection as budgets count it. Loopback (127.0.0.0/8, ::1) is one peer: any
+// local user may bind any of its 16 million addresses. Otherwise an IPv4 address by its /24 and an
+// IPv6 one by its /64: a host may hold a whole prefix, and open each connection from another
+// address of it.
 std::string PeerOf(const sockaddr_storage& addr) {
   char text[INET6_ADDRSTRLEN] = {0};
+  auto v4 = [&](const unsigned char* bytes) {
+    if (bytes[0] == 127) return std::string("loopback");
+    in_addr a{};
+    unsigned char* out = reinterpret_cast<unsigned char*>(&a.s_addr);
+    std::memcpy(out, bytes, 3);
+    ::inet_ntop(AF_INET, &a, text, sizeof text);
+    return std::string(text) + "/24";
+  };
   if (addr.ss_family == AF_INET) {
     const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
-    ::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
-    return text;
+    return v4(reinterpret_cast<const unsigned char*>(&in->sin_addr.s_addr));
   }
   if (addr.ss_family == AF_INET6) {
     in6_addr a = reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr;
-    if (IN6_IS_ADDR_V4MAPPED(&a)) {
-      ::inet_ntop(AF_INET, &a.s6_addr[12], text, sizeof text);
-      return text;
-    }
+    if (IN6_IS_ADDR_V4MAPPED(&a)) return v4(&a.s6_addr[12]);
+    if (IN6_IS_ADDR_LOOPBACK(&a)) return "loopback";
     std::memset(&a.s6_addr[8], 0, 8);
     ::inet_ntop(AF_INET6, &a, text, sizeof text);
     return std::string(text) + "/64";
@@ -238,8 +248,9 @@ HttpServer::~HttpServer() {
     if (fd >= 0) ::close(fd);
 }
 
-void HttpServer::Route(const std::string& method, const std::string& pattern, HttpHandler handler) {
-  routes_.push_back({method, std::regex(pattern), pattern, std::move(handler)});
+void HttpServer::Route(const std::string& method, const std::string& pattern, HttpHandler handler,
+                       RouteOptions options) {
+  routes_.push_back({method, std::regex(pattern), pattern, std::move(handler), std::move(options)});
 }
 
 Status HttpServer::ListenUnix(const std::string& path, int mode) {
@@ -348,32 +359,63 @@ void HttpServer::Serve() {
       std::string refusal;
       const char* reason = nullptr;
       Limits limits;
+      Share share = Share::kUnproven;
       {
         MutexLock lock(&mu_);
         limits = limits_;
         int& of_kind = is_unix ? local_connections_ : network_connections_;
         auto of_peer = peer_connections_.find(peer);
         const int held = of_peer == peer_connections_.end() ? 0 : of_peer->second;
-        if (of_kind >= limits_.max_connections) {
+        const int max = limits_.max_connections;
+        // TCP: what connections not yet signed in may hold; the rest is kept for signed-in ones.
+        const int unproven_share = max - max / 4;
+        const bool peer_full = held >= limits_.max_connections_per_peer;
+        const bool unproven_full = !is_unix && unproven_connections_ >= unproven_share;
+        if (of_kind >= max) {
           // Too many clients: refuse this one rather than let the server fall over.
           reason = "connection_limit";
+          refusal = RefusalReply(503, "Unavailable",
+                                 fmt::format("the server is at its connection limit ({} {})", max,
+                                             is_unix ? "on its Unix socket" : "over TCP"));
+        } else if (!is_unix && (peer_full || unproven_full) &&
+                   probation_connections_ < max - unproven_share &&
+                   probation_of_peer_[peer] < limits_.max_connections_per_peer) {
+          // The last quarter, on probation: its first request must come at once and sign in.
+          share = Share::kProbation;
+          ++probation_connections_;
+          ++probation_of_peer_[peer];
+          ++of_kind;
+          ++active_connections_;
+        } else if (!is_unix && unproven_full && !peer_full) {
+          if (auto it = probation_of_peer_.find(peer);
+              it != probation_of_peer_.end() && !it->second)
+            probation_of_peer_.erase(it);
+          reason = "unproven_connection_limit";
           refusal = RefusalReply(
               503, "Unavailable",
-              fmt::format("the server is at its connection limit ({} {})", limits_.max_connections,
-                          is_unix ? "on its Unix socket" : "over TCP"));
-        } else if (held >= limits_.max_connections_per_peer) {
-          // One address (or uid) may not take the slots everyone else needs.
+              fmt::format("the connections this server keeps for callers without a token are "
+                          "taken ({} of {}); retry shortly",
+                          unproven_share, max));
+        } else if (peer_full) {
+          if (auto it = probation_of_peer_.find(peer);
+              it != probation_of_peer_.end() && !it->second)
+            probation_of_peer_.erase(it);
+          // One uid may not take the slots everyone else needs.
           reason = "peer_connection_limit";
           refusal = RefusalReply(
               429, "TooManyRequests",
-              fmt::format("{} already has {} connections open to this server, the most one {} may "
-                          "hold; close some, or reuse them (keep-alive). The server's operator "
-                          "sets the limit (tau server --max-connections-per-address)",
-                          is_unix ? "user " + peer : "address " + peer, held,
-                          is_unix ? "user" : "address"));
+              fmt::format("{} already has {} connections open to this server, the most one {} "
+                          "may hold{}; close some, or reuse them (keep-alive). The server's "
+                          "operator sets the limit (tau server --max-connections-per-address)",
+                          is_unix ? "user " + peer : "peer " + peer, held,
+                          is_unix ? "user" : "peer",
+                          is_unix ? ""
+                                  : " before it signs in (loopback is one peer, IPv4 a /24, "
+                                    "IPv6 a /64)"));
         } else {
           ++of_kind;
           ++peer_connections_[peer];
+          if (!is_unix) ++unproven_connections_;
           ++active_connections_;
         }
       }
@@ -391,7 +433,7 @@ void HttpServer::Serve() {
         ::setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       }
       std::thread(&HttpServer::ServeConnection, this, conn, is_unix, listen_tls_[i].get(),
-                  std::move(peer), std::move(peer_uid), accepted_ms, limits)
+                  std::move(peer), std::move(peer_uid), accepted_ms, limits, share)
           .detach();
     }
   }
@@ -400,17 +442,7 @@ void HttpServer::Serve() {
   if (!unix_path_.empty()) ::unlink(unix_path_.c_str());
 }
 
-void HttpServer::Dispatch(HttpRequest& req, HttpResponse& res) {
-  auto start = std::chrono::steady_clock::now();
-  std::string route_name = "unmatched";
-  DispatchRoute(req, res, &route_name);
-  if (observer_) {
-    std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-    observer_(req.method, route_name, res.status, took.count());
-  }
-}
-
-void HttpServer::DispatchRoute(HttpRequest& req, HttpResponse& res, std::string* route_name) {
+const HttpServer::Route_* HttpServer::Match(HttpRequest& req, HttpResponse& res) {
   bool path_known = false;
   std::string allow;  // the methods the path has, for a 405's Allow field
   for (const Route_& route : routes_) {
@@ -425,10 +457,8 @@ void HttpServer::DispatchRoute(HttpRequest& req, HttpResponse& res, std::string*
     }
     req.matches.clear();
     for (const auto& group : m) req.matches.push_back(group.str());
-    *route_name = route.pattern_text;
     req.route = route.pattern_text;
-    route.handler(req, res);
-    return;
+    return &route;
   }
   if (path_known) {
     res.status = 405;
@@ -442,22 +472,114 @@ void HttpServer::DispatchRoute(HttpRequest& req, HttpResponse& res, std::string*
         ErrorBody("NotFound", fmt::format("no such endpoint: {} {}", req.method, req.path)),
         "application/json");
   }
+  return nullptr;
+}
+
+bool HttpServer::Prove(ConnState* state, const std::string& peer, const std::string& identity,
+                       int most) {
+  MutexLock lock(&mu_);
+  int& of_identity = signed_in_connections_[identity];
+  if (of_identity >= most) return false;
+  ++of_identity;
+  if (state->share == Share::kProbation) {
+    --probation_connections_;
+    if (auto it = probation_of_peer_.find(peer);
+        it != probation_of_peer_.end() && --it->second <= 0)
+      probation_of_peer_.erase(it);
+  } else {
+    --unproven_connections_;
+    if (auto it = peer_connections_.find(peer); it != peer_connections_.end() && --it->second <= 0)
+      peer_connections_.erase(it);
+  }
+  state->share = Share::kSignedIn;
+  state->identity = identity;
+  return true;
+}
+
+void HttpServer::Release(bool is_unix, const std::string& peer, const ConnState& state) {
+  MutexLock lock(&mu_);
+  --(is_unix ? local_connections_ : network_connections_);
+  auto drop = [](std::map<std::string, int>& counts, const std::string& key) {
+    if (auto it = counts.find(key); it != counts.end() && --it->second <= 0) counts.erase(it);
+  };
+  if (is_unix) {
+    drop(peer_connections_, peer);
+  } else if (state.share == Share::kSignedIn) {
+    drop(signed_in_connections_, state.identity);
+  } else if (state.share == Share::kProbation) {
+    --probation_connections_;
+    drop(probation_of_peer_, peer);
+  } else {
+    --unproven_connections_;
+    drop(peer_connections_, peer);
+  }
+  --active_connections_;
+  idle_cv_.SignalAll();
+}
+
+std::shared_ptr<void> HttpServer::HoldBody(const std::string& owner, size_t bytes,
+                                           const Limits& limits, HttpResponse* res) {
+  const int64_t n = static_cast<int64_t>(bytes);
+  {
+    MutexLock lock(&bodies_mu_);
+    auto it = body_bytes_of_.find(owner);
+    const int64_t of_owner = it == body_bytes_of_.end() ? 0 : it->second;
+    if (of_owner + n <= limits.max_body_bytes_in_flight_per_identity &&
+        body_bytes_ + n <= limits.max_body_bytes_in_flight) {
+      body_bytes_ += n;
+      body_bytes_of_[owner] += n;
+      // The handle's deleter gives the bytes back; the pointer itself is only a token.
+      return std::shared_ptr<void>(this, [owner, n](HttpServer* self) {
+        MutexLock lock(&self->bodies_mu_);
+        self->body_bytes_ -= n;
+        if (auto it = self->body_bytes_of_.find(owner);
+            it != self->body_bytes_of_.end() && (it->second -= n) <= 0)
+          self->body_bytes_of_.erase(it);
+      });
+    }
+    if (of_owner + n > limits.max_body_bytes_in_flight_per_identity) {
+      res->status = 429;
+      res->set_content(
+          ErrorBody(
+              "ResourceExhausted",
+              fmt::format("{} is already sending {} bytes of request bodies, and this one's "
+                          "{} would pass the {} one caller may send at once; send it when "
+                          "the others are done. The server's operator sets the limit (tau "
+                          "server --max-body-bytes-in-flight-per-identity)",
+                          owner, of_owner, bytes, limits.max_body_bytes_in_flight_per_identity)),
+          "application/json");
+    } else {
+      res->status = 503;
+      res->set_content(
+          ErrorBody("Unavailable",
+                    fmt::format("the server is receiving {} bytes of request bodies, and this "
+                                "one's {} would pass its limit of {}; try again shortly. The "
+                                "server's operator sets the limit (tau server "
+                                "--max-body-bytes-in-flight)",
+                                body_bytes_, bytes, limits.max_body_bytes_in_flight)),
+          "application/json");
+    }
+  }
+  res->headers_out.emplace_back("Retry-After", std::to_string(kRetryAfterSeconds));
+  Refused("body_budget");
+  return nullptr;
 }
 
 void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls, std::string peer,
-                                 std::string peer_uid, int64_t accepted_ms, Limits limits) {
+                                 std::string peer_uid, int64_t accepted_ms, Limits limits,
+                                 Share share) {
   Conn conn(fd, &stopping_);
+  ConnState state;
+  state.share = share;
   AtScopeExit done([&] {
     conn.EndTls();
     ::shutdown(fd, SHUT_RDWR);
     ::close(fd);
-    MutexLock lock(&mu_);
-    --(is_unix ? local_connections_ : network_connections_);
-    if (auto it = peer_connections_.find(peer); it != peer_connections_.end() && --it->second <= 0)
-      peer_connections_.erase(it);
-    --active_connections_;
-    idle_cv_.SignalAll();
+    Release(is_unix, peer, state);
   });
+  // On probation the first request's headers must come at once.
+  if (share == Share::kProbation)
+    limits.header_deadline_ms = std::min(limits.header_deadline_ms, kProbationMs);
   auto reply_error = [&](int status, const char* code, const std::string& message) {
     std::string body = ErrorBody(code, message);
     conn.Send(
@@ -480,6 +602,19 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls, 
   std::string& buf = conn.buf();
   bool keep_alive = true;
   bool first_request = true;
+  bool unread_body = false;  // a refused request's body, still on its way
+  AtScopeExit linger([&] {
+    // A client that sends its whole body before it reads would find the connection reset under
+    // it, the answer lost: what it still sends is read and dropped for a little while, never
+    // kept.
+    if (!unread_body || tls) return;
+    ::shutdown(fd, SHUT_WR);
+    const int64_t until = SteadyMillis() + kLingerMs;
+    for (int64_t left; (left = until - SteadyMillis()) > 0;) {
+      buf.clear();
+      if (!conn.Fill(static_cast<int>(left))) break;
+    }
+  });
   while (keep_alive && !stopping_.load()) {
     // Headers. The first request's must be in within the header deadline of the accept: a client
     // that connects and trickles, or sends nothing, holds its slot no longer. A kept-alive
@@ -539,58 +674,162 @@ void HttpServer::ServeConnection(int fd, bool is_unix, tls::ServerContext* tls, 
     req.path = std::move(request_head.path);
     req.params = std::move(request_head.params);
     req.headers = std::move(request_head.headers);
-    if (length > 0 && request_head.expect_continue && buf.empty())
-      conn.Send("HTTP/1.1 100 Continue\r\n\r\n");
-    // The body: body_grace_ms, then no slower than body_min_bytes_per_second on average. The time
-    // by which more must have arrived grows with what has: a client that stalls is cut off within
-    // the grace, however long it said the body was.
-    bool complete = true;
-    const int64_t body_start = SteadyMillis();
-    const int64_t rate = std::max<int64_t>(1, limits.body_min_bytes_per_second);
-    while (buf.size() < length) {
-      const int64_t body_deadline =
-          body_start + limits.body_grace_ms + static_cast<int64_t>(buf.size()) * 1000 / rate;
-      int64_t left = body_deadline - SteadyMillis();
-      auto too_slow = [&] {
-        Refused("body_deadline");
-        reply_error(408, "RequestTimeout",
-                    fmt::format("request body arrived too slowly ({} of {} bytes; after {} ms it "
-                                "must keep up with {} bytes a second)",
-                                buf.size(), length, limits.body_grace_ms, rate));
-      };
-      if (left <= 0) {
-        too_slow();
-        complete = false;
-        break;
-      }
-      if (!conn.Fill(static_cast<int>(std::min<int64_t>(left, kIoTimeoutMs)))) {
-        if (SteadyMillis() >= body_deadline && !conn.ClientGone())
-          too_slow();
-        else  // the client may still read after half-closing: tell it what went wrong
-          reply_error(400, "BadRequest",
-                      fmt::format("request body ended after {} of {} bytes", buf.size(), length));
-        complete = false;
-        break;
-      }
-    }
-    if (!complete) break;
-    req.body = buf.substr(0, length);
-    buf.erase(0, length);
-
+    req.content_length = length;
     // HEAD is GET without the body (RFC 9110 9.3.2): the same status and headers.
     const bool head_only = req.method == "HEAD";
     if (head_only) req.method = "GET";
+
+    // The route, its body limit and its admission, before a byte of the body is read: a caller
+    // who may not send it is refused without the server holding it.
+    auto start = std::chrono::steady_clock::now();
     HttpResponse res;
+    std::shared_ptr<void> body_hold;
+    bool admitted = false;
+    const Route_* route = nullptr;
     try {
-      Dispatch(req, res);
+      route = Match(req, res);  // null: a 404 or 405 in `res`
+      if (route && length > route->options.max_body_bytes) {
+        res.status = 413;
+        res.set_content(ErrorBody("ResourceExhausted",
+                                  fmt::format("request body of {} bytes exceeds the limit of {} "
+                                              "bytes of {} {}",
+                                              length, route->options.max_body_bytes, req.method,
+                                              route->pattern_text)),
+                        "application/json");
+      } else if (route && (!route->options.admit || route->options.admit(req, res))) {
+        admitted = true;
+      }
+      // A connection whose request authenticated joins the signed-in share; one on probation
+      // must, or it is refused.
+      if (!is_unix && state.share != Share::kSignedIn) {
+        const bool proven = !req.signed_in_as.empty() &&
+                            Prove(&state, peer, req.signed_in_as, limits.max_connections_per_peer);
+        if (!proven && state.share == Share::kProbation) {
+          admitted = false;
+          keep_alive = false;  // its place was lent for one request that signs in
+          res = HttpResponse();
+          res.headers_out.emplace_back("Retry-After", std::to_string(kRetryAfterSeconds));
+          if (!req.signed_in_as.empty()) {
+            Refused("identity_connection_limit");
+            res.status = 429;
+            res.set_content(
+                ErrorBody("TooManyRequests",
+                          fmt::format("{} already has {} connections open to this server, the "
+                                      "most one identity may hold; close some, or reuse them "
+                                      "(keep-alive). The server's operator sets the limit (tau "
+                                      "server --max-connections-per-address)",
+                                      req.signed_in_as, limits.max_connections_per_peer)),
+                "application/json");
+          } else {
+            Refused("unproven_connection_limit");
+            res.status = 503;
+            res.set_content(
+                ErrorBody("Unavailable",
+                          fmt::format("the connections this server keeps for callers without a "
+                                      "token are taken ({} of {}{}); callers with a token are "
+                                      "still served",
+                                      limits.max_connections - limits.max_connections / 4,
+                                      limits.max_connections,
+                                      peer == "unknown" ? "" : ", or " + peer + "'s share")),
+                "application/json");
+          }
+        }
+      }
+      if (admitted && length > kDefaultMaxBodyBytes) {
+        // Large bodies count against their sender's budget and everyone's until handled.
+        body_hold = HoldBody(req.signed_in_as.empty() ? "address " + peer : req.signed_in_as,
+                             length, limits, &res);
+        admitted = body_hold != nullptr;
+      }
     } catch (const std::exception& e) {
-      // Handlers report errors as responses; this only catches a library throwing where nobody
-      // expected.
       res = HttpResponse();
       res.status = 500;
       res.set_content(
           ErrorBody("Internal", std::string("the server failed on this request: ") + e.what()),
           "application/json");
+      admitted = false;
+    }
+    bool complete = admitted;
+    if (!admitted) {
+      // Refused: what of the body is here is dropped; a body still on its way is never read, so
+      // the connection closes after the answer.
+      if (buf.size() >= length) {
+        buf.erase(0, length);
+      } else {
+        buf.clear();
+        keep_alive = false;
+        unread_body = true;
+      }
+    } else {
+      if (length > 0 && request_head.expect_continue && buf.empty())
+        conn.Send("HTTP/1.1 100 Continue\r\n\r\n");
+      // Reserved once: a body read into a growing string holds up to twice its size at each
+      // reallocation.
+      if (buf.size() < length) buf.reserve(length);
+      // The body: body_grace_ms, then no slower than body_min_bytes_per_second on average. The
+      // time by which more must have arrived grows with what has: a client that stalls is cut off
+      // within the grace, however long it said the body was.
+      const int64_t body_start = SteadyMillis();
+      const int64_t rate = std::max<int64_t>(1, limits.body_min_bytes_per_second);
+      while (buf.size() < length) {
+        const int64_t body_deadline =
+            body_start + limits.body_grace_ms + static_cast<int64_t>(buf.size()) * 1000 / rate;
+        int64_t left = body_deadline - SteadyMillis();
+        auto too_slow = [&] {
+          Refused("body_deadline");
+          reply_error(408, "RequestTimeout",
+                      fmt::format("request body arrived too slowly ({} of {} bytes; after {} ms "
+                                  "it must keep up with {} bytes a second)",
+                                  buf.size(), length, limits.body_grace_ms, rate));
+        };
+        if (left <= 0) {
+          too_slow();
+          complete = false;
+          break;
+        }
+        if (!conn.Fill(static_cast<int>(std::min<int64_t>(left, kIoTimeoutMs)),
+                       length - buf.size())) {
+          if (SteadyMillis() >= body_deadline && !conn.ClientGone())
+            too_slow();
+          else  // the client may still read after half-closing: tell it what went wrong
+            reply_error(400, "BadRequest",
+                        fmt::format("request body ended after {} of {} bytes", buf.size(), length));
+          complete = false;
+          break;
+        }
+      }
+      if (!complete) break;
+      // Moved, not copied; only bytes of a next request (pipelined) are copied back.
+      if (buf.size() == length) {
+        req.body = std::move(buf);
+        buf = std::string();
+      } else {
+        std::string rest = buf.substr(length);
+        buf.resize(length);
+        req.body = std::move(buf);
+        buf = std::move(rest);
+      }
+      start = std::chrono::steady_clock::now();  // the handler's time, as before
+      try {
+        route->handler(req, res);
+      } catch (const std::exception& e) {
+        // Handlers report errors as responses; this only catches a library throwing where nobody
+        // expected.
+        res = HttpResponse();
+        res.status = 500;
+        res.set_content(
+            ErrorBody("Internal", std::string("the server failed on this request: ") + e.what()),
+            "application/json");
+      }
+    }
+    // The body, what admission kept and the body budget are let go before the answer is written
+    // (a stream may take long).
+    std::string().swap(req.body);
+    req.admitted.reset();
+    body_hold.reset();
+    if (observer_) {
+      std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+      observer_(req.method, req.route.empty() ? "unmatched" : req.route, res.status, took.count());
     }
     std::string head = fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\n", res.status,
                                    Reason(res.status), res.content_type);

@@ -34,9 +34,13 @@ namespace {
 using nlohmann::json;
 using store::RunRecord;
 
-// An inline submission carries its code in base64 (64 MiB is 86 MiB of it); a blob is at most
-// kMaxSnapshotBytes, which its route checks.
-constexpr size_t kMaxRequestBytes = 128u << 20;
+// The most any route takes (authz.h: kMaxSubmissionBytes); each route has its own limit, and a
+// route that names none takes http::kDefaultMaxBodyBytes.
+constexpr size_t kMaxRequestBytes = kMaxSubmissionBytes;
+// A spec or platform file (1 MiB of YAML) as a JSON string, escapes included.
+constexpr size_t kSpecRequestBytes = 4u << 20;
+// A manifest of up to 20,000 files, each path up to 1 KiB.
+constexpr size_t kManifestRequestBytes = 32u << 20;
 constexpr int kLogPollMs = 100;
 
 std::optional<std::string> OptionalTime(const std::optional<int64_t>& ms) {
@@ -545,41 +549,44 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
              [controller](const http::HttpRequest&, http::HttpResponse& res) {
                http::Reply(res, 200, controller->Capacity());
              });
-  api->Route("POST", "/api/v1/validate", Access::kSignedIn,
-             [](const http::HttpRequest& req, http::HttpResponse& res) {
-               auto body = ParseValidateBody(req.body);
-               if (!body.ok()) return http::ReplyError(res, body.status());
-               auto parsed = spec::ParseSpec(body->yaml, body->file);
-               json diags = json::array();
-               for (const auto& d : parsed.diagnostics)
-                 diags.push_back({{"line", d.line},
-                                  {"column", d.column},
-                                  {"message", d.message},
-                                  {"text", d.ToString()}});
-               http::Reply(res, 200, {{"valid", parsed.ok()}, {"diagnostics", diags}});
-             });
+  api->Route(
+      "POST", "/api/v1/validate", Access::kSignedIn,
+      [](const http::HttpRequest& req, http::HttpResponse& res) {
+        auto body = ParseValidateBody(req.body);
+        if (!body.ok()) return http::ReplyError(res, body.status());
+        auto parsed = spec::ParseSpec(body->yaml, body->file);
+        json diags = json::array();
+        for (const auto& d : parsed.diagnostics)
+          diags.push_back({{"line", d.line},
+                           {"column", d.column},
+                           {"message", d.message},
+                           {"text", d.ToString()}});
+        http::Reply(res, 200, {{"valid", parsed.ok()}, {"diagnostics", diags}});
+      },
+      Body{kSpecRequestBytes});
 
   // What a spec becomes for the caller with the platform in force, without submitting it: `tau
   // explain` and `tau plan` against a server that is not this machine's, or as a token's user.
-  api->Route("POST", "/api/v1/resolve", Access::kSignedIn,
-             [controller](const http::HttpRequest& req, http::HttpResponse& res,
-                          const CallerContext& caller) {
-               auto body = ParseResolveBody(req.body);
-               if (!body.ok()) return http::ReplyError(res, body.status());
-               spec::ParseOutcome parsed =
-                   spec::ParseSpec(body->spec.yaml, body->spec.file, body->set);
-               if (!parsed.ok()) return http::ReplyError(res, InvalidArgument(parsed.ErrorText()));
-               Controller::PlatformView view = controller->CurrentPlatform();
-               auto resolved = policy::Resolve(*parsed.spec, *view.platform, caller.who.AsCaller());
-               if (!resolved.ok()) return http::ReplyError(res, resolved.status());
-               json reply = {{"resolved", policy::ToJson(*resolved)}, {"platform", view.source}};
-               // Said back, so that a client can tell this server from one that ignores "set".
-               if (!body->set.empty()) {
-                 reply["set"] = json::array();
-                 for (const spec::Override& o : body->set) reply["set"].push_back(o.Text());
-               }
-               http::Reply(res, 200, reply);
-             });
+  api->Route(
+      "POST", "/api/v1/resolve", Access::kSignedIn,
+      [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                   const CallerContext& caller) {
+        auto body = ParseResolveBody(req.body);
+        if (!body.ok()) return http::ReplyError(res, body.status());
+        spec::ParseOutcome parsed = spec::ParseSpec(body->spec.yaml, body->spec.file, body->set);
+        if (!parsed.ok()) return http::ReplyError(res, InvalidArgument(parsed.ErrorText()));
+        Controller::PlatformView view = controller->CurrentPlatform();
+        auto resolved = policy::Resolve(*parsed.spec, *view.platform, caller.who.AsCaller());
+        if (!resolved.ok()) return http::ReplyError(res, resolved.status());
+        json reply = {{"resolved", policy::ToJson(*resolved)}, {"platform", view.source}};
+        // Said back, so that a client can tell this server from one that ignores "set".
+        if (!body->set.empty()) {
+          reply["set"] = json::array();
+          for (const spec::Override& o : body->set) reply["set"].push_back(o.Text());
+        }
+        http::Reply(res, 200, reply);
+      },
+      Body{kSpecRequestBytes});
   api->Route("GET", "/api/v1/platform", Access::kSignedIn,
              [controller](const http::HttpRequest&, http::HttpResponse& res) {
                Controller::PlatformView view = controller->CurrentPlatform();
@@ -588,21 +595,23 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                             {"applied", FormatRfc3339(view.applied_ms)},
                             {"platform", policy::ToJson(*view.platform)}});
              });
-  api->Route("PUT", "/api/v1/platform", Access::kAdmin,
-             [controller, api](const http::HttpRequest& req, http::HttpResponse& res,
-                               const CallerContext& caller) {
-               auto body = ParseValidateBody(req.body);
-               if (!body.ok()) return http::ReplyError(res, body.status());
-               std::vector<spec::Diagnostic> diagnostics;
-               Status s = controller->ApplyPlatform(body->yaml, body->file, &diagnostics);
-               if (!s.ok()) {
-                 json diags = json::array();
-                 for (const auto& d : diagnostics) diags.push_back(d.ToString());
-                 return http::ReplyError(res, s, {{"diagnostics", diags}});
-               }
-               api->Audit(req, caller.who, 200, "platform.apply", body->file);
-               http::Reply(res, 200, {{"applied", body->file}});
-             });
+  api->Route(
+      "PUT", "/api/v1/platform", Access::kAdmin,
+      [controller, api](const http::HttpRequest& req, http::HttpResponse& res,
+                        const CallerContext& caller) {
+        auto body = ParseValidateBody(req.body);
+        if (!body.ok()) return http::ReplyError(res, body.status());
+        std::vector<spec::Diagnostic> diagnostics;
+        Status s = controller->ApplyPlatform(body->yaml, body->file, &diagnostics);
+        if (!s.ok()) {
+          json diags = json::array();
+          for (const auto& d : diagnostics) diags.push_back(d.ToString());
+          return http::ReplyError(res, s, {{"diagnostics", diags}});
+        }
+        api->Audit(req, caller.who, 200, "platform.apply", body->file);
+        http::Reply(res, 200, {{"applied", body->file}});
+      },
+      Body{kSpecRequestBytes});
   // ?summary=1: the queues without their runs (their counts stay), for `tau queues`; ?offset=O
   // and ?limit=K: of each queue's pending runs, K from position O + 1 (the counts are the
   // queue's).
@@ -652,7 +661,8 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                reply.stored = check->stored;
                reply.missing = std::move(check->missing);
                http::Reply(res, 200, reply.ToJson());
-             });
+             },
+             Body{kManifestRequestBytes, /*submission=*/true});
   // Only a caller who may submit somewhere uploads, within a quota of bytes no run uses yet.
   api->Route("PUT", R"(/api/v1/blobs/([^/]+))", Access::kSignedIn,
              [controller, api](const http::HttpRequest& req, http::HttpResponse& res,
@@ -669,7 +679,8 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                if (!added.ok()) return http::ReplyError(res, added.status());
                http::Reply(res, *added ? 201 : 200,
                            {{"sha256", req.matches[1]}, {"size", req.body.size()}});
-             });
+             },
+             Body{kMaxBlobRequestBytes, /*submission=*/true});
   api->Route("POST", "/api/v1/runs", Access::kSignedIn,
              [controller](const http::HttpRequest& req, http::HttpResponse& res,
                           const CallerContext& caller) {
@@ -700,7 +711,8 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                // A repeated submission gets the run its key made, as it is now.
                if (outcome->replayed) res.headers_out.emplace_back("Idempotent-Replayed", "true");
                http::Reply(res, outcome->replayed ? 200 : 201, reply.ToJson());
-             });
+             },
+             Body{kMaxSubmissionBytes, /*submission=*/true});
 
   // Many submissions in one request: checked whole, then inserted in one transaction (one fsync),
   // all or none; a refusal names the item at fault (`index`) with its diagnostics.
@@ -734,7 +746,8 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                  reply.runs.push_back(RunOf(r, controller, !outcome->replayed));
                if (outcome->replayed) res.headers_out.emplace_back("Idempotent-Replayed", "true");
                http::Reply(res, outcome->replayed ? 200 : 201, reply.ToJson());
-             });
+             },
+             Body{kMaxSubmissionBytes, /*submission=*/true});
 
   api->Route(
       "GET", "/api/v1/runs", Access::kSignedIn,

@@ -52,6 +52,13 @@ std::string RenderAllMetrics(Controller* controller, store::Store* store,
 // harness reach them without a server. A body of the wrong shape is InvalidArgument; they never
 // throw.
 
+// A request body as JSON, within bounds: at most kMaxJsonElements values (ResourceExhausted, 413,
+// past it) nested at most kMaxJsonDepth deep (InvalidArgument): a body of tiny elements would take
+// many times its size as a DOM. Invalid JSON is a discarded value, which each caller words.
+inline constexpr size_t kMaxJsonElements = 500'000;
+inline constexpr int kMaxJsonDepth = 128;
+Result<nlohmann::json> ParseJsonBody(std::string_view body);
+
 // POST /api/v1/runs: {"spec": {"yaml", "file"?, "set"?: ["PATH=VALUE", ...]}, "code"?: {"files":
 // [{"path", "data" (base64), "mode"?}] | "manifest": [{"path", "size", "sha256", "mode"?}],
 // "dir"?}}: the code inline, or a manifest of blobs uploaded before. The spec, the paths and the

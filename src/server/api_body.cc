@@ -15,9 +15,65 @@ namespace {
 
 using nlohmann::json;
 
-json ParseObject(std::string_view body) {
-  return json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-}
+// The DOM parser, counting what it builds and refusing past the bounds: each value costs 16 bytes
+// or more in the DOM (a member of an object some 80 more), so a body of tiny elements would take
+// many times its size in memory.
+class BoundedSax {
+ public:
+  explicit BoundedSax(json* root) : dom_(*root, /*allow_exceptions_=*/false) {}
+
+  bool null() { return Count() && dom_.null(); }
+  bool boolean(bool v) { return Count() && dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return Count() && dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return Count() && dom_.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const json::string_t& s) {
+    return Count() && dom_.number_float(v, s);
+  }
+  bool string(json::string_t& v) { return Count() && dom_.string(v); }
+  bool binary(json::binary_t& v) { return Count() && dom_.binary(v); }
+  bool start_object(std::size_t n) { return Count() && Deeper() && dom_.start_object(n); }
+  bool key(json::string_t& v) { return dom_.key(v); }
+  bool end_object() {
+    --depth_;
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) { return Count() && Deeper() && dom_.start_array(n); }
+  bool end_array() {
+    --depth_;
+    return dom_.end_array();
+  }
+  bool parse_error(std::size_t position, const std::string& last_token,
+                   const nlohmann::detail::exception& e) {
+    return dom_.parse_error(position, last_token, e);
+  }
+
+  // Why the parse stopped at a bound; OK when it did not.
+  const Status& exceeded() const { return exceeded_; }
+
+ private:
+  bool Count() {
+    if (++elements_ <= kMaxJsonElements) return true;
+    exceeded_ = ResourceExhausted(
+        fmt::format("request body holds more than {} JSON values, the most a request may hold",
+                    kMaxJsonElements));
+    return false;
+  }
+  bool Deeper() {
+    if (++depth_ <= kMaxJsonDepth) return true;
+    exceeded_ = InvalidArgument(
+        fmt::format("request body nests JSON deeper than {} levels", kMaxJsonDepth));
+    return false;
+  }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  size_t elements_ = 0;
+  int depth_ = 0;
+  Status exceeded_;
+};
+
+// Invalid JSON is a discarded value, which each body's parser words in its own terms; a body past
+// the bounds is the error naming the bound.
+Result<json> ParseObject(std::string_view body) { return ParseJsonBody(body); }
 
 // An optional string member: the fallback when absent. json::value() would throw on a member of
 // another type, which the HTTP layer reports as a 500; the client's mistake deserves a 400.
@@ -99,7 +155,7 @@ Result<BatchCode> ParseBatchCode(const json& code, const std::string& where) {
       CodeFile cf;
       cf.path = f["path"].get<std::string>();
       cf.mode = f.contains("mode") && f["mode"].is_number_integer() ? f["mode"].get<int>() : 0644;
-      TAU_ASSIGN_OR_RETURN(cf.data, Base64Decode(f["data"].get<std::string>()));
+      TAU_ASSIGN_OR_RETURN(cf.data, Base64Decode(f["data"].get_ref<const std::string&>()));
       out.files.push_back(std::move(cf));
     }
   }
@@ -153,8 +209,16 @@ Result<std::vector<spec::StageDependency>> ParseAfter(const json& after, const s
 
 }  // namespace
 
+Result<json> ParseJsonBody(std::string_view body) {
+  json root;
+  BoundedSax sax(&root);
+  if (json::sax_parse(body.begin(), body.end(), &sax)) return root;
+  if (!sax.exceeded().ok()) return sax.exceeded();
+  return json(json::value_t::discarded);
+}
+
 Result<BatchRequest> ParseBatchBody(std::string_view body) {
-  json j = ParseObject(body);
+  TAU_ASSIGN_OR_RETURN(json j, ParseObject(body));
   if (j.is_discarded() || !j.is_object())
     return InvalidArgument("request body is not a JSON object");
   TAU_RETURN_IF_ERROR(OnlyMembers(j, {"codes", "runs", "array", "workflow"}, ""));
@@ -245,7 +309,7 @@ Result<BatchRequest> ParseBatchBody(std::string_view body) {
 }
 
 Result<std::vector<CodeManifestEntry>> ParseManifestBody(std::string_view body) {
-  json j = ParseObject(body);
+  TAU_ASSIGN_OR_RETURN(json j, ParseObject(body));
   if (j.is_discarded() || !j.is_object() || !j.contains("files"))
     return InvalidArgument(
         "request needs {\"files\": [{\"path\", \"mode\", \"size\", \"sha256\"}]}");
@@ -253,7 +317,7 @@ Result<std::vector<CodeManifestEntry>> ParseManifestBody(std::string_view body) 
 }
 
 Result<SubmitRequest> ParseSubmitBody(std::string_view body) {
-  json j = ParseObject(body);
+  TAU_ASSIGN_OR_RETURN(json j, ParseObject(body));
   if (j.is_discarded() || !j.is_object())
     return InvalidArgument("request body is not a JSON object");
   if (!j.contains("spec") || !j["spec"].is_object() || !j["spec"].contains("yaml") ||
@@ -274,14 +338,16 @@ Result<SubmitRequest> ParseSubmitBody(std::string_view body) {
     } else if (!code["files"].is_array()) {
       return InvalidArgument("code.files must be an array");
     }
-    for (const json& f : code.value("files", json::array())) {
+    // Not code.value(): that copies the files, their contents with them.
+    static const json kNoFiles = json::array();
+    for (const json& f : code.contains("files") ? code["files"] : kNoFiles) {
       if (!f.is_object() || !f.contains("path") || !f["path"].is_string() || !f.contains("data") ||
           !f["data"].is_string())
         return InvalidArgument("each code file needs 'path' and 'data' (base64) strings");
       CodeFile cf;
       cf.path = f["path"].get<std::string>();
       cf.mode = f.contains("mode") && f["mode"].is_number_integer() ? f["mode"].get<int>() : 0644;
-      TAU_ASSIGN_OR_RETURN(cf.data, Base64Decode(f["data"].get<std::string>()));
+      TAU_ASSIGN_OR_RETURN(cf.data, Base64Decode(f["data"].get_ref<const std::string&>()));
       req.code.push_back(std::move(cf));
     }
     TAU_ASSIGN_OR_RETURN(req.code_dir, OptionalString(code, "dir", "code.", ""));
@@ -303,11 +369,12 @@ Result<ValidateBody> ValidateBodyOf(const json& j) {
 }  // namespace
 
 Result<ValidateBody> ParseValidateBody(std::string_view body) {
-  return ValidateBodyOf(ParseObject(body));
+  TAU_ASSIGN_OR_RETURN(json j, ParseObject(body));
+  return ValidateBodyOf(j);
 }
 
 Result<ResolveBody> ParseResolveBody(std::string_view body) {
-  json j = ParseObject(body);
+  TAU_ASSIGN_OR_RETURN(json j, ParseObject(body));
   ResolveBody out;
   TAU_ASSIGN_OR_RETURN(out.spec, ValidateBodyOf(j));
   TAU_ASSIGN_OR_RETURN(out.set, ParseSet(j, ""));
@@ -316,7 +383,7 @@ Result<ResolveBody> ParseResolveBody(std::string_view body) {
 
 Result<TokenBody> ParseTokenBody(std::string_view body) {
   constexpr int64_t kMaxTokenLifetimeMs = int64_t{10} * 365 * 24 * 3600 * 1000;
-  json j = body.empty() ? json::object() : ParseObject(body);
+  TAU_ASSIGN_OR_RETURN(json j, body.empty() ? Result<json>(json::object()) : ParseObject(body));
   if (j.is_discarded() || !j.is_object())
     return InvalidArgument("request body is not a JSON object");
   auto string_member = [&](const char* key) -> Result<std::string> {
@@ -352,14 +419,14 @@ Result<TokenBody> ParseTokenBody(std::string_view body) {
 }
 
 Result<std::string> ParseSingleStringBody(std::string_view body, const char* member) {
-  json j = ParseObject(body);
+  TAU_ASSIGN_OR_RETURN(json j, ParseObject(body));
   if (j.is_discarded() || !j.is_object() || !j.contains(member) || !j[member].is_string())
     return InvalidArgument(fmt::format("request needs {{\"{}\": \"...\"}}", member));
   return j[member].get<std::string>();
 }
 
 Result<RerunBody> ParseRerunBody(std::string_view body) {
-  json j = body.empty() ? json::object() : ParseObject(body);
+  TAU_ASSIGN_OR_RETURN(json j, body.empty() ? Result<json>(json::object()) : ParseObject(body));
   if (j.is_discarded() || !j.is_object())
     return InvalidArgument("request body is not a JSON object");
   TAU_RETURN_IF_ERROR(OnlyMembers(j, {"set"}, ""));
@@ -369,7 +436,7 @@ Result<RerunBody> ParseRerunBody(std::string_view body) {
 }
 
 Result<ResumeBody> ParseResumeBody(std::string_view body) {
-  json j = body.empty() ? json::object() : ParseObject(body);
+  TAU_ASSIGN_OR_RETURN(json j, body.empty() ? Result<json>(json::object()) : ParseObject(body));
   if (j.is_discarded() || !j.is_object())
     return InvalidArgument("request body is not a JSON object");
   ResumeBody out;

@@ -241,7 +241,9 @@ void RegisterIdentityApi(SecureRouter* api, Controller* controller, store::Store
         if (Status s = store->PutSecret(info, *value); !s.ok()) return http::ReplyError(res, s);
         api->Audit(req, caller.who, 200, "secret.set", info.workspace + "/" + key);
         http::Reply(res, 200, {{"workspace", info.workspace}, {"key", key}, {"size", info.size}});
-      });
+      },
+      // The value's 64 KiB as a JSON string, each byte escaped at worst.
+      Body{6 * kMaxSecretBytes + 1024});
   api->Route("DELETE", R"(/api/v1/workspaces/([^/]+)/secrets/([^/]+))", Access::kSignedIn,
              [api, store, check_workspace](const http::HttpRequest& req, http::HttpResponse& res,
                                            const CallerContext& caller) {

@@ -37,6 +37,8 @@ nlohmann::json ReplicaIsolation() {
 using nlohmann::json;
 
 constexpr int64_t kForwardTimeoutMs = 60'000;
+// A request to a service's model (a prompt, an image) is forwarded whole.
+constexpr size_t kMaxServeRequestBytes = 16u << 20;
 
 // A method whose request may be sent twice without harm (RFC 9110, 9.2.2).
 bool Idempotent(const std::string& method) {
@@ -73,7 +75,7 @@ std::string TargetOf(const http::HttpRequest& req, const std::string& rest) {
 }
 
 Result<DeployRequest> ParseDeployBody(const std::string& body) {
-  json j = json::parse(body, nullptr, false);
+  TAU_ASSIGN_OR_RETURN(json j, ParseJsonBody(body));
   if (j.is_discarded() || !j.is_object())
     return InvalidArgument("request body is not a JSON object");
   DeployRequest out;
@@ -122,19 +124,21 @@ void RegisterServiceApi(SecureRouter* api, ServiceManager* services) {
     return std::move(*s);
   };
 
-  api->Route("POST", "/api/v1/services", Access::kSignedIn,
-             [services](const http::HttpRequest& req, http::HttpResponse& res,
-                        const CallerContext& caller) {
-               auto body = ParseDeployBody(req.body);
-               if (!body.ok()) return http::ReplyError(res, body.status());
-               body->submit.caller = caller.who.AsCaller();
-               body->submit.token_user = caller.who.via == "token";
-               body->submit.readable_workspaces = caller.VisibleWorkspaces();
-               SubmitError error;
-               auto made = services->Deploy(std::move(*body), &error);
-               if (!made.ok()) return ReplySubmitError(res, made.status(), error);
-               http::Reply(res, 201, made->ToJson());
-             });
+  api->Route(
+      "POST", "/api/v1/services", Access::kSignedIn,
+      [services](const http::HttpRequest& req, http::HttpResponse& res,
+                 const CallerContext& caller) {
+        auto body = ParseDeployBody(req.body);
+        if (!body.ok()) return http::ReplyError(res, body.status());
+        body->submit.caller = caller.who.AsCaller();
+        body->submit.token_user = caller.who.via == "token";
+        body->submit.readable_workspaces = caller.VisibleWorkspaces();
+        SubmitError error;
+        auto made = services->Deploy(std::move(*body), &error);
+        if (!made.ok()) return ReplySubmitError(res, made.status(), error);
+        http::Reply(res, 201, made->ToJson());
+      },
+      Body{kMaxSubmissionBytes, /*submission=*/true});
   api->Route(
       "GET", "/api/v1/services", Access::kSignedIn,
       [services](const http::HttpRequest&, http::HttpResponse& res, const CallerContext& caller) {
@@ -150,24 +154,26 @@ void RegisterServiceApi(SecureRouter* api, ServiceManager* services) {
                if (!s->extra.contains("cluster")) s->extra["isolation"] = ReplicaIsolation();
                http::Reply(res, 200, s->ToJson());
              });
-  api->Route("PUT", R"(/api/v1/services/([a-z0-9-]+))", Access::kSignedIn,
-             [allowed, services](const http::HttpRequest& req, http::HttpResponse& res,
-                                 const CallerContext& caller) {
-               if (!allowed(req, res, caller, req.matches[1], auth::Role::kResearcher)) return;
-               auto body = ParseDeployBody(req.body);
-               if (!body.ok()) return http::ReplyError(res, body.status());
-               if (!body->name.empty() && body->name != req.matches[1])
-                 return http::ReplyError(
-                     res, InvalidArgument(fmt::format("service.name '{}' is not the service '{}'",
-                                                      body->name, req.matches[1])));
-               body->name = req.matches[1];
-               body->submit.caller = caller.who.AsCaller();
-               body->submit.token_user = caller.who.via == "token";
-               SubmitError error;
-               auto made = services->Update(std::move(*body), &error);
-               if (!made.ok()) return ReplySubmitError(res, made.status(), error);
-               http::Reply(res, 200, made->ToJson());
-             });
+  api->Route(
+      "PUT", R"(/api/v1/services/([a-z0-9-]+))", Access::kSignedIn,
+      [allowed, services](const http::HttpRequest& req, http::HttpResponse& res,
+                          const CallerContext& caller) {
+        if (!allowed(req, res, caller, req.matches[1], auth::Role::kResearcher)) return;
+        auto body = ParseDeployBody(req.body);
+        if (!body.ok()) return http::ReplyError(res, body.status());
+        if (!body->name.empty() && body->name != req.matches[1])
+          return http::ReplyError(
+              res, InvalidArgument(fmt::format("service.name '{}' is not the service '{}'",
+                                               body->name, req.matches[1])));
+        body->name = req.matches[1];
+        body->submit.caller = caller.who.AsCaller();
+        body->submit.token_user = caller.who.via == "token";
+        SubmitError error;
+        auto made = services->Update(std::move(*body), &error);
+        if (!made.ok()) return ReplySubmitError(res, made.status(), error);
+        http::Reply(res, 200, made->ToJson());
+      },
+      Body{kMaxSubmissionBytes, /*submission=*/true});
   api->Route("POST", R"(/api/v1/services/([a-z0-9-]+)/scale)", Access::kSignedIn,
              [allowed, services](const http::HttpRequest& req, http::HttpResponse& res,
                                  const CallerContext& caller) {
@@ -270,8 +276,10 @@ void RegisterServiceApi(SecureRouter* api, ServiceManager* services) {
     res.body = std::move(result.body);
   };
   for (const char* method : {"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"}) {
-    api->Route(method, R"(/serve/([a-z0-9-]+))", Access::kSignedIn, forward);
-    api->Route(method, R"(/serve/([a-z0-9-]+)(/.*))", Access::kSignedIn, forward);
+    api->Route(method, R"(/serve/([a-z0-9-]+))", Access::kSignedIn, forward,
+               Body{kMaxServeRequestBytes});
+    api->Route(method, R"(/serve/([a-z0-9-]+)(/.*))", Access::kSignedIn, forward,
+               Body{kMaxServeRequestBytes});
   }
 }
 

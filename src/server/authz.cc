@@ -344,10 +344,12 @@ std::string ErrorMessage(const http::HttpResponse& res) {
 }  // namespace
 
 void SecureRouter::Route(const std::string& method, const std::string& pattern, Access access,
-                         http::HttpHandler handler) {
-  Route(method, pattern, access,
-        [handler = std::move(handler)](const http::HttpRequest& req, http::HttpResponse& res,
-                                       const CallerContext&) { handler(req, res); });
+                         http::HttpHandler handler, Body body) {
+  Route(
+      method, pattern, access,
+      [handler = std::move(handler)](const http::HttpRequest& req, http::HttpResponse& res,
+                                     const CallerContext&) { handler(req, res); },
+      body);
 }
 
 void SecureRouter::BudgetStream(const http::HttpRequest& req, http::HttpResponse& res,
@@ -374,82 +376,117 @@ void SecureRouter::BudgetStream(const http::HttpRequest& req, http::HttpResponse
   };
 }
 
+namespace {
+
+// Whether `caller` may submit anywhere: an admin, or a researcher of some workspace.
+bool MaySubmit(const CallerContext& caller) {
+  if (caller.IsAdmin()) return true;
+  for (const policy::Workspace& w : caller.platform->workspaces)
+    if (caller.RoleIn(w.name) >= auth::Role::kResearcher) return true;
+  return false;
+}
+
+}  // namespace
+
+bool SecureRouter::Admit(http::HttpRequest& req, http::HttpResponse& res, Access access,
+                         Body body) const {
+  auto caller = std::make_shared<CallerContext>();
+  caller->platform = controller_->CurrentPlatform().platform;
+  auto who = Authenticate(req, *caller->platform);
+  if (access == Access::kPublic) {
+    // A public route still knows a caller who shows good credentials.
+    if (who.ok()) caller->who = std::move(*who);
+  } else if (!who.ok()) {
+    Audit(req, auth::Identity{}, 401, "unauthenticated", who.status().message());
+    http::ReplyError(res, who.status());
+    return false;
+  } else if (!who->signed_in()) {
+    Status s = Unauthenticated(
+        "this endpoint needs an API token (Authorization: Bearer TOKEN); create one with `tau "
+        "admin token create` and sign in with `tau login`");
+    Audit(req, *who, 401, "unauthenticated", "no credentials");
+    http::ReplyError(res, s);
+    return false;
+  } else {
+    caller->who = std::move(*who);
+  }
+  if (caller->who.signed_in()) req.signed_in_as = "user '" + caller->who.user + "'";
+  const policy::Platform& platform = *caller->platform;
+  std::string denied;
+  switch (access) {
+    case Access::kPublic:
+    case Access::kSignedIn:
+      break;
+    case Access::kPlatformRead:
+      if (!auth::IsPlatformViewer(platform, caller->who))
+        denied = "only platform admins and viewers may read this";
+      break;
+    case Access::kAdmin:
+      if (!auth::IsAdmin(platform, caller->who)) denied = "only platform admins may do this";
+      break;
+    case Access::kRunRead:
+    case Access::kRunWrite: {
+      auto run = store_->GetRun(req.matches.at(1));
+      if (!run.ok()) {
+        http::ReplyError(res, run.status());
+        return false;
+      }
+      auth::Role need = access == Access::kRunRead ? auth::Role::kViewer : auth::Role::kResearcher;
+      auth::Role have = caller->RoleIn(run->workspace);
+      if (have < need)
+        denied = fmt::format(
+            "{} is {} in workspace '{}'; this needs {}", Describe(caller->who),
+            have == auth::Role::kNone ? "not a member" : std::string("a ") + auth::RoleName(have),
+            run->workspace, AccessName(access));
+      break;
+    }
+  }
+  // A large body is held only for a caller who could use it.
+  if (denied.empty() && body.submission && req.content_length > http::kDefaultMaxBodyBytes &&
+      !MaySubmit(*caller))
+    denied = fmt::format(
+        "{} is a researcher of no workspace, so may not submit runs or upload code; a request "
+        "body over {} bytes is refused here before it is read",
+        Describe(caller->who), http::kDefaultMaxBodyBytes);
+  if (!denied.empty()) {
+    Deny(req, res, caller->who, denied);
+    Audit(req, caller->who, res.status, RefusalAction(res.status), ErrorMessage(res));
+    return false;
+  }
+  req.admitted = std::move(caller);
+  return true;
+}
+
 void SecureRouter::Route(const std::string& method, const std::string& pattern, Access access,
-                         SecureHandler handler) {
-  http_->Route(method, pattern,
-               [this, access, handler = std::move(handler)](const http::HttpRequest& req,
-                                                            http::HttpResponse& res) {
-                 // Refusals summed up over a window that has ended are written now, with any
-                 // request.
-                 for (const store::AuditRecord& a : refusals_->Due(MonotonicMillis())) {
-                   if (Status s = store_->AppendAudit(a); !s.ok())
-                     std::fprintf(stderr, "tau server: audit record not written: %s\n",
-                                  s.ToString().c_str());
-                   std::fprintf(stderr, "tau server: %s\n", a.detail.c_str());
-                 }
-                 CallerContext caller;
-                 caller.platform = controller_->CurrentPlatform().platform;
-                 if (access == Access::kPublic) {
-                   // A public route still knows a caller who shows good credentials.
-                   auto who = Authenticate(req, *caller.platform);
-                   if (who.ok()) caller.who = std::move(*who);
-                   handler(req, res, caller);
-                   return BudgetStream(req, res, caller.who);
-                 }
-                 auto who = Authenticate(req, *caller.platform);
-                 if (!who.ok()) {
-                   Audit(req, auth::Identity{}, 401, "unauthenticated", who.status().message());
-                   return http::ReplyError(res, who.status());
-                 }
-                 caller.who = std::move(*who);
-                 if (!caller.who.signed_in()) {
-                   Status s = Unauthenticated(
-                       "this endpoint needs an API token (Authorization: Bearer TOKEN); create "
-                       "one with `tau admin token create` and sign in with `tau login`");
-                   Audit(req, caller.who, 401, "unauthenticated", "no credentials");
-                   return http::ReplyError(res, s);
-                 }
-                 const policy::Platform& platform = *caller.platform;
-                 std::string denied;
-                 switch (access) {
-                   case Access::kPublic:
-                   case Access::kSignedIn:
-                     break;
-                   case Access::kPlatformRead:
-                     if (!auth::IsPlatformViewer(platform, caller.who))
-                       denied = "only platform admins and viewers may read this";
-                     break;
-                   case Access::kAdmin:
-                     if (!auth::IsAdmin(platform, caller.who))
-                       denied = "only platform admins may do this";
-                     break;
-                   case Access::kRunRead:
-                   case Access::kRunWrite: {
-                     auto run = store_->GetRun(req.matches.at(1));
-                     if (!run.ok()) return http::ReplyError(res, run.status());
-                     auth::Role need =
-                         access == Access::kRunRead ? auth::Role::kViewer : auth::Role::kResearcher;
-                     auth::Role have = caller.RoleIn(run->workspace);
-                     if (have < need)
-                       denied = fmt::format(
-                           "{} is {} in workspace '{}'; this needs {}", Describe(caller.who),
-                           have == auth::Role::kNone ? "not a member"
-                                                     : std::string("a ") + auth::RoleName(have),
-                           run->workspace, AccessName(access));
-                     break;
-                   }
-                 }
-                 if (!denied.empty()) {
-                   Deny(req, res, caller.who, denied);
-                 } else {
-                   handler(req, res, caller);
-                   BudgetStream(req, res, caller.who);
-                 }
-                 // Every refusal is audited (sampled), whoever decided it: this gate, a handler,
-                 // policy resolution refusing a workspace, or the stream budget.
-                 if (IsRefusal(res.status))
-                   Audit(req, caller.who, res.status, RefusalAction(res.status), ErrorMessage(res));
-               });
+                         SecureHandler handler, Body body) {
+  http::RouteOptions options;
+  options.max_body_bytes = body.max_bytes;
+  options.admit = [this, access, body](http::HttpRequest& req, http::HttpResponse& res) {
+    return Admit(req, res, access, body);
+  };
+  http_->Route(
+      method, pattern,
+      [this, access, handler = std::move(handler)](const http::HttpRequest& req,
+                                                   http::HttpResponse& res) {
+        // Refusals summed up over a window that has ended are written now, with any request.
+        for (const store::AuditRecord& a : refusals_->Due(MonotonicMillis())) {
+          if (Status s = store_->AppendAudit(a); !s.ok())
+            std::fprintf(stderr, "tau server: audit record not written: %s\n",
+                         s.ToString().c_str());
+          std::fprintf(stderr, "tau server: %s\n", a.detail.c_str());
+        }
+        // Decided by Admit, from the head, before the body was read.
+        auto caller = std::static_pointer_cast<const CallerContext>(req.admitted);
+        if (!caller)
+          return http::ReplyError(res, Internal("a request reached its route unadmitted"));
+        handler(req, res, *caller);
+        BudgetStream(req, res, caller->who);
+        // Every refusal is audited (sampled), whoever decided it: a handler, policy resolution
+        // refusing a workspace, or the stream budget.
+        if (access != Access::kPublic && IsRefusal(res.status))
+          Audit(req, caller->who, res.status, RefusalAction(res.status), ErrorMessage(res));
+      },
+      std::move(options));
 }
 
 json FilterQueues(json queues, const CallerContext& caller) {

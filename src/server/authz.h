@@ -52,6 +52,19 @@ struct CallerContext {
 using SecureHandler =
     std::function<void(const http::HttpRequest&, http::HttpResponse&, const CallerContext& caller)>;
 
+// The body a route takes. The caller is authenticated and authorized from the request's head,
+// before a byte of its body is read: an anonymous caller sends a body only to a public route, and
+// only a caller who may submit somewhere (a researcher of a workspace, or an admin) sends more
+// than http::kDefaultMaxBodyBytes to a submission route.
+struct Body {
+  size_t max_bytes = http::kDefaultMaxBodyBytes;
+  bool submission = false;  // code uploads and submissions
+};
+// The large bodies: code blobs, and submissions that may carry their code inline (base64: 64 MiB
+// of code is 86 MiB of it) or many runs.
+constexpr size_t kMaxBlobRequestBytes = 64u << 20;
+constexpr size_t kMaxSubmissionBytes = 128u << 20;
+
 // How refusals reach the audit trail: per (caller, status, method, route) and window, the first
 // `rows_per_key` are written (and no more than 6 times that per caller, 60 times in all); the rest
 // are summed into one row ("refusals.suppressed") once the window is over, written with the next
@@ -70,10 +83,10 @@ class SecureRouter {
   ~SecureRouter();
 
   void Route(const std::string& method, const std::string& pattern, Access access,
-             SecureHandler handler);
+             SecureHandler handler, Body body = {});
   // For handlers that do not need to know the caller.
   void Route(const std::string& method, const std::string& pattern, Access access,
-             http::HttpHandler handler);
+             http::HttpHandler handler, Body body = {});
 
   // Who the caller is, under the platform in force (its users' groups and tokens); Unauthenticated
   // for a bad token.
@@ -89,6 +102,9 @@ class SecureRouter {
   http::HttpServer* http() const { return http_; }
 
  private:
+  // Authenticates and authorizes a request from its head: the caller is kept in req.admitted for
+  // the handler; false with the refusal in `res` (audited).
+  bool Admit(http::HttpRequest& req, http::HttpResponse& res, Access access, Body body) const;
   // A streamed answer holds a place of its caller's stream budget for its life, or becomes a 429.
   void BudgetStream(const http::HttpRequest& req, http::HttpResponse& res,
                     const auth::Identity& who) const;

@@ -328,6 +328,8 @@ int RunServer(const ServerOptions& options) {
   limits.idle_timeout_ms = static_cast<int>(options.idle_timeout_ms);
   limits.body_grace_ms = static_cast<int>(options.body_grace_ms);
   limits.body_min_bytes_per_second = options.body_min_bytes_per_second;
+  limits.max_body_bytes_in_flight = options.max_body_bytes_in_flight;
+  limits.max_body_bytes_in_flight_per_identity = options.max_body_bytes_in_flight_per_identity;
   http.set_limits(limits);
   http.set_refusal_observer([&metrics](const char* reason) {
     metrics.Count("tau_http_connections_refused_total", {{"reason", reason}});

@@ -49,6 +49,11 @@ struct ServerOptions {
   int64_t idle_timeout_ms = 15'000;     // a kept-alive connection between requests
   int64_t body_grace_ms = 10'000;       // then a body must keep up with body_min_bytes_per_second
   int64_t body_min_bytes_per_second = 64 * 1024;
+  // Request bodies over 64 KiB being received and handled at once, by declared length: in all,
+  // and per identity (an anonymous caller: per address). Past either, refused before the body is
+  // read.
+  int64_t max_body_bytes_in_flight = int64_t{384} << 20;
+  int64_t max_body_bytes_in_flight_per_identity = int64_t{128} << 20;
   // Refusals (401, 403, 429, 503) written to the audit trail per caller, status and route and
   // minute; every one is counted in tau_http_refused_total.
   int audit_refusals_per_minute = 10;

@@ -793,9 +793,9 @@ FakeApiServer::FakeApiServer() {
   }
   http_.set_max_body_bytes(16 << 20);
   for (const char* method : {"GET", "POST", "PUT", "PATCH", "DELETE"})
-    http_.Route(method, "/.*", [this](const http::HttpRequest& req, http::HttpResponse& res) {
-      Handle(req, res);
-    });
+    http_.Route(method, "/.*",
+                [this](const http::HttpRequest& req, http::HttpResponse& res) { Handle(req, res); },
+                {.max_body_bytes = 16 << 20});
 }
 
 FakeApiServer::~FakeApiServer() {

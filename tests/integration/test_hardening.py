@@ -275,8 +275,12 @@ class MalformedInputTest(HardeningCase):
     def test_deep_nesting_and_alias_bombs_are_bounded(self):
         for text in ("[" * 100000, "[" * 100000 + "]" * 100000, '{"a":' * 100000):
             status, body, _ = self.call("POST", "/api/v1/runs", text)
-            self.assert_error(status, body, 400, "request body is not a JSON object")
+            self.assert_error(status, body, 400, "request body nests JSON deeper than 128 levels")
             self.assert_serving()
+        # A body of many tiny values is refused as it is parsed, the bound named.
+        status, body, _ = self.call("POST", "/api/v1/runs", "[" + "0," * 500000 + "0]")
+        self.assert_error(status, body, 413, "more than 500000 JSON values")
+        self.assert_serving()
         deep = job_spec("deep", extra="eval: " + "[" * 100000 + "]" * 100000 + "\n")
         status, body, _ = self.call("POST", "/api/v1/runs", submit_body(deep, [("main.py", b"")]))
         self.assert_error(status, body, 400, "nested too deeply")
