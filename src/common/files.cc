@@ -268,12 +268,18 @@ Result<int> OpenBeneath(const std::string& root, std::string_view rel) {
 
 namespace {
 
-// Removes what the directory `dir_fd` holds, through descriptors only: a subdirectory is opened
-// without following a link, so one swapped for a link meanwhile is removed as the link.
-Status RemoveContents(int dir_fd, const std::string& shown, int depth) {
-  if (depth > 4 * kMaxWalkDepth)
-    return Status(StatusCode::kIo, "cannot remove " + shown + ": too deep");
-  int listing = ::dup(dir_fd);
+// Closes a descriptor when it goes out of scope.
+struct ClosesFd {
+  int fd;
+  ~ClosesFd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// The names in the directory `fd` (at most `*budget` of them, which it counts down), sorted; `fd`
+// stays open (the listing reads a duplicate).
+Result<std::vector<std::string>> NamesIn(int fd, const std::string& shown, size_t* budget) {
+  int listing = ::dup(fd);
   if (listing < 0) return IoError("cannot list " + shown, errno);
   DIR* d = ::fdopendir(listing);
   if (d == nullptr) {
@@ -281,11 +287,32 @@ Status RemoveContents(int dir_fd, const std::string& shown, int depth) {
     ::close(listing);
     return IoError("cannot list " + shown, err);
   }
+  ::rewinddir(d);
   std::vector<std::string> names;
-  while (const dirent* e = ::readdir(d))
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0)
+  errno = 0;
+  while (*budget > 0) {
+    const dirent* e = ::readdir(d);
+    if (e == nullptr) break;
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
       names.emplace_back(e->d_name);
+      --*budget;
+    }
+    errno = 0;
+  }
+  const int err = errno;
   ::closedir(d);
+  if (err != 0) return IoError("cannot list " + shown, err);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Removes what the directory `dir_fd` holds, through descriptors only: a subdirectory is opened
+// without following a link, so one swapped for a link meanwhile is removed as the link.
+Status RemoveContents(int dir_fd, const std::string& shown, int depth) {
+  if (depth > 4 * kMaxWalkDepth)
+    return Status(StatusCode::kIo, "cannot remove " + shown + ": too deep");
+  size_t all = SIZE_MAX;
+  TAU_ASSIGN_OR_RETURN(std::vector<std::string> names, NamesIn(dir_fd, shown, &all));
   for (const std::string& name : names) {
     if (::unlinkat(dir_fd, name.c_str(), 0) == 0 || errno == ENOENT) continue;
     if (errno != EISDIR && errno != EPERM)
@@ -420,44 +447,6 @@ Status CloneTree(const std::string& from_dir, const std::string& to, TreeFiles h
 }
 
 namespace {
-
-// Closes a descriptor when it goes out of scope.
-struct ClosesFd {
-  int fd;
-  ~ClosesFd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-// The names in the directory `fd` (at most `*budget` of them, which it counts down), sorted; `fd`
-// stays open (the listing reads a duplicate).
-Result<std::vector<std::string>> NamesIn(int fd, const std::string& shown, size_t* budget) {
-  int listing = ::dup(fd);
-  if (listing < 0) return IoError("cannot list " + shown, errno);
-  DIR* d = ::fdopendir(listing);
-  if (d == nullptr) {
-    const int err = errno;
-    ::close(listing);
-    return IoError("cannot list " + shown, err);
-  }
-  ::rewinddir(d);
-  std::vector<std::string> names;
-  errno = 0;
-  while (*budget > 0) {
-    const dirent* e = ::readdir(d);
-    if (e == nullptr) break;
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-      names.emplace_back(e->d_name);
-      --*budget;
-    }
-    errno = 0;
-  }
-  const int err = errno;
-  ::closedir(d);
-  if (err != 0) return IoError("cannot list " + shown, err);
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 Status WalkBelow(int dir_fd, const std::string& rel, const std::string& shown, int depth,
                  const std::function<Result<bool>(const TreeEntry&)>& visit, size_t* budget) {
