@@ -590,8 +590,11 @@ class Shim {
   std::optional<SetupError> Setup() {
     if (Status s = MakeCodeTree(); !s.ok())
       return SetupError{OutcomeKind::kSetupFailed, "the run's code: " + s.message()};
+    // A machine that lets root make no mount namespace (a container without CAP_SYS_ADMIN) still
+    // runs the attempt, and its log says what it lacks.
     if (Status s = MakePrivateMounts(); !s.ok())
-      return SetupError{OutcomeKind::kSetupFailed, "private /tmp and /dev/shm: " + s.message()};
+      WriteAll(LogFd(0), "[tau] /tmp and /dev/shm are shared with the machine's other users: " +
+                             s.message() + "\n");
     std::string venv;
     if (!config_.pip.empty()) {
       // The cache is the run user's, who may plant links in it: everything done there (the lock,

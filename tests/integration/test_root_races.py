@@ -405,5 +405,57 @@ class RootRacesTest(unittest.TestCase):
         self.assertIn("Isolation:  replica ports reachable only by the replicas' user and tau", text)
 
 
+class CapDroppedServer(TauServer):
+    """A root server without CAP_SYS_ADMIN and CAP_BPF, as in a container that grants neither."""
+
+    def start(self):
+        with open(os.path.join(self.home, "server-test.log"), "ab") as log:
+            self.proc = subprocess.Popen(
+                ["setpriv", "--bounding-set", "-sys_admin,-bpf", TAU, "server", "--home", self.home,
+                 "--stop-grace", str(self.stop_grace_ms), "--gpu-poll", str(self.gpu_poll_ms),
+                 *self.extra_args],
+                env=self.env, stdout=log, stderr=log, start_new_session=True)
+        sock = os.path.join(self.home, "tau.sock")
+        wait_for(lambda: os.path.exists(sock) and self._connectable(sock), what="the server")
+        return self
+
+
+@unittest.skipUnless(os.geteuid() == 0 and shutil.which("setpriv"),
+                     "needs root and setpriv: only root makes accounts and drops capabilities")
+class WithoutMountNamespacesTest(unittest.TestCase):
+    """Where root may make no mount namespace, a run as another user still runs, and says that its
+    /tmp and /dev/shm are the machine's."""
+
+    def test_a_run_still_runs_and_says_what_it_shares(self):
+        people = SystemUsers("c", system=False)
+        self.addCleanup(people.remove)
+        home = tempfile.mkdtemp(prefix="tau-it-", dir="/var/tmp")
+        self.addCleanup(shutil.rmtree, home, True)
+        server = CapDroppedServer(home=home, extra_args=["--shared-socket"]).start()
+        self.addCleanup(server.stop)
+        scratch = tempfile.mkdtemp(prefix="tau-it-nocaps-", dir="/var/tmp")
+        self.addCleanup(shutil.rmtree, scratch, True)
+        os.chmod(scratch, 0o755)
+        platform = os.path.join(scratch, "platform.yaml")
+        with open(platform, "w") as f:
+            f.write(PLATFORM.format(a=people["c"], b=people["c"]).replace(
+                "  - name: wb\n    members: [" + people["c"] + "]\n    default_queue: main\n", ""))
+        server.tau("platform", "apply", platform, check=0)
+        main = ("import os\nu = os.umask(0)\nprint('UMASK', oct(u), 'TMP', oct(os.stat('/tmp').st_mode "
+                "& 0o7777), flush=True)\n")
+        project = write_project(os.path.join(scratch, "p"),
+                                "name: nocaps\nengine: job\nentrypoint: main.py\npolicy:\n"
+                                "  workspace: wa\n", main)
+        p = as_user(people["c"], [TAU, "run", "--detach", project],
+                    env={"TAU_SERVER": f"unix://{os.path.join(home, 'tau.sock')}"})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        run = p.stdout.strip()
+        done = server.wait_state(run, ["Succeeded", "Failed"], timeout=60)
+        log = server.tau("logs", run, check=0).stdout
+        self.assertEqual(done["run"]["state"], "Succeeded", log)
+        self.assertIn("[tau] /tmp and /dev/shm are shared with the machine's other users", log)
+        self.assertIn("UMASK 0o77 TMP 0o1777", log)
+
+
 if __name__ == "__main__":
     unittest.main()
