@@ -648,106 +648,110 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
   // then each of them as raw bytes. A digest is no capability: a manifest names only blobs its
   // caller uploaded or that a run they may read uses, and any other blob is missing to them,
   // whoever stored it (docs/security.md, "Code blobs").
-  api->Route("POST", "/api/v1/code/missing", Access::kSignedIn,
-             [controller](const http::HttpRequest& req, http::HttpResponse& res,
-                          const CallerContext& caller) {
-               auto manifest = ParseManifestBody(req.body);
-               if (!manifest.ok()) return http::ReplyError(res, manifest.status());
-               auto check = controller->CheckCode(std::move(*manifest), caller.who.user,
-                                                  caller.VisibleWorkspaces());
-               if (!check.ok()) return http::ReplyError(res, check.status());
-               api::CodeMissing reply;
-               reply.digest = check->digest;
-               reply.stored = check->stored;
-               reply.missing = std::move(check->missing);
-               http::Reply(res, 200, reply.ToJson());
-             },
-             Body{kManifestRequestBytes, /*submission=*/true});
+  api->Route(
+      "POST", "/api/v1/code/missing", Access::kSignedIn,
+      [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                   const CallerContext& caller) {
+        auto manifest = ParseManifestBody(req.body);
+        if (!manifest.ok()) return http::ReplyError(res, manifest.status());
+        auto check = controller->CheckCode(std::move(*manifest), caller.who.user,
+                                           caller.VisibleWorkspaces());
+        if (!check.ok()) return http::ReplyError(res, check.status());
+        api::CodeMissing reply;
+        reply.digest = check->digest;
+        reply.stored = check->stored;
+        reply.missing = std::move(check->missing);
+        http::Reply(res, 200, reply.ToJson());
+      },
+      Body{kManifestRequestBytes, /*submission=*/true});
   // Only a caller who may submit somewhere uploads, within a quota of bytes no run uses yet.
-  api->Route("PUT", R"(/api/v1/blobs/([^/]+))", Access::kSignedIn,
-             [controller, api](const http::HttpRequest& req, http::HttpResponse& res,
-                               const CallerContext& caller) {
-               bool may_submit = caller.IsAdmin();
-               for (const policy::Workspace& w : caller.platform->workspaces)
-                 may_submit = may_submit || caller.RoleIn(w.name) >= auth::Role::kResearcher;
-               if (!may_submit)
-                 return api->Deny(req, res, caller.who,
-                                  fmt::format("user '{}' may submit to no workspace, so may not "
-                                              "upload code (a workspace's members may)",
-                                              caller.who.user));
-               auto added = controller->StoreCodeBlob(caller.who.user, req.matches[1], req.body);
-               if (!added.ok()) return http::ReplyError(res, added.status());
-               http::Reply(res, *added ? 201 : 200,
-                           {{"sha256", req.matches[1]}, {"size", req.body.size()}});
-             },
-             Body{kMaxBlobRequestBytes, /*submission=*/true});
-  api->Route("POST", "/api/v1/runs", Access::kSignedIn,
-             [controller](const http::HttpRequest& req, http::HttpResponse& res,
-                          const CallerContext& caller) {
-               auto submit = ParseSubmitBody(req.body);
-               if (!submit.ok()) return http::ReplyError(res, submit.status());
-               submit->caller = caller.who.AsCaller();
-               submit->token_user = caller.who.via == "token";
-               submit->readable_workspaces = caller.VisibleWorkspaces();
-               if (auto key = req.headers.find("idempotency-key"); key != req.headers.end()) {
-                 if (!IsIdempotencyKey(key->second))
-                   return http::ReplyError(
-                       res, InvalidArgument("the Idempotency-Key header takes 1 to 128 letters, "
-                                            "digits and . _ : - (a client's random key)"));
-                 submit->idempotency_key = key->second;
-               }
-               SubmitError error;
-               auto outcome = controller->Submit(std::move(*submit), &error);
-               if (!outcome.ok()) {
-                 json diags = json::array();
-                 for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
-                 json extra = {{"diagnostics", diags}};
-                 if (!error.missing_blobs.empty()) extra["missing"] = error.missing_blobs;
-                 return http::ReplyError(res, outcome.status(), extra);
-               }
-               api::Submitted reply;
-               // A new run waits for the scheduler: the reply does not wait for the loop's views.
-               reply.run = RunOf(outcome->run, controller, !outcome->replayed);
-               // A repeated submission gets the run its key made, as it is now.
-               if (outcome->replayed) res.headers_out.emplace_back("Idempotent-Replayed", "true");
-               http::Reply(res, outcome->replayed ? 200 : 201, reply.ToJson());
-             },
-             Body{kMaxSubmissionBytes, /*submission=*/true});
+  api->Route(
+      "PUT", R"(/api/v1/blobs/([^/]+))", Access::kSignedIn,
+      [controller, api](const http::HttpRequest& req, http::HttpResponse& res,
+                        const CallerContext& caller) {
+        bool may_submit = caller.IsAdmin();
+        for (const policy::Workspace& w : caller.platform->workspaces)
+          may_submit = may_submit || caller.RoleIn(w.name) >= auth::Role::kResearcher;
+        if (!may_submit)
+          return api->Deny(req, res, caller.who,
+                           fmt::format("user '{}' may submit to no workspace, so may not "
+                                       "upload code (a workspace's members may)",
+                                       caller.who.user));
+        auto added = controller->StoreCodeBlob(caller.who.user, req.matches[1], req.body);
+        if (!added.ok()) return http::ReplyError(res, added.status());
+        http::Reply(res, *added ? 201 : 200,
+                    {{"sha256", req.matches[1]}, {"size", req.body.size()}});
+      },
+      Body{kMaxBlobRequestBytes, /*submission=*/true});
+  api->Route(
+      "POST", "/api/v1/runs", Access::kSignedIn,
+      [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                   const CallerContext& caller) {
+        auto submit = ParseSubmitBody(req.body);
+        if (!submit.ok()) return http::ReplyError(res, submit.status());
+        submit->caller = caller.who.AsCaller();
+        submit->token_user = caller.who.via == "token";
+        submit->readable_workspaces = caller.VisibleWorkspaces();
+        if (auto key = req.headers.find("idempotency-key"); key != req.headers.end()) {
+          if (!IsIdempotencyKey(key->second))
+            return http::ReplyError(
+                res, InvalidArgument("the Idempotency-Key header takes 1 to 128 letters, "
+                                     "digits and . _ : - (a client's random key)"));
+          submit->idempotency_key = key->second;
+        }
+        SubmitError error;
+        auto outcome = controller->Submit(std::move(*submit), &error);
+        if (!outcome.ok()) {
+          json diags = json::array();
+          for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
+          json extra = {{"diagnostics", diags}};
+          if (!error.missing_blobs.empty()) extra["missing"] = error.missing_blobs;
+          return http::ReplyError(res, outcome.status(), extra);
+        }
+        api::Submitted reply;
+        // A new run waits for the scheduler: the reply does not wait for the loop's views.
+        reply.run = RunOf(outcome->run, controller, !outcome->replayed);
+        // A repeated submission gets the run its key made, as it is now.
+        if (outcome->replayed) res.headers_out.emplace_back("Idempotent-Replayed", "true");
+        http::Reply(res, outcome->replayed ? 200 : 201, reply.ToJson());
+      },
+      Body{kMaxSubmissionBytes, /*submission=*/true});
 
   // Many submissions in one request: checked whole, then inserted in one transaction (one fsync),
   // all or none; a refusal names the item at fault (`index`) with its diagnostics.
-  api->Route("POST", "/api/v1/runs/batch", Access::kSignedIn,
-             [controller](const http::HttpRequest& req, http::HttpResponse& res,
-                          const CallerContext& caller) {
-               auto batch = ParseBatchBody(req.body);
-               if (!batch.ok()) return http::ReplyError(res, batch.status());
-               batch->caller = caller.who.AsCaller();
-               batch->token_user = caller.who.via == "token";
-               batch->readable_workspaces = caller.VisibleWorkspaces();
-               if (auto key = req.headers.find("idempotency-key"); key != req.headers.end()) {
-                 if (!IsIdempotencyKey(key->second))
-                   return http::ReplyError(
-                       res, InvalidArgument("the Idempotency-Key header takes 1 to 128 letters, "
-                                            "digits and . _ : - (a client's random key)"));
-                 batch->idempotency_key = key->second;
-               }
-               BatchError error;
-               auto outcome = controller->SubmitBatch(std::move(*batch), &error);
-               if (!outcome.ok()) {
-                 json diags = json::array();
-                 for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
-                 json extra = {{"diagnostics", diags}};
-                 if (error.index) extra["index"] = *error.index;
-                 return http::ReplyError(res, outcome.status(), extra);
-               }
-               api::SubmittedBatch reply;
-               reply.runs.reserve(outcome->runs.size());
-               for (const RunRecord& r : outcome->runs)
-                 reply.runs.push_back(RunOf(r, controller, !outcome->replayed));
-               if (outcome->replayed) res.headers_out.emplace_back("Idempotent-Replayed", "true");
-               http::Reply(res, outcome->replayed ? 200 : 201, reply.ToJson());
-             },
-             Body{kMaxSubmissionBytes, /*submission=*/true});
+  api->Route(
+      "POST", "/api/v1/runs/batch", Access::kSignedIn,
+      [controller](const http::HttpRequest& req, http::HttpResponse& res,
+                   const CallerContext& caller) {
+        auto batch = ParseBatchBody(req.body);
+        if (!batch.ok()) return http::ReplyError(res, batch.status());
+        batch->caller = caller.who.AsCaller();
+        batch->token_user = caller.who.via == "token";
+        batch->readable_workspaces = caller.VisibleWorkspaces();
+        if (auto key = req.headers.find("idempotency-key"); key != req.headers.end()) {
+          if (!IsIdempotencyKey(key->second))
+            return http::ReplyError(
+                res, InvalidArgument("the Idempotency-Key header takes 1 to 128 letters, "
+                                     "digits and . _ : - (a client's random key)"));
+          batch->idempotency_key = key->second;
+        }
+        BatchError error;
+        auto outcome = controller->SubmitBatch(std::move(*batch), &error);
+        if (!outcome.ok()) {
+          json diags = json::array();
+          for (const auto& d : error.diagnostics) diags.push_back(d.ToString());
+          json extra = {{"diagnostics", diags}};
+          if (error.index) extra["index"] = *error.index;
+          return http::ReplyError(res, outcome.status(), extra);
+        }
+        api::SubmittedBatch reply;
+        reply.runs.reserve(outcome->runs.size());
+        for (const RunRecord& r : outcome->runs)
+          reply.runs.push_back(RunOf(r, controller, !outcome->replayed));
+        if (outcome->replayed) res.headers_out.emplace_back("Idempotent-Replayed", "true");
+        http::Reply(res, outcome->replayed ? 200 : 201, reply.ToJson());
+      },
+      Body{kMaxSubmissionBytes, /*submission=*/true});
 
   api->Route(
       "GET", "/api/v1/runs", Access::kSignedIn,
