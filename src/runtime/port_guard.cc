@@ -4,6 +4,7 @@
 // EPERM. The programs are assembled here by hand (a dozen instructions each), so tau needs no BPF
 // compiler or library: the bpf() system call and the kernel's verifier are all.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/bpf.h>
 #include <sys/syscall.h>
@@ -13,9 +14,12 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -244,7 +248,12 @@ Result<std::unique_ptr<PortGuard>> PortGuard::StartGuard(const std::string& owne
     attach.attach_bpf_fd = static_cast<uint32_t>(fd);
     attach.attach_type = program.type;
     attach.attach_flags = BPF_F_ALLOW_MULTI;
-    if (Bpf(BPF_PROG_ATTACH, &attach) != 0) {
+    long attached = Bpf(BPF_PROG_ATTACH, &attach);
+    // The kernel attaches at most 64 programs per cgroup and hook: servers killed without
+    // detaching theirs (of homes nobody serves again) would otherwise keep every later one out.
+    if (attached != 0 && errno == E2BIG && DetachOrphans(guard->cgroup_fd_) > 0)
+      attached = Bpf(BPF_PROG_ATTACH, &attach);
+    if (attached != 0) {
       const int err = errno;
       ::close(fd);
       return IoError("cannot attach tau's connect guard to " + cgroup, err);
@@ -267,6 +276,78 @@ PortGuard::~PortGuard() {
   if (cgroup_fd_ >= 0) ::close(cgroup_fd_);
 }
 
+namespace {
+
+// The ids of the BPF programs that some process holds a descriptor of: a program of tau's that
+// nobody holds was left attached by a server that died.
+std::set<uint32_t> HeldProgramIds() {
+  std::set<uint32_t> held;
+  DIR* proc = ::opendir("/proc");
+  if (!proc) return held;
+  while (dirent* p = ::readdir(proc)) {
+    if (p->d_name[0] < '1' || p->d_name[0] > '9') continue;
+    const std::string fds = fmt::format("/proc/{}/fd", p->d_name);
+    DIR* dir = ::opendir(fds.c_str());
+    if (!dir) continue;  // gone meanwhile
+    while (dirent* f = ::readdir(dir)) {
+      if (f->d_name[0] == '.') continue;
+      char target[64];
+      ssize_t n = ::readlinkat(::dirfd(dir), f->d_name, target, sizeof target - 1);
+      if (n <= 0 || std::string_view(target, static_cast<size_t>(n)) != "anon_inode:bpf-prog")
+        continue;
+      std::ifstream info(fmt::format("/proc/{}/fdinfo/{}", p->d_name, f->d_name));
+      std::string line;
+      while (std::getline(info, line))
+        if (line.rfind("prog_id:", 0) == 0)
+          held.insert(static_cast<uint32_t>(std::stoul(line.substr(8))));
+    }
+    ::closedir(dir);
+  }
+  ::closedir(proc);
+  return held;
+}
+
+// Detaches the programs attached for connect() at the cgroup `cgroup_fd` that `doomed` picks (by
+// id and name); returns how many.
+int DetachWhere(int cgroup_fd, const std::function<bool(uint32_t, const std::string&)>& doomed) {
+  int detached = 0;
+  for (const bpf_attach_type type : {BPF_CGROUP_INET4_CONNECT, BPF_CGROUP_INET6_CONNECT}) {
+    uint32_t ids[256];
+    bpf_attr query{};
+    query.query.target_fd = static_cast<uint32_t>(cgroup_fd);
+    query.query.attach_type = type;
+    query.query.prog_ids = reinterpret_cast<uint64_t>(ids);
+    query.query.prog_cnt = 256;
+    if (Bpf(BPF_PROG_QUERY, &query) != 0) continue;
+    for (uint32_t i = 0; i < query.query.prog_cnt && i < 256; ++i) {
+      bpf_attr by_id{};
+      by_id.prog_id = ids[i];
+      int fd = static_cast<int>(Bpf(BPF_PROG_GET_FD_BY_ID, &by_id));
+      if (fd < 0) continue;
+      bpf_prog_info info{};
+      bpf_attr get{};
+      get.info.bpf_fd = static_cast<uint32_t>(fd);
+      get.info.info_len = sizeof info;
+      get.info.info = reinterpret_cast<uint64_t>(&info);
+      if (Bpf(BPF_OBJ_GET_INFO_BY_FD, &get) == 0 && doomed(ids[i], info.name)) {
+        bpf_attr detach{};
+        detach.target_fd = static_cast<uint32_t>(cgroup_fd);
+        detach.attach_bpf_fd = static_cast<uint32_t>(fd);
+        detach.attach_type = type;
+        if (Bpf(BPF_PROG_DETACH, &detach) == 0) ++detached;
+      }
+      ::close(fd);
+    }
+  }
+  return detached;
+}
+
+bool IsTauProgram(const std::string& name) {
+  return name.rfind("tau_c4_", 0) == 0 || name.rfind("tau_c6_", 0) == 0;
+}
+
+}  // namespace
+
 int PortGuard::DetachLeftOvers(const std::string& owner, const PortGuard* keep) {
   const std::string cgroup = CgroupV2Root();
   if (::geteuid() != 0 || cgroup.empty()) return 0;
@@ -283,41 +364,29 @@ int PortGuard::DetachLeftOvers(const std::string& owner, const PortGuard* keep) 
     get.info.info = reinterpret_cast<uint64_t>(&info);
     if (Bpf(BPF_OBJ_GET_INFO_BY_FD, &get) == 0) kept.push_back(info.id);
   }
-  int detached = 0;
-  const std::pair<bpf_attach_type, std::string> kinds[] = {
-      {BPF_CGROUP_INET4_CONNECT, "tau_c4_" + tag}, {BPF_CGROUP_INET6_CONNECT, "tau_c6_" + tag}};
-  for (const auto& [type, name] : kinds) {
-    uint32_t ids[256];
-    bpf_attr query{};
-    query.query.target_fd = static_cast<uint32_t>(cgroup_fd);
-    query.query.attach_type = type;
-    query.query.prog_ids = reinterpret_cast<uint64_t>(ids);
-    query.query.prog_cnt = 256;
-    if (Bpf(BPF_PROG_QUERY, &query) != 0) continue;
-    for (uint32_t i = 0; i < query.query.prog_cnt && i < 256; ++i) {
-      if (std::find(kept.begin(), kept.end(), ids[i]) != kept.end()) continue;
-      bpf_attr by_id{};
-      by_id.prog_id = ids[i];
-      int fd = static_cast<int>(Bpf(BPF_PROG_GET_FD_BY_ID, &by_id));
-      if (fd < 0) continue;
-      bpf_prog_info info{};
-      bpf_attr get{};
-      get.info.bpf_fd = static_cast<uint32_t>(fd);
-      get.info.info_len = sizeof info;
-      get.info.info = reinterpret_cast<uint64_t>(&info);
-      // The same name: a program a former server of this home left attached (it was killed).
-      if (Bpf(BPF_OBJ_GET_INFO_BY_FD, &get) == 0 && name == info.name) {
-        bpf_attr detach{};
-        detach.target_fd = static_cast<uint32_t>(cgroup_fd);
-        detach.attach_bpf_fd = static_cast<uint32_t>(fd);
-        detach.attach_type = type;
-        if (Bpf(BPF_PROG_DETACH, &detach) == 0) ++detached;
-      }
-      ::close(fd);
-    }
-  }
+  // The same name: a program a former server of this home left attached (it was killed).
+  const int detached = DetachWhere(cgroup_fd, [&](uint32_t id, const std::string& name) {
+    return std::find(kept.begin(), kept.end(), id) == kept.end() &&
+           (name == "tau_c4_" + tag || name == "tau_c6_" + tag);
+  });
   ::close(cgroup_fd);
   return detached;
+}
+
+int PortGuard::DetachOrphans(int cgroup_fd) {
+  // Queried before the descriptors are looked for: a program loaded later is not in the query.
+  std::vector<std::pair<uint32_t, std::string>> candidates;
+  DetachWhere(cgroup_fd, [&](uint32_t id, const std::string& name) {
+    if (IsTauProgram(name)) candidates.emplace_back(id, name);
+    return false;
+  });
+  if (candidates.empty()) return 0;
+  const std::set<uint32_t> held = HeldProgramIds();
+  return DetachWhere(cgroup_fd, [&](uint32_t id, const std::string& name) {
+    return IsTauProgram(name) && !held.count(id) &&
+           std::find(candidates.begin(), candidates.end(), std::make_pair(id, name)) !=
+               candidates.end();
+  });
 }
 
 Status PortGuard::Allow(int port, uint32_t uid) {

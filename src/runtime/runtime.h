@@ -333,7 +333,9 @@ std::string SelfExecutable();
 // needs root, a mounted cgroup v2 hierarchy and a kernel with cgroup BPF (Start says which is
 // missing). The programs are named after `owner` (the server's home): a server killed without
 // detaching its own leaves them attached, still guarding, until the next server of that home
-// detaches them (DetachLeftOvers), once it has guarded what it re-adopted. Thread-compatible.
+// detaches them (DetachLeftOvers), once it has guarded what it re-adopted, or until a guard that
+// finds the kernel's limit of 64 programs reached detaches those nobody holds (DetachOrphans).
+// Thread-compatible.
 class PortGuard {
  public:
   static Result<std::unique_ptr<PortGuard>> Start(const std::string& owner);
@@ -350,8 +352,11 @@ class PortGuard {
   // Detaches the programs of `owner` that a former server left attached, all but `keep`'s (may be
   // null); returns how many.
   static int DetachLeftOvers(const std::string& owner, const PortGuard* keep);
-
  private:
+  // Detaches every tau program attached at the cgroup `cgroup_fd` that no process holds: what
+  // servers killed without a successor left. Start calls it when the kernel's limit of programs
+  // per cgroup is reached. Returns how many.
+  static int DetachOrphans(int cgroup_fd);
   PortGuard() = default;
   static Result<std::unique_ptr<PortGuard>> StartGuard(const std::string& owner);
   struct Attached {
