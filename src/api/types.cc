@@ -1330,7 +1330,8 @@ Result<SecretList> SecretList::FromJson(const json& j) {
 }
 
 json PlatformView::ToJson() const {
-  return WithExtra({{"source", source}, {"applied", applied}, {"platform", platform}}, extra);
+  return WithExtra(
+      {{"source", source}, {"applied", applied}, {"platform", platform}, {"text", text}}, extra);
 }
 
 Result<PlatformView> PlatformView::FromJson(const json& j) {
@@ -1339,6 +1340,7 @@ Result<PlatformView> PlatformView::FromJson(const json& j) {
     r.Str("source", &out->source);
     r.Str("applied", &out->applied);
     r.Object("platform", &out->platform);
+    r.Str("text", &out->text);
     return r.Finish(&out->extra);
   });
 }

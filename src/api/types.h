@@ -504,6 +504,7 @@ struct PlatformView {
   std::string source;  // the applied file, or "default"
   std::string applied;
   nlohmann::json platform = nlohmann::json::object();  // policy::ToJson's form
+  std::string text;  // as a platform file (what was applied): `tau platform validate` takes it
   nlohmann::json extra = nlohmann::json::object();
 
   nlohmann::json ToJson() const;

@@ -79,6 +79,21 @@ nlohmann::json DiagnosticsJson(const std::vector<spec::Diagnostic>& ds) {
   return out;
 }
 
+// All of standard input, refused past `max_bytes`.
+Result<std::string> ReadStdinAtMost(size_t max_bytes, const char* what) {
+  std::string text;
+  char buffer[65536];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, stdin)) > 0) {
+    text.append(buffer, n);
+    if (text.size() > max_bytes)
+      return InvalidArgument(
+          fmt::format("standard input is over {} bytes, the most {} may be", max_bytes, what));
+  }
+  if (std::ferror(stdin)) return IoError("cannot read standard input", errno);
+  return text;
+}
+
 // Checks each file with `check`. A table says "FILE: ok (summary)" on stdout and each diagnostic on
 // stderr; JSON and YAML give one entry a file: {file, valid, summary, errors, warnings}.
 int ValidateFiles(
@@ -88,7 +103,9 @@ int ValidateFiles(
   int rc = 0;
   nlohmann::json results = nlohmann::json::array();
   for (const std::string& file : files) {
-    auto text = ReadFileAtMost(file, max_bytes, what);
+    // "-": standard input (`tau platform show | tau platform validate -`).
+    auto text =
+        file == "-" ? ReadStdinAtMost(max_bytes, what) : ReadFileAtMost(file, max_bytes, what);
     FileCheck found;
     if (text.ok()) {
       found = check(*text, file);

@@ -69,8 +69,15 @@ static int CmdPlatformShow(const Global& g, Format format) {
   auto got = client::TauApi(conn->get()).GetPlatform();
   if (!got.ok()) return Fail(got.status().message());
   if (IsData(format)) return PrintData(got->ToJson(), format);
+  // The file as applied, which `tau platform validate -` and `apply` take back; a server too old to
+  // send it gets the API object, which they do not.
   std::printf("# platform in force: %s (applied %s)\n", got->source.c_str(), got->applied.c_str());
-  PrintYaml(got->platform);
+  if (got->text.empty()) {
+    PrintYaml(got->platform);
+  } else {
+    std::fputs(got->text.c_str(), stdout);
+    if (got->text.back() != '\n') std::fputs("\n", stdout);
+  }
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #include "common/hash.h"
 
 #include "common/files.h"
+#include "common/json_text.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -199,6 +200,25 @@ std::string Sha256::HexDigest() {
 std::string Sha256Hex(std::string_view data) {
   Sha256 h;
   h.Update(data);
+  return h.HexDigest();
+}
+
+std::string ConfigHashOf(const nlohmann::json& canonical_spec) {
+  // Member by member, as dump() writes an object: no copy of the tree to erase two keys from.
+  Sha256 h;
+  h.Update("{");
+  bool first = true;
+  if (canonical_spec.is_object()) {
+    for (const auto& [key, value] : canonical_spec.items()) {
+      if (key == "shape" || key == "overrides") continue;
+      if (!first) h.Update(",");
+      first = false;
+      h.Update(JsonText(nlohmann::json(key)));
+      h.Update(":");
+      h.Update(JsonText(value));
+    }
+  }
+  h.Update("}");
   return h.HexDigest();
 }
 

@@ -5,6 +5,8 @@
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "common/status.h"
 
 namespace tau {
@@ -31,6 +33,13 @@ Result<std::string> Sha256File(const std::string& path);
 
 // HMAC-SHA256 (RFC 2104) of `data` under `key`, as lowercase hex: what signs a webhook's payload.
 std::string HmacSha256Hex(std::string_view key, std::string_view data);
+
+// A run's config hash: the sha256 of its canonical spec (spec::ToJson) as compact JSON with keys in
+// sorted order and invalid UTF-8 replaced by U+FFFD, leaving out the members "shape" (how the file
+// was written) and "overrides" (how --set got there: the spec already holds their values). The one
+// definition that the server, the evidence bundle and its verifier share; docs/evidence.md gives it
+// for third parties.
+std::string ConfigHashOf(const nlohmann::json& canonical_spec);
 
 // Whether Sha256 uses the CPU's SHA instructions where it has them (the default). Returns the
 // setting before; false always where the CPU lacks them. For tests of both code paths.

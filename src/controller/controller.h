@@ -310,6 +310,7 @@ class Controller : private RunHost {
     std::shared_ptr<const policy::Platform> platform;
     std::string source;  // the applied file's name, or "default"
     int64_t applied_ms = 0;
+    std::string text;  // as a platform file: what was applied, or the default's text
   };
   PlatformView CurrentPlatform();
   // Validates `yaml` as a platform, writes it durably to the platform file, then makes it the one

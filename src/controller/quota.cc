@@ -40,8 +40,9 @@ Status Controller::LoadPlatformFile() {
   std::shared_ptr<const policy::Platform> platform;
   std::string source = "default";
   int64_t applied_ms = Now();
+  std::string text;
   if (!options_.platform_file.empty() && PathExists(options_.platform_file)) {
-    TAU_ASSIGN_OR_RETURN(std::string text, ReadFile(options_.platform_file));
+    TAU_ASSIGN_OR_RETURN(text, ReadFile(options_.platform_file));
     policy::PlatformOutcome parsed = policy::ParsePlatform(text, options_.platform_file);
     if (!parsed.ok())
       return InvalidArgument(fmt::format(
@@ -59,13 +60,15 @@ Status Controller::LoadPlatformFile() {
     }
   } else {
     const auto& size = options_.default_platform_size;
+    const int gpus = size ? size->gpus : static_cast<int>(gpus_.devices.size());
+    const int64_t cpu_milli = size ? size->cpu_milli : cpu_capacity_milli_;
+    const int64_t memory_bytes = size ? size->memory_bytes : memory_capacity_bytes_;
+    text = policy::DefaultPlatformText(gpus, cpu_milli, memory_bytes);
     platform = std::make_shared<const policy::Platform>(
-        size ? policy::DefaultPlatform(size->gpus, size->cpu_milli, size->memory_bytes)
-             : policy::DefaultPlatform(static_cast<int>(gpus_.devices.size()), cpu_capacity_milli_,
-                                       memory_capacity_bytes_));
+        policy::DefaultPlatform(gpus, cpu_milli, memory_bytes));
   }
   MutexLock lock(&mu_);
-  platform_ = {platform, source, applied_ms};
+  platform_ = {platform, source, applied_ms, std::move(text)};
   loop_platform_ = platform;
   return Status::Ok();
 }
@@ -100,7 +103,7 @@ Status Controller::ApplyPlatform(const std::string& yaml, const std::string& fil
       WriteFileAtomic(options_.platform_file + ".applied", JsonText(meta) + "\n", 0600));
   auto platform = std::make_shared<const policy::Platform>(std::move(*parsed.platform));
   MutexLock lock(&mu_);
-  platform_ = {platform, filename, now};
+  platform_ = {platform, filename, now, yaml};
   int64_t generation = ++platform_generation_;
   ++writes_posted_;
   inbox_.Push(PlatformChanged{platform, generation});

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include "common/clock.h"
 #include "common/strings.h"
@@ -121,34 +123,51 @@ std::string PlatformOutcome::ErrorText() const {
   return Join(lines, "\n");
 }
 
+std::string DefaultPlatformText(int gpus, int64_t cpu_milli, int64_t memory_bytes) {
+  return fmt::format(
+      "# The default platform: this machine as one queue that everyone may use.\n"
+      "schema_version: 1\n"
+      "flavors:\n"
+      "  - name: default\n"
+      "queues:\n"
+      "  - name: default\n"
+      "    resource_groups:\n"
+      "      - covered_resources: [cpu, memory, nvidia.com/gpu]\n"
+      "        flavors:\n"
+      "          - name: default\n"
+      "            resources:\n"
+      "              - {{name: cpu, nominal: {}}}\n"
+      "              - {{name: memory, nominal: {}}}\n"
+      "              - {{name: nvidia.com/gpu, nominal: {}}}\n"
+      "    # One machine, one queue: a higher-priority run may take GPUs from a lower one.\n"
+      "    preemption:\n"
+      "      within_cluster_queue: LowerPriority\n"
+      "priorities:\n"
+      "  - {{name: default, value: 0, description: the priority of runs that name none}}\n"
+      "workspaces:\n"
+      "  - name: default\n"
+      "    description: everyone, on this machine\n"
+      "    members: [\"*\"]\n"
+      "    default_queue: default\n"
+      "    default_priority: default\n"
+      "defaults:\n"
+      "  workspace: default\n"
+      "  queue: default\n"
+      "  priority: default\n",
+      Quantity::FromMilli(std::max<int64_t>(0, cpu_milli)).ToString(),
+      Quantity::FromUnits(std::max<int64_t>(0, memory_bytes)).ToString(), std::max(0, gpus));
+}
+
 Platform DefaultPlatform(int gpus, int64_t cpu_milli, int64_t memory_bytes) {
-  Platform p;
-  p.admission.flavors.push_back({"default", {}});
-  admission::ResourceGroup group;
-  group.covered_resources = {kCpuResource, kMemoryResource, kGpuResource};
-  group.flavors.push_back(
-      {"default",
-       {{kCpuResource, Quantity::FromMilli(std::max<int64_t>(0, cpu_milli)), {}, {}},
-        {kMemoryResource, Quantity::FromUnits(std::max<int64_t>(0, memory_bytes)), {}, {}},
-        {kGpuResource, Quantity::FromUnits(std::max(0, gpus)), {}, {}}}});
-  admission::ClusterQueue queue;
-  queue.name = "default";
-  queue.resource_groups.push_back(std::move(group));
-  // One machine, one queue: a higher-priority run may take GPUs from a lower one in the queue.
-  queue.preemption.within_cluster_queue = admission::WithinClusterQueue::kLowerPriority;
-  p.admission.queues.push_back(std::move(queue));
-  p.priorities.push_back({"default", 0, "the priority of runs that name none"});
-  Workspace w;
-  w.name = "default";
-  w.description = "everyone, on this machine";
-  w.members = {kEveryone};
-  w.default_queue = "default";
-  w.default_priority = "default";
-  p.workspaces.push_back(std::move(w));
-  p.defaults.workspace = "default";
-  p.defaults.queue = "default";
-  p.defaults.priority = "default";
-  return p;
+  // Parsed from its own text, so that what `tau platform show` prints is what is in force.
+  PlatformOutcome parsed =
+      ParsePlatform(DefaultPlatformText(gpus, cpu_milli, memory_bytes), "default platform");
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "tau: the built-in default platform is invalid:\n%s\n",
+                 parsed.ErrorText().c_str());
+    std::abort();  // a bug in the text above, caught by policy_test
+  }
+  return std::move(*parsed.platform);
 }
 
 namespace {

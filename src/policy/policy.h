@@ -274,6 +274,9 @@ PlatformOutcome ParsePlatform(std::string_view text, std::string_view filename);
 // nominal quota is the machine (cpu, memory, nvidia.com/gpu); priority class "default" (0);
 // workspace "default" open to everyone, using that queue and priority.
 Platform DefaultPlatform(int gpus, int64_t cpu_milli, int64_t memory_bytes);
+// The same as a platform file: what `tau platform show` prints for it, and what DefaultPlatform
+// parses.
+std::string DefaultPlatformText(int gpus, int64_t cpu_milli, int64_t memory_bytes);
 
 // The admission engine's configuration (Engine::Create accepts it for every parsed platform).
 admission::Config ToAdmissionConfig(const Platform& platform);

@@ -593,7 +593,8 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                http::Reply(res, 200,
                            {{"source", view.source},
                             {"applied", FormatRfc3339(view.applied_ms)},
-                            {"platform", policy::ToJson(*view.platform)}});
+                            {"platform", policy::ToJson(*view.platform)},
+                            {"text", view.text}});
              });
   api->Route(
       "PUT", "/api/v1/platform", Access::kAdmin,

@@ -334,24 +334,7 @@ std::vector<Override> RecordedOverrides(const json& canonical) {
 
 std::string ConfigHash(const RunSpec& spec) { return ConfigHash(ToJson(spec)); }
 
-std::string ConfigHash(const json& canonical) {
-  // The object's compact dump without "shape", member by member (in the object's sorted order, as
-  // dump writes them): no copy of the whole tree to erase one key from. Invalid UTF-8 is replaced
-  // rather than thrown on: a RunSpec built in code need not have come from the parser.
-  Sha256 h;
-  h.Update("{");
-  bool first = true;
-  for (const auto& [key, value] : canonical.items()) {
-    if (key == "shape" || key == "overrides") continue;
-    if (!first) h.Update(",");
-    first = false;
-    h.Update(json(key).dump(-1, ' ', false, json::error_handler_t::replace));
-    h.Update(":");
-    h.Update(value.dump(-1, ' ', false, json::error_handler_t::replace));
-  }
-  h.Update("}");
-  return h.HexDigest();
-}
+std::string ConfigHash(const json& canonical) { return ConfigHashOf(canonical); }
 
 json JsonSchema() {
   json manifest =

@@ -312,7 +312,38 @@ class TauServer:
             self.proc.send_signal(sig)
             self.proc.wait(timeout=20)
 
+    # Whether stop() exports and verifies the evidence bundles of the runs this server ended (a
+    # test that breaks evidence on purpose turns it off).
+    check_evidence = True
+    EVIDENCE_CHECKED_RUNS = 12  # the most recent ones: a bound on what it adds to a test
+
+    def verify_evidence(self):
+        """`tau evidence export` + `tau evidence verify` of the most recent finished runs; returns
+        what failed, as text ("" when all verified)."""
+        if not self.check_evidence or not self.proc or self.proc.poll() is not None:
+            return ""
+        listed = self.tau("list", "--all", "--limit", "1000", "-o", "json", check=None)
+        if listed.returncode != 0:
+            return ""
+        runs = json.loads(listed.stdout or "[]")
+        runs = [r for r in (runs.get("runs", runs) if isinstance(runs, dict) else runs)
+                if r.get("state") in ("Succeeded", "Failed", "Cancelled")]
+        failed = []
+        with tempfile.TemporaryDirectory(prefix="tau-it-evidence-") as d:
+            for run in runs[-self.EVIDENCE_CHECKED_RUNS:]:
+                bundle = os.path.join(d, run["name"] + ".tar.gz")
+                steps = (("evidence", "export", run["name"], "-o", bundle),
+                         ("evidence", "verify", bundle))
+                for argv in steps:
+                    p = self.tau(*argv, check=None, timeout=120)
+                    if p.returncode != 0:
+                        failed.append(f"tau {' '.join(argv[:2])} {run['name']} exited "
+                                      f"{p.returncode}: {(p.stdout + p.stderr).strip()[-600:]}")
+                        break
+        return "\n".join(failed)
+
     def stop(self):
+        evidence = self.verify_evidence()
         self.kill(signal.SIGTERM)
         # Stop anything left running by a test (a server started by the CLI, attempts).
         pid_file = os.path.join(self.home, "server.pid")
@@ -332,6 +363,8 @@ class TauServer:
                 pass
         shutil.rmtree(self.home, ignore_errors=True)
         shutil.rmtree(self.home + "-cache", ignore_errors=True)
+        if evidence:
+            raise AssertionError("evidence of runs this server ended does not verify:\n" + evidence)
 
     def tau(self, *args, check=None, timeout=60, input=None):
         p = subprocess.run([TAU, *args], env=self.env, capture_output=True, text=True,

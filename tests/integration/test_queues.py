@@ -158,6 +158,34 @@ class QueueTest(ServerTestCase):
         shown = json.loads(self.server.tau("platform", "show", "-o", "json", check=0).stdout)
         self.assertEqual(shown["source"], self.platform_file)
 
+    def test_platform_show_is_a_platform_file(self):
+        # What `tau platform show` prints validates and applies back, for the default platform
+        # and for an applied one, also after a restart.
+        def shown_validates():
+            text = self.server.tau("platform", "show", check=0).stdout
+            p = self.server.tau("platform", "validate", "-", input=text)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr + text)
+            return text
+        default = shown_validates()
+        self.assertIn("name: default", default)
+        copy = os.path.join(self.work, "shown.yaml")
+        with open(copy, "w") as f:
+            f.write(default)
+        self.server.tau("platform", "apply", copy, check=0)
+        # What is in force now is that text, comments and all.
+        self.assertEqual(shown_validates().split("\n", 1)[1], default)
+        self.apply()
+        with open(self.platform_file) as f:
+            self.assertEqual(shown_validates().split("\n", 1)[1], f.read())
+        self.server.kill()
+        self.server.start()
+        with open(self.platform_file) as f:
+            self.assertEqual(shown_validates().split("\n", 1)[1], f.read())
+        # A file the server cannot take names where, read from standard input.
+        p = self.server.tau("platform", "validate", "-", input="schema_version: 1\nqueuez: []\n")
+        self.assertEqual(p.returncode, 1)
+        self.assertRegex(p.stderr, r"-:2:1: error: unknown field 'queuez'")
+
     def test_server_platform_flag(self):
         # `tau server --platform FILE` (the Helm chart's ConfigMap) applies the file at start.
         self.server.stop()
