@@ -123,7 +123,7 @@ TEST(BudgetTest, APerUserBudgetCountsEachUserAlone) {
   Checker c(budgets, ledger, {Held("bob", 1, now - 1800'000, 0)}, now);
   EXPECT_EQ(c.Hold("vision", "alice", "gpu"),
             "budget of user alice in workspace vision spent: 1.0 of 1.0 GPU-h this week; resets "
-            "in 12h0m0s");
+            "in 12h");
   EXPECT_EQ(c.Hold("vision", "bob", "gpu"), "");
   std::vector<State> all = c.All();
   ASSERT_EQ(all.size(), 3u);  // alice's, bob's, the queue's

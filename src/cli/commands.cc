@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <memory>
 
@@ -286,7 +287,8 @@ int CmdStatus(const Global& g, const std::string& name, Format format) {
   return 0;
 }
 
-// A run's resources as people read them: "2 workers, each 1 GPU, 4 CPUs, 16Gi memory".
+// A run's resources as people read them. The record holds the run's totals (what quota counts):
+// "2 workers, each 1 GPU, 2 CPUs, 8Gi memory (in all 2 GPUs, 4 CPUs, 16Gi memory)".
 static std::string ResourcesText(const nlohmann::json& r) {
   if (!r.is_object() || r.empty()) return "-";
   auto number = [&](const char* key) -> std::optional<int64_t> {
@@ -294,21 +296,43 @@ static std::string ResourcesText(const nlohmann::json& r) {
     if (it == r.end() || !it->is_number_integer()) return std::nullopt;
     return it->get<int64_t>();
   };
-  std::vector<std::string> each;
-  if (auto gpus = number("gpus"); gpus && *gpus > 0)
-    each.push_back(fmt::format("{} GPU{}", *gpus, *gpus == 1 ? "" : "s"));
-  if (auto cpu = number("cpu_milli"))
-    each.push_back(*cpu % 1000 == 0 ? fmt::format("{} CPU{}", *cpu / 1000, *cpu == 1000 ? "" : "s")
-                                    : fmt::format("{}m CPU", *cpu));
-  if (auto memory = number("memory_bytes"))
-    each.push_back(HumanQuantity(std::to_string(*memory / 1024) + "Ki") + " memory");
-  for (const auto& [key, value] : r.items())
-    if (key != "gpus" && key != "cpu_milli" && key != "memory_bytes" && key != "workers")
-      each.push_back(
-          fmt::format("{} {}", value.is_string() ? value.get<std::string>() : value.dump(), key));
-  const int64_t workers = number("workers").value_or(1);
-  std::string text = each.empty() ? "nothing" : Join(each, ", ");
-  return workers == 1 ? text : fmt::format("{} workers, each {}", workers, text);
+  const int64_t workers = std::max<int64_t>(1, number("workers").value_or(1));
+  // Per worker when `divisor` divides every total, else nullopt.
+  auto describe = [&](int64_t divisor) -> std::optional<std::vector<std::string>> {
+    std::vector<std::string> out;
+    auto share = [&](int64_t total) -> std::optional<int64_t> {
+      if (total % divisor != 0) return std::nullopt;
+      return total / divisor;
+    };
+    if (auto gpus = number("gpus"); gpus && *gpus > 0) {
+      auto n = share(*gpus);
+      if (!n) return std::nullopt;
+      out.push_back(fmt::format("{} GPU{}", *n, *n == 1 ? "" : "s"));
+    }
+    if (auto cpu = number("cpu_milli")) {
+      auto n = share(*cpu);
+      if (!n) return std::nullopt;
+      out.push_back(*n % 1000 == 0 ? fmt::format("{} CPU{}", *n / 1000, *n == 1000 ? "" : "s")
+                                   : fmt::format("{}m CPU", *n));
+    }
+    if (auto memory = number("memory_bytes")) {
+      auto n = share(*memory);
+      if (!n) return std::nullopt;
+      out.push_back(HumanQuantity(std::to_string(*n / 1024) + "Ki") + " memory");
+    }
+    for (const auto& [key, value] : r.items())  // other resources: as totals only
+      if (divisor == 1 && key != "gpus" && key != "cpu_milli" && key != "memory_bytes" &&
+          key != "workers")
+        out.push_back(
+            fmt::format("{} {}", value.is_string() ? value.get<std::string>() : value.dump(), key));
+    return out;
+  };
+  const std::vector<std::string> total = *describe(1);
+  const std::string total_text = total.empty() ? "nothing" : Join(total, ", ");
+  if (workers == 1) return total_text;
+  auto each = describe(workers);
+  if (!each || each->empty()) return fmt::format("{} workers, in all {}", workers, total_text);
+  return fmt::format("{} workers, each {} (in all {})", workers, Join(*each, ", "), total_text);
 }
 
 static int CmdDescribe(const Global& g, const std::string& name, Format format) {
@@ -381,8 +405,54 @@ static int CmdDescribe(const Global& g, const std::string& name, Format format) 
   return 0;
 }
 
-static int CmdLogs(const Global& g, const std::string& name, bool follow, int attempt, int rank) {
+// Writes a log stream to stdout: each line after `prefix`, and of the whole only the last `tail`
+// lines (all when negative). Lines are cut at '\n'; a last line without one is kept as it is.
+class LogPrinter {
+ public:
+  LogPrinter(std::string prefix, int tail) : prefix_(std::move(prefix)), tail_(tail) {}
+  void Add(std::string_view data) {
+    if (prefix_.empty() && tail_ < 0) {
+      std::fwrite(data.data(), 1, data.size(), stdout);
+      std::fflush(stdout);
+      return;
+    }
+    partial_.append(data);
+    size_t start = 0, end;
+    while ((end = partial_.find('\n', start)) != std::string::npos) {
+      Line(partial_.substr(start, end - start + 1));
+      start = end + 1;
+    }
+    partial_.erase(0, start);
+  }
+  void Finish() {
+    if (!partial_.empty()) Line(partial_ + "\n");
+    partial_.clear();
+    for (const std::string& line : kept_) std::fputs(line.c_str(), stdout);
+    kept_.clear();
+    std::fflush(stdout);
+  }
+
+ private:
+  void Line(const std::string& line) {
+    if (tail_ < 0) {
+      std::fputs((prefix_ + line).c_str(), stdout);
+      return;
+    }
+    if (tail_ == 0) return;
+    kept_.push_back(prefix_ + line);
+    if (static_cast<int>(kept_.size()) > tail_) kept_.pop_front();
+  }
+  std::string prefix_;
+  int tail_;
+  std::string partial_;
+  std::deque<std::string> kept_;
+};
+
+static int CmdLogs(const Global& g, const std::string& name, bool follow, int attempt, int rank,
+                   int tail, bool all_ranks) {
   if (!IsRunName(name)) return NoSuchRun(name);
+  if (follow && (tail >= 0 || all_ranks))
+    return Fail("--tail and --all-ranks print what is there and end: use them without -f");
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   // Check the run first so a typo gets a clear answer rather than an empty stream.
@@ -397,23 +467,37 @@ static int CmdLogs(const Global& g, const std::string& name, bool follow, int at
   if (rank >= workers)
     return Fail(
         fmt::format("run {} has {} worker(s); --rank takes 0 to {}", name, workers, workers - 1));
+  // The latest of several attempts, said so: the failure a user looks for may be in an earlier one.
+  if (!follow && attempt == 0 && attempts > 1)
+    std::fprintf(stderr, "tau: attempt %d of %d (--attempt N for an earlier one)\n", attempts,
+                 attempts);
   client::LogQuery query;
-  query.rank = rank;
   query.attempt = attempt;
   query.follow = follow;
-  auto status =
-      follow ? FollowLog(g.server, &*conn, name, query)
-             : client::TauApi(conn->get()).StreamLog(name, query, [&](std::string_view data) {
-                 std::fwrite(data.data(), 1, data.size(), stdout);
-                 std::fflush(stdout);
-                 return true;
-               });
-  if (!status.ok()) return Fail(status.status().message());
-  if (*status != 200)
-    return Fail(fmt::format("the server refused the log request (HTTP {})", *status));
-  // Followed to its end, the run's own status: `tau logs -f RUN && next-step` must not go on
-  // after a failure.
-  return follow ? CmdLogsExitStatus(g, name) : 0;
+  if (follow) {
+    query.rank = rank;
+    auto status = FollowLog(g.server, &*conn, name, query);
+    if (!status.ok()) return Fail(status.status().message());
+    if (*status != 200)
+      return Fail(fmt::format("the server refused the log request (HTTP {})", *status));
+    // Followed to its end, the run's own status: `tau logs -f RUN && next-step` must not go on
+    // after a failure.
+    return CmdLogsExitStatus(g, name);
+  }
+  const int first = all_ranks ? 0 : rank, last = all_ranks ? workers - 1 : rank;
+  for (int r = first; r <= last; ++r) {
+    query.rank = r;
+    LogPrinter printer(all_ranks ? fmt::format("[rank {}] ", r) : "", tail);
+    auto status = client::TauApi(conn->get()).StreamLog(name, query, [&](std::string_view data) {
+      printer.Add(data);
+      return true;
+    });
+    printer.Finish();
+    if (!status.ok()) return Fail(status.status().message());
+    if (*status != 200)
+      return Fail(fmt::format("the server refused the log request (HTTP {})", *status));
+  }
+  return 0;
 }
 
 static int CmdCancel(const Global& g, const std::vector<std::string>& runs) {
@@ -428,8 +512,7 @@ static int CmdCancel(const Global& g, const std::vector<std::string>& runs) {
     std::string pending;
     Status r = client::TauApi(conn->get()).Cancel(name, &pending);
     if (!r.ok()) {
-      std::fprintf(stderr, "tau: error: %s\n", r.message().c_str());
-      rc = kExitInvalid;
+      rc = Fail(r.message());  // the same status as `tau status` of that run
     } else {
       std::printf("cancelling %s\n", name.c_str());
       if (!pending.empty())
@@ -572,6 +655,24 @@ int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet, Forma
                                            parsed.platform->priorities.size());
                          return found;
                        });
+}
+
+std::function<bool()> RefuseFileAsOutput(CLI::App* cmd, Context* ctx) {
+  // -o is an output format in every other command; a file given to it here would be taken for one
+  // elsewhere. Hidden, and refused with what to write instead.
+  auto given = std::make_shared<std::string>();
+  CLI::Option* option = cmd->add_option("-o,--output", *given)->group("");
+  std::string path = cmd->get_name();
+  for (const CLI::App* p = cmd->get_parent(); p != nullptr && p->get_parent() != nullptr;
+       p = p->get_parent())
+    path = p->get_name() + " " + path;
+  return [option, given, ctx, path] {
+    if (option->count() == 0) return true;
+    ctx->rc = Fail(fmt::format(
+        "`tau {}` writes a file: name it with -f {} (or --file); -o is an output format in tau",
+        path, *given));
+    return false;
+  };
 }
 
 std::function<std::optional<Format>()> AddOutput(CLI::App* cmd, Context* ctx,
@@ -805,7 +906,8 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
     std::vector<std::string> names;
     bool detach = false, all = false, watch = false, top_once = false, follow = false,
          force = false;
-    int limit = 100, attempt = 0, rank = 0;
+    int limit = 100, attempt = 0, rank = 0, tail = -1;  // tail: -1, every line
+    bool all_ranks = false;
     client::RunQuery query;  // tau list's filters
   };
   auto a = std::make_shared<Args>();
@@ -897,7 +999,12 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
       ->check(CLI::Range(1, 1 << 20));
   logs->add_option("--rank", a->rank, "Worker rank of a gang (default 0)")
       ->check(CLI::Range(0, 1 << 20));
-  logs->callback([=, &g] { ctx->rc = CmdLogs(g, a->run_name, a->follow, a->attempt, a->rank); });
+  logs->add_option("--tail", a->tail, "Only the last N lines (of each rank with --all-ranks)")
+      ->check(CLI::Range(0, 1 << 30));
+  logs->add_flag("--all-ranks", a->all_ranks, "Every rank's log, each line after [rank N]");
+  logs->callback([=, &g] {
+    ctx->rc = CmdLogs(g, a->run_name, a->follow, a->attempt, a->rank, a->tail, a->all_ranks);
+  });
 
   auto* cancel =
       app->add_subcommand("cancel", "Cancel runs (SIGTERM, then SIGKILL after a grace period)");

@@ -31,6 +31,10 @@ struct Context {
   int rc = 0;
 };
 
+// For a command that writes a file (-f/--file): a hidden -o that fails the command, saying to use
+// -f. The returned function answers true when -o was not given.
+std::function<bool()> RefuseFileAsOutput(CLI::App* cmd, Context* ctx);
+
 // Adds -o/--output to `cmd`, taking `formats` (the first is the default). The function returned
 // reads it when the command runs: nullopt, with ctx->rc set, for a format the command does not
 // print, which is refused with the ones it does.

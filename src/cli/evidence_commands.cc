@@ -39,9 +39,13 @@ static int CmdEvidence(const Global& g, const std::string& run, Format format) {
 
 // Writes what `fetch` hands on into `file`, beside it first and renamed when complete: a failed
 // download leaves no partial file under the name asked for. The byte count, or the error to show.
+// Without `replace`, a file already at `file` stays and the download fails naming it (the link
+// fails if one appears meanwhile).
 static Result<int64_t> DownloadTo(
-    const std::string& file,
+    const std::string& file, bool replace,
     const std::function<Status(const std::function<bool(std::string_view)>&)>& fetch) {
+  if (!replace && PathExists(file))
+    return AlreadyExists(file + " exists: give --force to replace it, or another -f FILE");
   std::string tmp = file + ".part-" + RandomHex(6);
   FILE* out = std::fopen(tmp.c_str(), "wb");
   if (!out) return IoError("cannot write " + tmp, errno);
@@ -54,8 +58,14 @@ static Result<int64_t> DownloadTo(
   });
   bool closed = std::fclose(out) == 0;
   if (got.ok() && (write_failed || !closed)) got = Status(StatusCode::kIo, "cannot write " + tmp);
-  if (got.ok() && std::rename(tmp.c_str(), file.c_str()) != 0)
+  if (got.ok() && replace && std::rename(tmp.c_str(), file.c_str()) != 0)
     got = IoError(fmt::format("cannot rename {} to {}", tmp, file), errno);
+  if (got.ok() && !replace) {
+    if (::link(tmp.c_str(), file.c_str()) != 0)
+      got = errno == EEXIST ? AlreadyExists(file + " exists: give --force to replace it")
+                            : IoError(fmt::format("cannot link {} to {}", tmp, file), errno);
+    std::remove(tmp.c_str());
+  }
   if (!got.ok()) {
     std::remove(tmp.c_str());
     return got;
@@ -63,13 +73,14 @@ static Result<int64_t> DownloadTo(
   return bytes;
 }
 
-static int CmdEvidenceExport(const Global& g, const std::string& run, const std::string& file) {
+static int CmdEvidenceExport(const Global& g, const std::string& run, const std::string& file,
+                             bool replace) {
   if (!IsRunName(run)) return NoSuchRun(run);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   client::TauApi api(conn->get());
-  Result<int64_t> bytes =
-      DownloadTo(file, [&](const auto& on_data) { return api.ExportEvidence(run, on_data); });
+  Result<int64_t> bytes = DownloadTo(
+      file, replace, [&](const auto& on_data) { return api.ExportEvidence(run, on_data); });
   if (!bytes.ok()) return Fail(bytes.status().message());
   evidence::VerifyReport report;
   Status ok = evidence::VerifyBundle(file, {}, &report);
@@ -215,14 +226,14 @@ static int CmdArtifacts(const Global& g, const std::string& run, bool digests, i
 }
 
 static int CmdGet(const Global& g, const std::string& run, const std::string& path,
-                  std::string file) {
+                  std::string file, bool replace) {
   if (!IsRunName(run)) return NoSuchRun(run);
   if (file.empty()) {
     file = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
     if (file.empty() || file == "." || file == "..")
       return Fail(
           fmt::format("'{}' names no file: give a path as `tau artifacts {}` lists it, or "
-                      "-o FILE",
+                      "-f FILE",
                       path, run));
   }
   auto conn = ConnectToServer(g.server);
@@ -238,8 +249,8 @@ static int CmdGet(const Global& g, const std::string& run, const std::string& pa
     if (write_failed || std::fflush(stdout) != 0) return Fail("cannot write to stdout");
     return 0;
   }
-  Result<int64_t> bytes =
-      DownloadTo(file, [&](const auto& on_data) { return api.GetArtifact(run, path, on_data); });
+  Result<int64_t> bytes = DownloadTo(
+      file, replace, [&](const auto& on_data) { return api.GetArtifact(run, path, on_data); });
   if (!bytes.ok()) return Fail(bytes.status().message());
   std::printf("wrote %s (%lld bytes)\n", file.c_str(), static_cast<long long>(*bytes));
   return 0;
@@ -316,6 +327,7 @@ void RegisterEvidenceCommands(CLI::App* app, Context* ctx) {
   struct Args {
     std::string run_name, bundle_file, metric_name, metric_split, metric_output;
     bool run_check = false;
+    bool force = false;
   };
   auto a = std::make_shared<Args>();
   const Global& g = ctx->g;
@@ -325,8 +337,12 @@ void RegisterEvidenceCommands(CLI::App* app, Context* ctx) {
   auto format = AddOutput(evidence, ctx);
   auto* eexport = evidence->add_subcommand("export", "Write a run's evidence bundle (.tar.gz)");
   eexport->add_option("run", a->run_name, "Run name")->required();
-  eexport->add_option("-o,--output", a->bundle_file, "The bundle file to write")->required();
-  eexport->callback([=, &g] { ctx->rc = CmdEvidenceExport(g, a->run_name, a->bundle_file); });
+  eexport->add_option("-f,--file", a->bundle_file, "The bundle file to write")->required();
+  eexport->add_flag("--force", a->force, "Replace the file if it exists");
+  auto export_format = RefuseFileAsOutput(eexport, ctx);
+  eexport->callback([=, &g] {
+    if (export_format()) ctx->rc = CmdEvidenceExport(g, a->run_name, a->bundle_file, a->force);
+  });
   auto* everify = evidence->add_subcommand(
       "verify", "Check a bundle; exit 0 when intact, 1 naming the first altered or missing item");
   everify->add_option("file", a->bundle_file, "The bundle (.tar.gz)")->required();
@@ -345,6 +361,7 @@ void RegisterEvidenceCommands(CLI::App* app, Context* ctx) {
   struct ArtifactArgs {
     std::string run, path, file;
     bool no_digest = false;
+    bool force = false;
     int64_t offset = 0, limit = 1000;
   };
   auto art = std::make_shared<ArtifactArgs>();
@@ -368,9 +385,13 @@ void RegisterEvidenceCommands(CLI::App* app, Context* ctx) {
   get->add_option("path", art->path,
                   "The file as `tau artifacts` lists it: output/... or checkpoint/...")
       ->required();
-  get->add_option("-o,--output", art->file,
+  get->add_option("-f,--file", art->file,
                   "Where to write it (default: its name in this directory; - for stdout)");
-  get->callback([=, &g] { ctx->rc = CmdGet(g, art->run, art->path, art->file); });
+  get->add_flag("--force", art->force, "Replace the file if it exists");
+  auto get_format = RefuseFileAsOutput(get, ctx);
+  get->callback([=, &g] {
+    if (get_format()) ctx->rc = CmdGet(g, art->run, art->path, art->file, art->force);
+  });
 
   auto* metrics = app->add_subcommand("metrics", "A run's metric history (sparkline and table)");
   metrics->add_option("run", a->run_name, "Run name")->required();

@@ -1,6 +1,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstring>
+#include <vector>
 
 #include "cli/cli.h"
 #include "cli/commands.h"
@@ -112,12 +113,20 @@ int Main(int argc, char** argv) {
   RegisterAdmissionCommands(&app, &ctx);
   RegisterIdentityCommands(&app, &ctx);
 
+  // `tau help [COMMAND...]` is `tau [COMMAND...] --help`, as git and kubectl have it.
+  std::vector<char*> args(argv, argv + argc);
+  static char help_flag[] = "--help";
+  if (argc >= 2 && std::strcmp(argv[1], "help") == 0) {
+    args.erase(args.begin() + 1);
+    args.push_back(help_flag);
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(args.size()), args.data());
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     if (code == 0) return 0;  // --help, --version
-    if (std::string hint = UsageHint(app, argc, argv); !hint.empty())
+    if (std::string hint = UsageHint(app, static_cast<int>(args.size()), args.data());
+        !hint.empty())
       std::fprintf(stderr, "tau: %s\n", hint.c_str());
     // Not 1: a script must be able to tell a mistyped command from a run that failed.
     return kExitTauError;

@@ -81,6 +81,12 @@ static int CmdPlatformShow(const Global& g, Format format) {
   return 0;
 }
 
+// A rolling window as the platform file writes it: "7d", "36h".
+static std::string WindowText(int64_t ms) {
+  constexpr int64_t kDay = 86'400'000;
+  return ms > 0 && ms % kDay == 0 ? fmt::format("{}d", ms / kDay) : FormatDuration(ms);
+}
+
 // The budgets' table (GET /api/v1/budgets): scope, what was used of what, and when it resets.
 static void PrintBudgets(const nlohmann::json& budgets) {
   std::vector<std::vector<std::string>> rows;
@@ -101,8 +107,10 @@ static void PrintBudgets(const nlohmann::json& budgets) {
     }
     const std::string period = b.value("period", "");
     const int64_t window = b.value("window_ms", int64_t{0});
-    rows.push_back({b.value("scope", ""), used,
-                    period.empty() ? "last " + FormatDuration(window) : "this " + period,
+    // Its name (docs/budgets.md: how tau calls it), with its scope when the name is not that.
+    const std::string scope = b.value("scope", ""), name = b.value("name", scope);
+    rows.push_back({name == scope ? scope : fmt::format("{} ({})", name, scope), used,
+                    period.empty() ? "last " + WindowText(window) : "this " + period,
                     b["resets"].is_string() ? b["resets"].get<std::string>() : "-",
                     b.value("spent", false) ? "spent" : (b.value("warn", false) ? "warn" : "ok")});
   }

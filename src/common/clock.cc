@@ -150,8 +150,12 @@ std::string FormatDuration(int64_t ms) {
   if (s < 60) return fmt::format("{:.1f}s", ms / 1000.0);
   int64_t h = s / 3600, m = (s % 3600) / 60;
   s %= 60;
-  if (h > 0) return fmt::format("{}h{}m{}s", h, m, s);
-  return fmt::format("{}m{}s", m, s);
+  // Zero parts left out ("168h", "1h30m", "10m"): still a duration ParseDurationMillis reads.
+  std::string out;
+  if (h > 0) out += fmt::format("{}h", h);
+  if (m > 0) out += fmt::format("{}m", m);
+  if (s > 0) out += fmt::format("{}s", s);
+  return out;
 }
 
 }  // namespace tau

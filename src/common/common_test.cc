@@ -114,6 +114,9 @@ TEST(ClockTest, Durations) {
   EXPECT_FALSE(ParseDurationMillis("").ok());
   EXPECT_EQ(FormatDuration(850), "850ms");
   EXPECT_EQ(FormatDuration(3723000), "1h2m3s");
+  EXPECT_EQ(FormatDuration(168 * 3600 * 1000), "168h");
+  EXPECT_EQ(FormatDuration(90 * 60 * 1000), "1h30m");
+  EXPECT_EQ(FormatDuration(61000), "1m1s");
 }
 
 TEST(StringsTest, FormatBytes) {

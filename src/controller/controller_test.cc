@@ -1184,7 +1184,7 @@ TEST_F(ControllerTest, ASpentBudgetHoldsRunsUntilItsPeriodEndsAndARestartMetersN
   nlohmann::json pending = controller_->PendingInfo(second);
   EXPECT_EQ(pending.value("code", ""), "BudgetSpent");
   EXPECT_EQ(pending.value("reason", ""),
-            "budget of workspace default spent: 0.0028 of 0.0010 CPU-h today; resets in 1m0s; "
+            "budget of workspace default spent: 0.0028 of 0.0010 CPU-h today; resets in 1m; "
             "it enters its queue once the budget has room");
   const nlohmann::json before = controller_->Budgets();
   ASSERT_EQ(before.size(), 1u);
@@ -1250,7 +1250,7 @@ TEST_F(ControllerTest, AQuietRunIsDumpedMarkedAndStoppedButOneWhoseOutputCannotB
                            [](const store::Event& e) { return e.type == "StallDetected"; });
   ASSERT_NE(mark, events.end());
   EXPECT_EQ(mark->message,
-            "no log output and no metric points for 1m0s; 1 Python process asked to write their "
+            "no log output and no metric points for 1m; 1 Python process asked to write their "
             "stacks to the log");
   EXPECT_EQ(mark->data.value("stack_dumps", 0), 1);
   EXPECT_FALSE(backend_.stop_requested.count(quiet));

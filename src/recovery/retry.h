@@ -53,7 +53,7 @@ RetryDecision Decide(const RetryPolicy& policy, const AttemptHistory& history,
 std::string StopMessage(const RetryPolicy& policy, const RetryDecision& decision,
                         std::string_view message);
 
-// The message of the Retrying event: "attempt 2 failed (UserError, exit 1); retrying in 1m0s
+// The message of the Retrying event: "attempt 2 failed (UserError, exit 1); retrying in 1m
 // (retry 2 of 3)"; the exit code when the attempt has one.
 std::string RetryingMessage(const RetryPolicy& policy, const AttemptHistory& history,
                             FailureClass failure_class, const RetryDecision& decision,

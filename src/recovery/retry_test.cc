@@ -239,7 +239,7 @@ std::vector<Case> Cases() {
                      4'000,
                      3,
                      "the retry would start after its 4.0s backoff, past "
-                     "resilience.max_retry_duration (1m0s)"});
+                     "resilience.max_retry_duration (1m)"});
     cases.push_back({"max_retry_duration has passed",
                      p,
                      {3, 30'000},
@@ -248,7 +248,7 @@ std::vector<Case> Cases() {
                      false,
                      4'000,
                      3,
-                     "resilience.max_retry_duration (1m0s) has passed"});
+                     "resilience.max_retry_duration (1m) has passed"});
     cases.push_back({"never started: no window yet",
                      p,
                      {3, std::nullopt},
@@ -312,9 +312,9 @@ TEST(RetryDecideTest, Messages) {
   RetryDecision retry = Decide(p, {2, 0}, C::kNodeLost, 0);
   ASSERT_TRUE(retry.retry);
   EXPECT_EQ(RetryingMessage(p, {2, 0}, C::kNodeLost, retry),
-            "attempt 2 failed (NodeLost); retrying in 1m0s (retry 2 of 3)");
+            "attempt 2 failed (NodeLost); retrying in 1m (retry 2 of 3)");
   EXPECT_EQ(RetryingMessage(p, {2, 0}, C::kUserError, retry, 3),
-            "attempt 2 failed (UserError, exit 3); retrying in 1m0s (retry 2 of 3)");
+            "attempt 2 failed (UserError, exit 3); retrying in 1m (retry 2 of 3)");
 }
 
 TEST(RetryDecideTest, PreemptedAttemptsUseNoRetry) {

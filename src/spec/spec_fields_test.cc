@@ -357,7 +357,7 @@ TEST(SpecResilience, DurationsAndRetries) {
   // An initial backoff beyond the default maximum is caught too.
   EXPECT_NE(
       Errors(Manifest("resilience:\n  backoff_initial: 10m\n"))
-          .find("resilience.backoff_initial (10m0s) is longer than resilience.backoff_max (5m0s, "
+          .find("resilience.backoff_initial (10m) is longer than resilience.backoff_max (5m, "
                 "the default)"),
       std::string::npos);
   MustParse(Manifest("resilience:\n  backoff_initial: 5m\n"));  // equal is fine

@@ -315,10 +315,10 @@ class TauServer:
     # Whether stop() exports and verifies the evidence bundles of the runs this server ended (a
     # test that breaks evidence on purpose turns it off).
     check_evidence = True
-    EVIDENCE_CHECKED_RUNS = 12  # the most recent ones: a bound on what it adds to a test
+    EVIDENCE_CHECKED_RUNS = 12  # at most: a bound on what it adds to a test
 
     def verify_evidence(self):
-        """`tau evidence export` + `tau evidence verify` of the most recent finished runs; returns
+        """`tau evidence export` + `tau evidence verify` of (up to 12 of) the finished runs; returns
         what failed, as text ("" when all verified)."""
         if not self.check_evidence or not self.proc or self.proc.poll() is not None:
             return ""
@@ -330,9 +330,9 @@ class TauServer:
                 if r.get("state") in ("Succeeded", "Failed", "Cancelled")]
         failed = []
         with tempfile.TemporaryDirectory(prefix="tau-it-evidence-") as d:
-            for run in runs[-self.EVIDENCE_CHECKED_RUNS:]:
+            for run in runs[:self.EVIDENCE_CHECKED_RUNS]:
                 bundle = os.path.join(d, run["name"] + ".tar.gz")
-                steps = (("evidence", "export", run["name"], "-o", bundle),
+                steps = (("evidence", "export", run["name"], "-f", bundle),
                          ("evidence", "verify", bundle))
                 for argv in steps:
                     p = self.tau(*argv, check=None, timeout=120)

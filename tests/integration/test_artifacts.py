@@ -131,7 +131,7 @@ class ArtifactsTest(unittest.TestCase):
 
     def test_get_is_byte_identical(self):
         out = os.path.join(self.work, "fetched.bin")
-        p = self.server.tau("get", self.run_name, "output/result.bin", "-o", out, check=0)
+        p = self.server.tau("get", self.run_name, "output/result.bin", "-f", out, check=0)
         self.assertIn(f"wrote {out} ({len(RESULT)} bytes)", p.stdout)
         with open(out, "rb") as f:
             self.assertEqual(f.read(), RESULT)
@@ -141,10 +141,26 @@ class ArtifactsTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         with open(os.path.join(here, "model.pt"), "rb") as f:
             self.assertEqual(f.read(), MODEL)
-        # -o -: the bytes on stdout, nothing else.
-        p = self.tau_as(None, "get", self.run_name, "output/result.bin", "-o", "-")
+        # -f -: the bytes on stdout, nothing else.
+        p = self.tau_as(None, "get", self.run_name, "output/result.bin", "-f", "-")
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(p.stdout, RESULT)
+        # A file that is there stays, unless --force says otherwise.
+        with open(out, "wb") as f:
+            f.write(b"mine")
+        p = self.server.tau("get", self.run_name, "output/result.bin", "-f", out)
+        self.assertEqual(p.returncode, 125)
+        self.assertIn(f"{out} exists: give --force", p.stderr)
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(), b"mine")
+        self.server.tau("get", self.run_name, "output/result.bin", "-f", out, "--force", check=0)
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(), RESULT)
+        # -o is a format in tau: a file given to it is refused, naming -f, and nothing is written.
+        p = self.server.tau("get", self.run_name, "output/result.bin", "-o", "json")
+        self.assertEqual(p.returncode, 125)
+        self.assertIn("-f json", p.stderr)
+        self.assertFalse(os.path.exists("json"))
 
     def test_paths_that_leave_the_run_are_refused(self):
         here = tempfile.mkdtemp(dir=self.work)
@@ -161,7 +177,7 @@ class ArtifactsTest(unittest.TestCase):
             ("checkpoint/step-10", "is a directory, not a file"),
         ]
         for path, message in cases:
-            p = self.tau_as(None, "get", self.run_name, path, "-o", os.path.join(here, "x"))
+            p = self.tau_as(None, "get", self.run_name, path, "-f", os.path.join(here, "x"))
             stderr = p.stderr.decode()
             self.assertNotEqual(p.returncode, 0, path)
             # Without openat2 (old kernels, some sandboxes) no link is followed at all.
@@ -179,7 +195,7 @@ class ArtifactsTest(unittest.TestCase):
         refusal = logs.stderr.decode().strip()
         self.assertIn("bob", refusal)
         for args in (("artifacts", self.run_name), ("get", self.run_name, "output/result.bin",
-                                                     "-o", os.path.join(self.work, "bob.bin"))):
+                                                     "-f", os.path.join(self.work, "bob.bin"))):
             p = self.tau_as("bob", *args)
             self.assertNotEqual(p.returncode, 0, args)
             self.assertEqual(p.stderr.decode().strip(), refusal, args)

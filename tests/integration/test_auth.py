@@ -540,7 +540,7 @@ class AuthTest(unittest.TestCase):
             self.assertIn("key is ***", text)
             self.assertNotIn(SECRET_VALUE, text)
         bundle = os.path.join(self.work, "bundle.tar.gz")
-        self.server.tau("evidence", "export", self.vision_run, "-o", bundle, check=0)
+        self.server.tau("evidence", "export", self.vision_run, "-f", bundle, check=0)
         self.assertNotIn(SECRET_VALUE.encode(), gzip.open(bundle).read())
         self.server.tau("evidence", "verify", bundle, check=0)
         listed = json.loads(self.call("alice", "GET", "/api/v1/workspaces/vision/secrets")[2])

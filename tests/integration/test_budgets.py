@@ -173,10 +173,17 @@ class BudgetTest(ServerTestCase):
                          {"main.py": SLEEPER, "run.sh": '#!/bin/sh\nexec python3 main.py "$@"\n'})
         r = self.server.tau("run", "--detach", d, check=None)
         self.assertNotEqual(r.returncode, 0)
-        self.assertIn("run.max_runtime: 1 GPU(s) for 1h0m0s is up to 1.0 GPU-h, and the budget of "
+        self.assertIn("run.max_runtime: 1 GPU(s) for 1h is up to 1.0 GPU-h, and the budget of "
                       "workspace vision has 0.5 of 0.5 GPU-h left", r.stderr)
         short = self.sleeper("short", 0, max_runtime="10m")
         self.server.wait_state(short, ["Succeeded"], timeout=60)
+
+    def test_queues_name_a_budget_and_its_window_as_the_file_does(self):
+        text = PLATFORM.replace("{gpu_hours}", "5").replace(
+            "    period: month\n", "    window: 7d\n    name: vision-weekly\n")
+        self.assertEqual(self.apply(text).returncode, 0)
+        self.assertRegex(self.server.tau("queues", check=0).stdout,
+                         r"vision-weekly \(workspace vision\)\s+[\d.]+ / 5[\d.]* GPU-h\s+last 7d")
 
     def test_bad_budgets_are_refused_at_their_fields(self):
         bad = PLATFORM.replace("{gpu_hours}", "-3").replace("period: month", "period: fortnight")

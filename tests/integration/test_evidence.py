@@ -208,7 +208,7 @@ class EvidenceTest(ServerTestCase):
         name, _ = self.run_quickstart()
         self.final_record(name)
         bundle = os.path.join(self.work, "b.tar.gz")
-        self.server.tau("evidence", "export", name, "-o", bundle, check=0)
+        self.server.tau("evidence", "export", name, "-f", bundle, check=0)
         p = self.server.tau("evidence", "verify", bundle, "--run-check", check=0)
         self.assertIn("intact", p.stdout)
         with tarfile.open(bundle, "r:gz") as t:
@@ -354,7 +354,7 @@ class EvidenceTest(ServerTestCase):
             self.assertEqual(rec["config"]["config_hash"],
                              self.server.run_json(run)["run"]["config_hash"])
             bundle = os.path.join(self.work, run + ".tar.gz")
-            self.server.tau("evidence", "export", run, "-o", bundle, check=0)
+            self.server.tau("evidence", "export", run, "-f", bundle, check=0)
             p = self.server.tau("evidence", "verify", bundle, "--run-check", check=None)
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         self.assertEqual(self.final_record(made[1])["config"]["spec"]["args"], ["--steps", "4"])
@@ -383,7 +383,7 @@ class GpuEvidenceTest(ServerTestCase):
         self.assertTrue(rec["runtime"]["driver_version"])
         self.assertGreater(rec["gpu_samples"][0]["count"], 0)
         bundle = os.path.join(self.work, "g.tar.gz")
-        self.server.tau("evidence", "export", name, "-o", bundle, check=0)
+        self.server.tau("evidence", "export", name, "-f", bundle, check=0)
         bad = os.path.join(self.work, "g-bad.tar.gz")
         tamper(bundle, "gpu-samples.jsonl", bad)
         p = self.server.tau("evidence", "verify", bad)
@@ -417,7 +417,7 @@ class RetentionTest(unittest.TestCase):
             self.assertRegex(entry["sha256"], "^[0-9a-f]{64}$")
             self.assertEqual(len(rec["events"]), 6)
             bundle = os.path.join(work, "b.tar.gz")
-            server.tau("evidence", "export", name, "-o", bundle, check=0)
+            server.tau("evidence", "export", name, "-f", bundle, check=0)
             server.tau("evidence", "verify", bundle, "--run-check", check=0)
         finally:
             server.stop()

@@ -419,7 +419,7 @@ class RunFilesTest(HardeningCase):
         self.assertEqual([l["rank"] for l in attempt["logs"]], [0])
         self.assertEqual(rec["metrics"]["distinct_points"], 0)
         bundle = os.path.join(self.work, "bundle.tar.gz")
-        self.server.tau("evidence", "export", name, "-o", bundle, check=0)
+        self.server.tau("evidence", "export", name, "-f", bundle, check=0)
         self.server.tau("evidence", "verify", bundle, check=0)
         with tarfile.open(bundle) as tar:
             for member in tar.getmembers():

@@ -314,7 +314,7 @@ class KubeBackendTest(unittest.TestCase):
                          rf"{CLUSTER_QUEUE}; cpu on default, memory on default\)\n", describe)
         self.assertRegex(describe, rf"\n  1\s+Finished\s+Succeeded\s+0\s", describe)
         # The run's checkpoints and outputs are on the cluster's volumes: said, not an empty list.
-        for args in (("artifacts", run), ("get", run, "output/result.txt", "-o", "-")):
+        for args in (("artifacts", run), ("get", run, "output/result.txt", "-f", "-")):
             p = self.server.tau(*args)
             self.assertNotEqual(p.returncode, 0, p.stdout)
             self.assertIn("artifacts are not available on the kubernetes backend", p.stderr)

@@ -52,6 +52,15 @@ class ValidateTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0)
         self.assertRegex(p.stdout, r"^tau \d+\.\d+\.\d+")
 
+    def test_help_names_a_command(self):
+        p = subprocess.run([TAU, "help", "evidence", "export"], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("-f,--file", p.stdout)
+        self.assertEqual(p.stdout, subprocess.run([TAU, "evidence", "export", "--help"],
+                                                  capture_output=True, text=True).stdout)
+        p = subprocess.run([TAU, "help", "nosuch"], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 125)
+
 
 class RunTest(ServerTestCase):
     def test_quickstart_runs_end_to_end(self):
@@ -93,6 +102,21 @@ class RunTest(ServerTestCase):
         text = self.server.tau("describe", name, check=0).stdout
         self.assertIn("Failed", text)
         self.assertIn("Exit code:   3", text)
+
+    def test_describe_tells_each_worker_from_the_whole_run(self):
+        # The record holds totals (what quota counts); describe says what each worker gets too,
+        # and in -o json, where a script reads them, the same totals.
+        spec = self.project(job_spec("pair", workers=2,
+                                     extra="  cpus: 1\n  memory: 256Mi\n"),
+                            {"main.py": "print('ok')\n"})
+        name = self.server.tau("run", "--detach", spec, check=0).stdout.strip()
+        text = self.server.tau("describe", name, check=0).stdout
+        self.assertIn("Resources:   2 workers, each 1 CPU, 256Mi memory "
+                      "(in all 2 CPUs, 512Mi memory)", text)
+        d = self.server.run_json(name)
+        self.assertEqual((d["run"]["resources"]["cpu_milli"], d["run"]["resources"]["workers"]),
+                         (2000, 2))
+        self.server.wait_state(name, ["Succeeded", "Failed"], timeout=60)
 
     def test_failed_attempt_is_diagnosed_from_its_logs(self):
         code = ("import sys\nprint('loading', flush=True)\n"

@@ -113,3 +113,27 @@ class CappedAndMaskedLogTest(ServerTestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class LogOptionsTest(ServerTestCase):
+    def test_tail_all_ranks_and_the_attempt_shown(self):
+        program = ("import os, sys\n"
+                   "rank = os.environ.get('RANK', '0')\n"
+                   "for i in range(5):\n    print(f'r{rank} line {i}', flush=True)\n"
+                   "sys.exit(0 if os.environ.get('TAU_ATTEMPT', '1') != '1' else 3)\n")
+        spec = ("schema_version: 1\nname: ranks\nrun:\n  entrypoint: main.py\n"
+                "  workload_kind: job\ncompute:\n  gpus: 0\n  workers: 2\n"
+                "resilience:\n  max_retries: 1\n  backoff_initial: 1s\n  retry_on: [UserError]\n")
+        name = self.submit(spec, {"main.py": program})
+        d = self.server.wait_state(name, ["Succeeded", "Failed"], timeout=90)
+        self.assertEqual(d["run"]["state"], "Succeeded", d)
+        self.assertEqual(d["run"]["attempts"], 2)
+        p = self.server.tau("logs", name, "--all-ranks", "--tail", "2", check=0)
+        self.assertEqual(p.stdout, "[rank 0] r0 line 3\n[rank 0] r0 line 4\n"
+                                   "[rank 1] r1 line 3\n[rank 1] r1 line 4\n")
+        self.assertIn("attempt 2 of 2", p.stderr)
+        p = self.server.tau("logs", name, "--tail", "1", "--rank", "1", check=0)
+        self.assertEqual(p.stdout, "r1 line 4\n")
+        p = self.server.tau("logs", name, "--tail", "1", "-f")
+        self.assertEqual(p.returncode, 125)
+        self.assertIn("without -f", p.stderr)
