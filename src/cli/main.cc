@@ -1,3 +1,4 @@
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include <cstring>
@@ -118,6 +119,17 @@ int Main(int argc, char** argv) {
   static char help_flag[] = "--help";
   if (argc >= 2 && std::strcmp(argv[1], "help") == 0) {
     args.erase(args.begin() + 1);
+    CLI::App* cmd = &app;
+    std::string path = "tau";
+    for (size_t i = 1; i < args.size(); ++i) {
+      CLI::App* parent = cmd;
+      cmd = nullptr;
+      for (CLI::App* sub : parent->get_subcommands({}))
+        if (sub->check_name(args[i])) cmd = sub;
+      if (cmd == nullptr)
+        return Fail(fmt::format("{} has no command '{}' (tau --help lists them)", path, args[i]));
+      path += std::string(" ") + args[i];
+    }
     args.push_back(help_flag);
   }
   try {
