@@ -584,15 +584,11 @@ Result<SimulationInput> Parse(const YAML::Node& root, Loader& L) {
   }
   // A platform file's other sections may stay in a copy of it (docs/platform.md): they are platform
   // policy, not admission, and the result says that they were not simulated.
-  static const char* const kPlatformOnly[] = {
-      "schema_version", "priorities", "workspaces", "defaults",   "compute_profiles",
-      "storage",        "access",     "users",      "node_labels"};
-  std::vector<std::string> keys = {"flavors",      "cohorts",   "queues",
-                                   "fair_sharing", "workloads", "admission_fair_sharing",
-                                   "local_queues"};
-  keys.insert(keys.end(), std::begin(kPlatformOnly), std::end(kPlatformOnly));
+  std::vector<std::string> keys = {"workloads", "local_queues"};
+  keys.insert(keys.end(), std::begin(kAdmissionSections), std::end(kAdmissionSections));
+  keys.insert(keys.end(), std::begin(kPlatformPolicySections), std::end(kPlatformPolicySections));
   if (!L.Map(root, "the simulation", keys)) return InvalidArgument("not a mapping");
-  for (const char* section : kPlatformOnly)
+  for (const char* section : kPlatformPolicySections)
     if (root[section]) in.platform_sections.push_back(section);
   Defined defined;
   in.config = ParseConfigSections(root, L, &defined);

@@ -40,6 +40,16 @@
 
 namespace tau::admission {
 
+// The top-level sections of a platform file (docs/platform.md), in two kinds: the admission
+// configuration the simulator reads too, and platform policy, which a simulation accepts in a
+// copy of a platform file and reports as not simulated. The platform reader takes both lists, so
+// that a section added to the platform is known to the simulator at once.
+inline constexpr const char* kAdmissionSections[] = {"flavors", "cohorts", "queues", "fair_sharing",
+                                                     "admission_fair_sharing"};
+inline constexpr const char* kPlatformPolicySections[] = {
+    "schema_version", "priorities", "workspaces",  "defaults", "compute_profiles", "storage",
+    "access",         "users",      "node_labels", "topology", "budgets",          "costs"};
+
 struct Diagnostic {
   std::string file;
   int line = 0;    // 1-based

@@ -106,11 +106,11 @@ class PlatformParser {
       return;
     }
     Fields top;
-    if (!r_.Map(root, "", {1, 1},
-                {"schema_version", "flavors", "cohorts", "queues", "fair_sharing", "priorities",
-                 "defaults", "workspaces", "compute_profiles", "storage", "access", "users",
-                 "node_labels", "topology", "budgets", "costs", "admission_fair_sharing"},
-                {"queues", "workspaces"}, &top)) {
+    std::vector<std::string> sections(std::begin(admission::kAdmissionSections),
+                                      std::end(admission::kAdmissionSections));
+    sections.insert(sections.end(), std::begin(admission::kPlatformPolicySections),
+                    std::end(admission::kPlatformPolicySections));
+    if (!r_.Map(root, "", {1, 1}, sections, {"queues", "workspaces"}, &top)) {
       return;
     }
     try {

@@ -66,6 +66,26 @@ class PlatformCliTest(unittest.TestCase):
                 self.assertEqual(p.returncode, 1)
                 self.assertIn(expect, p.stderr)
 
+    def test_every_valid_platform_can_be_simulated_as_it_is(self):
+        # docs/platform.md: a copy of a platform file plus workloads is a simulation; its policy
+        # sections are accepted and named as not simulated, whichever the platform has.
+        files = [os.path.join(self.REPO, "examples/platform/platform.yaml")] + sorted(
+            glob.glob(os.path.join(self.REPO, "tests/data/policy/valid/*.yaml")))
+        seen = set()
+        for path in files:
+            with self.subTest(path=os.path.basename(path)):
+                with open(path) as f:
+                    text = f.read()
+                fd, copy = tempfile.mkstemp(suffix=".yaml")
+                with os.fdopen(fd, "w") as f:
+                    f.write(text + "\nworkloads: []\n")
+                p = subprocess.run([TAU, "admission", "simulate", copy, "-o", "json"],
+                                   capture_output=True, text=True)
+                os.unlink(copy)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                seen.update(json.loads(p.stdout).get("not_simulated", []))
+        self.assertTrue({"budgets", "costs", "workspaces"} <= seen, seen)
+
     def test_explain_names_each_source(self):
         # A home of its own, with no server: `tau explain` without --platform asks the server it
         # finds, and for root that is the machine's (/var/lib/tau), which another suite may be
