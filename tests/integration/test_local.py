@@ -459,6 +459,13 @@ class RunTest(ServerTestCase):
         p = self.server.tau("run", self.project(job_spec("many", extra="  cpus: 4096500m\n"), {"main.py": ""}))
         self.assertEqual(p.returncode, 125)
         self.assertRegex(p.stderr, r"asks for 4096.5 CPUs in all but this machine has [0-9]+")
+        # Where the value was set: the file's line, or the --set.
+        self.assertRegex(p.stderr, r"tau\.yaml:9:3: error: compute\.cpus: this run asks")
+        spec = self.project(job_spec("small", extra="  memory: 1Gi\n"), {"main.py": ""})
+        p = self.server.tau("run", spec, "--set", "compute.memory=100Ti")
+        self.assertEqual(p.returncode, 125)
+        self.assertIn("--set compute.memory=100Ti: error: compute.memory: this run asks for 100 TiB",
+                      p.stderr)
 
 
 class GangTest(ServerTestCase):

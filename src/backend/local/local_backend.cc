@@ -146,7 +146,8 @@ class LocalBackend final : public Backend {
   LocalRun& Of(const ActiveRun& run) { return runs_[run.record.name]; }
 
   QuotaBook& quota() { return host_->quota(); }
-  // Why a run can never fit on this machine, or "" when it can.
+  // Why a run can never fit on this machine, or "" when it can; it starts with the field, which the
+  // CLI follows to where it was set (the file's line, or the --set).
   std::string Refusal(const Resources& need) const;
   // Gives the run's storage directories to the submitter, and the attempt's processes their ids
   // (the shim hands over the code tree it makes).
@@ -431,25 +432,28 @@ Status LocalBackend::CheckReachableFor(const std::string& run_as, const Submissi
   return Status::Ok();
 }
 
-// Why a run can never fit on this machine, or "" when it can.
+// Why a run can never fit on this machine, or "" when it can; it starts with the field, which the
+// CLI follows to where it was set (the file's line, or the --set).
 std::string LocalBackend::Refusal(const Resources& need) const {
   int total_gpus = static_cast<int>(options_.gpus.devices.size());
   if (need.gpus > 0 && total_gpus == 0)
     return fmt::format(
-        "this run asks for {} but this machine has none ({}). tau never runs a GPU job on the CPU "
+        "compute.gpus: this run asks for {} but this machine has none ({}). tau never runs a GPU "
+        "job on the CPU "
         "silently: run it on a machine with NVIDIA GPUs, or set compute.gpus: 0 to run on the CPU",
         Plural(need.gpus, "GPU", "GPUs"),
         options_.gpus.note.empty() ? "no GPUs found" : options_.gpus.note);
   if (need.gpus > total_gpus)
-    return fmt::format("this run asks for {} in all but this machine has only {}",
+    return fmt::format("compute.gpus: this run asks for {} in all but this machine has only {}",
                        Plural(need.gpus, "GPU", "GPUs"), total_gpus);
   if (need.cpu_milli > options_.cpu_capacity_milli)
-    return fmt::format("this run asks for {:g} CPUs in all but this machine has {:g}",
+    return fmt::format("compute.cpus: this run asks for {:g} CPUs in all but this machine has {:g}",
                        static_cast<double>(need.cpu_milli) / 1000,
                        static_cast<double>(options_.cpu_capacity_milli) / 1000);
   if (need.memory_bytes > options_.memory_capacity_bytes)
-    return fmt::format("this run asks for {} of memory in all but this machine has {}",
-                       FormatBytes(need.memory_bytes), FormatBytes(options_.memory_capacity_bytes));
+    return fmt::format(
+        "compute.memory: this run asks for {} of memory in all but this machine has {}",
+        FormatBytes(need.memory_bytes), FormatBytes(options_.memory_capacity_bytes));
   return "";
 }
 
