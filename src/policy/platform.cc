@@ -799,12 +799,26 @@ class PlatformParser {
                 budget_users_.push_back({it->second.pos, it->second.path, b.workspace, *u});
             }
           }
-          if (f.count("workspace") == f.count("queue"))
+          // Of two keys that exclude each other, the error is at the second one in the file.
+          auto second_of = [&](const char* a, const char* b) {
+            const Pos& pa = f.at(a).key_pos;
+            const Pos& pb = f.at(b).key_pos;
+            return std::tie(pa.line, pa.column) > std::tie(pb.line, pb.column) ? f.at(a) : f.at(b);
+          };
+          if (f.count("workspace") && f.count("queue")) {
+            const auto& at = second_of("workspace", "queue");
+            r_.Error(at.key_pos,
+                     fmt::format("{}: a budget is of a workspace (with a user, or '*' for "
+                                 "each of its users) or of a queue: give workspace or "
+                                 "queue, not both",
+                                 at.path));
+          } else if (!f.count("workspace") && !f.count("queue")) {
             r_.Error(item.pos,
                      fmt::format("{}: a budget is of a workspace (with a user, or '*' for "
                                  "each of its users) or of a queue: give workspace or "
-                                 "queue, not {}",
-                                 item.path, f.count("workspace") ? "both" : "neither"));
+                                 "queue",
+                                 item.path));
+          }
           for (const char* key : {"gpu_hours", "cpu_hours"})
             if (auto it = f.find(key); it != f.end())
               (std::string(key) == "gpu_hours" ? b.gpu_hours : b.cpu_hours) = Hours(it->second);
@@ -845,11 +859,16 @@ class PlatformParser {
                   fmt::format("{}: a rolling window is at least 1h (usage is kept by the hour)",
                               window->second.path));
           }
-          if ((period == f.end()) == (window == f.end()))
-            r_.Error(item.pos,
-                     fmt::format("{}: give period (day, week, month) or window (e.g. "
-                                 "30d), {}",
-                                 item.path, period == f.end() ? "one of them" : "not both"));
+          if (period != f.end() && window != f.end()) {
+            const auto& at = second_of("period", "window");
+            r_.Error(at.key_pos, fmt::format("{}: give period (day, week, month) or window (e.g. "
+                                             "30d), not both",
+                                             at.path));
+          } else if (period == f.end() && window == f.end()) {
+            r_.Error(item.pos, fmt::format("{}: give period (day, week, month) or window (e.g. "
+                                           "30d), one of them",
+                                           item.path));
+          }
           if (auto it = f.find("warn_at"); it != f.end()) {
             if (auto v = Hours(it->second)) {
               if (*v <= 0 || *v > 1)
