@@ -19,7 +19,4 @@ namespace tau::spec {
 Result<YAML::Node> LoadStrictYaml(std::string_view text, const std::string& file,
                                   std::string_view kind);
 
-// Whether a plain (unquoted) scalar: quoted scalars carry the non-specific tag "!".
-inline bool IsPlainScalar(const YAML::Node& node) { return node.IsScalar() && node.Tag() != "!"; }
-
 }  // namespace tau::spec
