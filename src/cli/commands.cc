@@ -147,14 +147,15 @@ std::optional<spec::ParseOutcome> ReadSpecFile(const std::string& file, std::str
       return std::nullopt;
     }
     if (guess.kind != FileKind::kRunSpec) {
-      const char* use = guess.kind == FileKind::kWorkflow ? "run it with `tau run {0}`"
-                        : guess.kind == FileKind::kSweep  ? "run it with `tau sweep {0}`"
-                                                         : "apply it with `tau platform apply {0}`";
+      const char* use = "apply it with `tau platform apply {0}`";
+      if (guess.kind == FileKind::kWorkflow) use = "run it with `tau run {0}`";
+      if (guess.kind == FileKind::kSweep) use = "run it with `tau sweep {0}`";
+      if (guess.kind == FileKind::kScenario) use = "run it with `tau admission simulate {0}`";
       std::fprintf(
           stderr, "%s\n",
-          fmt::format(fmt::runtime("{0}: error: this is a {1}, not a run spec; " +
-                                   std::string(use) + ", and check it with `tau validate {0}`"),
-                      file, FileKindName(guess.kind))
+          fmt::format(fmt::runtime("{0}: error: this is {1}, not a run spec; " + std::string(use) +
+                                   ", and check it with `tau validate {0}`"),
+                      file, WithArticle(FileKindName(guess.kind)))
               .c_str());
       *rc = kExitInvalid;
       return std::nullopt;
@@ -226,8 +227,8 @@ static int CmdValidate(const std::vector<std::string>& files, const std::vector<
         FileCheck found;
         if (guess.kind != FileKind::kRunSpec && !overrides->empty()) {
           found.errors.push_back({file, 0, 0,
-                                  fmt::format("this is a {}; --set applies to run specs only",
-                                              FileKindName(guess.kind)),
+                                  fmt::format("this is {}; --set applies to run specs only",
+                                              WithArticle(FileKindName(guess.kind))),
                                   false});
           return found;
         }
@@ -260,6 +261,16 @@ static int CmdValidate(const std::vector<std::string>& files, const std::vector<
               found.summary = fmt::format("platform file, {} queue(s), {} workspace(s)",
                                           parsed.platform->admission.queues.size(),
                                           parsed.platform->workspaces.size());
+            return found;
+          }
+          case FileKind::kScenario: {
+            std::vector<admission::Diagnostic> diagnostics;
+            auto result = admission::Simulate(text, file, 1, &diagnostics);
+            for (const admission::Diagnostic& d : diagnostics)
+              found.errors.push_back({d.file, d.line, d.column, d.message, false});
+            if (!result.ok() && found.errors.empty())
+              found.errors.push_back({file, 0, 0, result.status().message(), false});
+            if (result.ok()) found.summary = "admission scenario, for tau admission simulate";
             return found;
           }
           case FileKind::kUnknown:

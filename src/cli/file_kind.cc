@@ -34,10 +34,17 @@ const char* FileKindName(FileKind kind) {
       return "sweep file";
     case FileKind::kPlatform:
       return "platform file";
+    case FileKind::kScenario:
+      return "admission scenario";
     case FileKind::kUnknown:
       break;
   }
   return "unknown";
+}
+
+std::string WithArticle(const std::string& name) {
+  const bool vowel = !name.empty() && std::string_view("aeiou").find(name[0]) != std::string::npos;
+  return (vowel ? "an " : "a ") + name;
 }
 
 FileKindGuess GuessFileKind(const std::string& text) {
@@ -63,6 +70,8 @@ FileKindGuess GuessFileKind(const std::string& text) {
   }
   if (workflow)
     out.kind = FileKind::kWorkflow;
+  else if (HasAny(out.keys, {"workloads"}))
+    out.kind = FileKind::kScenario;
   else if (HasAny(out.keys, kPlatformKeys))
     out.kind = FileKind::kPlatform;
   else if (HasAny(out.keys, kSpecKeys))
@@ -76,7 +85,8 @@ std::string UnknownFileKindMessage(const std::string& file, const std::vector<st
   return fmt::format(
       "{}:1:1: error: not a file tau reads (its top-level keys: {}); tau reads a run spec "
       "(schema_version: 1, or engine: job|rayjob), a workflow file (kind: workflow), a sweep file "
-      "(spec and parameters) and a platform file (queues and workspaces)",
+      "(spec and parameters), a platform file (queues and workspaces) and an admission scenario "
+      "(queues and workloads)",
       file, keys.empty() ? "none" : Join(keys, ", "));
 }
 

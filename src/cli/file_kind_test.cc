@@ -13,6 +13,8 @@ TEST(FileKind, EachFileTauReadsIsKnownByItsKeys) {
   EXPECT_EQ(GuessFileKind("spec: tau.yaml\nparameters: {a: [1]}\n").kind, FileKind::kSweep);
   EXPECT_EQ(GuessFileKind("schema_version: 1\nqueues: []\nworkspaces: []\n").kind,
             FileKind::kPlatform);
+  EXPECT_EQ(GuessFileKind("flavors: [{name: a}]\nqueues: []\nworkloads: []\n").kind,
+            FileKind::kScenario);
   // What does not parse goes to the run-spec reader, which says where it breaks.
   EXPECT_EQ(GuessFileKind("a: [\n").kind, FileKind::kRunSpec);
   FileKindGuess other = GuessFileKind("colour: red\nsize: 3\n");
