@@ -17,6 +17,8 @@
 #include "cli/cli.h"
 #include "cli/code.h"
 #include "cli/connect.h"
+#include "cli/file_kind.h"
+#include "cli/sweep.h"
 #include "client/tau_api.h"
 #include "common/clock.h"
 #include "common/files.h"
@@ -29,6 +31,7 @@
 #include "runtime/runtime.h"
 #include "server/server.h"
 #include "spec/spec.h"
+#include "spec/workflow.h"
 
 namespace tau::cli {
 
@@ -153,6 +156,29 @@ std::optional<spec::ParseOutcome> ReadSpecFile(const std::string& file, std::str
   }
   *text = std::move(*read);
   spec::ParseOutcome parsed = spec::ParseSpec(*text, file, overrides);
+  if (!parsed.ok()) {
+    // Another kind of file tau reads: the run-spec reader's errors would not say so.
+    const FileKindGuess guess = GuessFileKind(*text);
+    if (guess.kind == FileKind::kUnknown) {
+      std::fprintf(stderr, "%s\n", UnknownFileKindMessage(file, guess.keys).c_str());
+      *rc = kExitInvalid;
+      return std::nullopt;
+    }
+    if (guess.kind != FileKind::kRunSpec) {
+      const char* use = "apply it with `tau platform apply {0}`";
+      if (guess.kind == FileKind::kWorkflow) use = "run it with `tau run {0}`";
+      if (guess.kind == FileKind::kSweep) use = "run it with `tau sweep {0}`";
+      if (guess.kind == FileKind::kScenario) use = "run it with `tau admission simulate {0}`";
+      std::fprintf(
+          stderr, "%s\n",
+          fmt::format(fmt::runtime("{0}: error: this is {1}, not a run spec; " + std::string(use) +
+                                   ", and check it with `tau validate {0}`"),
+                      file, WithArticle(FileKindName(guess.kind)))
+              .c_str());
+      *rc = kExitInvalid;
+      return std::nullopt;
+    }
+  }
   PrintSpecWarnings(parsed);
   if (!parsed.ok()) {
     std::fprintf(stderr, "%s\n", parsed.ErrorText().c_str());
@@ -178,7 +204,35 @@ std::optional<std::vector<spec::Override>> ParseSetOption(const std::vector<std:
   return std::nullopt;
 }
 
-// Each file with the --set overrides applied, as `tau run --set` would submit it.
+// "FILE:LINE:COL: error: MESSAGE" lines (the workflow and sweep readers' errors) as diagnostics;
+// a line that starts no error (a note) stays with the error before it.
+static std::vector<spec::Diagnostic> DiagnosticsOfLines(const std::string& file,
+                                                        const std::string& text) {
+  std::vector<spec::Diagnostic> out;
+  for (const std::string& line : Split(text, '\n')) {
+    spec::Diagnostic d{file, 0, 0, line, false};
+    bool error = false;
+    if (StartsWith(line, file + ":")) {
+      std::string rest = line.substr(file.size() + 1);
+      int l = 0, c = 0, n = 0;
+      if (std::sscanf(rest.c_str(), "%d:%d: error: %n", &l, &c, &n) == 2 && n > 0) {
+        d = {file, l, c, rest.substr(n), false};
+        error = true;
+      } else if (StartsWith(rest, " error: ")) {
+        d.message = rest.substr(8);
+        error = true;
+      }
+    }
+    if (error || out.empty())
+      out.push_back(std::move(d));
+    else
+      out.back().message += "\n" + line;
+  }
+  return out;
+}
+
+// Each file read by the reader of its kind (by its keys: a run spec, a workflow, a sweep, a
+// platform file), a run spec with the --set overrides applied as `tau run --set` would submit it.
 static int CmdValidate(const std::vector<std::string>& files, const std::vector<std::string>& set,
                        bool quiet, Format format) {
   int rc = 0;
@@ -187,8 +241,64 @@ static int CmdValidate(const std::vector<std::string>& files, const std::vector<
   return ValidateFiles(
       files, quiet, format, spec::kMaxSpecBytes, "a spec",
       [&](const std::string& text, const std::string& file) {
+        const FileKindGuess guess = GuessFileKind(text);
+        FileCheck found;
+        if (guess.kind != FileKind::kRunSpec && !overrides->empty()) {
+          found.errors.push_back({file, 0, 0,
+                                  fmt::format("this is {}; --set applies to run specs only",
+                                              WithArticle(FileKindName(guess.kind))),
+                                  false});
+          return found;
+        }
+        switch (guess.kind) {
+          case FileKind::kWorkflow: {
+            auto workflow = spec::ParseWorkflow(text, file);
+            if (!workflow.ok()) {
+              found.errors = DiagnosticsOfLines(file, workflow.status().message());
+            } else {
+              found.summary = fmt::format("workflow '{}', {} stage(s)", workflow->name,
+                                          workflow->stages.size());
+            }
+            return found;
+          }
+          case FileKind::kSweep: {
+            auto sweep = ParseSweep(text, file);
+            if (!sweep.ok()) {
+              found.errors = DiagnosticsOfLines(file, sweep.status().message());
+            } else {
+              found.summary =
+                  fmt::format("{} sweep of {} run(s) of {}", sweep->random ? "random" : "grid",
+                              SweepPoints(*sweep).size(), sweep->spec);
+            }
+            return found;
+          }
+          case FileKind::kPlatform: {
+            policy::PlatformOutcome parsed = policy::ParsePlatform(text, file);
+            found.errors = parsed.diagnostics;
+            if (parsed.ok())
+              found.summary = fmt::format("platform file, {} queue(s), {} workspace(s)",
+                                          parsed.platform->admission.queues.size(),
+                                          parsed.platform->workspaces.size());
+            return found;
+          }
+          case FileKind::kScenario: {
+            std::vector<admission::Diagnostic> diagnostics;
+            auto result = admission::Simulate(text, file, 1, &diagnostics);
+            for (const admission::Diagnostic& d : diagnostics)
+              found.errors.push_back({d.file, d.line, d.column, d.message, false});
+            if (!result.ok() && found.errors.empty())
+              found.errors.push_back({file, 0, 0, result.status().message(), false});
+            if (result.ok()) found.summary = "admission scenario, for tau admission simulate";
+            return found;
+          }
+          case FileKind::kUnknown:
+            found.errors = DiagnosticsOfLines(file, UnknownFileKindMessage(file, guess.keys));
+            return found;
+          case FileKind::kRunSpec:
+            break;
+        }
         spec::ParseOutcome parsed = spec::ParseSpec(text, file, *overrides);
-        FileCheck found{parsed.diagnostics, parsed.warnings, ""};
+        found = {parsed.diagnostics, parsed.warnings, ""};
         if (!parsed.ok()) return found;
         // The GPUs a platform's profile may give are not known here: the spec's.
         if (auto cannot = CannotStartWarning(file, parsed, parsed.spec->compute.gpus))
@@ -730,7 +840,9 @@ void RegisterBasicCommands(CLI::App* app, Context* ctx) {
   });
 
   auto* validate =
-      app->add_subcommand("validate", "Check tau.yaml files; exit 0 when all are valid");
+      app->add_subcommand("validate",
+                          "Check tau.yaml files, workflow, sweep and platform files (each by its "
+                          "keys); exit 0 when all are valid");
   validate->add_option("files", a->files, "Spec files")->required();
   validate->add_flag("-q,--quiet", a->quiet, "Print errors only");
   AddSetOption(validate, &a->set);

@@ -5,12 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <iostream>
 #include <map>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -420,54 +422,57 @@ int CmdRunArray(const Global& g, const RunOptions& o, const std::string& range_t
 
 namespace {
 
-// The objective's value in a run: the last point of the metric's series (of `split` when the name
-// is "NAME/SPLIT", else of its only split, or the one without a split).
+// The objective's value in a run: the last point of the series ObjectiveSplit picks. `splits`
+// gets the splits the run logged the metric with.
 std::optional<double> ObjectiveOf(client::TauApi& api, const std::string& run,
-                                  const std::string& metric) {
-  std::string name = metric, split;
-  if (size_t slash = metric.rfind('/'); slash != std::string::npos) {
-    name = metric.substr(0, slash);
-    split = metric.substr(slash + 1);
-  }
-  auto jsonl = api.GetMetricsJsonl(run, name, std::nullopt);
+                                  const SweepFile& sweep, std::vector<std::string>* splits) {
+  splits->clear();
+  auto jsonl = api.GetMetricsJsonl(run, sweep.metric, std::nullopt);
   if (!jsonl.ok()) return std::nullopt;
   evidence::MetricHistory history;
   history.AddJsonl(*jsonl);
-  std::vector<std::pair<std::string, std::string>> keys = history.SeriesKeys();
-  std::erase_if(keys, [&](const auto& k) {
-    return k.first != name || (metric.find('/') != std::string::npos && k.second != split);
-  });
-  if (keys.size() > 1) std::erase_if(keys, [](const auto& k) { return !k.second.empty(); });
-  if (keys.size() != 1) return std::nullopt;
-  SeriesStats stats = StatsOf(history.Series(keys[0].first, keys[0].second));
+  std::optional<std::string> split = ObjectiveSplit(history.SeriesKeys(), sweep, splits);
+  if (!split) return std::nullopt;
+  SeriesStats stats = StatsOf(history.Series(sweep.metric, *split));
   if (stats.count == 0) return std::nullopt;
   return stats.last;
 }
 
 // The sweep's runs, as they ended, as a table, best first by the objective (runs without it last),
-// each with the values of its point.
-void PrintSweep(client::TauApi& api, const SweepFile& sweep, const std::vector<api::Run>& made,
+// each with the values of its point. False, after saying why, when no run has a value of the
+// objective: a table of '-' would hide a misnamed metric or split.
+bool PrintSweep(client::TauApi& api, const SweepFile& sweep, const std::vector<api::Run>& made,
                 const std::vector<std::vector<spec::Override>>& points) {
   struct Row {
     std::vector<std::string> cells;
     std::optional<double> objective;
   };
   std::vector<Row> rows;
+  std::set<std::string> splits_found;
+  auto read = [&](size_t i) {
+    std::vector<std::string> splits;
+    rows[i].objective = ObjectiveOf(api, made[i].name, sweep, &splits);
+    splits_found.insert(splits.begin(), splits.end());
+    // The metric is there but no split fits: waiting longer will not change that.
+    return rows[i].objective.has_value() || !splits.empty();
+  };
   for (size_t i = 0; i < made.size(); ++i) {
     Row row;
     row.cells = {made[i].name, made[i].state};
     for (const spec::Override& o : points[i]) row.cells.push_back(o.value);
-    if (!sweep.metric.empty()) row.objective = ObjectiveOf(api, made[i].name, sweep.metric);
     rows.push_back(std::move(row));
   }
+  std::vector<bool> settled(rows.size(), false);
+  if (!sweep.metric.empty())
+    for (size_t i = 0; i < rows.size(); ++i) settled[i] = read(i);
   // A run's last points are read just after it ends: a run that has none yet gets a few seconds.
   const int64_t until = MonotonicMillis() + 5'000;
   for (bool missing = !sweep.metric.empty(); missing && MonotonicMillis() < until;) {
     missing = false;
     for (size_t i = 0; i < rows.size(); ++i)
-      if (!rows[i].objective && rows[i].cells[1] == "Succeeded") {
-        rows[i].objective = ObjectiveOf(api, made[i].name, sweep.metric);
-        missing |= !rows[i].objective;
+      if (!settled[i] && rows[i].cells[1] == "Succeeded") {
+        settled[i] = read(i);
+        missing |= !settled[i];
       }
     if (missing) std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
@@ -481,10 +486,22 @@ void PrintSweep(client::TauApi& api, const SweepFile& sweep, const std::vector<a
   std::vector<std::string> head = {"RUN", "STATE"};
   for (const SweepParameter& p : sweep.parameters) head.push_back(p.path);
   if (!sweep.metric.empty())
-    head.push_back(fmt::format("{} ({})", sweep.metric, sweep.maximize ? "max" : "min"));
+    head.push_back(fmt::format("{}{} ({})", sweep.metric,
+                               sweep.split.empty() ? "" : "/" + sweep.split,
+                               sweep.maximize ? "max" : "min"));
+  const bool none =
+      !sweep.metric.empty() && !rows.empty() &&
+      std::none_of(rows.begin(), rows.end(), [](const Row& r) { return r.objective.has_value(); });
   std::vector<std::vector<std::string>> table;
   for (Row& r : rows) table.push_back(std::move(r.cells));
   PrintTable(head, table);
+  if (none) {
+    std::fprintf(
+        stderr, "tau: error: %s\n",
+        ObjectiveProblem(sweep, {splits_found.begin(), splits_found.end()}, made.size()).c_str());
+    return false;
+  }
+  return true;
 }
 
 // A spec path named in a file beside it (a sweep's or a workflow's): a TARGET (tau/NAME.yaml of
@@ -563,10 +580,10 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
   size_t failed = 0;
   const int status = WaitForRuns(conn.get(), &made, &failed);
   client::TauApi api(conn.get());
-  PrintSweep(api, *sweep, made, points);
+  const bool ranked = PrintSweep(api, *sweep, made, points);
   std::fprintf(stderr, "tau: sweep %s: %zu of %zu runs succeeded\n", o.file.c_str(),
                made.size() - failed, made.size());
-  return status;
+  return status != 0 ? status : ranked ? 0 : kExitInvalid;
 }
 
 // `tau run workflow.yaml`: each stage a run of its own, submitted together in one batch; the

@@ -1,10 +1,13 @@
 #include "cli/sweep.h"
 
+#include <algorithm>
 #include <cmath>
-#include <set>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
+
+#include "common/strings.h"
+#include "spec/yaml_file.h"
 
 namespace tau::cli {
 namespace {
@@ -18,6 +21,33 @@ struct Errors {
   }
 };
 
+// An item of a list as YAML reads it back in a flow list: as written where that reads back the
+// same text, else double-quoted, so that "0.1,0.2" or "a: b" stays one item.
+std::string FlowItem(const YAML::Node& v) {
+  const std::string& s = v.Scalar();
+  bool plain = !s.empty() && s.front() != ' ' && s.back() != ' ' && s != "~" && s != "null" &&
+               s != "Null" && s != "NULL";
+  for (char c : s)
+    if (std::string_view(",[]{}:#&*!|>'\"%@`\\").find(c) != std::string_view::npos ||
+        static_cast<unsigned char>(c) < 0x20)
+      plain = false;
+  if (plain && std::string_view("-?").find(s.front()) != std::string_view::npos && s.size() == 1)
+    plain = false;
+  if (plain) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      (out += '\\') += c;
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else
+      out += c;
+  }
+  return out + "\"";
+}
+
 // A scalar as --set takes it; a sequence of scalars as a flow list ("[a, b]"); nullopt otherwise.
 std::optional<std::string> SetText(const YAML::Node& v) {
   if (v.IsScalar()) return v.Scalar();
@@ -26,7 +56,7 @@ std::optional<std::string> SetText(const YAML::Node& v) {
   for (size_t i = 0; i < v.size(); ++i) {
     if (!v[i].IsScalar()) return std::nullopt;
     if (i) out += ", ";
-    out += v[i].Scalar();
+    out += FlowItem(v[i]);
   }
   return out + "]";
 }
@@ -120,17 +150,13 @@ std::string Draw(const SweepParameter& p, uint64_t* state) {
 }  // namespace
 
 Result<SweepFile> ParseSweep(const std::string& text, const std::string& file) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    return InvalidArgument(
-        fmt::format("{}:{}:{}: error: {}", file, e.mark.line + 1, e.mark.column + 1, e.msg));
-  }
+  // The run-spec reader's checks: text, syntax, and no key given twice anywhere.
+  Result<YAML::Node> loaded = spec::LoadStrictYaml(text, file, "sweep file");
+  if (!loaded.ok()) return loaded.status();
+  const YAML::Node root = *loaded;
   SweepFile out;
   out.file = file;
   Errors errors{file, {}};
-  if (!root.IsMap()) return InvalidArgument(file + ": error: a sweep file is a YAML mapping");
   auto scalar = [&](const YAML::Node& v, const std::string& what) -> std::string {
     if (v.IsScalar() && !v.Scalar().empty()) return v.Scalar();
     errors.Add(v.Mark(), what + ": expected a string");
@@ -170,13 +196,15 @@ Result<SweepFile> ParseSweep(const std::string& text, const std::string& file) {
         out.seed = static_cast<uint64_t>(*n);
     } else if (key == "objective") {
       if (!v.IsMap()) {
-        errors.Add(v.Mark(), "objective: expected {metric, goal}");
+        errors.Add(v.Mark(), "objective: expected {metric, split?, goal}");
         continue;
       }
       for (auto o = v.begin(); o != v.end(); ++o) {
         const std::string ok = o->first.Scalar();
         if (ok == "metric") {
           out.metric = scalar(o->second, "objective.metric");
+        } else if (ok == "split") {
+          out.split = scalar(o->second, "objective.split");
         } else if (ok == "goal") {
           const std::string g = scalar(o->second, "objective.goal");
           if (g == "maximize")
@@ -184,10 +212,22 @@ Result<SweepFile> ParseSweep(const std::string& text, const std::string& file) {
           else if (g != "minimize" && !g.empty())
             errors.Add(o->second.Mark(), "objective.goal: minimize or maximize, not '" + g + "'");
         } else {
-          errors.Add(o->first.Mark(), "objective: unknown field '" + ok + "' (metric, goal)");
+          errors.Add(o->first.Mark(),
+                     "objective: unknown field '" + ok + "' (metric, split, goal)");
         }
       }
       if (out.metric.empty() && !v["metric"]) errors.Add(v.Mark(), "objective: needs a metric");
+      // "NAME/SPLIT", as tau compare takes it, is the same as {metric: NAME, split: SPLIT}.
+      if (size_t slash = out.metric.rfind('/'); slash != std::string::npos) {
+        if (!out.split.empty() || slash == 0 || slash + 1 == out.metric.size()) {
+          errors.Add(v["metric"].Mark(),
+                     "objective.metric: '" + out.metric +
+                         "': name the split once, as {metric: NAME, split: SPLIT} or NAME/SPLIT");
+        } else {
+          out.split = out.metric.substr(slash + 1);
+          out.metric = out.metric.substr(0, slash);
+        }
+      }
     } else if (key == "parameters") {
       parameters = v;
     } else {
@@ -202,13 +242,9 @@ Result<SweepFile> ParseSweep(const std::string& text, const std::string& file) {
     errors.Add(parameters ? parameters.Mark() : root.Mark(),
                "parameters: give at least one spec path and its values");
   } else {
-    std::set<std::string> seen;
+    // A path given twice was refused by LoadStrictYaml.
     for (auto it = parameters.begin(); it != parameters.end(); ++it) {
       const std::string path = it->first.Scalar();
-      if (!seen.insert(path).second) {
-        errors.Add(it->first.Mark(), "parameters." + path + ": given twice");
-        continue;
-      }
       SweepParameter p;
       ParseParameter(path, it->second, out.random, &errors, &p);
       out.parameters.push_back(std::move(p));
@@ -257,6 +293,43 @@ std::vector<std::vector<spec::Override>> SweepPoints(const SweepFile& sweep) {
     points = std::move(next);
   }
   return points;
+}
+
+std::optional<std::string> ObjectiveSplit(
+    const std::vector<std::pair<std::string, std::string>>& keys, const SweepFile& sweep,
+    std::vector<std::string>* splits) {
+  splits->clear();
+  for (const auto& key : keys)
+    if (key.first == sweep.metric) splits->push_back(key.second);
+  if (!sweep.split.empty()) {
+    if (std::find(splits->begin(), splits->end(), sweep.split) != splits->end()) return sweep.split;
+    return std::nullopt;
+  }
+  if (splits->size() == 1) return splits->front();
+  // Several: the series without a split is the metric itself, the others its phases.
+  if (std::find(splits->begin(), splits->end(), "") != splits->end()) return "";
+  return std::nullopt;
+}
+
+std::string ObjectiveProblem(const SweepFile& sweep, const std::vector<std::string>& splits_found,
+                             size_t runs) {
+  std::vector<std::string> named;
+  for (const std::string& s : splits_found) named.push_back(s.empty() ? "(none)" : s);
+  const std::string where = sweep.file + ": objective";
+  if (splits_found.empty())
+    return fmt::format(
+        "{}: no run of the {} logged the metric '{}'; check its name (tau metrics RUN lists a "
+        "run's metrics)",
+        where, runs, sweep.metric);
+  if (sweep.split.empty())
+    return fmt::format(
+        "{}: the metric '{}' is logged with several splits ({}); name one, such as objective: "
+        "{{metric: {}, split: {}, goal: {}}}",
+        where, sweep.metric, Join(named, ", "), sweep.metric, named.back(),
+        sweep.maximize ? "maximize" : "minimize");
+  return fmt::format(
+      "{}: no run logged the metric '{}' with split '{}' (its splits: {}); name one of those",
+      where, sweep.metric, sweep.split, Join(named, ", "));
 }
 
 }  // namespace tau::cli

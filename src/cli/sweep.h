@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -34,7 +35,8 @@ struct SweepFile {
   int64_t samples = 0;
   uint64_t seed = 0;
   int64_t max_parallel = 0;  // at most this many of its runs in play at once; 0: no limit
-  std::string metric;        // the objective: a metric series; "" orders the table by name
+  std::string metric;        // the objective: a metric's name; "" orders the table by name
+  std::string split;         // its split ("val"); "" takes the metric's only series
   bool maximize = false;
   std::vector<SweepParameter> parameters;
 };
@@ -45,5 +47,18 @@ Result<SweepFile> ParseSweep(const std::string& text, const std::string& file);
 // The points, each the overrides of one run, in a stable order: a grid's in the file's order of
 // parameters (the last varying fastest); a random draw's from `seed`, the same every time.
 std::vector<std::vector<spec::Override>> SweepPoints(const SweepFile& sweep);
+
+// Which of a run's metric series (name, split) the objective reads: the named split's; without a
+// split, the metric's only series (the one without a split, where there are several). nullopt
+// when none fits; `splits` gets the splits the run logged the metric with ("" for none).
+std::optional<std::string> ObjectiveSplit(
+    const std::vector<std::pair<std::string, std::string>>& keys, const SweepFile& sweep,
+    std::vector<std::string>* splits);
+
+// Why no run has a value of the objective, from the splits the runs logged its metric with: the
+// metric under several splits and none named, a named split the runs lack, or a metric no run
+// logged. What to write instead is said.
+std::string ObjectiveProblem(const SweepFile& sweep, const std::vector<std::string>& splits_found,
+                             size_t runs);
 
 }  // namespace tau::cli

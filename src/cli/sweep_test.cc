@@ -109,5 +109,102 @@ TEST(Sweep, EveryMistakeIsSaidAtItsPlace) {
   EXPECT_EQ(not_yaml.status().message().rfind("s.yaml:", 0), 0u);
 }
 
+TEST(Sweep, AKeyGivenTwiceIsRefusedAtItsPlaceNamingTheFirst) {
+  auto sweep = ParseSweep(
+      "spec: a.yaml\n"
+      "parameters:\n"
+      "  runtime.env.LR: [1]\n"
+      "objective: {metric: loss, goal: maximize, goal: minimize}\n"
+      "spec: b.yaml\n",
+      "sweep.yaml");
+  ASSERT_FALSE(sweep.ok());
+  const std::string m = sweep.status().message();
+  EXPECT_NE(m.find("sweep.yaml:4:43: error: duplicate field 'goal' in 'objective' (first given on "
+                   "line 4, column 27)"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("sweep.yaml:5:1: error: duplicate field 'spec' (first given on line 1, column "
+                   "1)"),
+            std::string::npos)
+      << m;
+  auto unclosed = ParseSweep("spec: 'a.yaml\nparameters: {a: [1]}\n", "s.yaml");
+  ASSERT_FALSE(unclosed.ok());
+  EXPECT_NE(unclosed.status().message().find("s.yaml:1:7: error:"), std::string::npos)
+      << unclosed.status().message();
+}
+
+// A list item is written back as a flow list --set reads: quoted where its text needs it.
+TEST(Sweep, AQuotedValueInAListStaysOneValue) {
+  auto sweep = ParseSweep(
+      "spec: tau.yaml\n"
+      "parameters:\n"
+      "  run.args: [[--lrs, \"0.1,0.2\"], [--msg, \"a: b\"], [--q, 'say \"hi\"']]\n",
+      "sweep.yaml");
+  ASSERT_TRUE(sweep.ok()) << sweep.status().message();
+  auto points = SweepPoints(*sweep);
+  ASSERT_EQ(points.size(), 3u);
+  EXPECT_EQ(points[0][0].value, "[--lrs, \"0.1,0.2\"]");
+  EXPECT_EQ(points[1][0].value, "[--msg, \"a: b\"]");
+  EXPECT_EQ(points[2][0].value, "[--q, \"say \\\"hi\\\"\"]");
+  // As `tau run --set` reads it: the spec's run.args get two items each.
+  const std::string spec =
+      "schema_version: 1\nname: s\nrun:\n  entrypoint: train.py\n  workload_kind: job\n";
+  for (const auto& point : points) {
+    spec::ParseOutcome parsed = spec::ParseSpec(spec, "tau.yaml", point);
+    ASSERT_TRUE(parsed.ok()) << parsed.ErrorText();
+    EXPECT_EQ(parsed.spec->args.size(), 2u) << point[0].value;
+  }
+  spec::ParseOutcome parsed = spec::ParseSpec(spec, "tau.yaml", points[0]);
+  EXPECT_EQ(parsed.spec->args[1], "0.1,0.2");
+}
+
+TEST(Sweep, TheObjectiveNamesItsSplitEitherWay) {
+  auto named = ParseSweep(
+      "spec: t.yaml\nobjective: {metric: loss, split: val, goal: minimize}\nparameters: {a: [1]}\n",
+      "s.yaml");
+  ASSERT_TRUE(named.ok()) << named.status().message();
+  EXPECT_EQ(named->metric, "loss");
+  EXPECT_EQ(named->split, "val");
+  auto slashed =
+      ParseSweep("spec: t.yaml\nobjective: {metric: loss/val}\nparameters: {a: [1]}\n", "s.yaml");
+  ASSERT_TRUE(slashed.ok()) << slashed.status().message();
+  EXPECT_EQ(slashed->metric, "loss");
+  EXPECT_EQ(slashed->split, "val");
+  auto both = ParseSweep(
+      "spec: t.yaml\nobjective: {metric: loss/val, split: val}\nparameters: {a: [1]}\n", "s.yaml");
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("name the split once"), std::string::npos);
+}
+
+TEST(Sweep, AnObjectiveOverSeveralSplitsNeedsOneNamed) {
+  const std::vector<std::pair<std::string, std::string>> keys = {
+      {"acc", "val"}, {"loss", "train"}, {"loss", "val"}};
+  SweepFile sweep;
+  sweep.file = "sweep.yaml";
+  sweep.metric = "loss";
+  std::vector<std::string> splits;
+  EXPECT_EQ(ObjectiveSplit(keys, sweep, &splits), std::nullopt);
+  EXPECT_EQ(splits, (std::vector<std::string>{"train", "val"}));
+  EXPECT_EQ(ObjectiveProblem(sweep, splits, 3),
+            "sweep.yaml: objective: the metric 'loss' is logged with several splits (train, val); "
+            "name one, such as objective: {metric: loss, split: val, goal: minimize}");
+  sweep.split = "val";
+  EXPECT_EQ(ObjectiveSplit(keys, sweep, &splits), std::optional<std::string>("val"));
+  sweep.split = "test";
+  EXPECT_EQ(ObjectiveSplit(keys, sweep, &splits), std::nullopt);
+  EXPECT_NE(ObjectiveProblem(sweep, splits, 3)
+                .find("no run logged the metric 'loss' with split "
+                      "'test' (its splits: train, val)"),
+            std::string::npos);
+  sweep.split = "";
+  sweep.metric = "acc";
+  EXPECT_EQ(ObjectiveSplit(keys, sweep, &splits), std::optional<std::string>("val"))
+      << "the only split";
+  sweep.metric = "lsos";
+  EXPECT_EQ(ObjectiveSplit(keys, sweep, &splits), std::nullopt);
+  EXPECT_NE(ObjectiveProblem(sweep, splits, 3).find("no run of the 3 logged the metric 'lsos'"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace tau::cli

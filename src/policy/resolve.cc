@@ -28,6 +28,10 @@ std::string LimitSource(const Workspace& w) {
   return fmt::format("platform limit (workspace {})", w.name);
 }
 
+std::string GuardrailSource(const Workspace& w) {
+  return fmt::format("workspace guardrail (workspace {})", w.name);
+}
+
 template <typename T>
 std::vector<std::string> Names(const std::vector<T>& items) {
   std::vector<std::string> out;
@@ -95,6 +99,7 @@ class Resolver {
       ResolveImage(*w);
       CheckWebhooks(*w);
       ResolveRuntime(*w);
+      ResolveGuardrails(*w);
       ResolveStorage(*w);
     }
     if (!errors_.empty()) {
@@ -534,6 +539,52 @@ class Resolver {
     out_.max_log_bytes = w.limits.max_log_bytes.value_or(kDefaultMaxLogBytes);
     out_.max_metric_points = w.limits.max_metric_points.value_or(kDefaultMaxMetricPoints);
     out_.max_metric_series = w.limits.max_metric_series.value_or(kDefaultMaxMetricSeries);
+  }
+
+  // The idle and stall limits the server will enforce: EffectiveIdle / EffectiveStall, the same
+  // functions the controller's guardrails call, each value with where it came from and what the
+  // spec asked when the workspace's stricter value won.
+  void ResolveGuardrails(const Workspace& w) {
+    using Ms = std::optional<int64_t>;
+    auto row = [&](const std::string& field, std::optional<int64_t> effective, Ms asked,
+                   Ms platform, bool percent) {
+      if (!effective) return;
+      auto text = [&](int64_t v) {
+        return percent ? fmt::format("{}%", v) : internal::ShortDuration(v);
+      };
+      if (asked && *asked == *effective) {
+        Add(field, text(*effective), kSpec);
+        return;
+      }
+      const bool from_workspace = platform && *platform == *effective;
+      Add(field,
+          asked ? fmt::format("{} (spec asked {})", text(*effective), text(*asked))
+                : text(*effective),
+          from_workspace || !asked ? GuardrailSource(w) : std::string(kSpec));
+    };
+    const spec::Policy& sp = s_.policy;
+    if (std::optional<IdleLimit> idle = EffectiveIdle(&w, sp)) {
+      const std::optional<IdleLimit>& ws = w.limits.idle;
+      Ms asked_pct, asked_warn, asked_stop;
+      if (sp.idle) {
+        if (sp.idle->gpu_util_below) asked_pct = *sp.idle->gpu_util_below;
+        asked_warn = sp.idle->warn_after_ms;
+        asked_stop = sp.idle->stop_after_ms;
+      }
+      row("policy.guardrails.idle.gpu_util_below", idle->gpu_util_below_pct, asked_pct,
+          ws ? Ms(ws->gpu_util_below_pct) : Ms(), true);
+      row("policy.guardrails.idle.warn_after", idle->warn_after_ms, asked_warn,
+          ws ? Ms(ws->warn_after_ms) : Ms(), false);
+      row("policy.guardrails.idle.stop_after", idle->stop_after_ms, asked_stop,
+          ws ? ws->stop_after_ms : Ms(), false);
+    }
+    if (std::optional<StallLimit> stall = EffectiveStall(&w, sp)) {
+      const std::optional<StallLimit>& ws = w.limits.stall;
+      row("policy.guardrails.stall.after", stall->after_ms, sp.stall ? sp.stall->after_ms : Ms(),
+          ws ? Ms(ws->after_ms) : Ms(), false);
+      row("policy.guardrails.stall.stop_after", stall->stop_after_ms,
+          sp.stall ? sp.stall->stop_after_ms : Ms(), ws ? ws->stop_after_ms : Ms(), false);
+    }
   }
 
   void ResolveStorage(const Workspace& w) {

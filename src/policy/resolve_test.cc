@@ -281,6 +281,30 @@ TEST_F(ResolveTest, MaxRuntimeIsTheSmallerOfSpecAndLimit) {
   EXPECT_EQ(Of(MustResolve(), "run.max_runtime"), "none | platform default");
 }
 
+// The limits the controller's guardrails enforce (EffectiveIdle / EffectiveStall), each with its
+// source: a looser spec value is shown as asked, not as applied.
+TEST_F(ResolveTest, GuardrailsAreTheEnforcedLimitsWithTheirSource) {
+  Workspace& w = platform_.workspaces[0];
+  w.limits.idle = IdleLimit{5, 30 * 60 * 1000, 3600 * 1000};
+  w.limits.stall.reset();
+  spec_.policy.idle = spec::IdleGuard{10, 2 * 3600 * 1000, std::nullopt};
+  spec_.policy.stall = spec::StallGuard{10 * 60 * 1000, std::nullopt};
+  ResolvedRun r = MustResolve();
+  const std::string ws = "workspace guardrail (workspace " + w.name + ")";
+  EXPECT_EQ(Of(r, "policy.guardrails.idle.warn_after"), "30m (spec asked 2h) | " + ws);
+  EXPECT_EQ(Of(r, "policy.guardrails.idle.stop_after"), "1h | " + ws);
+  EXPECT_EQ(Of(r, "policy.guardrails.idle.gpu_util_below"), "10% | spec") << "the stricter";
+  EXPECT_EQ(Of(r, "policy.guardrails.stall.after"), "10m | spec");
+  EXPECT_EQ(Of(r, "policy.guardrails.stall.stop_after"), "(missing)");
+  // Nothing set anywhere: no rows.
+  w.limits.idle.reset();
+  spec_.policy.idle.reset();
+  spec_.policy.stall.reset();
+  r = MustResolve();
+  EXPECT_EQ(Of(r, "policy.guardrails.idle.warn_after"), "(missing)");
+  EXPECT_EQ(Of(r, "policy.guardrails.stall.after"), "(missing)");
+}
+
 TEST_F(ResolveTest, Membership) {
   MustResolve("bob");
   Result<ResolvedRun> r = Run("carol");

@@ -11,6 +11,7 @@
 #include <cctype>
 #include <climits>
 #include <exception>
+#include <map>
 #include <sstream>
 #include <tuple>
 
@@ -18,6 +19,7 @@
 #include "common/strings.h"
 #include "common/yaml_text.h"
 #include "spec/walk.h"
+#include "spec/yaml_file.h"
 
 namespace tau::spec {
 
@@ -252,7 +254,9 @@ bool MayHoldMoreDocuments(std::string_view text, const YAML::Node& root) {
   return false;
 }
 
-std::optional<YAML::Node> LoadDocument(Ctx& ctx, std::string_view text, const YamlOpenings& open) {
+// `kind` names the file in messages: "spec", "workflow file", "sweep file".
+std::optional<YAML::Node> LoadDocument(Ctx& ctx, std::string_view text, const YamlOpenings& open,
+                                       std::string_view kind) {
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));
@@ -265,8 +269,9 @@ std::optional<YAML::Node> LoadDocument(Ctx& ctx, std::string_view text, const Ya
       }
       if (counter.starts.size() > 1) {
         ctx.Error(internal::PosOf(counter.starts[1]),
-                  "more than one YAML document (a '---' separator, or stray text such as a ',' "
-                  "after the first value); a spec is exactly one mapping");
+                  fmt::format("more than one YAML document (a '---' separator, or stray text such "
+                              "as a ',' after the first value); a {} is exactly one mapping",
+                              kind));
         return std::nullopt;
       }
     }
@@ -278,8 +283,9 @@ std::optional<YAML::Node> LoadDocument(Ctx& ctx, std::string_view text, const Ya
     return std::nullopt;
   }
   if (!root.IsDefined() || root.IsNull()) {
-    ctx.Error({1, 1},
-              "the file is empty: expected fields such as 'schema_version: 1' or 'engine: job'");
+    ctx.Error({1, 1}, kind == "spec" ? std::string("the file is empty: expected fields such as "
+                                                   "'schema_version: 1' or 'engine: job'")
+                                     : fmt::format("the file is empty: expected a {}", kind));
     return std::nullopt;
   }
   if (!root.IsMap()) {
@@ -727,26 +733,67 @@ void SortDiagnostics(std::vector<Diagnostic>& diagnostics) {
                    });
 }
 
-void Parse(Ctx& ctx, std::string_view text) {
+// The text checks and the load every YAML file tau reads as a spec-like file gets: the document's
+// top mapping, or nullopt after an error.
+std::optional<YAML::Node> LoadChecked(Ctx& ctx, std::string_view text, std::string_view kind) {
   if (text.size() > kMaxSpecBytes) {
-    ctx.Error({}, fmt::format("the file is {} bytes; a spec may be at most {} bytes", text.size(),
-                              kMaxSpecBytes));
-    return;
+    ctx.Error({}, fmt::format("the file is {} bytes; a {} may be at most {} bytes", text.size(),
+                              kind, kMaxSpecBytes));
+    return std::nullopt;
   }
   if (std::optional<TextProblem> wrong = WrongEncoding(text)) {
     ctx.Error({wrong->line, wrong->column}, wrong->message);
-    return;
+    return std::nullopt;
   }
   std::string normalized(text);
   NormalizeLineBreaks(&normalized);
   text = normalized;
-  if (!CheckBytes(ctx, text)) return;
+  if (!CheckBytes(ctx, text)) return std::nullopt;
   const YamlOpenings open = FindUnclosed(text);
   if (open.quote) {
     ctx.Error({open.quote->line, open.quote->column}, open.quote->message);
+    return std::nullopt;
+  }
+  return LoadDocument(ctx, text, open, kind);
+}
+
+// Every mapping under `node`: a key given twice is an error at the second, naming the first
+// (yaml-cpp keeps one of them, silently). The run-spec walker makes this check field by field.
+void CheckDuplicateKeys(Ctx& ctx, const YAML::Node& node, const std::string& path, int depth) {
+  if (depth > 64) return;  // yaml-cpp's own depth guard stops deeper documents
+  if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i)
+      CheckDuplicateKeys(ctx, node[i], fmt::format("{}[{}]", path, i), depth + 1);
     return;
   }
-  std::optional<YAML::Node> root = LoadDocument(ctx, text, open);
+  if (!node.IsMap()) return;
+  std::map<std::string, Pos> seen;
+  for (const auto& entry : node) {
+    // Copies: yaml-cpp's iterator proxies are temporaries.
+    YAML::Node key = entry.first;
+    YAML::Node value = entry.second;
+    if (!key.IsScalar()) {
+      ctx.Error(internal::PosOf(key.Mark()),
+                fmt::format("{}expected a field name, got {}",
+                            path.empty() ? "" : "in '" + path + "': ", internal::Describe(key)));
+      continue;
+    }
+    const Pos at = internal::PosOf(key.Mark());
+    const std::string child = path.empty() ? key.Scalar() : path + "." + key.Scalar();
+    if (auto first = seen.find(key.Scalar()); first != seen.end()) {
+      ctx.Error(at, fmt::format("duplicate field '{}'{} (first given on line {}, column {}); "
+                                "give each field once",
+                                Printable(key.Scalar()), path.empty() ? "" : " in '" + path + "'",
+                                first->second.line, first->second.column));
+      continue;
+    }
+    seen.emplace(key.Scalar(), at);
+    CheckDuplicateKeys(ctx, value, child, depth + 1);
+  }
+}
+
+void Parse(Ctx& ctx, std::string_view text) {
+  std::optional<YAML::Node> root = LoadChecked(ctx, text, "spec");
   if (!root) return;
   std::optional<Shape> shape = DetectShape(ctx, *root);
   if (!shape) return;
@@ -858,6 +905,18 @@ ParseOutcome ParseSpec(std::string_view text, std::string_view filename,
   outcome.positions = Positions(ctx);
   if (outcome.diagnostics.empty()) outcome.spec = std::move(ctx.spec);
   return outcome;
+}
+
+Result<YAML::Node> LoadStrictYaml(std::string_view text, const std::string& file,
+                                  std::string_view kind) {
+  Ctx ctx(file);
+  std::optional<YAML::Node> root = LoadChecked(ctx, text, kind);
+  if (root) CheckDuplicateKeys(ctx, *root, "", 0);
+  if (ctx.diagnostics.empty()) return *root;
+  SortDiagnostics(ctx.diagnostics);
+  std::vector<std::string> lines;
+  for (const Diagnostic& d : ctx.diagnostics) lines.push_back(d.ToString());
+  return InvalidArgument(Join(lines, "\n"));
 }
 
 }  // namespace tau::spec

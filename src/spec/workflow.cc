@@ -10,7 +10,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/strings.h"
-#include "common/yaml_text.h"
+#include "spec/yaml_file.h"
 
 namespace tau::spec {
 namespace {
@@ -78,7 +78,15 @@ void ParseAfter(const YAML::Node& v, const std::string& where, Errors* errors, W
 void ParseSet(const YAML::Node& v, const std::string& where, Errors* errors, WorkflowStage* out) {
   if (v.IsMap()) {
     for (auto it = v.begin(); it != v.end(); ++it) {
+      const YAML::Node key = it->first;
       const YAML::Node value = it->second;
+      // The key is a --set PATH: an '=' in it would move the split between path and value.
+      if (key.Scalar().find('=') != std::string::npos) {
+        errors->Add(key.Mark(), where + ": '" + key.Scalar() +
+                                    "' is not a field path ('=' in it); write PATH: VALUE, such "
+                                    "as compute.gpus: 2");
+        continue;
+      }
       if (!value.IsScalar()) {
         errors->Add(value.Mark(), where + "." + it->first.Scalar() + ": expected a scalar value");
         continue;
@@ -152,24 +160,11 @@ bool IsWorkflowText(const std::string& text) {
   }
 }
 
-Result<WorkflowFile> ParseWorkflow(const std::string& raw, const std::string& file) {
-  std::string text = raw;
-  NormalizeLineBreaks(&text);
-  if (auto wrong = WrongEncoding(text))
-    return InvalidArgument(
-        fmt::format("{}:{}:{}: error: {}", file, wrong->line, wrong->column, wrong->message));
-  const YamlOpenings open = FindUnclosed(text);
-  if (open.quote)
-    return InvalidArgument(fmt::format("{}:{}:{}: error: {}", file, open.quote->line,
-                                       open.quote->column, open.quote->message));
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    return InvalidArgument(fmt::format("{}:{}:{}: error: {}{}", file, e.mark.line + 1,
-                                       e.mark.column + 1, e.msg, FlowNote(file, open, e.msg)));
-  }
-  if (!root.IsMap()) return InvalidArgument(file + ": error: a workflow file is a YAML mapping");
+Result<WorkflowFile> ParseWorkflow(const std::string& text, const std::string& file) {
+  // The run-spec reader's checks: text, syntax, and no key given twice anywhere.
+  Result<YAML::Node> loaded = LoadStrictYaml(text, file, "workflow file");
+  if (!loaded.ok()) return loaded.status();
+  const YAML::Node root = *loaded;
   WorkflowFile out;
   out.file = file;
   Errors errors{file, {}};

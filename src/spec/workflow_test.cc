@@ -141,5 +141,63 @@ TEST(WorkflowTest, RecognisesWorkflowFilesAndNamesEnvironmentVariables) {
   EXPECT_STREQ(ConditionName(Condition::kSucceeded), "succeeded");
 }
 
+// The run-spec reader's checks (LoadStrictYaml), not a reader of the workflow's own: yaml-cpp
+// keeps one of two equal keys silently, so a second `stages:` dropped the first one's stages.
+TEST(WorkflowTest, AKeyGivenTwiceIsRefusedAtItsPlaceNamingTheFirst) {
+  const std::string twice = Errors(R"(kind: workflow
+name: wf
+stages:
+  - {name: a, spec: a.yaml}
+  - {name: b, spec: b.yaml}
+stages:
+  - {name: c, spec: c.yaml}
+)");
+  EXPECT_NE(twice.find("wf.yaml:6:1: error: duplicate field 'stages' (first given on line 3, "
+                       "column 1)"),
+            std::string::npos)
+      << twice;
+  const std::string in_stage = Errors(R"(kind: workflow
+name: wf
+stages:
+  - name: a
+    spec: a.yaml
+    spec: b.yaml
+)");
+  EXPECT_NE(in_stage.find("wf.yaml:6:5: error: duplicate field 'spec' in 'stages[0]' (first given "
+                          "on line 5, column 5)"),
+            std::string::npos)
+      << in_stage;
+}
+
+TEST(WorkflowTest, TextChecksAreTheSpecReadersOnes) {
+  const std::string unclosed = Errors("kind: workflow\nname: \"wf\nstages: []\n");
+  EXPECT_NE(unclosed.find("wf.yaml:2:7: error:"), std::string::npos) << unclosed;
+  EXPECT_NE(unclosed.find("never closed"), std::string::npos) << unclosed;
+  // Lone CRs end lines: the file reads as the same file with LFs.
+  auto cr =
+      ParseWorkflow("kind: workflow\rname: wf\rstages:\r  - {name: a, spec: a.yaml}\r", "wf.yaml");
+  ASSERT_TRUE(cr.ok()) << cr.status().message();
+  EXPECT_EQ(cr->stages.size(), 1u);
+  const std::string tab = Errors("kind: workflow\nname: wf\nstages:\n\t- {name: a, spec: a}\n");
+  EXPECT_NE(tab.find("wf.yaml:4:1: error: tab character in indentation"), std::string::npos) << tab;
+  const std::string empty = Errors("");
+  EXPECT_NE(empty.find("wf.yaml:1:1: error: the file is empty: expected a workflow file"),
+            std::string::npos)
+      << empty;
+}
+
+TEST(WorkflowTest, ASetPathWithAnEqualsSignIsRefusedAtItsPlace) {
+  const std::string errors = Errors(R"(kind: workflow
+name: wf
+stages:
+  - name: a
+    spec: a.yaml
+    set: {"compute.gpus=2": 4}
+)");
+  EXPECT_NE(errors.find("wf.yaml:6:11: error: stages[0].set: 'compute.gpus=2' is not a field path"),
+            std::string::npos)
+      << errors;
+}
+
 }  // namespace
 }  // namespace tau::spec

@@ -3,7 +3,8 @@ test NVML: a run whose GPU stays at 0 % is warned, then stopped as Idle and not 
 CPU run beside it is left alone; a Python job that stops writing is marked stalled, its stacks
 land in its log and its diagnosis, and it is stopped as Stalled, while a job that keeps writing
 runs to its end; a spec's policy.guardrails tightens its workspace's limits (and sets them where
-the workspace has none), never loosens them."""
+the workspace has none), never loosens them, and `tau explain` shows the limits that will be
+enforced and where each came from."""
 import getpass
 import unittest
 
@@ -145,6 +146,23 @@ class GuardrailWithoutGpusTest(GuardrailCase):
         self.server.wait_state(stalled, ["Failed"], timeout=60)
         d = self.server.run_json(stalled)
         self.assertEqual([a["reason"] for a in d["attempts"]], ["Stalled"])
+
+    def test_explain_shows_the_enforced_limits_and_where_they_came_from(self):
+        self.apply("idle: {gpu_util_below: 5, warn_after: 30m, stop_after: 1h}\n"
+                   "      stall: {after: 1h}")
+        # The spec asks for looser idle limits than its workspace's, and an earlier stall mark.
+        path = self.project(spec("explained", guardrails="idle: {warn_after: 2h, stop_after: 3h}\n"
+                                                          "    stall: {after: 10m}"),
+                            {"main.py": "print('hi')\n"})
+        out = self.server.tau("explain", path, check=0).stdout
+        rows = {line.split()[0]: line.split(None, 1)[1] for line in out.splitlines() if line}
+        self.assertRegex(rows["policy.guardrails.idle.warn_after"],
+                         r"^30m \(spec asked 2h\) +workspace guardrail \(workspace vision\)$")
+        self.assertRegex(rows["policy.guardrails.idle.stop_after"],
+                         r"^1h \(spec asked 3h\) +workspace guardrail \(workspace vision\)$")
+        self.assertRegex(rows["policy.guardrails.idle.gpu_util_below"],
+                         r"^5% +workspace guardrail \(workspace vision\)$")
+        self.assertRegex(rows["policy.guardrails.stall.after"], r"^10m +spec$")
 
 
 if __name__ == "__main__":

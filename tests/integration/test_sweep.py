@@ -1,7 +1,9 @@
 """`tau sweep` (issue #23) with a real server and real processes: a 3 x 2 grid over two spec paths
 makes six runs in one experiment group, submitted together, and prints them best first by the
 objective; a random sweep draws the same points for the same seed; a bad point or a bad sweep file
-is refused before anything is submitted."""
+is refused before anything is submitted; an objective over a metric logged with several splits
+names one or is refused naming them, and one no run logged fails the sweep; `tau validate` reads a
+sweep file with the sweep's reader (a key given twice is refused at its place)."""
 import json
 import os
 import unittest
@@ -131,6 +133,59 @@ class SweepTest(ServerTestCase):
         for start, _ in spans:
             running = sum(1 for s, e in spans if s <= start < e)
             self.assertLessEqual(running, 2, spans)
+
+    def test_an_objective_names_its_split_and_a_missing_one_fails_the_sweep(self):
+        # loss is logged with splits train and val: val's last point is LR, train's 10 * LR.
+        train = ("import json, os\nlr = float(os.environ['LR'])\n"
+                 "with open(os.environ['TAU_METRICS_FILE'], 'a') as f:\n"
+                 "    for split, v in (('train', 10 * lr), ('val', lr)):\n"
+                 "        f.write(json.dumps({'step': 1, 'name': 'loss', 'split': split, "
+                 "'value': v}) + '\\n')\n")
+        spec = self.project(SPEC.format(name="splits"), {"main.sh": MAIN, "train.py": train})
+        sweep = os.path.join(os.path.dirname(spec), "sweep.yaml")
+
+        def run(objective):
+            with open(sweep, "w") as f:
+                f.write(f"spec: tau.yaml\nobjective: {objective}\n"
+                        "parameters:\n  runtime.env.LR: ['0.3', '0.1']\n")
+            return self.server.tau("sweep", sweep, timeout=120)
+
+        p = run("{metric: loss, split: val, goal: minimize}")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = p.stdout.strip().splitlines()
+        self.assertEqual(lines[0].split()[-2:], ["loss/val", "(min)"])
+        self.assertEqual([(row.split()[2], float(row.split()[-1])) for row in lines[1:]],
+                         [("0.1", 0.1), ("0.3", 0.3)])
+        # Several splits and none named: the sweep says which there are and fails.
+        p = run("{metric: loss, goal: minimize}")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("objective: the metric 'loss' is logged with several splits (train, val); "
+                      "name one, such as objective: {metric: loss, split: val, goal: minimize}",
+                      p.stderr)
+        # A metric no run logged is an error, not a column of '-'.
+        p = run("{metric: accuracy, goal: maximize}")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("no run of the 2 logged the metric 'accuracy'", p.stderr)
+
+    def test_validate_reads_a_sweep_file_and_a_quoted_value_stays_one_argument(self):
+        path = self.sweep_project("quoted", "spec: tau.yaml\ngroup: q\n"
+                                            "parameters:\n  run.args: [['0.1,0.2'], ['a: b']]\n")
+        p = self.server.tau("validate", path, check=0)
+        self.assertIn(f"{path}: ok (grid sweep of 2 run(s) of tau.yaml)", p.stdout)
+        names = self.server.tau("sweep", "--detach", path, check=0).stdout.split()
+        args = sorted(self.server.run_json(n)["run"]["spec"]["args"] for n in names)
+        self.assertEqual(args, [["0.1,0.2"], ["a: b"]])
+        with open(path, "w") as f:
+            f.write("spec: tau.yaml\nparameters:\n  runtime.env.LR: ['1']\n"
+                    "parameters:\n  runtime.env.LR: ['2']\n")
+        for command in (["validate", path], ["sweep", path]):
+            p = self.server.tau(*command, check=1)
+            self.assertIn(f"{path}:4:1: error: duplicate field 'parameters' (first given on line 2, "
+                          "column 1)", p.stderr)
+        # plan and explain take run specs, and say what to do with a sweep file.
+        p = self.server.tau("explain", path, check=1)
+        self.assertIn(f"{path}: error: this is a sweep file, not a run spec; run it with "
+                      f"`tau sweep {path}`", p.stderr)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@ prepare -> train -> eval, each stage a run of its own that starts only after the
 for; eval reads train's checkpoint, read-only, and its evidence names the checkpoint's digest; a
 failed train stops eval with a reason and `tau workflow retry-stage` runs both again; a server
 SIGKILLed in the middle of a workflow carries on with no stage run twice; a workflow file with a
-cycle or an unknown stage is refused at file:line:col with nothing submitted."""
+cycle or an unknown stage is refused at file:line:col with nothing submitted; `tau validate` reads a
+workflow file with the workflow's reader (a key given twice refused at its place), plan and explain
+say which command takes it, and a file of no kind tau reads is named as such."""
 import hashlib
 import json
 import os
@@ -201,6 +203,31 @@ class WorkflowTest(ServerTestCase):
         self.assertNotEqual(p.returncode, 0)
         self.assertIn(f"{path}:9:5: stage 'eval': its spec ", p.stderr)
         self.assertIn("missing.yaml: No such file or directory", p.stderr)
+        runs = json.loads(self.server.tau("list", "--all", "-o", "json", check=0).stdout)["runs"]
+        self.assertEqual(runs, [])
+
+    def test_validate_reads_a_workflow_file_and_plan_says_which_command_takes_it(self):
+        path, _ = self.workflow()
+        p = self.server.tau("validate", path, check=0)
+        self.assertIn(f"{path}: ok (workflow 'pipeline', 3 stage(s))", p.stdout)
+        # A second `stages:` used to win silently, dropping the first one's stages.
+        path, _ = self.workflow(WORKFLOW + "stages:\n  - {name: extra, spec: eval.yaml}\n")
+        for command in (["validate", path], ["run", "--detach", path]):
+            p = self.server.tau(*command, check=1)
+            self.assertIn(f"{path}:13:1: error: duplicate field 'stages' (first given on line 3, "
+                          "column 1)", p.stderr)
+        for command in ("plan", "explain"):
+            p = self.server.tau(command, path, check=1)
+            self.assertIn(f"{path}: error: this is a workflow file, not a run spec; run it with "
+                          f"`tau run {path}`, and check it with `tau validate {path}`", p.stderr)
+            self.assertNotIn("yaml-cpp", p.stderr)
+        other = os.path.join(os.path.dirname(path), "notes.yaml")
+        with open(other, "w") as f:
+            f.write("colour: red\n")
+        for command in ("validate", "plan"):
+            p = self.server.tau(command, other, check=1)
+            self.assertIn(f"{other}:1:1: error: not a file tau reads (its top-level keys: colour); "
+                          "tau reads a run spec", p.stderr)
         runs = json.loads(self.server.tau("list", "--all", "-o", "json", check=0).stdout)["runs"]
         self.assertEqual(runs, [])
 
