@@ -130,8 +130,9 @@ struct GpuSample {
   // Page retirement (Kepler..Volta; Ampere and later remap rows instead and answer not supported).
   std::optional<unsigned> retired_pages_sbe, retired_pages_dbe;
   std::optional<bool> retired_pages_pending;
-  // When each double-bit page was retired (wall clock, ms), for DCGM's "more than one in the last
-  // week" rule; nullopt when the driver cannot date them.
+  // When DBE pages were retired (wall clock, ms), within Thresholds::retired_pages_dbe_window_ms,
+  // for DCGM's "more than one in the last week" rule. GpuMonitor dates each rise of the count at
+  // the pass that saw it; pages retired before it started are not listed. nullopt: no dates known.
   std::optional<std::vector<int64_t>> retired_pages_dbe_at_ms;
   std::optional<RemapSample> remap;
   std::optional<unsigned> pcie_gen, pcie_gen_max, pcie_width, pcie_width_max;
