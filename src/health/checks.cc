@@ -273,8 +273,9 @@ class Checks {
     unc.clear = ClearRule::kOnReboot;
     unc.debounce = 1;
     if (!m) return;
-    std::string rows = fmt::format("{} rows remapped for uncorrectable errors, {} for correctable",
-                                   m->uncorrected_rows, m->corrected_rows);
+    std::string rows =
+        fmt::format("{} row{} remapped for uncorrectable errors, {} for correctable",
+                    m->uncorrected_rows, m->uncorrected_rows == 1 ? "" : "s", m->corrected_rows);
     failed.status = Pass(!m->failed);
     if (m->failed) {
       failed.message = fmt::format(

@@ -277,7 +277,7 @@ const RepairCase kRepairCases[] = {
        s.remap = RemapSample{3, 1, /*pending=*/true, false};
      },
      "row_remap_pending", CheckStatus::kFail, Action::kResetWhenIdle, Verdict::kUnhealthy, false,
-     "row remapping pending (1 rows remapped for uncorrectable errors, 3 for correctable): reset "
+     "row remapping pending (1 row remapped for uncorrectable errors, 3 for correctable): reset "
      "the GPU to apply it; work is kept off it until then"},
     // Row remapping failure (§5 row 11): hardware.
     {"remap failed",
