@@ -289,7 +289,7 @@ class Checks {
     if (unc.status != CheckStatus::kPass) {
       unc.message = fmt::format(
           "{} rows remapped for uncorrectable errors, at or above the limit of "
-          "{}: the GPU's spare rows are running out; {}",
+          "{}: {}",
           m->uncorrected_rows, t_.remapped_rows_uncorrectable_max, kReplace);
     }
   }

@@ -306,8 +306,8 @@ const RepairCase kRepairCases[] = {
        s.remap = RemapSample{0, 512, false, false};
      },
      "row_remap_uncorrectable", CheckStatus::kFail, Action::kHardware, Verdict::kUnhealthy, true,
-     "512 rows remapped for uncorrectable errors, at or above the limit of 512: the GPU's spare "
-     "rows are running out; work is taken off the GPU now"},
+     "512 rows remapped for uncorrectable errors, at or above the limit of 512: work is taken off "
+     "the GPU now"},
     {"513 uncorrectable rows",
      [](GpuSample& s) {
        s.remap = RemapSample{0, 513, false, false};
