@@ -222,14 +222,14 @@ TEST(MonitorTest, MemoryErrors) {
 // found at start are older, and two more within the week take the GPU out.
 TEST(MonitorTest, DbeRetiredPagesOverTheSoftLimitFailOnlyWhileMoreKeepComing) {
   UseScenario(
-      "gpus 1\ngpu 0 retired_dbe 16\nat 100ms gpu 0 retired_dbe 17\nat 200ms gpu 0 retired_dbe "
+      "gpus 1\ngpu 0 retired_dbe 16\nat 300ms gpu 0 retired_dbe 17\nat 600ms gpu 0 retired_dbe "
       "18\n");
   auto monitor = StartManual();
   EXPECT_EQ(monitor->Snapshot().verdicts[0].verdict, Verdict::kHealthy);
-  Sleep(150);
+  Sleep(350);
   monitor->PollOnce();
   EXPECT_EQ(monitor->Snapshot().verdicts[0].verdict, Verdict::kHealthy) << "one page this week";
-  Sleep(100);
+  Sleep(300);
   monitor->PollOnce();
   HealthSnapshot snap = monitor->Snapshot();
   ExpectVerdicts(snap, {{0, Verdict::kUnhealthy, "retired_pages_dbe", Action::kHardware}});
