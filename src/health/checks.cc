@@ -170,61 +170,127 @@ class Checks {
     }
   }
 
+  // What each memory-repair verdict makes tau do, said in every reason.
+  static constexpr const char* kReplace =
+      "work is taken off the GPU now and it stays out until it is replaced (RMA)";
+  static constexpr const char* kResetToApply =
+      "reset the GPU to apply it; work is kept off it until then (running work finishes)";
+
+  // Page retirement is how GPUs before Ampere repair memory; row remapping (below) replaced it, so
+  // a GPU answers one or the other and the checks of the other report not supported.
   void RetiredPages() {
-    CheckResult& count = Add("retired_pages", CheckStatus::kNotSupported,
-                             fmt::format("retired pages (SBE + DBE) ≥ {}", t_.retired_pages_max),
-                             fmt::format("{}: DCGM_LIMIT_MAX_RETIRED_PAGES", kSrcDcgmMem));
+    CheckResult& count =
+        Add("retired_pages", CheckStatus::kNotSupported,
+            fmt::format("retired pages (SBE + DBE) ≥ {}", t_.retired_pages_max),
+            fmt::format("{}: DCGM_LIMIT_MAX_RETIRED_PAGES; {} row 13", kSrcDcgmMem, kSrcRef));
     count.action = Action::kHardware;
     count.clear = ClearRule::kOnReboot;
     count.debounce = 1;
+    unsigned sbe = now_.retired_pages_sbe.value_or(0);
+    unsigned dbe = now_.retired_pages_dbe.value_or(0);
     if (now_.retired_pages_sbe || now_.retired_pages_dbe) {
-      unsigned total = now_.retired_pages_sbe.value_or(0) + now_.retired_pages_dbe.value_or(0);
+      unsigned total = sbe + dbe;
       count.status = Pass(total < t_.retired_pages_max);
-      if (total >= t_.retired_pages_max) count.message = fmt::format("{} retired pages", total);
+      if (total >= t_.retired_pages_max) {
+        count.message = fmt::format(
+            "{} retired pages ({} for repeated single-bit errors, {} for double-bit errors), at or "
+            "above the limit of {}: {}",
+            total, sbe, dbe, t_.retired_pages_max, kReplace);
+      }
     }
-    CheckResult& pending = Add("retired_pages_pending", CheckStatus::kNotSupported,
-                               "a page retirement is pending (applies at the next reset)",
-                               fmt::format("{} row 13; DCGM MEM (WARN)", kSrcRef));
+    CheckResult& recent = Add(
+        "retired_pages_dbe", CheckStatus::kNotSupported,
+        fmt::format("DBE retired pages > {} and more than {} of them retired in the last {} days",
+                    t_.retired_pages_dbe_soft_max, t_.retired_pages_dbe_recent_max,
+                    t_.retired_pages_dbe_window_ms / 86'400'000),
+        fmt::format("{}: DCGM_LIMIT_MAX_RETIRED_PAGES_SOFT_LIMIT; {} row 13", kSrcDcgmMem,
+                    kSrcRef));
+    recent.action = Action::kHardware;
+    recent.clear = ClearRule::kOnReboot;
+    recent.debounce = 1;
+    if (now_.retired_pages_dbe) {
+      if (dbe <= t_.retired_pages_dbe_soft_max) {
+        recent.status = CheckStatus::kPass;
+      } else if (now_.retired_pages_dbe_at_ms) {
+        // Over the soft limit only a fast rate fails; without retirement times it cannot be told.
+        unsigned in_window = 0;
+        for (int64_t at : *now_.retired_pages_dbe_at_ms) {
+          in_window += at <= now_.at_ms && now_.at_ms - at < t_.retired_pages_dbe_window_ms;
+        }
+        recent.status = Pass(in_window <= t_.retired_pages_dbe_recent_max);
+        if (recent.status != CheckStatus::kPass) {
+          recent.message = fmt::format(
+              "{} pages retired for double-bit errors (soft limit {}), {} of them in the last {} "
+              "days: {}",
+              dbe, t_.retired_pages_dbe_soft_max, in_window,
+              t_.retired_pages_dbe_window_ms / 86'400'000, kReplace);
+        }
+      }
+    }
+    CheckResult& pending =
+        Add("retired_pages_pending", CheckStatus::kNotSupported,
+            "a page retirement is pending (applies at the next reset)",
+            fmt::format("{} row 13 (pending → RESET); DCGM MEM (WARN)", kSrcRef));
     pending.action = Action::kResetWhenIdle;
     pending.clear = ClearRule::kOnGpuReset;
     pending.debounce = 1;
     if (now_.retired_pages_pending) {
       pending.status = Pass(!*now_.retired_pages_pending);
-      if (*now_.retired_pages_pending) pending.message = "page retirement pending: reset the GPU";
+      if (*now_.retired_pages_pending) {
+        pending.message = fmt::format("page retirement pending: {}", kResetToApply);
+      }
     }
   }
 
+  // Row remapping (Ampere and later). A pending remap is a repair that a reset applies: the GPU is
+  // drained and reset, not replaced. A failed remap, or too many rows remapped for uncorrectable
+  // errors, means the memory cannot be repaired any more: replace. Correctable remapped rows have
+  // no limit in any source and change nothing.
   void RowRemap() {
     const auto& m = now_.remap;
     CheckResult& failed =
         Add("row_remap_failure", CheckStatus::kNotSupported, "row remapping failed (sticky)",
-            fmt::format("{}: ROW_REMAP_FAILED > 0 = FAIL; {}", kSrcDcgmMem, kSrcAzureEcc));
+            fmt::format("{}: ROW_REMAP_FAILED > 0 = FAIL; {}; {} row 11", kSrcDcgmMem, kSrcAzureEcc,
+                        kSrcRef));
     failed.action = Action::kHardware;
     failed.clear = ClearRule::kOnReboot;
     failed.debounce = 1;
     CheckResult& pending =
         Add("row_remap_pending", CheckStatus::kNotSupported,
             "a row remap is pending (a GPU reset applies it)",
-            fmt::format("nvml doc (reset required); {} (pending > 0 fails)", kSrcAzureEcc));
+            fmt::format("nvml doc (reset required); {} (pending > 0 fails); {} row 10",
+                        kSrcAzureEcc, kSrcRef));
     pending.action = Action::kResetWhenIdle;
     pending.clear = ClearRule::kOnGpuReset;
     pending.debounce = 1;
     CheckResult& unc =
         Add("row_remap_uncorrectable", CheckStatus::kNotSupported,
             fmt::format("uncorrectable remapped rows ≥ {}", t_.remapped_rows_uncorrectable_max),
-            "DCGM_LIMIT_MAX_ROW_REMAP_UNCORRECTABLE (DcgmGPUHardwareLimits.h); Azure "
-            "check_gpu_ecc");
+            fmt::format("DCGM_LIMIT_MAX_ROW_REMAP_UNCORRECTABLE (DcgmGPUHardwareLimits.h; DCGM "
+                        "warns); {} row 12 (hardware)",
+                        kSrcRef));
     unc.action = Action::kHardware;
     unc.clear = ClearRule::kOnReboot;
     unc.debounce = 1;
     if (!m) return;
+    std::string rows =
+        fmt::format("{} row{} remapped for uncorrectable errors, {} for correctable",
+                    m->uncorrected_rows, m->uncorrected_rows == 1 ? "" : "s", m->corrected_rows);
     failed.status = Pass(!m->failed);
-    if (m->failed) failed.message = "row remapping failed: the GPU has unrepairable memory";
+    if (m->failed) {
+      failed.message = fmt::format(
+          "row remapping failed ({}): the GPU has memory it cannot repair; {}", rows, kReplace);
+    }
     pending.status = Pass(!m->pending);
-    if (m->pending) pending.message = "row remap pending: reset the GPU when idle";
+    if (m->pending) {
+      pending.message = fmt::format("row remapping pending ({}): {}", rows, kResetToApply);
+    }
     unc.status = Pass(m->uncorrected_rows < t_.remapped_rows_uncorrectable_max);
     if (unc.status != CheckStatus::kPass) {
-      unc.message = fmt::format("{} rows remapped for uncorrectable errors", m->uncorrected_rows);
+      unc.message = fmt::format(
+          "{} rows remapped for uncorrectable errors, at or above the limit of "
+          "{}: {}",
+          m->uncorrected_rows, t_.remapped_rows_uncorrectable_max, kReplace);
     }
   }
 

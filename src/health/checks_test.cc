@@ -243,5 +243,206 @@ TEST(ChecksTest, XidTable) {
   for (uint64_t xid = 0; xid < 200; ++xid) EXPECT_FALSE(ClassifyXid(xid).source.empty()) << xid;
 }
 
+// Memory repair (reference gpu-health.md §5 rows 10-13, §3.1 MEM): one case per rule and per
+// boundary (just below, at, just above each limit). Each case runs the checks, feeds them to a
+// VerdictTracker once, and says which verdict follows and whether the running work is stopped.
+constexpr int64_t kNow = 1'800'000'000'000;  // ms, a wall clock in 2027
+constexpr int64_t kDay = 86'400'000;
+
+struct RepairCase {
+  const char* name;
+  void (*set)(GpuSample&);
+  const char* check;
+  CheckStatus status;
+  Action action;            // of the check, when it fails
+  Verdict verdict;          // of the GPU after one observation
+  bool stops_running_work;  // StopsRunningWork for that verdict
+  const char* says;         // part of the reason's message; nullptr when the check passes
+};
+
+// DBE retirements: `recent` of them within the last week, the rest a month ago.
+void DbePages(GpuSample& s, unsigned count, unsigned recent) {
+  s.retired_pages_dbe = count;
+  std::vector<int64_t> at;
+  for (unsigned i = 0; i < count; ++i) at.push_back(i < recent ? kNow - kDay : kNow - 30 * kDay);
+  s.retired_pages_dbe_at_ms = at;
+}
+
+const RepairCase kRepairCases[] = {
+    // Row remapping pending (§5 row 10): RESET at the next idle, never a replacement.
+    {"remap not pending", [](GpuSample&) {}, "row_remap_pending", CheckStatus::kPass,
+     Action::kResetWhenIdle, Verdict::kHealthy, false, nullptr},
+    {"remap pending",
+     [](GpuSample& s) {
+       s.remap = RemapSample{3, 1, /*pending=*/true, false};
+     },
+     "row_remap_pending", CheckStatus::kFail, Action::kResetWhenIdle, Verdict::kUnhealthy, false,
+     "row remapping pending (1 row remapped for uncorrectable errors, 3 for correctable): reset "
+     "the GPU to apply it; work is kept off it until then"},
+    // Row remapping failure (§5 row 11): hardware.
+    {"remap failed",
+     [](GpuSample& s) {
+       s.remap = RemapSample{0, 0, false, /*failed=*/true};
+     },
+     "row_remap_failure", CheckStatus::kFail, Action::kHardware, Verdict::kUnhealthy, true,
+     "row remapping failed (0 rows remapped for uncorrectable errors, 0 for correctable): the GPU "
+     "has memory it cannot repair; work is taken off the GPU now and it stays out until it is "
+     "replaced"},
+    {"remap failed while one is pending: a reset does not help",
+     [](GpuSample& s) {
+       s.remap = RemapSample{0, 0, true, true};
+     },
+     "row_remap_failure", CheckStatus::kFail, Action::kHardware, Verdict::kUnhealthy, true,
+     "row remapping failed"},
+    // Uncorrectable remapped rows (§5 row 12): ≥ 512 → hardware.
+    {"511 uncorrectable rows",
+     [](GpuSample& s) {
+       s.remap = RemapSample{0, 511, false, false};
+     },
+     "row_remap_uncorrectable", CheckStatus::kPass, Action::kHardware, Verdict::kHealthy, false,
+     nullptr},
+    {"512 uncorrectable rows",
+     [](GpuSample& s) {
+       s.remap = RemapSample{0, 512, false, false};
+     },
+     "row_remap_uncorrectable", CheckStatus::kFail, Action::kHardware, Verdict::kUnhealthy, true,
+     "512 rows remapped for uncorrectable errors, at or above the limit of 512: work is taken off "
+     "the GPU now"},
+    {"513 uncorrectable rows",
+     [](GpuSample& s) {
+       s.remap = RemapSample{0, 513, false, false};
+     },
+     "row_remap_uncorrectable", CheckStatus::kFail, Action::kHardware, Verdict::kUnhealthy, true,
+     "513 rows remapped for uncorrectable errors"},
+    // Correctable remapped rows: no source sets a limit, so none counts.
+    {"512 correctable rows",
+     [](GpuSample& s) {
+       s.remap = RemapSample{512, 0, false, false};
+     },
+     "row_remap_uncorrectable", CheckStatus::kPass, Action::kHardware, Verdict::kHealthy, false,
+     nullptr},
+    {"100000 correctable rows",
+     [](GpuSample& s) {
+       s.remap = RemapSample{100'000, 0, false, false};
+     },
+     "row_remap_uncorrectable", CheckStatus::kPass, Action::kHardware, Verdict::kHealthy, false,
+     nullptr},
+    // Retired pages, SBE + DBE (§5 row 13, DCGM_LIMIT_MAX_RETIRED_PAGES): ≥ 63 → hardware.
+    {"62 retired pages", [](GpuSample& s) { s.retired_pages_sbe = 62; }, "retired_pages",
+     CheckStatus::kPass, Action::kHardware, Verdict::kHealthy, false, nullptr},
+    {"63 retired pages",
+     [](GpuSample& s) {
+       s.retired_pages_sbe = 62;
+       s.retired_pages_dbe = 1;
+     },
+     "retired_pages", CheckStatus::kFail, Action::kHardware, Verdict::kUnhealthy, true,
+     "63 retired pages (62 for repeated single-bit errors, 1 for double-bit errors), at or above "
+     "the limit of 63: work is taken off the GPU now and it stays out until it is replaced"},
+    {"64 retired pages", [](GpuSample& s) { s.retired_pages_sbe = 64; }, "retired_pages",
+     CheckStatus::kFail, Action::kHardware, Verdict::kUnhealthy, true, "64 retired pages"},
+    // DBE retired pages (§5 row 13, DCGM soft limit): > 15 and > 1 of them in the last 7 days.
+    {"15 DBE pages, 2 this week", [](GpuSample& s) { DbePages(s, 15, 2); }, "retired_pages_dbe",
+     CheckStatus::kPass, Action::kHardware, Verdict::kHealthy, false, nullptr},
+    {"16 DBE pages, 2 this week", [](GpuSample& s) { DbePages(s, 16, 2); }, "retired_pages_dbe",
+     CheckStatus::kFail, Action::kHardware, Verdict::kUnhealthy, true,
+     "16 pages retired for double-bit errors (soft limit 15), 2 of them in the last 7 days: work "
+     "is taken off the GPU now"},
+    {"17 DBE pages, 2 this week", [](GpuSample& s) { DbePages(s, 17, 2); }, "retired_pages_dbe",
+     CheckStatus::kFail, Action::kHardware, Verdict::kUnhealthy, true, "17 pages retired"},
+    {"16 DBE pages, 1 this week", [](GpuSample& s) { DbePages(s, 16, 1); }, "retired_pages_dbe",
+     CheckStatus::kPass, Action::kHardware, Verdict::kHealthy, false, nullptr},
+    {"16 DBE pages, the 2nd recent one exactly 7 days old",
+     [](GpuSample& s) {
+       DbePages(s, 16, 1);
+       s.retired_pages_dbe_at_ms->back() = kNow - 7 * kDay;
+     },
+     "retired_pages_dbe", CheckStatus::kPass, Action::kHardware, Verdict::kHealthy, false, nullptr},
+    {"16 DBE pages, the 2nd recent one 7 days less 1 ms old",
+     [](GpuSample& s) {
+       DbePages(s, 16, 1);
+       s.retired_pages_dbe_at_ms->back() = kNow - 7 * kDay + 1;
+     },
+     "retired_pages_dbe", CheckStatus::kFail, Action::kHardware, Verdict::kUnhealthy, true,
+     "2 of them in the last 7 days"},
+    {"16 DBE pages, no retirement times",
+     [](GpuSample& s) {
+       s.retired_pages_dbe = 16;
+       s.retired_pages_dbe_at_ms.reset();
+     },
+     "retired_pages_dbe", CheckStatus::kNotSupported, Action::kHardware, Verdict::kHealthy, false,
+     nullptr},
+    // Pending page retirement (§5 row 13): RESET at the next idle (DCGM only warns).
+    {"retirement pending", [](GpuSample& s) { s.retired_pages_pending = true; },
+     "retired_pages_pending", CheckStatus::kFail, Action::kResetWhenIdle, Verdict::kUnhealthy,
+     false,
+     "page retirement pending: reset the GPU to apply it; work is kept off it until then "
+     "(running work finishes)"},
+    // A GPU answers one repair mechanism: the other one's checks are skipped, not passed.
+    {"Ampere+: page retirement not supported",
+     [](GpuSample& s) {
+       s.retired_pages_sbe.reset();
+       s.retired_pages_dbe.reset();
+       s.retired_pages_pending.reset();
+       s.remap = RemapSample{0, 512, false, false};
+     },
+     "retired_pages", CheckStatus::kNotSupported, Action::kHardware, Verdict::kUnhealthy, true,
+     nullptr},
+    {"pre-Ampere (or MIG on): row remapping not supported",
+     [](GpuSample& s) {
+       s.remap.reset();
+       s.retired_pages_sbe = 63;
+     },
+     "row_remap_uncorrectable", CheckStatus::kNotSupported, Action::kHardware, Verdict::kUnhealthy,
+     true, nullptr},
+};
+
+TEST(ChecksTest, MemoryRepairRulesFollowTheReference) {
+  for (const RepairCase& c : kRepairCases) {
+    SCOPED_TRACE(c.name);
+    GpuSample s = Healthy();
+    s.at_ms = kNow;
+    s.retired_pages_dbe_at_ms.emplace();
+    c.set(s);
+    std::vector<CheckResult> results = RunPassiveChecks(s, nullptr, {});
+    const CheckResult& r = Find(results, c.check);
+    EXPECT_EQ(r.status, c.status) << r.message;
+    EXPECT_EQ(r.action, c.action);
+    EXPECT_EQ(r.debounce, 1);  // latched driver facts count at once
+    if (c.says) {
+      EXPECT_NE(r.message.find(c.says), std::string::npos) << r.message;
+    } else {
+      EXPECT_TRUE(r.message.empty()) << r.message;
+    }
+    VerdictTracker tracker;
+    tracker.Observe(0, kNow, results);
+    GpuVerdict v = tracker.Get(0);
+    EXPECT_EQ(v.verdict, c.verdict) << VerdictName(v.verdict);
+    EXPECT_EQ(StopsRunningWork(v.verdict, v.reasons), c.stops_running_work);
+  }
+}
+
+// A pending repair clears after a reset; a replacement verdict survives it.
+TEST(ChecksTest, ResetAppliesPendingRepairsButNeverClearsAReplacement) {
+  GpuSample s = Healthy();
+  s.remap = RemapSample{0, 0, /*pending=*/true, false};
+  VerdictTracker tracker;
+  tracker.Observe(0, kNow, RunPassiveChecks(s, nullptr, {}));
+  EXPECT_EQ(tracker.Get(0).verdict, Verdict::kUnhealthy);
+  tracker.ClearAfterReset(0, kNow + 1);
+  s.remap->pending = false;  // the reset applied the remap
+  tracker.Observe(0, kNow + 2, RunPassiveChecks(s, nullptr, {}));
+  EXPECT_EQ(tracker.Get(0).verdict, Verdict::kHealthy);
+
+  s.remap = RemapSample{0, 512, false, true};
+  tracker.Observe(0, kNow + 3, RunPassiveChecks(s, nullptr, {}));
+  tracker.ClearAfterReset(0, kNow + 4);
+  // Even where the next pass cannot read the counters (MIG turned on), the failure stays.
+  s.remap.reset();
+  tracker.Observe(0, kNow + 5, RunPassiveChecks(s, nullptr, {}));
+  GpuVerdict v = tracker.Get(0);
+  EXPECT_EQ(v.verdict, Verdict::kUnhealthy);
+  EXPECT_TRUE(StopsRunningWork(v.verdict, v.reasons));
+}
+
 }  // namespace
 }  // namespace tau::health

@@ -127,8 +127,13 @@ struct GpuSample {
   std::optional<uint64_t> clocks_event_reasons;  // bit mask, see docs/gpu-health.md
   std::optional<bool> ecc_enabled, ecc_pending;
   std::optional<uint64_t> ecc_sbe_volatile, ecc_dbe_volatile, ecc_sbe_aggregate, ecc_dbe_aggregate;
+  // Page retirement (Kepler..Volta; Ampere and later remap rows instead and answer not supported).
   std::optional<unsigned> retired_pages_sbe, retired_pages_dbe;
   std::optional<bool> retired_pages_pending;
+  // When DBE pages were retired (wall clock, ms), within Thresholds::retired_pages_dbe_window_ms,
+  // for DCGM's "more than one in the last week" rule. GpuMonitor dates each rise of the count at
+  // the pass that saw it; pages retired before it started are not listed. nullopt: no dates known.
+  std::optional<std::vector<int64_t>> retired_pages_dbe_at_ms;
   std::optional<RemapSample> remap;
   std::optional<unsigned> pcie_gen, pcie_gen_max, pcie_width, pcie_width_max;
   std::optional<unsigned> pcie_replay_counter;
@@ -214,9 +219,14 @@ struct Thresholds {
   int temperature_shutdown_margin_c = 5;  // fail at shutdown threshold - 5 °C
   int throttle_debounce = 3;              // consecutive samples with HW slowdown / power brake
   int64_t throttle_unhealthy_after_ms = 10 * 60 * 1000;
-  uint64_t ecc_dbe_volatile_max = 0;               // fail above
-  uint64_t ecc_aggregate_max = 20'000'000;         // fail above (lifetime DRAM ECC)
-  unsigned retired_pages_max = 63;                 // fail at or above
+  uint64_t ecc_dbe_volatile_max = 0;        // fail above
+  uint64_t ecc_aggregate_max = 20'000'000;  // fail above (lifetime DRAM ECC)
+  unsigned retired_pages_max = 63;          // fail at or above (SBE + DBE pages)
+  // DCGM's soft limit: more than this many DBE pages fails when more than
+  // retired_pages_dbe_recent_max of them were retired within retired_pages_dbe_window_ms.
+  unsigned retired_pages_dbe_soft_max = 15;
+  unsigned retired_pages_dbe_recent_max = 1;
+  int64_t retired_pages_dbe_window_ms = 7 * 24 * 3'600'000LL;
   unsigned remapped_rows_uncorrectable_max = 512;  // fail at or above
   unsigned nvlink_inactive_max = 0;                // fail above
   uint64_t nvlink_error_delta_max = 0;             // warn above, per pass

@@ -126,6 +126,7 @@ nlohmann::json ToJson(const GpuSample& s) {
           {"retired_pages_sbe", Opt(s.retired_pages_sbe)},
           {"retired_pages_dbe", Opt(s.retired_pages_dbe)},
           {"retired_pages_pending", Opt(s.retired_pages_pending)},
+          {"retired_pages_dbe_at_ms", Opt(s.retired_pages_dbe_at_ms)},
           {"remap", remap},
           {"pcie_gen", Opt(s.pcie_gen)},
           {"pcie_gen_max", Opt(s.pcie_gen_max)},

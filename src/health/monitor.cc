@@ -117,6 +117,24 @@ void GpuMonitor::PollLoop() {
 
 constexpr size_t kMaxHistory = 600;
 
+namespace {
+
+// DCGM fails a GPU with many DBE retired pages only while more keep coming (more than one in the
+// last week). NVML's count carries no dates, so each rise is dated at the pass that saw it and kept
+// for the window; pages retired before this process started stay undated and count as older.
+void DateDbeRetirements(GpuSample& s, const GpuSample* prev, int64_t window_ms) {
+  if (!s.retired_pages_dbe) return;
+  std::vector<int64_t> at;
+  if (prev && prev->retired_pages_dbe_at_ms) at = *prev->retired_pages_dbe_at_ms;
+  if (prev && prev->retired_pages_dbe && *s.retired_pages_dbe > *prev->retired_pages_dbe) {
+    at.insert(at.end(), *s.retired_pages_dbe - *prev->retired_pages_dbe, s.at_ms);
+  }
+  std::erase_if(at, [&](int64_t t) { return s.at_ms - t >= window_ms; });
+  s.retired_pages_dbe_at_ms = std::move(at);
+}
+
+}  // namespace
+
 void GpuMonitor::PollOnce() {
   int64_t now = NowMillis();
   std::vector<GpuSample> fresh;
@@ -146,6 +164,7 @@ void GpuMonitor::PollOnce() {
       s.xid_events_supported = events_supported_[i];
       const GpuSample* prev = passes_ > 0 ? &samples_[i] : nullptr;
       if (!s.inforom_valid && prev) s.inforom_valid = prev->inforom_valid;
+      DateDbeRetirements(s, prev, options_.thresholds.retired_pages_dbe_window_ms);
       std::deque<GpuSample>& history = history_[i];
       if (prev) history.push_back(*prev);
       // Keep one sample at least a window old (the window's start); drop the ones before it.

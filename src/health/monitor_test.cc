@@ -218,6 +218,25 @@ TEST(MonitorTest, MemoryErrors) {
   EXPECT_EQ(FindReason(snap.verdicts[5], "row_remap_failure")->clear, ClearRule::kOnReboot);
 }
 
+// Over DCGM's soft limit of 15 DBE pages, only pages retired while tau watched are dated: the 16
+// found at start are older, and two more within the week take the GPU out.
+TEST(MonitorTest, DbeRetiredPagesOverTheSoftLimitFailOnlyWhileMoreKeepComing) {
+  UseScenario(
+      "gpus 1\ngpu 0 retired_dbe 16\nat 300ms gpu 0 retired_dbe 17\nat 600ms gpu 0 retired_dbe "
+      "18\n");
+  auto monitor = StartManual();
+  EXPECT_EQ(monitor->Snapshot().verdicts[0].verdict, Verdict::kHealthy);
+  Sleep(350);
+  monitor->PollOnce();
+  EXPECT_EQ(monitor->Snapshot().verdicts[0].verdict, Verdict::kHealthy) << "one page this week";
+  Sleep(300);
+  monitor->PollOnce();
+  HealthSnapshot snap = monitor->Snapshot();
+  ExpectVerdicts(snap, {{0, Verdict::kUnhealthy, "retired_pages_dbe", Action::kHardware}});
+  ASSERT_TRUE(snap.samples[0].retired_pages_dbe_at_ms.has_value());
+  EXPECT_EQ(snap.samples[0].retired_pages_dbe_at_ms->size(), 2u);
+}
+
 TEST(MonitorTest, RowRemapPendingClearsOnlyAfterAReset) {
   UseScenario("gpus 1\ngpu 0 remap_pending 1\nat 200ms gpu 0 remap_pending 0\n");
   auto monitor = StartManual();
