@@ -69,10 +69,11 @@ static int CmdPlatformShow(const Global& g, Format format) {
   auto got = client::TauApi(conn->get()).GetPlatform();
   if (!got.ok()) return Fail(got.status().message());
   if (IsData(format)) return PrintData(got->ToJson(), format);
-  // The file as applied, which `tau platform validate -` and `apply` take back; a server too old to
-  // send it gets the API object, which they do not.
+  // The file as applied, which `tau platform validate -` and `apply` take back; others than admins
+  // (and a server too old to send it) get the API object, which they do not.
   std::printf("# platform in force: %s (applied %s)\n", got->source.c_str(), got->applied.c_str());
   if (got->text.empty()) {
+    std::printf("# (as the API describes it: the file itself is shown to admins)\n");
     PrintYaml(got->platform);
   } else {
     std::fputs(got->text.c_str(), stdout);

@@ -587,15 +587,17 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
         http::Reply(res, 200, reply);
       },
       Body{kSpecRequestBytes});
-  api->Route("GET", "/api/v1/platform", Access::kSignedIn,
-             [controller](const http::HttpRequest&, http::HttpResponse& res) {
-               Controller::PlatformView view = controller->CurrentPlatform();
-               http::Reply(res, 200,
-                           {{"source", view.source},
-                            {"applied", FormatRfc3339(view.applied_ms)},
-                            {"platform", policy::ToJson(*view.platform)},
-                            {"text", view.text}});
-             });
+  // The file's text only to admins: it holds what the object leaves out (users' token digests).
+  api->Route(
+      "GET", "/api/v1/platform", Access::kSignedIn,
+      [controller](const http::HttpRequest&, http::HttpResponse& res, const CallerContext& caller) {
+        Controller::PlatformView view = controller->CurrentPlatform();
+        http::Reply(res, 200,
+                    {{"source", view.source},
+                     {"applied", FormatRfc3339(view.applied_ms)},
+                     {"platform", policy::ToJson(*view.platform)},
+                     {"text", caller.IsAdmin() ? view.text : std::string()}});
+      });
   api->Route(
       "PUT", "/api/v1/platform", Access::kAdmin,
       [controller, api](const http::HttpRequest& req, http::HttpResponse& res,

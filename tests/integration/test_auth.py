@@ -487,6 +487,10 @@ class AuthTest(unittest.TestCase):
             self.assertIn({"name": "speech", "role": "researcher"}, me["workspaces"])
             shown = self.call("alice", "GET", "/api/v1/platform")[2]
             self.assertNotIn(digest, shown)  # digests are not shown to users
+            self.assertEqual(json.loads(shown)["text"], "")
+            # An admin gets the file as applied, which validates and applies back.
+            self.assertEqual(json.loads(self.call("ops", "GET", "/api/v1/platform")[2])["text"],
+                             platform)
         finally:
             self.call("ops", "PUT", "/api/v1/platform", {"yaml": PLATFORM, "file": "platform.yaml"})
 
