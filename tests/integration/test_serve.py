@@ -431,6 +431,23 @@ class ServeRevisionTest(ServeTestCase):
         self.assertIn("revision 3", p.stdout)
         self.wait_ready("svc", 2, revision=3, timeout=120)
 
+    def test_a_crash_looping_deploy_says_so(self):
+        crash = self.project(SERVICE.format(name="svc", replicas=1, version="1", gpus=0,
+                                            marks=self.marks),
+                             {"app.py": "import sys\nprint('fatal: no weights', flush=True)\n"
+                                        "sys.exit(3)\n"})
+        self.server.tau("serve", "deploy", crash, check=0)
+        # Nothing older to fall back on: it keeps restarting, and the service says it is failing.
+        s = wait_for(lambda: (lambda s: s if s["state"] == "Failing" and "code 3" in
+                              s["failing"]["message"] else None)(self.status("svc")),
+                     timeout=180, what="the service failing")
+        self.assertIn("revision 1 replicas exited with code 3: fatal: no weights",
+                      s["failing"]["message"])
+        text = self.server.tau("serve", "status", "svc", check=0).stdout
+        self.assertIn("(revision 1, Failing)", text)
+        self.assertIn("exited with code 3: fatal: no weights", text)
+        self.assertNotIn("connection refused", text)
+
     def test_a_replica_cannot_be_rerun_or_resumed(self):
         self.server.tau("serve", "deploy", self.service_spec(replicas=1), check=0)
         [rep] = self.wait_ready("svc", 1, timeout=120)["replica_list"]
