@@ -289,10 +289,16 @@ void RegisterServeCommands(CLI::App* app, Context* ctx) {
   auto* rollback = serve->add_subcommand(
       "rollback", "Make the previous (or a kept) revision current again, rolled as an update is");
   rollback->add_option("name", a->name, "The service")->required();
-  rollback
-      ->add_option("--to", a->to, "The revision (tau serve status NAME -o json lists those kept)")
-      ->check(CLI::PositiveNumber);
+  auto* to = rollback->add_option("--to", a->to,
+                                  "The revision (tau serve status NAME -o json lists those kept)");
   rollback->callback([=, &g] {
+    if (to->count() > 0 && a->to < 1) {
+      ctx->rc = Fail(fmt::format(
+          "--to: {} is not a revision; revisions are numbered from 1 (tau serve status {} -o "
+          "json lists those kept)",
+          a->to, a->name));
+      return;
+    }
     auto conn = ConnectToServer(g.server);
     if (!conn.ok()) {
       ctx->rc = Fail(conn.status().message());
