@@ -1,5 +1,5 @@
-// `tau serve deploy|list|status|logs|scale|update|delete`: services (docs/serving.md), a spec with
-// `kind: service` kept running as replicas behind the server's endpoint /serve/NAME/.
+// `tau serve deploy|list|status|logs|scale|update|rollback|delete`: services (docs/serving.md), a
+// spec with `kind: service` kept running as replicas behind the server's endpoint /serve/NAME/.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
@@ -23,6 +23,14 @@ void PrintService(const api::Service& s) {
   std::printf("Workspace:  %s   Owner: %s\n", s.workspace.c_str(), s.owner.c_str());
   std::printf("Ready:      %s replicas   Restarts: %lld\n", ReadyText(s).c_str(),
               static_cast<long long>(s.restarts));
+  if (s.extra.contains("rollout") && s.extra["rollout"].is_object())
+    std::printf(
+        "Rollout:    %s\n            the old replicas keep serving: `tau serve rollback %s` "
+        "makes revision %lld current again, `tau serve update %s FILE` tries a fixed spec\n",
+        s.extra["rollout"].value("message", "").c_str(), s.name.c_str(),
+        static_cast<long long>(s.extra.value("previous_revision", int64_t{0})), s.name.c_str());
+  if (s.extra.contains("failing") && s.extra["failing"].is_object())
+    std::printf("Failing:    %s\n", s.extra["failing"].value("message", "").c_str());
   const nlohmann::json* cluster = s.extra.contains("cluster") ? &s.extra.at("cluster") : nullptr;
   if (cluster) {
     std::printf("Endpoint:   %s (in the cluster)\n", s.endpoint.c_str());
@@ -65,10 +73,15 @@ void PrintService(const api::Service& s) {
                 static_cast<long long>(s.requests.value("failed", int64_t{0})),
                 static_cast<long long>(s.requests.value("retried", int64_t{0})));
   std::vector<std::vector<std::string>> rows;
-  for (const api::ServiceReplica& r : s.replica_list)
+  for (const api::ServiceReplica& r : s.replica_list) {
+    // A replica whose attempts end before they are ready: how the last one ended says why.
+    std::string why = !r.probe.empty() ? r.probe : (r.reason.empty() ? "-" : r.reason);
+    if (r.extra.contains("exit") && r.extra["exit"].is_string())
+      why = r.extra["exit"].get<std::string>();
     rows.push_back({r.run, std::to_string(r.revision), std::to_string(r.port), r.state,
                     r.draining ? "draining" : (r.ready ? "yes" : "no"), std::to_string(r.restarts),
-                    !r.probe.empty() ? r.probe : (r.reason.empty() ? "-" : r.reason)});
+                    why});
+  }
   if (!rows.empty()) {
     std::printf("\n");
     PrintTable({cluster ? "POD" : "REPLICA", "REVISION", "PORT", "STATE", "READY", "RESTARTS",
@@ -220,7 +233,7 @@ void RegisterServeCommands(CLI::App* app, Context* ctx) {
   struct Args {
     RunOptions run;
     std::string name, from, replica;
-    int64_t replicas = 0;
+    int64_t replicas = 0, to = 0;
     bool follow = false;
   };
   auto a = std::make_shared<Args>();
@@ -271,6 +284,35 @@ void RegisterServeCommands(CLI::App* app, Context* ctx) {
     ctx->rc = Act(
         g, [&](client::TauApi& t) { return t.ScaleService(a->name, a->replicas); },
         "scaled to " + std::to_string(a->replicas) + " replicas");
+  });
+
+  auto* rollback = serve->add_subcommand(
+      "rollback", "Make the previous (or a kept) revision current again, rolled as an update is");
+  rollback->add_option("name", a->name, "The service")->required();
+  auto* to = rollback->add_option("--to", a->to,
+                                  "The revision (tau serve status NAME -o json lists those kept)");
+  rollback->callback([=, &g] {
+    if (to->count() > 0 && a->to < 1) {
+      ctx->rc = Fail(fmt::format(
+          "--to: {} is not a revision; revisions are numbered from 1 (tau serve status {} -o "
+          "json lists those kept)",
+          a->to, a->name));
+      return;
+    }
+    auto conn = ConnectToServer(g.server);
+    if (!conn.ok()) {
+      ctx->rc = Fail(conn.status().message());
+      return;
+    }
+    auto got = client::TauApi(conn->get()).RollbackService(a->name, a->to);
+    if (!got.ok()) {
+      ctx->rc = Fail(got.status().message());
+      return;
+    }
+    std::printf("service %s: revision %lld is current again, rolling out one replica at a time\n",
+                got->name.c_str(), static_cast<long long>(got->revision));
+    std::printf("follow it: tau serve status %s\n", got->name.c_str());
+    ctx->rc = 0;
   });
 
   auto* del = serve->add_subcommand("delete", "Drain and stop every replica, then remove it");

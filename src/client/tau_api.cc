@@ -174,6 +174,12 @@ Result<api::Service> TauApi::ScaleService(const std::string& name, int64_t repli
                              JsonText(nlohmann::json{{"replicas", replicas}}));
 }
 
+Result<api::Service> TauApi::RollbackService(const std::string& name, int64_t to) {
+  nlohmann::json body = nlohmann::json::object();
+  if (to > 0) body["to"] = to;
+  return Typed<api::Service>("POST", "/api/v1/services/" + E(name) + "/rollback", JsonText(body));
+}
+
 Result<api::Service> TauApi::DeleteService(const std::string& name) {
   return Typed<api::Service>("DELETE", "/api/v1/services/" + E(name));
 }

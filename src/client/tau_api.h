@@ -84,6 +84,8 @@ class TauApi {
   Result<api::ServiceList> ListServices();
   Result<api::Service> GetService(const std::string& name);
   Result<api::Service> ScaleService(const std::string& name, int64_t replicas);
+  // To revision `to`, or (0) the one before the current one.
+  Result<api::Service> RollbackService(const std::string& name, int64_t to);
   Result<api::Service> DeleteService(const std::string& name);
   Result<api::Queues> GetQueues(bool summary = false);
   // A queue with its pending runs from position `offset` + 1, at most `limit` of them (the counts

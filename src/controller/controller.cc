@@ -721,11 +721,32 @@ Status Controller::Cancel(const std::string& name, std::string* pending) {
   return Status::Ok();
 }
 
+namespace {
+
+// A service's replicas belong to the service (docs/serving.md): a rerun would be a run of no
+// service that restarts forever without the service's model or port, and a resume would start
+// what the service drained. Said with what to do instead.
+Status RefuseReplica(const RunRecord& run, const char* what) {
+  if (!run.service.is_object()) return Status::Ok();
+  const std::string service = run.service.value("name", "");
+  if (service.empty()) return Status::Ok();
+  return FailedPrecondition(fmt::format(
+      "run '{}' is a replica of service '{}' (revision {}) and cannot be {}: the service keeps "
+      "its replicas. `tau serve update {} FILE` rolls out a new revision, `tau serve scale {} N` "
+      "sets how many replicas run, `tau serve rollback {}` goes back a revision (tau serve "
+      "status {} shows them)",
+      run.name, service, run.service.value("revision", int64_t{0}), what, service, service, service,
+      service));
+}
+
+}  // namespace
+
 Result<RunRecord> Controller::Rerun(const std::string& name, std::string* warning,
                                     const std::vector<spec::Override>& overrides,
                                     const policy::Caller* caller, bool token_user,
                                     SubmitError* error) {
   TAU_ASSIGN_OR_RETURN(RunRecord from, store_->GetRun(name));
+  TAU_RETURN_IF_ERROR(RefuseReplica(from, "rerun"));
   // The run's own --set overrides, so that a rerun is the run that was, not the file alone.
   const std::vector<spec::Override> recorded = spec::RecordedOverrides(from.spec_json);
   if (!PathExists(from.snapshot_dir))
@@ -839,6 +860,7 @@ Result<RunRecord> Controller::RerunWithOverrides(const RunRecord& from,
 Status Controller::Resume(const std::string& name, const std::string& from, bool force,
                           std::string* pending) {
   TAU_ASSIGN_OR_RETURN(RunRecord r, store_->GetRun(name));
+  TAU_RETURN_IF_ERROR(RefuseReplica(r, "resumed"));
   if (!store::IsTerminal(r.state))
     return FailedPrecondition(
         fmt::format("run '{}' is still {}", name, store::RunStateName(r.state)));

@@ -4,6 +4,7 @@
 //   GET    /api/v1/services/NAME         one, with its replicas and history
 //   PUT    /api/v1/services/NAME         update: a new revision, rolled one replica at a time
 //   POST   /api/v1/services/NAME/scale   {"replicas": N}
+//   POST   /api/v1/services/NAME/rollback {"to"?: REVISION}: the previous (or that) revision
 //   DELETE /api/v1/services/NAME         drain and stop its replicas, then forget it
 //   GET    /api/v1/services/NAME/logs    ?replica=POD&offset=N: a replica pod's kept log
 //                                        (Kubernetes; a local replica is a run: its run's logs)
@@ -187,6 +188,30 @@ void RegisterServiceApi(SecureRouter* api, ServiceManager* services) {
                if (!made.ok()) return http::ReplyError(res, made.status());
                http::Reply(res, 200, made->ToJson());
              });
+  api->Route(
+      "POST", R"(/api/v1/services/([a-z0-9-]+)/rollback)", Access::kSignedIn,
+      [allowed, services](const http::HttpRequest& req, http::HttpResponse& res,
+                          const CallerContext& caller) {
+        if (!allowed(req, res, caller, req.matches[1], auth::Role::kResearcher)) return;
+        json body = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);
+        const char* usage = "the body must be {} (the previous revision) or {\"to\": REVISION}";
+        if (!body.is_object()) return http::ReplyError(res, InvalidArgument(usage));
+        for (const auto& item : body.items())
+          if (item.key() != "to")
+            return http::ReplyError(
+                res, InvalidArgument(fmt::format("unknown member '{}': {}", item.key(), usage)));
+        int64_t to = 0;
+        if (body.contains("to")) {
+          if (!body["to"].is_number_integer() || body["to"].get<int64_t>() < 1)
+            return http::ReplyError(
+                res, InvalidArgument("to: a revision is a number from 1 (tau serve status "
+                                     "NAME -o json lists the revisions kept)"));
+          to = body["to"].get<int64_t>();
+        }
+        auto made = services->Rollback(req.matches[1], to);
+        if (!made.ok()) return http::ReplyError(res, made.status());
+        http::Reply(res, 200, made->ToJson());
+      });
   api->Route("DELETE", R"(/api/v1/services/([a-z0-9-]+))", Access::kSignedIn,
              [allowed, services](const http::HttpRequest& req, http::HttpResponse& res,
                                  const CallerContext& caller) {

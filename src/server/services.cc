@@ -31,6 +31,13 @@ constexpr const char* kActive = "Active";
 constexpr const char* kDeleting = "Deleting";
 constexpr size_t kMaxHistory = 200;
 constexpr size_t kMaxServiceName = 40;  // replicas are "<name>-<8 hex>", DNS labels
+constexpr size_t kKeptRevisions = 10;
+// What a revision is: the members of a service's record that an update replaces.
+constexpr const char* kRevisionKeys[] = {"revision", "spec_file",       "spec_yaml",   "set",
+                                         "code_dir", "snapshot_digest", "config_hash", "serve",
+                                         "model",    "groups",          "token_user"};
+// A rollout stops once a new replica has ended this many attempts in a row before it was ready.
+constexpr int kHaltAfterFailedStarts = 3;
 
 // A replica of the service's current revision, as its record says (its spec, code, owner and
 // model).
@@ -86,6 +93,53 @@ Result<nlohmann::json> ResolveModel(Controller* controller, store::Store* store,
       model["sha256"] = evidence::CheckpointDigest(*files, newest.substr(dir.size() + 1)).sha256;
   }
   return model;
+}
+
+// How a replica's newest ended attempt ended: its exit code or signal, and the last line of its
+// log (already masked of the run's secrets, as every log is when written).
+struct ExitOf {
+  std::optional<int> code, signal;
+  std::string last_line;
+};
+ExitOf LastExit(Controller* controller, store::Store* store, const std::string& run) {
+  ExitOf out;
+  auto attempts = store->ListAttempts(run);
+  if (!attempts.ok()) return out;
+  const store::AttemptRecord* last = nullptr;
+  for (const store::AttemptRecord& a : *attempts)
+    if (a.ended_ms && (!last || a.number > last->number)) last = &a;
+  if (!last) return out;
+  out.code = last->exit_code;
+  out.signal = last->signal;
+  const std::string path = controller->AttemptDir(run, last->number) + "/logs/rank-0.log";
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  struct stat st;
+  std::string tail;
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+    const int64_t from = std::max<int64_t>(0, st.st_size - 4096);
+    tail.resize(static_cast<size_t>(st.st_size - from));
+    ssize_t n = ::pread(fd, tail.data(), tail.size(), from);
+    tail.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  ::close(fd);
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r' || tail.back() == ' '))
+    tail.pop_back();
+  const size_t nl = tail.find_last_of('\n');
+  out.last_line = nl == std::string::npos ? tail : tail.substr(nl + 1);
+  if (out.last_line.size() > 300) out.last_line = out.last_line.substr(0, 300) + "...";
+  return out;
+}
+
+// "exited with code 3: <line>", "was killed by signal 9", or how it stopped when neither is known.
+std::string HowItEnded(const std::optional<int>& code, const std::optional<int>& signal,
+                       const std::string& line, const std::string& reason) {
+  std::string how = signal           ? fmt::format("killed by signal {}", *signal)
+                    : code           ? fmt::format("exited with code {}", *code)
+                    : reason.empty() ? std::string("stopped")
+                                     : "stopped (" + reason + ")";
+  if (!line.empty()) how += ": " + line;
+  return how;
 }
 
 }  // namespace
@@ -247,6 +301,8 @@ void ServiceManager::ProbeDone(const std::string& service, const DueProbe& d,
     rep.probe.clear();
     if (++rep.successes >= d.probe.success_threshold && !rep.ready) {
       rep.ready = true;
+      rep.ready_attempt = rep.attempts;
+      rep.failed_starts = 0;
       if (!rep.was_ready && s.serve.liveness)
         rep.next_live_probe = now + s.serve.liveness->initial_delay_ms;
       rep.was_ready = true;
@@ -282,7 +338,7 @@ void ServiceManager::Refresh(Service& s) {
   std::map<std::string, store::RunRecord> live;
   for (store::RunRecord& r : *runs) live.emplace(r.name, std::move(r));
   const int64_t now = Now();
-  std::vector<std::string> ended;
+  std::vector<std::string> ended, failed;
   bool changed = false;
   {
     MutexLock lock(&mu_);
@@ -297,6 +353,14 @@ void ServiceManager::Refresh(Service& s) {
       const std::string state = store::RunStateName(r.state);
       if (r.attempts > rep.attempts && rep.attempts > 0) {
         const int64_t more = r.attempts - rep.attempts;
+        // Attempts that ended before they were ready make a crash loop (HaltRollout); how the
+        // last one ended is read below, off the lock.
+        if (rep.ready_attempt < rep.attempts) {
+          rep.failed_starts += static_cast<int>(more);
+          failed.push_back(name);
+        } else {
+          rep.failed_starts = 0;
+        }
         s.restarts += more;
         if (metrics_)
           metrics_->Count("tau_serve_replica_restarts_total",
@@ -322,6 +386,15 @@ void ServiceManager::Refresh(Service& s) {
     }
     for (auto& [name, rep] : s.replicas)
       if (!live.count(name)) ended.push_back(name);
+  }
+  for (const std::string& name : failed) {
+    ExitOf exit = LastExit(controller_, store_, name);
+    MutexLock lock(&mu_);
+    auto it = s.replicas.find(name);
+    if (it == s.replicas.end()) continue;
+    it->second.exit_code = exit.code;
+    it->second.exit_signal = exit.signal;
+    it->second.last_line = exit.last_line;
   }
   for (const std::string& name : ended) {
     auto r = store_->GetRun(name);
@@ -426,6 +499,13 @@ void ServiceManager::Converge(Service& s) {
     if (rep.draining) continue;
     (rep.revision == revision ? current : old).push_back(&rep);
   }
+  const nlohmann::json rollout = s.record.doc.value("rollout", nlohmann::json::object());
+  if (rollout.value("state", "") == "Halted" && rollout.value("revision", int64_t{0}) == revision) {
+    // Halted: the old replicas keep serving as they are until a rollback or another update.
+    for (Replica* r : current) StartDrain(s, *r, "the rollout of its revision is halted");
+    if (!current.empty()) (void)Save(s);
+    return;
+  }
   auto unready_first = [](const Replica* a, const Replica* b) {
     if (a->ready != b->ready) return !a->ready;
     return a->run > b->run;
@@ -443,6 +523,15 @@ void ServiceManager::Converge(Service& s) {
       }
     old.erase(std::remove_if(old.begin(), old.end(), [](const Replica* r) { return r->draining; }),
               old.end());
+    // New replicas that keep ending before they are ready would never take over: the rollout
+    // stops there, and the old replicas (ready ones stay in `old`) keep serving.
+    if (!old.empty())
+      for (Replica* r : current)
+        if (r->failed_starts >= kHaltAfterFailedStarts) {
+          HaltRollout(s, *r);
+          (void)Save(s);
+          return;
+        }
     if (!old.empty() && !starting) {
       if (static_cast<int64_t>(current.size() + old.size()) > wanted ||
           static_cast<int64_t>(current.size()) >= wanted) {
@@ -493,6 +582,29 @@ Status ServiceManager::AddReplica(Service& s) {
       s, "ReplicaAdded",
       fmt::format("replica {} (revision {}, port {})", made->name, request.revision, request.port));
   return Status::Ok();
+}
+
+void ServiceManager::HaltRollout(Service& s, const Replica& failing) {
+  const int64_t revision = s.record.doc.value("revision", int64_t{1});
+  const std::string how =
+      HowItEnded(failing.exit_code, failing.exit_signal, failing.last_line, failing.reason);
+  const std::string message = fmt::format(
+      "rollout halted: revision {} replicas {} (replica {}, {} attempts in a row "
+      "ended before they were ready)",
+      revision, how, failing.run, failing.failed_starts);
+  nlohmann::json rollout = {{"state", "Halted"},
+                            {"revision", revision},
+                            {"replica", failing.run},
+                            {"failed_starts", failing.failed_starts},
+                            {"last_line", failing.last_line},
+                            {"message", message}};
+  if (failing.exit_code) rollout["exit_code"] = *failing.exit_code;
+  if (failing.exit_signal) rollout["signal"] = *failing.exit_signal;
+  s.record.doc["rollout"] = std::move(rollout);
+  AppendHistory(s, "RolloutHalted", message);
+  for (auto& [name, rep] : s.replicas)
+    if (rep.revision == revision && !rep.draining)
+      StartDrain(s, rep, fmt::format("the rollout of revision {} is halted", revision));
 }
 
 void ServiceManager::StartDrain(Service& s, Replica& r, const std::string& why) {
@@ -799,6 +911,10 @@ Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int
     auto resolved = ResolveModel(controller_, store_, from, serve.model, workspace);
     if (!resolved.ok()) return refuse(resolved.status());
     model = std::move(*resolved);
+  } else if (previous) {
+    // An update that names no model keeps the one the service serves (from --from or from the
+    // earlier spec's serve.from): a new spec file is not a request to serve nothing.
+    model = previous->doc.value("model", nlohmann::json());
   }
   store::ServiceRecord r;
   r.name = check.service;
@@ -822,6 +938,19 @@ Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int
                 {"model", model},
                 {"groups", submit.caller.groups},
                 {"token_user", submit.token_user}});
+  // Each revision is kept (the newest kKeptRevisions) so that `tau serve rollback` can make it
+  // current again; a new revision ends any halted rollout.
+  nlohmann::json kept = nlohmann::json::object();
+  for (const char* key : kRevisionKeys) kept[key] = r.doc[key];
+  nlohmann::json revisions = nlohmann::json::array();
+  for (const nlohmann::json& k : r.doc.value("revisions", nlohmann::json::array()))
+    if (k.is_object() && k.value("revision", int64_t{0}) != revision) revisions.push_back(k);
+  revisions.push_back(std::move(kept));
+  while (revisions.size() > kKeptRevisions) revisions.erase(revisions.begin());
+  r.doc["revisions"] = std::move(revisions);
+  r.doc["latest_revision"] = revision;
+  if (previous) r.doc["previous_revision"] = previous->doc.value("revision", int64_t{1});
+  r.doc.erase("rollout");
   // A deploy takes the spec's replicas; an update too when the spec changed them, else the
   // service keeps the count it was scaled to.
   int64_t before = -1;
@@ -868,7 +997,10 @@ Result<api::Service> ServiceManager::Update(DeployRequest request, SubmitError* 
     }
     previous = it->second->record;
   }
-  const int64_t revision = previous.doc.value("revision", int64_t{1}) + 1;
+  // Numbers are never reused: a rollback makes an older revision current again.
+  const int64_t revision = std::max(previous.doc.value("revision", int64_t{1}),
+                                    previous.doc.value("latest_revision", int64_t{1})) +
+                           1;
   spec::Serve serve;
   TAU_ASSIGN_OR_RETURN(store::ServiceRecord record,
                        Prepare(request, revision, &previous, &serve, error));
@@ -887,13 +1019,73 @@ Result<api::Service> ServiceManager::Update(DeployRequest request, SubmitError* 
     s.add_backoff_ms = 0;
     s.apply_not_before = 0;
     s.apply_backoff_ms = 0;
+    const nlohmann::json& model = s.record.doc["model"];
     AppendHistory(s, "Updated",
-                  fmt::format("revision {} from {}: replicas are replaced one at a time", revision,
-                              s.record.doc.value("spec_file", "")));
+                  fmt::format("revision {} from {}{}: replicas are replaced one at a time",
+                              revision, s.record.doc.value("spec_file", ""),
+                              model.is_object() ? " serving run " + model.value("run", "") : ""));
     if (Status saved = Save(s); !saved.ok()) {
       error->status = saved;
       return saved;
     }
+    view = View(s);
+  }
+  wake_.SignalAll();
+  return view;
+}
+
+Result<api::Service> ServiceManager::Rollback(const std::string& name, int64_t to) {
+  if (to < 0) return InvalidArgument(fmt::format("--to: {} is not a revision", to));
+  api::Service view;
+  {
+    MutexLock lock(&mu_);
+    auto it = services_.find(name);
+    if (it == services_.end() || it->second->record.state != kActive)
+      return NotFound(fmt::format("no service is named '{}'", name));
+    Service& s = *it->second;
+    nlohmann::json& doc = s.record.doc;
+    const int64_t current = doc.value("revision", int64_t{1});
+    const int64_t target = to > 0 ? to : doc.value("previous_revision", int64_t{0});
+    const nlohmann::json revisions = doc.value("revisions", nlohmann::json::array());
+    std::string kept_list;
+    const nlohmann::json* found = nullptr;
+    for (const nlohmann::json& k : revisions) {
+      if (!k.is_object()) continue;
+      const int64_t n = k.value("revision", int64_t{0});
+      kept_list += (kept_list.empty() ? "" : ", ") + std::to_string(n);
+      if (n == target) found = &k;
+    }
+    if (target == 0)
+      return FailedPrecondition(fmt::format(
+          "service '{}' has had no revision before {}: nothing to roll back to", name, current));
+    if (target == current)
+      return FailedPrecondition(
+          fmt::format("revision {} is already the current revision of service '{}'{}", target, name,
+                      to > 0 ? "" : "; name another with --to"));
+    if (!found)
+      return NotFound(
+          fmt::format("service '{}' keeps no revision {} (it keeps {}); name one of "
+                      "those with --to",
+                      name, target, kept_list.empty() ? "none" : kept_list));
+    auto parsed = spec::ParseSpec(found->value("spec_yaml", ""), found->value("spec_file", ""));
+    if (!parsed.ok() || !parsed.spec->serve)
+      return FailedPrecondition(fmt::format(
+          "revision {} of service '{}' no longer parses as a service spec; deploy a fixed spec "
+          "with tau serve update",
+          target, name));
+    for (const auto& [key, value] : found->items()) doc[key] = value;
+    doc["previous_revision"] = current;
+    doc.erase("rollout");
+    s.serve = *parsed.spec->serve;
+    s.add_not_before = 0;
+    s.add_backoff_ms = 0;
+    s.apply_not_before = 0;
+    s.apply_backoff_ms = 0;
+    AppendHistory(s, "RolledBack",
+                  fmt::format("revision {} -> revision {} (from {}): replicas are replaced one at "
+                              "a time",
+                              current, target, doc.value("spec_file", "")));
+    TAU_RETURN_IF_ERROR(Save(s));
     view = View(s);
   }
   wake_.SignalAll();
@@ -989,8 +1181,52 @@ api::Service ServiceManager::View(const Service& s) const {
     r.restarts = std::max(0, rep.attempts - 1);
     r.probe = rep.probe;
     r.reason = rep.reason;
+    if (rep.failed_starts > 0 && !rep.ready) {
+      // Why it is not ready is how its attempts end, not the last probe's refused connection.
+      r.extra["failed_starts"] = rep.failed_starts;
+      if (rep.exit_code) r.extra["exit_code"] = *rep.exit_code;
+      if (rep.exit_signal) r.extra["signal"] = *rep.exit_signal;
+      r.extra["last_line"] = rep.last_line;
+      r.extra["exit"] = HowItEnded(rep.exit_code, rep.exit_signal, rep.last_line, rep.reason);
+    }
     if (rep.ready) ++v.ready;
     v.replica_list.push_back(std::move(r));
+  }
+  nlohmann::json kept = nlohmann::json::array();
+  for (const nlohmann::json& k : doc.value("revisions", nlohmann::json::array()))
+    if (k.is_object())
+      kept.push_back({{"revision", k.value("revision", int64_t{0})},
+                      {"spec_file", k.value("spec_file", "")},
+                      {"config_hash", k.value("config_hash", "")},
+                      {"model_run", k.value("model", nlohmann::json::object()).is_object()
+                                        ? k["model"].value("run", "")
+                                        : ""}});
+  v.extra["revisions"] = std::move(kept);
+  if (doc.contains("previous_revision")) v.extra["previous_revision"] = doc["previous_revision"];
+  const int64_t revision = doc.value("revision", int64_t{1});
+  const nlohmann::json rollout = doc.value("rollout", nlohmann::json::object());
+  if (s.record.state == kActive && rollout.value("state", "") == "Halted" &&
+      rollout.value("revision", int64_t{0}) == revision) {
+    v.state = "RolloutHalted";
+    v.extra["rollout"] = rollout;
+  } else if (s.record.state == kActive && !options_.cluster) {
+    // Without older replicas to fall back on, a crash loop is said, never hidden behind Active.
+    for (const auto& [name, rep] : s.replicas) {
+      if (rep.revision != revision || rep.draining || rep.ready ||
+          rep.failed_starts < kHaltAfterFailedStarts)
+        continue;
+      v.state = v.ready > 0 ? "Degraded" : "Failing";
+      v.extra["failing"] = {
+          {"replica", name},
+          {"failed_starts", rep.failed_starts},
+          {"message",
+           fmt::format("revision {} replicas {} ({} attempts in a row ended before they were "
+                       "ready)",
+                       revision,
+                       HowItEnded(rep.exit_code, rep.exit_signal, rep.last_line, rep.reason),
+                       rep.failed_starts)}};
+      break;
+    }
   }
   v.restarts = s.restarts;
   v.requests = {{"total", s.requests}, {"failed", s.failed}, {"retried", s.retried}};

@@ -72,6 +72,9 @@ class ServiceManager {
   // A new revision from a new spec and code: replicas replaced one at a time, each new one ready
   // before an old one leaves.
   Result<api::Service> Update(DeployRequest request, SubmitError* error);
+  // Makes a revision the service kept current again: `to`, or (0) the one before the current
+  // one. Its replicas (those still running of it included) are rolled in as an update's are.
+  Result<api::Service> Rollback(const std::string& name, int64_t to);
   Result<api::Service> Scale(const std::string& name, int64_t replicas);
   // Drains and stops every replica, then forgets the service.
   Result<api::Service> Delete(const std::string& name);
@@ -128,6 +131,12 @@ class ServiceManager {
     bool ready_probing = false, live_probing = false;  // a probe is in flight
     std::string probe;                                 // the last failure
     int in_flight = 0;
+    int ready_attempt = 0;  // the last attempt that passed readiness
+    // Attempts in a row that ended before they were ready, and how the last one ended: its
+    // exit code (or signal) and the last line of its log.
+    int failed_starts = 0;
+    std::optional<int> exit_code, exit_signal;
+    std::string last_line;
   };
   struct Service {
     store::ServiceRecord record;
@@ -178,6 +187,9 @@ class ServiceManager {
   // Submits one replica of the current revision.
   Status AddReplica(Service& s) TAU_REQUIRES(mu_);
   void StartDrain(Service& s, Replica& r, const std::string& why);
+  // Stops a rollout whose new replicas keep failing before they are ready: they are drained and
+  // the old revision's replicas keep serving (recorded as the record's "rollout").
+  void HaltRollout(Service& s, const Replica& failing) TAU_REQUIRES(mu_);
   void AppendHistory(Service& s, const std::string& type, const std::string& message);
   Status Save(Service& s);
   api::Service View(const Service& s) const;

@@ -4,7 +4,9 @@ its weights; a replica killed mid-traffic is restarted while requests keep succe
 2 -> 3 -> 1; a rolling update with a client loop that sees no failed request; a replica that
 fails its liveness probe is restarted as LivenessFailed; a replica on a GPU that turns unhealthy
 moves to another; a server SIGKILL and restart re-adopts the live replicas and the endpoint comes
-back; bad service specs are refused at file:line:col."""
+back; bad service specs are refused at file:line:col; an update without --from keeps the model;
+a crash-looping rollout halts with the exit code and last line, and `tau serve rollback` brings
+the old revision back; a replica cannot be rerun or resumed."""
 import json
 import os
 import shutil
@@ -39,7 +41,9 @@ class H(BaseHTTPRequestHandler):
             return self.reply(500 if os.path.exists(SICK) else 200, {"ok": True})
         self.reply(200, {"run": RUN, "pid": os.getpid(), "path": self.path,
                          "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-                         "version": os.environ.get("VERSION", "")})
+                         "version": os.environ.get("VERSION", ""),
+                         "model": os.environ.get("TAU_SERVE_MODEL", ""),
+                         "model_exists": os.path.exists(os.environ.get("TAU_SERVE_MODEL", "-"))})
     def do_POST(self):
         n = int(self.headers.get("Content-Length") or 0)
         self.reply(201, {"run": RUN, "echo": self.rfile.read(n).decode()})
@@ -347,6 +351,131 @@ class ServeTest(ServeTestCase):
         self.assertIn("serve.from: no run is named 'nope-12345678'", p.stderr)
         self.assertEqual(json.loads(self.server.tau("serve", "list", "-o", "json").stdout),
                          {"services": []})
+
+
+class ServeRevisionTest(ServeTestCase):
+    def train(self):
+        """A finished quickstart run with a complete checkpoint (a model to serve)."""
+        example = os.path.join(self.work, "example")
+        shutil.copytree(os.path.join(REPO_ROOT, "examples"), example)
+        train = self.server.tau("run", os.path.join(example, "quickstart", "tau.yaml"),
+                                "--set", "run.args=[--steps, 10, --sleep, 0]", check=0,
+                                timeout=180)
+        return train.stderr.split("tau: run ")[1].split()[0]
+
+    def test_an_update_without_from_keeps_the_model(self):
+        run = self.train()
+        self.server.tau("serve", "deploy", self.service_spec(replicas=1), "--from", run, check=0)
+        model = self.wait_ready("svc", 1, timeout=120)["model"]
+        self.assertEqual(model["run"], run)
+        first = self.who("svc")
+        self.assertEqual(first["model"], model["path"])
+        self.assertTrue(first["model_exists"], first)
+        # The documented flow: update with a new spec file and no --from.
+        p = self.server.tau("serve", "update", "svc", self.service_spec(replicas=1, version="2"),
+                            check=0)
+        self.assertIn("revision 2", p.stdout)
+        s = self.wait_ready("svc", 1, revision=2, timeout=120)
+        self.assertEqual(s["state"], "Active")
+        self.assertEqual(s["model"]["run"], run)
+        self.assertEqual(s["model"]["path"], model["path"])
+        wait_for(lambda: self.who("svc")["version"] == "2", what="revision 2 answering")
+        second = self.who("svc")
+        self.assertEqual(second["model"], model["path"])
+        self.assertTrue(second["model_exists"], second)
+        self.assertIn(f"revision 2 from {s['spec_file']} serving run {run}",
+                      [h["message"].split(":")[0] for h in s["history"] if h["type"] == "Updated"])
+
+    def test_a_crash_looping_update_halts_and_rolls_back(self):
+        self.server.tau("serve", "deploy", self.service_spec(version="1"), check=0)
+        old = {r["run"] for r in self.wait_ready("svc", 2, timeout=120)["replica_list"]}
+        crash = self.project(SERVICE.format(name="svc", replicas=2, version="2", gpus=0,
+                                            marks=self.marks),
+                             {"app.py": "import sys\nprint('loading the model', flush=True)\n"
+                                        "print('fatal: no weights in /nowhere', flush=True)\n"
+                                        "sys.exit(3)\n"})
+        self.server.tau("serve", "update", "svc", crash, check=0)
+        s = wait_for(lambda: (lambda s: s if s["state"] == "RolloutHalted" else None)(
+            self.status("svc")), timeout=180, what="the rollout halted")
+        rollout = s["rollout"]
+        self.assertEqual(rollout["revision"], 2)
+        self.assertEqual(rollout["exit_code"], 3)
+        self.assertEqual(rollout["last_line"], "fatal: no weights in /nowhere")
+        self.assertIn("rollout halted: revision 2 replicas exited with code 3: "
+                      "fatal: no weights in /nowhere", rollout["message"])
+        text = self.server.tau("serve", "status", "svc", check=0).stdout
+        self.assertIn("(revision 2, RolloutHalted)", text)
+        self.assertIn("exited with code 3: fatal: no weights in /nowhere", text)
+        self.assertIn("tau serve rollback svc", text)
+        # The old replicas kept serving throughout, and still do.
+        self.assertEqual({r["run"] for r in s["replica_list"] if r["ready"]}, old)
+        self.assertEqual(self.who("svc")["version"], "1")
+        wait_for(lambda: all(r["revision"] == 1 for r in self.status("svc")["replica_list"]),
+                 timeout=60, what="the new replicas gone")
+        # Rolled back: revision 1 is current again, its replicas the same processes.
+        p = self.server.tau("serve", "rollback", "svc", "--to", "9")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("service 'svc' keeps no revision 9 (it keeps 1, 2)", p.stderr)
+        p = self.server.tau("serve", "rollback", "svc", "--to", "0")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--to: 0 is not a revision", p.stderr)
+        p = self.server.tau("serve", "rollback", "svc", check=0)
+        self.assertIn("revision 1 is current again", p.stdout)
+        s = self.wait_ready("svc", 2, revision=1, timeout=60)
+        self.assertEqual(s["state"], "Active")
+        self.assertEqual(s["revision"], 1)
+        self.assertNotIn("rollout", s)
+        self.assertEqual({r["run"] for r in s["replica_list"]}, old)
+        self.assertEqual(self.who("svc")["version"], "1")
+        types = [h["type"] for h in s["history"]]
+        self.assertLess(types.index("RolloutHalted"), types.index("RolledBack"))
+        # The next update takes a new number: revision 2 stays the one that crashed.
+        p = self.server.tau("serve", "update", "svc", self.service_spec(version="3"), check=0)
+        self.assertIn("revision 3", p.stdout)
+        self.wait_ready("svc", 2, revision=3, timeout=120)
+
+    def test_a_crash_looping_deploy_says_so(self):
+        crash = self.project(SERVICE.format(name="svc", replicas=1, version="1", gpus=0,
+                                            marks=self.marks),
+                             {"app.py": "import sys\nprint('fatal: no weights', flush=True)\n"
+                                        "sys.exit(3)\n"})
+        self.server.tau("serve", "deploy", crash, check=0)
+        # Nothing older to fall back on: it keeps restarting, and the service says it is failing.
+        s = wait_for(lambda: (lambda s: s if s["state"] == "Failing" and "code 3" in
+                              s["failing"]["message"] else None)(self.status("svc")),
+                     timeout=180, what="the service failing")
+        self.assertIn("revision 1 replicas exited with code 3: fatal: no weights",
+                      s["failing"]["message"])
+        text = self.server.tau("serve", "status", "svc", check=0).stdout
+        self.assertIn("(revision 1, Failing)", text)
+        self.assertIn("exited with code 3: fatal: no weights", text)
+        self.assertNotIn("connection refused", text)
+
+    def test_a_replica_cannot_be_rerun_or_resumed(self):
+        self.server.tau("serve", "deploy", self.service_spec(replicas=1), check=0)
+        [rep] = self.wait_ready("svc", 1, timeout=120)["replica_list"]
+        run = rep["run"]
+        for verb in ("rerun", "resume"):
+            p = self.server.tau(verb, run)
+            self.assertNotEqual(p.returncode, 0, p.stdout)
+            self.assertIn(f"run '{run}' is a replica of service 'svc'", p.stderr)
+            self.assertIn("tau serve update svc FILE", p.stderr)
+            self.assertIn("tau serve scale svc N", p.stderr)
+            # The server refuses it, not only the CLI.
+            status, body = self.call(f"/api/v1/runs/{run}/{verb}", "POST", "{}")
+            self.assertEqual(status, 412, body)
+            self.assertIn(f"is a replica of service 'svc'", json.loads(body)["error"]["message"])
+        # A drained replica (scaled away, Cancelled) is refused as well.
+        self.server.tau("serve", "scale", "svc", "0", check=0)
+        self.server.wait_state(run, "Cancelled", timeout=60)
+        p = self.server.tau("resume", run)
+        self.assertNotEqual(p.returncode, 0, p.stdout)
+        self.assertIn(f"run '{run}' is a replica of service 'svc'", p.stderr)
+        time.sleep(1)
+        self.assertEqual(self.server.run_json(run)["run"]["state"], "Cancelled")
+        runs = json.loads(self.server.tau("list", "--all", "-o", "json", check=0).stdout)
+        names = [r["name"] for r in (runs["runs"] if isinstance(runs, dict) else runs)]
+        self.assertEqual([n for n in names if n.startswith("svc-")], [run])
 
 
 class ServePlanTest(ServeTestCase):
