@@ -308,7 +308,8 @@ TEST(ApiTypes, IdentityRepliesRoundTrip) {
                                   {"updated_by", "ada"}}}}});
   ExpectRoundTrip<PlatformView>({{"source", "/etc/tau/platform.yaml"},
                                  {"applied", "2026-12-02T07:56:44.754Z"},
-                                 {"platform", {{"queues", json::array()}}}});
+                                 {"platform", {{"queues", json::array()}}},
+                                 {"text", "schema_version: 1\nqueues: []\n"}});
 
   Result<Token> t = Token::FromJson(token);
   ASSERT_TRUE(t.ok()) << t.status().ToString();

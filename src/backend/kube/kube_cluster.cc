@@ -337,7 +337,7 @@ class KubeCluster final : public Cluster {
     std::set<std::string> followed;          // pods whose logs are being (or were) kept
     bool driver_followed = false;            // RayJob: the driver's log
     std::set<std::string> metrics_followed;  // pods whose metrics are being (or were) kept
-    int metrics_following = 0;               // metrics followers still reading
+    int outputs_following = 0;               // metrics and fetched-log followers still reading
     // When its end was first seen while its metrics were still being read (0: not yet).
     int64_t end_seen_ms = 0;
     std::string last_news;  // fingerprint of the last news sent
@@ -590,7 +590,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
     };
     std::vector<Follow> follow;
     std::vector<Follow> metrics;  // pods whose metrics sidecar to follow
-    int metrics_following = 0;
+    int outputs_following = 0;
     std::string driver_job, driver_cluster;  // RayJob: its Ray job and cluster
     bool gone = false;
     bool pods_read = false;
@@ -623,8 +623,9 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
             a.metrics_followed.insert(pod_name).second)
           t.metrics.push_back({pod_name, kube::kMetricsContainer, RankOf(pod)});
       }
-      t.metrics_following = a.metrics_following + static_cast<int>(t.metrics.size());
-      if (a.logs && Str(a.object, "kind") == "RayJob" && !a.driver_followed) {
+      const bool ray_job = Str(a.object, "kind") == "RayJob";
+      t.outputs_following = a.outputs_following + static_cast<int>(t.metrics.size());
+      if (a.logs && ray_job && !a.driver_followed) {
         // Once KubeRay has submitted the Ray job (HTTPMode: no submitter pod) and said where.
         const json& status = a.object.contains("status") ? a.object["status"] : json::object();
         std::string ds = status.is_object() ? Str(status, "jobDeploymentStatus") : "";
@@ -635,6 +636,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
           t.driver_job = job;
           t.driver_cluster = cluster;
           a.driver_followed = true;
+          ++t.outputs_following;
         }
       }
       todo.push_back(std::move(t));
@@ -692,9 +694,10 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
     }
     std::string fp = Fingerprint(news.observed, news.position);
     if (fp == t.last_news) continue;
-    if (news.observed.Terminal() && t.metrics_following > 0) {
-      // The end is told once its pods' metrics are all kept (the evidence worker reads the
-      // run's file to its end then), or kMetricsDrainMs after it was seen, whichever is first.
+    if (news.observed.Terminal() && t.outputs_following > 0) {
+      // The end is told once its metrics and a driver's fetched log are all kept (the evidence
+      // worker reads the metrics to their end and records the log's hash then), or
+      // kMetricsDrainMs after it was seen, whichever is first.
       const int64_t now = MonotonicMillis();
       MutexLock lock(&mu_);
       auto it = attempts_.find(t.key);
@@ -774,7 +777,31 @@ void KubeCluster::Spawn(std::function<void()> body) {
 
 void KubeCluster::FollowLog(LogSource source, const std::string& path, const AttemptKey& key,
                             int rank, const AttemptLogs& logs) {
-  Spawn([this, source = std::move(source), path, key, rank, logs] {
+  // A fetched log (a RayJob driver's) is fetched once more after the end: the end is told after
+  // that, so that the evidence records the whole log. A pod's log stream ends with its container.
+  bool counted = false;
+  if (source.fetched) {
+    MutexLock lock(&mu_);
+    if (auto it = attempts_.find(key); it != attempts_.end()) {
+      ++it->second.outputs_following;
+      counted = true;
+    }
+  }
+  Spawn([this, source = std::move(source), path, key, rank, logs, counted] {
+    struct Done {
+      KubeCluster* self;
+      AttemptKey key;
+      bool counted;
+      ~Done() {
+        if (!counted) return;
+        // The attempt's end may be told once its logs are all kept.
+        MutexLock lock(&self->mu_);
+        if (auto it = self->attempts_.find(key); it != self->attempts_.end())
+          --it->second.outputs_following;
+        self->dirty_.insert(key);
+        self->cv_.SignalAll();
+      }
+    } done{this, key, counted};
     auto cannot = [&](const char* what) {
       std::fprintf(stderr, "tau server: cannot keep the log of %s in %s: %s %s\n",
                    source.what.c_str(), path.c_str(), what, std::strerror(errno));
@@ -823,7 +850,7 @@ void KubeCluster::FollowMetrics(LogSource source, const std::string& offset_path
                                 const AttemptKey& key, const std::string& metrics_file) {
   {
     MutexLock lock(&mu_);
-    ++attempts_[key].metrics_following;
+    ++attempts_[key].outputs_following;
   }
   Spawn([this, source = std::move(source), offset_path, key, metrics_file] {
     struct Done {
@@ -833,7 +860,7 @@ void KubeCluster::FollowMetrics(LogSource source, const std::string& offset_path
         // The attempt's end may be told once its metrics are all kept.
         MutexLock lock(&self->mu_);
         if (auto it = self->attempts_.find(key); it != self->attempts_.end())
-          --it->second.metrics_following;
+          --it->second.outputs_following;
         self->dirty_.insert(key);
         self->cv_.SignalAll();
       }
