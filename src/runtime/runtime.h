@@ -352,6 +352,7 @@ class PortGuard {
   // Detaches the programs of `owner` that a former server left attached, all but `keep`'s (may be
   // null); returns how many.
   static int DetachLeftOvers(const std::string& owner, const PortGuard* keep);
+
  private:
   // Detaches every tau program attached at the cgroup `cgroup_fd` that no process holds: what
   // servers killed without a successor left. Start calls it when the kernel's limit of programs

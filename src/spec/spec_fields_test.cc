@@ -355,11 +355,10 @@ TEST(SpecResilience, DurationsAndRetries) {
       Errors(Manifest("resilience:\n  max_retries: -1\n")).find("-1 is out of range (0..100)"),
       std::string::npos);
   // An initial backoff beyond the default maximum is caught too.
-  EXPECT_NE(
-      Errors(Manifest("resilience:\n  backoff_initial: 10m\n"))
-          .find("resilience.backoff_initial (10m) is longer than resilience.backoff_max (5m, "
-                "the default)"),
-      std::string::npos);
+  EXPECT_NE(Errors(Manifest("resilience:\n  backoff_initial: 10m\n"))
+                .find("resilience.backoff_initial (10m) is longer than resilience.backoff_max (5m, "
+                      "the default)"),
+            std::string::npos);
   MustParse(Manifest("resilience:\n  backoff_initial: 5m\n"));  // equal is fine
   EXPECT_NE(
       Errors(Manifest("resilience:\n  max_retry_duration: 0s\n")).find("must be longer than zero"),
