@@ -55,8 +55,9 @@ static int CmdPlatformApply(const Global& g, const std::string& file) {
   }
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  Status applied = client::TauApi(conn->get()).ApplyPlatform(*text, file);
-  if (!applied.ok()) return Fail(applied.message());
+  auto applied = client::TauApi(conn->get()).ApplyPlatform(*text, file);
+  if (!applied.ok()) return Fail(applied.status().message());
+  for (const std::string& warning : *applied) std::fprintf(stderr, "%s\n", warning.c_str());
   const policy::Platform& p = *parsed.platform;
   std::printf("applied %s: %zu queue(s), %zu workspace(s), %zu priority class(es)\n", file.c_str(),
               p.admission.queues.size(), p.workspaces.size(), p.priorities.size());

@@ -220,9 +220,15 @@ Result<nlohmann::json> TauApi::Resolve(const std::string& yaml, const std::strin
   return CallJson("POST", "/api/v1/resolve", JsonText(body));
 }
 
-Status TauApi::ApplyPlatform(const std::string& yaml, const std::string& file) {
+Result<std::vector<std::string>> TauApi::ApplyPlatform(const std::string& yaml,
+                                                       const std::string& file) {
   nlohmann::json body = {{"yaml", yaml}, {"file", file}};
-  return CallJson("PUT", "/api/v1/platform", JsonText(body)).status();
+  TAU_ASSIGN_OR_RETURN(nlohmann::json reply, CallJson("PUT", "/api/v1/platform", JsonText(body)));
+  std::vector<std::string> warnings;
+  if (auto it = reply.find("warnings"); it != reply.end() && it->is_array())
+    for (const auto& w : *it)
+      if (w.is_string()) warnings.push_back(w.get<std::string>());
+  return warnings;
 }
 
 Result<api::Gpus> TauApi::GetGpus() { return Typed<api::Gpus>("GET", "/api/v1/gpus"); }

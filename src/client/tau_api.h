@@ -100,7 +100,8 @@ class TauApi {
   // when given}; nothing is submitted.
   Result<nlohmann::json> Resolve(const std::string& yaml, const std::string& file,
                                  const std::vector<std::string>& set = {});
-  Status ApplyPlatform(const std::string& yaml, const std::string& file);
+  // The server's warnings about the file (what it means for runs and accounts), when applied.
+  Result<std::vector<std::string>> ApplyPlatform(const std::string& yaml, const std::string& file);
 
   // GPUs and their health; `active` also runs the active probe (admins only).
   Result<api::Gpus> GetGpus();

@@ -31,6 +31,37 @@ std::string RunsAhead(int position) {
   return fmt::format("{} {} ahead", position, position == 1 ? "run" : "runs");
 }
 
+// What a platform's pools mean for the accounts already given (docs/platform.md, run_users): one
+// no longer listed stays its user's, and one listed by another workspace is never given there.
+std::vector<spec::Diagnostic> RunUserWarnings(const policy::Platform& platform,
+                                              const std::vector<store::RunUserRecord>& given,
+                                              const std::string& file) {
+  std::vector<spec::Diagnostic> out;
+  auto warn = [&](std::string message) {
+    out.push_back({file, 0, 0, std::move(message), /*warning=*/true});
+  };
+  for (const store::RunUserRecord& r : given) {
+    for (const policy::Workspace& w : platform.workspaces) {
+      const bool listed =
+          std::find(w.run_users.begin(), w.run_users.end(), r.system_user) != w.run_users.end();
+      if (listed && w.name != r.workspace)
+        warn(fmt::format(
+            "workspaces[{}].run_users: '{}' was given to token user '{}' of "
+            "workspace '{}' on {}, and is never given to another user: it serves "
+            "nobody in '{}'",
+            w.name, r.system_user, r.user, r.workspace, FormatRfc3339(r.assigned_ms), w.name));
+      if (w.name == r.workspace && !listed)
+        warn(fmt::format(
+            "workspaces[{}].run_users: '{}' is no longer listed, but stays token "
+            "user '{}''s (given {}): their runs go on as '{}' while the account "
+            "exists; delete the account to retire it (they then get another of the "
+            "pool)",
+            w.name, r.system_user, r.user, FormatRfc3339(r.assigned_ms), r.system_user));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -87,6 +118,10 @@ Status Controller::ApplyPlatform(const std::string& yaml, const std::string& fil
   }
   auto engine = admission::Engine::Create(policy::ToAdmissionConfig(*parsed.platform));
   if (!engine.ok()) return InvalidArgument(filename + ": " + engine.status().message());
+  *diagnostics = parsed.diagnostics;  // its warnings
+  TAU_ASSIGN_OR_RETURN(auto given, store_->ListRunUsers());
+  for (spec::Diagnostic& d : RunUserWarnings(*parsed.platform, given, filename))
+    diagnostics->push_back(std::move(d));
   if (options_.platform_file.empty())
     return FailedPrecondition("this server has no platform file configured");
   // The backend's side first (Kueue's queues): when it refuses, tau keeps the platform it had.

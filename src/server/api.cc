@@ -612,7 +612,9 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
           return http::ReplyError(res, s, {{"diagnostics", diags}});
         }
         api->Audit(req, caller.who, 200, "platform.apply", body->file);
-        http::Reply(res, 200, {{"applied", body->file}});
+        json reply = {{"applied", body->file}};
+        for (const auto& d : diagnostics) reply["warnings"].push_back(d.ToString());
+        http::Reply(res, 200, reply);
       },
       Body{kSpecRequestBytes});
   // ?summary=1: the queues without their runs (their counts stay), for `tau queues`; ?offset=O

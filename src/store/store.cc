@@ -839,19 +839,25 @@ struct Store::Impl {
 
   // Store::AssignRunUser, under the store's mutex.
   Result<std::string> AssignRunUser(const std::string& workspace, const std::string& user,
+                                    const std::vector<std::string>& keep,
                                     const std::vector<std::string>& pool, int64_t now_ms)
       TAU_REQUIRES(mu) {
+    auto listed = [](const std::vector<std::string>& names, const std::string& name) {
+      return std::find(names.begin(), names.end(), name) != names.end();
+    };
     std::string chosen;
     Status s = InTransaction([&]() TAU_REQUIRES(mu) -> Status {
-      // The one this user already has, while it is still in the pool.
-      Stmt mine(db, &cache, "SELECT system_user FROM run_users WHERE workspace = ? AND user = ?");
+      // The newest one this user already has, while they may use it: the same uid run after run.
+      Stmt mine(db, &cache,
+                "SELECT system_user FROM run_users WHERE workspace = ? AND user = ? "
+                "ORDER BY assigned_ms DESC, rowid DESC");
       if (!mine.ok()) return Error("preparing run user lookup");
       mine.Bind(1, workspace);
       mine.Bind(2, user);
       int rc;
       while ((rc = mine.Step()) == SQLITE_ROW) {
         std::string held = mine.Text(0);
-        if (std::find(pool.begin(), pool.end(), held) != pool.end()) {
+        if (listed(pool, held) || listed(keep, held)) {
           chosen = std::move(held);
           return Status::Ok();
         }
@@ -1634,9 +1640,10 @@ Result<std::vector<SecretInfo>> Store::ListSecrets(const std::string& workspace)
 }
 
 Result<std::string> Store::AssignRunUser(const std::string& workspace, const std::string& user,
+                                         const std::vector<std::string>& keep,
                                          const std::vector<std::string>& pool, int64_t now_ms) {
   MutexLock lock(&impl_->mu);
-  return impl_->AssignRunUser(workspace, user, pool, now_ms);
+  return impl_->AssignRunUser(workspace, user, keep, pool, now_ms);
 }
 
 Result<std::vector<RunUserRecord>> Store::ListRunUsers() {
@@ -1644,6 +1651,22 @@ Result<std::vector<RunUserRecord>> Store::ListRunUsers() {
   Stmt s(impl_->db, &impl_->cache,
          "SELECT system_user, workspace, user, assigned_ms FROM run_users ORDER BY system_user");
   if (!s.ok()) return impl_->Error("preparing run user list");
+  std::vector<RunUserRecord> out;
+  int rc;
+  while ((rc = s.Step()) == SQLITE_ROW) out.push_back({s.Text(0), s.Text(1), s.Text(2), s.Int(3)});
+  if (rc != SQLITE_DONE) return impl_->Error("reading run users");
+  return out;
+}
+
+Result<std::vector<RunUserRecord>> Store::RunUsersOf(const std::string& workspace,
+                                                     const std::string& user) {
+  MutexLock lock(&impl_->mu);
+  Stmt s(impl_->db, &impl_->cache,
+         "SELECT system_user, workspace, user, assigned_ms FROM run_users WHERE workspace = ? AND "
+         "user = ? ORDER BY assigned_ms DESC, rowid DESC");
+  if (!s.ok()) return impl_->Error("preparing run user lookup");
+  s.Bind(1, workspace);
+  s.Bind(2, user);
   std::vector<RunUserRecord> out;
   int rc;
   while ((rc = s.Step()) == SQLITE_ROW) out.push_back({s.Text(0), s.Text(1), s.Text(2), s.Int(3)});

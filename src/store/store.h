@@ -391,12 +391,19 @@ class Store {
   // The live tokens (not revoked, not expired at `now_ms`) of `user`.
   Result<int64_t> CountLiveTokens(const std::string& user, int64_t now_ms);
 
-  // The system user `user`'s runs in `workspace` run as: the one of `pool` they were given before,
-  // else the first of `pool` never given to anyone (recorded in the same transaction, so two
-  // submissions at once never get the same one). ResourceExhausted when all are taken.
+  // The system user `user`'s runs in `workspace` run as: of those they were given before, the
+  // newest that is in `keep` or `pool`; else the first of `pool` never given to anyone (recorded
+  // in the same transaction, so two submissions at once never get the same one).
+  // ResourceExhausted when all are taken. `keep` names accounts they may go on using though the
+  // pool no longer lists them (they still exist: once given, an account is never another's, so
+  // a second one would only take a pool account from someone else).
   Result<std::string> AssignRunUser(const std::string& workspace, const std::string& user,
+                                    const std::vector<std::string>& keep,
                                     const std::vector<std::string>& pool, int64_t now_ms);
+  // Every assignment, by system user; or those of one token user in one workspace, newest first.
   Result<std::vector<RunUserRecord>> ListRunUsers();
+  Result<std::vector<RunUserRecord>> RunUsersOf(const std::string& workspace,
+                                                const std::string& user);
 
  private:
   struct Impl;

@@ -342,21 +342,32 @@ TEST_F(StoreTest, SurvivesReopen) {
 }  // namespace
 TEST_F(StoreTest, RunUsersAreGivenOncePerUserAndNeverShared) {
   const std::vector<std::string> pool = {"tau-a1", "tau-a2"};
-  auto alice = store_->AssignRunUser("a", "alice", pool, 1);
+  auto alice = store_->AssignRunUser("a", "alice", {}, pool, 1);
   ASSERT_TRUE(alice.ok()) << alice.status().ToString();
   EXPECT_EQ(*alice, "tau-a1");
-  EXPECT_EQ(*store_->AssignRunUser("a", "alice", pool, 2), "tau-a1") << "kept";
-  EXPECT_EQ(*store_->AssignRunUser("a", "bob", pool, 3), "tau-a2");
-  auto carol = store_->AssignRunUser("a", "carol", pool, 4);
+  EXPECT_EQ(*store_->AssignRunUser("a", "alice", {}, pool, 2), "tau-a1") << "kept";
+  EXPECT_EQ(*store_->AssignRunUser("a", "bob", {}, pool, 3), "tau-a2");
+  auto carol = store_->AssignRunUser("a", "carol", {}, pool, 4);
   ASSERT_FALSE(carol.ok());
   EXPECT_EQ(carol.status().code(), StatusCode::kResourceExhausted);
   // A system user moved to another workspace's pool is still alice's: never shared.
-  auto other = store_->AssignRunUser("b", "dave", {"tau-a1", "tau-b1"}, 5);
+  auto other = store_->AssignRunUser("b", "dave", {}, {"tau-a1", "tau-b1"}, 5);
   ASSERT_TRUE(other.ok());
   EXPECT_EQ(*other, "tau-b1");
-  // Taken out of alice's pool, hers is no longer used; she gets a free one.
-  EXPECT_FALSE(store_->AssignRunUser("a", "alice", {"tau-a2"}, 6).ok());
-  EXPECT_EQ(*store_->AssignRunUser("a", "alice", {"tau-a2", "tau-a3"}, 7), "tau-a3");
+  // Taken out of alice's pool but still on the machine (the caller keeps it), hers stays hers:
+  // a second one would be hers for good too, and lock someone else out.
+  EXPECT_EQ(*store_->AssignRunUser("a", "alice", {"tau-a1"}, {"tau-a2", "tau-a3"}, 6), "tau-a1");
+  // Gone from the machine as well, she needs a free one, when there is one.
+  EXPECT_FALSE(store_->AssignRunUser("a", "alice", {}, {"tau-a2"}, 7).ok());
+  EXPECT_EQ(*store_->AssignRunUser("a", "alice", {}, {"tau-a2", "tau-a3"}, 8), "tau-a3");
+  // With both back, she runs as the newest, every time: one uid from then on.
+  for (int64_t t : {9, 10, 11})
+    EXPECT_EQ(*store_->AssignRunUser("a", "alice", {}, {"tau-a1", "tau-a2", "tau-a3"}, t),
+              "tau-a3");
+  auto hers = store_->RunUsersOf("a", "alice");
+  ASSERT_TRUE(hers.ok());
+  ASSERT_EQ(hers->size(), 2u);
+  EXPECT_EQ((*hers)[0].system_user, "tau-a3") << "newest first";
   auto all = store_->ListRunUsers();
   ASSERT_TRUE(all.ok());
   ASSERT_EQ(all->size(), 4u);

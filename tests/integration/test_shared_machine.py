@@ -402,5 +402,82 @@ class RootHomeTest(unittest.TestCase):
         self.assertIn(f"uid {self.pool.uid('ph')}", logs)
 
 
+POOL_PLATFORM = """schema_version: 1
+queues:
+  - name: main
+    resource_groups:
+      - covered_resources: [cpu, memory]
+        flavors:
+          - name: default
+            resources:
+              - {{name: cpu, nominal: 64}}
+              - {{name: memory, nominal: 256Gi}}
+flavors:
+  - name: default
+workspaces:
+  - name: default
+    members: [tok-a, tok-b]
+    default_queue: main
+    run_users: [{pool}]
+defaults:
+  workspace: default
+"""
+
+
+@unittest.skipUnless(os.geteuid() == 0, "needs root: only root makes accounts and runs as them")
+class PoolChangeTest(unittest.TestCase):
+    """A platform change that drops a token user's pool account: the account stays theirs (it is
+    never given to another), so they keep running as it rather than taking a second account of
+    the pool for good and locking another user out; `tau platform apply` says so."""
+
+    def setUp(self):
+        self.pool = SystemUsers("q1", "q2")
+        self.addCleanup(self.pool.remove)
+        self.scratch = tempfile.mkdtemp(prefix="tau-it-pool-")
+        os.chmod(self.scratch, 0o755)
+        self.addCleanup(shutil.rmtree, self.scratch, True)
+        self.project = write_project(os.path.join(self.scratch, "p"), spec("uid", "default"),
+                                     "import os\nprint('uid', os.getuid())\n")
+        self.server = TauServer().start()
+        self.addCleanup(self.server.stop)
+        self.tokens = {user: self.server.tau("admin", "token", "create", "--user", user,
+                                             check=0).stdout.strip()
+                       for user in ("tok-a", "tok-b")}
+
+    def apply(self, pool):
+        path = os.path.join(self.scratch, "platform.yaml")
+        with open(path, "w") as f:
+            f.write(POOL_PLATFORM.format(pool=", ".join(self.pool[t] for t in pool)))
+        return self.server.tau("platform", "apply", path, check=0)
+
+    def uid_of_a_run_by(self, user):
+        env = dict(self.server.env)
+        env["TAU_TOKEN"] = self.tokens[user]
+        p = subprocess.run([TAU, "run", "--detach", self.project], env=env, capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        run = p.stdout.strip()
+        done = self.server.wait_state(run, ["Succeeded", "Failed"], timeout=60)
+        log = self.server.tau("logs", run, check=0).stdout
+        self.assertEqual(done["run"]["state"], "Succeeded", log)
+        return int(log.split("uid ", 1)[1].split()[0])
+
+    def test_a_dropped_account_stays_its_users_and_locks_nobody_out(self):
+        self.apply(["q1", "q2"])
+        self.assertEqual(self.uid_of_a_run_by("tok-a"), self.pool.uid("q1"))
+        p = self.apply(["q2"])
+        self.assertIn(f"'{self.pool['q1']}' is no longer listed, but stays token user 'tok-a''s",
+                      p.stderr)
+        self.assertIn("delete the account to retire it", p.stderr)
+        # tok-a goes on as q1, every time; q2 is left for tok-b, who is not locked out.
+        self.assertEqual(self.uid_of_a_run_by("tok-a"), self.pool.uid("q1"))
+        self.assertEqual(self.uid_of_a_run_by("tok-b"), self.pool.uid("q2"))
+        self.assertEqual(self.uid_of_a_run_by("tok-a"), self.pool.uid("q1"))
+        # Listing q1 again changes nothing, and applying says nothing more of it.
+        p = self.apply(["q1", "q2"])
+        self.assertNotIn("no longer listed", p.stderr)
+        self.assertEqual(self.uid_of_a_run_by("tok-a"), self.pool.uid("q1"))
+
+
 if __name__ == "__main__":
     unittest.main()

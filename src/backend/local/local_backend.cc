@@ -381,17 +381,26 @@ Result<std::string> LocalBackend::DecideRunAs(const SubmissionCheck& c) const {
         "for such users (runs of different users never share a uid): give '{}' a system "
         "account, or add system users to {} (docs/platform.md)",
         user, c.resolved->workspace, user, where));
-  std::vector<std::string> usable, missing;
+  std::vector<std::string> usable, missing, keep;
   for (const std::string& name : w->run_users) {
     auto account = LookUpUserByName(name);
     (account.ok() && account->uid != 0 ? usable : missing).push_back(name);
   }
-  if (usable.empty())
+  // One the platform has since dropped from the pool stays theirs while it exists (it is never
+  // another's), rather than taking a second account of the pool from someone else for good.
+  auto held = host_->store()->RunUsersOf(w->name, user);
+  if (!held.ok()) return held.status();
+  for (const store::RunUserRecord& r : *held) {
+    auto account = LookUpUserByName(r.system_user);
+    if (account.ok() && account->uid != 0 && account->uid < kFirstPersonUid)
+      keep.push_back(r.system_user);
+  }
+  if (usable.empty() && keep.empty())
     return FailedPrecondition(
         fmt::format("none of the system users of {} exists on this machine ({}): create them, e.g. "
                     "`useradd --system --no-create-home --shell /usr/sbin/nologin {}`",
                     where, Join(missing, ", "), missing.front()));
-  auto assigned = host_->store()->AssignRunUser(w->name, user, usable, host_->Now());
+  auto assigned = host_->store()->AssignRunUser(w->name, user, keep, usable, host_->Now());
   if (assigned.status().code() == StatusCode::kResourceExhausted)
     return FailedPrecondition(fmt::format(
         "every system user of {} ({}) already runs another user's runs, and token user '{}' "
