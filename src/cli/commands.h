@@ -75,6 +75,8 @@ void RegisterQueueCommands(CLI::App* app, Context* ctx);
 void RegisterPlanCommands(CLI::App* app, Context* ctx);
 // identity_commands.cc: login, logout, whoami, admin token|audit, secret
 void RegisterIdentityCommands(CLI::App* app, Context* ctx);
+// completion bash|zsh|fish: registered last, it walks every command registered before it.
+void RegisterCompletionCommand(CLI::App* app, Context* ctx);
 // agent_command.cc: `agent` under `health`
 void RegisterHealthAgentCommand(CLI::App* health, Context* ctx);
 
