@@ -746,13 +746,53 @@ static int CmdResume(const Global& g, const std::string& name, const std::string
   return 0;
 }
 
+Result<std::map<int, std::string>> GpuHolders(client::TauApi& tau) {
+  client::RunQuery running;
+  running.state = "Running";
+  running.limit = 1000;
+  std::map<int, std::string> holders;
+  for (;;) {
+    TAU_ASSIGN_OR_RETURN(api::RunList page, tau.ListRuns(running));
+    for (const api::Run& r : page.runs)
+      for (int gpu : r.gpus) {
+        std::string& names = holders[gpu];
+        names += (names.empty() ? "" : ",") + r.name;
+      }
+    running.offset += static_cast<int64_t>(page.runs.size());
+    if (page.runs.empty() || running.offset >= page.total) break;
+  }
+  return holders;
+}
+
+Result<api::RunList> EndedRuns(client::TauApi& tau, int limit) {
+  api::RunList ended;
+  for (const char* state : {"Succeeded", "Failed", "Cancelled"}) {
+    client::RunQuery query;
+    query.state = state;
+    query.limit = limit;
+    TAU_ASSIGN_OR_RETURN(api::RunList page, tau.ListRuns(query));
+    for (api::Run& r : page.runs) ended.runs.push_back(std::move(r));
+    ended.total += page.total;
+  }
+  // RFC 3339 times in UTC sort as text.
+  std::stable_sort(ended.runs.begin(), ended.runs.end(), [](const api::Run& a, const api::Run& b) {
+    return a.finished.value_or(a.created) > b.finished.value_or(b.created);
+  });
+  if (ended.runs.size() > static_cast<size_t>(limit)) ended.runs.resize(limit);
+  ended.limit = limit;
+  return ended;
+}
+
 static int CmdGpus(const Global& g, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto got = client::TauApi(conn->get()).GetGpus();
+  client::TauApi tau(conn->get());
+  auto got = tau.GetGpus();
   if (!got.ok()) return Fail(got.status().message());
   const api::GpuInventory& inv = got->inventory;
   if (IsData(format)) return PrintData(got->ToJson(), format);
+  auto holders = GpuHolders(tau);
+  if (!holders.ok()) return Fail(holders.status().message());
   if (inv.devices.empty())
     std::printf("no GPUs: %s\n", inv.note.c_str());
   else {
@@ -763,10 +803,12 @@ static int CmdGpus(const Global& g, Format format) {
         health = d.health->verdict;
         if (!d.health->reasons.empty()) why = d.health->reasons[0].message;
       }
+      auto held = holders->find(d.index);
       rows.push_back({std::to_string(d.index), d.name, d.uuid,
-                      fmt::format("{} GiB", d.memory_total_bytes >> 30), health, why});
+                      HumanQuantity(fmt::format("{}Ki", d.memory_total_bytes >> 10)), health,
+                      held == holders->end() ? "-" : held->second, why});
     }
-    PrintTable({"INDEX", "NAME", "UUID", "MEMORY", "HEALTH", "WHY"}, rows);
+    PrintTable({"INDEX", "NAME", "UUID", "MEMORY", "HEALTH", "RUN", "WHY"}, rows);
   }
   return 0;
 }
