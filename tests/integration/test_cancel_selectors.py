@@ -1,10 +1,12 @@
 """`tau cancel` with selectors instead of names: --array, --state, --all pick the caller's own runs
 that have not ended, print what they cancelled, and say so (exit 0) when nothing matches; a bare
 `tau cancel` is refused, and so are names mixed with selectors."""
+import getpass
 import json
+import subprocess
 import unittest
 
-from harness import ServerTestCase
+from harness import TAU, ServerTestCase
 
 SPEC = ("schema_version: 1\nname: {name}\nrun:\n  entrypoint: main.sh\n  workload_kind: job\n"
         "compute:\n  gpus: 0\n  workers: 1\n  cpus: 100m\n  memory: 16Mi\n")
@@ -45,6 +47,23 @@ class CancelSelectorTest(ServerTestCase):
         self.assertIn("nothing cancelled", p.stdout)
         p = self.server.tau("cancel", "--all-users", "--workflow", "none", check=0)
         self.assertIn("nothing cancelled", p.stdout)
+
+        # Another user (signed in with a token of their own, not an admin): their --all is their
+        # own runs (none), and others' runs are refused to them.
+        token = self.server.tau("admin", "token", "create", "--user", "mallory",
+                                check=0).stdout.strip()
+        as_mallory = dict(self.server.env, TAU_TOKEN=token)
+        def mallory(*args):
+            return subprocess.run([TAU, "cancel", *args], env=as_mallory, capture_output=True,
+                                  text=True, timeout=60)
+        p = mallory("--all")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("nothing cancelled", p.stdout)
+        for args in (("--all-users",), ("--user", getpass.getuser(), "--all")):
+            p = mallory(*args)
+            self.assertEqual(p.returncode, 125, p.stdout)
+            self.assertIn("only platform admins", p.stderr)
+        self.assertIn(self.states()[lone], ("Queued", "Running"))
 
         # --all takes the rest.
         p = self.server.tau("cancel", "--all", check=0)
