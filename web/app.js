@@ -50,6 +50,17 @@ function pendingText(p) {
   const pos = p.position ? `#${p.position} ` : "";
   return `${pos}${p.code ? p.code + ": " : ""}${p.reason || ""}`;
 }
+function humanQuantity(text) {
+  // A binary-suffixed quantity in its largest unit, one decimal at most ("24683584Ki" is "23.5Gi"),
+  // as the CLI shows it (HumanQuantity); anything else as it is.
+  const units = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+  const m = /^([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei)$/.exec(String(text ?? ""));
+  if (!m) return text;
+  let value = Number(m[1]), unit = units.indexOf(m[2]);
+  if (value < 1024) return text;
+  while (value >= 1024 && unit + 1 < units.length) { value /= 1024; unit++; }
+  return value.toFixed(1).replace(/\.0$/, "") + units[unit];
+}
 function quantity(text) {
   // Kubernetes quantities as numbers (enough for usage bars): 500m, 2, 4Gi, 1G.
   const m = /^([0-9.]+)([a-zA-Z]*)$/.exec(String(text || "0"));
@@ -565,7 +576,7 @@ function renderQueues(body) {
       const used = quantity(u.usage), nominal = quantity(u.nominal);
       const pct = nominal > 0 ? Math.min(100, (100 * used) / nominal) : used > 0 ? 100 : 0;
       return raw(html`<tr><td>${u.flavor}</td><td>${u.resource}</td>
-        <td><div class="bar"><span class="${used > nominal ? "over" : ""}" style="width:${pct.toFixed(1)}%"></span><em>${u.usage} / ${u.nominal}</em></div></td>
+        <td><div class="bar"><span class="${used > nominal ? "over" : ""}" style="width:${pct.toFixed(1)}%"></span><em>${humanQuantity(u.usage)} / ${humanQuantity(u.nominal)}</em></div></td>
         <td>${u.borrowed}</td></tr>`);
     })}</tbody></table>
     ${(q.fair_usage || []).length === 0 ? "" : raw(html`<h3>Fair sharing <span class="muted">admission by usage over time, lowest first</span></h3>

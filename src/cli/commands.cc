@@ -6,10 +6,13 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -610,7 +613,80 @@ static int CmdLogs(const Global& g, const std::string& name, bool follow, int at
   return 0;
 }
 
-static int CmdCancel(const Global& g, const std::vector<std::string>& runs) {
+// What `tau cancel` picks when no run is named: the caller's own runs that have not ended (an
+// admin names --user U or --all-users for others'), narrowed by the selectors.
+struct CancelSelector {
+  bool all = false, all_users = false;
+  std::string state, array, group, workflow, user;
+  bool Any() const {
+    return all || all_users || !state.empty() || !array.empty() || !group.empty() ||
+           !workflow.empty() || !user.empty();
+  }
+};
+
+static int CmdCancelSelected(const Global& g, const CancelSelector& sel) {
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  client::TauApi tau(conn->get());
+  auto me = tau.Whoami();
+  if (!me.ok()) return Fail(me.status().message());
+  if (sel.all_users && !sel.user.empty()) return Fail("give --user U or --all-users, not both");
+  if ((sel.all_users || (!sel.user.empty() && sel.user != me->user)) && !me->admin)
+    return Fail(
+        fmt::format("only platform admins may cancel another user's runs (you are {})", me->user));
+  client::RunQuery query;
+  query.limit = 1000;
+  query.active = true;
+  query.user = sel.all_users ? "" : sel.user.empty() ? me->user : sel.user;
+  query.group = sel.group;
+  query.workflow = sel.workflow;
+  if (!sel.state.empty()) {
+    // Only a state a run can be cancelled in; an ended state matches nothing to cancel.
+    std::string lower = sel.state;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lower != "queued" && lower != "running")
+      return Fail(
+          fmt::format("--state {}: a run that can be cancelled is Queued or Running", sel.state));
+    query.state = sel.state;
+  }
+  std::vector<std::string> picked;
+  for (;;) {
+    auto page = tau.ListRuns(query);
+    if (!page.ok()) return Fail(page.status().message());
+    for (const api::Run& r : page->runs)
+      if (sel.array.empty() || (r.array && r.array->name == sel.array)) picked.push_back(r.name);
+    query.offset += static_cast<int64_t>(page->runs.size());
+    if (page->runs.empty() || query.offset >= page->total) break;
+  }
+  if (picked.empty()) {
+    std::printf("no run matches: nothing cancelled\n");
+    return 0;
+  }
+  int rc = 0;
+  for (const std::string& name : picked) {
+    std::string pending;
+    Status r = tau.Cancel(name, &pending);
+    if (!r.ok()) {
+      rc = Fail(r.message());
+    } else {
+      std::printf("cancelling %s\n", name.c_str());
+      if (!pending.empty())
+        std::fprintf(stderr, "tau: warning: the cancel of %s is %s\n", name.c_str(),
+                     pending.c_str());
+    }
+  }
+  return rc;
+}
+
+static int CmdCancel(const Global& g, const std::vector<std::string>& runs,
+                     const CancelSelector& sel) {
+  if (!runs.empty() && sel.Any())
+    return Fail("name runs or give selectors (--all, --state, --array, ...), not both");
+  if (runs.empty() && !sel.Any())
+    return Fail(
+        "which runs? name them (tau cancel RUN ...) or select them: --all, --state STATE, "
+        "--array NAME, --group NAME, --workflow NAME");
+  if (runs.empty()) return CmdCancelSelected(g, sel);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
   int rc = 0;
@@ -670,13 +746,53 @@ static int CmdResume(const Global& g, const std::string& name, const std::string
   return 0;
 }
 
+Result<std::map<int, std::string>> GpuHolders(client::TauApi& tau) {
+  client::RunQuery running;
+  running.state = "Running";
+  running.limit = 1000;
+  std::map<int, std::string> holders;
+  for (;;) {
+    TAU_ASSIGN_OR_RETURN(api::RunList page, tau.ListRuns(running));
+    for (const api::Run& r : page.runs)
+      for (int gpu : r.gpus) {
+        std::string& names = holders[gpu];
+        names += (names.empty() ? "" : ",") + r.name;
+      }
+    running.offset += static_cast<int64_t>(page.runs.size());
+    if (page.runs.empty() || running.offset >= page.total) break;
+  }
+  return holders;
+}
+
+Result<api::RunList> EndedRuns(client::TauApi& tau, int limit) {
+  api::RunList ended;
+  for (const char* state : {"Succeeded", "Failed", "Cancelled"}) {
+    client::RunQuery query;
+    query.state = state;
+    query.limit = limit;
+    TAU_ASSIGN_OR_RETURN(api::RunList page, tau.ListRuns(query));
+    for (api::Run& r : page.runs) ended.runs.push_back(std::move(r));
+    ended.total += page.total;
+  }
+  // RFC 3339 times in UTC sort as text.
+  std::stable_sort(ended.runs.begin(), ended.runs.end(), [](const api::Run& a, const api::Run& b) {
+    return a.finished.value_or(a.created) > b.finished.value_or(b.created);
+  });
+  if (ended.runs.size() > static_cast<size_t>(limit)) ended.runs.resize(limit);
+  ended.limit = limit;
+  return ended;
+}
+
 static int CmdGpus(const Global& g, Format format) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  auto got = client::TauApi(conn->get()).GetGpus();
+  client::TauApi tau(conn->get());
+  auto got = tau.GetGpus();
   if (!got.ok()) return Fail(got.status().message());
   const api::GpuInventory& inv = got->inventory;
   if (IsData(format)) return PrintData(got->ToJson(), format);
+  auto holders = GpuHolders(tau);
+  if (!holders.ok()) return Fail(holders.status().message());
   if (inv.devices.empty())
     std::printf("no GPUs: %s\n", inv.note.c_str());
   else {
@@ -687,10 +803,12 @@ static int CmdGpus(const Global& g, Format format) {
         health = d.health->verdict;
         if (!d.health->reasons.empty()) why = d.health->reasons[0].message;
       }
+      auto held = holders->find(d.index);
       rows.push_back({std::to_string(d.index), d.name, d.uuid,
-                      fmt::format("{} GiB", d.memory_total_bytes >> 30), health, why});
+                      HumanQuantity(fmt::format("{}Ki", d.memory_total_bytes >> 10)), health,
+                      held == holders->end() ? "-" : held->second, why});
     }
-    PrintTable({"INDEX", "NAME", "UUID", "MEMORY", "HEALTH", "WHY"}, rows);
+    PrintTable({"INDEX", "NAME", "UUID", "MEMORY", "HEALTH", "RUN", "WHY"}, rows);
   }
   return 0;
 }
@@ -860,6 +978,42 @@ void RegisterBasicCommands(CLI::App* app, Context* ctx) {
   });
 }
 
+// Whether process `pid` has ended (gone, or a zombie its parent has not reaped yet).
+static bool ProcessEnded(int pid) {
+  auto stat = ReadFile(fmt::format("/proc/{}/stat", pid));
+  if (!stat.ok()) return true;
+  size_t paren = stat->rfind(')');
+  return paren != std::string::npos && paren + 2 < stat->size() && (*stat)[paren + 2] == 'Z';
+}
+
+// `tau server stop`: asks the server to stop (an admin's action, refused to anyone else by the
+// server) and waits until it has: its process ended (a local socket) or it answers no more.
+static int CmdServerStop(const Global& g) {
+  auto conn = ConnectToServer(g.server, /*start_local=*/false);
+  if (!conn.ok()) {
+    std::printf("no server answers (%s): nothing to stop\n", conn.status().message().c_str());
+    return 0;
+  }
+  const client::Endpoint where = (*conn)->endpoint();
+  auto pid = client::TauApi(conn->get()).StopServer();
+  if (!pid.ok()) return Fail(pid.status().message());
+  conn->reset();
+  std::fprintf(stderr, "stopping the server at %s...\n", where.ToString().c_str());
+  const int64_t deadline = MonotonicMillis() + 120'000;
+  while (MonotonicMillis() < deadline) {
+    bool ended = where.unix_socket && *pid > 0
+                     ? ProcessEnded(*pid)
+                     : !client::Connection::Open(where, ClientTimeoutMillis()).ok();
+    if (ended) {
+      std::printf("server at %s stopped\n", where.ToString().c_str());
+      return 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return Fail(fmt::format("the server at {} was asked to stop but has not after 2 minutes",
+                          where.ToString()));
+}
+
 void RegisterServerCommand(CLI::App* app, Context* ctx) {
   struct Args {
     server::ServerOptions sopts;
@@ -992,7 +1146,13 @@ void RegisterServerCommand(CLI::App* app, Context* ctx) {
                      "evidence record keeps their hashes");
   server->add_option("--retain-samples", a->retain_samples,
                      "Delete ended runs' GPU samples after this long (default: keep)");
+  auto* stop = server->add_subcommand(
+      "stop",
+      "Stop the server of $TAU_HOME (or --server) gracefully and wait until it has; platform "
+      "admins only (running attempts keep running, as on SIGTERM)");
+  stop->callback([=] { ctx->rc = CmdServerStop(ctx->g); });
   server->callback([=] {
+    if (stop->parsed()) return;
     server::ServerOptions& opts = a->sopts;
     for (auto [text, ms] : {std::pair{&a->retain_logs, &opts.retain_logs_ms},
                             std::pair{&a->retain_samples, &opts.retain_samples_ms}}) {
@@ -1120,8 +1280,16 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
 
   auto* cancel =
       app->add_subcommand("cancel", "Cancel runs (SIGTERM, then SIGKILL after a grace period)");
-  cancel->add_option("runs", a->names, "Run names")->required();
-  cancel->callback([=, &g] { ctx->rc = CmdCancel(g, a->names); });
+  auto sel = std::make_shared<CancelSelector>();
+  cancel->add_option("runs", a->names, "Run names (or select runs with the flags below)");
+  cancel->add_flag("--all", sel->all, "Every run of yours that has not ended");
+  cancel->add_option("--state", sel->state, "Only your runs in this state (queued or running)");
+  cancel->add_option("--array", sel->array, "Only your runs of this array");
+  cancel->add_option("--group", sel->group, "Only your runs of this experiment.group (a sweep's)");
+  cancel->add_option("--workflow", sel->workflow, "Only your runs of this workflow");
+  cancel->add_option("--user", sel->user, "This user's runs instead of yours (admins)");
+  cancel->add_flag("--all-users", sel->all_users, "Every user's runs (admins)");
+  cancel->callback([=, &g] { ctx->rc = CmdCancel(g, a->names, *sel); });
 
   auto* wait = app->add_subcommand(
       "wait", "Wait until runs end; exit 0 when all succeeded, else the first failed run's status");

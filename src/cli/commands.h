@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,6 +13,7 @@
 #include "api/types.h"
 #include "cli/output.h"
 #include "client/client.h"
+#include "client/tau_api.h"
 #include "spec/spec.h"
 
 namespace CLI {
@@ -75,6 +77,15 @@ void RegisterQueueCommands(CLI::App* app, Context* ctx);
 void RegisterPlanCommands(CLI::App* app, Context* ctx);
 // identity_commands.cc: login, logout, whoami, admin token|audit, secret
 void RegisterIdentityCommands(CLI::App* app, Context* ctx);
+// completion bash|zsh|fish: registered last, it walks every command registered before it.
+void RegisterCompletionCommand(CLI::App* app, Context* ctx);
+
+// Which run holds each GPU (by device index; several names joined with ","), from the running
+// runs the caller may see; `tau gpus` and `tau top` show it.
+Result<std::map<int, std::string>> GpuHolders(client::TauApi& tau);
+// The caller's newest ended runs (Succeeded, Failed or Cancelled), at most `limit`, newest end
+// first; `total` counts every ended run.
+Result<api::RunList> EndedRuns(client::TauApi& tau, int limit);
 // agent_command.cc: `agent` under `health`
 void RegisterHealthAgentCommand(CLI::App* health, Context* ctx);
 

@@ -225,9 +225,74 @@ static int CmdArtifacts(const Global& g, const std::string& run, bool digests, i
   return 0;
 }
 
-static int CmdGet(const Global& g, const std::string& run, const std::string& path,
-                  std::string file, bool replace) {
+// `tau get RUN DIR`: every file the run's listing has under DIR ("output", "checkpoint/step-10"),
+// into the local directory `into` at the same relative paths. Every file that would be
+// overwritten is found before anything is written; each file appears whole or not at all.
+static int GetDirectory(client::TauApi& api, const std::string& run, const std::string& dir,
+                        const std::vector<api::ArtifactEntry>& files, const std::string& into,
+                        bool replace) {
+  std::vector<std::pair<std::string, std::string>> plan;  // (remote path, local file)
+  for (const api::ArtifactEntry& a : files) {
+    std::string rel = a.path.substr(dir.size() + 1);
+    // A name from the server never leaves `into`.
+    for (const std::string& part : Split(rel, '/'))
+      if (part.empty() || part == "." || part == "..")
+        return Fail(fmt::format("run {} lists '{}', a path tau get will not write", run, a.path));
+    plan.emplace_back(a.path, into + "/" + rel);
+  }
+  if (!replace)
+    for (const auto& [remote, local] : plan)
+      if (PathExists(local))
+        return Fail(fmt::format("{} exists: give --force to replace it, or another -f DIR", local));
+  int64_t total = 0;
+  for (const auto& [remote, local] : plan) {
+    if (Status s = MakeDirs(local.substr(0, local.rfind('/')), 0755); !s.ok())
+      return Fail(s.message());
+    const std::string& from = remote;
+    Result<int64_t> bytes = DownloadTo(
+        local, replace, [&](const auto& on_data) { return api.GetArtifact(run, from, on_data); });
+    if (!bytes.ok()) return Fail(bytes.status().message());
+    std::printf("wrote %s (%lld bytes)\n", local.c_str(), static_cast<long long>(*bytes));
+    total += *bytes;
+  }
+  std::printf("%zu file(s) of %s, %lld bytes, in %s\n", plan.size(), dir.c_str(),
+              static_cast<long long>(total), into.c_str());
+  return 0;
+}
+
+static int CmdGet(const Global& g, const std::string& run, std::string path, std::string file,
+                  bool replace) {
   if (!IsRunName(run)) return NoSuchRun(run);
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  {
+    // A directory (output, checkpoint/step-10, ...) is fetched whole: what the listing has under
+    // it. A file is what the listing has at that path (or what the server says of it).
+    auto conn = ConnectToServer(g.server);
+    if (!conn.ok()) return Fail(conn.status().message());
+    client::TauApi api(conn->get());
+    std::vector<api::ArtifactEntry> under;
+    bool is_file = false, truncated = false;
+    for (int64_t offset = 0;;) {
+      auto page = api.ListArtifacts(run, /*digests=*/false, offset, 10000);
+      if (!page.ok()) return Fail(page.status().message());
+      for (const api::ArtifactEntry& a : page->artifacts) {
+        if (a.path == path) is_file = true;
+        if (StartsWith(a.path, path + "/")) under.push_back(a);
+      }
+      truncated = truncated || page->truncated;
+      offset += static_cast<int64_t>(page->artifacts.size());
+      if (page->artifacts.empty() || offset >= page->total) break;
+    }
+    if (!is_file && !under.empty()) {
+      if (file == "-") return Fail(fmt::format("{} is a directory: -f - takes one file", path));
+      if (truncated)
+        std::fprintf(stderr,
+                     "tau: warning: the run's listing stopped at its limit: files not listed "
+                     "are not fetched\n");
+      std::string into = file.empty() ? path.substr(path.rfind('/') + 1) : file;
+      return GetDirectory(api, run, path, under, into, replace);
+    }
+  }
   if (file.empty()) {
     file = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1);
     if (file.empty() || file == "." || file == "..")
@@ -380,14 +445,17 @@ void RegisterEvidenceCommands(CLI::App* app, Context* ctx) {
     if (auto f = art_format())
       ctx->rc = CmdArtifacts(g, art->run, !art->no_digest, art->offset, art->limit, *f);
   });
-  auto* get = app->add_subcommand("get", "Download one checkpoint or output file of a run");
+  auto* get = app->add_subcommand(
+      "get", "Download a checkpoint or output file of a run, or a directory of them");
   get->add_option("run", art->run, "Run name")->required();
   get->add_option("path", art->path,
-                  "The file as `tau artifacts` lists it: output/... or checkpoint/...")
+                  "The file as `tau artifacts` lists it (output/... or checkpoint/...), or a "
+                  "directory: every file under it")
       ->required();
   get->add_option("-f,--file", art->file,
-                  "Where to write it (default: its name in this directory; - for stdout)");
-  get->add_flag("--force", art->force, "Replace the file if it exists");
+                  "Where to write it (default: its name in this directory; - for stdout); for a "
+                  "directory, the local directory");
+  get->add_flag("--force", art->force, "Replace files that exist");
   auto get_format = RefuseFileAsOutput(get, ctx);
   get->callback([=, &g] {
     if (get_format()) ctx->rc = CmdGet(g, art->run, art->path, art->file, art->force);

@@ -104,9 +104,17 @@ static int CmdLogout(const Global& g, const std::string& server) {
 }
 
 static int CmdWhoami(const Global& g, Format format) {
-  auto me = Call(g, [](client::TauApi& tau) { return tau.Whoami(); });
+  auto conn = ConnectToServer(g.server);
+  if (!conn.ok()) return Fail(conn.status().message());
+  client::TauApi tau(conn->get());
+  auto me = tau.Whoami();
   if (!me.ok()) return Fail(me.status().message());
   if (IsData(format)) return PrintData(me->ToJson(), format);
+  // Which server answered: the socket or URL the CLI reached (--server, $TAU_SERVER, the login's
+  // or the local one), and its version.
+  auto version = tau.Version();
+  std::printf("server:   %s (tau %s)\n", (*conn)->endpoint().ToString().c_str(),
+              version.ok() ? version->version.c_str() : "version unknown");
   std::printf("user:     %s (%s%s)\n", me->user.c_str(), me->via.c_str(),
               me->token_id.empty() ? "" : (" " + me->token_id).c_str());
   std::printf("groups:   %s\n", me->groups.empty() ? "-" : Join(me->groups, ", ").c_str());

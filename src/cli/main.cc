@@ -113,6 +113,7 @@ int Main(int argc, char** argv) {
   RegisterHealthCommands(&app, &ctx);
   RegisterAdmissionCommands(&app, &ctx);
   RegisterIdentityCommands(&app, &ctx);
+  RegisterCompletionCommand(&app, &ctx);
 
   // `tau help [COMMAND...]` is `tau [COMMAND...] --help`, as git and kubectl have it.
   std::vector<char*> args(argv, argv + argc);

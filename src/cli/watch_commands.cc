@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -174,6 +175,7 @@ struct TopData {
   api::Queues queues;
   api::RunList active, recent;
   api::Gpus gpus;
+  std::map<int, std::string> holders;  // GPU index: the runs holding it
   std::string error;
 };
 
@@ -188,13 +190,11 @@ TopData FetchTop(const Global& g) {
       return tau.ListRuns(active);
     });
   if (d.error.empty())
-    d.error = Fetch(g, &d.recent, [](client::TauApi& tau) {
-      client::RunQuery recent;
-      recent.limit = 8;
-      return tau.ListRuns(recent);
-    });
+    d.error = Fetch(g, &d.recent, [](client::TauApi& tau) { return EndedRuns(tau, 8); });
   if (d.error.empty())
     d.error = Fetch(g, &d.gpus, [](client::TauApi& tau) { return tau.GetGpus(); });
+  if (d.error.empty() && !d.gpus.inventory.devices.empty())
+    d.error = Fetch(g, &d.holders, [](client::TauApi& tau) { return GpuHolders(tau); });
   return d;
 }
 
@@ -239,7 +239,8 @@ std::string Frame(const TopData& d) {
   for (const api::Queue& q : queues.queues) {
     std::string usage;
     for (const api::Usage& u : q.usage)
-      usage += fmt::format("{}={}/{} ", u.resource, u.usage, u.nominal);
+      usage +=
+          fmt::format("{}={}/{} ", u.resource, HumanQuantity(u.usage), HumanQuantity(u.nominal));
     out += fmt::format("  {:<20} {:>8} {:>8}  {}\n", q.name, q.admitted, q.pending, usage);
     for (const api::PendingRun& p : q.pending_runs)
       out += fmt::format("    #{:<3} {:<28} {}\n",
@@ -255,13 +256,17 @@ std::string Frame(const TopData& d) {
                          r.reason.substr(0, 50));
   };
   runs("ACTIVE RUNS", active);
-  runs("RECENT RUNS", recent);
+  runs("RECENT RUNS (ended)", recent);
   out += "\nGPUS\n";
   const std::vector<api::GpuDevice>& devices = gpus.inventory.devices;
   if (devices.empty()) out += "  none\n";
-  for (const api::GpuDevice& d : devices)
-    out += fmt::format("  {:<3} {:<32} {}\n", d.index, d.name,
-                       d.health ? d.health->verdict : std::string());
+  const std::map<int, std::string>& holders = d.holders;
+  for (const api::GpuDevice& dev : devices) {
+    auto held = holders.find(dev.index);
+    out += fmt::format("  {:<3} {:<32} {:<10} {}\n", dev.index, dev.name,
+                       dev.health ? dev.health->verdict : std::string(),
+                       held == holders.end() ? "-" : held->second);
+  }
   return out;
 }
 

@@ -92,6 +92,8 @@ class Connection {
 
   // Sent as `Authorization: Bearer TOKEN` with every request from now on; empty: none.
   void set_bearer_token(std::string token) { bearer_token_ = std::move(token); }
+  // Where this connection goes (the socket path or the URL).
+  const Endpoint& endpoint() const { return endpoint_; }
 
  private:
   Connection(Endpoint endpoint, int timeout_ms, const Limits& limits);

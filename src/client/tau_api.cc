@@ -56,6 +56,7 @@ Result<api::Version> TauApi::Version() { return Typed<api::Version>("GET", "/api
 
 Result<api::RunList> TauApi::ListRuns(const RunQuery& query) {
   std::string path = fmt::format("/api/v1/runs?limit={}", query.limit);
+  if (query.offset > 0) path += fmt::format("&offset={}", query.offset);
   if (!query.state.empty())
     path += "&state=" + E(query.state);
   else if (query.active)
@@ -131,6 +132,11 @@ Status TauApi::Cancel(const std::string& name, std::string* pending) {
                        CallJson("POST", "/api/v1/runs/" + E(name) + "/cancel"));
   PendingOf(reply, pending);
   return Status::Ok();
+}
+
+Result<int> TauApi::StopServer() {
+  TAU_ASSIGN_OR_RETURN(nlohmann::json reply, CallJson("POST", "/api/v1/server/stop"));
+  return reply.value("pid", 0);
 }
 
 Result<std::vector<std::string>> TauApi::CancelWorkflow(const std::string& workflow,

@@ -20,6 +20,7 @@ namespace tau::client {
 // GET /api/v1/runs: `limit` runs, newest first; `state` (a run state's name) or else `active`.
 struct RunQuery {
   int limit = 100;
+  int64_t offset = 0;
   std::string state;
   bool active = false;
   std::string workspace, queue, user;  // "" : any
@@ -131,6 +132,8 @@ class TauApi {
                                       const std::optional<std::string>& split);
 
   Result<api::Whoami> Whoami();
+  // POST /api/v1/server/stop (admins): the server begins a graceful stop; its pid.
+  Result<int> StopServer();
   Result<api::Token> CreateToken(const std::string& user, const std::vector<std::string>& groups,
                                  const std::string& expires_in, const std::string& description);
   Result<api::TokenList> ListTokens(const std::string& user);  // "" : all that the caller may see

@@ -9,6 +9,7 @@
 #include <cctype>
 #include <charconv>
 #include <chrono>
+#include <csignal>
 #include <thread>
 
 #include <fmt/format.h>
@@ -462,6 +463,15 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                v.backend = controller->BackendName();
                http::Reply(res, 200, v.ToJson());
              });
+  // Stops the server as SIGTERM does (running attempts keep running); platform admins only, so
+  // a user of a shared machine cannot stop its server. Answered before the shutdown begins.
+  api->Route(
+      "POST", "/api/v1/server/stop", Access::kAdmin,
+      [api](const http::HttpRequest& req, http::HttpResponse& res, const CallerContext& caller) {
+        api->Audit(req, caller.who, 202, "server.stop", "");
+        http::Reply(res, 202, {{"stopping", true}, {"pid", static_cast<int>(::getpid())}});
+        ::kill(::getpid(), SIGTERM);
+      });
   api->Route("GET", "/api/v1/healthz", Access::kPublic,
              [](const http::HttpRequest&, http::HttpResponse& res) {
                http::Reply(res, 200, {{"ok", true}});

@@ -246,6 +246,10 @@ try {
   const reason = (await row.textContent()).trim();
   if (!reason) throw new Error("the pending run shows no reason");
   ok(`queue page: ${pending} pending: ${reason}`);
+  // Quotas in people's units, as tau top shows them: never "24683772Ki".
+  const usage = await page.locator("section.queue .bar em").allTextContents();
+  if (usage.some((t) => /\d{4,}Ki/.test(t))) throw new Error(`queue usage in raw Ki: ${usage.join("; ")}`);
+  ok(`queue usage: ${usage.join("; ")}`);
   await shot(page, "dashboard-queues.png");
   await page.goto(`${url}/#/runs/${pending}`);
   await page.waitForSelector("#pending-reason", { timeout: 15000 });

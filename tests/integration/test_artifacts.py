@@ -162,6 +162,36 @@ class ArtifactsTest(unittest.TestCase):
         self.assertIn("-f json", p.stderr)
         self.assertFalse(os.path.exists("json"))
 
+    def test_get_a_directory_fetches_every_file_under_it_and_overwrites_nothing(self):
+        here = tempfile.mkdtemp(dir=self.work)
+        # The default: a local directory named as the remote one, the same paths under it.
+        p = self.tau_as(None, "get", self.run_name, "checkpoint", cwd=here)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(os.path.join(here, "checkpoint", "step-10", "model.pt"), "rb") as f:
+            self.assertEqual(f.read(), MODEL)
+        self.assertIn(b"1 file(s) of checkpoint", p.stdout)
+        # -f DIR names the local directory; a trailing / is the same directory.
+        into = os.path.join(here, "all-out")
+        self.server.tau("get", self.run_name, "output/", "-f", into, check=0)
+        with open(os.path.join(into, "result.bin"), "rb") as f:
+            self.assertEqual(f.read(), RESULT)
+        self.assertEqual(os.listdir(into), ["result.bin"])  # links are not artifacts
+        # A file that is there stays, named, and nothing is written; --force replaces it.
+        with open(os.path.join(into, "result.bin"), "wb") as f:
+            f.write(b"mine")
+        p = self.server.tau("get", self.run_name, "output", "-f", into)
+        self.assertEqual(p.returncode, 125)
+        self.assertIn(os.path.join(into, "result.bin") + " exists: give --force", p.stderr)
+        with open(os.path.join(into, "result.bin"), "rb") as f:
+            self.assertEqual(f.read(), b"mine")
+        self.server.tau("get", self.run_name, "output", "-f", into, "--force", check=0)
+        with open(os.path.join(into, "result.bin"), "rb") as f:
+            self.assertEqual(f.read(), RESULT)
+        # A directory is not one stream.
+        p = self.server.tau("get", self.run_name, "checkpoint/step-10", "-f", "-")
+        self.assertEqual(p.returncode, 125)
+        self.assertIn("is a directory", p.stderr)
+
     def test_paths_that_leave_the_run_are_refused(self):
         here = tempfile.mkdtemp(dir=self.work)
         cases = [
@@ -174,7 +204,6 @@ class ArtifactsTest(unittest.TestCase):
             ("output/escape", "leaves its directory through a symbolic link"),
             ("output/passwd", "leaves its directory through a symbolic link"),
             ("output/missing.txt", "no such file"),
-            ("checkpoint/step-10", "is a directory, not a file"),
         ]
         for path, message in cases:
             p = self.tau_as(None, "get", self.run_name, path, "-f", os.path.join(here, "x"))
