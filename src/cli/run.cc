@@ -290,7 +290,8 @@ Result<api::SubmittedBatch> SubmitBatchOnce(const Global& g,
 }
 
 // What a waiting command is told of its runs: first as submitted (every index), then after each
-// look at them, the runs as they are now and the indexes of those whose state changed.
+// look at them, the runs as they are now and the indexes of those whose state changed (maybe
+// none: what it prints is its to tell apart).
 using WaitProgress =
     std::function<void(const std::vector<api::Run>& runs, const std::vector<size_t>& changed)>;
 
@@ -330,7 +331,7 @@ int WaitForRuns(client::Connection* conn, std::vector<api::Run>* runs, size_t* f
                      run.message.c_str());
       }
     }
-    if (progress && !changed.empty()) {
+    if (progress) {
       progress(*runs, changed);
       std::fflush(stderr);
     }
@@ -620,12 +621,16 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
   std::string said;
   std::optional<double> best;
   size_t best_point = 0;
+  // Tries left to read each point's objective: its last points are read just after it ends, so a
+  // point that succeeded gets a few looks (as PrintSweep gives it), then none.
+  std::vector<int> tries(made.size(), 20);
   client::TauApi api(conn.get());
-  auto progress = [&](const std::vector<api::Run>& runs, const std::vector<size_t>& changed) {
-    for (size_t i : changed) {
-      if (sweep->metric.empty() || runs[i].state != "Succeeded") continue;
+  auto progress = [&](const std::vector<api::Run>& runs, const std::vector<size_t>&) {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (sweep->metric.empty() || runs[i].state != "Succeeded" || tries[i] <= 0) continue;
       std::vector<std::string> splits;
       std::optional<double> value = ObjectiveOf(api, runs[i].name, *sweep, &splits);
+      tries[i] = value || !splits.empty() ? 0 : tries[i] - 1;
       if (value && (!best || (sweep->maximize ? *value > *best : *value < *best))) {
         best = value;
         best_point = i + 1;
@@ -639,6 +644,16 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
   };
   const int status =
       WaitForRuns(conn.get(), &made, &failed, o.quiet ? WaitProgress() : WaitProgress(progress));
+  // The last points to end: their objectives are read before the last line is said again.
+  auto unread = [&] {
+    for (size_t i = 0; i < made.size(); ++i)
+      if (made[i].state == "Succeeded" && tries[i] > 0) return true;
+    return false;
+  };
+  for (int round = 0; !o.quiet && !sweep->metric.empty() && round < 20 && unread(); ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    progress(made, {});
+  }
   const bool ranked = PrintSweep(api, *sweep, made, points);
   std::fprintf(stderr, "tau: sweep %s: %zu of %zu runs succeeded\n", o.file.c_str(),
                made.size() - failed, made.size());
