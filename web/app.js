@@ -395,6 +395,13 @@ function attemptStarts(points) {
   return attempts.slice(1).map((a) => ({ attempt: a, step: first.get(a) }));
 }
 
+// The attempt boundaries of one chart: one per run and later attempt, at the attempt's first step
+// over all the run's series in it (a train and a validation split of one attempt begin at
+// different steps, and one label each would repeat): [{run, attempt, step}].
+function attemptBounds(series, runs) {
+  return runs.flatMap((run) => attemptStarts(series.filter((s) => s.run === run).flatMap((s) => s.points)).map((b) => ({ ...b, run })));
+}
+
 // A run's config as compare sees it (`tau compare`, docs/experiments.md): its canonical spec
 // flattened to dotted paths, the resolution's values and sources over it, no overrides list.
 function flatten(v, prefix, out) {
@@ -468,9 +475,8 @@ function drawCompareChart(div, series, runs, opts) {
     const color = PALETTE[runs.indexOf(s.run) % PALETTE.length];
     config.push({ label: s.phase ? `${s.run} · ${s.phase}` : s.run, stroke: color, width: 2, spanGaps: true,
       dash: DASHES[phases.indexOf(s.phase) % DASHES.length] });
-    for (const b of attemptStarts(s.points))
-      if (!bounds.some((x) => x.run === s.run && x.step === b.step && x.attempt === b.attempt)) bounds.push({ ...b, color, run: s.run });
   }
+  for (const b of attemptBounds(series, runs)) bounds.push({ ...b, color: PALETTE[runs.indexOf(b.run) % PALETTE.length] });
   div.dataset.series = String(series.length);
   div.dataset.scale = opts.log ? "log" : "linear";
   div.dataset.boundaries = String(bounds.length);

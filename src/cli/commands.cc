@@ -1177,7 +1177,7 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
     std::string array;             // tau run --array, when given (even empty: it is refused then)
     std::vector<std::string> names;
     bool detach = false, all = false, watch = false, top_once = false, follow = false,
-         force = false;
+         force = false, quiet = false;
     int limit = 100, attempt = 0, rank = 0, tail = -1;  // tail: -1, every line
     bool all_ranks = false;
     client::RunQuery query;  // tau list's filters
@@ -1215,6 +1215,8 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
       "experiment group, submitted together; waits and prints them best first by the objective");
   sweep->add_option("file", sweep_options->file, "The sweep file (sweep.yaml)")->required();
   sweep->add_flag("-d,--detach", sweep_options->detach, "Print the runs' names and return");
+  sweep->add_flag("-q,--quiet", sweep_options->quiet,
+                  "No progress lines on stderr while it waits (the table is printed as ever)");
   sweep->add_option("--code-dir", sweep_options->code_dir,
                     "The code directory to ship, as for tau run");
   sweep->callback([=, &g] { ctx->rc = CmdSweep(g, *sweep_options); });
@@ -1294,7 +1296,8 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
   auto* wait = app->add_subcommand(
       "wait", "Wait until runs end; exit 0 when all succeeded, else the first failed run's status");
   wait->add_option("runs", a->names, "Run names")->required();
-  wait->callback([=, &g] { ctx->rc = CmdWait(g, a->names); });
+  wait->add_flag("-q,--quiet", a->quiet, "No progress lines on stderr (each run's end is printed)");
+  wait->callback([=, &g] { ctx->rc = CmdWait(g, a->names, a->quiet); });
 
   auto* rerun = app->add_subcommand(
       "rerun", "Start a new run from a run's recorded spec and code snapshot; print its name");

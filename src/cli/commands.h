@@ -126,6 +126,7 @@ int CmdRunArray(const Global& g, const RunOptions& o, const std::string& range);
 struct SweepOptions {
   std::string file;
   bool detach = false;
+  bool quiet = false;  // no progress lines while it waits
   std::string code_dir;
 };
 int CmdSweep(const Global& g, const SweepOptions& o);
@@ -139,7 +140,7 @@ int CmdPlatformValidate(const std::vector<std::string>& files, bool quiet, Forma
 // Prints the run's status, then again on each change, until it reaches a terminal state.
 int CmdStatusWatch(const Global& g, const std::string& run, Format format);
 // Waits for every run to end, printing each as it does; the first unsuccessful run's status.
-int CmdWait(const Global& g, const std::vector<std::string>& runs);
+int CmdWait(const Global& g, const std::vector<std::string>& runs, bool quiet);
 // The exit status a shell gets for an ended run (run.cc): 0 when it succeeded, its exit code when
 // it has one, else 1.
 int RunExitStatus(const api::Run& run);

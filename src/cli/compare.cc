@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "spec/set_fields.h"
+
 namespace tau::cli {
 
 using nlohmann::json;
@@ -44,6 +46,43 @@ const Setting* SourceFor(const std::map<std::string, Setting>& provenance,
   }
 }
 
+// Whether `field` is `name` or a part of it (name.x, name[0]).
+bool Under(const std::string& field, const std::string& name) {
+  return field == name || (field.size() > name.size() && field.compare(0, name.size(), name) == 0 &&
+                           (field[name.size()] == '.' || field[name.size()] == '['));
+}
+
+// The config as `tau run --set` names it: the fields of the spec file the run was submitted with,
+// its --set overrides applied (spec::SetFields), each with the source of the resolution's entry
+// that covers it; then what the resolution alone decided (a queue or a request the platform gave,
+// named as resolution names it), where the file has no field of that name.
+std::map<std::string, Setting> SetConfigOf(const std::string& yaml, const json& spec,
+                                           const std::map<std::string, Setting>& prov) {
+  std::map<std::string, Setting> out;
+  for (const auto& [field, value] : spec::SetFields(yaml, spec::RecordedOverrides(spec))) {
+    const std::string canonical = spec::CanonicalField(field);
+    const Setting* s = SourceFor(prov, field);
+    if (!s) s = SourceFor(prov, canonical);
+    Setting& o = out[field];
+    o.value = value;
+    o.source = s ? s->source : "";
+    // The resolution replaced what the file said (a profile won): the value the run ran with.
+    auto own = prov.find(canonical);
+    if (own != prov.end() && own->second.source != "spec" && own->second.source != "command line")
+      o.value = own->second.value;
+  }
+  std::vector<std::string> named;
+  for (const auto& [field, s] : out) named.push_back(spec::CanonicalField(field));
+  for (const auto& [field, s] : prov) {
+    bool covered = false;
+    for (size_t i = 0; i < named.size() && !covered; ++i)
+      covered = Under(named[i], field) || Under(field, named[i]);
+    for (const auto& [set, value] : out) covered = covered || Under(set, field);
+    if (!covered) out[field] = s;
+  }
+  return out;
+}
+
 std::map<std::string, Setting> ConfigOf(const json& record) {
   const json& config = At(record, "config");
   std::map<std::string, Setting> prov;
@@ -53,6 +92,12 @@ std::map<std::string, Setting> ConfigOf(const json& record) {
       if (p.is_object() && At(p, "field").is_string())
         prov[At(p, "field").get<std::string>()] = {LeafText(At(p, "value")),
                                                    LeafText(At(p, "source"))};
+  if (At(config, "spec_yaml").is_string() && !At(config, "spec_yaml").get<std::string>().empty()) {
+    std::map<std::string, Setting> out =
+        SetConfigOf(At(config, "spec_yaml").get<std::string>(), At(config, "spec"), prov);
+    if (!out.empty()) return out;
+  }
+  // A record without the file's text (or one that no longer parses): the canonical spec's fields.
   json spec = At(config, "spec");
   if (spec.is_object()) spec.erase("overrides");
   std::vector<std::pair<std::string, std::string>> leaves;

@@ -99,6 +99,64 @@ TEST(CompareTest, AFieldOnlyOneRunHasIsADifference) {
   EXPECT_TRUE(ComparisonJson(c)["same_code"] == false);  // the digests are the run names here
 }
 
+// A record as the server writes it: the spec file's text, the canonical spec with its --set
+// overrides, and the resolution's provenance (an override of a field resolution knows nothing of
+// gets an entry under its --set path).
+CompareInput SetRun(const std::string& name,
+                    const std::vector<std::pair<std::string, std::string>>& set) {
+  json overrides = json::array();
+  json canonical = {
+      {"name", "demo"}, {"args", json::array({"1"})}, {"runtime", {{"env", {{"LR", "0.1"}}}}}};
+  json provenance = json::array(
+      {{{"field", "policy.queue"}, {"value", "default"}, {"source", "platform default"}},
+       {{"field", "compute.gpus"}, {"value", "0"}, {"source", "spec"}}});
+  for (const auto& [path, value] : set) {
+    overrides.push_back({{"path", path}, {"value", value}});
+    provenance.push_back({{"field", path}, {"value", value}, {"source", "command line"}});
+    if (path == "run.args") canonical["args"] = json::array({value.substr(1, value.size() - 2)});
+  }
+  canonical["overrides"] = overrides;
+  CompareInput in;
+  in.run = name;
+  in.record = {{"config",
+                {{"spec_yaml",
+                  "schema_version: 1\nname: demo\nrun:\n  entrypoint: main.sh\n  args: ['1']\n"
+                  "compute:\n  gpus: 0\nruntime:\n  env:\n    LR: '0.1'\n"},
+                 {"spec", canonical},
+                 {"provenance", provenance}}}};
+  return in;
+}
+
+TEST(CompareTest, EachDifferenceOnceNamedAsSetTakesIt) {
+  std::vector<CompareInput> runs;
+  runs.push_back(SetRun("a", {}));
+  runs.push_back(SetRun("b", {{"run.args", "[5]"}, {"runtime.env.LR", "0.3"}}));
+  Comparison c = CompareRuns(runs);
+  // run.args once (not also args[0] of the canonical spec), as `--set run.args=[5]` takes it.
+  ASSERT_EQ(c.config.size(), 2u) << ComparisonJson(c).dump();
+  EXPECT_EQ(c.config[0].field, "run.args");
+  EXPECT_EQ(c.config[0].values[0], "[1]");
+  EXPECT_EQ(c.config[0].values[1], "[5]");
+  EXPECT_EQ(c.config[0].sources[1], "command line");
+  EXPECT_EQ(c.config[1].field, "runtime.env.LR");
+  EXPECT_EQ(c.config[1].values[0], "0.1");
+  EXPECT_EQ(c.config[1].values[1], "0.3");
+  EXPECT_EQ(c.config[1].sources[0], "");
+  EXPECT_EQ(c.config[1].sources[1], "command line");
+}
+
+TEST(CompareTest, WhatOnlyTheResolutionDecidedKeepsItsName) {
+  std::vector<CompareInput> runs;
+  runs.push_back(SetRun("a", {}));
+  runs.push_back(SetRun("b", {}));
+  runs[1].record["config"]["provenance"][0]["value"] = "batch";
+  Comparison c = CompareRuns(runs);
+  ASSERT_EQ(c.config.size(), 1u) << ComparisonJson(c).dump();
+  EXPECT_EQ(c.config[0].field, "policy.queue");
+  EXPECT_EQ(c.config[0].values[1], "batch");
+  EXPECT_EQ(c.config[0].sources[1], "platform default");
+}
+
 TEST(CompareTest, FlattenNamesLeavesByPath) {
   std::vector<std::pair<std::string, std::string>> out;
   FlattenJson(json{{"a", {{"b", 1}, {"c", json::array({"x", "y"})}}}, {"e", json::object()}}, "",

@@ -289,20 +289,36 @@ Result<api::SubmittedBatch> SubmitBatchOnce(const Global& g,
       });
 }
 
+// What a waiting command is told of its runs: first as submitted (every index), then after each
+// look at them, the runs as they are now and the indexes of those whose state changed (maybe
+// none: what it prints is its to tell apart).
+using WaitProgress =
+    std::function<void(const std::vector<api::Run>& runs, const std::vector<size_t>& changed)>;
+
 // Waits for every run to end, saying so of each that does not succeed, and leaves each of `runs`
 // as it ended; the first unsuccessful one's exit status (0 when all succeeded), with how many did
-// not succeed in `*failed`.
-int WaitForRuns(client::Connection* conn, std::vector<api::Run>* runs, size_t* failed) {
+// not succeed in `*failed`. `progress`, when given, is told of each change of state.
+int WaitForRuns(client::Connection* conn, std::vector<api::Run>* runs, size_t* failed,
+                const WaitProgress& progress = nullptr) {
   std::vector<size_t> waiting;
   for (size_t i = 0; i < runs->size(); ++i) waiting.push_back(i);
   *failed = 0;
   int status = 0;
+  // The states the submission answered with are the first said.
+  std::vector<std::string> seen;
+  for (const api::Run& r : *runs) seen.push_back(r.state);
+  if (progress && !runs->empty()) {
+    progress(*runs, waiting);
+    std::fflush(stderr);
+  }
   while (!waiting.empty()) {
-    std::vector<size_t> still;
+    std::vector<size_t> still, changed;
     for (size_t i : waiting) {
       auto now = client::TauApi(conn).GetRun((*runs)[i].name);
       if (!now.ok()) return Fail(now.status().message());
       api::Run& run = (*runs)[i] = std::move(now->run);
+      if (run.state != seen[i]) changed.push_back(i);
+      seen[i] = run.state;
       if (!run.IsTerminal()) {
         still.push_back(i);
         continue;
@@ -315,10 +331,24 @@ int WaitForRuns(client::Connection* conn, std::vector<api::Run>* runs, size_t* f
                      run.message.c_str());
       }
     }
+    if (progress) {
+      progress(*runs, changed);
+      std::fflush(stderr);
+    }
     waiting = std::move(still);
     if (!waiting.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }
   return status;
+}
+
+// "3/8 runs done, 2 running": where a set of runs stands.
+std::string RunsProgress(const std::vector<api::Run>& runs, const char* noun) {
+  size_t done = 0, running = 0;
+  for (const api::Run& r : runs) {
+    if (r.IsTerminal()) ++done;
+    if (r.state == "Running") ++running;
+  }
+  return fmt::format("{}/{} {} done, {} running", done, runs.size(), noun, running);
 }
 
 }  // namespace
@@ -414,7 +444,15 @@ int CmdRunArray(const Global& g, const RunOptions& o, const std::string& range_t
                 array.c_str());
   ::signal(SIGINT, OnInterrupt);
   size_t failed = 0;
-  const int status = WaitForRuns(conn.get(), &made, &failed);
+  std::string said;
+  const int status =
+      WaitForRuns(conn.get(), &made, &failed,
+                  [&](const std::vector<api::Run>& runs, const std::vector<size_t>&) {
+                    std::string line = RunsProgress(runs, "runs");
+                    if (line != said)
+                      std::fprintf(stderr, "tau: array %s: %s\n", array.c_str(), line.c_str());
+                    said = std::move(line);
+                  });
   std::fprintf(stderr, "tau: array %s: %zu of %zu runs succeeded\n", array.c_str(),
                made.size() - failed, made.size());
   return status;
@@ -578,8 +616,44 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
                 group.c_str());
   ::signal(SIGINT, OnInterrupt);
   size_t failed = 0;
-  const int status = WaitForRuns(conn.get(), &made, &failed);
+  // A line when the count of ended or running points changes, or a better point ends: the
+  // objective of each point is read once, when it has succeeded.
+  std::string said;
+  std::optional<double> best;
+  size_t best_point = 0;
+  // Tries left to read each point's objective: its last points are read just after it ends, so a
+  // point that succeeded gets a few looks (as PrintSweep gives it), then none.
+  std::vector<int> tries(made.size(), 20);
   client::TauApi api(conn.get());
+  auto progress = [&](const std::vector<api::Run>& runs, const std::vector<size_t>&) {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (sweep->metric.empty() || runs[i].state != "Succeeded" || tries[i] <= 0) continue;
+      std::vector<std::string> splits;
+      std::optional<double> value = ObjectiveOf(api, runs[i].name, *sweep, &splits);
+      tries[i] = value || !splits.empty() ? 0 : tries[i] - 1;
+      if (value && (!best || (sweep->maximize ? *value > *best : *value < *best))) {
+        best = value;
+        best_point = i + 1;
+      }
+    }
+    std::string line = RunsProgress(runs, "points");
+    if (best)
+      line += fmt::format(", best so far {}={:.6g} (point {})", sweep->metric, *best, best_point);
+    if (line != said) std::fprintf(stderr, "tau: sweep: %s\n", line.c_str());
+    said = std::move(line);
+  };
+  const int status =
+      WaitForRuns(conn.get(), &made, &failed, o.quiet ? WaitProgress() : WaitProgress(progress));
+  // The last points to end: their objectives are read before the last line is said again.
+  auto unread = [&] {
+    for (size_t i = 0; i < made.size(); ++i)
+      if (made[i].state == "Succeeded" && tries[i] > 0) return true;
+    return false;
+  };
+  for (int round = 0; !o.quiet && !sweep->metric.empty() && round < 20 && unread(); ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    progress(made, {});
+  }
   const bool ranked = PrintSweep(api, *sweep, made, points);
   std::fprintf(stderr, "tau: sweep %s: %zu of %zu runs succeeded\n", o.file.c_str(),
                made.size() - failed, made.size());
@@ -667,7 +741,18 @@ int CmdRunWorkflow(const Global& g, const RunOptions& o, const std::string& file
                 name.c_str(), name.c_str());
   ::signal(SIGINT, OnInterrupt);
   size_t failed = 0;
-  const int status = WaitForRuns(conn.get(), &made, &failed);
+  // A line as each stage's run changes state; the table and the count when all have ended.
+  const int status = WaitForRuns(
+      conn.get(), &made, &failed,
+      [&](const std::vector<api::Run>& runs, const std::vector<size_t>& changed) {
+        for (size_t i : changed) {
+          const api::Run& r = runs[i];
+          const bool why = r.IsTerminal() && r.state != "Succeeded" && !r.reason.empty();
+          std::fprintf(stderr, "tau: stage %s (%s): %s%s\n",
+                       r.workflow ? r.workflow->stage.c_str() : "", r.name.c_str(), r.state.c_str(),
+                       why ? (" (" + r.reason + ")").c_str() : "");
+        }
+      });
   PrintStages(made);
   std::fprintf(stderr, "tau: workflow %s: %zu of %zu stages succeeded\n", name.c_str(),
                made.size() - failed, made.size());

@@ -104,8 +104,47 @@ int Show(const api::Service& s, Format format) {
   return 0;
 }
 
+// `--wait`: follows the service until every replica of its current revision is ready (0), or the
+// server halts the rollout, or says the replicas crash-loop with none older to fall back on
+// (kExitInvalid, with the server's account: how the failing replica ended and its last log line).
+// A line on stderr each time the ready count changes.
+int WaitForRollout(client::Connection* conn, const std::string& name, int64_t revision) {
+  std::string said;
+  while (true) {
+    auto s = client::TauApi(conn).GetService(name);
+    if (!s.ok()) return Fail(s.status().message());
+    if (s->revision != revision)
+      return Fail(fmt::format("service {}: revision {} was replaced by revision {} while waiting",
+                              name, revision, s->revision));
+    int64_t ready = 0;
+    for (const api::ServiceReplica& r : s->replica_list)
+      if (r.revision == revision && r.ready && !r.draining) ++ready;
+    std::string line =
+        fmt::format("tau: service {} revision {}: ready {}/{}", name, revision, ready, s->replicas);
+    if (line != said) {
+      std::fprintf(stderr, "%s\n", line.c_str());
+      std::fflush(stderr);
+      said = std::move(line);
+    }
+    for (const char* key : {"rollout", "failing"})
+      if ((s->state == "RolloutHalted" || s->state == "Failing") && s->extra.contains(key) &&
+          s->extra[key].is_object()) {
+        std::fprintf(stderr, "tau: error: service %s: %s\n", name.c_str(),
+                     s->extra[key].value("message", s->state).c_str());
+        return kExitInvalid;
+      }
+    if (ready >= s->replicas) {
+      std::fprintf(stderr, "tau: service %s revision %lld: rolled out, %lld/%lld ready\n",
+                   name.c_str(), static_cast<long long>(revision), static_cast<long long>(ready),
+                   static_cast<long long>(s->replicas));
+      return 0;
+    }
+    ::usleep(250'000);
+  }
+}
+
 int CmdDeploy(const Global& g, const RunOptions& o, const std::string& name,
-              const std::string& from, const std::string& update) {
+              const std::string& from, const std::string& update, bool wait) {
   std::unique_ptr<client::Connection> conn;
   int rc = 0;
   auto spec = SubmissionBody(g, o, &conn, &rc);
@@ -129,8 +168,12 @@ int CmdDeploy(const Global& g, const RunOptions& o, const std::string& name,
   else
     std::printf("service %s: revision %lld rolling out one replica at a time\n", made->name.c_str(),
                 static_cast<long long>(made->revision));
-  std::printf("follow it: tau serve status %s\n", made->name.c_str());
-  return 0;
+  if (!wait) {
+    std::printf("follow it: tau serve status %s\n", made->name.c_str());
+    return 0;
+  }
+  std::fflush(stdout);
+  return WaitForRollout(conn.get(), made->name, made->revision);
 }
 
 int CmdList(const Global& g, Format format) {
@@ -234,10 +277,13 @@ void RegisterServeCommands(CLI::App* app, Context* ctx) {
     RunOptions run;
     std::string name, from, replica;
     int64_t replicas = 0, to = 0;
-    bool follow = false;
+    bool follow = false, wait = false;
   };
   auto a = std::make_shared<Args>();
   const Global& g = ctx->g;
+  static constexpr const char* kWaitHelp =
+      "Wait until every replica of the new revision is ready (exit 0) or the rollout halts (exit "
+      "1, saying how the failing replica ended); ready N/M lines on stderr";
   auto* serve = app->add_subcommand(
       "serve", "Services: a server kept running as replicas behind an endpoint (docs/serving.md)");
   serve->require_subcommand(1);
@@ -251,7 +297,8 @@ void RegisterServeCommands(CLI::App* app, Context* ctx) {
                      "A trained run whose model the replicas serve ($TAU_SERVE_MODEL, read-only)");
   deploy->add_option("--code-dir", a->run.code_dir, "The code directory (default: the spec's)");
   AddSetOption(deploy, &a->run.set);
-  deploy->callback([=, &g] { ctx->rc = CmdDeploy(g, a->run, a->name, a->from, ""); });
+  deploy->add_flag("--wait", a->wait, kWaitHelp);
+  deploy->callback([=, &g] { ctx->rc = CmdDeploy(g, a->run, a->name, a->from, "", a->wait); });
 
   auto* update = serve->add_subcommand(
       "update", "A new revision from a spec: replicas replaced one at a time, never fewer ready");
@@ -260,7 +307,8 @@ void RegisterServeCommands(CLI::App* app, Context* ctx) {
   update->add_option("--from", a->from, "Serve this run's model from now on");
   update->add_option("--code-dir", a->run.code_dir, "The code directory (default: the spec's)");
   AddSetOption(update, &a->run.set);
-  update->callback([=, &g] { ctx->rc = CmdDeploy(g, a->run, "", a->from, a->name); });
+  update->add_flag("--wait", a->wait, kWaitHelp);
+  update->callback([=, &g] { ctx->rc = CmdDeploy(g, a->run, "", a->from, a->name, a->wait); });
 
   auto* list = serve->add_subcommand("list", "The services you may see");
   auto list_format = AddOutput(list, ctx);

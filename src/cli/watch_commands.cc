@@ -81,12 +81,15 @@ std::string FetchRunState(const Global& g, const std::string& run, std::string* 
 std::atomic<bool> g_quit{false};
 void OnSignal(int) { g_quit = true; }
 
-// Follows `run`'s events until it ends, calling `on_change` at each; "" or the error. A stream can
-// end (a server restart): it reconnects until the run is done.
+// Follows `run`'s events until it ends, calling `on_change` with the run's state at each (and
+// first with its state at the start, when `at_start`); "" or the error. A stream can end (a server
+// restart): it reconnects until the run is done.
 template <typename F>
-std::string WaitUntilEnded(const Global& g, const std::string& run, F on_change) {
+std::string WaitUntilEnded(const Global& g, const std::string& run, F on_change,
+                           bool at_start = false) {
   std::string state;
   if (std::string err = FetchRunState(g, run, &state); !err.empty()) return err;
+  if (at_start) on_change(state);
   while (!IsTerminalState(state)) {
     auto conn = ConnectToServer(g.server);
     if (!conn.ok()) return conn.status().message();
@@ -98,7 +101,7 @@ std::string WaitUntilEnded(const Global& g, const std::string& run, F on_change)
           // the fetch above and that poll is in no event, so its state is read again now.
           std::string now;
           if (FetchRunState(g, run, &now).empty() && now != state) {
-            on_change();
+            on_change(now);
             state = now;
           }
           return !IsTerminalState(state);
@@ -106,7 +109,7 @@ std::string WaitUntilEnded(const Global& g, const std::string& run, F on_change)
         if (type != "run") return true;
         auto ev = api::RunEvent::FromJson(json::parse(data, nullptr, false));
         if (!ev.ok()) return true;
-        on_change();
+        on_change(ev->state);
         state = ev->state;
         return !IsTerminalState(state);
       });
@@ -135,7 +138,7 @@ int CmdStatusWatch(const Global& g, const std::string& run, Format format) {
   if (!IsRunName(run)) return NoSuchRun(run);
   int rc = CmdStatus(g, run, format);
   if (rc != 0) return rc;
-  std::string err = WaitUntilEnded(g, run, [&] {
+  std::string err = WaitUntilEnded(g, run, [&](const std::string&) {
     std::printf("\n");
     std::fflush(stdout);
     CmdStatus(g, run, format);
@@ -144,14 +147,22 @@ int CmdStatusWatch(const Global& g, const std::string& run, Format format) {
   return EndedRunStatus(g, run);
 }
 
-int CmdWait(const Global& g, const std::vector<std::string>& runs) {
+int CmdWait(const Global& g, const std::vector<std::string>& runs, bool quiet) {
   int rc = 0;
   for (const std::string& run : runs) {
     if (!IsRunName(run)) {
       if (rc == 0) rc = NoSuchRun(run);
       continue;
     }
-    if (std::string err = WaitUntilEnded(g, run, [] {}); !err.empty()) {
+    // A progress line on stderr at each change of the run's state; stdout has the end only.
+    std::string said;
+    auto progress = [&](const std::string& state) {
+      if (quiet || state == said) return;
+      std::fprintf(stderr, "tau: %s: %s\n", run.c_str(), state.c_str());
+      std::fflush(stderr);
+      said = state;
+    };
+    if (std::string err = WaitUntilEnded(g, run, progress, true); !err.empty()) {
       std::fprintf(stderr, "tau: error: %s\n", err.c_str());
       if (rc == 0) rc = kExitTauError;
       continue;

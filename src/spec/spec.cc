@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "common/strings.h"
 #include "common/yaml_text.h"
+#include "spec/set_fields.h"
 #include "spec/walk.h"
 #include "spec/yaml_file.h"
 
@@ -872,6 +873,82 @@ std::map<std::string, FieldPosition> Positions(const Ctx& ctx) {
 }
 
 }  // namespace
+
+namespace {
+
+// A node as a --set value: a scalar's text, a list or mapping in flow style ([a, b], {K: v}).
+std::string SetValueText(const YAML::Node& node) {
+  if (node.IsScalar()) return node.Scalar();
+  if (!node.IsDefined() || node.IsNull()) return "null";
+  YAML::Emitter out;
+  out.SetSeqFormat(YAML::Flow);
+  out.SetMapFormat(YAML::Flow);
+  out << node;
+  return out.c_str();
+}
+
+// The leaves of `node` under `path` as --set names them: a section's fields by name, an item of a
+// list of sections by index, an entry of a mapping field by key, free-form keys by key; any other
+// value (a list of values, an env entry) whole. `fields`: the section's, or null for a mapping.
+void SetLeaves(const YAML::Node& node, const std::string& path,
+               const std::vector<internal::FieldDef>* fields, bool free_form, int depth,
+               std::vector<std::pair<std::string, std::string>>* out) {
+  using internal::Kind;
+  if (depth > 32 || !node.IsMap() || node.size() == 0) {
+    out->emplace_back(path, SetValueText(node));
+    return;
+  }
+  for (const auto& entry : node) {
+    if (!entry.first.IsScalar()) continue;
+    const std::string key = entry.first.Scalar();
+    const std::string at = path.empty() ? key : path + "." + key;
+    const YAML::Node& value = entry.second;
+    const internal::FieldDef* def = nullptr;
+    if (fields)
+      for (const internal::FieldDef& f : *fields)
+        if (f.name == key) def = &f;
+    if (def && def->kind == Kind::kObject) {
+      SetLeaves(value, at, &def->children, false, depth + 1, out);
+    } else if (def && def->kind == Kind::kObjectList && value.IsSequence()) {
+      for (size_t i = 0; i < value.size(); ++i)
+        SetLeaves(value[i], fmt::format("{}[{}]", at, i), &def->children, false, depth + 1, out);
+    } else if (def && (def->kind == Kind::kStringMap || def->kind == Kind::kEnv) && value.IsMap() &&
+               value.size() > 0) {
+      for (const auto& item : value)
+        if (item.first.IsScalar())
+          out->emplace_back(at + "." + item.first.Scalar(), SetValueText(item.second));
+    } else if ((def && def->kind == Kind::kAny) || free_form || (!def && fields)) {
+      // Free-form (execution.configs.lr), or a key the walker reads otherwise: by key.
+      SetLeaves(value, at, nullptr, true, depth + 1, out);
+    } else {
+      out->emplace_back(at, SetValueText(value));
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> SetFields(std::string_view text,
+                                                           const std::vector<Override>& overrides) {
+  std::vector<std::pair<std::string, std::string>> out;
+  Ctx ctx{"spec"};
+  ctx.overrides = overrides;
+  try {
+    std::optional<YAML::Node> root = LoadChecked(ctx, text, "spec");
+    if (!root) return out;
+    std::optional<Shape> shape = DetectShape(ctx, *root);
+    if (!shape) return out;
+    const std::vector<internal::FieldDef>& fields =
+        *shape == Shape::kManifest ? internal::ManifestFields() : internal::DirectFields();
+    YAML::Node doc = *root;
+    if (!overrides.empty()) doc = internal::ApplyOverrides(ctx, *root, fields);
+    if (!ctx.diagnostics.empty()) return out;
+    SetLeaves(doc, "", &fields, false, 0, &out);
+  } catch (const std::exception&) {
+    out.clear();
+  }
+  return out;
+}
 
 std::string CanonicalField(std::string_view path) {
   for (const auto& [canonical, spellings] : CanonicalSpellings())

@@ -1,6 +1,9 @@
 // --set overrides: typed by the field trees, refused at the flag, applied before every check.
 #include <gtest/gtest.h>
 
+#include <map>
+
+#include "spec/set_fields.h"
 #include "spec/spec.h"
 #include "spec/spec_test_util.h"
 
@@ -244,6 +247,37 @@ TEST(SpecOverrides, MergeReplacesByPath) {
   EXPECT_EQ(merged[2].Text(), "compute.workers=2");
   EXPECT_EQ(CanonicalField("compute.gpus_per_worker"), "compute.gpus");
   EXPECT_EQ(CanonicalField("runtime.env.LR"), "runtime.env.LR");
+}
+
+// Every field SetFields names is one --set takes: setting each to the value it reports parses,
+// and gives the same spec.
+TEST(SetFieldsTest, NamesEachFieldAsSetTakesItWithTheOverridesApplied) {
+  const std::string text =
+      "schema_version: 1\nname: demo\nrun:\n  entrypoint: main.sh\n  args: ['1', 'x y']\n"
+      "compute:\n  gpus: 0\n  cpus: 100m\nruntime:\n  env:\n    LR: '0.1'\n"
+      "storage:\n  image_assets:\n    - name: data\n      image: busybox\n"
+      "      source_path: /d\n      mount_path: /mnt/d\n";
+  std::vector<Override> set = Set({"run.args=[5]", "runtime.env.SEED=7"});
+  auto fields = SetFields(text, set);
+  std::map<std::string, std::string> got(fields.begin(), fields.end());
+  EXPECT_EQ(got.size(), fields.size());
+  EXPECT_EQ(got["run.args"], "[5]");
+  EXPECT_EQ(got["runtime.env.LR"], "0.1");
+  EXPECT_EQ(got["runtime.env.SEED"], "7");
+  EXPECT_EQ(got["compute.cpus"], "100m");
+  EXPECT_EQ(got["storage.image_assets[0].image"], "busybox");
+  EXPECT_EQ(got.count("run.args[0]"), 0u);
+  const RunSpec want = MustParseWith(text, {"run.args=[5]", "runtime.env.SEED=7"});
+  std::vector<std::string> again;
+  for (const auto& [path, value] : fields) again.push_back(path + "=" + value);
+  const RunSpec same = MustParseWith(text, again);
+  nlohmann::json a = ToJson(same), b = ToJson(want);
+  a.erase("overrides");
+  b.erase("overrides");
+  EXPECT_EQ(a.dump(), b.dump());
+  // Unquoted, the file's list keeps its items apart ('x y' is one of them).
+  EXPECT_EQ(SetFields(text, {})[3].second, "[1, x y]");
+  EXPECT_TRUE(SetFields("not: [a spec", {}).empty());
 }
 
 }  // namespace

@@ -64,6 +64,19 @@ async function checkCompare(page) {
   const linear = await canvasState(page, "loss");
   if (linear.painted < 500) throw new Error(`the loss chart's canvas is empty (${linear.painted} pixels painted)`);
   ok(`compare view: loss chart with 4 curves (2 runs, train and val), ${linear.painted} pixels painted`);
+  // Attempt boundaries, one per run and later attempt: a run whose attempt 2 begins at step 6 in
+  // train and step 9 in val has one, at step 6 (one "attempt 2" label, not one per split).
+  const bounds = await page.evaluate(() => {
+    const pts = (steps, attempt) => steps.map((step) => ({ step, value: 1, attempt }));
+    return attemptBounds([
+      { run: "a", points: [...pts([0, 5], 1), ...pts([6, 7], 2)] },
+      { run: "a", points: [...pts([4], 1), ...pts([9], 2)] },
+      { run: "b", points: [...pts([0, 1], 1)] },
+    ], ["a", "b"]);
+  });
+  if (JSON.stringify(bounds) !== JSON.stringify([{ attempt: 2, step: 6, run: "a" }]))
+    throw new Error(`attempt boundaries: ${JSON.stringify(bounds)}`);
+  ok("attempt boundaries: one per run and attempt");
 
   await page.check("#cmp-log");
   await page.waitForSelector(`${loss}[data-scale="log"] canvas`, { timeout: 5000 });

@@ -3,6 +3,7 @@ runs one process per index, each seeing its own TAU_ARRAY_INDEX; a batch with on
 nothing; a batch whose answer was lost and is sent again gives the same runs."""
 import json
 import os
+import re
 import subprocess
 import unittest
 
@@ -81,6 +82,15 @@ class ArrayTest(ServerTestCase):
         runs = self.wait_all_ended(3)
         for r in runs:
             self.assertEqual(self.last_line(r["name"]), f"index={r['array']['index']}")
+        # Attached, the array says on stderr how many runs are done as the count changes, from
+        # none to all, each line once; stdout has nothing.
+        p = self.server.tau("run", "--array", "0-2", self.array_project("attached"), check=0)
+        self.assertEqual(p.stdout, "")
+        progress = [line.split(": ", 2)[2] for line in p.stderr.splitlines()
+                    if re.match(r"tau: array \S+: \d+/3 runs done", line)]
+        self.assertEqual(progress[0], "0/3 runs done, 0 running", p.stderr)
+        self.assertEqual(progress[-1], "3/3 runs done, 0 running", p.stderr)
+        self.assertTrue(all(a != b for a, b in zip(progress, progress[1:])), progress)
 
     def test_a_bad_range_is_refused_naming_the_flag_and_nothing_is_sent(self):
         spec = self.array_project("bad")

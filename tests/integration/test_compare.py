@@ -79,6 +79,25 @@ class CompareTest(ServerTestCase):
         self.assertIn("0.125 @3", table)
         self.assertIn("0.421875 @3", table)
 
+    def test_each_difference_is_shown_once_named_as_set_takes_it(self):
+        spec = self.project(SPEC.format(name="cmp"), {"main.sh": MAIN, "train.py": TRAIN})
+        a = self.run_with(spec, "0.5")
+        b = self.server.tau("run", "--detach", "--set", "runtime.env.LEARNING_RATE=0.25",
+                            "--set", "run.args=[--fast, '2']", spec, check=0).stdout.strip()
+        self.server.wait_state(b, ["Succeeded", "Failed", "Cancelled"], timeout=60)
+        out = self.compared(a, b)
+        fields = {d["field"]: [v["value"] for v in d["values"]] for d in out["config"]}
+        # run.args once, not also args[0] and args[1] of the canonical spec.
+        self.assertEqual(sorted(fields), ["run.args", "runtime.env.LEARNING_RATE"], out["config"])
+        self.assertEqual(fields["run.args"], [None, "[--fast, 2]"])
+        self.assertEqual(fields["runtime.env.LEARNING_RATE"], ["0.5", "0.25"])
+        # Each is copied into --set as it is shown, and the spec takes it.
+        for field, values in fields.items():
+            p = self.server.tau("validate", "--set", f"{field}={values[1]}", spec)
+            self.assertEqual(p.returncode, 0, f"--set {field}={values[1]}: {p.stdout}{p.stderr}")
+        table = self.server.tau("compare", a, b, check=0).stdout
+        self.assertEqual(table.count("run.args"), 1, table)
+
     def test_compare_names_the_files_that_differ(self):
         a = self.run_with(
             self.project(SPEC.format(name="ca"), {"main.sh": MAIN, "train.py": TRAIN}), "0.5")

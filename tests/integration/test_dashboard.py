@@ -242,6 +242,7 @@ class DashboardTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr + self.server.server_log()[-2000:])
         self.assertIn("run reached Succeeded on the page", p.stdout)
         self.assertIn("compare view: loss chart with 4 curves", p.stdout)
+        self.assertIn("attempt boundaries: one per run and attempt", p.stdout)
         self.assertRegex(p.stdout, r"services list: predict (\d+)/\1 ready")
         self.assertIn("service page: 1 replica rows, all ready", p.stdout)
         self.assertIn("request rate chart:", p.stdout)

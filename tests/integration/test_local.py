@@ -313,6 +313,22 @@ class RunTest(ServerTestCase):
         self.assertEqual(missing.returncode, 125)
         self.assertIn("no run named 'nope-00000000'", missing.stderr)
 
+    def test_wait_says_each_state_the_run_reaches_on_stderr_and_quiet_says_none(self):
+        gate = os.path.join(self.work, "gate")
+        code = f"import os, time\nwhile not os.path.exists({gate!r}):\n    time.sleep(0.05)\n"
+        run = self.submit(job_spec("w-progress"), {"main.py": code})
+        self.server.wait_state(run, "Running")
+        waiters = [subprocess.Popen([TAU, "wait", *flags, run], env=self.server.env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   for flags in ([], ["-q"])]
+        # The state it found is said at once, while the run still waits for the gate.
+        self.assertEqual(waiters[0].stderr.readline(), f"tau: {run}: Running\n")
+        open(gate, "w").close()
+        (out, err), (quiet_out, quiet_err) = (p.communicate(timeout=30) for p in waiters)
+        self.assertEqual(err.splitlines(), [f"tau: {run}: Succeeded"])
+        self.assertEqual(out, f"{run}: Succeeded (exit 0)\n")
+        self.assertEqual((quiet_out, quiet_err), (out, ""))
+
     def test_a_run_that_ends_before_the_event_stream_opens_still_ends_the_waiting(self):
         # The race the waiting commands must survive: they read the run's state (running), the
         # run ends, and only then their event stream opens, whose baseline already holds the end.

@@ -387,14 +387,26 @@ class ServeRevisionTest(ServeTestCase):
                       [h["message"].split(":")[0] for h in s["history"] if h["type"] == "Updated"])
 
     def test_a_crash_looping_update_halts_and_rolls_back(self):
-        self.server.tau("serve", "deploy", self.service_spec(version="1"), check=0)
+        # --wait: the deploy returns once both replicas are ready, saying the count as it grows.
+        p = self.server.tau("serve", "deploy", "--wait", self.service_spec(version="1"), check=0,
+                            timeout=120)
+        progress = [line for line in p.stderr.splitlines() if "revision 1: ready" in line]
+        self.assertEqual(progress[0], "tau: service svc revision 1: ready 0/2", p.stderr)
+        self.assertEqual(progress[-1], "tau: service svc revision 1: ready 2/2", p.stderr)
+        self.assertIn("tau: service svc revision 1: rolled out, 2/2 ready", p.stderr)
+        self.assertIn("service svc deployed", p.stdout)
         old = {r["run"] for r in self.wait_ready("svc", 2, timeout=120)["replica_list"]}
         crash = self.project(SERVICE.format(name="svc", replicas=2, version="2", gpus=0,
                                             marks=self.marks),
                              {"app.py": "import sys\nprint('loading the model', flush=True)\n"
                                         "print('fatal: no weights in /nowhere', flush=True)\n"
                                         "sys.exit(3)\n"})
-        self.server.tau("serve", "update", "svc", crash, check=0)
+        # --wait on an update that crash-loops: it ends when the server halts the rollout, failed
+        # (1), with how the failing replica ended and its last log line.
+        p = self.server.tau("serve", "update", "--wait", "svc", crash, check=1, timeout=200)
+        self.assertIn("tau: service svc revision 2: ready 0/2", p.stderr)
+        self.assertIn("tau: error: service svc: rollout halted: revision 2 replicas exited with "
+                      "code 3: fatal: no weights in /nowhere", p.stderr)
         s = wait_for(lambda: (lambda s: s if s["state"] == "RolloutHalted" else None)(
             self.status("svc")), timeout=180, what="the rollout halted")
         rollout = s["rollout"]
@@ -439,8 +451,11 @@ class ServeRevisionTest(ServeTestCase):
                                             marks=self.marks),
                              {"app.py": "import sys\nprint('fatal: no weights', flush=True)\n"
                                         "sys.exit(3)\n"})
-        self.server.tau("serve", "deploy", crash, check=0)
-        # Nothing older to fall back on: it keeps restarting, and the service says it is failing.
+        # Nothing older to fall back on: it keeps restarting, and the service says it is failing;
+        # --wait ends there, failed, with the same account.
+        p = self.server.tau("serve", "deploy", "--wait", crash, check=1, timeout=200)
+        self.assertIn("tau: error: service svc: revision 1 replicas exited with code 3: "
+                      "fatal: no weights", p.stderr)
         s = wait_for(lambda: (lambda s: s if s["state"] == "Failing" and "code 3" in
                               s["failing"]["message"] else None)(self.status("svc")),
                      timeout=180, what="the service failing")

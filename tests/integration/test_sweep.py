@@ -46,6 +46,15 @@ class SweepTest(ServerTestCase):
         p = self.server.tau("sweep", path, check=0, timeout=120)
         self.assertIn("6 runs in group g1", p.stderr)
         self.assertIn("6 of 6 runs succeeded", p.stderr)
+        # Progress on stderr: a line when the count of ended points changes or a better one ends,
+        # never the same line twice in a row; the last names the best point's loss.
+        progress = [line for line in p.stderr.splitlines() if line.startswith("tau: sweep: ")]
+        self.assertTrue(progress, p.stderr)
+        self.assertTrue(all(a != b for a, b in zip(progress, progress[1:])), progress)
+        done = [int(line.split()[2].split("/")[0]) for line in progress]
+        self.assertEqual(done, sorted(done))
+        self.assertRegex(progress[-1], r"^tau: sweep: 6/6 points done, 0 running, "
+                                       r"best so far loss=0\.1 \(point [1-6]\)$")
         lines = p.stdout.strip().splitlines()
         self.assertEqual(lines[0].split(), ["RUN", "STATE", "runtime.env.LR", "run.args",
                                             "loss", "(min)"])
@@ -152,6 +161,13 @@ class SweepTest(ServerTestCase):
 
         p = run("{metric: loss, split: val, goal: minimize}")
         self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("tau: sweep: 2/2 points done, 0 running, best so far loss=0.1 (point 2)",
+                      p.stderr)
+        # --quiet: the same table, no progress lines.
+        quiet = self.server.tau("sweep", "-q", sweep, timeout=120)
+        self.assertEqual(quiet.returncode, 0, quiet.stderr)
+        self.assertNotIn("tau: sweep: ", quiet.stderr)
+        self.assertEqual(len(quiet.stdout.strip().splitlines()), 3)
         lines = p.stdout.strip().splitlines()
         self.assertEqual(lines[0].split()[-2:], ["loss/val", "(min)"])
         self.assertEqual([(row.split()[2], float(row.split()[-1])) for row in lines[1:]],

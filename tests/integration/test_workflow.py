@@ -9,7 +9,9 @@ say which command takes it, and a file of no kind tau reads is named as such."""
 import hashlib
 import json
 import os
+import re
 import signal
+import threading
 import unittest
 
 from harness import ServerTestCase, wait_for
@@ -130,10 +132,38 @@ class WorkflowTest(ServerTestCase):
     def test_a_failed_stage_stops_the_next_and_retry_stage_runs_both_again(self):
         path, marks = self.workflow()
         open(os.path.join(marks, "fail"), "w").close()
+        # train holds until it has been seen running, so that its Running line is certain.
+        hold = os.path.join(marks, "hold")
+        open(hold, "w").close()
+
+        def release():
+            def running():
+                out = self.server.tau("list", "-o", "json").stdout
+                return any(r["name"].endswith("-train") and r["state"] == "Running"
+                           for r in json.loads(out or '{"runs": []}')["runs"])
+            wait_for(running, timeout=60, what="train running")
+            os.remove(hold)
+        releaser = threading.Thread(target=release, daemon=True)
+        releaser.start()
         p = self.server.tau("run", path, timeout=120)
+        releaser.join(timeout=10)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("1 of 3 stages succeeded", p.stderr)
         name = p.stderr.split("workflow ")[1].split()[0]
+        # A line on stderr as each stage's run changes state, naming the stage and its run.
+        seen = {}
+        for line in p.stderr.splitlines():
+            m = re.fullmatch(r"tau: stage (\w+) \((\S+)\): (.+)", line)
+            if m:
+                self.assertEqual(m[2], f"{name}-{m[1]}")
+                seen.setdefault(m[1], []).append(m[3])
+        self.assertEqual(seen["prepare"][-1], "Succeeded", p.stderr)
+        self.assertIn("Running", seen["train"])
+        self.assertTrue(seen["train"][-1].startswith("Failed"), p.stderr)
+        self.assertEqual(seen["eval"][-1], "Cancelled (UpstreamFailed)")
+        for states in seen.values():
+            self.assertNotIn(states[0], ("Succeeded", "Failed", "Cancelled"))
+            self.assertTrue(all(a != b for a, b in zip(states, states[1:])), states)
         stages = self.stages(name)
         self.assertEqual(stages["train"]["state"], "Failed")
         self.assertEqual(stages["eval"]["state"], "Cancelled")
