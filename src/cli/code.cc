@@ -163,7 +163,14 @@ Status Walk(Walker& w, const std::string& rel_dir) {
       TAU_RETURN_IF_ERROR(Walk(w, rel));
       continue;
     }
-    if (!S_ISREG(st.st_mode)) continue;
+    if (!S_ISREG(st.st_mode)) {
+      // A FIFO, socket or device: reading it could block or never end; it is no code.
+      w.out.warnings.push_back(fmt::format("skipped '{}': a {}, not a regular file", rel,
+                                           S_ISFIFO(st.st_mode)   ? "FIFO"
+                                           : S_ISSOCK(st.st_mode) ? "socket"
+                                                                  : "device"));
+      continue;
+    }
     if (w.out.files.size() >= kMaxSnapshotFiles)
       return ResourceExhausted(fmt::format(
           "the code directory {} has more than {} files; list what the run does not need in "

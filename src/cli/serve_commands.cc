@@ -122,7 +122,15 @@ int CmdDeploy(const Global& g, const RunOptions& o, const std::string& name,
   client::TauApi tau(conn.get());
   auto made = update.empty() ? tau.DeployService(JsonText(spec->body))
                              : tau.UpdateService(update, JsonText(spec->body));
-  if (!made.ok()) return SubmissionFailed(*spec, made.status());
+  if (!made.ok()) {
+    // The run to serve was the flag's, not the file's: the refusal names the flag.
+    const std::string& message = made.status().message();
+    if (!from.empty() && StartsWith(message, "serve.from: ")) {
+      std::fprintf(stderr, "--from %s: error: %s\n", from.c_str(), message.substr(12).c_str());
+      return kExitTauError;
+    }
+    return SubmissionFailed(*spec, made.status());
+  }
   if (update.empty())
     std::printf("service %s deployed: %lld replica(s) starting; its endpoint is %s\n",
                 made->name.c_str(), static_cast<long long>(made->replicas), made->endpoint.c_str());
