@@ -280,7 +280,7 @@ Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec&
     for (int i = 0; i < up && reached != reached.root_path(); ++i) reached = reached.parent_path();
     if (!Inside(dir, repo) || !(reached == repo || Inside(reached, repo)))
       return InvalidArgument(fmt::format(
-          "{}: entrypoint '{}' leaves {}; name it relative to {}", spec_file, entry, what,
+          "run.entrypoint: '{}' leaves {}; name it relative to {}", entry, what,
           code_dir.empty() ? "the repository root (tau runs it from there)" : "that folder"));
     out.subdir = dir.lexically_relative(repo).string();
     return out;
@@ -290,9 +290,9 @@ Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec&
   for (int i = 0; i < up; ++i) {
     if (root == root.root_path())
       return InvalidArgument(fmt::format(
-          "{}: entrypoint '{}' leaves the file system's root; name it relative to the spec's "
+          "run.entrypoint: '{}' leaves the file system's root; name it relative to the spec's "
           "folder",
-          spec_file, entry));
+          entry));
     root = root.parent_path();
   }
   out.root = root.string();

@@ -820,7 +820,8 @@ int CmdRun(const Global& g, const RunOptions& o) {
     return Fail(fmt::format("{} is a service (kind: service): deploy it with `tau serve deploy {}`",
                             file, file));
   auto code = ManifestCode(file, parsed, o.code_dir);
-  if (!code.ok()) return Fail(code.status().message());
+  // An entrypoint that leaves the code is named at its line.
+  if (!code.ok()) return SubmitFailed(file, parsed, code.status());
   auto connected = ConnectToServer(g.server);
   if (!connected.ok()) return Fail(connected.status().message());
   std::unique_ptr<client::Connection> owned = std::move(*connected);

@@ -247,7 +247,9 @@ TEST(SpecErrors, YamlLevelProblems) {
             std::string::npos);
   EXPECT_NE(Errors("42\n").find("got an integer (42)"), std::string::npos);
   EXPECT_NE(Errors("~\n").find("the file is empty"), std::string::npos);
-  EXPECT_NE(Errors("name: [unclosed\n").find("tau.yaml:2:1: error: YAML syntax error"),
+  EXPECT_NE(Errors("name: [unclosed\n")
+                .find("tau.yaml:1:7: error: this '[' is never closed: add the ']' that ends it "
+                      "(YAML syntax error at 2:1: "),
             std::string::npos);
   EXPECT_NE(Errors("engine: job\nname: a: b\n").find("tau.yaml:2:8: error: YAML syntax error"),
             std::string::npos);

@@ -150,7 +150,7 @@ TEST(SpecOverrides, EveryFormAHintSuggestsIsAccepted) {
     const size_t at = e.find("such as --set ");
     ASSERT_NE(at, std::string::npos) << e;
     const std::string path = e.substr(at + 14, e.find("=VALUE", at) - at - 14);
-    const std::string got = ErrorsWith(Manifest(), {path + "=1"});
+    const std::string got = ParseWith(Manifest(), {path + "=1"}).ErrorText();
     EXPECT_EQ(got.find("is a section"), std::string::npos) << section << ": " << got;
     EXPECT_EQ(got.find("is a list"), std::string::npos) << section << ": " << got;
     EXPECT_EQ(got.find("is a mapping"), std::string::npos) << section << ": " << got;

@@ -117,12 +117,41 @@ class BadInputTest(ServerTestCase):
         self.assertNotIn("is a section", p.stderr)
 
     def test_an_entrypoint_that_climbs_out_of_the_code_directory_is_refused_at_its_line(self):
+        # In a repository (tau/NAME.yaml), the code is the repository: leaving it is refused.
+        repo = tempfile.mkdtemp(dir=self.work)
+        os.makedirs(os.path.join(repo, ".git"))
+        os.makedirs(os.path.join(repo, "tau"))
+        spec = os.path.join(repo, "tau", "train.yaml")
+        with open(spec, "w") as f:
+            f.write(SPEC.format(name="up").replace("main.sh", "../../main.sh"))
+        p = self.server.tau("run", spec)
+        self.assertEqual(p.returncode, 125, p.stderr)
+        self.assertIn(f"{spec}:4:3: error: run.entrypoint: '../../main.sh' leaves the repository "
+                      "root", p.stderr)
+        # Beside a plain spec, ../ makes the folder above the code: what is not there is named
+        # at its line too.
         spec = self.project(SPEC.format(name="up").replace("main.sh", "../main.sh"),
                             {"main.sh": MAIN})
-        p = self.server.tau("run", spec, check=1)
-        self.assertIn(f"{spec}:4:15: error: run.entrypoint: '../main.sh' leaves the code "
-                      "directory", p.stderr)
+        p = self.server.tau("run", spec)
+        self.assertEqual(p.returncode, 125, p.stderr)
+        self.assertIn(f"{spec}:4:3: error: run.entrypoint: '../main.sh' is not among", p.stderr)
         self.no_runs()
+
+    def test_a_server_refusal_of_a_set_value_names_the_set(self):
+        spec = self.project(SPEC.format(name="srv"), {"main.sh": MAIN})
+        p = self.server.tau("run", spec, "--set", "run.entrypoint=nothere.py")
+        self.assertEqual(p.returncode, 125, p.stderr)
+        self.assertIn("--set run.entrypoint=nothere.py: error: run.entrypoint: 'nothere.py' is "
+                      "not among the", p.stderr)
+        self.assertNotIn(f"{spec}:", p.stderr)
+        self.no_runs()
+
+    def test_a_missing_colon_is_noted_at_its_line(self):
+        spec = self.project("schema_version: 1\nname: mc\nrun:\n  entrypoint main.sh\n"
+                            "  workload_kind: job\n", {"main.sh": MAIN})
+        p = self.server.tau("validate", spec, check=1)
+        self.assertIn(f"{spec}:5:16: error: YAML syntax error: illegal map value", p.stderr)
+        self.assertIn(f"{spec}:4:3: note: this line has no ':' after its key", p.stderr)
 
     def test_a_guardrail_duration_under_its_minimum_names_the_minimum(self):
         spec = self.project(SPEC.format(name="gd") +
