@@ -106,6 +106,11 @@ int Show(const api::Service& s, Format format) {
 
 int CmdDeploy(const Global& g, const RunOptions& o, const std::string& name,
               const std::string& from, const std::string& update) {
+  // The check serve.from gets in a spec (spec/fields.cc), before anything is sent.
+  if (!from.empty() && !IsDns1123Label(from))
+    return Fail(fmt::format(
+        "--from {}: not a run's name (lowercase letters, digits and '-', as tau list shows them)",
+        from));
   std::unique_ptr<client::Connection> conn;
   int rc = 0;
   auto spec = SubmissionBody(g, o, &conn, &rc);
@@ -127,6 +132,11 @@ int CmdDeploy(const Global& g, const RunOptions& o, const std::string& name,
     const std::string& message = made.status().message();
     if (!from.empty() && StartsWith(message, "serve.from: ")) {
       std::fprintf(stderr, "--from %s: error: %s\n", from.c_str(), message.substr(12).c_str());
+      return kExitTauError;
+    }
+    // The file's serve.from, or a --set of it: named at its line, or at the --set.
+    if (StartsWith(message, "serve.from: ")) {
+      std::fprintf(stderr, "%s\n", LocatedErrors(spec->file, spec->parsed, message).c_str());
       return kExitTauError;
     }
     return SubmissionFailed(*spec, made.status());

@@ -28,6 +28,8 @@ workspaces:
 SPEC = ("schema_version: 1\nname: {name}\nrun:\n  entrypoint: main.sh\n  workload_kind: job\n"
         "compute:\n  gpus: 0\n  workers: 1\n  cpus: 100m\n  memory: 16Mi\n")
 MAIN = "#!/bin/sh\necho hi\n"
+SERVICE = ("schema_version: 1\nkind: service\nname: sv\nrun:\n  entrypoint: main.sh\n"
+           "compute:\n  gpus: 0\nserve:\n  replicas: 1\n  from: {frm}\n")
 
 
 class BadInputTest(ServerTestCase):
@@ -104,6 +106,25 @@ class BadInputTest(ServerTestCase):
         p = self.server.tau("run", wf, check=1)
         self.assertIn(f"{wf}:8:11: error: stage 'eval': spec: 'evl.yaml': no file ", p.stderr)
         self.no_runs()
+
+    def test_serve_from_is_checked_alike_by_validate_and_deploy_and_named_where_it_was_set(self):
+        svc = self.project(SERVICE.format(frm="Bad_Name"), {"main.sh": MAIN})
+        p = self.server.tau("validate", svc, check=1)
+        self.assertIn(f"{svc}:10:9: error: serve.from: 'Bad_Name' is not a run's name", p.stderr)
+        p = self.server.tau("serve", "deploy", svc)
+        self.assertIn(f"{svc}:10:9: error: serve.from: 'Bad_Name' is not a run's name", p.stderr)
+        ok = self.project(SERVICE.format(frm="nope-run"), {"main.sh": MAIN})
+        p = self.server.tau("serve", "deploy", ok, "--from", "Bad_Name")
+        self.assertIn("--from Bad_Name: not a run's name", p.stderr)
+        # The server's refusal, at what set the run: the file's line, a --set, or --from.
+        p = self.server.tau("serve", "deploy", ok)
+        self.assertIn(f"{ok}:10:3: error: serve.from: no run is named 'nope-run'", p.stderr)
+        p = self.server.tau("serve", "deploy", ok, "--set", "serve.from=other-run")
+        self.assertIn("--set serve.from=other-run: error: serve.from: no run is named 'other-run'",
+                      p.stderr)
+        p = self.server.tau("serve", "deploy", ok, "--from", "third-run")
+        self.assertIn("--from third-run: error: no run is named 'third-run'", p.stderr)
+        self.assertNotIn(f"{ok}:", p.stderr)
 
     def test_a_set_hint_suggests_forms_that_are_accepted(self):
         spec = self.project(SPEC.format(name="hint"), {"main.sh": MAIN})
