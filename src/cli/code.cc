@@ -163,7 +163,14 @@ Status Walk(Walker& w, const std::string& rel_dir) {
       TAU_RETURN_IF_ERROR(Walk(w, rel));
       continue;
     }
-    if (!S_ISREG(st.st_mode)) continue;
+    if (!S_ISREG(st.st_mode)) {
+      // A FIFO, socket or device: reading it could block or never end; it is no code.
+      w.out.warnings.push_back(fmt::format("skipped '{}': a {}, not a regular file", rel,
+                                           S_ISFIFO(st.st_mode)   ? "FIFO"
+                                           : S_ISSOCK(st.st_mode) ? "socket"
+                                                                  : "device"));
+      continue;
+    }
     if (w.out.files.size() >= kMaxSnapshotFiles)
       return ResourceExhausted(fmt::format(
           "the code directory {} has more than {} files; list what the run does not need in "
@@ -273,7 +280,7 @@ Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec&
     for (int i = 0; i < up && reached != reached.root_path(); ++i) reached = reached.parent_path();
     if (!Inside(dir, repo) || !(reached == repo || Inside(reached, repo)))
       return InvalidArgument(fmt::format(
-          "{}: entrypoint '{}' leaves {}; name it relative to {}", spec_file, entry, what,
+          "run.entrypoint: '{}' leaves {}; name it relative to {}", entry, what,
           code_dir.empty() ? "the repository root (tau runs it from there)" : "that folder"));
     out.subdir = dir.lexically_relative(repo).string();
     return out;
@@ -283,9 +290,9 @@ Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec&
   for (int i = 0; i < up; ++i) {
     if (root == root.root_path())
       return InvalidArgument(fmt::format(
-          "{}: entrypoint '{}' leaves the file system's root; name it relative to the spec's "
+          "run.entrypoint: '{}' leaves the file system's root; name it relative to the spec's "
           "folder",
-          spec_file, entry));
+          entry));
     root = root.parent_path();
   }
   out.root = root.string();

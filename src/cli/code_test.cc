@@ -90,8 +90,9 @@ TEST_F(CodeRootTest, TheRepositoryLayoutShipsTheRootAndRunsFromIt) {
   // Leaving the repository is refused.
   root = FindCodeRoot(Path("repo/tau/train.yaml"), Entry("../../train.py"));
   ASSERT_FALSE(root.ok());
-  EXPECT_NE(root.status().message().find("entrypoint '../../train.py' leaves the repository root"),
-            std::string::npos)
+  EXPECT_NE(
+      root.status().message().find("run.entrypoint: '../../train.py' leaves the repository root"),
+      std::string::npos)
       << root.status().message();
 }
 

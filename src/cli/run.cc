@@ -34,6 +34,7 @@
 #include "common/strings.h"
 #include "spec/spec.h"
 #include "spec/workflow.h"
+#include "spec/workflow_places.h"
 
 namespace tau::cli {
 namespace {
@@ -550,7 +551,31 @@ Result<std::string> ResolveBeside(const std::string& beside, const std::string& 
   const bool is_file =
       t.find('/') != std::string::npos || EndsWith(t, ".yaml") || EndsWith(t, ".yml");
   if (is_file && t[0] != '/') t = (fs::path(beside).parent_path() / t).lexically_normal().string();
+  std::error_code ec;
+  if (is_file && !fs::is_regular_file(t, ec))
+    return NotFound(fmt::format(
+        "'{}': {} ({} names a file relative to its own folder, or a TARGET: tau/NAME.yaml of the "
+        "repository); name a spec file that exists",
+        target, fs::exists(t, ec) ? t + " is not a file" : "no file " + t, beside));
   return ResolveSpecTarget(t, code_dir);
+}
+
+// The spec's errors about a value an override gave are named "--set PATH=VALUE"; where a sweep or
+// workflow file wrote that value (origins[k], "FILE:LINE:COL", of overrides[k]), they name that
+// place instead. Whether any error is at one of them.
+bool AtOrigins(spec::ParseOutcome* parsed, const std::vector<spec::Override>& overrides,
+               const std::vector<std::string>& origins) {
+  bool moved = false;
+  for (spec::Diagnostic& d : parsed->diagnostics) {
+    if (d.line != 0) continue;
+    for (size_t k = 0; k < overrides.size() && k < origins.size(); ++k)
+      if (d.file == "--set " + overrides[k].Text()) {
+        d.file = origins[k];
+        moved = moved || !d.warning;
+        break;
+      }
+  }
+  return moved;
 }
 
 }  // namespace
@@ -565,7 +590,11 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
   }
   // The spec: a TARGET (tau/NAME.yaml of the repository), or a file beside the sweep file.
   auto file = ResolveBeside(o.file, sweep->spec, o.code_dir);
-  if (!file.ok()) return Fail(o.file + ": spec: " + file.status().message());
+  if (!file.ok()) {
+    std::fprintf(stderr, "%s:%d:%d: error: spec: %s\n", o.file.c_str(), sweep->spec_line,
+                 sweep->spec_column, file.status().message().c_str());
+    return kExitInvalid;
+  }
   std::string spec_text;
   int rc = 0;
   std::optional<spec::ParseOutcome> base = ReadSpecFile(*file, &spec_text, &rc);
@@ -573,12 +602,14 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
   const std::string group =
       sweep->group.empty() ? base->spec->name + "-sweep-" + RandomHex(4) : sweep->group;
   // Every point is checked as `tau run --set` would check it before anything is sent.
-  std::vector<std::vector<spec::Override>> points = SweepPoints(*sweep);
+  std::vector<std::vector<std::string>> origins;
+  std::vector<std::vector<spec::Override>> points = SweepPoints(*sweep, &origins);
   nlohmann::json runs = nlohmann::json::array();
   for (size_t i = 0; i < points.size(); ++i) {
     std::vector<spec::Override> overrides = points[i];
     overrides.push_back({"experiment.group", group});
     spec::ParseOutcome parsed = spec::ParseSpec(spec_text, *file, overrides);
+    AtOrigins(&parsed, overrides, origins[i]);
     if (!parsed.ok()) {
       std::vector<std::string> texts;
       for (const spec::Override& v : points[i]) texts.push_back(v.Text());
@@ -668,7 +699,8 @@ int CmdRunWorkflow(const Global& g, const RunOptions& o, const std::string& file
     return Fail(
         "--set: a workflow's stages take their fields in the workflow file (each stage's "
         "`set:`), not from the command line");
-  auto workflow = spec::ParseWorkflow(text, file);
+  std::vector<spec::StagePlaces> places;
+  auto workflow = spec::ParseWorkflow(text, file, &places);
   if (!workflow.ok()) {
     std::fprintf(stderr, "%s\n", workflow.status().message().c_str());
     return kExitInvalid;
@@ -679,17 +711,37 @@ int CmdRunWorkflow(const Global& g, const RunOptions& o, const std::string& file
     std::optional<spec::ParseOutcome> parsed;
   };
   std::vector<Stage> stages;
-  for (const spec::WorkflowStage& st : workflow->stages) {
+  for (size_t i = 0; i < workflow->stages.size(); ++i) {
+    const spec::WorkflowStage& st = workflow->stages[i];
+    const spec::StagePlaces& at = places[i];
     Stage s;
     auto resolved = ResolveBeside(file, st.spec, o.code_dir);
-    if (!resolved.ok())
-      return Fail(fmt::format("{}:{}:{}: stage '{}': spec: {}", file, st.line, st.column, st.name,
-                              resolved.status().message()));
+    if (!resolved.ok()) {
+      std::fprintf(stderr, "%s:%d:%d: error: stage '%s': spec: %s\n", file.c_str(), at.spec_line,
+                   at.spec_column, st.name.c_str(), resolved.status().message().c_str());
+      return kExitInvalid;
+    }
     s.file = *resolved;
+    // Checked by ParseWorkflow; each value's errors name its place in the workflow file.
     auto overrides = spec::ParseOverrides(st.set);
     if (!overrides.ok())
       return Fail(fmt::format("{}:{}:{}: stage '{}': set: {}", file, st.line, st.column, st.name,
                               overrides.status().message()));
+    if (!overrides->empty()) {
+      // A value of the stage's `set:` that the spec refuses is named where the workflow file
+      // writes it.
+      auto text = ReadFileAtMost(s.file, spec::kMaxSpecBytes, "a spec");
+      spec::ParseOutcome parsed;
+      if (text.ok()) parsed = spec::ParseSpec(*text, s.file, *overrides);
+      if (text.ok() && AtOrigins(&parsed, *overrides, at.set_origins)) {
+        std::fprintf(stderr,
+                     "%s\n%s:%d:%d: stage '%s': its spec %s cannot be used with its set "
+                     "(above)\n",
+                     parsed.ErrorText().c_str(), file.c_str(), st.line, st.column, st.name.c_str(),
+                     s.file.c_str());
+        return kExitInvalid;
+      }
+    }
     int rc = 0;
     s.parsed = ReadSpecFile(s.file, &s.text, &rc, *overrides);
     if (!s.parsed) {
@@ -853,7 +905,8 @@ int CmdRun(const Global& g, const RunOptions& o) {
     return Fail(fmt::format("{} is a service (kind: service): deploy it with `tau serve deploy {}`",
                             file, file));
   auto code = ManifestCode(file, parsed, o.code_dir);
-  if (!code.ok()) return Fail(code.status().message());
+  // An entrypoint that leaves the code is named at its line.
+  if (!code.ok()) return SubmitFailed(file, parsed, code.status());
   auto connected = ConnectToServer(g.server);
   if (!connected.ok()) return Fail(connected.status().message());
   std::unique_ptr<client::Connection> owned = std::move(*connected);

@@ -145,6 +145,11 @@ int WaitForRollout(client::Connection* conn, const std::string& name, int64_t re
 
 int CmdDeploy(const Global& g, const RunOptions& o, const std::string& name,
               const std::string& from, const std::string& update, bool wait) {
+  // The check serve.from gets in a spec (spec/fields.cc), before anything is sent.
+  if (!from.empty() && !IsDns1123Label(from))
+    return Fail(fmt::format(
+        "--from {}: not a run's name (lowercase letters, digits and '-', as tau list shows them)",
+        from));
   std::unique_ptr<client::Connection> conn;
   int rc = 0;
   auto spec = SubmissionBody(g, o, &conn, &rc);
@@ -161,7 +166,20 @@ int CmdDeploy(const Global& g, const RunOptions& o, const std::string& name,
   client::TauApi tau(conn.get());
   auto made = update.empty() ? tau.DeployService(JsonText(spec->body))
                              : tau.UpdateService(update, JsonText(spec->body));
-  if (!made.ok()) return SubmissionFailed(*spec, made.status());
+  if (!made.ok()) {
+    // The run to serve was the flag's, not the file's: the refusal names the flag.
+    const std::string& message = made.status().message();
+    if (!from.empty() && StartsWith(message, "serve.from: ")) {
+      std::fprintf(stderr, "--from %s: error: %s\n", from.c_str(), message.substr(12).c_str());
+      return kExitTauError;
+    }
+    // The file's serve.from, or a --set of it: named at its line, or at the --set.
+    if (StartsWith(message, "serve.from: ")) {
+      std::fprintf(stderr, "%s\n", LocatedErrors(spec->file, spec->parsed, message).c_str());
+      return kExitTauError;
+    }
+    return SubmissionFailed(*spec, made.status());
+  }
   if (update.empty())
     std::printf("service %s deployed: %lld replica(s) starting; its endpoint is %s\n",
                 made->name.c_str(), static_cast<long long>(made->replicas), made->endpoint.c_str());

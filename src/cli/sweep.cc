@@ -17,7 +17,10 @@ struct Errors {
   const std::string& file;
   std::vector<std::string> lines;
   void Add(const YAML::Mark& at, const std::string& message) {
-    lines.push_back(fmt::format("{}:{}:{}: error: {}", file, at.line + 1, at.column + 1, message));
+    lines.push_back(fmt::format("{}: error: {}", Origin(at), message));
+  }
+  std::string Origin(const YAML::Mark& at) const {
+    return fmt::format("{}:{}:{}", file, at.line + 1, at.column + 1);
   }
 };
 
@@ -76,6 +79,7 @@ void ParseParameter(const std::string& path, const YAML::Node& v, bool random, E
   out->path = path;
   out->line = v.Mark().line + 1;
   out->column = v.Mark().column + 1;
+  out->range_origin = errors->Origin(v.Mark());
   if (v.IsSequence()) {
     if (v.size() == 0) errors->Add(v.Mark(), "parameters." + path + ": no values");
     for (const YAML::Node& item : v) {
@@ -84,7 +88,7 @@ void ParseParameter(const std::string& path, const YAML::Node& v, bool random, E
         errors->Add(item.Mark(),
                     "parameters." + path + ": a value is a scalar or a list of scalars");
       else
-        out->values.push_back(*text);
+        out->values.push_back(*text), out->origins.push_back(errors->Origin(item.Mark()));
     }
     return;
   }
@@ -138,13 +142,17 @@ uint64_t Next(uint64_t* state) {
 }
 double Unit(uint64_t* state) { return static_cast<double>(Next(state) >> 11) * 0x1.0p-53; }
 
-std::string Draw(const SweepParameter& p, uint64_t* state) {
-  if (!p.values.empty()) return p.values[Next(state) % p.values.size()];
+// A value of `p`, and where the file writes it.
+std::pair<std::string, std::string> Draw(const SweepParameter& p, uint64_t* state) {
+  if (!p.values.empty()) {
+    const size_t i = Next(state) % p.values.size();
+    return {p.values[i], p.origins[i]};
+  }
   const double u = Unit(state);
   double v = p.log ? std::exp(std::log(*p.min) + u * (std::log(*p.max) - std::log(*p.min)))
                    : *p.min + u * (*p.max - *p.min);
-  if (p.integer) return fmt::format("{}", static_cast<int64_t>(std::llround(v)));
-  return fmt::format("{:.6g}", v);
+  if (p.integer) return {fmt::format("{}", static_cast<int64_t>(std::llround(v))), p.range_origin};
+  return {fmt::format("{:.6g}", v), p.range_origin};
 }
 
 }  // namespace
@@ -168,6 +176,8 @@ Result<SweepFile> ParseSweep(const std::string& text, const std::string& file) {
     const YAML::Node v = it->second;  // a copy: operator-> gives a temporary
     if (key == "spec") {
       out.spec = scalar(v, "spec");
+      out.spec_line = v.Mark().line + 1;
+      out.spec_column = v.Mark().column + 1;
     } else if (key == "group") {
       out.group = scalar(v, "group");
     } else if (key == "method") {
@@ -271,27 +281,41 @@ Result<SweepFile> ParseSweep(const std::string& text, const std::string& file) {
   return out;
 }
 
-std::vector<std::vector<spec::Override>> SweepPoints(const SweepFile& sweep) {
+std::vector<std::vector<spec::Override>> SweepPoints(
+    const SweepFile& sweep, std::vector<std::vector<std::string>>* origins) {
   std::vector<std::vector<spec::Override>> points;
+  std::vector<std::vector<std::string>> at;
   if (sweep.random) {
     uint64_t state = sweep.seed;
     for (int64_t i = 0; i < sweep.samples; ++i) {
       std::vector<spec::Override> point;
-      for (const SweepParameter& p : sweep.parameters) point.push_back({p.path, Draw(p, &state)});
-      points.push_back(std::move(point));
-    }
-    return points;
-  }
-  points.push_back({});
-  for (const SweepParameter& p : sweep.parameters) {
-    std::vector<std::vector<spec::Override>> next;
-    for (const auto& point : points)
-      for (const std::string& v : p.values) {
-        next.push_back(point);
-        next.back().push_back({p.path, v});
+      std::vector<std::string> point_at;
+      for (const SweepParameter& p : sweep.parameters) {
+        auto [value, origin] = Draw(p, &state);
+        point.push_back({p.path, std::move(value)});
+        point_at.push_back(std::move(origin));
       }
-    points = std::move(next);
+      points.push_back(std::move(point));
+      at.push_back(std::move(point_at));
+    }
+  } else {
+    points.push_back({});
+    at.push_back({});
+    for (const SweepParameter& p : sweep.parameters) {
+      std::vector<std::vector<spec::Override>> next;
+      std::vector<std::vector<std::string>> next_at;
+      for (size_t k = 0; k < points.size(); ++k)
+        for (size_t i = 0; i < p.values.size(); ++i) {
+          next.push_back(points[k]);
+          next.back().push_back({p.path, p.values[i]});
+          next_at.push_back(at[k]);
+          next_at.back().push_back(p.origins[i]);
+        }
+      points = std::move(next);
+      at = std::move(next_at);
+    }
   }
+  if (origins) *origins = std::move(at);
   return points;
 }
 

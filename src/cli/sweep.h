@@ -25,11 +25,15 @@ struct SweepParameter {
   bool log = false;
   bool integer = false;      // a range of whole numbers (min and max written as integers)
   int line = 0, column = 0;  // where the file names it
+  // Where each of `values` is written, "FILE:LINE:COL"; a range's draws are at the range's.
+  std::vector<std::string> origins;
+  std::string range_origin;
 };
 
 struct SweepFile {
-  std::string file;     // as given
-  std::string spec;     // the spec file, relative to the sweep file's folder, or a TARGET
+  std::string file;  // as given
+  std::string spec;  // the spec file, relative to the sweep file's folder, or a TARGET
+  int spec_line = 0, spec_column = 0;  // where `spec:`'s value is
   std::string group;    // experiment.group of every run; "" makes one from the spec's name
   bool random = false;  // method: grid (every combination) or random (`samples` draws)
   int64_t samples = 0;
@@ -46,7 +50,9 @@ Result<SweepFile> ParseSweep(const std::string& text, const std::string& file);
 
 // The points, each the overrides of one run, in a stable order: a grid's in the file's order of
 // parameters (the last varying fastest); a random draw's from `seed`, the same every time.
-std::vector<std::vector<spec::Override>> SweepPoints(const SweepFile& sweep);
+// `origins`, when given, gets where each override's value is written ("FILE:LINE:COL").
+std::vector<std::vector<spec::Override>> SweepPoints(
+    const SweepFile& sweep, std::vector<std::vector<std::string>>* origins = nullptr);
 
 // Which of a run's metric series (name, split) the objective reads: the named split's; without a
 // split, the metric's only series (the one without a split, where there are several). nullopt

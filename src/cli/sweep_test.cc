@@ -206,5 +206,32 @@ TEST(Sweep, AnObjectiveOverSeveralSplitsNeedsOneNamed) {
             std::string::npos);
 }
 
+TEST(Sweep, EveryPointSaysWhereTheFileWritesEachValue) {
+  auto grid = ParseSweep(
+      "spec: tau.yaml\n"
+      "parameters:\n"
+      "  compute.gpus: [1,\n"
+      "    2]\n"
+      "  runtime.env.LR: [0.1]\n",
+      "s.yaml");
+  ASSERT_TRUE(grid.ok()) << grid.status().message();
+  EXPECT_EQ(grid->spec_line, 1);
+  EXPECT_EQ(grid->spec_column, 7);
+  std::vector<std::vector<std::string>> origins;
+  auto points = SweepPoints(*grid, &origins);
+  ASSERT_EQ(origins.size(), 2u);
+  EXPECT_EQ(origins[0], (std::vector<std::string>{"s.yaml:3:18", "s.yaml:5:20"}));
+  EXPECT_EQ(origins[1], (std::vector<std::string>{"s.yaml:4:5", "s.yaml:5:20"}));
+  // A random draw from a range is at the range.
+  auto random = ParseSweep(
+      "spec: tau.yaml\nmethod: random\nsamples: 2\nparameters:\n  compute.gpus: {min: 1, max: "
+      "4}\n",
+      "r.yaml");
+  ASSERT_TRUE(random.ok()) << random.status().message();
+  SweepPoints(*random, &origins);
+  ASSERT_EQ(origins.size(), 2u);
+  EXPECT_EQ(origins[1], std::vector<std::string>{"r.yaml:5:17"});
+}
+
 }  // namespace
 }  // namespace tau::cli

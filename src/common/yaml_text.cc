@@ -22,7 +22,8 @@ std::optional<TextProblem> WrongEncoding(std::string_view t) {
     name = "UTF-16";  // no byte-order mark: ASCII with a NUL before or after each letter
   if (name == nullptr) return std::nullopt;
   return TextProblem{1, 1,
-                     fmt::format("the file is {} text; tau reads YAML as UTF-8: convert it, e.g. "
+                     fmt::format("the file is {} text; tau reads YAML as UTF-8: save it as "
+                                 "UTF-8 (your editor's encoding setting), or convert it with "
                                  "`iconv -f {} -t UTF-8 FILE > FILE.utf8`",
                                  name, name)};
 }
@@ -54,7 +55,8 @@ class Scanner {
                                           quote_ == '"' ? "double" : "single", quote_)};
     if (!flows_.empty())
       out.flow = TextProblem{flows_.back().line, flows_.back().column,
-                             fmt::format("to match this '{}'", flows_.back().c)};
+                             fmt::format("this '{}' is never closed: add the '{}' that ends it",
+                                         flows_.back().c, flows_.back().c == '[' ? ']' : '}')};
     return out;
   }
 
@@ -216,10 +218,61 @@ class Scanner {
 
 YamlOpenings FindUnclosed(std::string_view text) { return Scanner(text).Run(); }
 
-std::string FlowNote(std::string_view file, const YamlOpenings& open, std::string_view message) {
-  if (!open.flow || message.find("flow") == std::string_view::npos) return "";
-  return fmt::format("\n{}:{}:{}: note: {}", file, open.flow->line, open.flow->column,
-                     open.flow->message);
+std::optional<TextProblem> LikelyCause(std::string_view text, std::string_view message, int line) {
+  if (message != "illegal map value" || line < 2) return std::nullopt;
+  std::vector<std::string_view> lines;
+  for (size_t at = 0; at <= text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string_view::npos) end = text.size();
+    lines.push_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  if (static_cast<size_t>(line) > lines.size()) return std::nullopt;
+  auto indent = [](std::string_view l) { return l.find_first_not_of(' '); };
+  const std::string_view here = lines[line - 1];
+  // The line before, skipping blank lines and comments.
+  int p = line - 1;
+  while (p >= 1 && (indent(lines[p - 1]) == std::string_view::npos ||
+                    lines[p - 1][indent(lines[p - 1])] == '#'))
+    --p;
+  if (p < 1 || indent(here) == std::string_view::npos) return std::nullopt;
+  const std::string_view before = lines[p - 1];
+  size_t before_indent = indent(before);
+  std::string_view content = before.substr(before_indent);
+  while (!content.empty() && content.back() == ' ') content.remove_suffix(1);
+  if (content.size() >= 2 && content[0] == '-' && content[1] == ' ') {
+    before_indent += 2;
+    content.remove_prefix(2);
+  }
+  const bool has_key =
+      content.find(": ") != std::string_view::npos || (!content.empty() && content.back() == ':');
+  if (content.empty() ||
+      std::string_view("[{\"'|>&*!%@`").find(content[0]) != std::string_view::npos)
+    return std::nullopt;
+  const int column = static_cast<int>(before_indent) + 1;
+  if (!has_key && before_indent == indent(here)) {
+    if (content[0] == '-' && content.size() > 1)
+      return TextProblem{
+          p, column,
+          "this list item needs a space after its '-' (- " + std::string(content.substr(1)) + ")"};
+    return TextProblem{p, column,
+                       "this line has no ':' after its key (KEY: VALUE), so YAML read it and "
+                       "the next as one text; add the ':'"};
+  }
+  if (has_key && content.back() != ':' && indent(here) > before_indent)
+    return TextProblem{line, static_cast<int>(indent(here)) + 1,
+                       fmt::format("this line is indented more than line {}, whose value is "
+                                   "already given; a field beside it starts at column {}",
+                                   p, column)};
+  return std::nullopt;
+}
+
+std::optional<TextProblem> UnclosedFlow(const YamlOpenings& open, std::string_view message,
+                                        int line, int column) {
+  if (!open.flow || message.find("flow") == std::string_view::npos) return std::nullopt;
+  TextProblem out = *open.flow;
+  out.message += fmt::format(" (YAML syntax error at {}:{}: {})", line, column, message);
+  return out;
 }
 
 }  // namespace tau

@@ -33,9 +33,17 @@ struct YamlOpenings {
 };
 YamlOpenings FindUnclosed(std::string_view text);
 
-// What follows a YAML parser's message about a flow collection it found no end of, as a compiler's
-// note where the bracket opened ("\nFILE:5:9: note: to match this '['"); "" for other messages, or
-// when no bracket is open.
-std::string FlowNote(std::string_view file, const YamlOpenings& open, std::string_view message);
+// The error for a YAML parser's message about a flow collection it found no end of, which it gives
+// at the end of the file (`line`:`column`): at the bracket that opened it ("this '[' is never
+// closed: ..."), saying where the parser gave up; nullopt for other messages, or when no bracket
+// is open.
+// Where a YAML parser's "illegal map value" at `line` most likely comes from, when that is clearly
+// elsewhere or needs saying: the line before it lacks the ':' after its key (or, as a list item,
+// the space after '-'), or the line is indented more than a `key: value` line before it. nullopt
+// when no such line is there.
+std::optional<TextProblem> LikelyCause(std::string_view text, std::string_view message, int line);
+
+std::optional<TextProblem> UnclosedFlow(const YamlOpenings& open, std::string_view message,
+                                        int line, int column);
 
 }  // namespace tau

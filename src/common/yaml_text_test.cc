@@ -17,6 +17,27 @@ std::string Flow(std::string_view text) {
                 : "";
 }
 
+std::string Likely(std::string_view text, int line) {
+  auto p = LikelyCause(text, "illegal map value", line);
+  return p ? std::to_string(p->line) + ":" + std::to_string(p->column) + " " + p->message : "";
+}
+
+// yaml-cpp says "illegal map value" on the line after a key without its ':' (5:16 here), and on a
+// line indented under a value: the note names the likely mistake.
+TEST(YamlTextTest, TheLikelyCauseOfAnIllegalMapValueIsNamed) {
+  const std::string no_colon = "a: 1\nrun:\n  entrypoint main.sh\n\n  # c\n  kind: job\n";
+  EXPECT_EQ(Likely(no_colon, 6).rfind("3:3 this line has no ':' after its key", 0), 0u)
+      << Likely(no_colon, 6);
+  EXPECT_EQ(Likely("a:\n  -b\n  c: 1\n", 3),
+            "2:3 this list item needs a space after its '-' (- b)");
+  EXPECT_EQ(Likely("run:\n  entrypoint: main.sh\n    kind: job\n", 3),
+            "3:5 this line is indented more than line 2, whose value is already given; a field "
+            "beside it starts at column 3");
+  // Nothing is guessed where the line before is a key of its own, or for other messages.
+  EXPECT_EQ(Likely("run:\n  kind: job\n", 2), "");
+  EXPECT_FALSE(LikelyCause("a b\nc: 1\n", "end of map not found", 2));
+}
+
 TEST(YamlTextTest, AQuotedStringNeverClosedIsFoundWhereItOpened) {
   EXPECT_EQ(Quote("name: x\nrun:\n  entrypoint: \"main.py\n"), "3:15");
   EXPECT_EQ(Quote("name: 'x\n"), "1:7");
@@ -41,8 +62,10 @@ TEST(YamlTextTest, QuotesThatOpenNothingAreNotCounted) {
 }
 
 TEST(YamlTextTest, TheInnermostOpenBracketIsNamed) {
-  EXPECT_EQ(Flow("run:\n  args: [a, b\ncompute:\n  gpus: 1\n"), "2:9 to match this '['");
-  EXPECT_EQ(Flow("env: {A: 1, B: [x, y]\n"), "1:6 to match this '{'");
+  EXPECT_EQ(Flow("run:\n  args: [a, b\ncompute:\n  gpus: 1\n"),
+            "2:9 this '[' is never closed: add the ']' that ends it");
+  EXPECT_EQ(Flow("env: {A: 1, B: [x, y]\n"),
+            "1:6 this '{' is never closed: add the '}' that ends it");
   EXPECT_EQ(Flow("a: [1, {b: 2}, [3]]\nc: {d: [e]}\n"), "");
   EXPECT_EQ(Flow("a: x[1]\nb: '['\nc: \"{\"\n# [\n"), "");  // plain text, quotes, comments
 }

@@ -95,7 +95,14 @@ class PlatformParser {
     try {
       root = YAML::Load(normalized_);
     } catch (const YAML::Exception& e) {
-      r_.Error({e.mark.line + 1, e.mark.column + 1}, e.msg + FlowNote(file_, open, e.msg));
+      if (auto flow = UnclosedFlow(open, e.msg, e.mark.line + 1, e.mark.column + 1))
+        r_.Error({flow->line, flow->column}, flow->message);
+      else if (auto likely = LikelyCause(text_, e.msg, e.mark.line + 1))
+        r_.Error({e.mark.line + 1, e.mark.column + 1},
+                 fmt::format("{}\n{}:{}:{}: note: {}", e.msg, file_, likely->line, likely->column,
+                             likely->message));
+      else
+        r_.Error({e.mark.line + 1, e.mark.column + 1}, e.msg);
       return;
     } catch (const std::exception& e) {
       r_.Error({1, 1}, e.what());
@@ -564,7 +571,13 @@ class PlatformParser {
           if (auto it = f.find("secret"); it != f.end())
             if (auto secret = r_.Str(it->second)) w.secret = *secret;
           if (auto it = f.find("events"); it != f.end()) {
-            if (auto list = r_.StrList(it->second))
+            auto list = r_.StrList(it->second);
+            if (list && list->empty())
+              r_.Error(it->second.pos,
+                       fmt::format("{}: names no event kind, so the receiver would get nothing; "
+                                   "list the kinds it takes ({}), or leave events out for all",
+                                   it->second.path, Join(spec::WebhookEventKinds(), ", ")));
+            if (list)
               for (const Entry& kind : *list) {
                 const std::string& k = kind.value.Scalar();
                 const auto& kinds = spec::WebhookEventKinds();

@@ -208,17 +208,22 @@ Status CheckStartable(const spec::RunSpec& spec, int gpus_per_worker,
     if (StartsWith(f.path, wanted + "/")) directory = true;
   }
   if (entrypoint[0] != '/') {
+    if (wanted == ".." || StartsWith(wanted, "../"))
+      return InvalidArgument(fmt::format(
+          "run.entrypoint: '{}' leaves the code directory sent with the run (it is relative to "
+          "the spec's folder); move the script into the code directory",
+          entrypoint));
     if (!shipped && directory)
       return InvalidArgument(fmt::format(
-          "run.entrypoint '{}' is a directory of the code; name the script in it", entrypoint));
+          "run.entrypoint: '{}' is a directory of the code; name the script in it", entrypoint));
     if (shipped && !python && (shipped->mode & 0111) == 0)
       return InvalidArgument(fmt::format(
-          "run.entrypoint '{}' is not executable (mode {:04o}); `chmod +x` it, or make its "
+          "run.entrypoint: '{}' is not executable (mode {:04o}); `chmod +x` it, or make its "
           "interpreter the entrypoint (bash) and the script run.args",
           entrypoint, shipped->mode));
     if (!shipped && (python || as_path))
       return InvalidArgument(fmt::format(
-          "run.entrypoint '{}' is not among the {} file(s) of the code directory sent with the "
+          "run.entrypoint: '{}' is not among the {} file(s) of the code directory sent with the "
           "run; check the path (relative to the directory of the spec) and .tauignore",
           entrypoint, files.size()));
   }
@@ -237,7 +242,7 @@ Status CheckStartable(const spec::RunSpec& spec, int gpus_per_worker,
         shaped.compute.gpus));
   if (!shipped && !as_path && !python && entrypoint[0] != '/' && !OnPath(entrypoint, path_value))
     return InvalidArgument(fmt::format(
-        "run.entrypoint '{}' is neither a file of the code nor a command on the run's PATH; "
+        "run.entrypoint: '{}' is neither a file of the code nor a command on the run's PATH; "
         "check the name, ship the script with the code, or install the command",
         entrypoint));
   return Status::Ok();

@@ -589,11 +589,22 @@ FieldDef ProbeObject(std::string name, bool liveness) {
 
 FieldDef ServeObject() {
   constexpr const char* kReplicas = "replicas: long-running admitted runs";
-  FieldDef from = Patterned(Str("from",
-                                "A trained run whose model the replicas serve, read-only "
-                                "($TAU_SERVE_MODEL; tau serve deploy --from RUN)",
-                                [](Ctx& c, const Value& v) { ServeOf(c).from_run = v.text; }),
-                            kLabelPattern, 63);
+  FieldDef from =
+      Patterned(Str("from",
+                    "A trained run whose model the replicas serve, read-only "
+                    "($TAU_SERVE_MODEL; tau serve deploy --from RUN)",
+                    [](Ctx& c, const Value& v) {
+                      // The shape tau serve deploy --from takes: a run's name.
+                      if (!IsDns1123Label(v.text)) {
+                        c.Error(v.pos, fmt::format("{}: '{}' is not a run's name (lowercase "
+                                                   "letters, digits and '-', as tau list "
+                                                   "shows them)",
+                                                   v.path, v.text));
+                        return;
+                      }
+                      ServeOf(c).from_run = v.text;
+                    }),
+                kLabelPattern, 63);
   return Obj(
       "serve", "A service: replicas of a server behind one endpoint (kind: service)",
       {TauOnly(

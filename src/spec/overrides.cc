@@ -124,6 +124,17 @@ const char* KindWords(Kind kind) {
   return "a value";
 }
 
+// A path below section `def` (at `at`) that --set PATH=VALUE takes: its first field that holds
+// one value, in a section of its own if need be ("policy" -> "policy.priority_tier").
+std::string ScalarLeaf(const FieldDef& def, const std::string& at) {
+  for (const FieldDef& child : def.children) {
+    if (FormOf(child.kind) != ValueForm::kYaml) return at + "." + child.name;
+  }
+  for (const FieldDef& child : def.children)
+    if (child.kind == Kind::kObject) return ScalarLeaf(child, at + "." + child.name);
+  return at + "." + def.children.front().name;
+}
+
 std::vector<std::string> NamesOf(const std::vector<FieldDef>& fields) {
   std::vector<std::string> names;
   for (const FieldDef& f : fields) names.push_back(f.name);
@@ -188,8 +199,8 @@ class Applier {
         if (def->kind == Kind::kObject) {
           Fail(
               fmt::format("{} is a section: set its fields one at a time, such as --set "
-                          "{}.{}=VALUE; its fields: {}",
-                          at, at, def->children.front().name, Join(NamesOf(def->children), ", ")));
+                          "{}=VALUE; its fields: {}",
+                          at, ScalarLeaf(*def, at), Join(NamesOf(def->children), ", ")));
           return false;
         }
         return true;
@@ -295,7 +306,7 @@ class Applier {
           kind == Kind::kStringList || kind == Kind::kEnumList || kind == Kind::kObjectList;
       if (is_list && !n.IsSequence()) {
         Fail(fmt::format(
-            "{} is a list: write the whole list as --set {}=[a, b]{}", last.path, last.path,
+            "{} is a list: write the whole list as --set '{}=[a, b]'{}", last.path, last.path,
             kind == Kind::kObjectList ? "" : fmt::format(", or one item as {}[0]=a", last.path)));
         return std::nullopt;
       }
@@ -303,7 +314,7 @@ class Applier {
       if (is_map && !n.IsMap() && !(kind == Kind::kEnv && n.IsSequence())) {
         Fail(
             fmt::format("{} is a mapping: set one entry with --set {}.KEY=value, or the whole "
-                        "mapping as --set {}={{KEY: value}}",
+                        "mapping as --set '{}={{KEY: value}}'",
                         last.path, last.path, last.path));
         return std::nullopt;
       }
@@ -327,7 +338,7 @@ class Applier {
       if (step.index >= size) {
         Fail(
             fmt::format("{}: {} has {}; --set replaces an item that is there, or the whole "
-                        "list (--set {}=[a, b])",
+                        "list (--set '{}=[a, b]')",
                         step.path, parent,
                         size == 0 ? "no items" : fmt::format("items 0 to {}", size - 1), parent));
         return std::nullopt;

@@ -236,9 +236,16 @@ void ReportYamlError(Ctx& ctx, std::string_view text, const YAML::Exception& e,
   std::optional<Pos> tab = FirstIndentTab(text);
   if (tab && (pos.line == 0 || tab->line <= pos.line)) {
     ctx.Error(*tab, "tab character in indentation: YAML indents with spaces");
+  } else if (auto flow = UnclosedFlow(open, e.msg, pos.line, pos.column)) {
+    // The parser gives up at the end of the file; the mistake is the bracket that opened there.
+    ctx.Error(Pos{flow->line, flow->column}, flow->message);
   } else {
-    // Where the parser gave up, and (as a compiler's note) where the bracket it missed opened.
-    ctx.Error(pos, fmt::format("YAML syntax error: {}{}", e.msg, FlowNote(ctx.file, open, e.msg)));
+    // Where the parser gave up, and (as a compiler's note) the likely mistake on a line before.
+    std::string note;
+    if (auto likely = LikelyCause(text, e.msg, pos.line))
+      note = fmt::format("\n{}:{}:{}: note: {}", ctx.file, likely->line, likely->column,
+                         likely->message);
+    ctx.Error(pos, fmt::format("YAML syntax error: {}{}", e.msg, note));
   }
 }
 

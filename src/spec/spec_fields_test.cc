@@ -381,6 +381,10 @@ TEST(SpecRun, DurationsAndTtl) {
             std::string::npos);
   EXPECT_NE(Errors(run("  max_runtime: 5\n")).find("expected a duration such as 30s"),
             std::string::npos);
+  // A minimum above zero is said as it is, not as zero.
+  EXPECT_NE(Errors(run("policy:\n  guardrails:\n    idle: {warn_after: 0s}\n"))
+                .find("policy.guardrails.idle.warn_after: must be at least 1s, got '0s'"),
+            std::string::npos);
   EXPECT_NE(Errors("schema_version: 1\nname: a\nrun: {}\n")
                 .find("tau.yaml:3:6: error: missing required field 'entrypoint' in 'run'"),
             std::string::npos);

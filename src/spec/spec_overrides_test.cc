@@ -145,6 +145,25 @@ TEST(SpecOverrides, EnvEntriesInEitherForm) {
   EXPECT_EQ(e.rfind("--set runtime.env.bad-name=1: error: ", 0), 0u) << e;
 }
 
+TEST(SpecOverrides, EveryFormAHintSuggestsIsAccepted) {
+  // A section's hint names a field that takes one value, even where the section's first field is
+  // a section itself.
+  for (const char* section : {"compute", "policy", "resilience", "runtime", "storage"}) {
+    const std::string e = ErrorsWith(Manifest(), {std::string(section) + "=1"});
+    const size_t at = e.find("such as --set ");
+    ASSERT_NE(at, std::string::npos) << e;
+    const std::string path = e.substr(at + 14, e.find("=VALUE", at) - at - 14);
+    const std::string got = ParseWith(Manifest(), {path + "=1"}).ErrorText();
+    EXPECT_EQ(got.find("is a section"), std::string::npos) << section << ": " << got;
+    EXPECT_EQ(got.find("is a list"), std::string::npos) << section << ": " << got;
+    EXPECT_EQ(got.find("is a mapping"), std::string::npos) << section << ": " << got;
+  }
+  // The list and mapping forms, as the shell passes them once their quotes are gone.
+  EXPECT_EQ(MustParseWith(Manifest(), {"run.args=[a, b]"}).args,
+            (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(MustParseWith(Manifest(), {"runtime.env={KEY: value}"}).runtime.env.size(), 1u);
+}
+
 TEST(SpecOverrides, ListsWholeOrByItem) {
   RunSpec spec = MustParseWith(Manifest(), {"run.args=[--lr, 0.1, --epochs, 3]"});
   EXPECT_EQ(spec.args, (std::vector<std::string>{"--lr", "0.1", "--epochs", "3"}));
@@ -153,10 +172,10 @@ TEST(SpecOverrides, ListsWholeOrByItem) {
   EXPECT_EQ(spec.args, (std::vector<std::string>{"a", "c"}));
   EXPECT_EQ(ErrorsWith(Manifest(), {"run.args=--lr"}),
             "--set run.args=--lr: error: run.args is a list: write the whole list as --set "
-            "run.args=[a, b], or one item as run.args[0]=a");
+            "'run.args=[a, b]', or one item as run.args[0]=a");
   EXPECT_EQ(ErrorsWith(Manifest(), {"run.args[0]=x"}),
             "--set run.args[0]=x: error: run.args[0]: run.args has no items; --set replaces an "
-            "item that is there, or the whole list (--set run.args=[a, b])");
+            "item that is there, or the whole list (--set 'run.args=[a, b]')");
   std::string e = ErrorsWith(Manifest(), {"run.args=[a, [b]]"});
   EXPECT_EQ(e.rfind("--set run.args=[a, [b]]: error: run.args[1]: expected a string", 0), 0u) << e;
   e = ErrorsWith(Manifest(), {"run.args=[a, b"});

@@ -377,7 +377,13 @@ class Walker {
       return false;
     }
     if (def.min && *ms < *def.min) {
-      ctx_.Error(v->pos, fmt::format("{}: must be longer than zero, got '{}'", v->path, text));
+      ctx_.Error(v->pos,
+                 *def.min <= 1
+                     ? fmt::format("{}: must be longer than zero, got '{}'", v->path, text)
+                     : fmt::format("{}: must be at least {}, got '{}'", v->path,
+                                   *def.min % 1000 == 0 ? fmt::format("{}s", *def.min / 1000)
+                                                        : fmt::format("{}ms", *def.min),
+                                   text));
       return false;
     }
     v->number = *ms;

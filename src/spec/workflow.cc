@@ -1,4 +1,5 @@
 #include "spec/workflow.h"
+#include "spec/workflow_places.h"
 
 #include <algorithm>
 #include <cctype>
@@ -10,6 +11,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/strings.h"
+#include "spec/spec.h"
 #include "spec/yaml_file.h"
 
 namespace tau::spec {
@@ -27,7 +29,24 @@ struct Errors {
   void Add(const YAML::Mark& at, const std::string& message) {
     Add(at.line + 1, at.column + 1, message);
   }
+  std::string Origin(const YAML::Mark& at) const {
+    return fmt::format("{}:{}:{}", file, at.line + 1, at.column + 1);
+  }
 };
+
+// One `set:` entry, PATH=VALUE written at `at`: checked as --set checks it.
+void AddSet(const std::string& text, const YAML::Mark& at, const std::string& where, Errors* errors,
+            WorkflowStage* out, StagePlaces* places) {
+  auto parsed = ParseOverrides({text});
+  if (!parsed.ok()) {
+    std::string message = parsed.status().message();
+    if (StartsWith(message, "--set ")) message = message.substr(6);
+    errors->Add(at, where + ": " + message);
+    return;
+  }
+  out->set.push_back(text);
+  places->set_origins.push_back(errors->Origin(at));
+}
 
 std::optional<std::string> Scalar(const YAML::Node& v, const std::string& what, Errors* errors) {
   if (v.IsScalar() && !v.Scalar().empty()) return v.Scalar();
@@ -75,7 +94,8 @@ void ParseAfter(const YAML::Node& v, const std::string& where, Errors* errors, W
   }
 }
 
-void ParseSet(const YAML::Node& v, const std::string& where, Errors* errors, WorkflowStage* out) {
+void ParseSet(const YAML::Node& v, const std::string& where, Errors* errors, WorkflowStage* out,
+              StagePlaces* places) {
   if (v.IsMap()) {
     for (auto it = v.begin(); it != v.end(); ++it) {
       const YAML::Node key = it->first;
@@ -91,7 +111,7 @@ void ParseSet(const YAML::Node& v, const std::string& where, Errors* errors, Wor
         errors->Add(value.Mark(), where + "." + it->first.Scalar() + ": expected a scalar value");
         continue;
       }
-      out->set.push_back(it->first.Scalar() + "=" + value.Scalar());
+      AddSet(it->first.Scalar() + "=" + value.Scalar(), value.Mark(), where, errors, out, places);
     }
     return;
   }
@@ -99,7 +119,7 @@ void ParseSet(const YAML::Node& v, const std::string& where, Errors* errors, Wor
     for (size_t i = 0; i < v.size(); ++i) {
       const YAML::Node item = v[i];
       if (item.IsScalar() && item.Scalar().find('=') != std::string::npos)
-        out->set.push_back(item.Scalar());
+        AddSet(item.Scalar(), item.Mark(), fmt::format("{}[{}]", where, i), errors, out, places);
       else
         errors->Add(item.Mark(), fmt::format("{}[{}]: expected PATH=VALUE", where, i));
     }
@@ -108,7 +128,8 @@ void ParseSet(const YAML::Node& v, const std::string& where, Errors* errors, Wor
   errors->Add(v.Mark(), where + ": expected {PATH: VALUE} or a list of PATH=VALUE");
 }
 
-void ParseStage(const YAML::Node& v, size_t index, Errors* errors, WorkflowStage* out) {
+void ParseStage(const YAML::Node& v, size_t index, Errors* errors, WorkflowStage* out,
+                StagePlaces* places) {
   const std::string where = fmt::format("stages[{}]", index);
   out->line = v.Mark().line + 1;
   out->column = v.Mark().column + 1;
@@ -123,10 +144,12 @@ void ParseStage(const YAML::Node& v, size_t index, Errors* errors, WorkflowStage
       if (auto s = Scalar(value, where + ".name", errors)) out->name = *s;
     } else if (key == "spec") {
       if (auto s = Scalar(value, where + ".spec", errors)) out->spec = *s;
+      places->spec_line = value.Mark().line + 1;
+      places->spec_column = value.Mark().column + 1;
     } else if (key == "after") {
       ParseAfter(value, where + ".after", errors, out);
     } else if (key == "set") {
-      ParseSet(value, where + ".set", errors, out);
+      ParseSet(value, where + ".set", errors, out, places);
     } else {
       errors->Add(it->first.Mark(),
                   where + ": unknown field '" + key + "' (name, spec, after, set)");
@@ -161,6 +184,13 @@ bool IsWorkflowText(const std::string& text) {
 }
 
 Result<WorkflowFile> ParseWorkflow(const std::string& text, const std::string& file) {
+  std::vector<StagePlaces> places;
+  return ParseWorkflow(text, file, &places);
+}
+
+Result<WorkflowFile> ParseWorkflow(const std::string& text, const std::string& file,
+                                   std::vector<StagePlaces>* places) {
+  places->clear();
   // The run-spec reader's checks: text, syntax, and no key given twice anywhere.
   Result<YAML::Node> loaded = LoadStrictYaml(text, file, "workflow file");
   if (!loaded.ok()) return loaded.status();
@@ -200,7 +230,8 @@ Result<WorkflowFile> ParseWorkflow(const std::string& text, const std::string& f
   } else {
     for (size_t i = 0; i < stages.size(); ++i) {
       WorkflowStage stage;
-      ParseStage(stages[i], i, &errors, &stage);
+      places->emplace_back();
+      ParseStage(stages[i], i, &errors, &stage, &places->back());
       out.stages.push_back(std::move(stage));
     }
     if (errors.lines.empty())

@@ -1,4 +1,5 @@
 #include "spec/workflow.h"
+#include "spec/workflow_places.h"
 
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@ std::string Errors(const std::string& text) {
 }
 
 TEST(WorkflowTest, ParsesStagesDependenciesAndOverrides) {
+  std::vector<StagePlaces> places;
   auto wf = ParseWorkflow(R"(kind: workflow
 name: train-eval
 stages:
@@ -27,7 +29,7 @@ stages:
       - prepare
     set: [resilience.max_retries=1]
 )",
-                          "wf.yaml");
+                          "wf.yaml", &places);
   ASSERT_TRUE(wf.ok()) << wf.status().message();
   EXPECT_EQ(wf->name, "train-eval");
   ASSERT_EQ(wf->stages.size(), 3u);
@@ -40,6 +42,11 @@ stages:
   EXPECT_EQ(wf->stages[2].after[1].condition, Condition::kSucceeded) << "the default";
   EXPECT_EQ(wf->stages[2].after[0].line, 13);
   EXPECT_EQ(wf->stages[2].set, std::vector<std::string>{"resilience.max_retries=1"});
+  // Where each value and each spec is written: their errors are named there.
+  EXPECT_EQ(places[1].set_origins, (std::vector<std::string>{"wf.yaml:9:25", "wf.yaml:9:44"}));
+  EXPECT_EQ(places[2].set_origins, std::vector<std::string>{"wf.yaml:15:11"});
+  EXPECT_EQ(places[1].spec_line, 7);
+  EXPECT_EQ(places[1].spec_column, 11);
 }
 
 TEST(WorkflowTest, EveryMistakeIsSaidAtItsPlace) {
@@ -195,6 +202,20 @@ stages:
     set: {"compute.gpus=2": 4}
 )");
   EXPECT_NE(errors.find("wf.yaml:6:11: error: stages[0].set: 'compute.gpus=2' is not a field path"),
+            std::string::npos)
+      << errors;
+}
+
+TEST(WorkflowTest, ASetPathThatIsNoFieldPathIsRefusedAtItsItem) {
+  const std::string errors = Errors(R"(kind: workflow
+name: wf
+stages:
+  - name: a
+    spec: a.yaml
+    set: [compute.gpus=1, compute..gpus=2]
+)");
+  EXPECT_NE(errors.find("wf.yaml:6:27: error: stages[0].set[1]: compute..gpus=2: 'compute..gpus' "
+                        "is not a field path"),
             std::string::npos)
       << errors;
 }

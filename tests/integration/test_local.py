@@ -237,7 +237,7 @@ class RunTest(ServerTestCase):
         spec = self.project(job_spec("missing", entry="nothere.py"), {"main.py": "print('hi')\n"})
         p = self.server.tau("run", spec)
         self.assertEqual(p.returncode, 125, p.stdout + p.stderr)
-        self.assertIn("run.entrypoint 'nothere.py' is not among the 2 file(s)", p.stderr)
+        self.assertIn("run.entrypoint: 'nothere.py' is not among the 2 file(s)", p.stderr)
         self.assertEqual(json.loads(self.server.tau("list", "--all", "-o", "json").stdout)["runs"], [])
 
     def test_what_only_a_cluster_can_do_is_refused_at_submission(self):

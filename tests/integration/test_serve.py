@@ -348,7 +348,9 @@ class ServeTest(ServeTestCase):
         self.assertIn("is a run spec, not a service", p.stderr)
         # A model from a run that does not exist.
         p = self.server.tau("serve", "deploy", self.service_spec(), "--from", "nope-12345678")
-        self.assertIn("serve.from: no run is named 'nope-12345678'", p.stderr)
+        # Named at the flag that gave it, not at the file's serve: key.
+        self.assertIn("--from nope-12345678: error: no run is named 'nope-12345678'", p.stderr)
+        self.assertNotIn("tau.yaml:", p.stderr)
         self.assertEqual(json.loads(self.server.tau("serve", "list", "-o", "json").stdout),
                          {"services": []})
 

@@ -97,7 +97,8 @@ class SweepTest(ServerTestCase):
                                          "  compute.workers: ['1', two]\n")
         p = self.server.tau("sweep", path, check=1)
         self.assertIn("sweep.yaml: point 2 of 2 (compute.workers=two):", p.stderr)
-        self.assertIn("--set compute.workers=two: error: compute.workers: expected an integer",
+        # At the value in the sweep file, not at a --set.
+        self.assertIn(f"{path}:3:26: error: compute.workers: expected an integer",
                       p.stderr)
         path = self.sweep_project("bad2", "spec: tau.yaml\nmax_parallel: two\nparameters:\n"
                                           "  runtime.env.LR: ['1']\n  nosuch: 3\n")

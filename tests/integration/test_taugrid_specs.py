@@ -162,7 +162,7 @@ class TauGridLayoutTest(ServerTestCase):
             f.write(LAYOUT_SPEC.replace("../train.py", "train.py"))
         p = self.server.tau("run", spec, timeout=60)
         self.assertNotEqual(p.returncode, 0)
-        self.assertIn("run.entrypoint 'train.py' is not among the 1 file(s)", p.stderr)
+        self.assertIn("run.entrypoint: 'train.py' is not among the 1 file(s)", p.stderr)
 
     def test_renders_for_kubernetes_from_the_spec_folder(self):
         root, spec = self.layout()

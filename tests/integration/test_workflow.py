@@ -231,8 +231,9 @@ class WorkflowTest(ServerTestCase):
         path, _ = self.workflow(WORKFLOW.replace("spec: eval.yaml", "spec: missing.yaml"))
         p = self.server.tau("run", path)
         self.assertNotEqual(p.returncode, 0)
-        self.assertIn(f"{path}:9:5: stage 'eval': its spec ", p.stderr)
-        self.assertIn("missing.yaml: No such file or directory", p.stderr)
+        # At the stage's spec: value.
+        self.assertIn(f"{path}:10:11: error: stage 'eval': spec: 'missing.yaml': no file ",
+                      p.stderr)
         runs = json.loads(self.server.tau("list", "--all", "-o", "json", check=0).stdout)["runs"]
         self.assertEqual(runs, [])
 

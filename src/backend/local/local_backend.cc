@@ -355,8 +355,9 @@ Status LocalBackend::CheckEntrypoint(const SubmissionCheck& c) {
   }
   Status s = runtime::CheckStartable(*c.spec, c.resolved->gpus_per_worker, c.resolved->code_subdir,
                                      files, std::getenv("PATH") ? std::getenv("PATH") : "");
-  if (!s.ok()) return Status(s.code(), fmt::format("{}: {}", c.spec_file, s.message()));
-  return Status::Ok();
+  // The message starts with the field it is about: the client names the line that set it (or
+  // the --set that did), which the spec's file name alone would not.
+  return s;
 }
 
 // Whom a run's processes run as, decided once at submission: on a server that is not root, its
