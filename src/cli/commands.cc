@@ -624,6 +624,29 @@ struct CancelSelector {
   }
 };
 
+// Cancels each run named, saying so; the status of the last failure (the same as `tau status` of
+// that run), else 0.
+static int CancelEach(client::TauApi& tau, const std::vector<std::string>& runs) {
+  int rc = 0;
+  for (const std::string& name : runs) {
+    if (!IsRunName(name)) {
+      rc = NoSuchRun(name);
+      continue;
+    }
+    std::string pending;
+    Status r = tau.Cancel(name, &pending);
+    if (!r.ok()) {
+      rc = Fail(r.message());
+    } else {
+      std::printf("cancelling %s\n", name.c_str());
+      if (!pending.empty())
+        std::fprintf(stderr, "tau: warning: the cancel of %s is %s\n", name.c_str(),
+                     pending.c_str());
+    }
+  }
+  return rc;
+}
+
 static int CmdCancelSelected(const Global& g, const CancelSelector& sel) {
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
@@ -662,20 +685,7 @@ static int CmdCancelSelected(const Global& g, const CancelSelector& sel) {
     std::printf("no run matches: nothing cancelled\n");
     return 0;
   }
-  int rc = 0;
-  for (const std::string& name : picked) {
-    std::string pending;
-    Status r = tau.Cancel(name, &pending);
-    if (!r.ok()) {
-      rc = Fail(r.message());
-    } else {
-      std::printf("cancelling %s\n", name.c_str());
-      if (!pending.empty())
-        std::fprintf(stderr, "tau: warning: the cancel of %s is %s\n", name.c_str(),
-                     pending.c_str());
-    }
-  }
-  return rc;
+  return CancelEach(tau, picked);
 }
 
 static int CmdCancel(const Global& g, const std::vector<std::string>& runs,
@@ -689,24 +699,8 @@ static int CmdCancel(const Global& g, const std::vector<std::string>& runs,
   if (runs.empty()) return CmdCancelSelected(g, sel);
   auto conn = ConnectToServer(g.server);
   if (!conn.ok()) return Fail(conn.status().message());
-  int rc = 0;
-  for (const std::string& name : runs) {
-    if (!IsRunName(name)) {
-      rc = NoSuchRun(name);
-      continue;
-    }
-    std::string pending;
-    Status r = client::TauApi(conn->get()).Cancel(name, &pending);
-    if (!r.ok()) {
-      rc = Fail(r.message());  // the same status as `tau status` of that run
-    } else {
-      std::printf("cancelling %s\n", name.c_str());
-      if (!pending.empty())
-        std::fprintf(stderr, "tau: warning: the cancel of %s is %s\n", name.c_str(),
-                     pending.c_str());
-    }
-  }
-  return rc;
+  client::TauApi tau(conn->get());
+  return CancelEach(tau, runs);
 }
 
 static int CmdRerun(const Global& g, const std::string& name, const std::vector<std::string>& set) {

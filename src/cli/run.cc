@@ -34,7 +34,6 @@
 #include "common/strings.h"
 #include "spec/spec.h"
 #include "spec/workflow.h"
-#include "spec/workflow_places.h"
 
 namespace tau::cli {
 namespace {

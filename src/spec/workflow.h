@@ -75,4 +75,15 @@ std::string GraphProblemPlace(const GraphProblem& p, std::string_view items,
 // The environment variable part of a stage's name: "pre-train" -> "PRE_TRAIN".
 std::string StageEnvName(std::string_view stage);
 
+// Where a workflow file writes what each stage's errors are named at: the stage's `spec:` value and
+// each of its `set:` values.
+struct StagePlaces {
+  int spec_line = 0, spec_column = 0;    // where `spec:`'s value is
+  std::vector<std::string> set_origins;  // where each of the stage's `set` is: "FILE:LINE:COL"
+};
+
+// ParseWorkflow, and `places`, one per stage.
+Result<WorkflowFile> ParseWorkflow(const std::string& text, const std::string& file,
+                                   std::vector<StagePlaces>* places);
+
 }  // namespace tau::spec

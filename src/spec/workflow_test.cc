@@ -1,5 +1,4 @@
 #include "spec/workflow.h"
-#include "spec/workflow_places.h"
 
 #include <gtest/gtest.h>
 

@@ -402,28 +402,6 @@ class RootHomeTest(unittest.TestCase):
         self.assertIn(f"uid {self.pool.uid('ph')}", logs)
 
 
-POOL_PLATFORM = """schema_version: 1
-queues:
-  - name: main
-    resource_groups:
-      - covered_resources: [cpu, memory]
-        flavors:
-          - name: default
-            resources:
-              - {{name: cpu, nominal: 64}}
-              - {{name: memory, nominal: 256Gi}}
-flavors:
-  - name: default
-workspaces:
-  - name: default
-    members: [tok-a, tok-b]
-    default_queue: main
-    run_users: [{pool}]
-defaults:
-  workspace: default
-"""
-
-
 @unittest.skipUnless(os.geteuid() == 0, "needs root: only root makes accounts and runs as them")
 class PoolChangeTest(unittest.TestCase):
     """A platform change that drops a token user's pool account: the account stays theirs (it is
@@ -436,7 +414,7 @@ class PoolChangeTest(unittest.TestCase):
         self.scratch = tempfile.mkdtemp(prefix="tau-it-pool-")
         os.chmod(self.scratch, 0o755)
         self.addCleanup(shutil.rmtree, self.scratch, True)
-        self.project = write_project(os.path.join(self.scratch, "p"), spec("uid", "default"),
+        self.project = write_project(os.path.join(self.scratch, "p"), spec("uid", "wa"),
                                      "import os\nprint('uid', os.getuid())\n")
         self.server = TauServer().start()
         self.addCleanup(self.server.stop)
@@ -447,7 +425,8 @@ class PoolChangeTest(unittest.TestCase):
     def apply(self, pool):
         path = os.path.join(self.scratch, "platform.yaml")
         with open(path, "w") as f:
-            f.write(POOL_PLATFORM.format(pool=", ".join(self.pool[t] for t in pool)))
+            f.write(PLATFORM.format(a="tok-b", b="nobody", pool_b="tit-unused",
+                                    pool_a=", ".join(self.pool[t] for t in pool)))
         return self.server.tau("platform", "apply", path, check=0)
 
     def uid_of_a_run_by(self, user):

@@ -11,10 +11,11 @@ import json
 import os
 import re
 import signal
+import subprocess
 import threading
 import unittest
 
-from harness import ServerTestCase, wait_for
+from harness import TAU, ServerTestCase, wait_for
 
 STAGE = ("schema_version: 1\nname: {name}\nrun:\n  entrypoint: {name}.py\n  workload_kind: job\n"
          "compute:\n  gpus: 0\n  workers: 1\n  cpus: 100m\n  memory: 64Mi\n"
@@ -132,21 +133,22 @@ class WorkflowTest(ServerTestCase):
     def test_a_failed_stage_stops_the_next_and_retry_stage_runs_both_again(self):
         path, marks = self.workflow()
         open(os.path.join(marks, "fail"), "w").close()
-        # train holds until it has been seen running, so that its Running line is certain.
+        # train holds until the attached CLI has said it is running, so that the line is certain.
         hold = os.path.join(marks, "hold")
         open(hold, "w").close()
-
-        def release():
-            def running():
-                out = self.server.tau("list", "-o", "json").stdout
-                return any(r["name"].endswith("-train") and r["state"] == "Running"
-                           for r in json.loads(out or '{"runs": []}')["runs"])
-            wait_for(running, timeout=60, what="train running")
-            os.remove(hold)
-        releaser = threading.Thread(target=release, daemon=True)
-        releaser.start()
-        p = self.server.tau("run", path, timeout=120)
-        releaser.join(timeout=10)
+        proc = subprocess.Popen([TAU, "run", path], env=self.server.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        killer = threading.Timer(120, proc.kill)
+        killer.start()
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if re.fullmatch(r"tau: stage train \(\S+\): Running", line.rstrip("\n")):
+                os.remove(hold)
+        proc.stdout.read()
+        proc.wait()
+        killer.cancel()
+        p = subprocess.CompletedProcess(proc.args, proc.returncode, "", "".join(lines))
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("1 of 3 stages succeeded", p.stderr)
         name = p.stderr.split("workflow ")[1].split()[0]
