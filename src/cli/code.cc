@@ -199,6 +199,14 @@ std::string FindRepositoryRoot(const std::string& dir) {
 
 Result<std::string> ResolveSpecTarget(const std::string& target, const std::string& code_dir) {
   std::error_code ec;
+  // A directory means the spec in it, as `tau run` with no file means ./tau.yaml.
+  if (fs::is_directory(target, ec)) {
+    for (const char* name : {"tau.yaml", "tau.yml"})
+      if (fs::is_regular_file(fs::path(target) / name, ec))
+        return (fs::path(target) / name).string();
+    return NotFound(
+        fmt::format("'{}' is a directory with no tau.yaml in it: name the spec's file", target));
+  }
   if (fs::exists(target, ec) || target.find('/') != std::string::npos ||
       EndsWith(target, ".yaml") || EndsWith(target, ".yml"))
     return target;

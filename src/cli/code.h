@@ -41,10 +41,11 @@ Result<CodeRoot> FindCodeRoot(const std::string& spec_file, const spec::RunSpec&
 // worktree or submodule), absolute; "" when none does.
 std::string FindRepositoryRoot(const std::string& dir);
 
-// The spec `tau run TARGET` names. TARGET itself when it exists, or has a '/', or ends in .yaml or
-// .yml; otherwise tau/TARGET.yaml or tau/TARGET.yml in `code_dir` (--code-dir) or else in the
-// repository the current directory is in (FindRepositoryRoot), named relative to the current
-// directory. NotFound names every place it looked; InvalidArgument when both spellings exist.
+// The spec `tau run TARGET` names. DIR/tau.yaml (or .yml) for a directory; TARGET itself when it
+// exists, or has a '/', or ends in .yaml or .yml; otherwise tau/TARGET.yaml or tau/TARGET.yml in
+// `code_dir` (--code-dir) or else in the repository the current directory is in
+// (FindRepositoryRoot), named relative to the current directory. NotFound names every place it
+// looked; InvalidArgument when both spellings exist.
 Result<std::string> ResolveSpecTarget(const std::string& target, const std::string& code_dir);
 
 // Reads the files under `root`. A symbolic link to a file inside `root` is stored as that file's

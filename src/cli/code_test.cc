@@ -147,6 +147,15 @@ TEST_F(CodeRootTest, ATargetResolvesUnderTau) {
   EXPECT_EQ(*ResolveSpecTarget("x.py", ""), "x.py");
   EXPECT_EQ(*ResolveSpecTarget("missing.yaml", ""), "missing.yaml");
   EXPECT_EQ(*ResolveSpecTarget("a/b", ""), "a/b");
+  // A directory names the tau.yaml in it.
+  Write("repo/proj/tau.yaml");
+  fs::current_path(dir_ / "repo");
+  EXPECT_EQ(*ResolveSpecTarget("proj", ""), "proj/tau.yaml");
+  EXPECT_EQ(*ResolveSpecTarget("proj/", ""), "proj/tau.yaml");
+  auto empty = ResolveSpecTarget("src", "");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.status().message(),
+            "'src' is a directory with no tau.yaml in it: name the spec's file");
   // --code-dir is where tau/ is looked for, with or without .git.
   Write("plain/tau/train.yaml");
   fs::current_path(dir_);
