@@ -1182,8 +1182,8 @@ void RegisterRunCommands(CLI::App* app, Context* ctx) {
   auto* run =
       app->add_subcommand("run", "Submit a run, stream its logs, exit with its exit status");
   run->add_option("file", a->run_file,
-                  "The spec (default ./tau.yaml), or NAME for tau/NAME.yaml (or .yml) at the "
-                  "repository root (TauGrid's layout)");
+                  "The spec (default ./tau.yaml; DIR for DIR/tau.yaml), or NAME for tau/NAME.yaml "
+                  "(or .yml) at the repository root (TauGrid's layout)");
   run->add_flag("-d,--detach", a->detach, "Print the run name and return at once");
   CLI::Option* array =
       run->add_option("--array", a->array,
