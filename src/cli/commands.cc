@@ -255,13 +255,21 @@ static int CmdValidate(const std::vector<std::string>& files, const std::vector<
         }
         switch (guess.kind) {
           case FileKind::kWorkflow: {
-            auto workflow = spec::ParseWorkflow(text, file);
+            std::vector<spec::StagePlaces> places;
+            auto workflow = spec::ParseWorkflow(text, file, &places);
             if (!workflow.ok()) {
               found.errors = DiagnosticsOfLines(file, workflow.status().message());
-            } else {
+              return found;
+            }
+            // Its stages' specs too, each with its `set:`, as `tau run` checks them.
+            std::vector<spec::Diagnostic> diagnostics;
+            const bool valid =
+                CheckWorkflowStages(file, *workflow, places, "", &diagnostics).has_value();
+            for (spec::Diagnostic& d : diagnostics)
+              (d.warning ? found.warnings : found.errors).push_back(std::move(d));
+            if (valid)
               found.summary = fmt::format("workflow '{}', {} stage(s)", workflow->name,
                                           workflow->stages.size());
-            }
             return found;
           }
           case FileKind::kSweep: {

@@ -15,6 +15,7 @@
 #include "client/client.h"
 #include "client/tau_api.h"
 #include "spec/spec.h"
+#include "spec/workflow.h"
 
 namespace CLI {
 class App;
@@ -130,6 +131,18 @@ struct SweepOptions {
   std::string code_dir;
 };
 int CmdSweep(const Global& g, const SweepOptions& o);
+// A workflow stage's spec, read and checked with the stage's `set:` (run.cc).
+struct StageSpec {
+  std::string file, text;
+  spec::ParseOutcome parsed;
+};
+// What `tau run` of a workflow file checks before it sends anything, and `tau validate` of one:
+// each stage's spec found and valid with its `set:`. Errors (and warnings) go to `diagnostics`,
+// named where the workflow file writes what caused them; the stages' specs when all are valid.
+std::optional<std::vector<StageSpec>> CheckWorkflowStages(
+    const std::string& file, const spec::WorkflowFile& workflow,
+    const std::vector<spec::StagePlaces>& places, const std::string& code_dir,
+    std::vector<spec::Diagnostic>* diagnostics);
 // workflow_commands.cc: workflow status|cancel|retry-stage. `tau run` of a workflow file (run.cc)
 // submits its stages as one batch; PrintStages shows them as they are.
 void RegisterWorkflowCommands(CLI::App* app, Context* ctx);

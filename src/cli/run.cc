@@ -23,6 +23,7 @@
 #include "cli/compare.h"
 #include "cli/connect.h"
 #include "cli/digest_cache.h"
+#include "cli/file_kind.h"
 #include "cli/output.h"
 #include "cli/sweep.h"
 #include "client/tau_api.h"
@@ -690,6 +691,60 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
   return status != 0 ? status : ranked ? 0 : kExitInvalid;
 }
 
+std::optional<std::vector<StageSpec>> CheckWorkflowStages(
+    const std::string& file, const spec::WorkflowFile& workflow,
+    const std::vector<spec::StagePlaces>& places, const std::string& code_dir,
+    std::vector<spec::Diagnostic>* diagnostics) {
+  std::vector<StageSpec> stages;
+  bool valid = true;
+  for (size_t i = 0; i < workflow.stages.size() && i < places.size(); ++i) {
+    const spec::WorkflowStage& st = workflow.stages[i];
+    const spec::StagePlaces& at = places[i];
+    auto error = [&](int line, int column, std::string message) {
+      diagnostics->push_back({file, line, column, std::move(message), false});
+      valid = false;
+    };
+    auto resolved = ResolveBeside(file, st.spec, code_dir);
+    if (!resolved.ok()) {
+      error(at.spec_line, at.spec_column,
+            fmt::format("stage '{}': spec: {}", st.name, resolved.status().message()));
+      continue;
+    }
+    // Checked by ParseWorkflow; each value's errors name its place in the workflow file.
+    auto overrides = spec::ParseOverrides(st.set);
+    if (!overrides.ok()) {
+      error(st.line, st.column,
+            fmt::format("stage '{}': set: {}", st.name, overrides.status().message()));
+      continue;
+    }
+    StageSpec s;
+    s.file = *resolved;
+    auto text = ReadFileAtMost(s.file, spec::kMaxSpecBytes, "a spec");
+    if (!text.ok()) {
+      error(at.spec_line, at.spec_column,
+            fmt::format("stage '{}': spec: {}", st.name, text.status().message()));
+      continue;
+    }
+    s.text = std::move(*text);
+    s.parsed = spec::ParseSpec(s.text, s.file, *overrides);
+    AtOrigins(&s.parsed, *overrides, at.set_origins);
+    for (const spec::Diagnostic& d : s.parsed.diagnostics) diagnostics->push_back(d);
+    if (!s.parsed.ok()) {
+      const FileKindGuess guess = GuessFileKind(s.text);
+      error(st.line, st.column,
+            guess.kind != FileKind::kRunSpec && guess.kind != FileKind::kUnknown
+                ? fmt::format("stage '{}': its spec {} is {}, not a run spec", st.name, s.file,
+                              WithArticle(FileKindName(guess.kind)))
+                : fmt::format("stage '{}': its spec {} cannot be used{} (above)", st.name, s.file,
+                              st.set.empty() ? "" : " with its set"));
+      continue;
+    }
+    stages.push_back(std::move(s));
+  }
+  if (!valid) return std::nullopt;
+  return stages;
+}
+
 // `tau run workflow.yaml`: each stage a run of its own, submitted together in one batch; the
 // server holds each stage until the stages it waits for have ended.
 int CmdRunWorkflow(const Global& g, const RunOptions& o, const std::string& file,
@@ -705,57 +760,16 @@ int CmdRunWorkflow(const Global& g, const RunOptions& o, const std::string& file
     return kExitInvalid;
   }
   // Every stage is read and checked, with its overrides, before anything is sent.
-  struct Stage {
-    std::string file, text;
-    std::optional<spec::ParseOutcome> parsed;
-  };
-  std::vector<Stage> stages;
-  for (size_t i = 0; i < workflow->stages.size(); ++i) {
-    const spec::WorkflowStage& st = workflow->stages[i];
-    const spec::StagePlaces& at = places[i];
-    Stage s;
-    auto resolved = ResolveBeside(file, st.spec, o.code_dir);
-    if (!resolved.ok()) {
-      std::fprintf(stderr, "%s:%d:%d: error: stage '%s': spec: %s\n", file.c_str(), at.spec_line,
-                   at.spec_column, st.name.c_str(), resolved.status().message().c_str());
-      return kExitInvalid;
-    }
-    s.file = *resolved;
-    // Checked by ParseWorkflow; each value's errors name its place in the workflow file.
-    auto overrides = spec::ParseOverrides(st.set);
-    if (!overrides.ok())
-      return Fail(fmt::format("{}:{}:{}: stage '{}': set: {}", file, st.line, st.column, st.name,
-                              overrides.status().message()));
-    if (!overrides->empty()) {
-      // A value of the stage's `set:` that the spec refuses is named where the workflow file
-      // writes it.
-      auto text = ReadFileAtMost(s.file, spec::kMaxSpecBytes, "a spec");
-      spec::ParseOutcome parsed;
-      if (text.ok()) parsed = spec::ParseSpec(*text, s.file, *overrides);
-      if (text.ok() && AtOrigins(&parsed, *overrides, at.set_origins)) {
-        std::fprintf(stderr,
-                     "%s\n%s:%d:%d: stage '%s': its spec %s cannot be used with its set "
-                     "(above)\n",
-                     parsed.ErrorText().c_str(), file.c_str(), st.line, st.column, st.name.c_str(),
-                     s.file.c_str());
-        return kExitInvalid;
-      }
-    }
-    int rc = 0;
-    s.parsed = ReadSpecFile(s.file, &s.text, &rc, *overrides);
-    if (!s.parsed) {
-      std::fprintf(stderr, "%s:%d:%d: stage '%s': its spec %s cannot be used (above)\n",
-                   file.c_str(), st.line, st.column, st.name.c_str(), s.file.c_str());
-      return rc;
-    }
-    stages.push_back(std::move(s));
-  }
+  std::vector<spec::Diagnostic> diagnostics;
+  auto stages = CheckWorkflowStages(file, *workflow, places, o.code_dir, &diagnostics);
+  for (const spec::Diagnostic& d : diagnostics) std::fprintf(stderr, "%s\n", d.ToString().c_str());
+  if (!stages) return kExitInvalid;
   std::unique_ptr<client::Connection> conn;
   nlohmann::json codes = nlohmann::json::array();
   nlohmann::json runs = nlohmann::json::array();
-  for (size_t i = 0; i < stages.size(); ++i) {
+  for (size_t i = 0; i < stages->size(); ++i) {
     const spec::WorkflowStage& st = workflow->stages[i];
-    auto code = SubmitCode(g, stages[i].file, *stages[i].parsed, o.code_dir, &conn);
+    auto code = SubmitCode(g, (*stages)[i].file, (*stages)[i].parsed, o.code_dir, &conn);
     if (!code.ok()) return Fail(fmt::format("stage '{}': {}", st.name, code.status().message()));
     // Stages of one code directory share one snapshot.
     size_t index = 0;
@@ -764,7 +778,7 @@ int CmdRunWorkflow(const Global& g, const RunOptions& o, const std::string& file
     nlohmann::json after = nlohmann::json::array();
     for (const spec::StageDependency& d : st.after)
       after.push_back({{"stage", d.stage}, {"condition", spec::ConditionName(d.condition)}});
-    nlohmann::json spec = {{"file", stages[i].file}, {"yaml", stages[i].text}};
+    nlohmann::json spec = {{"file", (*stages)[i].file}, {"yaml", (*stages)[i].text}};
     if (!st.set.empty()) spec["set"] = st.set;
     runs.push_back({{"spec", std::move(spec)},
                     {"code", index},

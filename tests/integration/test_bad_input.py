@@ -73,10 +73,37 @@ class BadInputTest(ServerTestCase):
                 wf = self.write_beside(spec, "wf.yaml",
                                        "kind: workflow\nname: wf\nstages:\n"
                                        "  - name: train\n    spec: tau.yaml\n" + form)
-                p = self.server.tau("run", wf, check=1)
-                self.assertIn(f"{wf}:{line}:{col}: error: compute.gpus: expected an integer",
-                              p.stderr)
-                self.assertNotIn("--set compute.gpus", p.stderr)
+                # `tau validate` checks the stages as `tau run` does, before anything is sent.
+                for args in (("validate", wf), ("run", wf)):
+                    p = self.server.tau(*args, check=1)
+                    self.assertIn(f"{wf}:{line}:{col}: error: compute.gpus: expected an integer",
+                                  p.stderr)
+                    self.assertNotIn("--set compute.gpus", p.stderr)
+        self.no_runs()
+
+    def test_validate_of_a_workflow_checks_each_stages_spec(self):
+        spec = self.project(SPEC.format(name="vs"), {"main.sh": MAIN})
+        self.write_beside(spec, "bad.yaml", SPEC.format(name="vs").replace("gpus: 0", "gpus: -1"))
+        self.write_beside(spec, "svc.yaml", "kind: workflow\nname: x\nstages: []\n")
+        text = ("kind: workflow\nname: vs\nstages:\n  - name: train\n    spec: tau.yaml\n"
+                "  - name: eval\n    after: [train]\n    spec: {}\n")
+        good = self.write_beside(spec, "good.yaml", text.format("tau.yaml"))
+        p = self.server.tau("validate", good, check=0)
+        self.assertIn("workflow 'vs', 2 stage(s)", p.stdout)
+        bad_spec = os.path.join(os.path.dirname(spec), "bad.yaml")
+        wf = self.write_beside(spec, "wf.yaml", text.format("bad.yaml"))
+        p = self.server.tau("validate", wf, check=1)
+        self.assertIn(f"{bad_spec}:7:", p.stderr)
+        self.assertIn("compute.gpus", p.stderr)
+        self.assertIn(f"{wf}:6:5: error: stage 'eval': its spec {bad_spec} cannot be used",
+                      p.stderr)
+        wf = self.write_beside(spec, "wf.yaml", text.format("svc.yaml"))
+        p = self.server.tau("validate", wf, check=1)
+        self.assertIn("stage 'eval': its spec", p.stderr)
+        self.assertIn("is a workflow file, not a run spec", p.stderr)
+        wf = self.write_beside(spec, "wf.yaml", text.format("evl.yaml"))
+        p = self.server.tau("validate", wf, check=1)
+        self.assertIn(f"{wf}:8:11: error: stage 'eval': spec: 'evl.yaml': no file ", p.stderr)
         self.no_runs()
 
     def test_a_stage_set_path_that_is_no_path_is_refused_by_validate_at_its_line(self):
