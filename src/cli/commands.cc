@@ -276,7 +276,14 @@ static int CmdValidate(const std::vector<std::string>& files, const std::vector<
             auto sweep = ParseSweep(text, file);
             if (!sweep.ok()) {
               found.errors = DiagnosticsOfLines(file, sweep.status().message());
-            } else {
+              return found;
+            }
+            // Its spec too, with each point's values, as `tau sweep` checks them.
+            std::vector<spec::Diagnostic> diagnostics;
+            const bool valid = CheckSweepPoints(file, *sweep, "", &diagnostics).has_value();
+            for (spec::Diagnostic& d : diagnostics)
+              (d.warning ? found.warnings : found.errors).push_back(std::move(d));
+            if (valid) {
               found.summary =
                   fmt::format("{} sweep of {} run(s) of {}", sweep->random ? "random" : "grid",
                               SweepPoints(*sweep).size(), sweep->spec);

@@ -12,6 +12,7 @@
 
 #include "api/types.h"
 #include "cli/output.h"
+#include "cli/sweep.h"
 #include "client/client.h"
 #include "client/tau_api.h"
 #include "spec/spec.h"
@@ -131,6 +132,16 @@ struct SweepOptions {
   std::string code_dir;
 };
 int CmdSweep(const Global& g, const SweepOptions& o);
+// What `tau sweep` checks before it sends anything, and `tau validate` of a sweep file: its spec
+// found and valid, and valid with each point's values. Errors and warnings go to `diagnostics`, a
+// point's named where the sweep file writes its values; the spec when all are valid.
+struct SweepSpec {
+  std::string file, text;
+  spec::ParseOutcome base;  // the spec without a point's values
+};
+std::optional<SweepSpec> CheckSweepPoints(const std::string& file, const SweepFile& sweep,
+                                          const std::string& code_dir,
+                                          std::vector<spec::Diagnostic>* diagnostics);
 // A workflow stage's spec, read and checked with the stage's `set:` (run.cc).
 struct StageSpec {
   std::string file, text;

@@ -580,6 +580,51 @@ bool AtOrigins(spec::ParseOutcome* parsed, const std::vector<spec::Override>& ov
 
 }  // namespace
 
+std::optional<SweepSpec> CheckSweepPoints(const std::string& file, const SweepFile& sweep,
+                                          const std::string& code_dir,
+                                          std::vector<spec::Diagnostic>* diagnostics) {
+  // The spec: a TARGET (tau/NAME.yaml of the repository), or a file beside the sweep file.
+  auto resolved = ResolveBeside(file, sweep.spec, code_dir);
+  auto text = resolved.ok() ? ReadFileAtMost(*resolved, spec::kMaxSpecBytes, "a spec")
+                            : Result<std::string>(resolved.status());
+  if (!text.ok()) {
+    diagnostics->push_back(
+        {file, sweep.spec_line, sweep.spec_column, "spec: " + text.status().message(), false});
+    return std::nullopt;
+  }
+  SweepSpec out{*resolved, std::move(*text), {}};
+  out.base = spec::ParseSpec(out.text, out.file);
+  for (const spec::Diagnostic& d : out.base.diagnostics) diagnostics->push_back(d);
+  if (!out.base.ok()) {
+    const FileKindGuess guess = GuessFileKind(out.text);
+    diagnostics->push_back({file, sweep.spec_line, sweep.spec_column,
+                            guess.kind != FileKind::kRunSpec && guess.kind != FileKind::kUnknown
+                                ? fmt::format("spec: {} is {}, not a run spec", out.file,
+                                              WithArticle(FileKindName(guess.kind)))
+                                : fmt::format("spec: {} cannot be used (above)", out.file),
+                            false});
+    return std::nullopt;
+  }
+  // Every point as `tau run --set` would check it.
+  std::vector<std::vector<std::string>> origins;
+  std::vector<std::vector<spec::Override>> points = SweepPoints(sweep, &origins);
+  for (size_t i = 0; i < points.size(); ++i) {
+    spec::ParseOutcome parsed = spec::ParseSpec(out.text, out.file, points[i]);
+    AtOrigins(&parsed, points[i], origins[i]);
+    if (parsed.ok()) continue;
+    std::vector<std::string> texts;
+    for (const spec::Override& v : points[i]) texts.push_back(v.Text());
+    for (const spec::Diagnostic& d : parsed.diagnostics)
+      if (!d.warning) diagnostics->push_back(d);
+    diagnostics->push_back({file, 0, 0,
+                            fmt::format("point {} of {} ({}) cannot be used (above)", i + 1,
+                                        points.size(), Join(texts, ", ")),
+                            false});
+    return std::nullopt;
+  }
+  return out;
+}
+
 int CmdSweep(const Global& g, const SweepOptions& o) {
   auto text = ReadFileAtMost(o.file, spec::kMaxSpecBytes, "a sweep file");
   if (!text.ok()) return Fail(text.status().message());
@@ -588,20 +633,17 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
     std::fprintf(stderr, "%s\n", sweep.status().message().c_str());
     return kExitInvalid;
   }
-  // The spec: a TARGET (tau/NAME.yaml of the repository), or a file beside the sweep file.
-  auto file = ResolveBeside(o.file, sweep->spec, o.code_dir);
-  if (!file.ok()) {
-    std::fprintf(stderr, "%s:%d:%d: error: spec: %s\n", o.file.c_str(), sweep->spec_line,
-                 sweep->spec_column, file.status().message().c_str());
-    return kExitInvalid;
-  }
-  std::string spec_text;
-  int rc = 0;
-  std::optional<spec::ParseOutcome> base = ReadSpecFile(*file, &spec_text, &rc);
-  if (!base) return rc;
+  // The spec, and each point with it, checked before anything is sent.
+  std::vector<spec::Diagnostic> diagnostics;
+  auto checked = CheckSweepPoints(o.file, *sweep, o.code_dir, &diagnostics);
+  for (const spec::Diagnostic& d : diagnostics) std::fprintf(stderr, "%s\n", d.ToString().c_str());
+  if (!checked) return kExitInvalid;
+  const std::string* file = &checked->file;
+  const std::string& spec_text = checked->text;
+  const spec::ParseOutcome* base = &checked->base;
   const std::string group =
       sweep->group.empty() ? base->spec->name + "-sweep-" + RandomHex(4) : sweep->group;
-  // Every point is checked as `tau run --set` would check it before anything is sent.
+  // Each point's run, in the sweep's group (a value of the file's, so checked again here).
   std::vector<std::vector<std::string>> origins;
   std::vector<std::vector<spec::Override>> points = SweepPoints(*sweep, &origins);
   nlohmann::json runs = nlohmann::json::array();

@@ -120,8 +120,9 @@ class BadInputTest(ServerTestCase):
         spec = self.project(SPEC.format(name="ms"), {"main.sh": MAIN})
         sweep = self.write_beside(spec, "sweep.yaml",
                                   "parameters:\n  compute.gpus: [0]\nspec: nope.yaml\n")
-        p = self.server.tau("sweep", sweep, check=1)
-        self.assertIn(f"{sweep}:3:7: error: spec: 'nope.yaml': no file ", p.stderr)
+        for args in (("validate", sweep), ("sweep", sweep)):
+            p = self.server.tau(*args, check=1)
+            self.assertIn(f"{sweep}:3:7: error: spec: 'nope.yaml': no file ", p.stderr)
         self.no_runs()
 
     def test_a_missing_stage_spec_is_refused_at_the_spec_line(self):

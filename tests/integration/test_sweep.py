@@ -95,11 +95,14 @@ class SweepTest(ServerTestCase):
     def test_a_bad_point_or_file_is_refused_before_anything_is_submitted(self):
         path = self.sweep_project("bad", "spec: tau.yaml\nparameters:\n"
                                          "  compute.workers: ['1', two]\n")
-        p = self.server.tau("sweep", path, check=1)
-        self.assertIn("sweep.yaml: point 2 of 2 (compute.workers=two):", p.stderr)
-        # At the value in the sweep file, not at a --set.
-        self.assertIn(f"{path}:3:26: error: compute.workers: expected an integer",
-                      p.stderr)
+        # `tau validate` checks the points as `tau sweep` does.
+        for args in (("validate", path), ("sweep", path)):
+            p = self.server.tau(*args, check=1)
+            self.assertIn("sweep.yaml: error: point 2 of 2 (compute.workers=two) cannot be used",
+                          p.stderr)
+            # At the value in the sweep file, not at a --set.
+            self.assertIn(f"{path}:3:26: error: compute.workers: expected an integer",
+                          p.stderr)
         path = self.sweep_project("bad2", "spec: tau.yaml\nmax_parallel: two\nparameters:\n"
                                           "  runtime.env.LR: ['1']\n  nosuch: 3\n")
         p = self.server.tau("sweep", path, check=1)
