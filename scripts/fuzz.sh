@@ -5,13 +5,14 @@
 # that did are kept in build-fuzz/artifacts/. docs/fuzzing.md says more.
 #
 #   scripts/fuzz.sh [SECONDS] [HARNESS...]     HARNESS: spec platform quantity api_json simulate http
+#                                             workflow sweep
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds="${1:-30}"
 shift || true
 harnesses=("$@")
-[ ${#harnesses[@]} -gt 0 ] || harnesses=(spec platform quantity api_json simulate http)
+[ ${#harnesses[@]} -gt 0 ] || harnesses=(spec platform quantity api_json simulate http workflow sweep)
 
 # ccache as in scripts/build.sh: a second fuzz build of unchanged files is a copy.
 launcher=()
