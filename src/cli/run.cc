@@ -643,27 +643,24 @@ int CmdSweep(const Global& g, const SweepOptions& o) {
   const spec::ParseOutcome* base = &checked->base;
   const std::string group =
       sweep->group.empty() ? base->spec->name + "-sweep-" + RandomHex(4) : sweep->group;
-  // Each point's run, in the sweep's group (a value of the file's, so checked again here).
-  std::vector<std::vector<std::string>> origins;
-  std::vector<std::vector<spec::Override>> points = SweepPoints(*sweep, &origins);
+  // Each point was checked with the spec above; the group (the file's value, or made here) is
+  // checked once, as every point's run gets it.
+  const spec::Override in_group{"experiment.group", group};
+  spec::ParseOutcome grouped = spec::ParseSpec(spec_text, *file, {in_group});
+  if (!grouped.ok()) {
+    std::fprintf(stderr, "%s: group '%s':\n%s\n", o.file.c_str(), group.c_str(),
+                 grouped.ErrorText().c_str());
+    return kExitInvalid;
+  }
+  const std::vector<std::vector<spec::Override>> points = SweepPoints(*sweep);
   nlohmann::json runs = nlohmann::json::array();
-  for (size_t i = 0; i < points.size(); ++i) {
-    std::vector<spec::Override> overrides = points[i];
-    overrides.push_back({"experiment.group", group});
-    spec::ParseOutcome parsed = spec::ParseSpec(spec_text, *file, overrides);
-    AtOrigins(&parsed, overrides, origins[i]);
-    if (!parsed.ok()) {
-      std::vector<std::string> texts;
-      for (const spec::Override& v : points[i]) texts.push_back(v.Text());
-      std::fprintf(stderr, "%s: point %zu of %zu (%s):\n%s\n", o.file.c_str(), i + 1, points.size(),
-                   Join(texts, ", ").c_str(), parsed.ErrorText().c_str());
-      return kExitInvalid;
-    }
+  for (const std::vector<spec::Override>& point : points) {
     nlohmann::json set = nlohmann::json::array();
-    for (const spec::Override& v : overrides) set.push_back(v.Text());
+    for (const spec::Override& v : point) set.push_back(v.Text());
+    set.push_back(in_group.Text());
     runs.push_back({{"spec", {{"file", *file}, {"yaml", spec_text}, {"set", std::move(set)}}},
                     {"code", 0},
-                    {"array_index", i}});
+                    {"array_index", runs.size()}});
   }
   std::unique_ptr<client::Connection> conn;
   auto code = SubmitCode(g, *file, *base, o.code_dir, &conn);
