@@ -4,7 +4,7 @@
 // decision about runs that is the same everywhere (records, transitions, retries, cancels,
 // evidence) and calls its backend at the fixed steps of each pass of its loop:
 //
-//   1. the inbox's news: exits and cluster news go to the backend (HandleExit, HandleNews)
+//   1. the inbox's news: exits and an engine's news go to the backend (HandleExit, HandleNews)
 //   2. Schedule: admit and place (local), or create what Kueue should admit (Kubernetes)
 //   3. the controller commits; Committed: act on committed stops
 //   4. Launch: start the attempts decided in 2; the controller commits; Launched
@@ -29,6 +29,7 @@
 #include "evidence/evidence.h"
 #include "policy/policy.h"
 #include "recovery/failure_class.h"
+#include "run/run_machine.h"
 #include "spec/spec.h"
 #include "store/store.h"
 
@@ -85,24 +86,29 @@ class RunHost {
   // News for the decision thread (callable from any thread).
   virtual void Post(InboxMessage message) = 0;
 
-  // Record keeping, the same on every backend.
-  virtual void Transition(ActiveRun& run, store::RunState state, const std::string& event_type,
-                          const std::string& message, store::Batch* batch,
-                          nlohmann::json data = nlohmann::json::object()) = 0;
-  virtual void Finish(ActiveRun& run, store::RunState state, const std::string& reason,
-                      const std::string& message, store::Batch* batch) = 0;
-  // A failed attempt: retried when the spec's resilience policy allows it, else the run fails.
-  virtual void FailAttempt(ActiveRun& run, recovery::FailureClass failure_class,
-                           const std::string& message, store::Batch* batch) = 0;
-  // A preempted run goes back to its queue.
-  virtual void Requeue(ActiveRun& run, const std::string& message, store::Batch* batch) = 0;
-  // An attempt that vanished (its processes, or its Job): it ends NodeLost, then FailAttempt.
-  virtual void LoseAttempt(ActiveRun& run, store::AttemptRecord attempt, const std::string& message,
+  // Record keeping, the same on every backend: a backend says what happened to a run's attempt,
+  // and the controller writes the records and decides what follows (run/run_machine.h).
+  // The engine admitted the run (the backend has set what it assigned: gpus, flavors, the time).
+  virtual void RunAdmitted(ActiveRun& run, const std::string& message, nlohmann::json data,
                            store::Batch* batch) = 0;
-  // Gives back what the run holds (quota, and the backend's share): it ended or is requeued. The
-  // time it held quota is metered (a Metered event in `batch`, and the budgets' ledger).
-  virtual void ReleaseResources(ActiveRun& run, store::Batch* batch) = 0;
-  virtual void CountAttempt(const store::AttemptRecord& attempt) = 0;
+  // The attempt runs (its record as the backend knows it: number, dir, gpus, supervisor).
+  virtual void AttemptRunning(ActiveRun& run, store::AttemptRecord attempt,
+                              const std::string& message, nlohmann::json data,
+                              store::Batch* batch) = 0;
+  // The attempt ended as `end` says: written into its record; then the one dispatch moves the
+  // run on (succeeded, cancelled, preempted back to its queue, else retried or failed).
+  virtual void AttemptEnded(ActiveRun& run, store::AttemptRecord attempt,
+                            const run::AttemptEnd& end, store::Batch* batch) = 0;
+  // The attempt vanished (its processes, or its Job): it ends NodeLost, then as AttemptEnded.
+  virtual void AttemptVanished(ActiveRun& run, store::AttemptRecord attempt,
+                               const std::string& message, store::Batch* batch) = 0;
+  // A cancel of a run none of whose attempts runs (any more): the run ends Cancelled.
+  virtual void RunCancelled(ActiveRun& run, const std::string& message, store::Batch* batch) = 0;
+  // A run preempted while no attempt of it runs goes back to its queue (a preemption).
+  virtual void Requeue(ActiveRun& run, const std::string& message, store::Batch* batch) = 0;
+  // A run admitted whose attempt never started goes back to its queue (no preemption: e.g. the
+  // server stopped before the engine took the attempt).
+  virtual void ReturnToQueue(ActiveRun& run, const std::string& message, store::Batch* batch) = 0;
   virtual void Count(const std::string& name, const Labels& labels) = 0;
   // Checks that every SECRET:KEY of `spec`'s env exists in the workspace; with `resolved_spec`,
   // also puts the values in its env (for launching only).
@@ -172,7 +178,7 @@ class Backend {
 
   // The steps of a pass (see above).
   virtual void HandleExit(const std::string& run, store::Batch* batch) = 0;
-  virtual void HandleNews(const ClusterNews& news, store::Batch* batch) = 0;
+  virtual void HandleNews(const AttemptNews& news, store::Batch* batch) = 0;
   virtual void HandleGpuNews(const GpuNews& news, store::Batch* batch) = 0;
   // A cancel of a run that has not ended (cancel_requested is already set).
   virtual void Cancel(ActiveRun& run, store::Batch* batch) = 0;

@@ -61,7 +61,7 @@ InboxTake Inbox::TakeLocked() {
                      ++take.writes;
                      take.resumes.push_back(std::move(x));
                    },
-                   [&](ClusterNews& x) { take.cluster_news.push_back(std::move(x)); },
+                   [&](AttemptNews& x) { take.attempt_news.push_back(std::move(x)); },
                    [&](GpuSamples& x) { take.samples.push_back(std::move(x)); },
                    [&](PlatformChanged& x) {
                      ++take.writes;

@@ -1,5 +1,5 @@
 // The decision thread's inbox: every other thread (the API's, the process watcher's, the GPU
-// monitor's, the cluster's watch) gives the controller work as one message in one queue, and the
+// monitor's, an engine's watches) gives the controller work as one message in one queue, and the
 // loop takes all of it at the start of a pass, grouped by kind in arrival order.
 #pragma once
 
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "backend/active_run.h"
+#include "backend/attempt_fact.h"
 #include "common/mutex.h"
 #include "evidence/evidence.h"
-#include "kube/kube.h"
 #include "policy/policy.h"
 
 namespace tau::server {
@@ -53,18 +53,6 @@ struct PlatformChanged {
   std::shared_ptr<const policy::Platform> platform;
   int64_t generation = 0;
 };
-// What a cluster (the Kubernetes backend) says of an attempt: what it observed, sent when that
-// changes; or how a call the backend asked for (creating the attempt's objects, deleting them)
-// ended, as those calls are made off the decision thread.
-struct ClusterNews {
-  enum class Call { kNone, kLaunched, kDeleted };
-  std::string run;
-  int attempt = 0;
-  kube::AttemptObservation observed;
-  std::optional<int> position;  // while pending: its place in its LocalQueue (1 = next)
-  Call call = Call::kNone;      // kNone: an observation
-  Status result;                // the call's
-};
 
 // Something a run should say in its events that a thread other than the loop noticed (a log cut
 // at its cap, metric points refused past a limit, output dropped on a full disk). Recorded as an
@@ -87,7 +75,7 @@ struct MetricsDrained {
 struct ViewsWanted {};
 
 using InboxMessage = std::variant<NewRun, CancelRequest, AttemptExited, GpuNews, ResumeRequest,
-                                  ClusterNews, GpuSamples, PlatformChanged, RunNotice,
+                                  AttemptNews, GpuSamples, PlatformChanged, RunNotice,
                                   MetricsDrained, ViewsWanted, RestartRequest>;
 
 // One pass's messages, by kind.
@@ -98,7 +86,7 @@ struct InboxTake {
   std::vector<GpuNews> gpu_news;
   std::vector<ResumeRequest> resumes;
   std::vector<RestartRequest> restarts;
-  std::vector<ClusterNews> cluster_news;
+  std::vector<AttemptNews> attempt_news;  // an engine's, in arrival order
   std::vector<GpuSamples> samples;
   std::vector<RunNotice> notices;
   std::vector<MetricsDrained> drained;

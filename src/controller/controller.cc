@@ -25,6 +25,7 @@
 #include "recovery/failure_class.h"
 #include "recovery/recovery.h"
 #include "recovery/retry.h"
+#include "run/run_machine.h"
 
 extern char** environ;
 
@@ -990,23 +991,11 @@ void Controller::CommitOrDie(Batch batch) {
 
 void Controller::Transition(ActiveRun& run, RunState state, const std::string& event_type,
                             const std::string& message, Batch* batch, nlohmann::json data) {
-  int64_t now = Now();
-  RunRecord& r = run.record;
-  r.state = state;
-  r.updated_ms = now;
-  // What describes an ending, or the last wait, is stale once the run is back in play: a run
-  // queued again has no exit code, and one admitted or running has no reason to wait (callers
-  // that queue a run set the reason it waits for after this).
-  if (!store::IsTerminal(state)) {
-    r.finished_ms.reset();
-    r.exit_code.reset();
-    r.signal.reset();
-    if (state != RunState::kQueued) {
-      r.reason.clear();
-      r.message.clear();
-    }
-  }
-  batch->events.push_back({0, run.record.name, now, event_type, message, std::move(data), "", ""});
+  Status s = run::Transition(run.record, state, event_type, message, std::move(data), Now(), batch);
+  if (s.ok()) return;
+  // A move the table refuses is the control plane's bug, not the run's: said and counted.
+  std::fprintf(stderr, "tau server: bug: %s\n", s.message().c_str());
+  Count("tau_run_transitions_refused_total", {{"to", store::RunStateName(state)}});
 }
 
 void Controller::Finish(ActiveRun& run, RunState state, const std::string& reason,
@@ -1053,15 +1042,12 @@ void Controller::FailAttempt(ActiveRun& run, FailureClass failure_class, const s
   const std::optional<int> exit_code = r.exit_code;  // the failed attempt's, gone once requeued
   const recovery::RetryPolicy policy = spec::RetryPolicyOf(run.spec.resilience);
   // Earlier attempts preempted and requeued used no retry (the failing one is in `batch`).
-  int preempted = 0;
+  std::vector<store::AttemptRecord> attempts;
+  if (auto listed = store_->ListAttempts(r.name); listed.ok()) attempts = std::move(*listed);
   std::optional<int64_t> failed_started_ms;
-  if (auto attempts = store_->ListAttempts(r.name); attempts.ok())
-    for (const store::AttemptRecord& a : *attempts) {
-      if (a.number < r.attempts && a.reason == recovery::FailureClassName(FailureClass::kPreempted))
-        ++preempted;
-      if (a.number == r.attempts && a.started_ms > 0) failed_started_ms = a.started_ms;
-    }
-  const recovery::AttemptHistory history{r.attempts, r.started_ms, preempted};
+  for (const store::AttemptRecord& a : attempts)
+    if (a.number == r.attempts && a.started_ms > 0) failed_started_ms = a.started_ms;
+  const recovery::AttemptHistory history = run::HistoryOf(r, attempts);
   const int64_t now = Now();
   recovery::RetryDecision decision = recovery::Decide(policy, history, failure_class, now);
   // A service's replica that had served for a while starts again after the first backoff, not
@@ -1263,7 +1249,7 @@ void Controller::Pass(InboxTake take) {
   for (const ResumeRequest& r : take.resumes) HandleResume(r, &batch);
   for (const RestartRequest& r : take.restarts) HandleRestart(r, &batch);
   for (const AttemptExited& e : take.exits) backend_->HandleExit(e.name, &batch);
-  for (const ClusterNews& n : take.cluster_news) backend_->HandleNews(n, &batch);
+  for (const AttemptNews& n : take.attempt_news) backend_->HandleNews(n, &batch);
   for (const CancelRequest& c : take.cancels) HandleCancel(c.name, &batch);
   SettleDependencies(&batch);
   ApplyBudgets(&batch);
@@ -1353,16 +1339,67 @@ Status Controller::CheckSecrets(const spec::RunSpec& spec, const std::string& wo
   return Status::Ok();
 }
 
-void Controller::LoseAttempt(ActiveRun& run, AttemptRecord attempt, const std::string& message,
-                             Batch* batch) {
-  attempt.state = AttemptState::kFinished;
-  attempt.ended_ms = Now();
-  attempt.outcome = "Lost";
-  attempt.reason = recovery::FailureClassName(FailureClass::kNodeLost);
-  attempt.message = message;
+void Controller::AttemptVanished(ActiveRun& run, AttemptRecord attempt, const std::string& message,
+                                 Batch* batch) {
+  run::AttemptEnd end;
+  end.failure_class = FailureClass::kNodeLost;
+  end.outcome = "Lost";
+  end.exit_code = attempt.exit_code;
+  end.signal = attempt.signal;
+  end.message = message;
+  AttemptEnded(run, std::move(attempt), end, batch);
+}
+
+void Controller::AttemptEnded(ActiveRun& run, AttemptRecord attempt, const run::AttemptEnd& end,
+                              Batch* batch) {
+  run::RecordEnd(end, Now(), &attempt);
   batch->attempts.push_back(attempt);
   CountAttempt(attempt);
-  FailAttempt(run, FailureClass::kNodeLost, message, batch);
+  RunRecord& r = run.record;
+  r.attempts = std::max(r.attempts, attempt.number);
+  // The run's exit code and signal are its last attempt's.
+  r.exit_code = attempt.exit_code;
+  r.signal = attempt.signal;
+  const std::string& run_message = end.run_message.empty() ? end.message : end.run_message;
+  switch (run::DispatchEnd(end.failure_class, spec::RetryPolicyOf(run.spec.resilience))) {
+    case run::AfterEnd::kSucceed:
+      return Finish(run, RunState::kSucceeded, attempt.reason, run_message, batch);
+    case run::AfterEnd::kCancel:
+      return Finish(run, RunState::kCancelled, attempt.reason, run_message, batch);
+    case run::AfterEnd::kRequeue:
+      return Requeue(run, run_message, batch);
+    case run::AfterEnd::kRetryOrFail:
+      return FailAttempt(run, end.failure_class, end.message, batch);
+  }
+}
+
+void Controller::RunAdmitted(ActiveRun& run, const std::string& message, nlohmann::json data,
+                             Batch* batch) {
+  Transition(run, RunState::kAdmitted, "Admitted", message, batch, std::move(data));
+  batch->runs.push_back(run.record);
+}
+
+void Controller::AttemptRunning(ActiveRun& run, AttemptRecord attempt, const std::string& message,
+                                nlohmann::json data, Batch* batch) {
+  RunRecord& r = run.record;
+  attempt.state = AttemptState::kRunning;
+  batch->attempts.push_back(attempt);
+  r.attempts = attempt.number;
+  if (!r.started_ms) r.started_ms = attempt.started_ms;  // the run's start: its first attempt's
+  r.not_before_ms.reset();
+  Transition(run, RunState::kRunning, "Running", message, batch, std::move(data));
+  batch->runs.push_back(r);
+}
+
+void Controller::RunCancelled(ActiveRun& run, const std::string& message, Batch* batch) {
+  Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled), message,
+         batch);
+}
+
+void Controller::ReturnToQueue(ActiveRun& run, const std::string& message, Batch* batch) {
+  ReleaseResources(run, batch);
+  Transition(run, RunState::kQueued, "Requeued", message, batch);
+  batch->runs.push_back(run.record);
 }
 
 Result<std::vector<std::string>> Controller::LogSecrets(const RunRecord& run) {

@@ -361,21 +361,34 @@ class Controller : private RunHost {
   Metrics* metrics() override { return options_.metrics; }
   std::shared_ptr<const policy::Platform> platform() override { return loop_platform_; }
   void Post(InboxMessage message) override { inbox_.Push(std::move(message)); }
+  // What a backend says of a run's attempts (backend.h), written through the run machine.
+  void RunAdmitted(ActiveRun& run, const std::string& message, nlohmann::json data,
+                   store::Batch* batch) override;
+  void AttemptRunning(ActiveRun& run, store::AttemptRecord attempt, const std::string& message,
+                      nlohmann::json data, store::Batch* batch) override;
+  void AttemptEnded(ActiveRun& run, store::AttemptRecord attempt, const run::AttemptEnd& end,
+                    store::Batch* batch) override;
+  void AttemptVanished(ActiveRun& run, store::AttemptRecord attempt, const std::string& message,
+                       store::Batch* batch) override;
+  void RunCancelled(ActiveRun& run, const std::string& message, store::Batch* batch) override;
+  void Requeue(ActiveRun& run, const std::string& message, store::Batch* batch) override;
+  void ReturnToQueue(ActiveRun& run, const std::string& message, store::Batch* batch) override;
+
+  // The run machine's moves (run::Transition), as this controller makes them: a move the table
+  // refuses is a bug, said in the server's log and counted, and changes nothing.
   void Transition(ActiveRun& run, store::RunState state, const std::string& event_type,
                   const std::string& message, store::Batch* batch,
-                  nlohmann::json data = nlohmann::json::object()) override;
+                  nlohmann::json data = nlohmann::json::object());
   void Finish(ActiveRun& run, store::RunState state, const std::string& reason,
-              const std::string& message, store::Batch* batch) override;
+              const std::string& message, store::Batch* batch);
   // A failed attempt: retried when the spec's resilience policy allows it (recovery::Decide), else
-  // the run fails. A preempted run goes back to its queue instead (Requeue) unless its retry_on
-  // leaves Preempted out (recovery::PreemptionRequeues).
+  // the run fails.
   void FailAttempt(ActiveRun& run, recovery::FailureClass failure_class, const std::string& message,
-                   store::Batch* batch) override;
-  void Requeue(ActiveRun& run, const std::string& message, store::Batch* batch) override;
-  void LoseAttempt(ActiveRun& run, store::AttemptRecord attempt, const std::string& message,
-                   store::Batch* batch) override;
-  void ReleaseResources(ActiveRun& run, store::Batch* batch) override;
-  void CountAttempt(const store::AttemptRecord& attempt) override;
+                   store::Batch* batch);
+  // Gives back what the run holds (quota, and the backend's share): it ended or is requeued. The
+  // time it held quota is metered (a Metered event in `batch`, and the budgets' ledger).
+  void ReleaseResources(ActiveRun& run, store::Batch* batch);
+  void CountAttempt(const store::AttemptRecord& attempt);
   void Count(const std::string& name, const Labels& labels) override;
   Status CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,
                       spec::RunSpec* resolved_spec) override;

@@ -69,7 +69,7 @@ class FakeBackend final : public Backend {
       ++readopted;
       return;
     }
-    host_->LoseAttempt(run, last, "the fake attempt vanished while the server was down", batch);
+    host_->AttemptVanished(run, last, "the fake attempt vanished while the server was down", batch);
   }
   void HandleExit(const std::string& name, store::Batch* batch) override {
     auto it = host_->active().find(name);
@@ -78,33 +78,25 @@ class FakeBackend final : public Backend {
     ActiveRun& run = it->second;
     auto attempts = host_->store()->ListAttempts(name);
     ASSERT_TRUE(attempts.ok() && !attempts->empty());
-    AttemptRecord a = attempts->back();
-    a.state = AttemptState::kFinished;
-    a.ended_ms = host_->Now();
-    a.exit_code = ending->second.exit_code;
-    a.reason = recovery::FailureClassName(ending->second.failure_class);
-    batch->attempts.push_back(a);
-    host_->CountAttempt(a);
+    // A fact, as every backend reports one: what follows is the controller's to decide.
+    run::AttemptEnd end;
+    end.failure_class = ending->second.failure_class;
+    end.exit_code = ending->second.exit_code;
+    end.message = end.failure_class == FailureClass::kSucceeded   ? "done"
+                  : end.failure_class == FailureClass::kCancelled ? "cancelled by request"
+                  : end.failure_class == FailureClass::kPreempted ? "preempted by the fake"
+                                                                  : "the fake attempt failed";
     live_.erase(name);
     alive.erase(name);
-    run.record.exit_code = a.exit_code;
-    const FailureClass cls = ending->second.failure_class;
     endings_.erase(ending);
-    if (cls == FailureClass::kSucceeded)
-      host_->Finish(run, RunState::kSucceeded, a.reason, "done", batch);
-    else if (cls == FailureClass::kCancelled)
-      host_->Finish(run, RunState::kCancelled, a.reason, "cancelled by request", batch);
-    else if (cls == FailureClass::kPreempted)
-      host_->Requeue(run, "preempted by the fake", batch);
-    else
-      host_->FailAttempt(run, cls, "the fake attempt failed", batch);
+    host_->AttemptEnded(run, attempts->back(), end, batch);
   }
-  void HandleNews(const ClusterNews&, store::Batch*) override {}
+  void HandleNews(const AttemptNews&, store::Batch*) override {}
   void HandleGpuNews(const GpuNews&, store::Batch*) override {}
   void Cancel(ActiveRun& run, store::Batch* batch) override {
     const std::string& name = run.record.name;
     if (!live_.count(name)) {
-      host_->Finish(run, RunState::kCancelled, "Cancelled", "cancelled before it started", batch);
+      host_->RunCancelled(run, "cancelled before it started", batch);
       return;
     }
     batch->runs.push_back(run.record);
@@ -121,10 +113,9 @@ class FakeBackend final : public Backend {
       if (r.state != RunState::kQueued || r.cancel_requested || live_.count(name)) continue;
       if (r.not_before_ms && *r.not_before_ms > now) continue;
       if (hold.count(name) || HeldBack(run)) continue;
-      host_->Transition(run, RunState::kAdmitted, "Admitted", "admitted by the fake", batch);
       r.admitted_ms = now;
       r.flavors = {{"main", {{"cpu", "f"}}}};  // as a backend records the engine's assignment
-      batch->runs.push_back(r);
+      host_->RunAdmitted(run, "admitted by the fake", nlohmann::json::object(), batch);
       to_launch_.push_back(name);
     }
   }
@@ -137,17 +128,10 @@ class FakeBackend final : public Backend {
       a.run = name;
       a.number = r.attempts + 1;
       a.dir = host_->AttemptDir(name, a.number);
-      a.state = AttemptState::kRunning;
       a.started_ms = host_->Now();
-      batch->attempts.push_back(a);
-      r.attempts = a.number;
-      if (!r.started_ms) r.started_ms = a.started_ms;
-      r.not_before_ms.reset();
-      host_->Transition(run, RunState::kRunning, "Running",
-                        fmt::format("attempt {} started", a.number), batch,
-                        {{"attempt", a.number}});
-      batch->runs.push_back(r);
       live_[name] = a.number;
+      host_->AttemptRunning(run, a, fmt::format("attempt {} started", a.number),
+                            {{"attempt", a.number}}, batch);
       alive.insert(name);
       ++launches[name];
     }
@@ -392,7 +376,8 @@ TEST_F(ControllerTest, CancelOfARunningAttemptWaitsForItsEnd) {
 }
 
 TEST_F(ControllerTest, PreemptedRunGoesBackToItsQueueAndRunsAgain) {
-  const std::string name = Submit("victim", kRetries);
+  const std::string name =
+      Submit("victim", "resilience:\n  max_retries: 2\n  retry_on: [UserError, Preempted]\n");
   controller_->RunOnce();
   backend_.End(name, {FailureClass::kPreempted, 143});
   backend_.hold.insert(name);
@@ -409,6 +394,20 @@ TEST_F(ControllerTest, PreemptedRunGoesBackToItsQueueAndRunsAgain) {
   controller_->RunOnce();
   EXPECT_EQ(backend_.launches[name], 2);
   EXPECT_EQ(Run(name).state, RunState::kRunning);
+}
+
+// The backend reports the fact (preempted); the controller applies the spec's rule: a retry_on
+// that leaves Preempted out asks the run to fail instead of going back to its queue.
+TEST_F(ControllerTest, APreemptionTheSpecDoesNotRetryEndsTheRun) {
+  const std::string name = Submit("not-requeued", kRetries);  // retry_on: [UserError]
+  controller_->RunOnce();
+  backend_.End(name, {FailureClass::kPreempted, 143});
+  controller_->RunOnce();
+  store::RunRecord r = Run(name);
+  EXPECT_EQ(r.state, RunState::kFailed);
+  EXPECT_EQ(r.reason, "Preempted");
+  EXPECT_EQ(r.preemptions, 0) << "not requeued";
+  EXPECT_EQ(backend_.launches[name], 1);
 }
 
 TEST_F(ControllerTest, PreemptedAttemptsUseNoRetry) {

@@ -1600,6 +1600,26 @@ bool FakeApiServer::StreamWatch(WatchCursor* cursor, http::ChunkSink& sink) {
   return !end;
 }
 
+bool FakeApiServer::ContainerExited(const std::string& pod_key, const std::string& container) {
+  auto pods = objects_.find("v1/pods");
+  if (pods == objects_.end()) return true;
+  auto it = pods->second.find(pod_key);
+  if (it == pods->second.end()) return true;
+  const json& status = it->second.contains("status") ? it->second["status"] : json();
+  if (!status.is_object()) return false;
+  const std::string phase = status.value("phase", "");
+  if (phase == "Succeeded" || phase == "Failed") return true;
+  for (const char* field : {"containerStatuses", "initContainerStatuses"}) {
+    auto statuses = status.find(field);
+    if (statuses == status.end() || !statuses->is_array()) continue;
+    for (const json& cs : *statuses)
+      if (cs.is_object() && cs.value("name", "") == container && cs.contains("state") &&
+          cs["state"].is_object() && cs["state"].contains("terminated"))
+        return true;
+  }
+  return false;
+}
+
 void FakeApiServer::HandleLog(const Target& target, const http::HttpRequest& req,
                               http::HttpResponse& res) {
   const json pod = Object(target.collection, target.ns, target.name);
@@ -1668,18 +1688,21 @@ void FakeApiServer::HandleLog(const Target& target, const http::HttpRequest& req
     cut_epoch = log_cut_epoch_;
   }
   res.content_type = "text/plain";
-  res.stream = [this, key, next, since_ms, cut_epoch](http::ChunkSink& sink) {
+  const std::string pod_key = Key(target.ns, target.name);
+  res.stream = [this, key, pod_key, container, next, since_ms, cut_epoch](http::ChunkSink& sink) {
     std::string out;
     bool end = false;
     {
       MutexLock lock(&mu_);
       const LogStream& log = logs_[key];
-      if (*next == log.chunks.size() && !log.ended)
+      // As the kubelet: a followed log ends when its container has (or its pod is gone).
+      const bool exited = log.ended || ContainerExited(pod_key, container);
+      if (*next == log.chunks.size() && !exited)
         changed_.WaitFor(&mu_, std::chrono::milliseconds(20));
       if (stopping_ || log_cut_epoch_ != cut_epoch) return false;
       for (; *next < log.chunks.size(); ++*next)
         if (log.chunks[*next].first >= since_ms) out += log.chunks[*next].second;
-      end = log.ended;
+      end = exited;
     }
     if (!out.empty() && !sink.Write(out)) return false;
     return !end;

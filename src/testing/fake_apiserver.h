@@ -225,6 +225,8 @@ class FakeApiServer {
   bool stopping_ TAU_GUARDED_BY(mu_) = false;
   // collection -> "namespace/name" -> object
   std::map<std::string, std::map<std::string, nlohmann::json>> objects_ TAU_GUARDED_BY(mu_);
+  // Whether the pod's container has exited (or the pod is gone): its followed log then ends.
+  bool ContainerExited(const std::string& pod_key, const std::string& container) TAU_REQUIRES(mu_);
   int64_t resource_version_ TAU_GUARDED_BY(mu_) = 100;
   int64_t next_uid_ TAU_GUARDED_BY(mu_) = 1;
   std::deque<Event> history_ TAU_GUARDED_BY(mu_);

@@ -1,7 +1,7 @@
 // A cluster that admits and runs attempts itself: the Kubernetes backend, where Kueue admits by
 // quota and the kubelets run the pods. The controller keeps every decision about runs (records,
 // retries, cancels, evidence) exactly as on the local backend; it hands the cluster the attempts
-// to create and delete, and what the cluster says of them comes back as ClusterNews.
+// to create and delete, and what the cluster says of them comes back as AttemptNews.
 // kube_cluster.h is the implementation on the Kubernetes API.
 #pragma once
 
@@ -96,7 +96,7 @@ class Cluster {
  public:
   virtual ~Cluster() = default;
 
-  // Reads what the cluster holds now and starts following it; news (ClusterNews) and what the
+  // Reads what the cluster holds now and starts following it; news (AttemptNews) and what the
   // logs say of themselves (RunNotice: LogTruncated, OutputDropped) arrive on `post` from the
   // cluster's threads (it must only queue them). An attempt's pod logs are kept under
   // attempt_dir(run, attempt)/logs as rank-N.log once KeepLogs has said how. Returns the attempts
@@ -119,7 +119,7 @@ class Cluster {
                        const policy::Caller& caller, const std::string& run_name) = 0;
   // Renders the attempt's objects (an error here fails the attempt) and has them created,
   // suspended for Kueue to admit, off the caller's thread (one lane per namespace, each call with
-  // a time budget; see call_lanes.h): the result comes as ClusterNews (Call::kLaunched),
+  // a time budget; see call_lanes.h): the result comes as AttemptNews (Call::kLaunched),
   // Unavailable when the API server could not be reached in time (try again later).
   virtual Status Launch(const ClusterLaunch& launch) = 0;
   // Applies the platform's cluster objects (kube::RenderPlatform: workspace namespaces and RBAC,
@@ -129,7 +129,7 @@ class Cluster {
   virtual Status ApplyPlatform(const policy::Platform& platform) = 0;
   // Has the attempt's objects and their pods deleted (background propagation), which frees the
   // quota it holds, off the caller's thread and after the attempt's earlier calls: the result
-  // comes as ClusterNews (Call::kDeleted). Deleting what is already gone is not an error.
+  // comes as AttemptNews (Call::kDeleted). Deleting what is already gone is not an error.
   virtual void Delete(const std::string& run, int attempt) = 0;
 
   // Services (their own objects; no attempts, no news). These calls are made on the caller's

@@ -22,7 +22,7 @@ using store::AttemptState;
 using store::Batch;
 using store::RunRecord;
 using store::RunState;
-using Phase = kube::AttemptObservation::Phase;
+using Phase = AttemptFact::Phase;
 using recovery::FailureClass;
 
 namespace {
@@ -49,7 +49,7 @@ class KubeBackend final : public Backend {
   }
   void Recover(ActiveRun& run, Batch* batch) override;
   void HandleExit(const std::string&, Batch*) override {}
-  void HandleNews(const ClusterNews& news, Batch* batch) override;
+  void HandleNews(const AttemptNews& news, Batch* batch) override;
   // This machine's GPUs run nothing of the cluster's.
   void HandleGpuNews(const GpuNews&, Batch*) override {}
   void Cancel(ActiveRun& run, Batch* batch) override;
@@ -114,12 +114,12 @@ class KubeBackend final : public Backend {
   void LaunchOne(const std::string& name, Batch* batch);
   // How creating the attempt's objects ended (at once, or as the cluster's news).
   void Launched(ActiveRun& run, int attempt, const Status& s, Batch* batch);
-  void HandleCall(ActiveRun& run, const ClusterNews& news, Batch* batch);
+  void HandleCall(ActiveRun& run, const AttemptNews& news, Batch* batch);
   // The cancel's delete is done: the attempt ends as cancelled, and the run with it.
   void FinishCancel(ActiveRun& run, Batch* batch);
   // Tells the cluster how to keep the attempt's pod logs (masked of the run's secrets, capped).
   Status KeepLogs(const ActiveRun& run, int attempt);
-  void EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, Batch* batch);
+  void EndAttempt(ActiveRun& run, const AttemptFact& o, Batch* batch);
 
   Cluster* const cluster_;
   RunHost* host_ = nullptr;
@@ -191,13 +191,10 @@ void KubeBackend::Recover(ActiveRun& run, Batch* batch) {
   if (!attempts.ok() || attempts->empty() || attempts->back().state == AttemptState::kFinished) {
     // No attempt on the cluster: a queued run gets one on the next pass (one recorded as admitted
     // goes back to the queue first; this is no preemption).
-    if (r.state != RunState::kQueued && !r.cancel_requested) {
-      host_->ReleaseResources(run, batch);
-      host_->Transition(
-          run, RunState::kQueued, "Requeued",
-          "back in the queue: its attempt had not been created when the server stopped", batch);
-      batch->runs.push_back(r);
-    }
+    if (r.state != RunState::kQueued && !r.cancel_requested)
+      host_->ReturnToQueue(
+          run, "back in the queue: its attempt had not been created when the server stopped",
+          batch);
     return;
   }
   AttemptRecord last = attempts->back();
@@ -215,7 +212,7 @@ void KubeBackend::Recover(ActiveRun& run, Batch* batch) {
     Of(run).relaunch = true;
     return;
   }
-  host_->LoseAttempt(
+  host_->AttemptVanished(
       run, last, "the attempt's Job vanished from the cluster while the server was down", batch);
 }
 
@@ -334,15 +331,13 @@ void KubeBackend::Launched(ActiveRun& run, int attempt, const Status& s, Batch* 
   a.run = name;
   a.number = attempt;
   a.dir = host_->AttemptDir(name, attempt);
-  a.state = AttemptState::kFinished;
-  a.ended_ms = host_->Now();
-  a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
-  a.reason = recovery::FailureClassName(FailureClass::kSetupError);
-  a.message = fmt::format("the cluster refused the attempt: {}", s.message());
-  batch->attempts.push_back(a);
-  host_->CountAttempt(a);
+  run::AttemptEnd end;
+  end.failure_class = FailureClass::kSetupError;
+  end.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
+  end.exit_code = a.exit_code;
+  end.message = fmt::format("the cluster refused the attempt: {}", s.message());
   Of(run).attempt = 0;
-  host_->FailAttempt(run, FailureClass::kSetupError, a.message, batch);
+  host_->AttemptEnded(run, std::move(a), end, batch);
 }
 
 Status KubeBackend::KeepLogs(const ActiveRun& run, int attempt) {
@@ -355,8 +350,8 @@ Status KubeBackend::KeepLogs(const ActiveRun& run, int attempt) {
   return Status::Ok();
 }
 
-void KubeBackend::HandleNews(const ClusterNews& news, Batch* batch) {
-  if (news.call == ClusterNews::Call::kDeleted)
+void KubeBackend::HandleNews(const AttemptNews& news, Batch* batch) {
+  if (news.call == AttemptNews::Call::kDeleted)
     if (auto o = orphans_.find({news.run, news.attempt}); o != orphans_.end()) {
       if (news.result.ok()) {
         orphans_.erase(o);
@@ -374,17 +369,17 @@ void KubeBackend::HandleNews(const ClusterNews& news, Batch* batch) {
   if (it == host_->active().end()) return;
   ActiveRun& run = it->second;
   RunRecord& r = run.record;
-  if (news.call != ClusterNews::Call::kNone) return HandleCall(run, news, batch);
+  if (news.call != AttemptNews::Call::kNone) return HandleCall(run, news, batch);
   if (store::IsTerminal(r.state) || r.cancel_requested || news.attempt != Of(run).attempt) return;
-  const kube::AttemptObservation& o = news.observed;
+  const AttemptFact& o = news.fact;
   if (o.phase == Phase::kPending) {
-    Of(run).pending = {{"position", news.position ? nlohmann::json(*news.position) : nullptr},
+    Of(run).pending = {{"position", o.position ? nlohmann::json(*o.position) : nullptr},
                        {"queue", r.queue},
                        {"code", o.reason},
                        {"reason", o.message}};
     return;
   }
-  if (o.Terminal() || o.phase == Phase::kEvicted) return EndAttempt(run, o, batch);
+  if (o.Ended()) return EndAttempt(run, o, batch);
   if (r.state == RunState::kQueued) {
     r.admitted_ms = host_->Now();
     // tau's view of the queues (`tau queues`) counts the run against its quota with Kueue's
@@ -402,11 +397,10 @@ void KubeBackend::HandleNews(const ClusterNews& news, Batch* batch) {
           folded[ours].emplace(resource, flavor);
         }
     r.flavors = AssignmentJson(folded);
-    host_->Transition(run, RunState::kAdmitted, "Admitted",
-                      fmt::format("admitted by Kueue (ClusterQueue {}{})", o.cluster_queue,
-                                  kueue.empty() ? "" : "; " + FlavorsText(kueue)),
-                      batch, {{"flavors", o.flavors}, {"cluster_queue", o.cluster_queue}});
-    batch->runs.push_back(r);
+    host_->RunAdmitted(run,
+                       fmt::format("admitted by Kueue (ClusterQueue {}{})", o.admitted_by,
+                                   kueue.empty() ? "" : "; " + FlavorsText(kueue)),
+                       {{"flavors", o.flavors}, {"cluster_queue", o.admitted_by}}, batch);
   }
   // Admitted but held up (an image that does not pull yet): said once per reason. Plain
   // admission ("Admitted") and a pod that ended before its Job's condition arrived are not news.
@@ -420,66 +414,53 @@ void KubeBackend::HandleNews(const ClusterNews& news, Batch* batch) {
   }
   if (o.phase == Phase::kRunning && r.state == RunState::kAdmitted) {
     auto attempts = host_->store()->ListAttempts(r.name);
+    AttemptRecord a;
     if (attempts.ok() && !attempts->empty() && attempts->back().number == Of(run).attempt) {
-      AttemptRecord a = attempts->back();
-      a.state = AttemptState::kRunning;
-      a.started_ms = host_->Now();
-      batch->attempts.push_back(a);
+      a = attempts->back();
+    } else {
+      a.run = r.name;
+      a.number = Of(run).attempt;
+      a.dir = host_->AttemptDir(r.name, a.number);
     }
-    if (!r.started_ms) r.started_ms = host_->Now();
-    r.reason.clear();
-    host_->Transition(run, RunState::kRunning, "Running",
-                      fmt::format("attempt {} running on the cluster", Of(run).attempt), batch,
-                      {{"attempt", Of(run).attempt}});
-    batch->runs.push_back(r);
+    a.started_ms = host_->Now();
+    host_->AttemptRunning(run, std::move(a),
+                          fmt::format("attempt {} running on the cluster", Of(run).attempt),
+                          {{"attempt", Of(run).attempt}}, batch);
   }
 }
 
-void KubeBackend::EndAttempt(ActiveRun& run, const kube::AttemptObservation& o, Batch* batch) {
+void KubeBackend::EndAttempt(ActiveRun& run, const AttemptFact& o, Batch* batch) {
   RunRecord& r = run.record;
   auto attempts = host_->store()->ListAttempts(r.name);
   if (!attempts.ok() || attempts->empty() || attempts->back().number != Of(run).attempt) return;
   AttemptRecord a = attempts->back();
-  a.state = AttemptState::kFinished;
-  a.ended_ms = host_->Now();
-  a.exit_code = o.exit_code;
-  a.message = o.message;
   const int number = Of(run).attempt;
   Of(run).attempt = 0;
   Of(run).pending = nullptr;
+  run::AttemptEnd end;
+  end.exit_code = o.exit_code;
+  end.message = o.message;
   if (o.phase == Phase::kSucceeded) {
-    a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSucceeded);
-    a.reason = recovery::FailureClassName(FailureClass::kSucceeded);
-    if (!a.exit_code) a.exit_code = 0;
-    batch->attempts.push_back(a);
-    host_->CountAttempt(a);
-    r.exit_code = a.exit_code;
-    host_->Finish(run, RunState::kSucceeded, a.reason, "the attempt completed on the cluster",
-                  batch);
-    return;
+    end.failure_class = FailureClass::kSucceeded;
+    end.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSucceeded);
+    if (!end.exit_code) end.exit_code = 0;
+    end.run_message = "the attempt completed on the cluster";
+    return host_->AttemptEnded(run, std::move(a), end, batch);
   }
-  a.outcome = runtime::OutcomeKindName(o.phase == Phase::kEvicted ? runtime::OutcomeKind::kStopped
-                                                                  : runtime::OutcomeKind::kFailed);
-  const FailureClass cls =
-      recovery::ParseFailureClass(o.failure_class).value_or(FailureClass::kUnknown);
-  a.reason = recovery::FailureClassName(cls);
-  if (cls != FailureClass::kPreempted)
-    a.diagnosis = AttemptDiagnosis(a.dir, std::max(1, run.spec.compute.workers),
-                                   "Running: the job failed on the cluster");
-  batch->attempts.push_back(a);
-  host_->CountAttempt(a);
-  r.exit_code = a.exit_code;
-  if (o.phase == Phase::kEvicted) {
+  end.outcome = runtime::OutcomeKindName(
+      o.phase == Phase::kStopped ? runtime::OutcomeKind::kStopped : runtime::OutcomeKind::kFailed);
+  end.failure_class = o.failure_class;
+  if (end.failure_class != FailureClass::kPreempted)
+    end.diagnosis = AttemptDiagnosis(a.dir, std::max(1, run.spec.compute.workers),
+                                     "Running: the job failed on the cluster");
+  else if (o.message.empty())
+    end.run_message = "preempted by Kueue";
+  if (o.phase == Phase::kStopped) {
     // Kueue would admit the same Job again later; tau makes each attempt a Job of its own, so
     // this one goes (its pods are being stopped anyway) and the next attempt is a new one.
     DeleteOrphan({r.name, number});
   }
-  if (cls == FailureClass::kPreempted &&
-      recovery::PreemptionRequeues(spec::RetryPolicyOf(run.spec.resilience))) {
-    host_->Requeue(run, a.message.empty() ? "preempted by Kueue" : a.message, batch);
-  } else {
-    host_->FailAttempt(run, cls, a.message, batch);
-  }
+  host_->AttemptEnded(run, std::move(a), end, batch);
 }
 
 void KubeBackend::StopAttempt(ActiveRun& run, FailureClass cls, const std::string& why,
@@ -490,15 +471,13 @@ void KubeBackend::StopAttempt(ActiveRun& run, FailureClass cls, const std::strin
   auto attempts = host_->store()->ListAttempts(r.name);
   if (!attempts.ok() || attempts->empty() || attempts->back().number != c.attempt) return;
   AttemptRecord a = attempts->back();
-  a.state = AttemptState::kFinished;
-  a.ended_ms = host_->Now();
-  a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kStopped);
-  a.reason = recovery::FailureClassName(cls);
-  a.message = why;
-  a.diagnosis = AttemptDiagnosis(a.dir, std::max(1, run.spec.compute.workers),
-                                 "Running: stopped by the server");
-  batch->attempts.push_back(a);
-  host_->CountAttempt(a);
+  run::AttemptEnd end;
+  end.failure_class = cls;
+  end.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kStopped);
+  end.exit_code = a.exit_code;
+  end.message = why;
+  end.diagnosis = AttemptDiagnosis(a.dir, std::max(1, run.spec.compute.workers),
+                                   "Running: stopped by the server");
   batch->events.push_back({0,
                            r.name,
                            host_->Now(),
@@ -513,13 +492,13 @@ void KubeBackend::StopAttempt(ActiveRun& run, FailureClass cls, const std::strin
   DeleteOrphan({r.name, c.attempt});
   c.attempt = 0;
   c.pending = nullptr;
-  host_->FailAttempt(run, cls, why, batch);
+  host_->AttemptEnded(run, std::move(a), end, batch);
 }
 
-void KubeBackend::HandleCall(ActiveRun& run, const ClusterNews& news, Batch* batch) {
+void KubeBackend::HandleCall(ActiveRun& run, const AttemptNews& news, Batch* batch) {
   RunRecord& r = run.record;
   ClusterRun& c = Of(run);
-  if (news.call == ClusterNews::Call::kLaunched) {
+  if (news.call == AttemptNews::Call::kLaunched) {
     // A cancel deletes what the create made: its delete comes after it in the namespace's lane.
     if (store::IsTerminal(r.state) || r.cancel_requested || news.attempt != c.attempt) return;
     return Launched(run, news.attempt, news.result, batch);
@@ -562,29 +541,28 @@ void KubeBackend::Cancel(ActiveRun& run, Batch* batch) {
     to_delete_.emplace_back(r.name, c.attempt);
     return;
   }
-  host_->Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
-                "cancelled before it started", batch);
+  host_->RunCancelled(run, "cancelled before it started", batch);
 }
 
 void KubeBackend::FinishCancel(ActiveRun& run, Batch* batch) {
   RunRecord& r = run.record;
+  const std::string message =
+      r.started_ms ? "cancelled by request; its Kubernetes objects were deleted"
+                   : "cancelled before it started; its Kubernetes objects were deleted";
   auto attempts = host_->store()->ListAttempts(r.name);
-  if (attempts.ok() && !attempts->empty() && attempts->back().number == Of(run).attempt &&
-      attempts->back().state != AttemptState::kFinished) {
-    AttemptRecord a = attempts->back();
-    a.state = AttemptState::kFinished;
-    a.ended_ms = host_->Now();
-    a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kStopped);
-    a.reason = recovery::FailureClassName(FailureClass::kCancelled);
-    a.message = "cancelled: its Kubernetes objects were deleted";
-    batch->attempts.push_back(a);
-    host_->CountAttempt(a);
-  }
+  const bool open = attempts.ok() && !attempts->empty() &&
+                    attempts->back().number == Of(run).attempt &&
+                    attempts->back().state != AttemptState::kFinished;
   Of(run).attempt = 0;
-  host_->Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
-                r.started_ms ? "cancelled by request; its Kubernetes objects were deleted"
-                             : "cancelled before it started; its Kubernetes objects were deleted",
-                batch);
+  if (!open) return host_->RunCancelled(run, message, batch);
+  AttemptRecord a = attempts->back();
+  run::AttemptEnd end;
+  end.failure_class = FailureClass::kCancelled;
+  end.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kStopped);
+  end.exit_code = a.exit_code;
+  end.message = "cancelled: its Kubernetes objects were deleted";
+  end.run_message = message;
+  host_->AttemptEnded(run, std::move(a), end, batch);
 }
 
 std::unique_ptr<Backend> NewKubeBackend(Cluster* cluster) {

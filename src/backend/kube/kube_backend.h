@@ -1,6 +1,6 @@
 // The Kubernetes backend (backend.h) on a Cluster (cluster.h; kube_cluster.h is the one on the
 // Kubernetes API): attempts are created suspended for Kueue to admit, and what the cluster says of
-// them comes back as ClusterNews.
+// them comes back as AttemptNews.
 #pragma once
 
 #include <memory>

@@ -1,7 +1,7 @@
 // KubeCluster: tau's attempts as Jobs and RayJobs admitted by Kueue (see kube_cluster.h).
 //
 // Threads: one per watch (Jobs, RayJobs, Workloads, pods), one reconciler that turns what the
-// watches saw into ClusterNews, and one per followed pod log. The watches only record objects and
+// watches saw into AttemptNews, and one per followed pod log. The watches only record objects and
 // mark attempts dirty; the reconciler observes dirty attempts (and all of them every resync) and
 // sends news when an observation changes. A pod log is written as the shim writes a local one
 // (common/log_file.h: masked, capped), with how far into the pod's log it has got kept beside it.
@@ -222,6 +222,43 @@ json SecretObject(const std::string& ns, const std::map<std::string, std::string
           {"stringData", data}};
 }
 
+// What Kueue's and the kubelets' view of an attempt says, in the facts every engine reports.
+AttemptFact FactOf(const kube::AttemptObservation& o, std::optional<int> position) {
+  using Phase = kube::AttemptObservation::Phase;
+  AttemptFact f;
+  switch (o.phase) {
+    case Phase::kPending:
+      f.phase = AttemptFact::Phase::kPending;
+      break;
+    case Phase::kAdmitted:
+      f.phase = AttemptFact::Phase::kAdmitted;
+      break;
+    case Phase::kRunning:
+      f.phase = AttemptFact::Phase::kRunning;
+      break;
+    case Phase::kSucceeded:
+      f.phase = AttemptFact::Phase::kSucceeded;
+      break;
+    case Phase::kFailed:
+      f.phase = AttemptFact::Phase::kFailed;
+      break;
+    case Phase::kEvicted:
+      f.phase = AttemptFact::Phase::kStopped;
+      break;
+  }
+  f.failure_class =
+      o.failure_class.empty()
+          ? recovery::FailureClass::kUnknown
+          : recovery::ParseFailureClass(o.failure_class).value_or(recovery::FailureClass::kUnknown);
+  f.reason = o.reason;
+  f.message = o.message;
+  f.exit_code = o.exit_code;
+  f.position = position;
+  f.flavors = o.flavors;
+  f.admitted_by = o.cluster_queue;
+  return f;
+}
+
 std::string Fingerprint(const kube::AttemptObservation& o, std::optional<int> position) {
   return fmt::format("{}|{}|{}|{}|{}|{}|{}", kube::PhaseName(o.phase), o.failure_class, o.reason,
                      o.message, position.value_or(0), JsonText(o.flavors),
@@ -337,7 +374,7 @@ class KubeCluster final : public Cluster {
     std::set<std::string> followed;          // pods whose logs are being (or were) kept
     bool driver_followed = false;            // RayJob: the driver's log
     std::set<std::string> metrics_followed;  // pods whose metrics are being (or were) kept
-    int outputs_following = 0;               // metrics and fetched-log followers still reading
+    int outputs_following = 0;               // metrics and log followers still reading
     // When its end was first seen while its metrics were still being read (0: not yet).
     int64_t end_seen_ms = 0;
     std::string last_news;  // fingerprint of the last news sent
@@ -386,7 +423,7 @@ class KubeCluster final : public Cluster {
   // Applies an attempt's objects in order; a gang's Service is then owned by its Job.
   Status ApplyObjects(const std::vector<json>& objects);
   // Tells the decision thread how a call it asked for ended.
-  void PostCall(const AttemptKey& key, ClusterNews::Call call, const Status& result);
+  void PostCall(const AttemptKey& key, AttemptNews::Call call, const Status& result);
   // The attempt's failure is read from its pods (AttemptObservation::read_from_pods), and the
   // watch's view of them may be older than the object's failure: lists them from the API server
   // off this thread (in a lane); PodsRead merges them in and has the attempt observed again.
@@ -624,7 +661,8 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
           t.metrics.push_back({pod_name, kube::kMetricsContainer, RankOf(pod)});
       }
       const bool ray_job = Str(a.object, "kind") == "RayJob";
-      t.outputs_following = a.outputs_following + static_cast<int>(t.metrics.size());
+      t.outputs_following =
+          a.outputs_following + static_cast<int>(t.follow.size() + t.metrics.size());
       if (a.logs && ray_job && !a.driver_followed) {
         // Once KubeRay has submitted the Ray job (HTTPMode: no submitter pod) and said where.
         const json& status = a.object.contains("status") ? a.object["status"] : json::object();
@@ -666,36 +704,33 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
                   0, driver);
       }
     }
-    ClusterNews news;
-    news.run = t.key.first;
-    news.attempt = t.key.second;
+    kube::AttemptObservation observed;
+    std::optional<int> position;
     if (t.gone) {
-      news.observed =
-          kube::ObserveAttempt(t.object, kube::OwnedWorkload(t.object, workloads), t.pods);
-      if (!news.observed.Terminal()) {
-        news.observed.read_from_pods = false;  // tau's own word: deleted outside tau
-        news.observed.phase = kube::AttemptObservation::Phase::kFailed;
-        news.observed.failure_class = recovery::FailureClassName(recovery::FailureClass::kUnknown);
-        news.observed.message = fmt::format("its {} {} was deleted outside tau",
-                                            Str(t.object, "kind"), NsName(t.object));
+      observed = kube::ObserveAttempt(t.object, kube::OwnedWorkload(t.object, workloads), t.pods);
+      if (!observed.Terminal()) {
+        observed.read_from_pods = false;  // tau's own word: deleted outside tau
+        observed.phase = kube::AttemptObservation::Phase::kFailed;
+        observed.failure_class = recovery::FailureClassName(recovery::FailureClass::kUnknown);
+        observed.message = fmt::format("its {} {} was deleted outside tau", Str(t.object, "kind"),
+                                       NsName(t.object));
       }
     } else {
       const json* workload = kube::OwnedWorkload(t.object, workloads);
-      news.observed = kube::ObserveAttempt(t.object, workload, t.pods);
-      if (news.observed.phase == kube::AttemptObservation::Phase::kPending && workload) {
-        if (auto p = positions.find(NsName(*workload)); p != positions.end())
-          news.position = p->second;
+      observed = kube::ObserveAttempt(t.object, workload, t.pods);
+      if (observed.phase == kube::AttemptObservation::Phase::kPending && workload) {
+        if (auto p = positions.find(NsName(*workload)); p != positions.end()) position = p->second;
       }
     }
-    if (news.observed.read_from_pods && !t.pods_read) {
+    if (observed.read_from_pods && !t.pods_read) {
       // Its end is told once its pods are read as they are after its failure (PodsRead).
       ReadPods(t.key, ns);
       continue;
     }
-    std::string fp = Fingerprint(news.observed, news.position);
+    std::string fp = Fingerprint(observed, position);
     if (fp == t.last_news) continue;
-    if (news.observed.Terminal() && t.outputs_following > 0) {
-      // The end is told once its metrics and a driver's fetched log are all kept (the evidence
+    if (observed.Terminal() && t.outputs_following > 0) {
+      // The end is told once its metrics and logs are all kept (the evidence
       // worker reads the metrics to their end and records the log's hash then), or
       // kMetricsDrainMs after it was seen, whichever is first.
       const int64_t now = MonotonicMillis();
@@ -711,7 +746,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
       auto it = attempts_.find(t.key);
       if (it != attempts_.end()) {
         it->second.last_news = fp;
-        it->second.ended = news.observed.Terminal();
+        it->second.ended = observed.Terminal();
         if (it->second.ended && Str(t.object, "kind") == "RayJob" && !t.gone &&
             it->second.retire_at_ms == 0) {
           const json& spec = t.object.contains("spec") ? t.object["spec"] : json::object();
@@ -720,6 +755,10 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
         }
       }
     }
+    AttemptNews news;
+    news.run = t.key.first;
+    news.attempt = t.key.second;
+    news.fact = FactOf(observed, position);
     if (post_) post_(std::move(news));
   }
 }
@@ -777,10 +816,11 @@ void KubeCluster::Spawn(std::function<void()> body) {
 
 void KubeCluster::FollowLog(LogSource source, const std::string& path, const AttemptKey& key,
                             int rank, const AttemptLogs& logs) {
-  // A fetched log (a RayJob driver's) is fetched once more after the end: the end is told after
-  // that, so that the evidence records the whole log. A pod's log stream ends with its container.
+  // The attempt's end is told once each of its logs is kept to its end, so that the evidence
+  // records the whole log: a pod's log stream ends with its container, and a fetched log (a
+  // RayJob driver's) is fetched once more after the end.
   bool counted = false;
-  if (source.fetched) {
+  {
     MutexLock lock(&mu_);
     if (auto it = attempts_.find(key); it != attempts_.end()) {
       ++it->second.outputs_following;
@@ -1035,7 +1075,7 @@ Status KubeCluster::Launch(const ClusterLaunch& launch) {
   }
   lanes_.Submit(
       ns, [this, objects = std::move(objects)] { return ApplyObjects(objects); },
-      [this, key](const Status& s) { PostCall(key, ClusterNews::Call::kLaunched, s); });
+      [this, key](const Status& s) { PostCall(key, AttemptNews::Call::kLaunched, s); });
   return Status::Ok();
 }
 
@@ -1062,8 +1102,8 @@ Status KubeCluster::ApplyObjects(const std::vector<json>& objects) {
   return Status::Ok();
 }
 
-void KubeCluster::PostCall(const AttemptKey& key, ClusterNews::Call call, const Status& result) {
-  ClusterNews news;
+void KubeCluster::PostCall(const AttemptKey& key, AttemptNews::Call call, const Status& result) {
+  AttemptNews news;
   news.run = key.first;
   news.attempt = key.second;
   news.call = call;
@@ -1159,7 +1199,7 @@ void KubeCluster::Delete(const std::string& run, int attempt) {
       [this, run, attempt, targets = std::move(targets)]() mutable {
         return DeleteObjects(run, attempt, std::move(targets));
       },
-      [this, key](const Status& s) { PostCall(key, ClusterNews::Call::kDeleted, s); });
+      [this, key](const Status& s) { PostCall(key, AttemptNews::Call::kDeleted, s); });
 }
 
 Status KubeCluster::DeleteObjects(const std::string& run, int attempt, std::vector<json> targets) {

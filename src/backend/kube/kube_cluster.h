@@ -1,7 +1,7 @@
 // The Kubernetes backend's Cluster (cluster.h) on the Kubernetes API (src/kubeapi): attempts
 // become the Jobs and RayJobs that kube::RenderRun makes, created suspended for Kueue; four
 // watches (Jobs, RayJobs, Kueue Workloads, the runs' pods) feed kube::ObserveAttempt, whose
-// changes become ClusterNews; each attempt's pod logs are streamed into its attempt directory as
+// changes become AttemptNews; each attempt's pod logs are streamed into its attempt directory as
 // they are written, so they outlive the pods.
 #pragma once
 

@@ -98,7 +98,7 @@ class LocalBackend final : public Backend {
   Status ApplyPlatform(const policy::Platform&) override { return Status::Ok(); }
   void Recover(ActiveRun& run, Batch* batch) override;
   void HandleExit(const std::string& name, Batch* batch) override;
-  void HandleNews(const ClusterNews&, Batch*) override {}
+  void HandleNews(const AttemptNews&, Batch*) override {}
   void HandleGpuNews(const GpuNews& news, Batch* batch) override;
   void Cancel(ActiveRun& run, Batch* batch) override;
   void StopAttempt(ActiveRun& run, FailureClass cls, const std::string& why, Batch* batch) override;
@@ -665,16 +665,11 @@ void LocalBackend::EscalateStops(Batch* batch) {
 
 void LocalBackend::FailStart(ActiveRun& run, AttemptRecord a, FailureClass reason,
                              const std::string& message, Batch* batch) {
-  a.state = AttemptState::kFinished;
-  a.ended_ms = host_->Now();
-  a.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
-  a.reason = recovery::FailureClassName(reason);
-  a.message = message;
-  batch->attempts.push_back(a);
-  host_->CountAttempt(a);
-  run.record.attempts = a.number;
-  run.record.exit_code = std::nullopt;
-  host_->FailAttempt(run, reason, message, batch);
+  run::AttemptEnd end;
+  end.failure_class = reason;
+  end.outcome = runtime::OutcomeKindName(runtime::OutcomeKind::kSetupFailed);
+  end.message = message;  // never ran the job: no exit code
+  host_->AttemptEnded(run, std::move(a), end, batch);
 }
 
 void LocalBackend::StartAttempts(const std::vector<std::string>& names, Batch* batch) {
@@ -852,27 +847,18 @@ std::optional<LocalBackend::StartingAttempt> LocalBackend::PrepareAttempt(const 
 void LocalBackend::AttemptStarted(StartingAttempt s, const Result<runtime::ProcessId>& shim,
                                   Batch* batch) {
   ActiveRun& run = host_->active().at(s.name);
-  RunRecord& r = run.record;
   AttemptRecord& a = s.attempt;
   const int number = a.number;
   if (!shim.ok())
     return FailStart(run, std::move(a), FailureClass::kSetupError, shim.status().message(), batch);
   Of(run).shim = *shim;
-  a.state = AttemptState::kRunning;
   a.shim_pid = shim->pid;
   a.shim_start_time = shim->start_time;
-  batch->attempts.push_back(a);
-  r.attempts = number;
-  if (!r.started_ms) r.started_ms = a.started_ms;  // the run's start: its first attempt's
-  // The run's exit code is its last attempt's: none while this one runs.
-  r.exit_code.reset();
-  r.signal.reset();
-  r.not_before_ms.reset();
-  host_->Transition(run, RunState::kRunning, "Running",
-                    fmt::format("attempt {} started ({})", number,
-                                Plural(static_cast<int64_t>(s.processes), "process", "processes")),
-                    batch, {{"attempt", number}, {"shim_pid", shim->pid}});
-  batch->runs.push_back(r);
+  host_->AttemptRunning(
+      run, std::move(a),
+      fmt::format("attempt {} started ({})", number,
+                  Plural(static_cast<int64_t>(s.processes), "process", "processes")),
+      {{"attempt", number}, {"shim_pid", shim->pid}}, batch);
 }
 
 void LocalBackend::HandleExit(const std::string& name, Batch* batch) {
@@ -909,8 +895,6 @@ void LocalBackend::HandleExit(const std::string& name, Batch* batch) {
   Of(run).shim.reset();
   Of(run).stop_deadline_ms = -1;
   UnguardPorts(name);
-  a.state = AttemptState::kFinished;
-  a.ended_ms = host_->Now();
   // Why the server stopped the attempt, if it did: that, not how the processes ended, classes it.
   std::optional<FailureClass> stop_reason;
   std::string stop_message;
@@ -933,44 +917,39 @@ void LocalBackend::HandleExit(const std::string& name, Batch* batch) {
   run.stop_message.clear();
   run.preempted_by.clear();
   run.preemption_reason.clear();
-  const bool preemption_requeues =
-      recovery::PreemptionRequeues(spec::RetryPolicyOf(run.spec.resilience));
+  run::AttemptEnd end;
   if (!outcome.ok()) {
     // The supervisor died without a result (killed from outside, or by us when it would not
     // stop): make sure nothing of it survives.
     (void)runtime::StopAttempt({a.shim_pid, a.shim_start_time}, a.dir);
-    const FailureClass cls = stop_reason.value_or(FailureClass::kNodeLost);
-    a.outcome = "Lost";
-    a.reason = recovery::FailureClassName(cls);
-    a.message = stop_message.empty() ? "the attempt's supervisor exited without recording a result"
-                                     : stop_message;
-    batch->attempts.push_back(a);
-    host_->CountAttempt(a);
-    if (cls == FailureClass::kCancelled)
-      host_->Finish(run, RunState::kCancelled, a.reason, "cancelled by request", batch);
-    else if (cls == FailureClass::kPreempted && preemption_requeues)
-      host_->Requeue(run, a.message, batch);
-    else
-      host_->FailAttempt(run, cls, a.message, batch);
-    return;
+    end.failure_class = stop_reason.value_or(FailureClass::kNodeLost);
+    end.outcome = "Lost";
+    end.exit_code = a.exit_code;
+    end.signal = a.signal;
+    end.message = stop_message.empty()
+                      ? "the attempt's supervisor exited without recording a result"
+                      : stop_message;
+    if (end.failure_class == FailureClass::kCancelled) end.run_message = "cancelled by request";
+    return host_->AttemptEnded(run, std::move(a), end, batch);
   }
   const runtime::AttemptOutcome& o = *outcome;
   FailureClass cls = ClassOf(o, r.cancel_requested);
-  a.outcome = runtime::OutcomeKindName(o.kind);
-  a.message = o.message;
+  end.outcome = runtime::OutcomeKindName(o.kind);
+  end.message = o.message;
   if (stop_reason && *stop_reason != FailureClass::kCancelled &&
       o.kind != runtime::OutcomeKind::kSucceeded) {
     cls = *stop_reason;
-    a.message = stop_message;
+    end.message = stop_message;
   }
-  a.reason = recovery::FailureClassName(cls);
+  end.failure_class = cls;
   // An attempt whose setup failed never ran the job: it has no exit code (a 0 would read as a
   // success to scripts).
+  end.exit_code = a.exit_code;
   if (o.kind != runtime::OutcomeKind::kSetupFailed &&
       (o.kind != runtime::OutcomeKind::kStopped || !r.cancel_requested))
-    a.exit_code = o.exit_code;
-  if (o.signal) a.signal = o.signal;
-  a.ended_ms = o.ended_ms ? o.ended_ms : host_->Now();
+    end.exit_code = o.exit_code;
+  end.signal = o.signal ? o.signal : a.signal;
+  if (o.ended_ms) end.ended_ms = o.ended_ms;
   if (o.kind != runtime::OutcomeKind::kSucceeded && cls != FailureClass::kCancelled &&
       cls != FailureClass::kPreempted) {
     // The first failed transition and what the logs say about it.
@@ -979,23 +958,11 @@ void LocalBackend::HandleExit(const std::string& name, Batch* batch) {
                               : cls == FailureClass::kGPUError
                                   ? "Running: stopped because " + a.message
                                   : "Running: the job failed while running";
-    a.diagnosis = AttemptDiagnosis(a.dir, o.workers.size(), phase);
+    end.diagnosis = AttemptDiagnosis(a.dir, o.workers.size(), phase);
   }
-  batch->attempts.push_back(a);
-  host_->CountAttempt(a);
-  r.exit_code = a.exit_code;
-  r.signal = a.signal;
-  if (o.kind == runtime::OutcomeKind::kSucceeded) {
-    host_->Finish(run, RunState::kSucceeded, recovery::FailureClassName(FailureClass::kSucceeded),
-                  "all processes exited with code 0", batch);
-  } else if (cls == FailureClass::kCancelled) {
-    host_->Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
-                  "cancelled by request", batch);
-  } else if (cls == FailureClass::kPreempted && preemption_requeues) {
-    host_->Requeue(run, a.message, batch);
-  } else {
-    host_->FailAttempt(run, cls, a.message, batch);
-  }
+  if (cls == FailureClass::kSucceeded) end.run_message = "all processes exited with code 0";
+  if (cls == FailureClass::kCancelled) end.run_message = "cancelled by request";
+  host_->AttemptEnded(run, std::move(a), end, batch);
 }
 
 void LocalBackend::AdmitQueued(Batch* batch, std::vector<std::string>* to_start) {
@@ -1076,11 +1043,10 @@ bool LocalBackend::Place(ActiveRun& run, Batch* batch) {
   std::vector<std::string> gpu_names;
   for (int g : r.gpus) gpu_names.push_back(std::to_string(g));
   std::string where = r.gpus.empty() ? "no GPUs" : "GPUs " + Join(gpu_names, ",");
-  host_->Transition(run, RunState::kAdmitted, "Admitted",
-                    fmt::format("admitted by queue {} ({}); placed on this machine with {}",
-                                r.queue, FlavorsText(AssignmentFromJson(r.flavors)), where),
-                    batch, {{"gpus", r.gpus}, {"queue", r.queue}, {"flavors", r.flavors}});
-  batch->runs.push_back(r);
+  host_->RunAdmitted(run,
+                     fmt::format("admitted by queue {} ({}); placed on this machine with {}",
+                                 r.queue, FlavorsText(AssignmentFromJson(r.flavors)), where),
+                     {{"gpus", r.gpus}, {"queue", r.queue}, {"flavors", r.flavors}}, batch);
   // The attempt is recorded before its supervisor starts, so a restart in between can find it.
   AttemptRecord starting;
   starting.run = r.name;
@@ -1173,15 +1139,11 @@ void LocalBackend::Recover(ActiveRun& run, Batch* batch) {
     record.attempts = last.number;
     alive = probe == runtime::SupervisorState::kAlive && runtime::IsAlive(shim);
     if (alive) {
-      last.state = AttemptState::kRunning;
       last.shim_pid = shim.pid;
       last.shim_start_time = shim.start_time;
-      batch->attempts.push_back(last);
-      if (!record.started_ms) record.started_ms = last.started_ms;
-      host_->Transition(run, RunState::kRunning, "Running",
-                        fmt::format("attempt {} re-adopted after a server restart", last.number),
-                        batch, {{"attempt", last.number}, {"shim_pid", shim.pid}});
-      batch->runs.push_back(record);
+      host_->AttemptRunning(
+          run, last, fmt::format("attempt {} re-adopted after a server restart", last.number),
+          {{"attempt", last.number}, {"shim_pid", shim.pid}}, batch);
     }
   }
   if (alive) {
@@ -1203,18 +1165,18 @@ void LocalBackend::Recover(ActiveRun& run, Batch* batch) {
   (void)runtime::StopAttempt(shim, last.dir);
   host_->AttemptMetricsEnded(record.name, last.number);  // its points, not the next attempt's
   Of(run).shim.reset();
-  host_->LoseAttempt(run, last, "the attempt's processes vanished while the server was down",
-                     batch);
+  host_->AttemptVanished(run, last, "the attempt's processes vanished while the server was down",
+                         batch);
 }
 
 void LocalBackend::Cancel(ActiveRun& run, Batch* batch) {
   RunRecord& r = run.record;
   if (r.state == RunState::kQueued || (r.state == RunState::kAdmitted && !Of(run).shim)) {
-    host_->Finish(run, RunState::kCancelled, recovery::FailureClassName(FailureClass::kCancelled),
-                  r.attempts == 0
-                      ? "cancelled before it started"
-                      : fmt::format("cancelled before attempt {} started", r.attempts + 1),
-                  batch);
+    host_->RunCancelled(run,
+                        r.attempts == 0
+                            ? "cancelled before it started"
+                            : fmt::format("cancelled before attempt {} started", r.attempts + 1),
+                        batch);
     return;
   }
   batch->runs.push_back(r);
