@@ -20,6 +20,7 @@
 #include "common/layout.h"
 #include "common/mutex.h"
 #include "common/strings.h"
+#include "controller/array_throttle.h"
 #include "controller/redact.h"
 #include "controller/run_storage.h"
 #include "recovery/failure_class.h"
@@ -52,6 +53,7 @@ Controller::Controller(ControllerOptions options, store::Store* store, health::G
   cpu_capacity_milli_ = options_.cpu_capacity_milli;
   memory_capacity_bytes_ = options_.memory_capacity_bytes;
   backend_ = options_.backend;
+  passes_.push_back(std::make_unique<ArrayThrottle>(static_cast<PassHost*>(this)));
 }
 
 Controller::~Controller() { Stop(); }
@@ -1016,7 +1018,7 @@ void Controller::Finish(ActiveRun& run, RunState state, const std::string& reaso
                               static_cast<double>(*r.finished_ms - *r.started_ms) / 1000.0);
   ReleaseResources(run, batch);
   batch->runs.push_back(r);
-  ThrottledRunEnded(r);
+  RunEnded(r);
   // The stages waiting for it are looked at again (SettleDependencies).
   auto [first, last] = dependents_.equal_range(r.name);
   for (auto it = first; it != last; ++it) deps_check_.insert(it->second);
@@ -1184,11 +1186,11 @@ void Controller::Recover(Batch* batch) {
     if (run.record.state == RunState::kQueued && !holds)
       queued.push_back(&run);
     else
-      TrackThrottle(run);
+      RunAdded(run);
   }
   std::sort(queued.begin(), queued.end(),
             [](const ActiveRun* a, const ActiveRun* b) { return a->record.seq < b->record.seq; });
-  for (ActiveRun* run : queued) TrackThrottle(*run);
+  for (ActiveRun* run : queued) RunAdded(*run);
 }
 
 void Controller::Loop() {
@@ -1236,7 +1238,7 @@ void Controller::Pass(InboxTake take) {
     }
     ActiveRun& added = active_[n.name] = std::move(*run);
     TrackUpstreams(added);
-    TrackThrottle(added);
+    RunAdded(added);
   }
   // Notices first: one posted just before its attempt's exit is still the run's.
   for (RunNotice& n : take.notices) {

@@ -28,6 +28,7 @@
 #include "common/metrics.h"
 #include "common/mutex.h"
 #include "controller/evidence_worker.h"
+#include "controller/pass.h"
 #include "evidence/evidence.h"
 #include "guard/guard.h"
 #include "health/health.h"
@@ -191,7 +192,7 @@ struct QueuesQuery {
   size_t limit = SIZE_MAX;  // ... and at most this many of them
 };
 
-class Controller : private RunHost {
+class Controller : private RunHost, private PassHost {
  public:
   Controller(ControllerOptions options, store::Store* store, health::GpuInventory gpus);
   ~Controller() override;
@@ -441,12 +442,14 @@ class Controller : private RunHost {
                                              const std::vector<std::string>& waiting);
   // A recovered run's upstream resolution, read back from its UpstreamReady event.
   void RestoreUpstreams(ActiveRun& run);
-  // Arrays with max_parallel (throttle.cc): a run that enters the loop takes a place in play if
-  // its array has one free, else it waits (ActiveRun::throttled); a run that ends frees its place
-  // for the next waiting one, by submission order.
-  void TrackThrottle(ActiveRun& run);
-  void ThrottledRunEnded(const store::RunRecord& r);
-  nlohmann::json ThrottledPending(const ActiveRun& run);
+  // The passes (pass.h), told of a run that enters the loop and of one that ends.
+  void RunAdded(ActiveRun& run) {
+    for (const auto& pass : passes_) pass->RunAdded(run);
+  }
+  void RunEnded(const store::RunRecord& r) {
+    for (const auto& pass : passes_) pass->RunEnded(r);
+  }
+  void EngineChanged(const std::string& run) override { sync_changed_.insert(run); }
   // Budgets (budgets.cc). The ledger of what runs held, read back at start; each pass holds back
   // the queued runs a spent budget covers (ActiveRun::budget_hold) and lets them go when it has
   // room again; a release meters the run's time on quota (a Metered event).
@@ -567,15 +570,9 @@ class Controller : private RunHost {
   // upstream runs may all have ended (SettleDependencies looks at them).
   std::multimap<std::string, std::string> dependents_;
   std::set<std::string> deps_check_;
-  // Arrays with max_parallel (decision thread only): their runs in play, and those waiting by
-  // submission order.
-  struct ArrayThrottle {
-    int64_t max = 0;
-    std::set<std::string> in_play;
-    // By seq: a run's place is a binary search (ThrottledPending runs for every held run).
-    std::deque<std::pair<int64_t, std::string>> waiting;
-  };
-  std::map<std::string, ArrayThrottle> throttles_;
+  // The features that are passes, in the order they are asked (decision thread only): the array
+  // throttle (array_throttle.h).
+  std::vector<std::unique_ptr<RunPass>> passes_;
   // Budgets (decision thread only): the ledger, when every queued run was last checked against
   // the budgets (they are checked again at least every second, and at once after a release or a
   // new platform), and the runs told that a budget of theirs nears its limit.

@@ -325,7 +325,8 @@ nlohmann::json Controller::PendingJson(
                            o->second, r.queue),
                "");
   if (WaitsForUpstream(run)) return UpstreamPending(run);
-  if (run.throttled) return ThrottledPending(run);
+  for (const auto& pass : passes_)
+    if (nlohmann::json held = pass->Pending(run); !held.is_null()) return held;
   if (!run.budget_hold.empty())
     return out(0, "BudgetSpent", run.budget_hold + "; it enters its queue once the budget has room",
                "");

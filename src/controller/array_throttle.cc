@@ -1,12 +1,11 @@
-// An array's max_parallel (`tau run --array 0-99%4`, a sweep's max_parallel): at most that many of
-// its runs are in play (queued for quota, admitted, running); the others wait out of their queue
-// (ActiveRun::throttled), holding no quota, and enter it in submission order as runs of the array
-// end. Derived from the runs' records, so a restarted server holds the same ones back.
+#include "controller/array_throttle.h"
+
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 
-#include "controller/controller.h"
+#include "backend/backend.h"
 
 namespace tau::server {
 
@@ -21,20 +20,19 @@ std::optional<std::pair<std::string, int64_t>> ThrottleOf(const store::RunRecord
   return std::make_pair(r.array.value("name", ""), max->get<int64_t>());
 }
 
-using Waiting = std::deque<std::pair<int64_t, std::string>>;
-
 // Where (seq, name) is or would go in `waiting`, which is sorted.
-Waiting::iterator PlaceOf(Waiting& waiting, int64_t seq, const std::string& name) {
+template <typename Waiting>
+typename Waiting::iterator PlaceOf(Waiting& waiting, int64_t seq, const std::string& name) {
   return std::lower_bound(waiting.begin(), waiting.end(), std::make_pair(seq, name));
 }
 
 }  // namespace
 
-void Controller::TrackThrottle(ActiveRun& run) {
+void ArrayThrottle::RunAdded(ActiveRun& run) {
   const store::RunRecord& r = run.record;
   auto throttle = ThrottleOf(r);
   if (!throttle || store::IsTerminal(r.state)) return;
-  ArrayThrottle& t = throttles_[throttle->first];
+  Array& t = arrays_[throttle->first];
   t.max = throttle->second;
   const bool holds = r.flavors.is_object() && !r.flavors.empty();
   if (r.state != store::RunState::kQueued || holds ||
@@ -49,33 +47,34 @@ void Controller::TrackThrottle(ActiveRun& run) {
   run.throttled = true;
 }
 
-void Controller::ThrottledRunEnded(const store::RunRecord& r) {
+void ArrayThrottle::RunEnded(const store::RunRecord& r) {
   auto throttle = ThrottleOf(r);
   if (!throttle) return;
-  auto it = throttles_.find(throttle->first);
-  if (it == throttles_.end()) return;
-  ArrayThrottle& t = it->second;
+  auto it = arrays_.find(throttle->first);
+  if (it == arrays_.end()) return;
+  Array& t = it->second;
   t.in_play.erase(r.name);
   if (auto at = PlaceOf(t.waiting, r.seq, r.name); at != t.waiting.end() && at->second == r.name)
     t.waiting.erase(at);
   while (static_cast<int64_t>(t.in_play.size()) < t.max && !t.waiting.empty()) {
     const std::string next = t.waiting.front().second;
     t.waiting.pop_front();
-    auto run = active_.find(next);
-    if (run == active_.end() || store::IsTerminal(run->second.record.state)) continue;
+    auto run = host_->active().find(next);
+    if (run == host_->active().end() || store::IsTerminal(run->second.record.state)) continue;
     run->second.throttled = false;
-    run->second.queued_since_ms = Now();
+    run->second.queued_since_ms = host_->Now();
     t.in_play.insert(next);
-    sync_changed_.insert(next);
+    host_->EngineChanged(next);
   }
-  if (t.in_play.empty() && t.waiting.empty()) throttles_.erase(it);
+  if (t.in_play.empty() && t.waiting.empty()) arrays_.erase(it);
 }
 
-nlohmann::json Controller::ThrottledPending(const ActiveRun& run) {
+nlohmann::json ArrayThrottle::Pending(const ActiveRun& run) {
+  if (!run.throttled) return nullptr;
   auto throttle = ThrottleOf(run.record);
   const std::string array = throttle ? throttle->first : "";
   size_t ahead = 0, in_play = 0;
-  if (auto it = throttles_.find(array); it != throttles_.end()) {
+  if (auto it = arrays_.find(array); it != arrays_.end()) {
     in_play = it->second.in_play.size();
     ahead = static_cast<size_t>(PlaceOf(it->second.waiting, run.record.seq, run.record.name) -
                                 it->second.waiting.begin());
