@@ -28,7 +28,7 @@ typename Waiting::iterator PlaceOf(Waiting& waiting, int64_t seq, const std::str
 
 }  // namespace
 
-void ArrayThrottle::RunAdded(ActiveRun& run) {
+void ArrayThrottle::RunAdded(ActiveRun& run, bool) {
   const store::RunRecord& r = run.record;
   auto throttle = ThrottleOf(r);
   if (!throttle || store::IsTerminal(r.state)) return;

@@ -20,7 +20,7 @@ class ArrayThrottle final : public RunPass {
   explicit ArrayThrottle(PassHost* host) : host_(host) {}
   const char* Name() const override { return "array-throttle"; }
   // Takes a place in play if its array has one free (or it holds quota already), else waits.
-  void RunAdded(ActiveRun& run) override;
+  void RunAdded(ActiveRun& run, bool recovered) override;
   // Frees its place for the next waiting run of its array, by submission order.
   void RunEnded(const store::RunRecord& r) override;
   nlohmann::json Pending(const ActiveRun& run) override;

@@ -13,6 +13,10 @@ class Host final : public PassHost {
   std::map<std::string, ActiveRun>& active() override { return runs; }
   int64_t Now() override { return now; }
   void EngineChanged(const std::string& run) override { changed.insert(run); }
+  store::Store* store() override { return nullptr; }
+  std::string StorageDir(const store::RunRecord&, const std::string&) const override { return ""; }
+  void EndRun(ActiveRun&, store::RunState, const std::string&, const std::string&,
+              store::Batch*) override {}
 
   // A queued run of array `array` (max_parallel `max`), submitted `seq`-th.
   ActiveRun& Add(const std::string& name, int64_t seq, const std::string& array = "a",
@@ -40,7 +44,7 @@ TEST(ArrayThrottleTest, AtMostMaxParallelRunsAreInPlayAndTheRestEnterBySubmissio
   ArrayThrottle throttle(&host);
   // Added out of order: the waiting ones still enter by seq.
   for (auto [name, seq] : {std::pair{"r1", 1}, {"r2", 2}, {"r4", 4}, {"r3", 3}})
-    throttle.RunAdded(host.Add(name, seq));
+    throttle.RunAdded(host.Add(name, seq), false);
   EXPECT_FALSE(host.runs["r1"].throttled);
   EXPECT_FALSE(host.runs["r2"].throttled);
   EXPECT_TRUE(host.runs["r3"].throttled);
@@ -69,11 +73,11 @@ TEST(ArrayThrottleTest, ARunThatHoldsQuotaOrRunsTakesAPlaceWhateverTheCount) {
   ArrayThrottle throttle(&host);
   ActiveRun& running = host.Add("r1", 1, "a", 1);
   running.record.state = store::RunState::kRunning;
-  throttle.RunAdded(running);
+  throttle.RunAdded(running, false);
   ActiveRun& holds = host.Add("r2", 2, "a", 1);
   holds.record.flavors = {{"main", {{"cpu", "default"}}}};
-  throttle.RunAdded(holds);
-  throttle.RunAdded(host.Add("r3", 3, "a", 1));
+  throttle.RunAdded(holds, false);
+  throttle.RunAdded(host.Add("r3", 3, "a", 1), false);
   EXPECT_FALSE(host.runs["r1"].throttled);
   EXPECT_FALSE(host.runs["r2"].throttled);
   EXPECT_TRUE(host.runs["r3"].throttled);
@@ -86,20 +90,20 @@ TEST(ArrayThrottleTest, ARunThatHoldsQuotaOrRunsTakesAPlaceWhateverTheCount) {
 TEST(ArrayThrottleTest, ArraysAreCountedApartAndRunsOfNoArrayAreLeftAlone) {
   Host host;
   ArrayThrottle throttle(&host);
-  throttle.RunAdded(host.Add("a1", 1, "a", 1));
-  throttle.RunAdded(host.Add("b1", 2, "b", 1));
-  throttle.RunAdded(host.Add("a2", 3, "a", 1));
+  throttle.RunAdded(host.Add("a1", 1, "a", 1), false);
+  throttle.RunAdded(host.Add("b1", 2, "b", 1), false);
+  throttle.RunAdded(host.Add("a2", 3, "a", 1), false);
   ActiveRun& plain = host.runs["plain"];
   plain.record.name = "plain";
   plain.record.state = store::RunState::kQueued;
-  throttle.RunAdded(plain);
+  throttle.RunAdded(plain, false);
   EXPECT_FALSE(host.runs["b1"].throttled);
   EXPECT_TRUE(host.runs["a2"].throttled);
   EXPECT_FALSE(plain.throttled);
   host.End("b1", throttle);
   EXPECT_TRUE(host.runs["a2"].throttled) << "b's place is not a's";
   // A waiting run that ends (cancelled) leaves the line; the next place goes past it.
-  throttle.RunAdded(host.Add("a3", 4, "a", 1));
+  throttle.RunAdded(host.Add("a3", 4, "a", 1), false);
   host.End("a2", throttle);
   host.End("a1", throttle);
   EXPECT_FALSE(host.runs["a3"].throttled);

@@ -23,6 +23,7 @@
 #include "controller/array_throttle.h"
 #include "controller/redact.h"
 #include "controller/run_storage.h"
+#include "controller/workflow_gate.h"
 #include "recovery/failure_class.h"
 #include "recovery/recovery.h"
 #include "recovery/retry.h"
@@ -53,7 +54,9 @@ Controller::Controller(ControllerOptions options, store::Store* store, health::G
   cpu_capacity_milli_ = options_.cpu_capacity_milli;
   memory_capacity_bytes_ = options_.memory_capacity_bytes;
   backend_ = options_.backend;
-  passes_.push_back(std::make_unique<ArrayThrottle>(static_cast<PassHost*>(this)));
+  PassHost* host = this;
+  passes_.push_back(std::make_unique<WorkflowGate>(host));
+  passes_.push_back(std::make_unique<ArrayThrottle>(host));
 }
 
 Controller::~Controller() { Stop(); }
@@ -1019,10 +1022,6 @@ void Controller::Finish(ActiveRun& run, RunState state, const std::string& reaso
   ReleaseResources(run, batch);
   batch->runs.push_back(r);
   RunEnded(r);
-  // The stages waiting for it are looked at again (SettleDependencies).
-  auto [first, last] = dependents_.equal_range(r.name);
-  for (auto it = first; it != last; ++it) deps_check_.insert(it->second);
-  dependents_.erase(first, last);
 }
 
 void Controller::ReleaseResources(ActiveRun& run, Batch* batch) {
@@ -1170,8 +1169,6 @@ void Controller::Recover(Batch* batch) {
       continue;
     }
     ActiveRun& run = active_[record.name] = std::move(*loaded);
-    RestoreUpstreams(run);
-    TrackUpstreams(run);
     backend_->Recover(run, batch);
     if (store::IsTerminal(run.record.state)) {
       active_.erase(record.name);
@@ -1186,11 +1183,11 @@ void Controller::Recover(Batch* batch) {
     if (run.record.state == RunState::kQueued && !holds)
       queued.push_back(&run);
     else
-      RunAdded(run);
+      RunAdded(run, /*recovered=*/true);
   }
   std::sort(queued.begin(), queued.end(),
             [](const ActiveRun* a, const ActiveRun* b) { return a->record.seq < b->record.seq; });
-  for (ActiveRun* run : queued) RunAdded(*run);
+  for (ActiveRun* run : queued) RunAdded(*run, /*recovered=*/true);
 }
 
 void Controller::Loop() {
@@ -1237,8 +1234,7 @@ void Controller::Pass(InboxTake take) {
       run = std::move(*loaded);
     }
     ActiveRun& added = active_[n.name] = std::move(*run);
-    TrackUpstreams(added);
-    RunAdded(added);
+    RunAdded(added, /*recovered=*/false);
   }
   // Notices first: one posted just before its attempt's exit is still the run's.
   for (RunNotice& n : take.notices) {
@@ -1253,7 +1249,7 @@ void Controller::Pass(InboxTake take) {
   for (const AttemptExited& e : take.exits) backend_->HandleExit(e.name, &batch);
   for (const AttemptNews& n : take.attempt_news) backend_->HandleNews(n, &batch);
   for (const CancelRequest& c : take.cancels) HandleCancel(c.name, &batch);
-  SettleDependencies(&batch);
+  for (const auto& pass : passes_) pass->Apply(&batch);
   ApplyBudgets(&batch);
   ApplyGuardrails(take.samples, &batch);
   changed(batch);
@@ -1305,7 +1301,9 @@ void Controller::Pass(InboxTake take) {
 // most a second.
 int64_t Controller::NextWakeMillis() {
   int64_t now = Now();
-  int64_t wake = deps_check_.empty() ? 1000 : 0;
+  const bool busy =
+      std::any_of(passes_.begin(), passes_.end(), [](const auto& pass) { return pass->Busy(); });
+  int64_t wake = busy ? 0 : 1000;
   if (!sync_backoff_.empty())
     wake = std::min(wake, std::max<int64_t>(0, sync_backoff_.begin()->first - now));
   return backend_->NextWakeMillis(now, wake);

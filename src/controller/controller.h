@@ -428,28 +428,18 @@ class Controller : private RunHost, private PassHost {
   void HandleResume(const ResumeRequest& request, store::Batch* batch);
   void HandleCancel(const std::string& name, store::Batch* batch);
   void HandleRestart(const RestartRequest& request, store::Batch* batch);
-  // Workflows on the decision thread (workflow.cc). A run that waits for upstream runs is
-  // tracked by them; when they have all ended it is either released to its queue (its upstream
-  // runs' checkpoints and outputs resolved and recorded as an UpstreamReady event) or, when one
-  // did not end as its condition needs, stopped as UpstreamFailed.
-  void TrackUpstreams(ActiveRun& run);
-  void SettleDependencies(store::Batch* batch);
-  // Why a run held by its upstream runs waits (a pending entry).
-  nlohmann::json UpstreamPending(const ActiveRun& run);
-  // The same entry naming the upstream runs that have not ended (`waiting`; none: "the stages
-  // before it"), which a submission also answers with before the loop has seen the run.
-  static nlohmann::json UpstreamPendingEntry(const std::string& queue,
-                                             const std::vector<std::string>& waiting);
-  // A recovered run's upstream resolution, read back from its UpstreamReady event.
-  void RestoreUpstreams(ActiveRun& run);
   // The passes (pass.h), told of a run that enters the loop and of one that ends.
-  void RunAdded(ActiveRun& run) {
-    for (const auto& pass : passes_) pass->RunAdded(run);
+  void RunAdded(ActiveRun& run, bool recovered) {
+    for (const auto& pass : passes_) pass->RunAdded(run, recovered);
   }
   void RunEnded(const store::RunRecord& r) {
     for (const auto& pass : passes_) pass->RunEnded(r);
   }
   void EngineChanged(const std::string& run) override { sync_changed_.insert(run); }
+  void EndRun(ActiveRun& run, store::RunState state, const std::string& reason,
+              const std::string& message, store::Batch* batch) override {
+    Finish(run, state, reason, message, batch);
+  }
   // Budgets (budgets.cc). The ledger of what runs held, read back at start; each pass holds back
   // the queued runs a spent budget covers (ActiveRun::budget_hold) and lets them go when it has
   // room again; a release meters the run's time on quota (a Metered event).
@@ -566,12 +556,8 @@ class Controller : private RunHost, private PassHost {
   std::set<std::pair<int64_t, std::string>> sync_backoff_;
   std::set<std::string> sync_draining_;
   bool sync_all_ = true;
-  // Workflows (decision thread only): the runs waiting for each upstream run, and the runs whose
-  // upstream runs may all have ended (SettleDependencies looks at them).
-  std::multimap<std::string, std::string> dependents_;
-  std::set<std::string> deps_check_;
   // The features that are passes, in the order they are asked (decision thread only): the array
-  // throttle (array_throttle.h).
+  // gate (workflow_gate.h), the array throttle (array_throttle.h).
   std::vector<std::unique_ptr<RunPass>> passes_;
   // Budgets (decision thread only): the ledger, when every queued run was last checked against
   // the budgets (they are checked again at least every second, and at once after a release or a

@@ -324,7 +324,6 @@ nlohmann::json Controller::PendingJson(
                fmt::format("{}: cancel the run, or apply a platform whose queue '{}' can take it",
                            o->second, r.queue),
                "");
-  if (WaitsForUpstream(run)) return UpstreamPending(run);
   for (const auto& pass : passes_)
     if (nlohmann::json held = pass->Pending(run); !held.is_null()) return held;
   if (!run.budget_hold.empty())
