@@ -1192,8 +1192,7 @@ void RegisterServerCommand(CLI::App* app, Context* ctx) {
       }
       *ms = *d;
     }
-    const std::string chosen =
-        opts.backend.empty() ? engines::Registered().front().name : opts.backend;
+    const std::string chosen = (*engines::Find(opts.backend))->name;  // --backend was checked
     for (const auto& [name, of] : a->engine_of) {
       if (of.second->count() == 0) continue;
       if (of.first != chosen) {

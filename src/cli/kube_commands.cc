@@ -263,7 +263,7 @@ int PrintLocalPlan(spec::RunSpec spec, const policy::ResolvedRun& run, const std
 // local: the resolved run and the launch plan (one line per worker); kubernetes: the Job or RayJob
 // (and a gang's Service) as YAML, the code directory shipped inline.
 int CmdPlan(const Global& g, const PlanOptions& o, Format format) {
-  auto engine = engines::Find(o.backend.empty() ? engines::Registered().front().name : o.backend);
+  auto engine = engines::Find(o.backend);
   if (!engine.ok()) return Fail(engine.status().message());
   // An engine whose runs are processes here prints their launch plan; one whose runs are
   // Kubernetes objects prints them.

@@ -25,7 +25,7 @@ std::vector<std::string> Names() {
 
 Result<const server::Engine*> Find(const std::string& name) {
   for (const server::Engine& e : Registered())
-    if (e.name == name) return &e;
+    if (e.name == name || name.empty()) return &e;
   std::vector<std::string> known;
   for (const server::Engine& e : Registered())
     known.push_back(fmt::format("{} ({})", e.name, e.description));

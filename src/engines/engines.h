@@ -15,7 +15,8 @@ namespace tau::engines {
 const std::vector<server::Engine>& Registered();
 // Their names.
 std::vector<std::string> Names();
-// The engine of that name; NotFound says which engines are registered.
+// The engine of that name ("": the first registered, the default); NotFound says which engines
+// are registered.
 Result<const server::Engine*> Find(const std::string& name);
 
 }  // namespace tau::engines

@@ -17,6 +17,12 @@ TEST(Engines, NamesAreTheRegisteredOnesOnceEach) {
   }
 }
 
+TEST(Engines, NoNameIsTheFirstRegistered) {
+  auto found = Find("");
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ((*found)->name, Registered().front().name);
+}
+
 TEST(Engines, UnknownNameListsTheRegisteredEngines) {
   auto found = Find("nosuch");
   ASSERT_FALSE(found.ok());

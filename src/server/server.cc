@@ -236,8 +236,7 @@ int RunServer(const ServerOptions& options) {
   // The backend, made by its engine's factory (a cluster is read before the controller recovers
   // its runs).
   const int64_t cpu_milli = DetectCpuMilli(), memory_bytes = DetectMemoryBytes();
-  auto engine =
-      engines::Find(options.backend.empty() ? engines::Registered().front().name : options.backend);
+  auto engine = engines::Find(options.backend);
   if (!engine.ok()) {
     log(engine.status().message());
     return 2;
