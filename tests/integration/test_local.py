@@ -82,6 +82,13 @@ class ValidateTest(unittest.TestCase):
 
 
 class RunTest(ServerTestCase):
+    def test_describe_says_an_image_is_recorded_where_the_engine_runs_none(self):
+        # The local engine does not run images (its capabilities say so): the image is recorded.
+        name = self.submit(job_spec("imaged", extra="runtime:\n  image: python:3.12\n"),
+                           {"main.py": "print('hi')\n"})
+        out = self.server.tau("describe", name, check=0).stdout
+        self.assertIn("Image:       python:3.12 (recorded; not used by the local backend)\n", out)
+
     def test_quickstart_runs_end_to_end(self):
         p = self.server.tau("run", os.path.join(REPO, "examples/quickstart/tau.yaml"), check=0,
                             timeout=120)
