@@ -24,6 +24,7 @@
 
 #include "admission/admission.h"
 #include "backend/active_run.h"
+#include "backend/capabilities.h"
 #include "backend/inbox.h"
 #include "common/metrics.h"
 #include "evidence/evidence.h"
@@ -158,8 +159,13 @@ struct SubmissionCheck {
 class Backend {
  public:
   virtual ~Backend() = default;
-  // "local" or "kubernetes" (API replies and records say it).
+  // The engine's name, as registered (engines/engines.h); API replies and records say it.
   virtual const char* Name() const = 0;
+  // What the engine can do (capabilities.h): asked instead of its name.
+  virtual Capabilities Caps() const = 0;
+  // The optional interfaces an engine may offer; null where it has none.
+  // A service's objects run by the engine itself (else its replicas are runs on this machine).
+  virtual ServiceDriver* services() { return nullptr; }
 
   // Starts following attempts (news reaches the host's inbox). `applied` is the platform file's
   // platform when one was applied (not the built-in default).

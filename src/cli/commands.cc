@@ -29,6 +29,7 @@
 #include "common/layout.h"
 #include "common/strings.h"
 #include "common/version.h"
+#include "engines/engines.h"
 #include "health/health.h"
 #include "policy/policy.h"
 #include "runtime/runtime.h"
@@ -51,6 +52,28 @@ int NoSuchRun(const std::string& name) {
                   "`tau list --all` lists them)",
                   Printable(name)));
 }
+
+std::string BackendHelp() {
+  std::vector<std::string> parts;
+  for (const server::Engine& e : engines::Registered())
+    parts.push_back(fmt::format("{} ({})", e.name, e.description));
+  return Join(parts, ", ") + "; default " + engines::Registered().front().name;
+}
+
+std::function<std::string(const std::string&)> BackendCheck() {
+  return [](const std::string& name) {
+    auto engine = engines::Find(name);
+    return engine.ok() ? std::string() : engine.status().message();
+  };
+}
+
+namespace {
+// The run's image is recorded but its engine does not run images.
+bool RecordsImageOnly(const std::string& backend) {
+  auto engine = engines::Find(backend);
+  return engine.ok() && !(*engine)->caps.runs_images;
+}
+}  // namespace
 
 int CmdVersion(const Global& g, bool with_server, Format format) {
   nlohmann::json out = {{"client", {{"version", Version()}}}};
@@ -509,7 +532,9 @@ static int CmdDescribe(const Global& g, const std::string& name, Format format) 
   std::printf("Code:        sha256 %s\n", run.snapshot_digest.c_str());
   if (!run.Image().empty())
     std::printf("Image:       %s%s\n", run.Image().c_str(),
-                run.backend == "local" ? " (recorded; not used by the local backend)" : "");
+                RecordsImageOnly(run.backend)
+                    ? fmt::format(" (recorded; not used by the {} backend)", run.backend).c_str()
+                    : "");
   if (run.pending) std::printf("Pending:     %s\n", run.pending->reason.c_str());
   std::printf("\nLifecycle:\n");
   for (const api::Event& e : got->events)
@@ -1027,6 +1052,10 @@ void RegisterServerCommand(CLI::App* app, Context* ctx) {
   struct Args {
     server::ServerOptions sopts;
     std::string retain_logs, retain_samples;
+    // The engines' own options, by name (std::map: their addresses stay put for CLI11).
+    std::map<std::string, std::string> values;
+    std::map<std::string, bool> flags;
+    std::map<std::string, std::pair<std::string, CLI::Option*>> engine_of;
   };
   auto a = std::make_shared<Args>();
   server::ServerOptions& sopts = a->sopts;
@@ -1050,29 +1079,19 @@ void RegisterServerCommand(CLI::App* app, Context* ctx) {
                      "Milliseconds between SIGTERM and SIGKILL when stopping a run");
   server->add_option("--gpu-poll", sopts.gpu_poll_ms,
                      "Milliseconds between GPU health polls (XID events are watched in between)");
-  server
-      ->add_option("--backend", sopts.backend,
-                   "Where runs run: local (processes on this machine) or kubernetes (Jobs and "
-                   "RayJobs admitted by Kueue; docs/kubernetes.md)")
-      ->check(CLI::IsMember({"local", "kubernetes"}));
-  server->add_option("--kubeconfig", sopts.kubeconfig,
-                     "kubernetes: the kubeconfig (default $KUBECONFIG, ~/.kube/config, else the "
-                     "pod's service account)");
-  server->add_option("--context", sopts.kube_context, "kubernetes: the kubeconfig context");
-  server->add_option("--default-image", sopts.default_image,
-                     "kubernetes: the image of runs whose spec names none (runtime.image)");
-  server->add_flag("--kube-check-access", sopts.kube_check_access,
-                   "kubernetes: refuse submitters whom the cluster's RBAC does not allow to "
-                   "create the run's Job or RayJob in its namespace (SubjectAccessReview)");
-  server
-      ->add_option("--kube-installation", sopts.kube_installation,
-                   "kubernetes: this installation's name, labelled on what it creates; it "
-                   "never adopts another installation's objects (the chart: its release name)")
-      ->check([](const std::string& name) {
-        return name.empty() || tau::IsLabelValue(name)
-                   ? std::string()
-                   : "a label value: at most 63 letters, digits, '-', '_' or '.'";
-      });
+  server->add_option("--backend", sopts.backend, "Where runs run: " + BackendHelp())
+      ->check(BackendCheck());
+  // Each engine's own options, named in its help ("kubernetes: ..."); given with another
+  // engine's --backend they are refused.
+  for (const server::Engine& engine : engines::Registered()) {
+    for (const server::EngineOption& o : engine.options) {
+      const std::string help = engine.name + ": " + o.help;
+      CLI::Option* opt = o.flag ? server->add_flag("--" + o.name, a->flags[o.name], help)
+                                : server->add_option("--" + o.name, a->values[o.name], help);
+      if (o.check) opt->check(o.check);
+      a->engine_of[o.name] = {engine.name, opt};
+    }
+  }
   server->add_flag("--quiet", sopts.quiet, "Log nothing");
   // Limits against a client that would wedge the API for everyone (docs/security.md, Hardening).
   server
@@ -1172,6 +1191,17 @@ void RegisterServerCommand(CLI::App* app, Context* ctx) {
         return;
       }
       *ms = *d;
+    }
+    const std::string chosen = (*engines::Find(opts.backend))->name;  // --backend was checked
+    for (const auto& [name, of] : a->engine_of) {
+      if (of.second->count() == 0) continue;
+      if (of.first != chosen) {
+        ctx->rc =
+            Fail(fmt::format("--{} is an option of the {} backend, not of {}: add --backend {}",
+                             name, of.first, chosen, of.first));
+        return;
+      }
+      opts.engine_options[name] = a->flags.count(name) ? "true" : a->values[name];
     }
     if (opts.home.empty()) opts.home = TauHome();
     opts.tau_binary = runtime::SelfExecutable();

@@ -181,4 +181,9 @@ int Fail(const std::string& message);
 bool IsRunName(const std::string& name);
 int NoSuchRun(const std::string& name);
 
+// `--backend` of `tau server` and `tau plan`: the help that lists the registered engines
+// (engines/engines.h), and the check that refuses another name with that list.
+std::string BackendHelp();
+std::function<std::string(const std::string&)> BackendCheck();
+
 }  // namespace tau::cli

@@ -25,6 +25,7 @@
 #include "common/files.h"
 #include "common/layout.h"
 #include "common/strings.h"
+#include "engines/engines.h"
 #include "health/health.h"
 #include "kube/kube.h"
 #include "kube/service.h"
@@ -39,12 +40,12 @@ namespace fs = std::filesystem;
 
 struct PlanOptions {
   std::string file = "tau.yaml";
-  std::vector<std::string> set;   // --set PATH=VALUE, as typed
-  std::string backend = "local";  // local | kubernetes
-  std::string platform;           // platform.yaml; "" : this machine's default platform
-  std::string user;               // "" : the current user
-  std::string namespace_name;     // kubernetes: "" : the workspace's namespace
-  std::string image;              // kubernetes: image for specs without runtime.image
+  std::vector<std::string> set;  // --set PATH=VALUE, as typed
+  std::string backend;           // a registered engine; "" : the first
+  std::string platform;          // platform.yaml; "" : this machine's default platform
+  std::string user;              // "" : the current user
+  std::string namespace_name;    // kubernetes: "" : the workspace's namespace
+  std::string image;             // kubernetes: image for specs without runtime.image
 };
 
 struct ClusterRenderOptions {
@@ -262,9 +263,14 @@ int PrintLocalPlan(spec::RunSpec spec, const policy::ResolvedRun& run, const std
 // local: the resolved run and the launch plan (one line per worker); kubernetes: the Job or RayJob
 // (and a gang's Service) as YAML, the code directory shipped inline.
 int CmdPlan(const Global& g, const PlanOptions& o, Format format) {
-  if (o.backend != "local" && o.backend != "kubernetes") {
-    return Fail("unknown backend '" + o.backend + "' (local or kubernetes)");
-  }
+  auto engine = engines::Find(o.backend);
+  if (!engine.ok()) return Fail(engine.status().message());
+  // An engine whose runs are processes here prints their launch plan; one whose runs are
+  // Kubernetes objects prints them.
+  const server::Capabilities caps = (*engine)->caps;
+  const bool launch_plan = caps.processes_here;
+  if (!launch_plan && !caps.kube_objects)
+    return Fail(fmt::format("tau plan cannot show a run of the {} backend", (*engine)->name));
   std::string text;
   int rc = 0;
   auto overrides = ParseSetOption(o.set, &rc);
@@ -277,14 +283,14 @@ int CmdPlan(const Global& g, const PlanOptions& o, Format format) {
   policy::Platform platform_here;
   std::optional<policy::ResolvedRun> run =
       ResolveSpec(g, o.file, text, parsed, o.platform, o.user,
-                  /*server_may=*/o.backend == "local", &platform_here, &rc);
+                  /*server_may=*/launch_plan, &platform_here, &rc);
   if (!run) return rc;
   auto root = FindCodeRoot(o.file, *parsed.spec);
   if (!root.ok()) return Fail(root.status().message());
   run->code_subdir = root->subdir;
   const std::string start_dir =
       (fs::absolute(root->root) / root->subdir).lexically_normal().string();
-  if (o.backend == "local") {
+  if (launch_plan) {
     if (auto cannot = CannotStartWarning(o.file, parsed, run->gpus_per_worker))
       std::fprintf(stderr, "%s\n", cannot->ToString().c_str());
     return PrintLocalPlan(*parsed.spec, *run, start_dir, format);
@@ -427,8 +433,7 @@ void RegisterPlanCommands(CLI::App* app, Context* ctx) {
       "plan", "Print what a run would become: its launch plan, or its Kubernetes objects");
   PlanOptions& p = a->plan;
   plan->add_option("file", p.file, "The spec (default ./tau.yaml)");
-  plan->add_option("--backend", p.backend, "local (default) or kubernetes")
-      ->check(CLI::IsMember({"local", "kubernetes"}));
+  plan->add_option("--backend", p.backend, BackendHelp())->check(BackendCheck());
   plan->add_option(
       "--platform", p.platform,
       "platform.yaml to resolve against (default: the one applied to this machine's server, "

@@ -1312,10 +1312,11 @@ int64_t Controller::NextWakeMillis() {
 Status Controller::CheckSecrets(const spec::RunSpec& spec, const std::string& workspace,
                                 spec::RunSpec* resolved_spec) {
   // tau's store holds the values of SECRET:KEY references, and of runtime.env_secret's NAME:KEY
-  // as NAME.KEY, except on a cluster, where NAME is the namespace's own Kubernetes Secret.
-  const bool cluster = std::string_view(backend_->Name()) == "kubernetes";
-  auto in_store = [cluster](const spec::EnvVar& v) {
-    return v.secret_ref && (v.secret_name.empty() || !cluster);
+  // as NAME.KEY, except on an engine with secrets of its own (a cluster: the namespace's
+  // Kubernetes Secret NAME).
+  const bool own_secrets = backend_->Caps().own_secrets;
+  auto in_store = [own_secrets](const spec::EnvVar& v) {
+    return v.secret_ref && (v.secret_name.empty() || !own_secrets);
   };
   if (std::none_of(spec.runtime.env.begin(), spec.runtime.env.end(), in_store)) return Status::Ok();
   TAU_ASSIGN_OR_RETURN(auto values, store_->SecretValues(workspace));

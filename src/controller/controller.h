@@ -319,8 +319,10 @@ class Controller : private RunHost, private PassHost {
   Status ApplyPlatform(const std::string& yaml, const std::string& filename,
                        std::vector<spec::Diagnostic>* diagnostics);
   const health::GpuInventory& gpus() const { return gpus_; }
-  // "local" or "kubernetes": where this server's runs run.
+  // The engine's name (what records and replies say): where this server's runs run.
   const char* BackendName() const { return backend_->Name(); }
+  // What the backend can do (backend/capabilities.h): asked instead of its name.
+  Capabilities Caps() const { return backend_->Caps(); }
   std::string RunDir(const std::string& name) const override {
     return layout::RunDir(options_.home, name);
   }

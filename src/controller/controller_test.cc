@@ -42,6 +42,7 @@ class FakeBackend final : public Backend {
   };
 
   const char* Name() const override { return "fake"; }
+  Capabilities Caps() const override { return {}; }
   Status Start(RunHost* host, const policy::Platform*) override {
     host_ = host;
     ++starts;

@@ -77,7 +77,7 @@ DigestCache& Digests() {
 // The files are on this server only where its runs run: a cluster's pods write theirs to the
 // cluster's volumes.
 Status CheckLocal(Controller* controller) {
-  if (std::string(controller->BackendName()) == "local") return Status::Ok();
+  if (controller->Caps().files_on_server) return Status::Ok();
   return FailedPrecondition(fmt::format(
       "artifacts are not available on the {} backend: a run's checkpoints and outputs are on the "
       "cluster's volumes, not on this server; read them from the volume (storage in "

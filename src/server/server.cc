@@ -18,9 +18,7 @@
 
 #include <fmt/format.h>
 
-#include "backend/kube/kube_backend.h"
-#include "backend/kube/kube_cluster.h"
-#include "backend/local/local_backend.h"
+#include "backend/local/local_backend.h"  // DetectCpuMilli, DetectMemoryBytes
 #include "backend/snapshot.h"
 #include "common/clock.h"
 #include "common/files.h"
@@ -29,10 +27,10 @@
 #include "common/mutex.h"
 #include "common/version.h"
 #include "controller/controller.h"
+#include "engines/engines.h"
 #include "evidence/evidence.h"
 #include "health/health.h"
 #include "http/http.h"
-#include "kube/kube.h"
 #include "policy/policy.h"
 #include "server/api.h"
 #include "server/services.h"
@@ -235,51 +233,30 @@ int RunServer(const ServerOptions& options) {
   log(gpus.devices.empty()
           ? "no GPUs: " + gpus.note
           : fmt::format("{} GPU(s), driver {}", gpus.devices.size(), gpus.driver_version));
-  // The Kubernetes backend: the cluster is read before the controller recovers its runs.
-  std::unique_ptr<kubeapi::Client> kube_client;
-  std::unique_ptr<Cluster> cluster;
-  std::unique_ptr<Backend> backend;
+  // The backend, made by its engine's factory (a cluster is read before the controller recovers
+  // its runs).
   const int64_t cpu_milli = DetectCpuMilli(), memory_bytes = DetectMemoryBytes();
-  if (options.backend == "local") {
-    LocalBackendOptions local;
-    local.home = options.home;
-    local.tau_binary = options.tau_binary;
-    local.stop_grace_ms = options.stop_grace_ms;
-    local.gpus = gpus;
-    local.cpu_capacity_milli = cpu_milli;
-    local.memory_capacity_bytes = memory_bytes;
-    backend = NewLocalBackend(std::move(local));
-  } else if (options.backend == "kubernetes") {
-    auto config = options.kubeconfig.empty()
-                      ? kubeapi::LoadDefaultConfig(options.kube_context)
-                      : kubeapi::LoadKubeconfig(options.kubeconfig, options.kube_context);
-    if (!config.ok()) {
-      log("kubernetes backend: " + config.status().message());
-      return 2;
-    }
-    // Creating and deleting objects happens off the decision thread, one lane per namespace with
-    // a budget per call (call_lanes.h); a request still waits at most this long.
-    kubeapi::ClientOptions client_options;
-    client_options.max_attempts = 3;
-    client_options.connect_timeout_ms = 3000;
-    client_options.request_timeout_ms = 15000;
-    auto client = kubeapi::Client::Create(std::move(*config), client_options);
-    if (!client.ok()) {
-      log("kubernetes backend: " + client.status().message());
-      return 2;
-    }
-    kube_client = std::move(*client);
-    KubeClusterOptions kopts;
-    kopts.default_image = options.default_image;
-    kopts.check_access = options.kube_check_access;
-    kopts.installation = options.kube_installation;
-    cluster = NewKubeCluster(kube_client.get(), kopts);
-    backend = NewKubeBackend(cluster.get());
-    log(fmt::format("kubernetes backend: API server {}", kube_client->config().server));
-  } else if (options.backend != "local") {
-    log(fmt::format("unknown backend '{}': use local or kubernetes", options.backend));
+  auto engine = engines::Find(options.backend);
+  if (!engine.ok()) {
+    log(engine.status().message());
     return 2;
   }
+  EngineInputs inputs;
+  inputs.home = options.home;
+  inputs.tau_binary = options.tau_binary;
+  inputs.stop_grace_ms = options.stop_grace_ms;
+  inputs.gpus = gpus;
+  inputs.cpu_milli = cpu_milli;
+  inputs.memory_bytes = memory_bytes;
+  inputs.platform_file = PathExists(layout::PlatformFile(options.home));
+  inputs.options = options.engine_options;
+  inputs.log = log;
+  auto made = (*engine)->make(inputs);
+  if (!made.ok()) {
+    log(fmt::format("{} backend: {}", (*engine)->name, made.status().message()));
+    return 2;
+  }
+  std::unique_ptr<Backend>& backend = made->backend;
   Metrics metrics;
   ControllerOptions copts;
   copts.home = options.home;
@@ -290,22 +267,10 @@ int RunServer(const ServerOptions& options) {
   copts.backend = backend.get();
   copts.max_unreferenced_blob_bytes = options.max_unreferenced_blob_bytes;
   copts.max_tokens_per_user = options.max_tokens_per_user;
-  if (kube_client && !PathExists(copts.platform_file)) {
-    // No platform: a baseline the size of the cluster's schedulable nodes, applied at start (a
-    // bare cluster has no queue for runs to name).
-    auto nodes = kube_client->List("v1", "Node", "");
-    if (nodes.ok()) {
-      kube::ClusterSize size = kube::NodesAllocatable(nodes->items);
-      copts.default_platform_size = {size.gpus, size.cpu_milli, size.memory_bytes};
-      log(
-          fmt::format("kubernetes backend: no platform given; the baseline (one queue `default`) "
-                      "is sized to the cluster's {} schedulable nodes: {} CPUs, {} GPUs",
-                      size.nodes, size.cpu_milli / 1000, size.gpus));
-    } else {
-      log("kubernetes backend: no platform given, and the cluster's nodes cannot be read (" +
-          nodes.status().message() + "): give one with --platform or `tau platform apply`");
-    }
-  }
+  if (made->default_platform_size)
+    copts.default_platform_size = {made->default_platform_size->gpus,
+                                   made->default_platform_size->cpu_milli,
+                                   made->default_platform_size->memory_bytes};
   Controller controller(copts, store->get(), gpus);
   verdict_sink = &controller;
   // Verdicts from the first pass (and any change since) decide which GPUs placement may use.
@@ -340,7 +305,7 @@ int RunServer(const ServerOptions& options) {
                         seconds);
       });
   ServiceManager::Options service_options;
-  service_options.cluster = cluster.get();  // null on the local backend
+  service_options.driver = backend->services();  // null: replicas are runs
   service_options.home = options.home;
   ServiceManager services(service_options, &controller, store->get(), &metrics);
   if (Status s = services.Start(); !s.ok()) {

@@ -3,6 +3,7 @@
 // default.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "common/status.h"
@@ -31,14 +32,10 @@ struct ServerOptions {
   bool shared_socket = false;
   // A platform file to apply at start (`tau server --platform FILE`); "" keeps the applied one.
   std::string platform_source;
-  // "local" (runs are processes on this machine) or "kubernetes" (Jobs and RayJobs admitted by
-  // Kueue on the cluster that `kubeconfig` names; in a pod, its service account's).
-  std::string backend = "local";
-  std::string kubeconfig;          // "" : $KUBECONFIG, ~/.kube/config, else in-cluster
-  std::string kube_context;        // "" : the kubeconfig's current context
-  std::string default_image;       // Kubernetes: the image of specs that name none
-  bool kube_check_access = false;  // Kubernetes: SubjectAccessReview of each submitter
-  std::string kube_installation;   // Kubernetes: this installation's name (KubeClusterOptions)
+  // Where runs run: a registered engine's name (engines/engines.h; "": the first registered), and
+  // that engine's own options by name (the Kubernetes engine's kubeconfig, context, ...).
+  std::string backend;
+  std::map<std::string, std::string> engine_options;
   // Limits that keep one client from wedging the API for everyone (docs/security.md,
   // "Hardening"). Connections are counted per kind of listener (the Unix socket, TCP) and per
   // source: a TCP address (IPv6: its /64) or a Unix uid.

@@ -216,7 +216,7 @@ void ServiceManager::ReconcileOnce() {
   // Only this pass removes services, so the pointers stay valid through it.
   for (Service* s : services) {
     std::string gone;
-    if (options_.cluster) {
+    if (options_.driver) {
       if (ReconcileOnCluster(*s)) {
         MutexLock lock(&mu_);
         gone = s->record.name;
@@ -232,7 +232,7 @@ void ServiceManager::ReconcileOnce() {
       Status deleted = store_->DeleteService(gone);
       if (!deleted.ok() && deleted.code() != StatusCode::kNotFound) continue;
       // The kept logs of its pods go with it (their followers end with the pods).
-      if (options_.cluster) (void)RemoveTree(layout::ServiceDir(options_.home, gone));
+      if (options_.driver) (void)RemoveTree(layout::ServiceDir(options_.home, gone));
       MutexLock lock(&mu_);
       services_.erase(gone);
     }
@@ -659,7 +659,7 @@ bool ServiceManager::ReconcileOnCluster(Service& s) {
     if (state == kDeleting && now < s.apply_not_before) return false;
   }
   if (state == kDeleting) {
-    Status deleted = options_.cluster->DeleteService(refs);
+    Status deleted = options_.driver->DeleteService(refs);
     if (deleted.ok()) return true;
     ClusterFailed(s, "DeleteFailed", deleted);
     return false;
@@ -699,8 +699,7 @@ Status ServiceManager::ApplyOnCluster(Service& s) {
   launch.snapshot_dir = layout::SnapshotsDir(options_.home) + "/" + request.snapshot_digest;
   launch.secrets = prepared.secrets;
   launch.model_run = model_run;
-  TAU_ASSIGN_OR_RETURN(std::vector<nlohmann::json> objects,
-                       options_.cluster->RenderService(launch));
+  TAU_ASSIGN_OR_RETURN(std::vector<nlohmann::json> objects, options_.driver->RenderService(launch));
   if (objects.empty()) return Internal("the service rendered to no objects");
   nlohmann::json refs = nlohmann::json::array();
   for (const nlohmann::json& o : objects) {
@@ -731,7 +730,7 @@ Status ServiceManager::ApplyOnCluster(Service& s) {
     cluster["max_log_bytes"] = prepared.resolved.max_log_bytes;
     TAU_RETURN_IF_ERROR(Save(s));
   }
-  TAU_RETURN_IF_ERROR(options_.cluster->ApplyService(launch, objects));
+  TAU_RETURN_IF_ERROR(options_.driver->ApplyService(launch, objects));
   MutexLock lock(&mu_);
   s.record.doc["cluster"]["applied"] = {{"revision", request.revision}, {"replicas", replicas}};
   s.apply_backoff_ms = 0;
@@ -756,7 +755,7 @@ void ServiceManager::ObserveOnCluster(Service& s) {
     max_log_bytes = cluster.value("max_log_bytes", int64_t{0});
   }
   if (kind.empty()) return;  // never applied
-  auto observed = options_.cluster->ObserveService(ns, workload, kind);
+  auto observed = options_.driver->ObserveService(ns, workload, kind);
   if (!observed.ok()) {
     // Said once; the view keeps what was read last.
     MutexLock lock(&mu_);
@@ -837,7 +836,7 @@ void ServiceManager::ObserveOnCluster(Service& s) {
     return;
   }
   for (const ServicePod& p : to_keep)
-    options_.cluster->KeepServiceLog(ns, p.name, p.container, dir + "/" + p.name + ".log", logs);
+    options_.driver->KeepServiceLog(ns, p.name, p.container, dir + "/" + p.name + ".log", logs);
 }
 
 void ServiceManager::ClusterFailed(Service& s, const std::string& type, const Status& status) {
@@ -857,7 +856,7 @@ Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int
     error->status = s;
     return s;
   };
-  if (std::string(controller_->BackendName()) != "local" && options_.cluster == nullptr)
+  if (options_.driver == nullptr && !controller_->Caps().processes_here)
     return refuse(FailedPrecondition(
         fmt::format("the {} backend cannot run services", controller_->BackendName())));
   SubmitRequest& submit = request.submit;
@@ -893,7 +892,7 @@ Result<store::ServiceRecord> ServiceManager::Prepare(DeployRequest& request, int
   *serve_out = serve;
   const std::string from = !request.from_run.empty() ? request.from_run : serve.from_run;
   nlohmann::json model;
-  if (!from.empty() && options_.cluster) {
+  if (!from.empty() && options_.driver) {
     // On a cluster the model is the run's directory on the workspace's storage, which the pods
     // mount (kube::RenderService); tau cannot look into it.
     auto run = store_->GetRun(from);
@@ -1125,8 +1124,8 @@ Result<api::Service> ServiceManager::Delete(const std::string& name) {
       s.record.state = kDeleting;
       s.apply_not_before = 0;
       AppendHistory(s, "Deleting",
-                    options_.cluster ? "its objects are deleted from the cluster"
-                                     : "its replicas are drained and stopped");
+                    options_.driver ? "its objects are deleted from the cluster"
+                                    : "its replicas are drained and stopped");
       TAU_RETURN_IF_ERROR(Save(s));
     }
     view = View(s);
@@ -1209,7 +1208,7 @@ api::Service ServiceManager::View(const Service& s) const {
       rollout.value("revision", int64_t{0}) == revision) {
     v.state = "RolloutHalted";
     v.extra["rollout"] = rollout;
-  } else if (s.record.state == kActive && !options_.cluster) {
+  } else if (s.record.state == kActive && !options_.driver) {
     // Without older replicas to fall back on, a crash loop is said, never hidden behind Active.
     for (const auto& [name, rep] : s.replicas) {
       if (rep.revision != revision || rep.draining || rep.ready ||
@@ -1230,7 +1229,7 @@ api::Service ServiceManager::View(const Service& s) const {
   }
   v.restarts = s.restarts;
   v.requests = {{"total", s.requests}, {"failed", s.failed}, {"retried", s.retried}};
-  if (options_.cluster) ClusterView(s, &v);
+  if (options_.driver) ClusterView(s, &v);
   v.history = doc.value("history", nlohmann::json::array());
   v.created = FormatRfc3339(s.record.created_ms);
   v.updated = FormatRfc3339(s.record.updated_ms);
@@ -1276,7 +1275,7 @@ Result<ServiceManager::LogPart> ServiceManager::ReplicaLog(const std::string& na
     MutexLock lock(&mu_);
     auto it = services_.find(name);
     if (it == services_.end()) return NotFound(fmt::format("no service is named '{}'", name));
-    if (!options_.cluster)
+    if (!options_.driver)
       return FailedPrecondition(fmt::format(
           "the replicas of service '{}' are runs: `tau logs RUN` (tau serve status lists them)",
           name));
@@ -1306,7 +1305,7 @@ std::optional<ServiceManager::Pick> ServiceManager::Acquire(const std::string& s
   Service& s = *it->second;
   Pick pick;
   pick.workspace = s.record.workspace;
-  if (options_.cluster) {
+  if (options_.driver) {
     pick.cluster_endpoint =
         s.record.doc.value("cluster", nlohmann::json::object()).value("endpoint", "its Service");
     return pick;

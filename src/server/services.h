@@ -7,11 +7,12 @@
 // Every change of a service is written to the store before it is acted on; what it knows of its
 // replicas beyond their runs (probe results, draining) is rebuilt after a restart by probing them.
 //
-// On the Kubernetes backend (Options::cluster) a service is its Deployment (or RayService) and
-// Service on the cluster instead (kube::RenderService): the manager applies its objects when its
-// revision or replica count changes, reads their status and pods back every observe_ms, keeps
-// each replica pod's log under layout::ServiceLogsDir, and deletes the objects on delete; the
-// Deployment controller rolls replicas and the kubelet probes and restarts them.
+// On an engine that offers a ServiceDriver (Options::driver; the Kubernetes backend) a service is
+// its Deployment (or RayService) and Service on the cluster instead (kube::RenderService): the
+// manager applies its objects when its revision or replica count changes, reads their status and
+// pods back every observe_ms, keeps each replica pod's log under layout::ServiceLogsDir, and
+// deletes the objects on delete; the Deployment controller rolls replicas and the kubelet probes
+// and restarts them.
 #pragma once
 
 #include <atomic>
@@ -25,7 +26,7 @@
 #include <vector>
 
 #include "api/types.h"
-#include "backend/kube/cluster.h"
+#include "backend/service_driver.h"
 #include "common/clock.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
@@ -52,8 +53,9 @@ class ServiceManager {
     int64_t tick_ms = 100;
     // How long a draining replica may finish the requests it has before it is stopped anyway.
     int64_t drain_ms = 5'000;
-    // The Kubernetes backend's cluster: services are its objects (null: replicas are runs).
-    Cluster* cluster = nullptr;
+    // The backend's ServiceDriver (Backend::services()): services are the engine's own objects
+    // (null: replicas are runs, on an engine whose processes run here).
+    ServiceDriver* driver = nullptr;
     std::string home;  // where the replica pods' logs are kept (with a cluster)
     // How often a service's objects and pods are read back from the cluster.
     int64_t observe_ms = 2'000;

@@ -61,8 +61,34 @@ class ValidateTest(unittest.TestCase):
         p = subprocess.run([TAU, "help", "nosuch"], capture_output=True, text=True)
         self.assertEqual(p.returncode, 125)
 
+    def test_backend_choices_are_the_registered_engines(self):
+        with tempfile.TemporaryDirectory() as home:
+            for args in (["server", "--home", home], ["plan", "tau.yaml"]):
+                p = subprocess.run([TAU, *args, "--backend", "nosuch"], capture_output=True,
+                                   text=True, timeout=30)
+                self.assertNotEqual(p.returncode, 0, args)
+                self.assertIn("unknown backend 'nosuch': the registered engines are "
+                              "local (processes on this machine), kubernetes (", p.stderr)
+            help_text = subprocess.run([TAU, "server", "--help"], capture_output=True,
+                                       text=True).stdout
+            self.assertIn("local (processes on this machine)", help_text)
+            self.assertIn("kubernetes: the kubeconfig context", help_text)
+            # An engine's own option is refused with another engine, not ignored.
+            p = subprocess.run([TAU, "server", "--home", home, "--context", "prod"],
+                               capture_output=True, text=True, timeout=30)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("--context is an option of the kubernetes backend, not of local: add "
+                          "--backend kubernetes", p.stderr)
+
 
 class RunTest(ServerTestCase):
+    def test_describe_says_an_image_is_recorded_where_the_engine_runs_none(self):
+        # The local engine does not run images (its capabilities say so): the image is recorded.
+        name = self.submit(job_spec("imaged", extra="runtime:\n  image: python:3.12\n"),
+                           {"main.py": "print('hi')\n"})
+        out = self.server.tau("describe", name, check=0).stdout
+        self.assertIn("Image:       python:3.12 (recorded; not used by the local backend)\n", out)
+
     def test_quickstart_runs_end_to_end(self):
         p = self.server.tau("run", os.path.join(REPO, "examples/quickstart/tau.yaml"), check=0,
                             timeout=120)

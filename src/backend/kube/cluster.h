@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/inbox.h"
+#include "backend/service_driver.h"
 #include "common/status.h"
 #include "kube/kube.h"
 #include "policy/policy.h"
@@ -42,57 +43,7 @@ struct ClusterLaunch {
 
 using AttemptKey = std::pair<std::string, int>;  // run, attempt
 
-// A service's objects to render (docs/serving.md, "Kubernetes"): its spec with serve.replicas as
-// the service is scaled, resolved as a replica's submission is.
-struct ServiceLaunch {
-  std::string service;
-  int64_t revision = 1;
-  const spec::RunSpec* spec = nullptr;
-  const policy::ResolvedRun* resolved = nullptr;
-  std::shared_ptr<const policy::Platform> platform;
-  std::string snapshot_dir;
-  std::map<std::string, std::string> secrets;  // as ClusterLaunch's
-  std::string model_run;                       // serve.from (or --from); "" : none
-};
-
-// A replica pod of a service, as the API server has it.
-struct ServicePod {
-  std::string name;
-  std::string phase;  // Pending, Running, Succeeded, Failed, Unknown
-  std::string container;
-  int64_t revision = 0;  // tau.dev/revision of the deploy that made it
-  bool ready = false;    // its Ready condition
-  int64_t restarts = 0;  // its containers' restart counts, summed
-  // Why it is not ready or not running (a container's waiting or last termination reason, the
-  // Ready condition's message), "" when it is.
-  std::string reason;
-  bool deleting = false;  // it has a deletionTimestamp
-};
-
-// A service's workload on the cluster (the Deployment or the RayService) and its replica pods.
-struct ServiceObserved {
-  bool found = false;  // the Deployment (RayService) exists
-  int64_t desired = 0, ready = 0, updated = 0;
-  // What the workload says of itself: a Deployment's failing condition, a RayService's
-  // serviceStatus; "" when it has nothing to say.
-  std::string message;
-  std::vector<ServicePod> pods;
-};
-
-// How the cluster keeps an attempt's pod logs (Cluster::KeepLogs), as the shim keeps a local one.
-struct AttemptLogs {
-  // The values of the secrets the run's env refers to: masked as the logs are written.
-  std::vector<std::string> secrets;
-  // The attempt's cap for all its logs together (the resolved limits.max_log_bytes; 0: none),
-  // split evenly among its `workers` ranks; the newest output is kept.
-  int64_t max_bytes = 0;
-  int workers = 1;
-  // Where the lines a Job's pods write to $TAU_METRICS_FILE are appended (the run's
-  // metrics.jsonl, which the evidence worker reads); "": not collected.
-  std::string metrics_file;
-};
-
-class Cluster {
+class Cluster : public ServiceDriver {
  public:
   virtual ~Cluster() = default;
 
@@ -132,29 +83,15 @@ class Cluster {
   // comes as AttemptNews (Call::kDeleted). Deleting what is already gone is not an error.
   virtual void Delete(const std::string& run, int attempt) = 0;
 
-  // Services (their own objects; no attempts, no news). These calls are made on the caller's
-  // thread (the service manager's), each within the cluster's call budget. A cluster that cannot
-  // run services refuses them (FailedPrecondition).
-  //
-  // The service's objects (kube::RenderService) in apply order; InvalidArgument says what to fix.
-  virtual Result<std::vector<nlohmann::json>> RenderService(const ServiceLaunch& launch);
-  // Server-side applies `objects` (RenderService's, with the workspace's secrets first when the
-  // launch has any): a Deployment rolls its replicas over to a new revision by itself.
-  virtual Status ApplyService(const ServiceLaunch& launch,
-                              const std::vector<nlohmann::json>& objects);
-  // Deletes the objects named by `refs` ({apiVersion, kind, namespace, name}); their pods go
-  // with them. Deleting what is gone is not an error.
-  virtual Status DeleteService(const std::vector<nlohmann::json>& refs);
-  // The service's Deployment (`kind` "Deployment") or RayService, and the pods labelled
-  // tau.dev/service=NAME in `ns`.
-  virtual Result<ServiceObserved> ObserveService(const std::string& ns, const std::string& name,
-                                                 const std::string& kind);
-  // Keeps the log of a replica pod's `container` in `path` (masked and capped as `logs` says),
-  // from its start, until the pod ends or the cluster stops; a later call for the same path
-  // resumes where the kept log ends.
-  virtual void KeepServiceLog(const std::string& ns, const std::string& pod,
-                              const std::string& container, const std::string& path,
-                              AttemptLogs logs);
+  // Services (ServiceDriver): a cluster that cannot run services refuses them (FailedPrecondition).
+  Result<std::vector<nlohmann::json>> RenderService(const ServiceLaunch& launch) override;
+  Status ApplyService(const ServiceLaunch& launch,
+                      const std::vector<nlohmann::json>& objects) override;
+  Status DeleteService(const std::vector<nlohmann::json>& refs) override;
+  Result<ServiceObserved> ObserveService(const std::string& ns, const std::string& name,
+                                         const std::string& kind) override;
+  void KeepServiceLog(const std::string& ns, const std::string& pod, const std::string& container,
+                      const std::string& path, AttemptLogs logs) override;
 };
 
 }  // namespace tau::server

@@ -33,6 +33,8 @@ class KubeBackend final : public Backend {
   ~KubeBackend() override { Stop(); }
 
   const char* Name() const override { return "kubernetes"; }
+  Capabilities Caps() const override { return KubeCapabilities(); }
+  ServiceDriver* services() override { return cluster_; }
   Status Start(RunHost* host, const policy::Platform* applied) override;
   void Stop() override {
     if (host_ && !stopped_) cluster_->Stop();

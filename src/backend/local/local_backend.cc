@@ -91,6 +91,7 @@ class LocalBackend final : public Backend {
   ~LocalBackend() override { Stop(); }
 
   const char* Name() const override { return "local"; }
+  Capabilities Caps() const override { return LocalCapabilities(); }
   Status Start(RunHost* host, const policy::Platform* applied) override;
   void Stop() override;
   Status CheckFits(const Resources& need) override;

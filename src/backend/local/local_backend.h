@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/engine.h"
 #include "health/health.h"
 #include "runtime/runtime.h"
 
@@ -26,6 +27,10 @@ struct LocalBackendOptions {
 };
 
 std::unique_ptr<Backend> NewLocalBackend(LocalBackendOptions options);
+
+// The local engine as the registry lists it (engines/engines.h), and what it can do.
+Engine LocalEngine();
+Capabilities LocalCapabilities();
 
 // This machine's online CPUs (in thousandths) and memory (bytes; 0 when /proc/meminfo says none).
 int64_t DetectCpuMilli();
