@@ -17,6 +17,7 @@ Clock* SystemClock() {
   class System final : public Clock {
    public:
     int64_t NowMillis() override { return tau::NowMillis(); }
+    int64_t MonotonicMillis() override { return tau::MonotonicMillis(); }
   };
   static System* const clock = new System;
   return clock;

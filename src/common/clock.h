@@ -19,6 +19,9 @@ class Clock {
   virtual ~Clock() = default;
   // Milliseconds since the Unix epoch, as NowMillis().
   virtual int64_t NowMillis() = 0;
+  // Monotonic milliseconds, as MonotonicMillis(): for periods, deadlines and ages that must not
+  // jump with the wall clock.
+  virtual int64_t MonotonicMillis() = 0;
 };
 // The real clock (one for the process; never deleted).
 Clock* SystemClock();

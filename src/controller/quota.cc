@@ -557,7 +557,7 @@ void Controller::FreshViews(bool now, bool own_writes) {
   // kViewsMaxAgeMs old will do, and one built since the last change is current.
   if (!now && (!own_writes || views_built_writes_ >= writes_posted_) &&
       (views_built_generation_ == views_generation_ ||
-       MonotonicMillis() - views_built_ms_ <
+       clock_->MonotonicMillis() - views_built_ms_ <
            std::clamp(kViewsAgePerBuildMs * views_build_ms_, kViewsMaxAgeMs, kViewsOldestMs)))
     return;
   const int64_t asked_at = views_generation_, writes = own_writes ? writes_posted_ : 0;
@@ -627,7 +627,7 @@ void Controller::BuildViews() {
   capacity_info_ = std::move(capacity);
   queues_info_ = std::move(queues);
   views_built_generation_ = views_generation_;
-  views_built_ms_ = MonotonicMillis();
+  views_built_ms_ = clock_->MonotonicMillis();
   views_build_ms_ = (ThreadCpuMicros() - started_cpu_us) / 1000;
   views_built_writes_ = writes_taken_;
   // Still wanted while a posted write is not taken yet: its pass builds them again.

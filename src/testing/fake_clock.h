@@ -13,6 +13,8 @@ class FakeClock final : public Clock {
  public:
   explicit FakeClock(int64_t start_ms = 1'800'000'000'000) : now_ms_(start_ms) {}
   int64_t NowMillis() override { return now_ms_.load(); }
+  // The same hand-moved time: what waits a period waits for Advance.
+  int64_t MonotonicMillis() override { return now_ms_.load(); }
   void Advance(int64_t ms) { now_ms_ += ms; }
   void Set(int64_t ms) { now_ms_ = ms; }
 

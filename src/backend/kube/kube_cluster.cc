@@ -345,7 +345,9 @@ class KubeCluster final : public Cluster {
   KubeCluster(kubeapi::Client* client, KubeClusterOptions options)
       : client_(client),
         options_(std::move(options)),
-        lanes_(CallLanes::Options{options_.call_budget_ms, 3, options_.breaker_open_ms, {}}) {}
+        clock_(options_.clock ? options_.clock : SystemClock()),
+        lanes_(CallLanes::Options{options_.call_budget_ms, 3, options_.breaker_open_ms,
+                                  [this] { return clock_->MonotonicMillis(); }}) {}
   ~KubeCluster() override { Stop(); }
 
   Result<std::set<AttemptKey>> Start(
@@ -432,6 +434,7 @@ class KubeCluster final : public Cluster {
 
   kubeapi::Client* const client_;
   const KubeClusterOptions options_;
+  Clock* const clock_;
   std::function<void(InboxMessage)> post_;
   std::function<std::string(const std::string&, int)> attempt_dir_;
   std::atomic<bool> stop_{false};
@@ -577,7 +580,7 @@ void KubeCluster::OnEvent(const std::string& kind, const kubeapi::WatchEvent& ev
 }
 
 void KubeCluster::Reconcile() {
-  int64_t next_resync = MonotonicMillis() + options_.resync_ms;
+  int64_t next_resync = clock_->MonotonicMillis() + options_.resync_ms;
   while (!stop_) {
     std::set<AttemptKey> keys;
     std::vector<LogFollower> finished;
@@ -596,14 +599,14 @@ void KubeCluster::Reconcile() {
         }
       }
       for (const auto& [key, a] : attempts_) {
-        if (a.retire_at_ms != 0 && MonotonicMillis() >= a.retire_at_ms) retire.push_back(key);
+        if (a.retire_at_ms != 0 && clock_->MonotonicMillis() >= a.retire_at_ms) retire.push_back(key);
         // An end held for its metrics is told once the wait is over, not at the next resync.
         if (!a.ended && a.end_seen_ms != 0 &&
-            MonotonicMillis() - a.end_seen_ms >= MetricsDrainMs(a.object))
+            clock_->MonotonicMillis() - a.end_seen_ms >= MetricsDrainMs(a.object))
           keys.insert(key);
       }
-      if (MonotonicMillis() >= next_resync) {
-        next_resync = MonotonicMillis() + options_.resync_ms;
+      if (clock_->MonotonicMillis() >= next_resync) {
+        next_resync = clock_->MonotonicMillis() + options_.resync_ms;
         for (const auto& [key, a] : attempts_)
           if (!a.ended) keys.insert(key);
       }
@@ -733,7 +736,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
       // The end is told once its metrics and logs are all kept (the evidence
       // worker reads the metrics to their end and records the log's hash then), or
       // kMetricsDrainMs after it was seen, whichever is first.
-      const int64_t now = MonotonicMillis();
+      const int64_t now = clock_->MonotonicMillis();
       MutexLock lock(&mu_);
       auto it = attempts_.find(t.key);
       if (it != attempts_.end()) {
@@ -751,7 +754,7 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
             it->second.retire_at_ms == 0) {
           const json& spec = t.object.contains("spec") ? t.object["spec"] : json::object();
           int64_t ttl = spec.is_object() ? spec.value("ttlSecondsAfterFinished", 15) : 15;
-          it->second.retire_at_ms = MonotonicMillis() + std::max<int64_t>(ttl, 0) * 1000;
+          it->second.retire_at_ms = clock_->MonotonicMillis() + std::max<int64_t>(ttl, 0) * 1000;
         }
       }
     }
@@ -1116,7 +1119,7 @@ void KubeCluster::ReadPods(const AttemptKey& key, const std::string& ns) {
     MutexLock lock(&mu_);
     auto it = attempts_.find(key);
     if (it == attempts_.end() || it->second.pods_reading || it->second.pods_read ||
-        MonotonicMillis() < it->second.pods_read_not_before_ms)
+        clock_->MonotonicMillis() < it->second.pods_read_not_before_ms)
       return;
     it->second.pods_reading = true;
   }
@@ -1146,7 +1149,7 @@ void KubeCluster::PodsRead(const AttemptKey& key, const Status& s, std::vector<j
   if (!s.ok()) {
     // Asked again at the next resync; after kPodReadTries, told from the watch's pods.
     const bool again = ++a.pod_read_failures < kPodReadTries;
-    a.pods_read_not_before_ms = MonotonicMillis() + options_.resync_ms;
+    a.pods_read_not_before_ms = clock_->MonotonicMillis() + options_.resync_ms;
     std::fprintf(stderr, "tau server: reading the pods of run %s attempt %d: %s (%s)\n",
                  key.first.c_str(), key.second, s.ToString().c_str(),
                  again ? "trying again" : "its end is told from the pods the watch has seen");

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "common/clock.h"
 #include "backend/kube/cluster.h"
 #include "kubeapi/kubeapi.h"
 
@@ -36,6 +37,9 @@ struct KubeClusterOptions {
   // How often a RayJob's driver log is fetched from Ray while it runs (more seldom as it grows).
   int64_t driver_log_poll_ms = 2000;
   int64_t breaker_open_ms = 30'000;
+  // Where its periods and deadlines read the time (resyncs, a finished attempt's retirement, the
+  // drain of an ended attempt's outputs); null: the real clock.
+  Clock* clock = nullptr;
 };
 
 // `client` must outlive the cluster.
