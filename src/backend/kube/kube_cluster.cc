@@ -599,7 +599,8 @@ void KubeCluster::Reconcile() {
         }
       }
       for (const auto& [key, a] : attempts_) {
-        if (a.retire_at_ms != 0 && clock_->MonotonicMillis() >= a.retire_at_ms) retire.push_back(key);
+        if (a.retire_at_ms != 0 && clock_->MonotonicMillis() >= a.retire_at_ms)
+          retire.push_back(key);
         // An end held for its metrics is told once the wait is over, not at the next resync.
         if (!a.ended && a.end_seen_ms != 0 &&
             clock_->MonotonicMillis() - a.end_seen_ms >= MetricsDrainMs(a.object))

@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "common/clock.h"
 #include "backend/kube/cluster.h"
+#include "common/clock.h"
 #include "kubeapi/kubeapi.h"
 
 namespace tau::server {
