@@ -443,18 +443,11 @@ std::string RenderAllMetrics(Controller* controller, store::Store* store,
   return out;
 }
 
-void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* store,
-                 health::GpuMonitor* monitor, Metrics* metrics, RefusalAuditOptions refusals,
-                 ServiceManager* services) {
-  http->set_max_body_bytes(kMaxRequestBytes);
-  // Owned by the routes' closures for the server's lifetime.
-  static auto* routers = new std::vector<std::unique_ptr<SecureRouter>>();
-  routers->push_back(std::make_unique<SecureRouter>(http, controller, store, metrics, refusals));
-  SecureRouter* api = routers->back().get();
-  RegisterEvidenceApi(api, controller, store);
-  RegisterArtifactsApi(api, controller, store);
-  RegisterIdentityApi(api, controller, store);
+namespace {
 
+// The server itself: its version, a stop, health, GPUs and the Prometheus metrics.
+void RegisterServerApi(SecureRouter* api, Controller* controller, store::Store* store,
+                       health::GpuMonitor* monitor, Metrics* metrics) {
   api->Route("GET", "/api/v1/version", Access::kSignedIn,
              [controller](const http::HttpRequest&, http::HttpResponse& res) {
                api::Version v;
@@ -505,6 +498,10 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
         res.set_content(RenderAllMetrics(controller, store, monitor, metrics),
                         "text/plain; version=0.0.4; charset=utf-8");
       });
+}
+
+// Budgets, usage and capacity.
+void RegisterUsageApi(SecureRouter* api, Controller* controller) {
   // Budgets and usage (docs/budgets.md): those of the workspaces the caller may see (a queue's
   // budget to everyone signed in).
   api->Route(
@@ -559,6 +556,10 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
              [controller](const http::HttpRequest&, http::HttpResponse& res) {
                http::Reply(res, 200, controller->Capacity());
              });
+}
+
+// Specs checked and resolved without a submission, the platform, the queues.
+void RegisterPlatformApi(SecureRouter* api, Controller* controller) {
   api->Route(
       "POST", "/api/v1/validate", Access::kSignedIn,
       [](const http::HttpRequest& req, http::HttpResponse& res) {
@@ -658,7 +659,10 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                http::ReplyError(res, NotFound(fmt::format("no queue '{}'",
                                                           Printable(std::string(req.matches[1])))));
              });
+}
 
+// Code upload, submissions and the runs: listed, read, rerun, resumed, cancelled.
+void RegisterRunApi(SecureRouter* api, Controller* controller, store::Store* store) {
   // Code upload, before a submission that names a manifest: which blobs the caller must send,
   // then each of them as raw bytes. A digest is no capability: a manifest names only blobs its
   // caller uploaded or that a run they may read uses, and any other blob is missing to them,
@@ -875,10 +879,11 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
                if (!pending.empty()) reply["pending"] = pending;
                http::Reply(res, 202, reply);
              });
+}
 
-  RegisterWorkflowApi(api, controller, store);
-  if (services) RegisterServiceApi(api, services);
-
+// A run's logs, streamed.
+void RegisterLogApi(SecureRouter* api, http::HttpServer* http, Controller* controller,
+                    store::Store* store) {
   api->Route(
       "GET", R"(/api/v1/runs/([a-z0-9-]+)/logs)", Access::kRunRead,
       [controller, store, http](const http::HttpRequest& req, http::HttpResponse& res) {
@@ -910,8 +915,31 @@ void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* s
         res.content_type = "text/plain; charset=utf-8";
         res.stream = [streamer](http::ChunkSink& sink) { return streamer->Step(sink); };
       });
+}
+
+}  // namespace
+
+std::unique_ptr<SecureRouter> RegisterApi(http::HttpServer* http, Controller* controller,
+                                          store::Store* store, health::GpuMonitor* monitor,
+                                          Metrics* metrics, RefusalAuditOptions refusals,
+                                          ServiceManager* services) {
+  http->set_max_body_bytes(kMaxRequestBytes);
+  auto router = std::make_unique<SecureRouter>(http, controller, store, metrics, refusals);
+  SecureRouter* api = router.get();
+  // In this order: a route's pattern is tried in the order routes were registered.
+  RegisterEvidenceApi(api, controller, store);
+  RegisterArtifactsApi(api, controller, store);
+  RegisterIdentityApi(api, controller, store);
+  RegisterServerApi(api, controller, store, monitor, metrics);
+  RegisterUsageApi(api, controller);
+  RegisterPlatformApi(api, controller);
+  RegisterRunApi(api, controller, store);
+  RegisterWorkflowApi(api, controller, store);
+  if (services) RegisterServiceApi(api, services);
+  RegisterLogApi(api, http, controller, store);
   RegisterEventsApi(api, controller, store);
   RegisterWeb(api);
+  return router;
 }
 
 }  // namespace tau::server

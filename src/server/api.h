@@ -2,6 +2,7 @@
 // {"error": {"code": "...", "message": "..."}} with a matching HTTP status.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -19,9 +20,12 @@
 namespace tau::server {
 
 class ServiceManager;
-void RegisterApi(http::HttpServer* http, Controller* controller, store::Store* store,
-                 health::GpuMonitor* monitor, Metrics* metrics, RefusalAuditOptions refusals = {},
-                 ServiceManager* services = nullptr);
+// Every route of the API, one Register...Api per group, through the router returned: the caller
+// keeps it for as long as `http` serves (the routes' closures hold it).
+std::unique_ptr<SecureRouter> RegisterApi(http::HttpServer* http, Controller* controller,
+                                          store::Store* store, health::GpuMonitor* monitor,
+                                          Metrics* metrics, RefusalAuditOptions refusals = {},
+                                          ServiceManager* services = nullptr);
 // The service routes and the services' endpoint (api_services.cc).
 void RegisterServiceApi(SecureRouter* api, ServiceManager* services);
 // The evidence routes (api_evidence.cc): a run's record, its bundle, its metrics.

@@ -284,6 +284,8 @@ int RunServer(const ServerOptions& options) {
     log(s.ToString());
     return 1;
   }
+  // The API's routes, declared before the server so that they outlive its connections.
+  std::unique_ptr<SecureRouter> router;
   http::HttpServer http;
   http::HttpServer::Limits limits;
   limits.max_connections = options.max_connections;
@@ -315,8 +317,9 @@ int RunServer(const ServerOptions& options) {
   Webhooks webhooks(
       {}, store->get(), [&controller] { return controller.CurrentPlatform().platform; }, &metrics);
   webhooks.Start();
-  RegisterApi(&http, &controller, store->get(), &monitor, &metrics,
-              {options.audit_refusals_per_minute, options.audit_refusal_window_ms}, &services);
+  router =
+      RegisterApi(&http, &controller, store->get(), &monitor, &metrics,
+                  {options.audit_refusals_per_minute, options.audit_refusal_window_ms}, &services);
   std::string socket_path =
       options.socket_path.empty() ? layout::SocketPath(options.home) : options.socket_path;
   // Other users reach a shared socket through the home directory: traversable, not listable.
