@@ -1,4 +1,4 @@
-// The tau server: the control plane of the local backend. `tau server` runs it in the foreground;
+// The tau server: the control plane of every engine (the registry's, engines.h). `tau server` runs it in the foreground;
 // other commands are clients of its REST API (/api/v1/...), on a Unix socket under $TAU_HOME by
 // default.
 #pragma once
