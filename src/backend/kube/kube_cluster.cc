@@ -733,10 +733,12 @@ void KubeCluster::ObserveAll(std::set<AttemptKey> keys) {
     }
     std::string fp = Fingerprint(observed, position);
     if (fp == t.last_news) continue;
-    if (observed.Terminal() && t.outputs_following > 0) {
+    if (observed.Terminal() && (t.outputs_following > 0 || !t.logs)) {
       // The end is told once its metrics and logs are all kept (the evidence
       // worker reads the metrics to their end and records the log's hash then), or
-      // kMetricsDrainMs after it was seen, whichever is first.
+      // kMetricsDrainMs after it was seen, whichever is first. Not before the server has said how
+      // its logs are kept (KeepLogs, at once for a new attempt, after a restart when the backend
+      // recovers it): an end seen first would be told before the rest of its logs is.
       const int64_t now = clock_->MonotonicMillis();
       MutexLock lock(&mu_);
       auto it = attempts_.find(t.key);
