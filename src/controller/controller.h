@@ -4,7 +4,6 @@
 // on.
 #pragma once
 
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>

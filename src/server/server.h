@@ -1,6 +1,6 @@
-// The tau server: the control plane of every engine (the registry's, engines.h). `tau server` runs it in the foreground;
-// other commands are clients of its REST API (/api/v1/...), on a Unix socket under $TAU_HOME by
-// default.
+// The tau server: the control plane of every engine (the registry's, engines.h). `tau server` runs
+// it in the foreground; other commands are clients of its REST API (/api/v1/...), on a Unix socket
+// under $TAU_HOME by default.
 #pragma once
 
 #include <map>

@@ -12,7 +12,6 @@
 #include "common/files.h"
 #include "common/layout.h"
 #include "recovery/failure_class.h"
-#include "recovery/retry.h"
 #include "runtime/runtime.h"
 
 namespace tau::server {

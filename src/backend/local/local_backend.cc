@@ -23,7 +23,6 @@
 #include "common/users.h"
 #include "recovery/failure_class.h"
 #include "recovery/recovery.h"
-#include "recovery/retry.h"
 #include "spec/workflow.h"
 
 extern char** environ;
